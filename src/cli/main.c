@@ -1,0 +1,39 @@
+/* main.c - `kvasir SUBCOMMAND ...`: dispatch to one file per subcommand. */
+#include "cli/cmd.h"
+
+#include <stdio.h>
+#include <string.h>
+
+struct subcommand {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+};
+
+static const struct subcommand subcommands[] = {
+    {"run", kvr_cmd_run, "generate text from a prompt with a model (single process)"},
+    {"info", kvr_cmd_info, "print a GGUF file's metadata and tensor table"},
+    {"synth", kvr_cmd_synth, "write a GGUF model with random weights for a named shape"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvasir SUBCOMMAND [options]\n\nsubcommands:\n");
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        fprintf(f, "  %-8s %s\n", subcommands[i].name, subcommands[i].help);
+    fprintf(f, "\n`kvasir SUBCOMMAND --help` shows a subcommand's options.\n");
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
+        if (!strcmp(argv[1], subcommands[i].name))
+            return subcommands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "kvasir: unknown subcommand '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

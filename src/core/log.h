@@ -1,0 +1,26 @@
+/* log.h - leveled logging to stderr, one line per call, with a monotonic timestamp and the
+ * process's role tag (set once at start-up, e.g. "stage1"). Thread-safe. The level comes
+ * from the KVR_LOG environment variable (error, warn, info, debug; default info). */
+#ifndef KVR_CORE_LOG_H
+#define KVR_CORE_LOG_H
+
+enum kvr_log_level {
+    KVR_LOG_ERROR,
+    KVR_LOG_WARN,
+    KVR_LOG_INFO,
+    KVR_LOG_DEBUG,
+    KVR_LOG_LEVEL_COUNT
+};
+
+void kvr_log_set_tag(const char *tag);
+void kvr_log_set_level(enum kvr_log_level level);
+int kvr_log_enabled(enum kvr_log_level level);
+void kvr_log(enum kvr_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#define KVR_ERROR(...) kvr_log(KVR_LOG_ERROR, __VA_ARGS__)
+#define KVR_WARN(...) kvr_log(KVR_LOG_WARN, __VA_ARGS__)
+#define KVR_INFO(...) kvr_log(KVR_LOG_INFO, __VA_ARGS__)
+#define KVR_DEBUG(...) \
+    do { if (kvr_log_enabled(KVR_LOG_DEBUG)) kvr_log(KVR_LOG_DEBUG, __VA_ARGS__); } while (0)
+
+#endif

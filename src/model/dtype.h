@@ -1,0 +1,94 @@
+/* dtype.h - weight and activation types as a table of traits, plus the matmul entry points.
+ *
+ * Type ids are GGUF's (ggml_type) so a tensor's type field maps directly. Block layouts
+ * follow GGUF; each quantized type documents its byte table in dtype.c.
+ *
+ * A matmul multiplies a weight matrix W [n_out rows x n_in] (one GGUF tensor, ne0 = n_in)
+ * by activation rows X [n_rows x n_in]. Activations are first converted, row by row, into
+ * the weight type's `dot_type` (e.g. Q8_0 for Q4_0/Q8_0 weights, Q8_K for K-quants) with
+ * kvr_quantize_rows; then kvr_matmul computes Y[r][o] = dot(W[o], Xq[r]).
+ *
+ * Batch invariance (DESIGN.md 7): every Y[r][o] is bit-identical whatever n_rows, whatever
+ * [o_begin, o_end) slice it is computed in, and whichever tile path computes it. Kernels
+ * reduce each (o, r) pair in one fixed order.
+ *
+ * Kernels are chosen once at start-up from the CPU's features (kvr_kernels_init); tests can
+ * force the plain reference kernels. Pure module: no I/O. Thread-safe after init. */
+#ifndef KVR_MODEL_DTYPE_H
+#define KVR_MODEL_DTYPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum kvr_dtype {
+    KVR_DTYPE_F32 = 0,
+    KVR_DTYPE_F16 = 1,
+    KVR_DTYPE_Q4_0 = 2,
+    KVR_DTYPE_Q8_0 = 8,
+    KVR_DTYPE_Q4_K = 12,
+    KVR_DTYPE_Q6_K = 14,
+    KVR_DTYPE_Q8_K = 15,  /* activations only (dot type of the K-quants) */
+    KVR_DTYPE_BF16 = 30,
+    KVR_DTYPE_COUNT = 31  /* ids are sparse; unknown ids have no traits */
+};
+
+struct kvr_dtype_traits {
+    const char *name;          /* "q8_0" */
+    int64_t block_elems;       /* elements per block (1 for f32/f16/bf16) */
+    size_t block_bytes;        /* bytes per block */
+    enum kvr_dtype dot_type;   /* activation type a weight row of this type is dotted with */
+    /* Reference (scalar) kernels. n is a multiple of block_elems. */
+    void (*to_float)(const void *src, float *dst, int64_t n);
+    void (*from_float)(const float *src, void *dst, int64_t n); /* quantize; NULL if none */
+    /* dot of one weight row (this type) with one activation row (dot_type), n elements */
+    float (*dot)(int64_t n, const void *w, const void *x);
+};
+
+/* Traits of a type, or NULL for an unknown or unsupported id. */
+const struct kvr_dtype_traits *kvr_dtype_traits(int type);
+
+/* Bytes of a row of n elements; false if n is not a multiple of the block or overflows. */
+bool kvr_dtype_row_bytes(int type, int64_t n, size_t *out_bytes);
+
+/* A weight matrix viewed in place (usually inside the mmapped GGUF). */
+struct kvr_matrix {
+    enum kvr_dtype type;
+    int64_t n_in;       /* elements per row (GGUF ne0) */
+    int64_t n_out;      /* rows (GGUF ne1) */
+    size_t row_bytes;   /* bytes per row */
+    const void *data;   /* n_out * row_bytes bytes, borrowed */
+};
+
+/* Pick the fastest kernels this CPU supports (idempotent; call once before threads start).
+ * Returns the name of the chosen kernel set ("avx2", "reference"). */
+const char *kvr_kernels_init(void);
+/* Tests: use the scalar reference kernels (true) or the best ones (false). */
+void kvr_kernels_force_reference(bool on);
+const char *kvr_kernels_name(void);
+
+/* Bytes of one activation row of n_in elements converted for a weight of type `wtype`. */
+size_t kvr_act_row_bytes(enum kvr_dtype wtype, int64_t n_in);
+
+/* Convert rows [r_begin, r_end) of x (n_rows x n_in floats, row stride n_in) into dst
+ * (row stride kvr_act_row_bytes) in wtype's dot_type. Row-wise: the result of a row
+ * never depends on other rows. */
+void kvr_quantize_rows(enum kvr_dtype wtype, const float *x, int64_t n_in, int64_t r_begin,
+                       int64_t r_end, void *dst);
+
+/* Y[r * ldy + o] = dot(W[o], Xq[r]) for r in [0, n_rows), o in [o_begin, o_end).
+ * xq holds n_rows activation rows from kvr_quantize_rows. Single-threaded: callers split
+ * [0, n_out) across the pool. Uses blocked matrix-matrix tiles when n_rows > 1. */
+void kvr_matmul(const struct kvr_matrix *w, const void *xq, int64_t n_rows, float *y,
+                int64_t ldy, int64_t o_begin, int64_t o_end);
+
+/* Dequantize weight row `row` of w into dst (n_in floats), e.g. an embedding lookup. */
+void kvr_matrix_get_row(const struct kvr_matrix *w, int64_t row, float *dst);
+
+/* fp16 / bf16 scalar conversions (exact, round-to-nearest-even). */
+float kvr_f16_to_f32(uint16_t h);
+uint16_t kvr_f32_to_f16(float f);
+float kvr_bf16_to_f32(uint16_t h);
+uint16_t kvr_f32_to_bf16(float f);
+
+#endif
