@@ -40,6 +40,9 @@ enum kvr_gguf_type {
 
 #define KVR_GGUF_MAX_DIMS 4
 
+/* Static name of a metadata value type ("uint32", "string", ...; "unknown" if invalid). */
+const char *kvr_gguf_type_name(enum kvr_gguf_type type);
+
 struct kvr_gguf;
 
 struct kvr_gguf_str {
@@ -73,6 +76,8 @@ void kvr_gguf_close(struct kvr_gguf *g);
 uint32_t kvr_gguf_version(const struct kvr_gguf *g);
 size_t kvr_gguf_alignment(const struct kvr_gguf *g);
 size_t kvr_gguf_file_bytes(const struct kvr_gguf *g);
+/* File offset of the data section (tensor offsets are relative to it). */
+size_t kvr_gguf_data_offset(const struct kvr_gguf *g);
 /* A 64-bit fingerprint of the whole file (computed lazily, cached). */
 uint64_t kvr_gguf_fingerprint(struct kvr_gguf *g);
 
