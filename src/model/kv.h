@@ -14,6 +14,7 @@
 
 #include "core/err.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct kvr_kv {
