@@ -1,0 +1,223 @@
+/* chat.c - chat templates (see chat.h).
+ *
+ * Each renderer below documents its exact layout with {system}, {user}, {assistant} for a
+ * message's content; "\n" is a newline. The text never starts with BOS (the tokenizer adds
+ * it) and always ends by opening the assistant's turn. */
+#include "bridge/chat.h"
+
+#include "bridge/sbuf.h"
+
+#include <string.h>
+
+static const char *const tmpl_names[KVR_CHAT_TMPL_COUNT] = {
+    [KVR_CHAT_TMPL_CHATML] = "chatml",   [KVR_CHAT_TMPL_LLAMA2] = "llama2",
+    [KVR_CHAT_TMPL_LLAMA3] = "llama3",   [KVR_CHAT_TMPL_MISTRAL] = "mistral",
+    [KVR_CHAT_TMPL_ZEPHYR] = "zephyr",
+};
+
+static const char *const role_names[KVR_CHAT_ROLE_COUNT] = {
+    [KVR_CHAT_ROLE_SYSTEM] = "system",
+    [KVR_CHAT_ROLE_USER] = "user",
+    [KVR_CHAT_ROLE_ASSISTANT] = "assistant",
+};
+
+const char *kvr_chat_tmpl_name(enum kvr_chat_tmpl t)
+{
+    return (unsigned)t < KVR_CHAT_TMPL_COUNT ? tmpl_names[t] : "?";
+}
+
+int kvr_chat_tmpl_from_name(const char *name, enum kvr_chat_tmpl *out)
+{
+    for (int i = 0; i < KVR_CHAT_TMPL_COUNT; i++) {
+        if (!strcmp(name, tmpl_names[i])) {
+            *out = (enum kvr_chat_tmpl)i;
+            return KVR_OK;
+        }
+    }
+    return KVR_ENOTFOUND;
+}
+
+static bool contains(const char *hay, size_t len, const char *needle)
+{
+    size_t n = strlen(needle);
+    if (!hay || n > len)
+        return false;
+    for (size_t i = 0; i + n <= len; i++)
+        if (!memcmp(hay + i, needle, n))
+            return true;
+    return false;
+}
+
+/* The order matters: Llama-2 and Mistral both say "[INST]"; only Llama-2 has a <<SYS>>
+ * block. Zephyr's "<|user|>" is checked last because it is the least specific marker. */
+bool kvr_chat_tmpl_detect(const char *jinja, size_t len, enum kvr_chat_tmpl *out)
+{
+    if (contains(jinja, len, "<|im_start|>"))
+        *out = KVR_CHAT_TMPL_CHATML;
+    else if (contains(jinja, len, "<|start_header_id|>"))
+        *out = KVR_CHAT_TMPL_LLAMA3;
+    else if (contains(jinja, len, "[INST]") && contains(jinja, len, "<<SYS>>"))
+        *out = KVR_CHAT_TMPL_LLAMA2;
+    else if (contains(jinja, len, "[INST]"))
+        *out = KVR_CHAT_TMPL_MISTRAL;
+    else if (contains(jinja, len, "<|user|>"))
+        *out = KVR_CHAT_TMPL_ZEPHYR;
+    else {
+        *out = KVR_CHAT_TMPL_CHATML;
+        return false;
+    }
+    return true;
+}
+
+const char *kvr_chat_tmpl_end_of_turn(enum kvr_chat_tmpl t)
+{
+    switch (t) {
+    case KVR_CHAT_TMPL_CHATML:
+        return "<|im_end|>";
+    case KVR_CHAT_TMPL_LLAMA3:
+        return "<|eot_id|>";
+    default:
+        return "</s>";
+    }
+}
+
+static void put_content(struct kvr_sbuf *b, const struct kvr_chat_msg *m)
+{
+    kvr_sbuf_append(b, m->content, m->content_len);
+}
+
+/* ChatML, per message:
+ *   <|im_start|>{role}\n{content}<|im_end|>\n
+ * then the generation prompt:
+ *   <|im_start|>assistant\n */
+static void render_chatml(struct kvr_sbuf *b, const struct kvr_chat_msg *msgs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        kvr_sbuf_printf(b, "<|im_start|>%s\n", role_names[msgs[i].role]);
+        put_content(b, &msgs[i]);
+        kvr_sbuf_puts(b, "<|im_end|>\n");
+    }
+    kvr_sbuf_puts(b, "<|im_start|>assistant\n");
+}
+
+/* Llama-3, per message:
+ *   <|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>
+ * then:
+ *   <|start_header_id|>assistant<|end_header_id|>\n\n
+ * (<|begin_of_text|> is the vocabulary's BOS and comes from the tokenizer.) */
+static void render_llama3(struct kvr_sbuf *b, const struct kvr_chat_msg *msgs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        kvr_sbuf_printf(b, "<|start_header_id|>%s<|end_header_id|>\n\n",
+                        role_names[msgs[i].role]);
+        put_content(b, &msgs[i]);
+        kvr_sbuf_puts(b, "<|eot_id|>");
+    }
+    kvr_sbuf_puts(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/* Llama-2 and Mistral share the [INST] turn structure. A turn is the system messages and
+ * user messages that come next (in that order) and then at most one assistant answer:
+ *
+ *   Llama-2:  [INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s>
+ *             <s>[INST] {user} [/INST]
+ *   Mistral:  [INST] {system}\n\n{user} [/INST] {assistant}</s>[INST] {user} [/INST]
+ *
+ * The first turn's BOS comes from the tokenizer; Llama-2 writes the BOS of later turns as
+ * "<s>" text. Several system messages in a row, or several user messages in a row, are
+ * joined with "\n\n". Every assistant answer is followed by a new turn, so a conversation
+ * that ends with an assistant message gets an empty instruction ("[INST]  [/INST]") and
+ * the text always ends with " [/INST]", where the model's answer begins. */
+static void render_inst(struct kvr_sbuf *b, const struct kvr_chat_msg *msgs, size_t n,
+                        bool llama2)
+{
+    size_t i = 0;
+    for (bool first = true;; first = false) {
+        kvr_sbuf_puts(b, (llama2 && !first) ? "<s>[INST] " : "[INST] ");
+        bool any = false;
+        for (; i < n && msgs[i].role == KVR_CHAT_ROLE_SYSTEM; i++) {
+            kvr_sbuf_puts(b, any ? "\n\n" : (llama2 ? "<<SYS>>\n" : ""));
+            put_content(b, &msgs[i]);
+            any = true;
+        }
+        if (any)
+            kvr_sbuf_puts(b, llama2 ? "\n<</SYS>>\n\n" : "\n\n");
+        any = false;
+        for (; i < n && msgs[i].role == KVR_CHAT_ROLE_USER; i++) {
+            if (any)
+                kvr_sbuf_puts(b, "\n\n");
+            put_content(b, &msgs[i]);
+            any = true;
+        }
+        kvr_sbuf_puts(b, " [/INST]");
+        if (i < n && msgs[i].role == KVR_CHAT_ROLE_ASSISTANT) {
+            kvr_sbuf_puts(b, " ");
+            put_content(b, &msgs[i]);
+            kvr_sbuf_puts(b, llama2 ? " </s>" : "</s>");
+            i++;
+            continue;
+        }
+        if (i == n)
+            break;
+    }
+}
+
+/* Zephyr, per message:
+ *   <|{role}|>\n{content}</s>\n
+ * then:
+ *   <|assistant|>\n */
+static void render_zephyr(struct kvr_sbuf *b, const struct kvr_chat_msg *msgs, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        kvr_sbuf_printf(b, "<|%s|>\n", role_names[msgs[i].role]);
+        put_content(b, &msgs[i]);
+        kvr_sbuf_puts(b, "</s>\n");
+    }
+    kvr_sbuf_puts(b, "<|assistant|>\n");
+}
+
+int kvr_chat_render(enum kvr_chat_tmpl t, const struct kvr_chat_msg *msgs, size_t n_msgs,
+                    char **out, size_t *out_len, struct kvr_err *err)
+{
+    *out = NULL;
+    if (out_len)
+        *out_len = 0;
+    if ((unsigned)t >= KVR_CHAT_TMPL_COUNT)
+        return kvr_err_set(err, KVR_EINVAL, "unknown chat template %d", (int)t);
+    if (n_msgs == 0)
+        return kvr_err_set(err, KVR_EINVAL, "no messages to render");
+    for (size_t i = 0; i < n_msgs; i++) {
+        if ((unsigned)msgs[i].role >= KVR_CHAT_ROLE_COUNT)
+            return kvr_err_set(err, KVR_EINVAL, "message %zu: unknown role %d", i,
+                               (int)msgs[i].role);
+        if (!msgs[i].content && msgs[i].content_len)
+            return kvr_err_set(err, KVR_EINVAL, "message %zu: no content", i);
+    }
+
+    struct kvr_sbuf b;
+    kvr_sbuf_init(&b);
+    switch (t) {
+    case KVR_CHAT_TMPL_CHATML:
+        render_chatml(&b, msgs, n_msgs);
+        break;
+    case KVR_CHAT_TMPL_LLAMA2:
+        render_inst(&b, msgs, n_msgs, true);
+        break;
+    case KVR_CHAT_TMPL_LLAMA3:
+        render_llama3(&b, msgs, n_msgs);
+        break;
+    case KVR_CHAT_TMPL_MISTRAL:
+        render_inst(&b, msgs, n_msgs, false);
+        break;
+    case KVR_CHAT_TMPL_ZEPHYR:
+        render_zephyr(&b, msgs, n_msgs);
+        break;
+    default:
+        break;
+    }
+    *out = kvr_sbuf_take(&b, out_len);
+    if (!*out)
+        return kvr_err_set(err, KVR_ENOMEM, "out of memory rendering %zu chat messages",
+                           n_msgs);
+    return KVR_OK;
+}
