@@ -82,6 +82,12 @@ void kvr_quantize_rows(enum kvr_dtype wtype, const float *x, int64_t n_in, int64
 void kvr_matmul(const struct kvr_matrix *w, const void *xq, int64_t n_rows, float *y,
                 int64_t ldy, int64_t o_begin, int64_t o_end);
 
+/* Split [0, n_out) among nth threads for kvr_matmul: thread ith gets [*begin, *end).
+ * Ranges are contiguous and deterministic, and start at multiples of the active kernels'
+ * output tile so no thread runs a ragged tile in the middle of the matrix. Any other split
+ * gives the same bits, only slower. */
+void kvr_matmul_split(int64_t n_out, int ith, int nth, int64_t *begin, int64_t *end);
+
 /* Dequantize weight row `row` of w into dst (n_in floats), e.g. an embedding lookup. */
 void kvr_matrix_get_row(const struct kvr_matrix *w, int64_t row, float *dst);
 

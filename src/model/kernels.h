@@ -1,0 +1,84 @@
+/* kernels.h - internal to src/model: block structs of the quantized types and the kernel-set
+ * table that matmul.c dispatches through. Not part of the public API (dtype.h is).
+ *
+ * Every struct below mirrors a GGUF block byte for byte; the byte tables are in dtype.c.
+ * The blocks are read in place from the mmapped file, where rows are only 2-byte aligned,
+ * so kernels load them with unaligned loads. Pure data: no globals, no I/O. */
+#ifndef KVR_MODEL_KERNELS_H
+#define KVR_MODEL_KERNELS_H
+
+#include "model/dtype.h"
+
+#include <stdint.h>
+
+#define KVR_QK 32   /* elements per Q8_0 / Q4_0 block */
+#define KVR_QK_K 256 /* elements per K-quant super-block */
+
+struct kvr_block_q8_0 {
+    uint16_t d;          /* scale, fp16 */
+    int8_t qs[KVR_QK];   /* value = qs[i] * d */
+};
+
+struct kvr_block_q4_0 {
+    uint16_t d;              /* scale, fp16 */
+    uint8_t qs[KVR_QK / 2];  /* byte i: element i in the low nibble, i+16 in the high one */
+};
+
+struct kvr_block_q4_k {
+    uint16_t d;           /* fp16 scale of the 6-bit sub-block scales */
+    uint16_t dmin;        /* fp16 scale of the 6-bit sub-block mins */
+    uint8_t scales[12];   /* 8 scales + 8 mins, 6 bits each, packed (see dtype.c) */
+    uint8_t qs[KVR_QK_K / 2];
+};
+
+struct kvr_block_q6_k {
+    uint8_t ql[KVR_QK_K / 2];  /* low 4 bits */
+    uint8_t qh[KVR_QK_K / 4];  /* high 2 bits */
+    int8_t scales[KVR_QK_K / 16];
+    uint16_t d;                /* fp16 */
+};
+
+struct kvr_block_q8_k {
+    float d;                      /* scale, f32 */
+    int8_t qs[KVR_QK_K];          /* in [-127, 127]: never -128 (see dtype.c) */
+    int16_t bsums[KVR_QK_K / 16]; /* sum of each 16 consecutive qs */
+};
+
+_Static_assert(sizeof(struct kvr_block_q8_0) == 34, "q8_0 block is 34 bytes");
+_Static_assert(sizeof(struct kvr_block_q4_0) == 18, "q4_0 block is 18 bytes");
+_Static_assert(sizeof(struct kvr_block_q4_k) == 144, "q4_K block is 144 bytes");
+_Static_assert(sizeof(struct kvr_block_q6_k) == 210, "q6_K block is 210 bytes");
+_Static_assert(sizeof(struct kvr_block_q8_k) == 292, "q8_K block is 292 bytes");
+
+/* Unpack the 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block. */
+static inline void kvr_q4_k_scale_min(const uint8_t *scales, int j, int *sc, int *mn)
+{
+    if (j < 4) {
+        *sc = scales[j] & 63;
+        *mn = scales[j + 4] & 63;
+    } else {
+        *sc = (scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4);
+        *mn = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+    }
+}
+
+/* A kernel set: one implementation of the hot paths for every supported type.
+ *
+ * quantize_row converts one activation row of n floats into `dot_type` (the activation type
+ * of some weight type). matmul has the contract of kvr_matmul with the arguments already
+ * checked. A NULL entry means "use the reference". */
+typedef void (*kvr_quantize_row_fn)(const float *x, void *dst, int64_t n);
+typedef void (*kvr_matmul_fn)(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                              int64_t n_rows, float *y, int64_t ldy, int64_t o_begin,
+                              int64_t o_end);
+
+struct kvr_kernel_set {
+    const char *name;
+    kvr_quantize_row_fn quantize_row[KVR_DTYPE_COUNT]; /* indexed by activation type */
+    kvr_matmul_fn matmul[KVR_DTYPE_COUNT];             /* indexed by weight type */
+    int o_tile; /* output rows per tile: slices starting at multiples of it run fastest */
+};
+
+extern const struct kvr_kernel_set kvr_kernels_avx2;
+
+#endif

@@ -1,0 +1,133 @@
+/* matmul.c - kernel dispatch and the matmul entry points of dtype.h.
+ *
+ * The kernel set is chosen once by kvr_kernels_init from the CPU's features. The reference
+ * set is the scalar code of dtype.c (one trait dot per output element); the avx2 set lives in
+ * kernels_avx2.c. Each set is batch-invariant on its own: an output element gets the same
+ * bits whatever the row count, slice or tile that computes it. Results of *different* sets
+ * agree only to rounding, so a process never mixes them (the choice is global and made
+ * before threads start). */
+#include "model/dtype.h"
+#include "model/kernels.h"
+
+#include <stdlib.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+/* The one piece of global state of the model layer: which kernel set runs. Written only by
+ * kvr_kernels_init / kvr_kernels_force_reference, before compute threads start. */
+static const struct kvr_kernel_set *g_best;
+static bool g_force_reference;
+
+static const struct kvr_kernel_set kernels_reference = {.name = "reference", .o_tile = 1};
+
+/* F16C is read from CPUID directly: clang 14's __builtin_cpu_supports does not know it. The
+ * builtin's "avx2" check already covers the OS saving ymm state (XGETBV). */
+static bool cpu_has_avx2(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned eax, ebx, ecx, edx;
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+        return false;
+    if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx))
+        return false;
+    return (ecx & bit_F16C) != 0;
+#else
+    return false;
+#endif
+}
+
+const char *kvr_kernels_init(void)
+{
+    if (!g_best)
+        g_best = cpu_has_avx2() ? &kvr_kernels_avx2 : &kernels_reference;
+    return kvr_kernels_name();
+}
+
+void kvr_kernels_force_reference(bool on)
+{
+    g_force_reference = on;
+}
+
+static const struct kvr_kernel_set *active(void)
+{
+    if (g_force_reference)
+        return &kernels_reference;
+    if (!g_best)
+        kvr_kernels_init();
+    return g_best;
+}
+
+const char *kvr_kernels_name(void)
+{
+    return active()->name;
+}
+
+void kvr_matmul_split(int64_t n_out, int ith, int nth, int64_t *begin, int64_t *end)
+{
+    int64_t tile = active()->o_tile;
+    int64_t n_tiles = (n_out + tile - 1) / tile;
+    int64_t per = n_tiles / nth, rem = n_tiles % nth;
+    int64_t b = ith * per + (ith < rem ? ith : rem);
+    int64_t e = b + per + (ith < rem ? 1 : 0);
+    *begin = b * tile < n_out ? b * tile : n_out;
+    *end = e * tile < n_out ? e * tile : n_out;
+}
+
+size_t kvr_act_row_bytes(enum kvr_dtype wtype, int64_t n_in)
+{
+    const struct kvr_dtype_traits *t = kvr_dtype_traits(wtype);
+    size_t bytes = 0;
+    if (!t || !kvr_dtype_row_bytes(t->dot_type, n_in, &bytes))
+        return 0;
+    return bytes;
+}
+
+void kvr_quantize_rows(enum kvr_dtype wtype, const float *x, int64_t n_in, int64_t r_begin,
+                       int64_t r_end, void *dst)
+{
+    const struct kvr_dtype_traits *wt = kvr_dtype_traits(wtype);
+    if (!wt)
+        abort(); /* an unknown type here is a broken invariant, not bad input */
+    enum kvr_dtype at = wt->dot_type;
+    size_t stride = kvr_act_row_bytes(wtype, n_in);
+    kvr_quantize_row_fn fn = active()->quantize_row[at];
+    if (!fn)
+        fn = kvr_dtype_traits(at)->from_float;
+    for (int64_t r = r_begin; r < r_end; r++)
+        fn(x + r * n_in, (char *)dst + (size_t)r * stride, n_in);
+}
+
+static void matmul_reference(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                             int64_t n_rows, float *y, int64_t ldy, int64_t o_begin,
+                             int64_t o_end)
+{
+    const struct kvr_dtype_traits *t = kvr_dtype_traits(w->type);
+    for (int64_t o = o_begin; o < o_end; o++) {
+        const char *wrow = (const char *)w->data + (size_t)o * w->row_bytes;
+        for (int64_t r = 0; r < n_rows; r++)
+            y[r * ldy + o] = t->dot(w->n_in, wrow, (const char *)xq + (size_t)r * x_stride);
+    }
+}
+
+void kvr_matmul(const struct kvr_matrix *w, const void *xq, int64_t n_rows, float *y,
+                int64_t ldy, int64_t o_begin, int64_t o_end)
+{
+    if (w->type == KVR_DTYPE_Q8_K || !kvr_dtype_traits(w->type))
+        abort(); /* the loader only builds matrices of weight types */
+    if (n_rows <= 0 || o_begin >= o_end)
+        return;
+    size_t x_stride = kvr_act_row_bytes(w->type, w->n_in);
+    kvr_matmul_fn fn = active()->matmul[w->type];
+    if (!fn)
+        fn = matmul_reference;
+    fn(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end);
+}
+
+void kvr_matrix_get_row(const struct kvr_matrix *w, int64_t row, float *dst)
+{
+    const struct kvr_dtype_traits *t = kvr_dtype_traits(w->type);
+    t->to_float((const char *)w->data + (size_t)row * w->row_bytes, dst, w->n_in);
+}
