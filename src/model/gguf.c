@@ -830,6 +830,14 @@ int kvr_gguf_kv_arr(const struct kvr_gguf *g, int64_t i, struct kvr_gguf_arr *ou
     return 0;
 }
 
+int kvr_gguf_kv_scalar(const struct kvr_gguf *g, int64_t i, const void **out)
+{
+    if (i < 0 || i >= g->n_kv || !g->kvs[i].val)
+        return KVR_EINVAL;
+    *out = g->kvs[i].val;
+    return 0;
+}
+
 int kvr_gguf_kv_num(const struct kvr_gguf *g, int64_t i, double *out)
 {
     if (i < 0 || i >= g->n_kv)

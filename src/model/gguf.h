@@ -53,7 +53,8 @@ struct kvr_gguf_str {
 struct kvr_gguf_arr {
     enum kvr_gguf_type type;  /* element type (never ARRAY: nested arrays are rejected) */
     uint64_t n;               /* element count */
-    const void *data;         /* numeric arrays: n packed little-endian elements */
+    const void *data;         /* numeric arrays: n packed little-endian elements, NOT
+                                 aligned (read them with memcpy) */
     const struct kvr_gguf_str *strs; /* string arrays: n entries (index built at open) */
 };
 
@@ -103,6 +104,9 @@ int kvr_gguf_get_arr(const struct kvr_gguf *g, const char *key, struct kvr_gguf_
 /* Same, by index (for `kvasir info`). */
 int kvr_gguf_kv_str(const struct kvr_gguf *g, int64_t i, struct kvr_gguf_str *out);
 int kvr_gguf_kv_arr(const struct kvr_gguf *g, int64_t i, struct kvr_gguf_arr *out);
+/* The raw little-endian bytes of a scalar (numeric or bool) value, exactly as stored
+ * (kvr_gguf_kv_type says how to read them); KVR_EINVAL for strings and arrays. */
+int kvr_gguf_kv_scalar(const struct kvr_gguf *g, int64_t i, const void **out);
 /* Numeric scalar of any numeric/bool type as double; KVR_EINVAL if not numeric. */
 int kvr_gguf_kv_num(const struct kvr_gguf *g, int64_t i, double *out);
 
