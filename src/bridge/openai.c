@@ -1,0 +1,1039 @@
+/* openai.c - OpenAI request parsing, stop strings and response formatting (see openai.h).
+ *
+ * Sections follow a request's life: errors, UTF-8, request fields, length check, stop
+ * strings, responses. */
+#include "bridge/openai.h"
+
+#include "core/alloc.h"
+#include "core/err.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- errors ------------------------------------------------------------------------- */
+
+static void error_vset(struct kvr_openai_error *e, int status, const char *type,
+                       const char *param, const char *code, const char *fmt, va_list ap)
+{
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    if (param)
+        snprintf(e->param_buf, sizeof e->param_buf, "%s", param);
+    e->param = param ? e->param_buf : NULL;
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+}
+
+int kvr_openai_error_set(struct kvr_openai_error *e, int status, const char *type,
+                         const char *param, const char *code, const char *fmt, ...)
+{
+    if (!e)
+        return KVR_EINVAL;
+    va_list ap;
+    va_start(ap, fmt);
+    error_vset(e, status, type, param, code, fmt, ap);
+    va_end(ap);
+    return KVR_EINVAL;
+}
+
+/* json_dump_callback sink: JSON text straight into an sbuf. */
+static int dump_to_sbuf(const char *buf, size_t size, void *data)
+{
+    struct kvr_sbuf *b = data;
+    kvr_sbuf_append(b, buf, size);
+    return b->failed ? -1 : 0;
+}
+
+#define DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(9))
+
+static int dump_json(struct kvr_sbuf *out, const json_t *j)
+{
+    if (!j || json_dump_callback(j, dump_to_sbuf, out, DUMP_FLAGS) != 0 || out->failed)
+        return KVR_ENOMEM;
+    return KVR_OK;
+}
+
+/* A JSON string from bytes that should be UTF-8; anything invalid becomes U+FFFD rather
+ * than making jansson refuse the whole value. */
+static json_t *jstr(const char *s, size_t len)
+{
+    if (kvr_utf8_check(s, len) == len)
+        return json_stringn(s, len);
+    struct kvr_sbuf b;
+    kvr_sbuf_init(&b);
+    kvr_utf8_sanitize(&b, s, len);
+    json_t *j = b.failed ? NULL : json_stringn(b.data ? b.data : "", b.len);
+    kvr_sbuf_fini(&b);
+    return j;
+}
+
+static json_t *error_object(const struct kvr_openai_error *e)
+{
+    json_t *inner = json_object();
+    json_t *outer = json_object();
+    if (!inner || !outer)
+        goto fail;
+    const char *msg = e->message;
+    if (json_object_set_new(inner, "message", jstr(msg, strlen(msg))) ||
+        json_object_set_new(inner, "type", json_string(e->type ? e->type : "server_error")) ||
+        json_object_set_new(inner, "param", e->param ? jstr(e->param, strlen(e->param))
+                                                     : json_null()) ||
+        json_object_set_new(inner, "code", e->code ? json_string(e->code) : json_null()))
+        goto fail;
+    if (json_object_set_new(outer, "error", inner)) {
+        inner = NULL;
+        goto fail;
+    }
+    return outer;
+fail:
+    json_decref(inner);
+    json_decref(outer);
+    return NULL;
+}
+
+char *kvr_openai_error_json(const struct kvr_openai_error *e, size_t *out_len)
+{
+    struct kvr_sbuf b;
+    kvr_sbuf_init(&b);
+    json_t *j = error_object(e);
+    int rc = dump_json(&b, j);
+    json_decref(j);
+    if (rc) {
+        kvr_sbuf_fini(&b);
+        return NULL;
+    }
+    return kvr_sbuf_take(&b, out_len);
+}
+
+/* ---- UTF-8 -------------------------------------------------------------------------- */
+
+/* Length of the well-formed sequence at p (Unicode table 3-7), or 0 with *bad set to the
+ * length of the maximal invalid subpart (>= 1) to replace with one U+FFFD.
+ *
+ *   lead      2nd byte    3rd/4th   code points
+ *   00..7F    -           -         U+0000..U+007F
+ *   C2..DF    80..BF      -         U+0080..U+07FF
+ *   E0        A0..BF      80..BF    U+0800..U+0FFF  (80..9F would be overlong)
+ *   E1..EC    80..BF      80..BF
+ *   ED        80..9F      80..BF    (A0..BF would be surrogates)
+ *   EE..EF    80..BF      80..BF
+ *   F0        90..BF      80..BF    (80..8F would be overlong)
+ *   F1..F3    80..BF      80..BF
+ *   F4        80..8F      80..BF    (90..BF would exceed U+10FFFF) */
+static size_t utf8_seq(const unsigned char *p, size_t avail, size_t *bad)
+{
+    unsigned c = p[0];
+    size_t n;
+    unsigned lo = 0x80, hi = 0xBF;
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF)
+        n = 2;
+    else if (c == 0xE0)
+        n = 3, lo = 0xA0;
+    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF)
+        n = 3;
+    else if (c == 0xED)
+        n = 3, hi = 0x9F;
+    else if (c == 0xF0)
+        n = 4, lo = 0x90;
+    else if (c >= 0xF1 && c <= 0xF3)
+        n = 4;
+    else if (c == 0xF4)
+        n = 4, hi = 0x8F;
+    else {
+        *bad = 1;
+        return 0;
+    }
+    if (avail < 2 || p[1] < lo || p[1] > hi) {
+        *bad = 1;
+        return 0;
+    }
+    for (size_t k = 2; k < n; k++) {
+        if (avail <= k || (p[k] & 0xC0) != 0x80) {
+            *bad = k;
+            return 0;
+        }
+    }
+    return n;
+}
+
+size_t kvr_utf8_check(const char *s, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0, bad;
+    while (i < len) {
+        size_t n = utf8_seq(p + i, len - i, &bad);
+        if (!n)
+            return i;
+        i += n;
+    }
+    return len;
+}
+
+void kvr_utf8_sanitize(struct kvr_sbuf *out, const char *s, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0, run = 0, bad = 0;
+    while (i < len) {
+        size_t n = utf8_seq(p + i, len - i, &bad);
+        if (n) {
+            i += n;
+            continue;
+        }
+        kvr_sbuf_append(out, s + run, i - run);
+        kvr_sbuf_append(out, "\xEF\xBF\xBD", 3);
+        i += bad;
+        run = i;
+    }
+    kvr_sbuf_append(out, s + run, len - run);
+}
+
+/* ---- requests ----------------------------------------------------------------------- */
+
+static int bad_request(struct kvr_openai_error *e, const char *param, const char *code,
+                       const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static int bad_request(struct kvr_openai_error *e, const char *param, const char *code,
+                       const char *fmt, ...)
+{
+    if (!e)
+        return KVR_EINVAL;
+    va_list ap;
+    va_start(ap, fmt);
+    error_vset(e, 400, "invalid_request_error", param, code, fmt, ap);
+    va_end(ap);
+    return KVR_EINVAL;
+}
+
+static int out_of_memory(struct kvr_openai_error *e)
+{
+    kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    return KVR_ENOMEM;
+}
+
+static const char *type_name(const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        return "an object";
+    case JSON_ARRAY:
+        return "an array";
+    case JSON_STRING:
+        return "a string";
+    case JSON_INTEGER:
+        return "an integer";
+    case JSON_REAL:
+        return "a number";
+    case JSON_TRUE:
+    case JSON_FALSE:
+        return "a boolean";
+    default:
+        return "null";
+    }
+}
+
+/* A field that is absent or null counts as not given. */
+static json_t *field(const json_t *obj, const char *key)
+{
+    json_t *v = json_object_get(obj, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+static int want_type(struct kvr_openai_error *e, const char *param, const json_t *v,
+                     const char *what)
+{
+    return bad_request(e, param, "invalid_type", "'%s' must be %s, got %s", param, what,
+                       type_name(v));
+}
+
+static int get_bool(const json_t *obj, const char *key, bool *out, struct kvr_openai_error *e)
+{
+    json_t *v = field(obj, key);
+    if (!v)
+        return KVR_OK;
+    if (!json_is_boolean(v))
+        return want_type(e, key, v, "a boolean");
+    *out = json_is_true(v);
+    return KVR_OK;
+}
+
+/* An integer field in [lo, hi]; *has (may be NULL) says whether it was given. */
+static int get_int(const json_t *obj, const char *key, long long lo, long long hi,
+                   long long *out, bool *has, struct kvr_openai_error *e)
+{
+    json_t *v = field(obj, key);
+    if (has)
+        *has = v != NULL;
+    if (!v)
+        return KVR_OK;
+    if (!json_is_integer(v))
+        return want_type(e, key, v, "an integer");
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return bad_request(e, key, "invalid_value", "'%s' must be between %lld and %lld, got %lld",
+                           key, lo, hi, x);
+    *out = x;
+    return KVR_OK;
+}
+
+/* A number field in [lo, hi] (lo excluded when lo_open). */
+static int get_num(const json_t *obj, const char *key, double lo, bool lo_open, double hi,
+                   float *out, struct kvr_openai_error *e)
+{
+    json_t *v = field(obj, key);
+    if (!v)
+        return KVR_OK;
+    if (!json_is_number(v))
+        return want_type(e, key, v, "a number");
+    double x = json_number_value(v);
+    if (x > hi || (lo_open ? x <= lo : x < lo))
+        return bad_request(e, key, "invalid_value", "'%s' must be %s %g and at most %g, got %g",
+                           key, lo_open ? "above" : "at least", lo, hi, x);
+    *out = (float)x;
+    return KVR_OK;
+}
+
+static int parse_sampling(struct kvr_openai_req *r, struct kvr_openai_error *e)
+{
+    struct kvr_openai_sampling *s = &r->sampling;
+    const json_t *o = r->root;
+    int rc;
+    *s = (struct kvr_openai_sampling){
+        .temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
+    if ((rc = get_num(o, "temperature", 0, false, 2, &s->temperature, e)) ||
+        (rc = get_num(o, "top_p", 0, false, 1, &s->top_p, e)) ||
+        (rc = get_num(o, "min_p", 0, false, 1, &s->min_p, e)) ||
+        (rc = get_num(o, "repetition_penalty", 0, true, 10, &s->repetition_penalty, e)) ||
+        (rc = get_num(o, "frequency_penalty", -2, false, 2, &s->frequency_penalty, e)) ||
+        (rc = get_num(o, "presence_penalty", -2, false, 2, &s->presence_penalty, e)))
+        return rc;
+    long long k = 0;
+    if ((rc = get_int(o, "top_k", -1, INT32_MAX, &k, NULL, e)))
+        return rc;
+    s->top_k = k < 0 ? 0 : (int32_t)k;
+    long long seed = 0;
+    if ((rc = get_int(o, "seed", LLONG_MIN, LLONG_MAX, &seed, &s->has_seed, e)))
+        return rc;
+    s->seed = (uint64_t)seed;
+    return KVR_OK;
+}
+
+static int parse_stop(struct kvr_openai_req *r, struct kvr_openai_error *e)
+{
+    json_t *v = field(r->root, "stop");
+    if (!v)
+        return KVR_OK;
+    json_t *one[1] = {v};
+    json_t **items = one;
+    size_t n = 1;
+    if (json_is_array(v)) {
+        n = json_array_size(v);
+        if (n > KVR_OPENAI_MAX_STOP)
+            return bad_request(e, "stop", "invalid_value",
+                               "'stop' may hold at most %d strings, got %zu", KVR_OPENAI_MAX_STOP,
+                               n);
+        items = NULL;
+    } else if (!json_is_string(v)) {
+        return want_type(e, "stop", v, "a string or an array of strings");
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *s = items ? items[i] : json_array_get(v, i);
+        char param[64];
+        snprintf(param, sizeof param, items ? "stop" : "stop[%zu]", i);
+        if (!json_is_string(s))
+            return want_type(e, param, s, "a string");
+        size_t len = json_string_length(s);
+        if (len == 0)
+            return bad_request(e, param, "invalid_value", "'%s' must not be empty", param);
+        if (len > KVR_OPENAI_MAX_STOP_BYTES)
+            return bad_request(e, param, "invalid_value",
+                               "'%s' is %zu bytes long; the limit is %d", param, len,
+                               KVR_OPENAI_MAX_STOP_BYTES);
+        r->stop[r->n_stop] = json_string_value(s);
+        r->stop_len[r->n_stop] = len;
+        r->n_stop++;
+    }
+    return KVR_OK;
+}
+
+static int parse_budget(struct kvr_openai_req *r, struct kvr_openai_error *e)
+{
+    json_t *b = field(r->root, "latency_budget");
+    if (!b)
+        return KVR_OK;
+    if (!json_is_object(b))
+        return want_type(e, "latency_budget", b, "an object");
+    static const char *const keys[2] = {"first_token_ms", "total_ms"};
+    uint32_t *outs[2] = {&r->first_token_ms, &r->total_ms};
+    for (int i = 0; i < 2; i++) {
+        char param[64];
+        snprintf(param, sizeof param, "latency_budget.%s", keys[i]);
+        json_t *v = field(b, keys[i]);
+        if (!v)
+            continue;
+        if (!json_is_integer(v))
+            return want_type(e, param, v, "an integer (milliseconds)");
+        long long x = json_integer_value(v);
+        if (x < 1 || x > KVR_OPENAI_MAX_BUDGET_MS)
+            return bad_request(e, param, "invalid_value",
+                               "'%s' must be between 1 and %d milliseconds, got %lld", param,
+                               KVR_OPENAI_MAX_BUDGET_MS, x);
+        *outs[i] = (uint32_t)x;
+    }
+    if (r->first_token_ms && r->total_ms && r->first_token_ms > r->total_ms)
+        return bad_request(e, "latency_budget.first_token_ms", "invalid_value",
+                           "'latency_budget.first_token_ms' (%u ms) exceeds "
+                           "'latency_budget.total_ms' (%u ms)",
+                           r->first_token_ms, r->total_ms);
+    return KVR_OK;
+}
+
+/* Requests for features Kvasir does not have are refused, not silently ignored: a client
+ * that asked for three choices and got one would be misled. */
+static int refuse_unsupported(const struct kvr_openai_req *r, struct kvr_openai_error *e)
+{
+    const json_t *o = r->root;
+    json_t *v;
+    long long n = 1;
+    if ((v = field(o, "n"))) {
+        if (!json_is_integer(v))
+            return want_type(e, "n", v, "an integer");
+        n = json_integer_value(v);
+        if (n < 1)
+            return bad_request(e, "n", "invalid_value", "'n' must be at least 1, got %lld", n);
+        if (n > 1)
+            return bad_request(e, "n", "unsupported_parameter",
+                               "n > 1 is not supported (got %lld): send one request per choice",
+                               n);
+    }
+    if ((v = field(o, "best_of")) && !(json_is_integer(v) && json_integer_value(v) == 1))
+        return bad_request(e, "best_of", "unsupported_parameter",
+                           "'best_of' other than 1 is not supported");
+    if ((v = field(o, "echo")) && !json_is_false(v))
+        return bad_request(e, "echo", "unsupported_parameter", "'echo' is not supported");
+    if ((v = field(o, "suffix")) && !(json_is_string(v) && json_string_length(v) == 0))
+        return bad_request(e, "suffix", "unsupported_parameter", "'suffix' is not supported");
+    if ((v = field(o, "logit_bias")) && !(json_is_object(v) && json_object_size(v) == 0))
+        return bad_request(e, "logit_bias", "unsupported_parameter",
+                           "'logit_bias' is not supported");
+    if ((v = field(o, "tools")) && !(json_is_array(v) && json_array_size(v) == 0))
+        return bad_request(e, "tools", "unsupported_parameter", "'tools' are not supported");
+    if ((v = field(o, "functions")) && !(json_is_array(v) && json_array_size(v) == 0))
+        return bad_request(e, "functions", "unsupported_parameter",
+                           "'functions' are not supported");
+    if ((v = field(o, "response_format"))) {
+        json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
+            return bad_request(e, "response_format", "unsupported_parameter",
+                               "only 'response_format': {\"type\": \"text\"} is supported");
+    }
+    return KVR_OK;
+}
+
+static int parse_logprobs(struct kvr_openai_req *r, struct kvr_openai_error *e)
+{
+    const json_t *o = r->root;
+    int rc;
+    if (r->api == KVR_OPENAI_COMPLETIONS) {
+        json_t *v = field(o, "logprobs");
+        if (!v)
+            return KVR_OK;
+        if (!json_is_integer(v))
+            return want_type(e, "logprobs", v, "an integer");
+        long long n = json_integer_value(v);
+        if (n < 0)
+            return bad_request(e, "logprobs", "invalid_value",
+                               "'logprobs' must be at least 0, got %lld", n);
+        if (n > 1)
+            return bad_request(e, "logprobs", "unsupported_parameter",
+                               "'logprobs' above 1 is not supported (got %lld): only the "
+                               "sampled token's log-probability is reported",
+                               n);
+        r->logprobs = n == 1;
+        return KVR_OK;
+    }
+    if ((rc = get_bool(o, "logprobs", &r->logprobs, e)))
+        return rc;
+    long long top = 0;
+    bool has_top = false;
+    if ((rc = get_int(o, "top_logprobs", 0, 20, &top, &has_top, e)))
+        return rc;
+    if (has_top && !r->logprobs)
+        return bad_request(e, "top_logprobs", "invalid_value",
+                           "'top_logprobs' needs 'logprobs': true");
+    if (top > 0)
+        return bad_request(e, "top_logprobs", "unsupported_parameter",
+                           "'top_logprobs' above 0 is not supported (got %lld): only the "
+                           "sampled token's log-probability is reported",
+                           top);
+    return KVR_OK;
+}
+
+static int parse_prompt(struct kvr_openai_req *r, const struct kvr_openai_limits *lim,
+                        struct kvr_openai_error *e)
+{
+    json_t *v = field(r->root, "prompt");
+    if (!v)
+        return bad_request(e, "prompt", "missing_required_parameter",
+                           "you must provide a 'prompt'");
+    if (json_is_array(v)) {
+        size_t n = json_array_size(v);
+        if (n == 0)
+            return bad_request(e, "prompt", "invalid_value", "'prompt' must not be an empty array");
+        json_t *first = json_array_get(v, 0);
+        if (json_is_string(first) || json_is_array(first)) {
+            /* An array of prompts: one is fine, more is a batch. */
+            if (n > 1)
+                return bad_request(e, "prompt", "unsupported_parameter",
+                                   "batched prompts are not supported (got %zu): send one "
+                                   "prompt per request",
+                                   n);
+            v = first;
+        }
+    }
+    if (json_is_string(v)) {
+        r->prompt = json_string_value(v);
+        r->prompt_len = json_string_length(v);
+        return KVR_OK;
+    }
+    if (!json_is_array(v))
+        return want_type(e, "prompt", v, "a string, an array of one string, or token ids");
+    size_t n = json_array_size(v);
+    if (n == 0)
+        return bad_request(e, "prompt", "invalid_value", "'prompt' must not be an empty array");
+    if (n > lim->n_ctx)
+        return bad_request(e, "prompt", "context_length_exceeded",
+                           "This model's maximum context length is %u tokens, but the prompt "
+                           "is %zu tokens",
+                           lim->n_ctx, n);
+    r->prompt_ids = kvr_calloc(n, sizeof *r->prompt_ids);
+    if (!r->prompt_ids)
+        return out_of_memory(e);
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(v, i);
+        char param[64];
+        snprintf(param, sizeof param, "prompt[%zu]", i);
+        if (!json_is_integer(t))
+            return want_type(e, param, t, "a token id (integer)");
+        long long id = json_integer_value(t);
+        if (id < 0 || id >= (long long)lim->n_vocab)
+            return bad_request(e, param, "invalid_value",
+                               "token id %lld is outside the vocabulary (0 .. %u)", id,
+                               lim->n_vocab ? lim->n_vocab - 1 : 0);
+        r->prompt_ids[i] = (int32_t)id;
+    }
+    r->n_prompt_ids = (uint32_t)n;
+    return KVR_OK;
+}
+
+static const struct {
+    const char *name;
+    enum kvr_chat_role role;
+} roles[] = {
+    {"system", KVR_CHAT_ROLE_SYSTEM},
+    {"developer", KVR_CHAT_ROLE_SYSTEM},
+    {"user", KVR_CHAT_ROLE_USER},
+    {"assistant", KVR_CHAT_ROLE_ASSISTANT},
+};
+
+/* A message's content: a string, an array of text parts (joined; the joined string
+ * replaces the array inside the JSON tree, which then owns it), or null for an assistant
+ * message. */
+static int parse_content(json_t *msg, size_t i, struct kvr_chat_msg *out,
+                         struct kvr_openai_error *e)
+{
+    char param[64];
+    snprintf(param, sizeof param, "messages[%zu].content", i);
+    json_t *c = json_object_get(msg, "content");
+    if (!c || json_is_null(c)) {
+        if (out->role == KVR_CHAT_ROLE_ASSISTANT) {
+            out->content = "";
+            out->content_len = 0;
+            return KVR_OK;
+        }
+        return bad_request(e, param, "missing_required_parameter", "'%s' is required", param);
+    }
+    if (json_is_string(c)) {
+        out->content = json_string_value(c);
+        out->content_len = json_string_length(c);
+        return KVR_OK;
+    }
+    if (!json_is_array(c))
+        return want_type(e, param, c, "a string or an array of text parts");
+    struct kvr_sbuf b;
+    kvr_sbuf_init(&b);
+    size_t j;
+    json_t *part;
+    json_array_foreach(c, j, part)
+    {
+        json_t *type = json_is_object(part) ? json_object_get(part, "type") : NULL;
+        json_t *text = json_is_object(part) ? json_object_get(part, "text") : NULL;
+        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
+            !json_is_string(text)) {
+            kvr_sbuf_fini(&b);
+            snprintf(param, sizeof param, "messages[%zu].content[%zu]", i, j);
+            return bad_request(e, param, "unsupported_parameter",
+                               "'%s' must be a text part {\"type\": \"text\", \"text\": \"...\"}; "
+                               "other content types are not supported",
+                               param);
+        }
+        kvr_sbuf_append(&b, json_string_value(text), json_string_length(text));
+    }
+    json_t *joined = b.failed ? NULL : json_stringn(b.data ? b.data : "", b.len);
+    kvr_sbuf_fini(&b);
+    if (!joined || json_object_set_new(msg, "content", joined))
+        return out_of_memory(e);
+    out->content = json_string_value(joined);
+    out->content_len = json_string_length(joined);
+    return KVR_OK;
+}
+
+static int parse_messages(struct kvr_openai_req *r, struct kvr_openai_error *e)
+{
+    json_t *v = field(r->root, "messages");
+    if (!v)
+        return bad_request(e, "messages", "missing_required_parameter",
+                           "you must provide 'messages'");
+    if (!json_is_array(v))
+        return want_type(e, "messages", v, "an array");
+    size_t n = json_array_size(v);
+    if (n == 0)
+        return bad_request(e, "messages", "invalid_value", "'messages' must not be empty");
+    r->msgs = kvr_calloc(n, sizeof *r->msgs);
+    if (!r->msgs)
+        return out_of_memory(e);
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(v, i);
+        char param[64];
+        snprintf(param, sizeof param, "messages[%zu]", i);
+        if (!json_is_object(m))
+            return want_type(e, param, m, "an object");
+        snprintf(param, sizeof param, "messages[%zu].role", i);
+        json_t *role = json_object_get(m, "role");
+        if (!role || json_is_null(role))
+            return bad_request(e, param, "missing_required_parameter", "'%s' is required",
+                               param);
+        if (!json_is_string(role))
+            return want_type(e, param, role, "a string");
+        size_t k = 0;
+        while (k < sizeof roles / sizeof roles[0] &&
+               strcmp(json_string_value(role), roles[k].name) != 0)
+            k++;
+        if (k == sizeof roles / sizeof roles[0])
+            return bad_request(e, param, "invalid_value",
+                               "'%s' must be 'system', 'developer', 'user' or 'assistant'; "
+                               "'%.32s' is not supported",
+                               param, json_string_value(role));
+        r->msgs[i].role = roles[k].role;
+        int rc = parse_content(m, i, &r->msgs[i], e);
+        if (rc)
+            return rc;
+        r->n_msgs = i + 1;
+    }
+    return KVR_OK;
+}
+
+static int parse_fields(struct kvr_openai_req *r, const struct kvr_openai_limits *lim,
+                        struct kvr_openai_error *e)
+{
+    const json_t *o = r->root;
+    json_t *v;
+    int rc;
+
+    if ((v = field(o, "model"))) {
+        if (!json_is_string(v))
+            return want_type(e, "model", v, "a string");
+        r->model = json_string_value(v);
+    }
+    if ((rc = r->api == KVR_OPENAI_CHAT ? parse_messages(r, e) : parse_prompt(r, lim, e)))
+        return rc;
+
+    const char *mt_key = "max_tokens";
+    if (r->api == KVR_OPENAI_CHAT && field(o, "max_completion_tokens"))
+        mt_key = "max_completion_tokens";
+    if ((v = field(o, mt_key)) && !json_is_integer(v))
+        return want_type(e, mt_key, v, "an integer");
+    if (v && (json_integer_value(v) < 1 || json_integer_value(v) > (long long)lim->n_ctx))
+        return bad_request(e, mt_key, "invalid_value",
+                           "'%s' must be between 1 and %u (the model's context length), got %lld",
+                           mt_key, lim->n_ctx, json_integer_value(v));
+    r->has_max_tokens = v != NULL;
+    r->max_tokens = v ? (uint32_t)json_integer_value(v) : 0;
+
+    if ((rc = parse_sampling(r, e)) || (rc = parse_stop(r, e)) || (rc = parse_logprobs(r, e)) ||
+        (rc = parse_budget(r, e)) || (rc = refuse_unsupported(r, e)))
+        return rc;
+
+    if ((rc = get_bool(o, "stream", &r->stream, e)))
+        return rc;
+    if ((v = field(o, "stream_options"))) {
+        if (!json_is_object(v))
+            return want_type(e, "stream_options", v, "an object");
+        if (!r->stream)
+            return bad_request(e, "stream_options", "invalid_value",
+                               "'stream_options' is only allowed when 'stream' is true");
+        json_t *u = field(v, "include_usage");
+        if (u && !json_is_boolean(u))
+            return want_type(e, "stream_options.include_usage", u, "a boolean");
+        r->include_usage = json_is_true(u);
+    }
+    return KVR_OK;
+}
+
+int kvr_openai_parse(struct kvr_openai_req *r, enum kvr_openai_api api, const char *body,
+                     size_t len, const struct kvr_openai_limits *lim,
+                     struct kvr_openai_error *e)
+{
+    memset(r, 0, sizeof *r);
+    r->api = api;
+    if ((unsigned)api >= KVR_OPENAI_API_COUNT)
+        return kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "unknown API %d",
+                                    (int)api);
+    size_t bad = kvr_utf8_check(body, len);
+    if (bad != len)
+        return bad_request(e, NULL, "invalid_utf8",
+                           "the request body is not valid UTF-8 (invalid byte 0x%02X at offset "
+                           "%zu)",
+                           (unsigned char)body[bad], bad);
+    if (len == 0)
+        return bad_request(e, NULL, "invalid_json",
+                           "the request body is empty; expected a JSON object");
+    json_error_t je;
+    /* Duplicate keys are refused: two "max_tokens" would otherwise mean whichever the
+     * parser happened to keep. */
+    r->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!r->root)
+        return bad_request(e, NULL, "invalid_json",
+                           "the request body is not valid JSON: %s (line %d, column %d)",
+                           je.text, je.line, je.column);
+    if (!json_is_object(r->root)) {
+        int rc = bad_request(e, NULL, "invalid_json",
+                             "the request body must be a JSON object, got %s",
+                             type_name(r->root));
+        kvr_openai_req_fini(r);
+        r->api = api;
+        return rc;
+    }
+    int rc = parse_fields(r, lim, e);
+    if (rc) {
+        kvr_openai_req_fini(r);
+        r->api = api;
+    }
+    return rc;
+}
+
+void kvr_openai_req_fini(struct kvr_openai_req *r)
+{
+    json_decref(r->root);
+    kvr_free(r->prompt_ids);
+    kvr_free(r->msgs);
+    memset(r, 0, sizeof *r);
+}
+
+int kvr_openai_check_length(const struct kvr_openai_req *r, uint32_t n_prompt, uint32_t n_ctx,
+                            uint32_t default_max_tokens, uint32_t *out_max_tokens,
+                            struct kvr_openai_error *e)
+{
+    const char *pparam = r->api == KVR_OPENAI_CHAT ? "messages" : "prompt";
+    if (n_prompt == 0)
+        return bad_request(e, pparam, "invalid_value", "the prompt is empty (0 tokens)");
+    if (n_prompt >= n_ctx)
+        return bad_request(e, pparam, "context_length_exceeded",
+                           "This model's maximum context length is %u tokens, but the prompt "
+                           "is %u tokens, which leaves no room for the completion",
+                           n_ctx, n_prompt);
+    uint32_t room = n_ctx - n_prompt;
+    if (r->has_max_tokens) {
+        if (r->max_tokens > room)
+            return bad_request(e, r->api == KVR_OPENAI_CHAT ? "max_tokens" : "max_tokens",
+                               "context_length_exceeded",
+                               "This model's maximum context length is %u tokens. However, "
+                               "you requested %" PRIu64 " tokens (%u in the prompt, %u for the "
+                               "completion). Please reduce the prompt or max_tokens",
+                               n_ctx, (uint64_t)n_prompt + r->max_tokens, n_prompt,
+                               r->max_tokens);
+        *out_max_tokens = r->max_tokens;
+        return KVR_OK;
+    }
+    uint32_t want = default_max_tokens;
+    if (!want)
+        want = r->api == KVR_OPENAI_COMPLETIONS ? 16 : room;
+    *out_max_tokens = want < room ? want : room;
+    return KVR_OK;
+}
+
+int kvr_openai_parse_budget_header(const char *value, uint32_t *out_ms,
+                                   struct kvr_openai_error *e)
+{
+    static const char *const param = "X-Latency-Budget-Ms";
+    uint64_t x = 0;
+    size_t i = 0;
+    for (; value[i]; i++) {
+        if (value[i] < '0' || value[i] > '9' || i >= 8)
+            break;
+        x = x * 10 + (uint64_t)(value[i] - '0');
+    }
+    if (i == 0 || value[i] != 0 || x < 1 || x > KVR_OPENAI_MAX_BUDGET_MS)
+        return bad_request(e, param, "invalid_value",
+                           "the X-Latency-Budget-Ms header must be a whole number of "
+                           "milliseconds between 1 and %d, got '%.32s'",
+                           KVR_OPENAI_MAX_BUDGET_MS, value);
+    *out_ms = (uint32_t)x;
+    return KVR_OK;
+}
+
+/* ---- stop strings ------------------------------------------------------------------- */
+
+void kvr_openai_text_init(struct kvr_openai_text *t, const char *const *stop,
+                          const size_t *stop_len, uint32_t n_stop, const char *extra)
+{
+    memset(t, 0, sizeof *t);
+    kvr_sbuf_init(&t->held);
+    for (uint32_t i = 0; i < n_stop && i < KVR_OPENAI_MAX_STOP; i++) {
+        if (stop_len[i] == 0)
+            continue;
+        t->stop[t->n_stop] = stop[i];
+        t->stop_len[t->n_stop] = stop_len[i];
+        t->n_stop++;
+    }
+    if (extra && *extra) {
+        t->stop[t->n_stop] = extra;
+        t->stop_len[t->n_stop] = strlen(extra);
+        t->n_stop++;
+    }
+}
+
+void kvr_openai_text_fini(struct kvr_openai_text *t)
+{
+    kvr_sbuf_fini(&t->held);
+}
+
+bool kvr_openai_text_push(struct kvr_openai_text *t, const char *p, size_t n,
+                          struct kvr_sbuf *out)
+{
+    if (t->stopped)
+        return true;
+    kvr_sbuf_append(&t->held, p, n);
+    const char *h = t->held.data;
+    size_t len = t->held.len;
+    if (!h || t->held.failed) {
+        /* Out of memory: release what we have rather than lose it. */
+        kvr_sbuf_append(out, p, n);
+        kvr_sbuf_clear(&t->held);
+        return false;
+    }
+
+    /* Earliest complete stop string: everything before it is the answer. */
+    for (size_t pos = 0; pos < len; pos++) {
+        for (uint32_t s = 0; s < t->n_stop; s++) {
+            if (t->stop_len[s] <= len - pos && !memcmp(h + pos, t->stop[s], t->stop_len[s])) {
+                kvr_sbuf_append(out, h, pos);
+                kvr_sbuf_clear(&t->held);
+                t->stopped = true;
+                return true;
+            }
+        }
+    }
+
+    /* Otherwise keep the longest tail that is the beginning of some stop string. It starts
+     * where a stop string starts, so the released text ends on a character boundary. */
+    size_t keep_from = len;
+    for (size_t pos = 0; pos < len && keep_from == len; pos++) {
+        for (uint32_t s = 0; s < t->n_stop; s++) {
+            if (len - pos < t->stop_len[s] && !memcmp(h + pos, t->stop[s], len - pos)) {
+                keep_from = pos;
+                break;
+            }
+        }
+    }
+    kvr_sbuf_append(out, h, keep_from);
+    memmove(t->held.data, h + keep_from, len - keep_from);
+    t->held.len = len - keep_from;
+    t->held.data[t->held.len] = 0;
+    return false;
+}
+
+void kvr_openai_text_flush(struct kvr_openai_text *t, struct kvr_sbuf *out)
+{
+    if (!t->stopped && t->held.len)
+        kvr_sbuf_append(out, t->held.data, t->held.len);
+    kvr_sbuf_clear(&t->held);
+}
+
+/* ---- responses ---------------------------------------------------------------------- */
+
+const char *kvr_openai_finish_name(enum kvr_openai_finish f)
+{
+    switch (f) {
+    case KVR_OPENAI_FINISH_STOP:
+        return "stop";
+    case KVR_OPENAI_FINISH_LENGTH:
+        return "length";
+    default:
+        return NULL;
+    }
+}
+
+json_t *kvr_openai_logprobs_new(enum kvr_openai_api api)
+{
+    if (api == KVR_OPENAI_CHAT)
+        return json_pack("{s:[]}", "content");
+    return json_pack("{s:[],s:[],s:n,s:[]}", "tokens", "token_logprobs", "top_logprobs",
+                     "text_offset");
+}
+
+int kvr_openai_logprobs_add(json_t *lp, enum kvr_openai_api api, const char *piece,
+                            size_t piece_len, float logprob, size_t text_offset)
+{
+    json_t *tok = jstr(piece, piece_len);
+    if (!tok)
+        return KVR_ENOMEM;
+    if (api == KVR_OPENAI_CHAT) {
+        json_t *bytes = json_array();
+        for (size_t i = 0; bytes && i < piece_len; i++) {
+            if (json_array_append_new(bytes, json_integer((unsigned char)piece[i]))) {
+                json_decref(bytes);
+                bytes = NULL;
+            }
+        }
+        json_t *entry = bytes ? json_pack("{s:o,s:f,s:o,s:[]}", "token", tok, "logprob",
+                                          (double)logprob, "bytes", bytes, "top_logprobs")
+                              : NULL;
+        if (!bytes)
+            json_decref(tok);
+        if (!entry || json_array_append_new(json_object_get(lp, "content"), entry))
+            return KVR_ENOMEM;
+        return KVR_OK;
+    }
+    if (json_array_append_new(json_object_get(lp, "tokens"), tok) ||
+        json_array_append_new(json_object_get(lp, "token_logprobs"), json_real(logprob)) ||
+        json_array_append_new(json_object_get(lp, "text_offset"),
+                              json_integer((json_int_t)text_offset)))
+        return KVR_ENOMEM;
+    return KVR_OK;
+}
+
+static json_t *usage_object(uint32_t prompt_tokens, uint32_t completion_tokens)
+{
+    return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)prompt_tokens,
+                     "completion_tokens", (json_int_t)completion_tokens, "total_tokens",
+                     (json_int_t)prompt_tokens + completion_tokens);
+}
+
+static json_t *finish_value(enum kvr_openai_finish f)
+{
+    const char *name = kvr_openai_finish_name(f);
+    return name ? json_string(name) : json_null();
+}
+
+/* {"id", "object", "created", "model"}: the head of every response body. */
+static json_t *response_head(const struct kvr_openai_meta *m, const char *object)
+{
+    return json_pack("{s:s,s:s,s:I,s:s}", "id", m->id, "object", object, "created",
+                     (json_int_t)m->created, "model", m->model ? m->model : "");
+}
+
+char *kvr_openai_response_json(const struct kvr_openai_meta *m, const char *text,
+                               size_t text_len, enum kvr_openai_finish finish,
+                               uint32_t prompt_tokens, uint32_t completion_tokens,
+                               const json_t *logprobs, size_t *out_len)
+{
+    bool chat = m->api == KVR_OPENAI_CHAT;
+    json_t *root = response_head(m, chat ? "chat.completion" : "text_completion");
+    json_t *lp = logprobs ? json_deep_copy(logprobs) : json_null();
+    json_t *choice = NULL;
+    if (chat)
+        choice = json_pack("{s:i,s:{s:s,s:o},s:o,s:o}", "index", 0, "message", "role",
+                           "assistant", "content", jstr(text, text_len), "logprobs", lp,
+                           "finish_reason", finish_value(finish));
+    else
+        choice = json_pack("{s:o,s:i,s:o,s:o}", "text", jstr(text, text_len), "index", 0,
+                           "logprobs", lp, "finish_reason", finish_value(finish));
+    /* json_pack steals "o" arguments even when it fails, so nothing else to free. */
+    struct kvr_sbuf b;
+    kvr_sbuf_init(&b);
+    int rc = KVR_ENOMEM;
+    if (root && choice &&
+        !json_object_set_new(root, "choices", json_pack("[o]", choice)) &&
+        !json_object_set_new(root, "usage", usage_object(prompt_tokens, completion_tokens)))
+        rc = dump_json(&b, root);
+    else if (!root)
+        json_decref(choice);
+    json_decref(root);
+    if (rc) {
+        kvr_sbuf_fini(&b);
+        return NULL;
+    }
+    return kvr_sbuf_take(&b, out_len);
+}
+
+static int sse_event(struct kvr_sbuf *out, json_t *j)
+{
+    kvr_sbuf_puts(out, "data: ");
+    int rc = dump_json(out, j);
+    json_decref(j);
+    kvr_sbuf_puts(out, "\n\n");
+    return rc || out->failed ? KVR_ENOMEM : KVR_OK;
+}
+
+int kvr_openai_sse_chunk(struct kvr_sbuf *out, const struct kvr_openai_meta *m, bool first,
+                         const char *text, size_t text_len, enum kvr_openai_finish finish,
+                         const json_t *logprobs)
+{
+    bool chat = m->api == KVR_OPENAI_CHAT;
+    json_t *root = response_head(m, chat ? "chat.completion.chunk" : "text_completion");
+    json_t *lp = logprobs ? json_deep_copy(logprobs) : json_null();
+    json_t *choice;
+    if (chat) {
+        json_t *delta = json_object();
+        if (delta && first)
+            json_object_set_new(delta, "role", json_string("assistant"));
+        if (delta && (first || text_len))
+            json_object_set_new(delta, "content", jstr(text, text_len));
+        choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "delta", delta, "logprobs", lp,
+                           "finish_reason", finish_value(finish));
+    } else {
+        choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "text", jstr(text, text_len),
+                           "logprobs", lp, "finish_reason", finish_value(finish));
+    }
+    if (!root || !choice || json_object_set_new(root, "choices", json_pack("[o]", choice)) ||
+        (m->include_usage && json_object_set_new(root, "usage", json_null()))) {
+        if (!root)
+            json_decref(choice);
+        json_decref(root);
+        return KVR_ENOMEM;
+    }
+    return sse_event(out, root);
+}
+
+int kvr_openai_sse_usage(struct kvr_sbuf *out, const struct kvr_openai_meta *m,
+                         uint32_t prompt_tokens, uint32_t completion_tokens)
+{
+    bool chat = m->api == KVR_OPENAI_CHAT;
+    json_t *root = response_head(m, chat ? "chat.completion.chunk" : "text_completion");
+    if (!root || json_object_set_new(root, "choices", json_array()) ||
+        json_object_set_new(root, "usage", usage_object(prompt_tokens, completion_tokens))) {
+        json_decref(root);
+        return KVR_ENOMEM;
+    }
+    return sse_event(out, root);
+}
+
+int kvr_openai_sse_error(struct kvr_sbuf *out, const struct kvr_openai_error *e)
+{
+    json_t *j = error_object(e);
+    if (!j)
+        return KVR_ENOMEM;
+    return sse_event(out, j);
+}
+
+void kvr_openai_sse_done(struct kvr_sbuf *out)
+{
+    kvr_sbuf_puts(out, "data: [DONE]\n\n");
+}

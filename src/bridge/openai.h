@@ -1,0 +1,231 @@
+/* openai.h - the OpenAI-compatible request and response formats, as pure functions.
+ *
+ * Three jobs, none of which does I/O:
+ *   1. Parse and validate a request body for POST /v1/completions or
+ *      /v1/chat/completions into a struct kvr_openai_req, or explain exactly what is wrong
+ *      in a struct kvr_openai_error (HTTP status, OpenAI error type, parameter, code,
+ *      message). Untrusted bytes: every field's type and range is checked; nothing the
+ *      client sends can crash or hang the parser.
+ *   2. Cut generated text at stop strings (struct kvr_openai_text): text is released only
+ *      when no stop string can still begin inside it, so a client never sees a stop string
+ *      or any part of one, even when it spans tokens.
+ *   3. Format responses: whole JSON responses, SSE chunks ("data: {...}\n\n"), usage,
+ *      logprobs and error bodies.
+ *
+ * The shapes follow OpenAI's API (see docs/API.md for what is accepted and refused).
+ * Memory goes through core/alloc.h (jansson's own allocations aside). No globals; any
+ * thread may call any function on its own objects. */
+#ifndef KVR_BRIDGE_OPENAI_H
+#define KVR_BRIDGE_OPENAI_H
+
+#include "bridge/chat.h"
+#include "bridge/sbuf.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum kvr_openai_api {
+    KVR_OPENAI_COMPLETIONS, /* POST /v1/completions */
+    KVR_OPENAI_CHAT,        /* POST /v1/chat/completions */
+    KVR_OPENAI_API_COUNT
+};
+
+/* ---- errors ------------------------------------------------------------------------- */
+
+#define KVR_OPENAI_ERR_MSG_BYTES 512
+
+/* An error the client is told about. `type` and `code` are static strings (code may be
+ * NULL, shown as JSON null). `param` names the offending field as a path such as
+ * "messages[2].content"; it points at param_buf (a copy) or is NULL. */
+struct kvr_openai_error {
+    int status;        /* HTTP status: 400, 401, 404, 405, 413, 429, 500, 503, 504 */
+    const char *type;  /* "invalid_request_error", "authentication_error", ... */
+    const char *param;
+    const char *code;
+    char param_buf[64];
+    char message[KVR_OPENAI_ERR_MSG_BYTES];
+};
+
+/* Fill `e` (if non-NULL) and return KVR_EINVAL, so a check fails in one line. */
+int kvr_openai_error_set(struct kvr_openai_error *e, int status, const char *type,
+                         const char *param, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+
+/* {"error": {"message", "type", "param", "code"}} as a new string (kvr_free), or NULL when
+ * out of memory. */
+char *kvr_openai_error_json(const struct kvr_openai_error *e, size_t *out_len);
+
+/* ---- requests ----------------------------------------------------------------------- */
+
+#define KVR_OPENAI_MAX_STOP 4            /* stop strings a request may give */
+#define KVR_OPENAI_MAX_STOP_BYTES 256    /* longest stop string */
+#define KVR_OPENAI_MAX_BUDGET_MS 3600000 /* longest latency budget: one hour */
+
+/* Sampling as the client asked for it, with OpenAI's defaults filled in for absent fields.
+ * Ranges are checked by the parser. */
+struct kvr_openai_sampling {
+    float temperature;        /* [0, 2]; 0 = greedy; default 1 */
+    float top_p;              /* [0, 1]; default 1 (off) */
+    int32_t top_k;            /* >= 0; 0 = off (-1 is accepted as off) */
+    float min_p;              /* [0, 1]; default 0 (off) */
+    float repetition_penalty; /* (0, 10]; default 1 (off); "repetition_penalty" */
+    float frequency_penalty;  /* [-2, 2]; default 0 */
+    float presence_penalty;   /* [-2, 2]; default 0 */
+    bool has_seed;            /* false: the server picks a seed */
+    uint64_t seed;            /* any JSON integer, negative ones taken modulo 2^64 */
+};
+
+/* The limits a request is checked against. */
+struct kvr_openai_limits {
+    uint32_t n_ctx;   /* the model's context: max_tokens may not exceed it */
+    uint32_t n_vocab; /* token-id prompts must be below it */
+};
+
+/* A parsed request. Strings point into `root` (the parsed JSON, owned) and live until
+ * kvr_openai_req_fini. */
+struct kvr_openai_req {
+    enum kvr_openai_api api;
+    json_t *root;
+
+    const char *model; /* NULL when absent */
+
+    /* Completions: a text prompt (prompt != NULL), or token ids given directly. */
+    const char *prompt;
+    size_t prompt_len;
+    int32_t *prompt_ids; /* owned; n_prompt_ids ids, each < n_vocab */
+    uint32_t n_prompt_ids;
+
+    /* Chat: the conversation (owned array; contents point into root). "developer" messages
+     * are system messages. */
+    struct kvr_chat_msg *msgs;
+    size_t n_msgs;
+
+    bool has_max_tokens;  /* false: the server's default applies */
+    uint32_t max_tokens;  /* 1 .. limits.n_ctx; chat also reads max_completion_tokens */
+
+    struct kvr_openai_sampling sampling;
+
+    const char *stop[KVR_OPENAI_MAX_STOP]; /* non-empty strings, valid UTF-8 */
+    size_t stop_len[KVR_OPENAI_MAX_STOP];
+    uint32_t n_stop;
+
+    bool stream;
+    bool include_usage; /* stream_options.include_usage */
+    bool logprobs;      /* completions: logprobs = 1; chat: logprobs = true */
+
+    uint32_t first_token_ms; /* latency_budget.first_token_ms; 0 = server default */
+    uint32_t total_ms;       /* latency_budget.total_ms; 0 = server default */
+};
+
+/* Parse `len` bytes of `body`. Checks, in order: UTF-8, JSON syntax, that the root is an
+ * object, then every known field's type and range. Unknown fields are ignored (clients
+ * send many); fields asking for features Kvasir lacks (n > 1, echo, best_of > 1, suffix,
+ * logit_bias, tools, response_format other than text, top-n logprobs) are refused rather
+ * than silently ignored. On failure returns KVR_EINVAL with `e` filled (status 400) and
+ * leaves `r` empty (fini is still safe); KVR_ENOMEM when out of memory (status 500). */
+int kvr_openai_parse(struct kvr_openai_req *r, enum kvr_openai_api api, const char *body,
+                     size_t len, const struct kvr_openai_limits *lim,
+                     struct kvr_openai_error *e);
+void kvr_openai_req_fini(struct kvr_openai_req *r);
+
+/* Once the prompt is tokenized: check that it fits the context and decide how many tokens
+ * to generate. Without max_tokens the default is `default_max_tokens` (0: completions take
+ * 16 as OpenAI does, chat the rest of the context), cut to what the context has left. An
+ * explicit max_tokens that does not fit is an error that gives all the counts. */
+int kvr_openai_check_length(const struct kvr_openai_req *r, uint32_t n_prompt, uint32_t n_ctx,
+                            uint32_t default_max_tokens, uint32_t *out_max_tokens,
+                            struct kvr_openai_error *e);
+
+/* The X-Latency-Budget-Ms header: a total budget in milliseconds, 1 .. one hour, digits
+ * only. */
+int kvr_openai_parse_budget_header(const char *value, uint32_t *out_ms,
+                                   struct kvr_openai_error *e);
+
+/* ---- UTF-8 -------------------------------------------------------------------------- */
+
+/* Offset of the first byte that is not part of valid UTF-8 (overlongs, surrogates and
+ * code points above U+10FFFF are invalid), or len when all of it is valid. */
+size_t kvr_utf8_check(const char *s, size_t len);
+/* Append `s` with every maximal invalid subsequence replaced by U+FFFD. */
+void kvr_utf8_sanitize(struct kvr_sbuf *out, const char *s, size_t len);
+
+/* ---- stop strings ------------------------------------------------------------------- */
+
+/* Holds back generated text that could still turn out to begin a stop string. Feed it the
+ * detokenizer's output (valid UTF-8); it appends to `out` only text that precedes any
+ * possible stop string. The stop strings are borrowed for the object's lifetime. */
+struct kvr_openai_text {
+    const char *stop[KVR_OPENAI_MAX_STOP + 1]; /* +1: a template's end-of-turn text */
+    size_t stop_len[KVR_OPENAI_MAX_STOP + 1];
+    uint32_t n_stop;
+    struct kvr_sbuf held; /* text not yet released: a possible start of a stop string */
+    bool stopped;         /* a stop string was found; everything after it is dropped */
+};
+
+/* `extra` (may be NULL) is one more stop string, e.g. kvr_chat_tmpl_end_of_turn. Empty
+ * strings are skipped. */
+void kvr_openai_text_init(struct kvr_openai_text *t, const char *const *stop,
+                          const size_t *stop_len, uint32_t n_stop, const char *extra);
+void kvr_openai_text_fini(struct kvr_openai_text *t);
+/* Returns true when a stop string has been found (now or earlier): `out` then holds all the
+ * text before it and later pushes add nothing. */
+bool kvr_openai_text_push(struct kvr_openai_text *t, const char *p, size_t n,
+                          struct kvr_sbuf *out);
+/* The generation ended for another reason (length, EOS): release the held text. */
+void kvr_openai_text_flush(struct kvr_openai_text *t, struct kvr_sbuf *out);
+
+/* ---- responses ---------------------------------------------------------------------- */
+
+enum kvr_openai_finish {
+    KVR_OPENAI_FINISH_NONE,   /* still generating (stream chunks) */
+    KVR_OPENAI_FINISH_STOP,   /* a stop string or the end-of-generation token */
+    KVR_OPENAI_FINISH_LENGTH, /* max_tokens or the context ran out */
+    KVR_OPENAI_FINISH_COUNT
+};
+
+/* "stop", "length", or NULL for NONE. */
+const char *kvr_openai_finish_name(enum kvr_openai_finish f);
+
+/* What every response of one request shares. */
+struct kvr_openai_meta {
+    enum kvr_openai_api api;
+    const char *id;      /* "cmpl-..." / "chatcmpl-..." */
+    int64_t created;     /* Unix seconds */
+    const char *model;
+    bool include_usage;  /* stream: every chunk carries "usage": null, the last the counts */
+};
+
+/* Log-probabilities of generated tokens, in the API's shape:
+ *   completions: {"tokens": [..], "token_logprobs": [..], "top_logprobs": null,
+ *                 "text_offset": [..]}
+ *   chat:        {"content": [{"token", "logprob", "bytes": [..], "top_logprobs": []}, ..]}
+ * `piece` is the token's text (any bytes; invalid UTF-8 shows as U+FFFD in "token", exact
+ * in "bytes"); text_offset is where the token starts in the completion's text. */
+json_t *kvr_openai_logprobs_new(enum kvr_openai_api api);
+int kvr_openai_logprobs_add(json_t *lp, enum kvr_openai_api api, const char *piece,
+                            size_t piece_len, float logprob, size_t text_offset);
+
+/* The whole non-streaming response. `text` is valid UTF-8; `logprobs` (may be NULL) is
+ * borrowed. Returns a new string (kvr_free) or NULL when out of memory. */
+char *kvr_openai_response_json(const struct kvr_openai_meta *m, const char *text,
+                               size_t text_len, enum kvr_openai_finish finish,
+                               uint32_t prompt_tokens, uint32_t completion_tokens,
+                               const json_t *logprobs, size_t *out_len);
+
+/* One SSE chunk, "data: {...}\n\n", appended to `out`. Chat: `first` adds the assistant
+ * role to the delta (OpenAI sends it once, in the first chunk). A chunk with a finish
+ * reason ends the choice. `logprobs` may be NULL. Returns 0 or KVR_ENOMEM. */
+int kvr_openai_sse_chunk(struct kvr_sbuf *out, const struct kvr_openai_meta *m, bool first,
+                         const char *text, size_t text_len, enum kvr_openai_finish finish,
+                         const json_t *logprobs);
+/* The usage chunk (empty choices) sent before [DONE] when include_usage is set. */
+int kvr_openai_sse_usage(struct kvr_sbuf *out, const struct kvr_openai_meta *m,
+                         uint32_t prompt_tokens, uint32_t completion_tokens);
+/* An error inside a stream: "data: {"error": {...}}\n\n". */
+int kvr_openai_sse_error(struct kvr_sbuf *out, const struct kvr_openai_error *e);
+/* "data: [DONE]\n\n" */
+void kvr_openai_sse_done(struct kvr_sbuf *out);
+
+#endif

@@ -1,0 +1,659 @@
+/* test_openai.c - the OpenAI request parser (a table of bad inputs, each with the status
+ * and message it must produce), the length check, UTF-8 helpers, stop strings across
+ * token boundaries, and the response/SSE formats. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "testutil.h"
+
+#include "bridge/openai.h"
+#include "core/alloc.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const struct kvr_openai_limits lim = {.n_ctx = 128, .n_vocab = 512};
+
+#define C KVR_OPENAI_COMPLETIONS
+#define H KVR_OPENAI_CHAT
+
+/* Bytes of a body with embedded NULs or invalid UTF-8 are given with an explicit length. */
+struct bad_case {
+    enum kvr_openai_api api;
+    const char *body;
+    size_t len; /* 0: strlen(body) */
+    int status;
+    const char *msg;   /* substring of the message */
+    const char *param; /* expected param, NULL for JSON null */
+};
+
+static const struct bad_case bad_cases[] = {
+    /* Not JSON, or not an object. */
+    {C, "", 0, 400, "body is empty", NULL},
+    {C, "{\"prompt\": \"hi\"", 0, 400, "not valid JSON", NULL},
+    {C, "{\"prompt\": \"hi\",}", 0, 400, "not valid JSON", NULL},
+    {C, "[1, 2]", 0, 400, "must be a JSON object, got an array", NULL},
+    {C, "\"hi\"", 0, 400, "not valid JSON", NULL},
+    {C, "{\"prompt\": \"a\", \"prompt\": \"b\"}", 0, 400, "duplicate", NULL},
+    {C, "{\"prompt\": \"a\\u0000b\"}", 0, 400, "not valid JSON", NULL},
+    {C, "{\"prompt\": 1e999}", 0, 400, "not valid JSON", NULL},
+    {C, "{\"prompt\": \"\xC3\x28\"}", 0, 400, "not valid UTF-8 (invalid byte 0xC3 at offset 12)",
+     NULL},
+    {C, "{\"prompt\": \"\xED\xA0\x80\"}", 0, 400, "not valid UTF-8", NULL},
+    {C, "{\"prompt\": \"\xC0\xAF\"}", 0, 400, "not valid UTF-8", NULL},
+    {C, "{\"prompt\": \"\xF4\x90\x80\x80\"}", 0, 400, "not valid UTF-8", NULL},
+    {C, "{\"prompt\": \"x\"}\0", 16, 400, "not valid JSON", NULL},
+    /* Missing required fields. */
+    {C, "{}", 0, 400, "you must provide a 'prompt'", "prompt"},
+    {C, "{\"prompt\": null}", 0, 400, "you must provide a 'prompt'", "prompt"},
+    {H, "{\"prompt\": \"hi\"}", 0, 400, "you must provide 'messages'", "messages"},
+    {H, "{\"messages\": []}", 0, 400, "'messages' must not be empty", "messages"},
+    {H, "{\"messages\": [{\"content\": \"hi\"}]}", 0, 400, "'messages[0].role' is required",
+     "messages[0].role"},
+    {H, "{\"messages\": [{\"role\": \"user\"}]}", 0, 400, "'messages[0].content' is required",
+     "messages[0].content"},
+    /* Wrong types. */
+    {C, "{\"prompt\": 12}", 0, 400, "'prompt' must be a string", "prompt"},
+    {C, "{\"prompt\": {}}", 0, 400, "'prompt' must be a string", "prompt"},
+    {C, "{\"prompt\": \"hi\", \"max_tokens\": \"ten\"}", 0, 400,
+     "'max_tokens' must be an integer, got a string", "max_tokens"},
+    {C, "{\"prompt\": \"hi\", \"max_tokens\": 10.5}", 0, 400,
+     "'max_tokens' must be an integer, got a number", "max_tokens"},
+    {C, "{\"prompt\": \"hi\", \"temperature\": \"hot\"}", 0, 400,
+     "'temperature' must be a number, got a string", "temperature"},
+    {C, "{\"prompt\": \"hi\", \"stream\": \"yes\"}", 0, 400, "'stream' must be a boolean",
+     "stream"},
+    {C, "{\"prompt\": \"hi\", \"stop\": 5}", 0, 400, "'stop' must be a string or an array",
+     "stop"},
+    {C, "{\"prompt\": \"hi\", \"stop\": [\"a\", 5]}", 0, 400, "'stop[1]' must be a string",
+     "stop[1]"},
+    {C, "{\"prompt\": \"hi\", \"model\": 3}", 0, 400, "'model' must be a string", "model"},
+    {C, "{\"prompt\": \"hi\", \"seed\": 1.5}", 0, 400, "'seed' must be an integer", "seed"},
+    {C, "{\"prompt\": \"hi\", \"top_k\": \"4\"}", 0, 400, "'top_k' must be an integer", "top_k"},
+    {C, "{\"prompt\": \"hi\", \"logprobs\": true}", 0, 400, "'logprobs' must be an integer",
+     "logprobs"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": 1}", 0, 400,
+     "'logprobs' must be a boolean", "logprobs"},
+    {H, "{\"messages\": {\"role\": \"user\"}}", 0, 400, "'messages' must be an array",
+     "messages"},
+    {H, "{\"messages\": [\"hi\"]}", 0, 400, "'messages[0]' must be an object", "messages[0]"},
+    {H, "{\"messages\": [{\"role\": 1, \"content\": \"hi\"}]}", 0, 400,
+     "'messages[0].role' must be a string", "messages[0].role"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": 7}]}", 0, 400,
+     "'messages[0].content' must be a string or an array of text parts",
+     "messages[0].content"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}", 0,
+     400, "other content types are not supported", "messages[0].content[0]"},
+    {H, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", 0, 400,
+     "'tool' is not supported", "messages[0].role"},
+    {C, "{\"prompt\": \"hi\", \"stream\": true, \"stream_options\": 1}", 0, 400,
+     "'stream_options' must be an object", "stream_options"},
+    {C, "{\"prompt\": \"hi\", \"stream\": true, \"stream_options\": {\"include_usage\": 1}}", 0,
+     400, "'stream_options.include_usage' must be a boolean", "stream_options.include_usage"},
+    {C, "{\"prompt\": \"hi\", \"latency_budget\": 500}", 0, 400,
+     "'latency_budget' must be an object", "latency_budget"},
+    {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"total_ms\": \"1s\"}}", 0, 400,
+     "'latency_budget.total_ms' must be an integer", "latency_budget.total_ms"},
+    /* Out of range. */
+    {C, "{\"prompt\": \"hi\", \"max_tokens\": 0}", 0, 400,
+     "'max_tokens' must be between 1 and 128", "max_tokens"},
+    {C, "{\"prompt\": \"hi\", \"max_tokens\": -5}", 0, 400,
+     "'max_tokens' must be between 1 and 128", "max_tokens"},
+    {C, "{\"prompt\": \"hi\", \"max_tokens\": 129}", 0, 400, "got 129", "max_tokens"},
+    {C, "{\"prompt\": \"hi\", \"max_tokens\": 99999999999999999999}", 0, 400,
+     "not valid JSON", NULL},
+    {H,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+     "\"max_completion_tokens\": 1000}",
+     0, 400, "'max_completion_tokens' must be between 1 and 128", "max_completion_tokens"},
+    {C, "{\"prompt\": \"hi\", \"temperature\": 2.5}", 0, 400, "'temperature' must be at least 0",
+     "temperature"},
+    {C, "{\"prompt\": \"hi\", \"temperature\": -0.1}", 0, 400, "got -0.1", "temperature"},
+    {C, "{\"prompt\": \"hi\", \"top_p\": 1.5}", 0, 400, "'top_p'", "top_p"},
+    {C, "{\"prompt\": \"hi\", \"min_p\": -1}", 0, 400, "'min_p'", "min_p"},
+    {C, "{\"prompt\": \"hi\", \"top_k\": -2}", 0, 400, "'top_k' must be between -1", "top_k"},
+    {C, "{\"prompt\": \"hi\", \"repetition_penalty\": 0}", 0, 400,
+     "'repetition_penalty' must be above 0", "repetition_penalty"},
+    {C, "{\"prompt\": \"hi\", \"frequency_penalty\": 3}", 0, 400, "'frequency_penalty'",
+     "frequency_penalty"},
+    {C, "{\"prompt\": \"hi\", \"presence_penalty\": -2.5}", 0, 400, "'presence_penalty'",
+     "presence_penalty"},
+    {C, "{\"prompt\": \"hi\", \"stop\": [\"a\", \"b\", \"c\", \"d\", \"e\"]}", 0, 400,
+     "at most 4 strings, got 5", "stop"},
+    {C, "{\"prompt\": \"hi\", \"stop\": \"\"}", 0, 400, "'stop' must not be empty", "stop"},
+    {C, "{\"prompt\": \"hi\", \"stop\": [\"ok\", \"\"]}", 0, 400, "'stop[1]' must not be empty",
+     "stop[1]"},
+    {C, "{\"prompt\": \"hi\", \"logprobs\": 5}", 0, 400, "'logprobs' above 1 is not supported",
+     "logprobs"},
+    {C, "{\"prompt\": \"hi\", \"logprobs\": -1}", 0, 400, "'logprobs' must be at least 0",
+     "logprobs"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"top_logprobs\": 2}", 0,
+     400, "needs 'logprobs': true", "top_logprobs"},
+    {H,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": true, "
+     "\"top_logprobs\": 2}",
+     0, 400, "'top_logprobs' above 0 is not supported", "top_logprobs"},
+    {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"first_token_ms\": 0}}", 0, 400,
+     "must be between 1 and 3600000 milliseconds, got 0", "latency_budget.first_token_ms"},
+    {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"total_ms\": 3600001}}", 0, 400,
+     "got 3600001", "latency_budget.total_ms"},
+    {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"first_token_ms\": 900, \"total_ms\": 500}}",
+     0, 400, "(900 ms) exceeds 'latency_budget.total_ms' (500 ms)",
+     "latency_budget.first_token_ms"},
+    {C, "{\"prompt\": [1, 2, 512]}", 0, 400, "token id 512 is outside the vocabulary (0 .. 511)",
+     "prompt[2]"},
+    {C, "{\"prompt\": [1, -1]}", 0, 400, "token id -1 is outside", "prompt[1]"},
+    {C, "{\"prompt\": [1, \"a\"]}", 0, 400, "'prompt[1]' must be a token id", "prompt[1]"},
+    {C, "{\"prompt\": []}", 0, 400, "'prompt' must not be an empty array", "prompt"},
+    {C, "{\"prompt\": [[]]}", 0, 400, "'prompt' must not be an empty array", "prompt"},
+    /* Unsupported features. */
+    {C, "{\"prompt\": \"hi\", \"n\": 2}", 0, 400, "n > 1 is not supported (got 2)", "n"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"n\": 3}", 0, 400,
+     "n > 1 is not supported", "n"},
+    {C, "{\"prompt\": \"hi\", \"n\": 0}", 0, 400, "'n' must be at least 1", "n"},
+    {C, "{\"prompt\": \"hi\", \"n\": \"1\"}", 0, 400, "'n' must be an integer", "n"},
+    {C, "{\"prompt\": [\"a\", \"b\"]}", 0, 400, "batched prompts are not supported (got 2)",
+     "prompt"},
+    {C, "{\"prompt\": \"hi\", \"echo\": true}", 0, 400, "'echo' is not supported", "echo"},
+    {C, "{\"prompt\": \"hi\", \"best_of\": 2}", 0, 400, "'best_of' other than 1", "best_of"},
+    {C, "{\"prompt\": \"hi\", \"suffix\": \"end\"}", 0, 400, "'suffix' is not supported",
+     "suffix"},
+    {C, "{\"prompt\": \"hi\", \"logit_bias\": {\"50\": 1}}", 0, 400,
+     "'logit_bias' is not supported", "logit_bias"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{}]}", 0, 400,
+     "'tools' are not supported", "tools"},
+    {H,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+     "\"response_format\": {\"type\": \"json_object\"}}",
+     0, 400, "only 'response_format'", "response_format"},
+    {C, "{\"prompt\": \"hi\", \"stream_options\": {\"include_usage\": true}}", 0, 400,
+     "only allowed when 'stream' is true", "stream_options"},
+};
+
+static void test_bad_requests(void **state)
+{
+    for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++) {
+        const struct bad_case *c = &bad_cases[i];
+        struct kvr_openai_req r;
+        struct kvr_openai_error e;
+        memset(&e, 0, sizeof e);
+        size_t len = c->len ? c->len : strlen(c->body);
+        int rc = kvr_openai_parse(&r, c->api, c->body, len, &lim, &e);
+        if (rc != KVR_EINVAL || e.status != c->status || !strstr(e.message, c->msg))
+            fail_msg("case %zu (%s): rc %d status %d message '%s'; want status %d and '%s'", i,
+                     c->body, rc, e.status, e.message, c->status, c->msg);
+        if (strcmp(e.type, "invalid_request_error") != 0)
+            fail_msg("case %zu: type %s", i, e.type);
+        if ((c->param == NULL) != (e.param == NULL) ||
+            (c->param && strcmp(c->param, e.param) != 0))
+            fail_msg("case %zu: param '%s', want '%s'", i, e.param ? e.param : "(null)",
+                     c->param ? c->param : "(null)");
+        /* A failed parse leaves nothing behind. */
+        assert_null(r.root);
+        assert_null(r.msgs);
+        assert_null(r.prompt_ids);
+        kvr_openai_req_fini(&r);
+
+        /* And its error renders as an OpenAI error body that is valid JSON. */
+        size_t jlen = 0;
+        char *j = kvr_openai_error_json(&e, &jlen);
+        assert_non_null(j);
+        json_error_t je;
+        json_t *root = json_loads(j, 0, &je);
+        if (!root)
+            fail_msg("case %zu: error body is not JSON: %s (%s)", i, j, je.text);
+        json_t *err = json_object_get(root, "error");
+        assert_true(json_is_object(err));
+        assert_string_equal(json_string_value(json_object_get(err, "message")), e.message);
+        assert_string_equal(json_string_value(json_object_get(err, "type")),
+                            "invalid_request_error");
+        assert_true(json_object_get(err, "param") != NULL);
+        assert_true(json_object_get(err, "code") != NULL);
+        json_decref(root);
+        kvr_free(j);
+    }
+}
+
+static void parse_ok(struct kvr_openai_req *r, enum kvr_openai_api api, const char *body)
+{
+    struct kvr_openai_error e = {0};
+    int rc = kvr_openai_parse(r, api, body, strlen(body), &lim, &e);
+    if (rc)
+        fail_msg("parse failed for %s: %s", body, e.message);
+}
+
+static void test_good_completion(void **state)
+{
+    struct kvr_openai_req r;
+    parse_ok(&r, C,
+             "{\"model\": \"m\", \"prompt\": [\"Once upon\"], \"max_tokens\": 7, "
+             "\"temperature\": 0, \"top_p\": 0.9, \"top_k\": 40, \"min_p\": 0.05, "
+             "\"repetition_penalty\": 1.1, \"frequency_penalty\": 0.5, "
+             "\"presence_penalty\": -0.5, \"seed\": -1, \"stop\": [\"\\n\", \"The end\"], "
+             "\"n\": 1, \"best_of\": 1, \"echo\": false, \"logprobs\": 1, \"stream\": true, "
+             "\"stream_options\": {\"include_usage\": true}, \"user\": \"ignored\", "
+             "\"latency_budget\": {\"first_token_ms\": 500, \"total_ms\": 2000}}");
+    assert_string_equal(r.model, "m");
+    assert_int_equal(r.prompt_len, 9);
+    assert_memory_equal(r.prompt, "Once upon", 9);
+    assert_true(r.has_max_tokens);
+    assert_int_equal(r.max_tokens, 7);
+    assert_true(r.sampling.temperature == 0.0f);
+    assert_true(r.sampling.top_p == 0.9f);
+    assert_int_equal(r.sampling.top_k, 40);
+    assert_true(r.sampling.min_p == 0.05f);
+    assert_true(r.sampling.repetition_penalty == 1.1f);
+    assert_true(r.sampling.frequency_penalty == 0.5f);
+    assert_true(r.sampling.presence_penalty == -0.5f);
+    assert_true(r.sampling.has_seed);
+    assert_true(r.sampling.seed == UINT64_MAX);
+    assert_int_equal(r.n_stop, 2);
+    assert_string_equal(r.stop[0], "\n");
+    assert_int_equal(r.stop_len[1], 7);
+    assert_true(r.logprobs);
+    assert_true(r.stream);
+    assert_true(r.include_usage);
+    assert_int_equal(r.first_token_ms, 500);
+    assert_int_equal(r.total_ms, 2000);
+    kvr_openai_req_fini(&r);
+
+    /* Defaults. */
+    parse_ok(&r, C, "{\"prompt\": \"x\", \"stop\": \"END\", \"top_k\": -1, \"seed\": null}");
+    assert_false(r.has_max_tokens);
+    assert_true(r.sampling.temperature == 1.0f);
+    assert_true(r.sampling.top_p == 1.0f);
+    assert_int_equal(r.sampling.top_k, 0);
+    assert_true(r.sampling.repetition_penalty == 1.0f);
+    assert_false(r.sampling.has_seed);
+    assert_int_equal(r.n_stop, 1);
+    assert_false(r.stream);
+    assert_false(r.logprobs);
+    assert_int_equal(r.total_ms, 0);
+    kvr_openai_req_fini(&r);
+
+    /* Token-id prompts, bare or nested. */
+    parse_ok(&r, C, "{\"prompt\": [1, 300, 511]}");
+    assert_null(r.prompt);
+    assert_int_equal(r.n_prompt_ids, 3);
+    assert_int_equal(r.prompt_ids[1], 300);
+    kvr_openai_req_fini(&r);
+    parse_ok(&r, C, "{\"prompt\": [[5, 6]]}");
+    assert_int_equal(r.n_prompt_ids, 2);
+    assert_int_equal(r.prompt_ids[0], 5);
+    kvr_openai_req_fini(&r);
+}
+
+static void test_good_chat(void **state)
+{
+    struct kvr_openai_req r;
+    parse_ok(&r, H,
+             "{\"messages\": [{\"role\": \"developer\", \"content\": \"Be nice.\"}, "
+             "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"Hel\"}, "
+             "{\"type\": \"text\", \"text\": \"lo\"}]}, "
+             "{\"role\": \"assistant\", \"content\": null}, "
+             "{\"role\": \"user\", \"content\": \"caf\\u00e9\", \"name\": \"bob\"}], "
+             "\"max_tokens\": 5, \"max_completion_tokens\": 9, \"logprobs\": true, "
+             "\"top_logprobs\": 0}");
+    assert_int_equal(r.n_msgs, 4);
+    assert_int_equal(r.msgs[0].role, KVR_CHAT_ROLE_SYSTEM);
+    assert_int_equal(r.msgs[1].role, KVR_CHAT_ROLE_USER);
+    assert_int_equal(r.msgs[1].content_len, 5);
+    assert_memory_equal(r.msgs[1].content, "Hello", 5);
+    assert_int_equal(r.msgs[2].role, KVR_CHAT_ROLE_ASSISTANT);
+    assert_int_equal(r.msgs[2].content_len, 0);
+    assert_int_equal(r.msgs[3].content_len, 5);
+    assert_memory_equal(r.msgs[3].content, "caf\xC3\xA9", 5);
+    /* max_completion_tokens wins over the deprecated max_tokens. */
+    assert_int_equal(r.max_tokens, 9);
+    assert_true(r.logprobs);
+    kvr_openai_req_fini(&r);
+}
+
+static void test_parse_out_of_memory(void **state)
+{
+    /* Every allocation the parser makes through kvr_malloc may fail; none may crash. */
+    const char *body = "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": "
+                       "\"text\", \"text\": \"a\"}]}]}";
+    for (long n = 0; n < 4; n++) {
+        struct kvr_openai_req r;
+        struct kvr_openai_error e = {0};
+        kvr_alloc_fail_after(n);
+        int rc = kvr_openai_parse(&r, H, body, strlen(body), &lim, &e);
+        kvr_alloc_fail_after(-1);
+        if (rc) {
+            assert_int_equal(rc, KVR_ENOMEM);
+            assert_int_equal(e.status, 500);
+        }
+        kvr_openai_req_fini(&r);
+    }
+}
+
+static void test_check_length(void **state)
+{
+    struct kvr_openai_req r;
+    struct kvr_openai_error e = {0};
+    uint32_t mt = 0;
+
+    parse_ok(&r, C, "{\"prompt\": \"x\"}");
+    assert_int_equal(kvr_openai_check_length(&r, 10, 128, 0, &mt, &e), KVR_OK);
+    assert_int_equal(mt, 16); /* OpenAI's completions default */
+    assert_int_equal(kvr_openai_check_length(&r, 120, 128, 0, &mt, &e), KVR_OK);
+    assert_int_equal(mt, 8); /* cut to what the context has left */
+    assert_int_equal(kvr_openai_check_length(&r, 10, 128, 50, &mt, &e), KVR_OK);
+    assert_int_equal(mt, 50);
+    assert_int_equal(kvr_openai_check_length(&r, 128, 128, 0, &mt, &e), KVR_EINVAL);
+    assert_int_equal(e.status, 400);
+    assert_non_null(strstr(e.message, "maximum context length is 128 tokens, but the prompt is "
+                                      "128 tokens"));
+    assert_string_equal(e.code, "context_length_exceeded");
+    assert_string_equal(e.param, "prompt");
+    assert_int_equal(kvr_openai_check_length(&r, 5000, 128, 0, &mt, &e), KVR_EINVAL);
+    assert_non_null(strstr(e.message, "5000"));
+    assert_int_equal(kvr_openai_check_length(&r, 0, 128, 0, &mt, &e), KVR_EINVAL);
+    assert_non_null(strstr(e.message, "empty"));
+    kvr_openai_req_fini(&r);
+
+    parse_ok(&r, C, "{\"prompt\": \"x\", \"max_tokens\": 100}");
+    assert_int_equal(kvr_openai_check_length(&r, 28, 128, 0, &mt, &e), KVR_OK);
+    assert_int_equal(mt, 100);
+    assert_int_equal(kvr_openai_check_length(&r, 29, 128, 0, &mt, &e), KVR_EINVAL);
+    assert_non_null(strstr(e.message, "you requested 129 tokens (29 in the prompt, 100 for the "
+                                      "completion)"));
+    kvr_openai_req_fini(&r);
+
+    parse_ok(&r, H, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}");
+    assert_int_equal(kvr_openai_check_length(&r, 28, 128, 0, &mt, &e), KVR_OK);
+    assert_int_equal(mt, 100); /* chat: the rest of the context */
+    assert_int_equal(kvr_openai_check_length(&r, 200, 128, 0, &mt, &e), KVR_EINVAL);
+    assert_string_equal(e.param, "messages");
+    kvr_openai_req_fini(&r);
+}
+
+static void test_budget_header(void **state)
+{
+    uint32_t ms = 0;
+    struct kvr_openai_error e = {0};
+    assert_int_equal(kvr_openai_parse_budget_header("750", &ms, &e), KVR_OK);
+    assert_int_equal(ms, 750);
+    assert_int_equal(kvr_openai_parse_budget_header("3600000", &ms, &e), KVR_OK);
+    static const char *const bad[] = {"", "0", "-5", "1.5", "12ms", " 12", "3600001",
+                                      "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&e, 0, sizeof e);
+        if (kvr_openai_parse_budget_header(bad[i], &ms, &e) != KVR_EINVAL)
+            fail_msg("header '%s' accepted", bad[i]);
+        assert_int_equal(e.status, 400);
+        assert_non_null(strstr(e.message, "X-Latency-Budget-Ms"));
+    }
+}
+
+static void test_utf8(void **state)
+{
+    assert_int_equal(kvr_utf8_check("abc", 3), 3);
+    assert_int_equal(kvr_utf8_check("a\xC3\xA9z", 4), 4);
+    assert_int_equal(kvr_utf8_check("\xF0\x9F\x98\x80", 4), 4);
+    assert_int_equal(kvr_utf8_check("ab\xC3", 3), 2);        /* truncated */
+    assert_int_equal(kvr_utf8_check("a\x80", 2), 1);         /* lone continuation */
+    assert_int_equal(kvr_utf8_check("\xE0\x80\xAF", 3), 0);  /* overlong */
+    assert_int_equal(kvr_utf8_check("x\xED\xA0\x80", 4), 1); /* surrogate */
+    assert_int_equal(kvr_utf8_check("\xFF", 1), 0);
+
+    struct kvr_sbuf b;
+    kvr_sbuf_init(&b);
+    /* One U+FFFD per maximal invalid subpart: "\xE2\x82" is one, "\x80" another. */
+    kvr_utf8_sanitize(&b, "a\xE2\x82" "b\x80\xC3\xA9", 7);
+    assert_string_equal(b.data, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD\xC3\xA9");
+    kvr_sbuf_clear(&b);
+    kvr_utf8_sanitize(&b, "\xF0\x9F\x98", 3);
+    assert_string_equal(b.data, "\xEF\xBF\xBD");
+    kvr_sbuf_fini(&b);
+}
+
+/* Feed pieces through a stop-string cutter, collecting what is released after each. */
+static bool run_text(const char *const *stop, uint32_t n_stop, const char *extra,
+                     const char *const *pieces, size_t n_pieces, bool flush, char *out,
+                     size_t cap)
+{
+    size_t lens[KVR_OPENAI_MAX_STOP];
+    for (uint32_t i = 0; i < n_stop; i++)
+        lens[i] = strlen(stop[i]);
+    struct kvr_openai_text t;
+    kvr_openai_text_init(&t, stop, lens, n_stop, extra);
+    struct kvr_sbuf b;
+    kvr_sbuf_init(&b);
+    bool stopped = false;
+    for (size_t i = 0; i < n_pieces && !stopped; i++)
+        stopped = kvr_openai_text_push(&t, pieces[i], strlen(pieces[i]), &b);
+    if (flush)
+        kvr_openai_text_flush(&t, &b);
+    snprintf(out, cap, "%s", b.data ? b.data : "");
+    kvr_sbuf_fini(&b);
+    kvr_openai_text_fini(&t);
+    return stopped;
+}
+
+static void test_stop_strings(void **state)
+{
+    char out[256];
+    static const char *const stop1[] = {"The end"};
+    /* A stop string split across three tokens: nothing of it is released. */
+    static const char *const p1[] = {"And so. Th", "e e", "nd of it", " more"};
+    assert_true(run_text(stop1, 1, NULL, p1, 4, false, out, sizeof out));
+    assert_string_equal(out, "And so. ");
+
+    /* A near miss is held only while it could still match, then released in order. */
+    struct kvr_openai_text t;
+    size_t len1 = 7;
+    kvr_openai_text_init(&t, stop1, &len1, 1, NULL);
+    struct kvr_sbuf b;
+    kvr_sbuf_init(&b);
+    assert_false(kvr_openai_text_push(&t, "x The", 5, &b));
+    assert_string_equal(b.data, "x ");
+    assert_false(kvr_openai_text_push(&t, " e", 2, &b));
+    assert_string_equal(b.data, "x ");
+    assert_false(kvr_openai_text_push(&t, "ar", 2, &b));
+    assert_string_equal(b.data, "x The ear");
+    kvr_openai_text_fini(&t);
+    kvr_sbuf_fini(&b);
+
+    /* Several stop strings: the earliest occurrence wins. */
+    static const char *const stop2[] = {"cat", "a"};
+    static const char *const p2[] = {"the ca", "t"};
+    assert_true(run_text(stop2, 2, NULL, p2, 2, false, out, sizeof out));
+    assert_string_equal(out, "the c");
+
+    /* Held text is released when the generation ends for another reason. */
+    static const char *const p3[] = {"hello Th"};
+    assert_false(run_text(stop1, 1, NULL, p3, 1, true, out, sizeof out));
+    assert_string_equal(out, "hello Th");
+
+    /* The extra (end-of-turn) stop string works like the others. */
+    static const char *const p4[] = {"Hi!<|im_", "end|>junk"};
+    assert_true(run_text(NULL, 0, "<|im_end|>", p4, 2, true, out, sizeof out));
+    assert_string_equal(out, "Hi!");
+
+    /* No stop strings: everything passes straight through. */
+    static const char *const p5[] = {"a", "b"};
+    assert_false(run_text(NULL, 0, NULL, p5, 2, false, out, sizeof out));
+    assert_string_equal(out, "ab");
+
+    /* A stop string at the very start gives empty text; multi-byte text stays whole. */
+    static const char *const stop3[] = {"\xC3\xA9t\xC3\xA9"};
+    static const char *const p6[] = {"\xC3\xA9", "t", "\xC3\xA9 suite"};
+    assert_true(run_text(stop3, 1, NULL, p6, 3, false, out, sizeof out));
+    assert_string_equal(out, "");
+    static const char *const p7[] = {"caf\xC3\xA9", "t", "x"};
+    assert_false(run_text(stop3, 1, NULL, p7, 3, false, out, sizeof out));
+    assert_string_equal(out, "caf\xC3\xA9tx");
+}
+
+static json_t *load(const char *s, size_t len)
+{
+    json_error_t je;
+    json_t *j = json_loadb(s, len, 0, &je);
+    if (!j)
+        fail_msg("not JSON: %.*s (%s)", (int)len, s, je.text);
+    return j;
+}
+
+static void test_response_completion(void **state)
+{
+    struct kvr_openai_meta m = {KVR_OPENAI_COMPLETIONS, "cmpl-abc", 1700000000, "stories", false};
+    json_t *lp = kvr_openai_logprobs_new(KVR_OPENAI_COMPLETIONS);
+    assert_int_equal(kvr_openai_logprobs_add(lp, KVR_OPENAI_COMPLETIONS, " Once", 5, -0.5f, 0),
+                     KVR_OK);
+    assert_int_equal(kvr_openai_logprobs_add(lp, KVR_OPENAI_COMPLETIONS, "\xE2", 1, -1.25f, 5),
+                     KVR_OK);
+    size_t len = 0;
+    char *s = kvr_openai_response_json(&m, " Once", 5, KVR_OPENAI_FINISH_LENGTH, 3, 2, lp, &len);
+    assert_non_null(s);
+    json_t *j = load(s, len);
+    assert_string_equal(json_string_value(json_object_get(j, "id")), "cmpl-abc");
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "text_completion");
+    assert_int_equal(json_integer_value(json_object_get(j, "created")), 1700000000);
+    assert_string_equal(json_string_value(json_object_get(j, "model")), "stories");
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "text")), " Once");
+    assert_int_equal(json_integer_value(json_object_get(c, "index")), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "length");
+    json_t *l = json_object_get(c, "logprobs");
+    assert_string_equal(json_string_value(json_array_get(json_object_get(l, "tokens"), 1)),
+                        "\xEF\xBF\xBD");
+    assert_true(json_real_value(json_array_get(json_object_get(l, "token_logprobs"), 0)) == -0.5);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(l, "text_offset"), 1)), 5);
+    json_t *u = json_object_get(j, "usage");
+    assert_int_equal(json_integer_value(json_object_get(u, "prompt_tokens")), 3);
+    assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")), 2);
+    assert_int_equal(json_integer_value(json_object_get(u, "total_tokens")), 5);
+    json_decref(j);
+    json_decref(lp);
+    kvr_free(s);
+}
+
+static void test_response_chat(void **state)
+{
+    struct kvr_openai_meta m = {KVR_OPENAI_CHAT, "chatcmpl-x", 1, "stories", false};
+    json_t *lp = kvr_openai_logprobs_new(KVR_OPENAI_CHAT);
+    assert_int_equal(kvr_openai_logprobs_add(lp, KVR_OPENAI_CHAT, "\xC3\xA9", 2, -0.25f, 0),
+                     KVR_OK);
+    size_t len = 0;
+    char *s = kvr_openai_response_json(&m, "\xC3\xA9", 2, KVR_OPENAI_FINISH_STOP, 4, 1, lp, &len);
+    json_t *j = load(s, len);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *msg = json_object_get(c, "message");
+    assert_string_equal(json_string_value(json_object_get(msg, "role")), "assistant");
+    assert_string_equal(json_string_value(json_object_get(msg, "content")), "\xC3\xA9");
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "stop");
+    json_t *e0 = json_array_get(json_object_get(json_object_get(c, "logprobs"), "content"), 0);
+    assert_string_equal(json_string_value(json_object_get(e0, "token")), "\xC3\xA9");
+    assert_true(json_real_value(json_object_get(e0, "logprob")) == -0.25);
+    json_t *bytes = json_object_get(e0, "bytes");
+    assert_int_equal(json_array_size(bytes), 2);
+    assert_int_equal(json_integer_value(json_array_get(bytes, 0)), 0xC3);
+    assert_int_equal(json_array_size(json_object_get(e0, "top_logprobs")), 0);
+    json_decref(j);
+    json_decref(lp);
+    kvr_free(s);
+
+    /* No logprobs asked for: null. */
+    s = kvr_openai_response_json(&m, "", 0, KVR_OPENAI_FINISH_STOP, 4, 0, NULL, &len);
+    j = load(s, len);
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_true(json_is_null(json_object_get(c, "logprobs")));
+    json_decref(j);
+    kvr_free(s);
+}
+
+static void test_sse(void **state)
+{
+    struct kvr_openai_meta m = {KVR_OPENAI_CHAT, "chatcmpl-x", 1, "stories", true};
+    struct kvr_sbuf b;
+    kvr_sbuf_init(&b);
+    assert_int_equal(kvr_openai_sse_chunk(&b, &m, true, "", 0, KVR_OPENAI_FINISH_NONE, NULL), 0);
+    assert_int_equal(kvr_openai_sse_chunk(&b, &m, false, "Hi", 2, KVR_OPENAI_FINISH_NONE, NULL),
+                     0);
+    assert_int_equal(kvr_openai_sse_chunk(&b, &m, false, "", 0, KVR_OPENAI_FINISH_STOP, NULL), 0);
+    assert_int_equal(kvr_openai_sse_usage(&b, &m, 3, 1), 0);
+    kvr_openai_sse_done(&b);
+    assert_false(b.failed);
+
+    /* Split into events and check each. */
+    const char *want_delta[] = {"{\"role\":\"assistant\",\"content\":\"\"}",
+                                "{\"content\":\"Hi\"}", "{}"};
+    char *p = b.data;
+    for (int i = 0; i < 5; i++) {
+        assert_memory_equal(p, "data: ", 6);
+        char *end = strstr(p, "\n\n");
+        assert_non_null(end);
+        if (i == 4) {
+            assert_memory_equal(p, "data: [DONE]\n\n", 14);
+            assert_int_equal(end + 2 - b.data, (long)b.len);
+            break;
+        }
+        json_t *j = load(p + 6, (size_t)(end - p - 6));
+        assert_string_equal(json_string_value(json_object_get(j, "object")),
+                            "chat.completion.chunk");
+        json_t *choices = json_object_get(j, "choices");
+        if (i < 3) {
+            json_t *c = json_array_get(choices, 0);
+            char *d = json_dumps(json_object_get(c, "delta"), JSON_COMPACT);
+            assert_string_equal(d, want_delta[i]);
+            free(d);
+            assert_true(json_is_null(json_object_get(j, "usage")));
+            if (i == 2)
+                assert_string_equal(json_string_value(json_object_get(c, "finish_reason")),
+                                    "stop");
+            else
+                assert_true(json_is_null(json_object_get(c, "finish_reason")));
+        } else {
+            assert_int_equal(json_array_size(choices), 0);
+            json_t *u = json_object_get(j, "usage");
+            assert_int_equal(json_integer_value(json_object_get(u, "total_tokens")), 4);
+        }
+        json_decref(j);
+        p = end + 2;
+    }
+
+    /* Completions chunks carry "text"; without include_usage there is no usage key. */
+    kvr_sbuf_clear(&b);
+    struct kvr_openai_meta mc = {KVR_OPENAI_COMPLETIONS, "cmpl-x", 1, "stories", false};
+    assert_int_equal(kvr_openai_sse_chunk(&b, &mc, true, "a\"b", 3, KVR_OPENAI_FINISH_LENGTH,
+                                          NULL),
+                     0);
+    json_t *j = load(b.data + 6, b.len - 8);
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "text")), "a\"b");
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "length");
+    assert_null(json_object_get(j, "usage"));
+    json_decref(j);
+
+    /* Errors inside a stream. */
+    kvr_sbuf_clear(&b);
+    struct kvr_openai_error e = {0};
+    kvr_openai_error_set(&e, 500, "server_error", NULL, "ring_down", "the ring went down");
+    assert_int_equal(kvr_openai_sse_error(&b, &e), 0);
+    j = load(b.data + 6, b.len - 8);
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(j, "error"), "message")),
+        "the ring went down");
+    json_decref(j);
+    kvr_sbuf_fini(&b);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_requests),  cmocka_unit_test(test_good_completion),
+        cmocka_unit_test(test_good_chat),     cmocka_unit_test(test_parse_out_of_memory),
+        cmocka_unit_test(test_check_length),  cmocka_unit_test(test_budget_header),
+        cmocka_unit_test(test_utf8),          cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_response_completion), cmocka_unit_test(test_response_chat),
+        cmocka_unit_test(test_sse),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
