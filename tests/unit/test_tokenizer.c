@@ -1,0 +1,615 @@
+/* test_tokenizer.c - SPM and GPT-2 BPE tokenizers against llama.cpp's test vectors, decoding,
+ * streaming detokenization, validation errors and encode speed. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "testutil.h"
+
+#include "core/alloc.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- llama.cpp's vector files ------------------------------------------------------------
+ * X.inp holds the inputs, each followed by the separator "\n__ggml_vocab_test__\n" (so an
+ * input never includes the newline before the separator line, and an input that is itself
+ * one newline shows up as an empty line). X.out holds one line per input: the expected
+ * ids, each preceded by a space, without BOS. */
+
+#define MAX_CASES 128
+
+struct vectors {
+    char *inp, *outp;
+    int n;
+    const char *text[MAX_CASES];
+    size_t len[MAX_CASES];
+    int32_t ids[MAX_CASES][512];
+    int n_ids[MAX_CASES];
+};
+
+static void load_vectors(struct vectors *v, const char *inp_path, const char *out_path)
+{
+    static const char sep[] = "\n__ggml_vocab_test__\n";
+    size_t n_inp, n_out;
+    memset(v, 0, sizeof *v);
+    v->inp = kvr_test_read_file(inp_path, &n_inp);
+    v->outp = kvr_test_read_file(out_path, &n_out);
+    assert_non_null(v->inp);
+    assert_non_null(v->outp);
+    char *p = v->inp, *end = v->inp + n_inp;
+    while (p < end) {
+        char *q = strstr(p, sep);
+        assert_non_null(q); /* every input, the last included, ends with the separator */
+        assert_true(v->n < MAX_CASES);
+        v->text[v->n] = p;
+        v->len[v->n] = (size_t)(q - p);
+        v->n++;
+        p = q + strlen(sep);
+    }
+    int line = 0;
+    char *s = v->outp;
+    while (*s) {
+        char *nl = strchr(s, '\n');
+        assert_non_null(nl);
+        *nl = 0;
+        assert_true(line < v->n);
+        for (char *tok = strtok(s, " "); tok; tok = strtok(NULL, " ")) {
+            assert_true(v->n_ids[line] < 512);
+            v->ids[line][v->n_ids[line]++] = (int32_t)strtol(tok, NULL, 10);
+        }
+        line++;
+        s = nl + 1;
+    }
+    assert_int_equal(line, v->n);
+}
+
+static void free_vectors(struct vectors *v)
+{
+    free(v->inp);
+    free(v->outp);
+}
+
+static struct kvr_tok *open_tok(const char *rel)
+{
+    const char *path = kvr_test_shared(rel);
+    struct kvr_gguf *g = NULL;
+    struct kvr_err err = {0};
+    if (kvr_gguf_open(&g, path, &err) != 0)
+        fail_msg("open %s: %s", path, err.msg);
+    struct kvr_tok *t = NULL;
+    if (kvr_tok_create(&t, g, &err) != 0)
+        fail_msg("tokenizer from %s: %s", path, err.msg);
+    kvr_gguf_close(g); /* the tokenizer keeps its own copy */
+    return t;
+}
+
+/* Ids [from, from + 24) of a list, marking index `at` (where two lists part). */
+static void print_ids(const char *label, const int32_t *ids, int n, int from, int at)
+{
+    char line[512];
+    size_t m = 0;
+    m += (size_t)snprintf(line, sizeof line, "%s", from > 0 ? " ..." : "");
+    for (int i = from; i < n && i < from + 24; i++)
+        m += (size_t)snprintf(line + m, sizeof line - m, i == at ? " [%d]" : " %d", ids[i]);
+    if (n > from + 24)
+        m += (size_t)snprintf(line + m, sizeof line - m, " ...");
+    print_message("    %s (%d ids):%s\n", label, n, line);
+}
+
+static void print_escaped(const char *label, const char *s, size_t n)
+{
+    char buf[400];
+    size_t m = 0;
+    for (size_t i = 0; i < n && m + 8 < sizeof buf; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n')
+            m += (size_t)snprintf(buf + m, sizeof buf - m, "\\n");
+        else if (c == '\t')
+            m += (size_t)snprintf(buf + m, sizeof buf - m, "\\t");
+        else if (c < 0x20)
+            m += (size_t)snprintf(buf + m, sizeof buf - m, "\\x%02x", c);
+        else
+            buf[m++] = (char)c;
+    }
+    buf[m] = 0;
+    print_message("    %s: \"%s\"\n", label, buf);
+}
+
+/* Encode every case; on a mismatch show the input, both id lists and where they part. */
+static void check_vectors(const char *vocab_rel, const char *inp_rel, const char *out_rel)
+{
+    struct kvr_tok *t = open_tok(vocab_rel);
+    char inp_path[4096], out_path[4096];
+    snprintf(inp_path, sizeof inp_path, "%s", kvr_test_shared(inp_rel));
+    snprintf(out_path, sizeof out_path, "%s", kvr_test_shared(out_rel));
+    struct vectors *v = malloc(sizeof *v);
+    assert_non_null(v);
+    load_vectors(v, inp_path, out_path);
+    assert_true(v->n >= 40);
+
+    struct kvr_tok_scratch *s = NULL;
+    assert_int_equal(kvr_tok_scratch_create(&s, t, 4096), 0);
+    int32_t ids[1024];
+    int n_bad = 0;
+    for (int c = 0; c < v->n; c++) {
+        int n = kvr_tok_encode(t, s, v->text[c], v->len[c], false, false, ids, 1024);
+        bool same = n == v->n_ids[c] && memcmp(ids, v->ids[c], (size_t)n * sizeof *ids) == 0;
+        if (!same) {
+            n_bad++;
+            int at = 0;
+            while (at < n && at < v->n_ids[c] && ids[at] == v->ids[c][at])
+                at++;
+            print_message("case %d of %s differs at id index %d:\n", c, inp_rel, at);
+            int from = at > 8 ? at - 8 : 0;
+            print_escaped("input", v->text[c], v->len[c]);
+            print_ids("want", v->ids[c], v->n_ids[c], from, at);
+            print_ids("got ", ids, n, from, at);
+        }
+    }
+    print_message("%s: %d of %d cases match\n", inp_rel, v->n - n_bad, v->n);
+    assert_int_equal(n_bad, 0);
+    kvr_tok_scratch_destroy(s);
+    free_vectors(v);
+    free(v);
+    kvr_tok_destroy(t);
+}
+
+static void test_spm_vectors(void **state)
+{
+    (void)state;
+    check_vectors("vocab/ggml-vocab-llama-spm.gguf", "vocab/ggml-vocab-llama-spm.gguf.inp",
+                  "vocab/ggml-vocab-llama-spm.gguf.out");
+}
+
+static void test_gpt2_vectors(void **state)
+{
+    (void)state;
+    check_vectors("vocab/ggml-vocab-gpt-2.gguf", "vocab/ggml-vocab-gpt-2.gguf.inp",
+                  "vocab/ggml-vocab-gpt-2.gguf.out");
+}
+
+/* ---- decoding ---------------------------------------------------------------------------- */
+
+/* Decode ids through a streaming detokenizer one id at a time into out. Checks that no push
+ * ever emits an incomplete UTF-8 character. Returns the length. */
+static size_t detok_all(const struct kvr_tok *t, const int32_t *ids, int n, bool text_start,
+                        char *out, size_t cap)
+{
+    struct kvr_detok d;
+    kvr_detok_init(&d, text_start, false);
+    size_t m = 0, step = kvr_detok_max_bytes(t);
+    for (int i = 0; i < n; i++) {
+        assert_true(m + step <= cap);
+        int k = kvr_detok_push(t, &d, ids[i], out + m, cap - m);
+        assert_true(k >= 0);
+        /* Whatever came out ends on a character boundary. */
+        for (int j = k - 1; j >= 0 && j >= k - 4; j--) {
+            unsigned char c = (unsigned char)out[m + (size_t)j];
+            if ((c & 0xC0) == 0x80)
+                continue;
+            size_t need = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+            assert_int_equal(need, (size_t)(k - j));
+            break;
+        }
+        m += (size_t)k;
+    }
+    int k = kvr_detok_flush(&d, out + m, cap - m);
+    assert_true(k >= 0);
+    return m + (size_t)k;
+}
+
+static void check_round_trip(const char *vocab_rel, bool spm)
+{
+    struct kvr_tok *t = open_tok(vocab_rel);
+    char inp_path[4096];
+    snprintf(inp_path, sizeof inp_path, "%s.inp", kvr_test_shared(vocab_rel));
+    char out_path[4096];
+    snprintf(out_path, sizeof out_path, "%s.out", kvr_test_shared(vocab_rel));
+    struct vectors *v = malloc(sizeof *v);
+    assert_non_null(v);
+    load_vectors(v, inp_path, out_path);
+    struct kvr_tok_scratch *s = NULL;
+    assert_int_equal(kvr_tok_scratch_create(&s, t, 4096), 0);
+    int32_t ids[1025];
+    static char text[1 << 16];
+    for (int c = 0; c < v->n; c++) {
+        /* With and without BOS in front: the leading-space strip must skip it. */
+        for (int with_bos = 0; with_bos < 2; with_bos++) {
+            int n = kvr_tok_encode(t, s, v->text[c], v->len[c], false, false, ids + 1, 1024);
+            assert_true(n >= 0);
+            const int32_t *p = ids + 1;
+            if (with_bos && kvr_tok_bos(t) >= 0) {
+                ids[0] = kvr_tok_bos(t);
+                p = ids;
+                n++;
+            }
+            size_t m = detok_all(t, p, n, spm, text, sizeof text);
+            if (m != v->len[c] || memcmp(text, v->text[c], m) != 0) {
+                print_escaped("input  ", v->text[c], v->len[c]);
+                print_escaped("decoded", text, m);
+                fail_msg("case %d (%s BOS) does not round-trip", c, with_bos ? "with" : "no");
+            }
+        }
+    }
+    kvr_tok_scratch_destroy(s);
+    free_vectors(v);
+    free(v);
+    kvr_tok_destroy(t);
+}
+
+static void test_spm_round_trip(void **state)
+{
+    (void)state;
+    check_round_trip("vocab/ggml-vocab-llama-spm.gguf", true);
+}
+
+static void test_gpt2_round_trip(void **state)
+{
+    (void)state;
+    check_round_trip("vocab/ggml-vocab-gpt-2.gguf", false);
+}
+
+static void test_spm_decode_pieces(void **state)
+{
+    (void)state;
+    struct kvr_tok *t = open_tok("vocab/ggml-vocab-llama-spm.gguf");
+    const char *p;
+    size_t n;
+    assert_int_equal(kvr_tok_n_vocab(t), 32000);
+    assert_int_equal(kvr_tok_bos(t), 1);
+    assert_int_equal(kvr_tok_eos(t), 2);
+    assert_true(kvr_tok_add_bos(t));
+    assert_false(kvr_tok_add_eos(t));
+    assert_true(kvr_tok_is_eog(t, 2));
+    assert_false(kvr_tok_is_eog(t, 1));
+    assert_false(kvr_tok_is_eog(t, 15043));
+    assert_int_equal(kvr_tok_type(t, 0), KVR_TOK_TYPE_UNKNOWN);
+    assert_int_equal(kvr_tok_type(t, 1), KVR_TOK_TYPE_CONTROL);
+    assert_int_equal(kvr_tok_type(t, 13), KVR_TOK_TYPE_BYTE);
+    assert_int_equal(kvr_tok_type(t, 32000), KVR_TOK_TYPE_UNDEFINED);
+
+    /* Raw pieces vs decoded text. */
+    assert_int_equal(kvr_tok_piece(t, 15043, &p, &n), 0);
+    assert_int_equal(n, 8);
+    assert_memory_equal(p, "\xE2\x96\x81Hello", 8);
+    assert_int_equal(kvr_tok_decode_piece(t, 15043, false, &p, &n), 0);
+    assert_int_equal(n, 6);
+    assert_memory_equal(p, " Hello", 6);
+    assert_int_equal(kvr_tok_decode_piece(t, 13, false, &p, &n), 0); /* <0x0A> */
+    assert_int_equal(n, 1);
+    assert_int_equal(p[0], '\n');
+    assert_int_equal(kvr_tok_decode_piece(t, 1, false, &p, &n), 0);
+    assert_int_equal(n, 0);
+    assert_int_equal(kvr_tok_decode_piece(t, 1, true, &p, &n), 0);
+    assert_int_equal(n, 3);
+    assert_memory_equal(p, "<s>", 3);
+    assert_int_equal(kvr_tok_decode_piece(t, -1, false, &p, &n), KVR_EINVAL);
+    assert_int_equal(kvr_tok_decode_piece(t, 32000, false, &p, &n), KVR_EINVAL);
+    assert_int_equal(kvr_tok_find(t, "\xE2\x96\x81Hello", 8), 15043);
+    assert_int_equal(kvr_tok_find(t, "no such piece at all", 20), -1);
+
+    /* A whole sequence: the space added by encoding is gone after BOS, kept mid-text. */
+    const int32_t seq[] = {1, 15043, 3186};
+    char out[256];
+    size_t m = detok_all(t, seq, 3, true, out, sizeof out);
+    assert_int_equal(m, 11);
+    assert_memory_equal(out, "Hello world", 11);
+    m = detok_all(t, seq + 1, 2, false, out, sizeof out); /* a continuation keeps it */
+    assert_int_equal(m, 12);
+    assert_memory_equal(out, " Hello world", 12);
+    kvr_tok_destroy(t);
+}
+
+static void test_streaming_utf8(void **state)
+{
+    (void)state;
+    struct kvr_tok *t = open_tok("vocab/ggml-vocab-llama-spm.gguf");
+    /* U+1F999 (llama emoji) as four byte tokens: <0xF0> <0x9F> <0xA6> <0x99>. */
+    const int32_t llama[] = {243, 162, 169, 156};
+    struct kvr_detok d;
+    kvr_detok_init(&d, false, false);
+    char out[64];
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(kvr_detok_push(t, &d, llama[i], out, sizeof out), 0);
+    assert_int_equal(kvr_detok_push(t, &d, llama[3], out, sizeof out), 4);
+    assert_memory_equal(out, "\xF0\x9F\xA6\x99", 4);
+    assert_int_equal(kvr_detok_flush(&d, out, sizeof out), 0);
+
+    /* Too small a buffer: refused, nothing consumed, then the same push succeeds. */
+    kvr_detok_init(&d, false, false);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(kvr_detok_push(t, &d, llama[i], out, sizeof out), 0);
+    assert_int_equal(kvr_detok_push(t, &d, llama[3], out, 3), KVR_EFULL);
+    assert_int_equal(kvr_detok_push(t, &d, llama[3], out, 4), 4);
+
+    /* A character cut short by a normal token: U+FFFD, then the token's text. */
+    kvr_detok_init(&d, false, false);
+    assert_int_equal(kvr_detok_push(t, &d, 243, out, sizeof out), 0); /* <0xF0> */
+    assert_int_equal(kvr_detok_push(t, &d, 162, out, sizeof out), 0); /* <0x9F> */
+    int k = kvr_detok_push(t, &d, 15043, out, sizeof out);            /* " Hello" */
+    assert_int_equal(k, 3 + 6);
+    assert_memory_equal(out, "\xEF\xBF\xBD Hello", 9);
+
+    /* Leftovers at the end are flushed as one U+FFFD. */
+    kvr_detok_init(&d, false, false);
+    assert_int_equal(kvr_detok_push(t, &d, 228, out, sizeof out), 0); /* <0xE1> */
+    assert_int_equal(kvr_detok_push(t, &d, 190, out, sizeof out), 0); /* <0xBB> */
+    assert_int_equal(kvr_detok_flush(&d, out, 2), KVR_EFULL);
+    assert_int_equal(kvr_detok_flush(&d, out, sizeof out), 3);
+    assert_memory_equal(out, "\xEF\xBF\xBD", 3);
+    assert_int_equal(kvr_detok_flush(&d, out, sizeof out), 0);
+
+    /* Bytes that can never start a character, and an overlong lead. */
+    kvr_detok_init(&d, false, false);
+    assert_int_equal(kvr_detok_push(t, &d, 3 + 0x80, out, sizeof out), 3); /* <0x80> */
+    assert_int_equal(kvr_detok_push(t, &d, 3 + 0xC0, out, sizeof out), 3); /* <0xC0> */
+    assert_int_equal(kvr_detok_push(t, &d, 3 + 0xE0, out, sizeof out), 0); /* <0xE0> */
+    /* E0 80 would be overlong: E0 alone becomes U+FFFD and 80 another. */
+    assert_int_equal(kvr_detok_push(t, &d, 3 + 0x80, out, sizeof out), 6);
+    assert_int_equal(kvr_detok_push(t, &d, 999999, out, sizeof out), KVR_EINVAL);
+    kvr_tok_destroy(t);
+}
+
+/* ---- stories260K ------------------------------------------------------------------------- */
+
+static void test_stories_prompt(void **state)
+{
+    (void)state;
+    struct kvr_tok *t = open_tok("models/stories260K.gguf");
+    json_error_t jerr;
+    json_t *ref = json_load_file(kvr_test_shared("models/stories260K.reference.json"), 0, &jerr);
+    assert_non_null(ref);
+    const char *prompt = json_string_value(json_object_get(ref, "prompt"));
+    json_t *want = json_object_get(ref, "prompt_ids");
+    assert_non_null(prompt);
+    assert_true(json_is_array(want));
+    assert_true(json_is_true(json_object_get(ref, "add_bos")));
+    assert_true(kvr_tok_add_bos(t));
+
+    struct kvr_tok_scratch *s = NULL;
+    assert_int_equal(kvr_tok_scratch_create(&s, t, 256), 0);
+    int32_t ids[64];
+    int n = kvr_tok_encode(t, s, prompt, strlen(prompt), true, false, ids, 64);
+    assert_int_equal(n, (int)json_array_size(want));
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[1], 403);
+    assert_int_equal(ids[2], 407);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(ids[i], json_integer_value(json_array_get(want, (size_t)i)));
+
+    /* The generated ids decode to text without breaking any character. */
+    json_t *gen = json_object_get(ref, "generated_ids");
+    int32_t g[128];
+    int n_gen = (int)json_array_size(gen);
+    assert_true(n_gen > 0 && n_gen <= 128);
+    for (int i = 0; i < n_gen; i++)
+        g[i] = (int32_t)json_integer_value(json_array_get(gen, (size_t)i));
+    char text[8192];
+    size_t m = detok_all(t, g, n_gen, false, text, sizeof text);
+    assert_true(m > 0);
+    json_decref(ref);
+    kvr_tok_scratch_destroy(s);
+    kvr_tok_destroy(t);
+}
+
+/* ---- specials, limits, errors ------------------------------------------------------------ */
+
+static void test_spm_special_and_limits(void **state)
+{
+    (void)state;
+    struct kvr_tok *t = open_tok("vocab/ggml-vocab-llama-spm.gguf");
+    struct kvr_tok_scratch *s = NULL;
+    assert_int_equal(kvr_tok_scratch_create(&s, t, 64), 0);
+    assert_int_equal(kvr_tok_scratch_max_text(s), 64);
+    int32_t ids[64];
+
+    /* Empty text: nothing, or only BOS. */
+    assert_int_equal(kvr_tok_encode(t, s, "", 0, false, false, ids, 64), 0);
+    assert_int_equal(kvr_tok_encode(t, s, "", 0, true, false, ids, 64), 1);
+    assert_int_equal(ids[0], 1);
+
+    /* Parsed specials split the text; the text after one gets its own leading space. */
+    int n = kvr_tok_encode(t, s, "Hello</s><s>world", 17, true, true, ids, 64);
+    assert_int_equal(n, 5);
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[1], 15043); /* "▁Hello" */
+    assert_int_equal(ids[2], 2);
+    assert_int_equal(ids[3], 1);
+    assert_int_equal(ids[4], 3186); /* "▁world" */
+    /* Unparsed, "</s>" is plain text and no id 2 appears. */
+    n = kvr_tok_encode(t, s, "Hello</s>", 9, false, false, ids, 64);
+    assert_true(n > 1);
+    for (int i = 0; i < n; i++)
+        assert_int_not_equal(ids[i], 2);
+
+    /* Output too small, text too long. */
+    assert_int_equal(kvr_tok_encode(t, s, "Hello world", 11, true, false, ids, 2), KVR_EFULL);
+    char big[65];
+    memset(big, 'a', sizeof big);
+    assert_int_equal(kvr_tok_encode(t, s, big, 65, false, false, ids, 64), KVR_ERANGE);
+
+    /* Invalid UTF-8 is encoded byte by byte and decodes back to the same bytes. */
+    n = kvr_tok_encode(t, s, "a\xFF\xC3", 3, false, false, ids, 64);
+    assert_true(n >= 3);
+    assert_int_equal(ids[n - 2], 3 + 0xFF);
+    assert_int_equal(ids[n - 1], 3 + 0xC3);
+    kvr_tok_scratch_destroy(s);
+    kvr_tok_destroy(t);
+}
+
+static struct kvr_gguf_str S(const char *s) { return (struct kvr_gguf_str){strlen(s), s}; }
+
+static void expect_create_error(const struct kvr_tok_vocab *v, int code, const char *needle)
+{
+    struct kvr_tok *t = NULL;
+    struct kvr_err err = {0};
+    int rc = kvr_tok_create_from_vocab(&t, v, &err);
+    if (rc != code || !strstr(err.msg, needle))
+        fail_msg("expected %d containing '%s', got %d: %s", code, needle, rc, err.msg);
+    assert_null(t);
+}
+
+static void test_vocab_validation(void **state)
+{
+    (void)state;
+    struct kvr_gguf_str toks[6] = {S("<unk>"), S("<s>"), S("</s>"), S("a"), S("b"), S("ab")};
+    float scores[6] = {0, 0, 0, -1, -2, -3};
+    int32_t types[6] = {2, 3, 3, 1, 1, 1};
+    struct kvr_tok_vocab v;
+    kvr_tok_vocab_init(&v, KVR_TOK_SPM);
+    v.n_tokens = 6;
+    v.tokens = toks;
+    v.scores = scores;
+    v.types = types;
+
+    struct kvr_tok *t = NULL;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_tok_create_from_vocab(&t, &v, &err), 0);
+    struct kvr_tok_scratch *s = NULL;
+    assert_int_equal(kvr_tok_scratch_create(&s, t, 16), 0);
+    int32_t ids[16];
+    /* No "▁" piece and no byte tokens: the prefix space falls back to <unk> per byte. */
+    int n = kvr_tok_encode(t, s, "ab", 2, false, false, ids, 16);
+    assert_int_equal(n, 4);
+    assert_int_equal(ids[0], 0);
+    assert_int_equal(ids[3], 5);
+    kvr_tok_scratch_destroy(s);
+    kvr_tok_destroy(t);
+
+    v.bos_id = 6;
+    expect_create_error(&v, KVR_EFORMAT, "bos id 6 out of range");
+    v.bos_id = 0xFFFFFFFFll; /* "none" as GGUF files write it, but BOS is added */
+    expect_create_error(&v, KVR_EFORMAT, "no BOS id");
+    v.add_bos = 0;
+    assert_int_equal(kvr_tok_create_from_vocab(&t, &v, &err), 0);
+    assert_int_equal(kvr_tok_bos(t), -1);
+    kvr_tok_destroy(t);
+    v.bos_id = 1;
+    v.add_bos = -1;
+
+    types[4] = 9;
+    expect_create_error(&v, KVR_EFORMAT, "token 4 has unknown type 9");
+    types[4] = KVR_TOK_TYPE_BYTE;
+    expect_create_error(&v, KVR_EFORMAT, "not of the form <0xXX>");
+    types[4] = 1;
+
+    scores[3] = NAN;
+    expect_create_error(&v, KVR_EFORMAT, "NaN score");
+    scores[3] = -1;
+
+    toks[5] = S("a");
+    expect_create_error(&v, KVR_EFORMAT, "token 5 'a' duplicates token 3");
+    toks[5] = S("ab");
+
+    v.n_tokens = 0;
+    expect_create_error(&v, KVR_ERANGE, "0 tokens");
+    v.n_tokens = 6;
+
+    /* BPE merges must name pieces. */
+    struct kvr_gguf_str merges[2] = {S("a b"), S("b a")};
+    v.kind = KVR_TOK_BPE;
+    v.n_merges = 2;
+    v.merges = merges;
+    expect_create_error(&v, KVR_EFORMAT, "merge 1 'b a': 'ba' is not in the vocabulary");
+    merges[1] = S("ab");
+    expect_create_error(&v, KVR_EFORMAT, "merge 1 'ab' has no space");
+    v.n_merges = 1;
+    assert_int_equal(kvr_tok_create_from_vocab(&t, &v, &err), 0);
+    kvr_tok_destroy(t);
+
+    /* Allocation failures at every step are reported, never crash or leak. */
+    v.kind = KVR_TOK_SPM;
+    for (long k = 0; k < 32; k++) {
+        kvr_alloc_fail_after(k);
+        int rc = kvr_tok_create_from_vocab(&t, &v, &err);
+        kvr_alloc_fail_after(-1);
+        if (rc == 0) {
+            kvr_tok_destroy(t);
+            break;
+        }
+        assert_int_equal(rc, KVR_ENOMEM);
+        assert_null(t);
+    }
+}
+
+/* ---- speed ------------------------------------------------------------------------------- */
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void check_speed(const char *vocab_rel)
+{
+    struct kvr_tok *t = open_tok(vocab_rel);
+    char inp_path[4096];
+    snprintf(inp_path, sizeof inp_path, "%s.inp", kvr_test_shared(vocab_rel));
+    size_t n_inp;
+    char *inp = kvr_test_read_file(inp_path, &n_inp);
+    assert_non_null(inp);
+    /* A prompt of about 1,500 tokens made of the (varied, multilingual) test inputs. */
+    static char text[1 << 16];
+    size_t len = 0;
+    struct kvr_tok_scratch *s = NULL;
+    assert_int_equal(kvr_tok_scratch_create(&s, t, sizeof text), 0);
+    static int32_t ids[1 << 14];
+    int n = 0;
+    while (n < 1500) {
+        size_t take = n_inp < sizeof text - len ? n_inp : sizeof text - len;
+        assert_true(take > 0);
+        memcpy(text + len, inp, take);
+        len += take;
+        n = kvr_tok_encode(t, s, text, len, true, false, ids, 1 << 14);
+        assert_true(n > 0);
+    }
+    double best = 1e9, times[7];
+    for (int r = 0; r < 7; r++) {
+        double t0 = now_ms();
+        int k = kvr_tok_encode(t, s, text, len, true, false, ids, 1 << 14);
+        times[r] = now_ms() - t0;
+        assert_int_equal(k, n);
+        if (times[r] < best)
+            best = times[r];
+    }
+    print_message("%s: %d tokens from %zu bytes, best of 7 %.3f ms\n", vocab_rel, n, len, best);
+    assert_true(best < 10.0);
+    free(inp);
+    kvr_tok_scratch_destroy(s);
+    kvr_tok_destroy(t);
+}
+
+static void test_encode_speed(void **state)
+{
+    (void)state;
+    check_speed("vocab/ggml-vocab-llama-spm.gguf");
+    check_speed("vocab/ggml-vocab-gpt-2.gguf");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_spm_vectors),
+        cmocka_unit_test(test_spm_round_trip),
+        cmocka_unit_test(test_spm_decode_pieces),
+        cmocka_unit_test(test_streaming_utf8),
+        cmocka_unit_test(test_stories_prompt),
+        cmocka_unit_test(test_spm_special_and_limits),
+        cmocka_unit_test(test_vocab_validation),
+        cmocka_unit_test(test_gpt2_vectors),
+        cmocka_unit_test(test_gpt2_round_trip),
+        cmocka_unit_test(test_encode_speed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
