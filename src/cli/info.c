@@ -1,0 +1,175 @@
+/* info.c - `kvasir info MODEL.gguf`: print a GGUF file's header, metadata and tensor table.
+ * A file the reader rejects is reported with the reader's message and exit status 1. */
+#include "cli/cmd.h"
+
+#include "model/dtype.h"
+#include "model/gguf.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#define STR_SHOW_BYTES 60 /* longer strings (chat templates) are cut */
+#define ARR_SHOW 5        /* array elements shown */
+
+/* A string quoted, with control characters, quotes and backslashes escaped, cut at a UTF-8
+ * character boundary after STR_SHOW_BYTES. */
+static void print_str(const struct kvr_gguf_str *s)
+{
+    size_t n = s->len > STR_SHOW_BYTES ? STR_SHOW_BYTES : (size_t)s->len;
+    while (n < s->len && n > 0 && ((uint8_t)s->ptr[n] & 0xC0) == 0x80)
+        n--;
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = (uint8_t)s->ptr[i];
+        if (c == '"' || c == '\\')
+            printf("\\%c", c);
+        else if (c == '\n')
+            fputs("\\n", stdout);
+        else if (c < 0x20 || c == 0x7F)
+            printf("\\x%02x", c);
+        else
+            putchar(c);
+    }
+    putchar('"');
+    if (n < s->len)
+        printf("... (%" PRIu64 " bytes)", s->len);
+}
+
+/* One scalar element of `type` at p (little-endian, possibly unaligned). */
+static void print_scalar(enum kvr_gguf_type type, const uint8_t *p)
+{
+    union {
+        uint8_t u8;
+        int8_t i8;
+        uint16_t u16;
+        int16_t i16;
+        uint32_t u32;
+        int32_t i32;
+        float f32;
+        uint64_t u64;
+        int64_t i64;
+        double f64;
+    } v;
+    static const uint8_t bytes[KVR_GGUF_TYPE_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+    memcpy(&v, p, bytes[type]);
+    switch (type) {
+    case KVR_GGUF_TYPE_UINT8:
+        printf("%u", v.u8);
+        break;
+    case KVR_GGUF_TYPE_INT8:
+        printf("%d", v.i8);
+        break;
+    case KVR_GGUF_TYPE_UINT16:
+        printf("%u", v.u16);
+        break;
+    case KVR_GGUF_TYPE_INT16:
+        printf("%d", v.i16);
+        break;
+    case KVR_GGUF_TYPE_UINT32:
+        printf("%" PRIu32, v.u32);
+        break;
+    case KVR_GGUF_TYPE_INT32:
+        printf("%" PRId32, v.i32);
+        break;
+    case KVR_GGUF_TYPE_FLOAT32:
+        printf("%g", (double)v.f32);
+        break;
+    case KVR_GGUF_TYPE_BOOL:
+        fputs(v.u8 ? "true" : "false", stdout);
+        break;
+    case KVR_GGUF_TYPE_UINT64:
+        printf("%" PRIu64, v.u64);
+        break;
+    case KVR_GGUF_TYPE_INT64:
+        printf("%" PRId64, v.i64);
+        break;
+    case KVR_GGUF_TYPE_FLOAT64:
+        printf("%g", v.f64);
+        break;
+    default:
+        break;
+    }
+}
+
+static void print_kv(const struct kvr_gguf *g, int64_t i)
+{
+    enum kvr_gguf_type type = kvr_gguf_kv_type(g, i);
+    struct kvr_gguf_str s;
+    struct kvr_gguf_arr a;
+    const void *raw;
+    printf("  %-42s ", kvr_gguf_kv_key(g, i));
+    if (!kvr_gguf_kv_str(g, i, &s)) {
+        printf("%-14s ", "string");
+        print_str(&s);
+    } else if (!kvr_gguf_kv_arr(g, i, &a)) {
+        char t[32];
+        snprintf(t, sizeof t, "%s[%" PRIu64 "]", kvr_gguf_type_name(a.type), a.n);
+        printf("%-14s ", t);
+        static const uint8_t bytes[KVR_GGUF_TYPE_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
+        for (uint64_t j = 0; j < a.n && j < ARR_SHOW; j++) {
+            fputs(j ? ", " : "", stdout);
+            if (a.type == KVR_GGUF_TYPE_STRING)
+                print_str(&a.strs[j]);
+            else
+                print_scalar(a.type, (const uint8_t *)a.data + j * bytes[a.type]);
+        }
+        if (a.n > ARR_SHOW)
+            fputs(", ...", stdout);
+    } else if (!kvr_gguf_kv_scalar(g, i, &raw)) {
+        printf("%-14s ", kvr_gguf_type_name(type));
+        print_scalar(type, raw);
+    }
+    putchar('\n');
+}
+
+int kvr_cmd_info(int argc, char **argv)
+{
+    if (argc != 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        fprintf(argc == 2 ? stdout : stderr,
+                "usage: kvasir info MODEL.gguf\n\n"
+                "Print a GGUF file's version, metadata and tensor table.\n");
+        return argc == 2 ? 0 : 2;
+    }
+    const char *path = argv[1];
+    struct kvr_gguf *g = NULL;
+    struct kvr_err err = {0};
+    if (kvr_gguf_open(&g, path, &err)) {
+        fprintf(stderr, "kvasir info: %s: %s\n", path, err.msg);
+        return 1;
+    }
+    printf("%s: GGUF v%" PRIu32 ", %zu bytes, alignment %zu, data at offset %zu, "
+           "fingerprint %016" PRIx64 "\n",
+           path, kvr_gguf_version(g), kvr_gguf_file_bytes(g), kvr_gguf_alignment(g),
+           kvr_gguf_data_offset(g), kvr_gguf_fingerprint(g));
+
+    printf("\n%" PRId64 " key/value pairs:\n", kvr_gguf_n_kv(g));
+    for (int64_t i = 0; i < kvr_gguf_n_kv(g); i++)
+        print_kv(g, i);
+
+    int64_t n_tensors = kvr_gguf_n_tensors(g);
+    uint64_t n_params = 0, n_bytes = 0;
+    printf("\n%" PRId64 " tensors:\n", n_tensors);
+    if (n_tensors)
+        printf("  %-32s %-6s %-24s %12s %12s\n", "name", "type", "dims", "offset", "bytes");
+    for (int64_t i = 0; i < n_tensors; i++) {
+        const struct kvr_gguf_tensor *t = kvr_gguf_tensor(g, i);
+        char dims[96];
+        size_t used = 0;
+        uint64_t n = 1;
+        for (uint32_t d = 0; d < t->n_dims; d++) {
+            used += (size_t)snprintf(dims + used, sizeof dims - used, "%s%" PRId64, d ? " x " : "",
+                                     t->ne[d]);
+            n *= (uint64_t)t->ne[d];
+        }
+        printf("  %-32s %-6s %-24s %12" PRIu64 " %12zu\n", t->name, kvr_dtype_traits(t->type)->name,
+               dims, t->offset, t->n_bytes);
+        n_params += n;
+        n_bytes += t->n_bytes;
+    }
+    printf("\ntotal: %" PRId64 " tensors, %" PRIu64 " params, %" PRIu64 " tensor bytes, %zu "
+           "file bytes\n",
+           n_tensors, n_params, n_bytes, kvr_gguf_file_bytes(g));
+    kvr_gguf_close(g);
+    return 0;
+}

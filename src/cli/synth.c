@@ -1,0 +1,242 @@
+/* synth.c - `kvasir synth`: write a llama GGUF model with random weights (model/synth.h).
+ *
+ * The file is written to OUT.part and renamed to OUT only once complete, so an interrupted
+ * run never leaves a truncated model under the final name. */
+#include "cli/cmd.h"
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "model/dtype.h"
+#include "model/gguf.h"
+#include "model/synth.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvasir synth --shape NAME|custom -o OUT.gguf [options]\n"
+               "\n"
+               "Write a llama-architecture GGUF model with random weights.\n"
+               "\n"
+               "  --shape NAME       a named shape (");
+    for (int i = 0; kvr_synth_shape_name(i); i++)
+        fprintf(f, "%s%s", i ? ", " : "", kvr_synth_shape_name(i));
+    fprintf(f, ") or custom\n"
+               "  -o, --out FILE     output file\n"
+               "  --type T           matrix type: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k "
+               "(default q8_0)\n"
+               "  --seed N           PRNG seed (default 1); same seed, same bytes\n"
+               "  --vocab FILE       copy the tokenizer (tokenizer.* keys) from another GGUF\n"
+               "  --threads N        generator threads (default: online CPUs)\n"
+               "  --layers N --dim N --ff N --heads N --kv-heads N --vocab-size N --ctx N\n"
+               "                     set or override shape fields (custom needs layers, dim,\n"
+               "                     ff and heads; kv-heads defaults to heads, vocab-size to\n"
+               "                     512, ctx to 2048)\n");
+}
+
+static int parse_type(const char *s)
+{
+    static const struct {
+        const char *name;
+        int type;
+    } types[] = {
+        {"f32", KVR_DTYPE_F32},   {"f16", KVR_DTYPE_F16},   {"bf16", KVR_DTYPE_BF16},
+        {"q8_0", KVR_DTYPE_Q8_0}, {"q4_0", KVR_DTYPE_Q4_0}, {"q4_k", KVR_DTYPE_Q4_K},
+        {"q6_k", KVR_DTYPE_Q6_K},
+    };
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (!strcasecmp(s, types[i].name))
+            return types[i].type;
+    return -1;
+}
+
+static bool parse_int(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+static double now_s(void)
+{
+    return (double)kvr_now_ns() * 1e-9;
+}
+
+struct progress {
+    double t0;
+    int last_pct;
+};
+
+static void show_progress(void *ctx, uint64_t done, uint64_t total)
+{
+    struct progress *p = ctx;
+    int pct = total ? (int)(done * 100 / total) : 100;
+    if (pct == p->last_pct)
+        return;
+    p->last_pct = pct;
+    fprintf(stderr, "\rsynth: %3d%% (%" PRIu64 " / %" PRIu64 " MB)", pct, done >> 20, total >> 20);
+    if (done == total)
+        fputc('\n', stderr);
+}
+
+enum { OPT_SHAPE = 256, OPT_TYPE, OPT_SEED, OPT_VOCAB, OPT_THREADS, OPT_FIELD };
+
+int kvr_cmd_synth(int argc, char **argv)
+{
+    static const struct option long_opts[] = {
+        {"shape", required_argument, NULL, OPT_SHAPE},
+        {"out", required_argument, NULL, 'o'},
+        {"type", required_argument, NULL, OPT_TYPE},
+        {"seed", required_argument, NULL, OPT_SEED},
+        {"vocab", required_argument, NULL, OPT_VOCAB},
+        {"threads", required_argument, NULL, OPT_THREADS},
+        {"layers", required_argument, NULL, OPT_FIELD + 0},
+        {"dim", required_argument, NULL, OPT_FIELD + 1},
+        {"ff", required_argument, NULL, OPT_FIELD + 2},
+        {"heads", required_argument, NULL, OPT_FIELD + 3},
+        {"kv-heads", required_argument, NULL, OPT_FIELD + 4},
+        {"vocab-size", required_argument, NULL, OPT_FIELD + 5},
+        {"ctx", required_argument, NULL, OPT_FIELD + 6},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *shape_name = NULL, *out = NULL, *vocab_path = NULL;
+    long fields[7] = {0}, v;
+    struct kvr_synth_opts opts = {.type = KVR_DTYPE_Q8_0, .seed = 1};
+    long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    opts.n_threads = n_cpus > 0 ? (int)(n_cpus < 64 ? n_cpus : 64) : 1;
+
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "o:h", long_opts, NULL)) != -1) {
+        switch (c) {
+        case OPT_SHAPE:
+            shape_name = optarg;
+            break;
+        case 'o':
+            out = optarg;
+            break;
+        case OPT_VOCAB:
+            vocab_path = optarg;
+            break;
+        case OPT_TYPE:
+            if ((opts.type = parse_type(optarg)) < 0) {
+                fprintf(stderr, "kvasir synth: unknown --type %s\n", optarg);
+                return 2;
+            }
+            break;
+        case OPT_SEED: {
+            char *end;
+            errno = 0;
+            opts.seed = strtoull(optarg, &end, 0);
+            if (errno || end == optarg || *end) {
+                fprintf(stderr, "kvasir synth: bad --seed %s\n", optarg);
+                return 2;
+            }
+            break;
+        }
+        case OPT_THREADS:
+            if (!parse_int(optarg, 1, 256, &v)) {
+                fprintf(stderr, "kvasir synth: --threads must be 1..256\n");
+                return 2;
+            }
+            opts.n_threads = (int)v;
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            if (c >= OPT_FIELD && c < OPT_FIELD + 7) {
+                if (!parse_int(optarg, 1, 1L << 24, &fields[c - OPT_FIELD])) {
+                    fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
+                            long_opts[6 + c - OPT_FIELD].name);
+                    return 2;
+                }
+                break;
+            }
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (optind < argc || !shape_name || !out) {
+        fprintf(stderr, "kvasir synth: %s\n\n",
+                optind < argc ? "unexpected argument" : "--shape and -o are required");
+        usage(stderr);
+        return 2;
+    }
+
+    struct kvr_synth_shape *s = &opts.shape;
+    if (!strcmp(shape_name, "custom")) {
+        if (!fields[0] || !fields[1] || !fields[2] || !fields[3]) {
+            fprintf(stderr, "kvasir synth: custom needs --layers, --dim, --ff and --heads\n");
+            return 2;
+        }
+        *s = (struct kvr_synth_shape){"custom", 0, 0, 0, 0, 0, 512, 2048, 10000.0f, 1e-5f};
+        s->n_kv_heads = (int)fields[3];
+    } else if (kvr_synth_shape_by_name(shape_name, s)) {
+        fprintf(stderr, "kvasir synth: unknown shape %s\n", shape_name);
+        return 2;
+    }
+    int *targets[7] = {&s->n_layers,   &s->dim,        &s->ff, &s->n_heads,
+                       &s->n_kv_heads, &s->vocab_size, &s->ctx};
+    for (int i = 0; i < 7; i++)
+        if (fields[i])
+            *targets[i] = (int)fields[i];
+
+    struct kvr_err err = {0};
+    struct kvr_gguf *vocab = NULL;
+    if (vocab_path && kvr_gguf_open(&vocab, vocab_path, &err)) {
+        fprintf(stderr, "kvasir synth: --vocab %s: %s\n", vocab_path, err.msg);
+        return 1;
+    }
+    opts.vocab = vocab;
+
+    struct progress prog = {now_s(), -1};
+    if (isatty(STDERR_FILENO)) {
+        opts.progress = show_progress;
+        opts.progress_ctx = &prog;
+    }
+    size_t path_len = strlen(out) + 6;
+    char *tmp = kvr_malloc(path_len);
+    FILE *f = NULL;
+    int rc = 1;
+    if (!tmp)
+        goto close_vocab;
+    snprintf(tmp, path_len, "%s.part", out);
+    if (!(f = fopen(tmp, "wb"))) {
+        fprintf(stderr, "kvasir synth: cannot create %s: %s\n", tmp, strerror(errno));
+        goto free_tmp;
+    }
+    setvbuf(f, NULL, _IOFBF, 1 << 20);
+    struct kvr_synth_stats stats;
+    int wrc = kvr_synth_write(&opts, f, &stats, &err);
+    if (fclose(f) != 0 && !wrc)
+        wrc = kvr_err_set(&err, KVR_EIO, "closing %s: %s", tmp, strerror(errno));
+    if (!wrc && rename(tmp, out) != 0)
+        wrc = kvr_err_set(&err, KVR_EIO, "renaming %s to %s: %s", tmp, out, strerror(errno));
+    if (wrc) {
+        fprintf(stderr, "kvasir synth: %s\n", err.msg);
+        remove(tmp);
+        goto free_tmp;
+    }
+    printf("synth: wrote %s: shape %s, %s, %d layers, vocab %d, %" PRIu64 " tensors, %" PRIu64
+           " params, %" PRIu64 " bytes in %.1f s\n",
+           out, s->name, kvr_dtype_traits(opts.type)->name, s->n_layers, stats.vocab_size,
+           stats.n_tensors, stats.n_params, stats.file_bytes, now_s() - prog.t0);
+    rc = 0;
+free_tmp:
+    kvr_free(tmp);
+close_vocab:
+    kvr_gguf_close(vocab);
+    return rc;
+}

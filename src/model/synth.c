@@ -1,0 +1,541 @@
+/* synth.c - random-weight llama GGUF models (see synth.h for what the file contains). */
+#include "model/synth.h"
+
+#include "core/alloc.h"
+#include "core/pool.h"
+#include "model/dtype.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define BUILTIN_VOCAB_MIN 260
+#define BUILTIN_VOCAB_MAX 500000
+#define MAX_PIECE_BYTES 32
+
+/* ---- shapes ------------------------------------------------------------------------ */
+
+static const struct kvr_synth_shape named_shapes[] = {
+    {"tinyllama-1.1b", 22, 2048, 5632, 32, 4, 32000, 2048, 10000.0f, 1e-5f},
+    {"ring-45", 45, 256, 768, 8, 4, 4096, 2048, 10000.0f, 1e-5f},
+    {"tiny", 4, 64, 192, 4, 2, 512, 512, 10000.0f, 1e-5f},
+};
+#define N_NAMED_SHAPES ((int)(sizeof named_shapes / sizeof named_shapes[0]))
+
+int kvr_synth_shape_by_name(const char *name, struct kvr_synth_shape *out)
+{
+    for (int i = 0; i < N_NAMED_SHAPES; i++)
+        if (!strcmp(named_shapes[i].name, name)) {
+            *out = named_shapes[i];
+            return 0;
+        }
+    return KVR_ENOTFOUND;
+}
+
+const char *kvr_synth_shape_name(int i)
+{
+    return (i >= 0 && i < N_NAMED_SHAPES) ? named_shapes[i].name : NULL;
+}
+
+static int check_range(const char *what, int v, int lo, int hi, struct kvr_err *err)
+{
+    if (v < lo || v > hi)
+        return kvr_err_set(err, KVR_EINVAL, "shape: %s = %d is not in %d..%d", what, v, lo, hi);
+    return 0;
+}
+
+int kvr_synth_check_shape(const struct kvr_synth_shape *s, struct kvr_err *err)
+{
+    int rc;
+    if ((rc = check_range("layers", s->n_layers, 1, 4096, err)) ||
+        (rc = check_range("dim", s->dim, 2, 1 << 16, err)) ||
+        (rc = check_range("ff", s->ff, 1, 1 << 18, err)) ||
+        (rc = check_range("heads", s->n_heads, 1, s->dim, err)) ||
+        (rc = check_range("kv-heads", s->n_kv_heads, 1, s->n_heads, err)) ||
+        (rc = check_range("vocab-size", s->vocab_size, 1, 1 << 24, err)) ||
+        (rc = check_range("ctx", s->ctx, 1, 1 << 24, err)))
+        return rc;
+    if (s->dim % s->n_heads)
+        return kvr_err_set(err, KVR_EINVAL, "shape: dim %d is not a multiple of heads %d", s->dim,
+                           s->n_heads);
+    if ((s->dim / s->n_heads) % 2)
+        return kvr_err_set(err, KVR_EINVAL, "shape: head dim %d is odd (rope needs pairs)",
+                           s->dim / s->n_heads);
+    if (s->n_heads % s->n_kv_heads)
+        return kvr_err_set(err, KVR_EINVAL, "shape: heads %d is not a multiple of kv-heads %d",
+                           s->n_heads, s->n_kv_heads);
+    if (!(s->rope_base > 0.0f) || !(s->rms_eps > 0.0f))
+        return kvr_err_set(err, KVR_EINVAL, "shape: rope base and rms epsilon must be > 0");
+    return 0;
+}
+
+/* ---- tensors and their weights ----------------------------------------------------- */
+
+/* One tensor of the model: GGUF shape {ne0 = n_in, ne1 = rows} and its value range. */
+struct tspec {
+    char name[48];
+    uint32_t n_dims;
+    int64_t ne[2];
+    int type;
+    float lo, hi;    /* values are uniform in [lo, hi) */
+    uint64_t stream; /* PRNG stream of the tensor, from the seed and the name */
+};
+
+static uint64_t splitmix64_next(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t stream_of(uint64_t seed, const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a of the name, then mixed with the seed */
+    for (const char *p = name; *p; p++)
+        h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
+    uint64_t st = seed ^ h;
+    return splitmix64_next(&st);
+}
+
+/* Row `row` of a tensor: a splitmix64 stream per row, two 24-bit uniforms per draw. */
+static void gen_row(const struct tspec *t, int64_t row, float *dst)
+{
+    uint64_t st = t->stream ^ ((uint64_t)row * 0xd6e8feb86659fd93ull);
+    float span = t->hi - t->lo;
+    int64_t n = t->ne[0], i = 0;
+    for (; i + 2 <= n; i += 2) {
+        uint64_t z = splitmix64_next(&st);
+        dst[i] = t->lo + span * ((float)(z >> 40) * 0x1p-24f);
+        dst[i + 1] = t->lo + span * ((float)((z >> 8) & 0xFFFFFF) * 0x1p-24f);
+    }
+    if (i < n)
+        dst[i] = t->lo + span * ((float)(splitmix64_next(&st) >> 40) * 0x1p-24f);
+}
+
+/* The type a matrix with n_in columns is stored in: the chosen one if its block divides
+ * n_in, else Q8_0, else F16. */
+static int matrix_type(int want, int64_t n_in)
+{
+    const struct kvr_dtype_traits *tr = kvr_dtype_traits(want);
+    if (n_in % tr->block_elems == 0)
+        return want;
+    return n_in % 32 == 0 ? KVR_DTYPE_Q8_0 : KVR_DTYPE_F16;
+}
+
+static void add_spec(struct tspec *t, const char *name, int64_t ne0, int64_t ne1, int type,
+                     float std, uint64_t seed)
+{
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->n_dims = ne1 > 0 ? 2 : 1;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1 > 0 ? ne1 : 1;
+    if (ne1 > 0) {
+        t->type = matrix_type(type, ne0);
+        t->hi = std * 1.7320508f; /* uniform on [-a, a] has std a / sqrt(3) */
+        t->lo = -t->hi;
+    } else { /* a norm weight */
+        t->type = KVR_DTYPE_F32;
+        t->lo = 0.9f;
+        t->hi = 1.1f;
+    }
+    t->stream = stream_of(seed, t->name);
+}
+
+/* The model's tensors in file order; returns how many (3 + 9 per layer). */
+static int64_t plan_tensors(const struct kvr_synth_shape *s, int vocab, int type, uint64_t seed,
+                            struct tspec *out)
+{
+    int64_t n = 0;
+    int64_t dim = s->dim, ff = s->ff, kv_dim = (int64_t)s->dim / s->n_heads * s->n_kv_heads;
+    float s_dim = 1.0f / sqrtf((float)dim), s_ff = 1.0f / sqrtf((float)ff);
+    float s_res = 1.0f / sqrtf(2.0f * (float)s->n_layers); /* for the residual branches */
+    char name[48];
+    add_spec(&out[n++], "token_embd.weight", dim, vocab, type, 1.0f, seed);
+    for (int l = 0; l < s->n_layers; l++) {
+        static const char *const parts[9] = {"attn_norm", "attn_q",      "attn_k",
+                                             "attn_v",    "attn_output", "ffn_norm",
+                                             "ffn_gate",  "ffn_up",      "ffn_down"};
+        const int64_t ne0[9] = {dim, dim, dim, dim, dim, dim, dim, dim, ff};
+        const int64_t ne1[9] = {0, dim, kv_dim, kv_dim, dim, 0, ff, ff, dim};
+        const float std[9] = {0, s_dim, s_dim, s_dim, s_dim * s_res, 0, s_dim, s_dim, s_ff * s_res};
+        for (int p = 0; p < 9; p++) {
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, parts[p]);
+            add_spec(&out[n++], name, ne0[p], ne1[p], type, std[p], seed);
+        }
+    }
+    add_spec(&out[n++], "output_norm.weight", dim, 0, type, 0, seed);
+    add_spec(&out[n++], "output.weight", dim, vocab, type, s_dim, seed);
+    return n;
+}
+
+/* ---- the built-in vocabulary ------------------------------------------------------- */
+
+/* Common English words (TinyStories-flavoured), added with "▁" and all their prefixes. */
+static const char *const common_words[] = {
+    "the",   "and",   "a",        "to",     "was",     "he",     "she",     "it",    "of",
+    "in",    "that",  "his",      "her",    "with",    "for",    "on",      "they",  "you",
+    "said",  "had",   "is",       "at",     "but",     "be",     "not",     "one",   "day",
+    "there", "were",  "so",       "all",    "we",      "little", "big",     "time",  "once",
+    "upon",  "very",  "happy",    "him",    "play",    "friend", "friends", "mom",   "dad",
+    "went",  "saw",   "wanted",   "could",  "would",   "like",   "what",    "from",  "this",
+    "have",  "can",   "do",       "go",     "are",     "when",   "up",      "out",   "about",
+    "into",  "them",  "then",     "their",  "did",     "made",   "make",    "over",  "more",
+    "some",  "see",   "look",     "looked", "ran",     "run",    "tree",    "park",  "ball",
+    "dog",   "cat",   "bird",     "sun",    "home",    "house",  "girl",    "boy",   "named",
+    "love",  "good",  "new",      "old",    "because", "after",  "before",  "where", "who",
+    "how",   "why",   "every",    "know",   "think",   "help",   "asked",   "toy",   "fun",
+    "nice",  "sad",   "felt",     "feel",   "find",    "found",  "took",    "came",  "come",
+    "back",  "again", "together", "other",  "each",    "just",   "now",     "too",   "also",
+    "no",    "yes",   "my",       "your",   "our",     "its",    "an",      "as",    "by",
+    "or",    "if",    "has",      "been",   "will",    "The",    "Once",    "She",   "He",
+    "They",  "It",    "One",      "Lily",   "Tom",     "Ben",    "Sue",     "I",     "But",
+};
+
+/* Builds the piece list in order, skipping duplicates (an open-addressing set over the
+ * pieces added so far). */
+struct vocab_builder {
+    struct kvr_gguf_str *pieces; /* n entries, pointing into text */
+    float *scores;
+    int32_t *types;
+    char *text;
+    size_t text_used;
+    int n, cap;
+    uint32_t *set; /* slot = piece index + 1, 0 empty */
+    size_t set_mask;
+    int n_normal; /* normal pieces so far: their score is -n_normal */
+};
+
+static uint64_t hash_piece(const char *s, size_t len)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < len; i++)
+        h = (h ^ (uint8_t)s[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* Add a piece unless present or full; returns true while there is room for more. */
+static bool vb_add(struct vocab_builder *vb, const char *s, size_t len, int32_t type)
+{
+    if (vb->n >= vb->cap)
+        return false;
+    size_t slot = hash_piece(s, len) & vb->set_mask;
+    for (; vb->set[slot]; slot = (slot + 1) & vb->set_mask) {
+        const struct kvr_gguf_str *p = &vb->pieces[vb->set[slot] - 1];
+        if (p->len == len && !memcmp(p->ptr, s, len))
+            return true;
+    }
+    char *dst = vb->text + vb->text_used;
+    memcpy(dst, s, len);
+    vb->text_used += len;
+    vb->set[slot] = (uint32_t)vb->n + 1;
+    vb->pieces[vb->n] = (struct kvr_gguf_str){len, dst};
+    vb->types[vb->n] = type;
+    vb->scores[vb->n] = type == 1 ? -(float)vb->n_normal++ : 0.0f;
+    vb->n++;
+    return vb->n < vb->cap;
+}
+
+static const char spm_space[] = "\xe2\x96\x81"; /* U+2581 "▁" */
+
+/* All n-letter lowercase strings in order, each with or without the "▁" prefix. */
+static bool vb_add_ngrams(struct vocab_builder *vb, int n, bool with_space)
+{
+    char buf[MAX_PIECE_BYTES];
+    size_t off = with_space ? 3 : 0;
+    memcpy(buf, spm_space, 3);
+    int idx[8] = {0};
+    for (;;) {
+        for (int i = 0; i < n; i++)
+            buf[off + (size_t)i] = (char)('a' + idx[i]);
+        if (!vb_add(vb, buf, off + (size_t)n, 1))
+            return false;
+        int i = n - 1;
+        while (i >= 0 && ++idx[i] == 26)
+            idx[i--] = 0;
+        if (i < 0)
+            return true;
+    }
+}
+
+static void vb_fill(struct vocab_builder *vb)
+{
+    static const char *const specials[3] = {"<unk>", "<s>", "</s>"};
+    static const int32_t special_types[3] = {2, 3, 3};
+    char buf[MAX_PIECE_BYTES];
+    for (int i = 0; i < 3; i++)
+        vb_add(vb, specials[i], strlen(specials[i]), special_types[i]);
+    for (int b = 0; b < 256; b++) {
+        snprintf(buf, sizeof buf, "<0x%02X>", b);
+        vb_add(vb, buf, 6, 6);
+    }
+    if (!vb_add(vb, spm_space, 3, 1))
+        return;
+    for (char c = 0x21; c < 0x7F; c++)
+        if (!vb_add(vb, &c, 1, 1))
+            return;
+    memcpy(buf, spm_space, 3);
+    for (size_t w = 0; w < sizeof common_words / sizeof common_words[0]; w++) {
+        size_t len = strlen(common_words[w]);
+        memcpy(buf + 3, common_words[w], len);
+        for (size_t k = 1; k <= len; k++)
+            if (!vb_add(vb, buf, 3 + k, 1))
+                return;
+    }
+    for (int n = 2; n <= 4; n++)
+        if (!vb_add_ngrams(vb, n, false) || !vb_add_ngrams(vb, n, true))
+            return;
+}
+
+static int add_builtin_vocab(struct kvr_gguf_writer *w, int vocab, struct kvr_err *err)
+{
+    if (vocab < BUILTIN_VOCAB_MIN || vocab > BUILTIN_VOCAB_MAX)
+        return kvr_err_set(err, KVR_EINVAL,
+                           "vocab size %d is outside %d..%d for the built-in vocabulary", vocab,
+                           BUILTIN_VOCAB_MIN, BUILTIN_VOCAB_MAX);
+    struct vocab_builder vb = {0};
+    size_t cap = 16;
+    while (cap < (size_t)vocab * 2)
+        cap *= 2;
+    vb.cap = vocab;
+    vb.set_mask = cap - 1;
+    vb.pieces = kvr_malloc((size_t)vocab * sizeof *vb.pieces);
+    vb.scores = kvr_malloc((size_t)vocab * sizeof *vb.scores);
+    vb.types = kvr_malloc((size_t)vocab * sizeof *vb.types);
+    vb.text = kvr_malloc((size_t)vocab * MAX_PIECE_BYTES);
+    vb.set = kvr_calloc(cap, sizeof *vb.set);
+    int rc = 0;
+    if (!vb.pieces || !vb.scores || !vb.types || !vb.text || !vb.set) {
+        rc = kvr_err_set(err, KVR_ENOMEM, "out of memory for the vocabulary");
+        goto free_vocab;
+    }
+    vb_fill(&vb);
+    if (vb.n != vocab) { /* cannot happen below BUILTIN_VOCAB_MAX; checked all the same */
+        rc = kvr_err_set(err, KVR_EINVAL, "built-in vocabulary ran out at %d pieces", vb.n);
+        goto free_vocab;
+    }
+    kvr_gguf_writer_add_str(w, "tokenizer.ggml.model", "llama");
+    kvr_gguf_writer_add_str_arr(w, "tokenizer.ggml.tokens", (uint64_t)vocab, vb.pieces);
+    kvr_gguf_writer_add_arr(w, "tokenizer.ggml.scores", KVR_GGUF_TYPE_FLOAT32, (uint64_t)vocab,
+                            vb.scores);
+    kvr_gguf_writer_add_arr(w, "tokenizer.ggml.token_type", KVR_GGUF_TYPE_INT32, (uint64_t)vocab,
+                            vb.types);
+    kvr_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", 1);
+    kvr_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", 2);
+    kvr_gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 0);
+    kvr_gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", true);
+    kvr_gguf_writer_add_bool(w, "tokenizer.ggml.add_eos_token", false);
+free_vocab:
+    kvr_free(vb.pieces);
+    kvr_free(vb.scores);
+    kvr_free(vb.types);
+    kvr_free(vb.text);
+    kvr_free(vb.set);
+    return rc;
+}
+
+/* The vocab size of another GGUF: the length of its tokenizer.ggml.tokens. */
+static int vocab_size_of(const struct kvr_gguf *src, int *vocab, struct kvr_err *err)
+{
+    struct kvr_gguf_arr tokens;
+    int rc = kvr_gguf_get_arr(src, "tokenizer.ggml.tokens", &tokens, err);
+    if (rc)
+        return rc;
+    if (tokens.type != KVR_GGUF_TYPE_STRING || tokens.n < 1 || tokens.n > (1u << 24))
+        return kvr_err_set(err, KVR_EFORMAT,
+                           "vocab file: tokenizer.ggml.tokens must be 1..16777216 strings");
+    *vocab = (int)tokens.n;
+    return 0;
+}
+
+/* Copy every tokenizer.* key of another GGUF (vocab, scores, types, merges, special ids,
+ * add_bos/add_eos flags, chat template). */
+static int copy_vocab(struct kvr_gguf_writer *w, const struct kvr_gguf *src, struct kvr_err *err)
+{
+    for (int64_t i = 0; i < kvr_gguf_n_kv(src); i++) {
+        if (strncmp(kvr_gguf_kv_key(src, i), "tokenizer.", 10))
+            continue;
+        int rc = kvr_gguf_writer_copy_kv(w, src, i);
+        if (rc)
+            return kvr_err_set(err, rc, "copying %s from the vocab file failed",
+                               kvr_gguf_kv_key(src, i));
+    }
+    return 0;
+}
+
+/* ---- writing ----------------------------------------------------------------------- */
+
+/* llama.cpp's general.file_type (enum llama_ftype) for a model whose matrices are `type`. */
+static int file_type_of(int type, uint32_t *out)
+{
+    switch (type) {
+    case KVR_DTYPE_F32:
+        *out = 0;
+        return 0;
+    case KVR_DTYPE_F16:
+        *out = 1;
+        return 0;
+    case KVR_DTYPE_Q4_0:
+        *out = 2;
+        return 0;
+    case KVR_DTYPE_Q8_0:
+        *out = 7;
+        return 0;
+    case KVR_DTYPE_Q4_K:
+        *out = 14;
+        return 0; /* Q4_K_S: all matrices Q4_K */
+    case KVR_DTYPE_Q6_K:
+        *out = 18;
+        return 0;
+    case KVR_DTYPE_BF16:
+        *out = 32;
+        return 0;
+    default:
+        return KVR_ENOTSUP;
+    }
+}
+
+struct fill_job {
+    const struct tspec *t;
+    const struct kvr_dtype_traits *tr;
+    uint8_t *dst;
+    size_t row_bytes;
+    float *scratch; /* n_threads rows of max ne0 floats */
+    int64_t scratch_stride;
+};
+
+struct fill_ctx {
+    struct kvr_pool *pool;
+    const struct tspec *t;
+    float *scratch;
+    int64_t scratch_stride;
+};
+
+static void fill_rows(void *arg, int ith, int nth)
+{
+    const struct fill_job *j = arg;
+    float *row = j->scratch + (int64_t)ith * j->scratch_stride;
+    long begin, end;
+    kvr_split_range((long)j->t->ne[1], ith, nth, &begin, &end);
+    for (long r = begin; r < end; r++) {
+        gen_row(j->t, r, row);
+        j->tr->from_float(row, j->dst + (size_t)r * j->row_bytes, j->t->ne[0]);
+    }
+}
+
+static int fill_tensor(void *ctx, void *dst, size_t n_bytes)
+{
+    const struct fill_ctx *c = ctx;
+    struct fill_job job = {c->t,       kvr_dtype_traits(c->t->type),
+                           dst,        n_bytes / (size_t)c->t->ne[1],
+                           c->scratch, c->scratch_stride};
+    kvr_pool_run(c->pool, fill_rows, &job);
+    return 0;
+}
+
+static void add_model_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_shape *s, int vocab,
+                          uint32_t file_type)
+{
+    char name[64];
+    snprintf(name, sizeof name, "kvasir-synth %s", s->name);
+    kvr_gguf_writer_add_str(w, "general.architecture", "llama");
+    kvr_gguf_writer_add_str(w, "general.name", name);
+    kvr_gguf_writer_add_u32(w, "general.alignment", 32);
+    kvr_gguf_writer_add_u32(w, "general.file_type", file_type);
+    kvr_gguf_writer_add_u32(w, "llama.context_length", (uint32_t)s->ctx);
+    kvr_gguf_writer_add_u32(w, "llama.embedding_length", (uint32_t)s->dim);
+    kvr_gguf_writer_add_u32(w, "llama.block_count", (uint32_t)s->n_layers);
+    kvr_gguf_writer_add_u32(w, "llama.feed_forward_length", (uint32_t)s->ff);
+    kvr_gguf_writer_add_u32(w, "llama.attention.head_count", (uint32_t)s->n_heads);
+    kvr_gguf_writer_add_u32(w, "llama.attention.head_count_kv", (uint32_t)s->n_kv_heads);
+    kvr_gguf_writer_add_u32(w, "llama.rope.dimension_count", (uint32_t)(s->dim / s->n_heads));
+    kvr_gguf_writer_add_f32(w, "llama.rope.freq_base", s->rope_base);
+    kvr_gguf_writer_add_f32(w, "llama.attention.layer_norm_rms_epsilon", s->rms_eps);
+    kvr_gguf_writer_add_u32(w, "llama.vocab_size", (uint32_t)vocab);
+}
+
+static int check_type(int type, uint32_t *file_type, struct kvr_err *err)
+{
+    const struct kvr_dtype_traits *tr = kvr_dtype_traits(type);
+    if (!tr || !tr->from_float || type == KVR_DTYPE_Q8_K || file_type_of(type, file_type))
+        return kvr_err_set(err, KVR_ENOTSUP, "weight type %d (%s) cannot be synthesised", type,
+                           tr ? tr->name : "unknown");
+    return 0;
+}
+
+int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth_stats *stats,
+                    struct kvr_err *err)
+{
+    const struct kvr_synth_shape *s = &opts->shape;
+    uint32_t file_type = 0;
+    int rc, vocab = s->vocab_size;
+    if ((rc = check_type(opts->type, &file_type, err)) || (rc = kvr_synth_check_shape(s, err)))
+        return rc;
+    if (opts->n_threads < 1)
+        return kvr_err_set(err, KVR_EINVAL, "n_threads must be >= 1");
+
+    struct kvr_gguf_writer *w = kvr_gguf_writer_create();
+    struct tspec *specs = kvr_malloc(((size_t)s->n_layers * 9 + 3) * sizeof *specs);
+    struct fill_ctx *ctxs = kvr_malloc(((size_t)s->n_layers * 9 + 3) * sizeof *ctxs);
+    int64_t max_ne0 = s->dim > s->ff ? s->dim : s->ff;
+    float *scratch = kvr_malloc((size_t)opts->n_threads * (size_t)max_ne0 * sizeof(float));
+    struct kvr_pool *pool = kvr_pool_create(opts->n_threads);
+    if (!w || !specs || !ctxs || !scratch || !pool) {
+        rc = kvr_err_set(err, KVR_ENOMEM, "out of memory");
+        goto cleanup;
+    }
+
+    if (opts->vocab && (rc = vocab_size_of(opts->vocab, &vocab, err)))
+        goto cleanup;
+    add_model_kvs(w, s, vocab, file_type);
+    rc = opts->vocab ? copy_vocab(w, opts->vocab, err) : add_builtin_vocab(w, vocab, err);
+    if (rc)
+        goto cleanup;
+
+    int64_t n_tensors = plan_tensors(s, vocab, opts->type, opts->seed, specs);
+    uint64_t n_params = 0;
+    for (int64_t i = 0; i < n_tensors; i++) {
+        ctxs[i] = (struct fill_ctx){pool, &specs[i], scratch, max_ne0};
+        kvr_gguf_writer_add_tensor_fn(w, specs[i].name, specs[i].n_dims, specs[i].ne, specs[i].type,
+                                      fill_tensor, &ctxs[i]);
+        n_params += (uint64_t)specs[i].ne[0] * (uint64_t)specs[i].ne[1];
+    }
+    kvr_gguf_writer_set_progress(w, opts->progress, opts->progress_ctx);
+    if (stats)
+        *stats = (struct kvr_synth_stats){n_params, (uint64_t)n_tensors,
+                                          kvr_gguf_writer_file_bytes(w), vocab};
+    rc = kvr_gguf_writer_write(w, f, err);
+
+cleanup:
+    kvr_pool_destroy(pool);
+    kvr_free(scratch);
+    kvr_free(ctxs);
+    kvr_free(specs);
+    kvr_gguf_writer_destroy(w);
+    return rc;
+}
+
+int kvr_synth_row(const struct kvr_synth_opts *opts, const char *name, int64_t row, float *dst)
+{
+    const struct kvr_synth_shape *s = &opts->shape;
+    if (kvr_synth_check_shape(s, NULL))
+        return KVR_EINVAL;
+    int vocab = s->vocab_size;
+    if (opts->vocab && vocab_size_of(opts->vocab, &vocab, NULL))
+        return KVR_EINVAL;
+    struct tspec *specs = kvr_malloc(((size_t)s->n_layers * 9 + 3) * sizeof *specs);
+    if (!specs)
+        return KVR_ENOMEM;
+    int64_t n = plan_tensors(s, vocab, opts->type, opts->seed, specs);
+    int rc = KVR_ENOTFOUND;
+    for (int64_t i = 0; i < n; i++) {
+        if (strcmp(specs[i].name, name))
+            continue;
+        rc = (row < 0 || row >= specs[i].ne[1]) ? KVR_ERANGE : 0;
+        if (!rc)
+            gen_row(&specs[i], row, dst);
+        break;
+    }
+    kvr_free(specs);
+    return rc;
+}

@@ -1,0 +1,96 @@
+/* synth.h - write a llama-architecture GGUF model with random weights for a given shape.
+ *
+ * The file looks to any GGUF llama loader (ours, llama.cpp's) like a real checkpoint: the
+ * metadata keys and tensor names llama.cpp uses for architecture "llama", an SPM vocabulary
+ * (built in, or copied from another GGUF), F32 norm weights near 1 and matrices in the
+ * chosen type, quantized with the reference from_float of dtype.h. It exists so benchmarks
+ * and ring tests can run at realistic sizes on machines that cannot download a model.
+ *
+ * Weights: every row of every tensor comes from its own PRNG stream, seeded from (seed,
+ * tensor name, row), so the file is a pure function of the options: the same seed gives a
+ * byte-identical file whatever the thread count, and kvr_synth_row() regenerates any row's
+ * float values for tests. Matrices are uniform with standard deviation 1/sqrt(n_in)
+ * (attn_output and ffn_down additionally divided by sqrt(2 * n_layers), so the residual
+ * stream stays O(1) through deep stacks); token embeddings have standard deviation 1; norm
+ * weights are uniform in [0.9, 1.1].
+ *
+ * Types: a matrix whose ne[0] is not a multiple of the chosen type's block (e.g. dim 64 for
+ * Q4_K's 256-element blocks) falls back to Q8_0, or to F16 if ne[0] is not a multiple of 32.
+ *
+ * Built-in vocabulary (no --vocab): SentencePiece-style, tokenizer.ggml.model "llama":
+ *   0 <unk> (type 2), 1 <s>, 2 </s> (type 3), 3..258 the byte tokens <0x00>..<0xFF>
+ *   (type 6), then normal pieces (type 1) with decreasing scores: "▁" (U+2581) and the
+ *   printable ASCII characters, common English words with "▁" and all their prefixes,
+ *   then letter bigrams, "▁"+bigram, trigrams and so on until the vocab size is reached.
+ * Every piece is reachable by pairwise merges (its prefixes come first), and byte fallback
+ * covers everything else, so the SPM tokenizer round-trips any text. The built-in vocab
+ * takes sizes 260 (specials, bytes and "▁") to 500000.
+ *
+ * Threads: kvr_synth_write generates each tensor's rows on n_threads threads (its own
+ * pool) while the caller's thread writes; the result does not depend on n_threads. */
+#ifndef KVR_MODEL_SYNTH_H
+#define KVR_MODEL_SYNTH_H
+
+#include "core/err.h"
+#include "model/gguf.h"
+#include "model/gguf_write.h"
+
+#include <stdint.h>
+#include <stdio.h>
+
+struct kvr_synth_shape {
+    char name[32];   /* the shape's name, used in general.name */
+    int n_layers;    /* transformer blocks */
+    int dim;         /* embedding width (n_heads * head_dim) */
+    int ff;          /* feed-forward hidden width */
+    int n_heads;     /* query heads */
+    int n_kv_heads;  /* key/value heads (divides n_heads) */
+    int vocab_size;  /* ignored when a vocab file is given */
+    int ctx;         /* llama.context_length */
+    float rope_base; /* llama.rope.freq_base */
+    float rms_eps;   /* llama.attention.layer_norm_rms_epsilon */
+};
+
+/* Named shapes:
+ *   tinyllama-1.1b  22 layers, dim 2048, ff 5632, 32/4 heads, vocab 32000, ctx 2048
+ *   ring-45         45 layers, dim 256, ff 768, 8/4 heads, vocab 4096, ctx 2048 (deep and
+ *                   narrow: many layers to split across ring stages, cheap per layer; the
+ *                   4096-piece vocab lets the built-in tokenizer merge real words)
+ *   tiny            4 layers, dim 64, ff 192, 4/2 heads, vocab 512, ctx 512 (fast tests)
+ * All use rope base 10000 and rms epsilon 1e-5. KVR_ENOTFOUND for an unknown name. */
+int kvr_synth_shape_by_name(const char *name, struct kvr_synth_shape *out);
+/* Name of the i-th named shape, NULL past the end (for --help). */
+const char *kvr_synth_shape_name(int i);
+
+struct kvr_synth_opts {
+    struct kvr_synth_shape shape;
+    int type; /* enum kvr_dtype of the matrices: F32, F16, Q8_0, Q4_0,
+                 Q4_K (or any type with from_float) */
+    uint64_t seed;
+    const struct kvr_gguf *vocab;  /* optional, borrowed: copy its tokenizer.* keys */
+    int n_threads;                 /* >= 1 */
+    kvr_gguf_progress_fn progress; /* optional: called after each tensor is written */
+    void *progress_ctx;
+};
+
+struct kvr_synth_stats {
+    uint64_t n_params; /* elements of all tensors */
+    uint64_t n_tensors;
+    uint64_t file_bytes;
+    int vocab_size;
+};
+
+/* Check the shape (positive sizes, heads divide dim, kv heads divide heads, even head dim,
+ * sizes small enough for 32-bit counts) with a message naming the bad field. */
+int kvr_synth_check_shape(const struct kvr_synth_shape *s, struct kvr_err *err);
+
+/* Write the model to f (from its current position). stats may be NULL. */
+int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth_stats *stats,
+                    struct kvr_err *err);
+
+/* The float values (before quantization) of row `row` of tensor `name` as kvr_synth_write
+ * generates them for these options: ne[0] floats into dst. KVR_ENOTFOUND if the shape has
+ * no such tensor, KVR_ERANGE if row is out of range. */
+int kvr_synth_row(const struct kvr_synth_opts *opts, const char *name, int64_t row, float *dst);
+
+#endif
