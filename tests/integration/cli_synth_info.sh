@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# `kvasir synth` and `kvasir info` end to end: write small models, read them back with info,
+# check determinism and the .part/rename behaviour, and check that bad inputs fail with a
+# message and the documented exit status (1 for a bad file or shape, 2 for bad usage).
+set -euo pipefail
+: "${KVASIR:?set KVASIR to the kvasir binary}"
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# expect STATUS PATTERN CMD...: the command exits with STATUS and its stderr matches PATTERN.
+expect() {
+    local want=$1 pattern=$2 rc=0
+    shift 2
+    "$@" >"$dir/stdout" 2>"$dir/stderr" || rc=$?
+    [ "$rc" -eq "$want" ] || fail "$* exited $rc, want $want: $(cat "$dir/stderr")"
+    grep -q -- "$pattern" "$dir/stderr" || fail "$*: stderr lacks '$pattern': $(cat "$dir/stderr")"
+}
+
+"$KVASIR" synth --shape tiny --type q4_0 --seed 9 -o "$dir/a.gguf" >"$dir/summary"
+grep -q "39 tensors" "$dir/summary" || fail "summary: $(cat "$dir/summary")"
+[ ! -e "$dir/a.gguf.part" ] || fail "a .part file was left behind"
+"$KVASIR" synth --shape tiny --type q4_0 --seed 9 --threads 1 -o "$dir/b.gguf" >/dev/null
+cmp -s "$dir/a.gguf" "$dir/b.gguf" || fail "the same seed gave different files"
+
+"$KVASIR" info "$dir/a.gguf" >"$dir/info"
+grep -q "GGUF v3, .* alignment 32" "$dir/info" || fail "info header: $(head -1 "$dir/info")"
+grep -Eq 'general\.architecture +string +"llama"' "$dir/info" || fail "info: architecture"
+grep -Eq 'llama\.block_count +uint32 +4$' "$dir/info" || fail "info: block_count"
+grep -Eq 'tokenizer\.ggml\.tokens +string\[512\] +"<unk>", "<s>", "</s>"' "$dir/info" ||
+    fail "info: tokens summary"
+grep -Eq 'blk\.3\.ffn_down\.weight +q4_0 +192 x 64 ' "$dir/info" || fail "info: tensor row"
+grep -q "^total: 39 tensors" "$dir/info" || fail "info: total"
+
+"$KVASIR" synth --shape custom --layers 2 --dim 128 --ff 256 --heads 4 --kv-heads 2 \
+    --vocab-size 300 --type f16 -o "$dir/c.gguf" >/dev/null
+"$KVASIR" info "$dir/c.gguf" >"$dir/info"
+grep -Eq 'llama\.embedding_length +uint32 +128$' "$dir/info" || fail "custom: dim"
+grep -Eq 'token_embd\.weight +f16 +128 x 300 ' "$dir/info" || fail "custom: token_embd"
+
+head -c 1000 "$dir/a.gguf" >"$dir/cut.gguf"
+expect 1 "cut.gguf: " "$KVASIR" info "$dir/cut.gguf"
+expect 1 "cannot open" "$KVASIR" info "$dir/missing.gguf"
+printf 'GGUF\001\000\000\000' >"$dir/v1.gguf"
+expect 1 "" "$KVASIR" info "$dir/v1.gguf"
+expect 2 "usage" "$KVASIR" info
+expect 2 "unknown shape nope" "$KVASIR" synth --shape nope -o "$dir/x.gguf"
+expect 2 "unknown --type" "$KVASIR" synth --shape tiny --type q9 -o "$dir/x.gguf"
+expect 2 "custom needs" "$KVASIR" synth --shape custom --layers 2 -o "$dir/x.gguf"
+expect 1 "not a multiple of heads" "$KVASIR" synth --shape tiny --heads 3 -o "$dir/x.gguf"
+[ ! -e "$dir/x.gguf" ] && [ ! -e "$dir/x.gguf.part" ] || fail "a failed synth left a file"
+echo "cli_synth_info: ok"
