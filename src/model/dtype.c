@@ -5,9 +5,18 @@
  * byte table next to its code. All multi-byte fields are little-endian, like GGUF itself
  * (this code assumes a little-endian host, as the mmapped reader does).
  *
- * The reference dot products of the block types share one shape: for each block, an exact
- * integer dot of the quantized values, then one float multiply-add with the block's scales.
- * Rows are summed in block order into one float accumulator. */
+ * The reference dot products fix the exact floating-point operation sequence that every
+ * kernel set reproduces bit for bit (that is what makes results batch-invariant and lets the
+ * tests compare SIMD against reference with memcmp):
+ *
+ *   block types: for each block in order, an exact integer dot `isum` of the quantized
+ *     values, then acc = fmaf((float)isum, d_w * d_x, acc). Q4_K adds a second step for its
+ *     mins, acc = fmaf(-(float)imin, dmin_w * d_x, acc).
+ *   f32/f16/bf16 (dotted with f32): eight lane sums, lane l taking elements 8j + l with
+ *     lane = fmaf(w, x, lane); then the fixed tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7));
+ *     then the n % 8 tail elements, in order, with sum = fmaf(w, x, sum).
+ *
+ * fmaf is spelled out (never `a * b + c`) so no compiler contraction setting can change it. */
 #include "model/dtype.h"
 #include "model/kernels.h"
 
@@ -114,14 +123,29 @@ static void f32_from_float(const float *src, void *dst, int64_t n)
     memcpy(dst, src, (size_t)n * sizeof(float));
 }
 
-static float f32_dot(int64_t n, const void *w, const void *x)
-{
-    const float *a = w, *b = x;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; i++)
-        sum += a[i] * b[i];
-    return sum;
-}
+/* The f32-family dot with the 8-lane order described at the top; `load` widens element i
+ * of the weight row to f32 (exact for all three types). */
+#define F32_FAMILY_DOT(name, wtype, load)                                                     \
+    static float name(int64_t n, const void *w, const void *x)                                \
+    {                                                                                         \
+        const wtype *a = w;                                                                   \
+        const float *b = x;                                                                   \
+        float lane[8] = {0};                                                                  \
+        int64_t n8 = n - n % 8;                                                               \
+        for (int64_t i = 0; i < n8; i += 8)                                                   \
+            for (int l = 0; l < 8; l++)                                                       \
+                lane[l] = fmaf(load(a[i + l]), b[i + l], lane[l]);                            \
+        float sum = ((lane[0] + lane[4]) + (lane[2] + lane[6])) +                             \
+                    ((lane[1] + lane[5]) + (lane[3] + lane[7]));                              \
+        for (int64_t i = n8; i < n; i++)                                                      \
+            sum = fmaf(load(a[i]), b[i], sum);                                                \
+        return sum;                                                                           \
+    }
+
+static inline float load_f32(float v) { return v; }
+F32_FAMILY_DOT(f32_dot, float, load_f32)
+F32_FAMILY_DOT(f16_dot, uint16_t, kvr_f16_to_f32)
+F32_FAMILY_DOT(bf16_dot, uint16_t, kvr_bf16_to_f32)
 
 static void f16_to_float(const void *src, float *dst, int64_t n)
 {
@@ -137,16 +161,6 @@ static void f16_from_float(const float *src, void *dst, int64_t n)
         d[i] = kvr_f32_to_f16(src[i]);
 }
 
-static float f16_dot(int64_t n, const void *w, const void *x)
-{
-    const uint16_t *a = w;
-    const float *b = x;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; i++)
-        sum += kvr_f16_to_f32(a[i]) * b[i];
-    return sum;
-}
-
 static void bf16_to_float(const void *src, float *dst, int64_t n)
 {
     const uint16_t *s = src;
@@ -159,16 +173,6 @@ static void bf16_from_float(const float *src, void *dst, int64_t n)
     uint16_t *d = dst;
     for (int64_t i = 0; i < n; i++)
         d[i] = kvr_f32_to_bf16(src[i]);
-}
-
-static float bf16_dot(int64_t n, const void *w, const void *x)
-{
-    const uint16_t *a = w;
-    const float *b = x;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n; i++)
-        sum += kvr_bf16_to_f32(a[i]) * b[i];
-    return sum;
 }
 
 /* ---------------------------------------------------------------------------------------
@@ -220,7 +224,7 @@ static float q8_0_dot(int64_t n, const void *w, const void *x)
         for (int j = 0; j < KVR_QK; j++)
             isum += a[i].qs[j] * b[i].qs[j];
         float d = kvr_f16_to_f32(a[i].d) * kvr_f16_to_f32(b[i].d);
-        sum += (float)isum * d;
+        sum = fmaf((float)isum, d, sum);
     }
     return sum;
 }
@@ -285,7 +289,7 @@ static float q4_0_dot(int64_t n, const void *w, const void *x)
             isum += ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + KVR_QK / 2];
         }
         float d = kvr_f16_to_f32(a[i].d) * kvr_f16_to_f32(b[i].d);
-        sum += (float)isum * d;
+        sum = fmaf((float)isum, d, sum);
     }
     return sum;
 }
@@ -341,7 +345,7 @@ static float q8_k_dot(int64_t n, const void *w, const void *x)
         int32_t isum = 0;
         for (int j = 0; j < KVR_QK_K; j++)
             isum += a[i].qs[j] * b[i].qs[j];
-        sum += (float)isum * (a[i].d * b[i].d);
+        sum = fmaf((float)isum, a[i].d * b[i].d, sum);
     }
     return sum;
 }
@@ -498,7 +502,8 @@ static float q4_k_dot(int64_t n, const void *w, const void *x)
         }
         float d = kvr_f16_to_f32(a[i].d) * b[i].d;
         float dmin = kvr_f16_to_f32(a[i].dmin) * b[i].d;
-        sum += (float)isum * d - (float)imin * dmin;
+        sum = fmaf((float)isum, d, sum);
+        sum = fmaf(-(float)imin, dmin, sum);
     }
     return sum;
 }
@@ -613,7 +618,7 @@ static float q6_k_dot(int64_t n, const void *w, const void *x)
             isum += a[i].scales[j] * dot;
         }
         float d = kvr_f16_to_f32(a[i].d) * b[i].d;
-        sum += (float)isum * d;
+        sum = fmaf((float)isum, d, sum);
     }
     return sum;
 }

@@ -50,6 +50,26 @@ _Static_assert(sizeof(struct kvr_block_q4_k) == 144, "q4_K block is 144 bytes");
 _Static_assert(sizeof(struct kvr_block_q6_k) == 210, "q6_K block is 210 bytes");
 _Static_assert(sizeof(struct kvr_block_q8_k) == 292, "q8_K block is 292 bytes");
 
+/* Activation rows for the weight types dotted with Q8_0 (Q8_0 and Q4_0) carry, after their
+ * n/32 Q8_0 blocks and zero padding to a multiple of 8 bytes, one extension per block:
+ *
+ *   offset  size  field
+ *   0       4     d    the block's fp16 scale widened to f32 (saves a conversion per use)
+ *   4       4     s8   8 * sum of the block's 32 quants
+ *
+ * Q4_0 quants are q - 8 with q in 0..15; a kernel multiplies the unsigned q (which is what
+ * _mm256_maddubs_epi16 wants) and subtracts s8 to get the exact same integer. The prefix of
+ * the row is a plain Q8_0 row, so the trait dot works on it unchanged. */
+struct kvr_q8_0_ext {
+    float d;
+    int32_t s8;
+};
+
+static inline size_t kvr_q8_0_ext_offset(int64_t n_blocks)
+{
+    return ((size_t)n_blocks * sizeof(struct kvr_block_q8_0) + 7) & ~(size_t)7;
+}
+
 /* Unpack the 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block. */
 static inline void kvr_q4_k_scale_min(const uint8_t *scales, int j, int *sc, int *mn)
 {

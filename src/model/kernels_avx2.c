@@ -1,5 +1,725 @@
-/* kernels_avx2.c - AVX2 + FMA + F16C kernels (compiled with -mavx2 -mfma -mf16c; called only
- * after kvr_kernels_init has checked the CPU). */
+/* kernels_avx2.c - AVX2 + FMA + F16C kernels (this file is compiled with -mavx2 -mfma -mf16c;
+ * matmul.c calls it only after kvr_kernels_init has checked the CPU).
+ *
+ * Every kernel reproduces the reference operation sequence of dtype.c bit for bit, so the
+ * result of an output element never depends on which path, tile or slice computed it:
+ *
+ *   Q8_0 / Q4_0 / Q4_K / Q6_K: the integer dot of each block is exact (any summation order
+ *   gives the same int32), then it goes through the same cvt / mul / fma as the reference,
+ *   one block after the other, each (o, r) pair in its own SIMD lane.
+ *   F32 / F16 / BF16: each (o, r) pair has its own 8-lane accumulator, reduced by the same
+ *   fixed tree as the reference, then the scalar tail.
+ *
+ * Integer paths and their ranges (all exact, no saturation):
+ *   _mm256_maddubs_epi16(u8 a, s8 b) sums two u8*s8 products into a saturating int16.
+ *   Q4_0: a = q in 0..15, b = x in [-127,127]: pairs <= 3810, eight of them summed in int16
+ *         stay <= 30480 < 32767. The -8 offset is removed by subtracting 8*sum(x) (s8).
+ *   Q8_0: a = |w| <= 128, b = sign(x, w): pairs <= 2*128*127 = 32512, widened at once.
+ *   Q4_K: a = q in 0..15, pairs <= 3810, widened by _mm256_madd_epi16 with the 6-bit scale.
+ *   Q6_K: a = q in 0..63, pairs <= 16002, widened by madd with the int8 scale; the -32
+ *         offset comes off through the Q8_K block sums.
+ *
+ * Layouts of the GEMM (n_rows >= GEMM_MIN_ROWS) for Q8_0/Q4_0: an 8-row tile of weights is
+ * unpacked and transposed into a small stack buffer so that each 32-byte vector holds 4
+ * consecutive quants of each of the 8 rows (one row per dword lane). Four bytes of an
+ * activation row are broadcast to all lanes, so one maddubs serves 8 weight rows and the
+ * accumulator lanes are output columns: no horizontal sums. The GEMV (few rows) reads the
+ * weights in place and reduces the 8 rows of a tile with a transpose-and-add tree instead,
+ * which costs less than transposing the weights when they are used only once. */
 #include "model/kernels.h"
 
-const struct kvr_kernel_set kvr_kernels_avx2 = {.name = "avx2", .o_tile = 1};
+#include <immintrin.h>
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+
+enum {
+    OT = 8,             /* output rows per tile (one per dword / float lane) */
+    RT = 4,             /* activation rows per tile */
+    KB = 32,            /* blocks per K chunk of the repacked GEMM tile (fits L1) */
+    GEMM_MIN_ROWS = 4,  /* from this many rows on, Q8_0/Q4_0 use the repacked GEMM */
+    F_OT = 4,           /* f32 family: output rows per tile */
+    F_RT = 3,           /* f32 family: activation rows per tile */
+};
+
+/* ---------------------------------------------------------------------------------------
+ * Helpers
+ * --------------------------------------------------------------------------------------- */
+
+static ALWAYS_INLINE int32_t load_i32(const void *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static ALWAYS_INLINE float load_f32(const void *p)
+{
+    float v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static ALWAYS_INLINE uint16_t load_u16(const void *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* The fp16 field at byte offset `off` of each of the 8 rows, widened to f32. */
+static ALWAYS_INLINE __m256 load_f16x8(const uint8_t *const rows[OT], size_t off)
+{
+    __m128i h = _mm_setr_epi16((short)load_u16(rows[0] + off), (short)load_u16(rows[1] + off),
+                               (short)load_u16(rows[2] + off), (short)load_u16(rows[3] + off),
+                               (short)load_u16(rows[4] + off), (short)load_u16(rows[5] + off),
+                               (short)load_u16(rows[6] + off), (short)load_u16(rows[7] + off));
+    return _mm256_cvtph_ps(h);
+}
+
+/* 8 vectors of 8 int32 -> one vector whose lane i is the (exact) sum of v[i]'s lanes. */
+static ALWAYS_INLINE __m256i reduce8_epi32(const __m256i v[8])
+{
+    __m256i t[4], u[2];
+    for (int i = 0; i < 4; i++)
+        t[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                                _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 2; i++)
+        u[i] = _mm256_add_epi32(_mm256_unpacklo_epi64(t[2 * i], t[2 * i + 1]),
+                                _mm256_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u[0], u[1], 0x20),
+                            _mm256_permute2x128_si256(u[0], u[1], 0x31));
+}
+
+/* In-place transpose of an 8x8 matrix of dwords (v[i] lane j -> v[j] lane i). */
+static ALWAYS_INLINE void transpose8_epi32(__m256i v[8])
+{
+    __m256i t[8], s[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+    }
+    for (int h = 0; h < 2; h++) {
+        s[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
+        s[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
+        s[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
+        s[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        v[j] = _mm256_permute2x128_si256(s[j], s[4 + j], 0x20);
+        v[j + 4] = _mm256_permute2x128_si256(s[j], s[4 + j], 0x31);
+    }
+}
+
+/* The 32 quants of a Q4_0 block as bytes 0..15 in element order (low nibbles = elements
+ * 0..15, high nibbles = 16..31). */
+static ALWAYS_INLINE __m256i unpack_q4_0(const uint8_t *qs)
+{
+    __m128i v = _mm_loadu_si128((const __m128i *)qs);
+    __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+/* Rows o0 .. o0+7 of w, repeating the last valid row past o_end (its lanes are computed and
+ * dropped, so every lane runs the same code whatever the tile's fill). */
+static ALWAYS_INLINE int tile_rows(const struct kvr_matrix *w, int64_t o0, int64_t o_end,
+                                   const uint8_t *rows[OT])
+{
+    int n_valid = o_end - o0 < OT ? (int)(o_end - o0) : OT;
+    for (int i = 0; i < OT; i++) {
+        int64_t o = o0 + (i < n_valid ? i : n_valid - 1);
+        rows[i] = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
+    }
+    return n_valid;
+}
+
+static ALWAYS_INLINE __m256i lane_mask(int n_valid)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(n_valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+static ALWAYS_INLINE void store_tile(float *y, __m256 v, int n_valid)
+{
+    if (n_valid == OT)
+        _mm256_storeu_ps(y, v);
+    else
+        _mm256_maskstore_ps(y, lane_mask(n_valid), v);
+}
+
+static ALWAYS_INLINE __m256 load_tile(const float *y, int n_valid)
+{
+    if (n_valid == OT)
+        return _mm256_loadu_ps(y);
+    return _mm256_maskload_ps(y, lane_mask(n_valid));
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Activation quantizers (bit-identical to the reference ones in dtype.c / matmul.c)
+ * --------------------------------------------------------------------------------------- */
+
+static ALWAYS_INLINE float hmax_ps(__m256 v)
+{
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+static ALWAYS_INLINE int32_t hsum_epi32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* Quantize 32 floats with scale 1/id into 32 int8 (round to nearest even, like nearbyintf
+ * in the default rounding mode); returns the 32 quants and their sum. */
+static ALWAYS_INLINE __m256i quantize32(const float *x, __m256 id, int32_t *sum)
+{
+    __m256i q[4];
+    for (int k = 0; k < 4; k++) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), id);
+        v = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        q[k] = _mm256_cvtps_epi32(v);
+    }
+    *sum = hsum_epi32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+    /* packs interleave the 128-bit halves; the permute puts the 8 dwords back in order */
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    return _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static ALWAYS_INLINE float amax32(const float *x, int n)
+{
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    __m256 m = _mm256_setzero_ps();
+    for (int k = 0; k < n; k += 8)
+        m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + k), abs_mask));
+    return hmax_ps(m);
+}
+
+static void quantize_row_q8_0_act(const float *x, void *dst, int64_t n)
+{
+    int64_t nb = n / KVR_QK;
+    struct kvr_block_q8_0 *blk = dst;
+    uint8_t *pad = (uint8_t *)dst + (size_t)nb * sizeof *blk;
+    struct kvr_q8_0_ext *ext = (void *)((uint8_t *)dst + kvr_q8_0_ext_offset(nb));
+    memset(pad, 0, (size_t)((uint8_t *)ext - pad));
+    for (int64_t b = 0; b < nb; b++) {
+        const float *xb = x + b * KVR_QK;
+        float d = amax32(xb, KVR_QK) / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint16_t dh = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        int32_t sum;
+        __m256i q = quantize32(xb, _mm256_set1_ps(id), &sum);
+        memcpy(&blk[b].d, &dh, sizeof dh);
+        _mm256_storeu_si256((__m256i *)blk[b].qs, q);
+        struct kvr_q8_0_ext e = {_cvtsh_ss(dh), 8 * sum};
+        memcpy(&ext[b], &e, sizeof e);
+    }
+}
+
+static void quantize_row_q8_k(const float *x, void *dst, int64_t n)
+{
+    struct kvr_block_q8_k *blk = dst;
+    for (int64_t b = 0; b < n / KVR_QK_K; b++) {
+        const float *xb = x + b * KVR_QK_K;
+        float d = amax32(xb, KVR_QK_K) / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        blk[b].d = d;
+        for (int k = 0; k < KVR_QK_K / 32; k++) {
+            int32_t sum;
+            __m256i q = quantize32(xb + 32 * k, _mm256_set1_ps(id), &sum);
+            _mm256_storeu_si256((__m256i *)(blk[b].qs + 32 * k), q);
+            /* the two 16-element sums of this 32: widen, pair-add, fold within each half */
+            __m256i w = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(q)),
+                                          _mm256_set1_epi16(1));
+            __m128i lo = _mm_add_epi32(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+            lo = _mm_add_epi32(lo, _mm_shuffle_epi32(lo, 0x4E));
+            lo = _mm_add_epi32(lo, _mm_shuffle_epi32(lo, 0xB1));
+            blk[b].bsums[2 * k] = (int16_t)_mm_cvtsi128_si32(lo);
+            blk[b].bsums[2 * k + 1] = (int16_t)(sum - _mm_cvtsi128_si32(lo));
+        }
+    }
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Q4_0 and Q8_0 x Q8_0 activations
+ * --------------------------------------------------------------------------------------- */
+
+struct act {
+    const uint8_t *row[RT];              /* Q8_0 blocks of each activation row */
+    const struct kvr_q8_0_ext *ext[RT];  /* its per-block extension */
+};
+
+static ALWAYS_INLINE void act_rows(const void *xq, size_t stride, int64_t nb, int64_t r0,
+                                   int nr, struct act *a)
+{
+    for (int r = 0; r < nr; r++) {
+        a->row[r] = (const uint8_t *)xq + (size_t)(r0 + r) * stride;
+        a->ext[r] = (const void *)(a->row[r] + kvr_q8_0_ext_offset(nb));
+    }
+}
+
+/* GEMV tile: 8 weight rows x nr (<= RT) activation rows, all blocks, weights read in place.
+ * IS_Q4: Q4_0 weights (18-byte blocks) else Q8_0 (34-byte blocks). */
+static ALWAYS_INLINE void gemv_q_tile(const uint8_t *const rows[OT], int64_t nb, const struct act *a,
+                                      int nr, int is_q4, __m256 acc[RT])
+{
+    const size_t wb = is_q4 ? sizeof(struct kvr_block_q4_0) : sizeof(struct kvr_block_q8_0);
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int r = 0; r < nr; r++)
+        acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i q[OT], s[OT];
+        for (int i = 0; i < OT; i++) {
+            const uint8_t *blk = rows[i] + (size_t)b * wb;
+            _mm_prefetch((const char *)blk + 512, _MM_HINT_T0);
+            if (is_q4) {
+                q[i] = unpack_q4_0(blk + 2);
+            } else {
+                s[i] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                q[i] = _mm256_sign_epi8(s[i], s[i]); /* |w|, as u8 (128 for -128) */
+            }
+        }
+        __m256 dw = load_f16x8(rows, (size_t)b * wb);
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *xb = a->row[r] + (size_t)b * sizeof(struct kvr_block_q8_0) + 2;
+            __m256i xv = _mm256_loadu_si256((const __m256i *)xb);
+            __m256i m[OT];
+            for (int i = 0; i < OT; i++) {
+                __m256i xs = is_q4 ? xv : _mm256_sign_epi8(xv, s[i]);
+                m[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(q[i], xs), ones);
+            }
+            __m256i isum = reduce8_epi32(m);
+            if (is_q4)
+                isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(a->ext[r][b].s8));
+            __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(a->ext[r][b].d));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc[r]);
+        }
+    }
+}
+
+static ALWAYS_INLINE void gemv_q(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                                 int64_t n_rows, float *y, int64_t ldy, int64_t o_begin,
+                                 int64_t o_end, int is_q4)
+{
+    int64_t nb = w->n_in / KVR_QK;
+    for (int64_t o0 = o_begin; o0 < o_end; o0 += OT) {
+        const uint8_t *rows[OT];
+        int n_valid = tile_rows(w, o0, o_end, rows);
+        for (int64_t r0 = 0; r0 < n_rows; r0 += RT) {
+            int nr = n_rows - r0 < RT ? (int)(n_rows - r0) : RT;
+            struct act a;
+            __m256 acc[RT];
+            act_rows(xq, x_stride, nb, r0, nr, &a);
+            switch (nr) { /* constant nr so the tile's accumulators stay in registers */
+            case 1: gemv_q_tile(rows, nb, &a, 1, is_q4, acc); break;
+            case 2: gemv_q_tile(rows, nb, &a, 2, is_q4, acc); break;
+            case 3: gemv_q_tile(rows, nb, &a, 3, is_q4, acc); break;
+            default: gemv_q_tile(rows, nb, &a, 4, is_q4, acc); break;
+            }
+            for (int r = 0; r < nr; r++)
+                store_tile(y + (r0 + r) * ldy + o0, acc[r], n_valid);
+        }
+    }
+}
+
+/* Repack blocks [b0, b0+kn) of 8 weight rows: wq[b][g] lane i = quants 4g..4g+3 of row i
+ * (Q4_0: q in 0..15; Q8_0: |w|), ws[b][g] likewise the signed Q8_0 weights (Q8_0 only),
+ * dw[b] lane i = row i's scale. */
+static ALWAYS_INLINE void repack_q(const uint8_t *const rows[OT], int64_t b0, int kn, int is_q4,
+                                   __m256i *wq, __m256i *ws, __m256 *dw)
+{
+    const size_t wb = is_q4 ? sizeof(struct kvr_block_q4_0) : sizeof(struct kvr_block_q8_0);
+    for (int b = 0; b < kn; b++) {
+        size_t off = (size_t)(b0 + b) * wb;
+        __m256i v[OT];
+        for (int i = 0; i < OT; i++) {
+            if (is_q4)
+                v[i] = unpack_q4_0(rows[i] + off + 2);
+            else
+                v[i] = _mm256_loadu_si256((const __m256i *)(rows[i] + off + 2));
+        }
+        transpose8_epi32(v);
+        for (int g = 0; g < 8; g++) {
+            if (is_q4) {
+                _mm256_store_si256(&wq[8 * b + g], v[g]);
+            } else {
+                _mm256_store_si256(&ws[8 * b + g], v[g]);
+                _mm256_store_si256(&wq[8 * b + g], _mm256_sign_epi8(v[g], v[g]));
+            }
+        }
+        dw[b] = load_f16x8(rows, off);
+    }
+}
+
+/* GEMM micro-kernel: the repacked 8-row tile (kn blocks) x nr activation rows. */
+static ALWAYS_INLINE void gemm_q_tile(const __m256i *wq, const __m256i *ws, const __m256 *dw,
+                                      int64_t b0, int kn, const struct act *a, int nr, int is_q4,
+                                      __m256 acc[RT])
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int b = 0; b < kn; b++) {
+        size_t xoff = (size_t)(b0 + b) * sizeof(struct kvr_block_q8_0) + 2;
+        __m256i isum[RT];
+        for (int g = 0; g < 8; g++) {
+            __m256i wg = _mm256_load_si256(&wq[8 * b + g]);
+            __m256i sg = is_q4 ? wg : _mm256_load_si256(&ws[8 * b + g]);
+            for (int r = 0; r < nr; r++) {
+                __m256i xb = _mm256_set1_epi32(load_i32(a->row[r] + xoff + 4 * g));
+                if (is_q4) {
+                    __m256i p = _mm256_maddubs_epi16(wg, xb);
+                    isum[r] = g ? _mm256_add_epi16(isum[r], p) : p; /* <= 30480: exact */
+                } else {
+                    __m256i p = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(wg, _mm256_sign_epi8(xb, sg)), ones);
+                    isum[r] = g ? _mm256_add_epi32(isum[r], p) : p;
+                }
+            }
+        }
+        __m256 dwb = dw[b];
+        for (int r = 0; r < nr; r++) {
+            __m256i s = isum[r];
+            if (is_q4)
+                s = _mm256_sub_epi32(_mm256_madd_epi16(s, ones),
+                                     _mm256_set1_epi32(a->ext[r][b0 + b].s8));
+            __m256 d = _mm256_mul_ps(dwb, _mm256_set1_ps(a->ext[r][b0 + b].d));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[r]);
+        }
+    }
+}
+
+static ALWAYS_INLINE void gemm_q(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                                 int64_t n_rows, float *y, int64_t ldy, int64_t o_begin,
+                                 int64_t o_end, int is_q4)
+{
+    _Alignas(32) __m256i wq[KB * 8];
+    _Alignas(32) __m256i ws[KB * 8]; /* Q8_0 only */
+    _Alignas(32) __m256 dw[KB];
+    int64_t nb = w->n_in / KVR_QK;
+    for (int64_t o0 = o_begin; o0 < o_end; o0 += OT) {
+        const uint8_t *rows[OT];
+        int n_valid = tile_rows(w, o0, o_end, rows);
+        for (int64_t b0 = 0; b0 < nb; b0 += KB) {
+            int kn = nb - b0 < KB ? (int)(nb - b0) : KB;
+            repack_q(rows, b0, kn, is_q4, wq, ws, dw);
+            /* Partial sums wait in y between K chunks: exact f32 values, so reloading them
+             * changes nothing. */
+            for (int64_t r0 = 0; r0 < n_rows; r0 += RT) {
+                int nr = n_rows - r0 < RT ? (int)(n_rows - r0) : RT;
+                struct act a;
+                __m256 acc[RT];
+                act_rows(xq, x_stride, nb, r0, nr, &a);
+                for (int r = 0; r < nr; r++)
+                    acc[r] = b0 ? load_tile(y + (r0 + r) * ldy + o0, n_valid)
+                                : _mm256_setzero_ps();
+                switch (nr) {
+                case 1: gemm_q_tile(wq, ws, dw, b0, kn, &a, 1, is_q4, acc); break;
+                case 2: gemm_q_tile(wq, ws, dw, b0, kn, &a, 2, is_q4, acc); break;
+                case 3: gemm_q_tile(wq, ws, dw, b0, kn, &a, 3, is_q4, acc); break;
+                default: gemm_q_tile(wq, ws, dw, b0, kn, &a, 4, is_q4, acc); break;
+                }
+                for (int r = 0; r < nr; r++)
+                    store_tile(y + (r0 + r) * ldy + o0, acc[r], n_valid);
+            }
+        }
+    }
+}
+
+static void matmul_q4_0(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                        int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
+{
+    if (n_rows >= GEMM_MIN_ROWS)
+        gemm_q(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, 1);
+    else
+        gemv_q(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, 1);
+}
+
+static void matmul_q8_0(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                        int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
+{
+    if (n_rows >= GEMM_MIN_ROWS)
+        gemm_q(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, 0);
+    else
+        gemv_q(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, 0);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * K-quants x Q8_K. A tile of 8 weight rows is unpacked per super-block into a small buffer
+ * (quants as bytes in element order, plus per-row scale vectors), then dotted with up to RT
+ * activation rows; each row's int32 partials are reduced across the tile with reduce8.
+ * --------------------------------------------------------------------------------------- */
+
+struct kq_tile {
+    _Alignas(32) uint8_t q[OT][KVR_QK_K]; /* quants 0..15 (Q4_K) or 0..63 (Q6_K) */
+    _Alignas(32) int16_t sc[OT][8][16];   /* madd factor for each 32-quant vector j */
+    _Alignas(32) int16_t aux[OT][16];     /* Q4_K: min of each bsum; Q6_K: 32 * scale */
+};
+
+static ALWAYS_INLINE void unpack_q4_k(const uint8_t *const rows[OT], int64_t sb, struct kq_tile *t,
+                                      __m256 *dw, __m256 *dmin)
+{
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    size_t off = (size_t)sb * sizeof(struct kvr_block_q4_k);
+    for (int i = 0; i < OT; i++) {
+        const struct kvr_block_q4_k *blk = (const void *)(rows[i] + off);
+        for (int c = 0; c < 4; c++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * c));
+            _mm256_store_si256((__m256i *)&t->q[i][64 * c], _mm256_and_si256(v, low));
+            _mm256_store_si256((__m256i *)&t->q[i][64 * c + 32],
+                               _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
+        }
+        uint8_t scales[12];
+        memcpy(scales, blk->scales, sizeof scales);
+        for (int j = 0; j < 8; j++) {
+            int sc, mn;
+            kvr_q4_k_scale_min(scales, j, &sc, &mn);
+            _mm256_store_si256((__m256i *)t->sc[i][j], _mm256_set1_epi16((short)sc));
+            t->aux[i][2 * j] = t->aux[i][2 * j + 1] = (int16_t)mn;
+        }
+    }
+    *dw = load_f16x8(rows, off + offsetof(struct kvr_block_q4_k, d));
+    *dmin = load_f16x8(rows, off + offsetof(struct kvr_block_q4_k, dmin));
+}
+
+static ALWAYS_INLINE void unpack_q6_k(const uint8_t *const rows[OT], int64_t sb, struct kq_tile *t,
+                                      __m256 *dw)
+{
+    const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+    size_t off = (size_t)sb * sizeof(struct kvr_block_q6_k);
+    for (int i = 0; i < OT; i++) {
+        const struct kvr_block_q6_k *blk = (const void *)(rows[i] + off);
+        for (int h = 0; h < 2; h++) {
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk->ql + 64 * h));
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk->ql + 64 * h + 32));
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(blk->qh + 32 * h));
+            __m256i e[4];
+            e[0] = _mm256_or_si256(_mm256_and_si256(l0, low),
+                                   _mm256_slli_epi16(_mm256_and_si256(hb, two), 4));
+            e[1] = _mm256_or_si256(_mm256_and_si256(l1, low),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), two), 4));
+            e[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), two), 4));
+            e[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), two), 4));
+            for (int k = 0; k < 4; k++)
+                _mm256_store_si256((__m256i *)&t->q[i][128 * h + 32 * k], e[k]);
+        }
+        for (int j = 0; j < 8; j++) {
+            __m256i s = _mm256_set_m128i(_mm_set1_epi16(blk->scales[2 * j + 1]),
+                                         _mm_set1_epi16(blk->scales[2 * j]));
+            _mm256_store_si256((__m256i *)t->sc[i][j], s);
+        }
+        for (int k = 0; k < 16; k++)
+            t->aux[i][k] = (int16_t)(32 * blk->scales[k]);
+    }
+    *dw = load_f16x8(rows, off + offsetof(struct kvr_block_q6_k, d));
+}
+
+/* One super-block of the tile against one Q8_K block: the exact integer dot of each of the
+ * 8 rows (lane i), and the bsum term (Q4_K: sum of min * bsum; Q6_K: 32 * sum of scale *
+ * bsum), also exact. */
+static ALWAYS_INLINE void kq_dot(const struct kq_tile *t, const struct kvr_block_q8_k *x,
+                                 __m256i *isum, __m256i *iaux)
+{
+    __m256i v[OT], m[OT];
+    __m256i xs[8];
+    for (int j = 0; j < 8; j++)
+        xs[j] = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
+    __m256i bs = _mm256_loadu_si256((const __m256i *)x->bsums);
+    for (int i = 0; i < OT; i++) {
+        __m256i s = _mm256_setzero_si256();
+        for (int j = 0; j < 8; j++) {
+            __m256i p = _mm256_maddubs_epi16(_mm256_load_si256((const __m256i *)&t->q[i][32 * j]),
+                                             xs[j]);
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(p, _mm256_load_si256((const __m256i *)t->sc[i][j])));
+        }
+        v[i] = s;
+        m[i] = _mm256_madd_epi16(bs, _mm256_load_si256((const __m256i *)t->aux[i]));
+    }
+    *isum = reduce8_epi32(v);
+    *iaux = reduce8_epi32(m);
+}
+
+static ALWAYS_INLINE void matmul_kq(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                                    int64_t n_rows, float *y, int64_t ldy, int64_t o_begin,
+                                    int64_t o_end, int is_q4k)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    int64_t nsb = w->n_in / KVR_QK_K;
+    struct kq_tile t;
+    for (int64_t o0 = o_begin; o0 < o_end; o0 += OT) {
+        const uint8_t *rows[OT];
+        int n_valid = tile_rows(w, o0, o_end, rows);
+        for (int64_t r0 = 0; r0 < n_rows; r0 += RT) {
+            int nr = n_rows - r0 < RT ? (int)(n_rows - r0) : RT;
+            __m256 acc[RT];
+            for (int r = 0; r < nr; r++)
+                acc[r] = _mm256_setzero_ps();
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                __m256 dw, dmin = _mm256_setzero_ps();
+                if (is_q4k)
+                    unpack_q4_k(rows, sb, &t, &dw, &dmin);
+                else
+                    unpack_q6_k(rows, sb, &t, &dw);
+                for (int r = 0; r < nr; r++) {
+                    const struct kvr_block_q8_k *x =
+                        (const struct kvr_block_q8_k *)((const uint8_t *)xq +
+                                                        (size_t)(r0 + r) * x_stride) + sb;
+                    __m256i isum, iaux;
+                    kq_dot(&t, x, &isum, &iaux);
+                    __m256 dx = _mm256_set1_ps(x->d);
+                    if (is_q4k) {
+                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[r]);
+                        __m256 neg_min = _mm256_xor_ps(_mm256_cvtepi32_ps(iaux), sign);
+                        acc[r] = _mm256_fmadd_ps(neg_min, _mm256_mul_ps(dmin, dx), acc[r]);
+                    } else {
+                        isum = _mm256_sub_epi32(isum, iaux);
+                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[r]);
+                    }
+                }
+            }
+            for (int r = 0; r < nr; r++)
+                store_tile(y + (r0 + r) * ldy + o0, acc[r], n_valid);
+        }
+    }
+}
+
+static void matmul_q4_k(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                        int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
+{
+    matmul_kq(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, 1);
+}
+
+static void matmul_q6_k(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                        int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
+{
+    matmul_kq(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, 0);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * F32 / F16 / BF16 x F32: tiles of F_OT weight rows x F_RT activation rows, one 8-lane
+ * accumulator per pair, reduced like the reference.
+ * --------------------------------------------------------------------------------------- */
+
+enum fkind { FK_F32, FK_F16, FK_BF16 };
+
+static ALWAYS_INLINE __m256 load8_w(const uint8_t *row, int64_t k, enum fkind kind)
+{
+    switch (kind) {
+    case FK_F32: return _mm256_loadu_ps((const float *)row + k);
+    case FK_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + k)));
+    default: {
+        __m256i u = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + k)));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(u, 16));
+    }
+    }
+}
+
+static ALWAYS_INLINE float load1_w(const uint8_t *row, int64_t k, enum fkind kind)
+{
+    switch (kind) {
+    case FK_F32: return load_f32(row + 4 * k);
+    case FK_F16: return _cvtsh_ss(load_u16(row + 2 * k));
+    default: {
+        uint32_t u = (uint32_t)load_u16(row + 2 * k) << 16;
+        float f;
+        memcpy(&f, &u, sizeof f);
+        return f;
+    }
+    }
+}
+
+static ALWAYS_INLINE float hsum_tree(__m256 v)
+{
+    __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); /* l, l+4 */
+    t = _mm_add_ps(t, _mm_movehl_ps(t, t));                                       /* +2 */
+    t = _mm_add_ss(t, _mm_movehdup_ps(t));                                         /* +1 */
+    return _mm_cvtss_f32(t);
+}
+
+static ALWAYS_INLINE void f_tile(const uint8_t *const rows[F_OT], int no, const float *const xr[F_RT],
+                                 int nr, int64_t n, enum fkind kind, float *y, int64_t ldy)
+{
+    __m256 acc[F_OT][F_RT];
+    for (int i = 0; i < F_OT; i++)
+        for (int r = 0; r < F_RT; r++)
+            acc[i][r] = _mm256_setzero_ps();
+    int64_t n8 = n - n % 8;
+    for (int64_t k = 0; k < n8; k += 8) {
+        __m256 xv[F_RT];
+        for (int r = 0; r < nr; r++)
+            xv[r] = _mm256_loadu_ps(xr[r] + k);
+        for (int i = 0; i < F_OT; i++) {
+            __m256 wv = load8_w(rows[i], k, kind);
+            for (int r = 0; r < nr; r++)
+                acc[i][r] = _mm256_fmadd_ps(wv, xv[r], acc[i][r]);
+        }
+    }
+    for (int i = 0; i < no; i++) {
+        for (int r = 0; r < nr; r++) {
+            float s = hsum_tree(acc[i][r]);
+            for (int64_t k = n8; k < n; k++)
+                s = fmaf(load1_w(rows[i], k, kind), xr[r][k], s);
+            y[r * ldy + i] = s;
+        }
+    }
+}
+
+static ALWAYS_INLINE void matmul_f(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                                   int64_t n_rows, float *y, int64_t ldy, int64_t o_begin,
+                                   int64_t o_end, enum fkind kind)
+{
+    for (int64_t o0 = o_begin; o0 < o_end; o0 += F_OT) {
+        int no = o_end - o0 < F_OT ? (int)(o_end - o0) : F_OT;
+        const uint8_t *rows[F_OT];
+        for (int i = 0; i < F_OT; i++)
+            rows[i] = (const uint8_t *)w->data + (size_t)(o0 + (i < no ? i : no - 1)) * w->row_bytes;
+        for (int64_t r0 = 0; r0 < n_rows; r0 += F_RT) {
+            int nr = n_rows - r0 < F_RT ? (int)(n_rows - r0) : F_RT;
+            const float *xr[F_RT];
+            for (int r = 0; r < F_RT; r++)
+                xr[r] = (const float *)((const uint8_t *)xq + (size_t)(r0 + (r < nr ? r : 0)) * x_stride);
+            float *yt = y + r0 * ldy + o0;
+            switch (nr) {
+            case 1: f_tile(rows, no, xr, 1, w->n_in, kind, yt, ldy); break;
+            case 2: f_tile(rows, no, xr, 2, w->n_in, kind, yt, ldy); break;
+            default: f_tile(rows, no, xr, 3, w->n_in, kind, yt, ldy); break;
+            }
+        }
+    }
+}
+
+static void matmul_f32(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                       int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
+{
+    matmul_f(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, FK_F32);
+}
+
+static void matmul_f16(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                       int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
+{
+    matmul_f(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, FK_F16);
+}
+
+static void matmul_bf16(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                        int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
+{
+    matmul_f(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, FK_BF16);
+}
+
+const struct kvr_kernel_set kvr_kernels_avx2 = {
+    .name = "avx2",
+    .quantize_row = {[KVR_DTYPE_Q8_0] = quantize_row_q8_0_act, [KVR_DTYPE_Q8_K] = quantize_row_q8_k},
+    .matmul = {[KVR_DTYPE_F32] = matmul_f32,
+               [KVR_DTYPE_F16] = matmul_f16,
+               [KVR_DTYPE_BF16] = matmul_bf16,
+               [KVR_DTYPE_Q8_0] = matmul_q8_0,
+               [KVR_DTYPE_Q4_0] = matmul_q4_0,
+               [KVR_DTYPE_Q4_K] = matmul_q4_k,
+               [KVR_DTYPE_Q6_K] = matmul_q6_k},
+    .o_tile = OT,
+};

@@ -9,7 +9,10 @@
 #include "model/dtype.h"
 #include "model/kernels.h"
 
+#include "core/alloc.h"
+
 #include <stdlib.h>
+#include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -79,10 +82,34 @@ void kvr_matmul_split(int64_t n_out, int ith, int nth, int64_t *begin, int64_t *
 size_t kvr_act_row_bytes(enum kvr_dtype wtype, int64_t n_in)
 {
     const struct kvr_dtype_traits *t = kvr_dtype_traits(wtype);
-    size_t bytes = 0;
+    size_t bytes = 0, ext = 0;
     if (!t || !kvr_dtype_row_bytes(t->dot_type, n_in, &bytes))
         return 0;
+    if (t->dot_type == KVR_DTYPE_Q8_0) { /* Q8_0 blocks + per-block extension (kernels.h) */
+        int64_t nb = n_in / KVR_QK;
+        if (!kvr_mul_size((size_t)nb, sizeof(struct kvr_q8_0_ext), &ext) ||
+            !kvr_add_size(kvr_q8_0_ext_offset(nb), ext, &bytes))
+            return 0;
+    }
     return bytes;
+}
+
+/* The reference activation converter for Q8_0-dotted weights: the trait's Q8_0 quantizer,
+ * then the per-block extension the kernels read. */
+static void quantize_row_q8_0_act(const float *x, void *dst, int64_t n)
+{
+    int64_t nb = n / KVR_QK;
+    kvr_dtype_traits(KVR_DTYPE_Q8_0)->from_float(x, dst, n);
+    const struct kvr_block_q8_0 *blk = dst;
+    char *ext = (char *)dst + kvr_q8_0_ext_offset(nb);
+    memset((char *)dst + (size_t)nb * sizeof *blk, 0,
+           kvr_q8_0_ext_offset(nb) - (size_t)nb * sizeof *blk);
+    for (int64_t b = 0; b < nb; b++) {
+        struct kvr_q8_0_ext e = {kvr_f16_to_f32(blk[b].d), 0};
+        for (int j = 0; j < KVR_QK; j++)
+            e.s8 += 8 * blk[b].qs[j];
+        memcpy(ext + (size_t)b * sizeof e, &e, sizeof e);
+    }
 }
 
 void kvr_quantize_rows(enum kvr_dtype wtype, const float *x, int64_t n_in, int64_t r_begin,
@@ -95,7 +122,7 @@ void kvr_quantize_rows(enum kvr_dtype wtype, const float *x, int64_t n_in, int64
     size_t stride = kvr_act_row_bytes(wtype, n_in);
     kvr_quantize_row_fn fn = active()->quantize_row[at];
     if (!fn)
-        fn = kvr_dtype_traits(at)->from_float;
+        fn = at == KVR_DTYPE_Q8_0 ? quantize_row_q8_0_act : kvr_dtype_traits(at)->from_float;
     for (int64_t r = r_begin; r < r_end; r++)
         fn(x + r * n_in, (char *)dst + (size_t)r * stride, n_in);
 }
@@ -120,6 +147,8 @@ void kvr_matmul(const struct kvr_matrix *w, const void *xq, int64_t n_rows, floa
     if (n_rows <= 0 || o_begin >= o_end)
         return;
     size_t x_stride = kvr_act_row_bytes(w->type, w->n_in);
+    if (w->n_in % kvr_dtype_traits(w->type)->block_elems != 0)
+        abort();
     kvr_matmul_fn fn = active()->matmul[w->type];
     if (!fn)
         fn = matmul_reference;
