@@ -32,7 +32,7 @@ struct wtensor {
     const void *data; /* borrowed; NULL when fill is used */
     kvr_gguf_fill_fn fill;
     void *fill_ctx;
-    uint64_t offset; /* from the data section start, assigned by layout() */
+    uint64_t offset; /* from the data section start, assigned by write() */
 };
 
 struct kvr_gguf_writer {
@@ -348,10 +348,10 @@ static uint64_t alignment_of(const struct kvr_gguf_writer *w)
     return DEFAULT_ALIGNMENT;
 }
 
-/* Assign tensor offsets; returns the data section's file offset (or 0 if the alignment is
- * invalid) and the data section's size. Sizes are bounded by what add accepted, far below
- * 2^64. */
-static uint64_t layout(struct kvr_gguf_writer *w, uint64_t *data_bytes)
+/* File offset of the data section (0 if the alignment is invalid), and through data_bytes
+ * its size; if assign, also store each tensor's offset in it. Sizes are bounded by what the
+ * add functions accepted, far below 2^64. */
+static uint64_t layout(const struct kvr_gguf_writer *w, uint64_t *data_bytes, bool assign)
 {
     uint64_t align = alignment_of(w);
     if (!align)
@@ -363,7 +363,8 @@ static uint64_t layout(struct kvr_gguf_writer *w, uint64_t *data_bytes)
     for (size_t i = 0; i < w->n_tensors; i++) {
         struct wtensor *t = &w->tensors[i];
         off += 8 + strlen(t->name) + 4 + 8ull * t->n_dims + 4 + 8;
-        t->offset = data;
+        if (assign)
+            t->offset = data;
         data = align_up(data + t->n_bytes, align);
     }
     *data_bytes = data;
@@ -373,7 +374,7 @@ static uint64_t layout(struct kvr_gguf_writer *w, uint64_t *data_bytes)
 uint64_t kvr_gguf_writer_file_bytes(const struct kvr_gguf_writer *w)
 {
     uint64_t data_bytes = 0;
-    uint64_t start = layout((struct kvr_gguf_writer *)w, &data_bytes);
+    uint64_t start = layout(w, &data_bytes, false);
     return start + data_bytes;
 }
 
@@ -451,7 +452,7 @@ int kvr_gguf_writer_write(struct kvr_gguf_writer *w, FILE *f, struct kvr_err *er
     if (w->first_err.code)
         return kvr_err_set(err, w->first_err.code, "%s", w->first_err.msg);
     uint64_t data_bytes = 0, done = 0;
-    uint64_t data_start = layout(w, &data_bytes);
+    uint64_t data_start = layout(w, &data_bytes, true);
     if (!data_start)
         return kvr_err_set(err, KVR_EINVAL,
                            "gguf writer: general.alignment must be a uint32 power of two");
