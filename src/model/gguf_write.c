@@ -13,6 +13,8 @@
 
 #define DEFAULT_ALIGNMENT 32
 #define ZERO_BYTES 4096
+/* llama.cpp keeps tensor names in 64-byte buffers (GGML_MAX_NAME), NUL included. */
+#define MAX_TENSOR_NAME 64
 
 /* Bytes of one scalar of each metadata type; 0 for string and array. */
 static const uint8_t scalar_bytes[KVR_GGUF_TYPE_COUNT] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
@@ -270,6 +272,8 @@ static int add_tensor(struct kvr_gguf_writer *w, const char *name, uint32_t n_di
 {
     if (!name || !*name)
         return fail(w, KVR_EINVAL, "empty tensor name", name);
+    if (strlen(name) >= MAX_TENSOR_NAME)
+        return fail(w, KVR_EINVAL, "tensor name longer than 63 bytes", name);
     if (n_dims < 1 || n_dims > KVR_GGUF_MAX_DIMS)
         return fail(w, KVR_EINVAL, "n_dims not in 1..4", name);
     const struct kvr_dtype_traits *tr = kvr_dtype_traits(type);

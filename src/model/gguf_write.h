@@ -12,7 +12,8 @@
  * zero padding up to the next multiple, as llama.cpp writes it.
  *
  * Errors: the add functions validate their arguments (non-empty unique keys and tensor
- * names, known types, dims 1..4, ne[0] a multiple of the type's block). The first failure is
+ * names, names of at most 63 bytes as llama.cpp requires, known types, dims 1..4, ne[0] a
+ * multiple of the type's block). The first failure is
  * returned and also remembered: kvr_gguf_writer_write() then refuses to write and reports
  * it, so a sequence of adds can be checked once at the end.
  *

@@ -699,6 +699,15 @@ static void test_writer(void **state)
     assert_int_equal(kvr_gguf_writer_add_tensor(w, "t.x", 5, ne, KVR_DTYPE_F32, NULL), KVR_EINVAL);
     assert_int_equal(kvr_gguf_writer_add_tensor(w, "t.y", 1, ne, 99, NULL), KVR_EINVAL);
     assert_int_equal(kvr_gguf_writer_add_arr(w, "t.z", KVR_GGUF_TYPE_STRING, 0, NULL), KVR_EINVAL);
+    char long_name[65];
+    int64_t ne8[1] = {8};
+    memset(long_name, 'n', 64);
+    long_name[64] = 0; /* llama.cpp's limit is 63 bytes */
+    assert_int_equal(kvr_gguf_writer_add_tensor(w, long_name, 1, ne8, KVR_DTYPE_F32, alpha_data),
+                     KVR_EINVAL);
+    long_name[63] = 0;
+    assert_int_equal(kvr_gguf_writer_add_tensor(w, long_name, 1, ne8, KVR_DTYPE_F32, alpha_data),
+                     0);
     FILE *f = tmpfile();
     assert_non_null(f);
     struct kvr_err err = {0};
