@@ -1,0 +1,66 @@
+/* http.h - the bridge's OpenAI-compatible HTTP API, served by libmicrohttpd.
+ *
+ * Endpoints (docs/API.md has the details):
+ *   POST /v1/completions, POST /v1/chat/completions   JSON or SSE streaming
+ *   GET  /v1/models                                    the one model
+ *   GET  /health                                       200 when the ring can serve, else 503
+ *   GET  /metrics                                      Prometheus text
+ * Requests are validated by openai.c, chat prompts rendered by chat.c, prompts tokenized
+ * with the service's tokenizer, and generation delegated to a struct kvr_service.
+ *
+ * Threading: libmicrohttpd runs one listening thread plus one thread per connection
+ * (MHD_USE_THREAD_PER_CONNECTION), so a request's thread may block: it waits on the
+ * service's next() in slices of at most 100 ms and between slices checks whether the
+ * client has gone (peer closed or reset the socket), cancelling the stream if so. The
+ * number of connections (hence threads) is bounded by max_connections; further
+ * connections are refused by the listener. All state shared between connections (the
+ * metrics) is behind one mutex.
+ *
+ * Ownership: kvr_http_create borrows `svc` (and everything it points to) and copies the
+ * configuration's strings; both must stay valid until kvr_http_destroy returns. */
+#ifndef KVR_BRIDGE_HTTP_H
+#define KVR_BRIDGE_HTTP_H
+
+#include "bridge/service.h"
+#include "core/err.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct kvr_http_config {
+    const char *host;            /* IPv4 address to listen on; default "127.0.0.1" */
+    uint16_t port;               /* default 8080; 0 picks a free port (see kvr_http_port) */
+    /* Bearer token required on every endpoint but /health; NULL or "" = no auth. Defaults
+     * to the KVASIR_API_KEY environment variable. */
+    const char *api_key;
+    size_t max_body_bytes;       /* larger request bodies get 413; default 1 MiB */
+    uint32_t max_connections;    /* default 256 */
+    uint32_t idle_timeout_s;     /* keep-alive connections idle this long are closed; 60 */
+    /* A generation the service sends nothing for during this long is cancelled and
+     * answered with 504; a safety net under the service's own budgets. Default 300. */
+    uint32_t stall_timeout_s;
+    /* Tokens to generate when a request gives no max_tokens; 0 = OpenAI's defaults
+     * (completions 16, chat the rest of the context). */
+    uint32_t default_max_tokens;
+    /* Force a chat template by name (chat.h); NULL = detect from the service's
+     * chat_template. */
+    const char *chat_template;
+};
+
+/* Fill the defaults above (reads KVASIR_API_KEY). */
+void kvr_http_config_init(struct kvr_http_config *cfg);
+
+struct kvr_http;
+
+/* Start serving. Fails with KVR_EINVAL for a bad configuration or service (missing ops,
+ * n_ctx 0, no tokenizer, unknown template name) and KVR_EIO when the address cannot be
+ * bound. */
+int kvr_http_create(struct kvr_http **out, const struct kvr_http_config *cfg,
+                    const struct kvr_service *svc, struct kvr_err *err);
+/* The port actually listened on. */
+uint16_t kvr_http_port(const struct kvr_http *h);
+/* Stop accepting, close every connection (their streams are cancelled and released),
+ * join all threads and free everything. NULL is allowed. */
+void kvr_http_destroy(struct kvr_http *h);
+
+#endif

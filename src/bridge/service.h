@@ -1,0 +1,144 @@
+/* service.h - the contract between the HTTP API (http.c) and whatever generates tokens:
+ * the bridge's scheduler in production, a fake in tests/unit/test_http.c.
+ *
+ * The HTTP layer validates and tokenizes a request, then hands the service prompt ids, a
+ * token budget, sampling parameters and a latency budget (submit). The service either
+ * admits the request at once and returns a stream, or refuses it at once with an HTTP
+ * status, a reason and a retry hint: it never queues work it expects to be late. The HTTP
+ * layer then pulls one event per generated token (next) and turns them into text, stop
+ * strings, SSE chunks and metrics. A client that goes away, or a stop string that appears
+ * in the text, ends the stream early (cancel). Every admitted stream is released exactly
+ * once (release).
+ *
+ * Sequence of calls for one request (all from one HTTP connection thread):
+ *
+ *   submit ──refused──▶ (nothing to release)
+ *      │admitted
+ *      ▼
+ *   next, next, ... (each returns one event; the last one has finish != NONE)
+ *      │              ╲ at any point: cancel (stop string hit, client gone, shutdown)
+ *      ▼
+ *   release
+ *
+ * Threads: submit, health and metrics may be called from many threads at once (one per
+ * HTTP connection, plus /health and /metrics). The calls on one stream (next, cancel,
+ * release) come from one thread at a time, never concurrently, though not always the same
+ * thread. The service must make next() return within about its timeout whatever the ring
+ * is doing, so that the HTTP layer can notice a client that disconnected.
+ *
+ * Ownership: the service owns its streams; `struct kvr_gen_stream` is opaque to the HTTP
+ * layer and stays valid until release. Everything a request points at (prompt ids) is
+ * borrowed only for the duration of submit: the service copies what it keeps. The
+ * struct kvr_service and everything it points to (tokenizer, name, template) is owned by
+ * the caller of kvr_http_create and must outlive the HTTP server. */
+#ifndef KVR_BRIDGE_SERVICE_H
+#define KVR_BRIDGE_SERVICE_H
+
+#include "bridge/sbuf.h"
+#include "core/err.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* One request, as admitted by the HTTP layer. The HTTP layer has already checked that
+ * 1 <= n_prompt, 1 <= max_tokens and n_prompt + max_tokens <= n_ctx, and that every
+ * prompt id is < the vocabulary size. */
+struct kvr_gen_request {
+    const int32_t *prompt; /* n_prompt token ids (BOS included when the model wants it) */
+    uint32_t n_prompt;
+    uint32_t max_tokens;   /* generate at most this many tokens (EOS counts as one) */
+    struct kvr_sample_params sampling; /* seed always set: the HTTP layer draws one when the
+                                          client gave none */
+    bool logprobs;         /* fill kvr_gen_event.logprob */
+    uint32_t first_token_ms; /* latency budget from submit to the first token; 0 = default */
+    uint32_t total_ms;       /* ... from submit to the last token; 0 = default */
+};
+
+/* Why a request was refused; also the label of the service's refusal metrics. */
+enum kvr_refusal_reason {
+    KVR_REFUSE_OVER_BUDGET, /* 429: estimated first/last token later than its budget */
+    KVR_REFUSE_KV_FULL,     /* 429: the KV blocks it needs cannot be reserved now */
+    KVR_REFUSE_QUEUE_FULL,  /* 503: the admission queue is at capacity */
+    KVR_REFUSE_RING_DOWN,   /* 503: a stage is down; nothing can run */
+    KVR_REFUSE_INVALID,     /* 400: the service cannot run this request at all (e.g. its
+                               sampling parameters) */
+    KVR_REFUSE_INTERNAL,    /* 500: anything else (out of memory, ...) */
+    KVR_REFUSE_REASON_COUNT
+};
+
+#define KVR_SERVICE_MSG_BYTES 256
+
+struct kvr_refusal {
+    int http_status;            /* 429, 503, 400 or 500 (see the reasons above) */
+    uint32_t retry_after_s;     /* sent as Retry-After when > 0 (429/503) */
+    enum kvr_refusal_reason reason;
+    /* Shown to the client, e.g. "would miss first-token budget: estimated 812 ms > 500 ms",
+     * "kv cache full: need 12 blocks, 3 free", "queue full (64 requests)". */
+    char message[KVR_SERVICE_MSG_BYTES];
+};
+
+enum kvr_gen_finish {
+    KVR_GEN_FINISH_NONE,   /* a token; more will follow */
+    KVR_GEN_FINISH_LENGTH, /* the last token: max_tokens reached */
+    KVR_GEN_FINISH_EOS,    /* the token is an end-of-generation token (kvr_tok_is_eog); it
+                              is counted but not shown */
+    KVR_GEN_FINISH_ERROR,  /* no token; the request failed (see error_status/message) */
+    KVR_GEN_FINISH_COUNT
+};
+
+struct kvr_gen_event {
+    int32_t token;  /* the generated token id; -1 for FINISH_ERROR */
+    float logprob;  /* natural log of the token's probability under the distribution it
+                       was sampled from; set only when the request asked for logprobs */
+    enum kvr_gen_finish finish;
+    /* FINISH_ERROR only: the HTTP status to report (500 internal, 503 ring lost and not
+     * recovered, 504 the request could not finish within its total budget) and why. */
+    int error_status;
+    char error[KVR_SERVICE_MSG_BYTES];
+};
+
+struct kvr_gen_stream; /* opaque, owned by the service */
+
+struct kvr_service_ops {
+    /* Admit a request or refuse it immediately. Returns 0 and sets *out to a new stream,
+     * or a negative status with *refusal filled (no stream to release). Never blocks on the
+     * ring. */
+    int (*submit)(void *ctx, const struct kvr_gen_request *req, struct kvr_gen_stream **out,
+                  struct kvr_refusal *refusal);
+    /* Wait up to timeout_ms for the stream's next event. Returns 0 with *ev filled;
+     * KVR_ETIMEDOUT when nothing arrived in time (call again); KVR_ECLOSED after the
+     * event carrying a finish, or after cancel. */
+    int (*next)(struct kvr_gen_stream *s, struct kvr_gen_event *ev, uint32_t timeout_ms);
+    /* The client no longer wants tokens: stop generating and free the sequence in the
+     * ring. Returns at once; idempotent; harmless after the stream finished. */
+    void (*cancel)(struct kvr_gen_stream *s);
+    /* Forget the stream (cancelling it first if it has not finished). Called exactly once
+     * per admitted stream; `s` is invalid afterwards. */
+    void (*release)(struct kvr_gen_stream *s);
+    /* Is the ring able to serve? May add fields to `detail` (a JSON object), e.g.
+     * "stages": [{"index": 0, "addr": "10.0.0.1:7000", "layers": [0, 11], "up": true}].
+     * GET /health answers 200 with {"status": "ok", ...detail} when true, 503 with
+     * {"status": "unavailable", ...detail} when false. */
+    bool (*health)(void *ctx, json_t *detail);
+    /* Append the service's metrics in Prometheus text format (HELP/TYPE lines and
+     * samples; names prefixed "kvasir:"). GET /metrics returns the HTTP layer's own
+     * metrics followed by these. May be NULL. */
+    void (*metrics)(void *ctx, struct kvr_sbuf *out);
+};
+
+/* What the HTTP layer is given. All pointers borrowed; see the ownership note above. */
+struct kvr_service {
+    const struct kvr_service_ops *ops;
+    void *ctx;                    /* passed to submit, health and metrics */
+    const char *model_name;       /* "id" in /v1/models and "model" in responses */
+    uint32_t n_ctx;               /* most tokens per sequence, prompt + completion */
+    const struct kvr_tok *tok;    /* encodes prompts, decodes tokens; thread-safe */
+    const char *chat_template;    /* the GGUF's tokenizer.chat_template, or NULL */
+    size_t chat_template_len;
+};
+
+#endif

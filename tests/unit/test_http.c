@@ -1,0 +1,1145 @@
+/* test_http.c - the real HTTP server on 127.0.0.1 with a fake service, spoken to over plain
+ * sockets: every kind of bad input gets its status and an OpenAI JSON error, and the server
+ * still answers normally afterwards; completions and chat, JSON and SSE; stop strings,
+ * logprobs, budgets, refusals with Retry-After, health, metrics, API keys; a client that
+ * disconnects mid-stream is cancelled within a second; shutdown with streams running.
+ *
+ * The fake service (below) replays a fixed script of token ids from a tiny in-memory
+ * SentencePiece vocabulary, with a configurable delay per token, and records what it was
+ * asked and whether it was cancelled and released. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "testutil.h"
+
+#include "bridge/http.h"
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "model/tokenizer.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <jansson.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+/* ---- a tiny vocabulary ------------------------------------------------------------- */
+
+/* ids: 0 <unk>, 1 <s>, 2 </s>, 3..258 <0x00>..<0xFF>, 259 "▁", 260.. printable ASCII
+ * '!'..'~' (94), then the words and chat control tokens below. */
+#define ID_BYTE(b) (3 + (b))
+#define ID_SPACE 259
+#define ID_ASCII(ch) (260 + ((ch) - '!'))
+#define ID_WORDS (260 + 94)
+static const char *const words[] = {"\xE2\x96\x81Once", "\xE2\x96\x81upon", "\xE2\x96\x81" "a",
+                                    "\xE2\x96\x81time", "\xE2\x96\x81The",  "\xE2\x96\x81" "end",
+                                    "<|im_start|>",     "<|im_end|>"};
+enum { W_ONCE = ID_WORDS, W_UPON, W_A, W_TIME, W_THE, W_END, W_IM_START, W_IM_END, N_VOCAB };
+
+static struct kvr_tok *make_tok(void)
+{
+    static char bytes[256][8];
+    static char ascii[94][2];
+    struct kvr_gguf_str toks[N_VOCAB];
+    int32_t types[N_VOCAB];
+    int n = 0;
+    toks[n] = (struct kvr_gguf_str){5, "<unk>"}, types[n++] = KVR_TOK_TYPE_UNKNOWN;
+    toks[n] = (struct kvr_gguf_str){3, "<s>"}, types[n++] = KVR_TOK_TYPE_CONTROL;
+    toks[n] = (struct kvr_gguf_str){4, "</s>"}, types[n++] = KVR_TOK_TYPE_CONTROL;
+    for (int b = 0; b < 256; b++) {
+        snprintf(bytes[b], sizeof bytes[b], "<0x%02X>", b);
+        toks[n] = (struct kvr_gguf_str){6, bytes[b]}, types[n++] = KVR_TOK_TYPE_BYTE;
+    }
+    toks[n] = (struct kvr_gguf_str){3, "\xE2\x96\x81"}, types[n++] = KVR_TOK_TYPE_NORMAL;
+    for (int ch = '!'; ch <= '~'; ch++) {
+        ascii[ch - '!'][0] = (char)ch;
+        toks[n] = (struct kvr_gguf_str){1, ascii[ch - '!']}, types[n++] = KVR_TOK_TYPE_NORMAL;
+    }
+    for (size_t w = 0; w < sizeof words / sizeof words[0]; w++) {
+        toks[n] = (struct kvr_gguf_str){strlen(words[w]), words[w]};
+        types[n++] = words[w][0] == '<' ? KVR_TOK_TYPE_CONTROL : KVR_TOK_TYPE_NORMAL;
+    }
+    assert_int_equal(n, N_VOCAB);
+    struct kvr_tok_vocab v;
+    kvr_tok_vocab_init(&v, KVR_TOK_SPM);
+    v.n_tokens = n;
+    v.tokens = toks;
+    v.types = types;
+    struct kvr_tok *t = NULL;
+    struct kvr_err err = {0};
+    if (kvr_tok_create_from_vocab(&t, &v, &err))
+        fail_msg("vocab: %s", err.msg);
+    return t;
+}
+
+/* ---- the fake service --------------------------------------------------------------- */
+
+struct fake {
+    pthread_mutex_t mu;
+    /* Behaviour, set by tests between requests. */
+    const int32_t *script;
+    uint32_t n_script;
+    bool eos_after_script;   /* after the script: EOS; otherwise repeat it */
+    uint32_t delay_ms;       /* before each token */
+    int refuse_status;       /* != 0: refuse every submit */
+    uint32_t refuse_retry_s;
+    enum kvr_refusal_reason refuse_reason;
+    int fail_after;          /* >= 0: an error event after this many tokens */
+    int fail_status;
+    bool healthy;
+    /* Observations. */
+    int n_submit, n_cancel, n_release;
+    uint64_t t_cancel_ns;
+    int32_t last_prompt[4096];
+    uint32_t last_n_prompt;
+    struct kvr_gen_request last_req;
+};
+
+struct kvr_gen_stream {
+    struct fake *f;
+    uint32_t pos, max_tokens;
+    bool cancelled, finished;
+    uint64_t t_next_ns;
+};
+
+static int fake_submit(void *ctx, const struct kvr_gen_request *req, struct kvr_gen_stream **out,
+                       struct kvr_refusal *refusal)
+{
+    struct fake *f = ctx;
+    pthread_mutex_lock(&f->mu);
+    f->last_req = *req;
+    f->last_n_prompt = req->n_prompt < 4096 ? req->n_prompt : 4096;
+    memcpy(f->last_prompt, req->prompt, f->last_n_prompt * sizeof *req->prompt);
+    f->last_req.prompt = NULL;
+    if (f->refuse_status) {
+        refusal->http_status = f->refuse_status;
+        refusal->retry_after_s = f->refuse_retry_s;
+        refusal->reason = f->refuse_reason;
+        snprintf(refusal->message, sizeof refusal->message,
+                 "would miss first-token budget: estimated 812 ms > 500 ms");
+        pthread_mutex_unlock(&f->mu);
+        return KVR_EAGAIN;
+    }
+    f->n_submit++;
+    uint32_t delay = f->delay_ms;
+    pthread_mutex_unlock(&f->mu);
+    struct kvr_gen_stream *s = calloc(1, sizeof *s);
+    s->f = f;
+    s->max_tokens = req->max_tokens;
+    s->t_next_ns = kvr_now_ns() + (uint64_t)delay * 1000000;
+    *out = s;
+    return 0;
+}
+
+static int fake_next(struct kvr_gen_stream *s, struct kvr_gen_event *ev, uint32_t timeout_ms)
+{
+    struct fake *f = s->f;
+    if (s->cancelled || s->finished)
+        return KVR_ECLOSED;
+    uint64_t now = kvr_now_ns();
+    if (now < s->t_next_ns) {
+        uint64_t wait = s->t_next_ns - now;
+        if (wait > (uint64_t)timeout_ms * 1000000) {
+            kvr_sleep_ns((uint64_t)timeout_ms * 1000000);
+            return KVR_ETIMEDOUT;
+        }
+        kvr_sleep_ns(wait);
+    }
+    pthread_mutex_lock(&f->mu);
+    memset(ev, 0, sizeof *ev);
+    ev->logprob = -0.25f * (float)(s->pos + 1);
+    if (f->fail_after >= 0 && s->pos == (uint32_t)f->fail_after) {
+        ev->token = -1;
+        ev->finish = KVR_GEN_FINISH_ERROR;
+        ev->error_status = f->fail_status;
+        snprintf(ev->error, sizeof ev->error, "stage 1 went away and did not come back");
+        s->finished = true;
+    } else if (s->pos >= f->n_script && f->eos_after_script) {
+        ev->token = 2;
+        ev->finish = KVR_GEN_FINISH_EOS;
+        s->finished = true;
+        s->pos++;
+    } else {
+        ev->token = f->script[s->pos % f->n_script];
+        s->pos++;
+        if (s->pos >= s->max_tokens) {
+            ev->finish = KVR_GEN_FINISH_LENGTH;
+            s->finished = true;
+        }
+    }
+    s->t_next_ns = kvr_now_ns() + (uint64_t)f->delay_ms * 1000000;
+    pthread_mutex_unlock(&f->mu);
+    return 0;
+}
+
+static void fake_cancel(struct kvr_gen_stream *s)
+{
+    if (s->cancelled)
+        return;
+    s->cancelled = true;
+    pthread_mutex_lock(&s->f->mu);
+    s->f->n_cancel++;
+    s->f->t_cancel_ns = kvr_now_ns();
+    pthread_mutex_unlock(&s->f->mu);
+}
+
+static void fake_release(struct kvr_gen_stream *s)
+{
+    pthread_mutex_lock(&s->f->mu);
+    s->f->n_release++;
+    pthread_mutex_unlock(&s->f->mu);
+    free(s);
+}
+
+static bool fake_health(void *ctx, json_t *detail)
+{
+    struct fake *f = ctx;
+    pthread_mutex_lock(&f->mu);
+    bool up = f->healthy;
+    pthread_mutex_unlock(&f->mu);
+    json_object_set_new(detail, "stages",
+                        json_pack("[{s:i,s:b},{s:i,s:b}]", "index", 0, "up", 1, "index", 1, "up",
+                                  up));
+    return up;
+}
+
+static void fake_metrics(void *ctx, struct kvr_sbuf *out)
+{
+    kvr_sbuf_puts(out, "# TYPE kvasir:fake_queue_depth gauge\nkvasir:fake_queue_depth 3\n");
+}
+
+static const struct kvr_service_ops fake_ops = {
+    fake_submit, fake_next, fake_cancel, fake_release, fake_health, fake_metrics,
+};
+
+/* " Once upon a time.é The end." then EOS. */
+static const int32_t story[] = {W_ONCE,         W_UPON,         W_A,    W_TIME, ID_ASCII('.'),
+                                ID_BYTE(0xC3), ID_BYTE(0xA9), W_THE, W_END,  ID_ASCII('.')};
+#define STORY_TEXT " Once upon a time.\xC3\xA9 The end."
+#define N_STORY (sizeof story / sizeof story[0])
+
+static void fake_reset(struct fake *f)
+{
+    pthread_mutex_lock(&f->mu);
+    f->script = story;
+    f->n_script = N_STORY;
+    f->eos_after_script = true;
+    f->delay_ms = 1;
+    f->refuse_status = 0;
+    f->fail_after = -1;
+    f->healthy = true;
+    pthread_mutex_unlock(&f->mu);
+}
+
+/* ---- fixture ------------------------------------------------------------------------ */
+
+#define API_KEY "sekret-key"
+#define N_CTX 64
+
+struct fixture {
+    struct fake fake;
+    struct kvr_tok *tok;
+    struct kvr_service svc;
+    struct kvr_http *http;
+    uint16_t port;
+};
+
+static struct fixture *start(size_t max_body)
+{
+    struct fixture *fx = calloc(1, sizeof *fx);
+    pthread_mutex_init(&fx->fake.mu, NULL);
+    fake_reset(&fx->fake);
+    fx->tok = make_tok();
+    fx->svc = (struct kvr_service){.ops = &fake_ops,
+                                   .ctx = &fx->fake,
+                                   .model_name = "fake-stories",
+                                   .n_ctx = N_CTX,
+                                   .tok = fx->tok,
+                                   .chat_template = "{{ '<|im_start|>' }}",
+                                   .chat_template_len = 19};
+    struct kvr_http_config cfg;
+    kvr_http_config_init(&cfg);
+    cfg.port = 0;
+    cfg.api_key = API_KEY;
+    cfg.max_body_bytes = max_body;
+    struct kvr_err err = {0};
+    if (kvr_http_create(&fx->http, &cfg, &fx->svc, &err))
+        fail_msg("server: %s", err.msg);
+    fx->port = kvr_http_port(fx->http);
+    assert_true(fx->port != 0);
+    return fx;
+}
+
+static void stop(struct fixture *fx)
+{
+    kvr_http_destroy(fx->http);
+    kvr_tok_destroy(fx->tok);
+    pthread_mutex_destroy(&fx->fake.mu);
+    free(fx);
+}
+
+static int setup(void **state)
+{
+    *state = start(1u << 20);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    stop(*state);
+    return 0;
+}
+
+/* ---- a minimal HTTP client ---------------------------------------------------------- */
+
+static int dial(uint16_t port)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct timeval tv = {.tv_sec = 10};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    return fd;
+}
+
+static bool send_all(int fd, const void *p, size_t n)
+{
+    const char *c = p;
+    while (n) {
+        ssize_t k = send(fd, c, n, MSG_NOSIGNAL);
+        if (k <= 0)
+            return false;
+        c += k;
+        n -= (size_t)k;
+    }
+    return true;
+}
+
+struct resp {
+    int status;
+    char *head; /* status line and headers, NUL-terminated */
+    char *body; /* de-chunked, NUL-terminated */
+    size_t body_len;
+};
+
+static void resp_free(struct resp *r)
+{
+    free(r->head);
+    free(r->body);
+    memset(r, 0, sizeof *r);
+}
+
+/* The value of a header (case-insensitive name) in r->head, copied into buf. */
+static const char *header(const struct resp *r, const char *name, char *buf, size_t cap)
+{
+    size_t n = strlen(name);
+    for (const char *p = strstr(r->head, "\r\n"); p && p[2]; p = strstr(p + 2, "\r\n")) {
+        const char *line = p + 2;
+        if (!strncasecmp(line, name, n) && line[n] == ':') {
+            const char *v = line + n + 1;
+            while (*v == ' ')
+                v++;
+            size_t len = strcspn(v, "\r");
+            snprintf(buf, cap, "%.*s", (int)len, v);
+            return buf;
+        }
+    }
+    return NULL;
+}
+
+/* Read a whole response from a connection the server will close (we send
+ * "Connection: close"), undoing chunked transfer coding. */
+static void read_resp(int fd, struct resp *r)
+{
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (len + 4096 > cap)
+            buf = realloc(buf, cap *= 2);
+        ssize_t k = recv(fd, buf + len, cap - len - 1, 0);
+        if (k <= 0)
+            break;
+        len += (size_t)k;
+    }
+    buf[len] = 0;
+    memset(r, 0, sizeof *r);
+    char *end = strstr(buf, "\r\n\r\n");
+    if (!end)
+        fail_msg("no HTTP response head in %zu bytes: %.200s", len, buf);
+    r->head = strndup(buf, (size_t)(end - buf + 2));
+    assert_int_equal(sscanf(r->head, "HTTP/1.%*d %d", &r->status), 1);
+    char *body = end + 4;
+    size_t body_len = len - (size_t)(body - buf);
+    char te[64];
+    r->body = malloc(body_len + 1);
+    if (header(r, "Transfer-Encoding", te, sizeof te) && strstr(te, "chunked")) {
+        size_t out = 0;
+        char *p = body;
+        for (;;) {
+            unsigned long n = strtoul(p, &p, 16);
+            p = strstr(p, "\r\n");
+            assert_non_null(p);
+            p += 2;
+            if (n == 0)
+                break;
+            assert_true(p + n <= body + body_len);
+            memcpy(r->body + out, p, n);
+            out += n;
+            p += n + 2;
+        }
+        r->body_len = out;
+    } else {
+        memcpy(r->body, body, body_len);
+        r->body_len = body_len;
+    }
+    r->body[r->body_len] = 0;
+    free(buf);
+}
+
+/* One request on its own connection. `headers` are extra header lines, each ending in
+ * "\r\n". A NULL body sends none; body_len 0 means strlen. */
+static void request(uint16_t port, const char *method, const char *path, const char *headers,
+                    const char *body, size_t body_len, struct resp *r)
+{
+    if (body && !body_len)
+        body_len = strlen(body);
+    char head[1024];
+    int n = snprintf(head, sizeof head,
+                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s", method, path,
+                     headers ? headers : "");
+    if (body)
+        n += snprintf(head + n, sizeof head - (size_t)n,
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n", body_len);
+    n += snprintf(head + n, sizeof head - (size_t)n, "\r\n");
+    int fd = dial(port);
+    assert_true(send_all(fd, head, (size_t)n));
+    if (body)
+        send_all(fd, body, body_len);
+    read_resp(fd, r);
+    close(fd);
+}
+
+#define AUTH "Authorization: Bearer " API_KEY "\r\n"
+
+static void post(uint16_t port, const char *path, const char *body, struct resp *r)
+{
+    request(port, "POST", path, AUTH, body, 0, r);
+}
+
+static json_t *body_json(const struct resp *r)
+{
+    json_error_t je;
+    json_t *j = json_loadb(r->body, r->body_len, 0, &je);
+    if (!j)
+        fail_msg("body is not JSON (%s): %.300s", je.text, r->body);
+    return j;
+}
+
+/* The body must be an OpenAI error whose message contains `msg`. */
+static void expect_error(const struct resp *r, int status, const char *msg)
+{
+    if (r->status != status)
+        fail_msg("status %d, want %d; body %.300s", r->status, status, r->body);
+    char ct[128];
+    assert_non_null(header(r, "Content-Type", ct, sizeof ct));
+    assert_string_equal(ct, "application/json");
+    json_t *j = body_json(r);
+    json_t *e = json_object_get(j, "error");
+    assert_true(json_is_object(e));
+    const char *m = json_string_value(json_object_get(e, "message"));
+    assert_non_null(m);
+    if (!strstr(m, msg))
+        fail_msg("message '%s' lacks '%s'", m, msg);
+    assert_true(json_is_string(json_object_get(e, "type")));
+    assert_non_null(json_object_get(e, "param"));
+    assert_non_null(json_object_get(e, "code"));
+    json_decref(j);
+}
+
+static const char *choice_text(json_t *j)
+{
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *t = json_object_get(c, "text");
+    if (!t)
+        t = json_object_get(json_object_get(c, "message"), "content");
+    return json_string_value(t);
+}
+
+static const char *choice_finish(json_t *j)
+{
+    return json_string_value(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "finish_reason"));
+}
+
+/* A normal request must still work: used after every bad input. */
+static void expect_alive(uint16_t port)
+{
+    struct resp r;
+    post(port, "/v1/completions", "{\"prompt\": \"hi\", \"max_tokens\": 4}", &r);
+    assert_int_equal(r.status, 200);
+    json_t *j = body_json(&r);
+    assert_string_equal(choice_text(j), " Once upon a time");
+    json_decref(j);
+    resp_free(&r);
+}
+
+/* ---- bad input over the wire --------------------------------------------------------- */
+
+static void test_bad_inputs(void **state)
+{
+    struct fixture *fx = *state;
+    static const struct {
+        const char *method, *path, *headers, *body;
+        size_t body_len;
+        int status;
+        const char *msg;
+    } cases[] = {
+        {"POST", "/v1/completions", AUTH, "{\"prompt\": ", 0, 400, "not valid JSON"},
+        {"POST", "/v1/completions", AUTH, "{\"prompt\": \"hi\", \"max_tokens\": \"ten\"}", 0, 400,
+         "'max_tokens' must be an integer"},
+        {"POST", "/v1/completions", AUTH, "{\"max_tokens\": 5}", 0, 400,
+         "you must provide a 'prompt'"},
+        {"POST", "/v1/chat/completions", AUTH, "{\"max_tokens\": 5}", 0, 400,
+         "you must provide 'messages'"},
+        {"POST", "/v1/completions", AUTH, "{\"prompt\": \"caf\xC3\"}", 0, 400,
+         "not valid UTF-8"},
+        {"POST", "/v1/completions", AUTH, "{\"prompt\": \"hi\", \"n\": 2}", 0, 400,
+         "n > 1 is not supported"},
+        {"POST", "/v1/completions", AUTH, "{\"prompt\": \"hi\", \"max_tokens\": 0}", 0, 400,
+         "'max_tokens' must be between 1 and 64"},
+        {"POST", "/v1/completions", AUTH, "{\"prompt\": \"hi\", \"max_tokens\": 65}", 0, 400,
+         "between 1 and 64"},
+        /* 70 characters become 71 tokens with BOS: longer than the context of 64. */
+        {"POST", "/v1/completions", AUTH,
+         "{\"prompt\": \"abcdefghijabcdefghijabcdefghijabcdefghijabcdefghijabcdefghijabcdefghij\"}",
+         0, 400, "maximum context length is 64 tokens, but the prompt is 71 tokens"},
+        {"POST", "/v1/completions", AUTH,
+         "{\"prompt\": \"abcdefghijabcdefghijabcdefghijabcdefghij\", \"max_tokens\": 30}", 0, 400,
+         "you requested 71 tokens (41 in the prompt, 30 for the completion)"},
+        {"POST", "/v1/completions", AUTH, "", 0, 400, "body is empty"},
+        {"POST", "/v1/completions", AUTH, NULL, 0, 400, "body is empty"},
+        {"POST", "/v1/completions", AUTH "X-Latency-Budget-Ms: soon\r\n", "{\"prompt\": \"hi\"}",
+         0, 400, "X-Latency-Budget-Ms header must be"},
+        {"GET", "/v1/nothing", AUTH, NULL, 0, 404, "no such endpoint: GET /v1/nothing"},
+        {"POST", "/", AUTH, "{}", 0, 404, "no such endpoint"},
+        {"GET", "/v1/completions", AUTH, NULL, 0, 405, "method GET is not allowed"},
+        {"DELETE", "/v1/models", AUTH, NULL, 0, 405, "method DELETE is not allowed"},
+        {"POST", "/v1/completions", NULL, "{\"prompt\": \"hi\"}", 0, 401, "missing or invalid API key"},
+        {"POST", "/v1/completions", "Authorization: Bearer sekret-kez\r\n", "{\"prompt\": \"hi\"}",
+         0, 401, "invalid API key"},
+        {"POST", "/v1/completions", "Authorization: Bearer sekret-key2\r\n",
+         "{\"prompt\": \"hi\"}", 0, 401, "invalid API key"},
+        {"POST", "/v1/completions", "Authorization: Basic c2VrcmV0LWtleQ==\r\n",
+         "{\"prompt\": \"hi\"}", 0, 401, "invalid API key"},
+        {"GET", "/v1/models", NULL, NULL, 0, 401, "API key"},
+        {"GET", "/metrics", NULL, NULL, 0, 401, "API key"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct resp r;
+        request(fx->port, cases[i].method, cases[i].path, cases[i].headers, cases[i].body,
+                cases[i].body_len, &r);
+        print_message("case %zu: %s %s -> %d\n", i, cases[i].method, cases[i].path, r.status);
+        expect_error(&r, cases[i].status, cases[i].msg);
+        char v[64];
+        if (cases[i].status == 405)
+            assert_non_null(header(&r, "Allow", v, sizeof v));
+        if (cases[i].status == 401)
+            assert_non_null(header(&r, "WWW-Authenticate", v, sizeof v));
+        resp_free(&r);
+        expect_alive(fx->port);
+    }
+    /* Nothing was submitted for any of them except the liveness checks. */
+    pthread_mutex_lock(&fx->fake.mu);
+    int n_submit = fx->fake.n_submit;
+    pthread_mutex_unlock(&fx->fake.mu);
+    assert_true(n_submit >= (int)(sizeof cases / sizeof cases[0]));
+}
+
+static void test_body_too_large(void **state)
+{
+    struct fixture *fx = *state;
+    /* Declared too large: refused from the headers, before any body is sent. */
+    int fd = dial(fx->port);
+    const char *head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" AUTH
+                       "Content-Type: application/json\r\nContent-Length: 2097152\r\n\r\n";
+    assert_true(send_all(fd, head, strlen(head)));
+    struct resp r;
+    read_resp(fd, &r);
+    close(fd);
+    expect_error(&r, 413, "larger than the limit of 1048576 bytes");
+    resp_free(&r);
+    expect_alive(fx->port);
+
+    /* Chunked, no length given: counted while it arrives, the excess dropped, then 413. */
+    fd = dial(fx->port);
+    head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" AUTH
+           "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n";
+    assert_true(send_all(fd, head, strlen(head)));
+    static char chunk[65536];
+    memset(chunk, ' ', sizeof chunk);
+    char size_line[32];
+    snprintf(size_line, sizeof size_line, "%zx\r\n", sizeof chunk);
+    for (int i = 0; i < 24; i++) { /* 1.5 MiB */
+        if (!send_all(fd, size_line, strlen(size_line)) || !send_all(fd, chunk, sizeof chunk) ||
+            !send_all(fd, "\r\n", 2))
+            break;
+    }
+    send_all(fd, "0\r\n\r\n", 5);
+    read_resp(fd, &r);
+    close(fd);
+    expect_error(&r, 413, "larger than the limit");
+    resp_free(&r);
+    expect_alive(fx->port);
+
+    /* Just under the limit is read and parsed (and refused for what it says, not its size). */
+    size_t n = (1u << 20) - 64;
+    char *big = malloc(n + 1);
+    memset(big, ' ', n);
+    memcpy(big, "{\"prompt\": 5", 12);
+    big[n - 1] = '}';
+    big[n] = 0;
+    request(fx->port, "POST", "/v1/completions", AUTH, big, n, &r);
+    expect_error(&r, 400, "'prompt' must be a string");
+    resp_free(&r);
+    free(big);
+}
+
+/* ---- normal requests ---------------------------------------------------------------- */
+
+static void test_completion(void **state)
+{
+    struct fixture *fx = *state;
+    fake_reset(&fx->fake);
+    struct resp r;
+    post(fx->port, "/v1/completions",
+         "{\"model\": \"whatever\", \"prompt\": \"Hi there\", \"max_tokens\": 20, "
+         "\"temperature\": 0.5, \"seed\": 42, \"top_k\": 5, "
+         "\"latency_budget\": {\"first_token_ms\": 300, \"total_ms\": 4000}}",
+         &r);
+    assert_int_equal(r.status, 200);
+    json_t *j = body_json(&r);
+    assert_string_equal(choice_text(j), STORY_TEXT);
+    assert_string_equal(choice_finish(j), "stop"); /* EOS */
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "text_completion");
+    assert_string_equal(json_string_value(json_object_get(j, "model")), "fake-stories");
+    assert_memory_equal(json_string_value(json_object_get(j, "id")), "cmpl-", 5);
+    json_t *u = json_object_get(j, "usage");
+    /* "Hi there" with SentencePiece's added space: BOS ▁ H i ▁ t h e r e = 10 tokens. */
+    assert_int_equal(json_integer_value(json_object_get(u, "prompt_tokens")), 10);
+    assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")), N_STORY + 1);
+    json_decref(j);
+    resp_free(&r);
+
+    pthread_mutex_lock(&fx->fake.mu);
+    struct kvr_gen_request q = fx->fake.last_req;
+    assert_int_equal(fx->fake.last_n_prompt, 10);
+    assert_int_equal(fx->fake.last_prompt[0], 1); /* BOS */
+    assert_int_equal(fx->fake.last_prompt[1], ID_SPACE);
+    assert_int_equal(fx->fake.last_prompt[2], ID_ASCII('H'));
+    assert_int_equal(fx->fake.last_prompt[4], ID_SPACE);
+    pthread_mutex_unlock(&fx->fake.mu);
+    assert_int_equal(q.max_tokens, 20);
+    assert_true(q.sampling.temperature == 0.5f);
+    assert_int_equal(q.sampling.top_k, 5);
+    assert_true(q.sampling.seed == 42);
+    assert_int_equal(q.first_token_ms, 300);
+    assert_int_equal(q.total_ms, 4000);
+    assert_false(q.logprobs);
+
+    /* max_tokens cuts it short: finish_reason length. */
+    post(fx->port, "/v1/completions", "{\"prompt\": [1, 5, 6], \"max_tokens\": 3}", &r);
+    assert_int_equal(r.status, 200);
+    j = body_json(&r);
+    assert_string_equal(choice_text(j), " Once upon a");
+    assert_string_equal(choice_finish(j), "length");
+    json_decref(j);
+    resp_free(&r);
+    pthread_mutex_lock(&fx->fake.mu);
+    assert_int_equal(fx->fake.last_n_prompt, 3); /* token ids pass through as given */
+    assert_int_equal(fx->fake.last_prompt[2], 6);
+    pthread_mutex_unlock(&fx->fake.mu);
+
+    /* The header budget applies when the body gives no total. */
+    request(fx->port, "POST", "/v1/completions", AUTH "X-Latency-Budget-Ms: 1500\r\n",
+            "{\"prompt\": \"a\", \"max_tokens\": 1}", 0, &r);
+    assert_int_equal(r.status, 200);
+    resp_free(&r);
+    pthread_mutex_lock(&fx->fake.mu);
+    assert_int_equal(fx->fake.last_req.total_ms, 1500);
+    assert_int_equal(fx->fake.last_req.first_token_ms, 0);
+    pthread_mutex_unlock(&fx->fake.mu);
+}
+
+static void test_stop_strings(void **state)
+{
+    struct fixture *fx = *state;
+    fake_reset(&fx->fake);
+    struct resp r;
+    int cancels_before = fx->fake.n_cancel;
+    /* "ce up" spans the tokens " Once" and " upon". */
+    post(fx->port, "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 20, \"stop\": \"ce up\"}",
+         &r);
+    assert_int_equal(r.status, 200);
+    json_t *j = body_json(&r);
+    assert_string_equal(choice_text(j), " On");
+    assert_string_equal(choice_finish(j), "stop");
+    json_decref(j);
+    resp_free(&r);
+    pthread_mutex_lock(&fx->fake.mu);
+    assert_int_equal(fx->fake.n_cancel, cancels_before + 1); /* the stream was stopped */
+    pthread_mutex_unlock(&fx->fake.mu);
+
+    /* A stop string made of two byte tokens' character, and one that never comes. */
+    post(fx->port, "/v1/completions",
+         "{\"prompt\": \"x\", \"max_tokens\": 20, \"stop\": [\"zzz\", \"\\u00e9 T\"]}", &r);
+    j = body_json(&r);
+    assert_string_equal(choice_text(j), " Once upon a time.");
+    json_decref(j);
+    resp_free(&r);
+
+    /* A partial match at the very end is released when the generation ends. */
+    post(fx->port, "/v1/completions",
+         "{\"prompt\": \"x\", \"max_tokens\": 20, \"stop\": \"end. And\"}", &r);
+    j = body_json(&r);
+    assert_string_equal(choice_text(j), STORY_TEXT);
+    json_decref(j);
+    resp_free(&r);
+}
+
+static void test_chat(void **state)
+{
+    struct fixture *fx = *state;
+    fake_reset(&fx->fake);
+    struct resp r;
+    post(fx->port, "/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, "
+         "{\"role\": \"user\", \"content\": \"u\"}], \"max_completion_tokens\": 4, "
+         "\"logprobs\": true}",
+         &r);
+    assert_int_equal(r.status, 200);
+    json_t *j = body_json(&r);
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
+    assert_memory_equal(json_string_value(json_object_get(j, "id")), "chatcmpl-", 9);
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(c, "message"), "role")), "assistant");
+    assert_string_equal(choice_text(j), " Once upon a time");
+    assert_string_equal(choice_finish(j), "length");
+    json_t *content = json_object_get(json_object_get(c, "logprobs"), "content");
+    assert_int_equal(json_array_size(content), 4);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(content, 1), "token")),
+                        " upon");
+    assert_true(json_real_value(json_object_get(json_array_get(content, 1), "logprob")) == -0.5);
+    json_decref(j);
+    resp_free(&r);
+
+    /* The prompt was rendered with ChatML and its control tokens parsed into single ids:
+     * BOS, then three <|im_start|> (system, user, assistant) and two <|im_end|>. */
+    pthread_mutex_lock(&fx->fake.mu);
+    assert_int_equal(fx->fake.last_prompt[0], 1);
+    assert_int_equal(fx->fake.last_prompt[1], W_IM_START);
+    int n_start = 0, n_end = 0;
+    for (uint32_t i = 0; i < fx->fake.last_n_prompt; i++) {
+        n_start += fx->fake.last_prompt[i] == W_IM_START;
+        n_end += fx->fake.last_prompt[i] == W_IM_END;
+    }
+    assert_int_equal(n_start, 3);
+    assert_int_equal(n_end, 2);
+    assert_true(fx->fake.last_req.logprobs);
+    pthread_mutex_unlock(&fx->fake.mu);
+
+    /* Completions logprobs. */
+    post(fx->port, "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2, \"logprobs\": 1}",
+         &r);
+    j = body_json(&r);
+    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    assert_int_equal(json_array_size(json_object_get(lp, "tokens")), 2);
+    assert_string_equal(json_string_value(json_array_get(json_object_get(lp, "tokens"), 0)),
+                        " Once");
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 1)),
+                     5);
+    json_decref(j);
+    resp_free(&r);
+}
+
+/* Split an SSE body into its data payloads; returns how many. */
+static int sse_events(char *body, char **events, int max)
+{
+    int n = 0;
+    for (char *p = body; *p && n < max;) {
+        if (strncmp(p, "data: ", 6) != 0)
+            fail_msg("SSE event does not start with 'data: ': %.60s", p);
+        char *end = strstr(p, "\n\n");
+        if (!end)
+            fail_msg("SSE event not terminated: %.60s", p);
+        *end = 0;
+        events[n++] = p + 6;
+        p = end + 2;
+    }
+    return n;
+}
+
+static void test_streaming(void **state)
+{
+    struct fixture *fx = *state;
+    fake_reset(&fx->fake);
+    struct resp r;
+    post(fx->port, "/v1/completions",
+         "{\"prompt\": \"x\", \"max_tokens\": 30, \"stream\": true, "
+         "\"stream_options\": {\"include_usage\": true}}",
+         &r);
+    assert_int_equal(r.status, 200);
+    char ct[64];
+    assert_string_equal(header(&r, "Content-Type", ct, sizeof ct), "text/event-stream");
+    char *ev[64];
+    int n = sse_events(r.body, ev, 64);
+    assert_true(n >= 4);
+    assert_string_equal(ev[n - 1], "[DONE]");
+    char text[256] = "";
+    const char *finish = NULL;
+    for (int i = 0; i < n - 2; i++) {
+        json_t *j = json_loads(ev[i], 0, NULL);
+        assert_non_null(j);
+        assert_true(json_is_null(json_object_get(j, "usage")));
+        strcat(text, choice_text(j));
+        if (choice_finish(j)) {
+            assert_int_equal(i, n - 3); /* only the last content chunk finishes */
+            finish = "stop";
+            assert_string_equal(choice_finish(j), "stop");
+        }
+        json_decref(j);
+    }
+    assert_non_null(finish);
+    assert_string_equal(text, STORY_TEXT);
+    json_t *u = json_loads(ev[n - 2], 0, NULL);
+    assert_int_equal(json_array_size(json_object_get(u, "choices")), 0);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(u, "usage"),
+                                                        "completion_tokens")),
+                     N_STORY + 1);
+    json_decref(u);
+    resp_free(&r);
+
+    /* Chat streaming: a role chunk first, deltas, a finish, [DONE]; a stop string is never
+     * shown, even in part. */
+    post(fx->port, "/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stream\": true, "
+         "\"stop\": \"time.\"}",
+         &r);
+    assert_int_equal(r.status, 200);
+    n = sse_events(r.body, ev, 64);
+    assert_string_equal(ev[n - 1], "[DONE]");
+    json_t *first = json_loads(ev[0], 0, NULL);
+    json_t *delta = json_object_get(json_array_get(json_object_get(first, "choices"), 0), "delta");
+    assert_string_equal(json_string_value(json_object_get(delta, "role")), "assistant");
+    assert_string_equal(json_string_value(json_object_get(first, "object")),
+                        "chat.completion.chunk");
+    json_decref(first);
+    text[0] = 0;
+    for (int i = 1; i < n - 1; i++) {
+        json_t *j = json_loads(ev[i], 0, NULL);
+        json_t *d = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta");
+        const char *c = json_string_value(json_object_get(d, "content"));
+        if (c)
+            strcat(text, c);
+        if (i == n - 2)
+            assert_string_equal(choice_finish(j), "stop");
+        json_decref(j);
+    }
+    assert_string_equal(text, " Once upon a ");
+    resp_free(&r);
+}
+
+static void test_refusal_and_errors(void **state)
+{
+    struct fixture *fx = *state;
+    fake_reset(&fx->fake);
+    pthread_mutex_lock(&fx->fake.mu);
+    fx->fake.refuse_status = 429;
+    fx->fake.refuse_retry_s = 2;
+    fx->fake.refuse_reason = KVR_REFUSE_OVER_BUDGET;
+    pthread_mutex_unlock(&fx->fake.mu);
+    struct resp r;
+    post(fx->port, "/v1/completions", "{\"prompt\": \"x\"}", &r);
+    expect_error(&r, 429, "would miss first-token budget: estimated 812 ms > 500 ms");
+    char v[32];
+    assert_string_equal(header(&r, "Retry-After", v, sizeof v), "2");
+    json_t *j = body_json(&r);
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(j, "error"), "code")), "over_budget");
+    json_decref(j);
+    resp_free(&r);
+
+    pthread_mutex_lock(&fx->fake.mu);
+    fx->fake.refuse_status = 503;
+    fx->fake.refuse_reason = KVR_REFUSE_QUEUE_FULL;
+    pthread_mutex_unlock(&fx->fake.mu);
+    post(fx->port, "/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"stream\": true}", &r);
+    expect_error(&r, 503, "estimated 812 ms");
+    assert_non_null(header(&r, "Retry-After", v, sizeof v));
+    resp_free(&r);
+
+    /* The service fails mid-generation: JSON gets the service's status, SSE an error event
+     * and [DONE]. */
+    fake_reset(&fx->fake);
+    pthread_mutex_lock(&fx->fake.mu);
+    fx->fake.fail_after = 2;
+    fx->fake.fail_status = 503;
+    pthread_mutex_unlock(&fx->fake.mu);
+    post(fx->port, "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 10}", &r);
+    expect_error(&r, 503, "stage 1 went away");
+    resp_free(&r);
+    post(fx->port, "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 10, \"stream\": true}",
+         &r);
+    assert_int_equal(r.status, 200);
+    char *ev[16];
+    int n = sse_events(r.body, ev, 16);
+    assert_string_equal(ev[n - 1], "[DONE]");
+    assert_non_null(strstr(ev[n - 2], "\"error\""));
+    assert_non_null(strstr(ev[n - 2], "stage 1 went away"));
+    resp_free(&r);
+    fake_reset(&fx->fake);
+    expect_alive(fx->port);
+}
+
+static void test_models_health_metrics(void **state)
+{
+    struct fixture *fx = *state;
+    fake_reset(&fx->fake);
+    struct resp r;
+    request(fx->port, "GET", "/v1/models", AUTH, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    json_t *j = body_json(&r);
+    json_t *m = json_array_get(json_object_get(j, "data"), 0);
+    assert_string_equal(json_string_value(json_object_get(m, "id")), "fake-stories");
+    assert_int_equal(json_integer_value(json_object_get(m, "max_model_len")), N_CTX);
+    json_decref(j);
+    resp_free(&r);
+
+    /* /health needs no key. */
+    request(fx->port, "GET", "/health", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    j = body_json(&r);
+    assert_string_equal(json_string_value(json_object_get(j, "status")), "ok");
+    assert_int_equal(json_array_size(json_object_get(j, "stages")), 2);
+    json_decref(j);
+    resp_free(&r);
+    pthread_mutex_lock(&fx->fake.mu);
+    fx->fake.healthy = false;
+    pthread_mutex_unlock(&fx->fake.mu);
+    request(fx->port, "GET", "/health", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 503);
+    j = body_json(&r);
+    assert_string_equal(json_string_value(json_object_get(j, "status")), "unavailable");
+    json_decref(j);
+    resp_free(&r);
+    fake_reset(&fx->fake);
+
+    request(fx->port, "GET", "/metrics", AUTH, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    static const char *const want[] = {
+        "kvasir:http_requests_total{endpoint=\"/v1/completions\",code=\"200\"} ",
+        "kvasir:http_requests_total{endpoint=\"/health\",code=\"503\"} 1\n",
+        "kvasir:request_success_total{finished_reason=\"stop\"} ",
+        "kvasir:time_to_first_token_seconds_bucket{le=\"+Inf\"} ",
+        "kvasir:inter_token_latency_seconds_count ",
+        "kvasir:e2e_request_latency_seconds_sum ",
+        "kvasir:prompt_tokens_total ",
+        "kvasir:generation_tokens_total ",
+        "kvasir:fake_queue_depth 3\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(r.body, want[i]))
+            fail_msg("metrics lack '%s':\n%s", want[i], r.body);
+    resp_free(&r);
+}
+
+/* Wait up to `ms` for the fake to have seen `n` cancels; returns the time it took. */
+static double wait_cancels(struct fake *f, int n, uint64_t since_ns, double ms)
+{
+    uint64_t deadline = kvr_now_ns() + (uint64_t)(ms * 1e6);
+    for (;;) {
+        pthread_mutex_lock(&f->mu);
+        int c = f->n_cancel;
+        uint64_t t = f->t_cancel_ns;
+        pthread_mutex_unlock(&f->mu);
+        if (c >= n)
+            return (double)(t - since_ns) * 1e-6;
+        if (kvr_now_ns() > deadline)
+            return -1;
+        kvr_sleep_ns(5 * 1000000);
+    }
+}
+
+static void test_disconnect_cancels(void **state)
+{
+    struct fixture *fx = *state;
+    fake_reset(&fx->fake);
+    static const int32_t slow[] = {W_THE, W_END};
+    pthread_mutex_lock(&fx->fake.mu);
+    fx->fake.script = slow;
+    fx->fake.n_script = 2;
+    fx->fake.eos_after_script = false;
+    fx->fake.delay_ms = 150; /* a token every 150 ms: the stream would take 9 s */
+    int cancels = fx->fake.n_cancel, releases = fx->fake.n_release;
+    pthread_mutex_unlock(&fx->fake.mu);
+
+    for (int streaming = 1; streaming >= 0; streaming--) {
+        int fd = dial(fx->port);
+        char req[512];
+        const char *body = streaming ? "{\"prompt\": \"x\", \"max_tokens\": 60, \"stream\": true}"
+                                     : "{\"prompt\": \"x\", \"max_tokens\": 60}";
+        int n = snprintf(req, sizeof req,
+                         "POST /v1/completions HTTP/1.1\r\nHost: x\r\n" AUTH
+                         "Content-Length: %zu\r\n\r\n%s",
+                         strlen(body), body);
+        assert_true(send_all(fd, req, (size_t)n));
+        if (streaming) {
+            /* Read until the first token's chunk has arrived, then hang up. */
+            char buf[4096];
+            size_t got = 0;
+            while (got < sizeof buf - 1) {
+                ssize_t k = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+                assert_true(k > 0);
+                got += (size_t)k;
+                buf[got] = 0;
+                if (strstr(buf, " The"))
+                    break;
+            }
+        } else {
+            kvr_sleep_ns(300 * 1000000ull);
+        }
+        uint64_t t_close = kvr_now_ns();
+        close(fd);
+        cancels++;
+        releases++;
+        double ms = wait_cancels(&fx->fake, cancels, t_close, 1000);
+        print_message("%s: cancel seen %.1f ms after the client closed\n",
+                      streaming ? "stream" : "json", ms);
+        assert_true(ms >= 0 && ms < 1000);
+        /* And the stream is released soon after. */
+        uint64_t deadline = kvr_now_ns() + 1000000000ull;
+        for (;;) {
+            pthread_mutex_lock(&fx->fake.mu);
+            int rel = fx->fake.n_release;
+            pthread_mutex_unlock(&fx->fake.mu);
+            if (rel >= releases)
+                break;
+            assert_true(kvr_now_ns() < deadline);
+            kvr_sleep_ns(5 * 1000000);
+        }
+    }
+    fake_reset(&fx->fake);
+    expect_alive(fx->port);
+}
+
+static void test_every_stream_released(void **state)
+{
+    struct fixture *fx = *state;
+    /* By now every admitted stream has been released exactly once. */
+    pthread_mutex_lock(&fx->fake.mu);
+    assert_int_equal(fx->fake.n_submit, fx->fake.n_release);
+    pthread_mutex_unlock(&fx->fake.mu);
+}
+
+/* A server stopped while a stream is running cancels and releases it and returns. */
+static void test_shutdown_with_stream(void **state)
+{
+    struct fixture *fx = start(1u << 20);
+    static const int32_t slow[] = {W_THE};
+    pthread_mutex_lock(&fx->fake.mu);
+    fx->fake.script = slow;
+    fx->fake.n_script = 1;
+    fx->fake.eos_after_script = false;
+    fx->fake.delay_ms = 200;
+    pthread_mutex_unlock(&fx->fake.mu);
+    int fd = dial(fx->port);
+    const char *body = "{\"prompt\": \"x\", \"max_tokens\": 60, \"stream\": true}";
+    char req[512];
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\n" AUTH
+                     "Content-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    assert_true(send_all(fd, req, (size_t)n));
+    char buf[1024];
+    assert_true(recv(fd, buf, sizeof buf, 0) > 0);
+    uint64_t t0 = kvr_now_ns();
+    kvr_http_destroy(fx->http);
+    double ms = (double)(kvr_now_ns() - t0) * 1e-6;
+    print_message("shutdown with a running stream took %.1f ms\n", ms);
+    assert_true(ms < 2000);
+    assert_int_equal(fx->fake.n_submit, 1);
+    assert_int_equal(fx->fake.n_cancel, 1);
+    assert_int_equal(fx->fake.n_release, 1);
+    close(fd);
+    fx->http = NULL;
+    stop(fx);
+}
+
+static void test_config_errors(void **state)
+{
+    struct kvr_tok *tok = make_tok();
+    struct fake f;
+    memset(&f, 0, sizeof f);
+    struct kvr_service svc = {.ops = &fake_ops, .ctx = &f, .model_name = "m", .n_ctx = 64,
+                              .tok = tok};
+    struct kvr_http_config cfg;
+    kvr_http_config_init(&cfg);
+    cfg.port = 0;
+    struct kvr_http *h = NULL;
+    struct kvr_err err = {0};
+    cfg.chat_template = "vicuna";
+    assert_int_equal(kvr_http_create(&h, &cfg, &svc, &err), KVR_EINVAL);
+    assert_non_null(strstr(err.msg, "unknown chat template"));
+    cfg.chat_template = NULL;
+    cfg.host = "localhost:80";
+    assert_int_equal(kvr_http_create(&h, &cfg, &svc, &err), KVR_EINVAL);
+    cfg.host = "127.0.0.1";
+    svc.tok = NULL;
+    assert_int_equal(kvr_http_create(&h, &cfg, &svc, &err), KVR_EINVAL);
+    svc.tok = tok;
+    /* A port already in use. */
+    assert_int_equal(kvr_http_create(&h, &cfg, &svc, &err), KVR_OK);
+    cfg.port = kvr_http_port(h);
+    struct kvr_http *h2 = NULL;
+    assert_int_equal(kvr_http_create(&h2, &cfg, &svc, &err), KVR_EIO);
+    kvr_http_destroy(h);
+    kvr_tok_destroy(tok);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_inputs),
+        cmocka_unit_test(test_body_too_large),
+        cmocka_unit_test(test_completion),
+        cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_chat),
+        cmocka_unit_test(test_streaming),
+        cmocka_unit_test(test_refusal_and_errors),
+        cmocka_unit_test(test_models_health_metrics),
+        cmocka_unit_test(test_disconnect_cancels),
+        cmocka_unit_test(test_every_stream_released),
+    };
+    const struct CMUnitTest solo[] = {
+        cmocka_unit_test(test_shutdown_with_stream),
+        cmocka_unit_test(test_config_errors),
+    };
+    int failed = cmocka_run_group_tests_name("http", tests, setup, teardown);
+    failed += cmocka_run_group_tests_name("http_lifecycle", solo, NULL, NULL);
+    return failed;
+}
