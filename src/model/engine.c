@@ -397,6 +397,9 @@ int kvr_engine_check(const struct kvr_engine *e, const struct kvr_seg *segs, uin
 
 enum { MAX_FUSED = 3 };
 
+/* Multiply-adds below which a job runs on the calling thread alone (~20 us of work). */
+#define SMALL_WORK (256.0 * 1024)
+
 /* Up to three matmuls sharing one converted activation (Q/K/V, or gate/up), run in one
  * pool dispatch. Each thread takes the same fraction of every matrix's output rows. */
 struct mm_job {
@@ -449,16 +452,22 @@ static void matmuls(struct kvr_engine *e, const float *x, uint32_t n_rows, int n
                     const struct kvr_matrix *const *w, float *const *y)
 {
     struct quant_job qj = {w[0]->type, x, w[0]->n_in, n_rows, e->xq};
-    if (n_rows >= 8)
+    if ((double)n_rows * w[0]->n_in * 8 >= SMALL_WORK)
         kvr_pool_run(e->pool, quant_worker, &qj);
     else
         quant_worker(&qj, 0, 1);
     struct mm_job job = {.n = n, .xq = e->xq, .n_rows = n_rows};
+    double work = 0;
     for (int i = 0; i < n; i++) {
         job.w[i] = w[i];
         job.y[i] = y[i];
+        work += (double)w[i]->n_in * w[i]->n_out * n_rows;
     }
-    kvr_pool_run(e->pool, mm_worker, &job);
+    /* Waking the pool costs microseconds; a small product is cheaper on one thread. */
+    if (work < SMALL_WORK)
+        mm_worker(&job, 0, 1);
+    else
+        kvr_pool_run(e->pool, mm_worker, &job);
 }
 
 static void matmul1(struct kvr_engine *e, const float *x, uint32_t n_rows,
@@ -629,9 +638,11 @@ static void add_rows(float *x, const float *y, size_t n)
         x[i] += y[i];
 }
 
-static void run_rows(struct kvr_engine *e, kvr_pool_fn fn, void *job, uint32_t n_rows)
+/* Row-wise jobs over n_values values in all: parallel only when large enough to pay for
+ * waking the pool. */
+static void run_rows(struct kvr_engine *e, kvr_pool_fn fn, void *job, double n_values)
 {
-    if (n_rows >= 4)
+    if (n_values * 8 >= SMALL_WORK)
         kvr_pool_run(e->pool, fn, job);
     else
         fn(job, 0, 1);
@@ -644,7 +655,7 @@ static void layer_forward(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
     size_t n_x = (size_t)n_rows * hp->n_embd;
 
     struct rows_job norm = {e, n_rows, l->attn_norm, e->x, e->xb};
-    run_rows(e, rmsnorm_worker, &norm, n_rows);
+    run_rows(e, rmsnorm_worker, &norm, (double)n_x);
     const struct kvr_matrix *qkv_w[3] = {&l->wq, &l->wk, &l->wv};
     float *qkv_y[3] = {e->q, e->k, e->v};
     if (l->wq.type == l->wk.type && l->wq.type == l->wv.type) {
@@ -655,13 +666,19 @@ static void layer_forward(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
     }
 
     struct rope_job aj = {e, n_rows, il};
-    run_rows(e, rope_store_worker, &aj, n_rows);
-    kvr_pool_run(e->pool, attention_worker, &aj);
+    run_rows(e, rope_store_worker, &aj, (double)n_x);
+    double att_work = 0;
+    for (uint32_t r = 0; r < n_rows; r++)
+        att_work += (double)(e->row_pos[r] + 1) * hp->n_embd * 2;
+    if (att_work < SMALL_WORK)
+        attention_worker(&aj, 0, 1);
+    else
+        kvr_pool_run(e->pool, attention_worker, &aj);
     matmul1(e, e->att, n_rows, &l->wo, e->proj);
     add_rows(e->x, e->proj, n_x);
 
     norm.norm_w = l->ffn_norm;
-    run_rows(e, rmsnorm_worker, &norm, n_rows);
+    run_rows(e, rmsnorm_worker, &norm, (double)n_x);
     const struct kvr_matrix *ffn_w[2] = {&l->w_gate, &l->w_up};
     float *ffn_y[2] = {e->gate, e->up};
     if (l->w_gate.type == l->w_up.type) {
@@ -671,7 +688,7 @@ static void layer_forward(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
         matmul1(e, e->xb, n_rows, ffn_w[1], ffn_y[1]);
     }
     struct rows_job act = {e, n_rows, NULL, NULL, NULL};
-    run_rows(e, swiglu_worker, &act, n_rows);
+    run_rows(e, swiglu_worker, &act, (double)n_rows * hp->n_ff);
     matmul1(e, e->gate, n_rows, &l->w_down, e->proj);
     add_rows(e->x, e->proj, n_x);
 }

@@ -1,0 +1,979 @@
+/* bridge.c - request table, scheduler and ring links of the bridge (see bridge.h).
+ *
+ * Reading order: streams (what a consumer sees), sequence slots and KV accounting,
+ * admission, the batch builder, result handling, the links, the ring thread, then the
+ * public API.
+ *
+ * One mutex (b->lock) guards every request, slot and counter. The ring thread holds it
+ * while it builds a batch or applies a result, never while it does I/O. */
+#include "bridge/bridge.h"
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/log.h"
+#include "ring/net.h"
+#include "ring/wire.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+enum {
+    POLL_MS = 50,
+    HANDSHAKE_MS = 3000,
+    RING_TIMEOUT_MS = 30000, /* a batch that has not come back by then means a dead ring */
+    WINDOW_NS = 2000000000,  /* telemetry fractions are over this window */
+};
+
+/* ---- streams ---------------------------------------------------------------------------- */
+
+struct token_event {
+    int32_t token;
+    float logprob;
+    uint8_t eog;
+    uint64_t t_ns;
+};
+
+struct kvr_bridge_stream {
+    struct kvr_bridge *b;
+    int32_t *prompt;                /* [n_prompt], owned */
+    struct kvr_bridge_request req;  /* req.prompt points at `prompt` */
+    int seq;                        /* slot, or -1 while waiting / after it ended */
+    uint64_t submit_ns;
+    uint64_t deadline_ns;           /* for earliest-deadline-first; UINT64_MAX: none */
+    /* Produced by the ring thread, consumed by next(): a FIFO of token events. */
+    struct token_event *events;     /* [max_tokens] */
+    uint32_t ev_head, ev_count;
+    uint32_t n_generated;
+    enum kvr_bridge_finish finish;  /* set once the stream has ended */
+    bool finish_delivered;
+    bool cancel_requested;
+    bool released;
+    bool waiting;                   /* in the wait queue */
+    char message[128];
+    pthread_cond_t cond;
+};
+
+/* ---- sequence slots ----------------------------------------------------------------------- */
+
+enum seq_state {
+    SEQ_FREE,     /* no request */
+    SEQ_PREFILL,  /* prompt rows still to send */
+    SEQ_READY,    /* has its last token back: a decode row may be sent */
+    SEQ_WAIT,     /* its token-producing row is in flight */
+    SEQ_ENDING,   /* finished or cancelled: FREE must be sent once nothing is in flight */
+};
+
+struct seq {
+    enum seq_state state;
+    struct kvr_bridge_stream *stream; /* NULL once the consumer released it */
+    uint32_t n_prefilled;             /* prompt rows sent */
+    int32_t next_token;               /* SEQ_READY: input of the next decode row */
+    uint32_t inflight;                /* in-flight batches containing this sequence */
+    uint32_t kv_blocks;               /* reserved at admission */
+    bool opened;                      /* OPEN has been sent */
+    bool decoding;                    /* its first token has come back */
+    bool cancelled;
+};
+
+struct batch {
+    uint64_t id;
+    uint64_t sent_ns;
+    uint32_t n_ctrl, n_segs, n_rows;
+    struct kvr_wire_ctrl *ctrl;       /* [max_ctrl] */
+    struct kvr_seg *segs;             /* [row_width] */
+    int32_t *tokens;                  /* [row_width] */
+};
+
+struct kvr_bridge {
+    struct kvr_plan plan;
+    struct kvr_bridge_config cfg;
+    struct kvr_wire_limits head_limits; /* what stage 0 accepts */
+    struct kvr_wire_limits tail_limits; /* what we accept from the tail */
+
+    pthread_mutex_t lock;
+    pthread_cond_t up_cond;
+    struct seq *seqs;                 /* [max_seqs] */
+    struct kvr_bridge_stream **waitq; /* [max_waiting] FIFO of admitted, slotless requests */
+    uint32_t wq_head, wq_count, max_waiting;
+    uint32_t kv_used;                 /* blocks reserved per stage */
+    uint32_t n_running;
+
+    /* In-flight window: a FIFO of batches, oldest first. */
+    struct batch *batches;            /* [microbatches] */
+    uint32_t bf_head, n_inflight;
+    uint64_t next_batch_id;
+
+    /* Links, owned by the ring thread. */
+    int listen_fd;
+    struct kvr_link head, tail;
+    bool have_head, have_tail;
+    atomic_bool ring_up;
+    int wake_pipe[2];
+    atomic_bool stop;
+    pthread_t thread;
+    bool thread_started;
+
+    /* Telemetry. */
+    struct kvr_bridge_stats stats;
+    uint64_t win_start_ns;
+    uint64_t win_held[KVR_PLAN_MAX_STAGES], win_starved[KVR_PLAN_MAX_STAGES],
+        win_blocked[KVR_PLAN_MAX_STAGES], win_tokens;
+    double row_ms_ema;                /* per-row cost of a batch, ms */
+};
+
+static void wake(struct kvr_bridge *b)
+{
+    char c = 1;
+    ssize_t n = write(b->wake_pipe[1], &c, 1);
+    (void)n; /* a full pipe already means "wake up" */
+}
+
+const char *kvr_bridge_refusal_name(enum kvr_bridge_refusal_reason reason)
+{
+    static const char *const names[KVR_REFUSE_REASON_COUNT] = {
+        "none", "first_token_budget", "total_budget", "kv_full", "queue_full", "too_long",
+        "ring_down"};
+    return (unsigned)reason < KVR_REFUSE_REASON_COUNT ? names[reason] : "unknown";
+}
+
+/* Queue a token (or the end) for the consumer. Caller holds b->lock. */
+static void stream_push(struct kvr_bridge_stream *s, int32_t token, float logprob, bool eog,
+                        uint64_t now)
+{
+    uint32_t cap = s->req.max_tokens;
+    if (s->ev_count < cap) {
+        s->events[(s->ev_head + s->ev_count) % cap] =
+            (struct token_event){token, logprob, eog, now};
+        s->ev_count++;
+    }
+    pthread_cond_signal(&s->cond);
+}
+
+static void stream_end(struct kvr_bridge_stream *s, enum kvr_bridge_finish finish,
+                       const char *message)
+{
+    if (s->finish != KVR_FINISH_NONE)
+        return;
+    s->finish = finish;
+    if (message)
+        snprintf(s->message, sizeof s->message, "%s", message);
+    pthread_cond_signal(&s->cond);
+}
+
+static void stream_free(struct kvr_bridge_stream *s)
+{
+    pthread_cond_destroy(&s->cond);
+    kvr_free(s->events);
+    kvr_free(s->prompt);
+    kvr_free(s);
+}
+
+/* ---- slots and KV accounting --------------------------------------------------------------- */
+
+static uint32_t blocks_for(const struct kvr_bridge *b, uint32_t n_tokens)
+{
+    return (n_tokens + b->plan.kv_block_tokens - 1) / b->plan.kv_block_tokens;
+}
+
+static int free_slot(const struct kvr_bridge *b)
+{
+    for (uint32_t i = 0; i < b->plan.max_seqs; i++)
+        if (b->seqs[i].state == SEQ_FREE)
+            return (int)i;
+    return -1;
+}
+
+/* Give waiting requests a slot and their KV, oldest first, while both are available. */
+static void start_waiting(struct kvr_bridge *b)
+{
+    while (b->wq_count > 0) {
+        struct kvr_bridge_stream *s = b->waitq[b->wq_head];
+        uint32_t need = blocks_for(b, s->req.n_prompt + s->req.max_tokens);
+        int slot = free_slot(b);
+        if (slot < 0 || b->kv_used + need > b->plan.kv_blocks)
+            return;
+        b->wq_head = (b->wq_head + 1) % b->max_waiting;
+        b->wq_count--;
+        s->waiting = false;
+        struct seq *q = &b->seqs[slot];
+        *q = (struct seq){.state = SEQ_PREFILL, .stream = s, .kv_blocks = need};
+        s->seq = slot;
+        b->kv_used += need;
+        b->n_running++;
+    }
+}
+
+/* Take a request out of the wait queue, keeping the others' order. */
+static void waitq_remove(struct kvr_bridge *b, struct kvr_bridge_stream *s)
+{
+    uint32_t kept = 0;
+    for (uint32_t k = 0; k < b->wq_count; k++) {
+        struct kvr_bridge_stream *w = b->waitq[(b->wq_head + k) % b->max_waiting];
+        if (w != s)
+            b->waitq[(b->wq_head + kept++) % b->max_waiting] = w;
+    }
+    b->wq_count = kept;
+    s->waiting = false;
+}
+
+/* A sequence's request is over: stop producing, and free it in the ring once no batch that
+ * contains it is still in flight. Caller holds b->lock. */
+static void seq_end(struct kvr_bridge *b, uint32_t slot, enum kvr_bridge_finish finish,
+                    const char *message)
+{
+    struct seq *q = &b->seqs[slot];
+    if (q->state == SEQ_ENDING || q->state == SEQ_FREE)
+        return;
+    q->state = SEQ_ENDING;
+    q->cancelled = finish == KVR_FINISH_CANCELLED;
+    if (q->stream)
+        stream_end(q->stream, finish, message);
+}
+
+/* The slot's FREE record has been built into a batch: the slot may be reused at once, as
+ * the stages see that FREE before any later OPEN of the slot. */
+static void seq_release(struct kvr_bridge *b, uint32_t slot)
+{
+    struct seq *q = &b->seqs[slot];
+    b->kv_used -= q->kv_blocks;
+    b->n_running--;
+    if (q->stream) {
+        q->stream->seq = -1;
+        if (q->stream->released)
+            stream_free(q->stream);
+    }
+    memset(q, 0, sizeof *q);
+}
+
+/* ---- the batch builder ---------------------------------------------------------------------- */
+
+static uint64_t seq_deadline(const struct seq *q)
+{
+    return q->stream ? q->stream->deadline_ns : UINT64_MAX;
+}
+
+static void open_record(struct kvr_wire_ctrl *c, uint32_t slot,
+                        const struct kvr_bridge_request *r)
+{
+    const struct kvr_sample_params *p = &r->sampling;
+    *c = (struct kvr_wire_ctrl){
+        .type = KVR_WIRE_CTRL_OPEN, .seq = slot,
+        .flags = r->logprobs ? KVR_WIRE_OPEN_LOGPROBS : 0,
+        .sampling = {.temperature = p->temperature > 0 ? p->temperature : 0,
+                     .top_k = p->top_k > 0 ? p->top_k : 0, .top_p = p->top_p,
+                     .min_p = p->min_p, .repeat_penalty = p->repeat_penalty,
+                     .frequency_penalty = p->frequency_penalty,
+                     .presence_penalty = p->presence_penalty,
+                     .repeat_last_n = p->repeat_last_n, .seed = p->seed}};
+}
+
+/* Pick up to `quota` READY sequences, earliest deadline first, into order[]. */
+static uint32_t pick_decodes(struct kvr_bridge *b, uint32_t quota, uint32_t *order)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < b->plan.max_seqs; i++) {
+        if (b->seqs[i].state != SEQ_READY)
+            continue;
+        /* Insertion into a sorted prefix of length <= quota. */
+        uint64_t d = seq_deadline(&b->seqs[i]);
+        uint32_t at = n;
+        while (at > 0 && seq_deadline(&b->seqs[order[at - 1]]) > d)
+            at--;
+        if (at >= quota)
+            continue;
+        uint32_t end = n < quota ? n : quota - 1;
+        memmove(order + at + 1, order + at, (end - at) * sizeof *order);
+        order[at] = i;
+        if (n < quota)
+            n++;
+    }
+    return n;
+}
+
+/* Build the next batch into `bt`. Returns false if there is nothing to send. Caller holds
+ * b->lock. */
+static bool build_batch(struct kvr_bridge *b, struct batch *bt, uint32_t *scratch)
+{
+    const struct kvr_plan *p = &b->plan;
+    bt->n_ctrl = bt->n_segs = bt->n_rows = 0;
+
+    /* 1. FREE (or CANCEL) for sequences that ended and have nothing in flight. */
+    for (uint32_t i = 0; i < p->max_seqs; i++) {
+        struct seq *q = &b->seqs[i];
+        if (q->state != SEQ_ENDING || q->inflight)
+            continue;
+        if (q->opened)
+            bt->ctrl[bt->n_ctrl++] = (struct kvr_wire_ctrl){
+                .type = q->cancelled ? KVR_WIRE_CTRL_CANCEL : KVR_WIRE_CTRL_FREE, .seq = i};
+        seq_release(b, i);
+    }
+    start_waiting(b);
+
+    /* 2. Decode rows, spread evenly over the batches in flight. */
+    uint32_t n_decoding = 0;
+    for (uint32_t i = 0; i < p->max_seqs; i++)
+        if (b->seqs[i].decoding &&
+            (b->seqs[i].state == SEQ_READY || b->seqs[i].state == SEQ_WAIT))
+            n_decoding++;
+    uint32_t quota = (n_decoding + p->microbatches - 1) / p->microbatches;
+    quota = quota < p->row_width ? quota : p->row_width;
+    uint32_t n_dec = pick_decodes(b, quota ? quota : 1, scratch);
+    for (uint32_t k = 0; k < n_dec; k++) {
+        uint32_t i = scratch[k];
+        struct seq *q = &b->seqs[i];
+        struct kvr_bridge_stream *s = q->stream;
+        uint32_t pos = s->req.n_prompt + s->n_generated - 1;
+        bt->segs[bt->n_segs++] = (struct kvr_seg){i, pos, 1,
+                                                  KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
+        bt->tokens[bt->n_rows++] = q->next_token;
+        q->state = SEQ_WAIT;
+        q->inflight++;
+    }
+
+    /* 3. Prefill chunks in what is left of the row width, earliest deadline first. */
+    while (bt->n_rows < p->row_width) {
+        int best = -1;
+        for (uint32_t i = 0; i < p->max_seqs; i++) {
+            const struct seq *q = &b->seqs[i];
+            if (q->state != SEQ_PREFILL)
+                continue;
+            bool in_batch = false;
+            for (uint32_t j = 0; j < bt->n_segs && !in_batch; j++)
+                in_batch = bt->segs[j].seq == i;
+            if (!in_batch && (best < 0 || seq_deadline(q) < seq_deadline(&b->seqs[best])))
+                best = (int)i;
+        }
+        if (best < 0)
+            break;
+        struct seq *q = &b->seqs[best];
+        const struct kvr_bridge_request *r = &q->stream->req;
+        if (!q->opened) {
+            open_record(&bt->ctrl[bt->n_ctrl++], (uint32_t)best, r);
+            q->opened = true;
+        }
+        uint32_t left = r->n_prompt - q->n_prefilled, room = p->row_width - bt->n_rows;
+        uint32_t n = left < room ? left : room;
+        bool last = n == left;
+        bt->segs[bt->n_segs++] = (struct kvr_seg){
+            (uint32_t)best, q->n_prefilled, n,
+            KVR_SEG_PREFILL | (last ? KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN : 0)};
+        memcpy(bt->tokens + bt->n_rows, r->prompt + q->n_prefilled, n * sizeof(int32_t));
+        bt->n_rows += n;
+        q->n_prefilled += n;
+        q->inflight++;
+        if (last)
+            q->state = SEQ_WAIT;
+    }
+    return bt->n_ctrl > 0 || bt->n_segs > 0;
+}
+
+/* ---- results ------------------------------------------------------------------------------ */
+
+static void account_timings(struct kvr_bridge *b, const struct kvr_wire_frame *f)
+{
+    for (uint32_t i = 0; i < f->hdr.n_timings && i < KVR_PLAN_MAX_STAGES; i++) {
+        const struct kvr_wire_timing *t = &f->timings[i];
+        struct kvr_bridge_stage_stats *st = &b->stats.stage[t->stage];
+        st->held_ns += t->held_ns;
+        st->starved_ns += t->starved_ns;
+        st->blocked_ns += t->blocked_ns;
+        b->win_held[t->stage] += t->held_ns;
+        b->win_starved[t->stage] += t->starved_ns;
+        b->win_blocked[t->stage] += t->blocked_ns;
+    }
+    uint64_t now = kvr_now_ns();
+    if (now - b->win_start_ns >= WINDOW_NS) {
+        double span = (double)(now - b->win_start_ns);
+        for (uint32_t i = 0; i < b->plan.n_stages; i++) {
+            b->stats.stage[i].util = b->win_held[i] / span;
+            b->stats.stage[i].starved_frac = b->win_starved[i] / span;
+            b->stats.stage[i].blocked_frac = b->win_blocked[i] / span;
+            b->win_held[i] = b->win_starved[i] = b->win_blocked[i] = 0;
+        }
+        b->stats.tokens_per_s = b->win_tokens / (span / 1e9);
+        b->win_tokens = 0;
+        b->win_start_ns = now;
+    }
+}
+
+/* Apply a RESULT frame to the oldest in-flight batch. Caller holds b->lock. Returns false
+ * if the frame does not match it (the ring lost or reordered a batch). */
+static bool apply_result(struct kvr_bridge *b, const struct kvr_wire_frame *f,
+                         struct kvr_err *err)
+{
+    if (b->n_inflight == 0) {
+        kvr_err_set(err, KVR_EPROTO, "result for batch %llu, but none is in flight",
+                    (unsigned long long)f->hdr.batch_id);
+        return false;
+    }
+    struct batch *bt = &b->batches[b->bf_head];
+    if (f->hdr.batch_id != bt->id || f->hdr.n_segs != bt->n_segs) {
+        kvr_err_set(err, KVR_EPROTO, "result for batch %llu, expected batch %llu",
+                    (unsigned long long)f->hdr.batch_id, (unsigned long long)bt->id);
+        return false;
+    }
+    uint64_t now = kvr_now_ns();
+    uint32_t r = 0;
+    for (uint32_t i = 0; i < bt->n_segs; i++) {
+        const struct kvr_seg *sg = &bt->segs[i];
+        struct seq *q = &b->seqs[sg->seq];
+        q->inflight--;
+        if (sg->flags & KVR_SEG_PREFILL)
+            b->stats.prompt_tokens += sg->n_tokens;
+        if (!(sg->flags & KVR_SEG_WANTS_TOKEN))
+            continue;
+        const struct kvr_wire_result *res = &f->results[r++];
+        if (q->state != SEQ_WAIT || !q->stream)
+            continue; /* ended while in flight: the token is dropped */
+        struct kvr_bridge_stream *s = q->stream;
+        bool eog = (res->flags & KVR_WIRE_RESULT_EOG) != 0;
+        s->n_generated++;
+        b->stats.generated_tokens++;
+        b->win_tokens++;
+        stream_push(s, res->token, res->logprob, eog, now);
+        if (s->n_generated >= s->req.max_tokens)
+            seq_end(b, sg->seq, KVR_FINISH_LENGTH, NULL);
+        else if (eog && !s->req.ignore_eos)
+            seq_end(b, sg->seq, KVR_FINISH_STOP, NULL);
+        else {
+            q->state = SEQ_READY;
+            q->decoding = true;
+            q->next_token = res->token;
+        }
+    }
+    double ms = (now - bt->sent_ns) / 1e6;
+    double per_row = ms / (bt->n_rows ? bt->n_rows : 1);
+    b->stats.batch_ms_ema = b->stats.batch_ms_ema ? 0.9 * b->stats.batch_ms_ema + 0.1 * ms : ms;
+    b->row_ms_ema = b->row_ms_ema ? 0.9 * b->row_ms_ema + 0.1 * per_row : per_row;
+    b->stats.batches++;
+    account_timings(b, f);
+    b->bf_head = (b->bf_head + 1) % b->plan.microbatches;
+    b->n_inflight--;
+    return true;
+}
+
+/* The ring broke: every running request ends with an error (nothing is dropped silently),
+ * and the window is emptied. Caller holds b->lock. */
+static void fail_running(struct kvr_bridge *b, const char *why)
+{
+    for (uint32_t i = 0; i < b->plan.max_seqs; i++) {
+        struct seq *q = &b->seqs[i];
+        if (q->state == SEQ_FREE)
+            continue;
+        if (q->stream)
+            stream_end(q->stream, KVR_FINISH_ERROR, why);
+        q->inflight = 0;
+        q->opened = false; /* the stages dropped every sequence with the link */
+        q->state = SEQ_ENDING;
+        seq_release(b, i);
+    }
+    b->n_inflight = 0;
+    b->bf_head = 0;
+}
+
+/* ---- links ---------------------------------------------------------------------------------- */
+
+static void ring_down(struct kvr_bridge *b, const char *why)
+{
+    if (atomic_load(&b->ring_up))
+        KVR_WARN("bridge: ring down: %s", why);
+    atomic_store(&b->ring_up, false);
+    if (b->have_head)
+        kvr_link_fini(&b->head);
+    if (b->have_tail)
+        kvr_link_fini(&b->tail);
+    b->have_head = b->have_tail = false;
+    pthread_mutex_lock(&b->lock);
+    fail_running(b, why);
+    pthread_mutex_unlock(&b->lock);
+}
+
+/* Bring both links up: accept the tail, dial the head. Called by the ring thread while the
+ * ring is down; returns quickly either way. */
+static void try_connect(struct kvr_bridge *b)
+{
+    struct kvr_err err = {0};
+    if (!b->have_tail) {
+        int fd;
+        char peer[KVR_NET_PEER_BYTES];
+        if (kvr_net_accept(b->listen_fd, kvr_net_deadline(POLL_MS), &fd, peer, sizeof peer,
+                           &err) == 0) {
+            if (kvr_link_init(&b->tail, fd, peer, &b->tail_limits, KVR_LINK_RECV, &err) == 0 &&
+                kvr_link_handshake_server(&b->tail, &b->plan, KVR_AUTH_ROLE_BRIDGE, 0,
+                                          HANDSHAKE_MS, &err) == 0) {
+                b->have_tail = true;
+                KVR_INFO("bridge: tail connected from %s", peer);
+            } else {
+                KVR_WARN("bridge: refused connection from %s: %s", peer, err.msg);
+                kvr_link_fini(&b->tail);
+            }
+        }
+    }
+    if (!b->have_head) {
+        int fd;
+        const char *addr = b->plan.stages[0].addr;
+        if (kvr_net_connect(addr, kvr_net_deadline(500), &fd, &err) == 0) {
+            if (kvr_link_init(&b->head, fd, addr, &b->head_limits, KVR_LINK_SEND, &err) == 0 &&
+                kvr_link_handshake_client(&b->head, &b->plan, KVR_AUTH_ROLE_BRIDGE, 0,
+                                          HANDSHAKE_MS, &err) == 0) {
+                b->have_head = true;
+                KVR_INFO("bridge: head %s connected", addr);
+            } else {
+                KVR_WARN("bridge: head %s: %s", addr, err.msg);
+                kvr_link_fini(&b->head);
+                kvr_sleep_ns(200 * 1000000ull);
+            }
+        } else {
+            kvr_sleep_ns(POLL_MS * 1000000ull);
+        }
+    }
+    if (b->have_head && b->have_tail) {
+        pthread_mutex_lock(&b->lock);
+        atomic_store(&b->ring_up, true);
+        b->win_start_ns = kvr_now_ns();
+        pthread_cond_broadcast(&b->up_cond);
+        pthread_mutex_unlock(&b->lock);
+        KVR_INFO("bridge: ring up (%u stages, %u micro-batches in flight)", b->plan.n_stages,
+                 b->plan.microbatches);
+    }
+}
+
+static int send_batch(struct kvr_bridge *b, struct batch *bt, struct kvr_err *err)
+{
+    struct kvr_wire_msg msg = {
+        .type = KVR_WIRE_BATCH, .batch_id = bt->id, .ctrl = bt->ctrl, .n_ctrl = bt->n_ctrl,
+        .segs = bt->segs, .n_segs = bt->n_segs, .payload = KVR_WIRE_PAYLOAD_TOKENS,
+        .payload_data = bt->tokens, .payload_bytes = (size_t)bt->n_rows * sizeof(int32_t)};
+    return kvr_link_send(&b->head, &msg, kvr_net_deadline(RING_TIMEOUT_MS), err);
+}
+
+/* ---- the ring thread ------------------------------------------------------------------------ */
+
+static void *ring_main(void *arg)
+{
+    struct kvr_bridge *b = arg;
+    uint32_t *scratch = kvr_calloc(b->plan.max_seqs + 1, sizeof *scratch);
+    while (!atomic_load(&b->stop)) {
+        if (!atomic_load(&b->ring_up)) {
+            try_connect(b);
+            continue;
+        }
+        /* Fill the window. */
+        struct kvr_err err = {0};
+        for (;;) {
+            pthread_mutex_lock(&b->lock);
+            struct batch *bt = NULL;
+            if (b->n_inflight < b->plan.microbatches) {
+                uint32_t slot = (b->bf_head + b->n_inflight) % b->plan.microbatches;
+                bt = &b->batches[slot];
+                if (build_batch(b, bt, scratch)) {
+                    bt->id = b->next_batch_id++;
+                    bt->sent_ns = kvr_now_ns();
+                    b->n_inflight++;
+                } else {
+                    bt = NULL;
+                }
+            }
+            pthread_mutex_unlock(&b->lock);
+            if (!bt)
+                break;
+            if (send_batch(b, bt, &err)) {
+                ring_down(b, err.msg);
+                break;
+            }
+        }
+        if (!atomic_load(&b->ring_up))
+            continue;
+        /* Wait for a result or a wake-up. */
+        struct pollfd pfd[2] = {{b->tail.fd, POLLIN, 0}, {b->wake_pipe[0], POLLIN, 0}};
+        int n = poll(pfd, 2, POLL_MS);
+        if (n > 0 && (pfd[1].revents & POLLIN)) {
+            char buf[64];
+            while (read(b->wake_pipe[0], buf, sizeof buf) > 0) {
+            }
+        }
+        if (n > 0 && (pfd[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+            const struct kvr_wire_frame *f;
+            int rc = kvr_link_recv(&b->tail, kvr_net_deadline(POLL_MS), &f, &err);
+            if (rc == KVR_ETIMEDOUT)
+                continue;
+            if (rc) {
+                ring_down(b, rc == KVR_ECLOSED ? "the tail closed its link" : err.msg);
+                continue;
+            }
+            if (f->hdr.type == KVR_WIRE_GOODBYE) {
+                ring_down(b, "the tail said goodbye");
+                continue;
+            }
+            if (f->hdr.type != KVR_WIRE_RESULT)
+                continue;
+            pthread_mutex_lock(&b->lock);
+            bool ok = apply_result(b, f, &err);
+            pthread_mutex_unlock(&b->lock);
+            if (!ok)
+                ring_down(b, err.msg);
+            continue;
+        }
+        /* A batch that never comes back means a stage died without closing its links. */
+        pthread_mutex_lock(&b->lock);
+        bool late = b->n_inflight > 0 &&
+                    kvr_now_ns() - b->batches[b->bf_head].sent_ns >
+                        (uint64_t)RING_TIMEOUT_MS * 1000000ull;
+        pthread_mutex_unlock(&b->lock);
+        if (late)
+            ring_down(b, "a batch did not come back in time");
+    }
+    kvr_free(scratch);
+    return NULL;
+}
+
+/* ---- public API ------------------------------------------------------------------------------ */
+
+void kvr_bridge_destroy(struct kvr_bridge *b)
+{
+    if (!b)
+        return;
+    atomic_store(&b->stop, true);
+    if (b->thread_started) {
+        wake(b);
+        pthread_join(b->thread, NULL);
+    }
+    if (b->have_head)
+        kvr_link_fini(&b->head);
+    if (b->have_tail)
+        kvr_link_fini(&b->tail);
+    if (b->seqs) {
+        pthread_mutex_lock(&b->lock);
+        fail_running(b, "the bridge is shutting down");
+        while (b->wq_count > 0) {
+            struct kvr_bridge_stream *s = b->waitq[b->wq_head];
+            b->wq_head = (b->wq_head + 1) % b->max_waiting;
+            b->wq_count--;
+            s->waiting = false;
+            stream_end(s, KVR_FINISH_ERROR, "the bridge is shutting down");
+            if (s->released)
+                stream_free(s);
+        }
+        pthread_mutex_unlock(&b->lock);
+    }
+    if (b->listen_fd >= 0)
+        close(b->listen_fd);
+    for (int i = 0; i < 2; i++)
+        if (b->wake_pipe[i] >= 0)
+            close(b->wake_pipe[i]);
+    for (uint32_t i = 0; b->batches && i < b->plan.microbatches; i++) {
+        kvr_free(b->batches[i].ctrl);
+        kvr_free(b->batches[i].segs);
+        kvr_free(b->batches[i].tokens);
+    }
+    kvr_free(b->batches);
+    kvr_free(b->seqs);
+    kvr_free(b->waitq);
+    pthread_mutex_destroy(&b->lock);
+    pthread_cond_destroy(&b->up_cond);
+    kvr_plan_wipe(&b->plan);
+    kvr_free(b);
+}
+
+int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *cfg,
+                      struct kvr_err *err)
+{
+    *out = NULL;
+    struct kvr_bridge *b = kvr_calloc(1, sizeof *b);
+    if (!b)
+        return kvr_err_set(err, KVR_ENOMEM, "bridge: out of memory");
+    b->plan = *cfg->plan;
+    b->cfg = *cfg;
+    b->cfg.plan = &b->plan;
+    b->listen_fd = -1;
+    b->wake_pipe[0] = b->wake_pipe[1] = -1;
+    pthread_mutex_init(&b->lock, NULL);
+    pthread_cond_init(&b->up_cond, NULL);
+    const struct kvr_plan *p = &b->plan;
+    int rc;
+    if ((rc = kvr_wire_limits_init(&b->head_limits, p, cfg->n_embd, cfg->n_vocab, 0, err)) ||
+        (rc = kvr_wire_limits_init(&b->tail_limits, p, cfg->n_embd, cfg->n_vocab,
+                                   KVR_WIRE_RECV_BRIDGE, err)))
+        goto fail;
+    b->max_waiting = cfg->max_waiting ? cfg->max_waiting : 4 * p->max_seqs;
+    b->seqs = kvr_calloc(p->max_seqs, sizeof *b->seqs);
+    b->waitq = kvr_calloc(b->max_waiting, sizeof *b->waitq);
+    b->batches = kvr_calloc(p->microbatches, sizeof *b->batches);
+    if (!b->seqs || !b->waitq || !b->batches) {
+        rc = kvr_err_set(err, KVR_ENOMEM, "bridge: out of memory");
+        goto fail;
+    }
+    for (uint32_t i = 0; i < p->microbatches; i++) {
+        struct batch *bt = &b->batches[i];
+        bt->ctrl = kvr_calloc(b->head_limits.max_ctrl, sizeof *bt->ctrl);
+        bt->segs = kvr_calloc(p->row_width, sizeof *bt->segs);
+        bt->tokens = kvr_calloc(p->row_width, sizeof *bt->tokens);
+        if (!bt->ctrl || !bt->segs || !bt->tokens) {
+            rc = kvr_err_set(err, KVR_ENOMEM, "bridge: out of memory");
+            goto fail;
+        }
+    }
+    b->stats.n_stages = p->n_stages;
+    b->stats.kv_blocks_total = p->kv_blocks;
+    if (pipe(b->wake_pipe) != 0) {
+        rc = kvr_err_set(err, KVR_EIO, "bridge: pipe: %s", strerror(errno));
+        goto fail;
+    }
+    fcntl(b->wake_pipe[0], F_SETFL, O_NONBLOCK);
+    fcntl(b->wake_pipe[1], F_SETFL, O_NONBLOCK);
+    if ((rc = kvr_net_listen(p->bridge_addr, 16, &b->listen_fd, NULL, err)))
+        goto fail;
+    if (pthread_create(&b->thread, NULL, ring_main, b) != 0) {
+        rc = kvr_err_set(err, KVR_ENOMEM, "bridge: cannot start the ring thread");
+        goto fail;
+    }
+    b->thread_started = true;
+    *out = b;
+    return KVR_OK;
+
+fail:
+    kvr_bridge_destroy(b);
+    return rc;
+}
+
+bool kvr_bridge_ring_up(const struct kvr_bridge *b) { return atomic_load(&b->ring_up); }
+
+bool kvr_bridge_wait_up(struct kvr_bridge *b, int timeout_ms)
+{
+    uint64_t deadline = kvr_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+    while (!atomic_load(&b->ring_up) && kvr_now_ns() < deadline)
+        kvr_sleep_ns(10 * 1000000ull);
+    return atomic_load(&b->ring_up);
+}
+
+static int refuse(struct kvr_bridge *b, struct kvr_bridge_refusal *why,
+                  enum kvr_bridge_refusal_reason reason, uint32_t retry_ms, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+
+static int refuse(struct kvr_bridge *b, struct kvr_bridge_refusal *why,
+                  enum kvr_bridge_refusal_reason reason, uint32_t retry_ms, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    why->reason = reason;
+    why->retry_after_ms = retry_ms;
+    vsnprintf(why->message, sizeof why->message, fmt, ap);
+    va_end(ap);
+    b->stats.refused[reason]++;
+    return KVR_EAGAIN;
+}
+
+/* Admission estimate (DESIGN.md 6). A batch costs about batch_ms_ema end to end, and each
+ * in-flight slot turns over once per batch time; the work ahead of a new request is the
+ * prompt rows queued before it, packed row_width per batch. */
+static int admit(struct kvr_bridge *b, const struct kvr_bridge_request *req,
+                 struct kvr_bridge_refusal *why)
+{
+    const struct kvr_plan *p = &b->plan;
+    if ((uint64_t)req->n_prompt + req->max_tokens > p->n_ctx)
+        return refuse(b, why, KVR_REFUSE_TOO_LONG, 0,
+                      "prompt (%u tokens) + max_tokens (%u) exceed the context of %u",
+                      req->n_prompt, req->max_tokens, p->n_ctx);
+    if (!atomic_load(&b->ring_up))
+        return refuse(b, why, KVR_REFUSE_RING_DOWN, 1000, "the ring is down");
+    uint32_t need = blocks_for(b, req->n_prompt + req->max_tokens);
+    if (need > p->kv_blocks)
+        return refuse(b, why, KVR_REFUSE_KV_FULL, 0,
+                      "needs %u KV blocks, the ring has %u", need, p->kv_blocks);
+    if (b->wq_count >= b->max_waiting)
+        return refuse(b, why, KVR_REFUSE_QUEUE_FULL, 1000,
+                      "wait queue full (%u requests)", b->wq_count);
+    if (!b->cfg.admission || b->stats.batch_ms_ema <= 0)
+        return KVR_OK;
+    /* Prompt rows queued ahead: the unsent prefill of running and waiting requests. */
+    uint64_t rows_ahead = req->n_prompt;
+    for (uint32_t i = 0; i < p->max_seqs; i++)
+        if (b->seqs[i].state == SEQ_PREFILL)
+            rows_ahead += b->seqs[i].stream->req.n_prompt - b->seqs[i].n_prefilled;
+    for (uint32_t k = 0; k < b->wq_count; k++)
+        rows_ahead += b->waitq[(b->wq_head + k) % b->max_waiting]->req.n_prompt;
+    uint32_t decoding = b->n_running;
+    double batch_ms = b->stats.batch_ms_ema;
+    /* Each batch leaves row_width minus this batch's decode rows for prefill. */
+    double decode_rows = (double)decoding / p->microbatches;
+    double room = p->row_width - decode_rows > 1 ? p->row_width - decode_rows : 1;
+    double per_batch_interval = batch_ms / p->microbatches;
+    double first_ms = batch_ms + (rows_ahead / room) * per_batch_interval;
+    /* Waiting for a slot or KV: each running request frees one when it ends. */
+    if (b->n_running >= p->max_seqs || b->kv_used + need > p->kv_blocks) {
+        double wait = 0;
+        for (uint32_t i = 0; i < p->max_seqs; i++) {
+            struct seq *q = &b->seqs[i];
+            if (q->state == SEQ_FREE || !q->stream)
+                continue;
+            double left = q->stream->req.max_tokens - q->stream->n_generated;
+            wait = wait == 0 || left * batch_ms < wait ? left * batch_ms : wait;
+        }
+        first_ms += wait;
+    }
+    double total_ms = first_ms + (double)(req->max_tokens - 1) * batch_ms;
+    if (req->first_token_ms && first_ms > req->first_token_ms)
+        return refuse(b, why, KVR_REFUSE_FIRST_TOKEN_BUDGET,
+                      (uint32_t)(first_ms - req->first_token_ms) + 1,
+                      "would miss the first-token budget: estimated %.0f ms > %u ms",
+                      first_ms, req->first_token_ms);
+    if (req->total_ms && total_ms > req->total_ms)
+        return refuse(b, why, KVR_REFUSE_TOTAL_BUDGET,
+                      (uint32_t)(total_ms - req->total_ms) + 1,
+                      "would miss the total budget: estimated %.0f ms > %u ms", total_ms,
+                      req->total_ms);
+    return KVR_OK;
+}
+
+int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_bridge_request *req,
+                      struct kvr_bridge_stream **stream, struct kvr_bridge_refusal *why)
+{
+    *stream = NULL;
+    memset(why, 0, sizeof *why);
+    if (req->n_prompt == 0 || req->max_tokens == 0) {
+        why->reason = KVR_REFUSE_TOO_LONG;
+        snprintf(why->message, sizeof why->message, "empty prompt or max_tokens of 0");
+        return KVR_EINVAL;
+    }
+    struct kvr_bridge_stream *s = kvr_calloc(1, sizeof *s);
+    if (!s)
+        return KVR_ENOMEM;
+    s->prompt = kvr_malloc((size_t)req->n_prompt * sizeof(int32_t));
+    s->events = kvr_calloc(req->max_tokens, sizeof *s->events);
+    if (!s->prompt || !s->events) {
+        kvr_free(s->prompt);
+        kvr_free(s->events);
+        kvr_free(s);
+        return KVR_ENOMEM;
+    }
+    memcpy(s->prompt, req->prompt, (size_t)req->n_prompt * sizeof(int32_t));
+    s->b = b;
+    s->req = *req;
+    s->req.prompt = s->prompt;
+    s->seq = -1;
+    s->submit_ns = kvr_now_ns();
+    s->deadline_ns = req->total_ms ? s->submit_ns + (uint64_t)req->total_ms * 1000000ull
+                     : req->first_token_ms
+                         ? s->submit_ns + (uint64_t)req->first_token_ms * 1000000ull
+                         : UINT64_MAX;
+    pthread_cond_init(&s->cond, NULL);
+
+    pthread_mutex_lock(&b->lock);
+    int rc = admit(b, req, why);
+    if (rc == KVR_OK) {
+        b->waitq[(b->wq_head + b->wq_count) % b->max_waiting] = s;
+        b->wq_count++;
+        s->waiting = true;
+        b->stats.admitted++;
+        start_waiting(b);
+    }
+    pthread_mutex_unlock(&b->lock);
+    if (rc) {
+        stream_free(s);
+        return rc;
+    }
+    wake(b);
+    *stream = s;
+    return KVR_OK;
+}
+
+int kvr_bridge_next(struct kvr_bridge_stream *s, struct kvr_bridge_event *ev, int timeout_ms)
+{
+    struct kvr_bridge *b = s->b;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    memset(ev, 0, sizeof *ev);
+    pthread_mutex_lock(&b->lock);
+    while (s->ev_count == 0 && (s->finish == KVR_FINISH_NONE || s->finish_delivered))
+        if (pthread_cond_timedwait(&s->cond, &b->lock, &ts) == ETIMEDOUT)
+            break;
+    int rc = KVR_OK;
+    if (s->ev_count > 0) {
+        const struct token_event *e = &s->events[s->ev_head];
+        ev->has_token = true;
+        ev->token = e->token;
+        ev->logprob = e->logprob;
+        ev->eog = e->eog;
+        ev->t_ns = e->t_ns;
+        s->ev_head = (s->ev_head + 1) % s->req.max_tokens;
+        s->ev_count--;
+        if (s->ev_count == 0 && s->finish != KVR_FINISH_NONE) {
+            ev->finish = s->finish;
+            s->finish_delivered = true;
+        }
+    } else if (s->finish != KVR_FINISH_NONE && !s->finish_delivered) {
+        ev->finish = s->finish;
+        ev->t_ns = kvr_now_ns();
+        snprintf(ev->message, sizeof ev->message, "%s", s->message);
+        s->finish_delivered = true;
+    } else {
+        rc = KVR_ETIMEDOUT;
+    }
+    pthread_mutex_unlock(&b->lock);
+    return rc;
+}
+
+void kvr_bridge_cancel(struct kvr_bridge_stream *s)
+{
+    struct kvr_bridge *b = s->b;
+    pthread_mutex_lock(&b->lock);
+    s->cancel_requested = true;
+    if (s->seq >= 0) {
+        seq_end(b, (uint32_t)s->seq, KVR_FINISH_CANCELLED, NULL);
+    } else {
+        if (s->waiting)
+            waitq_remove(b, s);
+        stream_end(s, KVR_FINISH_CANCELLED, NULL);
+    }
+    pthread_mutex_unlock(&b->lock);
+    wake(b);
+}
+
+void kvr_bridge_release(struct kvr_bridge_stream *s)
+{
+    if (!s)
+        return;
+    struct kvr_bridge *b = s->b;
+    kvr_bridge_cancel(s);
+    pthread_mutex_lock(&b->lock);
+    s->released = true;
+    bool in_use = s->seq >= 0; /* seq_release frees it once its FREE is sent */
+    pthread_mutex_unlock(&b->lock);
+    if (!in_use)
+        stream_free(s);
+}
+
+void kvr_bridge_stats(struct kvr_bridge *b, struct kvr_bridge_stats *out)
+{
+    pthread_mutex_lock(&b->lock);
+    *out = b->stats;
+    out->ring_up = atomic_load(&b->ring_up);
+    out->running = b->n_running;
+    out->waiting = b->wq_count;
+    out->kv_blocks_used = b->kv_used;
+    pthread_mutex_unlock(&b->lock);
+}
+
+void kvr_bridge_stats_reset(struct kvr_bridge *b)
+{
+    pthread_mutex_lock(&b->lock);
+    for (uint32_t i = 0; i < KVR_PLAN_MAX_STAGES; i++) {
+        b->stats.stage[i].held_ns = b->stats.stage[i].starved_ns = 0;
+        b->stats.stage[i].blocked_ns = 0;
+    }
+    b->stats.batches = b->stats.prompt_tokens = b->stats.generated_tokens = 0;
+    pthread_mutex_unlock(&b->lock);
+}

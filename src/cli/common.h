@@ -1,0 +1,13 @@
+/* common.h - small helpers shared by the subcommands: checked option parsing and a
+ * terminal progress line. Each prints its own error to stderr. */
+#ifndef KVR_CLI_COMMON_H
+#define KVR_CLI_COMMON_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Parse `v` as an integer in [lo, hi] for option `opt`; 0, or -1 after printing why. */
+int kvr_cli_u32(const char *opt, const char *v, uint32_t lo, uint32_t hi, uint32_t *out);
+int kvr_cli_float(const char *opt, const char *v, float lo, float hi, float *out);
+
+#endif

@@ -1,0 +1,619 @@
+/* run.c - `kvasir run`: generate text from prompts.
+ *
+ *   kvasir run -m MODEL -p PROMPT -n N [sampling] [--threads T]      single process
+ *   kvasir run --plan PLAN -p PROMPT -n N [sampling]                  through a live ring
+ *   ... --prompts FILE --json                                         many prompts
+ *
+ * With one prompt the text is streamed to stdout as it is generated, then prompt and
+ * decode speeds go to stderr. With --prompts (JSON lines: {"prompt": "...", "max_tokens":
+ * N, "temperature": T, "seed": S, "top_k": K, "top_p": P, "min_p": M}, any field but the
+ * prompt optional) every prompt runs: one after another, alone, in the single process (the
+ * reference), or all at once through the ring. --json prints one line per prompt with the
+ * generated ids, which is what the ring tests compare. */
+#include "cli/cmd.h"
+#include "cli/common.h"
+
+#include "bridge/bridge.h"
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/log.h"
+#include "model/engine.h"
+#include "model/gguf.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+#include "ring/plan.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct job {
+    char *prompt;
+    int32_t *ids;           /* prompt ids */
+    uint32_t n_ids;
+    uint32_t max_tokens;
+    struct kvr_sample_params sp;
+    int32_t *out;           /* generated ids */
+    uint32_t n_out;
+    const char *finish;
+};
+
+struct run_opts {
+    const char *model, *plan, *prompt, *prompts_file;
+    uint32_t n_predict, threads, ctx;
+    struct kvr_sample_params sp;
+    bool ignore_eos, print_ids, json, quiet;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvasir run (-m MODEL | --plan PLAN) (-p PROMPT | --prompts FILE) [options]\n"
+            "  -m, --model FILE       GGUF model (single process)\n"
+            "      --plan FILE        run through the live ring this plan describes\n"
+            "  -p, --prompt TEXT      prompt (BOS is added when the model wants it)\n"
+            "      --prompts FILE     JSON lines, one prompt each (see docs)\n"
+            "  -n, --n-predict N      tokens to generate (default 64)\n"
+            "      --temp T           temperature, 0 = greedy (default 0.8)\n"
+            "      --top-k K          (default 40)   --top-p P (default 0.95)\n"
+            "      --min-p P          (default 0.05) --repeat-penalty R (default 1.0)\n"
+            "      --seed S           RNG seed (default 42)\n"
+            "  -t, --threads N        compute threads (default 2)\n"
+            "  -c, --ctx N            context length (default: prompt + n, at most the model's)\n"
+            "      --ignore-eos       keep generating after an end-of-generation token\n"
+            "      --ids              print the generated token ids after the text\n"
+            "      --json             one JSON line per prompt: ids and text\n"
+            "  -q, --quiet            no streamed text\n");
+}
+
+static int parse_args(int argc, char **argv, struct run_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->n_predict = 64;
+    o->threads = 2;
+    kvr_sample_params_default(&o->sp);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define ARG(s, l) (!strcmp(a, s) || !strcmp(a, l))
+#define NEED_V()                                                                    \
+    do {                                                                            \
+        if (!v) {                                                                   \
+            fprintf(stderr, "kvasir run: %s needs a value\n", a);                   \
+            return 2;                                                               \
+        }                                                                           \
+        i++;                                                                        \
+    } while (0)
+        if (ARG("-h", "--help")) {
+            usage(stdout);
+            return 1;
+        } else if (ARG("-m", "--model")) {
+            NEED_V();
+            o->model = v;
+        } else if (ARG("--plan", "--plan")) {
+            NEED_V();
+            o->plan = v;
+        } else if (ARG("-p", "--prompt")) {
+            NEED_V();
+            o->prompt = v;
+        } else if (ARG("--prompts", "--prompts")) {
+            NEED_V();
+            o->prompts_file = v;
+        } else if (ARG("-n", "--n-predict")) {
+            NEED_V();
+            if (kvr_cli_u32(a, v, 1, 1u << 20, &o->n_predict))
+                return 2;
+        } else if (ARG("-t", "--threads")) {
+            NEED_V();
+            if (kvr_cli_u32(a, v, 1, 256, &o->threads))
+                return 2;
+        } else if (ARG("-c", "--ctx")) {
+            NEED_V();
+            if (kvr_cli_u32(a, v, 1, 1u << 20, &o->ctx))
+                return 2;
+        } else if (ARG("--temp", "--temperature")) {
+            NEED_V();
+            if (kvr_cli_float(a, v, 0, 100, &o->sp.temperature))
+                return 2;
+        } else if (ARG("--top-k", "--top-k")) {
+            NEED_V();
+            uint32_t k;
+            if (kvr_cli_u32(a, v, 0, 1u << 24, &k))
+                return 2;
+            o->sp.top_k = (int32_t)k;
+        } else if (ARG("--top-p", "--top-p")) {
+            NEED_V();
+            if (kvr_cli_float(a, v, 0, 1, &o->sp.top_p))
+                return 2;
+        } else if (ARG("--min-p", "--min-p")) {
+            NEED_V();
+            if (kvr_cli_float(a, v, 0, 1, &o->sp.min_p))
+                return 2;
+        } else if (ARG("--repeat-penalty", "--repeat-penalty")) {
+            NEED_V();
+            if (kvr_cli_float(a, v, 0.01f, 100, &o->sp.repeat_penalty))
+                return 2;
+        } else if (ARG("--seed", "--seed")) {
+            NEED_V();
+            char *end;
+            o->sp.seed = strtoull(v, &end, 10);
+            if (*end) {
+                fprintf(stderr, "kvasir run: --seed wants a number, not '%s'\n", v);
+                return 2;
+            }
+        } else if (ARG("--ignore-eos", "--ignore-eos")) {
+            o->ignore_eos = true;
+        } else if (ARG("--ids", "--ids")) {
+            o->print_ids = true;
+        } else if (ARG("--json", "--json")) {
+            o->json = true;
+        } else if (ARG("-q", "--quiet")) {
+            o->quiet = true;
+        } else {
+            fprintf(stderr, "kvasir run: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+#undef ARG
+#undef NEED_V
+    }
+    if (!o->model == !o->plan) {
+        fprintf(stderr, "kvasir run: give exactly one of -m MODEL and --plan PLAN\n");
+        return 2;
+    }
+    if (!o->prompt == !o->prompts_file) {
+        fprintf(stderr, "kvasir run: give exactly one of -p PROMPT and --prompts FILE\n");
+        return 2;
+    }
+    return 0;
+}
+
+/* ---- jobs ------------------------------------------------------------------------------- */
+
+static void free_jobs(struct job *jobs, uint32_t n)
+{
+    for (uint32_t i = 0; jobs && i < n; i++) {
+        kvr_free(jobs[i].prompt);
+        kvr_free(jobs[i].ids);
+        kvr_free(jobs[i].out);
+    }
+    kvr_free(jobs);
+}
+
+static int json_field_num(json_t *obj, const char *key, double lo, double hi, double *out,
+                          uint32_t line)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v)
+        return 0;
+    if (!json_is_number(v) || json_number_value(v) < lo || json_number_value(v) > hi) {
+        fprintf(stderr, "kvasir run: prompts line %u: \"%s\" must be a number in [%g, %g]\n",
+                line, key, lo, hi);
+        return -1;
+    }
+    *out = json_number_value(v);
+    return 0;
+}
+
+/* Read the prompts (and per-prompt settings) into jobs. */
+static int load_jobs(const struct run_opts *o, struct job **out, uint32_t *n_out)
+{
+    *out = NULL;
+    *n_out = 0;
+    if (o->prompt) {
+        struct job *j = kvr_calloc(1, sizeof *j);
+        if (!j || !(j->prompt = kvr_strdup(o->prompt)))
+            return -1;
+        j->max_tokens = o->n_predict;
+        j->sp = o->sp;
+        *out = j;
+        *n_out = 1;
+        return 0;
+    }
+    FILE *f = fopen(o->prompts_file, "r");
+    if (!f) {
+        fprintf(stderr, "kvasir run: cannot open %s\n", o->prompts_file);
+        return -1;
+    }
+    struct job *jobs = NULL;
+    uint32_t n = 0, line = 0;
+    char buf[65536];
+    int rc = 0;
+    while (fgets(buf, sizeof buf, f)) {
+        line++;
+        if (buf[0] == '\n' || buf[0] == 0)
+            continue;
+        json_error_t jerr;
+        json_t *obj = json_loads(buf, 0, &jerr);
+        json_t *p = obj ? json_object_get(obj, "prompt") : NULL;
+        if (!json_is_string(p)) {
+            fprintf(stderr, "kvasir run: %s line %u: want {\"prompt\": \"...\", ...}\n",
+                    o->prompts_file, line);
+            json_decref(obj);
+            rc = -1;
+            break;
+        }
+        struct job *grown = kvr_realloc(jobs, (n + 1) * sizeof *jobs);
+        if (!grown) {
+            json_decref(obj);
+            rc = -1;
+            break;
+        }
+        jobs = grown;
+        struct job *j = &jobs[n++];
+        memset(j, 0, sizeof *j);
+        j->prompt = kvr_strdup(json_string_value(p));
+        j->max_tokens = o->n_predict;
+        j->sp = o->sp;
+        double d;
+        d = j->max_tokens;
+        if (json_field_num(obj, "max_tokens", 1, 1 << 20, &d, line))
+            rc = -1;
+        j->max_tokens = (uint32_t)d;
+        d = j->sp.temperature;
+        if (json_field_num(obj, "temperature", 0, 100, &d, line))
+            rc = -1;
+        j->sp.temperature = (float)d;
+        d = (double)j->sp.seed;
+        if (json_field_num(obj, "seed", 0, 9007199254740992.0, &d, line))
+            rc = -1;
+        j->sp.seed = (uint64_t)d;
+        d = j->sp.top_k;
+        if (json_field_num(obj, "top_k", 0, 1 << 24, &d, line))
+            rc = -1;
+        j->sp.top_k = (int32_t)d;
+        d = j->sp.top_p;
+        if (json_field_num(obj, "top_p", 0, 1, &d, line))
+            rc = -1;
+        j->sp.top_p = (float)d;
+        d = j->sp.min_p;
+        if (json_field_num(obj, "min_p", 0, 1, &d, line))
+            rc = -1;
+        j->sp.min_p = (float)d;
+        json_decref(obj);
+        if (rc || !j->prompt) {
+            rc = -1;
+            break;
+        }
+    }
+    fclose(f);
+    if (rc || n == 0) {
+        if (n == 0 && rc == 0)
+            fprintf(stderr, "kvasir run: %s holds no prompts\n", o->prompts_file);
+        free_jobs(jobs, n);
+        return -1;
+    }
+    *out = jobs;
+    *n_out = n;
+    return 0;
+}
+
+static int tokenize_jobs(const struct kvr_tok *tok, struct job *jobs, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++) {
+        struct job *j = &jobs[i];
+        size_t len = strlen(j->prompt);
+        struct kvr_tok_scratch *sc = NULL;
+        size_t cap = len + 8;
+        j->ids = kvr_calloc(cap, sizeof *j->ids);
+        j->out = kvr_calloc(j->max_tokens, sizeof *j->out);
+        if (!j->ids || !j->out || kvr_tok_scratch_create(&sc, tok, len + 1)) {
+            kvr_tok_scratch_destroy(sc);
+            return -1;
+        }
+        int got = kvr_tok_encode(tok, sc, j->prompt, len, true, false, j->ids, cap);
+        kvr_tok_scratch_destroy(sc);
+        if (got <= 0) {
+            fprintf(stderr, "kvasir run: prompt %u: cannot tokenize (%s)\n", i,
+                    got < 0 ? kvr_strerror(got) : "empty");
+            return -1;
+        }
+        j->n_ids = (uint32_t)got;
+    }
+    return 0;
+}
+
+/* Stream a job's new tokens as text (single prompt, not quiet). */
+struct printer {
+    const struct kvr_tok *tok;
+    struct kvr_detok dt;
+    char buf[1024];
+    bool on;
+};
+
+static void print_token(struct printer *p, int32_t id)
+{
+    if (!p->on)
+        return;
+    int n = kvr_detok_push(p->tok, &p->dt, id, p->buf, sizeof p->buf);
+    if (n > 0) {
+        fwrite(p->buf, 1, (size_t)n, stdout);
+        fflush(stdout);
+    }
+}
+
+static void print_end(struct printer *p)
+{
+    if (!p->on)
+        return;
+    int n = kvr_detok_flush(&p->dt, p->buf, sizeof p->buf);
+    if (n > 0)
+        fwrite(p->buf, 1, (size_t)n, stdout);
+    fputc('\n', stdout);
+}
+
+/* ---- single process --------------------------------------------------------------------- */
+
+static int run_local(const struct run_opts *o, struct kvr_gguf *g, const struct kvr_tok *tok,
+                     struct job *jobs, uint32_t n_jobs, struct printer *pr)
+{
+    struct kvr_hparams hp;
+    struct kvr_err err = {0};
+    if (kvr_hparams_read(&hp, g, &err)) {
+        fprintf(stderr, "kvasir run: %s\n", err.msg);
+        return 1;
+    }
+    uint32_t need = 0;
+    for (uint32_t i = 0; i < n_jobs; i++)
+        need = jobs[i].n_ids + jobs[i].max_tokens > need ? jobs[i].n_ids + jobs[i].max_tokens
+                                                         : need;
+    uint32_t ctx = o->ctx ? o->ctx : need;
+    if (need > ctx) {
+        fprintf(stderr, "kvasir run: prompt + %u tokens need a context of %u (have %u)\n",
+                o->n_predict, need, ctx);
+        return 1;
+    }
+    struct kvr_engine_config cfg = {
+        .first_layer = 0, .last_layer = hp.n_layer - 1, .max_rows = 512, .max_seqs = 1,
+        .n_ctx = ctx, .kv_block_tokens = 16, .kv_n_blocks = 0, .n_threads = o->threads};
+    struct kvr_engine *e = NULL;
+    struct kvr_sample_scratch *sc = NULL;
+    float *logits = kvr_malloc((size_t)hp.n_vocab * sizeof(float));
+    int rc = 1;
+    if (!logits || kvr_engine_create(&e, g, &cfg, &err) ||
+        kvr_sample_scratch_create(&sc, (int32_t)hp.n_vocab)) {
+        fprintf(stderr, "kvasir run: %s\n", err.msg[0] ? err.msg : "out of memory");
+        goto out;
+    }
+    uint64_t prefill_ns = 0, decode_ns = 0, n_prefill = 0, n_decode = 0;
+    for (uint32_t ji = 0; ji < n_jobs; ji++) {
+        struct job *j = &jobs[ji];
+        struct kvr_sampler smp;
+        if (kvr_sampler_init(&smp, &j->sp, &err)) {
+            fprintf(stderr, "kvasir run: %s\n", err.msg);
+            goto out;
+        }
+        /* Prefill in chunks of the row width; the last chunk wants a token. */
+        uint64_t t0 = kvr_now_ns();
+        for (uint32_t pos = 0; pos < j->n_ids;) {
+            uint32_t n = j->n_ids - pos < cfg.max_rows ? j->n_ids - pos : cfg.max_rows;
+            bool last = pos + n == j->n_ids;
+            struct kvr_seg seg = {0, pos, n, KVR_SEG_PREFILL |
+                                                 (last ? KVR_SEG_LAST_CHUNK |
+                                                             KVR_SEG_WANTS_TOKEN : 0)};
+            if (kvr_engine_forward(e, &seg, 1, j->ids + pos, NULL, logits, &err)) {
+                fprintf(stderr, "kvasir run: %s\n", err.msg);
+                kvr_sampler_fini(&smp);
+                goto out;
+            }
+            pos += n;
+        }
+        uint64_t t1 = kvr_now_ns();
+        prefill_ns += t1 - t0;
+        n_prefill += j->n_ids;
+        j->finish = "length";
+        for (uint32_t k = 0; k < j->max_tokens; k++) {
+            int32_t tok_id = kvr_sampler_sample(&smp, logits, (int32_t)hp.n_vocab, sc, NULL);
+            kvr_sampler_accept(&smp, tok_id);
+            j->out[j->n_out++] = tok_id;
+            print_token(pr, tok_id);
+            if (!o->ignore_eos && kvr_tok_is_eog(tok, tok_id)) {
+                j->finish = "stop";
+                break;
+            }
+            if (k + 1 == j->max_tokens)
+                break;
+            struct kvr_seg seg = {0, j->n_ids + k, 1, KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
+            uint64_t td = kvr_now_ns();
+            if (kvr_engine_forward(e, &seg, 1, &tok_id, NULL, logits, &err)) {
+                fprintf(stderr, "kvasir run: %s\n", err.msg);
+                kvr_sampler_fini(&smp);
+                goto out;
+            }
+            decode_ns += kvr_now_ns() - td;
+            n_decode++;
+        }
+        kvr_sampler_fini(&smp);
+        kvr_engine_seq_free(e, 0);
+    }
+    print_end(pr);
+    fprintf(stderr, "prompt: %llu tokens in %.1f ms, %.1f tokens/s\n",
+            (unsigned long long)n_prefill, prefill_ns / 1e6,
+            prefill_ns ? n_prefill / (prefill_ns / 1e9) : 0.0);
+    fprintf(stderr, "decode: %llu tokens in %.1f ms, %.2f tokens/s (%u threads, %s kernels)\n",
+            (unsigned long long)n_decode, decode_ns / 1e6,
+            decode_ns ? n_decode / (decode_ns / 1e9) : 0.0, o->threads, kvr_kernels_name());
+    rc = 0;
+out:
+    kvr_free(logits);
+    kvr_sample_scratch_destroy(sc);
+    kvr_engine_destroy(e);
+    return rc;
+}
+
+/* ---- through a ring ---------------------------------------------------------------------- */
+
+static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
+                    const struct kvr_hparams *hp, struct job *jobs, uint32_t n_jobs,
+                    struct printer *pr)
+{
+    struct kvr_bridge_config cfg = {.plan = plan, .n_embd = hp->n_embd,
+                                    .n_vocab = hp->n_vocab, .max_waiting = n_jobs + 16};
+    struct kvr_bridge *b = NULL;
+    struct kvr_err err = {0};
+    if (kvr_bridge_create(&b, &cfg, &err)) {
+        fprintf(stderr, "kvasir run: %s\n", err.msg);
+        return 1;
+    }
+    int rc = 1;
+    struct kvr_bridge_stream **streams = kvr_calloc(n_jobs, sizeof *streams);
+    if (!streams)
+        goto out;
+    if (!kvr_bridge_wait_up(b, 30000)) {
+        fprintf(stderr, "kvasir run: the ring did not come up within 30 s (are the stages "
+                        "running?)\n");
+        goto out;
+    }
+    uint64_t t0 = kvr_now_ns();
+    for (uint32_t i = 0; i < n_jobs; i++) {
+        struct kvr_bridge_request req = {.prompt = jobs[i].ids, .n_prompt = jobs[i].n_ids,
+                                         .max_tokens = jobs[i].max_tokens,
+                                         .sampling = jobs[i].sp, .ignore_eos = o->ignore_eos};
+        struct kvr_bridge_refusal why;
+        if (kvr_bridge_submit(b, &req, &streams[i], &why)) {
+            fprintf(stderr, "kvasir run: prompt %u refused: %s\n", i, why.message);
+            goto out;
+        }
+    }
+    uint32_t n_done = 0;
+    uint64_t n_tokens = 0;
+    bool failed = false;
+    while (n_done < n_jobs) {
+        for (uint32_t i = 0; i < n_jobs; i++) {
+            struct job *j = &jobs[i];
+            if (j->finish)
+                continue;
+            struct kvr_bridge_event ev;
+            while (kvr_bridge_next(streams[i], &ev, n_jobs == 1 ? 100 : 1) == 0) {
+                if (ev.has_token && j->n_out < j->max_tokens) {
+                    j->out[j->n_out++] = ev.token;
+                    n_tokens++;
+                    print_token(pr, ev.token);
+                }
+                if (ev.finish != KVR_FINISH_NONE) {
+                    j->finish = ev.finish == KVR_FINISH_LENGTH ? "length"
+                                : ev.finish == KVR_FINISH_STOP ? "stop" : "error";
+                    if (ev.finish == KVR_FINISH_ERROR) {
+                        fprintf(stderr, "kvasir run: prompt %u failed: %s\n", i, ev.message);
+                        failed = true;
+                    }
+                    n_done++;
+                    break;
+                }
+            }
+        }
+    }
+    double secs = (kvr_now_ns() - t0) / 1e9;
+    print_end(pr);
+    struct kvr_bridge_stats st;
+    kvr_bridge_stats(b, &st);
+    fprintf(stderr, "ring: %u sequences, %llu tokens in %.2f s, %.1f tokens/s, %llu batches\n",
+            n_jobs, (unsigned long long)n_tokens, secs, n_tokens / secs,
+            (unsigned long long)st.batches);
+    for (uint32_t i = 0; i < st.n_stages; i++) {
+        double tot = (double)(st.stage[i].held_ns + st.stage[i].starved_ns +
+                              st.stage[i].blocked_ns);
+        if (tot <= 0)
+            tot = 1;
+        fprintf(stderr, "  stage %u: held %5.1f%%  starved %5.1f%%  blocked %5.1f%%\n", i,
+                100.0 * st.stage[i].held_ns / tot, 100.0 * st.stage[i].starved_ns / tot,
+                100.0 * st.stage[i].blocked_ns / tot);
+    }
+    rc = failed ? 1 : 0;
+out:
+    for (uint32_t i = 0; streams && i < n_jobs; i++)
+        kvr_bridge_release(streams[i]);
+    kvr_free(streams);
+    kvr_bridge_destroy(b);
+    return rc;
+}
+
+static void print_results(const struct run_opts *o, const struct kvr_tok *tok,
+                          const struct job *jobs, uint32_t n_jobs)
+{
+    for (uint32_t i = 0; i < n_jobs; i++) {
+        const struct job *j = &jobs[i];
+        if (o->json) {
+            json_t *ids = json_array();
+            for (uint32_t k = 0; k < j->n_out; k++)
+                json_array_append_new(ids, json_integer(j->out[k]));
+            json_t *line = json_pack("{s:i, s:i, s:o, s:s}", "index", (int)i, "n_prompt",
+                                     (int)j->n_ids, "ids", ids, "finish",
+                                     j->finish ? j->finish : "error");
+            char *s = json_dumps(line, JSON_COMPACT);
+            printf("%s\n", s);
+            free(s);
+            json_decref(line);
+        } else if (o->print_ids) {
+            for (uint32_t k = 0; k < j->n_out; k++)
+                printf("%s%d", k ? " " : "", j->out[k]);
+            printf("\n");
+        }
+    }
+    (void)tok;
+}
+
+int kvr_cmd_run(int argc, char **argv)
+{
+    struct run_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc)
+        return rc == 1 ? 0 : rc;
+    kvr_log_set_tag("run");
+    struct kvr_err err = {0};
+    struct kvr_plan *plan = NULL;
+    char model_path[KVR_PLAN_PATH_BYTES];
+    snprintf(model_path, sizeof model_path, "%s", o.model ? o.model : "");
+    if (o.plan) {
+        plan = kvr_malloc(sizeof *plan);
+        if (!plan || kvr_plan_load(plan, o.plan, &err) || kvr_plan_validate(plan, 0, &err) ||
+            kvr_plan_path(plan, plan->model_path, model_path, sizeof model_path, &err)) {
+            fprintf(stderr, "kvasir run: plan %s: %s\n", o.plan, err.msg);
+            kvr_free(plan);
+            return 1;
+        }
+    }
+    struct kvr_gguf *g = NULL;
+    struct kvr_tok *tok = NULL;
+    struct job *jobs = NULL;
+    uint32_t n_jobs = 0;
+    rc = 1;
+    if (kvr_gguf_open(&g, model_path, &err)) {
+        fprintf(stderr, "kvasir run: %s: %s\n", model_path, err.msg);
+        goto out;
+    }
+    if (kvr_tok_create(&tok, g, &err)) {
+        fprintf(stderr, "kvasir run: %s: vocabulary: %s\n", model_path, err.msg);
+        goto out;
+    }
+    if (load_jobs(&o, &jobs, &n_jobs) || tokenize_jobs(tok, jobs, n_jobs))
+        goto out;
+    struct printer pr = {.tok = tok, .on = n_jobs == 1 && !o.quiet && !o.json};
+    kvr_detok_init(&pr.dt, false, false);
+    if (pr.on) {
+        fputs(jobs[0].prompt, stdout);
+        fflush(stdout);
+    }
+    if (plan) {
+        struct kvr_hparams hp;
+        if (kvr_hparams_read(&hp, g, &err) || kvr_plan_validate(plan, hp.n_layer, &err)) {
+            fprintf(stderr, "kvasir run: %s\n", err.msg);
+            goto out;
+        }
+        rc = run_ring(&o, plan, &hp, jobs, n_jobs, &pr);
+    } else {
+        rc = run_local(&o, g, tok, jobs, n_jobs, &pr);
+    }
+    if (rc == 0)
+        print_results(&o, tok, jobs, n_jobs);
+out:
+    free_jobs(jobs, n_jobs);
+    kvr_tok_destroy(tok);
+    kvr_gguf_close(g);
+    if (plan) {
+        kvr_plan_wipe(plan);
+        kvr_free(plan);
+    }
+    return rc;
+}

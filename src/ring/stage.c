@@ -1,0 +1,776 @@
+/* stage.c - the stage agent (see stage.h for the threads and their jobs).
+ *
+ * Reading order: the slot queues shared by the threads, start-up (model, engine, buffers),
+ * the rx thread, the tx thread, then the compute loop. */
+#include "ring/stage.h"
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/log.h"
+#include "model/engine.h"
+#include "model/gguf.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+#include "ring/net.h"
+#include "ring/wire.h"
+
+#include <errno.h>
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+enum {
+    HEARTBEAT_MS = 1000,   /* tx sends a heartbeat after this long without a frame */
+    HANDSHAKE_MS = 3000,   /* each handshake message must arrive within this */
+    POLL_MS = 100,         /* how often idle threads look at the stop flag */
+    BACKOFF_MIN_MS = 50,
+    BACKOFF_MAX_MS = 2000,
+    N_OUT_SLOTS = 2,       /* one being sent, one being filled */
+};
+
+/* ---- slots and queues ----------------------------------------------------------------- */
+
+enum in_kind {
+    IN_BATCH,  /* a batch to compute */
+    IN_RESET,  /* the upstream link was lost or replaced: drop every sequence */
+};
+
+/* One received batch, copied out of the link's buffer so rx can read the next frame. */
+struct in_slot {
+    enum in_kind kind;
+    uint64_t batch_id;
+    uint32_t n_ctrl, n_segs, n_timings, n_rows;
+    struct kvr_wire_ctrl *ctrl;       /* [max_ctrl] */
+    struct kvr_seg *segs;             /* [max_segs] */
+    struct kvr_wire_timing *timings;  /* [n_stages + 1] */
+    int32_t *tokens;                  /* head: [row_width] token ids */
+    float *rows;                      /* other stages: [row_width x n_embd] boundary rows */
+};
+
+/* One frame to send downstream. */
+struct out_slot {
+    bool drop_link;                   /* not a frame: tell tx to drop the downstream link */
+    struct kvr_wire_msg msg;
+    struct kvr_wire_ctrl *ctrl;       /* [max_ctrl] */
+    struct kvr_seg *segs;             /* [max_segs] */
+    struct kvr_wire_timing *timings;  /* [n_stages + 1] */
+    struct kvr_wire_result *results;  /* tail: [max_segs] */
+    float *rows;                      /* non-tail: [row_width x n_embd] engine output */
+    void *wire_rows;                  /* non-tail, f16/bf16 wire: converted rows */
+};
+
+/* A bounded FIFO of slot indices with a free list, guarded by one mutex. */
+struct slot_queue {
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    uint32_t cap;
+    uint32_t *fifo;  /* ready slots, in order */
+    uint32_t head, n_ready;
+    uint32_t *free_ids;
+    uint32_t n_free;
+};
+
+static int queue_init(struct slot_queue *q, uint32_t cap)
+{
+    memset(q, 0, sizeof *q);
+    q->cap = cap;
+    q->fifo = kvr_calloc(cap, sizeof *q->fifo);
+    q->free_ids = kvr_calloc(cap, sizeof *q->free_ids);
+    if (!q->fifo || !q->free_ids)
+        return KVR_ENOMEM;
+    for (uint32_t i = 0; i < cap; i++)
+        q->free_ids[i] = cap - 1 - i;
+    q->n_free = cap;
+    pthread_mutex_init(&q->lock, NULL);
+    pthread_cond_init(&q->changed, NULL);
+    return KVR_OK;
+}
+
+static void queue_fini(struct slot_queue *q)
+{
+    if (q->fifo) {
+        pthread_mutex_destroy(&q->lock);
+        pthread_cond_destroy(&q->changed);
+    }
+    kvr_free(q->fifo);
+    kvr_free(q->free_ids);
+}
+
+static void deadline_in(struct timespec *ts, int ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    ts->tv_sec += ms / 1000 + ts->tv_nsec / 1000000000L;
+    ts->tv_nsec %= 1000000000L;
+}
+
+/* Take a free slot id, waiting at most wait_ms; -1 if none came. */
+static int queue_take_free(struct slot_queue *q, int wait_ms)
+{
+    struct timespec ts;
+    deadline_in(&ts, wait_ms);
+    pthread_mutex_lock(&q->lock);
+    while (q->n_free == 0)
+        if (pthread_cond_timedwait(&q->changed, &q->lock, &ts) == ETIMEDOUT)
+            break;
+    int id = q->n_free ? (int)q->free_ids[--q->n_free] : -1;
+    pthread_mutex_unlock(&q->lock);
+    return id;
+}
+
+static void queue_push_ready(struct slot_queue *q, uint32_t id)
+{
+    pthread_mutex_lock(&q->lock);
+    q->fifo[(q->head + q->n_ready++) % q->cap] = id;
+    pthread_cond_broadcast(&q->changed);
+    pthread_mutex_unlock(&q->lock);
+}
+
+/* Take the oldest ready slot id, waiting at most wait_ms; -1 if none came. */
+static int queue_pop_ready(struct slot_queue *q, int wait_ms)
+{
+    struct timespec ts;
+    deadline_in(&ts, wait_ms);
+    pthread_mutex_lock(&q->lock);
+    while (q->n_ready == 0)
+        if (pthread_cond_timedwait(&q->changed, &q->lock, &ts) == ETIMEDOUT)
+            break;
+    int id = -1;
+    if (q->n_ready) {
+        id = (int)q->fifo[q->head];
+        q->head = (q->head + 1) % q->cap;
+        q->n_ready--;
+    }
+    pthread_mutex_unlock(&q->lock);
+    return id;
+}
+
+static void queue_give_free(struct slot_queue *q, uint32_t id)
+{
+    pthread_mutex_lock(&q->lock);
+    q->free_ids[q->n_free++] = id;
+    pthread_cond_broadcast(&q->changed);
+    pthread_mutex_unlock(&q->lock);
+}
+
+/* ---- the stage ------------------------------------------------------------------------ */
+
+struct stage {
+    const struct kvr_plan *plan;
+    uint32_t index;
+    bool is_head, is_tail;
+    volatile sig_atomic_t *stop;
+    char name[32];                    /* "stage 1" */
+
+    struct kvr_gguf *gguf;
+    struct kvr_engine *engine;
+    struct kvr_hparams hp;
+    struct kvr_tok *tok;              /* tail: end-of-generation ids */
+
+    struct kvr_wire_limits up_limits;   /* what this stage accepts from upstream */
+    struct kvr_wire_limits down_limits; /* what the downstream accepts from us */
+    uint32_t rows_payload;            /* the plan's wire dtype as a payload type */
+
+    int listen_fd;
+    struct in_slot *in;               /* [n_in] */
+    uint32_t n_in;
+    struct slot_queue in_q;
+    struct out_slot out[N_OUT_SLOTS];
+    struct slot_queue out_q;
+
+    /* Tail: sampling state per sequence slot. */
+    struct kvr_sampler *samplers;     /* [max_seqs] */
+    bool *open;                       /* [max_seqs] a sequence is open in this slot */
+    bool *want_logprobs;              /* [max_seqs] */
+    struct kvr_sample_scratch *scratch;
+    float *logits;                    /* [row_width x n_vocab] */
+
+    atomic_int tx_connected;
+    pthread_t rx_thread, tx_thread;
+    bool rx_started, tx_started;
+};
+
+static int alloc_slots(struct stage *s, struct kvr_err *err)
+{
+    const struct kvr_plan *p = s->plan;
+    size_t n_rows_f = (size_t)p->row_width * s->hp.n_embd;
+    uint32_t max_ctrl = s->up_limits.max_ctrl, max_segs = s->up_limits.max_segs;
+    uint32_t n_tim = p->n_stages + 1;
+    s->n_in = p->microbatches + 1;
+    s->in = kvr_calloc(s->n_in, sizeof *s->in);
+    if (!s->in)
+        return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory");
+    for (uint32_t i = 0; i < s->n_in; i++) {
+        struct in_slot *in = &s->in[i];
+        in->ctrl = kvr_calloc(max_ctrl ? max_ctrl : 1, sizeof *in->ctrl);
+        in->segs = kvr_calloc(max_segs, sizeof *in->segs);
+        in->timings = kvr_calloc(n_tim, sizeof *in->timings);
+        if (s->is_head)
+            in->tokens = kvr_calloc(p->row_width, sizeof *in->tokens);
+        else
+            in->rows = kvr_aligned_alloc(64, n_rows_f * sizeof(float));
+        if (!in->ctrl || !in->segs || !in->timings || !(in->tokens || in->rows))
+            return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory for input slots");
+    }
+    for (uint32_t i = 0; i < N_OUT_SLOTS; i++) {
+        struct out_slot *o = &s->out[i];
+        o->ctrl = kvr_calloc(max_ctrl ? max_ctrl : 1, sizeof *o->ctrl);
+        o->segs = kvr_calloc(max_segs, sizeof *o->segs);
+        o->timings = kvr_calloc(n_tim, sizeof *o->timings);
+        if (!o->ctrl || !o->segs || !o->timings)
+            return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory for output slots");
+        if (s->is_tail) {
+            if (!(o->results = kvr_calloc(max_segs, sizeof *o->results)))
+                return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory");
+        } else {
+            if (!(o->rows = kvr_aligned_alloc(64, n_rows_f * sizeof(float))))
+                return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory");
+            if (s->rows_payload != KVR_WIRE_PAYLOAD_F32 &&
+                !(o->wire_rows = kvr_aligned_alloc(64, n_rows_f * 2)))
+                return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory");
+        }
+    }
+    int rc = queue_init(&s->in_q, s->n_in);
+    if (!rc)
+        rc = queue_init(&s->out_q, N_OUT_SLOTS);
+    if (rc)
+        return kvr_err_set(err, rc, "stage: out of memory for queues");
+    return KVR_OK;
+}
+
+static void free_slots(struct stage *s)
+{
+    for (uint32_t i = 0; s->in && i < s->n_in; i++) {
+        kvr_free(s->in[i].ctrl);
+        kvr_free(s->in[i].segs);
+        kvr_free(s->in[i].timings);
+        kvr_free(s->in[i].tokens);
+        kvr_free(s->in[i].rows);
+    }
+    kvr_free(s->in);
+    for (uint32_t i = 0; i < N_OUT_SLOTS; i++) {
+        kvr_free(s->out[i].ctrl);
+        kvr_free(s->out[i].segs);
+        kvr_free(s->out[i].timings);
+        kvr_free(s->out[i].results);
+        kvr_free(s->out[i].rows);
+        kvr_free(s->out[i].wire_rows);
+    }
+    queue_fini(&s->in_q);
+    queue_fini(&s->out_q);
+}
+
+/* ---- rx: the upstream link ------------------------------------------------------------ */
+
+/* Accept one connection and authenticate it as our upstream. On success *link is ready. */
+static int accept_upstream(struct stage *s, struct kvr_link *link)
+{
+    struct kvr_err err = {0};
+    int fd;
+    char peer[KVR_NET_PEER_BYTES];
+    if (kvr_net_accept(s->listen_fd, kvr_net_deadline(POLL_MS), &fd, peer, sizeof peer, &err))
+        return -1;
+    if (kvr_link_init(link, fd, peer, &s->up_limits, KVR_LINK_RECV, &err)) {
+        KVR_WARN("%s: cannot set up link from %s: %s", s->name, peer, err.msg);
+        return -1;
+    }
+    if (kvr_link_handshake_server(link, s->plan, KVR_AUTH_ROLE_STAGE, s->index, HANDSHAKE_MS,
+                                  &err)) {
+        KVR_WARN("%s: refused connection from %s: %s", s->name, peer, err.msg);
+        kvr_link_fini(link);
+        return -1;
+    }
+    KVR_INFO("%s: upstream connected from %s", s->name, peer);
+    return 0;
+}
+
+static void push_reset(struct stage *s)
+{
+    int id;
+    while ((id = queue_take_free(&s->in_q, POLL_MS)) < 0)
+        if (*s->stop)
+            return;
+    s->in[id].kind = IN_RESET;
+    queue_push_ready(&s->in_q, (uint32_t)id);
+}
+
+/* Copy a received BATCH into a free input slot (waiting for one: that is backpressure on
+ * the upstream, which then waits on its own send). */
+static bool enqueue_batch(struct stage *s, const struct kvr_wire_frame *f)
+{
+    int id;
+    while ((id = queue_take_free(&s->in_q, POLL_MS)) < 0)
+        if (*s->stop)
+            return false;
+    struct in_slot *in = &s->in[id];
+    const struct kvr_wire_header *h = &f->hdr;
+    in->kind = IN_BATCH;
+    in->batch_id = h->batch_id;
+    in->n_ctrl = h->n_ctrl;
+    in->n_segs = h->n_segs;
+    in->n_timings = h->n_timings;
+    in->n_rows = h->n_rows;
+    memcpy(in->ctrl, f->ctrl, h->n_ctrl * sizeof *f->ctrl);
+    memcpy(in->segs, f->segs, h->n_segs * sizeof *f->segs);
+    memcpy(in->timings, f->timings, h->n_timings * sizeof *f->timings);
+    if (s->is_head)
+        memcpy(in->tokens, f->payload, h->n_rows * sizeof(int32_t));
+    else
+        kvr_wire_rows_to_f32(h->payload, f->payload, (size_t)h->n_rows * s->hp.n_embd,
+                             in->rows);
+    queue_push_ready(&s->in_q, (uint32_t)id);
+    return true;
+}
+
+static void *rx_main(void *arg)
+{
+    struct stage *s = arg;
+    struct kvr_link up = {.fd = -1};
+    bool have_up = false;
+    while (!*s->stop) {
+        struct pollfd pfd[2] = {{s->listen_fd, POLLIN, 0}, {up.fd, POLLIN, 0}};
+        int n = poll(pfd, have_up ? 2 : 1, POLL_MS);
+        if (n < 0 && errno != EINTR)
+            break;
+        if (n <= 0)
+            continue;
+        if (pfd[0].revents & POLLIN) {
+            /* A new upstream replaces the old one (a restarted upstream reconnects); a peer
+             * that fails the handshake is refused and the current link is untouched. */
+            struct kvr_link fresh;
+            if (accept_upstream(s, &fresh) == 0) {
+                if (have_up) {
+                    KVR_WARN("%s: new upstream replaces the previous link", s->name);
+                    kvr_link_fini(&up);
+                }
+                up = fresh;
+                have_up = true;
+                push_reset(s);
+            }
+            continue;
+        }
+        if (!have_up || !(pfd[1].revents & (POLLIN | POLLHUP | POLLERR)))
+            continue;
+        const struct kvr_wire_frame *f;
+        struct kvr_err err = {0};
+        int rc = kvr_link_recv(&up, kvr_net_deadline(POLL_MS), &f, &err);
+        if (rc == KVR_ETIMEDOUT)
+            continue;
+        if (rc) {
+            if (rc == KVR_ECLOSED)
+                KVR_INFO("%s: upstream %s closed the link", s->name, up.peer);
+            else
+                KVR_WARN("%s: upstream link dropped: %s", s->name, err.msg);
+            kvr_link_fini(&up);
+            have_up = false;
+            push_reset(s);
+            continue;
+        }
+        if (f->hdr.type == KVR_WIRE_GOODBYE) {
+            KVR_INFO("%s: upstream said goodbye", s->name);
+            kvr_link_fini(&up);
+            have_up = false;
+            push_reset(s);
+        } else if (f->hdr.type == KVR_WIRE_BATCH) {
+            if (!enqueue_batch(s, f))
+                break;
+        }
+    }
+    if (have_up)
+        kvr_link_fini(&up);
+    return NULL;
+}
+
+/* ---- tx: the downstream link ---------------------------------------------------------- */
+
+static const char *downstream_addr(const struct stage *s)
+{
+    return s->is_tail ? s->plan->bridge_addr : s->plan->stages[s->index + 1].addr;
+}
+
+static bool connect_downstream(struct stage *s, struct kvr_link *link, int *backoff_ms)
+{
+    struct kvr_err err = {0};
+    int fd;
+    const char *addr = downstream_addr(s);
+    if (kvr_net_connect(addr, kvr_net_deadline(1000), &fd, &err) == 0) {
+        if (kvr_link_init(link, fd, addr, &s->down_limits, KVR_LINK_SEND, &err) == 0 &&
+            kvr_link_handshake_client(link, s->plan, KVR_AUTH_ROLE_STAGE, s->index,
+                                      HANDSHAKE_MS, &err) == 0) {
+            KVR_INFO("%s: downstream %s connected", s->name, addr);
+            *backoff_ms = BACKOFF_MIN_MS;
+            return true;
+        }
+        KVR_WARN("%s: downstream %s: %s", s->name, addr, err.msg);
+        kvr_link_fini(link);
+    } else if (*backoff_ms >= BACKOFF_MAX_MS) {
+        KVR_DEBUG("%s: cannot reach downstream %s: %s", s->name, addr, err.msg);
+    }
+    kvr_sleep_ns((uint64_t)*backoff_ms * 1000000ull);
+    *backoff_ms = *backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : *backoff_ms * 2;
+    return false;
+}
+
+static void *tx_main(void *arg)
+{
+    struct stage *s = arg;
+    struct kvr_link down = {.fd = -1};
+    bool have_down = false;
+    int backoff_ms = BACKOFF_MIN_MS;
+    uint64_t last_send = kvr_now_ns(), n_heartbeats = 0;
+    while (!*s->stop) {
+        if (!have_down) {
+            have_down = connect_downstream(s, &down, &backoff_ms);
+            atomic_store(&s->tx_connected, have_down);
+            last_send = kvr_now_ns();
+        }
+        int id = queue_pop_ready(&s->out_q, POLL_MS);
+        struct kvr_err err = {0};
+        if (id < 0) {
+            if (have_down && kvr_now_ns() - last_send > HEARTBEAT_MS * 1000000ull) {
+                if (kvr_link_send_heartbeat(&down, ++n_heartbeats, kvr_net_deadline(1000),
+                                            &err)) {
+                    KVR_WARN("%s: downstream lost: %s", s->name, err.msg);
+                    kvr_link_fini(&down);
+                    have_down = false;
+                }
+                last_send = kvr_now_ns();
+            }
+            continue;
+        }
+        struct out_slot *o = &s->out[id];
+        if (o->drop_link) {
+            if (have_down) {
+                kvr_link_send_goodbye(&down, KVR_WIRE_GOODBYE_ERROR, kvr_net_deadline(200),
+                                      &err);
+                kvr_link_fini(&down);
+                have_down = false;
+                atomic_store(&s->tx_connected, 0);
+            }
+        } else if (have_down) {
+            if (kvr_link_send(&down, &o->msg, 0, &err)) {
+                KVR_WARN("%s: downstream lost, batch %llu dropped: %s", s->name,
+                         (unsigned long long)o->msg.batch_id, err.msg);
+                kvr_link_fini(&down);
+                have_down = false;
+                atomic_store(&s->tx_connected, 0);
+            }
+            last_send = kvr_now_ns();
+        } else {
+            KVR_WARN("%s: no downstream, batch %llu dropped", s->name,
+                     (unsigned long long)o->msg.batch_id);
+        }
+        queue_give_free(&s->out_q, (uint32_t)id);
+    }
+    if (have_down) {
+        struct kvr_err err = {0};
+        kvr_link_send_goodbye(&down, KVR_WIRE_GOODBYE_SHUTDOWN, kvr_net_deadline(200), &err);
+        kvr_link_fini(&down);
+    }
+    return NULL;
+}
+
+/* ---- compute -------------------------------------------------------------------------- */
+
+static void sampling_params(const struct kvr_wire_sampling *w, struct kvr_sample_params *p)
+{
+    kvr_sample_params_default(p);
+    p->temperature = w->temperature;
+    p->top_k = w->top_k;
+    p->top_p = w->top_p;
+    p->min_p = w->min_p;
+    p->repeat_penalty = w->repeat_penalty;
+    p->frequency_penalty = w->frequency_penalty;
+    p->presence_penalty = w->presence_penalty;
+    p->repeat_last_n = w->repeat_last_n;
+    p->seed = w->seed;
+}
+
+static void close_seq(struct stage *s, uint32_t seq)
+{
+    kvr_engine_seq_free(s->engine, seq);
+    if (s->is_tail && s->open[seq]) {
+        kvr_sampler_fini(&s->samplers[seq]);
+        s->open[seq] = false;
+    }
+}
+
+static void reset_all(struct stage *s)
+{
+    for (uint32_t q = 0; q < s->plan->max_seqs; q++)
+        close_seq(s, q);
+}
+
+/* Control records come before the batch's rows: an OPEN starts a sequence afresh (its slot
+ * may hold a finished one), FREE and CANCEL release it everywhere. */
+static void apply_control(struct stage *s, const struct in_slot *in)
+{
+    for (uint32_t i = 0; i < in->n_ctrl; i++) {
+        const struct kvr_wire_ctrl *c = &in->ctrl[i];
+        close_seq(s, c->seq);
+        if (c->type == KVR_WIRE_CTRL_OPEN && s->is_tail) {
+            struct kvr_sample_params p;
+            sampling_params(&c->sampling, &p);
+            struct kvr_err err = {0};
+            if (kvr_sampler_init(&s->samplers[c->seq], &p, &err)) {
+                /* The codec checked the ranges, so this is a disagreement between codec and
+                 * sampler; the sequence stays closed and its first result fails loudly. */
+                KVR_ERROR("%s: sequence %u: %s", s->name, c->seq, err.msg);
+                continue;
+            }
+            s->open[c->seq] = true;
+            s->want_logprobs[c->seq] = (c->flags & KVR_WIRE_OPEN_LOGPROBS) != 0;
+        }
+    }
+}
+
+/* Tail: sample every segment that wants a token. */
+static int sample_results(struct stage *s, const struct in_slot *in, struct out_slot *o,
+                          struct kvr_err *err)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < in->n_segs; i++) {
+        const struct kvr_seg *seg = &in->segs[i];
+        if (!(seg->flags & KVR_SEG_WANTS_TOKEN))
+            continue;
+        if (!s->open[seg->seq])
+            return kvr_err_set(err, KVR_EPROTO, "batch %llu: sequence %u wants a token but "
+                               "was never opened", (unsigned long long)in->batch_id, seg->seq);
+        float *logits = s->logits + (size_t)n * s->hp.n_vocab;
+        float logprob = 0.0f;
+        bool lp = s->want_logprobs[seg->seq];
+        int32_t tok = kvr_sampler_sample(&s->samplers[seg->seq], logits, (int32_t)s->hp.n_vocab,
+                                         s->scratch, lp ? &logprob : NULL);
+        kvr_sampler_accept(&s->samplers[seg->seq], tok);
+        o->results[n] = (struct kvr_wire_result){
+            .seq = seg->seq, .token = tok, .logprob = lp ? logprob : 0.0f,
+            .flags = (lp ? KVR_WIRE_RESULT_LOGPROB : 0) |
+                     (s->tok && kvr_tok_is_eog(s->tok, tok) ? KVR_WIRE_RESULT_EOG : 0)};
+        n++;
+    }
+    o->msg.results = o->results;
+    o->msg.n_results = n;
+    o->msg.payload = KVR_WIRE_PAYLOAD_RESULTS;
+    o->msg.payload_data = NULL;
+    o->msg.payload_bytes = 0;
+    return KVR_OK;
+}
+
+static int compute_batch(struct stage *s, const struct in_slot *in, struct out_slot *o,
+                         struct kvr_err *err)
+{
+    apply_control(s, in);
+    memset(&o->msg, 0, sizeof o->msg);
+    o->drop_link = false;
+    memcpy(o->ctrl, in->ctrl, in->n_ctrl * sizeof *in->ctrl);
+    memcpy(o->segs, in->segs, in->n_segs * sizeof *in->segs);
+    memcpy(o->timings, in->timings, in->n_timings * sizeof *in->timings);
+    o->msg.type = s->is_tail ? KVR_WIRE_RESULT : KVR_WIRE_BATCH;
+    o->msg.batch_id = in->batch_id;
+    o->msg.ctrl = o->ctrl;
+    o->msg.n_ctrl = in->n_ctrl;
+    o->msg.segs = o->segs;
+    o->msg.n_segs = in->n_segs;
+    o->msg.timings = o->timings;
+    o->msg.n_timings = in->n_timings;
+    if (in->n_segs == 0) { /* a control-only batch */
+        o->msg.payload = s->is_tail ? KVR_WIRE_PAYLOAD_RESULTS : s->rows_payload;
+        return KVR_OK;
+    }
+    float *out = s->is_tail ? s->logits : o->rows;
+    int rc = kvr_engine_forward(s->engine, in->segs, in->n_segs, in->tokens, in->rows, out, err);
+    if (rc)
+        return rc;
+    if (s->is_tail)
+        return sample_results(s, in, o, err);
+    size_t n = (size_t)in->n_rows * s->hp.n_embd;
+    o->msg.payload = s->rows_payload;
+    if (s->rows_payload == KVR_WIRE_PAYLOAD_F32) {
+        o->msg.payload_data = o->rows;
+        o->msg.payload_bytes = n * sizeof(float);
+    } else {
+        kvr_wire_rows_from_f32(s->rows_payload, o->rows, n, o->wire_rows);
+        o->msg.payload_data = o->wire_rows;
+        o->msg.payload_bytes = n * 2;
+    }
+    return KVR_OK;
+}
+
+static void compute_loop(struct stage *s)
+{
+    uint64_t idle_since = kvr_now_ns();
+    while (!*s->stop) {
+        int in_id = queue_pop_ready(&s->in_q, POLL_MS);
+        if (in_id < 0)
+            continue;
+        uint64_t t_arrived = kvr_now_ns();
+        struct in_slot *in = &s->in[in_id];
+        if (in->kind == IN_RESET) {
+            KVR_INFO("%s: upstream changed: dropping every sequence", s->name);
+            reset_all(s);
+            queue_give_free(&s->in_q, (uint32_t)in_id);
+            int out_id;
+            while ((out_id = queue_take_free(&s->out_q, POLL_MS)) < 0 && !*s->stop) {
+            }
+            if (out_id >= 0) {
+                s->out[out_id].drop_link = true;
+                queue_push_ready(&s->out_q, (uint32_t)out_id);
+            }
+            idle_since = kvr_now_ns();
+            continue;
+        }
+        int out_id;
+        while ((out_id = queue_take_free(&s->out_q, POLL_MS)) < 0 && !*s->stop) {
+        }
+        if (out_id < 0)
+            break;
+        uint64_t t_start = kvr_now_ns();
+        struct out_slot *o = &s->out[out_id];
+        struct kvr_err err = {0};
+        int rc = compute_batch(s, in, o, &err);
+        uint64_t t_done = kvr_now_ns();
+        if (rc) {
+            /* The bridge and every stage decide membership from the same plan, so a batch
+             * this stage cannot run means the ring's state diverged: drop the link and let
+             * the bridge re-open its sequences. */
+            KVR_ERROR("%s: batch %llu failed: %s", s->name, (unsigned long long)in->batch_id,
+                      err.msg);
+            reset_all(s);
+            o->drop_link = true;
+        } else {
+            struct kvr_wire_timing *t = &o->timings[o->msg.n_timings++];
+            t->stage = s->index;
+            t->starved_ns = t_arrived > idle_since ? t_arrived - idle_since : 0;
+            t->blocked_ns = t_start - t_arrived;
+            t->held_ns = t_done - t_start;
+        }
+        queue_give_free(&s->in_q, (uint32_t)in_id);
+        queue_push_ready(&s->out_q, (uint32_t)out_id);
+        idle_since = t_done;
+    }
+}
+
+/* ---- start-up and shutdown ------------------------------------------------------------ */
+
+static void stage_fini(struct stage *s)
+{
+    if (s->rx_started)
+        pthread_join(s->rx_thread, NULL);
+    if (s->tx_started)
+        pthread_join(s->tx_thread, NULL);
+    if (s->listen_fd >= 0)
+        close(s->listen_fd);
+    free_slots(s);
+    if (s->samplers) {
+        for (uint32_t q = 0; q < s->plan->max_seqs; q++)
+            if (s->open[q])
+                kvr_sampler_fini(&s->samplers[q]);
+    }
+    kvr_free(s->samplers);
+    kvr_free(s->open);
+    kvr_free(s->want_logprobs);
+    kvr_free(s->logits);
+    kvr_sample_scratch_destroy(s->scratch);
+    kvr_tok_destroy(s->tok);
+    kvr_engine_destroy(s->engine);
+    kvr_gguf_close(s->gguf);
+}
+
+static int stage_init(struct stage *s, struct kvr_err *err)
+{
+    const struct kvr_plan *p = s->plan;
+    char path[KVR_PLAN_PATH_BYTES];
+    int rc;
+    if ((rc = kvr_plan_path(p, p->model_path, path, sizeof path, err)) ||
+        (rc = kvr_gguf_open(&s->gguf, path, err)))
+        return rc;
+    if (p->model_fingerprint &&
+        (rc = kvr_plan_check_fingerprint(p, kvr_gguf_fingerprint(s->gguf), err)))
+        return rc;
+    if ((rc = kvr_hparams_read(&s->hp, s->gguf, err)) ||
+        (rc = kvr_plan_validate(p, s->hp.n_layer, err)))
+        return rc;
+    const struct kvr_plan_stage *st = &p->stages[s->index];
+    uint32_t threads = st->n_threads ? st->n_threads : p->n_threads ? p->n_threads : 1;
+    struct kvr_engine_config cfg = {
+        .first_layer = st->first_layer, .last_layer = st->last_layer,
+        .max_rows = p->row_width, .max_seqs = p->max_seqs, .n_ctx = p->n_ctx,
+        .kv_block_tokens = p->kv_block_tokens, .kv_n_blocks = p->kv_blocks,
+        .n_threads = threads};
+    if ((rc = kvr_engine_create(&s->engine, s->gguf, &cfg, err)))
+        return rc;
+    s->rows_payload = kvr_wire_payload_of_dtype(p->wire_dtype);
+    int down = s->is_tail ? KVR_WIRE_RECV_BRIDGE : (int)s->index + 1;
+    if ((rc = kvr_wire_limits_init(&s->up_limits, p, s->hp.n_embd, s->hp.n_vocab,
+                                   (int)s->index, err)) ||
+        (rc = kvr_wire_limits_init(&s->down_limits, p, s->hp.n_embd, s->hp.n_vocab, down,
+                                   err)) ||
+        (rc = alloc_slots(s, err)))
+        return rc;
+    if (s->is_tail) {
+        s->samplers = kvr_calloc(p->max_seqs, sizeof *s->samplers);
+        s->open = kvr_calloc(p->max_seqs, sizeof *s->open);
+        s->want_logprobs = kvr_calloc(p->max_seqs, sizeof *s->want_logprobs);
+        size_t n_logits;
+        if (!s->samplers || !s->open || !s->want_logprobs ||
+            !kvr_mul_size((size_t)p->row_width * s->hp.n_vocab, sizeof(float), &n_logits) ||
+            !(s->logits = kvr_aligned_alloc(64, n_logits)) ||
+            kvr_sample_scratch_create(&s->scratch, (int32_t)s->hp.n_vocab))
+            return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory for the tail");
+        struct kvr_err tok_err = {0};
+        if (kvr_tok_create(&s->tok, s->gguf, &tok_err))
+            KVR_WARN("%s: no usable vocabulary (%s): end-of-generation is not flagged",
+                     s->name, tok_err.msg);
+    }
+    if ((rc = kvr_net_listen(p->stages[s->index].addr, 16, &s->listen_fd, NULL, err)))
+        return rc;
+    KVR_INFO("%s: layers %u-%u of %u, %u threads, listening on %s", s->name, st->first_layer,
+             st->last_layer, s->hp.n_layer, threads, p->stages[s->index].addr);
+    return KVR_OK;
+}
+
+int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *opt,
+                  volatile sig_atomic_t *stop, struct kvr_err *err)
+{
+    if (opt->index >= plan->n_stages)
+        return kvr_err_set(err, KVR_EINVAL, "stage index %u: the plan has %u stages",
+                           opt->index, plan->n_stages);
+    struct stage *s = kvr_calloc(1, sizeof *s);
+    if (!s)
+        return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory");
+    struct kvr_plan *local = kvr_malloc(sizeof *local);
+    if (!local) {
+        kvr_free(s);
+        return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory");
+    }
+    *local = *plan;
+    if (opt->n_threads)
+        local->stages[opt->index].n_threads = opt->n_threads;
+    s->plan = local;
+    s->index = opt->index;
+    s->is_head = opt->index == 0;
+    s->is_tail = opt->index + 1 == plan->n_stages;
+    s->stop = stop;
+    s->listen_fd = -1;
+    snprintf(s->name, sizeof s->name, "stage %u", opt->index);
+    int rc = stage_init(s, err);
+    if (rc == 0) {
+        s->rx_started = pthread_create(&s->rx_thread, NULL, rx_main, s) == 0;
+        s->tx_started = pthread_create(&s->tx_thread, NULL, tx_main, s) == 0;
+        if (!s->rx_started || !s->tx_started) {
+            rc = kvr_err_set(err, KVR_ENOMEM, "stage: cannot start threads");
+            *stop = 1;
+        } else {
+            compute_loop(s);
+        }
+    }
+    stage_fini(s);
+    kvr_plan_wipe(local);
+    kvr_free(local);
+    kvr_free(s);
+    return rc;
+}

@@ -1,0 +1,46 @@
+/* stage.h - the stage agent: one process serving one layer slice of the ring (DESIGN.md 5).
+ *
+ * A stage listens on its plan address for its upstream (the bridge for stage 0, stage i-1
+ * otherwise), accepts only a peer that passes the handshake with the same plan and secret,
+ * and dials its downstream (stage i+1, or the bridge from the tail), reconnecting with
+ * backoff. Frames are processed strictly in arrival order. For each BATCH it applies the
+ * in-band control records (open / free / cancel a sequence), runs its layers on exactly the
+ * membership it was given, appends its timing record and forwards the result: boundary
+ * rows to the next stage, or, at the tail, the sampled token of every segment that wants
+ * one, as a RESULT frame to the bridge.
+ *
+ * Three threads, so receiving the next frame and sending the previous output overlap with
+ * compute:
+ *   rx       accepts and authenticates upstream connections, reads frames into a queue of
+ *            preallocated input slots
+ *   compute  the caller's thread: takes the next input (the wait is "starved"), takes a
+ *            free output slot (the wait is "blocked": downstream has not taken the previous
+ *            frames), runs the forward pass into it ("held"), hands it to tx
+ *   tx       keeps the downstream link up and sends output slots in order; heartbeats when
+ *            idle
+ * All buffers are sized from the plan at start-up.
+ *
+ * When the upstream link is lost or replaced, every sequence's state is stale (the bridge
+ * re-opens and re-prefills what it still needs): the stage frees all KV and sampling
+ * state and drops its downstream link, so the loss propagates to the bridge at once. */
+#ifndef KVR_RING_STAGE_H
+#define KVR_RING_STAGE_H
+
+#include "core/err.h"
+#include "ring/plan.h"
+
+#include <signal.h>
+#include <stdint.h>
+
+struct kvr_stage_options {
+    uint32_t index;     /* which stage of the plan this process is */
+    uint32_t n_threads; /* compute threads; 0 = from the plan (stage, then plan default, 1) */
+};
+
+/* Run the stage until *stop becomes non-zero (e.g. set by a signal handler). The plan must
+ * be valid. Returns 0 after an orderly stop or a negative status with `err` set when the
+ * stage cannot start (model, memory, address in use). */
+int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *opt,
+                  volatile sig_atomic_t *stop, struct kvr_err *err);
+
+#endif
