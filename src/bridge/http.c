@@ -29,6 +29,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -243,6 +244,8 @@ static enum MHD_Result reply(struct kvr_http *h, struct request *rq, struct MHD_
     MHD_destroy_response(resp);
     if (ok == MHD_YES)
         count_response(h, rq->ep, status);
+    KVR_DEBUG("http: %s -> %d (%zu bytes, %.1f ms)", endpoint_names[rq->ep], status, len,
+              (double)(kvr_now_ns() - rq->t_start_ns) * 1e-6);
     return ok;
 }
 
@@ -372,6 +375,7 @@ struct gen {
     int fd;                      /* the client's socket, for peer_gone */
 
     bool done;                   /* finished, failed or abandoned: no more events wanted */
+    bool svc_finished;           /* the service sent its last event; no cancel needed */
     bool released;
     enum kvr_openai_finish finish;
     enum outcome outcome;
@@ -384,13 +388,20 @@ struct gen {
     bool sse_ended;              /* [DONE] has been produced */
 };
 
+/* Tell the service we want no more tokens (stop string, client gone, failure). */
+static void gen_cancel(struct gen *g)
+{
+    if (g->stream && !g->released && !g->svc_finished) {
+        g->h->svc->ops->cancel(g->stream);
+        g->svc_finished = true;
+    }
+}
+
 static void gen_end_stream(struct gen *g)
 {
     if (g->stream && !g->released) {
-        const struct kvr_service_ops *ops = g->h->svc->ops;
-        if (!g->done || g->outcome == OUT_CLIENT_GONE || g->finish == KVR_OPENAI_FINISH_STOP)
-            ops->cancel(g->stream);
-        ops->release(g->stream);
+        gen_cancel(g);
+        g->h->svc->ops->release(g->stream);
         g->released = true;
     }
 }
@@ -428,8 +439,7 @@ static void gen_fail(struct gen *g, int status, const char *code, const char *ms
     g->outcome = OUT_ERROR;
     kvr_openai_error_set(&g->fail, status ? status : 500,
                          status == 504 ? "timeout_error" : "server_error", NULL, code, "%s", msg);
-    if (g->stream)
-        g->h->svc->ops->cancel(g->stream);
+    gen_cancel(g);
 }
 
 static void gen_finish(struct gen *g, enum kvr_openai_finish f)
@@ -453,8 +463,10 @@ static bool gen_take_token(struct gen *g, const struct kvr_gen_event *ev)
             kvr_openai_logprobs_add(g->lp, g->meta.api, p, len, ev->logprob, g->text_bytes);
     }
     g->text_bytes += (size_t)n;
-    if (kvr_openai_text_push(&g->cut, g->piece, (size_t)n, &g->text))
+    if (kvr_openai_text_push(&g->cut, g->piece, (size_t)n, &g->text)) {
         gen_finish(g, KVR_OPENAI_FINISH_STOP);
+        gen_cancel(g); /* a stop string: the rest of the ring's work is wasted */
+    }
     return true;
 }
 
@@ -478,10 +490,13 @@ static bool gen_pump(struct gen *g, uint32_t timeout_ms)
         return false;
     }
     if (rc != 0) {
+        g->svc_finished = true;
         gen_fail(g, 500, "stream_closed", "the generation ended without a finish reason");
         return true;
     }
     g->t_event_ns = now;
+    if (ev.finish != KVR_GEN_FINISH_NONE)
+        g->svc_finished = true;
     if (ev.finish == KVR_GEN_FINISH_ERROR) {
         ev.error[sizeof ev.error - 1] = 0;
         gen_fail(g, ev.error_status, "generation_failed",
@@ -516,13 +531,12 @@ static bool gen_pump(struct gen *g, uint32_t timeout_ms)
         int n = kvr_detok_flush(&g->detok, g->piece, g->piece_cap);
         if (n > 0 && kvr_openai_text_push(&g->cut, g->piece, (size_t)n, &g->text)) {
             gen_finish(g, KVR_OPENAI_FINISH_STOP);
-            return true;
+        } else {
+            kvr_openai_text_flush(&g->cut, &g->text);
+            gen_finish(g, ev.finish == KVR_GEN_FINISH_EOS ? KVR_OPENAI_FINISH_STOP
+                                                          : KVR_OPENAI_FINISH_LENGTH);
         }
-        kvr_openai_text_flush(&g->cut, &g->text);
-        gen_finish(g, ev.finish == KVR_GEN_FINISH_EOS ? KVR_OPENAI_FINISH_STOP
-                                                      : KVR_OPENAI_FINISH_LENGTH);
-        if (ev.finish == KVR_GEN_FINISH_NONE)
-            h->svc->ops->cancel(g->stream); /* it sent more than max_tokens */
+        gen_cancel(g); /* only does something if the service would send more */
     }
     return true;
 }
@@ -687,7 +701,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         if (atomic_load(&g->h->stopping) || peer_gone(g->fd)) {
             g->done = true;
             g->outcome = OUT_CLIENT_GONE;
-            gen_end_stream(g);
+            gen_cancel(g);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
         if (gen_pump(g, POLL_SLICE_MS))
@@ -1059,6 +1073,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     kvr_free(rq);
     *con_cls = NULL;
 }
+
+static void on_mhd_log(void *cls, const char *fmt, va_list ap)
+    __attribute__((format(printf, 2, 0)));
 
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {

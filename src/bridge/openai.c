@@ -19,6 +19,10 @@
 
 static void error_vset(struct kvr_openai_error *e, int status, const char *type,
                        const char *param, const char *code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 6, 0)));
+
+static void error_vset(struct kvr_openai_error *e, int status, const char *type,
+                       const char *param, const char *code, const char *fmt, va_list ap)
 {
     e->status = status;
     e->type = type;
