@@ -88,7 +88,7 @@ struct metrics {
     pthread_mutex_t mu;
     uint64_t requests[EP_COUNT][500]; /* by endpoint and status code - 100 */
     uint64_t outcomes[OUT_COUNT];
-    uint64_t refused[KVR_REFUSE_REASON_COUNT];
+    uint64_t refused[KVR_SVC_REFUSE_REASON_COUNT];
     uint64_t prompt_tokens;
     uint64_t generation_tokens;
     int64_t running; /* generations between submit and release */
@@ -130,7 +130,7 @@ static void hist_print(struct kvr_sbuf *b, const char *name, const char *help,
 
 static const char *const outcome_labels[OUT_COUNT] = {"stop", "length", "error",
                                                       "client_gone"};
-static const char *const refusal_labels[KVR_REFUSE_REASON_COUNT] = {
+static const char *const refusal_labels[KVR_SVC_REFUSE_REASON_COUNT] = {
     "over_budget", "kv_full", "queue_full", "ring_down", "invalid", "internal"};
 
 static void metrics_print(struct metrics *m, struct kvr_sbuf *b)
@@ -156,7 +156,7 @@ static void metrics_print(struct metrics *m, struct kvr_sbuf *b)
                         outcome_labels[o], (unsigned long long)m->outcomes[o]);
     kvr_sbuf_puts(b, "# HELP kvasir:request_refused_total Requests the service refused at "
                      "admission, by reason.\n# TYPE kvasir:request_refused_total counter\n");
-    for (int r = 0; r < KVR_REFUSE_REASON_COUNT; r++)
+    for (int r = 0; r < KVR_SVC_REFUSE_REASON_COUNT; r++)
         kvr_sbuf_printf(b, "kvasir:request_refused_total{reason=\"%s\"} %llu\n",
                         refusal_labels[r], (unsigned long long)m->refused[r]);
     kvr_sbuf_printf(b,
@@ -802,12 +802,12 @@ static enum MHD_Result handle_generate(struct kvr_http *h, struct request *rq,
                                        .include_usage = g->req.include_usage};
     g->fd = connection_fd(c);
 
-    struct kvr_refusal refusal;
+    struct kvr_svc_refusal refusal;
     memset(&refusal, 0, sizeof refusal);
     if (svc->ops->submit(svc->ctx, &greq, &g->stream, &refusal) != 0) {
         g->stream = NULL;
         refusal.message[sizeof refusal.message - 1] = 0;
-        if ((unsigned)refusal.reason < KVR_REFUSE_REASON_COUNT) {
+        if ((unsigned)refusal.reason < KVR_SVC_REFUSE_REASON_COUNT) {
             pthread_mutex_lock(&h->metrics.mu);
             h->metrics.refused[refusal.reason]++;
             pthread_mutex_unlock(&h->metrics.mu);
@@ -818,7 +818,7 @@ static enum MHD_Result handle_generate(struct kvr_http *h, struct request *rq,
         const char *type = status == 429   ? "rate_limit_error"
                            : status == 400 ? "invalid_request_error"
                                            : "server_error";
-        const char *code = (unsigned)refusal.reason < KVR_REFUSE_REASON_COUNT
+        const char *code = (unsigned)refusal.reason < KVR_SVC_REFUSE_REASON_COUNT
                                ? refusal_labels[refusal.reason]
                                : NULL;
         kvr_openai_error_set(&e, status, type, NULL, code, "%s",

@@ -94,7 +94,7 @@ struct fake {
     uint32_t delay_ms;       /* before each token */
     int refuse_status;       /* != 0: refuse every submit */
     uint32_t refuse_retry_s;
-    enum kvr_refusal_reason refuse_reason;
+    enum kvr_svc_refusal_reason refuse_reason;
     int fail_after;          /* >= 0: an error event after this many tokens */
     int fail_status;
     bool healthy;
@@ -114,7 +114,7 @@ struct kvr_gen_stream {
 };
 
 static int fake_submit(void *ctx, const struct kvr_gen_request *req, struct kvr_gen_stream **out,
-                       struct kvr_refusal *refusal)
+                       struct kvr_svc_refusal *refusal)
 {
     struct fake *f = ctx;
     pthread_mutex_lock(&f->mu);
@@ -870,7 +870,7 @@ static void test_refusal_and_errors(void **state)
     pthread_mutex_lock(&fx->fake.mu);
     fx->fake.refuse_status = 429;
     fx->fake.refuse_retry_s = 2;
-    fx->fake.refuse_reason = KVR_REFUSE_OVER_BUDGET;
+    fx->fake.refuse_reason = KVR_SVC_REFUSE_OVER_BUDGET;
     pthread_mutex_unlock(&fx->fake.mu);
     struct resp r;
     post(fx->port, "/v1/completions", "{\"prompt\": \"x\"}", &r);
@@ -885,7 +885,7 @@ static void test_refusal_and_errors(void **state)
 
     pthread_mutex_lock(&fx->fake.mu);
     fx->fake.refuse_status = 503;
-    fx->fake.refuse_reason = KVR_REFUSE_QUEUE_FULL;
+    fx->fake.refuse_reason = KVR_SVC_REFUSE_QUEUE_FULL;
     pthread_mutex_unlock(&fx->fake.mu);
     post(fx->port, "/v1/chat/completions",
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"stream\": true}", &r);
