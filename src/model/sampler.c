@@ -30,11 +30,9 @@ int kvr_sample_params_check(const struct kvr_sample_params *p, struct kvr_err *e
         return kvr_err_set(err, KVR_EINVAL, "sampler: temperature %g is not finite",
                            (double)p->temperature);
     if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
-        return kvr_err_set(err, KVR_EINVAL, "sampler: top_p %g outside (0, 1]",
-                           (double)p->top_p);
+        return kvr_err_set(err, KVR_EINVAL, "sampler: top_p %g outside (0, 1]", (double)p->top_p);
     if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
-        return kvr_err_set(err, KVR_EINVAL, "sampler: min_p %g outside [0, 1]",
-                           (double)p->min_p);
+        return kvr_err_set(err, KVR_EINVAL, "sampler: min_p %g outside [0, 1]", (double)p->min_p);
     if (!(p->repeat_penalty > 0.0f) || isinf(p->repeat_penalty))
         return kvr_err_set(err, KVR_EINVAL, "sampler: repeat_penalty %g must be positive",
                            (double)p->repeat_penalty);
@@ -58,7 +56,10 @@ static uint64_t splitmix64(uint64_t *x)
     return z ^ (z >> 31);
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
 
 static uint64_t xoshiro_next(uint64_t s[4])
 {
@@ -80,8 +81,7 @@ double kvr_sampler_uniform(struct kvr_sampler *s)
     return (double)(xoshiro_next(s->rng) >> 11) * 0x1.0p-53;
 }
 
-int kvr_sampler_init(struct kvr_sampler *s, const struct kvr_sample_params *p,
-                     struct kvr_err *err)
+int kvr_sampler_init(struct kvr_sampler *s, const struct kvr_sample_params *p, struct kvr_err *err)
 {
     memset(s, 0, sizeof *s);
     int rc = kvr_sample_params_check(p, err);
@@ -96,7 +96,10 @@ int kvr_sampler_init(struct kvr_sampler *s, const struct kvr_sample_params *p,
     return 0;
 }
 
-void kvr_sampler_fini(struct kvr_sampler *s) { memset(s, 0, sizeof *s); }
+void kvr_sampler_fini(struct kvr_sampler *s)
+{
+    memset(s, 0, sizeof *s);
+}
 
 void kvr_sampler_accept(struct kvr_sampler *s, int32_t token)
 {
@@ -224,8 +227,8 @@ static void apply_penalties(const struct kvr_sampler *s, struct kvr_sample_cand 
     uint32_t w = (uint32_t)p->repeat_last_n;
     if (w > s->n_recent)
         w = s->n_recent;
-    if (w == 0 || (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f &&
-                   p->presence_penalty == 0.0f))
+    if (w == 0 ||
+        (p->repeat_penalty == 1.0f && p->frequency_penalty == 0.0f && p->presence_penalty == 0.0f))
         return;
     /* The window's tokens, sorted so each distinct token is one run. */
     int32_t win[KVR_SAMPLER_MAX_LAST_N];
@@ -335,15 +338,14 @@ static int32_t run_chain(const struct kvr_sampler *s, const float *logits, int32
     for (int32_t i = 0; i < n; i++)
         sum += exp(((double)c[i].logit - (double)lmax) / (double)p->temperature);
     for (int32_t i = 0; i < n; i++)
-        c[i].prob = (float)(exp(((double)c[i].logit - (double)lmax) / (double)p->temperature) /
-                            sum);
+        c[i].prob =
+            (float)(exp(((double)c[i].logit - (double)lmax) / (double)p->temperature) / sum);
     *out = c;
     return n;
 }
 
-int32_t kvr_sampler_candidates(const struct kvr_sampler *s, const float *logits,
-                               int32_t n_vocab, struct kvr_sample_scratch *sc,
-                               const struct kvr_sample_cand **out)
+int32_t kvr_sampler_candidates(const struct kvr_sampler *s, const float *logits, int32_t n_vocab,
+                               struct kvr_sample_scratch *sc, const struct kvr_sample_cand **out)
 {
     return run_chain(s, logits, n_vocab, sc, out, NULL);
 }

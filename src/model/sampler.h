@@ -65,16 +65,15 @@ int kvr_sample_params_check(const struct kvr_sample_params *p, struct kvr_err *e
 
 struct kvr_sampler {
     struct kvr_sample_params params;
-    uint64_t rng[4];                         /* xoshiro256** state */
-    uint64_t n_draws;                        /* random numbers drawn so far */
-    int32_t recent[KVR_SAMPLER_MAX_LAST_N];  /* ring of accepted tokens */
-    uint32_t n_recent;                       /* valid entries, <= KVR_SAMPLER_MAX_LAST_N */
-    uint32_t head;                           /* next write position */
+    uint64_t rng[4];                        /* xoshiro256** state */
+    uint64_t n_draws;                       /* random numbers drawn so far */
+    int32_t recent[KVR_SAMPLER_MAX_LAST_N]; /* ring of accepted tokens */
+    uint32_t n_recent;                      /* valid entries, <= KVR_SAMPLER_MAX_LAST_N */
+    uint32_t head;                          /* next write position */
 };
 
 /* Checks the parameters (see kvr_sample_params_check) and seeds the generator. */
-int kvr_sampler_init(struct kvr_sampler *s, const struct kvr_sample_params *p,
-                     struct kvr_err *err);
+int kvr_sampler_init(struct kvr_sampler *s, const struct kvr_sample_params *p, struct kvr_err *err);
 void kvr_sampler_fini(struct kvr_sampler *s);
 /* Record a token in the penalty window (generated tokens, and prompt tokens if they should
  * be penalised too). Sampling does not accept by itself. */
@@ -98,9 +97,8 @@ struct kvr_sample_cand {
  * the scratch, valid until its next use). Returns their count (>= 1), or KVR_EINVAL if
  * n_vocab exceeds the scratch or is < 1, or if no logit is finite. For greedy sampling
  * the one candidate is the argmax with prob 1. Does not draw. */
-int32_t kvr_sampler_candidates(const struct kvr_sampler *s, const float *logits,
-                               int32_t n_vocab, struct kvr_sample_scratch *sc,
-                               const struct kvr_sample_cand **out);
+int32_t kvr_sampler_candidates(const struct kvr_sampler *s, const float *logits, int32_t n_vocab,
+                               struct kvr_sample_scratch *sc, const struct kvr_sample_cand **out);
 
 /* Choose a token (steps 1-6). `logits` is not modified. If logprob_out is non-NULL it
  * receives the chosen token's log-probability under the model's own distribution: the

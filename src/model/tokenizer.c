@@ -39,12 +39,12 @@ struct kvr_tok {
 
     /* Pieces as stored in the file, back to back: piece i is text[off[i] .. off[i+1]). */
     char *text;
-    uint32_t *off;       /* [n_vocab + 1] */
+    uint32_t *off; /* [n_vocab + 1] */
     /* Decoded pieces (what a token prints as; see kvr_tok_decode_piece). */
     char *dec;
-    uint32_t *dec_off;   /* [n_vocab + 1] */
-    float *scores;       /* [n_vocab] SPM merge priority (higher merges first) */
-    uint8_t *types;      /* [n_vocab] enum kvr_tok_type */
+    uint32_t *dec_off;    /* [n_vocab + 1] */
+    float *scores;        /* [n_vocab] SPM merge priority (higher merges first) */
+    uint8_t *types;       /* [n_vocab] enum kvr_tok_type */
     size_t max_out_bytes; /* longest decoded or raw piece */
 
     struct slot *map;
@@ -140,8 +140,7 @@ static const struct merge_slot *merge_find(const struct kvr_tok *t, int32_t a, i
  * text into symbols with it, so it must stay this lenient to match. */
 static size_t utf8_len(uint8_t c)
 {
-    static const uint8_t len_by_high_nibble[16] = {1, 1, 1, 1, 1, 1, 1, 1,
-                                                   1, 1, 1, 1, 2, 2, 3, 4};
+    static const uint8_t len_by_high_nibble[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
     return len_by_high_nibble[c >> 4];
 }
 
@@ -375,6 +374,17 @@ static void sort_specials(const struct kvr_tok *t, int32_t *v, int32_t *tmp, int
     }
 }
 
+/* A piece from an untrusted file, made safe to quote in an error message: at most 40 bytes,
+ * control bytes as '?'. Returns buf. */
+static const char *excerpt(const char *p, size_t n, char buf[48])
+{
+    size_t m = n > 40 ? 40 : n;
+    for (size_t i = 0; i < m; i++)
+        buf[i] = (uint8_t)p[i] < 0x20 || p[i] == 0x7F ? '?' : p[i];
+    memcpy(buf + m, n > 40 ? "..." : "", n > 40 ? 4 : 1);
+    return buf;
+}
+
 static int check_id(int64_t id, int64_t n, const char *what, int32_t *out, struct kvr_err *err)
 {
     if (id < 0 || id == 0xFFFFFFFFll) {
@@ -405,6 +415,7 @@ static int build_merges(struct kvr_tok *t, const struct kvr_tok_vocab *v, struct
     t->merge_mask = cap - 1;
     for (uint32_t i = 0; i < cap; i++)
         t->merges[i].left = t->merges[i].right = -1;
+    char q1[48], q2[48];
     for (int64_t r = 0; r < v->n_merges; r++) {
         const char *p = v->merges[r].ptr;
         uint64_t n = v->merges[r].len;
@@ -415,8 +426,8 @@ static int build_merges(struct kvr_tok *t, const struct kvr_tok_vocab *v, struct
          * llama.cpp splits it. */
         const char *sp = n > 1 ? memchr(p + 1, ' ', n - 1) : NULL;
         if (!sp)
-            return kvr_err_set(err, KVR_EFORMAT, "tokenizer: merge %lld '%.*s' has no space",
-                               (long long)r, (int)n, p);
+            return kvr_err_set(err, KVR_EFORMAT, "tokenizer: merge %lld '%s' has no space",
+                               (long long)r, excerpt(p, n, q1));
         size_t nl = (size_t)(sp - p), nr = n - nl - 1;
         char cat[2 * KVR_TOK_MAX_PIECE_BYTES + 1];
         memcpy(cat, p, nl);
@@ -427,8 +438,8 @@ static int build_merges(struct kvr_tok *t, const struct kvr_tok_vocab *v, struct
         size_t n_missing = a < 0 ? nl : b < 0 ? nr : nl + nr;
         if (a < 0 || b < 0 || c < 0)
             return kvr_err_set(err, KVR_EFORMAT,
-                               "tokenizer: merge %lld '%.*s': '%.*s' is not in the vocabulary",
-                               (long long)r, (int)n, p, (int)n_missing, missing);
+                               "tokenizer: merge %lld '%s': '%s' is not in the vocabulary",
+                               (long long)r, excerpt(p, n, q1), excerpt(missing, n_missing, q2));
         for (uint32_t i = pair_hash(a, b) & t->merge_mask;; i = (i + 1) & t->merge_mask) {
             struct merge_slot *s = &t->merges[i];
             if (s->left < 0) {
@@ -511,9 +522,10 @@ int kvr_tok_create_from_vocab(struct kvr_tok **out, const struct kvr_tok_vocab *
         t->types[i] = (uint8_t)ty;
         if (t->kind == KVR_TOK_SPM && ty == KVR_TOK_TYPE_BYTE &&
             spm_byte_of(t->text + t->off[i], v->tokens[i].len) < 0) {
+            char q[48];
             rc = kvr_err_set(err, KVR_EFORMAT,
-                             "tokenizer: byte token %d '%.*s' is not of the form <0xXX>", i,
-                             (int)v->tokens[i].len, t->text + t->off[i]);
+                             "tokenizer: byte token %d '%s' is not of the form <0xXX>", i,
+                             excerpt(t->text + t->off[i], v->tokens[i].len, q));
             goto fail;
         }
     }
@@ -537,8 +549,9 @@ int kvr_tok_create_from_vocab(struct kvr_tok **out, const struct kvr_tok_vocab *
             continue;
         int32_t dup = map_insert(t, i);
         if (dup >= 0) {
-            rc = kvr_err_set(err, KVR_EFORMAT, "tokenizer: token %d '%.*s' duplicates token %d",
-                             i, (int)(t->off[i + 1] - t->off[i]), t->text + t->off[i], dup);
+            char q[48];
+            rc = kvr_err_set(err, KVR_EFORMAT, "tokenizer: token %d '%s' duplicates token %d", i,
+                             excerpt(t->text + t->off[i], t->off[i + 1] - t->off[i], q), dup);
             goto fail;
         }
     }
@@ -568,7 +581,7 @@ int kvr_tok_create_from_vocab(struct kvr_tok **out, const struct kvr_tok_vocab *
     add_eog(t, t->eos);
     add_eog(t, t->eot);
     add_eog(t, t->eom);
-    static const char *const eog_texts[] = {"<|eot_id|>", "<|im_end|>",    "<|end|>",
+    static const char *const eog_texts[] = {"<|eot_id|>",    "<|im_end|>",    "<|end|>",
                                             "<end_of_turn>", "<|endoftext|>", "<|eom_id|>",
                                             "<EOT>"};
     for (size_t k = 0; k < sizeof eog_texts / sizeof eog_texts[0]; k++)
@@ -595,7 +608,8 @@ int kvr_tok_create_from_vocab(struct kvr_tok **out, const struct kvr_tok_vocab *
     for (int32_t i = 0; i < n; i++) {
         uint8_t ty = t->types[i];
         n_sp += (ty == KVR_TOK_TYPE_CONTROL || ty == KVR_TOK_TYPE_UNKNOWN ||
-                 ty == KVR_TOK_TYPE_USER_DEFINED) && t->off[i + 1] > t->off[i];
+                 ty == KVR_TOK_TYPE_USER_DEFINED) &&
+                t->off[i + 1] > t->off[i];
     }
     t->specials = kvr_malloc(((size_t)n_sp + 1) * sizeof *t->specials);
     int32_t *tmp = kvr_malloc(((size_t)n_sp + 1) * sizeof *tmp);
@@ -607,7 +621,8 @@ int kvr_tok_create_from_vocab(struct kvr_tok **out, const struct kvr_tok_vocab *
     for (int32_t i = 0; i < n; i++) {
         uint8_t ty = t->types[i];
         if ((ty == KVR_TOK_TYPE_CONTROL || ty == KVR_TOK_TYPE_UNKNOWN ||
-             ty == KVR_TOK_TYPE_USER_DEFINED) && t->off[i + 1] > t->off[i])
+             ty == KVR_TOK_TYPE_USER_DEFINED) &&
+            t->off[i + 1] > t->off[i])
             t->specials[t->n_specials++] = i;
     }
     sort_specials(t, t->specials, tmp, t->n_specials);
@@ -679,13 +694,21 @@ static int gguf_id(const struct kvr_gguf *g, const char *key, int64_t *out, stru
 static int gguf_flag(const struct kvr_gguf *g, const char *key, int *out, struct kvr_err *err)
 {
     bool b;
+    if (kvr_gguf_find_kv(g, key) < 0)
+        return 0; /* keep the default */
     int rc = kvr_gguf_get_bool(g, key, &b, err);
-    if (rc == KVR_ENOTFOUND)
-        return 0;
     if (rc)
         return rc;
     *out = b;
     return 0;
+}
+
+/* An optional array: 0 with *present false if the key is absent. */
+static int gguf_opt_arr(const struct kvr_gguf *g, const char *key, struct kvr_gguf_arr *arr,
+                        bool *present, struct kvr_err *err)
+{
+    *present = kvr_gguf_find_kv(g, key) >= 0;
+    return *present ? kvr_gguf_get_arr(g, key, arr, err) : 0;
 }
 
 int kvr_tok_create(struct kvr_tok **out, const struct kvr_gguf *g, struct kvr_err *err)
@@ -697,31 +720,32 @@ int kvr_tok_create(struct kvr_tok **out, const struct kvr_gguf *g, struct kvr_er
         return kvr_err_set(err, KVR_EFORMAT, "tokenizer.ggml.model: missing");
     if (rc)
         return rc;
-    enum kvr_tok_kind kind;
+    enum kvr_tok_kind kind = KVR_TOK_KIND_COUNT;
     if (model.len == 5 && memcmp(model.ptr, "llama", 5) == 0)
         kind = KVR_TOK_SPM;
     else if (model.len == 4 && memcmp(model.ptr, "gpt2", 4) == 0)
         kind = KVR_TOK_BPE;
-    else
-        return kvr_err_set(err, KVR_ENOTSUP, "tokenizer.ggml.model: '%.*s' is not supported "
-                           "(llama and gpt2 are)", (int)(model.len > 64 ? 64 : model.len),
-                           model.ptr);
+    char q[48];
+    if (kind == KVR_TOK_KIND_COUNT)
+        return kvr_err_set(err, KVR_ENOTSUP,
+                           "tokenizer.ggml.model: '%s' is not supported (llama and gpt2 are)",
+                           excerpt(model.ptr, model.len, q));
 
     if (kind == KVR_TOK_BPE) {
         /* Only the GPT-2 pre-tokenizer is implemented; llama.cpp gives other names (and a
          * missing one, "default") other split patterns, so they cannot be accepted. */
         struct kvr_gguf_str pre = {0, NULL};
-        rc = kvr_gguf_get_str(g, "tokenizer.ggml.pre", &pre, err);
-        if (rc && rc != KVR_ENOTFOUND)
+        bool has_pre = kvr_gguf_find_kv(g, "tokenizer.ggml.pre") >= 0;
+        if (has_pre && (rc = kvr_gguf_get_str(g, "tokenizer.ggml.pre", &pre, err)) != 0)
             return rc;
         bool ok = false;
         static const char *const gpt2_pres[] = {"gpt-2", "phi-2", "roberta-bpe"};
-        for (size_t i = 0; rc == 0 && i < sizeof gpt2_pres / sizeof gpt2_pres[0]; i++)
+        for (size_t i = 0; has_pre && i < sizeof gpt2_pres / sizeof gpt2_pres[0]; i++)
             ok |= pre.len == strlen(gpt2_pres[i]) && memcmp(pre.ptr, gpt2_pres[i], pre.len) == 0;
         if (!ok)
             return kvr_err_set(err, KVR_ENOTSUP,
-                               "tokenizer.ggml.pre: '%.*s' is not supported (gpt-2 is)",
-                               (int)(pre.len > 64 ? 64 : pre.len), pre.ptr ? pre.ptr : "");
+                               "tokenizer.ggml.pre: '%s' is not supported (gpt-2 is)",
+                               has_pre ? excerpt(pre.ptr, pre.len, q) : "(missing)");
     }
 
     struct kvr_tok_vocab v;
@@ -741,8 +765,10 @@ int kvr_tok_create(struct kvr_tok **out, const struct kvr_gguf *g, struct kvr_er
     v.n_tokens = (int64_t)arr.n;
     v.tokens = arr.strs;
 
-    rc = kvr_gguf_get_arr(g, "tokenizer.ggml.scores", &arr, err);
-    if (rc == 0) {
+    bool present;
+    if ((rc = gguf_opt_arr(g, "tokenizer.ggml.scores", &arr, &present, err)) != 0)
+        return rc;
+    if (present) {
         if (arr.type != KVR_GGUF_TYPE_FLOAT32)
             return kvr_err_set(err, KVR_EFORMAT, "tokenizer.ggml.scores: not a float32 array");
         if (arr.n != (uint64_t)v.n_tokens)
@@ -750,12 +776,11 @@ int kvr_tok_create(struct kvr_tok **out, const struct kvr_gguf *g, struct kvr_er
                                "tokenizer.ggml.scores: %llu scores for %lld tokens",
                                (unsigned long long)arr.n, (long long)v.n_tokens);
         v.scores = arr.data;
-    } else if (rc != KVR_ENOTFOUND) {
-        return rc;
     }
 
-    rc = kvr_gguf_get_arr(g, "tokenizer.ggml.token_type", &arr, err);
-    if (rc == 0) {
+    if ((rc = gguf_opt_arr(g, "tokenizer.ggml.token_type", &arr, &present, err)) != 0)
+        return rc;
+    if (present) {
         if (arr.type != KVR_GGUF_TYPE_INT32 && arr.type != KVR_GGUF_TYPE_UINT32)
             return kvr_err_set(err, KVR_EFORMAT, "tokenizer.ggml.token_type: not an int32 array");
         if (arr.n != (uint64_t)v.n_tokens)
@@ -763,8 +788,6 @@ int kvr_tok_create(struct kvr_tok **out, const struct kvr_gguf *g, struct kvr_er
                                "tokenizer.ggml.token_type: %llu types for %lld tokens",
                                (unsigned long long)arr.n, (long long)v.n_tokens);
         v.types = arr.data;
-    } else if (rc != KVR_ENOTFOUND) {
-        return rc;
     }
 
     if (kind == KVR_TOK_BPE) {
@@ -797,12 +820,30 @@ int kvr_tok_create(struct kvr_tok **out, const struct kvr_gguf *g, struct kvr_er
 
 /* ---- accessors ------------------------------------------------------------------------ */
 
-enum kvr_tok_kind kvr_tok_kind(const struct kvr_tok *t) { return t->kind; }
-int32_t kvr_tok_n_vocab(const struct kvr_tok *t) { return t->n_vocab; }
-int32_t kvr_tok_bos(const struct kvr_tok *t) { return t->bos; }
-int32_t kvr_tok_eos(const struct kvr_tok *t) { return t->eos; }
-bool kvr_tok_add_bos(const struct kvr_tok *t) { return t->add_bos; }
-bool kvr_tok_add_eos(const struct kvr_tok *t) { return t->add_eos; }
+enum kvr_tok_kind kvr_tok_kind(const struct kvr_tok *t)
+{
+    return t->kind;
+}
+int32_t kvr_tok_n_vocab(const struct kvr_tok *t)
+{
+    return t->n_vocab;
+}
+int32_t kvr_tok_bos(const struct kvr_tok *t)
+{
+    return t->bos;
+}
+int32_t kvr_tok_eos(const struct kvr_tok *t)
+{
+    return t->eos;
+}
+bool kvr_tok_add_bos(const struct kvr_tok *t)
+{
+    return t->add_bos;
+}
+bool kvr_tok_add_eos(const struct kvr_tok *t)
+{
+    return t->add_eos;
+}
 
 bool kvr_tok_is_eog(const struct kvr_tok *t, int32_t id)
 {
@@ -853,12 +894,12 @@ struct symbol {
     uint32_t off; /* into buf */
     uint32_t n;   /* bytes; 0 once merged into its left neighbour */
     int32_t prev, next;
-    int32_t id;   /* BPE: the symbol's token, or -1 for a byte with no token */
+    int32_t id; /* BPE: the symbol's token, or -1 for a byte with no token */
 };
 
 struct pair {
-    float score;    /* SPM: the merged piece's score (higher first); BPE: 0 */
-    int32_t rank;   /* BPE: the merge rule's rank (lower first); SPM: 0 */
+    float score;  /* SPM: the merged piece's score (higher first); BPE: 0 */
+    int32_t rank; /* BPE: the merge rule's rank (lower first); SPM: 0 */
     int32_t left, right;
     uint32_t size;  /* bytes of left + right when queued, to detect stale pairs */
     int32_t result; /* the merged token */
@@ -920,7 +961,10 @@ void kvr_tok_scratch_destroy(struct kvr_tok_scratch *s)
     kvr_free(s);
 }
 
-size_t kvr_tok_scratch_max_text(const struct kvr_tok_scratch *s) { return s->max_text; }
+size_t kvr_tok_scratch_max_text(const struct kvr_tok_scratch *s)
+{
+    return s->max_text;
+}
 
 /* ---- the merge queue -------------------------------------------------------------------
  * A binary heap of candidate pairs: the best first (SPM: highest score; BPE: lowest rank),
@@ -994,8 +1038,8 @@ static int32_t split_symbols(struct kvr_tok_scratch *s, size_t m)
         size_t len = utf8_len((uint8_t)s->buf[off]);
         if (len > m - off)
             len = m - off;
-        s->sym[n] = (struct symbol){(uint32_t)off, (uint32_t)len, n - 1,
-                                    off + len == m ? -1 : n + 1, -1};
+        s->sym[n] =
+            (struct symbol){(uint32_t)off, (uint32_t)len, n - 1, off + len == m ? -1 : n + 1, -1};
         n++;
         off += len;
     }
@@ -1004,8 +1048,7 @@ static int32_t split_symbols(struct kvr_tok_scratch *s, size_t m)
 
 /* ---- SentencePiece -------------------------------------------------------------------- */
 
-static void spm_try_pair(const struct kvr_tok *t, struct kvr_tok_scratch *s, int32_t l,
-                         int32_t r)
+static void spm_try_pair(const struct kvr_tok *t, struct kvr_tok_scratch *s, int32_t l, int32_t r)
 {
     if (l < 0 || r < 0)
         return;
@@ -1209,8 +1252,7 @@ static size_t gpt2_word_end(const uint32_t *cps, size_t n, size_t pos)
     return pos + 1;
 }
 
-static void bpe_try_pair(const struct kvr_tok *t, struct kvr_tok_scratch *s, int32_t l,
-                         int32_t r)
+static void bpe_try_pair(const struct kvr_tok *t, struct kvr_tok_scratch *s, int32_t l, int32_t r)
 {
     if (l < 0 || r < 0 || s->sym[l].id < 0 || s->sym[r].id < 0)
         return;
@@ -1288,9 +1330,8 @@ static int bpe_fragment(const struct kvr_tok *t, struct kvr_tok_scratch *s, cons
 
 /* ---- encode ----------------------------------------------------------------------------- */
 
-int kvr_tok_encode(const struct kvr_tok *t, struct kvr_tok_scratch *s, const char *text,
-                   size_t len, bool add_special, bool parse_special, int32_t *ids,
-                   size_t max_ids)
+int kvr_tok_encode(const struct kvr_tok *t, struct kvr_tok_scratch *s, const char *text, size_t len,
+                   bool add_special, bool parse_special, int32_t *ids, size_t max_ids)
 {
     if (s->kind != t->kind)
         return KVR_EINVAL;
@@ -1308,8 +1349,7 @@ int kvr_tok_encode(const struct kvr_tok *t, struct kvr_tok_scratch *s, const cha
             rc = emit(&o, f->id);
             prev_special = true;
         } else if (t->kind == KVR_TOK_SPM) {
-            rc = spm_fragment(t, s, text + f->off, f->len,
-                              t->add_space_prefix && prev_special, &o);
+            rc = spm_fragment(t, s, text + f->off, f->len, t->add_space_prefix && prev_special, &o);
             prev_special = false;
         } else {
             rc = bpe_fragment(t, s, text + f->off, f->len, &o);
@@ -1366,7 +1406,10 @@ static void put(struct sink *k, const char *p, size_t n)
     k->n += n;
 }
 
-static void put_fffd(struct sink *k) { put(k, "\xEF\xBF\xBD", 3); }
+static void put_fffd(struct sink *k)
+{
+    put(k, "\xEF\xBF\xBD", 3);
+}
 
 /* One byte through the UTF-8 validator (the Unicode "maximal subpart" rule: a sequence cut
  * short becomes one U+FFFD and the byte that broke it is looked at afresh). */
@@ -1376,11 +1419,20 @@ static void feed(struct kvr_detok *d, uint8_t b, struct sink *k)
         uint8_t lo = 0x80, hi = 0xBF;
         if (d->n_pending == 1) {
             switch (d->pending[0]) {
-            case 0xE0: lo = 0xA0; break; /* no overlong 3-byte forms */
-            case 0xED: hi = 0x9F; break; /* no surrogates */
-            case 0xF0: lo = 0x90; break; /* no overlong 4-byte forms */
-            case 0xF4: hi = 0x8F; break; /* nothing above U+10FFFF */
-            default: break;
+            case 0xE0:
+                lo = 0xA0;
+                break; /* no overlong 3-byte forms */
+            case 0xED:
+                hi = 0x9F;
+                break; /* no surrogates */
+            case 0xF0:
+                lo = 0x90;
+                break; /* no overlong 4-byte forms */
+            case 0xF4:
+                hi = 0x8F;
+                break; /* nothing above U+10FFFF */
+            default:
+                break;
             }
         }
         if (b >= lo && b <= hi) {
@@ -1413,8 +1465,7 @@ static void feed(struct kvr_detok *d, uint8_t b, struct sink *k)
     }
 }
 
-int kvr_detok_push(const struct kvr_tok *t, struct kvr_detok *d, int32_t id, char *out,
-                   size_t cap)
+int kvr_detok_push(const struct kvr_tok *t, struct kvr_detok *d, int32_t id, char *out, size_t cap)
 {
     const char *p;
     size_t n;

@@ -63,12 +63,15 @@ struct kvr_tok;
 struct kvr_tok_vocab {
     enum kvr_tok_kind kind;
     int64_t n_tokens;
-    const struct kvr_gguf_str *tokens; /* n_tokens pieces (bytes, not NUL-terminated) */
-    const void *scores;     /* n_tokens packed little-endian f32, any alignment; or NULL (0) */
-    const void *types;      /* n_tokens packed little-endian i32 (enum kvr_tok_type); or NULL
-                               (all normal) */
-    int64_t n_merges;                  /* BPE only */
-    const struct kvr_gguf_str *merges; /* n_merges "left right" strings, rank = index */
+    /* n_tokens pieces (bytes, not NUL-terminated). */
+    const struct kvr_gguf_str *tokens;
+    /* n_tokens packed little-endian f32 at any alignment; NULL: all 0. */
+    const void *scores;
+    /* n_tokens packed little-endian i32 (enum kvr_tok_type); NULL: all normal. */
+    const void *types;
+    /* BPE only: n_merges "left right" strings; a rule's rank is its index. */
+    int64_t n_merges;
+    const struct kvr_gguf_str *merges;
     /* Special ids: -1 means none. */
     int64_t bos_id, eos_id, unk_id, pad_id, eot_id, eom_id;
     /* -1 = the model's default (SPM: add BOS, no EOS, add space prefix; BPE: none),
@@ -127,9 +130,8 @@ size_t kvr_tok_scratch_max_text(const struct kvr_tok_scratch *s);
  * Returns the number of ids, or KVR_EFULL (max_ids too small; ids partly written),
  * KVR_ERANGE (text longer than the scratch allows), KVR_EINVAL (a byte the vocabulary
  * cannot represent at all: no byte token and no unknown token). */
-int kvr_tok_encode(const struct kvr_tok *t, struct kvr_tok_scratch *s, const char *text,
-                   size_t len, bool add_special, bool parse_special, int32_t *ids,
-                   size_t max_ids);
+int kvr_tok_encode(const struct kvr_tok *t, struct kvr_tok_scratch *s, const char *text, size_t len,
+                   bool add_special, bool parse_special, int32_t *ids, size_t max_ids);
 
 /* ---- decoding ------------------------------------------------------------------------ */
 
@@ -137,7 +139,12 @@ int kvr_tok_encode(const struct kvr_tok *t, struct kvr_tok_scratch *s, const cha
  * code points map back to bytes; user-defined tokens are their text. Control, unknown and
  * unused tokens decode to nothing unless `special` (then their raw text). The bytes need
  * not be valid UTF-8 on their own (a byte token is one byte of a character). Points into
- * the tokenizer; KVR_EINVAL for an id out of range. */
+ * the tokenizer; KVR_EINVAL for an id out of range.
+ * Round trips: decoding an encoding gives the text back for valid UTF-8 without specials,
+ * except that SPM cannot tell a U+2581 in the text from an escaped space (it decodes as a
+ * space) and adds a space after every special token it splits out, as llama.cpp does.
+ * Unlike llama.cpp's whole-sequence detokenizer, no "clean-up" of spaces before
+ * punctuation is done for GPT-2. */
 int kvr_tok_decode_piece(const struct kvr_tok *t, int32_t id, bool special, const char **ptr,
                          size_t *len);
 
@@ -154,9 +161,9 @@ int kvr_tok_decode_piece(const struct kvr_tok *t, int32_t id, bool special, cons
 struct kvr_detok {
     uint8_t pending[4]; /* bytes of an incomplete UTF-8 character */
     uint8_t n_pending;
-    uint8_t need;       /* total length of the pending character */
-    bool strip_space;   /* remove a leading ' ' from the next non-empty piece */
-    bool special;       /* output control tokens' text too */
+    uint8_t need;     /* total length of the pending character */
+    bool strip_space; /* remove a leading ' ' from the next non-empty piece */
+    bool special;     /* output control tokens' text too */
 };
 
 void kvr_detok_init(struct kvr_detok *d, bool text_start, bool special);
@@ -164,8 +171,7 @@ void kvr_detok_init(struct kvr_detok *d, bool text_start, bool special);
 size_t kvr_detok_max_bytes(const struct kvr_tok *t);
 /* Returns the number of bytes written to out (not NUL-terminated), KVR_EFULL if cap is too
  * small (nothing consumed, state unchanged), KVR_EINVAL for an id out of range. */
-int kvr_detok_push(const struct kvr_tok *t, struct kvr_detok *d, int32_t id, char *out,
-                   size_t cap);
+int kvr_detok_push(const struct kvr_tok *t, struct kvr_detok *d, int32_t id, char *out, size_t cap);
 int kvr_detok_flush(struct kvr_detok *d, char *out, size_t cap);
 
 #endif

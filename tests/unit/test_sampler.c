@@ -267,8 +267,12 @@ static void test_penalties(void **state)
     const struct kvr_sample_cand *c;
     assert_int_equal(kvr_sampler_candidates(&s, logits, 6, sc, &c), 6);
     /* l > 0: l / 2; l <= 0: l * 2; then - count * 0.5 - 0.25. */
-    const float want[6] = {2.0f / 2 - 0.5f - 0.25f, -1.0f * 2 - 1.0f - 0.25f,
-                           0.5f / 2 - 0.5f - 0.25f, 3.0f, 1.0f, -2.0f};
+    const float want[6] = {2.0f / 2 - 0.5f - 0.25f,
+                           -1.0f * 2 - 1.0f - 0.25f,
+                           0.5f / 2 - 0.5f - 0.25f,
+                           3.0f,
+                           1.0f,
+                           -2.0f};
     for (int id = 0; id < 6; id++)
         assert_float_equal(find(c, 6, id)->logit, want[id], 1e-6);
 
@@ -341,9 +345,9 @@ static void test_params_check(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_greedy),         cmocka_unit_test(test_seeded_reproducibility),
-        cmocka_unit_test(test_distribution),   cmocka_unit_test(test_truncation),
-        cmocka_unit_test(test_penalties),      cmocka_unit_test(test_params_check),
+        cmocka_unit_test(test_greedy),       cmocka_unit_test(test_seeded_reproducibility),
+        cmocka_unit_test(test_distribution), cmocka_unit_test(test_truncation),
+        cmocka_unit_test(test_penalties),    cmocka_unit_test(test_params_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -11,6 +11,7 @@
 
 #include "core/alloc.h"
 #include "model/gguf.h"
+#include "model/gguf_write.h"
 #include "model/tokenizer.h"
 
 #include <jansson.h>
@@ -447,9 +448,12 @@ static void test_spm_special_and_limits(void **state)
     kvr_tok_destroy(t);
 }
 
-static struct kvr_gguf_str S(const char *s) { return (struct kvr_gguf_str){strlen(s), s}; }
+static struct kvr_gguf_str S(const char *s) {
+    return (struct kvr_gguf_str){strlen(s), s};
+}
 
-static void expect_create_error(const struct kvr_tok_vocab *v, int code, const char *needle)
+static void
+expect_create_error(const struct kvr_tok_vocab *v, int code, const char *needle)
 {
     struct kvr_tok *t = NULL;
     struct kvr_err err = {0};
@@ -542,6 +546,141 @@ static void test_vocab_validation(void **state)
     }
 }
 
+/* ---- GGUF keys ---------------------------------------------------------------------------- */
+
+enum fault {
+    F_NONE,
+    F_NO_MODEL,
+    F_MODEL_BERT,
+    F_MODEL_NOT_STRING,
+    F_NO_TOKENS,
+    F_TOKENS_NOT_STRINGS,
+    F_SCORES_SHORT,
+    F_SCORES_NOT_F32,
+    F_TYPES_NOT_I32,
+    F_TYPES_LONG,
+    F_BOS_RANGE,
+    F_BOS_FLOAT,
+    F_ADD_BOS_NOT_BOOL,
+    F_GPT2_NO_MERGES,
+    F_GPT2_PRE_LLAMA3,
+    F_GPT2_NO_PRE,
+    F_GPT2_OK,
+    F_COUNT
+};
+
+/* A small vocabulary written as a GGUF image (malloc'd), with one fault injected. */
+static char *gguf_with(enum fault f, size_t *len)
+{
+    struct kvr_gguf_str toks[4] = {S("<unk>"), S("<s>"), S("</s>"), S("\xE2\x96\x81")};
+    struct kvr_gguf_str bpe_toks[4] = {S("a"), S("b"), S("ab"), S("<|endoftext|>")};
+    struct kvr_gguf_str merges[1] = {S("a b")};
+    const float scores[4] = {0, 0, 0, -1};
+    const int32_t types[5] = {2, 3, 3, 1, 1};
+    const int32_t bpe_types[4] = {1, 1, 1, 3};
+    bool bpe = f >= F_GPT2_NO_MERGES;
+    struct kvr_gguf_writer *w = kvr_gguf_writer_create();
+    assert_non_null(w);
+    if (f == F_MODEL_NOT_STRING)
+        kvr_gguf_writer_add_u32(w, "tokenizer.ggml.model", 1);
+    else if (f != F_NO_MODEL)
+        kvr_gguf_writer_add_str(w, "tokenizer.ggml.model",
+                                f == F_MODEL_BERT ? "bert"
+                                : bpe             ? "gpt2"
+                                                  : "llama");
+    if (bpe && f != F_GPT2_NO_PRE)
+        kvr_gguf_writer_add_str(w, "tokenizer.ggml.pre",
+                                f == F_GPT2_PRE_LLAMA3 ? "llama-bpe" : "gpt-2");
+    if (f == F_TOKENS_NOT_STRINGS)
+        kvr_gguf_writer_add_arr(w, "tokenizer.ggml.tokens", KVR_GGUF_TYPE_INT32, 4, types);
+    else if (f != F_NO_TOKENS)
+        kvr_gguf_writer_add_str_arr(w, "tokenizer.ggml.tokens", 4, bpe ? bpe_toks : toks);
+    if (!bpe) {
+        if (f == F_SCORES_NOT_F32)
+            kvr_gguf_writer_add_arr(w, "tokenizer.ggml.scores", KVR_GGUF_TYPE_INT32, 4, types);
+        else
+            kvr_gguf_writer_add_arr(w, "tokenizer.ggml.scores", KVR_GGUF_TYPE_FLOAT32,
+                                    f == F_SCORES_SHORT ? 3 : 4, scores);
+    }
+    if (f == F_TYPES_NOT_I32)
+        kvr_gguf_writer_add_arr(w, "tokenizer.ggml.token_type", KVR_GGUF_TYPE_FLOAT32, 4, scores);
+    else
+        kvr_gguf_writer_add_arr(w, "tokenizer.ggml.token_type", KVR_GGUF_TYPE_INT32,
+                                f == F_TYPES_LONG ? 5 : 4, bpe ? bpe_types : types);
+    if (bpe && f != F_GPT2_NO_MERGES)
+        kvr_gguf_writer_add_str_arr(w, "tokenizer.ggml.merges", 1, merges);
+    if (f == F_BOS_FLOAT)
+        kvr_gguf_writer_add_f32(w, "tokenizer.ggml.bos_token_id", 1.0f);
+    else
+        kvr_gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id",
+                                f == F_BOS_RANGE ? 7
+                                : bpe            ? 3
+                                                 : 1);
+    kvr_gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", bpe ? 3 : 2);
+    kvr_gguf_writer_add_u32(w, "tokenizer.ggml.padding_token_id", 0xFFFFFFFFu);
+    if (f == F_ADD_BOS_NOT_BOOL)
+        kvr_gguf_writer_add_u32(w, "tokenizer.ggml.add_bos_token", 1);
+    char *buf = NULL;
+    FILE *mf = open_memstream(&buf, len);
+    assert_non_null(mf);
+    struct kvr_err err = {0};
+    if (kvr_gguf_writer_write(w, mf, &err) != 0)
+        fail_msg("writing the test GGUF: %s", err.msg);
+    fclose(mf);
+    kvr_gguf_writer_destroy(w);
+    return buf;
+}
+
+static void test_gguf_keys(void **state)
+{
+    (void)state;
+    static const struct {
+        enum fault f;
+        int code;
+        const char *needle;
+    } cases[] = {
+        {F_NONE, 0, ""},
+        {F_NO_MODEL, KVR_EFORMAT, "tokenizer.ggml.model: missing"},
+        {F_MODEL_BERT, KVR_ENOTSUP, "'bert' is not supported"},
+        {F_MODEL_NOT_STRING, KVR_EFORMAT, "tokenizer.ggml.model"},
+        {F_NO_TOKENS, KVR_EFORMAT, "tokenizer.ggml.tokens: missing"},
+        {F_TOKENS_NOT_STRINGS, KVR_EFORMAT, "tokenizer.ggml.tokens: not a string array"},
+        {F_SCORES_SHORT, KVR_EFORMAT, "tokenizer.ggml.scores: 3 scores for 4 tokens"},
+        {F_SCORES_NOT_F32, KVR_EFORMAT, "tokenizer.ggml.scores: not a float32 array"},
+        {F_TYPES_NOT_I32, KVR_EFORMAT, "tokenizer.ggml.token_type: not an int32 array"},
+        {F_TYPES_LONG, KVR_EFORMAT, "tokenizer.ggml.token_type: 5 types for 4 tokens"},
+        {F_BOS_RANGE, KVR_EFORMAT, "bos id 7 out of range (vocab 4)"},
+        {F_BOS_FLOAT, KVR_EFORMAT, "tokenizer.ggml.bos_token_id: expected an integer"},
+        {F_ADD_BOS_NOT_BOOL, KVR_EFORMAT, "tokenizer.ggml.add_bos_token"},
+        {F_GPT2_NO_MERGES, KVR_EFORMAT, "tokenizer.ggml.merges: missing"},
+        {F_GPT2_PRE_LLAMA3, KVR_ENOTSUP, "tokenizer.ggml.pre: 'llama-bpe' is not supported"},
+        {F_GPT2_NO_PRE, KVR_ENOTSUP, "tokenizer.ggml.pre: '(missing)' is not supported"},
+        {F_GPT2_OK, 0, ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t len;
+        char *img = gguf_with(cases[i].f, &len);
+        struct kvr_gguf *g = NULL;
+        struct kvr_err err = {0};
+        if (kvr_gguf_open_mem(&g, img, len, &err) != 0)
+            fail_msg("case %zu: the test GGUF does not open: %s", i, err.msg);
+        struct kvr_tok *t = NULL;
+        int rc = kvr_tok_create(&t, g, &err);
+        if (rc != cases[i].code || (rc && !strstr(err.msg, cases[i].needle)))
+            fail_msg("case %zu: expected %d '%s', got %d '%s'", i, cases[i].code, cases[i].needle,
+                     rc, rc ? err.msg : "");
+        if (rc == 0) {
+            assert_int_equal(kvr_tok_n_vocab(t), 4);
+            assert_int_equal(kvr_tok_kind(t), cases[i].f == F_GPT2_OK ? KVR_TOK_BPE : KVR_TOK_SPM);
+            kvr_tok_destroy(t);
+        } else {
+            assert_null(t);
+        }
+        kvr_gguf_close(g);
+        free(img);
+    }
+}
+
 /* ---- speed ------------------------------------------------------------------------------- */
 
 static double now_ms(void)
@@ -600,15 +739,11 @@ static void test_encode_speed(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_spm_vectors),
-        cmocka_unit_test(test_spm_round_trip),
-        cmocka_unit_test(test_spm_decode_pieces),
-        cmocka_unit_test(test_streaming_utf8),
-        cmocka_unit_test(test_stories_prompt),
-        cmocka_unit_test(test_spm_special_and_limits),
-        cmocka_unit_test(test_vocab_validation),
-        cmocka_unit_test(test_gpt2_vectors),
-        cmocka_unit_test(test_gpt2_round_trip),
+        cmocka_unit_test(test_spm_vectors),       cmocka_unit_test(test_spm_round_trip),
+        cmocka_unit_test(test_spm_decode_pieces), cmocka_unit_test(test_streaming_utf8),
+        cmocka_unit_test(test_stories_prompt),    cmocka_unit_test(test_spm_special_and_limits),
+        cmocka_unit_test(test_vocab_validation),  cmocka_unit_test(test_gguf_keys),
+        cmocka_unit_test(test_gpt2_vectors),      cmocka_unit_test(test_gpt2_round_trip),
         cmocka_unit_test(test_encode_speed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
