@@ -1476,7 +1476,7 @@ int kvr_detok_push(const struct kvr_tok *t, struct kvr_detok *d, int32_t id, cha
     struct kvr_detok saved = *d;
     if (d->strip_space) {
         d->strip_space = false;
-        if (p[0] == ' ') {
+        if (t->add_space_prefix && p[0] == ' ') {
             p++;
             n--;
         }

@@ -154,10 +154,11 @@ int kvr_tok_decode_piece(const struct kvr_tok *t, int32_t id, bool special, cons
  * flush emits U+FFFD for an incomplete character left at the end.
  * Leading space: SentencePiece adds a space in front of the text when encoding; a decoder
  * started with `text_start` removes one leading space from the first piece that produces
- * text (BOS and other control tokens before it are skipped), as SentencePiece and
- * llama.cpp's SPM detokenizer after BOS do. Continuations (tokens generated after a prompt)
- * must start with text_start = false so the space between words is kept. BPE never strips.
- * Caller-owned, fixed size, no allocation. */
+ * text (BOS and other control tokens before it are skipped, unless `special` makes them
+ * print), as SentencePiece and llama.cpp's SPM detokenizer after BOS do. Only tokenizers
+ * that add that space strip it (SPM by default, never GPT-2 BPE). Continuations (tokens
+ * generated after a prompt) must start with text_start = false so the space between words
+ * is kept. Caller-owned, fixed size, no allocation. */
 struct kvr_detok {
     uint8_t pending[4]; /* bytes of an incomplete UTF-8 character */
     uint8_t n_pending;
