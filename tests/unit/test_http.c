@@ -255,7 +255,7 @@ struct fixture {
     uint16_t port;
 };
 
-static struct fixture *start(size_t max_body)
+static struct fixture *start_cfg(size_t max_body, uint32_t stall_timeout_s)
 {
     struct fixture *fx = calloc(1, sizeof *fx);
     pthread_mutex_init(&fx->fake.mu, NULL);
@@ -273,12 +273,19 @@ static struct fixture *start(size_t max_body)
     cfg.port = 0;
     cfg.api_key = API_KEY;
     cfg.max_body_bytes = max_body;
+    if (stall_timeout_s)
+        cfg.stall_timeout_s = stall_timeout_s;
     struct kvr_err err = {0};
     if (kvr_http_create(&fx->http, &cfg, &fx->svc, &err))
         fail_msg("server: %s", err.msg);
     fx->port = kvr_http_port(fx->http);
     assert_true(fx->port != 0);
     return fx;
+}
+
+static struct fixture *start(size_t max_body)
+{
+    return start_cfg(max_body, 0);
 }
 
 static void stop(struct fixture *fx)
@@ -604,6 +611,19 @@ static void test_body_too_large(void **state)
     expect_error(&r, 413, "larger than the limit");
     resp_free(&r);
     expect_alive(fx->port);
+
+    /* A text prompt so long that it cannot fit the context whatever its tokens (the longest
+     * piece, "<|im_start|>", is 12 bytes) is refused before it is tokenized. */
+    char *long_prompt = malloc(4096);
+    int len = snprintf(long_prompt, 4096, "{\"prompt\": \"");
+    memset(long_prompt + len, 'x', 2000);
+    len += 2000;
+    len += snprintf(long_prompt + len, 4096 - (size_t)len, "\"}");
+    request(fx->port, "POST", "/v1/completions", AUTH, long_prompt, (size_t)len, &r);
+    expect_error(&r, 400, "maximum context length is 64 tokens, but the prompt (2000 bytes) is "
+                          "at least 166 tokens");
+    resp_free(&r);
+    free(long_prompt);
 
     /* Just under the limit is read and parsed (and refused for what it says, not its size). */
     size_t n = (1u << 20) - 64;
@@ -1090,6 +1110,36 @@ static void test_shutdown_with_stream(void **state)
     stop(fx);
 }
 
+/* A service that goes quiet is cut off by the stall timeout with a 504. */
+static void test_stall_timeout(void **state)
+{
+    struct fixture *fx = start_cfg(1u << 20, 1);
+    pthread_mutex_lock(&fx->fake.mu);
+    fx->fake.delay_ms = 5000;
+    pthread_mutex_unlock(&fx->fake.mu);
+    uint64_t t0 = kvr_now_ns();
+    struct resp r;
+    post(fx->port, "/v1/completions", "{\"prompt\": \"x\"}", &r);
+    double ms = (double)(kvr_now_ns() - t0) * 1e-6;
+    expect_error(&r, 504, "no token for 1000 ms");
+    resp_free(&r);
+    assert_true(ms >= 1000 && ms < 2500);
+    assert_int_equal(fx->fake.n_cancel, 1);
+    assert_int_equal(fx->fake.n_release, 1);
+    stop(fx);
+}
+
+/* HEAD is answered like GET, without a body. */
+static void test_head(void **state)
+{
+    struct fixture *fx = *state;
+    struct resp r;
+    request(fx->port, "HEAD", "/health", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    assert_int_equal(r.body_len, 0);
+    resp_free(&r);
+}
+
 static void test_config_errors(void **state)
 {
     struct kvr_tok *tok = make_tok();
@@ -1133,10 +1183,12 @@ int main(void)
         cmocka_unit_test(test_refusal_and_errors),
         cmocka_unit_test(test_models_health_metrics),
         cmocka_unit_test(test_disconnect_cancels),
+        cmocka_unit_test(test_head),
         cmocka_unit_test(test_every_stream_released),
     };
     const struct CMUnitTest solo[] = {
         cmocka_unit_test(test_shutdown_with_stream),
+        cmocka_unit_test(test_stall_timeout),
         cmocka_unit_test(test_config_errors),
     };
     int failed = cmocka_run_group_tests_name("http", tests, setup, teardown);
