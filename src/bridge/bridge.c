@@ -27,7 +27,7 @@
 enum {
     POLL_MS = 50,
     HANDSHAKE_MS = 3000,
-    RING_TIMEOUT_MS = 30000, /* a batch that has not come back by then means a dead ring */
+    RING_TIMEOUT_MS = 15000, /* a batch that has not come back by then was lost */
     WINDOW_NS = 2000000000,  /* telemetry fractions are over this window */
 };
 
@@ -109,6 +109,8 @@ struct kvr_bridge {
     struct batch *batches;            /* [microbatches] */
     uint32_t bf_head, n_inflight;
     uint64_t next_batch_id;
+    uint64_t discard_below;           /* results of batches older than this are stale */
+    bool free_all;                    /* the next batch frees every slot in every stage */
 
     /* Links, owned by the ring thread. */
     int listen_fd;
@@ -190,6 +192,19 @@ static int free_slot(const struct kvr_bridge *b)
     return -1;
 }
 
+const double kvr_bridge_queue_bounds[KVR_BRIDGE_QUEUE_BUCKETS] = {
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0};
+
+static void observe_queue_time(struct kvr_bridge *b, double secs)
+{
+    uint32_t i = 0;
+    while (i < KVR_BRIDGE_QUEUE_BUCKETS && secs > kvr_bridge_queue_bounds[i])
+        i++;
+    b->stats.queue_hist[i]++;
+    b->stats.queue_sum_s += secs;
+    b->stats.queue_count++;
+}
+
 /* Give waiting requests a slot and their KV, oldest first, while both are available. */
 static void start_waiting(struct kvr_bridge *b)
 {
@@ -205,6 +220,7 @@ static void start_waiting(struct kvr_bridge *b)
         struct seq *q = &b->seqs[slot];
         *q = (struct seq){.state = SEQ_PREFILL, .stream = s, .kv_blocks = need};
         s->seq = slot;
+        observe_queue_time(b, (kvr_now_ns() - s->submit_ns) / 1e9);
         b->kv_used += need;
         b->n_running++;
     }
@@ -303,6 +319,15 @@ static bool build_batch(struct kvr_bridge *b, struct batch *bt, uint32_t *scratc
 {
     const struct kvr_plan *p = &b->plan;
     bt->n_ctrl = bt->n_segs = bt->n_rows = 0;
+
+    /* 0. After the ring (re)connects or loses a batch, the stages may hold state of
+     * sequences the bridge has forgotten: free every slot before anything else. */
+    if (b->free_all) {
+        for (uint32_t i = 0; i < p->max_seqs; i++)
+            bt->ctrl[bt->n_ctrl++] = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_FREE,
+                                                            .seq = i};
+        b->free_all = false;
+    }
 
     /* 1. FREE (or CANCEL) for sequences that ended and have nothing in flight. */
     for (uint32_t i = 0; i < p->max_seqs; i++) {
@@ -408,6 +433,8 @@ static void account_timings(struct kvr_bridge *b, const struct kvr_wire_frame *f
 static bool apply_result(struct kvr_bridge *b, const struct kvr_wire_frame *f,
                          struct kvr_err *err)
 {
+    if (f->hdr.batch_id < b->discard_below)
+        return true; /* a batch given up for lost that came back after all */
     if (b->n_inflight == 0) {
         kvr_err_set(err, KVR_EPROTO, "result for batch %llu, but none is in flight",
                     (unsigned long long)f->hdr.batch_id);
@@ -476,6 +503,8 @@ static void fail_running(struct kvr_bridge *b, const char *why)
     }
     b->n_inflight = 0;
     b->bf_head = 0;
+    b->discard_below = b->next_batch_id;
+    b->free_all = true;
 }
 
 /* ---- links ---------------------------------------------------------------------------------- */
@@ -537,6 +566,7 @@ static void try_connect(struct kvr_bridge *b)
     if (b->have_head && b->have_tail) {
         pthread_mutex_lock(&b->lock);
         atomic_store(&b->ring_up, true);
+        b->free_all = true;
         b->win_start_ns = kvr_now_ns();
         pthread_cond_broadcast(&b->up_cond);
         pthread_mutex_unlock(&b->lock);
@@ -627,8 +657,15 @@ static void *ring_main(void *arg)
                     kvr_now_ns() - b->batches[b->bf_head].sent_ns >
                         (uint64_t)RING_TIMEOUT_MS * 1000000ull;
         pthread_mutex_unlock(&b->lock);
-        if (late)
-            ring_down(b, "a batch did not come back in time");
+        if (late) {
+            /* A stage between head and tail died or dropped the batch; the bridge's own
+             * links are fine. Fail what was running and start over with clean stages. */
+            KVR_WARN("bridge: a batch did not come back within %d ms: failing running "
+                     "requests", RING_TIMEOUT_MS);
+            pthread_mutex_lock(&b->lock);
+            fail_running(b, "a stage lost a batch (did one restart?)");
+            pthread_mutex_unlock(&b->lock);
+        }
     }
     kvr_free(scratch);
     return NULL;

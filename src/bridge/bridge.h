@@ -118,6 +118,10 @@ struct kvr_bridge_stage_stats {
     double starved_frac, blocked_frac;        /* same window */
 };
 
+/* Bucket bounds (seconds) of the queue-time histogram: submit until a sequence slot. */
+#define KVR_BRIDGE_QUEUE_BUCKETS 10
+extern const double kvr_bridge_queue_bounds[KVR_BRIDGE_QUEUE_BUCKETS];
+
 struct kvr_bridge_stats {
     bool ring_up;
     uint32_t n_stages;
@@ -130,6 +134,9 @@ struct kvr_bridge_stats {
     uint64_t prompt_tokens;   /* prefill rows completed */
     uint64_t generated_tokens;
     uint64_t admitted, refused[KVR_REFUSE_REASON_COUNT];
+    uint64_t queue_hist[KVR_BRIDGE_QUEUE_BUCKETS + 1]; /* last bucket: +Inf */
+    double queue_sum_s;
+    uint64_t queue_count;
     double batch_ms_ema;      /* measured round trip of one batch */
     double tokens_per_s;      /* generated tokens over the last ~2 s */
 };

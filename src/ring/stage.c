@@ -53,7 +53,6 @@ struct in_slot {
 
 /* One frame to send downstream. */
 struct out_slot {
-    bool drop_link;                   /* not a frame: tell tx to drop the downstream link */
     struct kvr_wire_msg msg;
     struct kvr_wire_ctrl *ctrl;       /* [max_ctrl] */
     struct kvr_seg *segs;             /* [max_segs] */
@@ -443,15 +442,7 @@ static void *tx_main(void *arg)
             continue;
         }
         struct out_slot *o = &s->out[id];
-        if (o->drop_link) {
-            if (have_down) {
-                kvr_link_send_goodbye(&down, KVR_WIRE_GOODBYE_ERROR, kvr_net_deadline(200),
-                                      &err);
-                kvr_link_fini(&down);
-                have_down = false;
-                atomic_store(&s->tx_connected, 0);
-            }
-        } else if (have_down) {
+        if (have_down) {
             if (kvr_link_send(&down, &o->msg, 0, &err)) {
                 KVR_WARN("%s: downstream lost, batch %llu dropped: %s", s->name,
                          (unsigned long long)o->msg.batch_id, err.msg);
@@ -565,7 +556,6 @@ static int compute_batch(struct stage *s, const struct in_slot *in, struct out_s
 {
     apply_control(s, in);
     memset(&o->msg, 0, sizeof o->msg);
-    o->drop_link = false;
     memcpy(o->ctrl, in->ctrl, in->n_ctrl * sizeof *in->ctrl);
     memcpy(o->segs, in->segs, in->n_segs * sizeof *in->segs);
     memcpy(o->timings, in->timings, in->n_timings * sizeof *in->timings);
@@ -613,13 +603,6 @@ static void compute_loop(struct stage *s)
             KVR_INFO("%s: upstream changed: dropping every sequence", s->name);
             reset_all(s);
             queue_give_free(&s->in_q, (uint32_t)in_id);
-            int out_id;
-            while ((out_id = queue_take_free(&s->out_q, POLL_MS)) < 0 && !*s->stop) {
-            }
-            if (out_id >= 0) {
-                s->out[out_id].drop_link = true;
-                queue_push_ready(&s->out_q, (uint32_t)out_id);
-            }
             idle_since = kvr_now_ns();
             continue;
         }
@@ -635,12 +618,16 @@ static void compute_loop(struct stage *s)
         uint64_t t_done = kvr_now_ns();
         if (rc) {
             /* The bridge and every stage decide membership from the same plan, so a batch
-             * this stage cannot run means the ring's state diverged: drop the link and let
-             * the bridge re-open its sequences. */
-            KVR_ERROR("%s: batch %llu failed: %s", s->name, (unsigned long long)in->batch_id,
+             * this stage cannot run means the ring's state diverged. The batch is not
+             * forwarded: the bridge sees it missing, fails or re-opens its sequences and
+             * frees every slot in-band. */
+            KVR_ERROR("%s: batch %llu dropped: %s", s->name, (unsigned long long)in->batch_id,
                       err.msg);
             reset_all(s);
-            o->drop_link = true;
+            queue_give_free(&s->in_q, (uint32_t)in_id);
+            queue_give_free(&s->out_q, (uint32_t)out_id);
+            idle_since = t_done;
+            continue;
         } else {
             struct kvr_wire_timing *t = &o->timings[o->msg.n_timings++];
             t->stage = s->index;

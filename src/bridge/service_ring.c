@@ -1,0 +1,208 @@
+#include "bridge/service_ring.h"
+
+#include "core/alloc.h"
+
+#include <stdio.h>
+#include <string.h>
+
+struct kvr_gen_stream {
+    struct kvr_bridge_stream *bs;
+    bool done; /* the event carrying a finish was returned */
+};
+
+static int ring_submit(void *ctx, const struct kvr_gen_request *req,
+                       struct kvr_gen_stream **out, struct kvr_svc_refusal *refusal)
+{
+    struct kvr_ring_service *rs = ctx;
+    memset(refusal, 0, sizeof *refusal);
+    struct kvr_gen_stream *gs = kvr_calloc(1, sizeof *gs);
+    if (!gs) {
+        refusal->http_status = 500;
+        refusal->reason = KVR_SVC_REFUSE_INTERNAL;
+        snprintf(refusal->message, sizeof refusal->message, "out of memory");
+        return KVR_ENOMEM;
+    }
+    struct kvr_bridge_request br = {
+        .prompt = req->prompt, .n_prompt = req->n_prompt, .max_tokens = req->max_tokens,
+        .sampling = req->sampling, .logprobs = req->logprobs,
+        .first_token_ms = req->first_token_ms ? req->first_token_ms
+                                              : rs->default_first_token_ms,
+        .total_ms = req->total_ms ? req->total_ms : rs->default_total_ms};
+    struct kvr_bridge_refusal why;
+    int rc = kvr_bridge_submit(rs->bridge, &br, &gs->bs, &why);
+    if (rc == 0) {
+        *out = gs;
+        return 0;
+    }
+    kvr_free(gs);
+    snprintf(refusal->message, sizeof refusal->message, "%s", why.message);
+    refusal->retry_after_s = (why.retry_after_ms + 999) / 1000;
+    switch (why.reason) {
+    case KVR_REFUSE_FIRST_TOKEN_BUDGET:
+    case KVR_REFUSE_TOTAL_BUDGET:
+        refusal->http_status = 429;
+        refusal->reason = KVR_SVC_REFUSE_OVER_BUDGET;
+        break;
+    case KVR_REFUSE_KV_FULL:
+        refusal->http_status = 429;
+        refusal->reason = KVR_SVC_REFUSE_KV_FULL;
+        if (!refusal->retry_after_s)
+            refusal->retry_after_s = 1;
+        break;
+    case KVR_REFUSE_QUEUE_FULL:
+        refusal->http_status = 503;
+        refusal->reason = KVR_SVC_REFUSE_QUEUE_FULL;
+        break;
+    case KVR_REFUSE_RING_DOWN:
+        refusal->http_status = 503;
+        refusal->reason = KVR_SVC_REFUSE_RING_DOWN;
+        break;
+    case KVR_REFUSE_TOO_LONG:
+        refusal->http_status = 400;
+        refusal->reason = KVR_SVC_REFUSE_INVALID;
+        break;
+    default:
+        refusal->http_status = 500;
+        refusal->reason = KVR_SVC_REFUSE_INTERNAL;
+        break;
+    }
+    return rc;
+}
+
+static int ring_next(struct kvr_gen_stream *s, struct kvr_gen_event *ev, uint32_t timeout_ms)
+{
+    memset(ev, 0, sizeof *ev);
+    if (s->done)
+        return KVR_ECLOSED;
+    struct kvr_bridge_event be;
+    int rc = kvr_bridge_next(s->bs, &be, (int)timeout_ms);
+    if (rc)
+        return rc;
+    ev->token = be.has_token ? be.token : -1;
+    ev->logprob = be.logprob;
+    switch (be.finish) {
+    case KVR_FINISH_NONE:
+        ev->finish = KVR_GEN_FINISH_NONE;
+        return 0;
+    case KVR_FINISH_LENGTH:
+        ev->finish = KVR_GEN_FINISH_LENGTH;
+        break;
+    case KVR_FINISH_STOP:
+        ev->finish = KVR_GEN_FINISH_EOS;
+        break;
+    case KVR_FINISH_CANCELLED:
+        s->done = true;
+        return KVR_ECLOSED;
+    default:
+        ev->finish = KVR_GEN_FINISH_ERROR;
+        ev->token = -1;
+        ev->error_status = 503;
+        snprintf(ev->error, sizeof ev->error, "%s", be.message[0] ? be.message : "ring error");
+        break;
+    }
+    s->done = true;
+    return 0;
+}
+
+static void ring_cancel(struct kvr_gen_stream *s) { kvr_bridge_cancel(s->bs); }
+
+static void ring_release(struct kvr_gen_stream *s)
+{
+    kvr_bridge_release(s->bs);
+    kvr_free(s);
+}
+
+static bool ring_health(void *ctx, json_t *detail)
+{
+    struct kvr_ring_service *rs = ctx;
+    bool up = kvr_bridge_ring_up(rs->bridge);
+    json_t *stages = json_array();
+    for (uint32_t i = 0; i < rs->plan->n_stages; i++) {
+        const struct kvr_plan_stage *st = &rs->plan->stages[i];
+        json_array_append_new(stages, json_pack("{s:i, s:s, s:[i,i], s:b}", "index", (int)i,
+                                                "addr", st->addr, "layers",
+                                                (int)st->first_layer, (int)st->last_layer,
+                                                "up", up));
+    }
+    json_object_set_new(detail, "ring", json_string(up ? "up" : "down"));
+    json_object_set_new(detail, "stages", stages);
+    return up;
+}
+
+static void gauge(struct kvr_sbuf *out, const char *name, const char *help, double v)
+{
+    kvr_sbuf_printf(out, "# HELP kvasir:%s %s\n# TYPE kvasir:%s gauge\nkvasir:%s %.9g\n", name,
+                    help, name, name, v);
+}
+
+static void per_stage(struct kvr_sbuf *out, const struct kvr_bridge_stats *st,
+                      const char *name, const char *type, const char *help, int which)
+{
+    kvr_sbuf_printf(out, "# HELP kvasir:%s %s\n# TYPE kvasir:%s %s\n", name, help, name, type);
+    for (uint32_t i = 0; i < st->n_stages; i++) {
+        const struct kvr_bridge_stage_stats *s = &st->stage[i];
+        double v = which == 0   ? s->held_ns / 1e9
+                   : which == 1 ? s->starved_ns / 1e9
+                   : which == 2 ? s->blocked_ns / 1e9
+                   : which == 3 ? s->util
+                   : which == 4 ? s->starved_frac
+                                : s->blocked_frac;
+        kvr_sbuf_printf(out, "kvasir:%s{stage=\"%u\"} %.9g\n", name, i, v);
+    }
+}
+
+static void ring_metrics(void *ctx, struct kvr_sbuf *out)
+{
+    struct kvr_ring_service *rs = ctx;
+    struct kvr_bridge_stats st;
+    kvr_bridge_stats(rs->bridge, &st);
+    gauge(out, "ring_up", "1 when every link of the ring is up.", st.ring_up);
+    gauge(out, "num_requests_running", "Requests holding a sequence slot.", st.running);
+    gauge(out, "num_requests_waiting", "Admitted requests waiting for a slot.", st.waiting);
+    gauge(out, "kv_blocks_used", "KV blocks reserved, per stage.", st.kv_blocks_used);
+    gauge(out, "kv_blocks_total", "KV blocks of each stage.", st.kv_blocks_total);
+    gauge(out, "kv_cache_usage_perc", "Fraction of KV blocks reserved.",
+          st.kv_blocks_total ? (double)st.kv_blocks_used / st.kv_blocks_total : 0);
+    gauge(out, "batch_latency_ms", "Moving average of a micro-batch's trip around the ring.",
+          st.batch_ms_ema);
+    gauge(out, "ring_tokens_per_second", "Tokens generated per second, last window.",
+          st.tokens_per_s);
+    kvr_sbuf_printf(out, "# HELP kvasir:ring_batches_total Micro-batches completed.\n"
+                         "# TYPE kvasir:ring_batches_total counter\n"
+                         "kvasir:ring_batches_total %llu\n",
+                    (unsigned long long)st.batches);
+    kvr_sbuf_printf(out, "# HELP kvasir:requests_admitted_total Requests admitted.\n"
+                         "# TYPE kvasir:requests_admitted_total counter\n"
+                         "kvasir:requests_admitted_total %llu\n",
+                    (unsigned long long)st.admitted);
+    kvr_sbuf_puts(out, "# HELP kvasir:request_queue_time_seconds Time from admission to a "
+                       "sequence slot.\n# TYPE kvasir:request_queue_time_seconds histogram\n");
+    uint64_t cum = 0;
+    for (uint32_t i = 0; i < KVR_BRIDGE_QUEUE_BUCKETS; i++) {
+        cum += st.queue_hist[i];
+        kvr_sbuf_printf(out, "kvasir:request_queue_time_seconds_bucket{le=\"%g\"} %llu\n",
+                        kvr_bridge_queue_bounds[i], (unsigned long long)cum);
+    }
+    cum += st.queue_hist[KVR_BRIDGE_QUEUE_BUCKETS];
+    kvr_sbuf_printf(out,
+                    "kvasir:request_queue_time_seconds_bucket{le=\"+Inf\"} %llu\n"
+                    "kvasir:request_queue_time_seconds_sum %.9g\n"
+                    "kvasir:request_queue_time_seconds_count %llu\n",
+                    (unsigned long long)cum, st.queue_sum_s, (unsigned long long)st.queue_count);
+    per_stage(out, &st, "stage_held_seconds_total", "counter",
+              "Time each stage spent computing batches.", 0);
+    per_stage(out, &st, "stage_starved_seconds_total", "counter",
+              "Time each stage waited for its next batch.", 1);
+    per_stage(out, &st, "stage_blocked_seconds_total", "counter",
+              "Time each stage waited for its downstream to take a batch.", 2);
+    per_stage(out, &st, "stage_utilization", "gauge",
+              "Held fraction of the last window, per stage.", 3);
+    per_stage(out, &st, "stage_starved_fraction", "gauge",
+              "Starved fraction of the last window, per stage.", 4);
+    per_stage(out, &st, "stage_blocked_fraction", "gauge",
+              "Blocked fraction of the last window, per stage.", 5);
+}
+
+const struct kvr_service_ops kvr_ring_service_ops = {
+    .submit = ring_submit, .next = ring_next, .cancel = ring_cancel,
+    .release = ring_release, .health = ring_health, .metrics = ring_metrics};

@@ -1,0 +1,389 @@
+/* serve.c - `kvasir serve` and `kvasir bridge`.
+ *
+ *   kvasir serve -m MODEL [--stages N]   the one-command default: write a plan for N stages
+ *                                        on 127.0.0.1, start each stage as its own process,
+ *                                        run the bridge and the HTTP API
+ *   kvasir bridge --plan PLAN            the bridge and HTTP API for stages started
+ *                                        elsewhere (another machine, systemd, ...)
+ *
+ * `serve` watches its stage processes: one that dies is started again, and the bridge
+ * reconnects the ring when it is whole. SIGINT/SIGTERM stop everything. */
+#include "cli/cmd.h"
+#include "cli/common.h"
+
+#include "bridge/bridge.h"
+#include "bridge/http.h"
+#include "bridge/service_ring.h"
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/log.h"
+#include "model/engine.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "ring/net.h"
+#include "ring/plan.h"
+#include "ring/propose.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+struct serve_opts {
+    const char *model, *plan_path, *host, *api_key, *plan_dir, *name;
+    uint32_t port, stages, threads, ttft_ms, total_ms, max_waiting;
+    bool no_admission;
+    struct kvr_plan_spec spec;
+};
+
+static void usage(FILE *f, bool serve)
+{
+    if (serve)
+        fprintf(f, "usage: kvasir serve -m MODEL [--stages N] [options]\n"
+                   "  Start an N-stage ring on this machine (one process per stage) and serve\n"
+                   "  the OpenAI-compatible API.\n"
+                   "  --stages N            stages (default 2; a ring needs at least 2)\n"
+                   "  --threads N           compute threads per stage (default 1)\n"
+                   "  --plan-dir DIR        where to write plan.json (default: a new /tmp dir)\n"
+                   "  --base-port P         stage i listens on P+i, the bridge on P-1 (default:\n"
+                   "                        free ports)\n"
+                   "  --row-width N --microbatches N --max-seqs N --ctx N --wire f32|f16\n");
+    else
+        fprintf(f, "usage: kvasir bridge --plan PLAN [options]\n"
+                   "  Serve the OpenAI-compatible API for a ring whose stages run elsewhere.\n");
+    fprintf(f, "  --host H              HTTP address (default 127.0.0.1)\n"
+               "  --port P              HTTP port (default 8080)\n"
+               "  --api-key KEY         require 'Authorization: Bearer KEY' (or env\n"
+               "                        KVASIR_API_KEY)\n"
+               "  --ttft-ms MS          default first-token budget (default 10000)\n"
+               "  --total-ms MS         default whole-answer budget (default 120000)\n"
+               "  --no-admission        admit everything that fits (no budget check)\n"
+               "  --max-waiting N       bounded wait queue (default 4 x max-seqs)\n"
+               "  --name NAME           model name in the API (default: the file name)\n");
+}
+
+static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->stages = 2;
+    o->threads = 1;
+    o->ttft_ms = 10000;
+    o->total_ms = 120000;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout, serve);
+            return 1;
+        }
+        if (!strcmp(a, "--no-admission")) {
+            o->no_admission = true;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "kvasir: %s needs a value\n", a);
+            return 2;
+        }
+        i++;
+        uint32_t *num = NULL, lo = 1, hi = 1u << 30;
+        if (serve && (!strcmp(a, "-m") || !strcmp(a, "--model")))
+            o->model = v;
+        else if (!serve && !strcmp(a, "--plan"))
+            o->plan_path = v;
+        else if (!strcmp(a, "--host"))
+            o->host = v;
+        else if (!strcmp(a, "--api-key"))
+            o->api_key = v;
+        else if (!strcmp(a, "--name"))
+            o->name = v;
+        else if (serve && !strcmp(a, "--plan-dir"))
+            o->plan_dir = v;
+        else if (!strcmp(a, "--port"))
+            num = &o->port, lo = 0, hi = 65535;
+        else if (!strcmp(a, "--ttft-ms"))
+            num = &o->ttft_ms, lo = 0;
+        else if (!strcmp(a, "--total-ms"))
+            num = &o->total_ms, lo = 0;
+        else if (!strcmp(a, "--max-waiting"))
+            num = &o->max_waiting;
+        else if (serve && !strcmp(a, "--stages"))
+            num = &o->stages, lo = 0, hi = KVR_PLAN_MAX_STAGES;
+        else if (serve && !strcmp(a, "--threads"))
+            num = &o->threads, hi = 256;
+        else if (serve && !strcmp(a, "--base-port"))
+            num = &o->spec.base_port, lo = 2, hi = 65535;
+        else if (serve && !strcmp(a, "--row-width"))
+            num = &o->spec.row_width;
+        else if (serve && !strcmp(a, "--microbatches"))
+            num = &o->spec.microbatches;
+        else if (serve && !strcmp(a, "--max-seqs"))
+            num = &o->spec.max_seqs;
+        else if (serve && !strcmp(a, "--ctx"))
+            num = &o->spec.n_ctx;
+        else if (serve && !strcmp(a, "--wire")) {
+            if (strcmp(v, "f32") && strcmp(v, "f16")) {
+                fprintf(stderr, "kvasir serve: --wire is f32 or f16\n");
+                return 2;
+            }
+            o->spec.wire_dtype = strcmp(v, "f16") ? KVR_DTYPE_F32 : KVR_DTYPE_F16;
+        } else {
+            fprintf(stderr, "kvasir: unknown option '%s'\n", a);
+            usage(stderr, serve);
+            return 2;
+        }
+        if (num && kvr_cli_u32(a, v, lo, hi, num))
+            return 2;
+    }
+    if (serve ? !o->model : !o->plan_path) {
+        usage(stderr, serve);
+        return 2;
+    }
+    return 0;
+}
+
+/* ---- stage processes (serve) -------------------------------------------------------------- */
+
+static pid_t spawn_stage(const char *self, const char *plan_path, uint32_t index)
+{
+    pid_t pid = fork();
+    if (pid != 0)
+        return pid;
+    char idx[16];
+    snprintf(idx, sizeof idx, "%u", index);
+    char *args[] = {(char *)"kvasir", (char *)"stage", (char *)"--plan", (char *)plan_path,
+                    (char *)"--index", idx, NULL};
+    execv(self, args);
+    fprintf(stderr, "kvasir serve: cannot start stage %u: %s\n", index, strerror(errno));
+    _exit(127);
+}
+
+/* A free TCP port on 127.0.0.1, found by binding port 0. */
+static uint32_t free_port(void)
+{
+    int fd;
+    uint16_t port = 0;
+    struct kvr_err err = {0};
+    if (kvr_net_listen("127.0.0.1:0", 1, &fd, &port, &err) != 0)
+        return 0;
+    close(fd);
+    return port;
+}
+
+static int write_plan(struct serve_opts *o, struct kvr_gguf *g, struct kvr_plan *plan,
+                      char *plan_path, size_t cap)
+{
+    struct kvr_err err = {0};
+    char dir[512];
+    if (o->plan_dir) {
+        snprintf(dir, sizeof dir, "%s", o->plan_dir);
+        mkdir(dir, 0700);
+    } else {
+        snprintf(dir, sizeof dir, "/tmp/kvasir-serve-XXXXXX");
+        if (!mkdtemp(dir)) {
+            fprintf(stderr, "kvasir serve: mkdtemp: %s\n", strerror(errno));
+            return -1;
+        }
+    }
+    char model_abs[4096];
+    if (!realpath(o->model, model_abs)) {
+        fprintf(stderr, "kvasir serve: %s: %s\n", o->model, strerror(errno));
+        return -1;
+    }
+    o->spec.n_stages = o->stages;
+    o->spec.n_threads = o->threads;
+    o->spec.model_path = model_abs;
+    /* Consecutive free ports: try a few random bases. */
+    if (!o->spec.base_port) {
+        for (int attempt = 0; attempt < 20 && !o->spec.base_port; attempt++) {
+            uint32_t base = free_port();
+            if (base < 2 || base + o->stages > 65535)
+                continue;
+            bool ok = true;
+            for (uint32_t i = 0; i <= o->stages && ok; i++) {
+                int fd;
+                char addr[32];
+                snprintf(addr, sizeof addr, "127.0.0.1:%u", base - 1 + i);
+                ok = kvr_net_listen(addr, 1, &fd, NULL, &err) == 0;
+                if (ok)
+                    close(fd);
+            }
+            if (ok)
+                o->spec.base_port = base;
+        }
+    }
+    if (kvr_plan_propose(plan, g, &o->spec, &err)) {
+        fprintf(stderr, "kvasir serve: %s\n", err.msg);
+        return -1;
+    }
+    snprintf(plan_path, cap, "%s/plan.json", dir);
+    if (kvr_plan_write(plan, plan_path, &err)) {
+        fprintf(stderr, "kvasir serve: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the common part ------------------------------------------------------------------------ */
+
+static int serve_main(int argc, char **argv, bool serve)
+{
+    struct serve_opts o;
+    int rc = parse(argc, argv, serve, &o);
+    if (rc)
+        return rc == 1 ? 0 : rc;
+    kvr_log_set_tag(serve ? "serve" : "bridge");
+    struct kvr_err err = {0};
+    struct kvr_plan *plan = kvr_calloc(1, sizeof *plan);
+    struct kvr_gguf *g = NULL;
+    struct kvr_tok *tok = NULL;
+    struct kvr_bridge *bridge = NULL;
+    struct kvr_http *http = NULL;
+    pid_t *pids = NULL;
+    char plan_path[1024] = "";
+    char model_path[KVR_PLAN_PATH_BYTES];
+    rc = 1;
+    if (!plan)
+        goto out;
+    if (serve) {
+        snprintf(model_path, sizeof model_path, "%s", o.model);
+    } else if (kvr_plan_load(plan, o.plan_path, &err) || kvr_plan_validate(plan, 0, &err) ||
+               kvr_plan_path(plan, plan->model_path, model_path, sizeof model_path, &err)) {
+        KVR_ERROR("plan %s: %s", o.plan_path, err.msg);
+        goto out;
+    }
+    if (kvr_gguf_open(&g, model_path, &err)) {
+        KVR_ERROR("%s: %s", model_path, err.msg);
+        goto out;
+    }
+    struct kvr_hparams hp;
+    if (kvr_hparams_read(&hp, g, &err) || kvr_tok_create(&tok, g, &err)) {
+        KVR_ERROR("%s: %s", model_path, err.msg);
+        goto out;
+    }
+    if (serve && write_plan(&o, g, plan, plan_path, sizeof plan_path))
+        goto out;
+    if (!serve && kvr_plan_validate(plan, hp.n_layer, &err)) {
+        KVR_ERROR("plan %s: %s", o.plan_path, err.msg);
+        goto out;
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (serve) {
+        char self[4096];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n <= 0) {
+            KVR_ERROR("cannot find my own executable");
+            goto out;
+        }
+        self[n] = 0;
+        pids = kvr_calloc(plan->n_stages, sizeof *pids);
+        if (!pids)
+            goto out;
+        for (uint32_t i = 0; i < plan->n_stages; i++)
+            pids[i] = spawn_stage(self, plan_path, i);
+        KVR_INFO("plan %s: %u stages started", plan_path, plan->n_stages);
+    }
+
+    struct kvr_bridge_config bc = {.plan = plan, .n_embd = hp.n_embd, .n_vocab = hp.n_vocab,
+                                   .max_waiting = o.max_waiting, .admission = !o.no_admission};
+    if (kvr_bridge_create(&bridge, &bc, &err)) {
+        KVR_ERROR("bridge: %s", err.msg);
+        goto out;
+    }
+    KVR_INFO("waiting for the ring to come up...");
+    while (!stop_flag && !kvr_bridge_wait_up(bridge, 1000)) {
+        for (uint32_t i = 0; pids && i < plan->n_stages; i++) {
+            int status;
+            if (waitpid(pids[i], &status, WNOHANG) == pids[i]) {
+                KVR_ERROR("stage %u exited before the ring came up (status %d)", i, status);
+                pids[i] = 0;
+                stop_flag = 1;
+            }
+        }
+    }
+    if (stop_flag)
+        goto out;
+
+    struct kvr_ring_service rs = {.bridge = bridge, .plan = plan,
+                                  .default_first_token_ms = o.ttft_ms,
+                                  .default_total_ms = o.total_ms};
+    const char *base = strrchr(model_path, '/');
+    struct kvr_gguf_str tmpl = {0};
+    if (kvr_gguf_get_str(g, "tokenizer.chat_template", &tmpl, NULL) != 0)
+        tmpl.ptr = NULL, tmpl.len = 0;
+    struct kvr_service svc = {.ops = &kvr_ring_service_ops, .ctx = &rs,
+                              .model_name = o.name ? o.name : base ? base + 1 : model_path,
+                              .n_ctx = plan->n_ctx, .tok = tok, .chat_template = tmpl.ptr,
+                              .chat_template_len = (size_t)tmpl.len};
+    struct kvr_http_config hc;
+    kvr_http_config_init(&hc);
+    hc.host = o.host;
+    hc.port = (uint16_t)o.port;
+    if (o.api_key)
+        hc.api_key = o.api_key;
+    if (kvr_http_create(&http, &hc, &svc, &err)) {
+        KVR_ERROR("http: %s", err.msg);
+        goto out;
+    }
+    KVR_INFO("serving %s on http://%s:%u (%u stages, admission %s)", svc.model_name, o.host,
+             kvr_http_port(http), plan->n_stages, o.no_admission ? "off" : "on");
+    printf("kvasir: ready on http://%s:%u\n", o.host, kvr_http_port(http));
+    fflush(stdout);
+
+    while (!stop_flag) {
+        kvr_sleep_ns(200 * 1000000ull);
+        for (uint32_t i = 0; pids && i < plan->n_stages && !stop_flag; i++) {
+            int status;
+            if (pids[i] > 0 && waitpid(pids[i], &status, WNOHANG) == pids[i]) {
+                KVR_WARN("stage %u died (status %d): starting it again", i, status);
+                char self[4096];
+                ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+                if (n > 0) {
+                    self[n] = 0;
+                    pids[i] = spawn_stage(self, plan_path, i);
+                }
+            }
+        }
+    }
+    KVR_INFO("stopping");
+    rc = 0;
+out:
+    kvr_http_destroy(http);
+    for (uint32_t i = 0; pids && i < plan->n_stages; i++)
+        if (pids[i] > 0)
+            kill(pids[i], SIGTERM);
+    for (uint32_t i = 0; pids && i < plan->n_stages; i++)
+        if (pids[i] > 0)
+            waitpid(pids[i], NULL, 0);
+    kvr_bridge_destroy(bridge);
+    kvr_free(pids);
+    kvr_tok_destroy(tok);
+    kvr_gguf_close(g);
+    if (plan) {
+        kvr_plan_wipe(plan);
+        kvr_free(plan);
+    }
+    return rc;
+}
+
+int kvr_cmd_serve(int argc, char **argv) { return serve_main(argc, argv, true); }
+int kvr_cmd_bridge(int argc, char **argv) { return serve_main(argc, argv, false); }

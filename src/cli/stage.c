@@ -1,0 +1,83 @@
+/* stage.c - `kvasir stage --plan PLAN --index I`: run one stage agent of a ring until
+ * SIGINT or SIGTERM. */
+#include "cli/cmd.h"
+#include "cli/common.h"
+
+#include "core/alloc.h"
+#include "core/log.h"
+#include "ring/plan.h"
+#include "ring/stage.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+static volatile sig_atomic_t stop_flag;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    stop_flag = 1;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvasir stage --plan PLAN --index I [--threads N]\n"
+               "  Serve stage I of the ring described by PLAN (see docs/PLAN.md).\n");
+}
+
+int kvr_cmd_stage(int argc, char **argv)
+{
+    const char *plan_path = NULL;
+    struct kvr_stage_options opt = {0};
+    bool have_index = false;
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(argv[i], "--plan") && v) {
+            plan_path = v;
+            i++;
+        } else if (!strcmp(argv[i], "--index") && v) {
+            if (kvr_cli_u32("--index", v, 0, KVR_PLAN_MAX_STAGES - 1, &opt.index))
+                return 2;
+            have_index = true;
+            i++;
+        } else if (!strcmp(argv[i], "--threads") && v) {
+            if (kvr_cli_u32("--threads", v, 1, 256, &opt.n_threads))
+                return 2;
+            i++;
+        } else {
+            fprintf(stderr, "kvasir stage: unknown or incomplete option '%s'\n", argv[i]);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!plan_path || !have_index) {
+        usage(stderr);
+        return 2;
+    }
+    char tag[32];
+    snprintf(tag, sizeof tag, "stage%u", opt.index);
+    kvr_log_set_tag(tag);
+    struct kvr_err err = {0};
+    struct kvr_plan *plan = kvr_malloc(sizeof *plan);
+    if (!plan || kvr_plan_load(plan, plan_path, &err) || kvr_plan_validate(plan, 0, &err)) {
+        KVR_ERROR("plan %s: %s", plan_path, plan ? err.msg : "out of memory");
+        kvr_free(plan);
+        return 1;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    int rc = kvr_stage_run(plan, &opt, &stop_flag, &err);
+    if (rc)
+        KVR_ERROR("%s", err.msg);
+    kvr_plan_wipe(plan);
+    kvr_free(plan);
+    return rc ? 1 : 0;
+}

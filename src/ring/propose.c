@@ -1,0 +1,122 @@
+#include "ring/propose.h"
+
+#include "core/alloc.h"
+#include "model/engine.h"
+
+#include <sodium.h>
+#include <stdio.h>
+#include <string.h>
+
+static double tensor_bytes(const struct kvr_gguf *g, const char *name)
+{
+    const struct kvr_gguf_tensor *t = kvr_gguf_find_tensor(g, name);
+    return t ? (double)t->n_bytes : 0.0;
+}
+
+static double layer_bytes(const struct kvr_gguf *g, uint32_t il)
+{
+    static const char *const parts[] = {"attn_norm", "attn_q", "attn_k", "attn_v",
+                                        "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
+                                        "ffn_down"};
+    double sum = 0;
+    char name[96];
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+        snprintf(name, sizeof name, "blk.%u.%s.weight", il, parts[i]);
+        sum += tensor_bytes(g, name);
+    }
+    return sum;
+}
+
+/* The i-th comma-separated host of `hosts` (the last one repeats). */
+static void nth_host(const char *hosts, uint32_t i, char *out, size_t cap)
+{
+    const char *p = hosts;
+    for (uint32_t k = 0; k < i; k++) {
+        const char *c = strchr(p, ',');
+        if (!c)
+            break;
+        p = c + 1;
+    }
+    size_t n = strcspn(p, ",");
+    snprintf(out, cap, "%.*s", (int)(n < cap ? n : cap - 1), p);
+}
+
+int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
+                     const struct kvr_plan_spec *spec, struct kvr_err *err)
+{
+    memset(plan, 0, sizeof *plan);
+    struct kvr_hparams hp;
+    int rc = kvr_hparams_read(&hp, g, err);
+    if (rc)
+        return rc;
+    if (spec->n_stages < 2)
+        return kvr_err_set(err, KVR_EINVAL, "a pipeline needs at least two stages: head and "
+                           "tail are different roles (asked for %u)", spec->n_stages);
+    if (spec->n_stages > hp.n_layer || spec->n_stages > KVR_PLAN_MAX_STAGES)
+        return kvr_err_set(err, KVR_EINVAL, "%u stages for a model of %u layers: each stage "
+                           "needs at least one layer", spec->n_stages, hp.n_layer);
+    double *cost = kvr_calloc(hp.n_layer, sizeof *cost);
+    if (!cost)
+        return kvr_err_set(err, KVR_ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < hp.n_layer; i++)
+        cost[i] = layer_bytes(g, i);
+    const struct kvr_gguf_tensor *emb = kvr_gguf_find_tensor(g, "token_embd.weight");
+    double head_cost = emb && emb->ne[1] ? (double)emb->n_bytes / (double)emb->ne[1] : 0;
+    double tail_cost = tensor_bytes(g, "output_norm.weight") +
+                       (kvr_gguf_find_tensor(g, "output.weight")
+                            ? tensor_bytes(g, "output.weight")
+                            : tensor_bytes(g, "token_embd.weight"));
+    struct kvr_balance_input in = {.n_layer = hp.n_layer, .n_stages = spec->n_stages,
+                                   .layer_cost = cost, .head_cost = head_cost,
+                                   .tail_cost = tail_cost, .stage_speed = spec->stage_speed};
+    struct kvr_balance_result res;
+    rc = kvr_plan_balance(&in, &res, err);
+    kvr_free(cost);
+    if (rc)
+        return rc;
+
+    const char *hosts = spec->hosts && spec->hosts[0] ? spec->hosts : "127.0.0.1";
+    uint32_t port = spec->base_port ? spec->base_port : 7001;
+    if (port < 2 || port + spec->n_stages > 65535)
+        return kvr_err_set(err, KVR_ERANGE, "base port %u leaves no room for %u stages",
+                           port, spec->n_stages);
+    snprintf(plan->model_path, sizeof plan->model_path, "%s", spec->model_path);
+    plan->n_stages = spec->n_stages;
+    char host[KVR_PLAN_ADDR_BYTES - 8];
+    for (uint32_t i = 0; i < spec->n_stages; i++) {
+        nth_host(hosts, i, host, sizeof host);
+        int n = snprintf(plan->stages[i].addr, sizeof plan->stages[i].addr, "%s:%u", host,
+                         port + i);
+        if (n < 0 || (size_t)n >= sizeof plan->stages[i].addr)
+            return kvr_err_set(err, KVR_ERANGE, "host name too long: %s", host);
+        plan->stages[i].first_layer = res.first_layer[i];
+        plan->stages[i].last_layer = res.last_layer[i];
+    }
+    if (spec->bridge_addr) {
+        snprintf(plan->bridge_addr, sizeof plan->bridge_addr, "%s", spec->bridge_addr);
+    } else {
+        nth_host(hosts, 0, host, sizeof host);
+        int n = snprintf(plan->bridge_addr, sizeof plan->bridge_addr, "%s:%u", host, port - 1);
+        if (n < 0 || (size_t)n >= sizeof plan->bridge_addr)
+            return kvr_err_set(err, KVR_ERANGE, "host name too long: %s", host);
+    }
+    plan->row_width = spec->row_width ? spec->row_width : 64;
+    plan->microbatches = spec->microbatches ? spec->microbatches : spec->n_stages;
+    plan->max_seqs = spec->max_seqs ? spec->max_seqs : 32;
+    plan->n_ctx = spec->n_ctx ? spec->n_ctx : (hp.n_ctx_train < 2048 ? hp.n_ctx_train : 2048);
+    plan->kv_block_tokens = spec->kv_block_tokens ? spec->kv_block_tokens
+                                                  : KVR_PLAN_DEFAULT_KV_BLOCK_TOKENS;
+    uint64_t per_seq = (plan->n_ctx + plan->kv_block_tokens - 1) / plan->kv_block_tokens;
+    uint64_t blocks = spec->kv_blocks ? spec->kv_blocks : per_seq * plan->max_seqs;
+    if (blocks > UINT32_MAX)
+        return kvr_err_set(err, KVR_ERANGE, "too many KV blocks (%llu)",
+                           (unsigned long long)blocks);
+    plan->kv_blocks = (uint32_t)blocks;
+    plan->wire_dtype = spec->wire_dtype;
+    plan->n_threads = spec->n_threads ? spec->n_threads : 1;
+    if (sodium_init() < 0)
+        return kvr_err_set(err, KVR_EIO, "libsodium failed to initialise");
+    plan->secret_bytes = 32;
+    randombytes_buf(plan->secret, plan->secret_bytes);
+    return kvr_plan_validate(plan, hp.n_layer, err);
+}

@@ -1,0 +1,37 @@
+/* propose.h - write a valid plan for a model: split its layers over N stages so that no
+ * stage is the slow one (DESIGN.md 2), and fill the widths with sane defaults.
+ *
+ * Costs come from the model file itself: a layer costs the bytes of its weights (decode
+ * reads every weight once per step), the head also reads one embedding row per token, and
+ * the tail also reads the whole output head (n_vocab x n_embd), which is why the tail gets
+ * fewer layers. Stage speeds (e.g. measured tokens/s of each machine) weight the split. */
+#ifndef KVR_RING_PROPOSE_H
+#define KVR_RING_PROPOSE_H
+
+#include "core/err.h"
+#include "model/gguf.h"
+#include "ring/plan.h"
+
+struct kvr_plan_spec {
+    uint32_t n_stages;             /* >= 2 */
+    const char *hosts;             /* comma-separated hosts (one, or one per stage);
+                                      NULL = 127.0.0.1 */
+    uint32_t base_port;            /* stage i listens on base_port + i (default 7001) */
+    const char *bridge_addr;       /* default "<first host>:<base_port - 1>" */
+    const char *model_path;        /* written into the plan as given */
+    const double *stage_speed;     /* n_stages relative speeds, or NULL */
+    uint32_t row_width;            /* 0 = 64 */
+    uint32_t microbatches;         /* 0 = n_stages */
+    uint32_t max_seqs;             /* 0 = 32 */
+    uint32_t n_ctx;                /* 0 = min(2048, the model's) */
+    uint32_t kv_block_tokens;      /* 0 = 16 */
+    uint32_t kv_blocks;            /* 0 = max_seqs * n_ctx worth */
+    enum kvr_dtype wire_dtype;     /* F32 (0) or F16 */
+    uint32_t n_threads;            /* per stage; 0 = 1 */
+};
+
+/* Fill `plan` (with a fresh random secret) and validate it against the model. */
+int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
+                     const struct kvr_plan_spec *spec, struct kvr_err *err);
+
+#endif
