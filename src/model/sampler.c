@@ -286,9 +286,10 @@ static int32_t run_chain(const struct kvr_sampler *s, const float *logits, int32
     if (lmax == -INFINITY)
         return KVR_EINVAL;
     if (lse) {
-        double sum = 0.0;
+        double sum = 1.0; /* the best token's own term, exp(0) */
         for (int32_t i = 0; i < n; i++)
-            sum += exp((double)c[i].logit - (double)lmax);
+            if (i != best)
+                sum += exp((double)c[i].logit - (double)lmax);
         *lse = (double)lmax + log(sum);
     }
 
@@ -321,7 +322,6 @@ static int32_t run_chain(const struct kvr_sampler *s, const float *logits, int32
             }
         } else {
             n = top_p_heap(c, n, (double)lmax, want);
-            sorted = true;
         }
     }
     if (p->min_p > 0.0f) {

@@ -1,8 +1,10 @@
 /* tokenizer.c - SentencePiece and byte-level BPE tokenizers over a GGUF vocabulary.
  *
- * Reading order: the piece -> id hash map, building a tokenizer (validation, decoded
- * pieces, special-token tables), the scratch, the special-token partition shared by both
- * models, the SPM encoder, the BPE encoder, then decoding and the streaming detokenizer.
+ * Reading order: the piece -> id hash map, UTF-8 and GPT-2 byte-alphabet helpers, building
+ * a tokenizer (validation, decoded pieces, special-token tables) from arrays or a GGUF, the
+ * scratch and the merge queue, the SPM encoder, the special-token partition, the BPE
+ * encoder, kvr_tok_encode tying them together, then decoding and the streaming
+ * detokenizer.
  *
  * The algorithms follow llama.cpp's llama-vocab.cpp (that is the reference the test vectors
  * come from); comments point out where its exact behaviour matters. */
