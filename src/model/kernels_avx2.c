@@ -34,12 +34,20 @@
 #include <string.h>
 
 #define ALWAYS_INLINE inline __attribute__((always_inline))
+/* Fixed-trip loops over tile rows and groups must be unrolled so their arrays of vectors
+ * live in registers; -O2 does not do it by itself. */
+#define UNROLL _Pragma("GCC unroll 16")
+/* An empty asm that "modifies" v: it pins a running sum in a register in program order, so
+ * the compiler does not rebalance a chain of integer adds into a tree that needs every
+ * product live at once (and spills them). Integer sums are exact, so this is only speed. */
+#define KEEP(v) __asm__("" : "+x"(v))
 
 enum {
     OT = 8,             /* output rows per tile (one per dword / float lane) */
     RT = 4,             /* activation rows per tile */
     KB = 32,            /* blocks per K chunk of the repacked GEMM tile (fits L1) */
     GEMM_MIN_ROWS = 4,  /* from this many rows on, Q8_0/Q4_0 use the repacked GEMM */
+    GEMV_RT = 3,        /* activation rows per GEMV tile (below GEMM_MIN_ROWS) */
     F_OT = 4,           /* f32 family: output rows per tile */
     F_RT = 3,           /* f32 family: activation rows per tile */
 };
@@ -72,10 +80,14 @@ static ALWAYS_INLINE uint16_t load_u16(const void *p)
 /* The fp16 field at byte offset `off` of each of the 8 rows, widened to f32. */
 static ALWAYS_INLINE __m256 load_f16x8(const uint8_t *const rows[OT], size_t off)
 {
-    __m128i h = _mm_setr_epi16((short)load_u16(rows[0] + off), (short)load_u16(rows[1] + off),
-                               (short)load_u16(rows[2] + off), (short)load_u16(rows[3] + off),
-                               (short)load_u16(rows[4] + off), (short)load_u16(rows[5] + off),
-                               (short)load_u16(rows[6] + off), (short)load_u16(rows[7] + off));
+    __m128i h = _mm_cvtsi32_si128(load_u16(rows[0] + off));
+    h = _mm_insert_epi16(h, load_u16(rows[1] + off), 1);
+    h = _mm_insert_epi16(h, load_u16(rows[2] + off), 2);
+    h = _mm_insert_epi16(h, load_u16(rows[3] + off), 3);
+    h = _mm_insert_epi16(h, load_u16(rows[4] + off), 4);
+    h = _mm_insert_epi16(h, load_u16(rows[5] + off), 5);
+    h = _mm_insert_epi16(h, load_u16(rows[6] + off), 6);
+    h = _mm_insert_epi16(h, load_u16(rows[7] + off), 7);
     return _mm256_cvtph_ps(h);
 }
 
@@ -83,9 +95,11 @@ static ALWAYS_INLINE __m256 load_f16x8(const uint8_t *const rows[OT], size_t off
 static ALWAYS_INLINE __m256i reduce8_epi32(const __m256i v[8])
 {
     __m256i t[4], u[2];
+    UNROLL
     for (int i = 0; i < 4; i++)
         t[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
                                 _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+    UNROLL
     for (int i = 0; i < 2; i++)
         u[i] = _mm256_add_epi32(_mm256_unpacklo_epi64(t[2 * i], t[2 * i + 1]),
                                 _mm256_unpackhi_epi64(t[2 * i], t[2 * i + 1]));
@@ -93,20 +107,44 @@ static ALWAYS_INLINE __m256i reduce8_epi32(const __m256i v[8])
                             _mm256_permute2x128_si256(u[0], u[1], 0x31));
 }
 
+/* 8 vectors of 16 int16 -> one vector of 8 int32 whose lane i is the sum of v[i]'s lanes.
+ * The tree adds in int16 for three levels (each lane sums 8 inputs), so it is exact when
+ * every input lane is at most 4095 in magnitude (Q4_0 maddubs pairs are <= 3810); then it
+ * widens. Cheaper than widening each vector first with madd. */
+static ALWAYS_INLINE __m256i reduce8_epi16(const __m256i v[8])
+{
+    __m256i t[4], u[2];
+    UNROLL
+    for (int i = 0; i < 4; i++)
+        t[i] = _mm256_add_epi16(_mm256_unpacklo_epi16(v[2 * i], v[2 * i + 1]),
+                                _mm256_unpackhi_epi16(v[2 * i], v[2 * i + 1]));
+    UNROLL
+    for (int i = 0; i < 2; i++)
+        u[i] = _mm256_add_epi16(_mm256_unpacklo_epi32(t[2 * i], t[2 * i + 1]),
+                                _mm256_unpackhi_epi32(t[2 * i], t[2 * i + 1]));
+    /* int16 lane i of each 128-bit half is now row i's partial sum over that half */
+    __m256i w = _mm256_add_epi16(_mm256_unpacklo_epi64(u[0], u[1]), _mm256_unpackhi_epi64(u[0], u[1]));
+    return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(w)),
+                            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(w, 1)));
+}
+
 /* In-place transpose of an 8x8 matrix of dwords (v[i] lane j -> v[j] lane i). */
 static ALWAYS_INLINE void transpose8_epi32(__m256i v[8])
 {
     __m256i t[8], s[8];
+    UNROLL
     for (int i = 0; i < 4; i++) {
         t[2 * i] = _mm256_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
         t[2 * i + 1] = _mm256_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
     }
+    UNROLL
     for (int h = 0; h < 2; h++) {
         s[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);
         s[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);
         s[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);
         s[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);
     }
+    UNROLL
     for (int j = 0; j < 4; j++) {
         v[j] = _mm256_permute2x128_si256(s[j], s[4 + j], 0x20);
         v[j + 4] = _mm256_permute2x128_si256(s[j], s[4 + j], 0x31);
@@ -117,9 +155,10 @@ static ALWAYS_INLINE void transpose8_epi32(__m256i v[8])
  * 0..15, high nibbles = 16..31). */
 static ALWAYS_INLINE __m256i unpack_q4_0(const uint8_t *qs)
 {
-    __m128i v = _mm_loadu_si128((const __m128i *)qs);
-    __m256i both = _mm256_set_m128i(_mm_srli_epi16(v, 4), v);
-    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+    /* both halves get the 16 bytes; the upper one is shifted down a nibble per byte */
+    __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    v = _mm256_srlv_epi32(v, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
 
 /* Rows o0 .. o0+7 of w, repeating the last valid row past o_end (its lanes are computed and
@@ -128,6 +167,7 @@ static ALWAYS_INLINE int tile_rows(const struct kvr_matrix *w, int64_t o0, int64
                                    const uint8_t *rows[OT])
 {
     int n_valid = o_end - o0 < OT ? (int)(o_end - o0) : OT;
+    UNROLL
     for (int i = 0; i < OT; i++) {
         int64_t o = o0 + (i < n_valid ? i : n_valid - 1);
         rows[i] = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
@@ -180,6 +220,7 @@ static ALWAYS_INLINE int32_t hsum_epi32(__m256i v)
 static ALWAYS_INLINE __m256i quantize32(const float *x, __m256 id, int32_t *sum)
 {
     __m256i q[4];
+    UNROLL
     for (int k = 0; k < 4; k++) {
         __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), id);
         v = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -257,8 +298,8 @@ struct act {
 static ALWAYS_INLINE void act_rows(const void *xq, size_t stride, int64_t nb, int64_t r0,
                                    int nr, struct act *a)
 {
-    for (int r = 0; r < nr; r++) {
-        a->row[r] = (const uint8_t *)xq + (size_t)(r0 + r) * stride;
+    for (int r = 0; r < RT; r++) { /* slots past nr repeat the last row, never read */
+        a->row[r] = (const uint8_t *)xq + (size_t)(r0 + (r < nr ? r : nr - 1)) * stride;
         a->ext[r] = (const void *)(a->row[r] + kvr_q8_0_ext_offset(nb));
     }
 }
@@ -270,13 +311,14 @@ static ALWAYS_INLINE void gemv_q_tile(const uint8_t *const rows[OT], int64_t nb,
 {
     const size_t wb = is_q4 ? sizeof(struct kvr_block_q4_0) : sizeof(struct kvr_block_q8_0);
     const __m256i ones = _mm256_set1_epi16(1);
+    UNROLL
     for (int r = 0; r < nr; r++)
         acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         __m256i q[OT], s[OT];
+        UNROLL
         for (int i = 0; i < OT; i++) {
             const uint8_t *blk = rows[i] + (size_t)b * wb;
-            _mm_prefetch((const char *)blk + 512, _MM_HINT_T0);
             if (is_q4) {
                 q[i] = unpack_q4_0(blk + 2);
             } else {
@@ -285,17 +327,23 @@ static ALWAYS_INLINE void gemv_q_tile(const uint8_t *const rows[OT], int64_t nb,
             }
         }
         __m256 dw = load_f16x8(rows, (size_t)b * wb);
+        UNROLL
         for (int r = 0; r < nr; r++) {
             const uint8_t *xb = a->row[r] + (size_t)b * sizeof(struct kvr_block_q8_0) + 2;
             __m256i xv = _mm256_loadu_si256((const __m256i *)xb);
-            __m256i m[OT];
-            for (int i = 0; i < OT; i++) {
-                __m256i xs = is_q4 ? xv : _mm256_sign_epi8(xv, s[i]);
-                m[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(q[i], xs), ones);
+            __m256i m[OT], isum;
+            if (is_q4) {
+                UNROLL
+                for (int i = 0; i < OT; i++)
+                    m[i] = _mm256_maddubs_epi16(q[i], xv);
+                isum = _mm256_sub_epi32(reduce8_epi16(m), _mm256_set1_epi32(a->ext[r][b].s8));
+            } else {
+                UNROLL
+                for (int i = 0; i < OT; i++)
+                    m[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(q[i], _mm256_sign_epi8(xv, s[i])),
+                                             ones);
+                isum = reduce8_epi32(m);
             }
-            __m256i isum = reduce8_epi32(m);
-            if (is_q4)
-                isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(a->ext[r][b].s8));
             __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(a->ext[r][b].d));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc[r]);
         }
@@ -310,17 +358,18 @@ static ALWAYS_INLINE void gemv_q(const struct kvr_matrix *w, const void *xq, siz
     for (int64_t o0 = o_begin; o0 < o_end; o0 += OT) {
         const uint8_t *rows[OT];
         int n_valid = tile_rows(w, o0, o_end, rows);
-        for (int64_t r0 = 0; r0 < n_rows; r0 += RT) {
-            int nr = n_rows - r0 < RT ? (int)(n_rows - r0) : RT;
+        for (int64_t r0 = 0; r0 < n_rows; r0 += GEMV_RT) {
+            int nr = n_rows - r0 < GEMV_RT ? (int)(n_rows - r0) : GEMV_RT;
             struct act a;
-            __m256 acc[RT];
+            __m256 acc[RT] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                              _mm256_setzero_ps()};
             act_rows(xq, x_stride, nb, r0, nr, &a);
             switch (nr) { /* constant nr so the tile's accumulators stay in registers */
             case 1: gemv_q_tile(rows, nb, &a, 1, is_q4, acc); break;
             case 2: gemv_q_tile(rows, nb, &a, 2, is_q4, acc); break;
-            case 3: gemv_q_tile(rows, nb, &a, 3, is_q4, acc); break;
-            default: gemv_q_tile(rows, nb, &a, 4, is_q4, acc); break;
+            default: gemv_q_tile(rows, nb, &a, 3, is_q4, acc); break;
             }
+            UNROLL
             for (int r = 0; r < nr; r++)
                 store_tile(y + (r0 + r) * ldy + o0, acc[r], n_valid);
         }
@@ -337,6 +386,7 @@ static ALWAYS_INLINE void repack_q(const uint8_t *const rows[OT], int64_t b0, in
     for (int b = 0; b < kn; b++) {
         size_t off = (size_t)(b0 + b) * wb;
         __m256i v[OT];
+        UNROLL
         for (int i = 0; i < OT; i++) {
             if (is_q4)
                 v[i] = unpack_q4_0(rows[i] + off + 2);
@@ -344,6 +394,7 @@ static ALWAYS_INLINE void repack_q(const uint8_t *const rows[OT], int64_t b0, in
                 v[i] = _mm256_loadu_si256((const __m256i *)(rows[i] + off + 2));
         }
         transpose8_epi32(v);
+        UNROLL
         for (int g = 0; g < 8; g++) {
             if (is_q4) {
                 _mm256_store_si256(&wq[8 * b + g], v[g]);
@@ -365,22 +416,27 @@ static ALWAYS_INLINE void gemm_q_tile(const __m256i *wq, const __m256i *ws, cons
     for (int b = 0; b < kn; b++) {
         size_t xoff = (size_t)(b0 + b) * sizeof(struct kvr_block_q8_0) + 2;
         __m256i isum[RT];
+        UNROLL
         for (int g = 0; g < 8; g++) {
             __m256i wg = _mm256_load_si256(&wq[8 * b + g]);
             __m256i sg = is_q4 ? wg : _mm256_load_si256(&ws[8 * b + g]);
+            UNROLL
             for (int r = 0; r < nr; r++) {
                 __m256i xb = _mm256_set1_epi32(load_i32(a->row[r] + xoff + 4 * g));
                 if (is_q4) {
                     __m256i p = _mm256_maddubs_epi16(wg, xb);
                     isum[r] = g ? _mm256_add_epi16(isum[r], p) : p; /* <= 30480: exact */
+                    KEEP(isum[r]);
                 } else {
                     __m256i p = _mm256_madd_epi16(
                         _mm256_maddubs_epi16(wg, _mm256_sign_epi8(xb, sg)), ones);
                     isum[r] = g ? _mm256_add_epi32(isum[r], p) : p;
+                    KEEP(isum[r]);
                 }
             }
         }
         __m256 dwb = dw[b];
+        UNROLL
         for (int r = 0; r < nr; r++) {
             __m256i s = isum[r];
             if (is_q4)
@@ -411,17 +467,19 @@ static ALWAYS_INLINE void gemm_q(const struct kvr_matrix *w, const void *xq, siz
             for (int64_t r0 = 0; r0 < n_rows; r0 += RT) {
                 int nr = n_rows - r0 < RT ? (int)(n_rows - r0) : RT;
                 struct act a;
-                __m256 acc[RT];
+                __m256 acc[RT] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                                  _mm256_setzero_ps()};
                 act_rows(xq, x_stride, nb, r0, nr, &a);
-                for (int r = 0; r < nr; r++)
-                    acc[r] = b0 ? load_tile(y + (r0 + r) * ldy + o0, n_valid)
-                                : _mm256_setzero_ps();
+                if (b0)
+                    for (int r = 0; r < nr; r++)
+                        acc[r] = load_tile(y + (r0 + r) * ldy + o0, n_valid);
                 switch (nr) {
                 case 1: gemm_q_tile(wq, ws, dw, b0, kn, &a, 1, is_q4, acc); break;
                 case 2: gemm_q_tile(wq, ws, dw, b0, kn, &a, 2, is_q4, acc); break;
                 case 3: gemm_q_tile(wq, ws, dw, b0, kn, &a, 3, is_q4, acc); break;
                 default: gemm_q_tile(wq, ws, dw, b0, kn, &a, 4, is_q4, acc); break;
                 }
+                UNROLL
                 for (int r = 0; r < nr; r++)
                     store_tile(y + (r0 + r) * ldy + o0, acc[r], n_valid);
             }
@@ -464,8 +522,10 @@ static ALWAYS_INLINE void unpack_q4_k(const uint8_t *const rows[OT], int64_t sb,
 {
     const __m256i low = _mm256_set1_epi8(0x0F);
     size_t off = (size_t)sb * sizeof(struct kvr_block_q4_k);
+    UNROLL
     for (int i = 0; i < OT; i++) {
         const struct kvr_block_q4_k *blk = (const void *)(rows[i] + off);
+        UNROLL
         for (int c = 0; c < 4; c++) {
             __m256i v = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * c));
             _mm256_store_si256((__m256i *)&t->q[i][64 * c], _mm256_and_si256(v, low));
@@ -474,6 +534,7 @@ static ALWAYS_INLINE void unpack_q4_k(const uint8_t *const rows[OT], int64_t sb,
         }
         uint8_t scales[12];
         memcpy(scales, blk->scales, sizeof scales);
+        UNROLL
         for (int j = 0; j < 8; j++) {
             int sc, mn;
             kvr_q4_k_scale_min(scales, j, &sc, &mn);
@@ -490,8 +551,10 @@ static ALWAYS_INLINE void unpack_q6_k(const uint8_t *const rows[OT], int64_t sb,
 {
     const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
     size_t off = (size_t)sb * sizeof(struct kvr_block_q6_k);
+    UNROLL
     for (int i = 0; i < OT; i++) {
         const struct kvr_block_q6_k *blk = (const void *)(rows[i] + off);
+        UNROLL
         for (int h = 0; h < 2; h++) {
             __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk->ql + 64 * h));
             __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk->ql + 64 * h + 32));
@@ -505,14 +568,17 @@ static ALWAYS_INLINE void unpack_q6_k(const uint8_t *const rows[OT], int64_t sb,
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), two), 4));
             e[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), two), 4));
+            UNROLL
             for (int k = 0; k < 4; k++)
                 _mm256_store_si256((__m256i *)&t->q[i][128 * h + 32 * k], e[k]);
         }
+        UNROLL
         for (int j = 0; j < 8; j++) {
             __m256i s = _mm256_set_m128i(_mm_set1_epi16(blk->scales[2 * j + 1]),
                                          _mm_set1_epi16(blk->scales[2 * j]));
             _mm256_store_si256((__m256i *)t->sc[i][j], s);
         }
+        UNROLL
         for (int k = 0; k < 16; k++)
             t->aux[i][k] = (int16_t)(32 * blk->scales[k]);
     }
@@ -527,11 +593,14 @@ static ALWAYS_INLINE void kq_dot(const struct kq_tile *t, const struct kvr_block
 {
     __m256i v[OT], m[OT];
     __m256i xs[8];
+    UNROLL
     for (int j = 0; j < 8; j++)
         xs[j] = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
     __m256i bs = _mm256_loadu_si256((const __m256i *)x->bsums);
+    UNROLL
     for (int i = 0; i < OT; i++) {
         __m256i s = _mm256_setzero_si256();
+        UNROLL
         for (int j = 0; j < 8; j++) {
             __m256i p = _mm256_maddubs_epi16(_mm256_load_si256((const __m256i *)&t->q[i][32 * j]),
                                              xs[j]);
@@ -556,15 +625,15 @@ static ALWAYS_INLINE void matmul_kq(const struct kvr_matrix *w, const void *xq, 
         int n_valid = tile_rows(w, o0, o_end, rows);
         for (int64_t r0 = 0; r0 < n_rows; r0 += RT) {
             int nr = n_rows - r0 < RT ? (int)(n_rows - r0) : RT;
-            __m256 acc[RT];
-            for (int r = 0; r < nr; r++)
-                acc[r] = _mm256_setzero_ps();
+            __m256 acc[RT] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                              _mm256_setzero_ps()};
             for (int64_t sb = 0; sb < nsb; sb++) {
                 __m256 dw, dmin = _mm256_setzero_ps();
                 if (is_q4k)
                     unpack_q4_k(rows, sb, &t, &dw, &dmin);
                 else
                     unpack_q6_k(rows, sb, &t, &dw);
+                UNROLL
                 for (int r = 0; r < nr; r++) {
                     const struct kvr_block_q8_k *x =
                         (const struct kvr_block_q8_k *)((const uint8_t *)xq +
@@ -582,6 +651,7 @@ static ALWAYS_INLINE void matmul_kq(const struct kvr_matrix *w, const void *xq, 
                     }
                 }
             }
+            UNROLL
             for (int r = 0; r < nr; r++)
                 store_tile(y + (r0 + r) * ldy + o0, acc[r], n_valid);
         }
@@ -645,21 +715,28 @@ static ALWAYS_INLINE void f_tile(const uint8_t *const rows[F_OT], int no, const 
                                  int nr, int64_t n, enum fkind kind, float *y, int64_t ldy)
 {
     __m256 acc[F_OT][F_RT];
+    UNROLL
     for (int i = 0; i < F_OT; i++)
+        UNROLL
         for (int r = 0; r < F_RT; r++)
             acc[i][r] = _mm256_setzero_ps();
     int64_t n8 = n - n % 8;
     for (int64_t k = 0; k < n8; k += 8) {
         __m256 xv[F_RT];
+        UNROLL
         for (int r = 0; r < nr; r++)
             xv[r] = _mm256_loadu_ps(xr[r] + k);
+        UNROLL
         for (int i = 0; i < F_OT; i++) {
             __m256 wv = load8_w(rows[i], k, kind);
+            UNROLL
             for (int r = 0; r < nr; r++)
                 acc[i][r] = _mm256_fmadd_ps(wv, xv[r], acc[i][r]);
         }
     }
+    UNROLL
     for (int i = 0; i < no; i++) {
+        UNROLL
         for (int r = 0; r < nr; r++) {
             float s = hsum_tree(acc[i][r]);
             for (int64_t k = n8; k < n; k++)
@@ -676,11 +753,13 @@ static ALWAYS_INLINE void matmul_f(const struct kvr_matrix *w, const void *xq, s
     for (int64_t o0 = o_begin; o0 < o_end; o0 += F_OT) {
         int no = o_end - o0 < F_OT ? (int)(o_end - o0) : F_OT;
         const uint8_t *rows[F_OT];
+        UNROLL
         for (int i = 0; i < F_OT; i++)
             rows[i] = (const uint8_t *)w->data + (size_t)(o0 + (i < no ? i : no - 1)) * w->row_bytes;
         for (int64_t r0 = 0; r0 < n_rows; r0 += F_RT) {
             int nr = n_rows - r0 < F_RT ? (int)(n_rows - r0) : F_RT;
             const float *xr[F_RT];
+            UNROLL
             for (int r = 0; r < F_RT; r++)
                 xr[r] = (const float *)((const uint8_t *)xq + (size_t)(r0 + (r < nr ? r : 0)) * x_stride);
             float *yt = y + r0 * ldy + o0;

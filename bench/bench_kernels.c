@@ -1,0 +1,298 @@
+/* bench_kernels.c - matmul kernel throughput: GEMV against memory bandwidth, GEMM in GOP/s.
+ *
+ * For each weight type and shape (n_out x n_in):
+ *   gemv: n_rows = 1 over enough distinct copies of the matrix to exceed the last-level
+ *         cache several times (like a decode step walking through its layers), so weights
+ *         stream from DRAM. Reports GB/s of weight bytes and the ratio to the read
+ *         bandwidth measured in the same process just before (same thread count).
+ *   gemm: n_rows = --rows (default 128) on one matrix; reports GOP/s counting a
+ *         multiply-add as 2 operations.
+ * Every figure is the median of --reps repeats (default 7, at least 5). Threads come from
+ * the core pool and split output rows with kvr_matmul_split. Usage:
+ *   bench_kernels [--types q8_0,q4_0,...] [--shapes 2048x2048,5632x2048] [--threads 2]
+ *                 [--rows 128] [--reps 7] [--gemv-mib 512] [--reference]
+ * Activation quantization is not timed (the forward pass does it once per matmul input). */
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/pool.h"
+#include "model/dtype.h"
+
+#include <immintrin.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_COPIES 4096
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return v[n / 2];
+}
+
+/* ---- read bandwidth (same method as bench_bandwidth) ---- */
+
+struct bw_job {
+    const uint8_t *buf;
+    size_t n_bytes;
+    volatile uint64_t sink[8 * 64];
+};
+
+__attribute__((target("avx2"))) static uint64_t sum_avx2(const uint8_t *p, size_t n)
+{
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t i = 0; i + 128 <= n; i += 128) {
+        a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)(p + i)));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(p + i + 32)));
+        a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(p + i + 64)));
+        a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *)(p + i + 96)));
+    }
+    __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
+    uint64_t out[4];
+    _mm256_storeu_si256((__m256i *)out, s);
+    return out[0] + out[1] + out[2] + out[3];
+}
+
+static void bw_run(void *arg, int ith, int nth)
+{
+    struct bw_job *job = arg;
+    long b, e;
+    kvr_split_range((long)(job->n_bytes / 4096), ith, nth, &b, &e);
+    job->sink[8 * (ith % 64)] += sum_avx2(job->buf + (size_t)b * 4096, (size_t)(e - b) * 4096);
+}
+
+static double measure_bandwidth(struct kvr_pool *pool, const uint8_t *buf, size_t n_bytes,
+                                int reps)
+{
+    struct bw_job *job = kvr_calloc(1, sizeof *job);
+    double *gbs = kvr_calloc((size_t)reps, sizeof *gbs);
+    job->buf = buf;
+    job->n_bytes = n_bytes & ~(size_t)4095;
+    kvr_pool_run(pool, bw_run, job);
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = kvr_now_ns();
+        kvr_pool_run(pool, bw_run, job);
+        gbs[r] = (double)job->n_bytes / (double)(kvr_now_ns() - t0);
+    }
+    double m = median(gbs, reps);
+    kvr_free(gbs);
+    kvr_free(job);
+    return m;
+}
+
+/* ---- matmul jobs ---- */
+
+struct mm_job {
+    const struct kvr_matrix *w; /* n_mats matrices, run one after the other */
+    int n_mats;
+    const void *xq;
+    int64_t n_rows;
+    float *y;
+};
+
+static void mm_run(void *arg, int ith, int nth)
+{
+    struct mm_job *job = arg;
+    for (int m = 0; m < job->n_mats; m++) {
+        int64_t b, e;
+        kvr_matmul_split(job->w[m].n_out, ith, nth, &b, &e);
+        if (b < e)
+            kvr_matmul(&job->w[m], job->xq, job->n_rows, job->y, job->w[m].n_out, b, e);
+    }
+}
+
+static uint64_t rng = 88172645463325252ull;
+static float frand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)(rng >> 40) / (float)(1ull << 24) - 0.5f;
+}
+
+static int parse_type(const char *s)
+{
+    static const int all[] = {KVR_DTYPE_F32, KVR_DTYPE_F16, KVR_DTYPE_BF16, KVR_DTYPE_Q8_0,
+                              KVR_DTYPE_Q4_0, KVR_DTYPE_Q4_K, KVR_DTYPE_Q6_K};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        if (!strcmp(kvr_dtype_traits(all[i])->name, s))
+            return all[i];
+    return -1;
+}
+
+static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_in,
+                     int64_t gemm_rows, int reps, size_t gemv_bytes, double bandwidth)
+{
+    const struct kvr_dtype_traits *tr = kvr_dtype_traits(type);
+    size_t row_bytes;
+    if (!kvr_dtype_row_bytes(type, n_in, &row_bytes)) {
+        fprintf(stderr, "%s: n_in %lld is not a multiple of %lld\n", tr->name, (long long)n_in,
+                (long long)tr->block_elems);
+        return -1;
+    }
+    size_t mat_bytes = row_bytes * (size_t)n_out;
+    int n_copies = (int)((gemv_bytes + mat_bytes - 1) / mat_bytes);
+    n_copies = n_copies < 1 ? 1 : n_copies > MAX_COPIES ? MAX_COPIES : n_copies;
+
+    uint8_t *wbuf = kvr_aligned_alloc(64, mat_bytes * (size_t)n_copies);
+    struct kvr_matrix *mats = kvr_calloc((size_t)n_copies, sizeof *mats);
+    float *xf = kvr_malloc(sizeof(float) * (size_t)(n_in * gemm_rows));
+    size_t x_stride = kvr_act_row_bytes(type, n_in);
+    void *xq = kvr_aligned_alloc(64, x_stride * (size_t)gemm_rows);
+    float *y = kvr_malloc(sizeof(float) * (size_t)(n_out * gemm_rows));
+    double *t = kvr_calloc((size_t)reps, sizeof *t);
+    if (!wbuf || !mats || !xf || !xq || !y || !t) {
+        fprintf(stderr, "out of memory\n");
+        return -1;
+    }
+    float *wf = kvr_malloc(sizeof(float) * (size_t)n_in);
+    for (int64_t o = 0; o < n_out; o++) {
+        for (int64_t i = 0; i < n_in; i++)
+            wf[i] = 0.05f * frand();
+        tr->from_float(wf, wbuf + (size_t)o * row_bytes, n_in);
+    }
+    kvr_free(wf);
+    for (int c = 0; c < n_copies; c++) {
+        if (c)
+            memcpy(wbuf + (size_t)c * mat_bytes, wbuf, mat_bytes);
+        mats[c] = (struct kvr_matrix){type, n_in, n_out, row_bytes, wbuf + (size_t)c * mat_bytes};
+    }
+    for (int64_t i = 0; i < n_in * gemm_rows; i++)
+        xf[i] = frand();
+    kvr_quantize_rows(type, xf, n_in, 0, gemm_rows, xq);
+
+    /* GEMV over all copies: weights come from DRAM */
+    struct mm_job job = {mats, n_copies, xq, 1, y};
+    kvr_pool_run(pool, mm_run, &job);
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = kvr_now_ns();
+        kvr_pool_run(pool, mm_run, &job);
+        t[r] = (double)(kvr_now_ns() - t0);
+    }
+    double gemv_ns = median(t, reps) / n_copies;
+    double gemv_gbs = (double)mat_bytes / gemv_ns;
+
+    /* GEMV on one hot matrix (cache-resident if it fits): the kernel's compute ceiling */
+    job.n_mats = 1;
+    kvr_pool_run(pool, mm_run, &job);
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = kvr_now_ns();
+        for (int k = 0; k < 8; k++)
+            kvr_pool_run(pool, mm_run, &job);
+        t[r] = (double)(kvr_now_ns() - t0) / 8;
+    }
+    double hot_gbs = (double)mat_bytes / median(t, reps);
+
+    /* GEMM */
+    job.n_rows = gemm_rows;
+    kvr_pool_run(pool, mm_run, &job);
+    for (int r = 0; r < reps; r++) {
+        uint64_t t0 = kvr_now_ns();
+        kvr_pool_run(pool, mm_run, &job);
+        t[r] = (double)(kvr_now_ns() - t0);
+    }
+    double gemm_ns = median(t, reps);
+    double gops = 2.0 * (double)n_out * (double)n_in * (double)gemm_rows / gemm_ns;
+
+    printf("%-5s %5lldx%-5lld  gemv %6.2f GB/s (%5.1f%% of %.2f GB/s; %6.1f us)  hot %6.2f GB/s"
+           "  gemm[%lld] %6.1f GOP/s (%7.1f us)\n",
+           tr->name, (long long)n_out, (long long)n_in, gemv_gbs, 100.0 * gemv_gbs / bandwidth,
+           bandwidth, gemv_ns / 1e3, hot_gbs, (long long)gemm_rows, gops, gemm_ns / 1e3);
+    fflush(stdout);
+    kvr_free(t);
+    kvr_free(y);
+    kvr_free(xq);
+    kvr_free(xf);
+    kvr_free(mats);
+    kvr_free(wbuf);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    const char *types = "q8_0,q4_0,q4_K,q6_K,f16,f32";
+    const char *shapes = "2048x2048,5632x2048";
+    long n_threads = 2, rows = 128, reps = 7, gemv_mib = 512;
+    bool reference = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--reference")) {
+            reference = true;
+            continue;
+        }
+        if (!v)
+            goto usage;
+        if (!strcmp(a, "--types"))
+            types = v;
+        else if (!strcmp(a, "--shapes"))
+            shapes = v;
+        else if (!strcmp(a, "--threads"))
+            n_threads = atol(v);
+        else if (!strcmp(a, "--rows"))
+            rows = atol(v);
+        else if (!strcmp(a, "--reps"))
+            reps = atol(v);
+        else if (!strcmp(a, "--gemv-mib"))
+            gemv_mib = atol(v);
+        else
+            goto usage;
+        i++;
+    }
+    if (n_threads < 1 || n_threads > 256 || rows < 1 || rows > 4096 || reps < 5 || reps > 1000 ||
+        gemv_mib < 1 || gemv_mib > (1 << 16))
+        goto usage;
+
+    const char *kernels = kvr_kernels_init();
+    kvr_kernels_force_reference(reference);
+    kernels = kvr_kernels_name();
+    struct kvr_pool *pool = kvr_pool_create((int)n_threads);
+    size_t gemv_bytes = (size_t)gemv_mib << 20;
+    uint8_t *bwbuf = kvr_aligned_alloc(4096, gemv_bytes);
+    if (!pool || !bwbuf) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
+    memset(bwbuf, 1, gemv_bytes);
+    printf("kernels: %s, threads: %ld, gemv working set: %ld MiB, reps: %ld (medians)\n",
+           kernels, n_threads, gemv_mib, reps);
+
+    char tbuf[256], sbuf[256];
+    snprintf(tbuf, sizeof tbuf, "%s", types);
+    for (char *tsave = NULL, *tn = strtok_r(tbuf, ",", &tsave); tn;
+         tn = strtok_r(NULL, ",", &tsave)) {
+        int type = parse_type(tn);
+        if (type < 0) {
+            fprintf(stderr, "unknown type %s\n", tn);
+            return 2;
+        }
+        snprintf(sbuf, sizeof sbuf, "%s", shapes);
+        for (char *ssave = NULL, *sn = strtok_r(sbuf, ",", &ssave); sn;
+             sn = strtok_r(NULL, ",", &ssave)) {
+            long long n_out, n_in;
+            if (sscanf(sn, "%lldx%lld", &n_out, &n_in) != 2 || n_out < 1 || n_in < 1 ||
+                n_out > (1 << 20) || n_in > (1 << 20)) {
+                fprintf(stderr, "bad shape %s (want OUTxIN)\n", sn);
+                return 2;
+            }
+            /* bandwidth right before each row of results: the machine is shared and noisy */
+            double bw = measure_bandwidth(pool, bwbuf, gemv_bytes, (int)reps);
+            if (bench_one(pool, type, n_out, n_in, rows, (int)reps, gemv_bytes, bw) != 0)
+                return 1;
+        }
+    }
+    kvr_free(bwbuf);
+    kvr_pool_destroy(pool);
+    return 0;
+usage:
+    fprintf(stderr,
+            "usage: %s [--types q8_0,q4_0,q4_K,q6_K,f16,bf16,f32] [--shapes OUTxIN,...]\n"
+            "          [--threads N] [--rows N] [--reps N>=5] [--gemv-mib N] [--reference]\n",
+            argv[0]);
+    return 2;
+}
