@@ -43,7 +43,8 @@ struct run_opts {
     const char *model, *plan, *prompt, *prompts_file;
     uint32_t n_predict, threads, ctx;
     struct kvr_sample_params sp;
-    bool ignore_eos, print_ids, json, quiet;
+    bool ignore_eos, print_ids, json, quiet, batched;
+    uint32_t row_width;
 };
 
 static void usage(FILE *f)
@@ -64,6 +65,9 @@ static void usage(FILE *f)
             "      --ignore-eos       keep generating after an end-of-generation token\n"
             "      --ids              print the generated token ids after the text\n"
             "      --json             one JSON line per prompt: ids and text\n"
+            "      --batched          single process: run all prompts at once, continuous\n"
+            "                         batching (default: one after another, each alone)\n"
+            "      --row-width N      --batched: token rows per forward pass (default 64)\n"
             "  -q, --quiet            no streamed text\n");
 }
 
@@ -72,6 +76,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     memset(o, 0, sizeof *o);
     o->n_predict = 64;
     o->threads = 2;
+    o->row_width = 64;
     kvr_sample_params_default(&o->sp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -148,6 +153,12 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             o->print_ids = true;
         } else if (ARG("--json", "--json")) {
             o->json = true;
+        } else if (ARG("--batched", "--batched")) {
+            o->batched = true;
+        } else if (ARG("--row-width", "--row-width")) {
+            NEED_V();
+            if (kvr_cli_u32(a, v, 1, 16384, &o->row_width))
+                return 2;
         } else if (ARG("-q", "--quiet")) {
             o->quiet = true;
         } else {
@@ -442,6 +453,116 @@ out:
     return rc;
 }
 
+/* All prompts at once in one engine: each forward pass carries one decode row per running
+ * sequence and fills the rest of the row width with prefill chunks (the bridge's packing
+ * with a single micro-batch). The throughput baseline a ring is compared against. */
+static int run_local_batched(const struct run_opts *o, struct kvr_gguf *g,
+                             const struct kvr_tok *tok, struct job *jobs, uint32_t n_jobs)
+{
+    struct kvr_hparams hp;
+    struct kvr_err err = {0};
+    if (kvr_hparams_read(&hp, g, &err)) {
+        fprintf(stderr, "kvasir run: %s\n", err.msg);
+        return 1;
+    }
+    uint32_t need = 0;
+    for (uint32_t i = 0; i < n_jobs; i++)
+        if (jobs[i].n_ids + jobs[i].max_tokens > need)
+            need = jobs[i].n_ids + jobs[i].max_tokens;
+    struct kvr_engine_config cfg = {
+        .first_layer = 0, .last_layer = hp.n_layer - 1, .max_rows = o->row_width,
+        .max_seqs = n_jobs, .n_ctx = o->ctx ? o->ctx : need, .kv_block_tokens = 16,
+        .n_threads = o->threads};
+    struct kvr_engine *e = NULL;
+    struct kvr_sample_scratch *sc = NULL;
+    struct kvr_sampler *smp = kvr_calloc(n_jobs, sizeof *smp);
+    uint32_t *prefilled = kvr_calloc(n_jobs, sizeof *prefilled);
+    struct kvr_seg *segs = kvr_calloc(o->row_width, sizeof *segs);
+    int32_t *toks = kvr_calloc(o->row_width, sizeof *toks);
+    float *logits = kvr_malloc((size_t)o->row_width * hp.n_vocab * sizeof(float));
+    int rc = 1;
+    if (!smp || !prefilled || !segs || !toks || !logits ||
+        kvr_engine_create(&e, g, &cfg, &err) ||
+        kvr_sample_scratch_create(&sc, (int32_t)hp.n_vocab)) {
+        fprintf(stderr, "kvasir run: %s\n", err.msg[0] ? err.msg : "out of memory");
+        goto out;
+    }
+    for (uint32_t i = 0; i < n_jobs; i++)
+        if (kvr_sampler_init(&smp[i], &jobs[i].sp, &err)) {
+            fprintf(stderr, "kvasir run: %s\n", err.msg);
+            goto out;
+        }
+    uint64_t t0 = kvr_now_ns(), n_tokens = 0, n_passes = 0;
+    uint32_t n_done = 0;
+    while (n_done < n_jobs) {
+        uint32_t n_segs = 0, n_rows = 0;
+        for (uint32_t i = 0; i < n_jobs && n_rows < o->row_width; i++) {
+            struct job *j = &jobs[i];
+            if (j->finish || prefilled[i] < j->n_ids || j->n_out == 0)
+                continue;
+            segs[n_segs++] = (struct kvr_seg){i, j->n_ids + j->n_out - 1, 1,
+                                              KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
+            toks[n_rows++] = j->out[j->n_out - 1];
+        }
+        for (uint32_t i = 0; i < n_jobs && n_rows < o->row_width; i++) {
+            struct job *j = &jobs[i];
+            if (prefilled[i] >= j->n_ids)
+                continue;
+            uint32_t n = j->n_ids - prefilled[i];
+            n = n < o->row_width - n_rows ? n : o->row_width - n_rows;
+            bool last = prefilled[i] + n == j->n_ids;
+            segs[n_segs++] = (struct kvr_seg){
+                i, prefilled[i], n,
+                KVR_SEG_PREFILL | (last ? KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN : 0)};
+            memcpy(toks + n_rows, j->ids + prefilled[i], n * sizeof *toks);
+            n_rows += n;
+            prefilled[i] += n;
+        }
+        if (kvr_engine_forward(e, segs, n_segs, toks, NULL, logits, &err)) {
+            fprintf(stderr, "kvasir run: %s\n", err.msg);
+            goto out;
+        }
+        n_passes++;
+        uint32_t r = 0;
+        for (uint32_t k = 0; k < n_segs; k++) {
+            if (!(segs[k].flags & KVR_SEG_WANTS_TOKEN))
+                continue;
+            uint32_t i = segs[k].seq;
+            struct job *j = &jobs[i];
+            int32_t t = kvr_sampler_sample(&smp[i], logits + (size_t)r++ * hp.n_vocab,
+                                           (int32_t)hp.n_vocab, sc, NULL);
+            kvr_sampler_accept(&smp[i], t);
+            j->out[j->n_out++] = t;
+            n_tokens++;
+            if (!o->ignore_eos && kvr_tok_is_eog(tok, t))
+                j->finish = "stop";
+            else if (j->n_out == j->max_tokens)
+                j->finish = "length";
+            if (j->finish) {
+                kvr_engine_seq_free(e, i);
+                n_done++;
+            }
+        }
+    }
+    double secs = (kvr_now_ns() - t0) / 1e9;
+    fprintf(stderr, "batched: %u sequences, %llu tokens in %.2f s, %.1f tokens/s, %llu passes "
+                    "(%u threads)\n",
+            n_jobs, (unsigned long long)n_tokens, secs, n_tokens / secs,
+            (unsigned long long)n_passes, o->threads);
+    rc = 0;
+out:
+    for (uint32_t i = 0; smp && i < n_jobs; i++)
+        kvr_sampler_fini(&smp[i]);
+    kvr_free(smp);
+    kvr_free(prefilled);
+    kvr_free(segs);
+    kvr_free(toks);
+    kvr_free(logits);
+    kvr_sample_scratch_destroy(sc);
+    kvr_engine_destroy(e);
+    return rc;
+}
+
 /* ---- through a ring ---------------------------------------------------------------------- */
 
 static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
@@ -602,6 +723,8 @@ int kvr_cmd_run(int argc, char **argv)
             goto out;
         }
         rc = run_ring(&o, plan, &hp, jobs, n_jobs, &pr);
+    } else if (o.batched) {
+        rc = run_local_batched(&o, g, tok, jobs, n_jobs);
     } else {
         rc = run_local(&o, g, tok, jobs, n_jobs, &pr);
     }

@@ -23,7 +23,10 @@
 
 /* ---- hyperparameters ------------------------------------------------------------------ */
 
-enum { MAX_ROT = 1024 }; /* most rotary dimensions per head we accept */
+enum {
+    MAX_ROT = 1024, /* most rotary dimensions per head we accept */
+    MAX_GROUP = 64, /* most query heads sharing one KV head */
+};
 
 static int req_u32(const struct kvr_gguf *g, const char *key, uint32_t *out,
                    struct kvr_err *err)
@@ -74,7 +77,8 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
         return kvr_err_set(err, KVR_EFORMAT, "model: implausible shape (layers %u, dim %u, "
                            "ff %u, heads %u/%u)", hp->n_layer, hp->n_embd, hp->n_ff,
                            hp->n_head, hp->n_head_kv);
-    if (hp->n_embd % hp->n_head || hp->n_head % hp->n_head_kv)
+    if (hp->n_embd % hp->n_head || hp->n_head % hp->n_head_kv ||
+        hp->n_head / hp->n_head_kv > MAX_GROUP)
         return kvr_err_set(err, KVR_EFORMAT, "model: dim %u / heads %u / kv heads %u do not "
                            "divide", hp->n_embd, hp->n_head, hp->n_head_kv);
     hp->head_dim = hp->n_embd / hp->n_head;
@@ -326,7 +330,7 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
     e->gate = alloc_rows(R, hp->n_ff, &failed);
     e->up = alloc_rows(R, hp->n_ff, &failed);
     e->proj = alloc_rows(R, hp->n_embd, &failed);
-    e->scores = alloc_rows(cfg->n_threads, cfg->n_ctx, &failed);
+    e->scores = alloc_rows(cfg->n_threads, cfg->n_ctx * (hp->n_head / hp->n_head_kv), &failed);
     size_t xq_bytes;
     if (!kvr_mul_size(R, max_act_row_bytes(e), &xq_bytes) ||
         !(e->xq = kvr_aligned_alloc(64, xq_bytes)))
@@ -509,23 +513,39 @@ static void rope_tables(float *cos_t, float *sin_t, uint32_t n_rot, uint32_t pos
     }
 }
 
-/* Eight independent partial sums, reduced in a fixed order: vectorisable, and the same
+/* Attention's inner loops, written with GCC vector types so they are vectorised on any
+ * x86-64 (two SSE registers per vector) and reduce each row in one fixed order: the same
  * result for a row whatever else is in the batch. */
+typedef float v8f __attribute__((vector_size(32), aligned(4)));
+
 static float dot_f32(const float *a, const float *b, uint32_t n)
 {
-    float acc[8] = {0};
+    v8f acc = {0};
     uint32_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++)
-            acc[j] += a[i + j] * b[i + j];
+    for (; i + 8 <= n; i += 8) {
+        v8f x, y;
+        memcpy(&x, a + i, sizeof x);
+        memcpy(&y, b + i, sizeof y);
+        acc += x * y;
+    }
+    float tail = 0.0f;
     for (; i < n; i++)
-        acc[0] += a[i] * b[i];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        tail += a[i] * b[i];
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) +
+           tail;
 }
 
 static void axpy_f32(float *y, float a, const float *x, uint32_t n)
 {
-    for (uint32_t i = 0; i < n; i++)
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        v8f vx, vy;
+        memcpy(&vx, x + i, sizeof vx);
+        memcpy(&vy, y + i, sizeof vy);
+        vy += a * vx;
+        memcpy(y + i, &vy, sizeof vy);
+    }
+    for (; i < n; i++)
         y[i] += a * x[i];
 }
 
@@ -561,39 +581,64 @@ static void rope_store_worker(void *arg, int ith, int nth)
     }
 }
 
-/* Each (row, head) pair is one unit of work: causal attention of the row's query against
- * its own sequence's cached keys and values at positions 0..pos. */
+/* Each (row, KV head) pair is one unit of work: causal attention of the row's query heads
+ * that share that KV head, against its own sequence's cached keys and values at positions
+ * 0..pos, walked block by block. Every query head's scores, softmax and weighted sum are
+ * computed in the same order whatever the batch, so the result is batch invariant. */
 static void attention_worker(void *arg, int ith, int nth)
 {
     const struct rope_job *job = arg;
     struct kvr_engine *e = job->e;
     const struct kvr_hparams *hp = &e->hp;
+    const struct kvr_kv *kv = &e->kv;
     const uint32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    const uint32_t bt = kv->block_tokens;
     const float scale = 1.0f / sqrtf((float)hd);
-    float *scores = e->scores + (size_t)ith * e->cfg.n_ctx;
+    float *scores = e->scores + (size_t)ith * e->cfg.n_ctx * group; /* [group][n_ctx] */
     long b, end;
-    kvr_split_range((long)job->n_rows * hp->n_head, ith, nth, &b, &end);
+    kvr_split_range((long)job->n_rows * hp->n_head_kv, ith, nth, &b, &end);
     for (long u = b; u < end; u++) {
-        uint32_t r = (uint32_t)(u / hp->n_head), h = (uint32_t)(u % hp->n_head);
-        uint32_t seq = e->row_seq[r], n_pos = e->row_pos[r] + 1, kvh = h / group;
-        const float *q = e->q + (size_t)r * hp->n_embd + h * hd;
-        float max_s = -INFINITY;
-        for (uint32_t t = 0; t < n_pos; t++) {
-            const float *k = kvr_kv_row(&e->kv, e->kv.k, job->layer, seq, t) + kvh * hd;
-            scores[t] = dot_f32(q, k, hd) * scale;
-            max_s = scores[t] > max_s ? scores[t] : max_s;
+        uint32_t r = (uint32_t)(u / hp->n_head_kv), kvh = (uint32_t)(u % hp->n_head_kv);
+        uint32_t seq = e->row_seq[r], n_pos = e->row_pos[r] + 1;
+        const uint32_t *table = kv->tables + (size_t)seq * kv->max_blocks_per_seq;
+        const float *q0 = e->q + (size_t)r * hp->n_embd + (size_t)kvh * group * hd;
+        float max_s[MAX_GROUP];
+        for (uint32_t g = 0; g < group; g++)
+            max_s[g] = -INFINITY;
+        for (uint32_t t0 = 0; t0 < n_pos; t0 += bt) {
+            size_t base = ((size_t)job->layer * kv->n_blocks + table[t0 / bt]) * bt;
+            const float *kb = kv->k + base * kv->kv_dim + (size_t)kvh * hd;
+            uint32_t n = n_pos - t0 < bt ? n_pos - t0 : bt;
+            for (uint32_t j = 0; j < n; j++) {
+                const float *k = kb + (size_t)j * kv->kv_dim;
+                for (uint32_t g = 0; g < group; g++) {
+                    float sc = dot_f32(q0 + g * hd, k, hd) * scale;
+                    scores[(size_t)g * e->cfg.n_ctx + t0 + j] = sc;
+                    max_s[g] = sc > max_s[g] ? sc : max_s[g];
+                }
+            }
         }
-        double sum = 0.0;
-        for (uint32_t t = 0; t < n_pos; t++) {
-            scores[t] = expf(scores[t] - max_s);
-            sum += scores[t];
+        float inv[MAX_GROUP];
+        for (uint32_t g = 0; g < group; g++) {
+            float *sg = scores + (size_t)g * e->cfg.n_ctx;
+            double sum = 0.0;
+            for (uint32_t t = 0; t < n_pos; t++) {
+                sg[t] = expf(sg[t] - max_s[g]);
+                sum += sg[t];
+            }
+            inv[g] = (float)(1.0 / sum);
         }
-        float inv = (float)(1.0 / sum);
-        float *out = e->att + (size_t)r * hp->n_embd + h * hd;
-        memset(out, 0, hd * sizeof(float));
-        for (uint32_t t = 0; t < n_pos; t++) {
-            const float *v = kvr_kv_row(&e->kv, e->kv.v, job->layer, seq, t) + kvh * hd;
-            axpy_f32(out, scores[t] * inv, v, hd);
+        float *out0 = e->att + (size_t)r * hp->n_embd + (size_t)kvh * group * hd;
+        memset(out0, 0, (size_t)group * hd * sizeof(float));
+        for (uint32_t t0 = 0; t0 < n_pos; t0 += bt) {
+            size_t base = ((size_t)job->layer * kv->n_blocks + table[t0 / bt]) * bt;
+            const float *vb = kv->v + base * kv->kv_dim + (size_t)kvh * hd;
+            uint32_t n = n_pos - t0 < bt ? n_pos - t0 : bt;
+            for (uint32_t j = 0; j < n; j++)
+                for (uint32_t g = 0; g < group; g++)
+                    axpy_f32(out0 + g * hd,
+                             scores[(size_t)g * e->cfg.n_ctx + t0 + j] * inv[g],
+                             vb + (size_t)j * kv->kv_dim, hd);
         }
     }
 }
