@@ -391,13 +391,17 @@ size_t kvr_lg_nice_ticks(double lo, double hi, size_t max_ticks, double *ticks, 
     if (max_ticks < 2)
         max_ticks = 2;
     double raw = (hi - lo) / (double)(max_ticks - 1);
-    double mag = pow(10, floor(log10(raw))), norm = raw / mag;
-    double step = (norm <= 1 ? 1 : norm <= 2 ? 2 : norm <= 5 ? 5 : 10) * mag;
-    double first = floor(lo / step + 1e-9) * step;
+    double e = floor(log10(raw)), mag = pow(10, e), norm = raw / mag;
+    double mult = norm <= 1 ? 1 : norm <= 2 ? 2 : norm <= 5 ? 5 : 10, step = mult * mag;
+    /* Tick k is k * mult * 10^e. For e < 0 it is computed as (k * mult) / 10^-e: both are
+     * exact integers, so the quotient is the double nearest the decimal value and labels
+     * print as 0.3 rather than 0.30000000000000004. */
+    double k0 = floor(lo / step + 1e-9);
     size_t n = 0;
-    for (double t = first; n < cap; t = first + step * (double)n) {
-        /* Snap values such as 0.30000000000000004 so labels print cleanly. */
-        ticks[n++] = fabs(t) < step * 1e-9 ? 0 : round(t / step) * step;
+    while (n < cap) {
+        double k = k0 + (double)n;
+        double t = e < 0 ? k * mult / pow(10, -e) : k * mult * mag;
+        ticks[n++] = t == 0 ? 0 : t; /* no "-0" */
         if (t >= hi - step * 1e-9)
             break;
     }
