@@ -11,6 +11,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "ring/credit.h"
 #include "ring/net.h"
 #include "ring/wire.h"
 
@@ -26,8 +27,10 @@
 
 enum {
     POLL_MS = 50,
+    TAIL_CREDITS = 4,        /* result frames the tail may send ahead of our reading */
     HANDSHAKE_MS = 3000,
     RING_TIMEOUT_MS = 15000, /* a batch that has not come back by then was lost */
+    PROBE_MS = 500,          /* ... while checking a newly connected ring */
     WINDOW_NS = 2000000000,  /* telemetry fractions are over this window */
 };
 
@@ -116,6 +119,10 @@ struct kvr_bridge {
     int listen_fd;
     struct kvr_link head, tail;
     bool have_head, have_tail;
+    uint32_t head_credits;            /* frames stage 0 has room for (credit.h) */
+    /* Up only once a batch has come back through every stage after the links connected:
+     * the bridge's two links can be up before the links between stages are, and a stage
+     * with no downstream drops what it gets. */
     atomic_bool ring_up;
     int wake_pipe[2];
     atomic_bool stop;
@@ -483,6 +490,13 @@ static bool apply_result(struct kvr_bridge *b, const struct kvr_wire_frame *f,
     account_timings(b, f);
     b->bf_head = (b->bf_head + 1) % b->plan.microbatches;
     b->n_inflight--;
+    if (!atomic_load(&b->ring_up)) {
+        atomic_store(&b->ring_up, true);
+        b->win_start_ns = now;
+        pthread_cond_broadcast(&b->up_cond);
+        KVR_INFO("bridge: ring up (%u stages, %u micro-batches in flight)", b->plan.n_stages,
+                 b->plan.microbatches);
+    }
     return true;
 }
 
@@ -564,14 +578,16 @@ static void try_connect(struct kvr_bridge *b)
         }
     }
     if (b->have_head && b->have_tail) {
+        b->head_credits = 0;
+        if (kvr_credit_grant(b->tail.fd, TAIL_CREDITS)) {
+            ring_down(b, "the tail went away");
+            return;
+        }
+        /* The FREE-all batch doubles as the probe: its result marks the ring up. */
         pthread_mutex_lock(&b->lock);
-        atomic_store(&b->ring_up, true);
         b->free_all = true;
-        b->win_start_ns = kvr_now_ns();
-        pthread_cond_broadcast(&b->up_cond);
         pthread_mutex_unlock(&b->lock);
-        KVR_INFO("bridge: ring up (%u stages, %u micro-batches in flight)", b->plan.n_stages,
-                 b->plan.microbatches);
+        KVR_INFO("bridge: links up; waiting for a batch to go round the ring");
     }
 }
 
@@ -591,7 +607,7 @@ static void *ring_main(void *arg)
     struct kvr_bridge *b = arg;
     uint32_t *scratch = kvr_calloc(b->plan.max_seqs + 1, sizeof *scratch);
     while (!atomic_load(&b->stop)) {
-        if (!atomic_load(&b->ring_up)) {
+        if (!b->have_head || !b->have_tail) {
             try_connect(b);
             continue;
         }
@@ -600,7 +616,7 @@ static void *ring_main(void *arg)
         for (;;) {
             pthread_mutex_lock(&b->lock);
             struct batch *bt = NULL;
-            if (b->n_inflight < b->plan.microbatches) {
+            if (b->n_inflight < b->plan.microbatches && b->head_credits > 0) {
                 uint32_t slot = (b->bf_head + b->n_inflight) % b->plan.microbatches;
                 bt = &b->batches[slot];
                 if (build_batch(b, bt, scratch)) {
@@ -614,19 +630,29 @@ static void *ring_main(void *arg)
             pthread_mutex_unlock(&b->lock);
             if (!bt)
                 break;
+            b->head_credits--;
             if (send_batch(b, bt, &err)) {
                 ring_down(b, err.msg);
                 break;
             }
         }
-        if (!atomic_load(&b->ring_up))
-            continue;
-        /* Wait for a result or a wake-up. */
-        struct pollfd pfd[2] = {{b->tail.fd, POLLIN, 0}, {b->wake_pipe[0], POLLIN, 0}};
-        int n = poll(pfd, 2, POLL_MS);
+        if (!b->have_head || !b->have_tail)
+            continue; /* ring_down */
+        /* Wait for a result, a credit from the head, or a wake-up. */
+        struct pollfd pfd[3] = {{b->tail.fd, POLLIN, 0}, {b->wake_pipe[0], POLLIN, 0},
+                                {b->head.fd, POLLIN, 0}};
+        int n = poll(pfd, 3, POLL_MS);
         if (n > 0 && (pfd[1].revents & POLLIN)) {
             char buf[64];
             while (read(b->wake_pipe[0], buf, sizeof buf) > 0) {
+            }
+        }
+        if (n > 0 && (pfd[2].revents & (POLLIN | POLLHUP | POLLERR))) {
+            int rc = kvr_credit_take(b->head.fd, &b->head_credits, 0);
+            if (rc) {
+                ring_down(b, rc == KVR_ECLOSED ? "the head closed its link"
+                                               : "the head sent garbage instead of credits");
+                continue;
             }
         }
         if (n > 0 && (pfd[0].revents & (POLLIN | POLLHUP | POLLERR))) {
@@ -649,13 +675,22 @@ static void *ring_main(void *arg)
             pthread_mutex_unlock(&b->lock);
             if (!ok)
                 ring_down(b, err.msg);
+            else if (kvr_credit_grant(b->tail.fd, 1))
+                ring_down(b, "the tail went away");
             continue;
         }
         /* A batch that never comes back means a stage died without closing its links. */
+        bool up = atomic_load(&b->ring_up);
         pthread_mutex_lock(&b->lock);
         bool late = b->n_inflight > 0 &&
                     kvr_now_ns() - b->batches[b->bf_head].sent_ns >
-                        (uint64_t)RING_TIMEOUT_MS * 1000000ull;
+                        (uint64_t)(up ? RING_TIMEOUT_MS : PROBE_MS) * 1000000ull;
+        if (late && !up) {
+            /* A stage had no downstream yet and dropped the probe: send another. Nothing
+             * is running while the ring is not up. */
+            fail_running(b, "the ring is not up yet");
+            late = false;
+        }
         pthread_mutex_unlock(&b->lock);
         if (late) {
             /* A stage between head and tail died or dropped the batch; the bridge's own

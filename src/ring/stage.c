@@ -11,6 +11,7 @@
 #include "model/gguf.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
+#include "ring/credit.h"
 #include "ring/net.h"
 #include "ring/wire.h"
 
@@ -30,6 +31,7 @@ enum {
     BACKOFF_MIN_MS = 50,
     BACKOFF_MAX_MS = 2000,
     N_OUT_SLOTS = 2,       /* one being sent, one being filled */
+    N_IN_SLOTS = 2,        /* one being computed, one received: the credits we grant */
 };
 
 /* ---- slots and queues ----------------------------------------------------------------- */
@@ -42,6 +44,7 @@ enum in_kind {
 /* One received batch, copied out of the link's buffer so rx can read the next frame. */
 struct in_slot {
     enum in_kind kind;
+    uint64_t gen;                     /* upstream link generation it came from */
     uint64_t batch_id;
     uint32_t n_ctrl, n_segs, n_timings, n_rows;
     struct kvr_wire_ctrl *ctrl;       /* [max_ctrl] */
@@ -175,6 +178,11 @@ struct stage {
     uint32_t rows_payload;            /* the plan's wire dtype as a payload type */
 
     int listen_fd;
+    /* The current upstream socket, for the compute thread's credits (credit.h). A slot
+     * freed from an older link earns no credit. */
+    pthread_mutex_t up_lock;
+    int up_fd;                        /* -1 while there is no upstream */
+    uint64_t up_gen;
     struct in_slot *in;               /* [n_in] */
     uint32_t n_in;
     struct slot_queue in_q;
@@ -199,7 +207,7 @@ static int alloc_slots(struct stage *s, struct kvr_err *err)
     size_t n_rows_f = (size_t)p->row_width * s->hp.n_embd;
     uint32_t max_ctrl = s->up_limits.max_ctrl, max_segs = s->up_limits.max_segs;
     uint32_t n_tim = p->n_stages + 1;
-    s->n_in = p->microbatches + 1;
+    s->n_in = N_IN_SLOTS;
     s->in = kvr_calloc(s->n_in, sizeof *s->in);
     if (!s->in)
         return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory");
@@ -287,6 +295,33 @@ static int accept_upstream(struct stage *s, struct kvr_link *link)
     return 0;
 }
 
+/* The upstream changed (new link, or none): later frames come from generation up_gen. */
+static void set_upstream(struct stage *s, int fd)
+{
+    pthread_mutex_lock(&s->up_lock);
+    s->up_fd = fd;
+    s->up_gen++;
+    pthread_mutex_unlock(&s->up_lock);
+}
+
+/* Wait until compute has finished every frame of the old upstream, then give the new one
+ * a credit per input slot. */
+static void grant_initial_credits(struct stage *s)
+{
+    for (;;) {
+        pthread_mutex_lock(&s->in_q.lock);
+        bool idle = s->in_q.n_free == s->in_q.cap;
+        pthread_mutex_unlock(&s->in_q.lock);
+        if (idle || *s->stop)
+            break;
+        kvr_sleep_ns(1000000);
+    }
+    pthread_mutex_lock(&s->up_lock);
+    if (s->up_fd >= 0 && kvr_credit_grant(s->up_fd, s->n_in))
+        KVR_WARN("%s: cannot grant credits upstream", s->name);
+    pthread_mutex_unlock(&s->up_lock);
+}
+
 static void push_reset(struct stage *s)
 {
     int id;
@@ -308,6 +343,9 @@ static bool enqueue_batch(struct stage *s, const struct kvr_wire_frame *f)
     struct in_slot *in = &s->in[id];
     const struct kvr_wire_header *h = &f->hdr;
     in->kind = IN_BATCH;
+    pthread_mutex_lock(&s->up_lock);
+    in->gen = s->up_gen;
+    pthread_mutex_unlock(&s->up_lock);
     in->batch_id = h->batch_id;
     in->n_ctrl = h->n_ctrl;
     in->n_segs = h->n_segs;
@@ -348,7 +386,9 @@ static void *rx_main(void *arg)
                 }
                 up = fresh;
                 have_up = true;
+                set_upstream(s, up.fd);
                 push_reset(s);
+                grant_initial_credits(s);
             }
             continue;
         }
@@ -364,6 +404,7 @@ static void *rx_main(void *arg)
                 KVR_INFO("%s: upstream %s closed the link", s->name, up.peer);
             else
                 KVR_WARN("%s: upstream link dropped: %s", s->name, err.msg);
+            set_upstream(s, -1);
             kvr_link_fini(&up);
             have_up = false;
             push_reset(s);
@@ -371,6 +412,7 @@ static void *rx_main(void *arg)
         }
         if (f->hdr.type == KVR_WIRE_GOODBYE) {
             KVR_INFO("%s: upstream said goodbye", s->name);
+            set_upstream(s, -1);
             kvr_link_fini(&up);
             have_up = false;
             push_reset(s);
@@ -379,8 +421,10 @@ static void *rx_main(void *arg)
                 break;
         }
     }
-    if (have_up)
+    if (have_up) {
+        set_upstream(s, -1);
         kvr_link_fini(&up);
+    }
     return NULL;
 }
 
@@ -421,11 +465,13 @@ static void *tx_main(void *arg)
     bool have_down = false;
     int backoff_ms = BACKOFF_MIN_MS;
     uint64_t last_send = kvr_now_ns(), n_heartbeats = 0;
+    uint32_t credits = 0;
     while (!*s->stop) {
         if (!have_down) {
             have_down = connect_downstream(s, &down, &backoff_ms);
             atomic_store(&s->tx_connected, have_down);
             last_send = kvr_now_ns();
+            credits = 0;
         }
         int id = queue_pop_ready(&s->out_q, POLL_MS);
         struct kvr_err err = {0};
@@ -442,7 +488,20 @@ static void *tx_main(void *arg)
             continue;
         }
         struct out_slot *o = &s->out[id];
-        if (have_down) {
+        /* Wait for the downstream to have room (credit.h): this wait is what the compute
+         * thread sees as "blocked" once both output slots are taken. */
+        while (have_down && credits == 0 && !*s->stop) {
+            int rc = kvr_credit_take(down.fd, &credits, POLL_MS);
+            if (rc) {
+                KVR_WARN("%s: downstream lost while waiting for room: %s", s->name,
+                         kvr_strerror(rc));
+                kvr_link_fini(&down);
+                have_down = false;
+                atomic_store(&s->tx_connected, 0);
+            }
+        }
+        if (have_down && credits > 0) {
+            credits--;
             if (kvr_link_send(&down, &o->msg, 0, &err)) {
                 KVR_WARN("%s: downstream lost, batch %llu dropped: %s", s->name,
                          (unsigned long long)o->msg.batch_id, err.msg);
@@ -590,6 +649,18 @@ static int compute_batch(struct stage *s, const struct in_slot *in, struct out_s
     return KVR_OK;
 }
 
+/* Free an input slot and, if its frame came over the current upstream link, give that link
+ * the credit back. */
+static void release_input(struct stage *s, const struct in_slot *in, uint32_t id)
+{
+    uint64_t gen = in->gen;
+    queue_give_free(&s->in_q, id);
+    pthread_mutex_lock(&s->up_lock);
+    if (s->up_fd >= 0 && gen == s->up_gen && kvr_credit_grant(s->up_fd, 1))
+        KVR_DEBUG("%s: credit not delivered (upstream gone)", s->name);
+    pthread_mutex_unlock(&s->up_lock);
+}
+
 static void compute_loop(struct stage *s)
 {
     uint64_t idle_since = kvr_now_ns();
@@ -624,7 +695,7 @@ static void compute_loop(struct stage *s)
             KVR_ERROR("%s: batch %llu dropped: %s", s->name, (unsigned long long)in->batch_id,
                       err.msg);
             reset_all(s);
-            queue_give_free(&s->in_q, (uint32_t)in_id);
+            release_input(s, in, (uint32_t)in_id);
             queue_give_free(&s->out_q, (uint32_t)out_id);
             idle_since = t_done;
             continue;
@@ -635,7 +706,7 @@ static void compute_loop(struct stage *s)
             t->blocked_ns = t_start - t_arrived;
             t->held_ns = t_done - t_start;
         }
-        queue_give_free(&s->in_q, (uint32_t)in_id);
+        release_input(s, in, (uint32_t)in_id);
         queue_push_ready(&s->out_q, (uint32_t)out_id);
         idle_since = t_done;
     }
@@ -652,6 +723,7 @@ static void stage_fini(struct stage *s)
     if (s->listen_fd >= 0)
         close(s->listen_fd);
     free_slots(s);
+    pthread_mutex_destroy(&s->up_lock);
     if (s->samplers) {
         for (uint32_t q = 0; q < s->plan->max_seqs; q++)
             if (s->open[q])
@@ -743,6 +815,8 @@ int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *o
     s->is_tail = opt->index + 1 == plan->n_stages;
     s->stop = stop;
     s->listen_fd = -1;
+    s->up_fd = -1;
+    pthread_mutex_init(&s->up_lock, NULL);
     snprintf(s->name, sizeof s->name, "stage %u", opt->index);
     int rc = stage_init(s, err);
     if (rc == 0) {
