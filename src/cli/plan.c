@@ -3,6 +3,7 @@
 #include "cli/common.h"
 
 #include "core/alloc.h"
+#include "model/engine.h"
 #include "model/gguf.h"
 #include "ring/plan.h"
 #include "ring/propose.h"
@@ -21,6 +22,7 @@ static void usage(FILE *f)
             "  --base-port P        stage i listens on P+i (default 7001)\n"
             "  --bridge HOST:PORT   where the bridge listens for the tail (default host 1, P-1)\n"
             "  --speeds S1,S2,...   relative stage speeds (default all equal)\n"
+            "  --layers A-B,C-D,... set the split by hand instead (inclusive ranges)\n"
             "  --row-width N        token rows per micro-batch (default 64)\n"
             "  --microbatches N     micro-batches in flight (default N stages)\n"
             "  --max-seqs N         live sequences (default 32)\n"
@@ -33,9 +35,34 @@ static void usage(FILE *f)
             "                       because it holds the cluster secret\n");
 }
 
+/* Replace the balanced split with "A-B,C-D,..." (one range per stage) and validate. */
+static int set_layers(struct kvr_plan *plan, const char *spec, const struct kvr_gguf *g,
+                      struct kvr_err *err)
+{
+    const char *p = spec;
+    for (uint32_t i = 0; i < plan->n_stages; i++) {
+        char *end;
+        unsigned long a = strtoul(p, &end, 10);
+        if (end == p || *end != '-')
+            return kvr_err_set(err, KVR_EINVAL, "want %u ranges like 0-10,11-21",
+                               plan->n_stages);
+        p = end + 1;
+        unsigned long b = strtoul(p, &end, 10);
+        if (end == p || (*end != ',' && *end != 0) || (i + 1 < plan->n_stages) != (*end == ','))
+            return kvr_err_set(err, KVR_EINVAL, "want %u ranges like 0-10,11-21",
+                               plan->n_stages);
+        plan->stages[i].first_layer = (uint32_t)a;
+        plan->stages[i].last_layer = (uint32_t)b;
+        p = *end ? end + 1 : end;
+    }
+    struct kvr_hparams hp;
+    int rc = kvr_hparams_read(&hp, g, err);
+    return rc ? rc : kvr_plan_validate(plan, hp.n_layer, err);
+}
+
 int kvr_cmd_plan(int argc, char **argv)
 {
-    const char *model = NULL, *out = NULL, *speeds = NULL;
+    const char *model = NULL, *out = NULL, *speeds = NULL, *layers = NULL;
     struct kvr_plan_spec spec = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -60,6 +87,8 @@ int kvr_cmd_plan(int argc, char **argv)
             spec.bridge_addr = v;
         else if (!strcmp(a, "--speeds"))
             speeds = v;
+        else if (!strcmp(a, "--layers"))
+            layers = v;
         else if (!strcmp(a, "--wire")) {
             if (!strcmp(v, "f32"))
                 spec.wire_dtype = KVR_DTYPE_F32;
@@ -125,6 +154,10 @@ int kvr_cmd_plan(int argc, char **argv)
     int rc = 1;
     if (!plan || kvr_plan_propose(plan, g, &spec, &err)) {
         fprintf(stderr, "kvasir plan: %s\n", plan ? err.msg : "out of memory");
+        goto done;
+    }
+    if (layers && set_layers(plan, layers, g, &err)) {
+        fprintf(stderr, "kvasir plan: --layers %s: %s\n", layers, err.msg);
         goto done;
     }
     if (out) {

@@ -1,0 +1,161 @@
+#!/usr/bin/env bash
+# bench/ring.sh - push K concurrent sequences through a ring and report aggregate tokens/s
+# and per-stage held/starved/blocked fractions; compare in flight with drained.
+#
+#   bench/ring.sh -m MODEL [-s STAGES] [-k SEQS] [-n TOKENS] [-r REPEATS] [-t THREADS]
+#                 [--quota FRACTION] [--netns] [--baseline] [--layers "0-10,11-44"]
+#
+#   --quota F    run each stage in its own cgroup (v1 cpu controller) limited to F of one
+#                core (cpu.cfs_quota_us = F x cpu.cfs_period_us); needs root
+#   --netns      run each stage in its own network namespace, joined to this one by a veth
+#                pair on a Linux bridge (10.78.0.0/24); needs root and iproute2
+#   --baseline   also run the single-process engine (--batched, 2 threads) on the same
+#                sequences, the "no ring tax" comparison
+#   --mb "1 4"   micro-batch settings to compare (default: "1 STAGES": drained, in flight)
+#
+# Each setting runs REPEATS times (default 3); the median is reported, with every run's
+# number, because this machine is shared and noisy. Everything runs on 127.0.0.1 (or in
+# namespaces this script makes and removes) and stops by itself.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+KVASIR=${KVASIR:-$here/../build/kvasir}
+model="" stages=2 seqs=32 tokens=64 repeats=3 threads=1 quota="" netns=0 baseline=0
+mbs="" layers=""
+while [ $# -gt 0 ]; do
+    case $1 in
+    -m) model=$2; shift ;;
+    -s) stages=$2; shift ;;
+    -k) seqs=$2; shift ;;
+    -n) tokens=$2; shift ;;
+    -r) repeats=$2; shift ;;
+    -t) threads=$2; shift ;;
+    --quota) quota=$2; shift ;;
+    --netns) netns=1 ;;
+    --baseline) baseline=1 ;;
+    --mb) mbs=$2; shift ;;
+    --layers) layers=$2; shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "ring.sh: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+[ -n "$model" ] || { echo "ring.sh: -m MODEL is required" >&2; exit 2; }
+[ -n "$mbs" ] || mbs="1 $stages"
+TMP=$(mktemp -d /tmp/kvr-bench.XXXXXX)
+PIDS=()
+NETNS_MADE=0
+
+cleanup() {
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    if [ -n "$quota" ]; then
+        for ((i = 0; i < stages; i++)); do rmdir "/sys/fs/cgroup/cpu/kvr-bench-$i" 2>/dev/null || true; done
+    fi
+    if [ $NETNS_MADE = 1 ]; then
+        for ((i = 0; i < stages; i++)); do
+            ip netns del "kvr-b$i" 2>/dev/null || true
+            ip link del "kvr-h$i" 2>/dev/null || true
+        done
+        ip link del kvr-br 2>/dev/null || true
+    fi
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+
+# ---- machines: cgroups and namespaces -------------------------------------------------------
+if [ -n "$quota" ]; then
+    for ((i = 0; i < stages; i++)); do
+        cg=/sys/fs/cgroup/cpu/kvr-bench-$i
+        mkdir -p "$cg"
+        echo 100000 >"$cg/cpu.cfs_period_us"
+        awk -v q="$quota" 'BEGIN { printf "%d\n", q * 100000 }' >"$cg/cpu.cfs_quota_us"
+    done
+fi
+hosts="127.0.0.1" bridge_addr=""
+base=$((20000 + RANDOM % 30000))
+if [ $netns = 1 ]; then
+    NETNS_MADE=1
+    ip link add kvr-br type bridge
+    ip addr add 10.78.0.254/24 dev kvr-br
+    ip link set kvr-br up
+    hosts=""
+    for ((i = 0; i < stages; i++)); do
+        ip netns add "kvr-b$i"
+        ip link add "kvr-h$i" type veth peer name "kvr-n$i"
+        ip link set "kvr-n$i" netns "kvr-b$i"
+        ip link set "kvr-h$i" master kvr-br
+        ip link set "kvr-h$i" up
+        ip -n "kvr-b$i" addr add "10.78.0.$((i + 1))/24" dev "kvr-n$i"
+        ip -n "kvr-b$i" link set "kvr-n$i" up
+        ip -n "kvr-b$i" link set lo up
+        hosts="$hosts${hosts:+,}10.78.0.$((i + 1))"
+    done
+    bridge_addr="10.78.0.254:$((base - 1))"
+fi
+
+# ---- workload ---------------------------------------------------------------------------------
+for i in $(seq 0 $((seqs - 1))); do
+    echo "{\"prompt\": \"Once upon a time there was a little robot number $i who\", \"max_tokens\": $tokens, \"temperature\": 0}"
+done >"$TMP/prompts.jsonl"
+
+start_stages() { # PLAN
+    RING=()
+    for ((i = 0; i < stages; i++)); do
+        local cmd=("$KVASIR" stage --plan "$1" --index "$i" --threads "$threads")
+        if [ $netns = 1 ]; then cmd=(ip netns exec "kvr-b$i" "${cmd[@]}"); fi
+        "${cmd[@]}" >"$TMP/stage$i.log" 2>&1 &
+        local pid=$!
+        PIDS+=("$pid")
+        RING+=("$pid")
+        if [ -n "$quota" ]; then echo "$pid" >"/sys/fs/cgroup/cpu/kvr-bench-$i/cgroup.procs"; fi
+    done
+}
+
+stop_stages() {
+    for p in "${RING[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${RING[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+
+median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
+
+echo "model $(basename "$model"), $stages stages x $threads thread(s), $seqs sequences x $tokens tokens," \
+    "quota ${quota:-none}, netns $([ $netns = 1 ] && echo yes || echo no), $repeats runs each"
+declare -A result
+for mb in $mbs; do
+    plan_args=(--stages "$stages" --microbatches "$mb" --base-port "$base" --hosts "$hosts"
+        --max-seqs "$seqs" --ctx 256 --row-width 64)
+    [ -n "$bridge_addr" ] && plan_args+=(--bridge "$bridge_addr")
+    "$KVASIR" plan -m "$model" "${plan_args[@]}" -o "$TMP/plan.json" 2>/dev/null
+    runs=()
+    for ((r = 0; r < repeats; r++)); do
+        start_stages "$TMP/plan.json"
+        timeout 600 "$KVASIR" run --plan "$TMP/plan.json" --prompts "$TMP/prompts.jsonl" \
+            --ignore-eos -q --json >/dev/null 2>"$TMP/run.log" || { cat "$TMP/run.log"; exit 1; }
+        stop_stages
+        tps=$(sed -n 's/^ring: .* \([0-9.]*\) tokens\/s.*/\1/p' "$TMP/run.log")
+        runs+=("$tps")
+        grep -E "^  stage" "$TMP/run.log" >"$TMP/stages.$mb.$r"
+    done
+    med=$(printf '%s\n' "${runs[@]}" | median)
+    result[$mb]=$med
+    printf '  micro-batches %-3s tokens/s median %8.1f   runs: %s\n' "$mb" "$med" "${runs[*]}"
+    sed 's/^/    /' "$TMP/stages.$mb.$((repeats - 1))"
+done
+set -- $mbs
+if [ $# -ge 2 ]; then
+    awk -v a="${result[$2]}" -v b="${result[$1]}" -v x="$2" -v y="$1" \
+        'BEGIN { printf "  in flight (%s) / drained (%s): %.2fx\n", x, y, a / b }'
+fi
+if [ $baseline = 1 ]; then
+    runs=()
+    for ((r = 0; r < repeats; r++)); do
+        "$KVASIR" run -m "$model" --prompts "$TMP/prompts.jsonl" --batched -t 2 --ignore-eos \
+            -q --json >/dev/null 2>"$TMP/base.log"
+        runs+=("$(sed -n 's/^batched: .* \([0-9.]*\) tokens\/s.*/\1/p' "$TMP/base.log")")
+    done
+    med=$(printf '%s\n' "${runs[@]}" | median)
+    printf '  single process, 2 threads, batched: tokens/s median %8.1f   runs: %s\n' "$med" "${runs[*]}"
+    last=${!#}
+    awk -v a="${result[$last]}" -v b="$med" \
+        'BEGIN { printf "  ring (in flight) / single process: %.0f%%\n", 100 * a / b }'
+fi
