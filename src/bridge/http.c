@@ -770,6 +770,7 @@ static enum MHD_Result handle_generate(struct kvr_http *h, struct request *rq,
         .n_prompt = n_ids,
         .max_tokens = g->max_tokens,
         .logprobs = g->req.logprobs,
+        .ignore_eos = g->req.ignore_eos,
         .first_token_ms = g->req.first_token_ms,
         .total_ms = g->req.total_ms,
     };

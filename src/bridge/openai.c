@@ -674,7 +674,8 @@ static int parse_fields(struct kvr_openai_req *r, const struct kvr_openai_limits
         (rc = parse_budget(r, e)) || (rc = refuse_unsupported(r, e)))
         return rc;
 
-    if ((rc = get_bool(o, "stream", &r->stream, e)))
+    if ((rc = get_bool(o, "stream", &r->stream, e)) ||
+        (rc = get_bool(o, "ignore_eos", &r->ignore_eos, e)))
         return rc;
     if ((v = field(o, "stream_options"))) {
         if (!json_is_object(v))

@@ -114,6 +114,8 @@ struct kvr_openai_req {
     bool stream;
     bool include_usage; /* stream_options.include_usage */
     bool logprobs;      /* completions: logprobs = 1; chat: logprobs = true */
+    bool ignore_eos;    /* vLLM's extension: generate max_tokens even past an
+                           end-of-generation token */
 
     uint32_t first_token_ms; /* latency_budget.first_token_ms; 0 = server default */
     uint32_t total_ms;       /* latency_budget.total_ms; 0 = server default */

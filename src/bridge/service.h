@@ -54,6 +54,8 @@ struct kvr_gen_request {
     struct kvr_sample_params sampling; /* seed always set: the HTTP layer draws one when the
                                           client gave none */
     bool logprobs;         /* fill kvr_gen_event.logprob */
+    bool ignore_eos;       /* an end-of-generation token does not end the stream: it comes
+                              as an ordinary token (FINISH_NONE) until max_tokens */
     uint32_t first_token_ms; /* latency budget from submit to the first token; 0 = default */
     uint32_t total_ms;       /* ... from submit to the last token; 0 = default */
 };

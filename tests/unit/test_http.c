@@ -679,6 +679,7 @@ static void test_completion(void **state)
     assert_int_equal(q.first_token_ms, 300);
     assert_int_equal(q.total_ms, 4000);
     assert_false(q.logprobs);
+    assert_false(q.ignore_eos);
 
     /* max_tokens cuts it short: finish_reason length. */
     post(fx->port, "/v1/completions", "{\"prompt\": [1, 5, 6], \"max_tokens\": 3}", &r);
@@ -695,10 +696,11 @@ static void test_completion(void **state)
 
     /* The header budget applies when the body gives no total. */
     request(fx->port, "POST", "/v1/completions", AUTH "X-Latency-Budget-Ms: 1500\r\n",
-            "{\"prompt\": \"a\", \"max_tokens\": 1}", 0, &r);
+            "{\"prompt\": \"a\", \"max_tokens\": 1, \"ignore_eos\": true}", 0, &r);
     assert_int_equal(r.status, 200);
     resp_free(&r);
     pthread_mutex_lock(&fx->fake.mu);
+    assert_true(fx->fake.last_req.ignore_eos); /* passed through to the service */
     assert_int_equal(fx->fake.last_req.total_ms, 1500);
     assert_int_equal(fx->fake.last_req.first_token_ms, 0);
     pthread_mutex_unlock(&fx->fake.mu);

@@ -94,6 +94,8 @@ static const struct bad_case bad_cases[] = {
      "'stream_options' must be an object", "stream_options"},
     {C, "{\"prompt\": \"hi\", \"stream\": true, \"stream_options\": {\"include_usage\": 1}}", 0,
      400, "'stream_options.include_usage' must be a boolean", "stream_options.include_usage"},
+    {C, "{\"prompt\": \"hi\", \"ignore_eos\": 1}", 0, 400, "'ignore_eos' must be a boolean",
+     "ignore_eos"},
     {C, "{\"prompt\": \"hi\", \"latency_budget\": 500}", 0, 400,
      "'latency_budget' must be an object", "latency_budget"},
     {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"total_ms\": \"1s\"}}", 0, 400,
@@ -236,6 +238,7 @@ static void test_good_completion(void **state)
              "\"presence_penalty\": -0.5, \"seed\": -1, \"stop\": [\"\\n\", \"The end\"], "
              "\"n\": 1, \"best_of\": 1, \"echo\": false, \"logprobs\": 1, \"stream\": true, "
              "\"stream_options\": {\"include_usage\": true}, \"user\": \"ignored\", "
+             "\"ignore_eos\": true, "
              "\"latency_budget\": {\"first_token_ms\": 500, \"total_ms\": 2000}}");
     assert_string_equal(r.model, "m");
     assert_int_equal(r.prompt_len, 9);
@@ -257,6 +260,7 @@ static void test_good_completion(void **state)
     assert_true(r.logprobs);
     assert_true(r.stream);
     assert_true(r.include_usage);
+    assert_true(r.ignore_eos);
     assert_int_equal(r.first_token_ms, 500);
     assert_int_equal(r.total_ms, 2000);
     kvr_openai_req_fini(&r);
@@ -272,6 +276,7 @@ static void test_good_completion(void **state)
     assert_int_equal(r.n_stop, 1);
     assert_false(r.stream);
     assert_false(r.logprobs);
+    assert_false(r.ignore_eos);
     assert_int_equal(r.total_ms, 0);
     kvr_openai_req_fini(&r);
 
