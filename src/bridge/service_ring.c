@@ -24,7 +24,7 @@ static int ring_submit(void *ctx, const struct kvr_gen_request *req,
     }
     struct kvr_bridge_request br = {
         .prompt = req->prompt, .n_prompt = req->n_prompt, .max_tokens = req->max_tokens,
-        .sampling = req->sampling, .logprobs = req->logprobs,
+        .sampling = req->sampling, .logprobs = req->logprobs, .ignore_eos = req->ignore_eos,
         .first_token_ms = req->first_token_ms ? req->first_token_ms
                                               : rs->default_first_token_ms,
         .total_ms = req->total_ms ? req->total_ms : rs->default_total_ms};
