@@ -8,6 +8,8 @@
  * while it builds a batch or applies a result, never while it does I/O. */
 #include "bridge/bridge.h"
 
+#include "bridge/costmodel.h"
+
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
@@ -134,7 +136,7 @@ struct kvr_bridge {
     uint64_t win_start_ns;
     uint64_t win_held[KVR_PLAN_MAX_STAGES], win_starved[KVR_PLAN_MAX_STAGES],
         win_blocked[KVR_PLAN_MAX_STAGES], win_tokens;
-    double row_ms_ema;                /* per-row cost of a batch, ms */
+    struct kvr_cost_model cost;       /* batch costs learnt from timing records */
 };
 
 static void wake(struct kvr_bridge *b)
@@ -483,9 +485,13 @@ static bool apply_result(struct kvr_bridge *b, const struct kvr_wire_frame *f,
         }
     }
     double ms = (now - bt->sent_ns) / 1e6;
-    double per_row = ms / (bt->n_rows ? bt->n_rows : 1);
     b->stats.batch_ms_ema = b->stats.batch_ms_ema ? 0.9 * b->stats.batch_ms_ema + 0.1 * ms : ms;
-    b->row_ms_ema = b->row_ms_ema ? 0.9 * b->row_ms_ema + 0.1 * per_row : per_row;
+    if (bt->n_segs > 0 && f->hdr.n_timings == b->plan.n_stages) {
+        double held[KVR_PLAN_MAX_STAGES];
+        for (uint32_t i = 0; i < f->hdr.n_timings; i++)
+            held[i] = f->timings[i].held_ns / 1e6;
+        kvr_cost_observe(&b->cost, bt->n_rows, held, ms);
+    }
     b->stats.batches++;
     account_timings(b, f);
     b->bf_head = (b->bf_head + 1) % b->plan.microbatches;
@@ -794,6 +800,7 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
     }
     b->stats.n_stages = p->n_stages;
     b->stats.kv_blocks_total = p->kv_blocks;
+    kvr_cost_init(&b->cost, p->n_stages, p->microbatches);
     if (pipe(b->wake_pipe) != 0) {
         rc = kvr_err_set(err, KVR_EIO, "bridge: pipe: %s", strerror(errno));
         goto fail;
@@ -842,9 +849,15 @@ static int refuse(struct kvr_bridge *b, struct kvr_bridge_refusal *why,
     return KVR_EAGAIN;
 }
 
-/* Admission estimate (DESIGN.md 6). A batch costs about batch_ms_ema end to end, and each
- * in-flight slot turns over once per batch time; the work ahead of a new request is the
- * prompt rows queued before it, packed row_width per batch. */
+/* Predictions are multiplied by this before they are compared with a budget: the model is
+ * fitted on a noisy machine and a late answer is worse than a refused one. */
+#define ADMIT_MARGIN 1.15
+
+/* Admission (DESIGN.md 6). From the cost model: the new request's first token comes after
+ * the prompt rows queued ahead of it (its own included) have gone through in batches of the
+ * row width, less the decode rows every batch carries; its last token comes max_tokens - 1
+ * token periods later, at the load it adds. It is refused if either misses its budget, or
+ * if it would push a running request that is on time past its own deadline. */
 static int admit(struct kvr_bridge *b, const struct kvr_bridge_request *req,
                  struct kvr_bridge_refusal *why)
 {
@@ -862,35 +875,43 @@ static int admit(struct kvr_bridge *b, const struct kvr_bridge_request *req,
     if (b->wq_count >= b->max_waiting)
         return refuse(b, why, KVR_REFUSE_QUEUE_FULL, 1000,
                       "wait queue full (%u requests)", b->wq_count);
-    if (!b->cfg.admission || b->stats.batch_ms_ema <= 0)
+    if (!b->cfg.admission || !kvr_cost_ready(&b->cost))
         return KVR_OK;
-    /* Prompt rows queued ahead: the unsent prefill of running and waiting requests. */
-    uint64_t rows_ahead = req->n_prompt;
+    const struct kvr_cost_model *m = &b->cost;
+    double W = p->microbatches;
+    double n_before = b->n_running + b->wq_count, n_after = n_before + 1;
+    if (n_after > p->max_seqs)
+        n_after = p->max_seqs;
+
+    /* Prompt rows ahead: the unsent prefill of running and waiting requests, and ours. */
+    double rows_ahead = req->n_prompt;
     for (uint32_t i = 0; i < p->max_seqs; i++)
-        if (b->seqs[i].state == SEQ_PREFILL)
+        if (b->seqs[i].state == SEQ_PREFILL && b->seqs[i].stream)
             rows_ahead += b->seqs[i].stream->req.n_prompt - b->seqs[i].n_prefilled;
     for (uint32_t k = 0; k < b->wq_count; k++)
         rows_ahead += b->waitq[(b->wq_head + k) % b->max_waiting]->req.n_prompt;
-    uint32_t decoding = b->n_running;
-    double batch_ms = b->stats.batch_ms_ema;
-    /* Each batch leaves row_width minus this batch's decode rows for prefill. */
-    double decode_rows = (double)decoding / p->microbatches;
-    double room = p->row_width - decode_rows > 1 ? p->row_width - decode_rows : 1;
-    double per_batch_interval = batch_ms / p->microbatches;
-    double first_ms = batch_ms + (rows_ahead / room) * per_batch_interval;
-    /* Waiting for a slot or KV: each running request frees one when it ends. */
-    if (b->n_running >= p->max_seqs || b->kv_used + need > p->kv_blocks) {
-        double wait = 0;
+    double room = p->row_width - n_after / W;
+    room = room > 1 ? room : 1;
+    double n_prefill_batches = (double)(uint64_t)((rows_ahead + room - 1) / room);
+    double t_full = kvr_cost_batch_ms(m, p->row_width);
+    double period = kvr_cost_period_ms(m, n_after, 0);
+
+    /* No free slot or KV: wait for the running request closest to its end. */
+    double wait_ms = 0;
+    if (b->n_running + b->wq_count >= p->max_seqs || b->kv_used + need > p->kv_blocks) {
+        double best = -1;
         for (uint32_t i = 0; i < p->max_seqs; i++) {
-            struct seq *q = &b->seqs[i];
+            const struct seq *q = &b->seqs[i];
             if (q->state == SEQ_FREE || !q->stream)
                 continue;
-            double left = q->stream->req.max_tokens - q->stream->n_generated;
-            wait = wait == 0 || left * batch_ms < wait ? left * batch_ms : wait;
+            double left = (double)q->stream->req.max_tokens - q->stream->n_generated;
+            best = best < 0 || left < best ? left : best;
         }
-        first_ms += wait;
+        wait_ms = best > 0 ? best * period : 0;
     }
-    double total_ms = first_ms + (double)(req->max_tokens - 1) * batch_ms;
+    double first_ms = ADMIT_MARGIN * (wait_ms + n_prefill_batches * t_full +
+                                      kvr_cost_trip_ms(m, p->row_width));
+    double total_ms = first_ms + ADMIT_MARGIN * (req->max_tokens - 1) * period;
     if (req->first_token_ms && first_ms > req->first_token_ms)
         return refuse(b, why, KVR_REFUSE_FIRST_TOKEN_BUDGET,
                       (uint32_t)(first_ms - req->first_token_ms) + 1,
@@ -901,6 +922,26 @@ static int admit(struct kvr_bridge *b, const struct kvr_bridge_request *req,
                       (uint32_t)(total_ms - req->total_ms) + 1,
                       "would miss the total budget: estimated %.0f ms > %u ms", total_ms,
                       req->total_ms);
+
+    /* Running requests: our prompt's batches delay them, and every later token comes at
+     * the slower period. Refuse if that makes one that is on time late. */
+    double period_before = kvr_cost_period_ms(m, n_before > 0 ? n_before : 1, 0);
+    double delay = req->n_prompt / room * (t_full - kvr_cost_batch_ms(m, n_before / W));
+    uint64_t now = kvr_now_ns();
+    for (uint32_t i = 0; i < p->max_seqs; i++) {
+        const struct seq *q = &b->seqs[i];
+        const struct kvr_bridge_stream *s = q->stream;
+        if (q->state == SEQ_FREE || q->state == SEQ_ENDING || !s || !s->req.total_ms)
+            continue;
+        double left_ms = (s->deadline_ns > now ? s->deadline_ns - now : 0) / 1e6;
+        double togo = (double)s->req.max_tokens - s->n_generated;
+        double on_time = ADMIT_MARGIN * togo * period_before;
+        double with_us = ADMIT_MARGIN * (delay + togo * period);
+        if (on_time <= left_ms && with_us > left_ms)
+            return refuse(b, why, KVR_REFUSE_TOTAL_BUDGET, (uint32_t)(with_us - left_ms) + 1,
+                          "would make a running request miss its budget (%.0f ms left, "
+                          "%.0f ms needed with this one)", left_ms, with_us);
+    }
     return KVR_OK;
 }
 
