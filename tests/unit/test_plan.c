@@ -1,5 +1,8 @@
 /* test_plan.c - the deployment plan: parsing, every validation rule, the canonical hash,
- * writing and re-reading, loading with a secret file, and the layer planner. */
+ * writing and re-reading, loading with a secret file, and the layer planner.
+ *
+ * With KVR_WRITE_CORPUS=DIR set, test_write_corpus also writes the seed corpus of
+ * tests/fuzz/fuzz_plan.c into DIR. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -836,6 +839,42 @@ static void test_balance_matches_brute_force(void **state)
     }
 }
 
+/* ---- Seed corpus for fuzz_plan --------------------------------------------------------- */
+
+static void test_write_corpus(void **state)
+{
+    (void)state;
+    const char *dir = getenv("KVR_WRITE_CORPUS");
+    if (!dir)
+        return; /* only when asked: the corpus is committed under tests/fuzz/corpus/ */
+    int n = 0;
+    char path[1024];
+    const char *texts[2] = {base_json, NULL};
+    char *written = NULL;
+    struct kvr_err err = {0};
+    parse_ok(&plan_a, base_json);
+    assert_int_equal(kvr_plan_to_json(&plan_a, &written, &err), 0);
+    texts[1] = written;
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/seed_%02d.json", dir, n++);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(texts[i], f);
+        fclose(f);
+    }
+    kvr_free(written);
+    for (size_t i = 0; i < sizeof bad_jsons / sizeof bad_jsons[0]; i++) {
+        char *json = replaced(base_json, bad_jsons[i].from, bad_jsons[i].to);
+        snprintf(path, sizeof path, "%s/seed_%02d.json", dir, n++);
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(json, f);
+        fclose(f);
+        free(json);
+    }
+    print_message("wrote %d seeds to %s\n", n, dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -853,6 +892,7 @@ int main(void)
         cmocka_unit_test(test_balance_speeds_and_memory),
         cmocka_unit_test(test_balance_bad_inputs),
         cmocka_unit_test(test_balance_matches_brute_force),
+        cmocka_unit_test(test_write_corpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,637 @@
+/* net.c - socket helpers and framed, authenticated links (see net.h). */
+#define _GNU_SOURCE /* accept4, SOCK_CLOEXEC */
+#include "ring/net.h"
+
+#include "core/alloc.h"
+#include "core/clock.h"
+#include "core/log.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#define MAX_WRITEV_IOV 16
+
+/* ---- Addresses ------------------------------------------------------------------------- */
+
+static int parse_addr(const char *addr, char *host, size_t host_cap, uint16_t *port,
+                      bool allow_port_0, struct kvr_err *err)
+{
+    const char *colon, *h = addr;
+    size_t hlen;
+    if (addr[0] == '[') {
+        const char *close = strchr(addr, ']');
+        if (!close || close[1] != ':')
+            return kvr_err_set(err, KVR_EINVAL, "an IPv6 address is written \"[addr]:port\"");
+        h = addr + 1;
+        hlen = (size_t)(close - h);
+        colon = close + 1;
+        for (size_t i = 0; i < hlen; i++)
+            if (!isxdigit((unsigned char)h[i]) && h[i] != ':' && h[i] != '.')
+                return kvr_err_set(err, KVR_EINVAL, "bad character '%c' in an IPv6 address", h[i]);
+    } else {
+        colon = strrchr(addr, ':');
+        if (!colon)
+            return kvr_err_set(err, KVR_EINVAL, "expected \"host:port\"");
+        hlen = (size_t)(colon - addr);
+        for (size_t i = 0; i < hlen; i++) {
+            unsigned char c = (unsigned char)h[i];
+            if (!isalnum(c) && c != '.' && c != '-' && c != '_')
+                return kvr_err_set(err, KVR_EINVAL,
+                                   "bad character '%c' in the host name (IPv6 needs [brackets])",
+                                   c);
+        }
+    }
+    if (hlen == 0)
+        return kvr_err_set(err, KVR_EINVAL, "the host is empty");
+    if (hlen > 253 || hlen >= host_cap)
+        return kvr_err_set(err, KVR_EINVAL, "the host name is too long");
+    const char *p = colon + 1;
+    size_t plen = strlen(p);
+    if (plen == 0 || plen > 5)
+        return kvr_err_set(err, KVR_EINVAL, "the port must be a number from 1 to 65535");
+    unsigned long v = 0;
+    for (size_t i = 0; i < plen; i++) {
+        if (!isdigit((unsigned char)p[i]))
+            return kvr_err_set(err, KVR_EINVAL, "the port must be a number from 1 to 65535");
+        v = v * 10 + (unsigned long)(p[i] - '0');
+    }
+    if (v > 65535 || (v == 0 && !allow_port_0))
+        return kvr_err_set(err, KVR_EINVAL, "port %lu is not in 1..65535", v);
+    memcpy(host, h, hlen);
+    host[hlen] = 0;
+    *port = (uint16_t)v;
+    return KVR_OK;
+}
+
+int kvr_net_parse_addr(const char *addr, char *host, size_t host_cap, uint16_t *port,
+                       struct kvr_err *err)
+{
+    return parse_addr(addr, host, host_cap, port, false, err);
+}
+
+bool kvr_net_addr_equal(const char *a, const char *b)
+{
+    char ha[KVR_NET_HOST_BYTES], hb[KVR_NET_HOST_BYTES];
+    uint16_t pa, pb;
+    if (parse_addr(a, ha, sizeof ha, &pa, true, NULL) ||
+        parse_addr(b, hb, sizeof hb, &pb, true, NULL))
+        return false;
+    return pa == pb && strcasecmp(ha, hb) == 0;
+}
+
+/* ---- Deadlines ------------------------------------------------------------------------- */
+
+uint64_t kvr_net_deadline(int timeout_ms)
+{
+    if (timeout_ms < 0)
+        return 0;
+    return kvr_now_ns() + (uint64_t)timeout_ms * 1000000u;
+}
+
+/* poll() timeout for the time left until the deadline: -1 = forever, 0 = passed. */
+static int poll_ms(uint64_t deadline_ns)
+{
+    if (deadline_ns == 0)
+        return -1;
+    uint64_t now = kvr_now_ns();
+    if (now >= deadline_ns)
+        return 0;
+    uint64_t ms = (deadline_ns - now + 999999) / 1000000;
+    return ms > INT_MAX ? INT_MAX : (int)ms;
+}
+
+/* Wait until fd is ready for `events` or the deadline passes. */
+static int wait_fd(int fd, short events, uint64_t deadline_ns, struct kvr_err *err)
+{
+    for (;;) {
+        struct pollfd pfd = {.fd = fd, .events = events};
+        int r = poll(&pfd, 1, poll_ms(deadline_ns));
+        if (r > 0)
+            return KVR_OK; /* readable, writable, or an error the next call will report */
+        if (r == 0)
+            return kvr_err_set(err, KVR_ETIMEDOUT, "timed out");
+        if (errno != EINTR)
+            return kvr_err_set(err, KVR_EIO, "poll: %s", strerror(errno));
+    }
+}
+
+/* ---- Sockets --------------------------------------------------------------------------- */
+
+int kvr_net_set_nodelay(int fd, struct kvr_err *err)
+{
+    int one = 1;
+    if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0)
+        return kvr_err_set(err, KVR_EIO, "TCP_NODELAY: %s", strerror(errno));
+    return KVR_OK;
+}
+
+static int resolve(const char *addr, bool passive, struct addrinfo **res, struct kvr_err *err)
+{
+    char host[KVR_NET_HOST_BYTES], port_s[8];
+    uint16_t port;
+    struct kvr_err e = {0};
+    if (parse_addr(addr, host, sizeof host, &port, passive, &e))
+        return kvr_err_set(err, KVR_EINVAL, "address \"%s\": %s", addr, e.msg);
+    snprintf(port_s, sizeof port_s, "%u", port);
+    struct addrinfo hints = {
+        .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = passive ? AI_PASSIVE : 0};
+    int g = getaddrinfo(host, port_s, &hints, res);
+    if (g != 0)
+        return kvr_err_set(err, KVR_EIO, "cannot resolve %s: %s", addr, gai_strerror(g));
+    return KVR_OK;
+}
+
+int kvr_net_listen(const char *addr, int backlog, int *out_fd, uint16_t *bound_port,
+                   struct kvr_err *err)
+{
+    struct addrinfo *res = NULL;
+    int rc = resolve(addr, true, &res, err);
+    if (rc)
+        return rc;
+    int fd = -1, saved = 0;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) {
+            saved = errno;
+            continue;
+        }
+        int one = 1;
+        /* SO_REUSEADDR: a restarted stage can listen again at once on its plan address,
+         * although connections of its previous life are still in TIME_WAIT. */
+        if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+            bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, backlog) == 0)
+            break;
+        saved = errno;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        return kvr_err_set(err, KVR_EIO, "cannot listen on %s: %s", addr, strerror(saved));
+    if (bound_port) {
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        if (getsockname(fd, (struct sockaddr *)&ss, &len) != 0) {
+            saved = errno;
+            close(fd);
+            return kvr_err_set(err, KVR_EIO, "getsockname: %s", strerror(saved));
+        }
+        *bound_port = ss.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                               : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    }
+    *out_fd = fd;
+    return KVR_OK;
+}
+
+static void describe_sockaddr(const struct sockaddr *sa, socklen_t len, char *out, size_t cap)
+{
+    char host[NI_MAXHOST], serv[NI_MAXSERV];
+    if (getnameinfo(sa, len, host, sizeof host, serv, sizeof serv,
+                    NI_NUMERICHOST | NI_NUMERICSERV) != 0)
+        snprintf(out, cap, "unknown peer");
+    else if (sa->sa_family == AF_INET6)
+        snprintf(out, cap, "[%s]:%s", host, serv);
+    else
+        snprintf(out, cap, "%s:%s", host, serv);
+}
+
+int kvr_net_accept(int listen_fd, uint64_t deadline_ns, int *out_fd, char *peer, size_t peer_cap,
+                   struct kvr_err *err)
+{
+    for (;;) {
+        int rc = wait_fd(listen_fd, POLLIN, deadline_ns, err);
+        if (rc)
+            return rc == KVR_ETIMEDOUT
+                       ? kvr_err_set(err, rc, "accept: no connection before the deadline")
+                       : rc;
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof ss;
+        int fd = accept4(listen_fd, (struct sockaddr *)&ss, &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+        if (fd < 0) {
+            /* The connection may have gone away between poll and accept. */
+            if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK || errno == ECONNABORTED)
+                continue;
+            return kvr_err_set(err, KVR_EIO, "accept: %s", strerror(errno));
+        }
+        /* Back to blocking: every helper here waits with poll and MSG_DONTWAIT anyway, and
+         * callers that use the fd directly expect ordinary semantics. */
+        int fl = fcntl(fd, F_GETFL);
+        if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ||
+            (rc = kvr_net_set_nodelay(fd, err))) {
+            int saved = errno;
+            close(fd);
+            return rc ? rc : kvr_err_set(err, KVR_EIO, "fcntl: %s", strerror(saved));
+        }
+        if (peer)
+            describe_sockaddr((struct sockaddr *)&ss, len, peer, peer_cap);
+        *out_fd = fd;
+        return KVR_OK;
+    }
+}
+
+static int connect_one(const struct addrinfo *ai, uint64_t deadline_ns, int *out_fd,
+                       struct kvr_err *err)
+{
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+    if (fd < 0)
+        return kvr_err_set(err, KVR_EIO, "socket: %s", strerror(errno));
+    int rc = KVR_OK;
+    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+        if (errno != EINPROGRESS) {
+            rc = kvr_err_set(err, errno == ECONNREFUSED ? KVR_ECLOSED : KVR_EIO, "%s",
+                             strerror(errno));
+            goto close_fd;
+        }
+        if ((rc = wait_fd(fd, POLLOUT, deadline_ns, err)))
+            goto close_fd;
+        int soerr = 0;
+        socklen_t len = sizeof soerr;
+        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) != 0)
+            soerr = errno;
+        if (soerr) {
+            rc = kvr_err_set(err, soerr == ECONNREFUSED ? KVR_ECLOSED : KVR_EIO, "%s",
+                             strerror(soerr));
+            goto close_fd;
+        }
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        rc = kvr_err_set(err, KVR_EIO, "fcntl: %s", strerror(errno));
+        goto close_fd;
+    }
+    if ((rc = kvr_net_set_nodelay(fd, err)))
+        goto close_fd;
+    *out_fd = fd;
+    return KVR_OK;
+close_fd:
+    close(fd);
+    return rc;
+}
+
+int kvr_net_connect(const char *addr, uint64_t deadline_ns, int *out_fd, struct kvr_err *err)
+{
+    struct addrinfo *res = NULL;
+    int rc = resolve(addr, false, &res, err);
+    if (rc)
+        return rc;
+    struct kvr_err e = {0};
+    rc = KVR_EIO;
+    for (struct addrinfo *ai = res; ai; ai = ai->ai_next)
+        if ((rc = connect_one(ai, deadline_ns, out_fd, &e)) == KVR_OK || rc == KVR_ETIMEDOUT)
+            break;
+    freeaddrinfo(res);
+    if (rc)
+        return kvr_err_set(err, rc, "connect to %s: %s", addr, e.msg[0] ? e.msg : "failed");
+    return KVR_OK;
+}
+
+/* Read into buf[*have .. n) until full, the deadline, EOF or an error. Keeps *have exact
+ * so a caller can resume after KVR_ETIMEDOUT. EOF returns KVR_ECLOSED whatever *have is;
+ * the caller decides whether that was between messages or inside one. */
+static int read_some(int fd, uint8_t *buf, size_t n, size_t *have, uint64_t deadline_ns,
+                     struct kvr_err *err)
+{
+    while (*have < n) {
+        ssize_t r = recv(fd, buf + *have, n - *have, MSG_DONTWAIT);
+        if (r > 0) {
+            *have += (size_t)r;
+            continue;
+        }
+        if (r == 0)
+            return kvr_err_set(err, KVR_ECLOSED, "the peer closed the connection");
+        if (errno == EINTR)
+            continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int rc = wait_fd(fd, POLLIN, deadline_ns, err);
+            if (rc)
+                return rc;
+            continue;
+        }
+        if (errno == ECONNRESET)
+            return kvr_err_set(err, KVR_ECLOSED, "the peer reset the connection");
+        return kvr_err_set(err, KVR_EIO, "recv: %s", strerror(errno));
+    }
+    return KVR_OK;
+}
+
+int kvr_net_read_full(int fd, void *buf, size_t n, uint64_t deadline_ns, size_t *got,
+                      struct kvr_err *err)
+{
+    size_t have = 0;
+    int rc = read_some(fd, buf, n, &have, deadline_ns, err);
+    if (got)
+        *got = have;
+    if (rc == KVR_ECLOSED && have > 0)
+        rc = kvr_err_set(err, KVR_EPROTO,
+                         "the peer closed the connection after %zu of %zu "
+                         "bytes",
+                         have, n);
+    return rc;
+}
+
+int kvr_net_writev_full(int fd, const struct iovec *iov_in, int n_iov, uint64_t deadline_ns,
+                        struct kvr_err *err)
+{
+    if (n_iov < 0 || n_iov > MAX_WRITEV_IOV)
+        return kvr_err_set(err, KVR_EINVAL, "writev: %d iovecs (at most %d)", n_iov,
+                           MAX_WRITEV_IOV);
+    struct iovec iov[MAX_WRITEV_IOV];
+    int first = 0;
+    for (int i = 0; i < n_iov; i++)
+        iov[i] = iov_in[i];
+    for (;;) {
+        while (first < n_iov && iov[first].iov_len == 0)
+            first++;
+        if (first == n_iov)
+            return KVR_OK;
+        struct msghdr mh = {.msg_iov = iov + first, .msg_iovlen = (size_t)(n_iov - first)};
+        /* sendmsg, not writev: MSG_NOSIGNAL turns a dead peer into EPIPE instead of a
+         * process-killing SIGPIPE, and MSG_DONTWAIT lets poll enforce the deadline. */
+        ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                int rc = wait_fd(fd, POLLOUT, deadline_ns, err);
+                if (rc)
+                    return rc;
+                continue;
+            }
+            if (errno == EPIPE || errno == ECONNRESET)
+                return kvr_err_set(err, KVR_ECLOSED, "the peer closed the connection");
+            return kvr_err_set(err, KVR_EIO, "sendmsg: %s", strerror(errno));
+        }
+        size_t left = (size_t)w;
+        while (left > 0) {
+            size_t take = left < iov[first].iov_len ? left : iov[first].iov_len;
+            iov[first].iov_base = (uint8_t *)iov[first].iov_base + take;
+            iov[first].iov_len -= take;
+            left -= take;
+            if (iov[first].iov_len == 0)
+                first++;
+        }
+    }
+}
+
+/* ---- Links ----------------------------------------------------------------------------- */
+
+int kvr_link_init(struct kvr_link *link, int fd, const char *peer,
+                  const struct kvr_wire_limits *limits, uint32_t dirs, struct kvr_err *err)
+{
+    memset(link, 0, sizeof *link);
+    link->fd = fd;
+    link->owns_fd = true;
+    link->limits = *limits;
+    snprintf(link->peer, sizeof link->peer, "%s", peer ? peer : "peer");
+    int rc = KVR_OK;
+    if (dirs & KVR_LINK_RECV) {
+        /* Rounded up to whole cache lines; at least one so the pointer is never NULL. */
+        size_t body = limits->max_frame_bytes > KVR_WIRE_HEADER_BYTES
+                          ? limits->max_frame_bytes - KVR_WIRE_HEADER_BYTES
+                          : 0;
+        link->body_cap = (body + 63) / 64 * 64 + 64;
+        link->body = kvr_aligned_alloc(64, link->body_cap);
+        if (!link->body) {
+            rc = kvr_err_set(err, KVR_ENOMEM, "link %s: no memory for a %zu-byte frame buffer",
+                             link->peer, link->body_cap);
+            goto fail;
+        }
+        if ((rc = kvr_wire_frame_init(&link->frame, limits, err)))
+            goto fail;
+    }
+    if (dirs & KVR_LINK_SEND) {
+        link->scratch_cap = kvr_wire_scratch_bytes(limits);
+        link->scratch = kvr_aligned_alloc(64, (link->scratch_cap + 63) / 64 * 64);
+        if (!link->scratch) {
+            rc = kvr_err_set(err, KVR_ENOMEM, "link %s: no memory for the send buffer", link->peer);
+            goto fail;
+        }
+    }
+    return KVR_OK;
+fail:
+    kvr_link_fini(link);
+    return rc;
+}
+
+void kvr_link_fini(struct kvr_link *link)
+{
+    if (link->owns_fd && link->fd >= 0)
+        close(link->fd);
+    kvr_wire_frame_fini(&link->frame);
+    kvr_free(link->body);
+    kvr_free(link->scratch);
+    memset(link, 0, sizeof *link);
+    link->fd = -1;
+}
+
+/* Mark the link broken, log why, and shut the socket down (not close: another thread may
+ * be blocked on it; kvr_link_fini closes). `why` holds the message, which is also copied
+ * into the caller's optional `err`. Returns rc. */
+static int break_link(struct kvr_link *link, int rc, const struct kvr_err *why, struct kvr_err *err)
+{
+    if (!link->broken)
+        KVR_WARN("%s; closing the link", why->msg);
+    link->broken = true;
+    if (link->fd >= 0)
+        shutdown(link->fd, SHUT_RDWR);
+    if (err && err != why)
+        *err = *why;
+    return rc;
+}
+
+static int closed_error(const struct kvr_link *link, struct kvr_err *err)
+{
+    return kvr_err_set(err, KVR_ECLOSED, "link %s is closed", link->peer);
+}
+
+int kvr_link_recv(struct kvr_link *link, uint64_t deadline_ns, const struct kvr_wire_frame **out,
+                  struct kvr_err *err)
+{
+    struct kvr_err e = {0}, why = {0};
+    int rc;
+    if (link->broken)
+        return closed_error(link, err);
+    if (!link->body)
+        return kvr_err_set(err, KVR_EINVAL, "link %s was not opened for receiving", link->peer);
+    if (!link->hdr_ok) {
+        rc = read_some(link->fd, link->hdr_buf, sizeof link->hdr_buf, &link->hdr_have, deadline_ns,
+                       &e);
+        if (rc == KVR_ETIMEDOUT)
+            return kvr_err_set(err, rc, "link %s: no frame before the deadline", link->peer);
+        if (rc == KVR_ECLOSED && link->hdr_have == 0) {
+            /* Between frames: an orderly close (or a crash; the caller cannot tell). */
+            link->broken = true;
+            KVR_INFO("link %s: the peer closed the connection", link->peer);
+            return kvr_err_set(err, KVR_ECLOSED, "link %s: the peer closed the connection",
+                               link->peer);
+        }
+        if (rc == KVR_ECLOSED) {
+            kvr_err_set(&e, KVR_EPROTO,
+                        "the peer closed the connection inside a frame header "
+                        "(%zu of %d bytes)",
+                        link->hdr_have, KVR_WIRE_HEADER_BYTES);
+            rc = KVR_EPROTO;
+        }
+        if (rc == KVR_OK &&
+            (rc = kvr_wire_decode_header(link->hdr_buf, &link->limits, &link->hdr, &e)))
+            rc = KVR_EPROTO;
+        if (rc) {
+            kvr_err_set(&why, rc, "link %s: %s", link->peer, e.msg);
+            return break_link(link, rc, &why, err);
+        }
+        link->hdr_ok = true;
+        link->body_have = 0;
+    }
+    if (link->hdr.body_bytes > link->body_cap) { /* cannot happen: the limits sized both */
+        kvr_err_set(&why, KVR_EPROTO, "link %s: frame body of %u bytes does not fit", link->peer,
+                    link->hdr.body_bytes);
+        return break_link(link, KVR_EPROTO, &why, err);
+    }
+    rc = read_some(link->fd, link->body, link->hdr.body_bytes, &link->body_have, deadline_ns, &e);
+    if (rc == KVR_ETIMEDOUT)
+        return kvr_err_set(err, rc,
+                           "link %s: frame body incomplete at the deadline (%zu of %u "
+                           "bytes)",
+                           link->peer, link->body_have, link->hdr.body_bytes);
+    if (rc == KVR_ECLOSED) {
+        kvr_err_set(&why, KVR_EPROTO,
+                    "link %s: the peer closed the connection inside a %s "
+                    "frame (%zu of %u body bytes)",
+                    link->peer, kvr_wire_type_name(link->hdr.type), link->body_have,
+                    link->hdr.body_bytes);
+        return break_link(link, KVR_EPROTO, &why, err);
+    }
+    if (rc == KVR_OK && (rc = kvr_wire_decode_body(&link->frame, &link->hdr, link->body,
+                                                   link->hdr.body_bytes, &link->limits, &e)))
+        rc = KVR_EPROTO;
+    if (rc) {
+        kvr_err_set(&why, rc, "link %s: %s", link->peer, e.msg);
+        return break_link(link, rc, &why, err);
+    }
+    link->hdr_ok = false;
+    link->hdr_have = 0;
+    link->frames_in++;
+    link->bytes_in += KVR_WIRE_HEADER_BYTES + (uint64_t)link->hdr.body_bytes;
+    *out = &link->frame;
+    return KVR_OK;
+}
+
+int kvr_link_send(struct kvr_link *link, const struct kvr_wire_msg *msg, uint64_t deadline_ns,
+                  struct kvr_err *err)
+{
+    if (link->broken)
+        return closed_error(link, err);
+    if (!link->scratch)
+        return kvr_err_set(err, KVR_EINVAL, "link %s was not opened for sending", link->peer);
+    struct iovec iov[KVR_WIRE_MAX_IOV];
+    int n_iov = 0;
+    size_t total = 0;
+    int rc = kvr_wire_encode(msg, link->scratch, link->scratch_cap, iov, &n_iov, &total, err);
+    if (rc)
+        return rc; /* nothing was sent: the link is still in step */
+    struct kvr_err e = {0}, why = {0};
+    if ((rc = kvr_net_writev_full(link->fd, iov, n_iov, deadline_ns, &e))) {
+        kvr_err_set(&why, rc, "link %s: sending a %s frame: %s", link->peer,
+                    kvr_wire_type_name(msg->type), e.msg);
+        return break_link(link, rc, &why, err);
+    }
+    link->frames_out++;
+    link->bytes_out += total;
+    return KVR_OK;
+}
+
+int kvr_link_send_heartbeat(struct kvr_link *link, uint64_t seq, uint64_t deadline_ns,
+                            struct kvr_err *err)
+{
+    struct kvr_wire_msg m = {.type = KVR_WIRE_HEARTBEAT, .batch_id = seq};
+    return kvr_link_send(link, &m, deadline_ns, err);
+}
+
+int kvr_link_send_goodbye(struct kvr_link *link, enum kvr_wire_goodbye reason, uint64_t deadline_ns,
+                          struct kvr_err *err)
+{
+    struct kvr_wire_msg m = {.type = KVR_WIRE_GOODBYE, .arg = (uint32_t)reason};
+    return kvr_link_send(link, &m, deadline_ns, err);
+}
+
+/* ---- Handshake ------------------------------------------------------------------------- */
+
+static int handshake(struct kvr_link *link, const struct kvr_plan *plan, enum kvr_auth_role role,
+                     uint32_t index, bool is_client, int timeout_ms, struct kvr_err *err)
+{
+    struct kvr_auth a;
+    struct kvr_auth_id self, peer;
+    uint8_t in[KVR_AUTH_MSG_BYTES], out[KVR_AUTH_MSG_BYTES];
+    struct kvr_err e = {0}, why = {0};
+    bool send = false;
+    if (link->broken)
+        return closed_error(link, err);
+    int rc = kvr_auth_topology(plan, role, index, is_client, &self, &peer, err);
+    if (rc)
+        return rc;
+    if ((rc = kvr_auth_init(&a, plan, is_client, self, peer, err)))
+        return rc;
+    char want[48];
+    kvr_auth_id_str(peer, want, sizeof want);
+    if (is_client) {
+        if ((rc = kvr_auth_hello(&a, out, &e)) ||
+            (rc = kvr_net_writev_full(link->fd, &(struct iovec){out, sizeof out}, 1,
+                                      kvr_net_deadline(timeout_ms), &e)))
+            goto fail;
+    }
+    while (!a.done) {
+        if ((rc = kvr_net_read_full(link->fd, in, sizeof in, kvr_net_deadline(timeout_ms), NULL,
+                                    &e))) {
+            if (rc == KVR_ETIMEDOUT)
+                kvr_err_set(&e, rc, "no handshake message from the peer within %d ms", timeout_ms);
+            goto fail;
+        }
+        rc = kvr_auth_recv(&a, in, out, &send, &e);
+        if (send) {
+            /* A rejecting VERDICT is a courtesy: its own failure changes nothing. */
+            struct kvr_err ignore;
+            int wrc = kvr_net_writev_full(link->fd, &(struct iovec){out, sizeof out}, 1,
+                                          kvr_net_deadline(timeout_ms), rc ? &ignore : &e);
+            if (!rc)
+                rc = wrc;
+        }
+        if (rc)
+            goto fail;
+    }
+    kvr_auth_wipe(&a);
+    link->authenticated = true;
+    char addr[KVR_NET_PEER_BYTES];
+    snprintf(addr, sizeof addr, "%s", link->peer);
+    snprintf(link->peer, sizeof link->peer, "%s (%.200s)", want, addr);
+    KVR_INFO("link %s: handshake done", link->peer);
+    return KVR_OK;
+fail:
+    kvr_auth_wipe(&a);
+    kvr_err_set(&why, rc, "link %s: handshake: %s", link->peer, e.msg);
+    return break_link(link, rc, &why, err);
+}
+
+int kvr_link_handshake_client(struct kvr_link *link, const struct kvr_plan *plan,
+                              enum kvr_auth_role role, uint32_t index, int timeout_ms,
+                              struct kvr_err *err)
+{
+    return handshake(link, plan, role, index, true, timeout_ms, err);
+}
+
+int kvr_link_handshake_server(struct kvr_link *link, const struct kvr_plan *plan,
+                              enum kvr_auth_role role, uint32_t index, int timeout_ms,
+                              struct kvr_err *err)
+{
+    return handshake(link, plan, role, index, false, timeout_ms, err);
+}

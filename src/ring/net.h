@@ -1,0 +1,172 @@
+/* net.h - TCP helpers and the link: one authenticated, framed connection between two
+ * processes of a ring (DESIGN.md 4).
+ *
+ * Topology. Frames flow one way around the ring: bridge -> stage 0 -> ... -> stage N-1 ->
+ * bridge. Every process LISTENS on its own plan address for its upstream and CONNECTS to
+ * its downstream: the bridge connects to stage 0, stage k to stage k+1, the tail to the
+ * bridge. So each link has a client (the upstream, which sends frames) and a server (the
+ * downstream, which receives them); the handshake (auth.h) runs first, in both directions.
+ *
+ * Helpers (kvr_net_*) are thin wrappers over BSD sockets in the style of Redis anet.c: they
+ * return 0 or a negative enum kvr_status and explain failures in `err`. Every blocking call
+ * takes a deadline (absolute kvr_now_ns() value; 0 = wait forever) and waits with poll(),
+ * so no call can hang past it. SIGPIPE is never raised (MSG_NOSIGNAL).
+ *
+ * The link (struct kvr_link) owns a socket and every buffer it needs, sized from the plan
+ * by kvr_link_init (nothing is allocated afterwards):
+ *   - receiving: a header buffer and a body buffer of the plan's largest frame. kvr_link_recv
+ *     reads the 40-byte header, validates it against the receiver's limits (wire.h) BEFORE
+ *     reading any body byte, then reads the body and decodes it into link->frame. Reading
+ *     is resumable: a deadline that passes mid-frame returns KVR_ETIMEDOUT and the next call
+ *     continues where it stopped.
+ *   - sending: a scratch buffer for header + records; payload rows are sent straight from
+ *     the caller's buffer with one sendmsg() of up to three iovecs (no copy).
+ * A frame that breaks the limits, a bad checksum, or a peer closing mid-frame is a protocol
+ * error: the link logs the reason (KVR_WARN), shuts the socket down and stays broken
+ * (every later call returns KVR_ECLOSED). The caller then closes it with kvr_link_fini.
+ *
+ * Threads: at most one thread receives (kvr_link_recv) and at most one other thread sends
+ * (kvr_link_send*) on a link at a time; receive and send state are disjoint. kvr_link_init,
+ * the handshakes and kvr_link_fini run while no other thread uses the link. */
+#ifndef KVR_RING_NET_H
+#define KVR_RING_NET_H
+
+#include "core/err.h"
+#include "ring/auth.h"
+#include "ring/plan.h"
+#include "ring/wire.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#define KVR_NET_HOST_BYTES 256
+#define KVR_NET_PEER_BYTES 320
+
+/* ---- Addresses (pure) ----------------------------------------------------------------- */
+
+/* Split "host:port" into host and port. host is a DNS name or IPv4 literal ([A-Za-z0-9._-])
+ * or an IPv6 literal in brackets ("[::1]:7001"; the brackets are removed). port is decimal
+ * 1..65535. Rejects anything else with a message. */
+int kvr_net_parse_addr(const char *addr, char *host, size_t host_cap, uint16_t *port,
+                       struct kvr_err *err);
+
+/* Whether two addresses name the same host (case-insensitive) and port. Addresses that do
+ * not parse are never equal. Names are not resolved ("localhost" != "127.0.0.1"). */
+bool kvr_net_addr_equal(const char *a, const char *b);
+
+/* ---- Sockets -------------------------------------------------------------------------- */
+
+/* Listen on "host:port" (SO_REUSEADDR, close-on-exec). Port 0 is allowed here (tests): the
+ * kernel picks a free port, returned in *bound_port (may be NULL). */
+int kvr_net_listen(const char *addr, int backlog, int *out_fd, uint16_t *bound_port,
+                   struct kvr_err *err);
+/* Accept one connection (waits until the deadline). The new socket has TCP_NODELAY and
+ * close-on-exec set; `peer` (may be NULL) receives "ip:port" of the other side. */
+int kvr_net_accept(int listen_fd, uint64_t deadline_ns, int *out_fd, char *peer, size_t peer_cap,
+                   struct kvr_err *err);
+
+/* Connect to "host:port" (every address the name resolves to, in order) before the
+ * deadline. The socket has TCP_NODELAY and close-on-exec set. KVR_ECLOSED when the
+ * connection is refused (nobody listens there yet: a caller waiting for a peer to start
+ * retries), KVR_ETIMEDOUT, KVR_EINVAL for a malformed address, KVR_EIO otherwise. Name
+ * resolution (getaddrinfo) is not bounded by the deadline. */
+int kvr_net_connect(const char *addr, uint64_t deadline_ns, int *out_fd, struct kvr_err *err);
+
+int kvr_net_set_nodelay(int fd, struct kvr_err *err);
+
+/* Read exactly n bytes. Returns KVR_ECLOSED if the peer closed before the first byte,
+ * KVR_EPROTO if it closed after some bytes but before n, KVR_ETIMEDOUT at the deadline,
+ * KVR_EIO on a socket error. *got (may be NULL) counts the bytes read in any case. */
+int kvr_net_read_full(int fd, void *buf, size_t n, uint64_t deadline_ns, size_t *got,
+                      struct kvr_err *err);
+
+/* Write every byte of the iovecs (handles partial writes; n_iov <= 16). KVR_ECLOSED if the
+ * peer is gone (EPIPE/ECONNRESET), KVR_ETIMEDOUT, KVR_EIO. Nothing useful can be said
+ * about how much was sent after a failure: the connection must be dropped. */
+int kvr_net_writev_full(int fd, const struct iovec *iov, int n_iov, uint64_t deadline_ns,
+                        struct kvr_err *err);
+
+/* Deadline helper: kvr_now_ns() + timeout_ms, or 0 (forever) when timeout_ms < 0. */
+uint64_t kvr_net_deadline(int timeout_ms);
+
+/* ---- Links ---------------------------------------------------------------------------- */
+
+/* Which directions a link is set up for (kvr_link_init): a receiving link allocates a
+ * buffer for the plan's largest frame, a sending one only the small record scratch. */
+enum kvr_link_dir {
+    KVR_LINK_SEND = 1u << 0,
+    KVR_LINK_RECV = 1u << 1,
+};
+
+struct kvr_link {
+    int fd; /* the socket, owned (closed by kvr_link_fini) */
+    bool owns_fd;
+    bool broken;                   /* a protocol or socket error happened: only fini */
+    bool authenticated;            /* the handshake succeeded */
+    char peer[KVR_NET_PEER_BYTES]; /* "stage 2 at 10.0.0.3:7002", for messages */
+
+    struct kvr_wire_limits limits; /* what this side accepts (receiving side) */
+
+    /* Receive state (one frame at a time). */
+    uint8_t hdr_buf[KVR_WIRE_HEADER_BYTES];
+    size_t hdr_have; /* header bytes read so far */
+    bool hdr_ok;     /* header decoded and validated into hdr */
+    struct kvr_wire_header hdr;
+    uint8_t *body; /* limits.max_frame_bytes, 64-byte aligned, owned */
+    size_t body_cap;
+    size_t body_have;
+    struct kvr_wire_frame frame; /* the last frame received; valid until the next recv */
+
+    /* Send state. */
+    uint8_t *scratch; /* kvr_wire_scratch_bytes(&limits), owned */
+    size_t scratch_cap;
+
+    /* Counters (each written by its own direction's thread only). */
+    uint64_t frames_in, bytes_in;
+    uint64_t frames_out, bytes_out;
+};
+
+/* Take ownership of a connected socket `fd` (closed by kvr_link_fini, also when this
+ * fails) and allocate the buffers for `dirs` (enum kvr_link_dir bits) from `limits`: the
+ * limits of the RECEIVING end, on both ends (the sender builds them from the same plan with
+ * kvr_wire_limits_init for its downstream, so its scratch fits every frame the receiver
+ * accepts). `peer` describes the other side in messages ("127.0.0.1:7002"). */
+int kvr_link_init(struct kvr_link *link, int fd, const char *peer,
+                  const struct kvr_wire_limits *limits, uint32_t dirs, struct kvr_err *err);
+/* Close the socket and free the buffers. Safe on a zeroed or failed link. */
+void kvr_link_fini(struct kvr_link *link);
+
+/* Run the handshake of auth.h on a freshly initialised link, for the process playing
+ * `role` (and `index`, for a stage) in `plan`. The client is the side that connected (the
+ * upstream); the server is the side that accepted (the downstream). The expected peer
+ * follows from the topology above. Each waits at most timeout_ms for each message. On any
+ * rejection both sides log the reason, the link is broken, and `err` says why, e.g. "peer
+ * failed authentication: wrong cluster secret?". */
+int kvr_link_handshake_client(struct kvr_link *link, const struct kvr_plan *plan,
+                              enum kvr_auth_role role, uint32_t index, int timeout_ms,
+                              struct kvr_err *err);
+int kvr_link_handshake_server(struct kvr_link *link, const struct kvr_plan *plan,
+                              enum kvr_auth_role role, uint32_t index, int timeout_ms,
+                              struct kvr_err *err);
+
+/* Receive the next frame into link->frame (*out points at it) before the deadline (0 =
+ * wait forever). KVR_ETIMEDOUT leaves a partial frame buffered for the next call (the link
+ * stays usable). KVR_ECLOSED: the peer closed the connection between frames. KVR_EPROTO:
+ * the peer broke the protocol (bad header, limits, body, or closed mid-frame): the link is
+ * broken and the reason logged. The frame's payload points into link->body and the records
+ * into link->frame's arrays: both stay valid until the next kvr_link_recv. */
+int kvr_link_recv(struct kvr_link *link, uint64_t deadline_ns, const struct kvr_wire_frame **out,
+                  struct kvr_err *err);
+
+/* Encode `msg` (wire.h) into the scratch buffer and send it with the payload straight
+ * from msg->payload. Blocks until sent or the deadline. Any failure breaks the link. */
+int kvr_link_send(struct kvr_link *link, const struct kvr_wire_msg *msg, uint64_t deadline_ns,
+                  struct kvr_err *err);
+int kvr_link_send_heartbeat(struct kvr_link *link, uint64_t seq, uint64_t deadline_ns,
+                            struct kvr_err *err);
+int kvr_link_send_goodbye(struct kvr_link *link, enum kvr_wire_goodbye reason, uint64_t deadline_ns,
+                          struct kvr_err *err);
+
+#endif

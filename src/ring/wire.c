@@ -1,0 +1,782 @@
+/* wire.c - encode and decode ring frames (see wire.h for the API, docs/PROTOCOL.md for the
+ * whole protocol).
+ *
+ * Frame = header (40 bytes) + body. All integers little-endian.
+ *
+ * Header
+ *   off size field          notes
+ *     0   4  magic          "KVFR" (0x4b 0x56 0x46 0x52)
+ *     4   1  type           enum kvr_wire_type: 1 BATCH, 2 RESULT, 3 HEARTBEAT, 4 GOODBYE
+ *     5   1  payload        enum kvr_wire_payload: 0 none, 1 tokens, 2 f32, 3 f16, 4 bf16,
+ *                           5 results
+ *     6   2  arg            GOODBYE: reason; otherwise 0
+ *     8   8  batch_id       HEARTBEAT: the sender's heartbeat counter
+ *    16   4  n_rows         sum of the segments' n_tokens
+ *    20   2  n_segs
+ *    22   2  n_ctrl
+ *    24   2  n_timings
+ *    26   2  n_results      RESULT only
+ *    28   4  payload_bytes  exactly n_rows*4 (tokens), n_rows*n_embd*2|4 (rows),
+ *                           n_results*16 (results), 0 (none)
+ *    32   4  body_bytes     n_ctrl*48 + n_segs*16 + payload_bytes + n_timings*32
+ *    36   4  crc            CRC-32C of bytes 0..35
+ *
+ * Body sections, in this order (each section's offset is a multiple of 16 up to the
+ * payload, so a 16-byte aligned body buffer gives an aligned payload):
+ *
+ * Control record (48 bytes)
+ *     0   2  type           enum kvr_wire_ctrl_type: 1 OPEN, 2 FREE, 3 CANCEL
+ *     2   2  flags          OPEN: bit 0 = results carry logprobs; otherwise 0
+ *     4   4  seq
+ *     8   4  temperature    f32  \
+ *    12   4  top_k          i32   |
+ *    16   4  top_p          f32   |
+ *    20   4  min_p          f32   |  OPEN only (struct kvr_wire_sampling);
+ *    24   4  repeat_penalty f32   |  all zero for FREE and CANCEL
+ *    28   4  freq_penalty   f32   |
+ *    32   4  pres_penalty   f32   |
+ *    36   4  repeat_last_n  i32   |
+ *    40   8  seed           u64  /
+ *
+ * Segment record (16 bytes): struct kvr_seg
+ *     0   4  seq   4   4  pos0   8   4  n_tokens   12   4  flags (enum kvr_seg_flag)
+ *
+ * Payload: tokens (int32 each), rows (n_rows x n_embd values, row after row, segment after
+ * segment), or result records.
+ *
+ * Result record (16 bytes)
+ *     0   4  seq   4   4  token (i32)   8   4  logprob (f32)   12   4  flags
+ *
+ * Timing record (32 bytes)
+ *     0   4  stage   4   4  reserved (0)   8   8  held_ns   16   8  starved_ns
+ *    24   8  blocked_ns
+ */
+#include "ring/wire.h"
+
+#include "core/alloc.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+
+/* Payload rows and tokens are sent and used in host byte order (wire.h). */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the ring wire format is little-endian; big-endian hosts are not supported"
+#endif
+
+/* ---- Names and sizes ------------------------------------------------------------------- */
+
+const char *kvr_wire_type_name(uint32_t type)
+{
+    static const char *const names[KVR_WIRE_TYPE_COUNT] = {NULL, "BATCH", "RESULT", "HEARTBEAT",
+                                                           "GOODBYE"};
+    return type > 0 && type < KVR_WIRE_TYPE_COUNT ? names[type] : "unknown";
+}
+
+const char *kvr_wire_payload_name(uint32_t payload)
+{
+    static const char *const names[KVR_WIRE_PAYLOAD_COUNT] = {"none", "tokens", "f32",
+                                                              "f16",  "bf16",   "results"};
+    return payload < KVR_WIRE_PAYLOAD_COUNT ? names[payload] : "unknown";
+}
+
+size_t kvr_wire_payload_elem_bytes(uint32_t payload)
+{
+    switch (payload) {
+    case KVR_WIRE_PAYLOAD_TOKENS:
+    case KVR_WIRE_PAYLOAD_F32:
+        return 4;
+    case KVR_WIRE_PAYLOAD_F16:
+    case KVR_WIRE_PAYLOAD_BF16:
+        return 2;
+    case KVR_WIRE_PAYLOAD_RESULTS:
+        return KVR_WIRE_RESULT_BYTES;
+    default:
+        return 0;
+    }
+}
+
+uint32_t kvr_wire_payload_of_dtype(enum kvr_dtype dtype)
+{
+    switch (dtype) {
+    case KVR_DTYPE_F32:
+        return KVR_WIRE_PAYLOAD_F32;
+    case KVR_DTYPE_F16:
+        return KVR_WIRE_PAYLOAD_F16;
+    case KVR_DTYPE_BF16:
+        return KVR_WIRE_PAYLOAD_BF16;
+    default:
+        return KVR_WIRE_PAYLOAD_COUNT;
+    }
+}
+
+static bool is_rows(uint32_t payload)
+{
+    return payload == KVR_WIRE_PAYLOAD_F32 || payload == KVR_WIRE_PAYLOAD_F16 ||
+           payload == KVR_WIRE_PAYLOAD_BF16;
+}
+
+/* Bitwise CRC-32C (reflected polynomial 0x82F63B78). The header is 36 bytes, so a table
+ * would buy nothing measurable and cost a global. */
+uint32_t kvr_crc32c(const void *data, size_t n)
+{
+    const uint8_t *p = data;
+    uint32_t c = 0xffffffffu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++)
+            c = (c >> 1) ^ (0x82f63b78u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+
+/* ---- Limits ---------------------------------------------------------------------------- */
+
+int kvr_wire_limits_init(struct kvr_wire_limits *lim, const struct kvr_plan *plan, uint32_t n_embd,
+                         uint32_t n_vocab, int receiver, struct kvr_err *err)
+{
+    memset(lim, 0, sizeof *lim);
+    if (receiver < KVR_WIRE_RECV_ANY || (receiver >= 0 && (uint32_t)receiver >= plan->n_stages))
+        return kvr_err_set(err, KVR_EINVAL, "wire: receiver %d is not a stage of the plan",
+                           receiver);
+    if (n_embd == 0)
+        return kvr_err_set(err, KVR_EINVAL, "wire: n_embd is 0");
+    uint32_t rows = kvr_wire_payload_of_dtype(plan->wire_dtype);
+    if (rows == KVR_WIRE_PAYLOAD_COUNT)
+        return kvr_err_set(err, KVR_EINVAL, "wire: the plan's wire dtype is not f32/f16/bf16");
+    lim->max_rows = plan->row_width;
+    lim->max_segs = plan->row_width < KVR_WIRE_MAX_COUNT ? plan->row_width : KVR_WIRE_MAX_COUNT;
+    uint64_t ctrl = 3ull * plan->max_seqs;
+    lim->max_ctrl = ctrl < KVR_WIRE_MAX_COUNT ? (uint32_t)ctrl : KVR_WIRE_MAX_COUNT;
+    lim->max_seqs = plan->max_seqs;
+    lim->n_ctx = plan->n_ctx;
+    lim->n_embd = n_embd;
+    lim->n_vocab = n_vocab;
+    lim->rows_payload = rows;
+    const uint32_t ctl = 1u << KVR_WIRE_HEARTBEAT | 1u << KVR_WIRE_GOODBYE;
+
+    /* Largest payload this receiver can be sent. */
+    uint64_t row_bytes = (uint64_t)plan->row_width * n_embd * kvr_wire_payload_elem_bytes(rows);
+    uint64_t token_bytes = (uint64_t)plan->row_width * 4;
+    uint64_t result_bytes = (uint64_t)lim->max_segs * KVR_WIRE_RESULT_BYTES;
+    uint64_t payload;
+    if (receiver == KVR_WIRE_RECV_BRIDGE) {
+        lim->accept_types = ctl | 1u << KVR_WIRE_RESULT;
+        lim->batch_payload = KVR_WIRE_PAYLOAD_COUNT;
+        lim->min_timings = lim->max_timings = plan->n_stages;
+        payload = result_bytes;
+    } else if (receiver == KVR_WIRE_RECV_ANY) {
+        lim->accept_types = ctl | 1u << KVR_WIRE_BATCH | 1u << KVR_WIRE_RESULT;
+        lim->batch_payload = KVR_WIRE_PAYLOAD_COUNT;
+        lim->min_timings = 0;
+        lim->max_timings = plan->n_stages;
+        payload = row_bytes > token_bytes ? row_bytes : token_bytes;
+        payload = payload > result_bytes ? payload : result_bytes;
+    } else {
+        lim->accept_types = ctl | 1u << KVR_WIRE_BATCH;
+        lim->batch_payload = receiver == 0 ? KVR_WIRE_PAYLOAD_TOKENS : rows;
+        lim->min_timings = lim->max_timings = (uint32_t)receiver;
+        payload = receiver == 0 ? token_bytes : row_bytes;
+    }
+    uint64_t total = KVR_WIRE_HEADER_BYTES + (uint64_t)lim->max_ctrl * KVR_WIRE_CTRL_BYTES +
+                     (uint64_t)lim->max_segs * KVR_WIRE_SEG_BYTES + payload +
+                     (uint64_t)lim->max_timings * KVR_WIRE_TIMING_BYTES;
+    if (total > KVR_WIRE_MAX_FRAME_BYTES)
+        return kvr_err_set(err, KVR_ERANGE,
+                           "wire: the plan's largest frame is %" PRIu64 " bytes (row_width %u "
+                           "x n_embd %u in %s, max_seqs %u), beyond the %u-byte frame bound: "
+                           "lower row_width or use a 16-bit wire dtype",
+                           total, plan->row_width, n_embd, kvr_wire_payload_name(rows),
+                           plan->max_seqs, KVR_WIRE_MAX_FRAME_BYTES);
+    lim->max_frame_bytes = (uint32_t)total;
+    return KVR_OK;
+}
+
+size_t kvr_wire_scratch_bytes(const struct kvr_wire_limits *lim)
+{
+    return KVR_WIRE_HEADER_BYTES + (size_t)lim->max_ctrl * KVR_WIRE_CTRL_BYTES +
+           (size_t)lim->max_segs * (KVR_WIRE_SEG_BYTES + KVR_WIRE_RESULT_BYTES) +
+           ((size_t)lim->max_timings + 1) * KVR_WIRE_TIMING_BYTES;
+}
+
+/* ---- Frames ---------------------------------------------------------------------------- */
+
+int kvr_wire_frame_init(struct kvr_wire_frame *f, const struct kvr_wire_limits *lim,
+                        struct kvr_err *err)
+{
+    memset(f, 0, sizeof *f);
+    f->cap_ctrl = lim->max_ctrl;
+    f->cap_segs = lim->max_segs;
+    f->cap_timings = lim->max_timings + 1;
+    f->cap_seqs = lim->max_seqs;
+    /* +1 everywhere: calloc(0) may return NULL, and an empty array is legal. */
+    f->ctrl = kvr_calloc((size_t)f->cap_ctrl + 1, sizeof *f->ctrl);
+    f->segs = kvr_calloc((size_t)f->cap_segs + 1, sizeof *f->segs);
+    f->results = kvr_calloc((size_t)f->cap_segs + 1, sizeof *f->results);
+    f->timings = kvr_calloc((size_t)f->cap_timings, sizeof *f->timings);
+    f->seq_seen = kvr_calloc((size_t)f->cap_seqs / 64 + 1, sizeof *f->seq_seen);
+    if (!f->ctrl || !f->segs || !f->results || !f->timings || !f->seq_seen) {
+        kvr_wire_frame_fini(f);
+        return kvr_err_set(err, KVR_ENOMEM, "wire: out of memory for frame records");
+    }
+    return KVR_OK;
+}
+
+void kvr_wire_frame_fini(struct kvr_wire_frame *f)
+{
+    kvr_free(f->ctrl);
+    kvr_free(f->segs);
+    kvr_free(f->results);
+    kvr_free(f->timings);
+    kvr_free(f->seq_seen);
+    memset(f, 0, sizeof *f);
+}
+
+int kvr_wire_frame_append_timing(struct kvr_wire_frame *f, const struct kvr_wire_timing *t,
+                                 struct kvr_err *err)
+{
+    if (f->hdr.n_timings >= f->cap_timings)
+        return kvr_err_set(err, KVR_EFULL, "wire: frame already holds %u timing records",
+                           f->hdr.n_timings);
+    f->timings[f->hdr.n_timings++] = *t;
+    return KVR_OK;
+}
+
+void kvr_wire_msg_forward(struct kvr_wire_msg *msg, const struct kvr_wire_frame *f)
+{
+    memset(msg, 0, sizeof *msg);
+    msg->type = f->hdr.type;
+    msg->batch_id = f->hdr.batch_id;
+    msg->ctrl = f->ctrl;
+    msg->n_ctrl = f->hdr.n_ctrl;
+    msg->segs = f->segs;
+    msg->n_segs = f->hdr.n_segs;
+    msg->timings = f->timings;
+    msg->n_timings = f->hdr.n_timings;
+}
+
+/* ---- Header ---------------------------------------------------------------------------- */
+
+#define PROTO(...) kvr_err_set(err, KVR_EPROTO, __VA_ARGS__)
+
+/* Expected payload length from the header's counts alone, in 64 bits with checked
+ * products (n_rows and n_embd are each below 2^32; their product times 4 may not be). */
+static bool expected_payload(const struct kvr_wire_header *h, const struct kvr_wire_limits *lim,
+                             uint64_t *out)
+{
+    uint64_t n;
+    switch (h->payload) {
+    case KVR_WIRE_PAYLOAD_NONE:
+        *out = 0;
+        return true;
+    case KVR_WIRE_PAYLOAD_TOKENS:
+        *out = (uint64_t)h->n_rows * 4;
+        return true;
+    case KVR_WIRE_PAYLOAD_RESULTS:
+        *out = (uint64_t)h->n_results * KVR_WIRE_RESULT_BYTES;
+        return true;
+    default:
+        return kvr_mul_u64(h->n_rows, lim->n_embd, &n) &&
+               kvr_mul_u64(n, kvr_wire_payload_elem_bytes(h->payload), out);
+    }
+}
+
+int kvr_wire_decode_header(const uint8_t *b, const struct kvr_wire_limits *lim,
+                           struct kvr_wire_header *h, struct kvr_err *err)
+{
+    uint32_t magic = kvr_ld32(b);
+    if (magic != KVR_WIRE_FRAME_MAGIC)
+        return PROTO("bad frame magic 0x%08x (expected \"KVFR\"): the stream is out of step "
+                     "or the peer is not a Kvasir process",
+                     magic);
+    uint32_t crc = kvr_crc32c(b, 36), got = kvr_ld32(b + 36);
+    if (crc != got)
+        return PROTO("header checksum 0x%08x does not match its bytes (0x%08x): corrupt "
+                     "header",
+                     got, crc);
+    memset(h, 0, sizeof *h);
+    h->type = b[4];
+    h->payload = b[5];
+    h->arg = kvr_ld16(b + 6);
+    h->batch_id = kvr_ld64(b + 8);
+    h->n_rows = kvr_ld32(b + 16);
+    h->n_segs = kvr_ld16(b + 20);
+    h->n_ctrl = kvr_ld16(b + 22);
+    h->n_timings = kvr_ld16(b + 24);
+    h->n_results = kvr_ld16(b + 26);
+    h->payload_bytes = kvr_ld32(b + 28);
+    h->body_bytes = kvr_ld32(b + 32);
+
+    if (h->type == 0 || h->type >= KVR_WIRE_TYPE_COUNT)
+        return PROTO("unknown frame type %u", h->type);
+    if (!(lim->accept_types & 1u << h->type))
+        return PROTO("a %s frame is not accepted on this link", kvr_wire_type_name(h->type));
+    if (h->payload >= KVR_WIRE_PAYLOAD_COUNT)
+        return PROTO("unknown payload type %u", h->payload);
+    const char *tn = kvr_wire_type_name(h->type);
+
+    switch (h->type) {
+    case KVR_WIRE_HEARTBEAT:
+    case KVR_WIRE_GOODBYE:
+        if (h->payload != KVR_WIRE_PAYLOAD_NONE || h->n_rows || h->n_segs || h->n_ctrl ||
+            h->n_timings || h->n_results || h->payload_bytes || h->body_bytes)
+            return PROTO("a %s frame has no body, but this one declares counts or bytes", tn);
+        if (h->type == KVR_WIRE_HEARTBEAT ? h->arg != 0 : h->arg >= KVR_WIRE_GOODBYE_COUNT)
+            return PROTO("%s frame with unknown argument %u", tn, h->arg);
+        return KVR_OK;
+    case KVR_WIRE_BATCH:
+        if (lim->batch_payload < KVR_WIRE_PAYLOAD_COUNT
+                ? h->payload != lim->batch_payload
+                : h->payload != KVR_WIRE_PAYLOAD_TOKENS && h->payload != lim->rows_payload)
+            return PROTO("BATCH frame carries %s; this link expects %s",
+                         kvr_wire_payload_name(h->payload),
+                         kvr_wire_payload_name(lim->batch_payload < KVR_WIRE_PAYLOAD_COUNT
+                                                   ? lim->batch_payload
+                                                   : lim->rows_payload));
+        if (h->n_results)
+            return PROTO("BATCH frame declares %u result records", h->n_results);
+        break;
+    case KVR_WIRE_RESULT:
+        if (h->payload != KVR_WIRE_PAYLOAD_RESULTS)
+            return PROTO("RESULT frame carries %s, not results", kvr_wire_payload_name(h->payload));
+        if (h->n_results > h->n_segs)
+            return PROTO("RESULT frame has %u results for %u segments", h->n_results, h->n_segs);
+        break;
+    }
+    if (h->arg)
+        return PROTO("%s frame with nonzero argument %u", tn, h->arg);
+    if (h->n_rows > lim->max_rows)
+        return PROTO("%s frame has %u rows; the plan's row_width is %u", tn, h->n_rows,
+                     lim->max_rows);
+    if (h->n_segs > lim->max_segs)
+        return PROTO("%s frame has %u segments; at most %u", tn, h->n_segs, lim->max_segs);
+    if (h->n_segs > h->n_rows || (h->n_rows > 0 && h->n_segs == 0))
+        return PROTO("%s frame has %u segments for %u rows (every segment has at least one "
+                     "row, every row belongs to a segment)",
+                     tn, h->n_segs, h->n_rows);
+    if (h->n_ctrl > lim->max_ctrl)
+        return PROTO("%s frame has %u control records; at most %u", tn, h->n_ctrl, lim->max_ctrl);
+    if (h->n_timings < lim->min_timings || h->n_timings > lim->max_timings) {
+        if (lim->min_timings == lim->max_timings)
+            return PROTO("%s frame has %u timing records; one per upstream stage (%u) "
+                         "expected here",
+                         tn, h->n_timings, lim->min_timings);
+        return PROTO("%s frame has %u timing records; at most %u", tn, h->n_timings,
+                     lim->max_timings);
+    }
+    uint64_t want;
+    if (!expected_payload(h, lim, &want) || want != h->payload_bytes)
+        return PROTO("%s frame payload is %u bytes; %u rows (%u results) of %s need %" PRIu64, tn,
+                     h->payload_bytes, h->n_rows, h->n_results, kvr_wire_payload_name(h->payload),
+                     want);
+    uint64_t body = (uint64_t)h->n_ctrl * KVR_WIRE_CTRL_BYTES +
+                    (uint64_t)h->n_segs * KVR_WIRE_SEG_BYTES + h->payload_bytes +
+                    (uint64_t)h->n_timings * KVR_WIRE_TIMING_BYTES;
+    if (body != h->body_bytes)
+        return PROTO("%s frame body is %u bytes but its sections add up to %" PRIu64, tn,
+                     h->body_bytes, body);
+    if (KVR_WIRE_HEADER_BYTES + body > lim->max_frame_bytes)
+        return PROTO("%s frame of %" PRIu64 " bytes exceeds the plan's largest frame (%u "
+                     "bytes)",
+                     tn, KVR_WIRE_HEADER_BYTES + body, lim->max_frame_bytes);
+    return KVR_OK;
+}
+
+/* ---- Body ------------------------------------------------------------------------------ */
+
+static bool all_zero(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return false;
+    return true;
+}
+
+static bool in_range(float x, float lo, float hi)
+{
+    return isfinite(x) && x >= lo && x <= hi;
+}
+
+static int decode_ctrl(const uint8_t *p, uint32_t i, const struct kvr_wire_limits *lim,
+                       struct kvr_wire_ctrl *c, struct kvr_err *err)
+{
+    memset(c, 0, sizeof *c);
+    c->type = kvr_ld16(p);
+    c->flags = kvr_ld16(p + 2);
+    c->seq = kvr_ld32(p + 4);
+    if (c->type == 0 || c->type >= KVR_WIRE_CTRL_TYPE_COUNT)
+        return PROTO("control record %u has unknown type %u", i, c->type);
+    if (c->seq >= lim->max_seqs)
+        return PROTO("control record %u names seq %u; the plan has %u sequence slots", i, c->seq,
+                     lim->max_seqs);
+    if (c->type != KVR_WIRE_CTRL_OPEN) {
+        if (c->flags || !all_zero(p + 8, KVR_WIRE_CTRL_BYTES - 8))
+            return PROTO("control record %u (%s seq %u) has nonzero unused fields", i,
+                         c->type == KVR_WIRE_CTRL_FREE ? "FREE" : "CANCEL", c->seq);
+        return KVR_OK;
+    }
+    if (c->flags & ~((1u << KVR_WIRE_OPEN_FLAG_COUNT) - 1))
+        return PROTO("control record %u (OPEN seq %u) has unknown flags 0x%x", i, c->seq, c->flags);
+    struct kvr_wire_sampling *s = &c->sampling;
+    s->temperature = kvr_ldf32(p + 8);
+    s->top_k = (int32_t)kvr_ld32(p + 12);
+    s->top_p = kvr_ldf32(p + 16);
+    s->min_p = kvr_ldf32(p + 20);
+    s->repeat_penalty = kvr_ldf32(p + 24);
+    s->frequency_penalty = kvr_ldf32(p + 28);
+    s->presence_penalty = kvr_ldf32(p + 32);
+    s->repeat_last_n = (int32_t)kvr_ld32(p + 36);
+    s->seed = kvr_ld64(p + 40);
+    const char *bad = NULL;
+    if (!in_range(s->temperature, 0.0f, 100.0f))
+        bad = "temperature (0..100)";
+    else if (s->top_k < 0)
+        bad = "top_k (>= 0)";
+    else if (!in_range(s->top_p, 0.0f, 1.0f))
+        bad = "top_p (0..1)";
+    else if (!in_range(s->min_p, 0.0f, 1.0f))
+        bad = "min_p (0..1)";
+    else if (!in_range(s->repeat_penalty, 0.0f, 100.0f) || s->repeat_penalty == 0.0f)
+        bad = "repeat_penalty (> 0, <= 100)";
+    else if (!in_range(s->frequency_penalty, -100.0f, 100.0f))
+        bad = "frequency_penalty (-100..100)";
+    else if (!in_range(s->presence_penalty, -100.0f, 100.0f))
+        bad = "presence_penalty (-100..100)";
+    else if (s->repeat_last_n < -1 || (int64_t)s->repeat_last_n > (int64_t)lim->n_ctx)
+        bad = "repeat_last_n (-1..n_ctx)";
+    if (bad)
+        return PROTO("control record %u (OPEN seq %u): %s out of range", i, c->seq, bad);
+    return KVR_OK;
+}
+
+#define SEG_KNOWN ((1u << KVR_SEG_FLAG_COUNT) - 1)
+
+static int decode_seg(const uint8_t *p, uint32_t i, const struct kvr_wire_limits *lim,
+                      struct kvr_wire_frame *f, struct kvr_err *err)
+{
+    struct kvr_seg *s = &f->segs[i];
+    s->seq = kvr_ld32(p);
+    s->pos0 = kvr_ld32(p + 4);
+    s->n_tokens = kvr_ld32(p + 8);
+    s->flags = kvr_ld32(p + 12);
+    if (s->seq >= lim->max_seqs)
+        return PROTO("segment %u names seq %u; the plan has %u sequence slots", i, s->seq,
+                     lim->max_seqs);
+    if (s->n_tokens == 0)
+        return PROTO("segment %u (seq %u) has no tokens", i, s->seq);
+    if ((uint64_t)s->pos0 + s->n_tokens > lim->n_ctx)
+        return PROTO("segment %u (seq %u): positions %u..%" PRIu64 " exceed n_ctx %u", i, s->seq,
+                     s->pos0, (uint64_t)s->pos0 + s->n_tokens - 1, lim->n_ctx);
+    uint32_t fl = s->flags;
+    if (fl & ~SEG_KNOWN)
+        return PROTO("segment %u (seq %u) has unknown flags 0x%x", i, s->seq, fl);
+    bool prefill = fl & KVR_SEG_PREFILL, decode = fl & KVR_SEG_DECODE;
+    const char *bad = NULL;
+    if (prefill == decode)
+        bad = "must be exactly one of PREFILL and DECODE";
+    else if ((fl & KVR_SEG_LAST_CHUNK) && !prefill)
+        bad = "LAST_CHUNK without PREFILL";
+    else if (decode && s->n_tokens != 1)
+        bad = "a DECODE segment carries exactly one token";
+    else if ((fl & KVR_SEG_WANTS_TOKEN) && !decode && !(fl & KVR_SEG_LAST_CHUNK))
+        bad = "WANTS_TOKEN only on a DECODE segment or a LAST_CHUNK";
+    if (bad)
+        return PROTO("segment %u (seq %u, flags 0x%x): %s", i, s->seq, fl, bad);
+    uint64_t bit = 1ull << (s->seq % 64);
+    if (f->seq_seen[s->seq / 64] & bit)
+        return PROTO("segment %u: seq %u appears in two segments of one batch", i, s->seq);
+    f->seq_seen[s->seq / 64] |= bit;
+    return KVR_OK;
+}
+
+int kvr_wire_decode_body(struct kvr_wire_frame *f, const struct kvr_wire_header *h,
+                         const uint8_t *body, size_t len, const struct kvr_wire_limits *lim,
+                         struct kvr_err *err)
+{
+    if (len != h->body_bytes)
+        return PROTO("frame body is %zu bytes; its header says %u", len, h->body_bytes);
+    if (h->n_ctrl > f->cap_ctrl || h->n_segs > f->cap_segs || h->n_results > f->cap_segs ||
+        h->n_timings >= f->cap_timings || lim->max_seqs > f->cap_seqs)
+        return kvr_err_set(err, KVR_EINVAL, "wire: frame records were sized for smaller limits");
+    f->hdr = *h;
+    f->payload = NULL;
+    f->n_logit_rows = 0;
+    const uint8_t *p = body;
+    int rc = KVR_OK;
+
+    for (uint32_t i = 0; i < h->n_ctrl; i++, p += KVR_WIRE_CTRL_BYTES)
+        if ((rc = decode_ctrl(p, i, lim, &f->ctrl[i], err)))
+            return rc;
+
+    uint64_t rows = 0;
+    uint32_t i_seg = 0;
+    for (; i_seg < h->n_segs; i_seg++, p += KVR_WIRE_SEG_BYTES) {
+        if ((rc = decode_seg(p, i_seg, lim, f, err)))
+            break;
+        rows += f->segs[i_seg].n_tokens;
+        f->n_logit_rows += (f->segs[i_seg].flags & KVR_SEG_WANTS_TOKEN) != 0;
+    }
+    /* Clear exactly the bits this frame set, so the bitmap is all zero for the next. */
+    for (uint32_t i = 0; i < i_seg; i++)
+        f->seq_seen[f->segs[i].seq / 64] &= ~(1ull << (f->segs[i].seq % 64));
+    if (rc)
+        return rc;
+    if (rows != h->n_rows)
+        return PROTO("segments hold %" PRIu64 " rows; the header says %u", rows, h->n_rows);
+
+    f->payload = h->payload_bytes ? p : NULL;
+    if (h->payload == KVR_WIRE_PAYLOAD_TOKENS && lim->n_vocab) {
+        for (uint32_t r = 0; r < h->n_rows; r++) {
+            int32_t t = (int32_t)kvr_ld32(p + 4 * (size_t)r);
+            if (t < 0 || (uint32_t)t >= lim->n_vocab)
+                return PROTO("row %u has token id %d; the vocabulary has %u tokens", r, t,
+                             lim->n_vocab);
+        }
+    }
+    if (h->type == KVR_WIRE_RESULT) {
+        if (h->n_results != f->n_logit_rows)
+            return PROTO("RESULT frame has %u results for %u segments that want a token",
+                         h->n_results, f->n_logit_rows);
+        uint32_t k = 0;
+        for (uint32_t i = 0; i < h->n_segs; i++) {
+            if (!(f->segs[i].flags & KVR_SEG_WANTS_TOKEN))
+                continue;
+            const uint8_t *q = p + (size_t)k * KVR_WIRE_RESULT_BYTES;
+            struct kvr_wire_result *r = &f->results[k];
+            r->seq = kvr_ld32(q);
+            r->token = (int32_t)kvr_ld32(q + 4);
+            r->logprob = kvr_ldf32(q + 8);
+            r->flags = kvr_ld32(q + 12);
+            if (r->seq != f->segs[i].seq)
+                return PROTO("result %u is for seq %u; segment %u (the %u-th wanting a "
+                             "token) is seq %u",
+                             k, r->seq, i, k, f->segs[i].seq);
+            if (r->token < 0 || (lim->n_vocab && (uint32_t)r->token >= lim->n_vocab))
+                return PROTO("result %u (seq %u) has token id %d outside the vocabulary", k, r->seq,
+                             r->token);
+            if (r->flags & ~((1u << KVR_WIRE_RESULT_FLAG_COUNT) - 1))
+                return PROTO("result %u (seq %u) has unknown flags 0x%x", k, r->seq, r->flags);
+            bool has = r->flags & KVR_WIRE_RESULT_LOGPROB;
+            /* A log-probability is <= 0 (-inf allowed: underflow); NaN fails the test. */
+            if (has ? !(r->logprob <= 0.0f) : kvr_ld32(q + 8) != 0)
+                return PROTO("result %u (seq %u) has logprob %g with flags 0x%x", k, r->seq,
+                             (double)r->logprob, r->flags);
+            k++;
+        }
+    }
+    p += h->payload_bytes;
+
+    for (uint32_t i = 0; i < h->n_timings; i++, p += KVR_WIRE_TIMING_BYTES) {
+        struct kvr_wire_timing *t = &f->timings[i];
+        t->stage = kvr_ld32(p);
+        if (t->stage != i || kvr_ld32(p + 4) != 0)
+            return PROTO("timing record %u claims stage %u (record i comes from stage i, "
+                         "reserved field 0)",
+                         i, t->stage);
+        t->held_ns = kvr_ld64(p + 8);
+        t->starved_ns = kvr_ld64(p + 16);
+        t->blocked_ns = kvr_ld64(p + 24);
+    }
+    return KVR_OK;
+}
+
+/* ---- Encoding -------------------------------------------------------------------------- */
+
+#define INVAL(...) kvr_err_set(err, KVR_EINVAL, __VA_ARGS__)
+
+static uint8_t *put_ctrl(uint8_t *p, const struct kvr_wire_ctrl *c)
+{
+    memset(p, 0, KVR_WIRE_CTRL_BYTES);
+    kvr_st16(p, (uint16_t)c->type);
+    kvr_st16(p + 2, (uint16_t)c->flags);
+    kvr_st32(p + 4, c->seq);
+    if (c->type == KVR_WIRE_CTRL_OPEN) {
+        const struct kvr_wire_sampling *s = &c->sampling;
+        kvr_stf32(p + 8, s->temperature);
+        kvr_st32(p + 12, (uint32_t)s->top_k);
+        kvr_stf32(p + 16, s->top_p);
+        kvr_stf32(p + 20, s->min_p);
+        kvr_stf32(p + 24, s->repeat_penalty);
+        kvr_stf32(p + 28, s->frequency_penalty);
+        kvr_stf32(p + 32, s->presence_penalty);
+        kvr_st32(p + 36, (uint32_t)s->repeat_last_n);
+        kvr_st64(p + 40, s->seed);
+    }
+    return p + KVR_WIRE_CTRL_BYTES;
+}
+
+int kvr_wire_encode(const struct kvr_wire_msg *m, uint8_t *scratch, size_t cap,
+                    struct iovec iov[KVR_WIRE_MAX_IOV], int *n_iov, size_t *frame_bytes,
+                    struct kvr_err *err)
+{
+    if (m->type == 0 || m->type >= KVR_WIRE_TYPE_COUNT)
+        return INVAL("wire: cannot encode frame type %u", m->type);
+    bool data = m->type == KVR_WIRE_BATCH || m->type == KVR_WIRE_RESULT;
+    if (m->n_ctrl > KVR_WIRE_MAX_COUNT || m->n_segs > KVR_WIRE_MAX_COUNT ||
+        m->n_timings > KVR_WIRE_MAX_COUNT || m->n_results > KVR_WIRE_MAX_COUNT)
+        return INVAL("wire: a count exceeds the header's 16-bit field");
+    if (!data && (m->n_ctrl || m->n_segs || m->n_timings || m->n_results || m->payload_bytes))
+        return INVAL("wire: a %s frame has no body", kvr_wire_type_name(m->type));
+    uint64_t rows = 0;
+    for (uint32_t i = 0; i < m->n_segs; i++)
+        rows += m->segs[i].n_tokens;
+    if (rows > UINT32_MAX)
+        return INVAL("wire: %" PRIu64 " rows do not fit a frame", rows);
+
+    uint32_t payload = m->payload;
+    uint64_t payload_bytes = m->payload_bytes;
+    if (!data) {
+        payload = KVR_WIRE_PAYLOAD_NONE;
+    } else if (m->type == KVR_WIRE_RESULT) {
+        if (payload != KVR_WIRE_PAYLOAD_RESULTS)
+            return INVAL("wire: a RESULT frame carries results");
+        payload_bytes = (uint64_t)m->n_results * KVR_WIRE_RESULT_BYTES;
+    } else {
+        if (payload != KVR_WIRE_PAYLOAD_TOKENS && !is_rows(payload))
+            return INVAL("wire: a BATCH frame carries tokens or rows, not %s",
+                         kvr_wire_payload_name(payload));
+        if (m->n_results)
+            return INVAL("wire: only RESULT frames carry results");
+        /* Tokens: one int32 per row. Rows: a whole, nonzero number of values per row
+         * (the encoder does not know n_embd; the receiver checks it). */
+        uint64_t unit = rows * kvr_wire_payload_elem_bytes(payload);
+        bool ok =
+            payload == KVR_WIRE_PAYLOAD_TOKENS
+                ? payload_bytes == unit
+                : (rows == 0 ? payload_bytes == 0 : payload_bytes > 0 && payload_bytes % unit == 0);
+        if (!ok)
+            return INVAL("wire: %" PRIu64 " payload bytes are not %" PRIu64 " whole rows of %s",
+                         payload_bytes, rows, kvr_wire_payload_name(payload));
+        if (payload_bytes && !m->payload_data)
+            return INVAL("wire: payload bytes without payload data");
+    }
+    uint64_t records = KVR_WIRE_HEADER_BYTES + (uint64_t)m->n_ctrl * KVR_WIRE_CTRL_BYTES +
+                       (uint64_t)m->n_segs * KVR_WIRE_SEG_BYTES;
+    uint64_t results = m->type == KVR_WIRE_RESULT ? payload_bytes : 0;
+    uint64_t timings = (uint64_t)m->n_timings * KVR_WIRE_TIMING_BYTES;
+    uint64_t body = records - KVR_WIRE_HEADER_BYTES + payload_bytes + timings;
+    if (body > UINT32_MAX || payload_bytes > UINT32_MAX)
+        return INVAL("wire: a frame body of %" PRIu64 " bytes is too large", body);
+    if (records + results + timings > cap)
+        return INVAL("wire: scratch of %zu bytes cannot hold %" PRIu64 " bytes of records", cap,
+                     records + results + timings);
+
+    uint8_t *p = scratch;
+    kvr_st32(p, KVR_WIRE_FRAME_MAGIC);
+    p[4] = (uint8_t)m->type;
+    p[5] = (uint8_t)payload;
+    kvr_st16(p + 6, (uint16_t)(m->type == KVR_WIRE_GOODBYE ? m->arg : 0));
+    kvr_st64(p + 8, m->batch_id);
+    kvr_st32(p + 16, (uint32_t)rows);
+    kvr_st16(p + 20, (uint16_t)m->n_segs);
+    kvr_st16(p + 22, (uint16_t)m->n_ctrl);
+    kvr_st16(p + 24, (uint16_t)m->n_timings);
+    kvr_st16(p + 26, (uint16_t)(m->type == KVR_WIRE_RESULT ? m->n_results : 0));
+    kvr_st32(p + 28, (uint32_t)payload_bytes);
+    kvr_st32(p + 32, (uint32_t)body);
+    kvr_st32(p + 36, kvr_crc32c(p, 36));
+    p += KVR_WIRE_HEADER_BYTES;
+    for (uint32_t i = 0; i < m->n_ctrl; i++)
+        p = put_ctrl(p, &m->ctrl[i]);
+    for (uint32_t i = 0; i < m->n_segs; i++, p += KVR_WIRE_SEG_BYTES) {
+        kvr_st32(p, m->segs[i].seq);
+        kvr_st32(p + 4, m->segs[i].pos0);
+        kvr_st32(p + 8, m->segs[i].n_tokens);
+        kvr_st32(p + 12, m->segs[i].flags);
+    }
+    for (uint32_t i = 0; m->type == KVR_WIRE_RESULT && i < m->n_results;
+         i++, p += KVR_WIRE_RESULT_BYTES) {
+        kvr_st32(p, m->results[i].seq);
+        kvr_st32(p + 4, (uint32_t)m->results[i].token);
+        kvr_stf32(p + 8, m->results[i].logprob);
+        kvr_st32(p + 12, m->results[i].flags);
+    }
+    uint8_t *tim = p;
+    for (uint32_t i = 0; i < m->n_timings; i++, p += KVR_WIRE_TIMING_BYTES) {
+        kvr_st32(p, m->timings[i].stage);
+        kvr_st32(p + 4, 0);
+        kvr_st64(p + 8, m->timings[i].held_ns);
+        kvr_st64(p + 16, m->timings[i].starved_ns);
+        kvr_st64(p + 24, m->timings[i].blocked_ns);
+    }
+
+    int n = 0;
+    iov[n].iov_base = scratch;
+    iov[n++].iov_len = (size_t)(tim - scratch);
+    if (m->type == KVR_WIRE_BATCH && payload_bytes) {
+        iov[n].iov_base = (void *)m->payload_data;
+        iov[n++].iov_len = (size_t)payload_bytes;
+    }
+    if (timings) {
+        iov[n].iov_base = tim;
+        iov[n++].iov_len = (size_t)timings;
+    }
+    *n_iov = n;
+    *frame_bytes = (size_t)(KVR_WIRE_HEADER_BYTES + body);
+    return KVR_OK;
+}
+
+int kvr_wire_encode_flat(const struct kvr_wire_msg *m, uint8_t *out, size_t cap,
+                         size_t *frame_bytes, struct kvr_err *err)
+{
+    /* Encode in place: the records land at the start of `out`; the payload (if any) is
+     * then inserted before the timing records by moving those up. */
+    struct iovec iov[KVR_WIRE_MAX_IOV];
+    int n_iov = 0;
+    size_t total = 0;
+    int rc = kvr_wire_encode(m, out, cap, iov, &n_iov, &total, err);
+    if (rc)
+        return rc;
+    if (total > cap)
+        return INVAL("wire: buffer of %zu bytes cannot hold a %zu-byte frame", cap, total);
+    size_t at = iov[0].iov_len;
+    if (n_iov >= 2 && iov[1].iov_base == (void *)m->payload_data && m->type == KVR_WIRE_BATCH) {
+        size_t pay = iov[1].iov_len, tim = n_iov == 3 ? iov[2].iov_len : 0;
+        memmove(out + at + pay, out + at, tim);
+        memcpy(out + at, m->payload_data, pay);
+    }
+    *frame_bytes = total;
+    return KVR_OK;
+}
+
+/* ---- Boundary rows --------------------------------------------------------------------- */
+
+void kvr_wire_rows_from_f32(uint32_t payload, const float *src, size_t n, void *dst)
+{
+    uint8_t *d = dst;
+    switch (payload) {
+    case KVR_WIRE_PAYLOAD_F32:
+        memcpy(d, src, n * sizeof(float));
+        break;
+    case KVR_WIRE_PAYLOAD_F16:
+        for (size_t i = 0; i < n; i++)
+            kvr_st16(d + 2 * i, kvr_f32_to_f16(src[i]));
+        break;
+    case KVR_WIRE_PAYLOAD_BF16:
+        for (size_t i = 0; i < n; i++)
+            kvr_st16(d + 2 * i, kvr_f32_to_bf16(src[i]));
+        break;
+    default:
+        break;
+    }
+}
+
+void kvr_wire_rows_to_f32(uint32_t payload, const void *src, size_t n, float *dst)
+{
+    const uint8_t *s = src;
+    switch (payload) {
+    case KVR_WIRE_PAYLOAD_F32:
+        memcpy(dst, s, n * sizeof(float));
+        break;
+    case KVR_WIRE_PAYLOAD_F16:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = kvr_f16_to_f32(kvr_ld16(s + 2 * i));
+        break;
+    case KVR_WIRE_PAYLOAD_BF16:
+        for (size_t i = 0; i < n; i++)
+            dst[i] = kvr_bf16_to_f32(kvr_ld16(s + 2 * i));
+        break;
+    default:
+        break;
+    }
+}
