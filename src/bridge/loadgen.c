@@ -413,6 +413,7 @@ enum {
     SVG_WIDTH = 800,
     PANEL_HEIGHT = 320,
     TITLE_HEIGHT = 36,
+    SUBTITLE_HEIGHT = 18,
     MARGIN_LEFT = 78,
     MARGIN_RIGHT = 200, /* room for the legend */
     MARGIN_TOP = 34,
@@ -609,7 +610,12 @@ static void write_panel(struct kvr_sbuf *out, const struct kvr_svg_panel *p, dou
 void kvr_svg_write(struct kvr_sbuf *out, const char *title, const struct kvr_svg_panel *panels,
                    size_t n_panels)
 {
-    int height = TITLE_HEIGHT + PANEL_HEIGHT * (int)n_panels;
+    /* The first line of the title is the heading, further lines ('\n') smaller below it. */
+    int n_lines = 1;
+    for (const char *p = title; p && *p; p++)
+        n_lines += *p == '\n';
+    int head = TITLE_HEIGHT + (n_lines - 1) * SUBTITLE_HEIGHT;
+    int height = head + PANEL_HEIGHT * (int)n_panels;
     kvr_sbuf_printf(out,
                     "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
                     "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
@@ -619,18 +625,28 @@ void kvr_svg_write(struct kvr_sbuf *out, const char *title, const struct kvr_svg
                     ".axis{stroke:#333;stroke-width:1}\n"
                     ".frame{fill:none;stroke:#333;stroke-width:1}\n"
                     ".title{font-size:17px;font-weight:bold;text-anchor:middle}\n"
+                    ".subtitle{font-size:12px;text-anchor:middle}\n"
                     ".ptitle{font-size:14px;font-weight:bold;text-anchor:middle}\n"
                     ".xtick{font-size:11px;text-anchor:middle}\n"
                     ".ytick{font-size:11px;text-anchor:end}\n"
                     ".xlabel,.ylabel{font-size:12px;text-anchor:middle}\n"
                     ".legend{font-size:12px}\n"
                     "</style>\n"
-                    "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n"
-                    "<text x=\"%d\" y=\"24\" class=\"title\">",
-                    SVG_WIDTH, height, SVG_WIDTH, height, SVG_WIDTH / 2);
-    put_escaped(out, title);
-    kvr_sbuf_puts(out, "</text>\n");
+                    "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+                    SVG_WIDTH, height, SVG_WIDTH, height);
+    const char *line = title ? title : "";
+    for (int i = 0; i < n_lines; i++) {
+        const char *nl = strchr(line, '\n');
+        size_t len = nl ? (size_t)(nl - line) : strlen(line);
+        char buf[512];
+        snprintf(buf, sizeof buf, "%.*s", (int)(len < sizeof buf ? len : sizeof buf - 1), line);
+        kvr_sbuf_printf(out, "<text x=\"%d\" y=\"%d\" class=\"%s\">", SVG_WIDTH / 2,
+                        i == 0 ? 24 : 24 + 4 + i * SUBTITLE_HEIGHT, i == 0 ? "title" : "subtitle");
+        put_escaped(out, buf);
+        kvr_sbuf_puts(out, "</text>\n");
+        line = nl ? nl + 1 : line + len;
+    }
     for (size_t i = 0; i < n_panels; i++)
-        write_panel(out, &panels[i], TITLE_HEIGHT + (double)PANEL_HEIGHT * (double)i);
+        write_panel(out, &panels[i], head + (double)PANEL_HEIGHT * (double)i);
     kvr_sbuf_puts(out, "</svg>\n");
 }

@@ -188,8 +188,9 @@ struct kvr_svg_panel {
 };
 
 /* Append a self-contained SVG document: panels stacked vertically, each with axes, ticks,
- * tick labels, axis labels, grid lines and a legend; `title` on top. The x range is shared
- * by no panel: each fits its own data. */
+ * tick labels, axis labels, grid lines and a legend; `title` on top (its first line as the
+ * heading, further '\n'-separated lines as smaller subtitles). Each panel fits its own data
+ * range. */
 void kvr_svg_write(struct kvr_sbuf *out, const char *title, const struct kvr_svg_panel *panels,
                    size_t n_panels);
 

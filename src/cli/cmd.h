@@ -10,5 +10,6 @@ int kvr_cmd_stage(int argc, char **argv);
 int kvr_cmd_plan(int argc, char **argv);
 int kvr_cmd_serve(int argc, char **argv);
 int kvr_cmd_bridge(int argc, char **argv);
+int kvr_cmd_bench(int argc, char **argv);
 
 #endif

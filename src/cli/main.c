@@ -18,6 +18,7 @@ static const struct subcommand subcommands[] = {
     {"plan", kvr_cmd_plan, "write a balanced plan that splits a model over N stages"},
     {"stage", kvr_cmd_stage, "serve one stage of a ring (a layer slice of the model)"},
     {"synth", kvr_cmd_synth, "write a GGUF model with random weights for a named shape"},
+    {"bench", kvr_cmd_bench, "load a running server and report latency, throughput, goodput"},
 };
 
 static void usage(FILE *f)
