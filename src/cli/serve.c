@@ -46,6 +46,7 @@ struct serve_opts {
     uint32_t port, stages, threads, ttft_ms, total_ms, max_waiting;
     bool no_admission;
     struct kvr_plan_spec spec;
+    char tmp_dir[512]; /* the plan directory serve made itself (removed at exit), or "" */
 };
 
 static void usage(FILE *f, bool serve)
@@ -196,6 +197,7 @@ static int write_plan(struct serve_opts *o, struct kvr_gguf *g, struct kvr_plan 
             fprintf(stderr, "kvasir serve: mkdtemp: %s\n", strerror(errno));
             return -1;
         }
+        snprintf(o->tmp_dir, sizeof o->tmp_dir, "%s", dir);
     }
     char model_abs[4096];
     if (!realpath(o->model, model_abs)) {
@@ -374,6 +376,12 @@ out:
     for (uint32_t i = 0; pids && i < plan->n_stages; i++)
         if (pids[i] > 0)
             waitpid(pids[i], NULL, 0);
+    /* The plan holds the ring's secret: do not leave it behind in /tmp. */
+    if (serve && o.tmp_dir[0]) {
+        if (plan_path[0])
+            unlink(plan_path);
+        rmdir(o.tmp_dir);
+    }
     kvr_bridge_destroy(bridge);
     kvr_free(pids);
     kvr_tok_destroy(tok);
