@@ -34,7 +34,12 @@ enum {
     RING_TIMEOUT_MS = 15000, /* a batch that has not come back by then was lost */
     PROBE_MS = 500,          /* ... while checking a newly connected ring */
     WINDOW_NS = 2000000000,  /* telemetry fractions are over this window */
+    MIN_PREFILL_ROWS = 4,    /* prefill rows a batch with decodes still takes, to progress */
 };
+
+/* A batch that carries decode rows may take at most this factor longer because of the
+ * prefill rows added to it. */
+#define PREFILL_SLOWDOWN 1.5
 
 /* ---- streams ---------------------------------------------------------------------------- */
 
@@ -322,6 +327,28 @@ static uint32_t pick_decodes(struct kvr_bridge *b, uint32_t quota, uint32_t *ord
     return n;
 }
 
+/* The most rows a batch that already carries `decode_rows` decode rows may have: prefill
+ * rows are added only while the cost model predicts the batch stays within
+ * PREFILL_SLOWDOWN of its decode-only time (and at least MIN_PREFILL_ROWS, so prompts
+ * progress). Without decode rows, or before the model has data, the whole row width. */
+static uint32_t row_limit_with(const struct kvr_bridge *b, uint32_t decode_rows)
+{
+    uint32_t width = b->plan.row_width;
+    if (decode_rows == 0 || !kvr_cost_ready(&b->cost))
+        return width;
+    double limit_ms = PREFILL_SLOWDOWN * kvr_cost_batch_ms(&b->cost, decode_rows);
+    uint32_t lo = decode_rows + MIN_PREFILL_ROWS, hi = width;
+    lo = lo < hi ? lo : hi;
+    while (lo < hi) { /* the largest row count whose predicted time fits */
+        uint32_t mid = lo + (hi - lo + 1) / 2;
+        if (kvr_cost_batch_ms(&b->cost, mid) <= limit_ms)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 /* Build the next batch into `bt`. Returns false if there is nothing to send. Caller holds
  * b->lock. */
 static bool build_batch(struct kvr_bridge *b, struct batch *bt, uint32_t *scratch)
@@ -371,8 +398,11 @@ static bool build_batch(struct kvr_bridge *b, struct batch *bt, uint32_t *scratc
         q->inflight++;
     }
 
-    /* 3. Prefill chunks in what is left of the row width, earliest deadline first. */
-    while (bt->n_rows < p->row_width) {
+    /* 3. Prefill chunks in what is left of the row width, earliest deadline first, but no
+     * more rows than keep this batch within PREFILL_SLOWDOWN of its decode-only cost, so
+     * a long prompt never stalls the streams that are decoding (chunked prefill). */
+    uint32_t row_limit = row_limit_with(b, bt->n_rows);
+    while (bt->n_rows < row_limit) {
         int best = -1;
         for (uint32_t i = 0; i < p->max_seqs; i++) {
             const struct seq *q = &b->seqs[i];
@@ -392,7 +422,7 @@ static bool build_batch(struct kvr_bridge *b, struct batch *bt, uint32_t *scratc
             open_record(&bt->ctrl[bt->n_ctrl++], (uint32_t)best, r);
             q->opened = true;
         }
-        uint32_t left = r->n_prompt - q->n_prefilled, room = p->row_width - bt->n_rows;
+        uint32_t left = r->n_prompt - q->n_prefilled, room = row_limit - bt->n_rows;
         uint32_t n = left < room ? left : room;
         bool last = n == left;
         bt->segs[bt->n_segs++] = (struct kvr_seg){
@@ -409,6 +439,7 @@ static bool build_batch(struct kvr_bridge *b, struct batch *bt, uint32_t *scratc
 }
 
 /* ---- results ------------------------------------------------------------------------------ */
+
 
 static void account_timings(struct kvr_bridge *b, const struct kvr_wire_frame *f)
 {
@@ -890,10 +921,11 @@ static int admit(struct kvr_bridge *b, const struct kvr_bridge_request *req,
             rows_ahead += b->seqs[i].stream->req.n_prompt - b->seqs[i].n_prefilled;
     for (uint32_t k = 0; k < b->wq_count; k++)
         rows_ahead += b->waitq[(b->wq_head + k) % b->max_waiting]->req.n_prompt;
-    double room = p->row_width - n_after / W;
-    room = room > 1 ? room : 1;
+    uint32_t decode_rows = (uint32_t)(n_before / W + 0.999);
+    uint32_t limit = row_limit_with(b, decode_rows);
+    double room = limit > decode_rows ? limit - decode_rows : 1;
     double n_prefill_batches = (double)(uint64_t)((rows_ahead + room - 1) / room);
-    double t_full = kvr_cost_batch_ms(m, p->row_width);
+    double t_full = kvr_cost_batch_ms(m, limit);
     double period = kvr_cost_period_ms(m, n_after, 0);
 
     /* No free slot or KV: wait for the running request closest to its end. */
@@ -910,7 +942,7 @@ static int admit(struct kvr_bridge *b, const struct kvr_bridge_request *req,
         wait_ms = best > 0 ? best * period : 0;
     }
     double first_ms = ADMIT_MARGIN * (wait_ms + n_prefill_batches * t_full +
-                                      kvr_cost_trip_ms(m, p->row_width));
+                                      kvr_cost_trip_ms(m, limit));
     double total_ms = first_ms + ADMIT_MARGIN * (req->max_tokens - 1) * period;
     if (req->first_token_ms && first_ms > req->first_token_ms)
         return refuse(b, why, KVR_REFUSE_FIRST_TOKEN_BUDGET,
