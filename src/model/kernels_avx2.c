@@ -161,6 +161,23 @@ static ALWAYS_INLINE __m256i unpack_q4_0(const uint8_t *qs)
     return _mm256_and_si256(v, _mm256_set1_epi8(0x0F));
 }
 
+/* Software prefetch of the next tile. A tile's rows are contiguous in memory but each is
+ * short (a 2048-wide Q4_0 row is 18 cache lines), too short for the hardware prefetcher to
+ * ramp up on 8 interleaved streams. So while a tile computes, the kernels stream the next
+ * tile's bytes in sequentially: step k of n prefetches the k-th n-th of it. */
+static ALWAYS_INLINE const uint8_t *next_tile(const struct kvr_matrix *w, int64_t o0, int tile)
+{
+    if (o0 + 2 * tile > w->n_out)
+        return NULL;
+    return (const uint8_t *)w->data + (size_t)(o0 + tile) * w->row_bytes;
+}
+
+static ALWAYS_INLINE void prefetch_span(const uint8_t *p, size_t bytes)
+{
+    for (size_t k = 0; k < bytes; k += 64)
+        _mm_prefetch((const char *)p + k, _MM_HINT_T0);
+}
+
 /* Rows o0 .. o0+7 of w, repeating the last valid row past o_end (its lanes are computed and
  * dropped, so every lane runs the same code whatever the tile's fill). */
 static ALWAYS_INLINE int tile_rows(const struct kvr_matrix *w, int64_t o0, int64_t o_end,
@@ -307,7 +324,7 @@ static ALWAYS_INLINE void act_rows(const void *xq, size_t stride, int64_t nb, in
 /* GEMV tile: 8 weight rows x nr (<= RT) activation rows, all blocks, weights read in place.
  * IS_Q4: Q4_0 weights (18-byte blocks) else Q8_0 (34-byte blocks). */
 static ALWAYS_INLINE void gemv_q_tile(const uint8_t *const rows[OT], int64_t nb, const struct act *a,
-                                      int nr, int is_q4, __m256 acc[RT])
+                                      int nr, int is_q4, __m256 acc[RT], const uint8_t *pf)
 {
     const size_t wb = is_q4 ? sizeof(struct kvr_block_q4_0) : sizeof(struct kvr_block_q8_0);
     const __m256i ones = _mm256_set1_epi16(1);
@@ -326,6 +343,8 @@ static ALWAYS_INLINE void gemv_q_tile(const uint8_t *const rows[OT], int64_t nb,
                 q[i] = _mm256_sign_epi8(s[i], s[i]); /* |w|, as u8 (128 for -128) */
             }
         }
+        if (pf)
+            prefetch_span(pf + (size_t)b * wb * OT, wb * OT);
         __m256 dw = load_f16x8(rows, (size_t)b * wb);
         UNROLL
         for (int r = 0; r < nr; r++) {
@@ -358,6 +377,7 @@ static ALWAYS_INLINE void gemv_q(const struct kvr_matrix *w, const void *xq, siz
     for (int64_t o0 = o_begin; o0 < o_end; o0 += OT) {
         const uint8_t *rows[OT];
         int n_valid = tile_rows(w, o0, o_end, rows);
+        const uint8_t *pf = next_tile(w, o0, OT);
         for (int64_t r0 = 0; r0 < n_rows; r0 += GEMV_RT) {
             int nr = n_rows - r0 < GEMV_RT ? (int)(n_rows - r0) : GEMV_RT;
             struct act a;
@@ -365,9 +385,9 @@ static ALWAYS_INLINE void gemv_q(const struct kvr_matrix *w, const void *xq, siz
                               _mm256_setzero_ps()};
             act_rows(xq, x_stride, nb, r0, nr, &a);
             switch (nr) { /* constant nr so the tile's accumulators stay in registers */
-            case 1: gemv_q_tile(rows, nb, &a, 1, is_q4, acc); break;
-            case 2: gemv_q_tile(rows, nb, &a, 2, is_q4, acc); break;
-            default: gemv_q_tile(rows, nb, &a, 3, is_q4, acc); break;
+            case 1: gemv_q_tile(rows, nb, &a, 1, is_q4, acc, pf); break;
+            case 2: gemv_q_tile(rows, nb, &a, 2, is_q4, acc, pf); break;
+            default: gemv_q_tile(rows, nb, &a, 3, is_q4, acc, pf); break;
             }
             UNROLL
             for (int r = 0; r < nr; r++)
@@ -619,16 +639,20 @@ static ALWAYS_INLINE void matmul_kq(const struct kvr_matrix *w, const void *xq, 
 {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     int64_t nsb = w->n_in / KVR_QK_K;
+    const size_t sbb = is_q4k ? sizeof(struct kvr_block_q4_k) : sizeof(struct kvr_block_q6_k);
     struct kq_tile t;
     for (int64_t o0 = o_begin; o0 < o_end; o0 += OT) {
         const uint8_t *rows[OT];
         int n_valid = tile_rows(w, o0, o_end, rows);
+        const uint8_t *pf = next_tile(w, o0, OT);
         for (int64_t r0 = 0; r0 < n_rows; r0 += RT) {
             int nr = n_rows - r0 < RT ? (int)(n_rows - r0) : RT;
             __m256 acc[RT] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
                               _mm256_setzero_ps()};
             for (int64_t sb = 0; sb < nsb; sb++) {
                 __m256 dw, dmin = _mm256_setzero_ps();
+                if (pf && r0 == 0)
+                    prefetch_span(pf + (size_t)sb * sbb * OT, sbb * OT);
                 if (is_q4k)
                     unpack_q4_k(rows, sb, &t, &dw, &dmin);
                 else
@@ -712,7 +736,8 @@ static ALWAYS_INLINE float hsum_tree(__m256 v)
 }
 
 static ALWAYS_INLINE void f_tile(const uint8_t *const rows[F_OT], int no, const float *const xr[F_RT],
-                                 int nr, int64_t n, enum fkind kind, float *y, int64_t ldy)
+                                 int nr, int64_t n, enum fkind kind, float *y, int64_t ldy,
+                                 const uint8_t *pf)
 {
     __m256 acc[F_OT][F_RT];
     UNROLL
@@ -721,8 +746,11 @@ static ALWAYS_INLINE void f_tile(const uint8_t *const rows[F_OT], int no, const 
         for (int r = 0; r < F_RT; r++)
             acc[i][r] = _mm256_setzero_ps();
     int64_t n8 = n - n % 8;
+    const size_t esz = kind == FK_F32 ? 4 : 2;
     for (int64_t k = 0; k < n8; k += 8) {
         __m256 xv[F_RT];
+        if (pf)
+            prefetch_span(pf + (size_t)k * esz * F_OT, 8 * esz * F_OT);
         UNROLL
         for (int r = 0; r < nr; r++)
             xv[r] = _mm256_loadu_ps(xr[r] + k);
@@ -756,6 +784,7 @@ static ALWAYS_INLINE void matmul_f(const struct kvr_matrix *w, const void *xq, s
         UNROLL
         for (int i = 0; i < F_OT; i++)
             rows[i] = (const uint8_t *)w->data + (size_t)(o0 + (i < no ? i : no - 1)) * w->row_bytes;
+        const uint8_t *pf = next_tile(w, o0, F_OT);
         for (int64_t r0 = 0; r0 < n_rows; r0 += F_RT) {
             int nr = n_rows - r0 < F_RT ? (int)(n_rows - r0) : F_RT;
             const float *xr[F_RT];
@@ -764,9 +793,9 @@ static ALWAYS_INLINE void matmul_f(const struct kvr_matrix *w, const void *xq, s
                 xr[r] = (const float *)((const uint8_t *)xq + (size_t)(r0 + (r < nr ? r : 0)) * x_stride);
             float *yt = y + r0 * ldy + o0;
             switch (nr) {
-            case 1: f_tile(rows, no, xr, 1, w->n_in, kind, yt, ldy); break;
-            case 2: f_tile(rows, no, xr, 2, w->n_in, kind, yt, ldy); break;
-            default: f_tile(rows, no, xr, 3, w->n_in, kind, yt, ldy); break;
+            case 1: f_tile(rows, no, xr, 1, w->n_in, kind, yt, ldy, r0 ? NULL : pf); break;
+            case 2: f_tile(rows, no, xr, 2, w->n_in, kind, yt, ldy, r0 ? NULL : pf); break;
+            default: f_tile(rows, no, xr, 3, w->n_in, kind, yt, ldy, r0 ? NULL : pf); break;
             }
         }
     }
