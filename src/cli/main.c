@@ -19,6 +19,7 @@ static const struct subcommand subcommands[] = {
     {"stage", kvr_cmd_stage, "serve one stage of a ring (a layer slice of the model)"},
     {"synth", kvr_cmd_synth, "write a GGUF model with random weights for a named shape"},
     {"bench", kvr_cmd_bench, "load a running server and report latency, throughput, goodput"},
+    {"top", kvr_cmd_top, "a live view of a running server's ring (from its /metrics)"},
 };
 
 static void usage(FILE *f)
