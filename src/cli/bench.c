@@ -1545,13 +1545,15 @@ int kvr_cmd_bench(int argc, char **argv)
     }
     if (n_lv == 0)
         goto out;
-    if (stop_flag)
-        fprintf(stderr, "kvasir bench: interrupted; the results cover what had finished\n");
     rc = 0;
+    if (stop_flag) {
+        fprintf(stderr, "kvasir bench: interrupted; the results cover what had finished\n");
+        rc = 130; /* as a shell reports SIGINT: the run is not complete */
+    }
     if (o.json_path && write_json(&env, lv, n_lv))
-        rc = 1;
+        rc = rc ? rc : 1;
     if (o.svg_path && write_svg(&env, lv, n_lv))
-        rc = 1;
+        rc = rc ? rc : 1;
     /* A run where no request got any HTTP answer measured nothing about the server. */
     bool any_answer = false;
     for (size_t i = 0; i < n_lv && !any_answer; i++)
