@@ -552,15 +552,24 @@ static ALWAYS_INLINE void unpack_q4_k(const uint8_t *const rows[OT], int64_t sb,
             _mm256_store_si256((__m256i *)&t->q[i][64 * c + 32],
                                _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
         }
-        uint8_t scales[12];
-        memcpy(scales, blk->scales, sizeof scales);
+        /* The 6-bit fields of the scale table (see dtype.c), 4 at a time in 32-bit words:
+         * bits 6-7 of bytes 0..7 move to bits 4-5 of the matching upper scale/min. */
+        uint32_t u[3];
+        memcpy(u, blk->scales, sizeof u);
+        uint64_t sc8 = (u[0] & 0x3F3F3F3Fu) |
+                       (uint64_t)((u[2] & 0x0F0F0F0Fu) | ((u[0] >> 2) & 0x30303030u)) << 32;
+        uint64_t mn8 = (u[1] & 0x3F3F3F3Fu) |
+                       (uint64_t)(((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 2) & 0x30303030u)) << 32;
+        __m128i sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8));
+        __m128i mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn8));
+        _mm256_store_si256((__m256i *)t->aux[i],
+                           _mm256_set_m128i(_mm_unpackhi_epi16(mn16, mn16),
+                                            _mm_unpacklo_epi16(mn16, mn16)));
+        __m256i sc_both = _mm256_broadcastsi128_si256(sc16);
         UNROLL
-        for (int j = 0; j < 8; j++) {
-            int sc, mn;
-            kvr_q4_k_scale_min(scales, j, &sc, &mn);
-            _mm256_store_si256((__m256i *)t->sc[i][j], _mm256_set1_epi16((short)sc));
-            t->aux[i][2 * j] = t->aux[i][2 * j + 1] = (int16_t)mn;
-        }
+        for (int j = 0; j < 8; j++) /* int16 scale j in every lane */
+            _mm256_store_si256((__m256i *)t->sc[i][j],
+                               _mm256_shuffle_epi8(sc_both, _mm256_set1_epi16((short)(0x0100 + 0x0202 * j))));
     }
     *dw = load_f16x8(rows, off + offsetof(struct kvr_block_q4_k, d));
     *dmin = load_f16x8(rows, off + offsetof(struct kvr_block_q4_k, dmin));
@@ -592,15 +601,19 @@ static ALWAYS_INLINE void unpack_q6_k(const uint8_t *const rows[OT], int64_t sb,
             for (int k = 0; k < 4; k++)
                 _mm256_store_si256((__m256i *)&t->q[i][128 * h + 32 * k], e[k]);
         }
+        /* int16 scales: all 16 (times 32) for the bsum term, and for 32-quant vector j the
+         * pair (2j in the low 128-bit lane, 2j+1 in the high one) */
+        __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)blk->scales));
+        _mm256_store_si256((__m256i *)t->aux[i], _mm256_slli_epi16(s16, 5));
+        __m256i halves[2] = {_mm256_broadcastsi128_si256(_mm256_castsi256_si128(s16)),
+                             _mm256_broadcastsi128_si256(_mm256_extracti128_si256(s16, 1))};
         UNROLL
         for (int j = 0; j < 8; j++) {
-            __m256i s = _mm256_set_m128i(_mm_set1_epi16(blk->scales[2 * j + 1]),
-                                         _mm_set1_epi16(blk->scales[2 * j]));
-            _mm256_store_si256((__m256i *)t->sc[i][j], s);
+            int k = j % 4;
+            __m256i ctrl = _mm256_set_m128i(_mm_set1_epi16((short)(0x0302 + 0x0404 * k)),
+                                            _mm_set1_epi16((short)(0x0100 + 0x0404 * k)));
+            _mm256_store_si256((__m256i *)t->sc[i][j], _mm256_shuffle_epi8(halves[j / 4], ctrl));
         }
-        UNROLL
-        for (int k = 0; k < 16; k++)
-            t->aux[i][k] = (int16_t)(32 * blk->scales[k]);
     }
     *dw = load_f16x8(rows, off + offsetof(struct kvr_block_q6_k, d));
 }
@@ -612,24 +625,23 @@ static ALWAYS_INLINE void kq_dot(const struct kq_tile *t, const struct kvr_block
                                  __m256i *isum, __m256i *iaux)
 {
     __m256i v[OT], m[OT];
-    __m256i xs[8];
+    /* quant vector j outer, tile row inner: 8 running sums and one activation vector live */
     UNROLL
-    for (int j = 0; j < 8; j++)
-        xs[j] = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
-    __m256i bs = _mm256_loadu_si256((const __m256i *)x->bsums);
-    UNROLL
-    for (int i = 0; i < OT; i++) {
-        __m256i s = _mm256_setzero_si256();
+    for (int j = 0; j < 8; j++) {
+        __m256i xj = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
         UNROLL
-        for (int j = 0; j < 8; j++) {
-            __m256i p = _mm256_maddubs_epi16(_mm256_load_si256((const __m256i *)&t->q[i][32 * j]),
-                                             xs[j]);
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(p, _mm256_load_si256((const __m256i *)t->sc[i][j])));
+        for (int i = 0; i < OT; i++) {
+            __m256i p = _mm256_maddubs_epi16(_mm256_load_si256((const __m256i *)&t->q[i][32 * j]), xj);
+            p = _mm256_madd_epi16(p, _mm256_load_si256((const __m256i *)t->sc[i][j]));
+            v[i] = j ? _mm256_add_epi32(v[i], p) : p;
+            KEEP(v[i]);
         }
-        v[i] = s;
-        m[i] = _mm256_madd_epi16(bs, _mm256_load_si256((const __m256i *)t->aux[i]));
     }
     *isum = reduce8_epi32(v);
+    __m256i bs = _mm256_loadu_si256((const __m256i *)x->bsums);
+    UNROLL
+    for (int i = 0; i < OT; i++)
+        m[i] = _mm256_madd_epi16(bs, _mm256_load_si256((const __m256i *)t->aux[i]));
     *iaux = reduce8_epi32(m);
 }
 
@@ -645,39 +657,34 @@ static ALWAYS_INLINE void matmul_kq(const struct kvr_matrix *w, const void *xq, 
         const uint8_t *rows[OT];
         int n_valid = tile_rows(w, o0, o_end, rows);
         const uint8_t *pf = next_tile(w, o0, OT);
-        for (int64_t r0 = 0; r0 < n_rows; r0 += RT) {
-            int nr = n_rows - r0 < RT ? (int)(n_rows - r0) : RT;
-            __m256 acc[RT] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                              _mm256_setzero_ps()};
-            for (int64_t sb = 0; sb < nsb; sb++) {
-                __m256 dw, dmin = _mm256_setzero_ps();
-                if (pf && r0 == 0)
-                    prefetch_span(pf + (size_t)sb * sbb * OT, sbb * OT);
-                if (is_q4k)
-                    unpack_q4_k(rows, sb, &t, &dw, &dmin);
-                else
-                    unpack_q6_k(rows, sb, &t, &dw);
-                UNROLL
-                for (int r = 0; r < nr; r++) {
-                    const struct kvr_block_q8_k *x =
-                        (const struct kvr_block_q8_k *)((const uint8_t *)xq +
-                                                        (size_t)(r0 + r) * x_stride) + sb;
-                    __m256i isum, iaux;
-                    kq_dot(&t, x, &isum, &iaux);
-                    __m256 dx = _mm256_set1_ps(x->d);
-                    if (is_q4k) {
-                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[r]);
-                        __m256 neg_min = _mm256_xor_ps(_mm256_cvtepi32_ps(iaux), sign);
-                        acc[r] = _mm256_fmadd_ps(neg_min, _mm256_mul_ps(dmin, dx), acc[r]);
-                    } else {
-                        isum = _mm256_sub_epi32(isum, iaux);
-                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc[r]);
-                    }
+        /* Each super-block of the tile is unpacked once and used by every activation row;
+         * the rows' running sums wait in y in between (exact f32 values). */
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            __m256 dw, dmin = _mm256_setzero_ps();
+            if (pf)
+                prefetch_span(pf + (size_t)sb * sbb * OT, sbb * OT);
+            if (is_q4k)
+                unpack_q4_k(rows, sb, &t, &dw, &dmin);
+            else
+                unpack_q6_k(rows, sb, &t, &dw);
+            for (int64_t r = 0; r < n_rows; r++) {
+                const struct kvr_block_q8_k *x =
+                    (const struct kvr_block_q8_k *)((const uint8_t *)xq + (size_t)r * x_stride) + sb;
+                float *yr = y + r * ldy + o0;
+                __m256 acc = sb ? load_tile(yr, n_valid) : _mm256_setzero_ps();
+                __m256i isum, iaux;
+                kq_dot(&t, x, &isum, &iaux);
+                __m256 dx = _mm256_set1_ps(x->d);
+                if (is_q4k) {
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc);
+                    __m256 neg_min = _mm256_xor_ps(_mm256_cvtepi32_ps(iaux), sign);
+                    acc = _mm256_fmadd_ps(neg_min, _mm256_mul_ps(dmin, dx), acc);
+                } else {
+                    isum = _mm256_sub_epi32(isum, iaux);
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc);
                 }
+                store_tile(yr, acc, n_valid);
             }
-            UNROLL
-            for (int r = 0; r < nr; r++)
-                store_tile(y + (r0 + r) * ldy + o0, acc[r], n_valid);
         }
     }
 }
