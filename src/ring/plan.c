@@ -3,13 +3,14 @@
  * The JSON format is documented with an example in docs/PLAN.md. Parsing (jansson) only
  * checks each key on its own; kvr_plan_validate applies the rules that tie keys together,
  * so a plan built in code (the planner, tests) goes through the same rules as a file. */
-#define _POSIX_C_SOURCE 200809L /* strnlen, fileno, fsync */
+#define _POSIX_C_SOURCE 200809L /* strnlen, fileno, fsync, fdopen, O_CLOEXEC */
 #include "ring/plan.h"
 
 #include "core/alloc.h"
 #include "ring/net.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
@@ -771,9 +772,13 @@ int kvr_plan_write(const struct kvr_plan *plan, const char *path, struct kvr_err
         rc = kvr_err_set(err, KVR_ERANGE, "plan path %s is too long", path);
         goto free_text;
     }
-    FILE *f = fopen(tmp, "wb");
+    /* 0600 from the start: the plan may hold the cluster secret inline. */
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
     if (!f) {
         rc = kvr_err_set(err, KVR_EIO, "%s: %s", tmp, strerror(errno));
+        if (fd >= 0)
+            close(fd);
         goto free_text;
     }
     size_t len = strlen(text);

@@ -133,8 +133,9 @@ void kvr_plan_hash_hex(const uint8_t hash[KVR_PLAN_HASH_BYTES], size_t n_bytes, 
 /* Serialize a plan as JSON (keys in a fixed order, 2-space indent, every optional field
  * written out). The secret is written the way it was given: as "secret_file" if the plan
  * has one, else as "secret" hex. kvr_plan_to_json returns a NUL-terminated heap string the
- * caller frees with kvr_free; kvr_plan_write writes it to `path` (replaced atomically via a
- * temporary file in the same folder). Parsing the output gives back an equal plan. */
+ * caller frees with kvr_free; kvr_plan_write writes it to `path` (mode 0600, since it may
+ * hold the secret; replaced atomically via a temporary file in the same folder). Parsing
+ * the output gives back an equal plan. */
 int kvr_plan_to_json(const struct kvr_plan *plan, char **out, struct kvr_err *err);
 int kvr_plan_write(const struct kvr_plan *plan, const char *path, struct kvr_err *err);
 

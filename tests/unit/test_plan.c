@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static const char base_json[] =
@@ -621,6 +622,9 @@ static void test_load_with_secret_file(void **state)
     char path2[512];
     snprintf(path2, sizeof path2, "%s/plan2.json", tmpdir);
     assert_int_equal(kvr_plan_write(&plan_a, path2, &err), 0);
+    struct stat st;
+    assert_int_equal(stat(path2, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0600); /* a plan may hold the secret */
     assert_int_equal(kvr_plan_load(&plan_b, path2, &err), 0);
     assert_plans_equal(&plan_a, &plan_b);
 
