@@ -107,25 +107,18 @@ static ALWAYS_INLINE __m256i reduce8_epi32(const __m256i v[8])
                             _mm256_permute2x128_si256(u[0], u[1], 0x31));
 }
 
-/* 8 vectors of 16 int16 -> one vector of 8 int32 whose lane i is the sum of v[i]'s lanes.
- * The tree adds in int16 for three levels (each lane sums 8 inputs), so it is exact when
- * every input lane is at most 4095 in magnitude (Q4_0 maddubs pairs are <= 3810); then it
- * widens. Cheaper than widening each vector first with madd. */
-static ALWAYS_INLINE __m256i reduce8_epi16(const __m256i v[8])
+/* Q4_0 GEMV tree. v[k] holds, as 16 int16, row k's partial sums in its low 128-bit lane
+ * and row k+4's in its high one (each a sum of 4 products, |.| <= 7620). Two levels of
+ * transpose-and-add in int16 (|.| <= 30480, exact), then a byte shuffle pairs each row's
+ * two remaining partials so one madd widens and adds them: lane i = row i's total. */
+static ALWAYS_INLINE __m256i reduce_pairs_q4(const __m256i v[4])
 {
-    __m256i t[4], u[2];
-    UNROLL
-    for (int i = 0; i < 4; i++)
-        t[i] = _mm256_add_epi16(_mm256_unpacklo_epi16(v[2 * i], v[2 * i + 1]),
-                                _mm256_unpackhi_epi16(v[2 * i], v[2 * i + 1]));
-    UNROLL
-    for (int i = 0; i < 2; i++)
-        u[i] = _mm256_add_epi16(_mm256_unpacklo_epi32(t[2 * i], t[2 * i + 1]),
-                                _mm256_unpackhi_epi32(t[2 * i], t[2 * i + 1]));
-    /* int16 lane i of each 128-bit half is now row i's partial sum over that half */
-    __m256i w = _mm256_add_epi16(_mm256_unpacklo_epi64(u[0], u[1]), _mm256_unpackhi_epi64(u[0], u[1]));
-    return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(w)),
-                            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(w, 1)));
+    const __m256i pair = _mm256_setr_epi8(0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
+                                          0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15);
+    __m256i t0 = _mm256_add_epi16(_mm256_unpacklo_epi16(v[0], v[1]), _mm256_unpackhi_epi16(v[0], v[1]));
+    __m256i t1 = _mm256_add_epi16(_mm256_unpacklo_epi16(v[2], v[3]), _mm256_unpackhi_epi16(v[2], v[3]));
+    __m256i u = _mm256_add_epi16(_mm256_unpacklo_epi32(t0, t1), _mm256_unpackhi_epi32(t0, t1));
+    return _mm256_madd_epi16(_mm256_shuffle_epi8(u, pair), _mm256_set1_epi16(1));
 }
 
 /* In-place transpose of an 8x8 matrix of dwords (v[i] lane j -> v[j] lane i). */
@@ -332,31 +325,45 @@ static ALWAYS_INLINE void gemv_q_tile(const uint8_t *const rows[OT], int64_t nb,
     for (int r = 0; r < nr; r++)
         acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i q[OT], s[OT];
-        UNROLL
-        for (int i = 0; i < OT; i++) {
-            const uint8_t *blk = rows[i] + (size_t)b * wb;
-            if (is_q4) {
-                q[i] = unpack_q4_0(blk + 2);
-            } else {
-                s[i] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+        /* Q4_0: rows k and k+4 share a vector, low nibbles (elements 0..15) in lo[k] and
+         * high ones (16..31) in hi[k]. Q8_0: one row per vector, |w| in q[i], w in s[i]. */
+        __m256i q[OT], s[OT], lo[4], hi[4];
+        size_t off = (size_t)b * wb;
+        if (is_q4) {
+            const __m256i low = _mm256_set1_epi8(0x0F);
+            UNROLL
+            for (int k = 0; k < 4; k++) {
+                __m256i v = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(rows[k] + off + 2))),
+                    _mm_loadu_si128((const __m128i *)(rows[k + 4] + off + 2)), 1);
+                lo[k] = _mm256_and_si256(v, low);
+                hi[k] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            }
+        } else {
+            UNROLL
+            for (int i = 0; i < OT; i++) {
+                s[i] = _mm256_loadu_si256((const __m256i *)(rows[i] + off + 2));
                 q[i] = _mm256_sign_epi8(s[i], s[i]); /* |w|, as u8 (128 for -128) */
             }
         }
         if (pf)
-            prefetch_span(pf + (size_t)b * wb * OT, wb * OT);
-        __m256 dw = load_f16x8(rows, (size_t)b * wb);
+            prefetch_span(pf + off * OT, wb * OT);
+        __m256 dw = load_f16x8(rows, off);
         UNROLL
         for (int r = 0; r < nr; r++) {
             const uint8_t *xb = a->row[r] + (size_t)b * sizeof(struct kvr_block_q8_0) + 2;
-            __m256i xv = _mm256_loadu_si256((const __m256i *)xb);
-            __m256i m[OT], isum;
+            __m256i isum;
             if (is_q4) {
+                __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xb));
+                __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xb + 16)));
+                __m256i v[4];
                 UNROLL
-                for (int i = 0; i < OT; i++)
-                    m[i] = _mm256_maddubs_epi16(q[i], xv);
-                isum = _mm256_sub_epi32(reduce8_epi16(m), _mm256_set1_epi32(a->ext[r][b].s8));
+                for (int k = 0; k < 4; k++)
+                    v[k] = _mm256_add_epi16(_mm256_maddubs_epi16(lo[k], xlo),
+                                            _mm256_maddubs_epi16(hi[k], xhi));
+                isum = _mm256_sub_epi32(reduce_pairs_q4(v), _mm256_set1_epi32(a->ext[r][b].s8));
             } else {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)xb), m[OT];
                 UNROLL
                 for (int i = 0; i < OT; i++)
                     m[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(q[i], _mm256_sign_epi8(xv, s[i])),
