@@ -196,7 +196,6 @@ struct stage {
     struct kvr_sample_scratch *scratch;
     float *logits;                    /* [row_width x n_vocab] */
 
-    atomic_int tx_connected;
     pthread_t rx_thread, tx_thread;
     bool rx_started, tx_started;
 };
@@ -469,7 +468,6 @@ static void *tx_main(void *arg)
     while (!*s->stop) {
         if (!have_down) {
             have_down = connect_downstream(s, &down, &backoff_ms);
-            atomic_store(&s->tx_connected, have_down);
             last_send = kvr_now_ns();
             credits = 0;
         }
@@ -497,7 +495,6 @@ static void *tx_main(void *arg)
                          kvr_strerror(rc));
                 kvr_link_fini(&down);
                 have_down = false;
-                atomic_store(&s->tx_connected, 0);
             }
         }
         if (have_down && credits > 0) {
@@ -507,7 +504,6 @@ static void *tx_main(void *arg)
                          (unsigned long long)o->msg.batch_id, err.msg);
                 kvr_link_fini(&down);
                 have_down = false;
-                atomic_store(&s->tx_connected, 0);
             }
             last_send = kvr_now_ns();
         } else {
