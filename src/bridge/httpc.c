@@ -35,8 +35,10 @@ int kvr_httpc_url_parse(struct kvr_httpc_url *u, const char *url, struct kvr_err
     const char *path = strchr(p, '/');
     const char *end = path ? path : p + strlen(p);
     if (memchr(p, '@', (size_t)(end - p)) || strpbrk(p, "?#"))
-        return kvr_err_set(err, KVR_EINVAL, "%s: user info, queries and fragments are not "
-                                            "supported", url);
+        return kvr_err_set(err, KVR_EINVAL,
+                           "%s: user info, queries and fragments are not "
+                           "supported",
+                           url);
     const char *host = p, *host_end, *port = NULL;
     if (*p == '[') { /* [v6]:port */
         host = p + 1;
@@ -89,15 +91,15 @@ int kvr_httpc_url_parse(struct kvr_httpc_url *u, const char *url, struct kvr_err
 /* ---- chunked transfer coding ------------------------------------------------------------- */
 
 enum chunk_state {
-    CH_SIZE,          /* hex digits of a chunk size */
-    CH_EXT,           /* chunk extensions, up to the end of the line */
-    CH_SIZE_LF,       /* after the size line's CR */
-    CH_DATA,          /* chunk data */
-    CH_DATA_END,      /* the CRLF after chunk data */
-    CH_DATA_LF,       /* after that CR */
-    CH_TRAILER_BOL,   /* start of a trailer line, or the final empty line */
-    CH_TRAILER_LINE,  /* inside a trailer field line */
-    CH_FINAL_LF,      /* after the final line's CR */
+    CH_SIZE,         /* hex digits of a chunk size */
+    CH_EXT,          /* chunk extensions, up to the end of the line */
+    CH_SIZE_LF,      /* after the size line's CR */
+    CH_DATA,         /* chunk data */
+    CH_DATA_END,     /* the CRLF after chunk data */
+    CH_DATA_LF,      /* after that CR */
+    CH_TRAILER_BOL,  /* start of a trailer line, or the final empty line */
+    CH_TRAILER_LINE, /* inside a trailer field line */
+    CH_FINAL_LF,     /* after the final line's CR */
     CH_DONE,
 };
 
@@ -283,8 +285,8 @@ static int sse_line(struct kvr_sse *s, const char *line, size_t len, kvr_httpc_e
     return s->data.failed ? KVR_ENOMEM : 0;
 }
 
-int kvr_sse_feed(struct kvr_sse *s, const char *p, size_t n, kvr_httpc_event_fn on_event,
-                 void *ud, uint64_t t_ns)
+int kvr_sse_feed(struct kvr_sse *s, const char *p, size_t n, kvr_httpc_event_fn on_event, void *ud,
+                 uint64_t t_ns)
 {
     size_t i = 0;
     if (n && s->last_cr && p[0] == '\n')
@@ -367,8 +369,8 @@ static int connect_any(struct conn *c, const struct kvr_httpc_url *u, struct kvr
         return kvr_err_set(err, KVR_EIO, "%s: %s", u->host, gai_strerror(gai));
     int rc = kvr_err_set(err, KVR_EIO, "%s:%s: no address", u->host, u->port);
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC,
-                        ai->ai_protocol);
+        int fd =
+            socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
         if (fd < 0) {
             rc = kvr_err_set(err, KVR_EIO, "socket: %s", strerror(errno));
             continue;
@@ -377,8 +379,7 @@ static int connect_any(struct conn *c, const struct kvr_httpc_url *u, struct kvr
         if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
             rc = 0;
         } else if (errno != EINPROGRESS) {
-            rc = kvr_err_set(err, KVR_EIO, "connect %s:%s: %s", u->host, u->port,
-                             strerror(errno));
+            rc = kvr_err_set(err, KVR_EIO, "connect %s:%s: %s", u->host, u->port, strerror(errno));
         } else if ((rc = wait_fd(c, POLLOUT, err)) == 0) {
             int so = 0;
             socklen_t len = sizeof so;
@@ -564,8 +565,8 @@ struct body_ctx {
     struct kvr_sse sse;
     struct kvr_sbuf buf;
     size_t max_body;
-    uint64_t t_ns;   /* time of the read being decoded */
-    int sink_rc;     /* why the sink stopped */
+    uint64_t t_ns; /* time of the read being decoded */
+    int sink_rc;   /* why the sink stopped */
 };
 
 /* The caller's on_event may return any nonzero value to stop; make it 1 so that it cannot
@@ -626,12 +627,13 @@ int kvr_httpc_do(const struct kvr_httpc_url *u, const struct kvr_httpc_req *req,
     if (!req->method || !req->path || req->path[0] != '/' || has_header_injection(req->path) ||
         has_header_injection(req->api_key) || has_header_injection(req->method))
         return kvr_err_set(err, KVR_EINVAL, "bad request method, path or key");
-    struct conn c = {.fd = -1, .req = req,
-                     .io_timeout_ms = req->io_timeout_ms ? req->io_timeout_ms
-                                                         : DEFAULT_IO_TIMEOUT_MS};
-    struct body_ctx b = {.resp = resp, .req = req,
-                         .max_body = req->max_body_bytes ? req->max_body_bytes
-                                                         : DEFAULT_MAX_BODY};
+    struct conn c = {.fd = -1,
+                     .req = req,
+                     .io_timeout_ms =
+                         req->io_timeout_ms ? req->io_timeout_ms : DEFAULT_IO_TIMEOUT_MS};
+    struct body_ctx b = {.resp = resp,
+                         .req = req,
+                         .max_body = req->max_body_bytes ? req->max_body_bytes : DEFAULT_MAX_BODY};
     kvr_sse_init(&b.sse);
     kvr_sbuf_init(&b.buf);
     struct kvr_sbuf head;
@@ -686,8 +688,8 @@ int kvr_httpc_do(const struct kvr_httpc_url *u, const struct kvr_httpc_req *req,
     struct head h = {0};
     if ((rc = parse_head(head.data, head_len, resp, &h, err)) != 0)
         goto out;
-    bool no_body = !strcmp(req->method, "HEAD") || resp->status < 200 ||
-                   resp->status == 204 || resp->status == 304;
+    bool no_body = !strcmp(req->method, "HEAD") || resp->status < 200 || resp->status == 204 ||
+                   resp->status == 304;
     resp->is_sse = req->on_event && resp->status >= 200 && resp->status < 300 &&
                    !strncasecmp(resp->content_type, "text/event-stream", 17);
     if (!resp->is_sse && h.has_length && h.length > b.max_body) {
@@ -742,8 +744,9 @@ int kvr_httpc_do(const struct kvr_httpc_url *u, const struct kvr_httpc_req *req,
         b.t_ns = kvr_now_ns();
         if (r == 0) {
             if (h.chunked || h.has_length) {
-                rc = kvr_err_set(err, KVR_ECLOSED, "the server closed the connection inside "
-                                                   "the response body");
+                rc = kvr_err_set(err, KVR_ECLOSED,
+                                 "the server closed the connection inside "
+                                 "the response body");
                 goto out;
             }
             break; /* body delimited by the end of the connection */
@@ -779,11 +782,12 @@ void kvr_httpc_resp_fini(struct kvr_httpc_resp *resp)
 int kvr_httpc_get(const struct kvr_httpc_url *u, const char *path, const char *api_key,
                   uint32_t timeout_ms, struct kvr_httpc_resp *resp, struct kvr_err *err)
 {
-    struct kvr_httpc_req req = {.method = "GET", .path = path, .api_key = api_key,
-                                .io_timeout_ms = timeout_ms,
-                                .deadline_ns = kvr_now_ns() +
-                                               (uint64_t)(timeout_ms ? timeout_ms
-                                                                     : DEFAULT_IO_TIMEOUT_MS) *
-                                                   1000000ull};
+    struct kvr_httpc_req req = {
+        .method = "GET",
+        .path = path,
+        .api_key = api_key,
+        .io_timeout_ms = timeout_ms,
+        .deadline_ns = kvr_now_ns() +
+                       (uint64_t)(timeout_ms ? timeout_ms : DEFAULT_IO_TIMEOUT_MS) * 1000000ull};
     return kvr_httpc_do(u, &req, resp, err);
 }

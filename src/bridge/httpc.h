@@ -45,31 +45,31 @@ int kvr_httpc_url_parse(struct kvr_httpc_url *u, const char *url, struct kvr_err
 typedef int (*kvr_httpc_event_fn)(void *ud, const char *data, size_t len, uint64_t t_ns);
 
 struct kvr_httpc_req {
-    const char *method;      /* "GET", "POST", "HEAD" */
-    const char *path;        /* "/v1/models": appended to the URL's base path */
-    const char *api_key;     /* sent as Authorization: Bearer; NULL or "" for none */
+    const char *method;        /* "GET", "POST", "HEAD" */
+    const char *path;          /* "/v1/models": appended to the URL's base path */
+    const char *api_key;       /* sent as Authorization: Bearer; NULL or "" for none */
     const char *extra_headers; /* complete "Name: value\r\n" lines, or NULL */
-    const char *body;        /* sent with Content-Type: application/json; NULL for none */
+    const char *body;          /* sent with Content-Type: application/json; NULL for none */
     size_t body_len;
-    uint32_t io_timeout_ms;  /* bound on each socket wait; 0 means 30 s */
-    uint64_t deadline_ns;    /* kvr_now_ns() limit for the whole exchange; 0 for none */
-    size_t max_body_bytes;   /* a collected body larger than this fails; 0 means 4 MiB */
+    uint32_t io_timeout_ms;      /* bound on each socket wait; 0 means 30 s */
+    uint64_t deadline_ns;        /* kvr_now_ns() limit for the whole exchange; 0 for none */
+    size_t max_body_bytes;       /* a collected body larger than this fails; 0 means 4 MiB */
     kvr_httpc_event_fn on_event; /* SSE sink, or NULL to collect every body */
     void *ud;
     const volatile int *cancel; /* stop (KVR_ECLOSED) when *cancel becomes nonzero; or NULL */
 };
 
 struct kvr_httpc_resp {
-    int status;              /* 0 until a status line arrived */
-    uint64_t t_sent_ns;      /* when the request was fully written */
-    uint64_t t_head_ns;      /* when the response head was complete */
-    uint64_t t_end_ns;       /* when the body ended (or the exchange failed) */
+    int status;         /* 0 until a status line arrived */
+    uint64_t t_sent_ns; /* when the request was fully written */
+    uint64_t t_head_ns; /* when the response head was complete */
+    uint64_t t_end_ns;  /* when the body ended (or the exchange failed) */
     bool has_retry_after;
     uint32_t retry_after_s;
     char content_type[96];
-    bool is_sse;             /* the body went to on_event */
-    bool stopped;            /* on_event asked to stop */
-    char *body;              /* collected body, NUL-terminated; NULL when streamed/empty */
+    bool is_sse;  /* the body went to on_event */
+    bool stopped; /* on_event asked to stop */
+    char *body;   /* collected body, NUL-terminated; NULL when streamed/empty */
     size_t body_len;
 };
 
@@ -99,7 +99,7 @@ struct kvr_sse {
     struct kvr_sbuf line; /* the current, unfinished line */
     struct kvr_sbuf data; /* data of the current event */
     bool has_data;
-    bool last_cr;         /* the previous chunk ended in '\r' (a '\n' next is its pair) */
+    bool last_cr; /* the previous chunk ended in '\r' (a '\n' next is its pair) */
 };
 
 void kvr_sse_init(struct kvr_sse *s);
@@ -108,8 +108,8 @@ void kvr_sse_fini(struct kvr_sse *s);
  * nonzero value when it asked to stop (KVR_OK is never returned for that: the value is
  * passed through as a positive int), KVR_ERANGE for an event over
  * KVR_SSE_MAX_EVENT_BYTES, KVR_ENOMEM. */
-int kvr_sse_feed(struct kvr_sse *s, const char *p, size_t n, kvr_httpc_event_fn on_event,
-                 void *ud, uint64_t t_ns);
+int kvr_sse_feed(struct kvr_sse *s, const char *p, size_t n, kvr_httpc_event_fn on_event, void *ud,
+                 uint64_t t_ns);
 
 /* ---- chunked transfer coding decoder (pure) ---------------------------------------------- */
 

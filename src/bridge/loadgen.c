@@ -25,7 +25,10 @@ void kvr_lg_rng_seed(struct kvr_lg_rng *r, uint64_t seed)
         r->s[i] = splitmix64(&seed);
 }
 
-static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static inline uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
 
 uint64_t kvr_lg_rng_next(struct kvr_lg_rng *r)
 {
@@ -166,8 +169,7 @@ static int parse_u32(const char *s, const char *end, uint32_t *out)
     return 0;
 }
 
-int kvr_lg_range_parse(struct kvr_lg_range *out, const char *s, uint32_t max,
-                       struct kvr_err *err)
+int kvr_lg_range_parse(struct kvr_lg_range *out, const char *s, uint32_t max, struct kvr_err *err)
 {
     const char *colon = strchr(s, ':'), *end = s + strlen(s);
     uint32_t lo, hi;
@@ -200,8 +202,7 @@ int kvr_lg_parse_rates(const char *s, double *out, size_t cap, struct kvr_err *e
         errno = 0;
         double v = strtod(p, &end);
         if (end == p || errno || !isfinite(v) || v <= 0 || (*end && *end != ','))
-            return kvr_err_set(err, KVR_EINVAL, "'%s' is not a list of rates > 0 like 1,2,4",
-                               s);
+            return kvr_err_set(err, KVR_EINVAL, "'%s' is not a list of rates > 0 like 1,2,4", s);
         if (n == cap)
             return kvr_err_set(err, KVR_ERANGE, "more than %zu rates in '%s'", cap, s);
         out[n++] = v;
@@ -263,8 +264,7 @@ void kvr_lg_summarize(double *v, size_t n, struct kvr_lg_summary *out)
 
 const char *kvr_lg_outcome_name(enum kvr_lg_outcome o)
 {
-    static const char *const names[KVR_LG_OUTCOME_COUNT] = {"ok", "refused", "error",
-                                                            "timeout"};
+    static const char *const names[KVR_LG_OUTCOME_COUNT] = {"ok", "refused", "error", "timeout"};
     return (unsigned)o < KVR_LG_OUTCOME_COUNT ? names[o] : "?";
 }
 
@@ -425,11 +425,21 @@ static void put_escaped(struct kvr_sbuf *out, const char *s)
 {
     for (; s && *s; s++) {
         switch (*s) {
-        case '<': kvr_sbuf_puts(out, "&lt;"); break;
-        case '>': kvr_sbuf_puts(out, "&gt;"); break;
-        case '&': kvr_sbuf_puts(out, "&amp;"); break;
-        case '"': kvr_sbuf_puts(out, "&quot;"); break;
-        case '\'': kvr_sbuf_puts(out, "&apos;"); break;
+        case '<':
+            kvr_sbuf_puts(out, "&lt;");
+            break;
+        case '>':
+            kvr_sbuf_puts(out, "&gt;");
+            break;
+        case '&':
+            kvr_sbuf_puts(out, "&amp;");
+            break;
+        case '"':
+            kvr_sbuf_puts(out, "&quot;");
+            break;
+        case '\'':
+            kvr_sbuf_puts(out, "&apos;");
+            break;
         default:
             /* Control characters are not allowed in XML 1.0 text. */
             if ((unsigned char)*s >= 0x20 || *s == '\t' || *s == '\n')
@@ -441,10 +451,10 @@ static void put_escaped(struct kvr_sbuf *out, const char *s)
 /* An axis maps data values onto a pixel span; a log axis works on log10 of the value. */
 struct axis {
     bool log;
-    double lo, hi;     /* data range after rounding to ticks (log10 for a log axis) */
+    double lo, hi; /* data range after rounding to ticks (log10 for a log axis) */
     double ticks[MAX_TICKS * 3];
-    size_t n_ticks;    /* tick values in data units */
-    double px0, px1;   /* pixel positions of lo and hi */
+    size_t n_ticks;  /* tick values in data units */
+    double px0, px1; /* pixel positions of lo and hi */
 };
 
 static double axis_map(const struct axis *a, double v)

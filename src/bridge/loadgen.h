@@ -75,8 +75,7 @@ struct kvr_lg_range {
 };
 
 /* Parse "N" or "LO:HI" with 1 <= LO <= HI <= max. */
-int kvr_lg_range_parse(struct kvr_lg_range *out, const char *s, uint32_t max,
-                       struct kvr_err *err);
+int kvr_lg_range_parse(struct kvr_lg_range *out, const char *s, uint32_t max, struct kvr_err *err);
 uint32_t kvr_lg_range_draw(const struct kvr_lg_range *r, struct kvr_lg_rng *rng);
 
 /* Parse a comma-separated list of positive finite rates ("1,2.5,4") into out[0..cap).
@@ -114,11 +113,11 @@ const char *kvr_lg_outcome_name(enum kvr_lg_outcome o); /* "ok", "refused", ... 
 
 /* One request as the client saw it. Times in seconds. */
 struct kvr_lg_record {
-    uint32_t index;       /* position in the schedule */
-    double scheduled_s;   /* planned send time from the start of the run */
-    double start_s;       /* actual send time from the start of the run */
+    uint32_t index;     /* position in the schedule */
+    double scheduled_s; /* planned send time from the start of the run */
+    double start_s;     /* actual send time from the start of the run */
     enum kvr_lg_outcome outcome;
-    int http_status;      /* 0 when no response head arrived */
+    int http_status; /* 0 when no response head arrived */
     /* The error's "code" from the server ("over_budget", "kv_full", "queue_full",
      * "ring_down", ...) or the client's own ("connect", "timeout", "truncated", ...). */
     char reason[KVR_LG_REASON_BYTES];
@@ -126,12 +125,12 @@ struct kvr_lg_record {
     uint32_t prompt_tokens; /* the server's usage count when it sent one, else planned */
     uint32_t output_tokens; /* the server's usage count when it sent one, else chunks */
     uint32_t max_tokens;    /* what was asked for */
-    double ttft_s;        /* NAN unless a text chunk arrived */
-    double e2e_s;         /* send to end of response (any outcome with a response) */
-    double response_s;    /* send to the response's status line; NAN if none */
-    double *itl_s;        /* n_itl gaps; owned by the record (kvr_free) */
+    double ttft_s;          /* NAN unless a text chunk arrived */
+    double e2e_s;           /* send to end of response (any outcome with a response) */
+    double response_s;      /* send to the response's status line; NAN if none */
+    double *itl_s;          /* n_itl gaps; owned by the record (kvr_free) */
     uint32_t n_itl;
-    bool met_budget;      /* set by kvr_lg_aggregate */
+    bool met_budget; /* set by kvr_lg_aggregate */
 };
 
 /* A refusal reason and how many requests got it. */
@@ -156,9 +155,9 @@ struct kvr_lg_result {
     size_t n_refusal_over_limit; /* refusals slower than KVR_LG_REFUSAL_LIMIT_S */
     double duration_s;
     uint64_t prompt_tokens, output_tokens; /* over ok requests */
-    double req_per_s;        /* ok requests per second */
-    double output_tok_per_s; /* output tokens of ok requests per second */
-    double total_tok_per_s;  /* prompt + output tokens of ok requests per second */
+    double req_per_s;                      /* ok requests per second */
+    double output_tok_per_s;               /* output tokens of ok requests per second */
+    double total_tok_per_s;                /* prompt + output tokens of ok requests per second */
     double goodput_req_per_s;
     struct kvr_lg_summary ttft_s, tpot_s, itl_s, e2e_s, refusal_s; /* ok requests; refusals */
 };
@@ -173,8 +172,8 @@ int kvr_lg_aggregate(struct kvr_lg_record *rec, size_t n, double duration_s, dou
 /* ---- SVG line plots ------------------------------------------------------------------- */
 
 struct kvr_svg_series {
-    const char *name;    /* legend text (escaped on output) */
-    const char *color;   /* an SVG colour: "#1f77b4" */
+    const char *name;  /* legend text (escaped on output) */
+    const char *color; /* an SVG colour: "#1f77b4" */
     bool dashed;
     const double *x, *y; /* n points; a NAN y breaks the line there */
     size_t n;
@@ -182,7 +181,7 @@ struct kvr_svg_series {
 
 struct kvr_svg_panel {
     const char *title, *x_label, *y_label;
-    bool log_y;          /* decades on the y axis (values <= 0 are not drawn) */
+    bool log_y; /* decades on the y axis (values <= 0 are not drawn) */
     const struct kvr_svg_series *series;
     size_t n_series;
 };

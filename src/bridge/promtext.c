@@ -16,7 +16,10 @@ static bool name_start(char c)
     return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':';
 }
 
-static bool name_char(char c) { return name_start(c) || (c >= '0' && c <= '9'); }
+static bool name_char(char c)
+{
+    return name_start(c) || (c >= '0' && c <= '9');
+}
 
 static void skip_blank(const char **p, const char *end)
 {

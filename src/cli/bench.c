@@ -60,14 +60,14 @@ enum endpoint { EP_COMPLETIONS, EP_CHAT };
 struct opts {
     const char *url, *api_key, *model, *gguf, *json_path, *svg_path;
     enum endpoint endpoint;
-    double rate;            /* > 0 open loop; INFINITY = all at once; 0 = closed loop */
+    double rate; /* > 0 open loop; INFINITY = all at once; 0 = closed loop */
     double burstiness;
-    uint32_t concurrency;   /* closed loop */
+    uint32_t concurrency;     /* closed loop */
     uint32_t max_concurrency; /* open loop cap on requests in flight; 0 = none */
     double duration_s;
     uint32_t num_requests;
     struct kvr_lg_range prompt_len, output_len;
-    double temperature;     /* NAN: the server's default */
+    double temperature;                       /* NAN: the server's default */
     uint32_t ttft_budget_ms, total_budget_ms; /* 0: not sent, not checked */
     uint64_t seed;
     uint32_t timeout_s;
@@ -78,39 +78,38 @@ struct opts {
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: kvasir bench [options]\n"
-            "  Load an OpenAI-compatible server with streaming requests and report TTFT, TPOT,\n"
-            "  ITL and E2E latency percentiles, throughput, goodput and refusals.\n"
-            "target:\n"
-            "  --url URL               server (default http://127.0.0.1:8080)\n"
-            "  --api-key KEY           bearer key (default: env KVASIR_API_KEY)\n"
-            "  --model NAME            model name to send (default: the first of /v1/models)\n"
-            "  --endpoint E            completions (default) or chat\n"
-            "load (one of --rate, --concurrency, --sweep, --sweep-auto):\n"
-            "  --rate R                open loop: R requests/s on average; 'inf' = all at once\n"
-            "  --burstiness B          gamma shape of the gaps: 1 = Poisson (default), <1\n"
-            "                          burstier, >1 more even\n"
-            "  --max-concurrency C     open loop: at most C in flight (later arrivals wait)\n"
-            "  --concurrency C         closed loop: keep C requests in flight\n"
-            "  --duration S            send for S seconds\n"
-            "  --num-requests N        send N requests (default 100 unless --duration)\n"
-            "  --sweep R1,R2,...       one open-loop run per rate, then a table (and --svg)\n"
-            "  --sweep-auto            rates found by doubling from a probe until goodput\n"
-            "                          falls below half the offered rate\n"
-            "requests:\n"
-            "  --prompt-len N|LO:HI    prompt tokens (default 128)\n"
-            "  --output-len N|LO:HI    max_tokens (default 64; ignore_eos is asked for)\n"
-            "  -m, --gguf FILE         the model's GGUF: exact prompt token counts\n"
-            "  --temperature T         sampling temperature (default: the server's)\n"
-            "  --ttft-budget-ms MS     first-token budget sent with each request and checked\n"
-            "  --total-budget-ms MS    whole-answer budget, likewise\n"
-            "  --seed S                schedule and prompt seed (default 0)\n"
-            "  --timeout-s S           per request deadline and socket timeout (default 300)\n"
-            "output:\n"
-            "  --json FILE             everything, including every request\n"
-            "  --svg FILE              sweep plot (latency and goodput against offered rate)\n"
-            "  --quiet                 no progress line\n");
+    fprintf(f, "usage: kvasir bench [options]\n"
+               "  Load an OpenAI-compatible server with streaming requests and report TTFT, TPOT,\n"
+               "  ITL and E2E latency percentiles, throughput, goodput and refusals.\n"
+               "target:\n"
+               "  --url URL               server (default http://127.0.0.1:8080)\n"
+               "  --api-key KEY           bearer key (default: env KVASIR_API_KEY)\n"
+               "  --model NAME            model name to send (default: the first of /v1/models)\n"
+               "  --endpoint E            completions (default) or chat\n"
+               "load (one of --rate, --concurrency, --sweep, --sweep-auto):\n"
+               "  --rate R                open loop: R requests/s on average; 'inf' = all at once\n"
+               "  --burstiness B          gamma shape of the gaps: 1 = Poisson (default), <1\n"
+               "                          burstier, >1 more even\n"
+               "  --max-concurrency C     open loop: at most C in flight (later arrivals wait)\n"
+               "  --concurrency C         closed loop: keep C requests in flight\n"
+               "  --duration S            send for S seconds\n"
+               "  --num-requests N        send N requests (default 100 unless --duration)\n"
+               "  --sweep R1,R2,...       one open-loop run per rate, then a table (and --svg)\n"
+               "  --sweep-auto            rates found by doubling from a probe until goodput\n"
+               "                          falls below half the offered rate\n"
+               "requests:\n"
+               "  --prompt-len N|LO:HI    prompt tokens (default 128)\n"
+               "  --output-len N|LO:HI    max_tokens (default 64; ignore_eos is asked for)\n"
+               "  -m, --gguf FILE         the model's GGUF: exact prompt token counts\n"
+               "  --temperature T         sampling temperature (default: the server's)\n"
+               "  --ttft-budget-ms MS     first-token budget sent with each request and checked\n"
+               "  --total-budget-ms MS    whole-answer budget, likewise\n"
+               "  --seed S                schedule and prompt seed (default 0)\n"
+               "  --timeout-s S           per request deadline and socket timeout (default 300)\n"
+               "output:\n"
+               "  --json FILE             everything, including every request\n"
+               "  --svg FILE              sweep plot (latency and goodput against offered rate)\n"
+               "  --quiet                 no progress line\n");
 }
 
 static int parse_double(const char *opt, const char *v, double lo, double *out)
@@ -280,38 +279,40 @@ static int parse_opts(int argc, char **argv, struct opts *o)
 /* Common English words: prompts read like text, so a real tokenizer splits them as it would
  * split real prompts (about one token per word for SentencePiece and GPT-2 vocabularies). */
 static const char *const words[] = {
-    "the",    "of",     "and",    "to",     "in",     "is",     "you",    "that",   "it",
-    "he",     "was",    "for",    "on",     "are",    "as",     "with",   "his",    "they",
-    "at",     "be",     "this",   "have",   "from",   "or",     "one",    "had",    "by",
-    "word",   "but",    "not",    "what",   "all",    "were",   "we",     "when",   "your",
-    "can",    "said",   "there",  "use",    "an",     "each",   "which",  "she",    "do",
-    "how",    "their",  "if",     "will",   "up",     "other",  "about",  "out",    "many",
-    "then",   "them",   "these",  "so",     "some",   "her",    "would",  "make",   "like",
-    "him",    "into",   "time",   "has",    "look",   "two",    "more",   "write",  "go",
-    "see",    "number", "no",     "way",    "could",  "people", "my",     "than",   "first",
-    "water",  "been",   "call",   "who",    "oil",    "its",    "now",    "find",   "long",
-    "down",   "day",    "did",    "get",    "come",   "made",   "may",    "part",   "over",
-    "new",    "sound",  "take",   "only",   "little", "work",   "know",   "place",  "year",
-    "live",   "me",     "back",   "give",   "most",   "very",   "after",  "thing",  "our",
-    "just",   "name",   "good",   "sentence", "man",  "think",  "say",    "great",  "where",
-    "help",   "through", "much",  "before", "line",   "right",  "too",    "mean",   "old",
-    "any",    "same",   "tell",   "boy",    "follow", "came",   "want",   "show",   "also",
-    "around", "form",   "three",  "small",  "set",    "put",    "end",    "does",   "another",
-    "well",   "large",  "must",   "big",    "even",   "such",   "because", "turn",  "here",
-    "why",    "ask",    "went",   "men",    "read",   "need",   "land",   "different", "home",
-    "us",     "move",   "try",    "kind",   "hand",   "picture", "again", "change", "off",
-    "play",   "spell",  "air",    "away",   "animal", "house",  "point",  "page",   "letter",
-    "mother", "answer", "found",  "study",  "still",  "learn",  "should", "world",  "high",
+    "the",      "of",        "and",    "to",     "in",     "is",     "you",    "that",
+    "it",       "he",        "was",    "for",    "on",     "are",    "as",     "with",
+    "his",      "they",      "at",     "be",     "this",   "have",   "from",   "or",
+    "one",      "had",       "by",     "word",   "but",    "not",    "what",   "all",
+    "were",     "we",        "when",   "your",   "can",    "said",   "there",  "use",
+    "an",       "each",      "which",  "she",    "do",     "how",    "their",  "if",
+    "will",     "up",        "other",  "about",  "out",    "many",   "then",   "them",
+    "these",    "so",        "some",   "her",    "would",  "make",   "like",   "him",
+    "into",     "time",      "has",    "look",   "two",    "more",   "write",  "go",
+    "see",      "number",    "no",     "way",    "could",  "people", "my",     "than",
+    "first",    "water",     "been",   "call",   "who",    "oil",    "its",    "now",
+    "find",     "long",      "down",   "day",    "did",    "get",    "come",   "made",
+    "may",      "part",      "over",   "new",    "sound",  "take",   "only",   "little",
+    "work",     "know",      "place",  "year",   "live",   "me",     "back",   "give",
+    "most",     "very",      "after",  "thing",  "our",    "just",   "name",   "good",
+    "sentence", "man",       "think",  "say",    "great",  "where",  "help",   "through",
+    "much",     "before",    "line",   "right",  "too",    "mean",   "old",    "any",
+    "same",     "tell",      "boy",    "follow", "came",   "want",   "show",   "also",
+    "around",   "form",      "three",  "small",  "set",    "put",    "end",    "does",
+    "another",  "well",      "large",  "must",   "big",    "even",   "such",   "because",
+    "turn",     "here",      "why",    "ask",    "went",   "men",    "read",   "need",
+    "land",     "different", "home",   "us",     "move",   "try",    "kind",   "hand",
+    "picture",  "again",     "change", "off",    "play",   "spell",  "air",    "away",
+    "animal",   "house",     "point",  "page",   "letter", "mother", "answer", "found",
+    "study",    "still",     "learn",  "should", "world",  "high",
 };
 #define N_WORDS (sizeof words / sizeof words[0])
-
 
 struct prompt {
     struct kvr_sbuf text; /* the prompt text, or the chat message's content */
     int32_t *ids;         /* completions with a tokenizer: exactly n_tokens ids (BOS first
                              when the model adds one), sent instead of the text */
     size_t ids_cap;
-    uint32_t n_tokens;    /* planned prompt tokens: exact with a tokenizer, else words */
+    uint32_t n_tokens; /* planned prompt tokens: exact with a tokenizer, else words */
 };
 
 static void add_words(struct kvr_sbuf *b, struct kvr_lg_rng *rng, size_t n)
@@ -430,9 +431,8 @@ static struct kvr_lg_record *store_gather(struct store *s, size_t *n_out)
     struct kvr_lg_record *all = kvr_calloc(s->n ? s->n : 1, sizeof *all);
     size_t n = 0;
     for (size_t i = 0; all && i < s->n; i++) {
-        struct kvr_lg_record *r = s->blocks[i / RECORD_BLOCK]
-                                      ? &s->blocks[i / RECORD_BLOCK][i % RECORD_BLOCK]
-                                      : NULL;
+        struct kvr_lg_record *r =
+            s->blocks[i / RECORD_BLOCK] ? &s->blocks[i / RECORD_BLOCK][i % RECORD_BLOCK] : NULL;
         if (!r || r->max_tokens == 0) /* never filled */
             continue;
         all[n++] = *r;
@@ -475,8 +475,8 @@ struct run {
     uint32_t max_concurrency;
     /* closed loop */
     uint32_t concurrency;
-    size_t limit;        /* most requests; 0 = until end_ns */
-    uint64_t end_ns;     /* closed loop: start no request after this; 0 = none */
+    size_t limit;    /* most requests; 0 = until end_ns */
+    uint64_t end_ns; /* closed loop: start no request after this; 0 = none */
     size_t next_index;
 
     uint64_t t0_ns;
@@ -571,7 +571,8 @@ static int on_chunk(void *ud, const char *data, size_t len, uint64_t t_ns)
     }
     json_t *u = json_object_get(j, "usage");
     if (json_is_object(u)) {
-        json_t *pt = json_object_get(u, "prompt_tokens"), *ct = json_object_get(u, "completion_tokens");
+        json_t *pt = json_object_get(u, "prompt_tokens"),
+               *ct = json_object_get(u, "completion_tokens");
         if (json_is_integer(pt))
             st->usage_prompt = json_integer_value(pt);
         if (json_is_integer(ct))
@@ -590,8 +591,8 @@ static char *request_body(const struct run *r, const struct prompt *p, uint32_t 
         return NULL;
     json_object_set_new(b, "model", json_string(r->model));
     if (o->endpoint == EP_CHAT) {
-        json_t *msg = json_pack("{s:s, s:s}", "role", "user", "content",
-                                p->text.data ? p->text.data : "");
+        json_t *msg =
+            json_pack("{s:s, s:s}", "role", "user", "content", p->text.data ? p->text.data : "");
         json_object_set_new(b, "messages", json_pack("[o]", msg));
         json_object_set_new(b, "max_completion_tokens", json_integer(max_tokens));
     } else if (r->tok) {
@@ -609,8 +610,8 @@ static char *request_body(const struct run *r, const struct prompt *p, uint32_t 
     /* vLLM's name for "generate max_tokens whatever the model says"; servers that do not
      * know it ignore it (Kvasir does), and then answers may be shorter. */
     json_object_set_new(b, "ignore_eos", json_true());
-    json_object_set_new(b, "seed", json_integer((json_int_t)((o->seed * 1000003u + index) &
-                                                            0x7fffffff)));
+    json_object_set_new(b, "seed",
+                        json_integer((json_int_t)((o->seed * 1000003u + index) & 0x7fffffff)));
     if (!isnan(o->temperature))
         json_object_set_new(b, "temperature", json_real(o->temperature));
     if (o->ttft_budget_ms || o->total_budget_ms) {
@@ -629,13 +630,20 @@ static char *request_body(const struct run *r, const struct prompt *p, uint32_t 
 static const char *client_reason(int rc)
 {
     switch (rc) {
-    case KVR_ETIMEDOUT: return "timeout";
-    case KVR_EIO: return "connect";
-    case KVR_ECLOSED: return "closed";
-    case KVR_EPROTO: return "protocol";
-    case KVR_ERANGE: return "too_large";
-    case KVR_ENOMEM: return "client_memory";
-    default: return "client";
+    case KVR_ETIMEDOUT:
+        return "timeout";
+    case KVR_EIO:
+        return "connect";
+    case KVR_ECLOSED:
+        return "closed";
+    case KVR_EPROTO:
+        return "protocol";
+    case KVR_ERANGE:
+        return "too_large";
+    case KVR_ENOMEM:
+        return "client_memory";
+    default:
+        return "client";
     }
 }
 
@@ -673,8 +681,7 @@ static void do_request(struct run *r, size_t index, double scheduled_s)
     rec->max_tokens = kvr_lg_range_draw(&o->output_len, &rng);
     struct prompt p = {0};
     kvr_sbuf_init(&p.text);
-    struct stream st = {.chat = o->endpoint == EP_CHAT, .usage_prompt = -1,
-                        .usage_completion = -1};
+    struct stream st = {.chat = o->endpoint == EP_CHAT, .usage_prompt = -1, .usage_completion = -1};
     struct kvr_httpc_resp resp = {0};
     struct kvr_err err = {0};
     char *body = NULL;
@@ -689,11 +696,16 @@ static void do_request(struct run *r, size_t index, double scheduled_s)
         set_reason(rec, "client_prompt", "could not build the prompt");
         goto done;
     }
-    struct kvr_httpc_req req = {.method = "POST", .path = r->path, .api_key = o->api_key,
-                                .body = body, .body_len = strlen(body),
+    struct kvr_httpc_req req = {.method = "POST",
+                                .path = r->path,
+                                .api_key = o->api_key,
+                                .body = body,
+                                .body_len = strlen(body),
                                 .io_timeout_ms = o->timeout_s * 1000u,
                                 .deadline_ns = st.t_start + (uint64_t)o->timeout_s * 1000000000ull,
-                                .on_event = on_chunk, .ud = &st, .cancel = &stop_flag};
+                                .on_event = on_chunk,
+                                .ud = &st,
+                                .cancel = &stop_flag};
     rc = kvr_httpc_do(r->url, &req, &resp, &err);
     rec->http_status = resp.status;
     if (resp.t_head_ns)
@@ -872,7 +884,8 @@ static void progress_show(struct progress *pg, struct run *r, bool force)
         snprintf(count, sizeof count, "%zu/%zu", done, total);
     else
         snprintf(count, sizeof count, "%zu", done);
-    fprintf(stderr, "\r%s[%s] %s done  %.1f s  ok %zu  refused %zu  failed %zu  in flight %zu\033[K",
+    fprintf(stderr,
+            "\r%s[%s] %s done  %.1f s  ok %zu  refused %zu  failed %zu  in flight %zu\033[K",
             pg->label, bar, count, elapsed, ok, refused, failed, inflight);
     fflush(stderr);
 }
@@ -904,7 +917,7 @@ struct level {
     struct kvr_lg_record *rec;
     size_t n_rec;
     struct kvr_lg_result res;
-    double wall_s;        /* first send to last response */
+    double wall_s; /* first send to last response */
 };
 
 struct env {
@@ -939,8 +952,10 @@ static int run_level(const struct env *env, struct level *lv, const char *label)
     double *arrivals = NULL;
     int rc = 0;
     if (lv->rate > 0) {
-        struct kvr_lg_schedule_spec spec = {.rate_per_s = lv->rate, .burstiness = o->burstiness,
-                                            .seed = o->seed, .max_requests = o->num_requests,
+        struct kvr_lg_schedule_spec spec = {.rate_per_s = lv->rate,
+                                            .burstiness = o->burstiness,
+                                            .seed = o->seed,
+                                            .max_requests = o->num_requests,
                                             .duration_s = o->duration_s};
         struct kvr_err err = {0};
         size_t n = 0;
@@ -1095,8 +1110,8 @@ static void print_ms_row(const char *name, const struct kvr_lg_summary *s)
         printf("  %-8s %7zu %9s %9s %9s %9s %9s\n", name, s->n, "-", "-", "-", "-", "-");
         return;
     }
-    printf("  %-8s %7zu %9.2f %9.2f %9.2f %9.2f %9.2f\n", name, s->n, s->mean * 1e3,
-           s->p50 * 1e3, s->p90 * 1e3, s->p99 * 1e3, s->max * 1e3);
+    printf("  %-8s %7zu %9.2f %9.2f %9.2f %9.2f %9.2f\n", name, s->n, s->mean * 1e3, s->p50 * 1e3,
+           s->p90 * 1e3, s->p99 * 1e3, s->max * 1e3);
 }
 
 static void print_reasons(const char *what, const struct kvr_lg_reason_count *t, size_t n)
@@ -1139,9 +1154,9 @@ static void print_level(const struct env *env, const struct level *lv)
     }
     printf("  duration      %.2f s (first send to last response)\n", lv->wall_s);
     printf("------------------------------------------------------\n");
-    printf("  requests      %zu: %zu ok, %zu refused, %zu errors, %zu timeouts\n",
-           res->n_total, res->n_outcome[KVR_LG_OK], res->n_outcome[KVR_LG_REFUSED],
-           res->n_outcome[KVR_LG_ERROR], res->n_outcome[KVR_LG_TIMEOUT]);
+    printf("  requests      %zu: %zu ok, %zu refused, %zu errors, %zu timeouts\n", res->n_total,
+           res->n_outcome[KVR_LG_OK], res->n_outcome[KVR_LG_REFUSED], res->n_outcome[KVR_LG_ERROR],
+           res->n_outcome[KVR_LG_TIMEOUT]);
     print_reasons("refused", res->refused, res->n_refused_reasons);
     print_reasons("errors", res->errors, res->n_error_reasons);
     printf("  throughput    %.2f req/s, %.1f output tok/s, %.1f total tok/s\n", res->req_per_s,
@@ -1171,7 +1186,7 @@ static void print_sweep_table(const struct level *lv, size_t n)
            "ms", "ms", "req/s", "req/s");
     for (size_t i = 0; i < n; i++) {
         const struct kvr_lg_result *r = &lv[i].res;
-        printf("%8.3g %6zu %6zu %7zu %6zu %9.1f %9.1f %9.1f %9.1f %8.2f %8.2f\n", lv[i].rate,
+        printf("%8.4g %6zu %6zu %7zu %6zu %9.1f %9.1f %9.1f %9.1f %8.2f %8.2f\n", lv[i].rate,
                r->n_total, r->n_outcome[KVR_LG_OK], r->n_outcome[KVR_LG_REFUSED],
                r->n_outcome[KVR_LG_ERROR] + r->n_outcome[KVR_LG_TIMEOUT], r->ttft_s.p50 * 1e3,
                r->ttft_s.p99 * 1e3, r->e2e_s.p50 * 1e3, r->e2e_s.p99 * 1e3, r->req_per_s,
@@ -1203,8 +1218,8 @@ static json_t *reasons_json(const struct kvr_lg_reason_count *t, size_t n)
 {
     json_t *a = json_array();
     for (size_t i = 0; i < n; i++)
-        json_array_append_new(a, json_pack("{s:i, s:s, s:I}", "status", t[i].http_status,
-                                           "reason", t[i].reason, "n", (json_int_t)t[i].n));
+        json_array_append_new(a, json_pack("{s:i, s:s, s:I}", "status", t[i].http_status, "reason",
+                                           t[i].reason, "n", (json_int_t)t[i].n));
     return a;
 }
 
@@ -1225,8 +1240,8 @@ static json_t *level_json(const struct level *lv)
         reasons_json(r->errors, r->n_error_reasons), "throughput", "requests_per_s",
         json_real(r->req_per_s), "output_tokens_per_s", json_real(r->output_tok_per_s),
         "total_tokens_per_s", json_real(r->total_tok_per_s), "goodput_requests_per_s",
-        json_real(r->goodput_req_per_s), "tokens", "prompt", (json_int_t)r->prompt_tokens,
-        "output", (json_int_t)r->output_tokens, "ttft_ms", summary_json(&r->ttft_s), "tpot_ms",
+        json_real(r->goodput_req_per_s), "tokens", "prompt", (json_int_t)r->prompt_tokens, "output",
+        (json_int_t)r->output_tokens, "ttft_ms", summary_json(&r->ttft_s), "tpot_ms",
         summary_json(&r->tpot_s), "itl_ms", summary_json(&r->itl_s), "e2e_ms",
         summary_json(&r->e2e_s), "refusal_ms", refusal);
     json_t *reqs = json_array();
@@ -1247,9 +1262,8 @@ static json_t *level_json(const struct level *lv)
                             ms(q->response_s), "met_budget", q->met_budget, "itl_ms", itl));
     }
     json_t *l = json_object();
-    json_object_set_new(l, "offered_rate", lv->concurrency || isinf(lv->rate)
-                                               ? json_null()
-                                               : json_real(lv->rate));
+    json_object_set_new(l, "offered_rate",
+                        lv->concurrency || isinf(lv->rate) ? json_null() : json_real(lv->rate));
     json_object_set_new(l, "concurrency",
                         lv->concurrency ? json_integer(lv->concurrency) : json_null());
     json_object_set_new(l, "summary", summary);
@@ -1264,7 +1278,10 @@ static int write_json(const struct env *env, const struct level *lv, size_t n)
         "{s:s, s:s, s:s, s:s, s:o, s:f, s:o, s:o, s:o, s:o, s:[i,i], s:[i,i], s:o, s:o, s:I, "
         "s:i, s:o, s:b}",
         "url", o->url, "endpoint", env->path, "model", env->model, "mode",
-        o->concurrency ? "closed" : n > 1 || o->sweep_auto ? "sweep" : "open", "rate",
+        o->concurrency           ? "closed"
+        : n > 1 || o->sweep_auto ? "sweep"
+                                 : "open",
+        "rate",
         o->concurrency || o->n_sweep || o->sweep_auto || isinf(o->rate) ? json_null()
                                                                         : json_real(o->rate),
         "burstiness", o->burstiness, "concurrency",
@@ -1282,10 +1299,9 @@ static int write_json(const struct env *env, const struct level *lv, size_t n)
     json_t *runs = json_array();
     for (size_t i = 0; i < n; i++)
         json_array_append_new(runs, level_json(&lv[i]));
-    json_t *root = json_pack("{s:s, s:i, s:o, s:o}", "tool", "kvasir bench", "version", 1,
-                             "config", cfg, "runs", runs);
-    int rc = root ? json_dump_file(root, o->json_path, JSON_COMPACT | JSON_REAL_PRECISION(12))
-                  : -1;
+    json_t *root = json_pack("{s:s, s:i, s:o, s:o}", "tool", "kvasir bench", "version", 1, "config",
+                             cfg, "runs", runs);
+    int rc = root ? json_dump_file(root, o->json_path, JSON_COMPACT | JSON_REAL_PRECISION(12)) : -1;
     json_decref(root);
     if (rc) {
         fprintf(stderr, "kvasir bench: cannot write %s\n", o->json_path);
@@ -1334,11 +1350,11 @@ static int write_svg(const struct env *env, const struct level *lv, size_t n)
     };
     size_t n_lat = 4;
     if (o->ttft_budget_ms)
-        lat[n_lat++] = (struct kvr_svg_series){.name = "TTFT budget", .color = "#9ecae1",
-                                               .dashed = true, .x = bx, .y = bt, .n = 2};
+        lat[n_lat++] = (struct kvr_svg_series){
+            .name = "TTFT budget", .color = "#9ecae1", .dashed = true, .x = bx, .y = bt, .n = 2};
     if (o->total_budget_ms)
-        lat[n_lat++] = (struct kvr_svg_series){.name = "total budget", .color = "#fdae6b",
-                                               .dashed = true, .x = bx, .y = be, .n = 2};
+        lat[n_lat++] = (struct kvr_svg_series){
+            .name = "total budget", .color = "#fdae6b", .dashed = true, .x = bx, .y = be, .n = 2};
     if (o->ttft_budget_ms)
         lo = fmin(lo, o->ttft_budget_ms), hi = fmax(hi, o->ttft_budget_ms);
     if (o->total_budget_ms)
@@ -1351,8 +1367,8 @@ static int write_svg(const struct env *env, const struct level *lv, size_t n)
     };
     char budget[128] = "no latency budget", pl[48], ol[48], load[160];
     if (o->ttft_budget_ms || o->total_budget_ms)
-        snprintf(budget, sizeof budget, "budget: first token %u ms, total %u ms",
-                 o->ttft_budget_ms, o->total_budget_ms);
+        snprintf(budget, sizeof budget, "budget: first token %u ms, total %u ms", o->ttft_budget_ms,
+                 o->total_budget_ms);
     fmt_range(pl, sizeof pl, &o->prompt_len);
     fmt_range(ol, sizeof ol, &o->output_len);
     if (o->num_requests && o->duration_s > 0)
@@ -1366,14 +1382,20 @@ static int write_svg(const struct env *env, const struct level *lv, size_t n)
     kvr_sbuf_init(&title);
     kvr_sbuf_printf(&title,
                     "kvasir bench: %s at %s%s\n%s arrivals, %s; prompt %s, output %s tokens; %s",
-                    env->model, env->url.host, env->path,
-                    o->burstiness == 1 ? "Poisson" : "gamma", load, pl, ol, budget);
+                    env->model, env->url.host, env->path, o->burstiness == 1 ? "Poisson" : "gamma",
+                    load, pl, ol, budget);
     struct kvr_svg_panel panels[] = {
-        {.title = "Latency against offered load", .x_label = "offered rate (requests/s)",
-         .y_label = "latency (ms)", .log_y = hi > 0 && hi / lo > 50, .series = lat,
+        {.title = "Latency against offered load",
+         .x_label = "offered rate (requests/s)",
+         .y_label = "latency (ms)",
+         .log_y = hi > 0 && hi / lo > 50,
+         .series = lat,
          .n_series = n_lat},
-        {.title = "Goodput: requests/s that met the budget", .x_label = "offered rate (requests/s)",
-         .y_label = "requests/s", .series = thr, .n_series = 4},
+        {.title = "Goodput: requests/s that met the budget",
+         .x_label = "offered rate (requests/s)",
+         .y_label = "requests/s",
+         .series = thr,
+         .n_series = 4},
     };
     struct kvr_sbuf b;
     kvr_sbuf_init(&b);
@@ -1462,7 +1484,8 @@ int kvr_cmd_bench(int argc, char **argv)
     int rc = parse_opts(argc, argv, &o);
     if (rc)
         return rc == 1 ? 0 : rc;
-    struct env env = {.o = &o, .tty = isatty(STDERR_FILENO) != 0,
+    struct env env = {.o = &o,
+                      .tty = isatty(STDERR_FILENO) != 0,
                       .path = o.endpoint == EP_CHAT ? "/v1/chat/completions" : "/v1/completions"};
     struct kvr_err err = {0};
     if (kvr_httpc_url_parse(&env.url, o.url, &err)) {
@@ -1531,7 +1554,7 @@ int kvr_cmd_bench(int argc, char **argv)
                 break;
             n_lv++;
             const struct kvr_lg_result *r = &lv[i].res;
-            printf("rate %8.3g req/s: %zu sent, %zu ok, %zu refused, %zu failed; TTFT p50 %.1f "
+            printf("rate %8.4g req/s: %zu sent, %zu ok, %zu refused, %zu failed; TTFT p50 %.1f "
                    "ms, E2E p99 %.1f ms, goodput %.2f req/s\n",
                    rates[i], r->n_total, r->n_outcome[KVR_LG_OK], r->n_outcome[KVR_LG_REFUSED],
                    r->n_outcome[KVR_LG_ERROR] + r->n_outcome[KVR_LG_TIMEOUT], r->ttft_s.p50 * 1e3,

@@ -164,7 +164,7 @@ static void read_snapshot(const struct kvr_prom *p, struct snapshot *s)
         s->held[i] = s->starved[i] = s->blocked[i] = NAN;
     for (size_t i = 0; i < p->n_samples; i++) {
         const struct kvr_prom_sample *x = &p->samples[i];
-        double *dst = !strcmp(x->name, "kvasir:stage_utilization")       ? s->held
+        double *dst = !strcmp(x->name, "kvasir:stage_utilization")        ? s->held
                       : !strcmp(x->name, "kvasir:stage_starved_fraction") ? s->starved
                       : !strcmp(x->name, "kvasir:stage_blocked_fraction") ? s->blocked
                                                                           : NULL;
@@ -180,8 +180,8 @@ static void read_snapshot(const struct kvr_prom *p, struct snapshot *s)
     s->n_reasons = 0;
     for (size_t i = 0; i < p->n_samples && s->n_reasons < 8; i++) {
         const struct kvr_prom_sample *x = &p->samples[i];
-        const char *r = strcmp(x->name, "kvasir:request_refused_total") ? NULL
-                                                                         : kvr_prom_label(x, "reason");
+        const char *r =
+            strcmp(x->name, "kvasir:request_refused_total") ? NULL : kvr_prom_label(x, "reason");
         if (!r)
             continue;
         snprintf(s->reason[s->n_reasons], sizeof s->reason[0], "%s", r);

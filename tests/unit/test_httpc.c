@@ -47,9 +47,9 @@ static void test_url(void **state)
     assert_string_equal(u.base_path, "/x");
     assert_int_equal(kvr_httpc_url_parse(&u, "HTTP://example", &err), 0);
     assert_string_equal(u.port, "80");
-    const char *bad[] = {"https://a", "http://", "http://:80", "http://a:0", "http://a:65536",
-                         "http://a:x", "http://u@a", "http://a/?q", "http://[::1", "ftp://a",
-                         "http://[::1]x"};
+    const char *bad[] = {"https://a",      "http://",    "http://:80",   "http://a:0",
+                         "http://a:65536", "http://a:x", "http://u@a",   "http://a/?q",
+                         "http://[::1",    "ftp://a",    "http://[::1]x"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         assert_int_equal(kvr_httpc_url_parse(&u, bad[i], &err), KVR_EINVAL);
 }
@@ -76,8 +76,8 @@ static int collect(void *ud, const char *data, size_t len, uint64_t t_ns)
 static const char sse_text[] = ": comment\r\n"
                                "data: one\r\n\r\n"
                                "event: x\nid: 3\ndata:two\ndata:  lines\n\n"
-                               "data\n\n" /* a field without colon: empty data */
-                               "retry: 10\n\n"     /* no data: not dispatched */
+                               "data\n\n"      /* a field without colon: empty data */
+                               "retry: 10\n\n" /* no data: not dispatched */
                                "data: cr\r\rdata: {\"a\":1}\n\n"
                                "data: unterminated";
 static const char sse_want[] = "one|two\n lines||cr|{\"a\":1}|";
@@ -172,7 +172,7 @@ static void test_chunked(void **state)
         assert_string_equal(out.data, "hello world, body");
         kvr_sbuf_fini(&out);
     }
-    const char *bad[] = {"x\r\n", "\r\n", "5\r\nhelloXX", "5\rX", "FFFFFFFFFFFFFFFF\r\n",
+    const char *bad[] = {"x\r\n",   "\r\n", "5\r\nhelloXX", "5\rX", "FFFFFFFFFFFFFFFF\r\n",
                          "0\r\n\rX"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct kvr_chunked c;
@@ -285,10 +285,8 @@ static void test_exchange_sse(void **state)
     static const char *const reply[] = {
         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
         "\r\n",
-        "d\r\ndata: first\n\n\r\n",
-        "e\r\ndata: second\n\n\r\n",
-        "e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n",
-        NULL};
+        "d\r\ndata: first\n\n\r\n", "e\r\ndata: second\n\n\r\n",
+        "e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n", NULL};
     struct server s;
     server_start(&s, reply);
     s.pause_ms = 60;
@@ -297,10 +295,15 @@ static void test_exchange_sse(void **state)
     url_of(&u, &s);
     struct timed_events te = {0};
     const char body[] = "{\"x\": 1}";
-    struct kvr_httpc_req req = {.method = "POST", .path = "/v1/completions", .api_key = "k3y",
-                                .extra_headers = "X-Latency-Budget-Ms: 500\r\n", .body = body,
-                                .body_len = sizeof body - 1, .io_timeout_ms = 5000,
-                                .on_event = collect_timed, .ud = &te};
+    struct kvr_httpc_req req = {.method = "POST",
+                                .path = "/v1/completions",
+                                .api_key = "k3y",
+                                .extra_headers = "X-Latency-Budget-Ms: 500\r\n",
+                                .body = body,
+                                .body_len = sizeof body - 1,
+                                .io_timeout_ms = 5000,
+                                .on_event = collect_timed,
+                                .ud = &te};
     struct kvr_httpc_resp resp;
     struct kvr_err err = {0};
     int rc = kvr_httpc_do(&u, &req, &resp, &err);
@@ -335,8 +338,12 @@ static void test_exchange_refusal(void **state)
     struct kvr_httpc_url u;
     url_of(&u, &s);
     struct events e = {0};
-    struct kvr_httpc_req req = {.method = "POST", .path = "/v1/completions", .body = "{}",
-                                .body_len = 2, .io_timeout_ms = 5000, .on_event = collect,
+    struct kvr_httpc_req req = {.method = "POST",
+                                .path = "/v1/completions",
+                                .body = "{}",
+                                .body_len = 2,
+                                .io_timeout_ms = 5000,
+                                .on_event = collect,
                                 .ud = &e};
     struct kvr_httpc_resp resp;
     struct kvr_err err = {0};
@@ -387,8 +394,12 @@ static void expect_failure(const char *const *reply, bool hang, uint32_t timeout
     struct kvr_httpc_url u;
     url_of(&u, &s);
     struct events e = {0};
-    struct kvr_httpc_req req = {.method = "GET", .path = "/", .io_timeout_ms = timeout_ms,
-                                .on_event = collect, .ud = &e, .cancel = cancel,
+    struct kvr_httpc_req req = {.method = "GET",
+                                .path = "/",
+                                .io_timeout_ms = timeout_ms,
+                                .on_event = collect,
+                                .ud = &e,
+                                .cancel = cancel,
                                 .max_body_bytes = max_body};
     struct kvr_httpc_resp resp;
     struct kvr_err err = {0};
@@ -424,8 +435,7 @@ static void test_exchange_failures(void **state)
     static const char *const bad_chunk[] = {
         "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", NULL};
     expect_failure(bad_chunk, false, 3000, NULL, KVR_EPROTO, 0);
-    static const char *const too_big[] = {"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n",
-                                          NULL};
+    static const char *const too_big[] = {"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n", NULL};
     expect_failure(too_big, false, 3000, NULL, KVR_ERANGE, 10);
     static const char *const bad_te[] = {"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
                                          NULL};

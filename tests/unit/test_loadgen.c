@@ -59,8 +59,8 @@ static void gap_stats(const double *t, size_t n, double *mean, double *var)
 
 static void check_schedule(double rate, double burstiness)
 {
-    struct kvr_lg_schedule_spec spec = {.rate_per_s = rate, .burstiness = burstiness,
-                                        .seed = 1234, .max_requests = 40000};
+    struct kvr_lg_schedule_spec spec = {
+        .rate_per_s = rate, .burstiness = burstiness, .seed = 1234, .max_requests = 40000};
     double *t = NULL;
     size_t n = 0;
     struct kvr_err err = {0};
@@ -105,8 +105,8 @@ static void test_schedule_limits(void **state)
     double *t = NULL;
     size_t n = 0;
     /* Duration only: every arrival is before the end, and about rate * duration of them. */
-    struct kvr_lg_schedule_spec spec = {.rate_per_s = 20, .burstiness = 1, .seed = 7,
-                                        .duration_s = 100};
+    struct kvr_lg_schedule_spec spec = {
+        .rate_per_s = 20, .burstiness = 1, .seed = 7, .duration_s = 100};
     assert_int_equal(kvr_lg_schedule(&spec, &t, &n, &err), 0);
     assert_true(n > 1800 && n < 2200);
     for (size_t i = 0; i < n; i++)
@@ -183,8 +183,8 @@ static void test_range_parse(void **state)
         seen_hi |= v == 32;
     }
     assert_true(seen_lo && seen_hi);
-    const char *bad[] = {"", "0", "x", "8:", ":8", "9:8", "1:2000", "-3", "1:2:3", "4294967296",
-                         " 5"};
+    const char *bad[] = {"",       "0",  "x",     "8:",         ":8", "9:8",
+                         "1:2000", "-3", "1:2:3", "4294967296", " 5"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         assert_true(kvr_lg_range_parse(&r, bad[i], 1000, &err) < 0);
 }
@@ -244,19 +244,29 @@ static void test_aggregate(void **state)
     struct kvr_lg_record r[6];
     memset(r, 0, sizeof r);
     /* 0: ok, 4 tokens, TTFT 100 ms, E2E 160 ms: meets a 200/500 ms budget. */
-    r[0] = (struct kvr_lg_record){.outcome = KVR_LG_OK, .http_status = 200, .prompt_tokens = 10,
-                                  .output_tokens = 4, .ttft_s = 0.1, .e2e_s = 0.16,
-                                  .itl_s = itl0, .n_itl = 3};
+    r[0] = (struct kvr_lg_record){.outcome = KVR_LG_OK,
+                                  .http_status = 200,
+                                  .prompt_tokens = 10,
+                                  .output_tokens = 4,
+                                  .ttft_s = 0.1,
+                                  .e2e_s = 0.16,
+                                  .itl_s = itl0,
+                                  .n_itl = 3};
     /* 1: ok but TTFT 300 ms: misses the first-token budget. */
-    r[1] = (struct kvr_lg_record){.outcome = KVR_LG_OK, .http_status = 200, .prompt_tokens = 10,
-                                  .output_tokens = 2, .ttft_s = 0.3, .e2e_s = 0.35,
-                                  .itl_s = itl1, .n_itl = 1};
+    r[1] = (struct kvr_lg_record){.outcome = KVR_LG_OK,
+                                  .http_status = 200,
+                                  .prompt_tokens = 10,
+                                  .output_tokens = 2,
+                                  .ttft_s = 0.3,
+                                  .e2e_s = 0.35,
+                                  .itl_s = itl1,
+                                  .n_itl = 1};
     /* 2, 3: refused over budget (fast) and queue full (slow: over the 50 ms limit). */
-    r[2] = (struct kvr_lg_record){.outcome = KVR_LG_REFUSED, .http_status = 429,
-                                  .response_s = 0.002, .ttft_s = NAN};
+    r[2] = (struct kvr_lg_record){
+        .outcome = KVR_LG_REFUSED, .http_status = 429, .response_s = 0.002, .ttft_s = NAN};
     snprintf(r[2].reason, sizeof r[2].reason, "over_budget");
-    r[3] = (struct kvr_lg_record){.outcome = KVR_LG_REFUSED, .http_status = 503,
-                                  .response_s = 0.080, .ttft_s = NAN};
+    r[3] = (struct kvr_lg_record){
+        .outcome = KVR_LG_REFUSED, .http_status = 503, .response_s = 0.080, .ttft_s = NAN};
     snprintf(r[3].reason, sizeof r[3].reason, "queue_full");
     /* 4: an error; 5: a timeout. */
     r[4] = (struct kvr_lg_record){.outcome = KVR_LG_ERROR, .http_status = 500, .ttft_s = NAN};
@@ -384,7 +394,8 @@ static const char *xml_check(const char *s)
                 p++;
             if (*p == '>' || (p[0] == '/' && p[1] == '>'))
                 break;
-            size_t an = strspn(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-:");
+            size_t an =
+                strspn(p, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-:");
             if (an == 0 || p[an] != '=' || p[an + 1] != '"')
                 return "bad attribute";
             p += an + 2;
@@ -438,10 +449,17 @@ static void test_svg(void **state)
     };
     struct kvr_svg_series gp[] = {{.name = "goodput", .color = "#2ca02c", .x = x, .y = g, .n = 4}};
     struct kvr_svg_panel panels[] = {
-        {.title = "Latency", .x_label = "offered rate (req/s)", .y_label = "ms", .log_y = true,
-         .series = lat, .n_series = 2},
-        {.title = "Goodput", .x_label = "offered rate (req/s)", .y_label = "req/s",
-         .series = gp, .n_series = 1},
+        {.title = "Latency",
+         .x_label = "offered rate (req/s)",
+         .y_label = "ms",
+         .log_y = true,
+         .series = lat,
+         .n_series = 2},
+        {.title = "Goodput",
+         .x_label = "offered rate (req/s)",
+         .y_label = "req/s",
+         .series = gp,
+         .n_series = 1},
     };
     struct kvr_sbuf b;
     kvr_sbuf_init(&b);
@@ -499,18 +517,12 @@ static void test_nice_ticks(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rng_deterministic),
-        cmocka_unit_test(test_schedule_poisson),
-        cmocka_unit_test(test_schedule_gamma),
-        cmocka_unit_test(test_schedule_limits),
-        cmocka_unit_test(test_gamma_small_shape),
-        cmocka_unit_test(test_range_parse),
-        cmocka_unit_test(test_parse_rates),
-        cmocka_unit_test(test_percentile),
-        cmocka_unit_test(test_aggregate),
-        cmocka_unit_test(test_aggregate_many_reasons),
-        cmocka_unit_test(test_xml_checker_fails),
-        cmocka_unit_test(test_svg),
+        cmocka_unit_test(test_rng_deterministic), cmocka_unit_test(test_schedule_poisson),
+        cmocka_unit_test(test_schedule_gamma),    cmocka_unit_test(test_schedule_limits),
+        cmocka_unit_test(test_gamma_small_shape), cmocka_unit_test(test_range_parse),
+        cmocka_unit_test(test_parse_rates),       cmocka_unit_test(test_percentile),
+        cmocka_unit_test(test_aggregate),         cmocka_unit_test(test_aggregate_many_reasons),
+        cmocka_unit_test(test_xml_checker_fails), cmocka_unit_test(test_svg),
         cmocka_unit_test(test_nice_ticks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
