@@ -4,13 +4,16 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static char log_tag[32] = "kvasir";
-static int log_level = -1; /* -1: not yet read from the environment */
+/* -1: not yet read from the environment. Atomic because any thread may be the first to log
+ * (and so to read KVR_LOG) while another logs or sets the level. */
+static atomic_int log_level = -1;
 
 static int level_from_env(void)
 {
@@ -33,13 +36,23 @@ void kvr_log_set_tag(const char *tag)
     pthread_mutex_unlock(&log_lock);
 }
 
-void kvr_log_set_level(enum kvr_log_level level) { log_level = (int)level; }
+void kvr_log_set_level(enum kvr_log_level level)
+{
+    atomic_store_explicit(&log_level, (int)level, memory_order_relaxed);
+}
 
 int kvr_log_enabled(enum kvr_log_level level)
 {
-    if (log_level < 0)
-        log_level = level_from_env();
-    return (int)level <= log_level;
+    int cur = atomic_load_explicit(&log_level, memory_order_relaxed);
+    if (cur < 0) {
+        /* First use: read the environment once. If kvr_log_set_level (or another thread's
+         * first use) got there first, the compare-exchange fails and keeps its value. */
+        int from_env = level_from_env();
+        if (atomic_compare_exchange_strong_explicit(&log_level, &cur, from_env,
+                                                    memory_order_relaxed, memory_order_relaxed))
+            cur = from_env;
+    }
+    return (int)level <= cur;
 }
 
 void kvr_log(enum kvr_log_level level, const char *fmt, ...)
