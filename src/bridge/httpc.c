@@ -303,6 +303,8 @@ int kvr_sse_feed(struct kvr_sse *s, const char *p, size_t n, kvr_httpc_event_fn 
             return s->line.failed ? KVR_ENOMEM : 0;
         }
         int rc;
+        if (j - i > KVR_SSE_MAX_EVENT_BYTES)
+            return KVR_ERANGE; /* the same limit whether or not the line came in pieces */
         if (s->line.len) {
             if (s->line.len + (j - i) > KVR_SSE_MAX_EVENT_BYTES)
                 return KVR_ERANGE;
