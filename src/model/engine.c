@@ -470,8 +470,8 @@ static void matmuls(struct kvr_engine *e, const float *x, uint32_t n_rows, int n
     /* Waking the pool costs microseconds; a small product is cheaper on one thread. */
     if (work < SMALL_WORK)
         mm_worker(&job, 0, 1);
-    else
-        kvr_pool_run(e->pool, mm_worker, &job);
+    else /* several chunks per thread: a thread that stalls holds up only a small one */
+        kvr_pool_run_chunks(e->pool, mm_worker, &job, 4 * kvr_pool_size(e->pool));
 }
 
 static void matmul1(struct kvr_engine *e, const float *x, uint32_t n_rows,
