@@ -424,8 +424,8 @@ static struct kvr_lg_record *store_get(struct store *s, size_t index)
     return r;
 }
 
-/* Copy the filled records into one array (the store keeps the ITL arrays' ownership moving
- * with them: the store's copies are cleared). Records never started are skipped. */
+/* Copy the filled records into one new array, in index order; each ITL array moves with its
+ * record (the store's pointer is cleared). Records never filled are skipped. */
 static struct kvr_lg_record *store_gather(struct store *s, size_t *n_out)
 {
     struct kvr_lg_record *all = kvr_calloc(s->n ? s->n : 1, sizeof *all);
