@@ -1278,9 +1278,9 @@ static int write_json(const struct env *env, const struct level *lv, size_t n)
         "{s:s, s:s, s:s, s:s, s:o, s:f, s:o, s:o, s:o, s:o, s:[i,i], s:[i,i], s:o, s:o, s:I, "
         "s:i, s:o, s:b}",
         "url", o->url, "endpoint", env->path, "model", env->model, "mode",
-        o->concurrency           ? "closed"
-        : n > 1 || o->sweep_auto ? "sweep"
-                                 : "open",
+        o->concurrency                   ? "closed"
+        : o->n_sweep > 0 || o->sweep_auto ? "sweep"
+                                          : "open",
         "rate",
         o->concurrency || o->n_sweep || o->sweep_auto || isinf(o->rate) ? json_null()
                                                                         : json_real(o->rate),
