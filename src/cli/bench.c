@@ -1278,7 +1278,7 @@ static int write_json(const struct env *env, const struct level *lv, size_t n)
         "{s:s, s:s, s:s, s:s, s:o, s:f, s:o, s:o, s:o, s:o, s:[i,i], s:[i,i], s:o, s:o, s:I, "
         "s:i, s:o, s:b}",
         "url", o->url, "endpoint", env->path, "model", env->model, "mode",
-        o->concurrency                   ? "closed"
+        o->concurrency                    ? "closed"
         : o->n_sweep > 0 || o->sweep_auto ? "sweep"
                                           : "open",
         "rate",
