@@ -121,6 +121,15 @@ static ALWAYS_INLINE __m256i reduce_pairs_q4(const __m256i v[4])
     return _mm256_madd_epi16(_mm256_shuffle_epi8(u, pair), _mm256_set1_epi16(1));
 }
 
+/* Q8_0 GEMV tree. v[k] holds 4 int32 partial sums of row k in its low 128-bit lane and of
+ * row k+4 in its high one; two levels of transpose-and-add leave lane i = row i's total. */
+static ALWAYS_INLINE __m256i reduce_pairs_q8(const __m256i v[4])
+{
+    __m256i t0 = _mm256_add_epi32(_mm256_unpacklo_epi32(v[0], v[1]), _mm256_unpackhi_epi32(v[0], v[1]));
+    __m256i t1 = _mm256_add_epi32(_mm256_unpacklo_epi32(v[2], v[3]), _mm256_unpackhi_epi32(v[2], v[3]));
+    return _mm256_add_epi32(_mm256_unpacklo_epi64(t0, t1), _mm256_unpackhi_epi64(t0, t1));
+}
+
 /* In-place transpose of an 8x8 matrix of dwords (v[i] lane j -> v[j] lane i). */
 static ALWAYS_INLINE void transpose8_epi32(__m256i v[8])
 {
@@ -325,9 +334,9 @@ static ALWAYS_INLINE void gemv_q_tile(const uint8_t *const rows[OT], int64_t nb,
     for (int r = 0; r < nr; r++)
         acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        /* Q4_0: rows k and k+4 share a vector, low nibbles (elements 0..15) in lo[k] and
-         * high ones (16..31) in hi[k]. Q8_0: one row per vector, |w| in q[i], w in s[i]. */
-        __m256i q[OT], s[OT], lo[4], hi[4];
+        /* Rows k and k+4 share a vector: elements 0..15 in lo[k] (Q4_0: the low nibbles),
+         * elements 16..31 in hi[k]; the activation halves are broadcast to match. */
+        __m256i lo[4], hi[4];
         size_t off = (size_t)b * wb;
         if (is_q4) {
             const __m256i low = _mm256_set1_epi8(0x0F);
@@ -341,9 +350,13 @@ static ALWAYS_INLINE void gemv_q_tile(const uint8_t *const rows[OT], int64_t nb,
             }
         } else {
             UNROLL
-            for (int i = 0; i < OT; i++) {
-                s[i] = _mm256_loadu_si256((const __m256i *)(rows[i] + off + 2));
-                q[i] = _mm256_sign_epi8(s[i], s[i]); /* |w|, as u8 (128 for -128) */
+            for (int k = 0; k < 4; k++) {
+                const uint8_t *p0 = rows[k] + off + 2, *p1 = rows[k + 4] + off + 2;
+                lo[k] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)p0)),
+                                                _mm_loadu_si128((const __m128i *)p1), 1);
+                hi[k] = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(p0 + 16))),
+                    _mm_loadu_si128((const __m128i *)(p1 + 16)), 1);
             }
         }
         if (pf)
@@ -363,12 +376,18 @@ static ALWAYS_INLINE void gemv_q_tile(const uint8_t *const rows[OT], int64_t nb,
                                             _mm256_maddubs_epi16(hi[k], xhi));
                 isum = _mm256_sub_epi32(reduce_pairs_q4(v), _mm256_set1_epi32(a->ext[r][b].s8));
             } else {
-                __m256i xv = _mm256_loadu_si256((const __m256i *)xb), m[OT];
+                __m256i xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)xb));
+                __m256i xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(xb + 16)));
+                __m256i v[4];
                 UNROLL
-                for (int i = 0; i < OT; i++)
-                    m[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(q[i], _mm256_sign_epi8(xv, s[i])),
-                                             ones);
-                isum = reduce8_epi32(m);
+                for (int k = 0; k < 4; k++) { /* |w| as u8 (128 for -128) times sign(x, w) */
+                    __m256i pl = _mm256_maddubs_epi16(_mm256_sign_epi8(lo[k], lo[k]),
+                                                      _mm256_sign_epi8(xlo, lo[k]));
+                    __m256i ph = _mm256_maddubs_epi16(_mm256_sign_epi8(hi[k], hi[k]),
+                                                      _mm256_sign_epi8(xhi, hi[k]));
+                    v[k] = _mm256_add_epi32(_mm256_madd_epi16(pl, ones), _mm256_madd_epi16(ph, ones));
+                }
+                isum = reduce_pairs_q8(v);
             }
             __m256 d = _mm256_mul_ps(dw, _mm256_set1_ps(a->ext[r][b].d));
             acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc[r]);
