@@ -24,6 +24,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -61,6 +62,8 @@ struct kvr_bridge_stream {
     struct token_event *events;     /* [max_tokens] */
     uint32_t ev_head, ev_count;
     uint32_t n_generated;
+    double pred_first_ms;           /* admission's raw first-token estimate (0: none) */
+    uint64_t last_token_ns;
     enum kvr_bridge_finish finish;  /* set once the stream has ended */
     bool finish_delivered;
     bool cancel_requested;
@@ -142,6 +145,9 @@ struct kvr_bridge {
     uint64_t win_held[KVR_PLAN_MAX_STAGES], win_starved[KVR_PLAN_MAX_STAGES],
         win_blocked[KVR_PLAN_MAX_STAGES], win_tokens;
     struct kvr_cost_model cost;       /* batch costs learnt from timing records */
+    struct kvr_calib calib_first;     /* actual / predicted first-token time */
+    struct kvr_calib calib_period;    /* actual / predicted gap between tokens */
+    double *admit_scratch;            /* [max_seqs] admission's working memory */
 };
 
 static void wake(struct kvr_bridge *b)
@@ -502,6 +508,14 @@ static bool apply_result(struct kvr_bridge *b, const struct kvr_wire_frame *f,
         struct kvr_bridge_stream *s = q->stream;
         bool eog = (res->flags & KVR_WIRE_RESULT_EOG) != 0;
         s->n_generated++;
+        if (s->n_generated == 1 && s->pred_first_ms > 0)
+            kvr_calib_observe(&b->calib_first,
+                              (now - s->submit_ns) / 1e6 / s->pred_first_ms);
+        else if (s->n_generated > 1 && kvr_cost_ready(&b->cost))
+            kvr_calib_observe(&b->calib_period,
+                              (now - s->last_token_ns) / 1e6 /
+                                  kvr_cost_period_ms(&b->cost, b->n_running, 0));
+        s->last_token_ns = now;
         b->stats.generated_tokens++;
         b->win_tokens++;
         stream_push(s, res->token, res->logprob, eog, now);
@@ -783,6 +797,7 @@ void kvr_bridge_destroy(struct kvr_bridge *b)
         kvr_free(b->batches[i].tokens);
     }
     kvr_free(b->batches);
+    kvr_free(b->admit_scratch);
     kvr_free(b->seqs);
     kvr_free(b->waitq);
     pthread_mutex_destroy(&b->lock);
@@ -815,7 +830,8 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
     b->seqs = kvr_calloc(p->max_seqs, sizeof *b->seqs);
     b->waitq = kvr_calloc(b->max_waiting, sizeof *b->waitq);
     b->batches = kvr_calloc(p->microbatches, sizeof *b->batches);
-    if (!b->seqs || !b->waitq || !b->batches) {
+    b->admit_scratch = kvr_calloc(p->max_seqs, sizeof *b->admit_scratch);
+    if (!b->seqs || !b->waitq || !b->batches || !b->admit_scratch) {
         rc = kvr_err_set(err, KVR_ENOMEM, "bridge: out of memory");
         goto fail;
     }
@@ -880,9 +896,14 @@ static int refuse(struct kvr_bridge *b, struct kvr_bridge_refusal *why,
     return KVR_EAGAIN;
 }
 
-/* Predictions are multiplied by this before they are compared with a budget: the model is
- * fitted on a noisy machine and a late answer is worse than a refused one. */
-#define ADMIT_MARGIN 1.15
+/* The least safety factor on a prediction: a late answer is worse than a refused one. */
+#define ADMIT_MARGIN 1.1
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
 
 /* Admission (DESIGN.md 6). From the cost model: the new request's first token comes after
  * the prompt rows queued ahead of it (its own included) have gone through in batches of the
@@ -890,8 +911,9 @@ static int refuse(struct kvr_bridge *b, struct kvr_bridge_refusal *why,
  * token periods later, at the load it adds. It is refused if either misses its budget, or
  * if it would push a running request that is on time past its own deadline. */
 static int admit(struct kvr_bridge *b, const struct kvr_bridge_request *req,
-                 struct kvr_bridge_refusal *why)
+                 struct kvr_bridge_refusal *why, double *pred_first_ms)
 {
+    *pred_first_ms = 0;
     const struct kvr_plan *p = &b->plan;
     if ((uint64_t)req->n_prompt + req->max_tokens > p->n_ctx)
         return refuse(b, why, KVR_REFUSE_TOO_LONG, 0,
@@ -928,22 +950,34 @@ static int admit(struct kvr_bridge *b, const struct kvr_bridge_request *req,
     double t_full = kvr_cost_batch_ms(m, limit);
     double period = kvr_cost_period_ms(m, n_after, 0);
 
-    /* No free slot or KV: wait for the running request closest to its end. */
+    /* No free slot or KV: the requests waiting before us take the first slots that free
+     * up, so we wait for the (waiting + 1)-th running request to end. */
     double wait_ms = 0;
     if (b->n_running + b->wq_count >= p->max_seqs || b->kv_used + need > p->kv_blocks) {
-        double best = -1;
+        double *left = b->admit_scratch;
+        uint32_t n = 0;
         for (uint32_t i = 0; i < p->max_seqs; i++) {
             const struct seq *q = &b->seqs[i];
             if (q->state == SEQ_FREE || !q->stream)
                 continue;
-            double left = (double)q->stream->req.max_tokens - q->stream->n_generated;
-            best = best < 0 || left < best ? left : best;
+            left[n++] = ((double)q->stream->req.max_tokens - q->stream->n_generated) * period;
         }
-        wait_ms = best > 0 ? best * period : 0;
+        qsort(left, n, sizeof *left, cmp_double);
+        uint32_t k = b->wq_count; /* ahead of us */
+        if (n > 0) {
+            /* Beyond the running ones, each further wave of max_seqs requests takes about
+             * a whole answer. */
+            double answer_ms = (double)req->max_tokens * period;
+            wait_ms = k < n ? left[k]
+                            : left[n - 1] + (double)(k - n + 1) / p->max_seqs * answer_ms;
+        }
     }
-    double first_ms = ADMIT_MARGIN * (wait_ms + n_prefill_batches * t_full +
-                                      kvr_cost_trip_ms(m, limit));
-    double total_ms = first_ms + ADMIT_MARGIN * (req->max_tokens - 1) * period;
+    double f_first = kvr_calib_factor(&b->calib_first, ADMIT_MARGIN);
+    double f_period = kvr_calib_factor(&b->calib_period, ADMIT_MARGIN);
+    double raw_first = wait_ms + n_prefill_batches * t_full + kvr_cost_trip_ms(m, limit);
+    *pred_first_ms = raw_first;
+    double first_ms = f_first * raw_first;
+    double total_ms = first_ms + f_period * (req->max_tokens - 1) * period;
     if (req->first_token_ms && first_ms > req->first_token_ms)
         return refuse(b, why, KVR_REFUSE_FIRST_TOKEN_BUDGET,
                       (uint32_t)(first_ms - req->first_token_ms) + 1,
@@ -967,8 +1001,8 @@ static int admit(struct kvr_bridge *b, const struct kvr_bridge_request *req,
             continue;
         double left_ms = (s->deadline_ns > now ? s->deadline_ns - now : 0) / 1e6;
         double togo = (double)s->req.max_tokens - s->n_generated;
-        double on_time = ADMIT_MARGIN * togo * period_before;
-        double with_us = ADMIT_MARGIN * (delay + togo * period);
+        double on_time = f_period * togo * period_before;
+        double with_us = f_period * (delay + togo * period);
         if (on_time <= left_ms && with_us > left_ms)
             return refuse(b, why, KVR_REFUSE_TOTAL_BUDGET, (uint32_t)(with_us - left_ms) + 1,
                           "would make a running request miss its budget (%.0f ms left, "
@@ -1011,7 +1045,7 @@ int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_bridge_request *req
     pthread_cond_init(&s->cond, NULL);
 
     pthread_mutex_lock(&b->lock);
-    int rc = admit(b, req, why);
+    int rc = admit(b, req, why, &s->pred_first_ms);
     if (rc == KVR_OK) {
         b->waitq[(b->wq_head + b->wq_count) % b->max_waiting] = s;
         b->wq_count++;

@@ -1,5 +1,6 @@
 #include "bridge/costmodel.h"
 
+#include <math.h>
 #include <string.h>
 
 enum { MIN_SAMPLES = 8 };
@@ -80,4 +81,23 @@ double kvr_cost_period_ms(const struct kvr_cost_model *m, double n_decode, doubl
     double trip = kvr_cost_trip_ms(m, rows);
     double pipe = batches * kvr_cost_batch_ms(m, rows);
     return trip > pipe ? trip : pipe;
+}
+
+void kvr_calib_observe(struct kvr_calib *c, double ratio)
+{
+    if (!(ratio > 0) || ratio > 1e3)
+        return; /* a broken measurement, not a signal */
+    double a = c->n < 20 ? 1.0 / (double)(c->n + 1) : 0.05;
+    double d = ratio - c->mean;
+    c->mean += a * d;
+    c->var = (1 - a) * (c->var + a * d * d);
+    c->n++;
+}
+
+double kvr_calib_factor(const struct kvr_calib *c, double floor)
+{
+    if (c->n < 5)
+        return floor > 1.3 ? floor : 1.3; /* too few to know: be careful */
+    double f = c->mean + 2 * sqrt(c->var);
+    return f > floor ? f : floor;
 }

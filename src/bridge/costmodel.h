@@ -46,4 +46,17 @@ double kvr_cost_trip_ms(const struct kvr_cost_model *m, double rows);
  * prefill_rows extra rows in every batch, ms. */
 double kvr_cost_period_ms(const struct kvr_cost_model *m, double n_decode, double prefill_rows);
 
+/* Calibration: how far reality is from the model. Each observation is actual / predicted
+ * (of a first-token time, or of a gap between tokens); the factor is a high quantile of
+ * that ratio (mean + 2 standard deviations, moving), never below `floor`. Predictions are
+ * multiplied by it before they are compared with a budget, so the model's own bias and
+ * the machine's noise are both paid for. */
+struct kvr_calib {
+    double mean, var; /* exponentially weighted */
+    uint64_t n;
+};
+
+void kvr_calib_observe(struct kvr_calib *c, double ratio);
+double kvr_calib_factor(const struct kvr_calib *c, double floor);
+
 #endif
