@@ -37,9 +37,13 @@
 #include <strings.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 /* How long one wait on the service may last before we look at the client socket again. */
 #define POLL_SLICE_MS 100
+/* At shutdown, how long generations in progress get to tell their clients (a 503, or an
+ * error event and [DONE]) before every connection is closed. */
+#define SHUTDOWN_GRACE_MS 1500
 
 /* ---- metrics ------------------------------------------------------------------------ */
 
@@ -698,11 +702,17 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         }
         if (g->sse_ended)
             return MHD_CONTENT_READER_END_OF_STREAM;
-        if (atomic_load(&g->h->stopping) || peer_gone(g->fd)) {
+        if (peer_gone(g->fd)) {
             g->done = true;
             g->outcome = OUT_CLIENT_GONE;
             gen_cancel(g);
             return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+        if (atomic_load(&g->h->stopping)) {
+            /* End the stream properly: an error event and [DONE], then the end. */
+            gen_fail(g, 503, "shutting_down", "the server is shutting down");
+            stream_emit(g);
+            continue;
         }
         if (gen_pump(g, POLL_SLICE_MS))
             stream_emit(g);
@@ -866,9 +876,13 @@ static enum MHD_Result handle_generate(struct kvr_http *h, struct request *rq,
 
     /* Not streaming: generate the whole answer on this thread. */
     while (!g->done) {
-        if (atomic_load(&h->stopping) || peer_gone(g->fd)) {
+        if (peer_gone(g->fd)) {
             gen_destroy(g); /* counts it as client_gone and cancels */
             return MHD_NO;
+        }
+        if (atomic_load(&h->stopping)) {
+            gen_fail(g, 503, "shutting_down", "the server is shutting down");
+            break;
         }
         gen_pump(g, POLL_SLICE_MS);
     }
@@ -1173,8 +1187,9 @@ int kvr_http_create(struct kvr_http **out, const struct kvr_http_config *cfg,
             h->max_piece_bytes = len;
     }
 
+    /* MHD_USE_ITC: kvr_http_destroy quiesces the listener before closing connections. */
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
-                     MHD_USE_POLL | MHD_USE_ERROR_LOG;
+                     MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     /* The logger comes first so that MHD's messages about later options reach it. */
     h->daemon = MHD_start_daemon(
         flags, cfg->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
@@ -1208,9 +1223,23 @@ void kvr_http_destroy(struct kvr_http *h)
 {
     if (!h)
         return;
-    /* Generation loops see this within one poll slice and give up their streams. */
+    /* Generation loops see this within one poll slice: they cancel their streams and answer
+     * 503 (an error event in a stream). New connections are no longer accepted; those in
+     * progress get a short grace period to send that answer before all are closed. */
     atomic_store(&h->stopping, true);
+    MHD_socket listen_fd = MHD_quiesce_daemon(h->daemon);
+    uint64_t deadline = kvr_now_ns() + SHUTDOWN_GRACE_MS * 1000000ull;
+    for (;;) {
+        pthread_mutex_lock(&h->metrics.mu);
+        int64_t running = h->metrics.running;
+        pthread_mutex_unlock(&h->metrics.mu);
+        if (running <= 0 || kvr_now_ns() >= deadline)
+            break;
+        kvr_sleep_ns(10 * 1000000ull);
+    }
     MHD_stop_daemon(h->daemon);
+    if (listen_fd != MHD_INVALID_SOCKET)
+        close(listen_fd); /* quiesce handed it to us; only safe after stop */
     pthread_mutex_destroy(&h->metrics.mu);
     kvr_free(h->api_key);
     kvr_free(h);

@@ -59,8 +59,10 @@ int kvr_http_create(struct kvr_http **out, const struct kvr_http_config *cfg,
                     const struct kvr_service *svc, struct kvr_err *err);
 /* The port actually listened on. */
 uint16_t kvr_http_port(const struct kvr_http *h);
-/* Stop accepting, close every connection (their streams are cancelled and released),
- * join all threads and free everything. NULL is allowed. */
+/* Stop accepting; give generations in progress up to 1.5 s to answer their clients with
+ * 503 "shutting_down" (in a stream: an error event, then [DONE]); then close every
+ * connection (their streams are cancelled and released), join all threads and free
+ * everything. NULL is allowed. */
 void kvr_http_destroy(struct kvr_http *h);
 
 #endif

@@ -1078,7 +1078,22 @@ static void test_every_stream_released(void **state)
     pthread_mutex_unlock(&fx->fake.mu);
 }
 
-/* A server stopped while a stream is running cancels and releases it and returns. */
+/* Send a POST on a new connection and leave the answer unread. */
+static int post_async(uint16_t port, const char *body)
+{
+    int fd = dial(port);
+    char req[512];
+    int n = snprintf(req, sizeof req,
+                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" AUTH
+                     "Content-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    assert_true(send_all(fd, req, (size_t)n));
+    return fd;
+}
+
+/* A server stopped while generations run answers them 503 "shutting_down" (a stream: an
+ * error event and [DONE], well-formed to the last chunk), cancels and releases them, and
+ * returns promptly. */
 static void test_shutdown_with_stream(void **state)
 {
     struct fixture *fx = start(1u << 20);
@@ -1089,25 +1104,44 @@ static void test_shutdown_with_stream(void **state)
     fx->fake.eos_after_script = false;
     fx->fake.delay_ms = 200;
     pthread_mutex_unlock(&fx->fake.mu);
-    int fd = dial(fx->port);
-    const char *body = "{\"prompt\": \"x\", \"max_tokens\": 60, \"stream\": true}";
-    char req[512];
-    int n = snprintf(req, sizeof req,
-                     "POST /v1/completions HTTP/1.1\r\nHost: x\r\n" AUTH
-                     "Content-Length: %zu\r\n\r\n%s",
-                     strlen(body), body);
-    assert_true(send_all(fd, req, (size_t)n));
-    char buf[1024];
-    assert_true(recv(fd, buf, sizeof buf, 0) > 0);
+    int streaming = post_async(fx->port, "{\"prompt\": \"x\", \"max_tokens\": 60, \"stream\": true}");
+    int whole = post_async(fx->port, "{\"prompt\": \"x\", \"max_tokens\": 60}");
+    /* Both admitted, and the stream has produced a token or two. */
     uint64_t t0 = kvr_now_ns();
+    for (;;) {
+        pthread_mutex_lock(&fx->fake.mu);
+        uint32_t n = fx->fake.n_submit;
+        pthread_mutex_unlock(&fx->fake.mu);
+        if (n == 2)
+            break;
+        assert_true(kvr_now_ns() - t0 < 2000000000ull);
+        kvr_sleep_ns(5000000);
+    }
+    kvr_sleep_ns(300000000);
+
+    t0 = kvr_now_ns();
     kvr_http_destroy(fx->http);
     double ms = (double)(kvr_now_ns() - t0) * 1e-6;
-    print_message("shutdown with a running stream took %.1f ms\n", ms);
+    print_message("shutdown with two running generations took %.1f ms\n", ms);
     assert_true(ms < 2000);
-    assert_int_equal(fx->fake.n_submit, 1);
-    assert_int_equal(fx->fake.n_cancel, 1);
-    assert_int_equal(fx->fake.n_release, 1);
-    close(fd);
+    assert_int_equal(fx->fake.n_submit, 2);
+    assert_int_equal(fx->fake.n_cancel, 2);
+    assert_int_equal(fx->fake.n_release, 2);
+
+    struct resp r;
+    read_resp(streaming, &r); /* de-chunks: fails on a truncated chunked body */
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"text\":\" The\"")); /* a token came first */
+    assert_non_null(strstr(r.body, "data: {\"error\":"));
+    assert_non_null(strstr(r.body, "\"code\":\"shutting_down\""));
+    assert_true(r.body_len > 14);
+    assert_string_equal(r.body + r.body_len - 14, "data: [DONE]\n\n");
+    resp_free(&r);
+    read_resp(whole, &r);
+    expect_error(&r, 503, "shutting down");
+    resp_free(&r);
+    close(streaming);
+    close(whole);
     fx->http = NULL;
     stop(fx);
 }
