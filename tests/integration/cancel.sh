@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Clients that go away free their KV at once: 10 streaming clients start long generations
-# through `kvasir serve` (a real 2-stage ring), are killed mid-answer, and within 1 s of the
-# last one dying /metrics shows kvasir:kv_blocks_used 0 and no request running. The server
-# then still answers a normal request.
+# Clients that go away free their KV at once: 10 streaming clients (and 2 waiting for a
+# whole chat answer) start long generations through `kvasir serve` (a real 2-stage ring),
+# are killed mid-answer, and within 1 s of the last one dying /metrics shows
+# kvasir:kv_blocks_used 0 and no request running. The server then still answers a normal
+# request.
 set -euo pipefail
 source "$(dirname "$0")/lib.bash"
 source "$(dirname "$0")/serve_lib.bash"
 
-N_CLIENTS=10
+N_CLIENTS=10 # streaming
+N_WHOLE=2    # non-streaming chat
+N_ALL=$((N_CLIENTS + N_WHOLE))
 LIMIT_MS=1000
 
 # Big enough that 3000 tokens take many seconds, small enough to write in well under one.
@@ -27,6 +30,14 @@ for i in $(seq 1 $N_CLIENTS); do
     clients+=($!)
     PIDS+=($!)
 done
+chat='{"messages": [{"role": "user", "content": "Tell me a long story"}], "max_tokens": 3000,
+       "ignore_eos": true, "seed": 2}'
+for i in $(seq 1 $N_WHOLE); do
+    curl -s -m 120 -o "$TMP/whole$i.json" -H 'Content-Type: application/json' \
+        -d "$chat" "$SERVE_URL/v1/chat/completions" &
+    clients+=($!)
+    PIDS+=($!)
+done
 
 # Wait until every client is receiving tokens (so each is killed mid-answer), at most 30 s.
 deadline=$(($(now_ms) + 30000))
@@ -36,10 +47,13 @@ for i in $(seq 1 $N_CLIENTS); do
         sleep 0.05
     done
 done
-running=$(metric num_requests_running)
+while running=$(metric num_requests_running); [ "$running" != "$N_ALL" ]; do
+    [ "$(now_ms)" -lt "$deadline" ] || break
+    sleep 0.05
+done
 used=$(metric kv_blocks_used)
 echo "all $N_CLIENTS clients streaming: $running requests running, $used KV blocks used"
-[ "$running" = "$N_CLIENTS" ] || fail "expected $N_CLIENTS running requests, got $running"
+[ "$running" = "$N_ALL" ] || fail "expected $N_ALL running requests, got $running"
 [ "$used" -gt 0 ] || fail "expected KV blocks in use, got $used"
 
 # Kill every client; the clock starts when the last one is gone.
@@ -50,6 +64,9 @@ t0=$(now_ms)
 exec 2>&3 3>&-
 for i in $(seq 1 $N_CLIENTS); do
     ! grep -q '^data: \[DONE\]' "$TMP/client$i.sse" || fail "client $i finished before it was killed"
+done
+for i in $(seq 1 $N_WHOLE); do
+    [ ! -s "$TMP/whole$i.json" ] || fail "chat client $i got an answer before it was killed"
 done
 
 freed=""
@@ -65,12 +82,12 @@ while :; do
     sleep 0.05
 done
 [ -n "$freed" ] || fail "KV not freed $((LIMIT_MS + 2000)) ms after the clients died (used $used, running $running)"
-echo "KV freed ${freed} ms after the last of $N_CLIENTS clients died (limit ${LIMIT_MS} ms)"
+echo "KV freed ${freed} ms after the last of $N_ALL clients died (limit ${LIMIT_MS} ms)"
 [ "$freed" -le "$LIMIT_MS" ] || fail "KV freed after ${freed} ms, more than ${LIMIT_MS} ms"
 
 gone=$(curl -s -m 5 "$SERVE_URL/metrics" |
     awk '$1 == "kvasir:request_failure_total{reason=\"client_gone\"}" {print $2}')
-[ "$gone" = "$N_CLIENTS" ] || fail "expected $N_CLIENTS client_gone failures in /metrics, got '$gone'"
+[ "$gone" = "$N_ALL" ] || fail "expected $N_ALL client_gone failures in /metrics, got '$gone'"
 
 # The server still serves.
 out=$(curl -s -m 30 -w '\n%{http_code}' -H 'Content-Type: application/json' \
