@@ -3,7 +3,7 @@
  * Handshake message (112 bytes, all four steps), integers little-endian:
  *   off size field
  *     0   4  magic       "KVSR" (0x4b 0x56 0x53 0x52)
- *     4   2  version     1
+ *     4   2  version     KVR_AUTH_VERSION (2)
  *     6   1  step        enum kvr_auth_step: 1 HELLO, 2 CHALLENGE, 3 PROOF, 4 VERDICT
  *     7   1  role        enum kvr_auth_role of the sender: 1 bridge, 2 stage
  *     8   2  index       the sender's stage index; 0xffff for the bridge

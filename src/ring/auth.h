@@ -38,7 +38,7 @@
 #include <stdint.h>
 
 #define KVR_AUTH_MAGIC 0x5253564bu /* "KVSR" as bytes on the wire */
-#define KVR_AUTH_VERSION 1
+#define KVR_AUTH_VERSION 2 /* 2: RESET frames and REPLAY control records (DESIGN.md 8) */
 #define KVR_AUTH_MSG_BYTES 112
 #define KVR_AUTH_NONCE_BYTES 32
 #define KVR_AUTH_MAC_BYTES 32

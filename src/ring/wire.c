@@ -6,11 +6,14 @@
  * Header
  *   off size field          notes
  *     0   4  magic          "KVFR" (0x4b 0x56 0x46 0x52)
- *     4   1  type           enum kvr_wire_type: 1 BATCH, 2 RESULT, 3 HEARTBEAT, 4 GOODBYE
+ *     4   1  type           enum kvr_wire_type: 1 BATCH, 2 RESULT, 3 HEARTBEAT, 4 GOODBYE,
+ *                           5 RESET
  *     5   1  payload        enum kvr_wire_payload: 0 none, 1 tokens, 2 f32, 3 f16, 4 bf16,
  *                           5 results
- *     6   2  arg            GOODBYE: reason; otherwise 0
- *     8   8  batch_id       HEARTBEAT: the sender's heartbeat counter
+ *     6   2  arg            GOODBYE: reason; RESET: the stage that dropped its sequences
+ *                           (upstream of the receiver); otherwise 0
+ *     8   8  batch_id       HEARTBEAT: the sender's heartbeat counter; RESET: the batch the
+ *                           stage could not run, or all ones (its upstream link changed)
  *    16   4  n_rows         sum of the segments' n_tokens
  *    20   2  n_segs
  *    22   2  n_ctrl
@@ -25,9 +28,10 @@
  * payload, so a 16-byte aligned body buffer gives an aligned payload):
  *
  * Control record (48 bytes)
- *     0   2  type           enum kvr_wire_ctrl_type: 1 OPEN, 2 FREE, 3 CANCEL
+ *     0   2  type           enum kvr_wire_ctrl_type: 1 OPEN, 2 FREE, 3 CANCEL, 4 REPLAY
  *     2   2  flags          OPEN: bit 0 = results carry logprobs; otherwise 0
  *     4   4  seq
+ *   OPEN, FREE, CANCEL:
  *     8   4  temperature    f32  \
  *    12   4  top_k          i32   |
  *    16   4  top_p          f32   |
@@ -37,6 +41,10 @@
  *    32   4  pres_penalty   f32   |
  *    36   4  repeat_last_n  i32   |
  *    40   8  seed           u64  /
+ *   REPLAY (struct kvr_wire_replay):
+ *     8   4  n_draws        u32, <= n_ctx: numbers the tail draws and discards
+ *    12   4  n_ids          u32, <= 8
+ *    16  32  ids            8 x i32: tokens for the penalty window, < n_vocab; 0 past n_ids
  *
  * Segment record (16 bytes): struct kvr_seg
  *     0   4  seq   4   4  pos0   8   4  n_tokens   12   4  flags (enum kvr_seg_flag)
@@ -68,8 +76,8 @@
 
 const char *kvr_wire_type_name(uint32_t type)
 {
-    static const char *const names[KVR_WIRE_TYPE_COUNT] = {NULL, "BATCH", "RESULT", "HEARTBEAT",
-                                                           "GOODBYE"};
+    static const char *const names[KVR_WIRE_TYPE_COUNT] = {NULL,        "BATCH",   "RESULT",
+                                                           "HEARTBEAT", "GOODBYE", "RESET"};
     return type > 0 && type < KVR_WIRE_TYPE_COUNT ? names[type] : "unknown";
 }
 
@@ -153,7 +161,9 @@ int kvr_wire_limits_init(struct kvr_wire_limits *lim, const struct kvr_plan *pla
     lim->n_embd = n_embd;
     lim->n_vocab = n_vocab;
     lim->rows_payload = rows;
-    const uint32_t ctl = 1u << KVR_WIRE_HEARTBEAT | 1u << KVR_WIRE_GOODBYE;
+    /* Every receiver but stage 0 (whose upstream is the bridge) may be told of a reset. */
+    const uint32_t ctl = 1u << KVR_WIRE_HEARTBEAT | 1u << KVR_WIRE_GOODBYE |
+                         (receiver == 0 ? 0 : 1u << KVR_WIRE_RESET);
 
     /* Largest payload this receiver can be sent. */
     uint64_t row_bytes = (uint64_t)plan->row_width * n_embd * kvr_wire_payload_elem_bytes(rows);
@@ -318,9 +328,17 @@ int kvr_wire_decode_header(const uint8_t *b, const struct kvr_wire_limits *lim,
     switch (h->type) {
     case KVR_WIRE_HEARTBEAT:
     case KVR_WIRE_GOODBYE:
+    case KVR_WIRE_RESET:
         if (h->payload != KVR_WIRE_PAYLOAD_NONE || h->n_rows || h->n_segs || h->n_ctrl ||
             h->n_timings || h->n_results || h->payload_bytes || h->body_bytes)
             return PROTO("a %s frame has no body, but this one declares counts or bytes", tn);
+        if (h->type == KVR_WIRE_RESET) {
+            /* Stages upstream of this receiver are the ones that append timing records. */
+            if (h->arg >= lim->max_timings)
+                return PROTO("RESET frame names stage %u, which is not upstream of this "
+                             "receiver", h->arg);
+            return KVR_OK;
+        }
         if (h->type == KVR_WIRE_HEARTBEAT ? h->arg != 0 : h->arg >= KVR_WIRE_GOODBYE_COUNT)
             return PROTO("%s frame with unknown argument %u", tn, h->arg);
         return KVR_OK;
@@ -409,6 +427,29 @@ static int decode_ctrl(const uint8_t *p, uint32_t i, const struct kvr_wire_limit
     if (c->seq >= lim->max_seqs)
         return PROTO("control record %u names seq %u; the plan has %u sequence slots", i, c->seq,
                      lim->max_seqs);
+    if (c->type == KVR_WIRE_CTRL_REPLAY) {
+        struct kvr_wire_replay *r = &c->replay;
+        r->n_draws = kvr_ld32(p + 8);
+        r->n_ids = kvr_ld32(p + 12);
+        if (c->flags)
+            return PROTO("control record %u (REPLAY seq %u) has flags 0x%x", i, c->seq, c->flags);
+        if (r->n_draws > lim->n_ctx)
+            return PROTO("control record %u (REPLAY seq %u): %u draws, but a sequence samples "
+                         "at most n_ctx (%u) tokens",
+                         i, c->seq, r->n_draws, lim->n_ctx);
+        if (r->n_ids > KVR_WIRE_REPLAY_IDS)
+            return PROTO("control record %u (REPLAY seq %u): %u token ids, at most %d", i, c->seq,
+                         r->n_ids, KVR_WIRE_REPLAY_IDS);
+        for (uint32_t k = 0; k < KVR_WIRE_REPLAY_IDS; k++) {
+            r->ids[k] = (int32_t)kvr_ld32(p + 16 + 4 * k);
+            if (k >= r->n_ids ? r->ids[k] != 0
+                              : r->ids[k] < 0 || (lim->n_vocab && (uint32_t)r->ids[k] >= lim->n_vocab))
+                return PROTO("control record %u (REPLAY seq %u): token id %d at %u is %s", i,
+                             c->seq, r->ids[k], k,
+                             k >= r->n_ids ? "past n_ids and not 0" : "outside the vocabulary");
+        }
+        return KVR_OK;
+    }
     if (c->type != KVR_WIRE_CTRL_OPEN) {
         if (c->flags || !all_zero(p + 8, KVR_WIRE_CTRL_BYTES - 8))
             return PROTO("control record %u (%s seq %u) has nonzero unused fields", i,
@@ -601,6 +642,12 @@ static uint8_t *put_ctrl(uint8_t *p, const struct kvr_wire_ctrl *c)
         kvr_stf32(p + 32, s->presence_penalty);
         kvr_st32(p + 36, (uint32_t)s->repeat_last_n);
         kvr_st64(p + 40, s->seed);
+    } else if (c->type == KVR_WIRE_CTRL_REPLAY) {
+        const struct kvr_wire_replay *r = &c->replay;
+        kvr_st32(p + 8, r->n_draws);
+        kvr_st32(p + 12, r->n_ids);
+        for (uint32_t k = 0; k < KVR_WIRE_REPLAY_IDS && k < r->n_ids; k++)
+            kvr_st32(p + 16 + 4 * k, (uint32_t)r->ids[k]);
     }
     return p + KVR_WIRE_CTRL_BYTES;
 }
@@ -665,7 +712,8 @@ int kvr_wire_encode(const struct kvr_wire_msg *m, uint8_t *scratch, size_t cap,
     kvr_st32(p, KVR_WIRE_FRAME_MAGIC);
     p[4] = (uint8_t)m->type;
     p[5] = (uint8_t)payload;
-    kvr_st16(p + 6, (uint16_t)(m->type == KVR_WIRE_GOODBYE ? m->arg : 0));
+    kvr_st16(p + 6,
+             (uint16_t)(m->type == KVR_WIRE_GOODBYE || m->type == KVR_WIRE_RESET ? m->arg : 0));
     kvr_st64(p + 8, m->batch_id);
     kvr_st32(p + 16, (uint32_t)rows);
     kvr_st16(p + 20, (uint16_t)m->n_segs);

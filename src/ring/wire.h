@@ -8,7 +8,7 @@
  *
  * A frame is a 40-byte header followed by a body:
  *     header | control records | segments | payload | timing records
- * and is one of four types:
+ * and is one of five types:
  *   BATCH     bridge -> head -> ... -> tail: membership (segments), in-band control records
  *             (open/free/cancel a sequence), and the payload: token ids (to the head) or
  *             boundary rows n_rows x n_embd in the plan's wire dtype (between stages).
@@ -16,6 +16,9 @@
  *             record per segment flagged KVR_SEG_WANTS_TOKEN (its sampled token).
  *   HEARTBEAT sender -> receiver when idle, so a silent peer can be told from a dead one.
  *   GOODBYE   sender -> receiver before a deliberate close.
+ *   RESET     a stage dropped every sequence (its upstream link was lost or replaced, or it
+ *             could not run a batch); forwarded by every later stage to the bridge, which
+ *             then holds and re-prefills the running sequences (DESIGN.md 8).
  * Every stage appends one timing record to the frame as it forwards it, so a RESULT carries
  * the whole trip through the ring.
  *
@@ -63,12 +66,17 @@ enum kvr_wire_type {
     KVR_WIRE_RESULT = 2,
     KVR_WIRE_HEARTBEAT = 3,
     KVR_WIRE_GOODBYE = 4,
-    KVR_WIRE_TYPE_COUNT = 5
+    KVR_WIRE_RESET = 5,
+    KVR_WIRE_TYPE_COUNT = 6
 };
+
+/* RESET's batch_id when the stage's upstream link was lost or replaced (otherwise it is the
+ * id of the batch the stage could not run). */
+#define KVR_WIRE_RESET_LINK UINT64_MAX
 
 /* What the payload holds. */
 enum kvr_wire_payload {
-    KVR_WIRE_PAYLOAD_NONE = 0,    /* HEARTBEAT, GOODBYE */
+    KVR_WIRE_PAYLOAD_NONE = 0,    /* HEARTBEAT, GOODBYE, RESET */
     KVR_WIRE_PAYLOAD_TOKENS = 1,  /* n_rows int32 token ids (BATCH to the head) */
     KVR_WIRE_PAYLOAD_F32 = 2,     /* n_rows x n_embd boundary rows, float32 */
     KVR_WIRE_PAYLOAD_F16 = 3,     /* ... IEEE half */
@@ -87,9 +95,11 @@ enum kvr_wire_goodbye {
 struct kvr_wire_header {
     uint32_t type;          /* enum kvr_wire_type */
     uint32_t payload;       /* enum kvr_wire_payload */
-    uint32_t arg;           /* GOODBYE: enum kvr_wire_goodbye; otherwise 0 */
+    uint32_t arg;           /* GOODBYE: enum kvr_wire_goodbye; RESET: the stage that dropped
+                               its sequences; otherwise 0 */
     uint64_t batch_id;      /* chosen by the bridge, unchanged around the ring;
-                               HEARTBEAT: the sender's heartbeat counter */
+                               HEARTBEAT: the sender's heartbeat counter; RESET: the batch
+                               that failed, or KVR_WIRE_RESET_LINK */
     uint32_t n_rows;        /* token rows: sum of the segments' n_tokens */
     uint32_t n_segs;        /* segment records */
     uint32_t n_ctrl;        /* control records */
@@ -105,8 +115,12 @@ enum kvr_wire_ctrl_type {
     KVR_WIRE_CTRL_OPEN = 1,   /* a new sequence: reset its state; the tail keeps its sampling */
     KVR_WIRE_CTRL_FREE = 2,   /* the sequence ended: release its KV blocks everywhere */
     KVR_WIRE_CTRL_CANCEL = 3, /* the client went away: like FREE, and the tail drops it */
-    KVR_WIRE_CTRL_TYPE_COUNT = 4
+    KVR_WIRE_CTRL_REPLAY = 4, /* restore a re-opened sequence's sampler (the tail only) */
+    KVR_WIRE_CTRL_TYPE_COUNT = 5
 };
+
+/* Token ids one REPLAY record carries. */
+#define KVR_WIRE_REPLAY_IDS 8
 
 enum kvr_wire_open_flag {
     KVR_WIRE_OPEN_LOGPROBS = 1u << 0, /* results carry the sampled token's log-probability */
@@ -126,11 +140,26 @@ struct kvr_wire_sampling {
     uint64_t seed;           /* the sequence's RNG seed */
 };
 
+/* A sequence re-prefilled after a ring failure continues exactly where it stopped only if
+ * the tail's sampler is where it was (DESIGN.md 8): the generator must have made the same
+ * draws and the penalty window must hold the same tokens. After the OPEN, the bridge sends
+ * REPLAY records; the tail draws and discards n_draws numbers, then accepts ids[0..n_ids)
+ * into the penalty window, in order (several records apply in order). */
+struct kvr_wire_replay {
+    uint32_t n_draws;                     /* <= n_ctx: one per sampled token so far, if the
+                                             sequence samples (temperature > 0) */
+    uint32_t n_ids;                       /* <= KVR_WIRE_REPLAY_IDS */
+    int32_t ids[KVR_WIRE_REPLAY_IDS];     /* generated tokens, oldest first; 0 past n_ids */
+};
+
 struct kvr_wire_ctrl {
-    uint32_t type;                     /* enum kvr_wire_ctrl_type */
-    uint32_t flags;                    /* OPEN: enum kvr_wire_open_flag bits; else 0 */
-    uint32_t seq;                      /* < max_seqs */
-    struct kvr_wire_sampling sampling; /* OPEN only; all zero for FREE and CANCEL */
+    uint32_t type;  /* enum kvr_wire_ctrl_type */
+    uint32_t flags; /* OPEN: enum kvr_wire_open_flag bits; else 0 */
+    uint32_t seq;   /* < max_seqs */
+    union {
+        struct kvr_wire_sampling sampling; /* OPEN; all zero for FREE and CANCEL */
+        struct kvr_wire_replay replay;     /* REPLAY */
+    };
 };
 
 enum kvr_wire_result_flag {
@@ -251,7 +280,7 @@ int kvr_wire_frame_append_timing(struct kvr_wire_frame *f, const struct kvr_wire
  * payload_data, until the iovecs have been written. */
 struct kvr_wire_msg {
     uint32_t type; /* enum kvr_wire_type */
-    uint32_t arg;  /* GOODBYE reason */
+    uint32_t arg;  /* GOODBYE: reason; RESET: the stage that dropped its sequences */
     uint64_t batch_id;
     const struct kvr_wire_ctrl *ctrl;
     uint32_t n_ctrl;

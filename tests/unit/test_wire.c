@@ -330,6 +330,19 @@ static void test_round_trip_control_frames(void **state)
         decode_ok(len, &lim, &f);
         assert_int_equal(f.hdr.type, KVR_WIRE_GOODBYE);
         assert_int_equal(f.hdr.arg, KVR_WIRE_GOODBYE_ERROR);
+        /* RESET: stage 0 dropped its sequences because its upstream link changed. */
+        struct kvr_wire_msg reset = {.type = KVR_WIRE_RESET, .arg = 0,
+                                     .batch_id = KVR_WIRE_RESET_LINK};
+        len = encode(&reset);
+        assert_int_equal(len, KVR_WIRE_HEADER_BYTES);
+        if (receivers[r] == 0) {
+            expect_reject(len, &lim, "reset to the head", "not accepted on this link");
+        } else {
+            decode_ok(len, &lim, &f);
+            assert_int_equal(f.hdr.type, KVR_WIRE_RESET);
+            assert_int_equal(f.hdr.arg, 0);
+            assert_true(f.hdr.batch_id == KVR_WIRE_RESET_LINK);
+        }
         kvr_wire_frame_fini(&f);
     }
 }
@@ -520,6 +533,15 @@ static void test_header_rejections(void **state)
     kvr_st16(buf + 6, KVR_WIRE_GOODBYE_COUNT);
     fix_crc(buf);
     expect_reject(len, &lim, "goodbye reason", "unknown argument 2");
+    /* A reset is about a stage upstream of the receiver (here stage 1: only stage 0). */
+    struct kvr_wire_msg reset = {.type = KVR_WIRE_RESET, .arg = 1, .batch_id = 9};
+    len = encode(&reset);
+    expect_reject(len, &lim, "reset from downstream", "names stage 1, which is not upstream");
+    reset.arg = 0;
+    len = encode(&reset);
+    kvr_st32(buf + 16, 1);
+    fix_crc(buf);
+    expect_reject(len, &lim, "reset with rows", "has no body");
 
     /* RESULT frames: only on the bridge's link, only with results. */
     make_plan(KVR_DTYPE_F32);
@@ -691,6 +713,58 @@ static void test_ctrl_rejections(void **state)
 #undef CTRL_CASE
 }
 
+/* REPLAY restores a re-opened sequence's sampler at the tail (DESIGN.md 8): it round-trips
+ * exactly, and every field is bounded. */
+static void test_replay_records(void **state)
+{
+    (void)state;
+    make_plan(KVR_DTYPE_F32);
+    struct kvr_wire_limits lim;
+    limits(&lim, 0);
+    struct kvr_seg seg = {0, 0, 1, KVR_SEG_PREFILL};
+    const struct kvr_wire_ctrl replay[2] = {
+        {.type = KVR_WIRE_CTRL_REPLAY, .seq = 2,
+         .replay = {.n_draws = 9, .n_ids = 8, .ids = {1, 2, 3, 4, 5, 6, 7, N_VOCAB - 1}}},
+        {.type = KVR_WIRE_CTRL_REPLAY, .seq = 2, .replay = {.n_draws = 0, .n_ids = 1, .ids = {42}}},
+    };
+    struct kvr_wire_ctrl both[3] = {ctrl3[0], replay[0], replay[1]};
+    both[0].seq = 2;
+    size_t len = batch_with(&seg, 1, both, 3);
+    struct kvr_wire_frame f;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_wire_frame_init(&f, &lim, &err), 0);
+    assert_int_equal(decode(len, &lim, &f, &err), 0);
+    assert_int_equal(f.hdr.n_ctrl, 3);
+    for (int i = 1; i < 3; i++) {
+        assert_int_equal(f.ctrl[i].type, KVR_WIRE_CTRL_REPLAY);
+        assert_int_equal(f.ctrl[i].seq, 2);
+        assert_memory_equal(&f.ctrl[i].replay, &replay[i - 1].replay, sizeof replay[0].replay);
+    }
+    /* The boundary: as many draws as positions. */
+    struct kvr_wire_ctrl c = replay[1];
+    c.replay.n_draws = 128;
+    len = batch_with(&seg, 1, &c, 1);
+    assert_int_equal(decode(len, &lim, &f, &err), 0);
+    kvr_wire_frame_fini(&f);
+
+#define REPLAY_CASE(what, mutation, msg)                                                           \
+    do {                                                                                           \
+        c = replay[1];                                                                             \
+        len = batch_with(&seg, 1, &c, 1);                                                          \
+        mutation;                                                                                  \
+        expect_reject(len, &lim, what, msg);                                                       \
+    } while (0)
+    /* The record starts right after the 40-byte header. */
+    REPLAY_CASE("flags", kvr_st16(buf + 40 + 2, 1), "has flags 0x1");
+    REPLAY_CASE("draws > n_ctx", kvr_st32(buf + 40 + 8, 129), "129 draws");
+    REPLAY_CASE("n_ids > 8", kvr_st32(buf + 40 + 12, 9), "9 token ids, at most 8");
+    REPLAY_CASE("id >= n_vocab", kvr_st32(buf + 40 + 16, N_VOCAB), "outside the vocabulary");
+    REPLAY_CASE("negative id", kvr_st32(buf + 40 + 16, (uint32_t)-1), "outside the vocabulary");
+    REPLAY_CASE("id past n_ids", kvr_st32(buf + 40 + 20, 5), "past n_ids and not 0");
+    REPLAY_CASE("seq range", kvr_st32(buf + 40 + 4, 8), "names seq 8");
+#undef REPLAY_CASE
+}
+
 static void test_result_and_timing_rejections(void **state)
 {
     (void)state;
@@ -772,9 +846,13 @@ static void test_limits(void **state)
     assert_int_equal(lim.min_timings, 2);
     assert_int_equal(lim.max_frame_bytes, 40 + 24 * 48 + 16 * 16 + 16 * 8 * 4 + 2 * 32);
     limits(&lim, KVR_WIRE_RECV_BRIDGE);
-    assert_int_equal(lim.accept_types,
-                     1u << KVR_WIRE_RESULT | 1u << KVR_WIRE_HEARTBEAT | 1u << KVR_WIRE_GOODBYE);
+    assert_int_equal(lim.accept_types, 1u << KVR_WIRE_RESULT | 1u << KVR_WIRE_HEARTBEAT |
+                                           1u << KVR_WIRE_GOODBYE | 1u << KVR_WIRE_RESET);
     assert_int_equal(lim.min_timings, 3);
+    /* Resets come from upstream stages: stage 0 (fed by the bridge) never gets one. */
+    struct kvr_wire_limits head;
+    limits(&head, 0);
+    assert_false(head.accept_types & 1u << KVR_WIRE_RESET);
     /* Scratch always holds the records of the largest frame. */
     assert_true(kvr_wire_scratch_bytes(&lim) >= 40 + 24 * 48 + 16 * 32 + 4 * 32);
 
@@ -970,6 +1048,21 @@ static void test_write_corpus(void **state)
     write_seed(dir, 2, 0, encode(&hb));
     struct kvr_wire_msg bye = {.type = KVR_WIRE_GOODBYE, .arg = KVR_WIRE_GOODBYE_ERROR};
     write_seed(dir, 4, 0, encode(&bye));
+    struct kvr_wire_msg reset = {.type = KVR_WIRE_RESET, .arg = 1, .batch_id = KVR_WIRE_RESET_LINK};
+    write_seed(dir, 4, 0, encode(&reset)); /* stage 1's upstream changed, told the bridge */
+    struct kvr_wire_ctrl replay[2] = {
+        ctrl[0], {.type = KVR_WIRE_CTRL_REPLAY, .seq = 2,
+                  .replay = {.n_draws = 5, .n_ids = 3, .ids = {4, 31, 0}}}};
+    struct kvr_wire_msg reopen = {.type = KVR_WIRE_BATCH,
+                                  .batch_id = 9,
+                                  .ctrl = replay,
+                                  .n_ctrl = 2,
+                                  .segs = segs + 1,
+                                  .n_segs = 1,
+                                  .payload = KVR_WIRE_PAYLOAD_TOKENS,
+                                  .payload_data = tokens,
+                                  .payload_bytes = 3 * sizeof(int32_t)};
+    write_seed(dir, 1, 0, encode(&reopen)); /* a re-opened sequence, to the head */
     print_message("wrote %d seeds to %s\n", n_written, dir);
 }
 
@@ -986,6 +1079,7 @@ int main(void)
         cmocka_unit_test(test_header_rejections),
         cmocka_unit_test(test_segment_rejections),
         cmocka_unit_test(test_ctrl_rejections),
+        cmocka_unit_test(test_replay_records),
         cmocka_unit_test(test_result_and_timing_rejections),
         cmocka_unit_test(test_truncation),
         cmocka_unit_test(test_limits),
