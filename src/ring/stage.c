@@ -473,6 +473,16 @@ static void *tx_main(void *arg)
         int id = queue_pop_ready(&s->out_q, POLL_MS);
         struct kvr_err err = {0};
         if (id < 0) {
+            /* Idle: collect credits early and notice at once a downstream that closed the
+             * link (it restarted, or took another upstream), instead of at the second
+             * heartbeat that fails to send. */
+            int rc = have_down ? kvr_credit_take(down.fd, &credits, 0) : KVR_OK;
+            if (rc) {
+                KVR_WARN("%s: downstream lost: %s", s->name, kvr_strerror(rc));
+                kvr_link_fini(&down);
+                have_down = false;
+                continue;
+            }
             if (have_down && kvr_now_ns() - last_send > HEARTBEAT_MS * 1000000ull) {
                 if (kvr_link_send_heartbeat(&down, ++n_heartbeats, kvr_net_deadline(1000),
                                             &err)) {
