@@ -557,6 +557,66 @@ static void matmul_q8_0(const struct kvr_matrix *w, const void *xq, size_t x_str
  * activation rows; each row's int32 partials are reduced across the tile with reduce8.
  * --------------------------------------------------------------------------------------- */
 
+/* Q4_K scales of one super-block: the 8 six-bit scales as int16 in both 128-bit lanes
+ * (`sc_both`, for q4_k_pick), and the 8 mins each repeated twice to line up with the 16
+ * Q8_K block sums (`mins`). The fields are taken 4 at a time in 32-bit words: bits 6-7 of
+ * bytes 0..7 become bits 4-5 of the upper four scales and mins (layout in dtype.c). */
+static ALWAYS_INLINE void q4_k_scales(const struct kvr_block_q4_k *blk, __m256i *sc_both,
+                                      __m256i *mins)
+{
+    uint32_t u[3];
+    memcpy(u, blk->scales, sizeof u);
+    uint64_t sc8 = (u[0] & 0x3F3F3F3Fu) |
+                   (uint64_t)((u[2] & 0x0F0F0F0Fu) | ((u[0] >> 2) & 0x30303030u)) << 32;
+    uint64_t mn8 = (u[1] & 0x3F3F3F3Fu) |
+                   (uint64_t)(((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 2) & 0x30303030u)) << 32;
+    __m128i sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8));
+    __m128i mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn8));
+    *sc_both = _mm256_broadcastsi128_si256(sc16);
+    _mm256_storeu_si256(mins, _mm256_set_m128i(_mm_unpackhi_epi16(mn16, mn16),
+                                               _mm_unpacklo_epi16(mn16, mn16)));
+}
+
+/* pshufb control broadcasting int16 lane j of each 128-bit half */
+static ALWAYS_INLINE __m256i q4_k_pick(int j)
+{
+    return _mm256_set1_epi16((short)(0x0100 + 0x0202 * j));
+}
+
+/* Q6_K scales: all 16 as int16 times 32 (`aux`, for the bsum term), and the two 128-bit
+ * halves of the int16 scales broadcast (`halves`, for q6_k_pick). */
+static ALWAYS_INLINE void q6_k_scales(const struct kvr_block_q6_k *blk, __m256i *aux,
+                                      __m256i halves[2])
+{
+    __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)blk->scales));
+    _mm256_storeu_si256(aux, _mm256_slli_epi16(s16, 5));
+    halves[0] = _mm256_broadcastsi128_si256(_mm256_castsi256_si128(s16));
+    halves[1] = _mm256_broadcastsi128_si256(_mm256_extracti128_si256(s16, 1));
+}
+
+/* pshufb control for 32-quant vector 4h+k: scale 8h+2k in the low lane, 8h+2k+1 in the high */
+static ALWAYS_INLINE __m256i q6_k_pick(int k)
+{
+    return _mm256_set_m128i(_mm_set1_epi16((short)(0x0302 + 0x0404 * k)),
+                            _mm_set1_epi16((short)(0x0100 + 0x0404 * k)));
+}
+
+/* The 128 quants of half h of a Q6_K super-block as bytes 0..63, in element order. */
+static ALWAYS_INLINE void q6_k_quants(const struct kvr_block_q6_k *blk, int h, __m256i e[4])
+{
+    const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
+    __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk->ql + 64 * h));
+    __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk->ql + 64 * h + 32));
+    __m256i hb = _mm256_loadu_si256((const __m256i *)(blk->qh + 32 * h));
+    e[0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16(_mm256_and_si256(hb, two), 4));
+    e[1] = _mm256_or_si256(_mm256_and_si256(l1, low),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), two), 4));
+    e[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), two), 4));
+    e[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), two), 4));
+}
+
 struct kq_tile {
     _Alignas(32) uint8_t q[OT][KVR_QK_K]; /* quants 0..15 (Q4_K) or 0..63 (Q6_K) */
     _Alignas(32) int16_t sc[OT][8][16];   /* madd factor for each 32-quant vector j */
@@ -578,24 +638,11 @@ static ALWAYS_INLINE void unpack_q4_k(const uint8_t *const rows[OT], int64_t sb,
             _mm256_store_si256((__m256i *)&t->q[i][64 * c + 32],
                                _mm256_and_si256(_mm256_srli_epi16(v, 4), low));
         }
-        /* The 6-bit fields of the scale table (see dtype.c), 4 at a time in 32-bit words:
-         * bits 6-7 of bytes 0..7 move to bits 4-5 of the matching upper scale/min. */
-        uint32_t u[3];
-        memcpy(u, blk->scales, sizeof u);
-        uint64_t sc8 = (u[0] & 0x3F3F3F3Fu) |
-                       (uint64_t)((u[2] & 0x0F0F0F0Fu) | ((u[0] >> 2) & 0x30303030u)) << 32;
-        uint64_t mn8 = (u[1] & 0x3F3F3F3Fu) |
-                       (uint64_t)(((u[2] >> 4) & 0x0F0F0F0Fu) | ((u[1] >> 2) & 0x30303030u)) << 32;
-        __m128i sc16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc8));
-        __m128i mn16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)mn8));
-        _mm256_store_si256((__m256i *)t->aux[i],
-                           _mm256_set_m128i(_mm_unpackhi_epi16(mn16, mn16),
-                                            _mm_unpacklo_epi16(mn16, mn16)));
-        __m256i sc_both = _mm256_broadcastsi128_si256(sc16);
+        __m256i sc_both;
+        q4_k_scales(blk, &sc_both, (__m256i *)t->aux[i]);
         UNROLL
         for (int j = 0; j < 8; j++) /* int16 scale j in every lane */
-            _mm256_store_si256((__m256i *)t->sc[i][j],
-                               _mm256_shuffle_epi8(sc_both, _mm256_set1_epi16((short)(0x0100 + 0x0202 * j))));
+            _mm256_store_si256((__m256i *)t->sc[i][j], _mm256_shuffle_epi8(sc_both, q4_k_pick(j)));
     }
     *dw = load_f16x8(rows, off + offsetof(struct kvr_block_q4_k, d));
     *dmin = load_f16x8(rows, off + offsetof(struct kvr_block_q4_k, dmin));
@@ -604,42 +651,23 @@ static ALWAYS_INLINE void unpack_q4_k(const uint8_t *const rows[OT], int64_t sb,
 static ALWAYS_INLINE void unpack_q6_k(const uint8_t *const rows[OT], int64_t sb, struct kq_tile *t,
                                       __m256 *dw)
 {
-    const __m256i low = _mm256_set1_epi8(0x0F), two = _mm256_set1_epi8(3);
     size_t off = (size_t)sb * sizeof(struct kvr_block_q6_k);
     UNROLL
     for (int i = 0; i < OT; i++) {
         const struct kvr_block_q6_k *blk = (const void *)(rows[i] + off);
         UNROLL
         for (int h = 0; h < 2; h++) {
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)(blk->ql + 64 * h));
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(blk->ql + 64 * h + 32));
-            __m256i hb = _mm256_loadu_si256((const __m256i *)(blk->qh + 32 * h));
             __m256i e[4];
-            e[0] = _mm256_or_si256(_mm256_and_si256(l0, low),
-                                   _mm256_slli_epi16(_mm256_and_si256(hb, two), 4));
-            e[1] = _mm256_or_si256(_mm256_and_si256(l1, low),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), two), 4));
-            e[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), two), 4));
-            e[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), two), 4));
+            q6_k_quants(blk, h, e);
             UNROLL
             for (int k = 0; k < 4; k++)
                 _mm256_store_si256((__m256i *)&t->q[i][128 * h + 32 * k], e[k]);
         }
-        /* int16 scales: all 16 (times 32) for the bsum term, and for 32-quant vector j the
-         * pair (2j in the low 128-bit lane, 2j+1 in the high one) */
-        __m256i s16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)blk->scales));
-        _mm256_store_si256((__m256i *)t->aux[i], _mm256_slli_epi16(s16, 5));
-        __m256i halves[2] = {_mm256_broadcastsi128_si256(_mm256_castsi256_si128(s16)),
-                             _mm256_broadcastsi128_si256(_mm256_extracti128_si256(s16, 1))};
+        __m256i halves[2];
+        q6_k_scales(blk, (__m256i *)t->aux[i], halves);
         UNROLL
-        for (int j = 0; j < 8; j++) {
-            int k = j % 4;
-            __m256i ctrl = _mm256_set_m128i(_mm_set1_epi16((short)(0x0302 + 0x0404 * k)),
-                                            _mm_set1_epi16((short)(0x0100 + 0x0404 * k)));
-            _mm256_store_si256((__m256i *)t->sc[i][j], _mm256_shuffle_epi8(halves[j / 4], ctrl));
-        }
+        for (int j = 0; j < 8; j++)
+            _mm256_store_si256((__m256i *)t->sc[i][j], _mm256_shuffle_epi8(halves[j / 4], q6_k_pick(j % 4)));
     }
     *dw = load_f16x8(rows, off + offsetof(struct kvr_block_q6_k, d));
 }
@@ -671,11 +699,107 @@ static ALWAYS_INLINE void kq_dot(const struct kq_tile *t, const struct kvr_block
     *iaux = reduce8_epi32(m);
 }
 
+/* The float step of a K-quant super-block, shared by the GEMV and the GEMM so both give the
+ * reference's bits: acc += isum * (dw * dx), and for Q4_K acc += -imin * (dmin * dx). */
+static ALWAYS_INLINE __m256 kq_accumulate(__m256 acc, __m256i isum, __m256i iaux, __m256 dw,
+                                          __m256 dmin, float dx, int is_q4k)
+{
+    __m256 vdx = _mm256_set1_ps(dx);
+    if (is_q4k) {
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, vdx), acc);
+        __m256 neg_min = _mm256_xor_ps(_mm256_cvtepi32_ps(iaux), _mm256_set1_ps(-0.0f));
+        return _mm256_fmadd_ps(neg_min, _mm256_mul_ps(dmin, vdx), acc);
+    }
+    isum = _mm256_sub_epi32(isum, iaux);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, vdx), acc);
+}
+
+/* GEMV row step: one weight row's super-block against one Q8_K block, straight from the
+ * weights: 8 int32 partials of the scaled dot (v) and of the bsum term (m). */
+static ALWAYS_INLINE void kq_row(const uint8_t *wblk, const struct kvr_block_q8_k *x, int is_q4k,
+                                 __m256i *v, __m256i *m)
+{
+    __m256i s = _mm256_setzero_si256(), aux;
+    if (is_q4k) {
+        const struct kvr_block_q4_k *blk = (const void *)wblk;
+        const __m256i low = _mm256_set1_epi8(0x0F);
+        __m256i sc_both;
+        q4_k_scales(blk, &sc_both, &aux);
+        UNROLL
+        for (int c = 0; c < 4; c++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(blk->qs + 32 * c));
+            __m256i plo = _mm256_maddubs_epi16(_mm256_and_si256(q, low),
+                                               _mm256_loadu_si256((const __m256i *)(x->qs + 64 * c)));
+            __m256i phi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(q, 4), low),
+                                               _mm256_loadu_si256((const __m256i *)(x->qs + 64 * c + 32)));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc_both, q4_k_pick(2 * c))));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc_both, q4_k_pick(2 * c + 1))));
+        }
+    } else {
+        const struct kvr_block_q6_k *blk = (const void *)wblk;
+        __m256i halves[2];
+        q6_k_scales(blk, &aux, halves);
+        UNROLL
+        for (int h = 0; h < 2; h++) {
+            __m256i e[4];
+            q6_k_quants(blk, h, e);
+            UNROLL
+            for (int k = 0; k < 4; k++) {
+                __m256i p = _mm256_maddubs_epi16(
+                    e[k], _mm256_loadu_si256((const __m256i *)(x->qs + 128 * h + 32 * k)));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(p, _mm256_shuffle_epi8(halves[h], q6_k_pick(k))));
+            }
+        }
+    }
+    *v = s;
+    *m = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x->bsums), aux);
+}
+
+static ALWAYS_INLINE void gemv_kq(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                                  int64_t n_rows, float *y, int64_t ldy, int64_t o_begin,
+                                  int64_t o_end, int is_q4k)
+{
+    int64_t nsb = w->n_in / KVR_QK_K;
+    const size_t sbb = is_q4k ? sizeof(struct kvr_block_q4_k) : sizeof(struct kvr_block_q6_k);
+    for (int64_t o0 = o_begin; o0 < o_end; o0 += OT) {
+        const uint8_t *rows[OT];
+        int n_valid = tile_rows(w, o0, o_end, rows);
+        const uint8_t *pf = next_tile(w, o0, OT);
+        for (int64_t r = 0; r < n_rows; r++) {
+            const struct kvr_block_q8_k *xr =
+                (const struct kvr_block_q8_k *)((const uint8_t *)xq + (size_t)r * x_stride);
+            __m256 acc = _mm256_setzero_ps();
+            for (int64_t sb = 0; sb < nsb; sb++) {
+                size_t off = (size_t)sb * sbb;
+                if (pf && r == 0)
+                    prefetch_span(pf + off * OT, sbb * OT);
+                __m256i v[OT], m[OT];
+                UNROLL
+                for (int i = 0; i < OT; i++)
+                    kq_row(rows[i] + off, &xr[sb], is_q4k, &v[i], &m[i]);
+                __m256i isum = reduce8_epi32(v), iaux = reduce8_epi32(m);
+                __m256 dw, dmin = _mm256_setzero_ps();
+                if (is_q4k) {
+                    dw = load_f16x8(rows, off + offsetof(struct kvr_block_q4_k, d));
+                    dmin = load_f16x8(rows, off + offsetof(struct kvr_block_q4_k, dmin));
+                } else {
+                    dw = load_f16x8(rows, off + offsetof(struct kvr_block_q6_k, d));
+                }
+                acc = kq_accumulate(acc, isum, iaux, dw, dmin, xr[sb].d, is_q4k);
+            }
+            store_tile(y + r * ldy + o0, acc, n_valid);
+        }
+    }
+}
+
 static ALWAYS_INLINE void matmul_kq(const struct kvr_matrix *w, const void *xq, size_t x_stride,
                                     int64_t n_rows, float *y, int64_t ldy, int64_t o_begin,
                                     int64_t o_end, int is_q4k)
 {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
+    if (n_rows < GEMM_MIN_ROWS) {
+        gemv_kq(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, is_q4k);
+        return;
+    }
     int64_t nsb = w->n_in / KVR_QK_K;
     const size_t sbb = is_q4k ? sizeof(struct kvr_block_q4_k) : sizeof(struct kvr_block_q6_k);
     struct kq_tile t;
@@ -700,16 +824,7 @@ static ALWAYS_INLINE void matmul_kq(const struct kvr_matrix *w, const void *xq, 
                 __m256 acc = sb ? load_tile(yr, n_valid) : _mm256_setzero_ps();
                 __m256i isum, iaux;
                 kq_dot(&t, x, &isum, &iaux);
-                __m256 dx = _mm256_set1_ps(x->d);
-                if (is_q4k) {
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc);
-                    __m256 neg_min = _mm256_xor_ps(_mm256_cvtepi32_ps(iaux), sign);
-                    acc = _mm256_fmadd_ps(neg_min, _mm256_mul_ps(dmin, dx), acc);
-                } else {
-                    isum = _mm256_sub_epi32(isum, iaux);
-                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc);
-                }
-                store_tile(yr, acc, n_valid);
+                store_tile(yr, kq_accumulate(acc, isum, iaux, dw, dmin, x->d, is_q4k), n_valid);
             }
         }
     }
