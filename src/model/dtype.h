@@ -63,11 +63,16 @@ struct kvr_matrix {
 /* Pick the fastest kernels this CPU supports (idempotent; call once before threads start).
  * Returns the name of the chosen kernel set ("avx2", "reference"). */
 const char *kvr_kernels_init(void);
-/* Tests: use the scalar reference kernels (true) or the best ones (false). */
+/* Tests: use the scalar reference kernels (true) or the best ones (false). Every kernel set
+ * follows the operation order of the reference (documented in dtype.c), so the results of
+ * kvr_quantize_rows and kvr_matmul are bit-identical whichever set runs. */
 void kvr_kernels_force_reference(bool on);
 const char *kvr_kernels_name(void);
 
-/* Bytes of one activation row of n_in elements converted for a weight of type `wtype`. */
+/* Bytes of one activation row of n_in elements converted for a weight of type `wtype`.
+ * Always use this as the row stride of quantized activations: it can exceed the dot_type
+ * row (rows for Q8_0/Q4_0 weights carry a per-block extension after their Q8_0 blocks, see
+ * model/kernels.h), and it is 0 if n_in is not a whole number of blocks. */
 size_t kvr_act_row_bytes(enum kvr_dtype wtype, int64_t n_in);
 
 /* Convert rows [r_begin, r_end) of x (n_rows x n_in floats, row stride n_in) into dst
