@@ -34,13 +34,14 @@ enum {
     HANDSHAKE_MS = 3000,
     RING_TIMEOUT_MS = 15000, /* a batch that has not come back by then was lost */
     PROBE_MS = 500,          /* ... while checking a newly connected ring */
+    HOLD_MAX_MS = 30000,     /* a sequence held this long by a broken ring fails */
     WINDOW_NS = 2000000000,  /* telemetry fractions are over this window */
-    MIN_PREFILL_ROWS = 4,    /* prefill rows a batch with decodes still takes, to progress */
+    MIN_PREFILL_ROWS = 1,    /* prefill rows a batch with decodes still takes, to progress */
 };
 
 /* A batch that carries decode rows may take at most this factor longer because of the
  * prefill rows added to it. */
-#define PREFILL_SLOWDOWN 1.5
+#define PREFILL_SLOWDOWN 1.8
 
 /* ---- streams ---------------------------------------------------------------------------- */
 
@@ -60,6 +61,8 @@ struct kvr_bridge_stream {
     uint64_t deadline_ns;           /* for earliest-deadline-first; UINT64_MAX: none */
     /* Produced by the ring thread, consumed by next(): a FIFO of token events. */
     struct token_event *events;     /* [max_tokens] */
+    int32_t *generated;             /* [max_tokens] every token so far, in order: after a
+                                       ring failure it is re-prefilled behind the prompt */
     uint32_t ev_head, ev_count;
     uint32_t n_generated;
     double pred_first_ms;           /* admission's raw first-token estimate (0: none) */
@@ -93,12 +96,19 @@ struct seq {
     bool opened;                      /* OPEN has been sent */
     bool decoding;                    /* its first token has come back */
     bool cancelled;
+    /* Recovery (recover()): the prefill is the prompt and then the n_replay tokens it had
+     * generated; REPLAY records restore the tail's sampler before its last chunk. */
+    uint32_t n_replay;
+    uint32_t replay_ids_sent;         /* penalty-window ids sent so far (replay_window()) */
+    bool replay_pending;              /* REPLAY records still to send: no last chunk yet */
+    uint64_t held_since;              /* when a ring failure stopped it; 0 = not held */
 };
 
 struct batch {
     uint64_t id;
     uint64_t sent_ns;
     uint32_t n_ctrl, n_segs, n_rows;
+    double pairs;                     /* attention pairs (costmodel.h) */
     struct kvr_wire_ctrl *ctrl;       /* [max_ctrl] */
     struct kvr_seg *segs;             /* [row_width] */
     int32_t *tokens;                  /* [row_width] */
@@ -124,6 +134,7 @@ struct kvr_bridge {
     uint64_t next_batch_id;
     uint64_t discard_below;           /* results of batches older than this are stale */
     bool free_all;                    /* the next batch frees every slot in every stage */
+    uint64_t hold_start_ns;           /* when the current outage began holding sequences */
 
     /* Links, owned by the ring thread. */
     int listen_fd;
@@ -193,6 +204,7 @@ static void stream_free(struct kvr_bridge_stream *s)
 {
     pthread_cond_destroy(&s->cond);
     kvr_free(s->events);
+    kvr_free(s->generated);
     kvr_free(s->prompt);
     kvr_free(s);
 }
@@ -333,26 +345,93 @@ static uint32_t pick_decodes(struct kvr_bridge *b, uint32_t quota, uint32_t *ord
     return n;
 }
 
-/* The most rows a batch that already carries `decode_rows` decode rows may have: prefill
- * rows are added only while the cost model predicts the batch stays within
- * PREFILL_SLOWDOWN of its decode-only time (and at least MIN_PREFILL_ROWS, so prompts
- * progress). Without decode rows, or before the model has data, the whole row width. */
-static uint32_t row_limit_with(const struct kvr_bridge *b, uint32_t decode_rows)
+/* Mean context (positions) of the running sequences: what a decode row attends over. */
+static double mean_context(const struct kvr_bridge *b)
 {
-    uint32_t width = b->plan.row_width;
-    if (decode_rows == 0 || !kvr_cost_ready(&b->cost))
-        return width;
-    double limit_ms = PREFILL_SLOWDOWN * kvr_cost_batch_ms(&b->cost, decode_rows);
-    uint32_t lo = decode_rows + MIN_PREFILL_ROWS, hi = width;
-    lo = lo < hi ? lo : hi;
-    while (lo < hi) { /* the largest row count whose predicted time fits */
+    double sum = 0;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < b->plan.max_seqs; i++) {
+        const struct seq *q = &b->seqs[i];
+        if (q->state == SEQ_FREE || q->state == SEQ_ENDING || !q->stream)
+            continue;
+        sum += q->stream->req.n_prompt + q->stream->n_generated;
+        n++;
+    }
+    return n ? sum / n : 0;
+}
+
+/* The most prefill rows (at most `max_n`, starting at position pos0) that a batch of shape
+ * `cur` may take while the cost model predicts it stays within limit_ms; at least
+ * MIN_PREFILL_ROWS so prompts always progress. limit_ms <= 0 means no limit. */
+static uint32_t prefill_fit(const struct kvr_bridge *b, struct kvr_cost_shape cur,
+                            double pos0, uint32_t max_n, double limit_ms)
+{
+    if (limit_ms <= 0 || max_n <= MIN_PREFILL_ROWS)
+        return max_n;
+    uint32_t lo = MIN_PREFILL_ROWS, hi = max_n;
+    while (lo < hi) { /* the largest n whose predicted time fits */
         uint32_t mid = lo + (hi - lo + 1) / 2;
-        if (kvr_cost_batch_ms(&b->cost, mid) <= limit_ms)
+        struct kvr_cost_shape t = {cur.rows + mid, cur.pairs + kvr_cost_pairs(pos0, mid)};
+        if (kvr_cost_batch_ms(&b->cost, t) <= limit_ms)
             lo = mid;
         else
             hi = mid - 1;
     }
     return lo;
+}
+
+/* The time a batch that carries `decode` may take once prefill rows are added to it: within
+ * PREFILL_SLOWDOWN of its decode-only time. 0 (no limit) without decode rows or before the
+ * model has data. */
+static double prefill_limit_ms(const struct kvr_bridge *b, struct kvr_cost_shape decode)
+{
+    if (decode.rows <= 0 || !kvr_cost_ready(&b->cost))
+        return 0;
+    return PREFILL_SLOWDOWN * kvr_cost_batch_ms(&b->cost, decode);
+}
+
+/* Rows from..from+n of a sequence's prefill: its prompt, then (after a recovery) the
+ * tokens it had generated. */
+static void prefill_tokens(const struct seq *q, uint32_t from, uint32_t n, int32_t *out)
+{
+    const struct kvr_bridge_stream *s = q->stream;
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t i = from + k;
+        out[k] = i < s->req.n_prompt ? s->prompt[i] : s->generated[i - s->req.n_prompt];
+    }
+}
+
+/* How many of a recovering sequence's generated tokens the tail's penalty window must hold
+ * again: the last ones, as many as the window keeps, if a penalty is on at all. */
+static uint32_t replay_window(const struct seq *q)
+{
+    const struct kvr_sample_params *p = &q->stream->req.sampling;
+    bool penalty = p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+                   p->presence_penalty != 0.0f;
+    if (!penalty || p->repeat_last_n == 0)
+        return 0;
+    return q->n_replay < KVR_SAMPLER_MAX_LAST_N ? q->n_replay : KVR_SAMPLER_MAX_LAST_N;
+}
+
+/* Append the REPLAY records of a re-opened sequence that fit in this batch, keeping room
+ * for the OPEN records other sequences may still need. The first record carries the
+ * draws: every sampled (non-greedy) token drew exactly one number (sampler.h). */
+static void emit_replay(struct kvr_bridge *b, struct batch *bt, struct seq *q, uint32_t slot)
+{
+    const struct kvr_bridge_stream *s = q->stream;
+    uint32_t n_ids = replay_window(q), first = q->n_replay - n_ids;
+    while (q->replay_pending && bt->n_ctrl + b->plan.max_seqs < b->head_limits.max_ctrl) {
+        struct kvr_wire_ctrl *c = &bt->ctrl[bt->n_ctrl++];
+        *c = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_REPLAY, .seq = slot};
+        if (q->replay_ids_sent == 0)
+            c->replay.n_draws = s->req.sampling.temperature > 0 ? q->n_replay : 0;
+        uint32_t k = n_ids - q->replay_ids_sent;
+        k = k < KVR_WIRE_REPLAY_IDS ? k : KVR_WIRE_REPLAY_IDS;
+        memcpy(c->replay.ids, s->generated + first + q->replay_ids_sent, k * sizeof(int32_t));
+        c->replay.n_ids = k;
+        q->replay_ids_sent += k;
+        q->replay_pending = q->replay_ids_sent < n_ids;
+    }
 }
 
 /* Build the next batch into `bt`. Returns false if there is nothing to send. Caller holds
@@ -361,6 +440,7 @@ static bool build_batch(struct kvr_bridge *b, struct batch *bt, uint32_t *scratc
 {
     const struct kvr_plan *p = &b->plan;
     bt->n_ctrl = bt->n_segs = bt->n_rows = 0;
+    bt->pairs = 0;
 
     /* 0. After the ring (re)connects or loses a batch, the stages may hold state of
      * sequences the bridge has forgotten: free every slot before anything else. */
@@ -370,6 +450,10 @@ static bool build_batch(struct kvr_bridge *b, struct batch *bt, uint32_t *scratc
                                                             .seq = i};
         b->free_all = false;
     }
+    /* Until that probe has come back through every stage, nothing else goes out: the
+     * sequences held by recover() wait for a whole ring. */
+    if (!atomic_load(&b->ring_up))
+        return bt->n_ctrl > 0;
 
     /* 1. FREE (or CANCEL) for sequences that ended and have nothing in flight. */
     for (uint32_t i = 0; i < p->max_seqs; i++) {
@@ -400,6 +484,7 @@ static bool build_batch(struct kvr_bridge *b, struct batch *bt, uint32_t *scratc
         bt->segs[bt->n_segs++] = (struct kvr_seg){i, pos, 1,
                                                   KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
         bt->tokens[bt->n_rows++] = q->next_token;
+        bt->pairs += kvr_cost_pairs(pos, 1);
         q->state = SEQ_WAIT;
         q->inflight++;
     }
@@ -407,8 +492,9 @@ static bool build_batch(struct kvr_bridge *b, struct batch *bt, uint32_t *scratc
     /* 3. Prefill chunks in what is left of the row width, earliest deadline first, but no
      * more rows than keep this batch within PREFILL_SLOWDOWN of its decode-only cost, so
      * a long prompt never stalls the streams that are decoding (chunked prefill). */
-    uint32_t row_limit = row_limit_with(b, bt->n_rows);
-    while (bt->n_rows < row_limit) {
+    double limit_ms = prefill_limit_ms(b, (struct kvr_cost_shape){bt->n_rows, bt->pairs});
+    bool full = false;
+    while (bt->n_rows < p->row_width && !full) {
         int best = -1;
         for (uint32_t i = 0; i < p->max_seqs; i++) {
             const struct seq *q = &b->seqs[i];
@@ -428,14 +514,22 @@ static bool build_batch(struct kvr_bridge *b, struct batch *bt, uint32_t *scratc
             open_record(&bt->ctrl[bt->n_ctrl++], (uint32_t)best, r);
             q->opened = true;
         }
-        uint32_t left = r->n_prompt - q->n_prefilled, room = row_limit - bt->n_rows;
-        uint32_t n = left < room ? left : room;
+        emit_replay(b, bt, q, (uint32_t)best);
+        uint32_t left = r->n_prompt + q->n_replay - q->n_prefilled, room = p->row_width - bt->n_rows;
+        uint32_t n = prefill_fit(b, (struct kvr_cost_shape){bt->n_rows, bt->pairs},
+                                 q->n_prefilled, left < room ? left : room, limit_ms);
+        full = n < left; /* the batch is as heavy as it may be */
+        if (q->replay_pending && n == left)
+            n--; /* the tail must have its sampler back before the last chunk */
+        if (n == 0)
+            break; /* out of room for REPLAY records: the next batch goes on */
         bool last = n == left;
         bt->segs[bt->n_segs++] = (struct kvr_seg){
             (uint32_t)best, q->n_prefilled, n,
             KVR_SEG_PREFILL | (last ? KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN : 0)};
-        memcpy(bt->tokens + bt->n_rows, r->prompt + q->n_prefilled, n * sizeof(int32_t));
+        prefill_tokens(q, q->n_prefilled, n, bt->tokens + bt->n_rows);
         bt->n_rows += n;
+        bt->pairs += kvr_cost_pairs(q->n_prefilled, n);
         q->n_prefilled += n;
         q->inflight++;
         if (last)
@@ -493,6 +587,10 @@ static bool apply_result(struct kvr_bridge *b, const struct kvr_wire_frame *f,
         return false;
     }
     uint64_t now = kvr_now_ns();
+    double period_now = 0;
+    if (kvr_cost_ready(&b->cost))
+        period_now = kvr_cost_period_ms(&b->cost, b->n_running, mean_context(b),
+                                        (struct kvr_cost_shape){0, 0});
     uint32_t r = 0;
     for (uint32_t i = 0; i < bt->n_segs; i++) {
         const struct kvr_seg *sg = &bt->segs[i];
@@ -507,14 +605,14 @@ static bool apply_result(struct kvr_bridge *b, const struct kvr_wire_frame *f,
             continue; /* ended while in flight: the token is dropped */
         struct kvr_bridge_stream *s = q->stream;
         bool eog = (res->flags & KVR_WIRE_RESULT_EOG) != 0;
+        q->held_since = 0;
+        s->generated[s->n_generated] = res->token; /* n_generated < max_tokens while running */
         s->n_generated++;
         if (s->n_generated == 1 && s->pred_first_ms > 0)
             kvr_calib_observe(&b->calib_first,
                               (now - s->submit_ns) / 1e6 / s->pred_first_ms);
-        else if (s->n_generated > 1 && kvr_cost_ready(&b->cost))
-            kvr_calib_observe(&b->calib_period,
-                              (now - s->last_token_ns) / 1e6 /
-                                  kvr_cost_period_ms(&b->cost, b->n_running, 0));
+        else if (s->n_generated > 1 && period_now > 0)
+            kvr_calib_observe(&b->calib_period, (now - s->last_token_ns) / 1e6 / period_now);
         s->last_token_ns = now;
         b->stats.generated_tokens++;
         b->win_tokens++;
@@ -535,7 +633,7 @@ static bool apply_result(struct kvr_bridge *b, const struct kvr_wire_frame *f,
         double held[KVR_PLAN_MAX_STAGES];
         for (uint32_t i = 0; i < f->hdr.n_timings; i++)
             held[i] = f->timings[i].held_ns / 1e6;
-        kvr_cost_observe(&b->cost, bt->n_rows, held, ms);
+        kvr_cost_observe(&b->cost, (struct kvr_cost_shape){bt->n_rows, bt->pairs}, held, ms);
     }
     b->stats.batches++;
     account_timings(b, f);
@@ -547,8 +645,79 @@ static bool apply_result(struct kvr_bridge *b, const struct kvr_wire_frame *f,
         pthread_cond_broadcast(&b->up_cond);
         KVR_INFO("bridge: ring up (%u stages, %u micro-batches in flight)", b->plan.n_stages,
                  b->plan.microbatches);
+        if (b->hold_start_ns) {
+            uint32_t n_held = 0;
+            for (uint32_t i = 0; i < b->plan.max_seqs; i++)
+                n_held += b->seqs[i].held_since != 0;
+            KVR_WARN("bridge: ring whole again %.0f ms after it failed; re-prefilling %u held "
+                     "sequences", (now - b->hold_start_ns) / 1e6, n_held);
+            b->hold_start_ns = 0;
+        }
     }
     return true;
+}
+
+/* The ring lost state (a link dropped, a stage dropped its sequences, or a batch never
+ * came back): hold every running sequence and start it over once the ring is whole again,
+ * from its prompt plus the tokens it had already produced (DESIGN.md 8). Batch invariance
+ * makes that prefill compute what the lost decodes would have, and REPLAY records put the
+ * tail's sampler back, so the continuation is exactly the text it would have been. The
+ * window is emptied, and until a free-all probe comes back only probes go out. Caller
+ * holds b->lock. */
+static void recover(struct kvr_bridge *b, const char *why)
+{
+    uint64_t now = kvr_now_ns();
+    uint32_t n_held = 0;
+    for (uint32_t i = 0; i < b->plan.max_seqs; i++) {
+        struct seq *q = &b->seqs[i];
+        if (q->state == SEQ_FREE)
+            continue;
+        q->inflight = 0;
+        q->opened = false; /* the probe frees it in every stage */
+        if (q->state == SEQ_ENDING) {
+            seq_release(b, i);
+            continue;
+        }
+        q->state = SEQ_PREFILL;
+        q->n_prefilled = 0;
+        q->decoding = false;
+        q->n_replay = q->stream->n_generated;
+        q->replay_ids_sent = 0;
+        q->replay_pending = q->n_replay > 0 && (q->stream->req.sampling.temperature > 0 ||
+                                                replay_window(q) > 0);
+        if (!q->held_since)
+            q->held_since = now;
+        n_held++;
+    }
+    b->n_inflight = 0;
+    b->bf_head = 0;
+    b->discard_below = b->next_batch_id;
+    b->free_all = true;
+    if (n_held && (!b->hold_start_ns || atomic_load(&b->ring_up)))
+        KVR_WARN("bridge: %s: holding %u sequences until the ring is whole again", why, n_held);
+    else
+        KVR_DEBUG("bridge: %s (%u sequences held)", why, n_held);
+    if (n_held && !b->hold_start_ns)
+        b->hold_start_ns = now;
+    atomic_store(&b->ring_up, false);
+}
+
+/* A held request that cannot finish within its budget, or whose ring stays broken for
+ * HOLD_MAX_MS, ends with an explicit error: nothing waits forever. Caller holds b->lock. */
+static void expire_held(struct kvr_bridge *b)
+{
+    uint64_t now = kvr_now_ns();
+    for (uint32_t i = 0; i < b->plan.max_seqs; i++) {
+        struct seq *q = &b->seqs[i];
+        if (!q->held_since || q->state == SEQ_FREE || q->state == SEQ_ENDING)
+            continue;
+        const struct kvr_bridge_stream *s = q->stream;
+        if (s->req.total_ms && now >= s->submit_ns + (uint64_t)s->req.total_ms * 1000000ull)
+            seq_end(b, i, KVR_FINISH_ERROR,
+                    "the ring failed and did not recover within the request's budget");
+        else if (now - q->held_since >= (uint64_t)HOLD_MAX_MS * 1000000ull)
+            seq_end(b, i, KVR_FINISH_ERROR, "the ring failed and did not recover within 30 s");
+    }
 }
 
 /* The ring broke: every running request ends with an error (nothing is dropped silently),
@@ -585,7 +754,7 @@ static void ring_down(struct kvr_bridge *b, const char *why)
         kvr_link_fini(&b->tail);
     b->have_head = b->have_tail = false;
     pthread_mutex_lock(&b->lock);
-    fail_running(b, why);
+    recover(b, why);
     pthread_mutex_unlock(&b->lock);
 }
 
@@ -658,6 +827,11 @@ static void *ring_main(void *arg)
     struct kvr_bridge *b = arg;
     uint32_t *scratch = kvr_calloc(b->plan.max_seqs + 1, sizeof *scratch);
     while (!atomic_load(&b->stop)) {
+        if (!atomic_load(&b->ring_up)) {
+            pthread_mutex_lock(&b->lock);
+            expire_held(b);
+            pthread_mutex_unlock(&b->lock);
+        }
         if (!b->have_head || !b->have_tail) {
             try_connect(b);
             continue;
@@ -719,6 +893,19 @@ static void *ring_main(void *arg)
                 ring_down(b, "the tail said goodbye");
                 continue;
             }
+            if (f->hdr.type == KVR_WIRE_RESET) {
+                /* A stage dropped its sequences (stage.h): everything sent before this
+                 * arrived may have met the empty stage. A failed batch we have already
+                 * given up on changes nothing. */
+                pthread_mutex_lock(&b->lock);
+                if (f->hdr.batch_id == KVR_WIRE_RESET_LINK || f->hdr.batch_id >= b->discard_below) {
+                    char why[96];
+                    snprintf(why, sizeof why, "stage %u dropped its sequences", f->hdr.arg);
+                    recover(b, why);
+                }
+                pthread_mutex_unlock(&b->lock);
+                continue;
+            }
             if (f->hdr.type != KVR_WIRE_RESULT)
                 continue;
             pthread_mutex_lock(&b->lock);
@@ -737,21 +924,18 @@ static void *ring_main(void *arg)
                     kvr_now_ns() - b->batches[b->bf_head].sent_ns >
                         (uint64_t)(up ? RING_TIMEOUT_MS : PROBE_MS) * 1000000ull;
         if (late && !up) {
-            /* A stage had no downstream yet and dropped the probe: send another. Nothing
-             * is running while the ring is not up. */
-            fail_running(b, "the ring is not up yet");
+            /* A stage had no downstream (yet) and dropped the probe: send another. Only
+             * probes are in flight while the ring is not up. */
+            recover(b, "the ring is not whole yet");
             late = false;
         }
-        pthread_mutex_unlock(&b->lock);
         if (late) {
-            /* A stage between head and tail died or dropped the batch; the bridge's own
-             * links are fine. Fail what was running and start over with clean stages. */
-            KVR_WARN("bridge: a batch did not come back within %d ms: failing running "
-                     "requests", RING_TIMEOUT_MS);
-            pthread_mutex_lock(&b->lock);
-            fail_running(b, "a stage lost a batch (did one restart?)");
-            pthread_mutex_unlock(&b->lock);
+            /* A stage between head and tail hung or lost the batch without a word (a
+             * RESET or a dropped link would have said so): start over with clean stages. */
+            KVR_WARN("bridge: a batch did not come back within %d ms", RING_TIMEOUT_MS);
+            recover(b, "a stage lost a batch");
         }
+        pthread_mutex_unlock(&b->lock);
     }
     kvr_free(scratch);
     return NULL;
@@ -935,20 +1119,27 @@ static int admit(struct kvr_bridge *b, const struct kvr_bridge_request *req,
     double n_before = b->n_running + b->wq_count, n_after = n_before + 1;
     if (n_after > p->max_seqs)
         n_after = p->max_seqs;
+    double ctx = mean_context(b);
+    const struct kvr_cost_shape none = {0, 0};
+    double period = kvr_cost_period_ms(m, n_after, ctx, none);
 
-    /* Prompt rows ahead: the unsent prefill of running and waiting requests, and ours. */
+    /* Prompt rows ahead: the unsent prefill of running and waiting requests, and ours. They
+     * go in the rows each batch may add to its decode rows (prefill_fit), taken here at the
+     * middle of our prompt. */
     double rows_ahead = req->n_prompt;
     for (uint32_t i = 0; i < p->max_seqs; i++)
         if (b->seqs[i].state == SEQ_PREFILL && b->seqs[i].stream)
             rows_ahead += b->seqs[i].stream->req.n_prompt - b->seqs[i].n_prefilled;
     for (uint32_t k = 0; k < b->wq_count; k++)
         rows_ahead += b->waitq[(b->wq_head + k) % b->max_waiting]->req.n_prompt;
-    uint32_t decode_rows = (uint32_t)(n_before / W + 0.999);
-    uint32_t limit = row_limit_with(b, decode_rows);
-    double room = limit > decode_rows ? limit - decode_rows : 1;
+    double per = n_before / W;
+    struct kvr_cost_shape decode = {per, per * (ctx + 1)};
+    uint32_t width = p->row_width > (uint32_t)per + 1 ? p->row_width - (uint32_t)per : 1;
+    double room = prefill_fit(b, decode, req->n_prompt / 2.0, width, prefill_limit_ms(b, decode));
+    struct kvr_cost_shape full = {decode.rows + room,
+                                  decode.pairs + kvr_cost_pairs(req->n_prompt / 2.0, room)};
     double n_prefill_batches = (double)(uint64_t)((rows_ahead + room - 1) / room);
-    double t_full = kvr_cost_batch_ms(m, limit);
-    double period = kvr_cost_period_ms(m, n_after, 0);
+    double t_full = kvr_cost_batch_ms(m, full);
 
     /* No free slot or KV: the requests waiting before us take the first slots that free
      * up, so we wait for the (waiting + 1)-th running request to end. */
@@ -974,7 +1165,7 @@ static int admit(struct kvr_bridge *b, const struct kvr_bridge_request *req,
     }
     double f_first = kvr_calib_factor(&b->calib_first, ADMIT_MARGIN);
     double f_period = kvr_calib_factor(&b->calib_period, ADMIT_MARGIN);
-    double raw_first = wait_ms + n_prefill_batches * t_full + kvr_cost_trip_ms(m, limit);
+    double raw_first = wait_ms + n_prefill_batches * t_full + kvr_cost_trip_ms(m, full);
     *pred_first_ms = raw_first;
     double first_ms = f_first * raw_first;
     double total_ms = first_ms + f_period * (req->max_tokens - 1) * period;
@@ -991,8 +1182,8 @@ static int admit(struct kvr_bridge *b, const struct kvr_bridge_request *req,
 
     /* Running requests: our prompt's batches delay them, and every later token comes at
      * the slower period. Refuse if that makes one that is on time late. */
-    double period_before = kvr_cost_period_ms(m, n_before > 0 ? n_before : 1, 0);
-    double delay = req->n_prompt / room * (t_full - kvr_cost_batch_ms(m, n_before / W));
+    double period_before = kvr_cost_period_ms(m, n_before > 0 ? n_before : 1, ctx, none);
+    double delay = req->n_prompt / room * (t_full - kvr_cost_batch_ms(m, decode));
     uint64_t now = kvr_now_ns();
     for (uint32_t i = 0; i < p->max_seqs; i++) {
         const struct seq *q = &b->seqs[i];
@@ -1026,9 +1217,11 @@ int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_bridge_request *req
         return KVR_ENOMEM;
     s->prompt = kvr_malloc((size_t)req->n_prompt * sizeof(int32_t));
     s->events = kvr_calloc(req->max_tokens, sizeof *s->events);
-    if (!s->prompt || !s->events) {
+    s->generated = kvr_calloc(req->max_tokens, sizeof *s->generated);
+    if (!s->prompt || !s->events || !s->generated) {
         kvr_free(s->prompt);
         kvr_free(s->events);
+        kvr_free(s->generated);
         kvr_free(s);
         return KVR_ENOMEM;
     }

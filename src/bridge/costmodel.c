@@ -13,17 +13,58 @@ void kvr_cost_init(struct kvr_cost_model *m, uint32_t n_stages, uint32_t microba
     m->decay = 0.98;
 }
 
-void kvr_cost_observe(struct kvr_cost_model *m, uint32_t rows, const double *held_ms,
-                      double round_trip_ms)
+/* Least squares of y on (x1, x2) from the decayed sums, with the coefficients kept >= 0:
+ * time never falls when a batch grows. A regressor with no spread (every batch seen had
+ * the same row count, say) cannot be separated from the constant; then time is taken as
+ * proportional to it, which overestimates larger batches: the safe side for admission. */
+static void fit(struct kvr_cost_stage *st)
 {
-    double x = rows, held_sum = 0;
+    double w = st->s1;
+    if (w <= 0)
+        return;
+    double m1 = st->sx1 / w, m2 = st->sx2 / w, my = st->sy / w;
+    double v11 = st->sx1x1 / w - m1 * m1, v22 = st->sx2x2 / w - m2 * m2;
+    double v12 = st->sx1x2 / w - m1 * m2;
+    double c1y = st->sx1y / w - m1 * my, c2y = st->sx2y / w - m2 * my;
+    double c1 = 0, c2 = 0;
+    bool spread1 = v11 > 0.25, spread2 = v22 > 0.25 * (m2 * m2 > 1 ? m2 * m2 * 1e-4 : 1);
+    double det = v11 * v22 - v12 * v12;
+    if (spread1 && spread2 && det > 1e-6 * v11 * v22) {
+        c1 = (c1y * v22 - c2y * v12) / det;
+        c2 = (c2y * v11 - c1y * v12) / det;
+    }
+    if (!(spread1 && spread2 && det > 1e-6 * v11 * v22) || c1 < 0 || c2 < 0) {
+        /* One regressor at a time: the one that explains more. */
+        double r1 = spread1 ? c1y / v11 : 0, r2 = spread2 ? c2y / v22 : 0;
+        double gain1 = spread1 && r1 > 0 ? r1 * c1y : 0, gain2 = spread2 && r2 > 0 ? r2 * c2y : 0;
+        c1 = gain1 >= gain2 ? (r1 > 0 ? r1 : 0) : 0;
+        c2 = gain2 > gain1 ? r2 : 0;
+        if (!spread1 && !spread2 && m1 > 0)
+            c1 = my / m1;
+    }
+    double c0 = my - c1 * m1 - c2 * m2;
+    st->c0 = c0 > 0 ? c0 : 0;
+    st->c1 = c1;
+    st->c2 = c2;
+}
+
+void kvr_cost_observe(struct kvr_cost_model *m, struct kvr_cost_shape shape,
+                      const double *held_ms, double round_trip_ms)
+{
+    double x1 = shape.rows, x2 = shape.pairs, held_sum = 0, d = m->decay;
     for (uint32_t s = 0; s < m->n_stages; s++) {
+        struct kvr_cost_stage *st = &m->stage[s];
         double y = held_ms[s];
-        m->sw[s] = m->decay * m->sw[s] + 1;
-        m->sx[s] = m->decay * m->sx[s] + x;
-        m->sy[s] = m->decay * m->sy[s] + y;
-        m->sxx[s] = m->decay * m->sxx[s] + x * x;
-        m->sxy[s] = m->decay * m->sxy[s] + x * y;
+        st->s1 = d * st->s1 + 1;
+        st->sx1 = d * st->sx1 + x1;
+        st->sx2 = d * st->sx2 + x2;
+        st->sy = d * st->sy + y;
+        st->sx1x1 = d * st->sx1x1 + x1 * x1;
+        st->sx1x2 = d * st->sx1x2 + x1 * x2;
+        st->sx2x2 = d * st->sx2x2 + x2 * x2;
+        st->sx1y = d * st->sx1y + x1 * y;
+        st->sx2y = d * st->sx2y + x2 * y;
+        fit(st);
         held_sum += y;
     }
     double hop = round_trip_ms - held_sum;
@@ -34,52 +75,44 @@ void kvr_cost_observe(struct kvr_cost_model *m, uint32_t rows, const double *hel
 
 bool kvr_cost_ready(const struct kvr_cost_model *m) { return m->n_samples >= MIN_SAMPLES; }
 
-double kvr_cost_stage_ms(const struct kvr_cost_model *m, uint32_t s, double rows)
+double kvr_cost_stage_ms(const struct kvr_cost_model *m, uint32_t s, struct kvr_cost_shape b)
 {
-    if (s >= m->n_stages || m->sw[s] <= 0)
+    if (s >= m->n_stages)
         return 0;
-    double w = m->sw[s], mx = m->sx[s] / w, my = m->sy[s] / w;
-    double var = m->sxx[s] / w - mx * mx, cov = m->sxy[s] / w - mx * my;
-    /* Too little spread in the row counts seen to fit a slope: assume time grows in
-     * proportion to rows from what was seen (pessimistic for larger batches, which is the
-     * safe side for admission). */
-    double c1 = var > 0.25 ? cov / var : (mx > 0 ? my / mx : 0);
-    if (c1 < 0)
-        c1 = 0;
-    double c0 = my - c1 * mx;
-    if (c0 < 0)
-        c0 = 0;
-    return c0 + c1 * rows;
+    const struct kvr_cost_stage *st = &m->stage[s];
+    return st->c0 + st->c1 * b.rows + st->c2 * b.pairs;
 }
 
-double kvr_cost_batch_ms(const struct kvr_cost_model *m, double rows)
+double kvr_cost_batch_ms(const struct kvr_cost_model *m, struct kvr_cost_shape b)
 {
     double worst = 0;
     for (uint32_t s = 0; s < m->n_stages; s++) {
-        double t = kvr_cost_stage_ms(m, s, rows);
+        double t = kvr_cost_stage_ms(m, s, b);
         worst = t > worst ? t : worst;
     }
     return worst;
 }
 
-double kvr_cost_trip_ms(const struct kvr_cost_model *m, double rows)
+double kvr_cost_trip_ms(const struct kvr_cost_model *m, struct kvr_cost_shape b)
 {
     double sum = m->hop_ms;
     for (uint32_t s = 0; s < m->n_stages; s++)
-        sum += kvr_cost_stage_ms(m, s, rows);
+        sum += kvr_cost_stage_ms(m, s, b);
     return sum;
 }
 
-double kvr_cost_period_ms(const struct kvr_cost_model *m, double n_decode, double prefill_rows)
+double kvr_cost_period_ms(const struct kvr_cost_model *m, double n_decode, double ctx,
+                          struct kvr_cost_shape prefill)
 {
     /* Only batches with something in them are sent: fewer sequences than micro-batches
      * means fewer batches in flight. */
-    double batches = n_decode < m->microbatches && prefill_rows <= 0 ? n_decode
+    double batches = n_decode < m->microbatches && prefill.rows <= 0 ? n_decode
                                                                      : m->microbatches;
     batches = batches >= 1 ? batches : 1;
-    double rows = n_decode / batches + prefill_rows;
-    double trip = kvr_cost_trip_ms(m, rows);
-    double pipe = batches * kvr_cost_batch_ms(m, rows);
+    double per = n_decode / batches;
+    struct kvr_cost_shape b = {per + prefill.rows, per * (ctx + 1) + prefill.pairs};
+    double trip = kvr_cost_trip_ms(m, b);
+    double pipe = batches * kvr_cost_batch_ms(m, b);
     return trip > pipe ? trip : pipe;
 }
 

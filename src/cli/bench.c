@@ -918,6 +918,7 @@ struct level {
     size_t n_rec;
     struct kvr_lg_result res;
     double wall_s; /* first send to last response */
+    double t0_unix_s; /* wall-clock time of the run's start, to line up separate runs */
 };
 
 struct env {
@@ -975,6 +976,7 @@ static int run_level(const struct env *env, struct level *lv, const char *label)
     }
 
     r->t0_ns = kvr_now_ns();
+    lv->t0_unix_s = (double)kvr_wall_ms() / 1e3;
     if (lv->rate > 0) {
         for (size_t i = 0; i < r->n_sched && !stop_flag; i++) {
             uint64_t due = r->t0_ns + (uint64_t)(r->arrivals[i] * 1e9);
@@ -1266,6 +1268,7 @@ static json_t *level_json(const struct level *lv)
                         lv->concurrency || isinf(lv->rate) ? json_null() : json_real(lv->rate));
     json_object_set_new(l, "concurrency",
                         lv->concurrency ? json_integer(lv->concurrency) : json_null());
+    json_object_set_new(l, "t0_unix_s", json_real(lv->t0_unix_s));
     json_object_set_new(l, "summary", summary);
     json_object_set_new(l, "requests", reqs);
     return l;

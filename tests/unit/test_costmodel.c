@@ -1,4 +1,5 @@
-/* test_costmodel.c - the batch cost model fits what the ring reports and predicts periods. */
+/* test_costmodel.c - the batch cost model fits what the ring reports and predicts periods;
+ * calibration follows the ratio of actual to predicted times. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -10,53 +11,81 @@
 
 #include <math.h>
 
-static void test_fits_linear_costs(void **state)
+static double close_to(double a, double b) { return fabs(a - b) < 1e-6 * (1 + fabs(b)); }
+
+/* Stage s holds a batch for (1 + s) + 0.1 (s + 1) rows + 0.001 pairs ms; hops add 0.5 ms. */
+static void feed(struct kvr_cost_model *m, int n)
+{
+    for (int i = 0; i < n; i++) {
+        double rows = 1 + (i * 7 % 64), pairs = rows * (10 + (i * 13 % 300));
+        double held[3], sum = 0;
+        for (int s = 0; s < 3; s++) {
+            held[s] = (1 + s) + 0.1 * (s + 1) * rows + 0.001 * pairs;
+            sum += held[s];
+        }
+        kvr_cost_observe(m, (struct kvr_cost_shape){rows, pairs}, held, sum + 0.5);
+    }
+}
+
+static void test_fits_rows_and_attention(void **state)
 {
     (void)state;
     struct kvr_cost_model m;
     kvr_cost_init(&m, 3, 3);
     assert_false(kvr_cost_ready(&m));
-    /* Stage s holds a batch for (1 + s) + 0.1 * (s + 1) * rows ms; hops add 0.5 ms. */
-    for (int i = 0; i < 200; i++) {
-        uint32_t rows = 1 + (uint32_t)(i * 7 % 64);
-        double held[3], sum = 0;
-        for (int s = 0; s < 3; s++) {
-            held[s] = (1 + s) + 0.1 * (s + 1) * rows;
-            sum += held[s];
-        }
-        kvr_cost_observe(&m, rows, held, sum + 0.5);
-    }
+    feed(&m, 300);
     assert_true(kvr_cost_ready(&m));
-    assert_true(fabs(kvr_cost_stage_ms(&m, 0, 10) - 2.0) < 1e-6);
-    assert_true(fabs(kvr_cost_stage_ms(&m, 2, 10) - 6.0) < 1e-6);
-    assert_true(fabs(kvr_cost_batch_ms(&m, 20) - (3 + 6.0)) < 1e-6);
-    assert_true(fabs(kvr_cost_trip_ms(&m, 0) - (1 + 2 + 3 + 0.5)) < 1e-6);
-    /* 30 decoding sequences over 3 micro-batches: 10 rows a batch; the slowest stage passes
-     * three batches per period (3 x 6 ms = 18) which is more than one trip (2+4+6+0.5). */
-    assert_true(fabs(kvr_cost_period_ms(&m, 30, 0) - 18.0) < 1e-6);
+    struct kvr_cost_shape b = {10, 2000};
+    assert_true(close_to(kvr_cost_stage_ms(&m, 0, b), 1 + 1 + 2));
+    assert_true(close_to(kvr_cost_stage_ms(&m, 2, b), 3 + 3 + 2));
+    assert_true(close_to(kvr_cost_batch_ms(&m, b), 8));
+    assert_true(close_to(kvr_cost_trip_ms(&m, (struct kvr_cost_shape){0, 0}), 1 + 2 + 3 + 0.5));
+    /* 30 decoding sequences with 99 positions of context over 3 micro-batches: 10 rows and
+     * 1000 pairs a batch; the slowest stage passes three batches per period (3 x 7 ms),
+     * more than one trip (3 + 5 + 7 + 0.5). */
+    struct kvr_cost_shape none = {0, 0};
+    assert_true(close_to(kvr_cost_period_ms(&m, 30, 99, none), 21));
     /* One sequence rides in one batch (empty batches are not sent): the trip dominates. */
-    double one = kvr_cost_period_ms(&m, 1, 0);
-    assert_true(fabs(one - kvr_cost_trip_ms(&m, 1)) < 1e-9);
+    assert_true(close_to(kvr_cost_period_ms(&m, 1, 99, none),
+                         kvr_cost_trip_ms(&m, (struct kvr_cost_shape){1, 100})));
+    assert_true(close_to(kvr_cost_pairs(10, 4), 4 * 10 + 10));
 }
 
-static void test_constant_rows_are_pessimistic(void **state)
+static void test_no_spread_is_pessimistic(void **state)
 {
     (void)state;
     struct kvr_cost_model m;
     kvr_cost_init(&m, 2, 2);
     double held[2] = {4, 4};
     for (int i = 0; i < 20; i++)
-        kvr_cost_observe(&m, 8, held, 9);
-    /* Only 8-row batches seen: time is taken as proportional to rows. */
-    assert_true(fabs(kvr_cost_stage_ms(&m, 0, 16) - 8) < 1e-6);
-    assert_true(kvr_cost_stage_ms(&m, 0, 0) >= 0);
+        kvr_cost_observe(&m, (struct kvr_cost_shape){8, 800}, held, 9);
+    /* Only one shape seen: time is taken as proportional to rows. */
+    assert_true(close_to(kvr_cost_stage_ms(&m, 0, (struct kvr_cost_shape){16, 1600}), 8));
+    assert_true(kvr_cost_stage_ms(&m, 0, (struct kvr_cost_shape){0, 0}) >= 0);
+}
+
+static void test_calibration(void **state)
+{
+    (void)state;
+    struct kvr_calib c = {0};
+    assert_true(kvr_calib_factor(&c, 1.1) >= 1.3); /* nothing known: careful */
+    for (int i = 0; i < 200; i++)
+        kvr_calib_observe(&c, 1.0);
+    assert_true(close_to(kvr_calib_factor(&c, 1.1), 1.1)); /* exact model: the floor */
+    for (int i = 0; i < 200; i++)
+        kvr_calib_observe(&c, i % 2 ? 1.4 : 1.6);           /* late by 50% +- 10% */
+    double f = kvr_calib_factor(&c, 1.1);
+    assert_true(f > 1.6 && f < 1.8);
+    kvr_calib_observe(&c, NAN); /* ignored */
+    assert_true(close_to(kvr_calib_factor(&c, 1.1), f));
 }
 
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_fits_linear_costs),
-        cmocka_unit_test(test_constant_rows_are_pessimistic),
+        cmocka_unit_test(test_fits_rows_and_attention),
+        cmocka_unit_test(test_no_spread_is_pessimistic),
+        cmocka_unit_test(test_calibration),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
