@@ -1,6 +1,10 @@
 #include "cli/common.h"
 
+#include "core/clock.h"
+#include "model/gguf.h"
+
 #include <errno.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,4 +34,30 @@ int kvr_cli_float(const char *opt, const char *v, float lo, float hi, float *out
     }
     *out = x;
     return 0;
+}
+
+void kvr_cli_load_weights(struct kvr_gguf *g)
+{
+    bool tty = isatty(2);
+    double total = 0, done = 0;
+    for (int64_t i = 0; i < kvr_gguf_n_tensors(g); i++)
+        total += (double)kvr_gguf_tensor(g, i)->n_bytes;
+    uint64_t last = 0;
+    volatile unsigned char sink = 0;
+    for (int64_t i = 0; i < kvr_gguf_n_tensors(g); i++) {
+        const struct kvr_gguf_tensor *t = kvr_gguf_tensor(g, i);
+        const unsigned char *p = t->data;
+        for (size_t off = 0; off < t->n_bytes; off += 4096)
+            sink ^= p[off];
+        done += (double)t->n_bytes;
+        uint64_t now = kvr_now_ns();
+        if (tty && now - last > 100000000ull) {
+            fprintf(stderr, "\rloading weights: %5.1f%% of %.0f MB", 100.0 * done / total,
+                    total / 1e6);
+            last = now;
+        }
+    }
+    if (tty && last)
+        fprintf(stderr, "\rloading weights: done, %.0f MB%20s\n", total / 1e6, "");
+    (void)sink;
 }

@@ -10,4 +10,10 @@
 int kvr_cli_u32(const char *opt, const char *v, uint32_t lo, uint32_t hi, uint32_t *out);
 int kvr_cli_float(const char *opt, const char *v, float lo, float hi, float *out);
 
+struct kvr_gguf;
+
+/* Read every page of the model's tensors once, so the first forward pass does not stall on
+ * the disk; with a terminal on stderr, show the progress. */
+void kvr_cli_load_weights(struct kvr_gguf *g);
+
 #endif

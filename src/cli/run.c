@@ -724,8 +724,10 @@ int kvr_cmd_run(int argc, char **argv)
         }
         rc = run_ring(&o, plan, &hp, jobs, n_jobs, &pr);
     } else if (o.batched) {
+        kvr_cli_load_weights(g);
         rc = run_local_batched(&o, g, tok, jobs, n_jobs);
     } else {
+        kvr_cli_load_weights(g);
         rc = run_local(&o, g, tok, jobs, n_jobs, &pr);
     }
     if (rc == 0)
