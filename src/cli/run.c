@@ -710,6 +710,8 @@ int kvr_cmd_run(int argc, char **argv)
     }
     if (load_jobs(&o, &jobs, &n_jobs) || tokenize_jobs(tok, jobs, n_jobs))
         goto out;
+    if (!plan)
+        kvr_cli_load_weights(g);
     struct printer pr = {.tok = tok, .on = n_jobs == 1 && !o.quiet && !o.json};
     kvr_detok_init(&pr.dt, false, false);
     if (pr.on) {
@@ -724,10 +726,8 @@ int kvr_cmd_run(int argc, char **argv)
         }
         rc = run_ring(&o, plan, &hp, jobs, n_jobs, &pr);
     } else if (o.batched) {
-        kvr_cli_load_weights(g);
         rc = run_local_batched(&o, g, tok, jobs, n_jobs);
     } else {
-        kvr_cli_load_weights(g);
         rc = run_local(&o, g, tok, jobs, n_jobs, &pr);
     }
     if (rc == 0)
