@@ -207,6 +207,7 @@ struct kvr_http {
 /* Per-request state (MHD's con_cls), from the first call of on_request to on_completed. */
 struct request {
     enum endpoint ep;
+    char *model_id;   /* GET /v1/models/{id}: the id asked for (owned); NULL for the list */
     uint64_t t_start_ns;
     struct kvr_sbuf body;
     bool too_large;   /* the body passed max_body_bytes; the rest was dropped */
@@ -911,6 +912,17 @@ fail:
 static enum MHD_Result handle_models(struct kvr_http *h, struct request *rq,
                                      struct MHD_Connection *c)
 {
+    if (rq->model_id) {
+        if (strcmp(rq->model_id, h->svc->model_name) != 0)
+            return reply_simple_error(h, rq, c, 404, "invalid_request_error", "model_not_found",
+                                      NULL, "the model '%.200s' does not exist; this server "
+                                            "serves '%.200s'",
+                                      rq->model_id, h->svc->model_name);
+        json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:I}", "id", h->svc->model_name, "object",
+                              "model", "created", (json_int_t)h->started_s, "owned_by",
+                              "kvasir", "max_model_len", (json_int_t)h->svc->n_ctx);
+        return reply_json(h, rq, c, 200, m, NULL);
+    }
     json_t *j = json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:I}]}", "object", "list", "data", "id",
                           h->svc->model_name, "object", "model", "created",
                           (json_int_t)h->started_s, "owned_by", "kvasir", "max_model_len",
@@ -964,11 +976,19 @@ static const struct route {
     {"/metrics", EP_METRICS, false, false},
 };
 
+/* "/v1/models/" followed by a model id (which may itself contain '/'). */
+#define MODEL_PREFIX "/v1/models/"
+
 static const struct route *find_route(const char *url)
 {
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (!strcmp(url, routes[i].path))
             return &routes[i];
+    if (strncmp(url, MODEL_PREFIX, strlen(MODEL_PREFIX)) != 0 || !url[strlen(MODEL_PREFIX)])
+        return NULL;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (routes[i].ep == EP_MODELS)
+            return &routes[i]; /* same methods and key as the list */
     return NULL;
 }
 
@@ -985,6 +1005,11 @@ static enum MHD_Result on_headers(struct kvr_http *h, struct request *rq,
                                   "no such endpoint: %.100s %.200s", method, url);
     }
     rq->ep = rt->ep;
+    if (rt->ep == EP_MODELS && strcmp(url, rt->path) != 0) {
+        rq->model_id = kvr_strdup(url + strlen(MODEL_PREFIX));
+        if (!rq->model_id)
+            return MHD_NO;
+    }
     bool allowed = rt->post ? !strcmp(method, "POST")
                             : !strcmp(method, "GET") || !strcmp(method, "HEAD");
     if (!allowed) {
@@ -1085,6 +1110,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (!rq)
         return;
     kvr_sbuf_fini(&rq->body);
+    kvr_free(rq->model_id);
     kvr_free(rq);
     *con_cls = NULL;
 }

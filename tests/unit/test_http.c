@@ -952,6 +952,24 @@ static void test_models_health_metrics(void **state)
     json_decref(j);
     resp_free(&r);
 
+    /* One model by id (the SDKs' models.retrieve); another id is 404; the key applies. */
+    request(fx->port, "GET", "/v1/models/fake-stories", AUTH, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    j = body_json(&r);
+    assert_string_equal(json_string_value(json_object_get(j, "id")), "fake-stories");
+    assert_string_equal(json_string_value(json_object_get(j, "object")), "model");
+    json_decref(j);
+    resp_free(&r);
+    request(fx->port, "GET", "/v1/models/gpt-4o", AUTH, NULL, 0, &r);
+    expect_error(&r, 404, "'gpt-4o' does not exist");
+    resp_free(&r);
+    request(fx->port, "GET", "/v1/models/fake-stories", NULL, NULL, 0, &r);
+    expect_error(&r, 401, "API key");
+    resp_free(&r);
+    request(fx->port, "POST", "/v1/models/fake-stories", AUTH, "{}", 0, &r);
+    expect_error(&r, 405, "use GET");
+    resp_free(&r);
+
     /* /health needs no key. */
     request(fx->port, "GET", "/health", NULL, NULL, 0, &r);
     assert_int_equal(r.status, 200);

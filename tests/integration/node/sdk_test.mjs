@@ -36,10 +36,14 @@ const chatParams = {
     max_tokens: N, temperature: 0, ignore_eos: true,
 };
 
-test('models.list reports the served model', async () => {
+test('models.list and models.retrieve report the served model', async () => {
     const ids = [];
     for await (const m of client.models.list()) ids.push(m.id);
     assert.deepEqual(ids, [model]);
+    const m = await client.models.retrieve(model);
+    assert.equal(m.id, model);
+    assert.equal(m.object, 'model');
+    await assert.rejects(client.models.retrieve('no-such-model'), OpenAI.NotFoundError);
 });
 
 test('completions, non-streaming', async () => {
