@@ -207,7 +207,7 @@ struct kvr_http {
 /* Per-request state (MHD's con_cls), from the first call of on_request to on_completed. */
 struct request {
     enum endpoint ep;
-    char *model_id;   /* GET /v1/models/{id}: the id asked for (owned); NULL for the list */
+    char *model_id; /* GET /v1/models/{id}: the id asked for (owned); NULL for the list */
     uint64_t t_start_ns;
     struct kvr_sbuf body;
     bool too_large;   /* the body passed max_body_bytes; the rest was dropped */
@@ -915,12 +915,13 @@ static enum MHD_Result handle_models(struct kvr_http *h, struct request *rq,
     if (rq->model_id) {
         if (strcmp(rq->model_id, h->svc->model_name) != 0)
             return reply_simple_error(h, rq, c, 404, "invalid_request_error", "model_not_found",
-                                      NULL, "the model '%.200s' does not exist; this server "
-                                            "serves '%.200s'",
+                                      NULL,
+                                      "the model '%.200s' does not exist; this server "
+                                      "serves '%.200s'",
                                       rq->model_id, h->svc->model_name);
-        json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:I}", "id", h->svc->model_name, "object",
-                              "model", "created", (json_int_t)h->started_s, "owned_by",
-                              "kvasir", "max_model_len", (json_int_t)h->svc->n_ctx);
+        json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:I}", "id", h->svc->model_name, "object", "model",
+                              "created", (json_int_t)h->started_s, "owned_by", "kvasir",
+                              "max_model_len", (json_int_t)h->svc->n_ctx);
         return reply_json(h, rq, c, 200, m, NULL);
     }
     json_t *j = json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:I}]}", "object", "list", "data", "id",

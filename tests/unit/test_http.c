@@ -1122,7 +1122,8 @@ static void test_shutdown_with_stream(void **state)
     fx->fake.eos_after_script = false;
     fx->fake.delay_ms = 200;
     pthread_mutex_unlock(&fx->fake.mu);
-    int streaming = post_async(fx->port, "{\"prompt\": \"x\", \"max_tokens\": 60, \"stream\": true}");
+    int streaming =
+        post_async(fx->port, "{\"prompt\": \"x\", \"max_tokens\": 60, \"stream\": true}");
     int whole = post_async(fx->port, "{\"prompt\": \"x\", \"max_tokens\": 60}");
     /* Both admitted, and the stream has produced a token or two. */
     uint64_t t0 = kvr_now_ns();
