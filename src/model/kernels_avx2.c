@@ -19,13 +19,18 @@
  *   Q6_K: a = q in 0..63, pairs <= 16002, widened by madd with the int8 scale; the -32
  *         offset comes off through the Q8_K block sums.
  *
- * Layouts of the GEMM (n_rows >= GEMM_MIN_ROWS) for Q8_0/Q4_0: an 8-row tile of weights is
- * unpacked and transposed into a small stack buffer so that each 32-byte vector holds 4
- * consecutive quants of each of the 8 rows (one row per dword lane). Four bytes of an
- * activation row are broadcast to all lanes, so one maddubs serves 8 weight rows and the
- * accumulator lanes are output columns: no horizontal sums. The GEMV (few rows) reads the
- * weights in place and reduces the 8 rows of a tile with a transpose-and-add tree instead,
- * which costs less than transposing the weights when they are used only once. */
+ * Paths. Output rows go in tiles of 8 (one per 32-bit lane); a ragged last tile repeats its
+ * last row in the spare lanes and stores only the valid ones.
+ *   GEMV (n_rows < GEMM_MIN_ROWS, i.e. decode): weights are read in place. Q8_0/Q4_0 put
+ *   rows k and k+4 of a tile in the two 128-bit halves of a vector and reduce the tile with
+ *   a short transpose-and-add tree; K-quants reduce per-row int32 partials the same way.
+ *   GEMM (more rows, i.e. prefill): Q8_0/Q4_0 unpack and transpose a tile into a stack
+ *   buffer (per K chunk of KB blocks) so that each 32-byte vector holds 4 consecutive
+ *   quants of each of the 8 rows; 4 bytes of an activation row are broadcast to all lanes,
+ *   so one maddubs serves 8 outputs and the accumulator lanes are outputs (no horizontal
+ *   sums). K-quants unpack a tile's super-block once for all activation rows. Between K
+ *   chunks / super-blocks the running sums wait in y (exact f32 values).
+ *   Every path prefetches the next tile (see next_tile). */
 #include "model/kernels.h"
 
 #include <immintrin.h>
