@@ -2,10 +2,9 @@
  *
  * The kernel set is chosen once by kvr_kernels_init from the CPU's features. The reference
  * set is the scalar code of dtype.c (one trait dot per output element); the avx2 set lives in
- * kernels_avx2.c. Each set is batch-invariant on its own: an output element gets the same
- * bits whatever the row count, slice or tile that computes it. Results of *different* sets
- * agree only to rounding, so a process never mixes them (the choice is global and made
- * before threads start). */
+ * kernels_avx2.c. Both follow the operation order fixed in dtype.c, so an output element
+ * gets the same bits whatever the kernel set, row count, slice or tile that computes it
+ * (batch invariance, DESIGN.md 7). The choice is global and made before threads start. */
 #include "model/dtype.h"
 #include "model/kernels.h"
 
