@@ -1169,6 +1169,13 @@ static int admit(struct kvr_bridge *b, const struct kvr_bridge_request *req,
     *pred_first_ms = raw_first;
     double first_ms = f_first * raw_first;
     double total_ms = first_ms + f_period * (req->max_tokens - 1) * period;
+    if (b->n_running == 0 && b->wq_count == 0) {
+        /* An idle ring risks nobody, and a model that has never seen a batch of this shape
+         * extrapolates pessimistically: refuse only what cannot be met even by an empty
+         * batch's trip and one sequence's period, so the model always gets to learn. */
+        first_ms = kvr_cost_trip_ms(m, none);
+        total_ms = first_ms + (req->max_tokens - 1) * kvr_cost_period_ms(m, 1, 0, none);
+    }
     if (req->first_token_ms && first_ms > req->first_token_ms)
         return refuse(b, why, KVR_REFUSE_FIRST_TOKEN_BUDGET,
                       (uint32_t)(first_ms - req->first_token_ms) + 1,
