@@ -73,6 +73,7 @@ struct slot_queue {
     uint32_t head, n_ready;
     uint32_t *free_ids;
     uint32_t n_free;
+    bool kicked;     /* queue_kick: wake the waiter in queue_pop_ready without a slot */
 };
 
 static int queue_init(struct slot_queue *q, uint32_t cap)
@@ -137,9 +138,10 @@ static int queue_pop_ready(struct slot_queue *q, int wait_ms)
     struct timespec ts;
     deadline_in(&ts, wait_ms);
     pthread_mutex_lock(&q->lock);
-    while (q->n_ready == 0)
+    while (q->n_ready == 0 && !q->kicked)
         if (pthread_cond_timedwait(&q->changed, &q->lock, &ts) == ETIMEDOUT)
             break;
+    q->kicked = false;
     int id = -1;
     if (q->n_ready) {
         id = (int)q->fifo[q->head];
@@ -148,6 +150,15 @@ static int queue_pop_ready(struct slot_queue *q, int wait_ms)
     }
     pthread_mutex_unlock(&q->lock);
     return id;
+}
+
+/* Make the current or next queue_pop_ready return at once, ready slot or not. */
+static void queue_kick(struct slot_queue *q)
+{
+    pthread_mutex_lock(&q->lock);
+    q->kicked = true;
+    pthread_cond_broadcast(&q->changed);
+    pthread_mutex_unlock(&q->lock);
 }
 
 static void queue_give_free(struct slot_queue *q, uint32_t id)
@@ -195,9 +206,45 @@ struct stage {
     struct kvr_sample_scratch *scratch;
     float *logits;                    /* [row_width x n_vocab] */
 
+    /* A RESET (wire.h) to send downstream ahead of the next frame: raised by compute when
+     * this stage drops its sequences, by rx when one comes from upstream; sent by tx. Set
+     * before the frames that follow it are queued, so it always goes out ahead of them. */
+    pthread_mutex_t notice_lock;
+    bool notice_pending;
+    uint32_t notice_stage;
+    uint64_t notice_batch;            /* KVR_WIRE_RESET_LINK, or the batch that failed */
+
     pthread_t rx_thread, tx_thread;
     bool rx_started, tx_started;
 };
+
+/* Two pending resets merge into one: a lost link outweighs failed batches (the bridge
+ * ignores a failure of a batch it has already given up on, never a lost link). */
+static void raise_notice(struct stage *s, uint32_t stage, uint64_t batch_id)
+{
+    pthread_mutex_lock(&s->notice_lock);
+    bool replace = !s->notice_pending ||
+                   (s->notice_batch != KVR_WIRE_RESET_LINK &&
+                    (batch_id == KVR_WIRE_RESET_LINK || batch_id > s->notice_batch));
+    if (replace) {
+        s->notice_stage = stage;
+        s->notice_batch = batch_id;
+    }
+    s->notice_pending = true;
+    pthread_mutex_unlock(&s->notice_lock);
+    queue_kick(&s->out_q); /* tx may be idle: it sends the reset now, not at its next poll */
+}
+
+static bool take_notice(struct stage *s, uint32_t *stage, uint64_t *batch_id)
+{
+    pthread_mutex_lock(&s->notice_lock);
+    bool pending = s->notice_pending;
+    *stage = s->notice_stage;
+    *batch_id = s->notice_batch;
+    s->notice_pending = false;
+    pthread_mutex_unlock(&s->notice_lock);
+    return pending;
+}
 
 static int alloc_slots(struct stage *s, struct kvr_err *err)
 {
@@ -416,6 +463,9 @@ static void *rx_main(void *arg)
             kvr_link_fini(&up);
             have_up = false;
             push_reset(s);
+        } else if (f->hdr.type == KVR_WIRE_RESET) {
+            KVR_DEBUG("%s: stage %u dropped its sequences; passing it on", s->name, f->hdr.arg);
+            raise_notice(s, f->hdr.arg, f->hdr.batch_id);
         } else if (f->hdr.type == KVR_WIRE_BATCH) {
             if (!enqueue_batch(s, f))
                 break;
@@ -458,6 +508,22 @@ static bool connect_downstream(struct stage *s, struct kvr_link *link, int *back
     return false;
 }
 
+/* Send a pending RESET (see raise_notice). Without a downstream it is dropped: the next
+ * downstream link starts with a reset of its own. Returns false if the link broke. */
+static bool send_notice(struct stage *s, struct kvr_link *down, bool have_down)
+{
+    uint32_t stage;
+    uint64_t batch_id;
+    if (!take_notice(s, &stage, &batch_id) || !have_down)
+        return true;
+    struct kvr_err err = {0};
+    if (kvr_link_send_reset(down, stage, batch_id, kvr_net_deadline(1000), &err)) {
+        KVR_WARN("%s: downstream lost: %s", s->name, err.msg);
+        return false;
+    }
+    return true;
+}
+
 static void *tx_main(void *arg)
 {
     struct stage *s = arg;
@@ -474,6 +540,10 @@ static void *tx_main(void *arg)
         }
         int id = queue_pop_ready(&s->out_q, POLL_MS);
         struct kvr_err err = {0};
+        if (!send_notice(s, &down, have_down)) {
+            kvr_link_fini(&down);
+            have_down = false;
+        }
         if (id < 0) {
             /* Idle: collect credits early and notice at once a downstream that closed the
              * link (it restarted, or took another upstream), instead of at the second
@@ -562,12 +632,34 @@ static void reset_all(struct stage *s)
         close_seq(s, q);
 }
 
+/* Tail: put a re-opened sequence's sampler back where it was (wire.h, REPLAY): the draws
+ * its earlier samples made, then its recent tokens into the penalty window. */
+static void replay_seq(struct stage *s, const struct kvr_wire_ctrl *c)
+{
+    if (!s->is_tail)
+        return;
+    if (!s->open[c->seq]) {
+        KVR_ERROR("%s: REPLAY for sequence %u, which is not open", s->name, c->seq);
+        return;
+    }
+    struct kvr_sampler *sm = &s->samplers[c->seq];
+    for (uint32_t k = 0; k < c->replay.n_draws; k++)
+        (void)kvr_sampler_uniform(sm);
+    for (uint32_t k = 0; k < c->replay.n_ids; k++)
+        kvr_sampler_accept(sm, c->replay.ids[k]);
+}
+
 /* Control records come before the batch's rows: an OPEN starts a sequence afresh (its slot
- * may hold a finished one), FREE and CANCEL release it everywhere. */
+ * may hold a finished one), FREE and CANCEL release it everywhere, REPLAY restores the
+ * sampler of one just re-opened. */
 static void apply_control(struct stage *s, const struct in_slot *in)
 {
     for (uint32_t i = 0; i < in->n_ctrl; i++) {
         const struct kvr_wire_ctrl *c = &in->ctrl[i];
+        if (c->type == KVR_WIRE_CTRL_REPLAY) {
+            replay_seq(s, c);
+            continue;
+        }
         close_seq(s, c->seq);
         if (c->type == KVR_WIRE_CTRL_OPEN && s->is_tail) {
             struct kvr_sample_params p;
@@ -680,6 +772,7 @@ static void compute_loop(struct stage *s)
         if (in->kind == IN_RESET) {
             KVR_INFO("%s: upstream changed: dropping every sequence", s->name);
             reset_all(s);
+            raise_notice(s, s->index, KVR_WIRE_RESET_LINK);
             queue_give_free(&s->in_q, (uint32_t)in_id);
             idle_since = kvr_now_ns();
             continue;
@@ -696,12 +789,14 @@ static void compute_loop(struct stage *s)
         uint64_t t_done = kvr_now_ns();
         if (rc) {
             /* The bridge and every stage decide membership from the same plan, so a batch
-             * this stage cannot run means the ring's state diverged. The batch is not
-             * forwarded: the bridge sees it missing, fails or re-opens its sequences and
-             * frees every slot in-band. */
+             * this stage cannot run means the ring's state diverged (typically: this stage
+             * lost its sequences with its upstream link, and the bridge did not know yet).
+             * The batch is not forwarded; a RESET naming it tells the bridge, which holds
+             * and re-prefills its sequences unless it had already given up on the batch. */
             KVR_ERROR("%s: batch %llu dropped: %s", s->name, (unsigned long long)in->batch_id,
                       err.msg);
             reset_all(s);
+            raise_notice(s, s->index, in->batch_id);
             release_input(s, in, (uint32_t)in_id);
             queue_give_free(&s->out_q, (uint32_t)out_id);
             idle_since = t_done;
@@ -731,6 +826,7 @@ static void stage_fini(struct stage *s)
         close(s->listen_fd);
     free_slots(s);
     pthread_mutex_destroy(&s->up_lock);
+    pthread_mutex_destroy(&s->notice_lock);
     if (s->samplers) {
         for (uint32_t q = 0; q < s->plan->max_seqs; q++)
             if (s->open[q])
@@ -824,6 +920,7 @@ int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *o
     s->listen_fd = -1;
     s->up_fd = -1;
     pthread_mutex_init(&s->up_lock, NULL);
+    pthread_mutex_init(&s->notice_lock, NULL);
     snprintf(s->name, sizeof s->name, "stage %u", opt->index);
     int rc = stage_init(s, err);
     if (rc == 0) {

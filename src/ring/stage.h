@@ -22,7 +22,10 @@
  *
  * When the upstream link is lost or replaced, every sequence's state is stale (the bridge
  * re-opens and re-prefills what it still needs): the stage frees all KV and sampling
- * state and drops its downstream link, so the loss propagates to the bridge at once. */
+ * state and sends a RESET frame downstream, ahead of any frame it computes afterwards;
+ * later stages pass it on, so the bridge learns at once (DESIGN.md 8). A batch the stage
+ * cannot run (a sequence it no longer has) is dropped the same way, with a RESET naming
+ * it. At the tail, REPLAY records restore a re-opened sequence's sampler. */
 #ifndef KVR_RING_STAGE_H
 #define KVR_RING_STAGE_H
 
