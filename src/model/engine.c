@@ -24,6 +24,7 @@
 /* ---- hyperparameters ------------------------------------------------------------------ */
 
 enum {
+    MAX_SEQS = 65536, /* most sequence slots an engine serves */
     MAX_ROT = 1024, /* most rotary dimensions per head we accept */
     MAX_GROUP = 64, /* most query heads sharing one KV head */
 };
@@ -280,7 +281,8 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
                          "%u layers", cfg->first_layer, cfg->last_layer, hp->n_layer);
         goto fail;
     }
-    if (!cfg->max_rows || cfg->max_rows > 65536 || !cfg->max_seqs || !cfg->n_ctx ||
+    if (!cfg->max_rows || cfg->max_rows > 65536 || !cfg->max_seqs ||
+        cfg->max_seqs > MAX_SEQS || !cfg->n_ctx ||
         !cfg->kv_block_tokens || !cfg->n_threads || cfg->n_threads > 256) {
         rc = kvr_err_set(err, KVR_EINVAL, "engine: row width, sequences, context, KV block "
                          "size and threads must be positive");
@@ -368,6 +370,7 @@ int kvr_engine_check(const struct kvr_engine *e, const struct kvr_seg *segs, uin
 {
     uint64_t rows = 0;
     uint32_t logits = 0;
+    uint64_t seen[MAX_SEQS / 64] = {0}; /* one bit per sequence slot */
     for (uint32_t i = 0; i < n_segs; i++) {
         const struct kvr_seg *s = &segs[i];
         if (s->seq >= e->cfg.max_seqs)
@@ -382,10 +385,10 @@ int kvr_engine_check(const struct kvr_engine *e, const struct kvr_seg *segs, uin
         if (s->flags >> KVR_SEG_FLAG_COUNT)
             return kvr_err_set(err, KVR_EINVAL, "batch: segment %u has unknown flags 0x%x", i,
                                s->flags);
-        for (uint32_t j = 0; j < i; j++)
-            if (segs[j].seq == s->seq)
-                return kvr_err_set(err, KVR_EINVAL, "batch: sequence %u appears twice",
-                                   s->seq);
+        uint64_t bit = 1ull << (s->seq % 64);
+        if (seen[s->seq / 64] & bit)
+            return kvr_err_set(err, KVR_EINVAL, "batch: sequence %u appears twice", s->seq);
+        seen[s->seq / 64] |= bit;
         rows += s->n_tokens;
         logits += (s->flags & KVR_SEG_WANTS_TOKEN) ? 1 : 0;
     }
