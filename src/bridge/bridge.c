@@ -605,13 +605,16 @@ static bool apply_result(struct kvr_bridge *b, const struct kvr_wire_frame *f,
             continue; /* ended while in flight: the token is dropped */
         struct kvr_bridge_stream *s = q->stream;
         bool eog = (res->flags & KVR_WIRE_RESULT_EOG) != 0;
+        /* A token that waited out a ring failure says nothing about the cost model's
+         * predictions: it does not calibrate them. */
+        bool was_held = q->held_since != 0;
         q->held_since = 0;
         s->generated[s->n_generated] = res->token; /* n_generated < max_tokens while running */
         s->n_generated++;
-        if (s->n_generated == 1 && s->pred_first_ms > 0)
+        if (!was_held && s->n_generated == 1 && s->pred_first_ms > 0)
             kvr_calib_observe(&b->calib_first,
                               (now - s->submit_ns) / 1e6 / s->pred_first_ms);
-        else if (s->n_generated > 1 && period_now > 0)
+        else if (!was_held && s->n_generated > 1 && period_now > 0)
             kvr_calib_observe(&b->calib_period, (now - s->last_token_ns) / 1e6 / period_now);
         s->last_token_ns = now;
         b->stats.generated_tokens++;

@@ -16,6 +16,13 @@
  * from the measured cost of a batch and the work already queued, and refuses at once a
  * request that would miss it. The wait queue is bounded.
  *
+ * Failures (DESIGN.md 8): when a stage reports that it dropped its sequences (a RESET
+ * frame), a link drops, or a batch does not come back, the running sequences are held; once
+ * a probe has gone round the whole ring again, each is re-prefilled from its prompt plus
+ * the tokens it had produced (REPLAY records restore the tail's sampler), so its stream
+ * only pauses. A held request ends with KVR_FINISH_ERROR when its total budget runs out or
+ * after 30 s. New requests are refused (ring_down) while the ring is not whole.
+ *
  * Threads: every public function is thread-safe. A stream is used by one consumer thread
  * (next/cancel/release) while the ring thread produces into it. */
 #ifndef KVR_BRIDGE_BRIDGE_H
@@ -74,7 +81,7 @@ enum kvr_bridge_finish {
     KVR_FINISH_LENGTH,    /* max_tokens reached (this event carries the last token) */
     KVR_FINISH_STOP,      /* end-of-generation token (carried, flagged eog) */
     KVR_FINISH_CANCELLED, /* kvr_bridge_cancel was called */
-    KVR_FINISH_ERROR,     /* the ring failed; `message` says why */
+    KVR_FINISH_ERROR,     /* the ring failed and did not recover in time; `message` says */
     KVR_FINISH_COUNT
 };
 
