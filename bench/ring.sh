@@ -6,7 +6,7 @@
 #                 [--quota FRACTION] [--netns] [--baseline] [--layers "0-10,11-44"]
 #
 #   --quota F    run each stage in its own cgroup (v1 cpu controller) limited to F of one
-#                core (cpu.cfs_quota_us = F x cpu.cfs_period_us); needs root
+#                core (cpu.cfs_quota_us = F x cpu.cfs_period_us, period 2 ms); needs root
 #   --netns      run each stage in its own network namespace, joined to this one by a veth
 #                pair on a Linux bridge (10.78.0.0/24); needs root and iproute2
 #   --baseline   also run the single-process engine (--batched, 2 threads) on the same
@@ -67,8 +67,11 @@ if [ -n "$quota" ]; then
     for ((i = 0; i < stages; i++)); do
         cg=/sys/fs/cgroup/cpu/kvr-bench-$i
         mkdir -p "$cg"
-        echo 100000 >"$cg/cpu.cfs_period_us"
-        awk -v q="$quota" 'BEGIN { printf "%d\n", q * 100000 }' >"$cg/cpu.cfs_quota_us"
+        # A short period (2 ms) makes the quota a steady half core: with the default 100 ms a
+        # stage that is idle most of the time (a drained ring) would burst at full speed.
+        echo 2000 >"$cg/cpu.cfs_period_us"
+        awk -v q="$quota" 'BEGIN { q = q * 2000; printf "%d\n", q < 1000 ? 1000 : q }' \
+            >"$cg/cpu.cfs_quota_us"
     done
 fi
 hosts="127.0.0.1" bridge_addr=""
