@@ -10,6 +10,7 @@
 
 #include "core/alloc.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,10 +18,12 @@
 #include <cpuid.h>
 #endif
 
-/* The one piece of global state of the model layer: which kernel set runs. Written only by
- * kvr_kernels_init / kvr_kernels_force_reference, before compute threads start. */
-static const struct kvr_kernel_set *g_best;
-static bool g_force_reference;
+/* The one piece of global state of the model layer: which kernel set runs. Written by
+ * kvr_kernels_init / kvr_kernels_force_reference, normally before compute threads start;
+ * relaxed atomics keep a late or repeated init race-free (every writer stores the same
+ * value, and every set gives the same bits anyway). */
+static _Atomic(const struct kvr_kernel_set *) g_best;
+static atomic_bool g_force_reference;
 
 static const struct kvr_kernel_set kernels_reference = {.name = "reference", .o_tile = 1};
 
@@ -43,23 +46,27 @@ static bool cpu_has_avx2(void)
 
 const char *kvr_kernels_init(void)
 {
-    if (!g_best)
-        g_best = cpu_has_avx2() ? &kvr_kernels_avx2 : &kernels_reference;
+    if (!atomic_load_explicit(&g_best, memory_order_relaxed))
+        atomic_store_explicit(&g_best, cpu_has_avx2() ? &kvr_kernels_avx2 : &kernels_reference,
+                              memory_order_relaxed);
     return kvr_kernels_name();
 }
 
 void kvr_kernels_force_reference(bool on)
 {
-    g_force_reference = on;
+    atomic_store_explicit(&g_force_reference, on, memory_order_relaxed);
 }
 
 static const struct kvr_kernel_set *active(void)
 {
-    if (g_force_reference)
+    if (atomic_load_explicit(&g_force_reference, memory_order_relaxed))
         return &kernels_reference;
-    if (!g_best)
+    const struct kvr_kernel_set *k = atomic_load_explicit(&g_best, memory_order_relaxed);
+    if (!k) {
         kvr_kernels_init();
-    return g_best;
+        k = atomic_load_explicit(&g_best, memory_order_relaxed);
+    }
+    return k;
 }
 
 const char *kvr_kernels_name(void)
