@@ -12,11 +12,14 @@
 #      real stage 0 reconnects by itself);
 # every answer must be exactly the undisturbed one. The bridge's own measure of each
 # outage (failure detected -> ring whole again) and the time from the kill to the ring
-# being whole are printed. Finally the middle stage is killed and not restarted: every
+# being whole are printed. Then the middle stage is killed and not restarted: every
 # request ends with an explicit error once the bridge stops holding it (30 s), and after
-# a restart the ring answers identically again.
+# a restart the ring answers identically again. Last, under `kvasir serve` (which restarts
+# a dead stage itself), three streaming HTTP completions with sampling and all three
+# penalties survive a SIGKILL of the middle stage with exactly the undisturbed text.
 set -euo pipefail
 source "$(dirname "$0")/lib.bash"
+source "$(dirname "$0")/serve_lib.bash"
 
 ROGUE=${KVR_ROGUE:-${KVR_BUILD:-$(dirname "$KVASIR")}/kvr_rogue}
 [ -x "$ROGUE" ] || fail "rogue peer not built: $ROGUE"
@@ -146,4 +149,43 @@ run_ring after
 wait_run after
 cmp -s "$TMP/ref.jsonl" "$TMP/after.jsonl" || fail "after: answers differ once the stage is back"
 echo "ok: after: the restarted ring answers identically"
+stop_ring
+
+# 6. Under kvasir serve: it restarts the killed stage; the streams only pause.
+start_serve serve "$TMP/ring45.gguf" --stages 3 --max-seqs 8 --ctx 256 --no-admission
+complete() { # complete I TAG: a streamed completion; its text (from the SSE events) to a file
+    curl -s -N -m 120 "$SERVE_URL/v1/completions" -H 'Content-Type: application/json' \
+        -d "{\"model\": \"ring45\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": 150,
+             \"temperature\": 0.9, \"seed\": $1, \"ignore_eos\": true, \"stream\": true,
+             \"repetition_penalty\": 1.2, \"frequency_penalty\": 0.5, \"presence_penalty\": 0.3}" |
+        python3 -c '
+import json, sys
+text = []
+for line in sys.stdin:
+    if line.startswith("data: {"):
+        d = json.loads(line[6:])
+        if "error" in d:
+            sys.exit("error event: %s" % d["error"])
+        text.append(d["choices"][0]["text"])
+print(json.dumps("".join(text)))' >"$TMP/http.$2.$1"
+}
+for tag in ref dis; do
+    pids=()
+    for i in 1 2 3; do complete "$i" "$tag" & pids+=($!); done
+    if [ $tag = dis ]; then
+        sleep "$QUARTER"
+        s1=$(pgrep -f "stage --plan $TMP/serve-plan/plan.json --index 1") || fail "serve: no stage 1"
+        kill -9 "$s1"
+    fi
+    for p in "${pids[@]}"; do wait "$p" || fail "serve: a $tag stream failed"; done
+done
+for i in 1 2 3; do
+    [ "$(wc -c <"$TMP/http.ref.$i")" -gt 100 ] || fail "serve: stream $i carried almost no text"
+    cmp -s "$TMP/http.ref.$i" "$TMP/http.dis.$i" ||
+        { cat "$TMP/http.ref.$i" "$TMP/http.dis.$i"; fail "serve: stream $i differs after the kill"; }
+done
+grep -q "stage 1 died" "$SERVE_LOG" || fail "serve: it did not restart stage 1"
+whole=$(grep -m1 "ring whole again" "$SERVE_LOG") || fail "serve: no recovery logged"
+echo "  $whole"
+echo "ok: serve: 3/3 streams identical after stage 1 was killed and restarted by serve"
 echo PASS
