@@ -336,7 +336,8 @@ int kvr_wire_decode_header(const uint8_t *b, const struct kvr_wire_limits *lim,
             /* Stages upstream of this receiver are the ones that append timing records. */
             if (h->arg >= lim->max_timings)
                 return PROTO("RESET frame names stage %u, which is not upstream of this "
-                             "receiver", h->arg);
+                             "receiver",
+                             h->arg);
             return KVR_OK;
         }
         if (h->type == KVR_WIRE_HEARTBEAT ? h->arg != 0 : h->arg >= KVR_WIRE_GOODBYE_COUNT)
@@ -442,8 +443,9 @@ static int decode_ctrl(const uint8_t *p, uint32_t i, const struct kvr_wire_limit
                          r->n_ids, KVR_WIRE_REPLAY_IDS);
         for (uint32_t k = 0; k < KVR_WIRE_REPLAY_IDS; k++) {
             r->ids[k] = (int32_t)kvr_ld32(p + 16 + 4 * k);
-            if (k >= r->n_ids ? r->ids[k] != 0
-                              : r->ids[k] < 0 || (lim->n_vocab && (uint32_t)r->ids[k] >= lim->n_vocab))
+            if (k >= r->n_ids
+                    ? r->ids[k] != 0
+                    : r->ids[k] < 0 || (lim->n_vocab && (uint32_t)r->ids[k] >= lim->n_vocab))
                 return PROTO("control record %u (REPLAY seq %u): token id %d at %u is %s", i,
                              c->seq, r->ids[k], k,
                              k >= r->n_ids ? "past n_ids and not 0" : "outside the vocabulary");

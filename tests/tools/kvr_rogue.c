@@ -258,9 +258,14 @@ static int run(const struct opts *o)
         size_t cap = KVR_WIRE_HEADER_BYTES + KVR_WIRE_SEG_BYTES + pay +
                      KVR_PLAN_MAX_STAGES * KVR_WIRE_TIMING_BYTES;
         frame = kvr_malloc(cap);
-        struct kvr_wire_msg m = {.type = KVR_WIRE_BATCH, .batch_id = 0x726f677565ull,
-                                 .segs = &seg, .n_segs = 1, .payload = payload,
-                                 .payload_data = rows, .payload_bytes = pay, .timings = tim,
+        struct kvr_wire_msg m = {.type = KVR_WIRE_BATCH,
+                                 .batch_id = 0x726f677565ull,
+                                 .segs = &seg,
+                                 .n_segs = 1,
+                                 .payload = payload,
+                                 .payload_data = rows,
+                                 .payload_bytes = pay,
+                                 .timings = tim,
                                  .n_timings = n_timings};
         size_t total = 0;
         int erc = rows && frame ? kvr_wire_encode_flat(&m, frame, cap, &total, &err) : KVR_ENOMEM;

@@ -331,8 +331,8 @@ static void test_round_trip_control_frames(void **state)
         assert_int_equal(f.hdr.type, KVR_WIRE_GOODBYE);
         assert_int_equal(f.hdr.arg, KVR_WIRE_GOODBYE_ERROR);
         /* RESET: stage 0 dropped its sequences because its upstream link changed. */
-        struct kvr_wire_msg reset = {.type = KVR_WIRE_RESET, .arg = 0,
-                                     .batch_id = KVR_WIRE_RESET_LINK};
+        struct kvr_wire_msg reset = {
+            .type = KVR_WIRE_RESET, .arg = 0, .batch_id = KVR_WIRE_RESET_LINK};
         len = encode(&reset);
         assert_int_equal(len, KVR_WIRE_HEADER_BYTES);
         if (receivers[r] == 0) {
@@ -723,7 +723,8 @@ static void test_replay_records(void **state)
     limits(&lim, 0);
     struct kvr_seg seg = {0, 0, 1, KVR_SEG_PREFILL};
     const struct kvr_wire_ctrl replay[2] = {
-        {.type = KVR_WIRE_CTRL_REPLAY, .seq = 2,
+        {.type = KVR_WIRE_CTRL_REPLAY,
+         .seq = 2,
          .replay = {.n_draws = 9, .n_ids = 8, .ids = {1, 2, 3, 4, 5, 6, 7, N_VOCAB - 1}}},
         {.type = KVR_WIRE_CTRL_REPLAY, .seq = 2, .replay = {.n_draws = 0, .n_ids = 1, .ids = {42}}},
     };
@@ -1050,9 +1051,10 @@ static void test_write_corpus(void **state)
     write_seed(dir, 4, 0, encode(&bye));
     struct kvr_wire_msg reset = {.type = KVR_WIRE_RESET, .arg = 1, .batch_id = KVR_WIRE_RESET_LINK};
     write_seed(dir, 4, 0, encode(&reset)); /* stage 1's upstream changed, told the bridge */
-    struct kvr_wire_ctrl replay[2] = {
-        ctrl[0], {.type = KVR_WIRE_CTRL_REPLAY, .seq = 2,
-                  .replay = {.n_draws = 5, .n_ids = 3, .ids = {4, 31, 0}}}};
+    struct kvr_wire_ctrl replay[2] = {ctrl[0],
+                                      {.type = KVR_WIRE_CTRL_REPLAY,
+                                       .seq = 2,
+                                       .replay = {.n_draws = 5, .n_ids = 3, .ids = {4, 31, 0}}}};
     struct kvr_wire_msg reopen = {.type = KVR_WIRE_BATCH,
                                   .batch_id = 9,
                                   .ctrl = replay,
