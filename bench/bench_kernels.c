@@ -3,10 +3,12 @@
  * For each weight type and shape (n_out x n_in):
  *   gemv: n_rows = 1 over enough distinct copies of the matrix to exceed the last-level
  *         cache several times (like a decode step walking through its layers), so weights
- *         stream from DRAM. Reports GB/s of weight bytes and the ratio to the read
- *         bandwidth measured in the same process just before (same thread count).
- *   gemm: n_rows = --rows (default 128) on one matrix; reports GOP/s counting a
- *         multiply-add as 2 operations.
+ *         stream from DRAM. Reports GB/s of weight bytes and its ratio to the read
+ *         bandwidth (bench_bandwidth's method, same threads), measured in a pass right
+ *         before each repeat; the ratio is the median of the per-repeat ratios.
+ *   gemm: n_rows = --rows (default 128) over copies of the matrix filling 64 MiB (beyond
+ *         the L3, so weights come from DRAM once per call, as in prefill); reports GOP/s
+ *         counting a multiply-add as 2 operations, and the time per matrix.
  * Every figure is the median of --reps repeats (default 7, at least 5). Threads come from
  * the core pool and split output rows with kvr_matmul_split. Usage:
  *   bench_kernels [--types q8_0,q4_0,...] [--shapes 2048x2048,5632x2048] [--threads 2]
@@ -67,23 +69,12 @@ static void bw_run(void *arg, int ith, int nth)
     job->sink[8 * (ith % 64)] += sum_avx2(job->buf + (size_t)b * 4096, (size_t)(e - b) * 4096);
 }
 
-static double measure_bandwidth(struct kvr_pool *pool, const uint8_t *buf, size_t n_bytes,
-                                int reps)
+/* One timed pass of the read kernel over the whole buffer, in GB/s. */
+static double bandwidth_once(struct kvr_pool *pool, struct bw_job *job)
 {
-    struct bw_job *job = kvr_calloc(1, sizeof *job);
-    double *gbs = kvr_calloc((size_t)reps, sizeof *gbs);
-    job->buf = buf;
-    job->n_bytes = n_bytes & ~(size_t)4095;
+    uint64_t t0 = kvr_now_ns();
     kvr_pool_run(pool, bw_run, job);
-    for (int r = 0; r < reps; r++) {
-        uint64_t t0 = kvr_now_ns();
-        kvr_pool_run(pool, bw_run, job);
-        gbs[r] = (double)job->n_bytes / (double)(kvr_now_ns() - t0);
-    }
-    double m = median(gbs, reps);
-    kvr_free(gbs);
-    kvr_free(job);
-    return m;
+    return (double)job->n_bytes / (double)(kvr_now_ns() - t0);
 }
 
 /* ---- matmul jobs ---- */
@@ -127,7 +118,7 @@ static int parse_type(const char *s)
 }
 
 static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_in,
-                     int64_t gemm_rows, int reps, size_t gemv_bytes, double bandwidth)
+                     int64_t gemm_rows, int reps, size_t gemv_bytes, struct bw_job *bw)
 {
     const struct kvr_dtype_traits *tr = kvr_dtype_traits(type);
     size_t row_bytes;
@@ -147,7 +138,8 @@ static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_i
     void *xq = kvr_aligned_alloc(64, x_stride * (size_t)gemm_rows);
     float *y = kvr_malloc(sizeof(float) * (size_t)(n_out * gemm_rows));
     double *t = kvr_calloc((size_t)reps, sizeof *t);
-    if (!wbuf || !mats || !xf || !xq || !y || !t) {
+    double *bws = kvr_calloc((size_t)reps, sizeof *bws), *ratio = kvr_calloc((size_t)reps, sizeof *ratio);
+    if (!wbuf || !mats || !xf || !xq || !y || !t || !bws || !ratio) {
         fprintf(stderr, "out of memory\n");
         return -1;
     }
@@ -167,16 +159,22 @@ static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_i
         xf[i] = frand();
     kvr_quantize_rows(type, xf, n_in, 0, gemm_rows, xq);
 
-    /* GEMV over all copies: weights come from DRAM */
+    /* GEMV over all copies: weights come from DRAM. Each repeat is paired with a bandwidth
+     * pass right before it, so the ratio compares two measurements taken under the same
+     * load (the machine is shared and its bandwidth drifts). */
     struct mm_job job = {mats, n_copies, xq, 1, y};
     kvr_pool_run(pool, mm_run, &job);
+    bandwidth_once(pool, bw);
     for (int r = 0; r < reps; r++) {
+        bws[r] = bandwidth_once(pool, bw);
         uint64_t t0 = kvr_now_ns();
         kvr_pool_run(pool, mm_run, &job);
         t[r] = (double)(kvr_now_ns() - t0);
+        ratio[r] = (double)mat_bytes * n_copies / t[r] / bws[r];
     }
     double gemv_ns = median(t, reps) / n_copies;
     double gemv_gbs = (double)mat_bytes / gemv_ns;
+    double bandwidth = median(bws, reps), gemv_ratio = median(ratio, reps);
 
     /* GEMV on one hot matrix (cache-resident if it fits): the kernel's compute ceiling */
     job.n_mats = 1;
@@ -189,22 +187,27 @@ static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_i
     }
     double hot_gbs = (double)mat_bytes / median(t, reps);
 
-    /* GEMM */
+    /* GEMM over enough matrices to exceed the L3 (64 MiB), so that, as in a forward pass,
+     * weights come from DRAM once per call. */
     job.n_rows = gemm_rows;
+    job.n_mats = (int)(((size_t)64 << 20) / mat_bytes + 1);
+    job.n_mats = job.n_mats > n_copies ? n_copies : job.n_mats;
     kvr_pool_run(pool, mm_run, &job);
     for (int r = 0; r < reps; r++) {
         uint64_t t0 = kvr_now_ns();
         kvr_pool_run(pool, mm_run, &job);
         t[r] = (double)(kvr_now_ns() - t0);
     }
-    double gemm_ns = median(t, reps);
+    double gemm_ns = median(t, reps) / job.n_mats;
     double gops = 2.0 * (double)n_out * (double)n_in * (double)gemm_rows / gemm_ns;
 
-    printf("%-5s %5lldx%-5lld  gemv %6.2f GB/s (%5.1f%% of %.2f GB/s; %6.1f us)  hot %6.2f GB/s"
+    printf("%-5s %5lldx%-5lld  gemv %6.2f GB/s (%5.1f%% of bw %5.2f GB/s; %6.1f us)  hot %6.2f GB/s"
            "  gemm[%lld] %6.1f GOP/s (%7.1f us)\n",
-           tr->name, (long long)n_out, (long long)n_in, gemv_gbs, 100.0 * gemv_gbs / bandwidth,
-           bandwidth, gemv_ns / 1e3, hot_gbs, (long long)gemm_rows, gops, gemm_ns / 1e3);
+           tr->name, (long long)n_out, (long long)n_in, gemv_gbs, 100.0 * gemv_ratio, bandwidth,
+           gemv_ns / 1e3, hot_gbs, (long long)gemm_rows, gops, gemm_ns / 1e3);
     fflush(stdout);
+    kvr_free(ratio);
+    kvr_free(bws);
     kvr_free(t);
     kvr_free(y);
     kvr_free(xq);
@@ -259,6 +262,13 @@ int main(int argc, char **argv)
         return 1;
     }
     memset(bwbuf, 1, gemv_bytes);
+    struct bw_job *bw = kvr_calloc(1, sizeof *bw);
+    if (!bw) {
+        fprintf(stderr, "out of memory\n");
+        return 1;
+    }
+    bw->buf = bwbuf;
+    bw->n_bytes = gemv_bytes & ~(size_t)4095;
     printf("kernels: %s, threads: %ld, gemv working set: %ld MiB, reps: %ld (medians)\n",
            kernels, n_threads, gemv_mib, reps);
 
@@ -280,12 +290,11 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bad shape %s (want OUTxIN)\n", sn);
                 return 2;
             }
-            /* bandwidth right before each row of results: the machine is shared and noisy */
-            double bw = measure_bandwidth(pool, bwbuf, gemv_bytes, (int)reps);
             if (bench_one(pool, type, n_out, n_in, rows, (int)reps, gemv_bytes, bw) != 0)
                 return 1;
         }
     }
+    kvr_free(bw);
     kvr_free(bwbuf);
     kvr_pool_destroy(pool);
     return 0;

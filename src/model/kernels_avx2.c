@@ -50,7 +50,7 @@
 enum {
     OT = 8,             /* output rows per tile (one per dword / float lane) */
     RT = 4,             /* activation rows per tile */
-    KB = 32,            /* blocks per K chunk of the repacked GEMM tile (fits L1) */
+    KB = 64,            /* blocks per K chunk of the repacked GEMM tile (16 KiB per buffer) */
     GEMM_MIN_ROWS = 4,  /* from this many rows on, Q8_0/Q4_0 use the repacked GEMM */
     GEMV_RT = 3,        /* activation rows per GEMV tile (below GEMM_MIN_ROWS) */
     F_OT = 4,           /* f32 family: output rows per tile */
