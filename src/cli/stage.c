@@ -9,10 +9,11 @@
 #include "ring/stage.h"
 
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
-static volatile sig_atomic_t stop_flag;
+static atomic_int stop_flag; /* lock-free, so the signal handler may store to it */
 
 static void on_signal(int sig)
 {

@@ -175,7 +175,7 @@ struct stage {
     const struct kvr_plan *plan;
     uint32_t index;
     bool is_head, is_tail;
-    volatile sig_atomic_t *stop;
+    atomic_int *stop;                 /* set by a signal handler; read by every thread */
     char name[32];                    /* "stage 1" */
 
     struct kvr_gguf *gguf;
@@ -896,7 +896,7 @@ static int stage_init(struct stage *s, struct kvr_err *err)
 }
 
 int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *opt,
-                  volatile sig_atomic_t *stop, struct kvr_err *err)
+                  atomic_int *stop, struct kvr_err *err)
 {
     if (opt->index >= plan->n_stages)
         return kvr_err_set(err, KVR_EINVAL, "stage index %u: the plan has %u stages",

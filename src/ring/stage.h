@@ -32,7 +32,7 @@
 #include "core/err.h"
 #include "ring/plan.h"
 
-#include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 struct kvr_stage_options {
@@ -44,6 +44,6 @@ struct kvr_stage_options {
  * be valid. Returns 0 after an orderly stop or a negative status with `err` set when the
  * stage cannot start (model, memory, address in use). */
 int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *opt,
-                  volatile sig_atomic_t *stop, struct kvr_err *err);
+                  atomic_int *stop, struct kvr_err *err);
 
 #endif
