@@ -399,11 +399,10 @@ static bool enqueue_batch(struct stage *s, const struct kvr_wire_frame *f)
     memcpy(in->ctrl, f->ctrl, h->n_ctrl * sizeof *f->ctrl);
     memcpy(in->segs, f->segs, h->n_segs * sizeof *f->segs);
     memcpy(in->timings, f->timings, h->n_timings * sizeof *f->timings);
-    if (h->n_rows == 0) /* a control-only batch has no payload at all */
-        ;
-    else if (s->is_head)
+    /* A control-only batch has no payload at all (and its payload pointer is NULL). */
+    if (h->n_rows > 0 && s->is_head)
         memcpy(in->tokens, f->payload, h->n_rows * sizeof(int32_t));
-    else
+    else if (h->n_rows > 0)
         kvr_wire_rows_to_f32(h->payload, f->payload, (size_t)h->n_rows * s->hp.n_embd,
                              in->rows);
     queue_push_ready(&s->in_q, (uint32_t)id);
