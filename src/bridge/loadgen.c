@@ -1,6 +1,8 @@
 /* loadgen.c - schedules, statistics and SVG plots for `kvasir bench` (see loadgen.h). */
 #include "bridge/loadgen.h"
 
+#include "core/rng.h"
+
 #include "core/alloc.h"
 
 #include <errno.h>
@@ -11,37 +13,14 @@
 
 /* ---- generator ------------------------------------------------------------------------ */
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 void kvr_lg_rng_seed(struct kvr_lg_rng *r, uint64_t seed)
 {
-    for (int i = 0; i < 4; i++)
-        r->s[i] = splitmix64(&seed);
-}
-
-static inline uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
+    kvr_xoshiro_seed(r->s, seed);
 }
 
 uint64_t kvr_lg_rng_next(struct kvr_lg_rng *r)
 {
-    uint64_t *s = r->s;
-    uint64_t result = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
+    return kvr_xoshiro_next(r->s);
 }
 
 double kvr_lg_rng_uniform(struct kvr_lg_rng *r)

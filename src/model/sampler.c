@@ -2,6 +2,8 @@
  * for the chain and its exact formulas). */
 #include "model/sampler.h"
 
+#include "core/rng.h"
+
 #include "core/alloc.h"
 
 #include <float.h>
@@ -48,37 +50,11 @@ int kvr_sample_params_check(const struct kvr_sample_params *p, struct kvr_err *e
 
 /* ---- generator ------------------------------------------------------------------------- */
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static uint64_t rotl(uint64_t x, int k)
-{
-    return (x << k) | (x >> (64 - k));
-}
-
-static uint64_t xoshiro_next(uint64_t s[4])
-{
-    uint64_t result = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
 double kvr_sampler_uniform(struct kvr_sampler *s)
 {
     s->n_draws++;
     /* The top 53 bits as a double in [0, 1), exactly. */
-    return (double)(xoshiro_next(s->rng) >> 11) * 0x1.0p-53;
+    return (double)(kvr_xoshiro_next(s->rng) >> 11) * 0x1.0p-53;
 }
 
 int kvr_sampler_init(struct kvr_sampler *s, const struct kvr_sample_params *p, struct kvr_err *err)
@@ -90,9 +66,7 @@ int kvr_sampler_init(struct kvr_sampler *s, const struct kvr_sample_params *p, s
     s->params = *p;
     if (s->params.repeat_last_n < 0)
         s->params.repeat_last_n = KVR_SAMPLER_MAX_LAST_N;
-    uint64_t x = p->seed;
-    for (int i = 0; i < 4; i++)
-        s->rng[i] = splitmix64(&x);
+    kvr_xoshiro_seed(s->rng, p->seed);
     return 0;
 }
 

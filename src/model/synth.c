@@ -1,6 +1,8 @@
 /* synth.c - random-weight llama GGUF models (see synth.h for what the file contains). */
 #include "model/synth.h"
 
+#include "core/rng.h"
+
 #include "core/alloc.h"
 #include "core/pool.h"
 #include "model/dtype.h"
@@ -81,21 +83,13 @@ struct tspec {
     uint64_t stream; /* PRNG stream of the tensor, from the seed and the name */
 };
 
-static uint64_t splitmix64_next(uint64_t *state)
-{
-    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 static uint64_t stream_of(uint64_t seed, const char *name)
 {
     uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a of the name, then mixed with the seed */
     for (const char *p = name; *p; p++)
         h = (h ^ (uint8_t)*p) * 0x100000001b3ull;
     uint64_t st = seed ^ h;
-    return splitmix64_next(&st);
+    return kvr_splitmix64(&st);
 }
 
 /* Row `row` of a tensor: a splitmix64 stream per row, two 24-bit uniforms per draw. */
@@ -105,12 +99,12 @@ static void gen_row(const struct tspec *t, int64_t row, float *dst)
     float span = t->hi - t->lo;
     int64_t n = t->ne[0], i = 0;
     for (; i + 2 <= n; i += 2) {
-        uint64_t z = splitmix64_next(&st);
+        uint64_t z = kvr_splitmix64(&st);
         dst[i] = t->lo + span * ((float)(z >> 40) * 0x1p-24f);
         dst[i + 1] = t->lo + span * ((float)((z >> 8) & 0xFFFFFF) * 0x1p-24f);
     }
     if (i < n)
-        dst[i] = t->lo + span * ((float)(splitmix64_next(&st) >> 40) * 0x1p-24f);
+        dst[i] = t->lo + span * ((float)(kvr_splitmix64(&st) >> 40) * 0x1p-24f);
 }
 
 /* The type a matrix with n_in columns is stored in: the chosen one if its block divides
