@@ -2,9 +2,8 @@
  * for the chain and its exact formulas). */
 #include "model/sampler.h"
 
-#include "core/rng.h"
-
 #include "core/alloc.h"
+#include "core/rng.h"
 
 #include <float.h>
 #include <math.h>
