@@ -53,6 +53,7 @@ enum {
     KB = 64,            /* blocks per K chunk of the repacked GEMM tile (16 KiB per buffer) */
     GEMM_MIN_ROWS = 4,  /* from this many rows on, Q8_0/Q4_0 use the repacked GEMM */
     GEMV_RT = 3,        /* activation rows per GEMV tile (below GEMM_MIN_ROWS) */
+    Q8_0_PF = 16,       /* Q8_0 GEMV: blocks each row is prefetched ahead (measured best) */
     F_OT = 4,           /* f32 family: output rows per tile */
     F_RT = 3,           /* f32 family: activation rows per tile */
 };
@@ -364,8 +365,22 @@ static ALWAYS_INLINE void gemv_q_tile(const uint8_t *const rows[OT], int64_t nb,
                     _mm_loadu_si128((const __m128i *)(p1 + 16)), 1);
             }
         }
-        if (pf)
-            prefetch_span(pf + off * OT, wb * OT);
+        if (is_q4) {
+            if (pf)
+                prefetch_span(pf + off * OT, wb * OT);
+        } else {
+            /* Q8_0 tiles (17 KiB for 2048-wide rows) are too big to stage a whole next tile
+             * in L1 next to the current one: prefetch each row Q8_0_PF blocks ahead instead,
+             * running on into the next tile's rows at the end. */
+            UNROLL
+            for (int i = 0; i < OT; i++) {
+                const uint8_t *p = b + Q8_0_PF < nb ? rows[i] + off + Q8_0_PF * wb
+                                 : pf ? pf + ((size_t)i * nb + (size_t)(b + Q8_0_PF - nb)) * wb
+                                      : NULL;
+                if (p)
+                    _mm_prefetch((const char *)p, _MM_HINT_T0);
+            }
+        }
         __m256 dw = load_f16x8(rows, off);
         UNROLL
         for (int r = 0; r < nr; r++) {
