@@ -14,6 +14,7 @@
 #include "core/alloc.h"
 #include "core/log.h"
 #include "core/pool.h"
+#include "model/attn.h"
 #include "model/dtype.h"
 #include "model/kv.h"
 
@@ -178,6 +179,9 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
 
 /* ---- the engine ------------------------------------------------------------------------ */
 
+static float dot_f32(const float *a, const float *b, uint32_t n);
+static void axpy_f32(float *y, float a, const float *x, uint32_t n);
+
 struct kvr_engine {
     struct kvr_hparams hp;
     struct kvr_engine_config cfg;
@@ -189,6 +193,7 @@ struct kvr_engine {
     struct kvr_matrix output;     /* tail: [n_embd] -> [n_vocab] (tok_embd when tied) */
     struct kvr_kv kv;
     struct kvr_pool *pool;
+    struct kvr_attn_ops attn;     /* attention's inner loops, matching the kernel set */
 
     /* Scratch, all [max_rows x width] floats unless noted. */
     float *x;        /* residual stream, n_embd */
@@ -344,7 +349,9 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
         rc = kvr_err_set(err, KVR_ENOMEM, "engine: cannot allocate scratch for %u rows", R);
         goto fail;
     }
-    kvr_kernels_init();
+    const char *kernels = kvr_kernels_init();
+    e->attn = strcmp(kernels, "avx2") == 0 ? kvr_attn_ops_avx2
+                                           : (struct kvr_attn_ops){dot_f32, axpy_f32};
     if (!(e->pool = kvr_pool_create((int)cfg->n_threads))) {
         rc = kvr_err_set(err, KVR_ENOMEM, "engine: cannot start %u threads", cfg->n_threads);
         goto fail;
@@ -540,6 +547,7 @@ static float dot_f32(const float *a, const float *b, uint32_t n)
 
 static void axpy_f32(float *y, float a, const float *x, uint32_t n)
 {
+    /* The plain set's weighted sum (see attn.h); the AVX2 set is in attn_avx2.c. */
     uint32_t i = 0;
     for (; i + 8 <= n; i += 8) {
         v8f vx, vy;
@@ -615,7 +623,7 @@ static void attention_worker(void *arg, int ith, int nth)
             for (uint32_t j = 0; j < n; j++) {
                 const float *k = kb + (size_t)j * kv->kv_dim;
                 for (uint32_t g = 0; g < group; g++) {
-                    float sc = dot_f32(q0 + g * hd, k, hd) * scale;
+                    float sc = e->attn.dot(q0 + g * hd, k, hd) * scale;
                     scores[(size_t)g * e->cfg.n_ctx + t0 + j] = sc;
                     max_s[g] = sc > max_s[g] ? sc : max_s[g];
                 }
@@ -639,7 +647,7 @@ static void attention_worker(void *arg, int ith, int nth)
             uint32_t n = n_pos - t0 < bt ? n_pos - t0 : bt;
             for (uint32_t j = 0; j < n; j++)
                 for (uint32_t g = 0; g < group; g++)
-                    axpy_f32(out0 + g * hd,
+                    e->attn.axpy(out0 + g * hd,
                              scores[(size_t)g * e->cfg.n_ctx + t0 + j] * inv[g],
                              vb + (size_t)j * kv->kv_dim, hd);
         }
