@@ -36,12 +36,16 @@ if [ -z "$model" ]; then
     model=$TMP/ring45.gguf
     "$KVASIR" synth --shape ring-45 --type q8_0 -o "$model" >/dev/null 2>&1
 fi
-port=$((20000 + RANDOM % 30000))
-"$KVASIR" serve -m "$model" --stages "$stages" --port "$port" --max-seqs 16 --ctx 2048 \
+"$KVASIR" serve -m "$model" --stages "$stages" --port 0 --max-seqs 16 --ctx 2048 \
     --no-admission >"$TMP/serve.log" 2>&1 &
 SERVER=$!
-for _ in $(seq 100); do grep -q "ready on" "$TMP/serve.log" && break; sleep 0.2; done
-URL=http://127.0.0.1:$port
+URL=""
+for _ in $(seq 150); do
+    URL=$(sed -n 's/^kvasir: ready on \(http:[^ ]*\)$/\1/p' "$TMP/serve.log")
+    [ -n "$URL" ] && break
+    sleep 0.2
+done
+[ -n "$URL" ] || { cat "$TMP/serve.log"; echo "chunked_prefill.sh: server did not start" >&2; exit 1; }
 dur=12
 decode=(--url "$URL" -m "$model" --concurrency "$streams" --duration "$dur" --prompt-len 16
     --output-len 400 --quiet)

@@ -42,13 +42,12 @@ if [ -z "$model" ]; then
 fi
 
 start_server() { # extra args...
-    local port=$((20000 + RANDOM % 30000))
-    "$KVASIR" serve -m "$model" --stages "$stages" --port "$port" --max-seqs "$seqs" \
+    "$KVASIR" serve -m "$model" --stages "$stages" --port 0 --max-seqs "$seqs" \
         --ctx 512 "$@" >"$TMP/serve.log" 2>&1 &
     SERVER=$!
-    URL=http://127.0.0.1:$port
-    for _ in $(seq 100); do
-        grep -q "ready on" "$TMP/serve.log" 2>/dev/null && return 0
+    for _ in $(seq 150); do
+        URL=$(sed -n 's/^kvasir: ready on \(http:[^ ]*\)$/\1/p' "$TMP/serve.log")
+        [ -n "$URL" ] && return 0
         kill -0 "$SERVER" 2>/dev/null || break
         sleep 0.2
     done

@@ -1170,7 +1170,9 @@ static int admit(struct kvr_bridge *b, const struct kvr_bridge_request *req,
     double f_period = kvr_calib_factor(&b->calib_period, ADMIT_MARGIN);
     double raw_first = wait_ms + n_prefill_batches * t_full + kvr_cost_trip_ms(m, full);
     *pred_first_ms = raw_first;
-    double first_ms = f_first * raw_first;
+    /* The client sees its first text one token late when that token is part of a
+     * character (streams never split UTF-8): budget one more period. */
+    double first_ms = f_first * raw_first + f_period * period;
     double total_ms = first_ms + f_period * (req->max_tokens - 1) * period;
     if (b->n_running == 0 && b->wq_count == 0) {
         /* An idle ring risks nobody, and a model that has never seen a batch of this shape

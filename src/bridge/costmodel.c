@@ -131,6 +131,6 @@ double kvr_calib_factor(const struct kvr_calib *c, double floor)
 {
     if (c->n < 5)
         return floor > 1.3 ? floor : 1.3; /* too few to know: be careful */
-    double f = c->mean + 2 * sqrt(c->var);
+    double f = c->mean + 3 * sqrt(c->var);
     return f > floor ? f : floor;
 }

@@ -66,7 +66,7 @@ double kvr_cost_period_ms(const struct kvr_cost_model *m, double n_decode, doubl
 
 /* Calibration: how far reality is from the model. Each observation is actual / predicted
  * (of a first-token time, or of a gap between tokens); the factor is a high quantile of
- * that ratio (mean + 2 standard deviations, moving), never below `floor`. Predictions are
+ * that ratio (mean + 3 standard deviations, moving), never below `floor`. Predictions are
  * multiplied by it before they are compared with a budget, so the model's own bias and
  * the machine's noise are both paid for. */
 struct kvr_calib {
