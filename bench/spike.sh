@@ -42,11 +42,12 @@ if [ -z "$model" ]; then
 fi
 
 start_server() { # extra args...
+    rm -f "$TMP/serve.log" # an old server's ready line must not be read
     "$KVASIR" serve -m "$model" --stages "$stages" --port 0 --max-seqs "$seqs" \
         --ctx 512 "$@" >"$TMP/serve.log" 2>&1 &
     SERVER=$!
     for _ in $(seq 150); do
-        URL=$(sed -n 's/^kvasir: ready on \(http:[^ ]*\)$/\1/p' "$TMP/serve.log")
+        URL=$(sed -n 's/^kvasir: ready on \(http:[^ ]*\)$/\1/p' "$TMP/serve.log" 2>/dev/null)
         [ -n "$URL" ] && return 0
         kill -0 "$SERVER" 2>/dev/null || break
         sleep 0.2
