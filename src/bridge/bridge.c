@@ -109,6 +109,7 @@ struct batch {
     uint64_t sent_ns;
     uint32_t n_ctrl, n_segs, n_rows;
     double pairs;                     /* attention pairs (costmodel.h) */
+    bool mixed;                       /* decode rows and prefill rows together */
     struct kvr_wire_ctrl *ctrl;       /* [max_ctrl] */
     struct kvr_seg *segs;             /* [row_width] */
     int32_t *tokens;                  /* [row_width] */
@@ -158,6 +159,8 @@ struct kvr_bridge {
     struct kvr_cost_model cost;       /* batch costs learnt from timing records */
     struct kvr_calib calib_first;     /* actual / predicted first-token time */
     struct kvr_calib calib_period;    /* actual / predicted gap between tokens */
+    struct kvr_calib calib_mixed;     /* actual / predicted time of batches with prefill
+                                         added to decode rows: keeps chunking honest */
     double *admit_scratch;            /* [max_seqs] admission's working memory */
 };
 
@@ -368,11 +371,13 @@ static uint32_t prefill_fit(const struct kvr_bridge *b, struct kvr_cost_shape cu
 {
     if (limit_ms <= 0 || max_n <= MIN_PREFILL_ROWS)
         return max_n;
+    /* What such batches really took against what the model said, at a high quantile. */
+    double f = kvr_calib_factor(&b->calib_mixed, 1.0);
     uint32_t lo = MIN_PREFILL_ROWS, hi = max_n;
     while (lo < hi) { /* the largest n whose predicted time fits */
         uint32_t mid = lo + (hi - lo + 1) / 2;
         struct kvr_cost_shape t = {cur.rows + mid, cur.pairs + kvr_cost_pairs(pos0, mid)};
-        if (kvr_cost_batch_ms(&b->cost, t) <= limit_ms)
+        if (kvr_cost_batch_ms(&b->cost, t) * f <= limit_ms)
             lo = mid;
         else
             hi = mid - 1;
@@ -441,6 +446,7 @@ static bool build_batch(struct kvr_bridge *b, struct batch *bt, uint32_t *scratc
     const struct kvr_plan *p = &b->plan;
     bt->n_ctrl = bt->n_segs = bt->n_rows = 0;
     bt->pairs = 0;
+    bt->mixed = false;
 
     /* 0. After the ring (re)connects or loses a batch, the stages may hold state of
      * sequences the bridge has forgotten: free every slot before anything else. */
@@ -528,6 +534,7 @@ static bool build_batch(struct kvr_bridge *b, struct batch *bt, uint32_t *scratc
             (uint32_t)best, q->n_prefilled, n,
             KVR_SEG_PREFILL | (last ? KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN : 0)};
         prefill_tokens(q, q->n_prefilled, n, bt->tokens + bt->n_rows);
+        bt->mixed = bt->mixed || limit_ms > 0;
         bt->n_rows += n;
         bt->pairs += kvr_cost_pairs(q->n_prefilled, n);
         q->n_prefilled += n;
@@ -636,7 +643,14 @@ static bool apply_result(struct kvr_bridge *b, const struct kvr_wire_frame *f,
         double held[KVR_PLAN_MAX_STAGES];
         for (uint32_t i = 0; i < f->hdr.n_timings; i++)
             held[i] = f->timings[i].held_ns / 1e6;
-        kvr_cost_observe(&b->cost, (struct kvr_cost_shape){bt->n_rows, bt->pairs}, held, ms);
+        struct kvr_cost_shape shape = {bt->n_rows, bt->pairs};
+        if (bt->mixed && kvr_cost_ready(&b->cost)) {
+            double worst = 0;
+            for (uint32_t i = 0; i < f->hdr.n_timings; i++)
+                worst = held[i] > worst ? held[i] : worst;
+            kvr_calib_observe(&b->calib_mixed, worst / kvr_cost_batch_ms(&b->cost, shape));
+        }
+        kvr_cost_observe(&b->cost, shape, held, ms);
     }
     b->stats.batches++;
     account_timings(b, f);
