@@ -12,7 +12,11 @@
  * Every figure is the median of --reps repeats (default 7, at least 5). Threads come from
  * the core pool and split output rows with kvr_matmul_split. Usage:
  *   bench_kernels [--types q8_0,q4_0,...] [--shapes 2048x2048,5632x2048] [--threads 2]
- *                 [--rows 128] [--reps 7] [--gemv-mib 512] [--reference]
+ *                 [--rows 128] [--reps 7] [--gemv-mib 512] [--reference] [--pack 0|1]
+ * --pack 1 (Q8_0 and Q4_0) also times the GEMM on packed copies of the matrices
+ * (kvr_matrix_pack, as the engine makes them), each repeat right after a plain one, and
+ * prints the packed GOP/s and the median of the per-repeat speed-ups (plain time / packed
+ * time: both sides of a pair see the same load). The GEMV always reads the plain weights.
  * Activation quantization is not timed (the forward pass does it once per matmul input). */
 #include "core/alloc.h"
 #include "core/clock.h"
@@ -118,7 +122,8 @@ static int parse_type(const char *s)
 }
 
 static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_in,
-                     int64_t gemm_rows, int reps, size_t gemv_bytes, struct bw_job *bw)
+                     int64_t gemm_rows, int reps, size_t gemv_bytes, struct bw_job *bw,
+                     int pack)
 {
     const struct kvr_dtype_traits *tr = kvr_dtype_traits(type);
     size_t row_bytes;
@@ -153,7 +158,7 @@ static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_i
     for (int c = 0; c < n_copies; c++) {
         if (c)
             memcpy(wbuf + (size_t)c * mat_bytes, wbuf, mat_bytes);
-        mats[c] = (struct kvr_matrix){type, n_in, n_out, row_bytes, wbuf + (size_t)c * mat_bytes};
+        mats[c] = (struct kvr_matrix){type, n_in, n_out, row_bytes, wbuf + (size_t)c * mat_bytes, NULL};
     }
     for (int64_t i = 0; i < n_in * gemm_rows; i++)
         xf[i] = frand();
@@ -192,20 +197,52 @@ static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_i
     job.n_rows = gemm_rows;
     job.n_mats = (int)(((size_t)64 << 20) / mat_bytes + 1);
     job.n_mats = job.n_mats > n_copies ? n_copies : job.n_mats;
+    size_t pack_bytes = pack ? kvr_matrix_pack_bytes(&mats[0]) : 0;
+    uint8_t *pbuf = pack_bytes ? kvr_aligned_alloc(64, pack_bytes * (size_t)job.n_mats) : NULL;
+    struct kvr_matrix *pmats = pack_bytes ? kvr_calloc((size_t)job.n_mats, sizeof *pmats) : NULL;
+    double *tp = kvr_calloc((size_t)reps, sizeof *tp);
+    if ((pack_bytes && (!pbuf || !pmats)) || !tp) {
+        fprintf(stderr, "out of memory\n");
+        return -1;
+    }
+    for (int c = 0; pbuf && c < job.n_mats; c++) { /* pack_bytes is a multiple of 32 */
+        pmats[c] = mats[c];
+        kvr_matrix_pack(&pmats[c], pbuf + (size_t)c * pack_bytes);
+        pmats[c].packed = pbuf + (size_t)c * pack_bytes;
+    }
+    struct mm_job pjob = job;
+    pjob.w = pmats;
     kvr_pool_run(pool, mm_run, &job);
+    if (pbuf)
+        kvr_pool_run(pool, mm_run, &pjob);
     for (int r = 0; r < reps; r++) {
         uint64_t t0 = kvr_now_ns();
         kvr_pool_run(pool, mm_run, &job);
         t[r] = (double)(kvr_now_ns() - t0);
+        if (pbuf) {
+            t0 = kvr_now_ns();
+            kvr_pool_run(pool, mm_run, &pjob);
+            tp[r] = (double)(kvr_now_ns() - t0);
+            ratio[r] = t[r] / tp[r];
+        }
     }
     double gemm_ns = median(t, reps) / job.n_mats;
     double gops = 2.0 * (double)n_out * (double)n_in * (double)gemm_rows / gemm_ns;
+    char packed_msg[96] = "";
+    if (pbuf)
+        snprintf(packed_msg, sizeof packed_msg, "  packed %6.1f GOP/s (x%.2f)",
+                 2.0 * (double)n_out * (double)n_in * (double)gemm_rows /
+                     (median(tp, reps) / job.n_mats),
+                 median(ratio, reps));
 
     printf("%-5s %5lldx%-5lld  gemv %6.2f GB/s (%5.1f%% of bw %5.2f GB/s; %6.1f us)  hot %6.2f GB/s"
-           "  gemm[%lld] %6.1f GOP/s (%7.1f us)\n",
+           "  gemm[%lld] %6.1f GOP/s (%7.1f us)%s\n",
            tr->name, (long long)n_out, (long long)n_in, gemv_gbs, 100.0 * gemv_ratio, bandwidth,
-           gemv_ns / 1e3, hot_gbs, (long long)gemm_rows, gops, gemm_ns / 1e3);
+           gemv_ns / 1e3, hot_gbs, (long long)gemm_rows, gops, gemm_ns / 1e3, packed_msg);
     fflush(stdout);
+    kvr_free(tp);
+    kvr_free(pmats);
+    kvr_free(pbuf);
     kvr_free(ratio);
     kvr_free(bws);
     kvr_free(t);
@@ -221,7 +258,7 @@ int main(int argc, char **argv)
 {
     const char *types = "q8_0,q4_0,q4_K,q6_K,f16,f32";
     const char *shapes = "2048x2048,5632x2048";
-    long n_threads = 2, rows = 128, reps = 7, gemv_mib = 512;
+    long n_threads = 2, rows = 128, reps = 7, gemv_mib = 512, pack = 0;
     bool reference = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -243,12 +280,14 @@ int main(int argc, char **argv)
             reps = atol(v);
         else if (!strcmp(a, "--gemv-mib"))
             gemv_mib = atol(v);
+        else if (!strcmp(a, "--pack"))
+            pack = atol(v);
         else
             goto usage;
         i++;
     }
     if (n_threads < 1 || n_threads > 256 || rows < 1 || rows > 4096 || reps < 5 || reps > 1000 ||
-        gemv_mib < 1 || gemv_mib > (1 << 16))
+        gemv_mib < 1 || gemv_mib > (1 << 16) || pack < 0 || pack > 1)
         goto usage;
 
     const char *kernels = kvr_kernels_init();
@@ -290,7 +329,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "bad shape %s (want OUTxIN)\n", sn);
                 return 2;
             }
-            if (bench_one(pool, type, n_out, n_in, rows, (int)reps, gemv_bytes, bw) != 0)
+            if (bench_one(pool, type, n_out, n_in, rows, (int)reps, gemv_bytes, bw, (int)pack) != 0)
                 return 1;
         }
     }
@@ -301,7 +340,8 @@ int main(int argc, char **argv)
 usage:
     fprintf(stderr,
             "usage: %s [--types q8_0,q4_0,q4_K,q6_K,f16,bf16,f32] [--shapes OUTxIN,...]\n"
-            "          [--threads N] [--rows N] [--reps N>=5] [--gemv-mib N] [--reference]\n",
+            "          [--threads N] [--rows N] [--reps N>=5] [--gemv-mib N] [--reference]\n"
+            "          [--pack 0|1]\n",
             argv[0]);
     return 2;
 }

@@ -58,7 +58,20 @@ struct kvr_matrix {
     int64_t n_out;      /* rows (GGUF ne1) */
     size_t row_bytes;   /* bytes per row */
     const void *data;   /* n_out * row_bytes bytes, borrowed */
+    /* Optional copy of the weights in the layout the batched (GEMM) kernels read, made by
+     * kvr_matrix_pack; borrowed, NULL to use `data` only. It must stay unchanged and alive
+     * while the matrix is used. Results are bit-identical with or without it. */
+    const void *packed;
 };
+
+/* Bytes of the packed copy of w (see struct kvr_matrix.packed), or 0 if w's type has no
+ * packed layout (only Q8_0 and Q4_0 have one) or the size overflows. About the size of the
+ * weights themselves (Q8_0: 288 bytes per 8 rows x 32 columns, Q4_0: 160). */
+size_t kvr_matrix_pack_bytes(const struct kvr_matrix *w);
+/* Write the packed copy of w into dst (kvr_matrix_pack_bytes(w) bytes, 32-byte aligned),
+ * then point w->packed at it to use it. Pure function of w's data; thread-safe on distinct
+ * dst. */
+void kvr_matrix_pack(const struct kvr_matrix *w, void *dst);
 
 /* Pick the fastest kernels this CPU supports (idempotent; call once before threads start).
  * Returns the name of the chosen kernel set ("avx2", "reference"). */

@@ -70,6 +70,25 @@ static inline size_t kvr_q8_0_ext_offset(int64_t n_blocks)
     return ((size_t)n_blocks * sizeof(struct kvr_block_q8_0) + 7) & ~(size_t)7;
 }
 
+/* Packed weights (struct kvr_matrix.packed) for the GEMM path of Q8_0 and Q4_0: the layout
+ * the AVX2 GEMM used to build in an L1 buffer on every call, built once instead. Output rows
+ * go in tiles of KVR_PACK_ROWS (the last tile repeats the matrix's last row); tile t holds
+ * rows 8t..8t+7 and starts at byte t * n_blocks * unit. Within a tile, block b (32 columns)
+ * is one `unit` at byte b * unit:
+ *
+ *   offset  size       field
+ *   0       32         d     8 x f32: lane i = row i's fp16 block scale, widened (exact)
+ *   32      32 * n_g   q     n_g vectors of 8 dwords: vector g, dword i = bytes 4g..4g+3
+ *                            of row i's qs (Q8_0: n_g = 8, signed quants; Q4_0: n_g = 4,
+ *                            the raw nibble bytes, so vector g's low nibbles are elements
+ *                            4g..4g+3 and its high nibbles elements 4g+16..4g+19)
+ *
+ * unit = 288 bytes for Q8_0 (vs 8 x 34 = 272 in the file), 160 for Q4_0 (vs 144). Units are
+ * multiples of 32 bytes, so a 32-byte aligned buffer keeps every vector aligned. */
+#define KVR_PACK_ROWS 8
+#define KVR_PACK_UNIT_Q8_0 288
+#define KVR_PACK_UNIT_Q4_0 160
+
 /* Unpack the 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block. */
 static inline void kvr_q4_k_scale_min(const uint8_t *scales, int j, int *sc, int *mn)
 {

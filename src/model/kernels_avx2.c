@@ -30,6 +30,9 @@
  *   so one maddubs serves 8 outputs and the accumulator lanes are outputs (no horizontal
  *   sums). K-quants unpack a tile's super-block once for all activation rows. Between K
  *   chunks / super-blocks the running sums wait in y (exact f32 values).
+ *   Packed GEMM (w->packed set, see kvr_matrix_pack and kernels.h): Q8_0/Q4_0 read that
+ *   transposed layout straight from the caller's copy, made once per matrix, instead of
+ *   building it per call; same products and float steps, so the same bits.
  *   Every path prefetches the next tile (see next_tile). */
 #include "model/kernels.h"
 
@@ -53,6 +56,7 @@ enum {
     KB = 64,            /* blocks per K chunk of the repacked GEMM tile (16 KiB per buffer) */
     GEMM_MIN_ROWS = 4,  /* from this many rows on, Q8_0/Q4_0 use the repacked GEMM */
     GEMV_RT = 3,        /* activation rows per GEMV tile (below GEMM_MIN_ROWS) */
+    PACKED_MIN_ROWS = 4, /* from this many rows on, packed Q8_0/Q4_0 weights are used */
     Q8_0_PF = 16,       /* Q8_0 GEMV: blocks each row is prefetched ahead (measured best) */
     F_OT = 4,           /* f32 family: output rows per tile */
     F_RT = 3,           /* f32 family: activation rows per tile */
@@ -553,10 +557,114 @@ static ALWAYS_INLINE void gemm_q(const struct kvr_matrix *w, const void *xq, siz
     }
 }
 
+/* GEMM micro-kernel on pre-packed weights (layout in kernels.h): kn units from u, the same
+ * integer products and float steps as gemm_q_tile. Q8_0 takes |w| here (one vpsignb per
+ * vector, shared by the nr rows) instead of storing it, which keeps the packed copy at the
+ * size of the weights; Q4_0 splits each stored vector into its two nibble vectors. */
+static ALWAYS_INLINE void gemm_p_tile(const uint8_t *u, int64_t b0, int kn, const struct act *a,
+                                      int nr, int is_q4, __m256 acc[RT])
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i low = _mm256_set1_epi8(0x0F);
+    const size_t unit = is_q4 ? KVR_PACK_UNIT_Q4_0 : KVR_PACK_UNIT_Q8_0;
+    for (int b = 0; b < kn; b++, u += unit) {
+        size_t xoff = (size_t)(b0 + b) * sizeof(struct kvr_block_q8_0) + 2;
+        const __m256i *q = (const __m256i *)(u + 32);
+        __m256i isum[RT];
+        UNROLL
+        for (int g = 0; g < 8; g++) {
+            __m256i wg, sg;
+            if (is_q4) {
+                __m256i raw = _mm256_load_si256(&q[g % 4]);
+                wg = g < 4 ? _mm256_and_si256(raw, low)
+                           : _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+                sg = wg;
+            } else {
+                sg = _mm256_load_si256(&q[g]);
+                wg = _mm256_sign_epi8(sg, sg);
+            }
+            /* vector g holds elements 4g..4g+3 in both types (Q4_0: the high nibbles of
+             * stored vector g - 4 are elements 16 + 4(g - 4) = 4g) */
+            int xg = 4 * g;
+            UNROLL
+            for (int r = 0; r < nr; r++) {
+                __m256i xb = _mm256_set1_epi32(load_i32(a->row[r] + xoff + xg));
+                if (is_q4) {
+                    __m256i p = _mm256_maddubs_epi16(wg, xb);
+                    isum[r] = g ? _mm256_add_epi16(isum[r], p) : p; /* <= 30480: exact */
+                    KEEP(isum[r]);
+                } else {
+                    __m256i p = _mm256_madd_epi16(
+                        _mm256_maddubs_epi16(wg, _mm256_sign_epi8(xb, sg)), ones);
+                    isum[r] = g ? _mm256_add_epi32(isum[r], p) : p;
+                    KEEP(isum[r]);
+                }
+            }
+        }
+        __m256 dwb = _mm256_load_ps((const float *)u);
+        UNROLL
+        for (int r = 0; r < nr; r++) {
+            __m256i s = isum[r];
+            if (is_q4)
+                s = _mm256_sub_epi32(_mm256_madd_epi16(s, ones),
+                                     _mm256_set1_epi32(a->ext[r][b0 + b].s8));
+            __m256 d = _mm256_mul_ps(dwb, _mm256_set1_ps(a->ext[r][b0 + b].d));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), d, acc[r]);
+        }
+    }
+}
+
+/* GEMM over pre-packed weights; o_begin is a multiple of OT (the caller checks). Same
+ * K chunking as gemm_q, so a chunk of the tile stays in L1 for all activation rows. */
+static ALWAYS_INLINE void gemm_p(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                                 int64_t n_rows, float *y, int64_t ldy, int64_t o_begin,
+                                 int64_t o_end, int is_q4)
+{
+    const size_t unit = is_q4 ? KVR_PACK_UNIT_Q4_0 : KVR_PACK_UNIT_Q8_0;
+    int64_t nb = w->n_in / KVR_QK;
+    for (int64_t o0 = o_begin; o0 < o_end; o0 += OT) {
+        int n_valid = o_end - o0 < OT ? (int)(o_end - o0) : OT;
+        const uint8_t *tile = (const uint8_t *)w->packed + (size_t)(o0 / OT) * (size_t)nb * unit;
+        for (int64_t b0 = 0; b0 < nb; b0 += KB) {
+            int kn = nb - b0 < KB ? (int)(nb - b0) : KB;
+            const uint8_t *u = tile + (size_t)b0 * unit;
+            for (int64_t r0 = 0; r0 < n_rows; r0 += RT) {
+                int nr = n_rows - r0 < RT ? (int)(n_rows - r0) : RT;
+                struct act a;
+                __m256 acc[RT] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                                  _mm256_setzero_ps()};
+                act_rows(xq, x_stride, nb, r0, nr, &a);
+                if (b0)
+                    for (int r = 0; r < nr; r++)
+                        acc[r] = load_tile(y + (r0 + r) * ldy + o0, n_valid);
+                switch (nr) {
+                case 1: gemm_p_tile(u, b0, kn, &a, 1, is_q4, acc); break;
+                case 2: gemm_p_tile(u, b0, kn, &a, 2, is_q4, acc); break;
+                case 3: gemm_p_tile(u, b0, kn, &a, 3, is_q4, acc); break;
+                default: gemm_p_tile(u, b0, kn, &a, 4, is_q4, acc); break;
+                }
+                UNROLL
+                for (int r = 0; r < nr; r++)
+                    store_tile(y + (r0 + r) * ldy + o0, acc[r], n_valid);
+            }
+        }
+    }
+}
+
+/* The packed layout is tiled from row 0, so only slices starting on a tile can use it; the
+ * packed copy must be 32-byte aligned (kvr_matrix_pack's contract) for the aligned loads. */
+static ALWAYS_INLINE int use_packed(const struct kvr_matrix *w, int64_t n_rows, int64_t o_begin)
+{
+    return w->packed && n_rows >= PACKED_MIN_ROWS && o_begin % OT == 0 &&
+           ((uintptr_t)w->packed & 31) == 0;
+}
+
 static void matmul_q4_0(const struct kvr_matrix *w, const void *xq, size_t x_stride,
                         int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
 {
-    if (n_rows >= GEMM_MIN_ROWS)
+    if (use_packed(w, n_rows, o_begin))
+        gemm_p(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, 1);
+    else if (n_rows >= GEMM_MIN_ROWS)
         gemm_q(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, 1);
     else
         gemv_q(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, 1);
@@ -565,7 +673,9 @@ static void matmul_q4_0(const struct kvr_matrix *w, const void *xq, size_t x_str
 static void matmul_q8_0(const struct kvr_matrix *w, const void *xq, size_t x_stride,
                         int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
 {
-    if (n_rows >= GEMM_MIN_ROWS)
+    if (use_packed(w, n_rows, o_begin))
+        gemm_p(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, 0);
+    else if (n_rows >= GEMM_MIN_ROWS)
         gemm_q(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, 0);
     else
         gemv_q(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, 0);

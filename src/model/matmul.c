@@ -161,6 +161,57 @@ void kvr_matmul(const struct kvr_matrix *w, const void *xq, int64_t n_rows, floa
     fn(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end);
 }
 
+static size_t pack_unit(enum kvr_dtype type)
+{
+    return type == KVR_DTYPE_Q8_0 ? KVR_PACK_UNIT_Q8_0
+         : type == KVR_DTYPE_Q4_0 ? KVR_PACK_UNIT_Q4_0
+                                  : 0;
+}
+
+size_t kvr_matrix_pack_bytes(const struct kvr_matrix *w)
+{
+    size_t unit = pack_unit(w->type), bytes = 0;
+    if (!unit || w->n_in <= 0 || w->n_out <= 0 || w->n_in % KVR_QK != 0)
+        return 0;
+    int64_t n_tiles = (w->n_out + KVR_PACK_ROWS - 1) / KVR_PACK_ROWS;
+    if (!kvr_mul_size((size_t)n_tiles, (size_t)(w->n_in / KVR_QK), &bytes) ||
+        !kvr_mul_size(bytes, unit, &bytes))
+        return 0;
+    return bytes;
+}
+
+/* Plain C: packing runs once per matrix, and the layout (kernels.h) is kernel-independent. */
+void kvr_matrix_pack(const struct kvr_matrix *w, void *dst)
+{
+    size_t unit = pack_unit(w->type);
+    if (!unit)
+        abort(); /* callers check kvr_matrix_pack_bytes first */
+    /* block size, and bytes of qs per row that go into the unit */
+    size_t wb = w->type == KVR_DTYPE_Q8_0 ? sizeof(struct kvr_block_q8_0)
+                                          : sizeof(struct kvr_block_q4_0);
+    int n_g = w->type == KVR_DTYPE_Q8_0 ? 8 : 4;
+    int64_t nb = w->n_in / KVR_QK;
+    uint8_t *out = dst;
+    for (int64_t o0 = 0; o0 < w->n_out; o0 += KVR_PACK_ROWS) {
+        const uint8_t *rows[KVR_PACK_ROWS];
+        for (int i = 0; i < KVR_PACK_ROWS; i++) {
+            int64_t o = o0 + i < w->n_out ? o0 + i : w->n_out - 1;
+            rows[i] = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
+        }
+        for (int64_t b = 0; b < nb; b++, out += unit) {
+            for (int i = 0; i < KVR_PACK_ROWS; i++) {
+                const uint8_t *blk = rows[i] + (size_t)b * wb;
+                uint16_t dh;
+                memcpy(&dh, blk, sizeof dh); /* both block types start with the fp16 d */
+                float d = kvr_f16_to_f32(dh);
+                memcpy(out + 4 * i, &d, sizeof d);
+                for (int g = 0; g < n_g; g++)
+                    memcpy(out + 32 + 32 * g + 4 * i, blk + 2 + 4 * g, 4);
+            }
+        }
+    }
+}
+
 void kvr_matrix_get_row(const struct kvr_matrix *w, int64_t row, float *dst)
 {
     const struct kvr_dtype_traits *t = kvr_dtype_traits(w->type);

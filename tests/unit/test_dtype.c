@@ -529,7 +529,7 @@ static void mm_case_init(struct mm_case *c, int type, int64_t n_out, int64_t n_r
         tr->from_float(wf, (uint8_t *)c->wbuf + (size_t)o * row_bytes, n_in);
     }
     kvr_free(wf);
-    c->w = (struct kvr_matrix){type, n_in, n_out, row_bytes, c->wbuf};
+    c->w = (struct kvr_matrix){type, n_in, n_out, row_bytes, c->wbuf, NULL};
     c->n_rows = n_rows;
     c->x = kvr_malloc(sizeof(float) * (size_t)(n_in * n_rows));
     for (int64_t i = 0; i < n_in * n_rows; i++)
