@@ -1495,12 +1495,7 @@ int kvr_cmd_bench(int argc, char **argv)
         fprintf(stderr, "kvasir bench: --url: %s\n", err.msg);
         return 2;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    kvr_cli_on_stop(on_signal);
 
     struct kvr_tok *tok = NULL;
     char *model = NULL;

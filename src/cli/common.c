@@ -4,6 +4,8 @@
 #include "model/gguf.h"
 
 #include <errno.h>
+#include <signal.h>
+#include <string.h>
 #include <unistd.h>
 #include <math.h>
 #include <stdio.h>
@@ -60,4 +62,14 @@ void kvr_cli_load_weights(struct kvr_gguf *g)
     if (tty && last)
         fprintf(stderr, "\rloading weights: done, %.0f MB%20s\n", total / 1e6, "");
     (void)sink;
+}
+
+void kvr_cli_on_stop(void (*handler)(int))
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = handler;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
 }

@@ -10,6 +10,10 @@
 int kvr_cli_u32(const char *opt, const char *v, uint32_t lo, uint32_t hi, uint32_t *out);
 int kvr_cli_float(const char *opt, const char *v, float lo, float hi, float *out);
 
+/* SIGINT and SIGTERM call `handler` (which should only set a lock-free flag); SIGPIPE is
+ * ignored, so a peer that goes away shows up as a write error instead. */
+void kvr_cli_on_stop(void (*handler)(int));
+
 struct kvr_gguf;
 
 /* Read every page of the model's tensors once, so the first forward pass does not stall on

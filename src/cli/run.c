@@ -8,7 +8,8 @@
  * decode speeds go to stderr. With --prompts (JSON lines: {"prompt": "...", "max_tokens":
  * N, "temperature": T, "seed": S, "top_k": K, "top_p": P, "min_p": M}, any field but the
  * prompt optional) every prompt runs: one after another, alone, in the single process (the
- * reference), or all at once through the ring. --json prints one line per prompt with the
+ * reference), or all at once through the ring ("repeat_penalty" may be given per prompt
+ * too). --json prints one line per prompt with the
  * generated ids, which is what the ring tests compare. */
 #include "cli/cmd.h"
 #include "cli/common.h"
@@ -207,6 +208,15 @@ static int json_field_num(json_t *obj, const char *key, double lo, double hi, do
     return 0;
 }
 
+static int json_field_f32(json_t *obj, const char *key, double lo, double hi, float *out,
+                          uint32_t line)
+{
+    double d = *out;
+    int rc = json_field_num(obj, key, lo, hi, &d, line);
+    *out = (float)d;
+    return rc;
+}
+
 /* Read the prompts (and per-prompt settings) into jobs. */
 static int load_jobs(const struct run_opts *o, struct job **out, uint32_t *n_out)
 {
@@ -257,15 +267,10 @@ static int load_jobs(const struct run_opts *o, struct job **out, uint32_t *n_out
         j->prompt = kvr_strdup(json_string_value(p));
         j->max_tokens = o->n_predict;
         j->sp = o->sp;
-        double d;
-        d = j->max_tokens;
+        double d = j->max_tokens;
         if (json_field_num(obj, "max_tokens", 1, 1 << 20, &d, line))
             rc = -1;
         j->max_tokens = (uint32_t)d;
-        d = j->sp.temperature;
-        if (json_field_num(obj, "temperature", 0, 100, &d, line))
-            rc = -1;
-        j->sp.temperature = (float)d;
         d = (double)j->sp.seed;
         if (json_field_num(obj, "seed", 0, 9007199254740992.0, &d, line))
             rc = -1;
@@ -274,14 +279,11 @@ static int load_jobs(const struct run_opts *o, struct job **out, uint32_t *n_out
         if (json_field_num(obj, "top_k", 0, 1 << 24, &d, line))
             rc = -1;
         j->sp.top_k = (int32_t)d;
-        d = j->sp.top_p;
-        if (json_field_num(obj, "top_p", 0, 1, &d, line))
+        if (json_field_f32(obj, "temperature", 0, 100, &j->sp.temperature, line) ||
+            json_field_f32(obj, "top_p", 0, 1, &j->sp.top_p, line) ||
+            json_field_f32(obj, "min_p", 0, 1, &j->sp.min_p, line) ||
+            json_field_f32(obj, "repeat_penalty", 0.01, 100, &j->sp.repeat_penalty, line))
             rc = -1;
-        j->sp.top_p = (float)d;
-        d = j->sp.min_p;
-        if (json_field_num(obj, "min_p", 0, 1, &d, line))
-            rc = -1;
-        j->sp.min_p = (float)d;
         json_decref(obj);
         if (rc || !j->prompt) {
             rc = -1;

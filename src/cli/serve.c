@@ -287,12 +287,7 @@ static int serve_main(int argc, char **argv, bool serve)
         goto out;
     }
 
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    kvr_cli_on_stop(on_signal);
 
     if (serve) {
         char self[4096];

@@ -8,7 +8,6 @@
 #include "ring/plan.h"
 #include "ring/stage.h"
 
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -69,12 +68,7 @@ int kvr_cmd_stage(int argc, char **argv)
         kvr_free(plan);
         return 1;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    kvr_cli_on_stop(on_signal);
     int rc = kvr_stage_run(plan, &opt, &stop_flag, &err);
     if (rc)
         KVR_ERROR("%s", err.msg);

@@ -400,12 +400,7 @@ int kvr_cmd_top(int argc, char **argv)
         fprintf(stderr, "kvasir top: --url: %s\n", err.msg);
         return 2;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    kvr_cli_on_stop(on_signal);
 
     struct style st = {.ansi = !o.once && isatty(STDOUT_FILENO)};
     struct snapshot *both = kvr_calloc(2, sizeof *both);
