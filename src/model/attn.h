@@ -1,17 +1,27 @@
-/* attn.h - internal to src/model: the two inner loops of attention (a query-key dot and a
- * weighted sum of values), with a plain version and an AVX2 one. The engine picks one set
- * for the whole process together with the matmul kernels (kvr_kernels_name), so every row
- * of every batch uses the same arithmetic: batch invariance holds within a process. */
+/* attn.h - internal to src/model: attention's inner loops over one KV block (query-key
+ * scores, and the probability-weighted sum of values), with a plain version and an AVX2
+ * one. The engine picks one set for the whole process together with the matmul kernels
+ * (kvr_kernels_name), so every row of every batch uses the same arithmetic: batch
+ * invariance holds within a process. Within a set, a call over n positions gives exactly
+ * what n calls over one position give (tests/unit/test_attn.c), so how a sequence's
+ * positions fall into blocks never changes a bit. */
 #ifndef KVR_MODEL_ATTN_H
 #define KVR_MODEL_ATTN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct kvr_attn_ops {
-    float (*dot)(const float *a, const float *b, uint32_t n); /* sum a[i] * b[i] */
-    void (*axpy)(float *y, float a, const float *x, uint32_t n); /* y += a * x */
+    /* scores[g * stride + j] = scale * sum_i q[g * hd + i] * k[j * k_step + i]
+     * for the group's query heads g < group and positions j < n. */
+    void (*scores)(float *scores, size_t stride, const float *q, uint32_t group, uint32_t hd,
+                   const float *k, size_t k_step, uint32_t n, float scale);
+    /* out[g * hd + i] += p[g * stride + j] * v[j * v_step + i], positions j in order. */
+    void (*mix)(float *out, const float *p, size_t stride, uint32_t group, uint32_t hd,
+                const float *v, size_t v_step, uint32_t n);
 };
 
+extern const struct kvr_attn_ops kvr_attn_ops_plain;
 extern const struct kvr_attn_ops kvr_attn_ops_avx2;
 
 #endif

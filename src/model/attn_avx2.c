@@ -1,6 +1,13 @@
-/* attn_avx2.c - attention's dot and axpy with AVX2 + FMA (see attn.h). Compiled with
- * -mavx2 -mfma; called only after the CPU check of kvr_kernels_init. Each call reduces in
- * one fixed order (8 lanes, then a fixed tree, then the tail), whatever the batch. */
+/* attn_avx2.c - attention's inner loops with AVX2 + FMA (see attn.h). Compiled with
+ * -mavx2 -mfma; called only after the CPU check of kvr_kernels_init.
+ *
+ * A query-key dot accumulates 8 lanes over the head dimension, then reduces the lanes in
+ * one fixed tree, ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7)), then adds the tail. When the head
+ * dimension is a multiple of 8, eight positions are done together and their eight
+ * accumulators are reduced by a transpose that performs exactly the same additions, so a
+ * block gives what eight single dots give (tests/unit/test_attn.c). The weighted sum keeps
+ * up to four vectors of the output in registers across the block's positions, with the same
+ * fused multiply-add per element and position as one axpy at a time. */
 #include "model/attn.h"
 
 #include <immintrin.h>
@@ -31,4 +38,96 @@ static void axpy_avx2(float *y, float a, const float *x, uint32_t n)
         y[i] += a * x[i];
 }
 
-const struct kvr_attn_ops kvr_attn_ops_avx2 = {.dot = dot_avx2, .axpy = axpy_avx2};
+/* Lane sums of two accumulators: [a.lo + a.hi | b.lo + b.hi], the first step of the tree. */
+static inline __m256 halves(__m256 a, __m256 b)
+{
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+
+/* The dots of eight positions (hd a multiple of 8), each reduced as dot_avx2 reduces. */
+static inline __m256 dot8(const float *q, const float *k, size_t k_step, uint32_t hd)
+{
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+           a7 = a0;
+    for (uint32_t i = 0; i < hd; i += 8) {
+        __m256 qv = _mm256_loadu_ps(q + i);
+        const float *kp = k + i;
+        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp), a0);
+        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp + k_step), a1);
+        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp + 2 * k_step), a2);
+        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp + 3 * k_step), a3);
+        a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp + 4 * k_step), a4);
+        a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp + 5 * k_step), a5);
+        a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp + 6 * k_step), a6);
+        a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp + 7 * k_step), a7);
+    }
+    /* s_p[l] = a_p[l] + a_p[l+4]; two positions per register. */
+    __m256 s01 = halves(a0, a1), s23 = halves(a2, a3), s45 = halves(a4, a5),
+           s67 = halves(a6, a7);
+    /* t_p = (s_p[0] + s_p[2], s_p[1] + s_p[3]). */
+    __m256 t0123 = _mm256_add_ps(_mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2)));
+    __m256 t4567 = _mm256_add_ps(_mm256_shuffle_ps(s45, s67, _MM_SHUFFLE(1, 0, 1, 0)),
+                                 _mm256_shuffle_ps(s45, s67, _MM_SHUFFLE(3, 2, 3, 2)));
+    /* d_p = t_p[0] + t_p[1], in the order 0 2 4 6 | 1 3 5 7, then put back in order. */
+    __m256 d = _mm256_add_ps(_mm256_shuffle_ps(t0123, t4567, _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm256_shuffle_ps(t0123, t4567, _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+static void scores_avx2(float *scores, size_t stride, const float *q, uint32_t group,
+                        uint32_t hd, const float *k, size_t k_step, uint32_t n, float scale)
+{
+    uint32_t j = 0;
+    if (hd % 8 == 0) {
+        __m256 vs = _mm256_set1_ps(scale);
+        for (; j + 8 <= n; j += 8)
+            for (uint32_t g = 0; g < group; g++)
+                _mm256_storeu_ps(scores + g * stride + j,
+                                 _mm256_mul_ps(dot8(q + (size_t)g * hd, k + j * k_step,
+                                                    k_step, hd), vs));
+    }
+    for (; j < n; j++)
+        for (uint32_t g = 0; g < group; g++)
+            scores[g * stride + j] = dot_avx2(q + (size_t)g * hd, k + j * k_step, hd) * scale;
+}
+
+static void mix_avx2(float *out, const float *p, size_t stride, uint32_t group, uint32_t hd,
+                     const float *v, size_t v_step, uint32_t n)
+{
+    if (hd % 8 != 0) {
+        for (uint32_t j = 0; j < n; j++)
+            for (uint32_t g = 0; g < group; g++)
+                axpy_avx2(out + (size_t)g * hd, p[g * stride + j], v + j * v_step, hd);
+        return;
+    }
+    for (uint32_t g = 0; g < group; g++) {
+        float *o = out + (size_t)g * hd;
+        const float *pg = p + g * stride;
+        uint32_t i = 0;
+        for (; i + 32 <= hd; i += 32) {
+            __m256 y0 = _mm256_loadu_ps(o + i), y1 = _mm256_loadu_ps(o + i + 8),
+                   y2 = _mm256_loadu_ps(o + i + 16), y3 = _mm256_loadu_ps(o + i + 24);
+            for (uint32_t j = 0; j < n; j++) {
+                __m256 w = _mm256_set1_ps(pg[j]);
+                const float *x = v + j * v_step + i;
+                y0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x), y0);
+                y1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 8), y1);
+                y2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 16), y2);
+                y3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(x + 24), y3);
+            }
+            _mm256_storeu_ps(o + i, y0);
+            _mm256_storeu_ps(o + i + 8, y1);
+            _mm256_storeu_ps(o + i + 16, y2);
+            _mm256_storeu_ps(o + i + 24, y3);
+        }
+        for (; i < hd; i += 8) {
+            __m256 y = _mm256_loadu_ps(o + i);
+            for (uint32_t j = 0; j < n; j++)
+                y = _mm256_fmadd_ps(_mm256_set1_ps(pg[j]), _mm256_loadu_ps(v + j * v_step + i), y);
+            _mm256_storeu_ps(o + i, y);
+        }
+    }
+}
+
+const struct kvr_attn_ops kvr_attn_ops_avx2 = {.scores = scores_avx2, .mix = mix_avx2};

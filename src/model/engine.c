@@ -180,8 +180,6 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
 
 /* ---- the engine ------------------------------------------------------------------------ */
 
-static float dot_f32(const float *a, const float *b, uint32_t n);
-static void axpy_f32(float *y, float a, const float *x, uint32_t n);
 
 struct kvr_engine {
     struct kvr_hparams hp;
@@ -394,8 +392,7 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
         goto fail;
     }
     const char *kernels = kvr_kernels_init();
-    e->attn = strcmp(kernels, "avx2") == 0 ? kvr_attn_ops_avx2
-                                           : (struct kvr_attn_ops){dot_f32, axpy_f32};
+    e->attn = strcmp(kernels, "avx2") == 0 ? kvr_attn_ops_avx2 : kvr_attn_ops_plain;
     if (!(e->pool = kvr_pool_create((int)cfg->n_threads))) {
         rc = kvr_err_set(err, KVR_ENOMEM, "engine: cannot start %u threads", cfg->n_threads);
         goto fail;
@@ -567,42 +564,6 @@ static void rope_tables(float *cos_t, float *sin_t, uint32_t n_rot, uint32_t pos
     }
 }
 
-/* Attention's inner loops, written with GCC vector types so they are vectorised on any
- * x86-64 (two SSE registers per vector) and reduce each row in one fixed order: the same
- * result for a row whatever else is in the batch. */
-typedef float v8f __attribute__((vector_size(32), aligned(4)));
-
-static float dot_f32(const float *a, const float *b, uint32_t n)
-{
-    v8f acc = {0};
-    uint32_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        v8f x, y;
-        memcpy(&x, a + i, sizeof x);
-        memcpy(&y, b + i, sizeof y);
-        acc += x * y;
-    }
-    float tail = 0.0f;
-    for (; i < n; i++)
-        tail += a[i] * b[i];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) +
-           tail;
-}
-
-static void axpy_f32(float *y, float a, const float *x, uint32_t n)
-{
-    /* The plain set's weighted sum (see attn.h); the AVX2 set is in attn_avx2.c. */
-    uint32_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        v8f vx, vy;
-        memcpy(&vx, x + i, sizeof vx);
-        memcpy(&vy, y + i, sizeof vy);
-        vy += a * vx;
-        memcpy(y + i, &vy, sizeof vy);
-    }
-    for (; i < n; i++)
-        y[i] += a * x[i];
-}
 
 /* ---- attention ---------------------------------------------------------------------------- */
 
@@ -657,43 +618,33 @@ static void attention_worker(void *arg, int ith, int nth)
         uint32_t seq = e->row_seq[r], n_pos = e->row_pos[r] + 1;
         const uint32_t *table = kv->tables + (size_t)seq * kv->max_blocks_per_seq;
         const float *q0 = e->q + (size_t)r * hp->n_embd + (size_t)kvh * group * hd;
-        float max_s[MAX_GROUP];
-        for (uint32_t g = 0; g < group; g++)
-            max_s[g] = -INFINITY;
+        const size_t stride = e->cfg.n_ctx;
         for (uint32_t t0 = 0; t0 < n_pos; t0 += bt) {
             size_t base = ((size_t)job->layer * kv->n_blocks + table[t0 / bt]) * bt;
-            const float *kb = kv->k + base * kv->kv_dim + (size_t)kvh * hd;
             uint32_t n = n_pos - t0 < bt ? n_pos - t0 : bt;
-            for (uint32_t j = 0; j < n; j++) {
-                const float *k = kb + (size_t)j * kv->kv_dim;
-                for (uint32_t g = 0; g < group; g++) {
-                    float sc = e->attn.dot(q0 + g * hd, k, hd) * scale;
-                    scores[(size_t)g * e->cfg.n_ctx + t0 + j] = sc;
-                    max_s[g] = sc > max_s[g] ? sc : max_s[g];
-                }
-            }
+            e->attn.scores(scores + t0, stride, q0, group, hd,
+                           kv->k + base * kv->kv_dim + (size_t)kvh * hd, kv->kv_dim, n, scale);
         }
-        float inv[MAX_GROUP];
         for (uint32_t g = 0; g < group; g++) {
-            float *sg = scores + (size_t)g * e->cfg.n_ctx;
+            float *sg = scores + g * stride, max_s = -INFINITY;
+            for (uint32_t t = 0; t < n_pos; t++)
+                max_s = sg[t] > max_s ? sg[t] : max_s;
             double sum = 0.0;
             for (uint32_t t = 0; t < n_pos; t++) {
-                sg[t] = expf(sg[t] - max_s[g]);
+                sg[t] = expf(sg[t] - max_s);
                 sum += sg[t];
             }
-            inv[g] = (float)(1.0 / sum);
+            float inv = (float)(1.0 / sum);
+            for (uint32_t t = 0; t < n_pos; t++)
+                sg[t] *= inv;
         }
         float *out0 = e->att + (size_t)r * hp->n_embd + (size_t)kvh * group * hd;
         memset(out0, 0, (size_t)group * hd * sizeof(float));
         for (uint32_t t0 = 0; t0 < n_pos; t0 += bt) {
             size_t base = ((size_t)job->layer * kv->n_blocks + table[t0 / bt]) * bt;
-            const float *vb = kv->v + base * kv->kv_dim + (size_t)kvh * hd;
             uint32_t n = n_pos - t0 < bt ? n_pos - t0 : bt;
-            for (uint32_t j = 0; j < n; j++)
-                for (uint32_t g = 0; g < group; g++)
-                    e->attn.axpy(out0 + g * hd,
-                             scores[(size_t)g * e->cfg.n_ctx + t0 + j] * inv[g],
-                             vb + (size_t)j * kv->kv_dim, hd);
+            e->attn.mix(out0, scores + t0, stride, group, hd,
+                        kv->v + base * kv->kv_dim + (size_t)kvh * hd, kv->kv_dim, n);
         }
     }
 }

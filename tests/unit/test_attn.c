@@ -1,0 +1,150 @@
+/* test_attn.c - attention's inner loops (src/model/attn.h), both sets.
+ *
+ * What is checked, and against what:
+ *  - scores and the weighted sum agree with a double-precision computation (the math);
+ *  - a call over a block of n positions is bit-identical to n calls over one position each
+ *    (the eight-at-a-time AVX2 dot and its transposed reduction do the same additions as
+ *    the single dot), for head sizes that are and are not a multiple of 8, and for every
+ *    group size; so where a sequence's blocks begin never changes a bit (batch invariance).
+ * The AVX2 set is checked only when the CPU has it (the kernel set says "avx2"). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "testutil.h"
+
+#include "model/attn.h"
+#include "model/dtype.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint64_t rng = 0x2545F4914F6CDD1Dull;
+
+static float frand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (float)((rng >> 40) / (double)(1u << 24)) * 2.0f - 1.0f;
+}
+
+static float *rand_floats(size_t n)
+{
+    float *p = malloc(n * sizeof *p);
+    assert_non_null(p);
+    for (size_t i = 0; i < n; i++)
+        p[i] = frand();
+    return p;
+}
+
+static const uint32_t HDS[] = {8, 12, 20, 32, 64, 128};
+static const uint32_t GROUPS[] = {1, 2, 3, 4};
+static const uint32_t NS[] = {1, 5, 8, 9, 16, 19, 33};
+
+static void check_scores(const struct kvr_attn_ops *ops, const char *set)
+{
+    for (size_t a = 0; a < sizeof HDS / sizeof *HDS; a++)
+        for (size_t b = 0; b < sizeof GROUPS / sizeof *GROUPS; b++)
+            for (size_t c = 0; c < sizeof NS / sizeof *NS; c++) {
+                uint32_t hd = HDS[a], group = GROUPS[b], n = NS[c];
+                size_t k_step = (size_t)hd * 5 + 8, stride = n + 3;
+                float *q = rand_floats((size_t)group * hd), *k = rand_floats(n * k_step);
+                float *block = calloc(group * stride, sizeof *block);
+                float *single = calloc(group * stride, sizeof *single);
+                assert_non_null(block);
+                assert_non_null(single);
+                float scale = 1.0f / sqrtf((float)hd);
+                ops->scores(block, stride, q, group, hd, k, k_step, n, scale);
+                for (uint32_t j = 0; j < n; j++)
+                    ops->scores(single + j, stride, q, group, hd, k + j * k_step, k_step, 1,
+                                scale);
+                if (memcmp(block, single, group * stride * sizeof *block) != 0)
+                    fail_msg("%s scores: hd %u group %u n %u: a block differs from single "
+                             "positions", set, hd, group, n);
+                for (uint32_t g = 0; g < group; g++)
+                    for (uint32_t j = 0; j < n; j++) {
+                        double want = 0;
+                        for (uint32_t i = 0; i < hd; i++)
+                            want += (double)q[g * hd + i] * k[j * k_step + i];
+                        want *= scale;
+                        if (fabs(block[g * stride + j] - want) > 1e-5 * (1 + fabs(want)) * hd)
+                            fail_msg("%s scores: hd %u group %u pos %u: %g, want %g", set, hd,
+                                     group, j, block[g * stride + j], want);
+                    }
+                free(q);
+                free(k);
+                free(block);
+                free(single);
+            }
+}
+
+static void check_mix(const struct kvr_attn_ops *ops, const char *set)
+{
+    for (size_t a = 0; a < sizeof HDS / sizeof *HDS; a++)
+        for (size_t b = 0; b < sizeof GROUPS / sizeof *GROUPS; b++)
+            for (size_t c = 0; c < sizeof NS / sizeof *NS; c++) {
+                uint32_t hd = HDS[a], group = GROUPS[b], n = NS[c];
+                size_t v_step = (size_t)hd * 3 + 4, stride = n + 1;
+                float *p = rand_floats(group * stride), *v = rand_floats(n * v_step);
+                float *start = rand_floats((size_t)group * hd);
+                float *block = malloc((size_t)group * hd * sizeof *block);
+                float *single = malloc((size_t)group * hd * sizeof *single);
+                assert_non_null(block);
+                assert_non_null(single);
+                memcpy(block, start, (size_t)group * hd * sizeof *block);
+                memcpy(single, start, (size_t)group * hd * sizeof *single);
+                ops->mix(block, p, stride, group, hd, v, v_step, n);
+                for (uint32_t j = 0; j < n; j++)
+                    ops->mix(single, p + j, stride, group, hd, v + j * v_step, v_step, 1);
+                if (memcmp(block, single, (size_t)group * hd * sizeof *block) != 0)
+                    fail_msg("%s mix: hd %u group %u n %u: a block differs from single "
+                             "positions", set, hd, group, n);
+                for (uint32_t g = 0; g < group; g++)
+                    for (uint32_t i = 0; i < hd; i++) {
+                        double want = start[g * hd + i];
+                        for (uint32_t j = 0; j < n; j++)
+                            want += (double)p[g * stride + j] * v[j * v_step + i];
+                        if (fabs(block[g * hd + i] - want) > 1e-5 * (1 + n))
+                            fail_msg("%s mix: hd %u group %u elem %u: %g, want %g", set, hd,
+                                     group, i, block[g * hd + i], want);
+                    }
+                free(p);
+                free(v);
+                free(start);
+                free(block);
+                free(single);
+            }
+}
+
+static void test_plain(void **state)
+{
+    (void)state;
+    check_scores(&kvr_attn_ops_plain, "plain");
+    check_mix(&kvr_attn_ops_plain, "plain");
+}
+
+static void test_avx2(void **state)
+{
+    (void)state;
+    if (strcmp(kvr_kernels_init(), "avx2") != 0) {
+        printf("test_attn: this CPU has no AVX2: the AVX2 set is not checked\n");
+        skip();
+    }
+    check_scores(&kvr_attn_ops_avx2, "avx2");
+    check_mix(&kvr_attn_ops_avx2, "avx2");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_plain),
+        cmocka_unit_test(test_avx2),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
