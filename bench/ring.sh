@@ -123,31 +123,41 @@ median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] 
 
 echo "model $(basename "$model"), $stages stages x $threads thread(s), $seqs sequences x $tokens tokens," \
     "quota ${quota:-none}, netns $([ $netns = 1 ] && echo yes || echo no), $repeats runs each"
-declare -A result
+declare -A result runs_of
+# Settings take turns within each repeat (drained, in flight, drained, ...), so a slow spell
+# on this shared machine hits every setting alike instead of one setting's whole series.
 for mb in $mbs; do
     plan_args=(--stages "$stages" --microbatches "$mb" --base-port "$base" --hosts "$hosts"
         --max-seqs "$seqs" --ctx 256 --row-width 64)
     [ -n "$bridge_addr" ] && plan_args+=(--bridge "$bridge_addr")
-    "$KVASIR" plan -m "$model" "${plan_args[@]}" -o "$TMP/plan.json" 2>/dev/null
-    runs=()
-    for ((r = 0; r < repeats; r++)); do
-        start_stages "$TMP/plan.json"
-        timeout 600 "$KVASIR" run --plan "$TMP/plan.json" --prompts "$TMP/prompts.jsonl" \
+    "$KVASIR" plan -m "$model" "${plan_args[@]}" -o "$TMP/plan.$mb.json" 2>/dev/null
+    runs_of[$mb]=""
+done
+for ((r = 0; r < repeats; r++)); do
+    for mb in $mbs; do
+        start_stages "$TMP/plan.$mb.json"
+        timeout 600 "$KVASIR" run --plan "$TMP/plan.$mb.json" --prompts "$TMP/prompts.jsonl" \
             --ignore-eos -q --json >/dev/null 2>"$TMP/run.log" || { cat "$TMP/run.log"; exit 1; }
         stop_stages
         tps=$(sed -n 's/^ring: .* \([0-9.]*\) tokens\/s.*/\1/p' "$TMP/run.log")
-        runs+=("$tps")
-        grep -E "^  stage" "$TMP/run.log" >"$TMP/stages.$mb.$r"
+        runs_of[$mb]="${runs_of[$mb]} $tps"
+        grep -E "^  stage" "$TMP/run.log" >"$TMP/stages.$mb"
     done
-    med=$(printf '%s\n' "${runs[@]}" | median)
+done
+for mb in $mbs; do
+    med=$(printf '%s\n' ${runs_of[$mb]} | median)
     result[$mb]=$med
-    printf '  micro-batches %-3s tokens/s median %8.1f   runs: %s\n' "$mb" "$med" "${runs[*]}"
-    sed 's/^/    /' "$TMP/stages.$mb.$((repeats - 1))"
+    printf '  micro-batches %-3s tokens/s median %8.1f   runs:%s\n' "$mb" "$med" "${runs_of[$mb]}"
+    sed 's/^/    /' "$TMP/stages.$mb"
 done
 set -- $mbs
 if [ $# -ge 2 ]; then
     awk -v a="${result[$2]}" -v b="${result[$1]}" -v x="$2" -v y="$1" \
-        'BEGIN { printf "  in flight (%s) / drained (%s): %.2fx\n", x, y, a / b }'
+        'BEGIN { printf "  in flight (%s) / drained (%s): %.2fx (ratio of medians)\n", x, y, a / b }'
+    # The same ratio within each repeat (the runs were back to back), and its median.
+    paste <(printf '%s\n' ${runs_of[$2]}) <(printf '%s\n' ${runs_of[$1]}) |
+        awk '{ printf "%.2f\n", $1 / $2 }' >"$TMP/ratios"
+    printf '  per repeat: %s -> median %.2fx\n' "$(tr '\n' ' ' <"$TMP/ratios")" "$(median <"$TMP/ratios")"
 fi
 if [ $baseline = 1 ]; then
     runs=()

@@ -124,6 +124,10 @@ struct kvr_bridge {
 
     pthread_mutex_t lock;
     pthread_cond_t up_cond;
+    /* kvr_bridge_wait_any: a count of stream events, and its waiters. */
+    uint64_t n_events;
+    uint32_t any_waiters;
+    pthread_cond_t any_cond;
     struct seq *seqs;                 /* [max_seqs] */
     struct kvr_bridge_stream **waitq; /* [max_waiting] FIFO of admitted, slotless requests */
     uint32_t wq_head, wq_count, max_waiting;
@@ -181,6 +185,14 @@ const char *kvr_bridge_refusal_name(enum kvr_bridge_refusal_reason reason)
 }
 
 /* Queue a token (or the end) for the consumer. Caller holds b->lock. */
+/* A stream has something new: wake kvr_bridge_wait_any. Caller holds b->lock. */
+static void note_event(struct kvr_bridge *b)
+{
+    b->n_events++;
+    if (b->any_waiters)
+        pthread_cond_broadcast(&b->any_cond);
+}
+
 static void stream_push(struct kvr_bridge_stream *s, int32_t token, float logprob, bool eog,
                         uint64_t now)
 {
@@ -191,6 +203,7 @@ static void stream_push(struct kvr_bridge_stream *s, int32_t token, float logpro
         s->ev_count++;
     }
     pthread_cond_signal(&s->cond);
+    note_event(s->b);
 }
 
 static void stream_end(struct kvr_bridge_stream *s, enum kvr_bridge_finish finish,
@@ -202,6 +215,7 @@ static void stream_end(struct kvr_bridge_stream *s, enum kvr_bridge_finish finis
     if (message)
         snprintf(s->message, sizeof s->message, "%s", message);
     pthread_cond_signal(&s->cond);
+    note_event(s->b);
 }
 
 static void stream_free(struct kvr_bridge_stream *s)
@@ -1009,6 +1023,7 @@ void kvr_bridge_destroy(struct kvr_bridge *b)
     kvr_free(b->waitq);
     pthread_mutex_destroy(&b->lock);
     pthread_cond_destroy(&b->up_cond);
+    pthread_cond_destroy(&b->any_cond);
     kvr_plan_wipe(&b->plan);
     kvr_free(b);
 }
@@ -1027,6 +1042,7 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
     b->wake_pipe[0] = b->wake_pipe[1] = -1;
     pthread_mutex_init(&b->lock, NULL);
     pthread_cond_init(&b->up_cond, NULL);
+    pthread_cond_init(&b->any_cond, NULL);
     const struct kvr_plan *p = &b->plan;
     int rc;
     if ((rc = kvr_wire_limits_init(&b->head_limits, p, cfg->n_embd, cfg->n_vocab, 0, err)) ||
@@ -1288,6 +1304,26 @@ int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_bridge_request *req
     return KVR_OK;
 }
 
+void kvr_bridge_wait_any(struct kvr_bridge *b, uint64_t *seen, int timeout_ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += timeout_ms / 1000;
+    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&b->lock);
+    b->any_waiters++;
+    while (b->n_events == *seen)
+        if (pthread_cond_timedwait(&b->any_cond, &b->lock, &ts) == ETIMEDOUT)
+            break;
+    b->any_waiters--;
+    *seen = b->n_events;
+    pthread_mutex_unlock(&b->lock);
+}
+
 int kvr_bridge_next(struct kvr_bridge_stream *s, struct kvr_bridge_event *ev, int timeout_ms)
 {
     struct kvr_bridge *b = s->b;
@@ -1301,7 +1337,8 @@ int kvr_bridge_next(struct kvr_bridge_stream *s, struct kvr_bridge_event *ev, in
     }
     memset(ev, 0, sizeof *ev);
     pthread_mutex_lock(&b->lock);
-    while (s->ev_count == 0 && (s->finish == KVR_FINISH_NONE || s->finish_delivered))
+    while (timeout_ms > 0 && s->ev_count == 0 &&
+           (s->finish == KVR_FINISH_NONE || s->finish_delivered))
         if (pthread_cond_timedwait(&s->cond, &b->lock, &ts) == ETIMEDOUT)
             break;
     int rc = KVR_OK;

@@ -109,9 +109,13 @@ bool kvr_bridge_wait_up(struct kvr_bridge *b, int timeout_ms);
 /* Admit a request (0, *stream set) or refuse it (KVR_EAGAIN, *why filled). */
 int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_bridge_request *req,
                       struct kvr_bridge_stream **stream, struct kvr_bridge_refusal *why);
-/* Next event of a stream: 0 with *ev filled, or KVR_ETIMEDOUT. After an event with
- * finish != NONE there are no more. */
+/* Next event of a stream: 0 with *ev filled, or KVR_ETIMEDOUT (at once if timeout_ms is
+ * 0). After an event with finish != NONE there are no more. */
 int kvr_bridge_next(struct kvr_bridge_stream *s, struct kvr_bridge_event *ev, int timeout_ms);
+/* For a caller that follows many streams from one thread: wait until any stream has had an
+ * event since *seen (a count the call keeps; start it at 0), or the timeout passes, then
+ * set *seen to the current count. Drain the streams with timeout 0 after each return. */
+void kvr_bridge_wait_any(struct kvr_bridge *b, uint64_t *seen, int timeout_ms);
 /* Stop generating (the client went away or a stop string was hit): the sequence is
  * cancelled in the whole ring and its KV freed. Idempotent. */
 void kvr_bridge_cancel(struct kvr_bridge_stream *s);

@@ -600,15 +600,19 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
         }
     }
     uint32_t n_done = 0;
-    uint64_t n_tokens = 0;
+    uint64_t n_tokens = 0, seen = 0;
     bool failed = false;
     while (n_done < n_jobs) {
+        /* Sleep until some stream has news, then drain them all without waiting: polling
+         * each stream in turn would wake this thread (and take the bridge's lock) a
+         * thousand times a second on machines whose cores the stages need. */
+        kvr_bridge_wait_any(b, &seen, 100);
         for (uint32_t i = 0; i < n_jobs; i++) {
             struct job *j = &jobs[i];
             if (j->finish)
                 continue;
             struct kvr_bridge_event ev;
-            while (kvr_bridge_next(streams[i], &ev, n_jobs == 1 ? 100 : 1) == 0) {
+            while (kvr_bridge_next(streams[i], &ev, 0) == 0) {
                 if (ev.has_token && j->n_out < j->max_tokens) {
                     j->out[j->n_out++] = ev.token;
                     n_tokens++;
