@@ -214,6 +214,19 @@ struct stage {
     uint32_t notice_stage;
     uint64_t notice_batch;            /* KVR_WIRE_RESET_LINK, or the batch that failed */
 
+    /* The downstream link. tx connects it, sends what is queued, collects credits and
+     * sends heartbeats; the compute thread sends a finished batch itself when nothing is
+     * queued ahead of it and the downstream has room (hand_off), which saves waking tx:
+     * on a stage with a fraction of a core that wake-up can wait out a whole quota period.
+     * Everything here is guarded by down_lock. */
+    pthread_mutex_t down_lock;
+    struct kvr_link down;
+    bool have_down;
+    uint64_t down_gen;                /* bumped whenever the link is dropped */
+    uint32_t down_credits;
+    uint32_t pending;                 /* frames queued for tx and not yet sent */
+    uint64_t last_send;
+
     pthread_t rx_thread, tx_thread;
     bool rx_started, tx_started;
 };
@@ -523,81 +536,141 @@ static bool send_notice(struct stage *s, struct kvr_link *down, bool have_down)
     return true;
 }
 
+/* Close the downstream link (caller holds down_lock); tx reconnects. */
+static void drop_down(struct stage *s)
+{
+    kvr_link_fini(&s->down);
+    s->have_down = false;
+    s->down_gen++;
+}
+
+/* Send one frame downstream (caller holds down_lock and has taken a credit). */
+static void send_frame(struct stage *s, const struct out_slot *o)
+{
+    struct kvr_err err = {0};
+    if (kvr_link_send(&s->down, &o->msg, 0, &err)) {
+        KVR_WARN("%s: downstream lost, batch %llu dropped: %s", s->name,
+                 (unsigned long long)o->msg.batch_id, err.msg);
+        drop_down(s);
+    }
+    s->last_send = kvr_now_ns();
+}
+
+/* Idle tx: collect credits early and notice at once a downstream that closed the link (it
+ * restarted, or took another upstream), instead of at the second heartbeat that fails to
+ * send; keep the link alive with heartbeats. Caller holds down_lock. */
+static void tx_idle(struct stage *s, uint64_t *n_heartbeats)
+{
+    if (!s->have_down)
+        return;
+    int rc = kvr_credit_take(s->down.fd, &s->down_credits, 0);
+    if (rc) {
+        KVR_WARN("%s: downstream lost: %s", s->name, kvr_strerror(rc));
+        drop_down(s);
+        return;
+    }
+    if (kvr_now_ns() - s->last_send > HEARTBEAT_MS * 1000000ull) {
+        struct kvr_err err = {0};
+        if (kvr_link_send_heartbeat(&s->down, ++*n_heartbeats, kvr_net_deadline(1000), &err)) {
+            KVR_WARN("%s: downstream lost: %s", s->name, err.msg);
+            drop_down(s);
+        }
+        s->last_send = kvr_now_ns();
+    }
+}
+
 static void *tx_main(void *arg)
 {
     struct stage *s = arg;
-    struct kvr_link down = {.fd = -1};
-    bool have_down = false;
     int backoff_ms = BACKOFF_MIN_MS;
-    uint64_t last_send = kvr_now_ns(), n_heartbeats = 0;
-    uint32_t credits = 0;
+    uint64_t n_heartbeats = 0;
     while (!*s->stop) {
+        pthread_mutex_lock(&s->down_lock);
+        bool have_down = s->have_down;
+        pthread_mutex_unlock(&s->down_lock);
         if (!have_down) {
-            have_down = connect_downstream(s, &down, &backoff_ms);
-            last_send = kvr_now_ns();
-            credits = 0;
+            struct kvr_link fresh = {.fd = -1};
+            if (connect_downstream(s, &fresh, &backoff_ms)) {
+                pthread_mutex_lock(&s->down_lock);
+                s->down = fresh;
+                s->have_down = true;
+                s->down_credits = 0;
+                s->last_send = kvr_now_ns();
+                pthread_mutex_unlock(&s->down_lock);
+            }
         }
         int id = queue_pop_ready(&s->out_q, POLL_MS);
-        struct kvr_err err = {0};
-        if (!send_notice(s, &down, have_down)) {
-            kvr_link_fini(&down);
-            have_down = false;
-        }
+        pthread_mutex_lock(&s->down_lock);
+        if (!send_notice(s, &s->down, s->have_down))
+            drop_down(s);
         if (id < 0) {
-            /* Idle: collect credits early and notice at once a downstream that closed the
-             * link (it restarted, or took another upstream), instead of at the second
-             * heartbeat that fails to send. */
-            int rc = have_down ? kvr_credit_take(down.fd, &credits, 0) : KVR_OK;
-            if (rc) {
-                KVR_WARN("%s: downstream lost: %s", s->name, kvr_strerror(rc));
-                kvr_link_fini(&down);
-                have_down = false;
-                continue;
-            }
-            if (have_down && kvr_now_ns() - last_send > HEARTBEAT_MS * 1000000ull) {
-                if (kvr_link_send_heartbeat(&down, ++n_heartbeats, kvr_net_deadline(1000),
-                                            &err)) {
-                    KVR_WARN("%s: downstream lost: %s", s->name, err.msg);
-                    kvr_link_fini(&down);
-                    have_down = false;
-                }
-                last_send = kvr_now_ns();
-            }
+            tx_idle(s, &n_heartbeats);
+            pthread_mutex_unlock(&s->down_lock);
             continue;
         }
-        struct out_slot *o = &s->out[id];
         /* Wait for the downstream to have room (credit.h): this wait is what the compute
-         * thread sees as "blocked" once both output slots are taken. */
-        while (have_down && credits == 0 && !*s->stop) {
-            int rc = kvr_credit_take(down.fd, &credits, POLL_MS);
-            if (rc) {
-                KVR_WARN("%s: downstream lost while waiting for room: %s", s->name,
-                         kvr_strerror(rc));
-                kvr_link_fini(&down);
-                have_down = false;
+         * thread sees as "blocked" once both output slots are taken. The lock is let go
+         * while waiting, so credits are read under it but waited for outside it. */
+        while (s->have_down && s->down_credits == 0 && !*s->stop) {
+            int fd = s->down.fd;
+            uint64_t gen = s->down_gen;
+            pthread_mutex_unlock(&s->down_lock);
+            struct pollfd pfd = {fd, POLLIN, 0};
+            (void)poll(&pfd, 1, POLL_MS);
+            pthread_mutex_lock(&s->down_lock);
+            if (s->have_down && s->down_gen == gen) {
+                int rc = kvr_credit_take(fd, &s->down_credits, 0);
+                if (rc) {
+                    KVR_WARN("%s: downstream lost while waiting for room: %s", s->name,
+                             kvr_strerror(rc));
+                    drop_down(s);
+                }
             }
         }
-        if (have_down && credits > 0) {
-            credits--;
-            if (kvr_link_send(&down, &o->msg, 0, &err)) {
-                KVR_WARN("%s: downstream lost, batch %llu dropped: %s", s->name,
-                         (unsigned long long)o->msg.batch_id, err.msg);
-                kvr_link_fini(&down);
-                have_down = false;
-            }
-            last_send = kvr_now_ns();
+        struct out_slot *o = &s->out[id];
+        if (s->have_down && s->down_credits > 0) {
+            s->down_credits--;
+            send_frame(s, o);
         } else {
             KVR_WARN("%s: no downstream, batch %llu dropped", s->name,
                      (unsigned long long)o->msg.batch_id);
         }
+        s->pending--;
+        pthread_mutex_unlock(&s->down_lock);
         queue_give_free(&s->out_q, (uint32_t)id);
     }
-    if (have_down) {
+    pthread_mutex_lock(&s->down_lock);
+    if (s->have_down) {
         struct kvr_err err = {0};
-        kvr_link_send_goodbye(&down, KVR_WIRE_GOODBYE_SHUTDOWN, kvr_net_deadline(200), &err);
-        kvr_link_fini(&down);
+        kvr_link_send_goodbye(&s->down, KVR_WIRE_GOODBYE_SHUTDOWN, kvr_net_deadline(200), &err);
+        drop_down(s);
     }
+    pthread_mutex_unlock(&s->down_lock);
     return NULL;
+}
+
+/* A finished batch goes downstream: straight from the compute thread when nothing is
+ * queued ahead of it and the downstream has room (no thread to wake), else through tx, in
+ * order. */
+static void hand_off(struct stage *s, uint32_t out_id)
+{
+    pthread_mutex_lock(&s->down_lock);
+    if (s->have_down && s->pending == 0) {
+        if (!send_notice(s, &s->down, true))
+            drop_down(s);
+        else if (s->down_credits == 0 && kvr_credit_take(s->down.fd, &s->down_credits, 0))
+            drop_down(s); /* tx reports and reconnects */
+    }
+    if (s->have_down && s->pending == 0 && s->down_credits > 0) {
+        s->down_credits--;
+        send_frame(s, &s->out[out_id]);
+        pthread_mutex_unlock(&s->down_lock);
+        queue_give_free(&s->out_q, out_id);
+        return;
+    }
+    s->pending++;
+    pthread_mutex_unlock(&s->down_lock);
+    queue_push_ready(&s->out_q, out_id);
 }
 
 /* ---- compute -------------------------------------------------------------------------- */
@@ -808,7 +881,7 @@ static void compute_loop(struct stage *s)
             t->held_ns = t_done - t_start;
         }
         release_input(s, in, (uint32_t)in_id);
-        queue_push_ready(&s->out_q, (uint32_t)out_id);
+        hand_off(s, (uint32_t)out_id);
         idle_since = t_done;
     }
 }
@@ -826,6 +899,7 @@ static void stage_fini(struct stage *s)
     free_slots(s);
     pthread_mutex_destroy(&s->up_lock);
     pthread_mutex_destroy(&s->notice_lock);
+    pthread_mutex_destroy(&s->down_lock);
     if (s->samplers) {
         for (uint32_t q = 0; q < s->plan->max_seqs; q++)
             if (s->open[q])
@@ -920,6 +994,8 @@ int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *o
     s->up_fd = -1;
     pthread_mutex_init(&s->up_lock, NULL);
     pthread_mutex_init(&s->notice_lock, NULL);
+    pthread_mutex_init(&s->down_lock, NULL);
+    s->down.fd = -1;
     snprintf(s->name, sizeof s->name, "stage %u", opt->index);
     int rc = stage_init(s, err);
     if (rc == 0) {
