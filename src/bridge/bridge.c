@@ -673,7 +673,10 @@ static bool apply_result(struct kvr_bridge *b, const struct kvr_wire_frame *f,
         kvr_cost_observe(&b->cost, shape, held, ms);
     }
     b->stats.batches++;
-    account_timings(b, f);
+    /* The batch that brings the ring up carries each stage's wait since it started (the
+     * ring was not taking work yet): it is not starvation, so it is not counted. */
+    if (atomic_load(&b->ring_up))
+        account_timings(b, f);
     b->bf_head = (b->bf_head + 1) % b->plan.microbatches;
     b->n_inflight--;
     if (!atomic_load(&b->ring_up)) {
