@@ -7,6 +7,9 @@
 #include <stdio.h>
 #include <string.h>
 
+/* A layer's time per weight byte, relative to a bare matmul's (see kvr_plan_propose). */
+#define LAYER_NON_MATMUL 2.0
+
 static double tensor_bytes(const struct kvr_gguf *g, const char *name)
 {
     const struct kvr_gguf_tensor *t = kvr_gguf_find_tensor(g, name);
@@ -58,8 +61,12 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
     double *cost = kvr_calloc(hp.n_layer, sizeof *cost);
     if (!cost)
         return kvr_err_set(err, KVR_ENOMEM, "out of memory");
+    /* Costs are in weight bytes read per step. A layer spends about as long again on what
+     * is not a matmul (attention over the KV cache, norms, RoPE, SwiGLU): on ring-45 Q8_0
+     * decode, the matmuls are ~50% of a stage's profile (perf, 2026-11-29). The output head
+     * is a matmul alone, and the embedding a row copy per token. */
     for (uint32_t i = 0; i < hp.n_layer; i++)
-        cost[i] = layer_bytes(g, i);
+        cost[i] = LAYER_NON_MATMUL * layer_bytes(g, i);
     const struct kvr_gguf_tensor *emb = kvr_gguf_find_tensor(g, "token_embd.weight");
     double head_cost = emb && emb->ne[1] ? (double)emb->n_bytes / (double)emb->ne[1] : 0;
     double tail_cost = tensor_bytes(g, "output_norm.weight") +
