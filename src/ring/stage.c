@@ -67,7 +67,7 @@ struct out_slot {
 /* A bounded FIFO of slot indices with a free list, guarded by one mutex. */
 struct slot_queue {
     pthread_mutex_t lock;
-    pthread_cond_t changed;
+    pthread_cond_t has_ready, has_free; /* one each: a waiter for one is not woken by the other */
     uint32_t cap;
     uint32_t *fifo;  /* ready slots, in order */
     uint32_t head, n_ready;
@@ -88,7 +88,8 @@ static int queue_init(struct slot_queue *q, uint32_t cap)
         q->free_ids[i] = cap - 1 - i;
     q->n_free = cap;
     pthread_mutex_init(&q->lock, NULL);
-    pthread_cond_init(&q->changed, NULL);
+    pthread_cond_init(&q->has_ready, NULL);
+    pthread_cond_init(&q->has_free, NULL);
     return KVR_OK;
 }
 
@@ -96,7 +97,8 @@ static void queue_fini(struct slot_queue *q)
 {
     if (q->fifo) {
         pthread_mutex_destroy(&q->lock);
-        pthread_cond_destroy(&q->changed);
+        pthread_cond_destroy(&q->has_ready);
+        pthread_cond_destroy(&q->has_free);
     }
     kvr_free(q->fifo);
     kvr_free(q->free_ids);
@@ -117,7 +119,7 @@ static int queue_take_free(struct slot_queue *q, int wait_ms)
     deadline_in(&ts, wait_ms);
     pthread_mutex_lock(&q->lock);
     while (q->n_free == 0)
-        if (pthread_cond_timedwait(&q->changed, &q->lock, &ts) == ETIMEDOUT)
+        if (pthread_cond_timedwait(&q->has_free, &q->lock, &ts) == ETIMEDOUT)
             break;
     int id = q->n_free ? (int)q->free_ids[--q->n_free] : -1;
     pthread_mutex_unlock(&q->lock);
@@ -128,7 +130,7 @@ static void queue_push_ready(struct slot_queue *q, uint32_t id)
 {
     pthread_mutex_lock(&q->lock);
     q->fifo[(q->head + q->n_ready++) % q->cap] = id;
-    pthread_cond_broadcast(&q->changed);
+    pthread_cond_signal(&q->has_ready);
     pthread_mutex_unlock(&q->lock);
 }
 
@@ -139,7 +141,7 @@ static int queue_pop_ready(struct slot_queue *q, int wait_ms)
     deadline_in(&ts, wait_ms);
     pthread_mutex_lock(&q->lock);
     while (q->n_ready == 0 && !q->kicked)
-        if (pthread_cond_timedwait(&q->changed, &q->lock, &ts) == ETIMEDOUT)
+        if (pthread_cond_timedwait(&q->has_ready, &q->lock, &ts) == ETIMEDOUT)
             break;
     q->kicked = false;
     int id = -1;
@@ -157,7 +159,7 @@ static void queue_kick(struct slot_queue *q)
 {
     pthread_mutex_lock(&q->lock);
     q->kicked = true;
-    pthread_cond_broadcast(&q->changed);
+    pthread_cond_signal(&q->has_ready);
     pthread_mutex_unlock(&q->lock);
 }
 
@@ -165,7 +167,7 @@ static void queue_give_free(struct slot_queue *q, uint32_t id)
 {
     pthread_mutex_lock(&q->lock);
     q->free_ids[q->n_free++] = id;
-    pthread_cond_broadcast(&q->changed);
+    pthread_cond_signal(&q->has_free);
     pthread_mutex_unlock(&q->lock);
 }
 
