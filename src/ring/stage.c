@@ -658,10 +658,14 @@ static void hand_off(struct stage *s, uint32_t out_id)
 {
     pthread_mutex_lock(&s->down_lock);
     if (s->have_down && s->pending == 0) {
-        if (!send_notice(s, &s->down, true))
+        int rc = KVR_OK;
+        if (!send_notice(s, &s->down, true)) {
+            drop_down(s); /* send_notice said why; tx reconnects */
+        } else if (s->down_credits == 0 &&
+                   (rc = kvr_credit_take(s->down.fd, &s->down_credits, 0)) != KVR_OK) {
+            KVR_WARN("%s: downstream lost: %s", s->name, kvr_strerror(rc));
             drop_down(s);
-        else if (s->down_credits == 0 && kvr_credit_take(s->down.fd, &s->down_credits, 0))
-            drop_down(s); /* tx reports and reconnects */
+        }
     }
     if (s->have_down && s->pending == 0 && s->down_credits > 0) {
         s->down_credits--;
