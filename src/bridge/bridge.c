@@ -184,7 +184,6 @@ const char *kvr_bridge_refusal_name(enum kvr_bridge_refusal_reason reason)
     return (unsigned)reason < KVR_REFUSE_REASON_COUNT ? names[reason] : "unknown";
 }
 
-/* Queue a token (or the end) for the consumer. Caller holds b->lock. */
 /* A stream has something new: wake kvr_bridge_wait_any. Caller holds b->lock. */
 static void note_event(struct kvr_bridge *b)
 {
@@ -193,6 +192,7 @@ static void note_event(struct kvr_bridge *b)
         pthread_cond_broadcast(&b->any_cond);
 }
 
+/* Queue a token (or the end) for the consumer. Caller holds b->lock. */
 static void stream_push(struct kvr_bridge_stream *s, int32_t token, float logprob, bool eog,
                         uint64_t now)
 {
@@ -1307,7 +1307,8 @@ int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_bridge_request *req
     return KVR_OK;
 }
 
-void kvr_bridge_wait_any(struct kvr_bridge *b, uint64_t *seen, int timeout_ms)
+/* The CLOCK_REALTIME instant timeout_ms from now, for pthread_cond_timedwait. */
+static struct timespec deadline_after(int timeout_ms)
 {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
@@ -1317,6 +1318,12 @@ void kvr_bridge_wait_any(struct kvr_bridge *b, uint64_t *seen, int timeout_ms)
         ts.tv_sec++;
         ts.tv_nsec -= 1000000000L;
     }
+    return ts;
+}
+
+void kvr_bridge_wait_any(struct kvr_bridge *b, uint64_t *seen, int timeout_ms)
+{
+    struct timespec ts = deadline_after(timeout_ms);
     pthread_mutex_lock(&b->lock);
     b->any_waiters++;
     while (b->n_events == *seen)
@@ -1330,14 +1337,7 @@ void kvr_bridge_wait_any(struct kvr_bridge *b, uint64_t *seen, int timeout_ms)
 int kvr_bridge_next(struct kvr_bridge_stream *s, struct kvr_bridge_event *ev, int timeout_ms)
 {
     struct kvr_bridge *b = s->b;
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += timeout_ms / 1000;
-    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
+    struct timespec ts = deadline_after(timeout_ms);
     memset(ev, 0, sizeof *ev);
     pthread_mutex_lock(&b->lock);
     while (timeout_ms > 0 && s->ev_count == 0 &&
