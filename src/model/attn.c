@@ -3,6 +3,7 @@
  * reduces in one fixed order: the same result for a row whatever else is in the batch. */
 #include "model/attn.h"
 
+#include <math.h>
 #include <string.h>
 
 typedef float v8f __attribute__((vector_size(32), aligned(4)));
@@ -54,4 +55,28 @@ static void mix_plain(float *out, const float *p, size_t stride, uint32_t group,
             axpy_plain(out + (size_t)g * hd, p[g * stride + j], v + j * v_step, hd);
 }
 
-const struct kvr_attn_ops kvr_attn_ops_plain = {.scores = scores_plain, .mix = mix_plain};
+static void softmax_plain(float *x, uint32_t n)
+{
+    float max = -INFINITY;
+    for (uint32_t t = 0; t < n; t++)
+        max = x[t] > max ? x[t] : max;
+    double sum = 0.0;
+    for (uint32_t t = 0; t < n; t++) {
+        x[t] = expf(x[t] - max);
+        sum += x[t];
+    }
+    float inv = (float)(1.0 / sum);
+    for (uint32_t t = 0; t < n; t++)
+        x[t] *= inv;
+}
+
+static void swiglu_plain(float *gate, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+const struct kvr_attn_ops kvr_attn_ops_plain = {
+    .scores = scores_plain, .mix = mix_plain, .softmax = softmax_plain, .swiglu = swiglu_plain};

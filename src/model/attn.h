@@ -1,6 +1,6 @@
 /* attn.h - internal to src/model: attention's inner loops over one KV block (query-key
- * scores, and the probability-weighted sum of values), with a plain version and an AVX2
- * one. The engine picks one set for the whole process together with the matmul kernels
+ * scores, and the probability-weighted sum of values), the softmax between them, and the
+ * feed-forward's SwiGLU, with a plain version and an AVX2 one. The engine picks one set for the whole process together with the matmul kernels
  * (kvr_kernels_name), so every row of every batch uses the same arithmetic: batch
  * invariance holds within a process. Within a set, a call over n positions gives exactly
  * what n calls over one position give (tests/unit/test_attn.c), so how a sequence's
@@ -19,6 +19,11 @@ struct kvr_attn_ops {
     /* out[g * hd + i] += p[g * stride + j] * v[j * v_step + i], positions j in order. */
     void (*mix)(float *out, const float *p, size_t stride, uint32_t group, uint32_t hd,
                 const float *v, size_t v_step, uint32_t n);
+    /* x[t] = exp(x[t] - max x) / sum, in place. */
+    void (*softmax)(float *x, uint32_t n);
+    /* gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i]: SiLU(gate) times up. Each element
+     * gives the same bits wherever it falls in the range (threads split it anywhere). */
+    void (*swiglu)(float *gate, const float *up, size_t n);
 };
 
 extern const struct kvr_attn_ops kvr_attn_ops_plain;

@@ -11,6 +11,8 @@
 #include "model/attn.h"
 
 #include <immintrin.h>
+#include <math.h>
+#include <string.h>
 
 static float dot_avx2(const float *a, const float *b, uint32_t n)
 {
@@ -130,4 +132,71 @@ static void mix_avx2(float *out, const float *p, size_t stride, uint32_t group, 
     }
 }
 
-const struct kvr_attn_ops kvr_attn_ops_avx2 = {.scores = scores_avx2, .mix = mix_avx2};
+/* exp of 8 lanes: 2^n * e^r with n = round(x / ln 2) and r = x - n ln 2 (ln 2 in two parts,
+ * so r is exact to a few ulp), e^r from its Taylor series to r^6 (|r| <= ln 2 / 2: the
+ * first term left out is below 1.3e-7 of the result). x is clamped to [-87.3, 88] so 2^n
+ * stays a normal float: below, the result is ~1e-38 instead of smaller; above, 1.65e38.
+ * Lane by lane, so an element's result does not depend on its neighbours. */
+static inline __m256 exp8(__m256 x)
+{
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static void softmax_avx2(float *x, uint32_t n)
+{
+    float max = -INFINITY;
+    for (uint32_t t = 0; t < n; t++)
+        max = x[t] > max ? x[t] : max;
+    __m256 vmax = _mm256_set1_ps(max);
+    uint32_t t = 0;
+    for (; t + 8 <= n; t += 8)
+        _mm256_storeu_ps(x + t, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + t), vmax)));
+    if (t < n) { /* the tail through the same lanes */
+        float buf[8] = {0};
+        memcpy(buf, x + t, (n - t) * sizeof *buf);
+        _mm256_storeu_ps(buf, exp8(_mm256_sub_ps(_mm256_loadu_ps(buf), vmax)));
+        memcpy(x + t, buf, (n - t) * sizeof *buf);
+    }
+    double sum = 0.0;
+    for (t = 0; t < n; t++)
+        sum += x[t];
+    float inv = (float)(1.0 / sum);
+    for (t = 0; t < n; t++)
+        x[t] *= inv;
+}
+
+static inline __m256 swiglu8(__m256 g, __m256 u)
+{
+    __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+static void swiglu_avx2(float *gate, const float *up, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(gate + i, swiglu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+    if (i < n) {
+        float g[8] = {0}, u[8] = {0};
+        memcpy(g, gate + i, (n - i) * sizeof *g);
+        memcpy(u, up + i, (n - i) * sizeof *u);
+        _mm256_storeu_ps(g, swiglu8(_mm256_loadu_ps(g), _mm256_loadu_ps(u)));
+        memcpy(gate + i, g, (n - i) * sizeof *g);
+    }
+}
+
+const struct kvr_attn_ops kvr_attn_ops_avx2 = {
+    .scores = scores_avx2, .mix = mix_avx2, .softmax = softmax_avx2, .swiglu = swiglu_avx2};

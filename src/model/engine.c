@@ -625,19 +625,8 @@ static void attention_worker(void *arg, int ith, int nth)
             e->attn.scores(scores + t0, stride, q0, group, hd,
                            kv->k + base * kv->kv_dim + (size_t)kvh * hd, kv->kv_dim, n, scale);
         }
-        for (uint32_t g = 0; g < group; g++) {
-            float *sg = scores + g * stride, max_s = -INFINITY;
-            for (uint32_t t = 0; t < n_pos; t++)
-                max_s = sg[t] > max_s ? sg[t] : max_s;
-            double sum = 0.0;
-            for (uint32_t t = 0; t < n_pos; t++) {
-                sg[t] = expf(sg[t] - max_s);
-                sum += sg[t];
-            }
-            float inv = (float)(1.0 / sum);
-            for (uint32_t t = 0; t < n_pos; t++)
-                sg[t] *= inv;
-        }
+        for (uint32_t g = 0; g < group; g++)
+            e->attn.softmax(scores + g * stride, n_pos);
         float *out0 = e->att + (size_t)r * hp->n_embd + (size_t)kvh * group * hd;
         memset(out0, 0, (size_t)group * hd * sizeof(float));
         for (uint32_t t0 = 0; t0 < n_pos; t0 += bt) {
@@ -677,10 +666,7 @@ static void swiglu_worker(void *arg, int ith, int nth)
     size_t n = (size_t)job->n_rows * e->hp.n_ff;
     long b, end;
     kvr_split_range((long)n, ith, nth, &b, &end);
-    for (long i = b; i < end; i++) {
-        float g = e->gate[i];
-        e->gate[i] = g / (1.0f + expf(-g)) * e->up[i];
-    }
+    e->attn.swiglu(e->gate + b, e->up + b, (size_t)(end - b));
 }
 
 static void add_rows(float *x, const float *y, size_t n)

@@ -5,7 +5,10 @@
  *  - a call over a block of n positions is bit-identical to n calls over one position each
  *    (the eight-at-a-time AVX2 dot and its transposed reduction do the same additions as
  *    the single dot), for head sizes that are and are not a multiple of 8, and for every
- *    group size; so where a sequence's blocks begin never changes a bit (batch invariance).
+ *    group size; so where a sequence's blocks begin never changes a bit (batch invariance);
+ *  - softmax and SwiGLU agree with double precision to a few ulp (the AVX2 set has its own
+ *    exp), also at the clamped extremes, and SwiGLU gives the same bits however the range
+ *    is cut (threads split it anywhere).
  * The AVX2 set is checked only when the CPU has it (the kernel set says "avx2"). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -122,11 +125,71 @@ static void check_mix(const struct kvr_attn_ops *ops, const char *set)
             }
 }
 
+static void check_softmax(const struct kvr_attn_ops *ops, const char *set)
+{
+    static const uint32_t lens[] = {1, 3, 8, 13, 64, 200};
+    for (size_t k = 0; k < sizeof lens / sizeof *lens; k++) {
+        uint32_t n = lens[k];
+        float *x = rand_floats(n);
+        for (uint32_t t = 0; t < n; t++)
+            x[t] *= 30.0f; /* spreads of up to 60: some terms underflow to nothing */
+        /* The exponent's argument is x - max rounded to float, as the kernels compute it
+         * (that rounding alone is worth up to ~4e-6 of the result at spreads of 60). */
+        float max = -INFINITY;
+        double sum = 0;
+        for (uint32_t t = 0; t < n; t++)
+            max = x[t] > max ? x[t] : max;
+        for (uint32_t t = 0; t < n; t++)
+            sum += exp((double)(x[t] - max));
+        float *y = malloc(n * sizeof *y);
+        assert_non_null(y);
+        memcpy(y, x, n * sizeof *y);
+        ops->softmax(y, n);
+        for (uint32_t t = 0; t < n; t++) {
+            double want = exp((double)(x[t] - max)) / sum;
+            if (fabs(y[t] - want) > 1e-6 * want + 1e-37)
+                fail_msg("%s softmax n %u: p[%u] = %.9g, want %.9g", set, n, t, y[t], want);
+        }
+        free(x);
+        free(y);
+    }
+}
+
+static void check_swiglu(const struct kvr_attn_ops *ops, const char *set)
+{
+    enum { N = 203 };
+    float gate[N], up[N], whole[N], pieces[N];
+    for (int i = 0; i < N; i++) {
+        gate[i] = frand() * (i < 100 ? 12.0f : 100.0f); /* the tail reaches the clamps */
+        up[i] = frand();
+    }
+    gate[0] = 0.0f;
+    gate[1] = -100.0f;
+    gate[2] = 100.0f;
+    memcpy(whole, gate, sizeof whole);
+    ops->swiglu(whole, up, N);
+    for (int i = 0; i < N; i++) {
+        double g = gate[i], want = g / (1.0 + exp(-g)) * up[i];
+        if (fabs(whole[i] - want) > 1e-6 * fabs(want) + 1e-30)
+            fail_msg("%s swiglu: gate %.9g up %.9g -> %.9g, want %.9g", set, gate[i], up[i],
+                     whole[i], want);
+    }
+    /* cut into ragged pieces, as threads do */
+    memcpy(pieces, gate, sizeof pieces);
+    static const int cuts[] = {0, 1, 4, 13, 21, 22, 64, 99, 150, 197, N};
+    for (size_t c = 0; c + 1 < sizeof cuts / sizeof *cuts; c++)
+        ops->swiglu(pieces + cuts[c], up + cuts[c], (size_t)(cuts[c + 1] - cuts[c]));
+    if (memcmp(whole, pieces, sizeof whole) != 0)
+        fail_msg("%s swiglu: results depend on how the range is cut", set);
+}
+
 static void test_plain(void **state)
 {
     (void)state;
     check_scores(&kvr_attn_ops_plain, "plain");
     check_mix(&kvr_attn_ops_plain, "plain");
+    check_softmax(&kvr_attn_ops_plain, "plain");
+    check_swiglu(&kvr_attn_ops_plain, "plain");
 }
 
 static void test_avx2(void **state)
@@ -138,6 +201,8 @@ static void test_avx2(void **state)
     }
     check_scores(&kvr_attn_ops_avx2, "avx2");
     check_mix(&kvr_attn_ops_avx2, "avx2");
+    check_softmax(&kvr_attn_ops_avx2, "avx2");
+    check_swiglu(&kvr_attn_ops_avx2, "avx2");
 }
 
 int main(void)
