@@ -1307,23 +1307,9 @@ int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_bridge_request *req
     return KVR_OK;
 }
 
-/* The CLOCK_REALTIME instant timeout_ms from now, for pthread_cond_timedwait. */
-static struct timespec deadline_after(int timeout_ms)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += timeout_ms / 1000;
-    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
-
 void kvr_bridge_wait_any(struct kvr_bridge *b, uint64_t *seen, int timeout_ms)
 {
-    struct timespec ts = deadline_after(timeout_ms);
+    struct timespec ts = kvr_deadline_after_ms(timeout_ms > 0 ? (uint32_t)timeout_ms : 0);
     pthread_mutex_lock(&b->lock);
     b->any_waiters++;
     while (b->n_events == *seen)
@@ -1337,7 +1323,7 @@ void kvr_bridge_wait_any(struct kvr_bridge *b, uint64_t *seen, int timeout_ms)
 int kvr_bridge_next(struct kvr_bridge_stream *s, struct kvr_bridge_event *ev, int timeout_ms)
 {
     struct kvr_bridge *b = s->b;
-    struct timespec ts = deadline_after(timeout_ms);
+    struct timespec ts = kvr_deadline_after_ms(timeout_ms > 0 ? (uint32_t)timeout_ms : 0);
     memset(ev, 0, sizeof *ev);
     pthread_mutex_lock(&b->lock);
     while (timeout_ms > 0 && s->ev_count == 0 &&

@@ -901,11 +901,7 @@ static void progress_end(struct progress *pg)
 /* Wait on r->done for at most ms (called with r->mu held). */
 static void wait_done(struct run *r, uint32_t ms)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += (long)ms * 1000000L;
-    ts.tv_sec += ts.tv_nsec / 1000000000L;
-    ts.tv_nsec %= 1000000000L;
+    struct timespec ts = kvr_deadline_after_ms(ms);
     pthread_cond_timedwait(&r->done, &r->mu, &ts);
 }
 

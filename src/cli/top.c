@@ -257,6 +257,18 @@ static double rate(double now, double before, double dt_s)
     return (now - before) / dt_s;
 }
 
+/* A counter, and its per-second rate since the last poll when there was one. */
+static void count_rate(struct kvr_sbuf *b, double now, double before, double dt_s,
+                       bool have_prev)
+{
+    num(b, 0, "", now);
+    if (have_prev) {
+        kvr_sbuf_puts(b, " (");
+        num(b, 1, "/s", rate(now, before, dt_s));
+        kvr_sbuf_puts(b, ")");
+    }
+}
+
 /* Mean of a histogram over the last interval when it saw samples, else since start. */
 static void mean_ms(struct kvr_sbuf *b, double sum, double count, double psum, double pcount,
                     bool have_prev)
@@ -311,19 +323,9 @@ static void render(struct kvr_sbuf *b, const struct style *st, const struct top_
     num(b, 0, "", s->in_progress);
     eol(b, st);
     kvr_sbuf_puts(b, "          admitted ");
-    num(b, 0, "", s->admitted);
-    if (have_prev) {
-        kvr_sbuf_puts(b, " (");
-        num(b, 1, "/s", rate(s->admitted, prev->admitted, dt));
-        kvr_sbuf_puts(b, ")");
-    }
+    count_rate(b, s->admitted, have_prev ? prev->admitted : NAN, dt, have_prev);
     kvr_sbuf_puts(b, "  refused ");
-    num(b, 0, "", s->refused);
-    if (have_prev) {
-        kvr_sbuf_puts(b, " (");
-        num(b, 1, "/s", rate(s->refused, prev->refused, dt));
-        kvr_sbuf_puts(b, ")");
-    }
+    count_rate(b, s->refused, have_prev ? prev->refused : NAN, dt, have_prev);
     bool any = false;
     for (uint32_t i = 0; i < s->n_reasons; i++)
         if (s->reason_n[i] > 0) {
@@ -335,12 +337,7 @@ static void render(struct kvr_sbuf *b, const struct style *st, const struct top_
     kvr_sbuf_puts(b, "tokens    ");
     num(b, 1, " tok/s", s->tok_per_s);
     kvr_sbuf_puts(b, "  generated ");
-    num(b, 0, "", s->generated);
-    if (have_prev) {
-        kvr_sbuf_puts(b, " (");
-        num(b, 1, "/s", rate(s->generated, prev->generated, dt));
-        kvr_sbuf_puts(b, ")");
-    }
+    count_rate(b, s->generated, have_prev ? prev->generated : NAN, dt, have_prev);
     kvr_sbuf_puts(b, "  batch ");
     num(b, 2, " ms", s->batch_ms);
     eol(b, st);

@@ -104,19 +104,10 @@ static void queue_fini(struct slot_queue *q)
     kvr_free(q->free_ids);
 }
 
-static void deadline_in(struct timespec *ts, int ms)
-{
-    clock_gettime(CLOCK_REALTIME, ts);
-    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-    ts->tv_sec += ms / 1000 + ts->tv_nsec / 1000000000L;
-    ts->tv_nsec %= 1000000000L;
-}
-
 /* Take a free slot id, waiting at most wait_ms; -1 if none came. */
 static int queue_take_free(struct slot_queue *q, int wait_ms)
 {
-    struct timespec ts;
-    deadline_in(&ts, wait_ms);
+    struct timespec ts = kvr_deadline_after_ms((uint32_t)wait_ms);
     pthread_mutex_lock(&q->lock);
     while (q->n_free == 0)
         if (pthread_cond_timedwait(&q->has_free, &q->lock, &ts) == ETIMEDOUT)
@@ -137,8 +128,7 @@ static void queue_push_ready(struct slot_queue *q, uint32_t id)
 /* Take the oldest ready slot id, waiting at most wait_ms; -1 if none came. */
 static int queue_pop_ready(struct slot_queue *q, int wait_ms)
 {
-    struct timespec ts;
-    deadline_in(&ts, wait_ms);
+    struct timespec ts = kvr_deadline_after_ms((uint32_t)wait_ms);
     pthread_mutex_lock(&q->lock);
     while (q->n_ready == 0 && !q->kicked)
         if (pthread_cond_timedwait(&q->has_ready, &q->lock, &ts) == ETIMEDOUT)
