@@ -258,8 +258,7 @@ static double rate(double now, double before, double dt_s)
 }
 
 /* A counter, and its per-second rate since the last poll when there was one. */
-static void count_rate(struct kvr_sbuf *b, double now, double before, double dt_s,
-                       bool have_prev)
+static void count_rate(struct kvr_sbuf *b, double now, double before, double dt_s, bool have_prev)
 {
     num(b, 0, "", now);
     if (have_prev) {
