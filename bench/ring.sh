@@ -19,7 +19,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 KVASIR=${KVASIR:-$here/../build/kvasir}
-model="" stages=2 seqs=32 tokens=64 repeats=3 threads=1 quota="" netns=0 baseline=0
+model="" stages=2 seqs=32 tokens=64 repeats=3 threads=1 quota="" netns=0 baseline=0 pin=0
 mbs="" layers=""
 while [ $# -gt 0 ]; do
     case $1 in
@@ -31,6 +31,7 @@ while [ $# -gt 0 ]; do
     -t) threads=$2; shift ;;
     --quota) quota=$2; shift ;;
     --netns) netns=1 ;;
+    --pin) pin=1 ;;
     --baseline) baseline=1 ;;
     --mb) mbs=$2; shift ;;
     --layers) layers=$2; shift ;;
@@ -105,6 +106,7 @@ start_stages() { # PLAN
     RING=()
     for ((i = 0; i < stages; i++)); do
         local cmd=("$KVASIR" stage --plan "$1" --index "$i" --threads "$threads")
+        if [ $pin = 1 ]; then cmd=(taskset -c $((i % $(nproc))) "${cmd[@]}"); fi
         if [ $netns = 1 ]; then cmd=(ip netns exec "kvr-b$i" "${cmd[@]}"); fi
         "${cmd[@]}" >"$TMP/stage$i.log" 2>&1 &
         local pid=$!
@@ -130,6 +132,7 @@ for mb in $mbs; do
     plan_args=(--stages "$stages" --microbatches "$mb" --base-port "$base" --hosts "$hosts"
         --max-seqs "$seqs" --ctx 256 --row-width 64)
     [ -n "$bridge_addr" ] && plan_args+=(--bridge "$bridge_addr")
+    [ -n "$layers" ] && plan_args+=(--layers "$layers")
     "$KVASIR" plan -m "$model" "${plan_args[@]}" -o "$TMP/plan.$mb.json" 2>/dev/null
     runs_of[$mb]=""
 done

@@ -876,8 +876,12 @@ static void compute_loop(struct stage *s)
             t->blocked_ns = t_start - t_arrived;
             t->held_ns = t_done - t_start;
         }
-        release_input(s, in, (uint32_t)in_id);
+        /* The finished batch goes first: the downstream is waiting for it, while the
+         * upstream still has a credit in hand unless this stage's input queue is full. A
+         * wake-up or a system call before the send is where a stage whose CPU quota ran out
+         * gets throttled, holding the batch. */
         hand_off(s, (uint32_t)out_id);
+        release_input(s, in, (uint32_t)in_id);
         idle_since = t_done;
     }
 }
