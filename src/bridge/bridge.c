@@ -658,6 +658,16 @@ static bool apply_result(struct kvr_bridge *b, const struct kvr_wire_frame *f,
         }
     }
     double ms = (now - bt->sent_ns) / 1e6;
+    if (kvr_log_enabled(KVR_LOG_DEBUG)) { /* the batch's trip, for tracing a ring by hand */
+        char trip[KVR_PLAN_MAX_STAGES * 32] = "";
+        size_t len = 0;
+        for (uint32_t i = 0; i < f->hdr.n_timings && len < sizeof trip; i++)
+            len += (size_t)snprintf(trip + len, sizeof trip - len, " %.2f/%.2f/%.2f",
+                                    f->timings[i].starved_ns / 1e6,
+                                    f->timings[i].blocked_ns / 1e6, f->timings[i].held_ns / 1e6);
+        KVR_DEBUG("bridge: batch %llu, %u rows, round trip %.2f ms; per stage "
+                  "starved/blocked/held ms:%s", (unsigned long long)bt->id, bt->n_rows, ms, trip);
+    }
     b->stats.batch_ms_ema = b->stats.batch_ms_ema ? 0.9 * b->stats.batch_ms_ema + 0.1 * ms : ms;
     if (bt->n_segs > 0 && f->hdr.n_timings == b->plan.n_stages) {
         double held[KVR_PLAN_MAX_STAGES];
