@@ -3,12 +3,14 @@
 # and per-stage held/starved/blocked fractions; compare in flight with drained.
 #
 #   bench/ring.sh -m MODEL [-s STAGES] [-k SEQS] [-n TOKENS] [-r REPEATS] [-t THREADS]
-#                 [--quota FRACTION] [--netns] [--baseline] [--layers "0-10,11-44"]
+#                 [--quota FRACTION] [--netns] [--pin] [--baseline] [--layers "0-10,11-44"]
 #
 #   --quota F    run each stage in its own cgroup (v1 cpu controller) limited to F of one
 #                core (cpu.cfs_quota_us = F x cpu.cfs_period_us, period 2 ms); needs root
 #   --netns      run each stage in its own network namespace, joined to this one by a veth
 #                pair on a Linux bridge (10.78.0.0/24); needs root and iproute2
+#   --pin        put stage i on CPU (i mod nproc) with taskset: a stage's threads share one
+#                CPU, as on a machine of its own
 #   --baseline   also run the single-process engine (--batched, 2 threads) on the same
 #                sequences, the "no ring tax" comparison
 #   --mb "1 4"   micro-batch settings to compare (default: "1 STAGES": drained, in flight)
@@ -35,7 +37,7 @@ while [ $# -gt 0 ]; do
     --baseline) baseline=1 ;;
     --mb) mbs=$2; shift ;;
     --layers) layers=$2; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "ring.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
