@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
     --baseline) baseline=1 ;;
     --mb) mbs=$2; shift ;;
     --layers) layers=$2; shift ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,${/^#/!q;p}' "$0"; exit 0 ;;
     *) echo "ring.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
