@@ -993,7 +993,7 @@ static void *ring_main(void *arg)
 
 /* ---- public API ------------------------------------------------------------------------------ */
 
-void kvr_bridge_destroy(struct kvr_bridge *b)
+void kvr_bridge_stop(struct kvr_bridge *b)
 {
     if (!b)
         return;
@@ -1001,7 +1001,15 @@ void kvr_bridge_destroy(struct kvr_bridge *b)
     if (b->thread_started) {
         wake(b);
         pthread_join(b->thread, NULL);
+        b->thread_started = false;
     }
+}
+
+void kvr_bridge_destroy(struct kvr_bridge *b)
+{
+    if (!b)
+        return;
+    kvr_bridge_stop(b);
     if (b->have_head)
         kvr_link_fini(&b->head);
     if (b->have_tail)

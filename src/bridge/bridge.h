@@ -97,6 +97,9 @@ struct kvr_bridge_event {
 
 int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *cfg,
                       struct kvr_err *err);
+/* Stops the ring thread: no more batches, no reconnecting, but the links stay open, so a
+ * ring being shut down stage by stage sees no lost link. Idempotent. */
+void kvr_bridge_stop(struct kvr_bridge *b);
 /* Stops the ring thread, closes the links, fails open streams. Streams must be released
  * before or after; a stream outlives the bridge only for kvr_bridge_release. */
 void kvr_bridge_destroy(struct kvr_bridge *b);

@@ -369,13 +369,17 @@ static int serve_main(int argc, char **argv, bool serve)
     KVR_INFO("stopping");
     rc = 0;
 out:
+    /* Front to back: no new requests; the bridge stops sending but keeps its links (so it
+     * does not take the ring going down for a failure to recover from, nor the tail its
+     * bridge's going for a lost link); then the stages from the head on, each gone before
+     * the next is told, so each sees its upstream say goodbye. */
     kvr_http_destroy(http);
+    kvr_bridge_stop(bridge);
     for (uint32_t i = 0; pids && i < plan->n_stages; i++)
-        if (pids[i] > 0)
+        if (pids[i] > 0) {
             kill(pids[i], SIGTERM);
-    for (uint32_t i = 0; pids && i < plan->n_stages; i++)
-        if (pids[i] > 0)
             waitpid(pids[i], NULL, 0);
+        }
     /* The plan holds the ring's secret: do not leave it behind in /tmp. */
     if (serve && o.tmp_dir[0]) {
         if (plan_path[0])
