@@ -9,8 +9,8 @@
 #                core (cpu.cfs_quota_us = F x cpu.cfs_period_us, period 2 ms); needs root
 #   --netns      run each stage in its own network namespace, joined to this one by a veth
 #                pair on a Linux bridge (10.78.0.0/24); needs root and iproute2
-#   --pin        put stage i on CPU (i mod nproc) with taskset: a stage's threads share one
-#                CPU, as on a machine of its own
+#   --pin        put stage i on CPU (i mod nproc) with taskset (with -t T: T CPUs from
+#                i x T on): a stage's threads share its CPU, as on a machine of its own
 #   --baseline   also run the single-process engine (--batched, 2 threads) on the same
 #                sequences, the "no ring tax" comparison
 #   --mb "1 4"   micro-batch settings to compare (default: "1 STAGES": drained, in flight)
@@ -108,7 +108,11 @@ start_stages() { # PLAN
     RING=()
     for ((i = 0; i < stages; i++)); do
         local cmd=("$KVASIR" stage --plan "$1" --index "$i" --threads "$threads")
-        if [ $pin = 1 ]; then cmd=(taskset -c $((i % $(nproc))) "${cmd[@]}"); fi
+        if [ $pin = 1 ]; then # stage i's THREADS CPUs, from CPU i x THREADS on, wrapping
+            local cpus="" k
+            for ((k = 0; k < threads; k++)); do cpus="$cpus${cpus:+,}$(((i * threads + k) % $(nproc)))"; done
+            cmd=(taskset -c "$cpus" "${cmd[@]}")
+        fi
         if [ $netns = 1 ]; then cmd=(ip netns exec "kvr-b$i" "${cmd[@]}"); fi
         "${cmd[@]}" >"$TMP/stage$i.log" 2>&1 &
         local pid=$!
