@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -162,11 +163,18 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
 
 /* ---- stage processes (serve) -------------------------------------------------------------- */
 
+/* A stage runs in a process group of its own, so a terminal's Ctrl-C (or a signal to
+ * serve's group) reaches serve alone, which then stops the ring in order; and it is killed
+ * if serve dies without stopping it. */
 static pid_t spawn_stage(const char *self, const char *plan_path, uint32_t index)
 {
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid != 0)
         return pid;
+    setpgid(0, 0);
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+        _exit(127); /* serve is already gone */
     char idx[16];
     snprintf(idx, sizeof idx, "%u", index);
     char *args[] = {(char *)"kvasir", (char *)"stage", (char *)"--plan", (char *)plan_path,

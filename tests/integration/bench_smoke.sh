@@ -142,4 +142,13 @@ done
 rc=0
 timeout 10 "$KVASIR" top --interval 0 >/dev/null 2>&1 || rc=$?
 [ "$rc" = 2 ] || fail "top --interval 0 exited $rc, want 2"
+# A clean stop (SIGTERM to the server and its stages at once, as timeout sends it) logs no
+# warning: the bridge stops first, then the stages from the head on.
+n_before=$(wc -l <"$SERVE_LOG")
+stop_serve
+if tail -n +"$((n_before + 1))" "$SERVE_LOG" | grep -E ' (warn|error)\]'; then
+    fail "kvasir serve logged warnings while stopping"
+fi
+tail -n +"$((n_before + 1))" "$SERVE_LOG" | grep -q ' stopping$' ||
+    fail "kvasir serve did not log its stop"
 echo "bench_smoke: ok"
