@@ -257,13 +257,14 @@ static double rate(double now, double before, double dt_s)
     return (now - before) / dt_s;
 }
 
-/* A counter, and its per-second rate since the last poll when there was one. */
-static void count_rate(struct kvr_sbuf *b, double now, double before, double dt_s, bool have_prev)
+/* A counter, and its per-second rate since the last poll (before: its value then, NULL
+ * before the second poll). */
+static void count_rate(struct kvr_sbuf *b, double now, const double *before, double dt_s)
 {
     num(b, 0, "", now);
-    if (have_prev) {
+    if (before) {
         kvr_sbuf_puts(b, " (");
-        num(b, 1, "/s", rate(now, before, dt_s));
+        num(b, 1, "/s", rate(now, *before, dt_s));
         kvr_sbuf_puts(b, ")");
     }
 }
@@ -322,9 +323,9 @@ static void render(struct kvr_sbuf *b, const struct style *st, const struct top_
     num(b, 0, "", s->in_progress);
     eol(b, st);
     kvr_sbuf_puts(b, "          admitted ");
-    count_rate(b, s->admitted, have_prev ? prev->admitted : NAN, dt, have_prev);
+    count_rate(b, s->admitted, have_prev ? &prev->admitted : NULL, dt);
     kvr_sbuf_puts(b, "  refused ");
-    count_rate(b, s->refused, have_prev ? prev->refused : NAN, dt, have_prev);
+    count_rate(b, s->refused, have_prev ? &prev->refused : NULL, dt);
     bool any = false;
     for (uint32_t i = 0; i < s->n_reasons; i++)
         if (s->reason_n[i] > 0) {
@@ -336,7 +337,7 @@ static void render(struct kvr_sbuf *b, const struct style *st, const struct top_
     kvr_sbuf_puts(b, "tokens    ");
     num(b, 1, " tok/s", s->tok_per_s);
     kvr_sbuf_puts(b, "  generated ");
-    count_rate(b, s->generated, have_prev ? prev->generated : NAN, dt, have_prev);
+    count_rate(b, s->generated, have_prev ? &prev->generated : NULL, dt);
     kvr_sbuf_puts(b, "  batch ");
     num(b, 2, " ms", s->batch_ms);
     eol(b, st);

@@ -180,7 +180,6 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
 
 /* ---- the engine ------------------------------------------------------------------------ */
 
-
 struct kvr_engine {
     struct kvr_hparams hp;
     struct kvr_engine_config cfg;
@@ -563,7 +562,6 @@ static void rope_tables(float *cos_t, float *sin_t, uint32_t n_rot, uint32_t pos
         theta *= theta_scale;
     }
 }
-
 
 /* ---- attention ---------------------------------------------------------------------------- */
 

@@ -15,19 +15,17 @@
 #include "testutil.h"
 
 #include "core/alloc.h"
+#include "core/rng.h"
 #include "model/dtype.h"
 
 #include <stdio.h>
 #include <string.h>
 
-static uint64_t rng_state = 0x243F6A8885A308D3ull;
+static uint64_t rng_state = 0x243F6A8885A308D3ull; /* kvr_splitmix64 stream */
 
 static uint64_t rng_next(void)
 {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
+    return kvr_splitmix64(&rng_state);
 }
 
 static float rng_float(float scale)
