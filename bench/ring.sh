@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # bench/ring.sh - push K concurrent sequences through a ring and report aggregate tokens/s
-# and per-stage held/starved/blocked fractions; compare in flight with drained.
+# and per-stage held/starved/blocked fractions and CPU use; compare in flight with drained.
 #
 #   bench/ring.sh -m MODEL [-s STAGES] [-k SEQS] [-n TOKENS] [-r REPEATS] [-t THREADS]
 #                 [--quota FRACTION] [--netns] [--pin] [--baseline] [--layers "0-10,11-44"]
@@ -127,6 +127,9 @@ stop_stages() {
     for p in "${RING[@]}"; do wait "$p" 2>/dev/null || true; done
 }
 
+# CPU time (ns) every thread of process $1 has run: what the stage spent of its quota.
+cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ t += $1 } END { printf "%.0f\n", t }'; }
+
 median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
 echo "model $(basename "$model"), $stages stages x $threads thread(s), $seqs sequences x $tokens tokens," \
@@ -145,12 +148,24 @@ done
 for ((r = 0; r < repeats; r++)); do
     for mb in $mbs; do
         start_stages "$TMP/plan.$mb.json"
+        sleep 1 # the stages load their slices; that CPU time is not the run's
+        cpu0=()
+        for p in "${RING[@]}"; do cpu0+=("$(cpu_ns "$p")"); done
         timeout 600 "$KVASIR" run --plan "$TMP/plan.$mb.json" --prompts "$TMP/prompts.jsonl" \
             --ignore-eos -q --json >/dev/null 2>"$TMP/run.log" || { cat "$TMP/run.log"; exit 1; }
+        cpu1=()
+        for p in "${RING[@]}"; do cpu1+=("$(cpu_ns "$p")"); done
         stop_stages
         tps=$(sed -n 's/^ring: .* \([0-9.]*\) tokens\/s.*/\1/p' "$TMP/run.log")
         runs_of[$mb]="${runs_of[$mb]} $tps"
-        grep -E "^  stage" "$TMP/run.log" >"$TMP/stages.$mb"
+        # Each stage's CPU time over the run, against the run's wall time (x quota, if set):
+        # a stage that held batches but used little CPU was throttled or preempted.
+        secs=$(sed -n 's/^ring: .* in \([0-9.]*\) s,.*/\1/p' "$TMP/run.log")
+        for ((i = 0; i < stages; i++)); do
+            awk -v a="${cpu0[$i]}" -v b="${cpu1[$i]}" -v s="$secs" -v q="${quota:-$threads}" \
+                'BEGIN { printf "cpu %5.1f%% of %s core(s)\n", 100 * (b - a) / 1e9 / s / q, q }'
+        done >"$TMP/cpu"
+        grep -E "^  stage" "$TMP/run.log" | paste -d' ' - "$TMP/cpu" >"$TMP/stages.$mb"
     done
 done
 for mb in $mbs; do
