@@ -6,7 +6,8 @@
 #                 [--quota FRACTION] [--netns] [--pin] [--baseline] [--layers "0-10,11-44"]
 #
 #   --quota F    run each stage in its own cgroup (v1 cpu controller) limited to F of one
-#                core (cpu.cfs_quota_us = F x cpu.cfs_period_us, period 2 ms); needs root
+#                core (cpu.cfs_quota_us = F x cpu.cfs_period_us, period 2 ms, or longer
+#                when F x 2 ms is under the kernel's 1 ms minimum); needs root
 #   --netns      run each stage in its own network namespace, joined to this one by a veth
 #                pair on a Linux bridge (10.78.0.0/24); needs root and iproute2
 #   --pin        put stage i on CPU (i mod nproc) with taskset (with -t T: T CPUs from
@@ -72,9 +73,10 @@ if [ -n "$quota" ]; then
         mkdir -p "$cg"
         # A short period (2 ms) makes the quota a steady half core: with the default 100 ms a
         # stage that is idle most of the time (a drained ring) would burst at full speed.
-        echo 2000 >"$cg/cpu.cfs_period_us"
-        awk -v q="$quota" 'BEGIN { q = q * 2000; printf "%d\n", q < 1000 ? 1000 : q }' \
-            >"$cg/cpu.cfs_quota_us"
+        # The kernel's smallest quota is 1 ms, so fractions under a half stretch the period.
+        period=$(awk -v q="$quota" 'BEGIN { p = 2000; if (q * p < 1000) p = int(1000 / q + 0.5); print p }')
+        echo "$period" >"$cg/cpu.cfs_period_us"
+        awk -v q="$quota" -v p="$period" 'BEGIN { printf "%d\n", q * p }' >"$cg/cpu.cfs_quota_us"
     done
 fi
 hosts="127.0.0.1" bridge_addr=""
