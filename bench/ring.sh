@@ -150,7 +150,10 @@ done
 for ((r = 0; r < repeats; r++)); do
     for mb in $mbs; do
         start_stages "$TMP/plan.$mb.json"
-        sleep 1 # the stages load their slices; that CPU time is not the run's
+        # The stages load their slices first; that CPU time is not the run's.
+        for ((i = 0, w = 0; i < stages && w < 600; w++)); do
+            if grep -q "listening on" "$TMP/stage$i.log"; then i=$((i + 1)); else sleep 0.1; fi
+        done
         cpu0=()
         for p in "${RING[@]}"; do cpu0+=("$(cpu_ns "$p")"); done
         timeout 600 "$KVASIR" run --plan "$TMP/plan.$mb.json" --prompts "$TMP/prompts.jsonl" \
