@@ -844,7 +844,12 @@ static void compute_loop(struct stage *s)
         uint64_t t_arrived = kvr_now_ns();
         struct in_slot *in = &s->in[in_id];
         if (in->kind == IN_RESET) {
-            KVR_INFO("%s: upstream changed: dropping every sequence", s->name);
+            uint32_t used, total;
+            kvr_engine_kv_usage(s->engine, &used, &total);
+            if (used > 0)
+                KVR_INFO("%s: upstream changed: dropping every sequence", s->name);
+            else
+                KVR_DEBUG("%s: upstream changed; no sequence to drop", s->name);
             reset_all(s);
             raise_notice(s, s->index, KVR_WIRE_RESET_LINK);
             queue_give_free(&s->in_q, (uint32_t)in_id);
