@@ -25,7 +25,6 @@
 
 #include "bw_probe.h"
 
-#include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

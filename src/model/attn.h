@@ -1,10 +1,11 @@
 /* attn.h - internal to src/model: attention's inner loops over one KV block (query-key
  * scores, and the probability-weighted sum of values), the softmax between them, and the
- * feed-forward's SwiGLU, with a plain version and an AVX2 one. The engine picks one set for the whole process together with the matmul kernels
- * (kvr_kernels_name), so every row of every batch uses the same arithmetic: batch
- * invariance holds within a process. Within a set, a call over n positions gives exactly
- * what n calls over one position give (tests/unit/test_attn.c), so how a sequence's
- * positions fall into blocks never changes a bit. */
+ * feed-forward's SwiGLU, with a plain version and an AVX2 one. The engine picks one set
+ * for the whole process together with the matmul kernels (kvr_kernels_name), so every
+ * row of every batch uses the same arithmetic: batch invariance holds within a process.
+ * Within a set, a call over n positions gives exactly what n calls over one position give
+ * (tests/unit/test_attn.c), so how a sequence's positions fall into blocks never changes a
+ * bit. */
 #ifndef KVR_MODEL_ATTN_H
 #define KVR_MODEL_ATTN_H
 

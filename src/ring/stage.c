@@ -214,7 +214,6 @@ struct stage {
     pthread_mutex_t down_lock;
     struct kvr_link down;
     bool have_down;
-    bool down_ever;                   /* the downstream has been connected at least once */
     uint64_t down_gen;                /* bumped whenever the link is dropped */
     uint32_t down_credits;
     uint32_t pending;                 /* frames queued for tx and not yet sent */
@@ -587,7 +586,6 @@ static void *tx_main(void *arg)
                 pthread_mutex_lock(&s->down_lock);
                 s->down = fresh;
                 s->have_down = true;
-                s->down_ever = true;
                 s->down_credits = 0;
                 s->last_send = kvr_now_ns();
                 pthread_mutex_unlock(&s->down_lock);
@@ -625,11 +623,12 @@ static void *tx_main(void *arg)
         if (s->have_down && s->down_credits > 0) {
             s->down_credits--;
             send_frame(s, o);
-        } else if (s->down_ever) {
+        } else if (s->have_down || s->down_gen > 0) { /* it was up: a link went down */
             KVR_WARN("%s: no downstream, batch %llu dropped", s->name,
                      (unsigned long long)o->msg.batch_id);
         } else {
-            /* The ring is still forming: the bridge's probe goes again once it is whole. */
+            /* Never connected yet: the ring is still forming, and the bridge's probe goes
+             * again once it is whole. */
             KVR_INFO("%s: downstream not connected yet, batch %llu dropped", s->name,
                      (unsigned long long)o->msg.batch_id);
         }
