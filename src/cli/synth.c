@@ -181,7 +181,7 @@ int kvr_cmd_synth(int argc, char **argv)
             fprintf(stderr, "kvasir synth: custom needs --layers, --dim, --ff and --heads\n");
             return 2;
         }
-        *s = (struct kvr_synth_shape){"custom", 0, 0, 0, 0, 0, 512, 2048, 10000.0f, 1e-5f};
+        *s = (struct kvr_synth_shape){"custom", 0, 0, 0, 0, 0, 512, 2048, 10000.0f, 1e-5f, 0, 0};
         s->n_kv_heads = (int)fields[3];
     } else if (kvr_synth_shape_by_name(shape_name, s)) {
         fprintf(stderr, "kvasir synth: unknown shape %s\n", shape_name);

@@ -78,5 +78,17 @@ static void swiglu_plain(float *gate, const float *up, size_t n)
     }
 }
 
-const struct kvr_attn_ops kvr_attn_ops_plain = {
-    .scores = scores_plain, .mix = mix_plain, .softmax = softmax_plain, .swiglu = swiglu_plain};
+void kvr_geglu_plain(float *gate, const float *up, size_t n)
+{
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (size_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
+const struct kvr_attn_ops kvr_attn_ops_plain = {.scores = scores_plain,
+                                                .mix = mix_plain,
+                                                .softmax = softmax_plain,
+                                                .swiglu = swiglu_plain,
+                                                .geglu = kvr_geglu_plain};

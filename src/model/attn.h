@@ -1,6 +1,6 @@
 /* attn.h - internal to src/model: attention's inner loops over one KV block (query-key
  * scores, and the probability-weighted sum of values), the softmax between them, and the
- * feed-forward's SwiGLU, with a plain version and an AVX2 one. The engine picks one set
+ * feed-forward's gated activations, with a plain version and an AVX2 one. The engine picks one set
  * for the whole process together with the matmul kernels (kvr_kernels_name), so every
  * row of every batch uses the same arithmetic: batch invariance holds within a process.
  * Within a set, a call over n positions gives exactly what n calls over one position give
@@ -25,7 +25,13 @@ struct kvr_attn_ops {
     /* gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i]: SiLU(gate) times up. Each element
      * gives the same bits wherever it falls in the range (threads split it anywhere). */
     void (*swiglu)(float *gate, const float *up, size_t n);
+    /* gate[i] = gelu(gate[i]) * up[i] with the tanh form of GELU,
+     * 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))): GeGLU (gemma). Both sets use the
+     * plain loop (tanhf per element), so it is the same bits everywhere. */
+    void (*geglu)(float *gate, const float *up, size_t n);
 };
+
+void kvr_geglu_plain(float *gate, const float *up, size_t n);
 
 extern const struct kvr_attn_ops kvr_attn_ops_plain;
 extern const struct kvr_attn_ops kvr_attn_ops_avx2;

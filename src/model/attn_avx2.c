@@ -200,4 +200,5 @@ static void swiglu_avx2(float *gate, const float *up, size_t n)
 }
 
 const struct kvr_attn_ops kvr_attn_ops_avx2 = {
-    .scores = scores_avx2, .mix = mix_avx2, .softmax = softmax_avx2, .swiglu = swiglu_avx2};
+    .scores = scores_avx2, .mix = mix_avx2, .softmax = softmax_avx2, .swiglu = swiglu_avx2,
+    .geglu = kvr_geglu_plain};

@@ -1,9 +1,12 @@
-/* engine.c - llama-family forward pass of a layer slice over a micro-batch of rows.
+/* engine.c - the forward pass of a layer slice over a micro-batch of rows, for every
+ * architecture of arch.h's table.
  *
- * Reading order: hyperparameters, weight views, create/destroy, then the forward pass in
- * the order the data flows (embed -> per layer: attention block, feed-forward block ->
- * final norm and output head). Every tensor scratch buffer is sized at create from the
- * row width; the forward pass allocates nothing.
+ * Reading order: weight views, create/destroy, then the forward pass in the order the data
+ * flows (embed -> per layer: attention block, feed-forward block -> final norm and output
+ * head). The architecture only switches steps on and off (a bias, a q/k norm, a post-norm,
+ * the window of a sliding layer) and picks the activation and RoPE pairing; there is one
+ * pass for all. Every tensor scratch buffer is sized at create from the row width; the
+ * forward pass allocates nothing.
  *
  * Batch invariance (DESIGN.md 7): matmuls go through kvr_matmul, whose every output element
  * is reduced in one fixed order whatever the batch; every other operation (norm, rope,
@@ -23,100 +26,31 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- hyperparameters ------------------------------------------------------------------ */
-
 enum {
     MAX_SEQS = 65536, /* most sequence slots an engine serves */
-    MAX_ROT = 1024, /* most rotary dimensions per head we accept */
-    MAX_GROUP = 64, /* most query heads sharing one KV head */
+    MAX_ROT = 1024,   /* most rotary dimensions per head (arch.c checks it) */
 };
-
-static int req_u32(const struct kvr_gguf *g, const char *key, uint32_t *out,
-                   struct kvr_err *err)
-{
-    int rc = kvr_gguf_get_u32(g, key, out, err);
-    if (rc == KVR_ENOTFOUND)
-        return kvr_err_set(err, KVR_EFORMAT, "model: missing metadata key %s", key);
-    return rc;
-}
-
-int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kvr_err *err)
-{
-    memset(hp, 0, sizeof *hp);
-    struct kvr_gguf_str arch;
-    int rc = kvr_gguf_get_str(g, "general.architecture", &arch, err);
-    if (rc == KVR_ENOTFOUND)
-        return kvr_err_set(err, KVR_EFORMAT, "model: missing general.architecture");
-    if (rc)
-        return rc;
-    if (arch.len != 5 || memcmp(arch.ptr, "llama", 5) != 0)
-        return kvr_err_set(err, KVR_ENOTSUP, "model: architecture '%.*s' is not supported "
-                           "(only llama-family models)", (int)(arch.len > 64 ? 64 : arch.len),
-                           arch.ptr);
-    if ((rc = req_u32(g, "llama.block_count", &hp->n_layer, err)) ||
-        (rc = req_u32(g, "llama.embedding_length", &hp->n_embd, err)) ||
-        (rc = req_u32(g, "llama.feed_forward_length", &hp->n_ff, err)) ||
-        (rc = req_u32(g, "llama.attention.head_count", &hp->n_head, err)))
-        return rc;
-    hp->n_head_kv = hp->n_head;
-    rc = kvr_gguf_get_u32(g, "llama.attention.head_count_kv", &hp->n_head_kv, err);
-    if (rc && rc != KVR_ENOTFOUND)
-        return rc;
-    hp->n_ctx_train = 2048;
-    rc = kvr_gguf_get_u32(g, "llama.context_length", &hp->n_ctx_train, err);
-    if (rc && rc != KVR_ENOTFOUND)
-        return rc;
-    hp->rope_freq_base = 10000.0f;
-    rc = kvr_gguf_get_f32(g, "llama.rope.freq_base", &hp->rope_freq_base, err);
-    if (rc && rc != KVR_ENOTFOUND)
-        return rc;
-    hp->norm_eps = 1e-5f;
-    rc = kvr_gguf_get_f32(g, "llama.attention.layer_norm_rms_epsilon", &hp->norm_eps, err);
-    if (rc && rc != KVR_ENOTFOUND)
-        return rc;
-
-    if (hp->n_layer == 0 || hp->n_layer > 4096 || hp->n_embd == 0 || hp->n_embd > 65536 ||
-        hp->n_ff == 0 || hp->n_ff > 262144 || hp->n_head == 0 || hp->n_head_kv == 0)
-        return kvr_err_set(err, KVR_EFORMAT, "model: implausible shape (layers %u, dim %u, "
-                           "ff %u, heads %u/%u)", hp->n_layer, hp->n_embd, hp->n_ff,
-                           hp->n_head, hp->n_head_kv);
-    if (hp->n_embd % hp->n_head || hp->n_head % hp->n_head_kv ||
-        hp->n_head / hp->n_head_kv > MAX_GROUP)
-        return kvr_err_set(err, KVR_EFORMAT, "model: dim %u / heads %u / kv heads %u do not "
-                           "divide", hp->n_embd, hp->n_head, hp->n_head_kv);
-    hp->head_dim = hp->n_embd / hp->n_head;
-    hp->n_rot = hp->head_dim;
-    rc = kvr_gguf_get_u32(g, "llama.rope.dimension_count", &hp->n_rot, err);
-    if (rc && rc != KVR_ENOTFOUND)
-        return rc;
-    if (hp->n_rot > hp->head_dim || hp->n_rot % 2 || hp->n_rot > MAX_ROT)
-        return kvr_err_set(err, KVR_EFORMAT, "model: rope dimension %u invalid for head "
-                           "dim %u", hp->n_rot, hp->head_dim);
-    if (!(hp->rope_freq_base > 0.0f) || !(hp->norm_eps > 0.0f) || hp->norm_eps > 1.0f)
-        return kvr_err_set(err, KVR_EFORMAT, "model: bad rope base or norm epsilon");
-
-    const struct kvr_gguf_tensor *emb = kvr_gguf_find_tensor(g, "token_embd.weight");
-    if (!emb)
-        return kvr_err_set(err, KVR_EFORMAT, "model: missing tensor token_embd.weight");
-    if (emb->n_dims != 2 || emb->ne[0] != hp->n_embd || emb->ne[1] < 1 ||
-        emb->ne[1] > (1 << 22))
-        return kvr_err_set(err, KVR_EFORMAT, "model: token_embd.weight has shape [%lld, %lld]"
-                           ", expected [%u, n_vocab]", (long long)emb->ne[0],
-                           (long long)emb->ne[1], hp->n_embd);
-    hp->n_vocab = (uint32_t)emb->ne[1];
-    return KVR_OK;
-}
 
 /* ---- weight views ---------------------------------------------------------------------- */
 
+/* A layer's weights; vectors are NULL and matrices have data NULL when the architecture
+ * has no such tensor. A fused tensor (phi3's attn_qkv and ffn_up) is viewed as its parts:
+ * row ranges of one matrix are matrices themselves, so the pass never sees the fusion. */
 struct layer {
     const float *attn_norm;         /* [n_embd] */
-    struct kvr_matrix wq;           /* [n_embd] -> [n_embd] */
+    struct kvr_matrix wq;           /* [n_embd] -> [q_dim] */
     struct kvr_matrix wk, wv;       /* [n_embd] -> [kv_dim] */
-    struct kvr_matrix wo;           /* [n_embd] -> [n_embd] */
+    const float *bq, *bk, *bv;      /* biases [q_dim], [kv_dim], [kv_dim] */
+    const float *q_norm, *k_norm;   /* per-head RMSNorm weights [head_dim] */
+    struct kvr_matrix wo;           /* [q_dim] -> [n_embd] */
+    const float *attn_post_norm;    /* [n_embd], applied to the block's output */
     const float *ffn_norm;          /* [n_embd] */
     struct kvr_matrix w_gate, w_up; /* [n_embd] -> [n_ff] */
     struct kvr_matrix w_down;       /* [n_ff] -> [n_embd] */
+    const float *ffn_post_norm;     /* [n_embd] */
+    bool swa;                       /* attends to the last n_swa positions only */
+    float rope_base;                /* this layer's RoPE base */
+    float rope_scale;               /* and position scale (1 on sliding layers) */
 };
 
 static int view_matrix(const struct kvr_gguf *g, const char *name, int64_t n_in,
@@ -157,24 +91,58 @@ static int view_norm(const struct kvr_gguf *g, const char *name, int64_t n,
     return KVR_OK;
 }
 
+/* Rows [first, first + n) of a matrix, as a matrix. */
+static struct kvr_matrix sub_rows(const struct kvr_matrix *m, int64_t first, int64_t n)
+{
+    struct kvr_matrix s = *m;
+    s.n_out = n;
+    s.data = (const char *)m->data + (size_t)first * m->row_bytes;
+    return s;
+}
+
 static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, uint32_t il,
                       struct layer *l, struct kvr_err *err)
 {
+    const struct kvr_arch *a = hp->arch;
+    struct kvr_matrix qkv = {0}, up = {0};
+    struct kvr_matrix *mats[KVR_LT_COUNT] = {
+        [KVR_LT_ATTN_Q] = &l->wq,       [KVR_LT_ATTN_K] = &l->wk,     [KVR_LT_ATTN_V] = &l->wv,
+        [KVR_LT_ATTN_QKV] = &qkv,       [KVR_LT_ATTN_OUT] = &l->wo,   [KVR_LT_FFN_GATE] = &l->w_gate,
+        [KVR_LT_FFN_UP] = &up,          [KVR_LT_FFN_DOWN] = &l->w_down};
+    const float **vecs[KVR_LT_COUNT] = {
+        [KVR_LT_ATTN_NORM] = &l->attn_norm,   [KVR_LT_ATTN_Q_BIAS] = &l->bq,
+        [KVR_LT_ATTN_K_BIAS] = &l->bk,        [KVR_LT_ATTN_V_BIAS] = &l->bv,
+        [KVR_LT_ATTN_Q_NORM] = &l->q_norm,    [KVR_LT_ATTN_K_NORM] = &l->k_norm,
+        [KVR_LT_ATTN_POST_NORM] = &l->attn_post_norm, [KVR_LT_FFN_NORM] = &l->ffn_norm,
+        [KVR_LT_FFN_POST_NORM] = &l->ffn_post_norm};
     char name[96];
-    int64_t d = hp->n_embd, kvd = (int64_t)hp->n_head_kv * hp->head_dim, ff = hp->n_ff;
-    int rc;
-#define NAME(suffix) (snprintf(name, sizeof name, "blk.%u." suffix, il), name)
-    if ((rc = view_norm(g, NAME("attn_norm.weight"), d, &l->attn_norm, err)) ||
-        (rc = view_matrix(g, NAME("attn_q.weight"), d, d, &l->wq, err)) ||
-        (rc = view_matrix(g, NAME("attn_k.weight"), d, kvd, &l->wk, err)) ||
-        (rc = view_matrix(g, NAME("attn_v.weight"), d, kvd, &l->wv, err)) ||
-        (rc = view_matrix(g, NAME("attn_output.weight"), d, d, &l->wo, err)) ||
-        (rc = view_norm(g, NAME("ffn_norm.weight"), d, &l->ffn_norm, err)) ||
-        (rc = view_matrix(g, NAME("ffn_gate.weight"), d, ff, &l->w_gate, err)) ||
-        (rc = view_matrix(g, NAME("ffn_up.weight"), d, ff, &l->w_up, err)) ||
-        (rc = view_matrix(g, NAME("ffn_down.weight"), ff, d, &l->w_down, err)))
-        return rc;
-#undef NAME
+    for (int t = 0; t < KVR_LT_COUNT; t++) {
+        if (!(a->has & KVR_LT_BIT(t)))
+            continue;
+        snprintf(name, sizeof name, "blk.%u.%s", il, kvr_lt_name((enum kvr_lt)t));
+        if ((a->optional & KVR_LT_BIT(t)) && !kvr_gguf_find_tensor(g, name))
+            continue;
+        int64_t ne0, ne1;
+        kvr_lt_shape(hp, (enum kvr_lt)t, &ne0, &ne1);
+        int rc = ne1 ? view_matrix(g, name, ne0, ne1, mats[t], err)
+                     : view_norm(g, name, ne0, vecs[t], err);
+        if (rc)
+            return rc;
+    }
+    if (qkv.data) {
+        l->wq = sub_rows(&qkv, 0, hp->q_dim);
+        l->wk = sub_rows(&qkv, hp->q_dim, hp->kv_dim);
+        l->wv = sub_rows(&qkv, hp->q_dim + hp->kv_dim, hp->kv_dim);
+    }
+    if (a->fused_gate_up) {
+        l->w_gate = sub_rows(&up, 0, hp->n_ff);
+        l->w_up = sub_rows(&up, hp->n_ff, hp->n_ff);
+    } else {
+        l->w_up = up;
+    }
+    l->swa = kvr_hparams_layer_swa(hp, il);
+    l->rope_base = l->swa ? hp->rope_base_swa : hp->rope_freq_base;
+    l->rope_scale = l->swa ? 1.0f : hp->rope_freq_scale;
     return KVR_OK;
 }
 
@@ -184,7 +152,6 @@ struct kvr_engine {
     struct kvr_hparams hp;
     struct kvr_engine_config cfg;
     uint32_t n_local;             /* layers in the slice */
-    uint32_t kv_dim;              /* n_head_kv * head_dim */
     struct layer *layers;         /* [n_local] */
     struct kvr_matrix tok_embd;   /* head: [n_embd] x n_vocab rows */
     const float *output_norm;     /* tail: [n_embd] */
@@ -196,10 +163,10 @@ struct kvr_engine {
     /* Scratch, all [max_rows x width] floats unless noted. */
     float *x;        /* residual stream, n_embd */
     float *xb;       /* normed input of a block, n_embd */
-    float *q;        /* queries, n_embd */
+    float *q;        /* queries, q_dim */
     float *k;        /* keys of this batch, kv_dim */
     float *v;        /* values of this batch, kv_dim */
-    float *att;      /* attention output, n_embd */
+    float *att;      /* attention output, q_dim */
     float *gate;     /* n_ff */
     float *up;       /* n_ff */
     float *proj;     /* a matmul output added into x, n_embd */
@@ -333,7 +300,6 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
         goto fail;
     }
     e->n_local = cfg->last_layer - cfg->first_layer + 1;
-    e->kv_dim = hp->n_head_kv * hp->head_dim;
     e->layers = kvr_calloc(e->n_local, sizeof *e->layers);
     if (!e->layers) {
         rc = kvr_err_set(err, KVR_ENOMEM, "engine: out of memory");
@@ -363,7 +329,7 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
         rc = kvr_err_set(err, KVR_ERANGE, "engine: too many KV blocks");
         goto fail;
     }
-    if ((rc = kvr_kv_init(&e->kv, e->n_local, e->kv_dim, cfg->kv_block_tokens,
+    if ((rc = kvr_kv_init(&e->kv, e->n_local, e->hp.kv_dim, cfg->kv_block_tokens,
                           (uint32_t)n_blocks, cfg->max_seqs, cfg->n_ctx, err)))
         goto fail;
 
@@ -371,10 +337,10 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
     uint32_t R = cfg->max_rows;
     e->x = alloc_rows(R, hp->n_embd, &failed);
     e->xb = alloc_rows(R, hp->n_embd, &failed);
-    e->q = alloc_rows(R, hp->n_embd, &failed);
-    e->k = alloc_rows(R, e->kv_dim, &failed);
-    e->v = alloc_rows(R, e->kv_dim, &failed);
-    e->att = alloc_rows(R, hp->n_embd, &failed);
+    e->q = alloc_rows(R, hp->q_dim, &failed);
+    e->k = alloc_rows(R, e->hp.kv_dim, &failed);
+    e->v = alloc_rows(R, e->hp.kv_dim, &failed);
+    e->att = alloc_rows(R, hp->q_dim, &failed);
     e->gate = alloc_rows(R, hp->n_ff, &failed);
     e->up = alloc_rows(R, hp->n_ff, &failed);
     e->proj = alloc_rows(R, hp->n_embd, &failed);
@@ -532,6 +498,12 @@ static void matmul1(struct kvr_engine *e, const float *x, uint32_t n_rows,
 
 /* ---- row operations --------------------------------------------------------------------- */
 
+static void add_rows(float *x, const float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] += y[i];
+}
+
 static void rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps)
 {
     double ss = 0.0;
@@ -542,23 +514,40 @@ static void rmsnorm(float *out, const float *x, const float *w, uint32_t n, floa
         out[i] = x[i] * scale * w[i];
 }
 
-/* Rotary embedding of one head vector in place ("normal" llama mode: adjacent pairs). */
-static void rope(float *vec, uint32_t n_rot, const float *cos_t, const float *sin_t)
+static void softcap(float *x, size_t n, float cap)
 {
-    for (uint32_t i = 0; i < n_rot / 2; i++) {
-        float x0 = vec[2 * i], x1 = vec[2 * i + 1];
-        vec[2 * i] = x0 * cos_t[i] - x1 * sin_t[i];
-        vec[2 * i + 1] = x0 * sin_t[i] + x1 * cos_t[i];
+    for (size_t i = 0; i < n; i++)
+        x[i] = cap * tanhf(x[i] / cap);
+}
+
+/* Rotary embedding of one head vector in place. Normal (llama) style rotates adjacent pairs
+ * (2i, 2i+1), NeoX style the pairs (i, i + n_rot/2); pair i turns by angle i. */
+static void rope(float *vec, uint32_t n_rot, enum kvr_rope_style style, const float *cos_t,
+                 const float *sin_t)
+{
+    uint32_t half = n_rot / 2, stride = style == KVR_ROPE_NEOX ? half : 1;
+    uint32_t step = style == KVR_ROPE_NEOX ? 1 : 2;
+    for (uint32_t i = 0; i < half; i++) {
+        float *p0 = vec + i * step, *p1 = p0 + stride;
+        float x0 = *p0, x1 = *p1;
+        *p0 = x0 * cos_t[i] - x1 * sin_t[i];
+        *p1 = x0 * sin_t[i] + x1 * cos_t[i];
     }
 }
 
-static void rope_tables(float *cos_t, float *sin_t, uint32_t n_rot, uint32_t pos, float base)
+/* Angle of pair i at position pos: pos * scale * base^(-2i / n_rot) / freqs[i] (freqs:
+ * Llama 3's per-pair factors, or NULL). */
+static void rope_tables(float *cos_t, float *sin_t, uint32_t n_rot, uint32_t pos, float base,
+                        float scale, const float *freqs)
 {
     float theta_scale = powf(base, -2.0f / (float)n_rot);
     float theta = (float)pos;
     for (uint32_t i = 0; i < n_rot / 2; i++) {
-        cos_t[i] = cosf(theta);
-        sin_t[i] = sinf(theta);
+        float t = theta * scale;
+        if (freqs)
+            t /= freqs[i];
+        cos_t[i] = cosf(t);
+        sin_t[i] = sinf(t);
         theta *= theta_scale;
     }
 }
@@ -571,67 +560,95 @@ struct rope_job {
     uint32_t layer; /* local layer index */
 };
 
-/* Apply rope to q and k of each row, then store k and v into the cache. */
-static void rope_store_worker(void *arg, int ith, int nth)
+/* Per row: the biases, the per-head q/k norms and RoPE on q and k (each when the layer has
+ * them), then store k and v into the cache. */
+static void qk_store_worker(void *arg, int ith, int nth)
 {
     const struct rope_job *job = arg;
     struct kvr_engine *e = job->e;
     const struct kvr_hparams *hp = &e->hp;
+    const struct layer *l = &e->layers[job->layer];
+    const uint32_t hd = hp->head_dim;
     float cos_t[MAX_ROT / 2], sin_t[MAX_ROT / 2];
     long b, end;
     kvr_split_range((long)job->n_rows, ith, nth, &b, &end);
     for (long r = b; r < end; r++) {
         uint32_t pos = e->row_pos[r], seq = e->row_seq[r];
-        rope_tables(cos_t, sin_t, hp->n_rot, pos, hp->rope_freq_base);
+        float *q = e->q + (size_t)r * hp->q_dim;
+        float *k = e->k + (size_t)r * hp->kv_dim;
+        float *v = e->v + (size_t)r * hp->kv_dim;
+        if (l->bq) {
+            add_rows(q, l->bq, hp->q_dim);
+            add_rows(k, l->bk, hp->kv_dim);
+            add_rows(v, l->bv, hp->kv_dim);
+        }
+        if (l->q_norm) {
+            for (uint32_t h = 0; h < hp->n_head; h++)
+                rmsnorm(q + h * hd, q + h * hd, l->q_norm, hd, hp->norm_eps);
+            for (uint32_t h = 0; h < hp->n_head_kv; h++)
+                rmsnorm(k + h * hd, k + h * hd, l->k_norm, hd, hp->norm_eps);
+        }
+        rope_tables(cos_t, sin_t, hp->n_rot, pos, l->rope_base, l->rope_scale,
+                    hp->rope_freqs);
         for (uint32_t h = 0; h < hp->n_head; h++)
-            rope(e->q + (size_t)r * hp->n_embd + h * hp->head_dim, hp->n_rot, cos_t, sin_t);
-        float *k = e->k + (size_t)r * e->kv_dim;
+            rope(q + h * hd, hp->n_rot, hp->arch->rope, cos_t, sin_t);
         for (uint32_t h = 0; h < hp->n_head_kv; h++)
-            rope(k + h * hp->head_dim, hp->n_rot, cos_t, sin_t);
+            rope(k + h * hd, hp->n_rot, hp->arch->rope, cos_t, sin_t);
         memcpy(kvr_kv_row(&e->kv, e->kv.k, job->layer, seq, pos), k,
-               e->kv_dim * sizeof(float));
-        memcpy(kvr_kv_row(&e->kv, e->kv.v, job->layer, seq, pos),
-               e->v + (size_t)r * e->kv_dim, e->kv_dim * sizeof(float));
+               hp->kv_dim * sizeof(float));
+        memcpy(kvr_kv_row(&e->kv, e->kv.v, job->layer, seq, pos), v,
+               hp->kv_dim * sizeof(float));
     }
 }
 
 /* Each (row, KV head) pair is one unit of work: causal attention of the row's query heads
  * that share that KV head, against its own sequence's cached keys and values at positions
- * 0..pos, walked block by block. Every query head's scores, softmax and weighted sum are
- * computed in the same order whatever the batch, so the result is batch invariant. */
+ * lo..pos (lo = 0, or pos + 1 - n_swa on a sliding layer: the cache keeps every position,
+ * the window only chooses which are read), walked block by block. Every query head's
+ * scores, softmax and weighted sum are computed in the same order whatever the batch, so
+ * the result is batch invariant. */
 static void attention_worker(void *arg, int ith, int nth)
 {
     const struct rope_job *job = arg;
     struct kvr_engine *e = job->e;
     const struct kvr_hparams *hp = &e->hp;
     const struct kvr_kv *kv = &e->kv;
+    const bool swa = e->layers[job->layer].swa;
     const uint32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
     const uint32_t bt = kv->block_tokens;
-    const float scale = 1.0f / sqrtf((float)hd);
     float *scores = e->scores + (size_t)ith * e->cfg.n_ctx * group; /* [group][n_ctx] */
     long b, end;
     kvr_split_range((long)job->n_rows * hp->n_head_kv, ith, nth, &b, &end);
     for (long u = b; u < end; u++) {
         uint32_t r = (uint32_t)(u / hp->n_head_kv), kvh = (uint32_t)(u % hp->n_head_kv);
         uint32_t seq = e->row_seq[r], n_pos = e->row_pos[r] + 1;
+        uint32_t lo = swa && n_pos > hp->n_swa ? n_pos - hp->n_swa : 0;
         const uint32_t *table = kv->tables + (size_t)seq * kv->max_blocks_per_seq;
-        const float *q0 = e->q + (size_t)r * hp->n_embd + (size_t)kvh * group * hd;
+        const float *q0 = e->q + (size_t)r * hp->q_dim + (size_t)kvh * group * hd;
         const size_t stride = e->cfg.n_ctx;
-        for (uint32_t t0 = 0; t0 < n_pos; t0 += bt) {
-            size_t base = ((size_t)job->layer * kv->n_blocks + table[t0 / bt]) * bt;
-            uint32_t n = n_pos - t0 < bt ? n_pos - t0 : bt;
+        for (uint32_t t0 = lo; t0 < n_pos;) {
+            uint32_t in_block = t0 % bt, n = bt - in_block;
+            size_t base = ((size_t)job->layer * kv->n_blocks + table[t0 / bt]) * bt + in_block;
+            n = n_pos - t0 < n ? n_pos - t0 : n;
             e->attn.scores(scores + t0, stride, q0, group, hd,
-                           kv->k + base * kv->kv_dim + (size_t)kvh * hd, kv->kv_dim, n, scale);
+                           kv->k + base * kv->kv_dim + (size_t)kvh * hd, kv->kv_dim, n,
+                           hp->attn_scale);
+            t0 += n;
         }
-        for (uint32_t g = 0; g < group; g++)
-            e->attn.softmax(scores + g * stride, n_pos);
-        float *out0 = e->att + (size_t)r * hp->n_embd + (size_t)kvh * group * hd;
+        for (uint32_t g = 0; g < group; g++) {
+            if (hp->attn_softcap > 0.0f)
+                softcap(scores + g * stride + lo, n_pos - lo, hp->attn_softcap);
+            e->attn.softmax(scores + g * stride + lo, n_pos - lo);
+        }
+        float *out0 = e->att + (size_t)r * hp->q_dim + (size_t)kvh * group * hd;
         memset(out0, 0, (size_t)group * hd * sizeof(float));
-        for (uint32_t t0 = 0; t0 < n_pos; t0 += bt) {
-            size_t base = ((size_t)job->layer * kv->n_blocks + table[t0 / bt]) * bt;
-            uint32_t n = n_pos - t0 < bt ? n_pos - t0 : bt;
+        for (uint32_t t0 = lo; t0 < n_pos;) {
+            uint32_t in_block = t0 % bt, n = bt - in_block;
+            size_t base = ((size_t)job->layer * kv->n_blocks + table[t0 / bt]) * bt + in_block;
+            n = n_pos - t0 < n ? n_pos - t0 : n;
             e->attn.mix(out0, scores + t0, stride, group, hd,
                         kv->v + base * kv->kv_dim + (size_t)kvh * hd, kv->kv_dim, n);
+            t0 += n;
         }
     }
 }
@@ -641,7 +658,7 @@ static void attention_worker(void *arg, int ith, int nth)
 struct rows_job {
     struct kvr_engine *e;
     uint32_t n_rows;
-    const float *norm_w; /* rmsnorm weights, or NULL for the SwiGLU step */
+    const float *norm_w; /* rmsnorm weights, or NULL for the activation step */
     const float *in;
     float *out;
 };
@@ -657,20 +674,18 @@ static void rmsnorm_worker(void *arg, int ith, int nth)
                 job->e->hp.norm_eps);
 }
 
-static void swiglu_worker(void *arg, int ith, int nth)
+/* gate = act(gate) * up, element by element. */
+static void glu_worker(void *arg, int ith, int nth)
 {
     const struct rows_job *job = arg;
     struct kvr_engine *e = job->e;
     size_t n = (size_t)job->n_rows * e->hp.n_ff;
     long b, end;
     kvr_split_range((long)n, ith, nth, &b, &end);
-    e->attn.swiglu(e->gate + b, e->up + b, (size_t)(end - b));
-}
-
-static void add_rows(float *x, const float *y, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        x[i] += y[i];
+    if (e->hp.arch->act == KVR_ACT_GELU_TANH)
+        e->attn.geglu(e->gate + b, e->up + b, (size_t)(end - b));
+    else
+        e->attn.swiglu(e->gate + b, e->up + b, (size_t)(end - b));
 }
 
 /* Row-wise jobs over n_values values in all: parallel only when large enough to pay for
@@ -683,48 +698,80 @@ static void run_rows(struct kvr_engine *e, kvr_pool_fn fn, void *job, double n_v
         fn(job, 0, 1);
 }
 
-static void layer_forward(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
+/* Matrices sharing one input, in one dispatch when their types agree. */
+static void matmuls_any(struct kvr_engine *e, const float *x, uint32_t n_rows, int n,
+                        const struct kvr_matrix *const *w, float *const *y)
+{
+    bool same = true;
+    for (int i = 1; i < n; i++)
+        same = same && w[i]->type == w[0]->type;
+    if (same) {
+        matmuls(e, x, n_rows, n, w, y);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        matmul1(e, x, n_rows, w[i], y[i]);
+}
+
+/* proj = the attention block's output for xb (the normed residual). */
+static void attention_block(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
 {
     const struct kvr_hparams *hp = &e->hp;
     const struct layer *l = &e->layers[il];
-    size_t n_x = (size_t)n_rows * hp->n_embd;
-
-    struct rows_job norm = {e, n_rows, l->attn_norm, e->x, e->xb};
-    run_rows(e, rmsnorm_worker, &norm, (double)n_x);
     const struct kvr_matrix *qkv_w[3] = {&l->wq, &l->wk, &l->wv};
     float *qkv_y[3] = {e->q, e->k, e->v};
-    if (l->wq.type == l->wk.type && l->wq.type == l->wv.type) {
-        matmuls(e, e->xb, n_rows, 3, qkv_w, qkv_y);
-    } else {
-        for (int i = 0; i < 3; i++)
-            matmul1(e, e->xb, n_rows, qkv_w[i], qkv_y[i]);
-    }
+    matmuls_any(e, e->xb, n_rows, 3, qkv_w, qkv_y);
 
     struct rope_job aj = {e, n_rows, il};
-    run_rows(e, rope_store_worker, &aj, (double)n_x);
+    run_rows(e, qk_store_worker, &aj, (double)n_rows * hp->q_dim);
     double att_work = 0;
-    for (uint32_t r = 0; r < n_rows; r++)
-        att_work += (double)(e->row_pos[r] + 1) * hp->n_embd * 2;
+    for (uint32_t r = 0; r < n_rows; r++) {
+        uint32_t n_pos = e->row_pos[r] + 1;
+        if (l->swa && n_pos > hp->n_swa)
+            n_pos = hp->n_swa;
+        att_work += (double)n_pos * hp->q_dim * 2;
+    }
     if (att_work < SMALL_WORK)
         attention_worker(&aj, 0, 1);
     else
         kvr_pool_run(e->pool, attention_worker, &aj);
     matmul1(e, e->att, n_rows, &l->wo, e->proj);
+}
+
+/* proj = the feed-forward block's output for xb: the gated FFN down(act(gate) * up). This
+ * is where a mixture-of-experts layer plugs in (a router choosing experts per row, each
+ * expert this same computation, their outputs summed in a fixed order). */
+static void ffn_block(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
+{
+    const struct layer *l = &e->layers[il];
+    const struct kvr_matrix *ffn_w[2] = {&l->w_gate, &l->w_up};
+    float *ffn_y[2] = {e->gate, e->up};
+    matmuls_any(e, e->xb, n_rows, 2, ffn_w, ffn_y);
+    struct rows_job act = {e, n_rows, NULL, NULL, NULL};
+    run_rows(e, glu_worker, &act, (double)n_rows * e->hp.n_ff);
+    matmul1(e, e->gate, n_rows, &l->w_down, e->proj);
+}
+
+/* x += post_norm(block(pre_norm(x))) for both blocks; a missing post-norm is the identity. */
+static void layer_forward(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
+{
+    const struct layer *l = &e->layers[il];
+    size_t n_x = (size_t)n_rows * e->hp.n_embd;
+
+    struct rows_job norm = {e, n_rows, l->attn_norm, e->x, e->xb};
+    run_rows(e, rmsnorm_worker, &norm, (double)n_x);
+    attention_block(e, il, n_rows);
+    struct rows_job post = {e, n_rows, l->attn_post_norm, e->proj, e->proj};
+    if (l->attn_post_norm)
+        run_rows(e, rmsnorm_worker, &post, (double)n_x);
     add_rows(e->x, e->proj, n_x);
 
     norm.norm_w = l->ffn_norm;
     run_rows(e, rmsnorm_worker, &norm, (double)n_x);
-    const struct kvr_matrix *ffn_w[2] = {&l->w_gate, &l->w_up};
-    float *ffn_y[2] = {e->gate, e->up};
-    if (l->w_gate.type == l->w_up.type) {
-        matmuls(e, e->xb, n_rows, 2, ffn_w, ffn_y);
-    } else {
-        matmul1(e, e->xb, n_rows, ffn_w[0], ffn_y[0]);
-        matmul1(e, e->xb, n_rows, ffn_w[1], ffn_y[1]);
-    }
-    struct rows_job act = {e, n_rows, NULL, NULL, NULL};
-    run_rows(e, swiglu_worker, &act, (double)n_rows * hp->n_ff);
-    matmul1(e, e->gate, n_rows, &l->w_down, e->proj);
+    ffn_block(e, il, n_rows);
+    post.norm_w = l->ffn_post_norm;
+    if (l->ffn_post_norm)
+        run_rows(e, rmsnorm_worker, &post, (double)n_x);
     add_rows(e->x, e->proj, n_x);
 }
 
@@ -764,6 +811,11 @@ int kvr_engine_forward(struct kvr_engine *e, const struct kvr_seg *segs, uint32_
     if (kvr_engine_is_head(e)) {
         for (r = 0; r < n_rows; r++)
             kvr_matrix_get_row(&e->tok_embd, tokens[r], e->x + (size_t)r * hp->n_embd);
+        if (hp->arch->embd_scale) {
+            float s = sqrtf((float)hp->n_embd);
+            for (size_t i = 0; i < n_x; i++)
+                e->x[i] *= s;
+        }
     } else {
         memcpy(e->x, hidden_in, n_x * sizeof(float));
     }
@@ -781,5 +833,7 @@ int kvr_engine_forward(struct kvr_engine *e, const struct kvr_seg *segs, uint32_
         rmsnorm(e->xb + (size_t)i * hp->n_embd, e->x + (size_t)e->logit_rows[i] * hp->n_embd,
                 e->output_norm, hp->n_embd, hp->norm_eps);
     matmul1(e, e->xb, n_want, &e->output, out);
+    if (hp->final_softcap > 0.0f)
+        softcap(out, (size_t)n_want * hp->n_vocab, hp->final_softcap);
     return KVR_OK;
 }

@@ -1,4 +1,5 @@
-/* engine.h - the forward pass of one layer slice over one micro-batch (DESIGN.md 3, 7).
+/* engine.h - the forward pass of one layer slice over one micro-batch (DESIGN.md 3, 7), for
+ * every architecture of the table in arch.h (kvr_hparams_read lives there).
  *
  * An engine owns: a view of its slice of the model (weights stay in the caller's mmapped
  * GGUF), the paged KV cache of its layers, activation scratch sized for the widest batch,
@@ -20,6 +21,7 @@
 #define KVR_MODEL_ENGINE_H
 
 #include "core/err.h"
+#include "model/arch.h"
 #include "model/gguf.h"
 
 #include <stdbool.h>
@@ -39,23 +41,6 @@ struct kvr_seg {
     uint32_t n_tokens;  /* rows in this segment, >= 1 */
     uint32_t flags;     /* enum kvr_seg_flag bits */
 };
-
-/* Llama-family hyperparameters, read from GGUF `llama.*` keys. */
-struct kvr_hparams {
-    uint32_t n_layer;
-    uint32_t n_embd;         /* model width (dim) */
-    uint32_t n_ff;           /* feed-forward width */
-    uint32_t n_head;
-    uint32_t n_head_kv;
-    uint32_t head_dim;       /* n_embd / n_head */
-    uint32_t n_rot;          /* rope dimensions (rope.dimension_count, default head_dim) */
-    uint32_t n_vocab;
-    uint32_t n_ctx_train;
-    float rope_freq_base;    /* default 10000 */
-    float norm_eps;          /* layer_norm_rms_epsilon, default 1e-5 */
-};
-
-int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kvr_err *err);
 
 struct kvr_engine_config {
     uint32_t first_layer;     /* inclusive slice [first_layer, last_layer] */

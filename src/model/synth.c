@@ -1,4 +1,5 @@
-/* synth.c - random-weight llama GGUF models (see synth.h for what the file contains). */
+/* synth.c - random-weight GGUF models of every architecture (see synth.h for what the file
+ * contains). */
 #include "model/synth.h"
 
 #include "core/rng.h"
@@ -18,9 +19,9 @@
 /* ---- shapes ------------------------------------------------------------------------ */
 
 static const struct kvr_synth_shape named_shapes[] = {
-    {"tinyllama-1.1b", 22, 2048, 5632, 32, 4, 32000, 2048, 10000.0f, 1e-5f},
-    {"ring-45", 45, 256, 768, 8, 4, 4096, 2048, 10000.0f, 1e-5f},
-    {"tiny", 4, 64, 192, 4, 2, 512, 512, 10000.0f, 1e-5f},
+    {"tinyllama-1.1b", 22, 2048, 5632, 32, 4, 32000, 2048, 10000.0f, 1e-5f, 0, 0},
+    {"ring-45", 45, 256, 768, 8, 4, 4096, 2048, 10000.0f, 1e-5f, 0, 0},
+    {"tiny", 4, 64, 192, 4, 2, 512, 512, 10000.0f, 1e-5f, 0, 0},
 };
 #define N_NAMED_SHAPES ((int)(sizeof named_shapes / sizeof named_shapes[0]))
 
@@ -57,12 +58,15 @@ int kvr_synth_check_shape(const struct kvr_synth_shape *s, struct kvr_err *err)
         (rc = check_range("vocab-size", s->vocab_size, 1, 1 << 24, err)) ||
         (rc = check_range("ctx", s->ctx, 1, 1 << 24, err)))
         return rc;
-    if (s->dim % s->n_heads)
+    if ((rc = check_range("head-dim", s->head_dim, 0, 1024, err)) ||
+        (rc = check_range("swa", s->n_swa, 0, 1 << 24, err)))
+        return rc;
+    if (!s->head_dim && s->dim % s->n_heads)
         return kvr_err_set(err, KVR_EINVAL, "shape: dim %d is not a multiple of heads %d", s->dim,
                            s->n_heads);
-    if ((s->dim / s->n_heads) % 2)
-        return kvr_err_set(err, KVR_EINVAL, "shape: head dim %d is odd (rope needs pairs)",
-                           s->dim / s->n_heads);
+    int hd = s->head_dim ? s->head_dim : s->dim / s->n_heads;
+    if (hd % 2)
+        return kvr_err_set(err, KVR_EINVAL, "shape: head dim %d is odd (rope needs pairs)", hd);
     if (s->n_heads % s->n_kv_heads)
         return kvr_err_set(err, KVR_EINVAL, "shape: heads %d is not a multiple of kv-heads %d",
                            s->n_heads, s->n_kv_heads);
@@ -81,6 +85,7 @@ struct tspec {
     int type;
     float lo, hi;    /* values are uniform in [lo, hi) */
     uint64_t stream; /* PRNG stream of the tensor, from the seed and the name */
+    float rope_base; /* > 0: not random, Llama 3.1's rope_freqs for this base */
 };
 
 static uint64_t stream_of(uint64_t seed, const char *name)
@@ -92,9 +97,34 @@ static uint64_t stream_of(uint64_t seed, const char *name)
     return kvr_splitmix64(&st);
 }
 
+/* Llama 3.1's per-pair RoPE factors (its published scaling: factor 8, low and high
+ * frequency factors 1 and 4, original context 8192): long wavelengths are slowed by the
+ * factor, short ones kept, the band between interpolated. */
+static void llama3_rope_freqs(float base, int64_t n_pairs, float *dst)
+{
+    const float factor = 8.0f, low = 1.0f, high = 4.0f, ctx = 8192.0f;
+    const float low_wl = ctx / low, high_wl = ctx / high;
+    for (int64_t i = 0; i < n_pairs; i++) {
+        float freq = powf(base, -2.0f * (float)i / (float)(2 * n_pairs));
+        float wl = 6.2831853f / freq;
+        if (wl < high_wl) {
+            dst[i] = 1.0f;
+        } else if (wl > low_wl) {
+            dst[i] = factor;
+        } else {
+            float smooth = (ctx / wl - low) / (high - low);
+            dst[i] = 1.0f / ((1.0f - smooth) / factor + smooth);
+        }
+    }
+}
+
 /* Row `row` of a tensor: a splitmix64 stream per row, two 24-bit uniforms per draw. */
 static void gen_row(const struct tspec *t, int64_t row, float *dst)
 {
+    if (t->rope_base > 0.0f) {
+        llama3_rope_freqs(t->rope_base, t->ne[0], dst);
+        return;
+    }
     uint64_t st = t->stream ^ ((uint64_t)row * 0xd6e8feb86659fd93ull);
     float span = t->hi - t->lo;
     int64_t n = t->ne[0], i = 0;
@@ -134,32 +164,80 @@ static void add_spec(struct tspec *t, const char *name, int64_t ne0, int64_t ne1
         t->hi = 1.1f;
     }
     t->stream = stream_of(seed, t->name);
+    t->rope_base = 0.0f;
 }
 
-/* The model's tensors in file order; returns how many (3 + 9 per layer). */
-static int64_t plan_tensors(const struct kvr_synth_shape *s, int vocab, int type, uint64_t seed,
-                            struct tspec *out)
+static const struct kvr_arch *arch_of(const struct kvr_synth_opts *o)
 {
-    int64_t n = 0;
-    int64_t dim = s->dim, ff = s->ff, kv_dim = (int64_t)s->dim / s->n_heads * s->n_kv_heads;
-    float s_dim = 1.0f / sqrtf((float)dim), s_ff = 1.0f / sqrtf((float)ff);
-    float s_res = 1.0f / sqrtf(2.0f * (float)s->n_layers); /* for the residual branches */
+    return o->arch ? o->arch : kvr_arch_find("llama", 5);
+}
+
+static bool is_tied(const struct kvr_synth_opts *o)
+{
+    return o->tied || arch_of(o)->embd_scale; /* gemma files always tie */
+}
+
+/* The hyperparameters the table's shapes are computed from. */
+static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
+{
+    const struct kvr_synth_shape *s = &o->shape;
+    struct kvr_hparams hp = {.arch = arch_of(o)};
+    hp.n_layer = (uint32_t)s->n_layers;
+    hp.n_embd = (uint32_t)s->dim;
+    hp.n_ff = (uint32_t)s->ff;
+    hp.n_head = (uint32_t)s->n_heads;
+    hp.n_head_kv = (uint32_t)s->n_kv_heads;
+    hp.head_dim = (uint32_t)(s->head_dim ? s->head_dim : s->dim / s->n_heads);
+    hp.q_dim = hp.n_head * hp.head_dim;
+    hp.kv_dim = hp.n_head_kv * hp.head_dim;
+    hp.n_rot = hp.head_dim;
+    return hp;
+}
+
+/* Most tensors a model of these options has. */
+static size_t max_tensors(const struct kvr_synth_shape *s)
+{
+    return (size_t)s->n_layers * KVR_LT_COUNT + 4;
+}
+
+/* The model's tensors in file order; returns how many. */
+static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct tspec *out)
+{
+    const struct kvr_hparams hp = hparams_of(o);
+    const struct kvr_arch *a = hp.arch;
+    int type = o->type;
+    uint64_t seed = o->seed;
+    int64_t n = 0, dim = hp.n_embd;
+    float s_res = 1.0f / sqrtf(2.0f * (float)hp.n_layer); /* for the residual branches */
+    float logit = o->logit_scale > 0.0f ? o->logit_scale : 1.0f;
     char name[48];
-    add_spec(&out[n++], "token_embd.weight", dim, vocab, type, 1.0f, seed);
-    for (int l = 0; l < s->n_layers; l++) {
-        static const char *const parts[9] = {"attn_norm", "attn_q",      "attn_k",
-                                             "attn_v",    "attn_output", "ffn_norm",
-                                             "ffn_gate",  "ffn_up",      "ffn_down"};
-        const int64_t ne0[9] = {dim, dim, dim, dim, dim, dim, dim, dim, ff};
-        const int64_t ne1[9] = {0, dim, kv_dim, kv_dim, dim, 0, ff, ff, dim};
-        const float std[9] = {0, s_dim, s_dim, s_dim, s_dim * s_res, 0, s_dim, s_dim, s_ff * s_res};
-        for (int p = 0; p < 9; p++) {
-            snprintf(name, sizeof name, "blk.%d.%s.weight", l, parts[p]);
-            add_spec(&out[n++], name, ne0[p], ne1[p], type, std[p], seed);
+    add_spec(&out[n++], "token_embd.weight", dim, vocab, type, is_tied(o) ? logit : 1.0f, seed);
+    if (o->rope_freqs) {
+        add_spec(&out[n], "rope_freqs.weight", hp.n_rot / 2, 0, type, 0, seed);
+        out[n++].rope_base = o->shape.rope_base;
+    }
+    for (uint32_t l = 0; l < hp.n_layer; l++) {
+        for (int t = 0; t < KVR_LT_COUNT; t++) {
+            uint32_t bit = KVR_LT_BIT(t);
+            if (!(a->has & bit) || (a->optional & bit))
+                continue;
+            int64_t ne0, ne1;
+            kvr_lt_shape(&hp, (enum kvr_lt)t, &ne0, &ne1);
+            snprintf(name, sizeof name, "blk.%u.%s", l, kvr_lt_name((enum kvr_lt)t));
+            float std = 1.0f / sqrtf((float)ne0);
+            if (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_DOWN)
+                std *= s_res;
+            add_spec(&out[n], name, ne0, ne1, type, std, seed);
+            if (t == KVR_LT_ATTN_Q_BIAS || t == KVR_LT_ATTN_K_BIAS || t == KVR_LT_ATTN_V_BIAS) {
+                out[n].hi = 0.3f * 1.7320508f;
+                out[n].lo = -out[n].hi;
+            }
+            n++;
         }
     }
     add_spec(&out[n++], "output_norm.weight", dim, 0, type, 0, seed);
-    add_spec(&out[n++], "output.weight", dim, vocab, type, s_dim, seed);
+    if (!is_tied(o))
+        add_spec(&out[n++], "output.weight", dim, vocab, type, logit / sqrtf((float)dim), seed);
     return n;
 }
 
@@ -427,25 +505,60 @@ static int fill_tensor(void *ctx, void *dst, size_t n_bytes)
     return 0;
 }
 
-static void add_model_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_shape *s, int vocab,
+static void add_arch_u32(struct kvr_gguf_writer *w, const char *arch, const char *suffix,
+                         uint32_t v)
+{
+    char key[96];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    kvr_gguf_writer_add_u32(w, key, v);
+}
+
+static void add_arch_f32(struct kvr_gguf_writer *w, const char *arch, const char *suffix,
+                         float v)
+{
+    char key[96];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    kvr_gguf_writer_add_f32(w, key, v);
+}
+
+static void add_model_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts *o, int vocab,
                           uint32_t file_type)
 {
+    const struct kvr_synth_shape *s = &o->shape;
+    const struct kvr_hparams hp = hparams_of(o);
+    const char *a = hp.arch->name;
     char name[64];
     snprintf(name, sizeof name, "kvasir-synth %s", s->name);
-    kvr_gguf_writer_add_str(w, "general.architecture", "llama");
+    kvr_gguf_writer_add_str(w, "general.architecture", a);
     kvr_gguf_writer_add_str(w, "general.name", name);
     kvr_gguf_writer_add_u32(w, "general.alignment", 32);
     kvr_gguf_writer_add_u32(w, "general.file_type", file_type);
-    kvr_gguf_writer_add_u32(w, "llama.context_length", (uint32_t)s->ctx);
-    kvr_gguf_writer_add_u32(w, "llama.embedding_length", (uint32_t)s->dim);
-    kvr_gguf_writer_add_u32(w, "llama.block_count", (uint32_t)s->n_layers);
-    kvr_gguf_writer_add_u32(w, "llama.feed_forward_length", (uint32_t)s->ff);
-    kvr_gguf_writer_add_u32(w, "llama.attention.head_count", (uint32_t)s->n_heads);
-    kvr_gguf_writer_add_u32(w, "llama.attention.head_count_kv", (uint32_t)s->n_kv_heads);
-    kvr_gguf_writer_add_u32(w, "llama.rope.dimension_count", (uint32_t)(s->dim / s->n_heads));
-    kvr_gguf_writer_add_f32(w, "llama.rope.freq_base", s->rope_base);
-    kvr_gguf_writer_add_f32(w, "llama.attention.layer_norm_rms_epsilon", s->rms_eps);
-    kvr_gguf_writer_add_u32(w, "llama.vocab_size", (uint32_t)vocab);
+    add_arch_u32(w, a, "context_length", (uint32_t)s->ctx);
+    add_arch_u32(w, a, "embedding_length", (uint32_t)s->dim);
+    add_arch_u32(w, a, "block_count", (uint32_t)s->n_layers);
+    add_arch_u32(w, a, "feed_forward_length", (uint32_t)s->ff);
+    add_arch_u32(w, a, "attention.head_count", (uint32_t)s->n_heads);
+    add_arch_u32(w, a, "attention.head_count_kv", (uint32_t)s->n_kv_heads);
+    if (s->head_dim) {
+        add_arch_u32(w, a, "attention.key_length", hp.head_dim);
+        add_arch_u32(w, a, "attention.value_length", hp.head_dim);
+    }
+    add_arch_u32(w, a, "rope.dimension_count", hp.n_rot);
+    add_arch_f32(w, a, "rope.freq_base", s->rope_base);
+    if (o->rope_scale > 0.0f && o->rope_scale != 1.0f) {
+        char key[96];
+        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+        kvr_gguf_writer_add_str(w, key, "linear");
+        add_arch_f32(w, a, "rope.scaling.factor", o->rope_scale);
+    }
+    add_arch_f32(w, a, "attention.layer_norm_rms_epsilon", s->rms_eps);
+    if (s->n_swa)
+        add_arch_u32(w, a, "attention.sliding_window", (uint32_t)s->n_swa);
+    if (!strcmp(a, "gemma2")) {
+        add_arch_f32(w, a, "attn_logit_softcapping", 50.0f);
+        add_arch_f32(w, a, "final_logit_softcapping", 30.0f);
+    }
+    add_arch_u32(w, a, "vocab_size", (uint32_t)vocab);
 }
 
 static int check_type(int type, uint32_t *file_type, struct kvr_err *err)
@@ -469,9 +582,11 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
         return kvr_err_set(err, KVR_EINVAL, "n_threads must be >= 1");
 
     struct kvr_gguf_writer *w = kvr_gguf_writer_create();
-    struct tspec *specs = kvr_malloc(((size_t)s->n_layers * 9 + 3) * sizeof *specs);
-    struct fill_ctx *ctxs = kvr_malloc(((size_t)s->n_layers * 9 + 3) * sizeof *ctxs);
+    struct tspec *specs = kvr_malloc(max_tensors(s) * sizeof *specs);
+    struct fill_ctx *ctxs = kvr_malloc(max_tensors(s) * sizeof *ctxs);
+    int64_t q_dim = (int64_t)hparams_of(opts).q_dim;
     int64_t max_ne0 = s->dim > s->ff ? s->dim : s->ff;
+    max_ne0 = q_dim > max_ne0 ? q_dim : max_ne0;
     float *scratch = kvr_malloc((size_t)opts->n_threads * (size_t)max_ne0 * sizeof(float));
     struct kvr_pool *pool = kvr_pool_create(opts->n_threads);
     if (!w || !specs || !ctxs || !scratch || !pool) {
@@ -481,12 +596,12 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
 
     if (opts->vocab && (rc = vocab_size_of(opts->vocab, &vocab, err)))
         goto cleanup;
-    add_model_kvs(w, s, vocab, file_type);
+    add_model_kvs(w, opts, vocab, file_type);
     rc = opts->vocab ? copy_vocab(w, opts->vocab, err) : add_builtin_vocab(w, vocab, err);
     if (rc)
         goto cleanup;
 
-    int64_t n_tensors = plan_tensors(s, vocab, opts->type, opts->seed, specs);
+    int64_t n_tensors = plan_tensors(opts, vocab, specs);
     uint64_t n_params = 0;
     for (int64_t i = 0; i < n_tensors; i++) {
         ctxs[i] = (struct fill_ctx){pool, &specs[i], scratch, max_ne0};
@@ -517,10 +632,10 @@ int kvr_synth_row(const struct kvr_synth_opts *opts, const char *name, int64_t r
     int vocab = s->vocab_size;
     if (opts->vocab && vocab_size_of(opts->vocab, &vocab, NULL))
         return KVR_EINVAL;
-    struct tspec *specs = kvr_malloc(((size_t)s->n_layers * 9 + 3) * sizeof *specs);
+    struct tspec *specs = kvr_malloc(max_tensors(s) * sizeof *specs);
     if (!specs)
         return KVR_ENOMEM;
-    int64_t n = plan_tensors(s, vocab, opts->type, opts->seed, specs);
+    int64_t n = plan_tensors(opts, vocab, specs);
     int rc = KVR_ENOTFOUND;
     for (int64_t i = 0; i < n; i++) {
         if (strcmp(specs[i].name, name))

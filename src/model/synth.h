@@ -1,7 +1,7 @@
-/* synth.h - write a llama-architecture GGUF model with random weights for a given shape.
+/* synth.h - write a GGUF model of any architecture of arch.h with random weights.
  *
- * The file looks to any GGUF llama loader (ours, llama.cpp's) like a real checkpoint: the
- * metadata keys and tensor names llama.cpp uses for architecture "llama", an SPM vocabulary
+ * The file looks to any GGUF loader (ours, llama.cpp's) like a real checkpoint: the
+ * metadata keys `ARCH.*` and the tensor names of arch.h's table, an SPM vocabulary
  * (built in, or copied from another GGUF), F32 norm weights near 1 and matrices in the
  * chosen type, quantized with the reference from_float of dtype.h. It exists so benchmarks
  * and ring tests can run at realistic sizes on machines that cannot download a model.
@@ -12,7 +12,19 @@
  * float values for tests. Matrices are uniform with standard deviation 1/sqrt(n_in)
  * (attn_output and ffn_down additionally divided by sqrt(2 * n_layers), so the residual
  * stream stays O(1) through deep stacks); token embeddings have standard deviation 1; norm
- * weights are uniform in [0.9, 1.1].
+ * weights (also q/k and post-norms) are uniform in [0.9, 1.1]; biases have standard
+ * deviation 0.3. The output head's standard deviation is further multiplied by
+ * logit_scale (the embedding's when the output is tied): random networks have nearly equal
+ * top logits, and a larger scale separates them so comparisons with another engine are not
+ * decided by rounding.
+ *
+ * Architectures: the layer tensors are the table's `has` minus its `optional` ones;
+ * gemma2/gemma3 always tie the output to the embedding (as their real files do), others
+ * when `tied` is set. gemma2 gets its usual soft-caps (attention 50, final 30). A shape's
+ * head_dim (when set) is written as attention.key_length/value_length, its n_swa as
+ * attention.sliding_window. For llama, rope_freqs writes a rope_freqs.weight with Llama
+ * 3.1's factors (factor 8, low/high frequency factors 1 and 4, original context 8192) and
+ * rope_scale != 1 writes linear rope.scaling.
  *
  * Types: a matrix whose ne[0] is not a multiple of the chosen type's block (e.g. dim 64 for
  * Q4_K's 256-element blocks) falls back to Q8_0, or to F16 if ne[0] is not a multiple of 32.
@@ -32,9 +44,11 @@
 #define KVR_MODEL_SYNTH_H
 
 #include "core/err.h"
+#include "model/arch.h"
 #include "model/gguf.h"
 #include "model/gguf_write.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -49,6 +63,8 @@ struct kvr_synth_shape {
     int ctx;         /* llama.context_length */
     float rope_base; /* llama.rope.freq_base */
     float rms_eps;   /* llama.attention.layer_norm_rms_epsilon */
+    int head_dim;    /* 0: dim / n_heads; else attention.key_length (q width n_heads x it) */
+    int n_swa;       /* attention.sliding_window (0: none), for architectures that slide */
 };
 
 /* Named shapes:
@@ -64,6 +80,11 @@ const char *kvr_synth_shape_name(int i);
 
 struct kvr_synth_opts {
     struct kvr_synth_shape shape;
+    const struct kvr_arch *arch; /* NULL: llama */
+    float logit_scale;           /* 0: 1 */
+    bool tied;                   /* no output.weight: the head reads token_embd */
+    bool rope_freqs;             /* llama: write rope_freqs.weight (Llama 3.1 factors) */
+    float rope_scale;            /* llama: linear rope scaling factor (0 or 1: none) */
     int type; /* enum kvr_dtype of the matrices: F32, F16, Q8_0, Q4_0,
                  Q4_K (or any type with from_float) */
     uint64_t seed;
@@ -80,8 +101,9 @@ struct kvr_synth_stats {
     int vocab_size;
 };
 
-/* Check the shape (positive sizes, heads divide dim, kv heads divide heads, even head dim,
- * sizes small enough for 32-bit counts) with a message naming the bad field. */
+/* Check the shape (positive sizes, heads divide dim unless head_dim is given, kv heads
+ * divide heads, even head dim, sizes small enough for 32-bit counts) with a message naming
+ * the bad field. */
 int kvr_synth_check_shape(const struct kvr_synth_shape *s, struct kvr_err *err);
 
 /* Write the model to f (from its current position). stats may be NULL. */

@@ -16,15 +16,16 @@ static double tensor_bytes(const struct kvr_gguf *g, const char *name)
     return t ? (double)t->n_bytes : 0.0;
 }
 
-static double layer_bytes(const struct kvr_gguf *g, uint32_t il)
+/* Bytes of layer il's tensors, named by the architecture table (a fused QKV or gate/up
+ * tensor counts once, under its own name). */
+static double layer_bytes(const struct kvr_gguf *g, const struct kvr_hparams *hp, uint32_t il)
 {
-    static const char *const parts[] = {"attn_norm", "attn_q", "attn_k", "attn_v",
-                                        "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
-                                        "ffn_down"};
     double sum = 0;
     char name[96];
-    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
-        snprintf(name, sizeof name, "blk.%u.%s.weight", il, parts[i]);
+    for (int t = 0; t < KVR_LT_COUNT; t++) {
+        if (!(hp->arch->has & KVR_LT_BIT(t)))
+            continue;
+        snprintf(name, sizeof name, "blk.%u.%s", il, kvr_lt_name((enum kvr_lt)t));
         sum += tensor_bytes(g, name);
     }
     return sum;
@@ -66,7 +67,7 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
      * decode, the matmuls are ~50% of a stage's profile (perf, 2026-11-29). The output head
      * is a matmul alone, and the embedding a row copy per token. */
     for (uint32_t i = 0; i < hp.n_layer; i++)
-        cost[i] = LAYER_NON_MATMUL * layer_bytes(g, i);
+        cost[i] = LAYER_NON_MATMUL * layer_bytes(g, &hp, i);
     const struct kvr_gguf_tensor *emb = kvr_gguf_find_tensor(g, "token_embd.weight");
     double head_cost = emb && emb->ne[1] ? (double)emb->n_bytes / (double)emb->ne[1] : 0;
     double tail_cost = tensor_bytes(g, "output_norm.weight") +

@@ -1,0 +1,134 @@
+/* arch.h - model architectures as a table (DESIGN.md 7): what a layer holds and how the
+ * forward pass treats it, one description per `general.architecture`.
+ *
+ * The engine's forward pass (engine.c) is one function that reads the description instead
+ * of branching on names: which tensors a layer has (and which may be missing), the norm
+ * placement (pre-norms always; post-norms when the layer has them), the activation of the
+ * gated feed-forward, the RoPE pairing, embedding scale and sliding-window pattern. The
+ * per-model numbers (widths, heads, RoPE base and scaling, window, soft-caps) come from the
+ * GGUF keys `ARCH.*` into struct kvr_hparams. Synthesis (synth.c) and the plan balancer
+ * (ring/propose.c) use the same table for tensor names and shapes, so a new architecture
+ * is one row here plus, at most, one new step in the forward pass.
+ *
+ * | arch   | layer tensors beyond llama's            | act   | rope   | other                 |
+ * |--------|-----------------------------------------|-------|--------|-----------------------|
+ * | llama  | (optional q/k/v/o biases)               | SiLU  | normal | rope_freqs, linear    |
+ * | qwen2  | q/k/v biases                            | SiLU  | neox   |                       |
+ * | qwen3  | per-head q/k RMSNorm                    | SiLU  | neox   | key_length head dim   |
+ * | gemma2 | post-attention and post-ffn norms       | GELU  | neox   | x sqrt(d), soft-caps, |
+ * |        |                                         |       |        | sliding every 2nd     |
+ * | gemma3 | q/k norms, post-norms                   | GELU  | neox   | x sqrt(d), sliding 5  |
+ * |        |                                         |       |        | of 6, local rope base |
+ * | phi3   | fused attn_qkv, fused gate|up in ffn_up | SiLU  | neox   |                       |
+ *
+ * Pure data and pure functions: no globals beyond the const table, no I/O. */
+#ifndef KVR_MODEL_ARCH_H
+#define KVR_MODEL_ARCH_H
+
+#include "core/err.h"
+#include "model/gguf.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* The tensors of one layer, `blk.N.<name>`. Shapes are GGUF {ne0 = in, ne1 = out}. */
+enum kvr_lt {
+    KVR_LT_ATTN_NORM,      /* attn_norm.weight          [n_embd] */
+    KVR_LT_ATTN_Q,         /* attn_q.weight             [n_embd] -> [q_dim] */
+    KVR_LT_ATTN_K,         /* attn_k.weight             [n_embd] -> [kv_dim] */
+    KVR_LT_ATTN_V,         /* attn_v.weight             [n_embd] -> [kv_dim] */
+    KVR_LT_ATTN_QKV,       /* attn_qkv.weight           [n_embd] -> [q_dim + 2 kv_dim] */
+    KVR_LT_ATTN_Q_BIAS,    /* attn_q.bias               [q_dim] */
+    KVR_LT_ATTN_K_BIAS,    /* attn_k.bias               [kv_dim] */
+    KVR_LT_ATTN_V_BIAS,    /* attn_v.bias               [kv_dim] */
+    KVR_LT_ATTN_Q_NORM,    /* attn_q_norm.weight        [head_dim], per query head */
+    KVR_LT_ATTN_K_NORM,    /* attn_k_norm.weight        [head_dim], per KV head */
+    KVR_LT_ATTN_OUT,       /* attn_output.weight        [q_dim] -> [n_embd] */
+    KVR_LT_ATTN_POST_NORM, /* post_attention_norm.weight [n_embd] */
+    KVR_LT_FFN_NORM,       /* ffn_norm.weight           [n_embd] */
+    KVR_LT_FFN_GATE,       /* ffn_gate.weight           [n_embd] -> [n_ff] */
+    KVR_LT_FFN_UP,         /* ffn_up.weight             [n_embd] -> [n_ff] (fused: 2 n_ff,
+                              gate first) */
+    KVR_LT_FFN_DOWN,       /* ffn_down.weight           [n_ff] -> [n_embd] */
+    KVR_LT_FFN_POST_NORM,  /* post_ffw_norm.weight      [n_embd] */
+    KVR_LT_COUNT
+};
+
+#define KVR_LT_BIT(t) (1u << (t))
+
+enum kvr_act {
+    KVR_ACT_SILU,      /* SwiGLU: silu(gate) * up */
+    KVR_ACT_GELU_TANH, /* GeGLU: gelu_tanh(gate) * up */
+    KVR_ACT_COUNT
+};
+
+enum kvr_rope_style {
+    KVR_ROPE_NORMAL, /* rotate adjacent pairs (2i, 2i+1): llama */
+    KVR_ROPE_NEOX,   /* rotate halves (i, i + n_rot/2): GPT-NeoX, qwen, gemma, phi3 */
+    KVR_ROPE_COUNT
+};
+
+struct kvr_arch {
+    const char *name;       /* general.architecture, also the prefix of its keys */
+    uint32_t has;           /* KVR_LT_BIT of every tensor a layer has */
+    uint32_t optional;      /* the subset of `has` a file may leave out */
+    bool fused_gate_up;     /* ffn_up holds [gate | up]; there is no ffn_gate */
+    enum kvr_act act;
+    enum kvr_rope_style rope;
+    bool embd_scale;        /* embeddings are multiplied by sqrt(n_embd) */
+    uint32_t swa_period;    /* with a sliding window: layer il slides unless (il + 1) %
+                               period == 0 (0: every layer slides) */
+    float swa_rope_base;    /* RoPE base of sliding layers when the file names none (0:
+                               the global base) */
+    uint32_t big_scale_layers; /* gemma3: a model of this many layers (27B) scales queries
+                                  by 1/sqrt(n_embd / n_head) instead of 1/sqrt(head_dim) */
+};
+
+/* The table's row for an architecture name (len bytes, not NUL-terminated), or NULL. */
+const struct kvr_arch *kvr_arch_find(const char *name, size_t len);
+/* The i-th supported architecture, NULL past the end. */
+const struct kvr_arch *kvr_arch_at(int i);
+/* "llama, qwen2, ..." for messages. */
+const char *kvr_arch_list(void);
+/* "attn_q.weight" and so on. */
+const char *kvr_lt_name(enum kvr_lt t);
+
+/* Hyperparameters of a model, from the GGUF keys `ARCH.*` and the embedding's shape. */
+struct kvr_hparams {
+    const struct kvr_arch *arch;
+    uint32_t n_layer;
+    uint32_t n_embd;         /* model width (dim) */
+    uint32_t n_ff;           /* feed-forward width */
+    uint32_t n_head;
+    uint32_t n_head_kv;
+    uint32_t head_dim;       /* attention.key_length, default n_embd / n_head */
+    uint32_t q_dim;          /* n_head * head_dim */
+    uint32_t kv_dim;         /* n_head_kv * head_dim */
+    uint32_t n_rot;          /* rope dimensions (rope.dimension_count, default head_dim) */
+    uint32_t n_vocab;
+    uint32_t n_ctx_train;
+    float rope_freq_base;    /* default 10000 */
+    float rope_freq_scale;   /* positions are multiplied by it: 1 / rope.scaling.factor for
+                                linear scaling, else 1 */
+    float rope_base_swa;     /* RoPE base of sliding-window layers */
+    const float *rope_freqs; /* optional rope_freqs.weight [n_rot / 2]: each pair's angle
+                                is divided by it (Llama 3.x), borrowed from the GGUF */
+    float norm_eps;          /* layer_norm_rms_epsilon, default 1e-5 */
+    float attn_scale;        /* query-key scale, default 1 / sqrt(head_dim) */
+    float attn_softcap;      /* attn_logit_softcapping: s = c tanh(s / c); 0 none */
+    float final_softcap;     /* final_logit_softcapping, the same on logits; 0 none */
+    uint32_t n_swa;          /* attention.sliding_window in positions; 0 none */
+    uint32_t swa_period;     /* attention.sliding_window_pattern or the arch's default */
+};
+
+/* Read and check a model's hyperparameters. An unknown architecture is refused with a
+ * message listing the supported ones. */
+int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kvr_err *err);
+
+/* Does layer il use the sliding window? */
+bool kvr_hparams_layer_swa(const struct kvr_hparams *hp, uint32_t il);
+
+/* The GGUF shape of layer tensor t for these hyperparameters: ne1 = 0 for a vector. */
+void kvr_lt_shape(const struct kvr_hparams *hp, enum kvr_lt t, int64_t *ne0, int64_t *ne1);
+
+#endif
