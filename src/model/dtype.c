@@ -10,8 +10,10 @@
  * tests compare SIMD against reference with memcmp):
  *
  *   block types: for each block in order, an exact integer dot `isum` of the quantized
- *     values, then acc = fmaf((float)isum, d_w * d_x, acc). Q4_K adds a second step for its
- *     mins, acc = fmaf(-(float)imin, dmin_w * d_x, acc).
+ *     values, then acc = fmaf((float)isum, d_w * d_x, acc). Q2_K, Q4_K and Q5_K add a
+ *     second step for their mins, acc = fmaf(-(float)imin, dmin_w * d_x, acc); Q4_1 and Q5_1
+ *     one for their offsets, acc = fmaf((float)xsum, m_w * d_x, acc). A K-quant's isum and
+ *     imin cover its whole super-block (sub-block scales are integers inside the sum).
  *   f32/f16/bf16 (dotted with f32): eight lane sums, lane l taking elements 8j + l with
  *     lane = fmaf(w, x, lane); then the fixed tree ((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7));
  *     then the n % 8 tail elements, in order, with sum = fmaf(w, x, sum).
@@ -295,6 +297,311 @@ static float q4_0_dot(int64_t n, const void *w, const void *x)
 }
 
 /* ---------------------------------------------------------------------------------------
+ * Q4_1, Q5_0, Q5_1, IQ4_NL: the other legacy blocks of 32 elements. Like Q4_0 they are
+ * dotted with Q8_0 activations; quant byte j always holds element j in its low nibble and
+ * element j + 16 in its high one.
+ *
+ *   Q4_1 (20 bytes)           Q5_0 (22 bytes)           Q5_1 (24 bytes)
+ *   offset size field         offset size field         offset size field
+ *   0      2    d  fp16       0      2    d  fp16       0      2    d  fp16
+ *   2      2    m  fp16       2      4    qh            2      2    m  fp16
+ *   4      16   qs            6      16   qs            4      4    qh
+ *                                                       8      16   qs
+ *   IQ4_NL (18 bytes): 0 2 d fp16, 2 16 qs.
+ *
+ * qh is a little-endian 32-bit word; its bit j is bit 4 of element j's q (Q5: q in 0..31).
+ * Elements: Q4_1 q * d + m (q in 0..15); Q5_0 (q - 16) * d; Q5_1 q * d + m; IQ4_NL
+ * kvr_iq4_values[q] * d.
+ *
+ * Dots (the fixed order of the top of this file): the exact integer isum = sum of w_q * x_q
+ * per block with w_q = q (Q4_1, Q5_1), q - 16 (Q5_0) or the table value (IQ4_NL), then
+ * acc = fmaf((float)isum, d_w * d_x, acc); Q4_1 and Q5_1 add acc = fmaf((float)xsum,
+ * m_w * d_x, acc) with xsum the sum of the activation block's 32 quants (the s8 / 8 of the
+ * per-block extension, kernels.h). The peer keeps that sum pre-multiplied by d_x in its
+ * activation blocks (Q8_1), so its rounding differs by an ulp or so; the value is the same.
+ * --------------------------------------------------------------------------------------- */
+
+/* Quant q (0..31) of element j of a Q5 block from its nibble byte array and qh word. */
+static inline int q5_quant(const uint8_t *qs, uint32_t qh, int j)
+{
+    int lo = j < 16 ? qs[j] & 0x0F : qs[j - 16] >> 4;
+    return lo | (int)((qh >> j) & 1) << 4;
+}
+
+static uint32_t load_qh(const uint8_t qh[4])
+{
+    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
+           (uint32_t)qh[3] << 24;
+}
+
+static void store_qh(uint8_t qh[4], uint32_t v)
+{
+    for (int k = 0; k < 4; k++)
+        qh[k] = (uint8_t)(v >> (8 * k));
+}
+
+static inline int q4_quant(const uint8_t *qs, int j)
+{
+    return j < 16 ? qs[j] & 0x0F : qs[j - 16] >> 4;
+}
+
+static void q4_1_to_float(const void *src, float *dst, int64_t n)
+{
+    const struct kvr_block_q4_1 *b = src;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        float d = kvr_f16_to_f32(b[i].d), m = kvr_f16_to_f32(b[i].m);
+        for (int j = 0; j < KVR_QK; j++)
+            dst[i * KVR_QK + j] = (float)q4_quant(b[i].qs, j) * d + m;
+    }
+}
+
+static void q5_0_to_float(const void *src, float *dst, int64_t n)
+{
+    const struct kvr_block_q5_0 *b = src;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        float d = kvr_f16_to_f32(b[i].d);
+        uint32_t qh = load_qh(b[i].qh);
+        for (int j = 0; j < KVR_QK; j++)
+            dst[i * KVR_QK + j] = (float)(q5_quant(b[i].qs, qh, j) - 16) * d;
+    }
+}
+
+static void q5_1_to_float(const void *src, float *dst, int64_t n)
+{
+    const struct kvr_block_q5_1 *b = src;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        float d = kvr_f16_to_f32(b[i].d), m = kvr_f16_to_f32(b[i].m);
+        uint32_t qh = load_qh(b[i].qh);
+        for (int j = 0; j < KVR_QK; j++)
+            dst[i * KVR_QK + j] = (float)q5_quant(b[i].qs, qh, j) * d + m;
+    }
+}
+
+static void iq4_nl_to_float(const void *src, float *dst, int64_t n)
+{
+    const struct kvr_block_iq4_nl *b = src;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        float d = kvr_f16_to_f32(b[i].d);
+        for (int j = 0; j < KVR_QK; j++)
+            dst[i * KVR_QK + j] = (float)kvr_iq4_values[q4_quant(b[i].qs, j)] * d;
+    }
+}
+
+/* Min/max quantizer of Q4_1 / Q5_1: d = (max - min) / nmax, m = min, q rounded against the
+ * stored (fp16) d and m. */
+static void minmax_block(const float *x, int nmax, uint16_t *dh, uint16_t *mh, uint8_t q[32])
+{
+    float lo = x[0], hi = x[0];
+    for (int j = 1; j < KVR_QK; j++) {
+        lo = fminf(lo, x[j]);
+        hi = fmaxf(hi, x[j]);
+    }
+    *dh = kvr_f32_to_f16((hi - lo) / (float)nmax);
+    *mh = kvr_f32_to_f16(lo);
+    float d = kvr_f16_to_f32(*dh), m = kvr_f16_to_f32(*mh);
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < KVR_QK; j++)
+        q[j] = (uint8_t)fminf((float)nmax, fmaxf(0.0f, nearbyintf((x[j] - m) * id)));
+}
+
+static void pack_nibbles(uint8_t qs[16], const uint8_t q[32])
+{
+    for (int j = 0; j < 16; j++)
+        qs[j] = (uint8_t)((q[j] & 0x0F) | (q[j + 16] & 0x0F) << 4);
+}
+
+static uint32_t high_bits(const uint8_t q[32])
+{
+    uint32_t qh = 0;
+    for (int j = 0; j < KVR_QK; j++)
+        qh |= (uint32_t)(q[j] >> 4) << j;
+    return qh;
+}
+
+static void q4_1_from_float(const float *src, void *dst, int64_t n)
+{
+    struct kvr_block_q4_1 *b = dst;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        uint8_t q[KVR_QK];
+        minmax_block(src + i * KVR_QK, 15, &b[i].d, &b[i].m, q);
+        pack_nibbles(b[i].qs, q);
+    }
+}
+
+static void q5_1_from_float(const float *src, void *dst, int64_t n)
+{
+    struct kvr_block_q5_1 *b = dst;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        uint8_t q[KVR_QK];
+        minmax_block(src + i * KVR_QK, 31, &b[i].d, &b[i].m, q);
+        pack_nibbles(b[i].qs, q);
+        store_qh(b[i].qh, high_bits(q));
+    }
+}
+
+/* Q5_0: as Q4_0 with 16 levels each side: the element of largest magnitude maps to q = 0. */
+static void q5_0_from_float(const float *src, void *dst, int64_t n)
+{
+    struct kvr_block_q5_0 *b = dst;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        const float *x = src + i * KVR_QK;
+        float amax = 0.0f, m = 0.0f;
+        for (int j = 0; j < KVR_QK; j++) {
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                m = x[j];
+            }
+        }
+        float d = m / -16.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        b[i].d = kvr_f32_to_f16(d);
+        uint8_t q[KVR_QK];
+        for (int j = 0; j < KVR_QK; j++)
+            q[j] = (uint8_t)fminf(31.0f, fmaxf(0.0f, nearbyintf(x[j] * id) + 16.0f));
+        pack_nibbles(b[i].qs, q);
+        store_qh(b[i].qh, high_bits(q));
+    }
+}
+
+/* Index of the grid value nearest to v (ties to the lower index). */
+static int iq4_nearest(float v)
+{
+    int best = 0;
+    float best_e = fabsf(v - (float)kvr_iq4_values[0]);
+    for (int k = 1; k < 16; k++) {
+        float e = fabsf(v - (float)kvr_iq4_values[k]);
+        if (e < best_e) {
+            best_e = e;
+            best = k;
+        }
+    }
+    return best;
+}
+
+/* Quantize x[0..n-1] on the grid with step d: the indices, and the squared error. */
+static float iq4_quantize(const float *x, int n, float d, uint8_t *q)
+{
+    float id = d != 0.0f ? 1.0f / d : 0.0f, err = 0.0f;
+    for (int j = 0; j < n; j++) {
+        q[j] = (uint8_t)iq4_nearest(x[j] * id);
+        float e = (float)kvr_iq4_values[q[j]] * d - x[j];
+        err += e * e;
+    }
+    return err;
+}
+
+/* The step of a grid block: the element of largest magnitude m goes to one end of the grid
+ * or near it; of a few such candidates the one with the least squared error wins. */
+static float iq4_best_step(const float *x, int n)
+{
+    static const float ends[] = {-127.0f, -120.0f, -113.0f, 113.0f, 106.0f, 100.0f};
+    float amax = 0.0f, m = 0.0f;
+    for (int j = 0; j < n; j++) {
+        if (fabsf(x[j]) > amax) {
+            amax = fabsf(x[j]);
+            m = x[j];
+        }
+    }
+    if (amax == 0.0f)
+        return 0.0f;
+    uint8_t q[32];
+    float best = m / ends[0], best_err = INFINITY;
+    for (size_t k = 0; k < sizeof ends / sizeof ends[0]; k++) {
+        float d = m / ends[k];
+        float err = iq4_quantize(x, n, d, q);
+        if (err < best_err) {
+            best_err = err;
+            best = d;
+        }
+    }
+    return best;
+}
+
+static void iq4_nl_from_float(const float *src, void *dst, int64_t n)
+{
+    struct kvr_block_iq4_nl *b = dst;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        const float *x = src + i * KVR_QK;
+        b[i].d = kvr_f32_to_f16(iq4_best_step(x, KVR_QK));
+        uint8_t q[KVR_QK];
+        iq4_quantize(x, KVR_QK, kvr_f16_to_f32(b[i].d), q);
+        pack_nibbles(b[i].qs, q);
+    }
+}
+
+static int32_t q8_0_block_sum(const struct kvr_block_q8_0 *x)
+{
+    int32_t s = 0;
+    for (int j = 0; j < KVR_QK; j++)
+        s += x->qs[j];
+    return s;
+}
+
+static float q4_1_dot(int64_t n, const void *w, const void *x)
+{
+    const struct kvr_block_q4_1 *a = w;
+    const struct kvr_block_q8_0 *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        int32_t isum = 0;
+        for (int j = 0; j < KVR_QK; j++)
+            isum += q4_quant(a[i].qs, j) * b[i].qs[j];
+        float dx = kvr_f16_to_f32(b[i].d);
+        sum = fmaf((float)isum, kvr_f16_to_f32(a[i].d) * dx, sum);
+        sum = fmaf((float)q8_0_block_sum(&b[i]), kvr_f16_to_f32(a[i].m) * dx, sum);
+    }
+    return sum;
+}
+
+static float q5_0_dot(int64_t n, const void *w, const void *x)
+{
+    const struct kvr_block_q5_0 *a = w;
+    const struct kvr_block_q8_0 *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        uint32_t qh = load_qh(a[i].qh);
+        int32_t isum = 0;
+        for (int j = 0; j < KVR_QK; j++)
+            isum += (q5_quant(a[i].qs, qh, j) - 16) * b[i].qs[j];
+        float d = kvr_f16_to_f32(a[i].d) * kvr_f16_to_f32(b[i].d);
+        sum = fmaf((float)isum, d, sum);
+    }
+    return sum;
+}
+
+static float q5_1_dot(int64_t n, const void *w, const void *x)
+{
+    const struct kvr_block_q5_1 *a = w;
+    const struct kvr_block_q8_0 *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        uint32_t qh = load_qh(a[i].qh);
+        int32_t isum = 0;
+        for (int j = 0; j < KVR_QK; j++)
+            isum += q5_quant(a[i].qs, qh, j) * b[i].qs[j];
+        float dx = kvr_f16_to_f32(b[i].d);
+        sum = fmaf((float)isum, kvr_f16_to_f32(a[i].d) * dx, sum);
+        sum = fmaf((float)q8_0_block_sum(&b[i]), kvr_f16_to_f32(a[i].m) * dx, sum);
+    }
+    return sum;
+}
+
+static float iq4_nl_dot(int64_t n, const void *w, const void *x)
+{
+    const struct kvr_block_iq4_nl *a = w;
+    const struct kvr_block_q8_0 *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        int32_t isum = 0;
+        for (int j = 0; j < KVR_QK; j++)
+            isum += kvr_iq4_values[q4_quant(a[i].qs, j)] * b[i].qs[j];
+        float d = kvr_f16_to_f32(a[i].d) * kvr_f16_to_f32(b[i].d);
+        sum = fmaf((float)isum, d, sum);
+    }
+    return sum;
+}
+
+/* ---------------------------------------------------------------------------------------
  * Q8_K: the activation type of the K-quants (never stored in files by Kvasir). Super-blocks
  * of 256 elements, 292 bytes.
  *
@@ -387,13 +694,13 @@ static void q4_k_to_float(const void *src, float *dst, int64_t n)
     }
 }
 
-/* Fit x[0..31] ~ scale * q - mn with q in 0..15, mn >= 0: start from the min/max range, then
- * refine scale and offset by least squares on the chosen q a few times (the error can only
- * go down or the previous fit is kept). */
-static void q4_k_fit(const float *x, float *out_scale, float *out_min)
+/* Fit x[0..n-1] ~ scale * q - mn with q in 0..nmax, mn >= 0: start from the min/max range,
+ * then refine scale and offset by least squares on the chosen q a few times (the error can
+ * only go down or the previous fit is kept). Q2_K (n 16, nmax 3), Q4_K (32, 15), Q5_K (32, 31). */
+static void fit_scale_min(const float *x, int n, int nmax, float *out_scale, float *out_min)
 {
     float lo = x[0], hi = x[0];
-    for (int l = 1; l < 32; l++) {
+    for (int l = 1; l < n; l++) {
         lo = fminf(lo, x[l]);
         hi = fmaxf(hi, x[l]);
     }
@@ -403,13 +710,14 @@ static void q4_k_fit(const float *x, float *out_scale, float *out_min)
         *out_min = -lo;
         return;
     }
-    float scale = (hi - lo) / 15.0f, off = lo; /* x ~ scale * q + off */
+    float fmax = (float)nmax;
+    float scale = (hi - lo) / fmax, off = lo; /* x ~ scale * q + off */
     float best_err = INFINITY, best_scale = scale, best_off = off;
     for (int iter = 0; iter < 5; iter++) {
         float err = 0.0f;
         double sq = 0, sqq = 0, sx = 0, sqx = 0;
-        for (int l = 0; l < 32; l++) {
-            float q = fminf(15.0f, fmaxf(0.0f, nearbyintf((x[l] - off) / scale)));
+        for (int l = 0; l < n; l++) {
+            float q = fminf(fmax, fmaxf(0.0f, nearbyintf((x[l] - off) / scale)));
             float e = scale * q + off - x[l];
             err += e * e;
             sq += q;
@@ -422,11 +730,11 @@ static void q4_k_fit(const float *x, float *out_scale, float *out_min)
             best_scale = scale;
             best_off = off;
         }
-        double det = 32.0 * sqq - sq * sq;
+        double det = (double)n * sqq - sq * sq;
         if (det <= 0)
             break;
-        double ns = (32.0 * sqx - sq * sx) / det;
-        double no = (sx - ns * sq) / 32.0;
+        double ns = ((double)n * sqx - sq * sx) / det;
+        double no = (sx - ns * sq) / (double)n;
         if (no > 0) { /* offset must stay <= 0: refit the scale alone with offset 0 */
             no = 0;
             ns = sqq > 0 ? sqx / sqq : 0;
@@ -440,42 +748,55 @@ static void q4_k_fit(const float *x, float *out_scale, float *out_min)
     *out_min = -best_off;
 }
 
+/* Pack 8 six-bit scales and 8 six-bit mins into the 12-byte Q4_K / Q5_K field. */
+static void pack_scales_mins(uint8_t scales[12], const int sc[8], const int m[8])
+{
+    for (int j = 0; j < 4; j++) {
+        scales[j] = (uint8_t)(sc[j] | ((sc[j + 4] >> 4) << 6));
+        scales[j + 4] = (uint8_t)(m[j] | ((m[j + 4] >> 4) << 6));
+        scales[j + 8] = (uint8_t)((sc[j + 4] & 0x0F) | ((m[j + 4] & 0x0F) << 4));
+    }
+}
+
+/* The Q4_K / Q5_K quantizer: fit each 32-element sub-block, store the factors as 6-bit
+ * multiples of d and dmin, then quantize against the decoded scales into q[256] (0..nmax). */
+static void kq_quantize_sb(const float *x, int nmax, uint16_t *d_out, uint16_t *dmin_out,
+                           uint8_t scales[12], uint8_t q[KVR_QK_K])
+{
+    float scale[8], mn[8], max_scale = 0.0f, max_min = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        fit_scale_min(x + 32 * j, 32, nmax, &scale[j], &mn[j]);
+        max_scale = fmaxf(max_scale, scale[j]);
+        max_min = fmaxf(max_min, mn[j]);
+    }
+    float d = max_scale / 63.0f, dmin = max_min / 63.0f;
+    *d_out = kvr_f32_to_f16(d);
+    *dmin_out = kvr_f32_to_f16(dmin);
+    float id = d > 0.0f ? 1.0f / d : 0.0f, idmin = dmin > 0.0f ? 1.0f / dmin : 0.0f;
+    int sc[8], m[8];
+    for (int j = 0; j < 8; j++) {
+        sc[j] = (int)fminf(63.0f, nearbyintf(scale[j] * id));
+        m[j] = (int)fminf(63.0f, nearbyintf(mn[j] * idmin));
+    }
+    pack_scales_mins(scales, sc, m);
+    /* Quantize against the scales as they will be decoded (fp16 d, 6-bit factors). */
+    float dd = kvr_f16_to_f32(*d_out), ddmin = kvr_f16_to_f32(*dmin_out);
+    for (int j = 0; j < 8; j++) {
+        float s = dd * (float)sc[j], o = ddmin * (float)m[j];
+        float is = s > 0.0f ? 1.0f / s : 0.0f;
+        for (int l = 0; l < 32; l++) {
+            float v = nearbyintf((x[32 * j + l] + o) * is);
+            q[32 * j + l] = (uint8_t)fminf((float)nmax, fmaxf(0.0f, v));
+        }
+    }
+}
+
 static void q4_k_from_float(const float *src, void *dst, int64_t n)
 {
     struct kvr_block_q4_k *b = dst;
     for (int64_t i = 0; i < n / KVR_QK_K; i++) {
-        const float *x = src + i * KVR_QK_K;
-        float scale[8], mn[8], max_scale = 0.0f, max_min = 0.0f;
-        for (int j = 0; j < 8; j++) {
-            q4_k_fit(x + 32 * j, &scale[j], &mn[j]);
-            max_scale = fmaxf(max_scale, scale[j]);
-            max_min = fmaxf(max_min, mn[j]);
-        }
-        float d = max_scale / 63.0f, dmin = max_min / 63.0f;
-        b[i].d = kvr_f32_to_f16(d);
-        b[i].dmin = kvr_f32_to_f16(dmin);
-        float id = d > 0.0f ? 1.0f / d : 0.0f, idmin = dmin > 0.0f ? 1.0f / dmin : 0.0f;
-        int sc[8], m[8];
-        for (int j = 0; j < 8; j++) {
-            sc[j] = (int)fminf(63.0f, nearbyintf(scale[j] * id));
-            m[j] = (int)fminf(63.0f, nearbyintf(mn[j] * idmin));
-        }
-        for (int j = 0; j < 4; j++) {
-            b[i].scales[j] = (uint8_t)(sc[j] | ((sc[j + 4] >> 4) << 6));
-            b[i].scales[j + 4] = (uint8_t)(m[j] | ((m[j + 4] >> 4) << 6));
-            b[i].scales[j + 8] = (uint8_t)((sc[j + 4] & 0x0F) | ((m[j + 4] & 0x0F) << 4));
-        }
-        /* Quantize against the scales as they will be decoded (fp16 d, 6-bit factors). */
-        float dd = kvr_f16_to_f32(b[i].d), ddmin = kvr_f16_to_f32(b[i].dmin);
         uint8_t q[KVR_QK_K];
-        for (int j = 0; j < 8; j++) {
-            float s = dd * (float)sc[j], o = ddmin * (float)m[j];
-            float is = s > 0.0f ? 1.0f / s : 0.0f;
-            for (int l = 0; l < 32; l++) {
-                float v = nearbyintf((x[32 * j + l] + o) * is);
-                q[32 * j + l] = (uint8_t)fminf(15.0f, fmaxf(0.0f, v));
-            }
-        }
+        kq_quantize_sb(src + i * KVR_QK_K, 15, &b[i].d, &b[i].dmin, b[i].scales, q);
         for (int c = 0; c < 4; c++)
             for (int l = 0; l < 32; l++)
                 b[i].qs[32 * c + l] = (uint8_t)(q[64 * c + l] | (q[64 * c + 32 + l] << 4));
@@ -624,6 +945,334 @@ static float q6_k_dot(int64_t n, const void *w, const void *x)
 }
 
 /* ---------------------------------------------------------------------------------------
+ * Q2_K: super-blocks of 256 elements, 84 bytes, made of 16 sub-blocks of 16.
+ *
+ *   offset  size  field
+ *   0       16    scales  byte k: bits 0-3 scale sc[k], bits 4-7 min m[k] of sub-block k
+ *   16      64    qs      2-bit quants: element 128h + 32j + l (h 0..1, j 0..3, l 0..31)
+ *                         is bits 2j..2j+1 of byte 32h + l
+ *   80      2     d       fp16 scale of the scales
+ *   82      2     dmin    fp16 scale of the mins
+ *
+ * Element e of sub-block k = e / 16: d * sc[k] * q - dmin * m[k], q in 0..3. Dot: as Q4_K
+ * (isum of sc * q * x, imin of m * bsum, per 16 elements).
+ *
+ * Q3_K: super-blocks of 256 elements, 110 bytes, 16 sub-blocks of 16.
+ *
+ *   offset  size  field
+ *   0       32    hmask   bit 2 of q: element 128h + 32j + l is bit 4h + j of byte l
+ *   32      64    qs      bits 0-1 of q, laid out as Q2_K's
+ *   96      12    scales  16 six-bit scales (stored + 32), packed: bits 0-3 of scale k in
+ *                         the low nibble of byte k (k < 8) or the high nibble of byte k - 8;
+ *                         bits 4-5 in byte 8 + k % 4 at bit 2 * (k / 4)
+ *   108     2     d       fp16
+ *
+ * Element e = d * s[e / 16] * (q - 4), q in 0..7, s in -32..31. Dot: isum of s * (q - 4) * x.
+ * --------------------------------------------------------------------------------------- */
+
+static inline int q2_bits(const uint8_t *qs, int e)
+{
+    return (qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+}
+
+static inline int q3_quant(const struct kvr_block_q3_k *b, int e)
+{
+    int hbit = (b->hmask[e % 32] >> (4 * (e / 128) + (e / 32) % 4)) & 1;
+    return (q2_bits(b->qs, e) | hbit << 2) - 4;
+}
+
+static void q2_k_to_float(const void *src, float *dst, int64_t n)
+{
+    const struct kvr_block_q2_k *b = src;
+    for (int64_t i = 0; i < n / KVR_QK_K; i++) {
+        float d = kvr_f16_to_f32(b[i].d), dmin = kvr_f16_to_f32(b[i].dmin);
+        for (int e = 0; e < KVR_QK_K; e++) {
+            int k = e / 16;
+            float dl = d * (float)(b[i].scales[k] & 0x0F), ml = dmin * (float)(b[i].scales[k] >> 4);
+            dst[i * KVR_QK_K + e] = dl * (float)q2_bits(b[i].qs, e) - ml;
+        }
+    }
+}
+
+static void q3_k_to_float(const void *src, float *dst, int64_t n)
+{
+    const struct kvr_block_q3_k *b = src;
+    for (int64_t i = 0; i < n / KVR_QK_K; i++) {
+        float d = kvr_f16_to_f32(b[i].d);
+        for (int e = 0; e < KVR_QK_K; e++) {
+            float dl = d * (float)kvr_q3_k_scale(b[i].scales, e / 16);
+            dst[i * KVR_QK_K + e] = dl * (float)q3_quant(&b[i], e);
+        }
+    }
+}
+
+/* Per 16: a min/scale fit with q in 0..3; the 16 factors as 4-bit multiples of d, dmin. */
+static void q2_k_from_float(const float *src, void *dst, int64_t n)
+{
+    struct kvr_block_q2_k *b = dst;
+    for (int64_t i = 0; i < n / KVR_QK_K; i++) {
+        const float *x = src + i * KVR_QK_K;
+        float scale[16], mn[16], max_scale = 0.0f, max_min = 0.0f;
+        for (int k = 0; k < 16; k++) {
+            fit_scale_min(x + 16 * k, 16, 3, &scale[k], &mn[k]);
+            max_scale = fmaxf(max_scale, scale[k]);
+            max_min = fmaxf(max_min, mn[k]);
+        }
+        b[i].d = kvr_f32_to_f16(max_scale / 15.0f);
+        b[i].dmin = kvr_f32_to_f16(max_min / 15.0f);
+        float dd = kvr_f16_to_f32(b[i].d), ddmin = kvr_f16_to_f32(b[i].dmin);
+        float id = dd > 0.0f ? 1.0f / dd : 0.0f, idmin = ddmin > 0.0f ? 1.0f / ddmin : 0.0f;
+        memset(b[i].qs, 0, sizeof b[i].qs);
+        for (int k = 0; k < 16; k++) {
+            int sc = (int)fminf(15.0f, nearbyintf(scale[k] * id));
+            int m = (int)fminf(15.0f, nearbyintf(mn[k] * idmin));
+            b[i].scales[k] = (uint8_t)(sc | m << 4);
+            float s = dd * (float)sc, o = ddmin * (float)m;
+            float is = s > 0.0f ? 1.0f / s : 0.0f;
+            for (int e = 16 * k; e < 16 * k + 16; e++) {
+                int q = (int)fminf(3.0f, fmaxf(0.0f, nearbyintf((x[e] + o) * is)));
+                b[i].qs[32 * (e / 128) + e % 32] |= (uint8_t)(q << (2 * ((e / 32) % 4)));
+            }
+        }
+    }
+}
+
+/* Per 16: scale s = m / -4 for the element m of largest magnitude (it maps to q - 4 = -4);
+ * the scales as six-bit multiples of d = s_max / -32. */
+static void q3_k_from_float(const float *src, void *dst, int64_t n)
+{
+    struct kvr_block_q3_k *b = dst;
+    for (int64_t i = 0; i < n / KVR_QK_K; i++) {
+        const float *x = src + i * KVR_QK_K;
+        float s[16], smax = 0.0f, sabs = 0.0f;
+        for (int k = 0; k < 16; k++) {
+            float amax = 0.0f, m = 0.0f;
+            for (int l = 0; l < 16; l++) {
+                if (fabsf(x[16 * k + l]) > amax) {
+                    amax = fabsf(x[16 * k + l]);
+                    m = x[16 * k + l];
+                }
+            }
+            s[k] = m / -4.0f;
+            if (fabsf(s[k]) > sabs) {
+                sabs = fabsf(s[k]);
+                smax = s[k];
+            }
+        }
+        b[i].d = kvr_f32_to_f16(smax / -32.0f);
+        float dd = kvr_f16_to_f32(b[i].d);
+        float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        memset(b[i].hmask, 0, sizeof b[i].hmask);
+        memset(b[i].qs, 0, sizeof b[i].qs);
+        memset(b[i].scales, 0, sizeof b[i].scales);
+        for (int k = 0; k < 16; k++) {
+            int sc = (int)fminf(31.0f, fmaxf(-32.0f, nearbyintf(s[k] * id)));
+            int v = sc + 32;
+            if (k < 8)
+                b[i].scales[k] |= (uint8_t)(v & 0x0F);
+            else
+                b[i].scales[k - 8] |= (uint8_t)((v & 0x0F) << 4);
+            b[i].scales[8 + k % 4] |= (uint8_t)((v >> 4) << (2 * (k / 4)));
+            float step = dd * (float)sc;
+            float is = step != 0.0f ? 1.0f / step : 0.0f;
+            for (int e = 16 * k; e < 16 * k + 16; e++) {
+                int q = (int)fminf(3.0f, fmaxf(-4.0f, nearbyintf(x[e] * is))) + 4;
+                b[i].qs[32 * (e / 128) + e % 32] |= (uint8_t)((q & 3) << (2 * ((e / 32) % 4)));
+                b[i].hmask[e % 32] |= (uint8_t)((q >> 2) << (4 * (e / 128) + (e / 32) % 4));
+            }
+        }
+    }
+}
+
+static float q2_k_dot(int64_t n, const void *w, const void *x)
+{
+    const struct kvr_block_q2_k *a = w;
+    const struct kvr_block_q8_k *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / KVR_QK_K; i++) {
+        int32_t isum = 0, imin = 0;
+        for (int k = 0; k < 16; k++) {
+            int32_t dot = 0;
+            for (int e = 16 * k; e < 16 * k + 16; e++)
+                dot += q2_bits(a[i].qs, e) * b[i].qs[e];
+            isum += (a[i].scales[k] & 0x0F) * dot;
+            imin += (a[i].scales[k] >> 4) * b[i].bsums[k];
+        }
+        sum = fmaf((float)isum, kvr_f16_to_f32(a[i].d) * b[i].d, sum);
+        sum = fmaf(-(float)imin, kvr_f16_to_f32(a[i].dmin) * b[i].d, sum);
+    }
+    return sum;
+}
+
+static float q3_k_dot(int64_t n, const void *w, const void *x)
+{
+    const struct kvr_block_q3_k *a = w;
+    const struct kvr_block_q8_k *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / KVR_QK_K; i++) {
+        int32_t isum = 0;
+        for (int k = 0; k < 16; k++) {
+            int32_t dot = 0;
+            for (int e = 16 * k; e < 16 * k + 16; e++)
+                dot += q3_quant(&a[i], e) * b[i].qs[e];
+            isum += kvr_q3_k_scale(a[i].scales, k) * dot;
+        }
+        sum = fmaf((float)isum, kvr_f16_to_f32(a[i].d) * b[i].d, sum);
+    }
+    return sum;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Q5_K: super-blocks of 256 elements, 176 bytes: Q4_K plus a fifth bit.
+ *
+ *   offset  size  field
+ *   0       2     d       as Q4_K
+ *   2       2     dmin
+ *   4       12    scales  as Q4_K
+ *   16      32    qh      bit 4 of q: element 32j + l (sub-block j) is bit j of byte l
+ *   48      128   qs      bits 0-3 of q, laid out as Q4_K's
+ *
+ * Element of sub-block j = d * sc[j] * q - dmin * m[j], q in 0..31. Dot: as Q4_K.
+ * --------------------------------------------------------------------------------------- */
+
+static inline int q5_k_quant(const struct kvr_block_q5_k *b, int e)
+{
+    int j = e / 32, l = e % 32;
+    int lo = (b->qs[32 * (j / 2) + l] >> (4 * (j % 2))) & 0x0F;
+    return lo | ((b->qh[l] >> j) & 1) << 4;
+}
+
+static void q5_k_to_float(const void *src, float *dst, int64_t n)
+{
+    const struct kvr_block_q5_k *b = src;
+    for (int64_t i = 0; i < n / KVR_QK_K; i++) {
+        float d = kvr_f16_to_f32(b[i].d), dmin = kvr_f16_to_f32(b[i].dmin);
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            kvr_q4_k_scale_min(b[i].scales, j, &sc, &m);
+            float dl = d * (float)sc, ml = dmin * (float)m;
+            for (int l = 0; l < 32; l++)
+                dst[i * KVR_QK_K + 32 * j + l] = dl * (float)q5_k_quant(&b[i], 32 * j + l) - ml;
+        }
+    }
+}
+
+static void q5_k_from_float(const float *src, void *dst, int64_t n)
+{
+    struct kvr_block_q5_k *b = dst;
+    for (int64_t i = 0; i < n / KVR_QK_K; i++) {
+        uint8_t q[KVR_QK_K];
+        kq_quantize_sb(src + i * KVR_QK_K, 31, &b[i].d, &b[i].dmin, b[i].scales, q);
+        memset(b[i].qh, 0, sizeof b[i].qh);
+        for (int c = 0; c < 4; c++) {
+            for (int l = 0; l < 32; l++) {
+                uint8_t lo = q[64 * c + l], hi = q[64 * c + 32 + l];
+                b[i].qs[32 * c + l] = (uint8_t)((lo & 0x0F) | (hi & 0x0F) << 4);
+                b[i].qh[l] |= (uint8_t)((lo >> 4) << (2 * c) | (hi >> 4) << (2 * c + 1));
+            }
+        }
+    }
+}
+
+static float q5_k_dot(int64_t n, const void *w, const void *x)
+{
+    const struct kvr_block_q5_k *a = w;
+    const struct kvr_block_q8_k *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / KVR_QK_K; i++) {
+        int32_t isum = 0, imin = 0;
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            kvr_q4_k_scale_min(a[i].scales, j, &sc, &m);
+            int32_t dot = 0;
+            for (int l = 0; l < 32; l++)
+                dot += q5_k_quant(&a[i], 32 * j + l) * b[i].qs[32 * j + l];
+            isum += sc * dot;
+            imin += m * (b[i].bsums[2 * j] + b[i].bsums[2 * j + 1]);
+        }
+        sum = fmaf((float)isum, kvr_f16_to_f32(a[i].d) * b[i].d, sum);
+        sum = fmaf(-(float)imin, kvr_f16_to_f32(a[i].dmin) * b[i].d, sum);
+    }
+    return sum;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * IQ4_XS: super-blocks of 256 elements, 136 bytes, 8 sub-blocks of 32.
+ *
+ *   offset  size  field
+ *   0       2     d         fp16
+ *   2       2     scales_h  bits 4-5 of scale j at bits 2j..2j+1 (little-endian)
+ *   4       4     scales_l  bits 0-3 of scale j in the low (j even) or high nibble of byte j/2
+ *   8       128   qs        sub-block j in bytes 16j..16j+15, laid out as an IQ4_NL block
+ *
+ * Element l of sub-block j = d * s[j] * kvr_iq4_values[q], s = stored scale - 32.
+ * Dot: isum of s * value * x over the super-block, then one fmaf with d_w * d_x.
+ * --------------------------------------------------------------------------------------- */
+
+static void iq4_xs_to_float(const void *src, float *dst, int64_t n)
+{
+    const struct kvr_block_iq4_xs *b = src;
+    for (int64_t i = 0; i < n / KVR_QK_K; i++) {
+        float d = kvr_f16_to_f32(b[i].d);
+        for (int j = 0; j < 8; j++) {
+            float dl = d * (float)kvr_iq4_xs_scale(&b[i], j);
+            for (int l = 0; l < 32; l++)
+                dst[i * KVR_QK_K + 32 * j + l] =
+                    dl * (float)kvr_iq4_values[q4_quant(b[i].qs + 16 * j, l)];
+        }
+    }
+}
+
+static void iq4_xs_from_float(const float *src, void *dst, int64_t n)
+{
+    struct kvr_block_iq4_xs *b = dst;
+    for (int64_t i = 0; i < n / KVR_QK_K; i++) {
+        const float *x = src + i * KVR_QK_K;
+        float s[8], smax = 0.0f, sabs = 0.0f;
+        for (int j = 0; j < 8; j++) {
+            s[j] = iq4_best_step(x + 32 * j, 32);
+            if (fabsf(s[j]) > sabs) {
+                sabs = fabsf(s[j]);
+                smax = s[j];
+            }
+        }
+        b[i].d = kvr_f32_to_f16(smax / -32.0f);
+        float dd = kvr_f16_to_f32(b[i].d);
+        float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        uint16_t sh = 0;
+        memset(b[i].scales_l, 0, sizeof b[i].scales_l);
+        for (int j = 0; j < 8; j++) {
+            int sc = (int)fminf(31.0f, fmaxf(-32.0f, nearbyintf(s[j] * id)));
+            int v = sc + 32;
+            b[i].scales_l[j / 2] |= (uint8_t)((v & 0x0F) << (4 * (j % 2)));
+            sh |= (uint16_t)((v >> 4) << (2 * j));
+            uint8_t q[32];
+            iq4_quantize(x + 32 * j, 32, dd * (float)sc, q);
+            pack_nibbles(b[i].qs + 16 * j, q);
+        }
+        b[i].scales_h = sh;
+    }
+}
+
+static float iq4_xs_dot(int64_t n, const void *w, const void *x)
+{
+    const struct kvr_block_iq4_xs *a = w;
+    const struct kvr_block_q8_k *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / KVR_QK_K; i++) {
+        int32_t isum = 0;
+        for (int j = 0; j < 8; j++) {
+            int32_t dot = 0;
+            for (int l = 0; l < 32; l++)
+                dot += kvr_iq4_values[q4_quant(a[i].qs + 16 * j, l)] * b[i].qs[32 * j + l];
+            isum += kvr_iq4_xs_scale(&a[i], j) * dot;
+        }
+        sum = fmaf((float)isum, kvr_f16_to_f32(a[i].d) * b[i].d, sum);
+    }
+    return sum;
+}
+
+/* ---------------------------------------------------------------------------------------
  * The table.
  * --------------------------------------------------------------------------------------- */
 
@@ -645,6 +1294,30 @@ static const struct kvr_dtype_traits traits_q4_k = {
 static const struct kvr_dtype_traits traits_q6_k = {
     "q6_K", KVR_QK_K, sizeof(struct kvr_block_q6_k), KVR_DTYPE_Q8_K,
     q6_k_to_float, q6_k_from_float, q6_k_dot};
+static const struct kvr_dtype_traits traits_q4_1 = {
+    "q4_1", KVR_QK, sizeof(struct kvr_block_q4_1), KVR_DTYPE_Q8_0,
+    q4_1_to_float, q4_1_from_float, q4_1_dot};
+static const struct kvr_dtype_traits traits_q5_0 = {
+    "q5_0", KVR_QK, sizeof(struct kvr_block_q5_0), KVR_DTYPE_Q8_0,
+    q5_0_to_float, q5_0_from_float, q5_0_dot};
+static const struct kvr_dtype_traits traits_q5_1 = {
+    "q5_1", KVR_QK, sizeof(struct kvr_block_q5_1), KVR_DTYPE_Q8_0,
+    q5_1_to_float, q5_1_from_float, q5_1_dot};
+static const struct kvr_dtype_traits traits_iq4_nl = {
+    "iq4_nl", KVR_QK, sizeof(struct kvr_block_iq4_nl), KVR_DTYPE_Q8_0,
+    iq4_nl_to_float, iq4_nl_from_float, iq4_nl_dot};
+static const struct kvr_dtype_traits traits_q2_k = {
+    "q2_K", KVR_QK_K, sizeof(struct kvr_block_q2_k), KVR_DTYPE_Q8_K,
+    q2_k_to_float, q2_k_from_float, q2_k_dot};
+static const struct kvr_dtype_traits traits_q3_k = {
+    "q3_K", KVR_QK_K, sizeof(struct kvr_block_q3_k), KVR_DTYPE_Q8_K,
+    q3_k_to_float, q3_k_from_float, q3_k_dot};
+static const struct kvr_dtype_traits traits_q5_k = {
+    "q5_K", KVR_QK_K, sizeof(struct kvr_block_q5_k), KVR_DTYPE_Q8_K,
+    q5_k_to_float, q5_k_from_float, q5_k_dot};
+static const struct kvr_dtype_traits traits_iq4_xs = {
+    "iq4_xs", KVR_QK_K, sizeof(struct kvr_block_iq4_xs), KVR_DTYPE_Q8_K,
+    iq4_xs_to_float, iq4_xs_from_float, iq4_xs_dot};
 /* Q8_K is an activation type: kvr_matmul refuses it as a weight type. */
 static const struct kvr_dtype_traits traits_q8_k = {
     "q8_K", KVR_QK_K, sizeof(struct kvr_block_q8_k), KVR_DTYPE_Q8_K,
@@ -661,6 +1334,14 @@ const struct kvr_dtype_traits *kvr_dtype_traits(int type)
     case KVR_DTYPE_Q4_K: return &traits_q4_k;
     case KVR_DTYPE_Q6_K: return &traits_q6_k;
     case KVR_DTYPE_Q8_K: return &traits_q8_k;
+    case KVR_DTYPE_Q4_1: return &traits_q4_1;
+    case KVR_DTYPE_Q5_0: return &traits_q5_0;
+    case KVR_DTYPE_Q5_1: return &traits_q5_1;
+    case KVR_DTYPE_IQ4_NL: return &traits_iq4_nl;
+    case KVR_DTYPE_Q2_K: return &traits_q2_k;
+    case KVR_DTYPE_Q3_K: return &traits_q3_k;
+    case KVR_DTYPE_Q5_K: return &traits_q5_k;
+    case KVR_DTYPE_IQ4_XS: return &traits_iq4_xs;
     default: return NULL;
     }
 }

@@ -25,10 +25,18 @@ enum kvr_dtype {
     KVR_DTYPE_F32 = 0,
     KVR_DTYPE_F16 = 1,
     KVR_DTYPE_Q4_0 = 2,
+    KVR_DTYPE_Q4_1 = 3,
+    KVR_DTYPE_Q5_0 = 6,
+    KVR_DTYPE_Q5_1 = 7,
     KVR_DTYPE_Q8_0 = 8,
+    KVR_DTYPE_Q2_K = 10,
+    KVR_DTYPE_Q3_K = 11,
     KVR_DTYPE_Q4_K = 12,
+    KVR_DTYPE_Q5_K = 13,
     KVR_DTYPE_Q6_K = 14,
     KVR_DTYPE_Q8_K = 15,  /* activations only (dot type of the K-quants) */
+    KVR_DTYPE_IQ4_NL = 20,
+    KVR_DTYPE_IQ4_XS = 23,
     KVR_DTYPE_BF16 = 30,
     KVR_DTYPE_COUNT = 31  /* ids are sparse; unknown ids have no traits */
 };

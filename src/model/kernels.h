@@ -24,6 +24,59 @@ struct kvr_block_q4_0 {
     uint8_t qs[KVR_QK / 2];  /* byte i: element i in the low nibble, i+16 in the high one */
 };
 
+struct kvr_block_q4_1 {
+    uint16_t d;              /* scale, fp16 */
+    uint16_t m;              /* offset (the block's minimum), fp16 */
+    uint8_t qs[KVR_QK / 2];  /* as Q4_0; element = q * d + m */
+};
+
+struct kvr_block_q5_0 {
+    uint16_t d;              /* scale, fp16 */
+    uint8_t qh[4];           /* bit j of the little-endian word: bit 4 of element j's q */
+    uint8_t qs[KVR_QK / 2];  /* low 4 bits, as Q4_0; element = (q - 16) * d */
+};
+
+struct kvr_block_q5_1 {
+    uint16_t d;              /* scale, fp16 */
+    uint16_t m;              /* offset, fp16 */
+    uint8_t qh[4];           /* as Q5_0 */
+    uint8_t qs[KVR_QK / 2];  /* as Q5_0; element = q * d + m */
+};
+
+struct kvr_block_iq4_nl {
+    uint16_t d;              /* scale, fp16 */
+    uint8_t qs[KVR_QK / 2];  /* 4-bit indices into kvr_iq4_values, laid out as Q4_0 */
+};
+
+struct kvr_block_q2_k {
+    uint8_t scales[KVR_QK_K / 16]; /* per 16 elements: low nibble scale, high nibble min */
+    uint8_t qs[KVR_QK_K / 4];      /* 2-bit quants (see dtype.c) */
+    uint16_t d;                    /* fp16 scale of the scales */
+    uint16_t dmin;                 /* fp16 scale of the mins */
+};
+
+struct kvr_block_q3_k {
+    uint8_t hmask[KVR_QK_K / 8];   /* bit 2 of each quant */
+    uint8_t qs[KVR_QK_K / 4];      /* low 2 bits, laid out as Q2_K */
+    uint8_t scales[12];            /* 16 six-bit scales, packed (see dtype.c) */
+    uint16_t d;                    /* fp16 */
+};
+
+struct kvr_block_q5_k {
+    uint16_t d;                    /* as Q4_K */
+    uint16_t dmin;
+    uint8_t scales[12];            /* as Q4_K */
+    uint8_t qh[KVR_QK_K / 8];      /* bit 4 of each quant */
+    uint8_t qs[KVR_QK_K / 2];      /* low 4 bits, laid out as Q4_K */
+};
+
+struct kvr_block_iq4_xs {
+    uint16_t d;                    /* fp16 */
+    uint16_t scales_h;             /* bits 4-5 of the 8 six-bit scales, 2 bits each */
+    uint8_t scales_l[KVR_QK_K / 64]; /* bits 0-3 of the scales, a nibble each */
+    uint8_t qs[KVR_QK_K / 2];      /* indices into kvr_iq4_values, 16 bytes per 32 */
+};
+
 struct kvr_block_q4_k {
     uint16_t d;           /* fp16 scale of the 6-bit sub-block scales */
     uint16_t dmin;        /* fp16 scale of the 6-bit sub-block mins */
@@ -46,6 +99,14 @@ struct kvr_block_q8_k {
 
 _Static_assert(sizeof(struct kvr_block_q8_0) == 34, "q8_0 block is 34 bytes");
 _Static_assert(sizeof(struct kvr_block_q4_0) == 18, "q4_0 block is 18 bytes");
+_Static_assert(sizeof(struct kvr_block_q4_1) == 20, "q4_1 block is 20 bytes");
+_Static_assert(sizeof(struct kvr_block_q5_0) == 22, "q5_0 block is 22 bytes");
+_Static_assert(sizeof(struct kvr_block_q5_1) == 24, "q5_1 block is 24 bytes");
+_Static_assert(sizeof(struct kvr_block_iq4_nl) == 18, "iq4_nl block is 18 bytes");
+_Static_assert(sizeof(struct kvr_block_q2_k) == 84, "q2_K block is 84 bytes");
+_Static_assert(sizeof(struct kvr_block_q3_k) == 110, "q3_K block is 110 bytes");
+_Static_assert(sizeof(struct kvr_block_q5_k) == 176, "q5_K block is 176 bytes");
+_Static_assert(sizeof(struct kvr_block_iq4_xs) == 136, "iq4_xs block is 136 bytes");
 _Static_assert(sizeof(struct kvr_block_q4_k) == 144, "q4_K block is 144 bytes");
 _Static_assert(sizeof(struct kvr_block_q6_k) == 210, "q6_K block is 210 bytes");
 _Static_assert(sizeof(struct kvr_block_q8_k) == 292, "q8_K block is 292 bytes");
@@ -99,6 +160,28 @@ static inline void kvr_q4_k_scale_min(const uint8_t *scales, int j, int *sc, int
         *sc = (scales[j + 4] & 0x0F) | ((scales[j - 4] >> 6) << 4);
         *mn = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
     }
+}
+
+/* The 16 values a 4-bit IQ4_NL / IQ4_XS index selects (a fixed non-linear grid of the
+ * format, denser near zero). */
+static const int8_t kvr_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                          1,    13,   25,  38,  53,  69,  89,  113};
+
+/* Q3_K scale j (0..15), signed (-32..31): bits 0-3 from the low nibble of byte j (j < 8) or
+ * the high nibble of byte j - 8, bits 4-5 from byte 8 + j % 4 at bit 2 * (j / 4). */
+static inline int kvr_q3_k_scale(const uint8_t *scales, int j)
+{
+    int lo = j < 8 ? scales[j] & 0x0F : scales[j - 8] >> 4;
+    int hi = (scales[8 + j % 4] >> (2 * (j / 4))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+/* IQ4_XS scale of sub-block j (0..7), signed (-32..31). */
+static inline int kvr_iq4_xs_scale(const struct kvr_block_iq4_xs *b, int j)
+{
+    int lo = (b->scales_l[j / 2] >> (4 * (j % 2))) & 0x0F;
+    int hi = (b->scales_h >> (2 * j)) & 3;
+    return (lo | hi << 4) - 32;
 }
 
 /* A kernel set: one implementation of the hot paths for every supported type.

@@ -70,8 +70,10 @@ static uint32_t f32_bits(float f)
     return u;
 }
 
-static const int weight_types[] = {KVR_DTYPE_F32, KVR_DTYPE_F16, KVR_DTYPE_BF16, KVR_DTYPE_Q8_0,
-                                   KVR_DTYPE_Q4_0, KVR_DTYPE_Q4_K, KVR_DTYPE_Q6_K};
+static const int weight_types[] = {
+    KVR_DTYPE_F32,  KVR_DTYPE_F16,  KVR_DTYPE_BF16, KVR_DTYPE_Q8_0,   KVR_DTYPE_Q4_0,
+    KVR_DTYPE_Q4_1, KVR_DTYPE_Q5_0, KVR_DTYPE_Q5_1, KVR_DTYPE_IQ4_NL, KVR_DTYPE_Q2_K,
+    KVR_DTYPE_Q3_K, KVR_DTYPE_Q4_K, KVR_DTYPE_Q5_K, KVR_DTYPE_Q6_K,   KVR_DTYPE_IQ4_XS};
 #define N_WEIGHT_TYPES (sizeof weight_types / sizeof weight_types[0])
 
 static bool have_fast_kernels(void)
@@ -102,6 +104,14 @@ static void test_traits_table(void **state)
         {KVR_DTYPE_Q4_K, "q4_K", 256, 144, KVR_DTYPE_Q8_K},
         {KVR_DTYPE_Q6_K, "q6_K", 256, 210, KVR_DTYPE_Q8_K},
         {KVR_DTYPE_Q8_K, "q8_K", 256, 292, KVR_DTYPE_Q8_K},
+        {KVR_DTYPE_Q4_1, "q4_1", 32, 20, KVR_DTYPE_Q8_0},
+        {KVR_DTYPE_Q5_0, "q5_0", 32, 22, KVR_DTYPE_Q8_0},
+        {KVR_DTYPE_Q5_1, "q5_1", 32, 24, KVR_DTYPE_Q8_0},
+        {KVR_DTYPE_IQ4_NL, "iq4_nl", 32, 18, KVR_DTYPE_Q8_0},
+        {KVR_DTYPE_Q2_K, "q2_K", 256, 84, KVR_DTYPE_Q8_K},
+        {KVR_DTYPE_Q3_K, "q3_K", 256, 110, KVR_DTYPE_Q8_K},
+        {KVR_DTYPE_Q5_K, "q5_K", 256, 176, KVR_DTYPE_Q8_K},
+        {KVR_DTYPE_IQ4_XS, "iq4_xs", 256, 136, KVR_DTYPE_Q8_K},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const struct kvr_dtype_traits *t = kvr_dtype_traits(want[i].type);
@@ -114,7 +124,7 @@ static void test_traits_table(void **state)
         assert_non_null(t->from_float);
         assert_non_null(t->dot);
     }
-    int unknown[] = {-1, 3, 6, 7, 9, 10, 11, 13, 16, 29, 31, 1000};
+    int unknown[] = {-1, 4, 5, 9, 16, 17, 18, 19, 21, 22, 24, 29, 31, 1000};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++)
         assert_null(kvr_dtype_traits(unknown[i]));
 
@@ -130,6 +140,10 @@ static void test_traits_table(void **state)
     assert_false(kvr_dtype_row_bytes(KVR_DTYPE_F32, -4, &bytes));
     assert_false(kvr_dtype_row_bytes(KVR_DTYPE_F32, INT64_MAX, &bytes)); /* overflows */
     assert_false(kvr_dtype_row_bytes(5, 32, &bytes));
+    assert_true(kvr_dtype_row_bytes(KVR_DTYPE_IQ4_XS, 512, &bytes));
+    assert_int_equal(bytes, 272);
+    assert_int_equal(kvr_act_row_bytes(KVR_DTYPE_IQ4_XS, 512), 584); /* Q8_K activations */
+    assert_int_equal(kvr_act_row_bytes(KVR_DTYPE_Q5_1, 64), kvr_act_row_bytes(KVR_DTYPE_Q8_0, 64));
 
     /* activation rows: at least the dot type's row, and 0 for impossible shapes */
     assert_int_equal(kvr_act_row_bytes(KVR_DTYPE_F16, 10), 40);
@@ -360,6 +374,157 @@ static void test_q6_k_block_layout(void **state)
     assert_true(got[97] == -7.5f && got[129] == -11.25f && got[255] == -62.5f);
 }
 
+/* Q4_1, Q5_0, Q5_1 and IQ4_NL: one block each, d = 0.5 (fp16 0x3800), m = -2 (0xC000). */
+static void test_legacy_block_layouts(void **state)
+{
+    (void)state;
+    static const int grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                 1,    13,   25,  38,  53,  69,  89,  113};
+    uint8_t qs[16];
+    for (int j = 0; j < 16; j++)
+        qs[j] = (uint8_t)((j * 7) % 16 | ((j * 3 + 5) % 16) << 4);
+    const uint32_t qh = 0xA5F0C381u; /* bit j: fifth bit of element j */
+    int nib[32], q5[32];
+    for (int j = 0; j < 16; j++) {
+        nib[j] = (j * 7) % 16;
+        nib[j + 16] = (j * 3 + 5) % 16;
+    }
+    for (int j = 0; j < 32; j++)
+        q5[j] = nib[j] | (int)((qh >> j) & 1) << 4;
+    uint8_t b41[20] = {0x00, 0x38, 0x00, 0xC0}, b50[22] = {0x00, 0x38}, b51[24] = {0x00, 0x38, 0x00, 0xC0},
+            bnl[18] = {0x00, 0x38};
+    memcpy(b41 + 4, qs, 16);
+    for (int k = 0; k < 4; k++) {
+        b50[2 + k] = (uint8_t)(qh >> (8 * k));
+        b51[4 + k] = (uint8_t)(qh >> (8 * k));
+    }
+    memcpy(b50 + 6, qs, 16);
+    memcpy(b51 + 8, qs, 16);
+    memcpy(bnl + 2, qs, 16);
+    float got[32], want[32];
+    for (int j = 0; j < 32; j++)
+        want[j] = (float)nib[j] * 0.5f - 2.0f;
+    kvr_dtype_traits(KVR_DTYPE_Q4_1)->to_float(b41, got, 32);
+    expect_floats("q4_1", got, want, 32);
+    for (int j = 0; j < 32; j++)
+        want[j] = (float)(q5[j] - 16) * 0.5f;
+    kvr_dtype_traits(KVR_DTYPE_Q5_0)->to_float(b50, got, 32);
+    expect_floats("q5_0", got, want, 32);
+    for (int j = 0; j < 32; j++)
+        want[j] = (float)q5[j] * 0.5f - 2.0f;
+    kvr_dtype_traits(KVR_DTYPE_Q5_1)->to_float(b51, got, 32);
+    expect_floats("q5_1", got, want, 32);
+    for (int j = 0; j < 32; j++)
+        want[j] = (float)grid[nib[j]] * 0.5f;
+    kvr_dtype_traits(KVR_DTYPE_IQ4_NL)->to_float(bnl, got, 32);
+    expect_floats("iq4_nl", got, want, 32);
+    /* spot values worked out by hand: qs[0] = 0x50, qh bit 0 = 1, bit 16 = 0 */
+    kvr_dtype_traits(KVR_DTYPE_Q5_0)->to_float(b50, got, 32);
+    assert_true(got[0] == 0.0f && got[16] == -5.5f);
+    kvr_dtype_traits(KVR_DTYPE_IQ4_NL)->to_float(bnl, got, 32);
+    assert_true(got[0] == -63.5f && got[16] == -17.5f);
+}
+
+/* Q2_K and Q3_K share the 2-bit layout: element 128h + 32j + l is bits 2j..2j+1 of byte
+ * 32h + l; Q3_K's third bit is bit 4h + j of hmask byte l. */
+static void test_q2_k_q3_k_block_layout(void **state)
+{
+    (void)state;
+    uint8_t q2[84], q3[110];
+    int low[256], hbit[256];
+    for (int i = 0; i < 64; i++)
+        q2[16 + i] = q3[32 + i] = (uint8_t)(i * 37 + 11);
+    for (int i = 0; i < 32; i++)
+        q3[i] = (uint8_t)(i * 53 + 7);
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) {
+                int e = 128 * h + 32 * j + l;
+                low[e] = ((uint8_t)((32 * h + l) * 37 + 11) >> (2 * j)) & 3;
+                hbit[e] = ((uint8_t)(l * 53 + 7) >> (4 * h + j)) & 1;
+            }
+    for (int k = 0; k < 16; k++)
+        q2[k] = (uint8_t)((k % 16) | ((15 - k) << 4)); /* scale k, min 15 - k */
+    q2[80] = 0x00; q2[81] = 0x3C; /* d = 1 */
+    q2[82] = 0x00; q2[83] = 0x38; /* dmin = 0.5 */
+    /* Q3_K scales: stored value v[k] = 3k + 9 (0..63), packed by hand */
+    int v[16];
+    memset(q3 + 96, 0, 12);
+    for (int k = 0; k < 16; k++) {
+        v[k] = 3 * k + 9;
+        if (k < 8)
+            q3[96 + k] |= (uint8_t)(v[k] & 15);
+        else
+            q3[96 + k - 8] |= (uint8_t)((v[k] & 15) << 4);
+        q3[96 + 8 + k % 4] |= (uint8_t)((v[k] >> 4) << (2 * (k / 4)));
+    }
+    q3[108] = 0x00; q3[109] = 0x34; /* d = 0.25 */
+    float got[256], want[256];
+    for (int e = 0; e < 256; e++)
+        want[e] = (float)((e / 16) * low[e]) - 0.5f * (float)(15 - e / 16);
+    kvr_dtype_traits(KVR_DTYPE_Q2_K)->to_float(q2, got, 256);
+    expect_floats("q2_K", got, want, 256);
+    for (int e = 0; e < 256; e++)
+        want[e] = 0.25f * (float)(v[e / 16] - 32) * (float)((low[e] | hbit[e] << 2) - 4);
+    kvr_dtype_traits(KVR_DTYPE_Q3_K)->to_float(q3, got, 256);
+    expect_floats("q3_K", got, want, 256);
+    /* spot values worked out by hand: q byte 0 = 11 (0b1011), hmask byte 0 = 7 */
+    kvr_dtype_traits(KVR_DTYPE_Q2_K)->to_float(q2, got, 256);
+    assert_true(got[0] == -7.5f && got[32] == -2.5f);
+    kvr_dtype_traits(KVR_DTYPE_Q3_K)->to_float(q3, got, 256);
+    assert_true(got[0] == -17.25f && got[32] == -8.5f);
+}
+
+static void test_q5_k_iq4_xs_block_layout(void **state)
+{
+    (void)state;
+    static const int grid[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                 1,    13,   25,  38,  53,  69,  89,  113};
+    /* Q5_K: the Q4_K scale bytes of test_q4_k_block_layout, plus qh */
+    static const uint8_t scales[12] = {0x41, 0x82, 0xC3, 0x04, 0x40, 0x81,
+                                       0xC2, 0x03, 0x01, 0x81, 0xFF, 0x75};
+    const int sc[8] = {1, 2, 3, 4, 17, 33, 63, 5}, mn[8] = {0, 1, 2, 3, 16, 40, 63, 7};
+    uint8_t b5[176] = {0x00, 0x3C, 0x00, 0x38}; /* d = 1, dmin = 0.5 */
+    memcpy(b5 + 4, scales, 12);
+    for (int l = 0; l < 32; l++)
+        b5[16 + l] = (uint8_t)(l * 29 + 3);
+    for (int i = 0; i < 128; i++)
+        b5[48 + i] = (uint8_t)(i * 13 + 1);
+    float got[256], want[256];
+    for (int j = 0; j < 8; j++)
+        for (int l = 0; l < 32; l++) {
+            uint8_t byte = (uint8_t)((32 * (j / 2) + l) * 13 + 1);
+            int q = ((j % 2) ? byte >> 4 : byte & 15) | (((uint8_t)(l * 29 + 3) >> j) & 1) << 4;
+            want[32 * j + l] = (float)(sc[j] * q) - 0.5f * (float)mn[j];
+        }
+    kvr_dtype_traits(KVR_DTYPE_Q5_K)->to_float(b5, got, 256);
+    expect_floats("q5_K", got, want, 256);
+    assert_true(got[0] == 17.0f && got[32] == 31.5f); /* q = 1 | 16, q = 0 | 16 */
+    /* IQ4_XS: stored scales v[j] = 7j + 5 */
+    uint8_t bx[136] = {0x00, 0x38}; /* d = 0.5 */
+    int v[8];
+    uint16_t sh = 0;
+    for (int j = 0; j < 8; j++) {
+        v[j] = 7 * j + 5;
+        sh |= (uint16_t)((v[j] >> 4) << (2 * j));
+    }
+    bx[2] = (uint8_t)sh;
+    bx[3] = (uint8_t)(sh >> 8);
+    for (int k = 0; k < 4; k++)
+        bx[4 + k] = (uint8_t)((v[2 * k] & 15) | (v[2 * k + 1] & 15) << 4);
+    for (int i = 0; i < 128; i++)
+        bx[8 + i] = (uint8_t)(i * 71 + 2);
+    for (int j = 0; j < 8; j++)
+        for (int l = 0; l < 32; l++) {
+            uint8_t byte = (uint8_t)((16 * j + l % 16) * 71 + 2);
+            int q = l < 16 ? byte & 15 : byte >> 4;
+            want[32 * j + l] = 0.5f * (float)(v[j] - 32) * (float)grid[q];
+        }
+    kvr_dtype_traits(KVR_DTYPE_IQ4_XS)->to_float(bx, got, 256);
+    expect_floats("iq4_xs", got, want, 256);
+    assert_true(got[0] == 1120.5f && got[16] == 1714.5f); /* scale -27, indices 2 and 0 */
+}
+
 static void test_q8_k_block_layout(void **state)
 {
     (void)state;
@@ -397,7 +562,10 @@ static void test_round_trip_error(void **state)
     } bounds[] = {
         {KVR_DTYPE_F32, 0.0},     {KVR_DTYPE_F16, 1e-3},    {KVR_DTYPE_BF16, 5e-3},
         {KVR_DTYPE_Q8_0, 0.012},  {KVR_DTYPE_Q4_0, 0.16},   {KVR_DTYPE_Q4_K, 0.12},
-        {KVR_DTYPE_Q6_K, 0.04},   {KVR_DTYPE_Q8_K, 0.04},
+        {KVR_DTYPE_Q6_K, 0.04},   {KVR_DTYPE_Q8_K, 0.04},   {KVR_DTYPE_Q4_1, 0.12},
+        {KVR_DTYPE_Q5_0, 0.1},    {KVR_DTYPE_Q5_1, 0.06},   {KVR_DTYPE_IQ4_NL, 0.12},
+        {KVR_DTYPE_Q2_K, 0.3},    {KVR_DTYPE_Q3_K, 0.2},    {KVR_DTYPE_Q5_K, 0.06},
+        {KVR_DTYPE_IQ4_XS, 0.12},
     };
     enum { N = 4096 };
     float *x = kvr_malloc(N * sizeof *x), *y = kvr_malloc(N * sizeof *y);
@@ -508,7 +676,11 @@ static int64_t case_n_in(int type)
     case KVR_DTYPE_F16:
     case KVR_DTYPE_BF16: return 268;
     case KVR_DTYPE_Q8_0:
-    case KVR_DTYPE_Q4_0: return 2080;
+    case KVR_DTYPE_Q4_0:
+    case KVR_DTYPE_Q4_1:
+    case KVR_DTYPE_Q5_0:
+    case KVR_DTYPE_Q5_1:
+    case KVR_DTYPE_IQ4_NL: return 2080;
     default: return 768;
     }
 }
@@ -752,6 +924,9 @@ int main(void)
         cmocka_unit_test(test_q4_k_block_layout),
         cmocka_unit_test(test_q6_k_block_layout),
         cmocka_unit_test(test_q8_k_block_layout),
+        cmocka_unit_test(test_legacy_block_layouts),
+        cmocka_unit_test(test_q2_k_q3_k_block_layout),
+        cmocka_unit_test(test_q5_k_iq4_xs_block_layout),
         cmocka_unit_test(test_round_trip_error),
         cmocka_unit_test(test_dot_matches_dequantized),
         cmocka_unit_test(test_quantize_rows_fast_equals_reference),

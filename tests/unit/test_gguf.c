@@ -284,9 +284,9 @@ static void m_type_unknown(struct image *m)
 {
     put32(m, tensor_type(m, "t.alpha"), 99);
 }
-static void m_type_q4_1(struct image *m)
+static void m_type_q4_2(struct image *m) /* a ggml id retired long ago: no traits */
 {
-    put32(m, tensor_type(m, "t.alpha"), 3);
+    put32(m, tensor_type(m, "t.alpha"), 4);
 }
 static void m_type_max(struct image *m)
 {
@@ -393,7 +393,7 @@ static const struct corrupt_case corrupt_cases[] = {
     {"overlap", m_overlap, KVR_EFORMAT, "tensors t.alpha [0, 64) and t.bravo [32, 100) overlap"},
     {"same offset", m_same_offset, KVR_EFORMAT, "overlap"},
     {"unknown tensor type", m_type_unknown, KVR_EFORMAT, "tensor t.alpha: unknown type 99"},
-    {"unsupported q4_1", m_type_q4_1, KVR_EFORMAT, "tensor t.alpha: unknown type 3"},
+    {"retired q4_2", m_type_q4_2, KVR_EFORMAT, "tensor t.alpha: unknown type 4"},
     {"tensor type max", m_type_max, KVR_EFORMAT, "unknown type 4294967295"},
     {"ne0 not block multiple", m_ne0_block, KVR_EFORMAT,
      "tensor t.bravo: ne[0] = 48 is not a multiple of the q8_0 block size 32"},

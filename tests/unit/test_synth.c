@@ -347,7 +347,7 @@ static void test_bad_options(void **state)
         {4, 100, KVR_DTYPE_Q8_0, KVR_EINVAL, "vocab size 100 is outside 260..500000"},
         {5, 0, KVR_DTYPE_Q8_0, KVR_EINVAL, "layers = 0 is not in 1..4096"},
         {0, 0, KVR_DTYPE_Q8_K, KVR_ENOTSUP, "cannot be synthesised"},
-        {0, 0, 3, KVR_ENOTSUP, "weight type 3 (unknown)"},
+        {0, 0, 4, KVR_ENOTSUP, "weight type 4 (unknown)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct kvr_synth_opts o = tiny_opts(cases[i].type, 1, 1);
