@@ -12,6 +12,7 @@
 #include "model/tokenizer.h"
 
 #include "core/alloc.h"
+#include "model/tokenizer_pre.h"
 #include "model/tokenizer_unicode.h"
 
 #include <math.h>
@@ -69,6 +70,7 @@ struct kvr_tok {
     /* BPE only. */
     struct merge_slot *merges;
     uint32_t merge_mask;
+    const struct kvr_pre *pre; /* how text is split into words before merging */
 };
 
 static uint32_t hash_bytes(const char *p, size_t n)
@@ -474,6 +476,22 @@ int kvr_tok_create_from_vocab(struct kvr_tok **out, const struct kvr_tok_vocab *
         return kvr_err_set(err, KVR_ENOMEM, "tokenizer: out of memory");
     t->kind = v->kind;
     t->n_vocab = n;
+    if (t->kind == KVR_TOK_BPE) {
+        if (v->pre.len > 0 && !v->pre.ptr) {
+            rc = kvr_err_set(err, KVR_EINVAL, "tokenizer: pre-tokenizer name has no bytes");
+            goto fail;
+        }
+        t->pre = v->pre.len ? kvr_pre_find(v->pre.ptr, (size_t)v->pre.len) : kvr_pre_gpt2();
+        if (!t->pre) {
+            char q[48], names[200];
+            kvr_pre_list(names, sizeof names, false);
+            rc = kvr_err_set(err, KVR_ENOTSUP,
+                             "tokenizer.ggml.pre: '%s' is not supported (supported: %s, and "
+                             "aliases)",
+                             excerpt(v->pre.ptr, (size_t)v->pre.len, q), names);
+            goto fail;
+        }
+    }
 
     /* Pieces. */
     uint64_t total = 0;
@@ -567,7 +585,7 @@ int kvr_tok_create_from_vocab(struct kvr_tok **out, const struct kvr_tok_vocab *
         (rc = check_id(v->eom_id, n, "eom", &t->eom, err)))
         goto fail;
     bool spm = t->kind == KVR_TOK_SPM;
-    t->add_bos = v->add_bos < 0 ? spm : v->add_bos != 0;
+    t->add_bos = v->add_bos < 0 ? spm || (t->pre && t->pre->add_bos) : v->add_bos != 0;
     t->add_eos = v->add_eos < 0 ? false : v->add_eos != 0;
     t->add_space_prefix = v->add_space_prefix < 0 ? spm : v->add_space_prefix != 0;
     if (t->add_bos && t->bos < 0) {
@@ -733,25 +751,28 @@ int kvr_tok_create(struct kvr_tok **out, const struct kvr_gguf *g, struct kvr_er
                            "tokenizer.ggml.model: '%s' is not supported (llama and gpt2 are)",
                            excerpt(model.ptr, model.len, q));
 
+    struct kvr_gguf_str pre = {0, NULL};
     if (kind == KVR_TOK_BPE) {
-        /* Only the GPT-2 pre-tokenizer is implemented; llama.cpp gives other names (and a
-         * missing one, "default") other split patterns, so they cannot be accepted. */
-        struct kvr_gguf_str pre = {0, NULL};
-        bool has_pre = kvr_gguf_find_kv(g, "tokenizer.ggml.pre") >= 0;
-        if (has_pre && (rc = kvr_gguf_get_str(g, "tokenizer.ggml.pre", &pre, err)) != 0)
-            return rc;
-        bool ok = false;
-        static const char *const gpt2_pres[] = {"gpt-2", "phi-2", "roberta-bpe"};
-        for (size_t i = 0; has_pre && i < sizeof gpt2_pres / sizeof gpt2_pres[0]; i++)
-            ok |= pre.len == strlen(gpt2_pres[i]) && memcmp(pre.ptr, gpt2_pres[i], pre.len) == 0;
-        if (!ok)
+        /* llama.cpp falls back to a "default" pattern when the key is missing and warns that
+         * the output will be degraded; a file without the key is refused here instead. */
+        rc = kvr_gguf_get_str(g, "tokenizer.ggml.pre", &pre, err);
+        if (rc == KVR_ENOTFOUND) {
+            char names[200];
+            kvr_pre_list(names, sizeof names, false);
             return kvr_err_set(err, KVR_ENOTSUP,
-                               "tokenizer.ggml.pre: '%s' is not supported (gpt-2 is)",
-                               has_pre ? excerpt(pre.ptr, pre.len, q) : "(missing)");
+                               "tokenizer.ggml.pre: missing (a gpt2 vocabulary names its "
+                               "pre-tokenizer: %s, and aliases)",
+                               names);
+        }
+        if (rc)
+            return rc;
+        if (pre.len == 0)
+            return kvr_err_set(err, KVR_EFORMAT, "tokenizer.ggml.pre: empty");
     }
 
     struct kvr_tok_vocab v;
     kvr_tok_vocab_init(&v, kind);
+    v.pre = pre;
 
     struct kvr_gguf_arr arr;
     rc = kvr_gguf_get_arr(g, "tokenizer.ggml.tokens", &arr, err);
@@ -890,7 +911,9 @@ int32_t kvr_tok_find(const struct kvr_tok *t, const char *piece, size_t len)
  *          BPE 3 L1     one per byte of buf
  *   heap   3 * sym      the initial pairs plus at most two per merge
  *   frag   2 L1         each special match adds at most two nodes
- *   cps    BPE L1       the fragment's code points */
+ *   cps    BPE L1       the fragment's code points
+ *   words  BPE 2 x L1   word ends while the pre-tokenizer splits (at most one per code
+ *                       point) */
 
 struct symbol {
     uint32_t off; /* into buf */
@@ -921,6 +944,7 @@ struct kvr_tok_scratch {
     struct pair *heap;
     struct frag *frag;
     uint32_t *cps;
+    uint32_t *words_a, *words_b; /* BPE: word ends, kvr_pre_split's two buffers */
     size_t n_heap;
 };
 
@@ -942,8 +966,12 @@ int kvr_tok_scratch_create(struct kvr_tok_scratch **out, const struct kvr_tok *t
     s->sym = kvr_calloc(n_sym, sizeof *s->sym);
     s->heap = kvr_calloc(3 * n_sym, sizeof *s->heap);
     s->frag = kvr_calloc(2 * l1, sizeof *s->frag);
-    s->cps = t->kind == KVR_TOK_BPE ? kvr_calloc(l1, sizeof *s->cps) : NULL;
-    if (!s->buf || !s->sym || !s->heap || !s->frag || (t->kind == KVR_TOK_BPE && !s->cps)) {
+    bool bpe = t->kind == KVR_TOK_BPE;
+    s->cps = bpe ? kvr_calloc(l1, sizeof *s->cps) : NULL;
+    s->words_a = bpe ? kvr_calloc(l1, sizeof *s->words_a) : NULL;
+    s->words_b = bpe ? kvr_calloc(l1, sizeof *s->words_b) : NULL;
+    if (!s->buf || !s->sym || !s->heap || !s->frag ||
+        (bpe && (!s->cps || !s->words_a || !s->words_b))) {
         kvr_tok_scratch_destroy(s);
         return KVR_ENOMEM;
     }
@@ -960,6 +988,8 @@ void kvr_tok_scratch_destroy(struct kvr_tok_scratch *s)
     kvr_free(s->heap);
     kvr_free(s->frag);
     kvr_free(s->cps);
+    kvr_free(s->words_a);
+    kvr_free(s->words_b);
     kvr_free(s);
 }
 
@@ -1212,48 +1242,6 @@ static uint32_t cp_lenient(const uint8_t *p, size_t n, size_t *len)
     return v;
 }
 
-/* The class of cps[pos], or "beyond the fragment" (which no alternative matches). */
-#define CLASS_END (-1)
-
-static int cls_at(const uint32_t *cps, size_t n, size_t pos)
-{
-    return pos < n ? (int)kvr_cp_class(cps[pos]) : CLASS_END;
-}
-
-/* End (exclusive) of the pre-tokenizer word that starts at cps[pos]. */
-static size_t gpt2_word_end(const uint32_t *cps, size_t n, size_t pos)
-{
-    uint32_t c = cps[pos];
-    if (c == '\'' && pos + 1 < n) {
-        uint32_t c1 = cps[pos + 1];
-        if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd')
-            return pos + 2;
-        if (pos + 2 < n) {
-            uint32_t c2 = cps[pos + 2];
-            if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l'))
-                return pos + 3;
-        }
-    }
-    /* " ?X+" for X in letters, numbers, and everything that is none of those or space. */
-    int k = cls_at(cps, n, pos + (c == ' '));
-    if (k == KVR_CP_LETTER || k == KVR_CP_NUMBER || k == KVR_CP_OTHER) {
-        size_t e = pos + (c == ' ');
-        while (cls_at(cps, n, e) == k)
-            e++;
-        return e;
-    }
-    size_t n_space = 0;
-    while (cls_at(cps, n, pos + n_space) == KVR_CP_SPACE)
-        n_space++;
-    /* "\s+(?!\S)": a run of spaces followed by a non-space leaves its last space to start
-     * the next word (" ?\p{L}+" and friends). */
-    if (n_space > 1 && pos + n_space < n)
-        return pos + n_space - 1;
-    if (n_space > 0)
-        return pos + n_space;
-    return pos + 1;
-}
-
 static void bpe_try_pair(const struct kvr_tok *t, struct kvr_tok_scratch *s, int32_t l, int32_t r)
 {
     if (l < 0 || r < 0 || s->sym[l].id < 0 || s->sym[r].id < 0)
@@ -1270,6 +1258,17 @@ static int bpe_word(const struct kvr_tok *t, struct kvr_tok_scratch *s, const ui
     size_t m = 0;
     for (size_t i = 0; i < n_cps; i++)
         m += utf8_put(cps[i], s->buf + m);
+    if (t->pre->ignore_merges && m > 1 && m <= KVR_TOK_MAX_PIECE_BYTES) {
+        /* The word as one piece, if the vocabulary has it: its byte-alphabet spelling (at
+         * most two bytes per byte; a longer word cannot be a piece). */
+        char spelled[2 * KVR_TOK_MAX_PIECE_BYTES];
+        size_t k = 0;
+        for (size_t i = 0; i < m; i++)
+            k += utf8_put(byte_to_cp((uint8_t)s->buf[i]), spelled + k);
+        int32_t id = map_find(t, spelled, k);
+        if (id >= 0)
+            return emit(o, id);
+    }
     int32_t n_sym = (int32_t)m;
     for (int32_t i = 0; i < n_sym; i++)
         s->sym[i] = (struct symbol){(uint32_t)i, 1, i - 1, i + 1 == n_sym ? -1 : i + 1,
@@ -1320,12 +1319,13 @@ static int bpe_fragment(const struct kvr_tok *t, struct kvr_tok_scratch *s, cons
         s->cps[n++] = cp_lenient((const uint8_t *)text + i, len - i, &k);
         i += k;
     }
-    for (size_t pos = 0; pos < n;) {
-        size_t end = gpt2_word_end(s->cps, n, pos);
-        int rc = bpe_word(t, s, s->cps + pos, end - pos, o);
+    size_t n_words;
+    const uint32_t *ends = kvr_pre_split(t->pre, s->cps, n, s->words_a, s->words_b, &n_words);
+    for (size_t w = 0, pos = 0; w < n_words; w++) {
+        int rc = bpe_word(t, s, s->cps + pos, ends[w] - pos, o);
         if (rc)
             return rc;
-        pos = end;
+        pos = ends[w];
     }
     return 0;
 }

@@ -5,10 +5,17 @@
  *            text is split into UTF-8 characters which are merged pairwise, highest piece
  *            score first (leftmost on ties), and characters with no piece of their own fall
  *            back to <0xXX> byte tokens.
- *   "gpt2"   byte-level BPE: the GPT-2 pre-tokenizer splits the text into words, each
- *            word's bytes are mapped to printable code points, and merges are applied by
- *            rank (lowest first, leftmost on ties).
- * Both reproduce llama.cpp's tokenizers id for id (its test vectors are the unit test).
+ *   "gpt2"   byte-level BPE: a pre-tokenizer splits the text into words, each word's
+ *            bytes are mapped to printable code points, and merges are applied by rank
+ *            (lowest first, leftmost on ties). The pre-tokenizer is the one named by
+ *            tokenizer.ggml.pre, from the table in tokenizer_pre.c: gpt-2 (also phi-2,
+ *            roberta-bpe, mpt, olmo, jais), llama-bpe (Llama 3: llama3, llama-v3; and
+ *            dbrx, smaug-bpe), qwen2 (deepseek-r1-qwen, megrez, stablelm2), deepseek-llm,
+ *            deepseek-coder, falcon, starcoder (refact, command-r, smollm, codeshell,
+ *            exaone, minerva-7b) and default. Other names, and a missing key, are refused.
+ * Both reproduce llama.cpp's tokenizers id for id (its test vectors are the unit test; the
+ * pre-tokenizers without vectors are compared with llama.cpp's llama-tokenize by
+ * tests/integration/tokenize_peer.sh).
  *
  * Special tokens: tokens of type control or unknown (e.g. <s>, <|im_start|>) are only
  * recognised in text when the caller asks for it (parse_special); tokens of type
@@ -72,6 +79,9 @@ struct kvr_tok_vocab {
     /* BPE only: n_merges "left right" strings; a rule's rank is its index. */
     int64_t n_merges;
     const struct kvr_gguf_str *merges;
+    /* BPE only: the pre-tokenizer's name (tokenizer.ggml.pre, any alias the table knows);
+     * empty: GPT-2's. */
+    struct kvr_gguf_str pre;
     /* Special ids: -1 means none. */
     int64_t bos_id, eos_id, unk_id, pad_id, eot_id, eom_id;
     /* -1 = the model's default (SPM: add BOS, no EOS, add space prefix; BPE: none),

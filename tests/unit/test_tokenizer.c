@@ -179,6 +179,20 @@ static void test_gpt2_vectors(void **state)
                   "vocab/ggml-vocab-gpt-2.gguf.out");
 }
 
+static void test_llama_bpe_vectors(void **state)
+{
+    (void)state;
+    check_vectors("vocab/ggml-vocab-llama-bpe.gguf", "vocab/ggml-vocab-llama-bpe.gguf.inp",
+                  "vocab/ggml-vocab-llama-bpe.gguf.out");
+}
+
+static void test_qwen2_vectors(void **state)
+{
+    (void)state;
+    check_vectors("vocab/ggml-vocab-qwen2.gguf", "vocab/ggml-vocab-qwen2.gguf.inp",
+                  "vocab/ggml-vocab-qwen2.gguf.out");
+}
+
 /* ---- decoding ---------------------------------------------------------------------------- */
 
 /* Decode ids through a streaming detokenizer one id at a time into out. Checks that no push
@@ -260,6 +274,18 @@ static void test_gpt2_round_trip(void **state)
 {
     (void)state;
     check_round_trip("vocab/ggml-vocab-gpt-2.gguf");
+}
+
+static void test_llama_bpe_round_trip(void **state)
+{
+    (void)state;
+    check_round_trip("vocab/ggml-vocab-llama-bpe.gguf");
+}
+
+static void test_qwen2_round_trip(void **state)
+{
+    (void)state;
+    check_round_trip("vocab/ggml-vocab-qwen2.gguf");
 }
 
 static void test_spm_decode_pieces(void **state)
@@ -573,7 +599,7 @@ enum fault {
     F_BOS_FLOAT,
     F_ADD_BOS_NOT_BOOL,
     F_GPT2_NO_MERGES,
-    F_GPT2_PRE_LLAMA3,
+    F_GPT2_PRE_UNKNOWN,
     F_GPT2_NO_PRE,
     F_GPT2_OK,
     F_COUNT
@@ -600,7 +626,7 @@ static char *gguf_with(enum fault f, size_t *len)
                                                   : "llama");
     if (bpe && f != F_GPT2_NO_PRE)
         kvr_gguf_writer_add_str(w, "tokenizer.ggml.pre",
-                                f == F_GPT2_PRE_LLAMA3 ? "llama-bpe" : "gpt-2");
+                                f == F_GPT2_PRE_UNKNOWN ? "no-such-pre" : "gpt-2");
     if (f == F_TOKENS_NOT_STRINGS)
         kvr_gguf_writer_add_arr(w, "tokenizer.ggml.tokens", KVR_GGUF_TYPE_INT32, 4, types);
     else if (f != F_NO_TOKENS)
@@ -663,8 +689,9 @@ static void test_gguf_keys(void **state)
         {F_BOS_FLOAT, KVR_EFORMAT, "tokenizer.ggml.bos_token_id: expected an integer"},
         {F_ADD_BOS_NOT_BOOL, KVR_EFORMAT, "tokenizer.ggml.add_bos_token"},
         {F_GPT2_NO_MERGES, KVR_EFORMAT, "tokenizer.ggml.merges: missing"},
-        {F_GPT2_PRE_LLAMA3, KVR_ENOTSUP, "tokenizer.ggml.pre: 'llama-bpe' is not supported"},
-        {F_GPT2_NO_PRE, KVR_ENOTSUP, "tokenizer.ggml.pre: '(missing)' is not supported"},
+        {F_GPT2_PRE_UNKNOWN, KVR_ENOTSUP,
+         "tokenizer.ggml.pre: 'no-such-pre' is not supported (supported: gpt-2, llama-bpe, "},
+        {F_GPT2_NO_PRE, KVR_ENOTSUP, "tokenizer.ggml.pre: missing"},
         {F_GPT2_OK, 0, ""},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -754,6 +781,8 @@ int main(void)
         cmocka_unit_test(test_stories_prompt),    cmocka_unit_test(test_spm_special_and_limits),
         cmocka_unit_test(test_vocab_validation),  cmocka_unit_test(test_gguf_keys),
         cmocka_unit_test(test_gpt2_vectors),      cmocka_unit_test(test_gpt2_round_trip),
+        cmocka_unit_test(test_llama_bpe_vectors), cmocka_unit_test(test_llama_bpe_round_trip),
+        cmocka_unit_test(test_qwen2_vectors),     cmocka_unit_test(test_qwen2_round_trip),
         cmocka_unit_test(test_encode_speed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
