@@ -973,6 +973,347 @@ static void matmul_q6_k(const struct kvr_matrix *w, const void *xq, size_t x_str
 }
 
 /* ---------------------------------------------------------------------------------------
+ * Q2_K, Q3_K, Q5_K, IQ4_XS x Q8_K through the same tile: every path (GEMV and GEMM) unpacks
+ * a tile's super-block into struct kq_tile and dots it with each activation row (kq_dot).
+ *   Q2_K: q 0..3, a scale per 16 and a min per 16 (float step with dmin, as Q4_K).
+ *   Q5_K: q 0..31 (maddubs pairs <= 7874), Q4_K's scales and mins.
+ *   Q3_K: q + 4 in 0..7 stored, signed scale per 16; aux = 4 * scale takes the offset off
+ *         through the block sums, as Q6_K's 32 * scale does.
+ *   IQ4_XS: the signed grid values (-127..113) stored; kq_dot_signed multiplies |w| by
+ *         sign(x, w) (pairs <= 2 * 127 * 127 = 32258, no saturation); aux = 0.
+ * --------------------------------------------------------------------------------------- */
+
+enum kq_kind { KQ_Q2_K, KQ_Q3_K, KQ_Q5_K, KQ_IQ4_XS };
+
+static ALWAYS_INLINE size_t kq_bytes(enum kq_kind k)
+{
+    switch (k) {
+    case KQ_Q2_K: return sizeof(struct kvr_block_q2_k);
+    case KQ_Q3_K: return sizeof(struct kvr_block_q3_k);
+    case KQ_Q5_K: return sizeof(struct kvr_block_q5_k);
+    default: return sizeof(struct kvr_block_iq4_xs);
+    }
+}
+
+static ALWAYS_INLINE int kq_has_min(enum kq_kind k)
+{
+    return k == KQ_Q2_K || k == KQ_Q5_K;
+}
+
+/* Byte l of the result: 0xFF where bit `bit` of byte l of v is set. */
+static ALWAYS_INLINE __m256i bit_mask8(__m256i v, int bit)
+{
+    const __m256i b = _mm256_set1_epi8((char)(1 << bit));
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, b), b);
+}
+
+static ALWAYS_INLINE __m256i iq4_table(void)
+{
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)kvr_iq4_values));
+}
+
+/* madd factors of 16 int16 per-16-element scales s16: vector j gets s[2j] in its low
+ * 128-bit lane and s[2j + 1] in its high one (q6_k_pick on the broadcast halves). */
+static ALWAYS_INLINE void store_scales16(__m256i s16, int16_t sc[8][16])
+{
+    __m256i halves[2] = {_mm256_broadcastsi128_si256(_mm256_castsi256_si128(s16)),
+                         _mm256_broadcastsi128_si256(_mm256_extracti128_si256(s16, 1))};
+    UNROLL
+    for (int j = 0; j < 8; j++)
+        _mm256_store_si256((__m256i *)sc[j], _mm256_shuffle_epi8(halves[j / 4], q6_k_pick(j % 4)));
+}
+
+static ALWAYS_INLINE void unpack_kq(const uint8_t *const rows[OT], int64_t sb, enum kq_kind kind,
+                                    struct kq_tile *t, __m256 *dw, __m256 *dmin)
+{
+    const __m256i low = _mm256_set1_epi8(0x0F), three = _mm256_set1_epi8(3);
+    size_t off = (size_t)sb * kq_bytes(kind);
+    UNROLL
+    for (int i = 0; i < OT; i++) {
+        const uint8_t *p = rows[i] + off;
+        if (kind == KQ_Q2_K || kind == KQ_Q3_K) {
+            const uint8_t *qs = kind == KQ_Q2_K ? ((const struct kvr_block_q2_k *)(const void *)p)->qs
+                                                : ((const struct kvr_block_q3_k *)(const void *)p)->qs;
+            __m256i hm = _mm256_setzero_si256();
+            if (kind == KQ_Q3_K)
+                hm = _mm256_loadu_si256((const __m256i *)((const struct kvr_block_q3_k *)(const void *)p)->hmask);
+            UNROLL
+            for (int h = 0; h < 2; h++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+                UNROLL
+                for (int j = 0; j < 4; j++) {
+                    __m256i q = _mm256_and_si256(_mm256_srli_epi16(v, 2 * j), three);
+                    if (kind == KQ_Q3_K)
+                        q = _mm256_or_si256(q, _mm256_and_si256(bit_mask8(hm, 4 * h + j),
+                                                                _mm256_set1_epi8(4)));
+                    _mm256_store_si256((__m256i *)&t->q[i][128 * h + 32 * j], q);
+                }
+            }
+            if (kind == KQ_Q2_K) {
+                __m128i s = _mm_loadu_si128((const __m128i *)p);
+                store_scales16(_mm256_cvtepu8_epi16(_mm_and_si128(s, _mm_set1_epi8(0x0F))), t->sc[i]);
+                _mm256_store_si256((__m256i *)t->aux[i],
+                                   _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(s, 4),
+                                                                      _mm_set1_epi8(0x0F))));
+            } else {
+                const struct kvr_block_q3_k *b = (const void *)p;
+                _Alignas(32) int16_t s[16];
+                for (int k = 0; k < 16; k++)
+                    s[k] = (int16_t)kvr_q3_k_scale(b->scales, k);
+                __m256i s16 = _mm256_load_si256((const __m256i *)s);
+                store_scales16(s16, t->sc[i]);
+                _mm256_store_si256((__m256i *)t->aux[i], _mm256_slli_epi16(s16, 2));
+            }
+        } else if (kind == KQ_Q5_K) {
+            const struct kvr_block_q5_k *b = (const void *)p;
+            __m256i qh = _mm256_loadu_si256((const __m256i *)b->qh);
+            const __m256i sixteen = _mm256_set1_epi8(16);
+            UNROLL
+            for (int c = 0; c < 4; c++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(b->qs + 32 * c));
+                __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low),
+                                             _mm256_and_si256(bit_mask8(qh, 2 * c), sixteen));
+                __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),
+                                             _mm256_and_si256(bit_mask8(qh, 2 * c + 1), sixteen));
+                _mm256_store_si256((__m256i *)&t->q[i][64 * c], lo);
+                _mm256_store_si256((__m256i *)&t->q[i][64 * c + 32], hi);
+            }
+            __m256i sc_both;
+            q4_k_scales((const struct kvr_block_q4_k *)(const void *)b, &sc_both, (__m256i *)t->aux[i]);
+            UNROLL
+            for (int j = 0; j < 8; j++)
+                _mm256_store_si256((__m256i *)t->sc[i][j], _mm256_shuffle_epi8(sc_both, q4_k_pick(j)));
+        } else {
+            const struct kvr_block_iq4_xs *b = (const void *)p;
+            UNROLL
+            for (int j = 0; j < 8; j++) {
+                _mm256_store_si256((__m256i *)&t->q[i][32 * j],
+                                   _mm256_shuffle_epi8(iq4_table(), unpack_q4_0(b->qs + 16 * j)));
+                _mm256_store_si256((__m256i *)t->sc[i][j],
+                                   _mm256_set1_epi16((short)kvr_iq4_xs_scale(b, j)));
+            }
+            _mm256_store_si256((__m256i *)t->aux[i], _mm256_setzero_si256());
+        }
+    }
+    if (kind == KQ_Q2_K) {
+        *dw = load_f16x8(rows, off + offsetof(struct kvr_block_q2_k, d));
+        *dmin = load_f16x8(rows, off + offsetof(struct kvr_block_q2_k, dmin));
+    } else if (kind == KQ_Q5_K) {
+        *dw = load_f16x8(rows, off + offsetof(struct kvr_block_q5_k, d));
+        *dmin = load_f16x8(rows, off + offsetof(struct kvr_block_q5_k, dmin));
+    } else {
+        *dw = load_f16x8(rows, off + (kind == KQ_Q3_K ? offsetof(struct kvr_block_q3_k, d)
+                                                      : offsetof(struct kvr_block_iq4_xs, d)));
+        *dmin = _mm256_setzero_ps();
+    }
+}
+
+/* kq_dot for signed stored quants (IQ4_XS): |w| * sign(x, w), then the same madd. */
+static ALWAYS_INLINE void kq_dot_signed(const struct kq_tile *t, const struct kvr_block_q8_k *x,
+                                        __m256i *isum)
+{
+    __m256i v[OT];
+    UNROLL
+    for (int j = 0; j < 8; j++) {
+        __m256i xj = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * j));
+        UNROLL
+        for (int i = 0; i < OT; i++) {
+            __m256i w = _mm256_load_si256((const __m256i *)&t->q[i][32 * j]);
+            __m256i p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xj, w));
+            p = _mm256_madd_epi16(p, _mm256_load_si256((const __m256i *)t->sc[i][j]));
+            v[i] = j ? _mm256_add_epi32(v[i], p) : p;
+            KEEP(v[i]);
+        }
+    }
+    *isum = reduce8_epi32(v);
+}
+
+static ALWAYS_INLINE void matmul_kq2(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                                     int64_t n_rows, float *y, int64_t ldy, int64_t o_begin,
+                                     int64_t o_end, enum kq_kind kind)
+{
+    int64_t nsb = w->n_in / KVR_QK_K;
+    const size_t sbb = kq_bytes(kind);
+    struct kq_tile t;
+    for (int64_t o0 = o_begin; o0 < o_end; o0 += OT) {
+        const uint8_t *rows[OT];
+        int n_valid = tile_rows(w, o0, o_end, rows);
+        const uint8_t *pf = next_tile(w, o0, OT);
+        for (int64_t sb = 0; sb < nsb; sb++) {
+            __m256 dw, dmin;
+            if (pf)
+                prefetch_span(pf + (size_t)sb * sbb * OT, sbb * OT);
+            unpack_kq(rows, sb, kind, &t, &dw, &dmin);
+            for (int64_t r = 0; r < n_rows; r++) {
+                const struct kvr_block_q8_k *x =
+                    (const struct kvr_block_q8_k *)((const uint8_t *)xq + (size_t)r * x_stride) + sb;
+                float *yr = y + r * ldy + o0;
+                __m256 acc = sb ? load_tile(yr, n_valid) : _mm256_setzero_ps();
+                __m256i isum, iaux = _mm256_setzero_si256();
+                if (kind == KQ_IQ4_XS)
+                    kq_dot_signed(&t, x, &isum);
+                else
+                    kq_dot(&t, x, &isum, &iaux);
+                acc = kq_accumulate(acc, isum, iaux, dw, dmin, x->d, kq_has_min(kind));
+                store_tile(yr, acc, n_valid);
+            }
+        }
+    }
+}
+
+static void matmul_q2_k(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                        int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
+{
+    matmul_kq2(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, KQ_Q2_K);
+}
+
+static void matmul_q3_k(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                        int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
+{
+    matmul_kq2(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, KQ_Q3_K);
+}
+
+static void matmul_q5_k(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                        int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
+{
+    matmul_kq2(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, KQ_Q5_K);
+}
+
+static void matmul_iq4_xs(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                          int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
+{
+    matmul_kq2(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, KQ_IQ4_XS);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Q4_1, Q5_0, Q5_1, IQ4_NL x Q8_0. Each block decodes to 32 signed weights in element order
+ * (Q4_1/Q5_1: q; Q5_0: q - 16; IQ4_NL: the grid value; all in [-127, 127]) held in a
+ * chunk buffer with their absolute values; every activation row then takes |w| * sign(x, w)
+ * (maddubs pairs <= 32258), widens with madd, and reduce8 gives each row's exact isum. The
+ * float steps are the reference's: isum * (d_w * d_x), then for Q4_1/Q5_1 xsum * (m_w * d_x)
+ * with xsum = s8 / 8 from the activation's block extension.
+ * --------------------------------------------------------------------------------------- */
+
+enum lk_kind { LK_Q4_1, LK_Q5_0, LK_Q5_1, LK_IQ4_NL };
+
+enum { LKB = 32 }; /* blocks per chunk: 2 x 8 KiB of decoded weights */
+
+static ALWAYS_INLINE size_t lk_bytes(enum lk_kind k)
+{
+    switch (k) {
+    case LK_Q4_1: return sizeof(struct kvr_block_q4_1);
+    case LK_Q5_0: return sizeof(struct kvr_block_q5_0);
+    case LK_Q5_1: return sizeof(struct kvr_block_q5_1);
+    default: return sizeof(struct kvr_block_iq4_nl);
+    }
+}
+
+static ALWAYS_INLINE int lk_has_min(enum lk_kind k)
+{
+    return k == LK_Q4_1 || k == LK_Q5_1;
+}
+
+/* The 32 high bits of a Q5 block (qh, little-endian) as bytes: 16 where bit j is set. */
+static ALWAYS_INLINE __m256i q5_high(const uint8_t *qh)
+{
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                            2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bits = _mm256_set1_epi64x(0x8040201008040201LL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(load_i32(qh)), spread);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bits), bits), _mm256_set1_epi8(16));
+}
+
+static ALWAYS_INLINE __m256i lk_decode(const uint8_t *p, enum lk_kind k)
+{
+    switch (k) {
+    case LK_Q4_1: return unpack_q4_0(p + 4);
+    case LK_Q5_0: return _mm256_sub_epi8(_mm256_or_si256(unpack_q4_0(p + 6), q5_high(p + 2)),
+                                         _mm256_set1_epi8(16));
+    case LK_Q5_1: return _mm256_or_si256(unpack_q4_0(p + 8), q5_high(p + 4));
+    default: return _mm256_shuffle_epi8(iq4_table(), unpack_q4_0(p + 2));
+    }
+}
+
+static ALWAYS_INLINE void matmul_lk(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                                    int64_t n_rows, float *y, int64_t ldy, int64_t o_begin,
+                                    int64_t o_end, enum lk_kind kind)
+{
+    _Alignas(32) __m256i wa[LKB][OT], ws[LKB][OT];
+    _Alignas(32) __m256 dw[LKB], mw[LKB];
+    const __m256i ones = _mm256_set1_epi16(1);
+    const size_t wb = lk_bytes(kind);
+    int64_t nb = w->n_in / KVR_QK;
+    for (int64_t o0 = o_begin; o0 < o_end; o0 += OT) {
+        const uint8_t *rows[OT];
+        int n_valid = tile_rows(w, o0, o_end, rows);
+        const uint8_t *pf = next_tile(w, o0, OT);
+        for (int64_t b0 = 0; b0 < nb; b0 += LKB) {
+            int kn = nb - b0 < LKB ? (int)(nb - b0) : LKB;
+            for (int b = 0; b < kn; b++) {
+                size_t off = (size_t)(b0 + b) * wb;
+                if (pf)
+                    prefetch_span(pf + off * OT, wb * OT);
+                UNROLL
+                for (int i = 0; i < OT; i++) {
+                    __m256i v = lk_decode(rows[i] + off, kind);
+                    ws[b][i] = v;
+                    wa[b][i] = _mm256_abs_epi8(v);
+                }
+                dw[b] = load_f16x8(rows, off);
+                if (lk_has_min(kind))
+                    mw[b] = load_f16x8(rows, off + 2);
+            }
+            for (int64_t r = 0; r < n_rows; r++) {
+                const uint8_t *xr = (const uint8_t *)xq + (size_t)r * x_stride;
+                const struct kvr_q8_0_ext *ext = (const void *)(xr + kvr_q8_0_ext_offset(nb));
+                float *yr = y + r * ldy + o0;
+                __m256 acc = b0 ? load_tile(yr, n_valid) : _mm256_setzero_ps();
+                for (int b = 0; b < kn; b++) {
+                    __m256i x = _mm256_loadu_si256(
+                        (const __m256i *)(xr + (size_t)(b0 + b) * sizeof(struct kvr_block_q8_0) + 2));
+                    __m256i p[OT];
+                    UNROLL
+                    for (int i = 0; i < OT; i++)
+                        p[i] = _mm256_madd_epi16(
+                            _mm256_maddubs_epi16(wa[b][i], _mm256_sign_epi8(x, ws[b][i])), ones);
+                    __m256i isum = reduce8_epi32(p);
+                    __m256 dx = _mm256_set1_ps(ext[b0 + b].d);
+                    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw[b], dx), acc);
+                    if (lk_has_min(kind))
+                        acc = _mm256_fmadd_ps(_mm256_set1_ps((float)(ext[b0 + b].s8 / 8)),
+                                              _mm256_mul_ps(mw[b], dx), acc);
+                }
+                store_tile(yr, acc, n_valid);
+            }
+        }
+    }
+}
+
+static void matmul_q4_1(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                        int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
+{
+    matmul_lk(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, LK_Q4_1);
+}
+
+static void matmul_q5_0(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                        int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
+{
+    matmul_lk(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, LK_Q5_0);
+}
+
+static void matmul_q5_1(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                        int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
+{
+    matmul_lk(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, LK_Q5_1);
+}
+
+static void matmul_iq4_nl(const struct kvr_matrix *w, const void *xq, size_t x_stride,
+                          int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
+{
+    matmul_lk(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end, LK_IQ4_NL);
+}
+
+/* ---------------------------------------------------------------------------------------
  * F32 / F16 / BF16 x F32: tiles of F_OT weight rows x F_RT activation rows, one 8-lane
  * accumulator per pair, reduced like the reference.
  * --------------------------------------------------------------------------------------- */
@@ -1106,6 +1447,14 @@ const struct kvr_kernel_set kvr_kernels_avx2 = {
                [KVR_DTYPE_Q8_0] = matmul_q8_0,
                [KVR_DTYPE_Q4_0] = matmul_q4_0,
                [KVR_DTYPE_Q4_K] = matmul_q4_k,
-               [KVR_DTYPE_Q6_K] = matmul_q6_k},
+               [KVR_DTYPE_Q6_K] = matmul_q6_k,
+               [KVR_DTYPE_Q4_1] = matmul_q4_1,
+               [KVR_DTYPE_Q5_0] = matmul_q5_0,
+               [KVR_DTYPE_Q5_1] = matmul_q5_1,
+               [KVR_DTYPE_IQ4_NL] = matmul_iq4_nl,
+               [KVR_DTYPE_Q2_K] = matmul_q2_k,
+               [KVR_DTYPE_Q3_K] = matmul_q3_k,
+               [KVR_DTYPE_Q5_K] = matmul_q5_k,
+               [KVR_DTYPE_IQ4_XS] = matmul_iq4_xs},
     .o_tile = OT,
 };
