@@ -37,7 +37,10 @@ static void usage(FILE *f)
                "  --layers N --dim N --ff N --heads N --kv-heads N --vocab-size N --ctx N\n"
                "                     set or override shape fields (custom needs layers, dim,\n"
                "                     ff and heads; kv-heads defaults to heads, vocab-size to\n"
-               "                     512, ctx to 2048)\n");
+               "                     512, ctx to 2048)\n"
+               "  --experts N --experts-used K --expert-ff N --shared-ff N\n"
+               "                     a mixture of experts (default 8 experts, top-2; width\n"
+               "                     ff; llama then is Mixtral-style)\n");
 }
 
 static int parse_type(const char *s)
@@ -90,6 +93,7 @@ static void show_progress(void *ctx, uint64_t done, uint64_t total)
 }
 
 enum { OPT_SHAPE = 256, OPT_TYPE, OPT_SEED, OPT_VOCAB, OPT_THREADS, OPT_FIELD };
+enum { OPT_MOE = 512, N_MOE = 4 }; /* --experts, --experts-used, --expert-ff, --shared-ff */
 
 int kvr_cmd_synth(int argc, char **argv)
 {
@@ -107,11 +111,15 @@ int kvr_cmd_synth(int argc, char **argv)
         {"kv-heads", required_argument, NULL, OPT_FIELD + 4},
         {"vocab-size", required_argument, NULL, OPT_FIELD + 5},
         {"ctx", required_argument, NULL, OPT_FIELD + 6},
+        {"experts", required_argument, NULL, OPT_MOE + 0},
+        {"experts-used", required_argument, NULL, OPT_MOE + 1},
+        {"expert-ff", required_argument, NULL, OPT_MOE + 2},
+        {"shared-ff", required_argument, NULL, OPT_MOE + 3},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *shape_name = NULL, *out = NULL, *vocab_path = NULL;
-    long fields[7] = {0}, v;
+    long fields[7] = {0}, moe[N_MOE] = {0}, v;
     struct kvr_synth_opts opts = {.type = KVR_DTYPE_Q8_0, .seed = 1};
     long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
     opts.n_threads = n_cpus > 0 ? (int)(n_cpus < 64 ? n_cpus : 64) : 1;
@@ -156,6 +164,15 @@ int kvr_cmd_synth(int argc, char **argv)
             usage(stdout);
             return 0;
         default:
+            if (c >= OPT_MOE && c < OPT_MOE + N_MOE) {
+                if (!parse_int(optarg, 1, 1L << 18, &moe[c - OPT_MOE])) {
+                    fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
+                            c == OPT_MOE ? "experts" : c == OPT_MOE + 1 ? "experts-used"
+                            : c == OPT_MOE + 2 ? "expert-ff" : "shared-ff");
+                    return 2;
+                }
+                break;
+            }
             if (c >= OPT_FIELD && c < OPT_FIELD + 7) {
                 if (!parse_int(optarg, 1, 1L << 24, &fields[c - OPT_FIELD])) {
                     fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
@@ -181,7 +198,8 @@ int kvr_cmd_synth(int argc, char **argv)
             fprintf(stderr, "kvasir synth: custom needs --layers, --dim, --ff and --heads\n");
             return 2;
         }
-        *s = (struct kvr_synth_shape){"custom", 0, 0, 0, 0, 0, 512, 2048, 10000.0f, 1e-5f, 0, 0};
+        *s = (struct kvr_synth_shape){.name = "custom", .vocab_size = 512, .ctx = 2048,
+                                      .rope_base = 10000.0f, .rms_eps = 1e-5f};
         s->n_kv_heads = (int)fields[3];
     } else if (kvr_synth_shape_by_name(shape_name, s)) {
         fprintf(stderr, "kvasir synth: unknown shape %s\n", shape_name);
@@ -192,6 +210,12 @@ int kvr_cmd_synth(int argc, char **argv)
     for (int i = 0; i < 7; i++)
         if (fields[i])
             *targets[i] = (int)fields[i];
+    if (moe[0] || moe[1]) { /* experts default to 8, top-2 (Mixtral's) */
+        s->n_expert = moe[0] ? (int)moe[0] : 8;
+        s->n_expert_used = moe[1] ? (int)moe[1] : 2;
+    }
+    s->expert_ff = (int)moe[2];
+    s->shared_ff = (int)moe[3];
 
     struct kvr_err err = {0};
     struct kvr_gguf *vocab = NULL;

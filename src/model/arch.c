@@ -33,6 +33,12 @@ static const struct kvr_arch archs[] = {
      .swa_rope_base = 10000.0f, .big_scale_layers = 62},
     {.name = "phi3", .has = PRE_NORMS | B(ATTN_QKV) | B(ATTN_OUT) | B(FFN_UP) | B(FFN_DOWN),
      .fused_gate_up = true, .act = KVR_ACT_SILU, .rope = KVR_ROPE_NEOX},
+    {.name = "qwen3moe", .has = PRE_NORMS | QKV_SPLIT | QK_NORM | B(ATTN_OUT),
+     .act = KVR_ACT_SILU, .rope = KVR_ROPE_NEOX, .moe_always = true,
+     .moe_gating = KVR_MOE_GATING_SOFTMAX, .moe_norm = true},
+    {.name = "qwen2moe", .has = PRE_NORMS | QKV_SPLIT | QKV_BIAS | B(ATTN_OUT),
+     .act = KVR_ACT_SILU, .rope = KVR_ROPE_NEOX, .moe_always = true,
+     .moe_gating = KVR_MOE_GATING_SOFTMAX, .moe_shared = true},
 };
 #define N_ARCHS ((int)(sizeof archs / sizeof archs[0]))
 
@@ -66,7 +72,10 @@ const struct kvr_arch *kvr_arch_find(const char *name, size_t len)
 
 const struct kvr_arch *kvr_arch_at(int i) { return i >= 0 && i < N_ARCHS ? &archs[i] : NULL; }
 
-const char *kvr_arch_list(void) { return "llama, qwen2, qwen3, gemma2, gemma3, phi3"; }
+const char *kvr_arch_list(void)
+{
+    return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, qwen2moe";
+}
 
 const char *kvr_lt_name(enum kvr_lt t) { return (unsigned)t < KVR_LT_COUNT ? lt_names[t] : "?"; }
 
@@ -90,6 +99,14 @@ void kvr_lt_shape(const struct kvr_hparams *hp, enum kvr_lt t, int64_t *ne0, int
     case KVR_LT_FFN_DOWN: *ne0 = ff; *ne1 = d; break;
     default: *ne0 = d; break; /* the norms of the residual width */
     }
+}
+
+bool kvr_hparams_has(const struct kvr_hparams *hp, enum kvr_lt t)
+{
+    if (!(hp->arch->has & KVR_LT_BIT(t)))
+        return false;
+    return !hp->moe.n_expert || (t != KVR_LT_FFN_GATE && t != KVR_LT_FFN_UP &&
+                                 t != KVR_LT_FFN_DOWN);
 }
 
 bool kvr_hparams_layer_swa(const struct kvr_hparams *hp, uint32_t il)
@@ -254,6 +271,13 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
                 return kvr_err_set(err, KVR_EFORMAT, "model: rope_freqs.weight[%u] is not "
                                    "positive", i);
     }
+
+    if ((rc = kvr_moe_hparams_read(&hp->moe, g, a->name, a->moe_gating, a->moe_norm,
+                                   a->moe_shared, hp->n_ff, err)))
+        return rc;
+    if (a->moe_always && !hp->moe.n_expert)
+        return kvr_err_set(err, KVR_EFORMAT, "model: %s needs %s.expert_count", a->name,
+                           a->name);
 
     const struct kvr_gguf_tensor *emb = kvr_gguf_find_tensor(g, "token_embd.weight");
     if (!emb)

@@ -20,6 +20,12 @@
  * | gemma3 | q/k norms, post-norms                   | GELU  | neox   | x sqrt(d), sliding 5  |
  * |        |                                         |       |        | of 6, local rope base |
  * | phi3   | fused attn_qkv, fused gate|up in ffn_up | SiLU  | neox   |                       |
+ * | qwen3moe | qwen3's, experts instead of ffn_*     | SiLU  | neox   | softmax, top-k normed |
+ * | qwen2moe | qwen2's, experts + a shared expert    | SiLU  | neox   | softmax, not normed   |
+ *
+ * Mixture-of-experts layers (model/moe.h) replace the dense ffn_gate/up/down with a router
+ * and experts; the arch row gives the gating and whether the architecture always has them
+ * (qwen3moe, qwen2moe) or only when the file sets ARCH.expert_count (llama: Mixtral).
  *
  * Pure data and pure functions: no globals beyond the const table, no I/O. */
 #ifndef KVR_MODEL_ARCH_H
@@ -27,6 +33,7 @@
 
 #include "core/err.h"
 #include "model/gguf.h"
+#include "model/moe.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -82,6 +89,11 @@ struct kvr_arch {
                                the global base) */
     uint32_t big_scale_layers; /* gemma3: a model of this many layers (27B) scales queries
                                   by 1/sqrt(n_embd / n_head) instead of 1/sqrt(head_dim) */
+    bool moe_always;        /* every layer is a mixture of experts (else: when the file
+                               sets ARCH.expert_count) */
+    enum kvr_moe_gating moe_gating; /* how router logits become routing weights */
+    bool moe_norm;          /* default of ARCH.expert_weights_norm */
+    bool moe_shared;        /* layers also have a shared expert */
 };
 
 /* The table's row for an architecture name (len bytes, not NUL-terminated), or NULL. */
@@ -119,11 +131,16 @@ struct kvr_hparams {
     float final_softcap;     /* final_logit_softcapping, the same on logits; 0 none */
     uint32_t n_swa;          /* attention.sliding_window in positions; 0 none */
     uint32_t swa_period;     /* attention.sliding_window_pattern or the arch's default */
+    struct kvr_moe_hparams moe; /* experts (ARCH.expert_*); moe.n_expert == 0: dense */
 };
 
 /* Read and check a model's hyperparameters. An unknown architecture is refused with a
  * message listing the supported ones. */
 int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kvr_err *err);
+
+/* Does a layer of this model have tensor t? The arch's `has`, less the dense feed-forward
+ * of a mixture-of-experts model (whose expert tensors moe.h views). */
+bool kvr_hparams_has(const struct kvr_hparams *hp, enum kvr_lt t);
 
 /* Does layer il use the sliding window? */
 bool kvr_hparams_layer_swa(const struct kvr_hparams *hp, uint32_t il);

@@ -20,6 +20,7 @@
 #include "model/attn.h"
 #include "model/dtype.h"
 #include "model/kv.h"
+#include "model/moe.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -48,6 +49,7 @@ struct layer {
     struct kvr_matrix w_gate, w_up; /* [n_embd] -> [n_ff] */
     struct kvr_matrix w_down;       /* [n_ff] -> [n_embd] */
     const float *ffn_post_norm;     /* [n_embd] */
+    struct kvr_moe_layer moe;       /* router and experts, when hp.moe.n_expert > 0 */
     bool swa;                       /* attends to the last n_swa positions only */
     float rope_base;                /* this layer's RoPE base */
     float rope_scale;               /* and position scale (1 on sliding layers) */
@@ -117,7 +119,7 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
         [KVR_LT_FFN_POST_NORM] = &l->ffn_post_norm};
     char name[96];
     for (int t = 0; t < KVR_LT_COUNT; t++) {
-        if (!(a->has & KVR_LT_BIT(t)))
+        if (!kvr_hparams_has(hp, (enum kvr_lt)t))
             continue;
         snprintf(name, sizeof name, "blk.%u.%s", il, kvr_lt_name((enum kvr_lt)t));
         if ((a->optional & KVR_LT_BIT(t)) && !kvr_gguf_find_tensor(g, name))
@@ -140,6 +142,10 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
     } else {
         l->w_up = up;
     }
+    int rc;
+    if (hp->moe.n_expert &&
+        (rc = kvr_moe_layer_view(&l->moe, g, il, hp->n_embd, &hp->moe, err)))
+        return rc;
     l->swa = kvr_hparams_layer_swa(hp, il);
     l->rope_base = l->swa ? hp->rope_base_swa : hp->rope_freq_base;
     l->rope_scale = l->swa ? 1.0f : hp->rope_freq_scale;
@@ -159,6 +165,7 @@ struct kvr_engine {
     struct kvr_kv kv;
     struct kvr_pool *pool;
     struct kvr_attn_ops attn;     /* attention's inner loops, matching the kernel set */
+    struct kvr_moe_work *moe;     /* the expert feed-forward's scratch (MoE models) */
 
     /* Scratch, all [max_rows x width] floats unless noted. */
     float *x;        /* residual stream, n_embd */
@@ -212,6 +219,7 @@ void kvr_engine_destroy(struct kvr_engine *e)
     if (!e)
         return;
     kvr_pool_destroy(e->pool);
+    kvr_moe_work_destroy(e->moe);
     kvr_kv_fini(&e->kv);
     float *bufs[] = {e->x, e->xb, e->q, e->k, e->v, e->att, e->gate, e->up, e->proj,
                      e->scores};
@@ -321,6 +329,20 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
     }
     if ((rc = pack_weights(e, err)))
         goto fail;
+    if (hp->moe.n_expert) {
+        struct kvr_moe_layer *ml = kvr_calloc(e->n_local, sizeof *ml);
+        if (!ml) {
+            rc = kvr_err_set(err, KVR_ENOMEM, "engine: out of memory");
+            goto fail;
+        }
+        for (uint32_t i = 0; i < e->n_local; i++)
+            ml[i] = e->layers[i].moe;
+        rc = kvr_moe_work_create(&e->moe, hp->n_embd, &hp->moe, ml, e->n_local,
+                                 cfg->max_rows, err);
+        kvr_free(ml);
+        if (rc)
+            goto fail;
+    }
 
     uint32_t per_seq_blocks = (cfg->n_ctx + cfg->kv_block_tokens - 1) / cfg->kv_block_tokens;
     uint64_t n_blocks = cfg->kv_n_blocks ? cfg->kv_n_blocks
@@ -738,12 +760,16 @@ static void attention_block(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
     matmul1(e, e->att, n_rows, &l->wo, e->proj);
 }
 
-/* proj = the feed-forward block's output for xb: the gated FFN down(act(gate) * up). This
- * is where a mixture-of-experts layer plugs in (a router choosing experts per row, each
- * expert this same computation, their outputs summed in a fixed order). */
+/* proj = the feed-forward block's output for xb: the gated FFN down(act(gate) * up), or in
+ * a mixture-of-experts model the experts the router picks per row, their outputs summed in
+ * a fixed order (model/moe.h). */
 static void ffn_block(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
 {
     const struct layer *l = &e->layers[il];
+    if (e->moe) { /* router, experts, fixed-order combine (model/moe.h) */
+        kvr_moe_forward(e->moe, &l->moe, e->xb, n_rows, e->proj, e->pool);
+        return;
+    }
     const struct kvr_matrix *ffn_w[2] = {&l->w_gate, &l->w_up};
     float *ffn_y[2] = {e->gate, e->up};
     matmuls_any(e, e->xb, n_rows, 2, ffn_w, ffn_y);

@@ -19,9 +19,9 @@
 /* ---- shapes ------------------------------------------------------------------------ */
 
 static const struct kvr_synth_shape named_shapes[] = {
-    {"tinyllama-1.1b", 22, 2048, 5632, 32, 4, 32000, 2048, 10000.0f, 1e-5f, 0, 0},
-    {"ring-45", 45, 256, 768, 8, 4, 4096, 2048, 10000.0f, 1e-5f, 0, 0},
-    {"tiny", 4, 64, 192, 4, 2, 512, 512, 10000.0f, 1e-5f, 0, 0},
+    {"tinyllama-1.1b", 22, 2048, 5632, 32, 4, 32000, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0},
+    {"ring-45", 45, 256, 768, 8, 4, 4096, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0},
+    {"tiny", 4, 64, 192, 4, 2, 512, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0},
 };
 #define N_NAMED_SHAPES ((int)(sizeof named_shapes / sizeof named_shapes[0]))
 
@@ -72,21 +72,50 @@ int kvr_synth_check_shape(const struct kvr_synth_shape *s, struct kvr_err *err)
                            s->n_heads, s->n_kv_heads);
     if (!(s->rope_base > 0.0f) || !(s->rms_eps > 0.0f))
         return kvr_err_set(err, KVR_EINVAL, "shape: rope base and rms epsilon must be > 0");
+    if (s->n_expert &&
+        ((rc = check_range("experts", s->n_expert, 2, s->dim < KVR_MOE_MAX_EXPERTS
+                                                          ? s->dim : KVR_MOE_MAX_EXPERTS, err)) ||
+         (rc = check_range("experts-used", s->n_expert_used, 1,
+                           s->n_expert < KVR_MOE_MAX_USED ? s->n_expert : KVR_MOE_MAX_USED,
+                           err)) ||
+         (rc = check_range("expert-ff", s->expert_ff, 0, 1 << 18, err)) ||
+         (rc = check_range("shared-ff", s->shared_ff, 0, 1 << 18, err))))
+        return rc;
     return 0;
 }
 
 /* ---- tensors and their weights ----------------------------------------------------- */
 
-/* One tensor of the model: GGUF shape {ne0 = n_in, ne1 = rows} and its value range. */
+/* What a tensor's rows hold beyond their random values: the routing design of MoE models
+ * (synth.h), on the first `reserved` coordinates of the residual stream. */
+enum role {
+    ROLE_RANDOM,     /* uniform values only */
+    ROLE_LEVELS,     /* token_embd: a permutation of evenly spaced levels on the reserved */
+    ROLE_ROUTER,     /* ffn_gate_inp: row e one-hot on reserved perm(e), value `gain` */
+    ROLE_ZERO_OUT,   /* output rows (row % ne1) < reserved are zero */
+    ROLE_NORM_ONE,   /* ffn_norm: exactly 1 on the reserved coordinates */
+    ROLE_COUNT
+};
+
+/* One tensor of the model: GGUF shape {ne0 = n_in, ne1 = rows, ne2 = matrices (3D expert
+ * stacks; 1 otherwise)} and its value range. */
 struct tspec {
     char name[48];
     uint32_t n_dims;
-    int64_t ne[2];
+    int64_t ne[3];
     int type;
     float lo, hi;    /* values are uniform in [lo, hi) */
     uint64_t stream; /* PRNG stream of the tensor, from the seed and the name */
     float rope_base; /* > 0: not random, Llama 3.1's rope_freqs for this base */
+    enum role role;
+    uint32_t reserved; /* routing coordinates (MoE: n_expert) */
+    float gain;        /* ROLE_ROUTER's value; ROLE_LEVELS' spacing */
 };
+
+static int64_t n_rows_of(const struct tspec *t)
+{
+    return t->ne[1] * t->ne[2];
+}
 
 static uint64_t stream_of(uint64_t seed, const char *name)
 {
@@ -118,6 +147,47 @@ static void llama3_rope_freqs(float base, int64_t n_pairs, float *dst)
     }
 }
 
+/* perm[0..n) = a permutation of 0..n-1 drawn from *st (Fisher-Yates). */
+static void draw_perm(uint64_t st, uint32_t *perm, uint32_t n)
+{
+    for (uint32_t i = 0; i < n; i++)
+        perm[i] = i;
+    for (uint32_t i = n; i > 1; i--) {
+        uint32_t j = (uint32_t)(kvr_splitmix64(&st) % i);
+        uint32_t tmp = perm[i - 1];
+        perm[i - 1] = perm[j];
+        perm[j] = tmp;
+    }
+}
+
+/* The routing design of MoE models (synth.h) over a row's random values. */
+static void apply_role(const struct tspec *t, int64_t row, float *dst)
+{
+    uint32_t perm[KVR_MOE_MAX_EXPERTS], r = t->reserved;
+    switch (t->role) {
+    case ROLE_LEVELS: /* this token's own permutation of the levels */
+        draw_perm(t->stream ^ 0x5bd1e995u ^ ((uint64_t)row * 0x9e3779b97f4a7c15ull), perm, r);
+        for (uint32_t i = 0; i < r; i++)
+            dst[i] = ((float)perm[i] - 0.5f * (float)(r - 1)) * t->gain;
+        break;
+    case ROLE_ROUTER: /* this layer's permutation of experts onto coordinates */
+        draw_perm(t->stream, perm, r);
+        memset(dst, 0, (size_t)t->ne[0] * sizeof *dst);
+        dst[perm[row]] = t->gain;
+        break;
+    case ROLE_ZERO_OUT:
+        if (row % t->ne[1] < r)
+            memset(dst, 0, (size_t)t->ne[0] * sizeof *dst);
+        break;
+    case ROLE_NORM_ONE:
+        for (uint32_t i = 0; i < r; i++)
+            dst[i] = 1.0f;
+        break;
+    default:
+        break;
+    }
+}
+
 /* Row `row` of a tensor: a splitmix64 stream per row, two 24-bit uniforms per draw. */
 static void gen_row(const struct tspec *t, int64_t row, float *dst)
 {
@@ -135,6 +205,7 @@ static void gen_row(const struct tspec *t, int64_t row, float *dst)
     }
     if (i < n)
         dst[i] = t->lo + span * ((float)(kvr_splitmix64(&st) >> 40) * 0x1p-24f);
+    apply_role(t, row, dst);
 }
 
 /* The type a matrix with n_in columns is stored in: the chosen one if its block divides
@@ -154,6 +225,7 @@ static void add_spec(struct tspec *t, const char *name, int64_t ne0, int64_t ne1
     t->n_dims = ne1 > 0 ? 2 : 1;
     t->ne[0] = ne0;
     t->ne[1] = ne1 > 0 ? ne1 : 1;
+    t->ne[2] = 1;
     if (ne1 > 0) {
         t->type = matrix_type(type, ne0);
         t->hi = std * 1.7320508f; /* uniform on [-a, a] has std a / sqrt(3) */
@@ -165,6 +237,9 @@ static void add_spec(struct tspec *t, const char *name, int64_t ne0, int64_t ne1
     }
     t->stream = stream_of(seed, t->name);
     t->rope_base = 0.0f;
+    t->role = ROLE_RANDOM;
+    t->reserved = 0;
+    t->gain = 0.0f;
 }
 
 static const struct kvr_arch *arch_of(const struct kvr_synth_opts *o)
@@ -191,13 +266,65 @@ static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
     hp.q_dim = hp.n_head * hp.head_dim;
     hp.kv_dim = hp.n_head_kv * hp.head_dim;
     hp.n_rot = hp.head_dim;
+    if (s->n_expert > 0) {
+        hp.moe.n_expert = (uint32_t)s->n_expert;
+        hp.moe.n_used = (uint32_t)s->n_expert_used;
+        hp.moe.n_ff_exp = (uint32_t)(s->expert_ff ? s->expert_ff : s->ff);
+        hp.moe.n_ff_shexp = hp.arch->moe_shared ? (uint32_t)(s->shared_ff ? s->shared_ff
+                                                                          : (int)hp.moe.n_ff_exp)
+                                                : 0;
+    }
     return hp;
 }
 
 /* Most tensors a model of these options has. */
 static size_t max_tensors(const struct kvr_synth_shape *s)
 {
-    return (size_t)s->n_layers * KVR_LT_COUNT + 4;
+    return (size_t)s->n_layers * (KVR_LT_COUNT + 8) + 4; /* + router, experts, shared */
+}
+
+/* A MoE layer's router, experts and shared expert (synth.h: the routing design). */
+static int64_t add_moe_specs(struct tspec *out, const struct kvr_hparams *hp, uint32_t l,
+                             int type, uint64_t seed, float s_res)
+{
+    const struct kvr_moe_hparams *mp = &hp->moe;
+    int64_t n = 0, d = hp->n_embd, ff = mp->n_ff_exp, sh = mp->n_ff_shexp;
+    float spacing = 3.4f / (float)(mp->n_expert - 1);
+    char name[48];
+#define NAME(suffix) (snprintf(name, sizeof name, "blk.%u." suffix, l), name)
+    add_spec(&out[n], NAME("ffn_gate_inp.weight"), d, mp->n_expert, KVR_DTYPE_F32, 0, seed);
+    out[n].role = ROLE_ROUTER;
+    out[n].gain = 1.2f / spacing;
+    out[n++].reserved = mp->n_expert;
+    static const char *const exps[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight",
+                                        "ffn_down_exps.weight"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(name, sizeof name, "blk.%u.%s", l, exps[i]);
+        add_spec(&out[n], name, i < 2 ? d : ff, i < 2 ? ff : d, type,
+                 i < 2 ? 1.0f / sqrtf((float)d) : s_res / sqrtf((float)ff), seed);
+        out[n].n_dims = 3;
+        out[n].ne[2] = mp->n_expert;
+        if (i == 2) {
+            out[n].role = ROLE_ZERO_OUT;
+            out[n].reserved = mp->n_expert;
+        }
+        n++;
+    }
+    if (sh) {
+        add_spec(&out[n], NAME("ffn_gate_inp_shexp.weight"), d, 0, KVR_DTYPE_F32, 0, seed);
+        out[n].hi = 1.7320508f / sqrtf((float)d); /* a gate around sigmoid(0), not a norm */
+        out[n++].lo = -1.7320508f / sqrtf((float)d);
+        add_spec(&out[n++], NAME("ffn_gate_shexp.weight"), d, sh, type, 1.0f / sqrtf((float)d),
+                 seed);
+        add_spec(&out[n++], NAME("ffn_up_shexp.weight"), d, sh, type, 1.0f / sqrtf((float)d),
+                 seed);
+        add_spec(&out[n], NAME("ffn_down_shexp.weight"), sh, d, type,
+                 s_res / sqrtf((float)sh), seed);
+        out[n].role = ROLE_ZERO_OUT;
+        out[n++].reserved = mp->n_expert;
+    }
+#undef NAME
+    return n;
 }
 
 /* The model's tensors in file order; returns how many. */
@@ -211,7 +338,13 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
     float s_res = 1.0f / sqrtf(2.0f * (float)hp.n_layer); /* for the residual branches */
     float logit = o->logit_scale > 0.0f ? o->logit_scale : 1.0f;
     char name[48];
-    add_spec(&out[n++], "token_embd.weight", dim, vocab, type, is_tied(o) ? logit : 1.0f, seed);
+    add_spec(&out[n], "token_embd.weight", dim, vocab, type, is_tied(o) ? logit : 1.0f, seed);
+    if (hp.moe.n_expert) {
+        out[n].role = ROLE_LEVELS;
+        out[n].reserved = hp.moe.n_expert;
+        out[n].gain = 3.4f / (float)(hp.moe.n_expert - 1);
+    }
+    n++;
     if (o->rope_freqs) {
         add_spec(&out[n], "rope_freqs.weight", hp.n_rot / 2, 0, type, 0, seed);
         out[n++].rope_base = o->shape.rope_base;
@@ -219,7 +352,7 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
     for (uint32_t l = 0; l < hp.n_layer; l++) {
         for (int t = 0; t < KVR_LT_COUNT; t++) {
             uint32_t bit = KVR_LT_BIT(t);
-            if (!(a->has & bit) || (a->optional & bit))
+            if (!kvr_hparams_has(&hp, (enum kvr_lt)t) || (a->optional & bit))
                 continue;
             int64_t ne0, ne1;
             kvr_lt_shape(&hp, (enum kvr_lt)t, &ne0, &ne1);
@@ -232,8 +365,14 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
                 out[n].hi = 0.3f * 1.7320508f;
                 out[n].lo = -out[n].hi;
             }
+            if (hp.moe.n_expert && (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_NORM)) {
+                out[n].role = t == KVR_LT_ATTN_OUT ? ROLE_ZERO_OUT : ROLE_NORM_ONE;
+                out[n].reserved = hp.moe.n_expert;
+            }
             n++;
         }
+        if (hp.moe.n_expert)
+            n += add_moe_specs(out + n, &hp, l, type, seed, s_res);
     }
     add_spec(&out[n++], "output_norm.weight", dim, 0, type, 0, seed);
     if (!is_tied(o))
@@ -488,7 +627,7 @@ static void fill_rows(void *arg, int ith, int nth)
     const struct fill_job *j = arg;
     float *row = j->scratch + (int64_t)ith * j->scratch_stride;
     long begin, end;
-    kvr_split_range((long)j->t->ne[1], ith, nth, &begin, &end);
+    kvr_split_range((long)n_rows_of(j->t), ith, nth, &begin, &end);
     for (long r = begin; r < end; r++) {
         gen_row(j->t, r, row);
         j->tr->from_float(row, j->dst + (size_t)r * j->row_bytes, j->t->ne[0]);
@@ -499,7 +638,7 @@ static int fill_tensor(void *ctx, void *dst, size_t n_bytes)
 {
     const struct fill_ctx *c = ctx;
     struct fill_job job = {c->t,       kvr_dtype_traits(c->t->type),
-                           dst,        n_bytes / (size_t)c->t->ne[1],
+                           dst,        n_bytes / (size_t)n_rows_of(c->t),
                            c->scratch, c->scratch_stride};
     kvr_pool_run(c->pool, fill_rows, &job);
     return 0;
@@ -558,6 +697,14 @@ static void add_model_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts
         add_arch_f32(w, a, "attn_logit_softcapping", 50.0f);
         add_arch_f32(w, a, "final_logit_softcapping", 30.0f);
     }
+    if (hp.moe.n_expert) {
+        add_arch_u32(w, a, "expert_count", hp.moe.n_expert);
+        add_arch_u32(w, a, "expert_used_count", hp.moe.n_used);
+        if (strcmp(a, "llama")) /* Mixtral-style files size experts by feed_forward_length */
+            add_arch_u32(w, a, "expert_feed_forward_length", hp.moe.n_ff_exp);
+        if (hp.moe.n_ff_shexp)
+            add_arch_u32(w, a, "expert_shared_feed_forward_length", hp.moe.n_ff_shexp);
+    }
     add_arch_u32(w, a, "vocab_size", (uint32_t)vocab);
 }
 
@@ -578,6 +725,12 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
     int rc, vocab = s->vocab_size;
     if ((rc = check_type(opts->type, &file_type, err)) || (rc = kvr_synth_check_shape(s, err)))
         return rc;
+    const struct kvr_arch *arch = arch_of(opts);
+    if (arch->moe_always && !s->n_expert)
+        return kvr_err_set(err, KVR_EINVAL, "shape: %s needs experts", arch->name);
+    if (s->n_expert && !arch->moe_always && strcmp(arch->name, "llama"))
+        return kvr_err_set(err, KVR_EINVAL, "shape: %s has no experts (llama, qwen3moe and "
+                           "qwen2moe do)", arch->name);
     if (opts->n_threads < 1)
         return kvr_err_set(err, KVR_EINVAL, "n_threads must be >= 1");
 
@@ -587,6 +740,8 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
     int64_t q_dim = (int64_t)hparams_of(opts).q_dim;
     int64_t max_ne0 = s->dim > s->ff ? s->dim : s->ff;
     max_ne0 = q_dim > max_ne0 ? q_dim : max_ne0;
+    max_ne0 = s->expert_ff > max_ne0 ? s->expert_ff : max_ne0;
+    max_ne0 = s->shared_ff > max_ne0 ? s->shared_ff : max_ne0;
     float *scratch = kvr_malloc((size_t)opts->n_threads * (size_t)max_ne0 * sizeof(float));
     struct kvr_pool *pool = kvr_pool_create(opts->n_threads);
     if (!w || !specs || !ctxs || !scratch || !pool) {
@@ -607,7 +762,7 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
         ctxs[i] = (struct fill_ctx){pool, &specs[i], scratch, max_ne0};
         kvr_gguf_writer_add_tensor_fn(w, specs[i].name, specs[i].n_dims, specs[i].ne, specs[i].type,
                                       fill_tensor, &ctxs[i]);
-        n_params += (uint64_t)specs[i].ne[0] * (uint64_t)specs[i].ne[1];
+        n_params += (uint64_t)specs[i].ne[0] * (uint64_t)n_rows_of(&specs[i]);
     }
     kvr_gguf_writer_set_progress(w, opts->progress, opts->progress_ctx);
     if (stats)
@@ -640,7 +795,7 @@ int kvr_synth_row(const struct kvr_synth_opts *opts, const char *name, int64_t r
     for (int64_t i = 0; i < n; i++) {
         if (strcmp(specs[i].name, name))
             continue;
-        rc = (row < 0 || row >= specs[i].ne[1]) ? KVR_ERANGE : 0;
+        rc = (row < 0 || row >= n_rows_of(&specs[i])) ? KVR_ERANGE : 0;
         if (!rc)
             gen_row(&specs[i], row, dst);
         break;

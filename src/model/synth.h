@@ -26,6 +26,24 @@
  * 3.1's factors (factor 8, low/high frequency factors 1 and 4, original context 8192) and
  * rope_scale != 1 writes linear rope.scaling.
  *
+ * Mixture of experts (n_expert > 0; required by qwen3moe and qwen2moe, and makes a llama
+ * file Mixtral-style): each layer's dense ffn_gate/up/down become ffn_gate_inp (the router)
+ * and the 3D ffn_{gate,up,down}_exps (plus qwen2moe's shared expert, see model/moe.h),
+ * with the keys ARCH.expert_count / expert_used_count / expert_feed_forward_length (not for
+ * llama, whose experts are feed_forward_length wide) / expert_shared_feed_forward_length.
+ * The router is built so that no token is ever near a tie between its k-th and (k+1)-th
+ * expert, since two engines whose arithmetic differs by rounding would then route it
+ * differently and their answers part for a reason that is not a bug. The first n_expert
+ * coordinates of the residual stream are reserved for routing: every token embedding holds
+ * a permutation of n_expert evenly spaced levels there (spacing 3.4 / (n_expert - 1)), no
+ * layer writes them (those output rows of attn_output, ffn_down_exps and ffn_down_shexp
+ * are zero, so the stream keeps the embedding's values exactly), ffn_norm is exactly 1 on
+ * them, and layer l's router row e is one-hot on reserved coordinate perm_l(e) with gain
+ * 1.2 / spacing. A token's router logits in every layer are then its levels times one
+ * positive RMSNorm factor: distinct ranks at least about one logit apart whatever the
+ * engine's rounding, routing weights like 0.7 / 0.3 for the top two, and each layer
+ * routing a token to different experts (perm_l differs per layer).
+ *
  * Types: a matrix whose ne[0] is not a multiple of the chosen type's block (e.g. dim 64 for
  * Q4_K's 256-element blocks) falls back to Q8_0, or to F16 if ne[0] is not a multiple of 32.
  *
@@ -65,6 +83,10 @@ struct kvr_synth_shape {
     float rms_eps;   /* llama.attention.layer_norm_rms_epsilon */
     int head_dim;    /* 0: dim / n_heads; else attention.key_length (q width n_heads x it) */
     int n_swa;       /* attention.sliding_window (0: none), for architectures that slide */
+    int n_expert;      /* mixture of experts: experts per layer (0: a dense feed-forward) */
+    int n_expert_used; /* experts per token row */
+    int expert_ff;     /* one expert's hidden width (0: ff); llama files use ff */
+    int shared_ff;     /* qwen2moe's shared expert width (0: expert_ff) */
 };
 
 /* Named shapes:

@@ -2,6 +2,7 @@
 
 #include "core/alloc.h"
 #include "model/engine.h"
+#include "model/moe.h"
 
 #include <sodium.h>
 #include <stdio.h>
@@ -16,18 +17,24 @@ static double tensor_bytes(const struct kvr_gguf *g, const char *name)
     return t ? (double)t->n_bytes : 0.0;
 }
 
-/* Bytes of layer il's tensors, named by the architecture table (a fused QKV or gate/up
- * tensor counts once, under its own name). */
+/* Bytes of layer il's tensors a token reads, named by the architecture table (a fused QKV
+ * or gate/up tensor counts once, under its own name). A mixture-of-experts layer counts
+ * its router, expert_used_count experts and any shared expert, not all its experts: that
+ * is what a decode step reads. A layer whose tensors do not view counts 0 here; the engine
+ * refuses the file with the reason when a stage loads it. */
 static double layer_bytes(const struct kvr_gguf *g, const struct kvr_hparams *hp, uint32_t il)
 {
     double sum = 0;
     char name[96];
     for (int t = 0; t < KVR_LT_COUNT; t++) {
-        if (!(hp->arch->has & KVR_LT_BIT(t)))
+        if (!kvr_hparams_has(hp, (enum kvr_lt)t))
             continue;
         snprintf(name, sizeof name, "blk.%u.%s", il, kvr_lt_name((enum kvr_lt)t));
         sum += tensor_bytes(g, name);
     }
+    struct kvr_moe_layer moe;
+    if (hp->moe.n_expert && !kvr_moe_layer_view(&moe, g, il, hp->n_embd, &hp->moe, NULL))
+        sum += kvr_moe_layer_bytes_per_token(&moe, &hp->moe);
     return sum;
 }
 
