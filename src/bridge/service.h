@@ -34,6 +34,7 @@
 #ifndef KVR_BRIDGE_SERVICE_H
 #define KVR_BRIDGE_SERVICE_H
 
+#include "bridge/request.h"
 #include "bridge/sbuf.h"
 #include "core/err.h"
 #include "model/sampler.h"
@@ -43,22 +44,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-
-/* One request, as admitted by the HTTP layer. The HTTP layer has already checked that
- * 1 <= n_prompt, 1 <= max_tokens and n_prompt + max_tokens <= n_ctx, and that every
- * prompt id is < the vocabulary size. */
-struct kvr_gen_request {
-    const int32_t *prompt; /* n_prompt token ids (BOS included when the model wants it) */
-    uint32_t n_prompt;
-    uint32_t max_tokens;   /* generate at most this many tokens (EOS counts as one) */
-    struct kvr_sample_params sampling; /* seed always set: the HTTP layer draws one when the
-                                          client gave none */
-    bool logprobs;         /* fill kvr_gen_event.logprob */
-    bool ignore_eos;       /* an end-of-generation token does not end the stream: it comes
-                              as an ordinary token (FINISH_NONE) until max_tokens */
-    uint32_t first_token_ms; /* latency budget from submit to the first token; 0 = default */
-    uint32_t total_ms;       /* ... from submit to the last token; 0 = default */
-};
 
 /* Why a request was refused; also the label of the service's refusal metrics. */
 enum kvr_svc_refusal_reason {
@@ -72,7 +57,7 @@ enum kvr_svc_refusal_reason {
     KVR_SVC_REFUSE_REASON_COUNT
 };
 
-#define KVR_SERVICE_MSG_BYTES 256
+#define KVR_SERVICE_MSG_BYTES KVR_GEN_MSG_BYTES
 
 struct kvr_svc_refusal {
     int http_status;            /* 429, 503, 400 or 500 (see the reasons above) */
@@ -83,25 +68,6 @@ struct kvr_svc_refusal {
     char message[KVR_SERVICE_MSG_BYTES];
 };
 
-enum kvr_gen_finish {
-    KVR_GEN_FINISH_NONE,   /* a token; more will follow */
-    KVR_GEN_FINISH_LENGTH, /* the last token: max_tokens reached */
-    KVR_GEN_FINISH_EOS,    /* the token is an end-of-generation token (kvr_tok_is_eog); it
-                              is counted but not shown */
-    KVR_GEN_FINISH_ERROR,  /* no token; the request failed (see error_status/message) */
-    KVR_GEN_FINISH_COUNT
-};
-
-struct kvr_gen_event {
-    int32_t token;  /* the generated token id; -1 for FINISH_ERROR */
-    float logprob;  /* natural log of the token's probability under the distribution it
-                       was sampled from; set only when the request asked for logprobs */
-    enum kvr_gen_finish finish;
-    /* FINISH_ERROR only: the HTTP status to report (500 internal, 503 ring lost and not
-     * recovered, 504 the request could not finish within its total budget) and why. */
-    int error_status;
-    char error[KVR_SERVICE_MSG_BYTES];
-};
 
 struct kvr_gen_stream; /* opaque, owned by the service */
 

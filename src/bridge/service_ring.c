@@ -22,13 +22,12 @@ static int ring_submit(void *ctx, const struct kvr_gen_request *req,
         snprintf(refusal->message, sizeof refusal->message, "out of memory");
         return KVR_ENOMEM;
     }
-    struct kvr_bridge_request br = {
-        .prompt = req->prompt, .n_prompt = req->n_prompt, .max_tokens = req->max_tokens,
-        .sampling = req->sampling, .logprobs = req->logprobs, .ignore_eos = req->ignore_eos,
-        .first_token_ms = req->first_token_ms ? req->first_token_ms
-                                              : rs->default_first_token_ms,
-        .total_ms = req->total_ms ? req->total_ms : rs->default_total_ms};
-    struct kvr_bridge_refusal why;
+    struct kvr_gen_request br = *req;
+    if (!br.first_token_ms)
+        br.first_token_ms = rs->default_first_token_ms;
+    if (!br.total_ms)
+        br.total_ms = rs->default_total_ms;
+    struct kvr_refusal why;
     int rc = kvr_bridge_submit(rs->bridge, &br, &gs->bs, &why);
     if (rc == 0) {
         *out = gs;
@@ -74,34 +73,13 @@ static int ring_next(struct kvr_gen_stream *s, struct kvr_gen_event *ev, uint32_
     memset(ev, 0, sizeof *ev);
     if (s->done)
         return KVR_ECLOSED;
-    struct kvr_bridge_event be;
-    int rc = kvr_bridge_next(s->bs, &be, (int)timeout_ms);
+    int rc = kvr_bridge_next(s->bs, ev, (int)timeout_ms);
     if (rc)
         return rc;
-    ev->token = be.has_token ? be.token : -1;
-    ev->logprob = be.logprob;
-    switch (be.finish) {
-    case KVR_FINISH_NONE:
-        ev->finish = KVR_GEN_FINISH_NONE;
+    if (ev->finish == KVR_GEN_FINISH_NONE)
         return 0;
-    case KVR_FINISH_LENGTH:
-        ev->finish = KVR_GEN_FINISH_LENGTH;
-        break;
-    case KVR_FINISH_STOP:
-        ev->finish = KVR_GEN_FINISH_EOS;
-        break;
-    case KVR_FINISH_CANCELLED:
-        s->done = true;
-        return KVR_ECLOSED;
-    default:
-        ev->finish = KVR_GEN_FINISH_ERROR;
-        ev->token = -1;
-        ev->error_status = 503;
-        snprintf(ev->error, sizeof ev->error, "%s", be.message[0] ? be.message : "ring error");
-        break;
-    }
     s->done = true;
-    return 0;
+    return ev->finish == KVR_GEN_FINISH_CANCELLED ? KVR_ECLOSED : 0;
 }
 
 static void ring_cancel(struct kvr_gen_stream *s) { kvr_bridge_cancel(s->bs); }
@@ -135,12 +113,12 @@ static void gauge(struct kvr_sbuf *out, const char *name, const char *help, doub
                     help, name, name, v);
 }
 
-static void per_stage(struct kvr_sbuf *out, const struct kvr_bridge_stats *st,
+static void per_stage(struct kvr_sbuf *out, const struct kvr_sched_stats *st,
                       const char *name, const char *type, const char *help, int which)
 {
     kvr_sbuf_printf(out, "# HELP kvasir:%s %s\n# TYPE kvasir:%s %s\n", name, help, name, type);
     for (uint32_t i = 0; i < st->n_stages; i++) {
-        const struct kvr_bridge_stage_stats *s = &st->stage[i];
+        const struct kvr_sched_stage_stats *s = &st->stage[i];
         double v = which == 0   ? s->held_ns / 1e9
                    : which == 1 ? s->starved_ns / 1e9
                    : which == 2 ? s->blocked_ns / 1e9
@@ -154,7 +132,7 @@ static void per_stage(struct kvr_sbuf *out, const struct kvr_bridge_stats *st,
 static void ring_metrics(void *ctx, struct kvr_sbuf *out)
 {
     struct kvr_ring_service *rs = ctx;
-    struct kvr_bridge_stats st;
+    struct kvr_sched_stats st;
     kvr_bridge_stats(rs->bridge, &st);
     gauge(out, "ring_up", "1 when every link of the ring is up.", st.ring_up);
     gauge(out, "num_requests_running", "Requests holding a sequence slot.", st.running);
@@ -178,12 +156,12 @@ static void ring_metrics(void *ctx, struct kvr_sbuf *out)
     kvr_sbuf_puts(out, "# HELP kvasir:request_queue_time_seconds Time from admission to a "
                        "sequence slot.\n# TYPE kvasir:request_queue_time_seconds histogram\n");
     uint64_t cum = 0;
-    for (uint32_t i = 0; i < KVR_BRIDGE_QUEUE_BUCKETS; i++) {
+    for (uint32_t i = 0; i < KVR_SCHED_QUEUE_BUCKETS; i++) {
         cum += st.queue_hist[i];
         kvr_sbuf_printf(out, "kvasir:request_queue_time_seconds_bucket{le=\"%g\"} %llu\n",
-                        kvr_bridge_queue_bounds[i], (unsigned long long)cum);
+                        kvr_sched_queue_bounds[i], (unsigned long long)cum);
     }
-    cum += st.queue_hist[KVR_BRIDGE_QUEUE_BUCKETS];
+    cum += st.queue_hist[KVR_SCHED_QUEUE_BUCKETS];
     kvr_sbuf_printf(out,
                     "kvasir:request_queue_time_seconds_bucket{le=\"+Inf\"} %llu\n"
                     "kvasir:request_queue_time_seconds_sum %.9g\n"

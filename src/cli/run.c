@@ -590,10 +590,10 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
     }
     uint64_t t0 = kvr_now_ns();
     for (uint32_t i = 0; i < n_jobs; i++) {
-        struct kvr_bridge_request req = {.prompt = jobs[i].ids, .n_prompt = jobs[i].n_ids,
-                                         .max_tokens = jobs[i].max_tokens,
-                                         .sampling = jobs[i].sp, .ignore_eos = o->ignore_eos};
-        struct kvr_bridge_refusal why;
+        struct kvr_gen_request req = {.prompt = jobs[i].ids, .n_prompt = jobs[i].n_ids,
+                                      .max_tokens = jobs[i].max_tokens,
+                                      .sampling = jobs[i].sp, .ignore_eos = o->ignore_eos};
+        struct kvr_refusal why;
         if (kvr_bridge_submit(b, &req, &streams[i], &why)) {
             fprintf(stderr, "kvasir run: prompt %u refused: %s\n", i, why.message);
             goto out;
@@ -611,18 +611,18 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
             struct job *j = &jobs[i];
             if (j->finish)
                 continue;
-            struct kvr_bridge_event ev;
+            struct kvr_gen_event ev;
             while (kvr_bridge_next(streams[i], &ev, 0) == 0) {
-                if (ev.has_token && j->n_out < j->max_tokens) {
+                if (ev.token >= 0 && j->n_out < j->max_tokens) {
                     j->out[j->n_out++] = ev.token;
                     n_tokens++;
                     print_token(pr, ev.token);
                 }
-                if (ev.finish != KVR_FINISH_NONE) {
-                    j->finish = ev.finish == KVR_FINISH_LENGTH ? "length"
-                                : ev.finish == KVR_FINISH_STOP ? "stop" : "error";
-                    if (ev.finish == KVR_FINISH_ERROR) {
-                        fprintf(stderr, "kvasir run: prompt %u failed: %s\n", i, ev.message);
+                if (ev.finish != KVR_GEN_FINISH_NONE) {
+                    j->finish = ev.finish == KVR_GEN_FINISH_LENGTH ? "length"
+                                : ev.finish == KVR_GEN_FINISH_EOS  ? "stop" : "error";
+                    if (ev.finish == KVR_GEN_FINISH_ERROR) {
+                        fprintf(stderr, "kvasir run: prompt %u failed: %s\n", i, ev.error);
                         failed = true;
                     }
                     n_done++;
@@ -633,7 +633,7 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
     }
     double secs = (kvr_now_ns() - t0) / 1e9;
     print_end(pr);
-    struct kvr_bridge_stats st;
+    struct kvr_sched_stats st;
     kvr_bridge_stats(b, &st);
     fprintf(stderr, "ring: %u sequences, %llu tokens in %.2f s, %.1f tokens/s, %llu batches\n",
             n_jobs, (unsigned long long)n_tokens, secs, n_tokens / secs,

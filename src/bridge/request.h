@@ -1,0 +1,60 @@
+/* request.h - what a client asks the bridge for, and how its stream ends: the one request
+ * type shared by the HTTP layer (service.h), the bridge (bridge.h) and its scheduler
+ * (sched.h). Plain data, no functions. */
+#ifndef KVR_BRIDGE_REQUEST_H
+#define KVR_BRIDGE_REQUEST_H
+
+#include "model/sampler.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* One request. The HTTP layer has already checked that 1 <= n_prompt, 1 <= max_tokens and
+ * n_prompt + max_tokens <= n_ctx, and that every prompt id is < the vocabulary size; the
+ * bridge checks the context again (kvr_run and tests submit directly). */
+struct kvr_gen_request {
+    const int32_t *prompt; /* n_prompt token ids (BOS included when the model wants it);
+                              borrowed for the call that takes the request */
+    uint32_t n_prompt;
+    uint32_t max_tokens;   /* generate at most this many tokens (EOS counts as one) */
+    struct kvr_sample_params sampling; /* seed always set: the HTTP layer draws one when the
+                                          client gave none */
+    bool logprobs;         /* fill the events' logprob */
+    bool ignore_eos;       /* an end-of-generation token does not end the stream: it comes
+                              as an ordinary token (FINISH_NONE) until max_tokens */
+    uint32_t first_token_ms; /* latency budget from submit to the first token; 0 = default
+                                (the service's) or none (the bridge's) */
+    uint32_t total_ms;       /* ... from submit to the last token */
+};
+
+/* How a stream ends; carried by its last event. */
+enum kvr_gen_finish {
+    KVR_GEN_FINISH_NONE,      /* a token; more will follow */
+    KVR_GEN_FINISH_LENGTH,    /* the last token: max_tokens reached */
+    KVR_GEN_FINISH_EOS,       /* the token is an end-of-generation token (kvr_tok_is_eog); it
+                                 is counted but not shown */
+    KVR_GEN_FINISH_ERROR,     /* no token; the request failed (the event's message says why) */
+    KVR_GEN_FINISH_CANCELLED, /* the consumer cancelled it (the bridge only: the service
+                                 ends a cancelled stream with KVR_ECLOSED instead) */
+    KVR_GEN_FINISH_COUNT
+};
+
+#define KVR_GEN_MSG_BYTES 256
+
+/* One event of a stream: a token, the end, or both (the last token carries LENGTH or
+ * EOS). */
+struct kvr_gen_event {
+    int32_t token;  /* the generated token id; -1 when the event carries none (ERROR,
+                       CANCELLED) */
+    float logprob;  /* natural log of the token's probability under the distribution it
+                       was sampled from; set only when the request asked for logprobs */
+    bool eog;       /* the token ends generation in the model's vocabulary */
+    enum kvr_gen_finish finish;
+    uint64_t t_ns;  /* when the bridge received it (kvr_now_ns); 0 from other services */
+    /* FINISH_ERROR only: the HTTP status to report (500 internal, 503 ring lost and not
+     * recovered, 504 the request could not finish within its total budget) and why. */
+    int error_status;
+    char error[KVR_GEN_MSG_BYTES];
+};
+
+#endif

@@ -1,0 +1,1145 @@
+/* sched.c - the bridge's scheduler (see sched.h).
+ *
+ * Reading order: streams (events to the caller), sequence slots and KV accounting,
+ * admission, the batch builder, result handling, recovery, then the public inputs and
+ * outputs. Every function takes the current time from its caller. */
+#include "bridge/sched.h"
+
+#include "core/alloc.h"
+#include "core/log.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+    RING_TIMEOUT_MS = 15000, /* a batch that has not come back by then was lost */
+    PROBE_MS = 500,          /* ... while checking a newly connected ring */
+    HOLD_MAX_MS = 30000,     /* a sequence held this long by a broken ring fails */
+    MIN_PREFILL_ROWS = 1,    /* prefill rows a batch with decodes still takes, to progress */
+};
+
+#define WINDOW_NS 2000000000ull /* telemetry fractions are over this window */
+#define MS_NS 1000000ull
+
+/* A batch that carries decode rows may take at most this factor longer because of the
+ * prefill rows added to it. */
+#define PREFILL_SLOWDOWN 1.8
+
+/* The least safety factor on a prediction: a late answer is worse than a refused one. */
+#define ADMIT_MARGIN 1.1
+
+enum seq_state {
+    SEQ_FREE,     /* no request */
+    SEQ_PREFILL,  /* prompt rows still to send */
+    SEQ_READY,    /* has its last token back: a decode row may be sent */
+    SEQ_WAIT,     /* its token-producing row is in flight */
+    SEQ_ENDING,   /* finished or cancelled: FREE must be sent once nothing is in flight */
+};
+
+struct seq {
+    enum seq_state state;
+    struct kvr_sched_req *r;          /* the request, until the slot is released */
+    uint32_t n_prefilled;             /* prefill rows sent */
+    int32_t next_token;               /* SEQ_READY: input of the next decode row */
+    uint32_t inflight;                /* in-flight batches containing this sequence */
+    uint32_t kv_blocks;               /* reserved at admission */
+    bool opened;                      /* OPEN has been sent */
+    bool decoding;                    /* its first token has come back */
+    bool cancelled;
+    /* Recovery (recover()): the prefill is the prompt and then the n_replay tokens it had
+     * generated; REPLAY records restore the tail's sampler before its last chunk. */
+    uint32_t n_replay;
+    uint32_t replay_ids_sent;         /* penalty-window ids sent so far (replay_window()) */
+    bool replay_pending;              /* REPLAY records still to send: no last chunk yet */
+    uint64_t held_since;              /* when a ring failure stopped it; 0 = not held */
+};
+
+struct batch {
+    uint64_t id;
+    uint64_t sent_ns;
+    uint32_t n_ctrl, n_segs, n_rows;
+    double pairs;                     /* attention pairs (costmodel.h) */
+    bool mixed;                       /* decode rows and prefill rows together */
+    struct kvr_wire_ctrl *ctrl;       /* [max_ctrl] */
+    struct kvr_seg *segs;             /* [row_width] */
+    int32_t *tokens;                  /* [row_width] */
+    struct kvr_wire_msg msg;          /* what the shell sends: points at the arrays above */
+};
+
+struct kvr_sched {
+    const struct kvr_plan *plan;
+    struct kvr_sched_config cfg;
+    struct seq *seqs;                 /* [max_seqs] */
+    struct kvr_sched_req **waitq;     /* [max_waiting] FIFO of admitted, slotless requests */
+    uint32_t wq_head, wq_count, max_waiting;
+    uint32_t kv_used;                 /* blocks reserved per stage */
+    uint32_t n_running;
+
+    /* In-flight window: a FIFO of batches, oldest first. */
+    struct batch *batches;            /* [microbatches] */
+    uint32_t bf_head, n_inflight;
+    uint64_t next_batch_id;
+    uint64_t discard_below;           /* results of batches older than this are stale */
+    bool free_all;                    /* the next batch frees every slot in every stage */
+    bool links_up;                    /* the shell has both links: batches may go out */
+    /* Up only once a batch has come back through every stage after the links came up: the
+     * bridge's two links can be up before the links between stages are, and a stage with
+     * no downstream drops what it gets. */
+    bool ring_up;
+    uint64_t hold_start_ns;           /* when the current outage began holding sequences */
+
+    /* Telemetry. */
+    struct kvr_sched_stats stats;
+    uint64_t win_start_ns;
+    uint64_t win_held[KVR_PLAN_MAX_STAGES], win_starved[KVR_PLAN_MAX_STAGES],
+        win_blocked[KVR_PLAN_MAX_STAGES], win_tokens;
+    struct kvr_cost_model cost;       /* batch costs learnt from timing records */
+    struct kvr_calib calib_first;     /* actual / predicted first-token time */
+    struct kvr_calib calib_period;    /* actual / predicted gap between tokens */
+    struct kvr_calib calib_mixed;     /* actual / predicted time of batches with prefill
+                                         added to decode rows: keeps chunking honest */
+    double *admit_scratch;            /* [max_seqs] admission's working memory */
+    uint32_t *pick_scratch;           /* [max_seqs + 1] the decode picker's */
+};
+
+const char *kvr_refusal_name(enum kvr_refusal_reason reason)
+{
+    static const char *const names[KVR_REFUSE_REASON_COUNT] = {
+        "none", "first_token_budget", "total_budget", "kv_full", "queue_full", "too_long",
+        "ring_down"};
+    return (unsigned)reason < KVR_REFUSE_REASON_COUNT ? names[reason] : "unknown";
+}
+
+const double kvr_sched_queue_bounds[KVR_SCHED_QUEUE_BUCKETS] = {
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0};
+
+/* ---- streams ---------------------------------------------------------------------------- */
+
+static void emit(struct kvr_sched *s, struct kvr_sched_req *r, struct kvr_sched_event ev)
+{
+    if (s->cfg.event)
+        s->cfg.event(s->cfg.event_ctx, r, &ev);
+}
+
+static void emit_token(struct kvr_sched *s, struct kvr_sched_req *r, int32_t token,
+                       float logprob, bool eog, uint64_t now)
+{
+    emit(s, r, (struct kvr_sched_event){.type = KVR_SCHED_EV_TOKEN, .token = token,
+                                        .logprob = logprob, .eog = eog, .t_ns = now});
+}
+
+static void end_req(struct kvr_sched *s, struct kvr_sched_req *r, enum kvr_gen_finish finish,
+                    const char *message, uint64_t now)
+{
+    if (r->ended)
+        return;
+    r->ended = true;
+    emit(s, r, (struct kvr_sched_event){.type = KVR_SCHED_EV_END, .finish = finish,
+                                        .message = message ? message : "", .t_ns = now});
+}
+
+static void detach(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now)
+{
+    r->seq = -1;
+    r->waiting = false;
+    emit(s, r, (struct kvr_sched_event){.type = KVR_SCHED_EV_DETACH, .t_ns = now});
+}
+
+/* ---- slots and KV accounting --------------------------------------------------------------- */
+
+static uint32_t blocks_for(const struct kvr_sched *s, uint32_t n_tokens)
+{
+    return (n_tokens + s->plan->kv_block_tokens - 1) / s->plan->kv_block_tokens;
+}
+
+static uint32_t req_blocks(const struct kvr_sched *s, const struct kvr_sched_req *r)
+{
+    return blocks_for(s, r->req.n_prompt + r->req.max_tokens);
+}
+
+static int free_slot(const struct kvr_sched *s)
+{
+    for (uint32_t i = 0; i < s->plan->max_seqs; i++)
+        if (s->seqs[i].state == SEQ_FREE)
+            return (int)i;
+    return -1;
+}
+
+static void observe_queue_time(struct kvr_sched *s, double secs)
+{
+    uint32_t i = 0;
+    while (i < KVR_SCHED_QUEUE_BUCKETS && secs > kvr_sched_queue_bounds[i])
+        i++;
+    s->stats.queue_hist[i]++;
+    s->stats.queue_sum_s += secs;
+    s->stats.queue_count++;
+}
+
+/* Give waiting requests a slot and their KV, oldest first, while both are available. */
+static void start_waiting(struct kvr_sched *s, uint64_t now)
+{
+    while (s->wq_count > 0) {
+        struct kvr_sched_req *r = s->waitq[s->wq_head];
+        uint32_t need = req_blocks(s, r);
+        int slot = free_slot(s);
+        if (slot < 0 || s->kv_used + need > s->plan->kv_blocks)
+            return;
+        s->wq_head = (s->wq_head + 1) % s->max_waiting;
+        s->wq_count--;
+        r->waiting = false;
+        s->seqs[slot] = (struct seq){.state = SEQ_PREFILL, .r = r, .kv_blocks = need};
+        r->seq = slot;
+        observe_queue_time(s, (now - r->submit_ns) / 1e9);
+        s->kv_used += need;
+        s->n_running++;
+    }
+}
+
+/* Take a request out of the wait queue, keeping the others' order. */
+static void waitq_remove(struct kvr_sched *s, struct kvr_sched_req *r)
+{
+    uint32_t kept = 0;
+    for (uint32_t k = 0; k < s->wq_count; k++) {
+        struct kvr_sched_req *w = s->waitq[(s->wq_head + k) % s->max_waiting];
+        if (w != r)
+            s->waitq[(s->wq_head + kept++) % s->max_waiting] = w;
+    }
+    s->wq_count = kept;
+    r->waiting = false;
+}
+
+/* A sequence's request is over: stop producing, and free it in the ring once no batch that
+ * contains it is still in flight. */
+static void seq_end(struct kvr_sched *s, uint32_t slot, enum kvr_gen_finish finish,
+                    const char *message, uint64_t now)
+{
+    struct seq *q = &s->seqs[slot];
+    if (q->state == SEQ_ENDING || q->state == SEQ_FREE)
+        return;
+    q->state = SEQ_ENDING;
+    q->cancelled = finish == KVR_GEN_FINISH_CANCELLED;
+    end_req(s, q->r, finish, message, now);
+}
+
+/* The slot's FREE record has been built into a batch (or the stages dropped everything):
+ * the slot may be reused at once, as the stages see that FREE before any later OPEN. */
+static void seq_release(struct kvr_sched *s, uint32_t slot, uint64_t now)
+{
+    struct seq *q = &s->seqs[slot];
+    s->kv_used -= q->kv_blocks;
+    s->n_running--;
+    struct kvr_sched_req *r = q->r;
+    memset(q, 0, sizeof *q);
+    detach(s, r, now);
+}
+
+/* ---- the batch builder ---------------------------------------------------------------------- */
+
+static uint64_t seq_deadline(const struct seq *q) { return q->r->deadline_ns; }
+
+static void open_record(struct kvr_wire_ctrl *c, uint32_t slot, const struct kvr_gen_request *r)
+{
+    const struct kvr_sample_params *p = &r->sampling;
+    *c = (struct kvr_wire_ctrl){
+        .type = KVR_WIRE_CTRL_OPEN, .seq = slot,
+        .flags = r->logprobs ? KVR_WIRE_OPEN_LOGPROBS : 0,
+        .sampling = {.temperature = p->temperature > 0 ? p->temperature : 0,
+                     .top_k = p->top_k > 0 ? p->top_k : 0, .top_p = p->top_p,
+                     .min_p = p->min_p, .repeat_penalty = p->repeat_penalty,
+                     .frequency_penalty = p->frequency_penalty,
+                     .presence_penalty = p->presence_penalty,
+                     .repeat_last_n = p->repeat_last_n, .seed = p->seed}};
+}
+
+/* Pick up to `quota` READY sequences, earliest deadline first, into order[]. */
+static uint32_t pick_decodes(const struct kvr_sched *s, uint32_t quota, uint32_t *order)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->plan->max_seqs; i++) {
+        if (s->seqs[i].state != SEQ_READY)
+            continue;
+        /* Insertion into a sorted prefix of length <= quota. */
+        uint64_t d = seq_deadline(&s->seqs[i]);
+        uint32_t at = n;
+        while (at > 0 && seq_deadline(&s->seqs[order[at - 1]]) > d)
+            at--;
+        if (at >= quota)
+            continue;
+        uint32_t end = n < quota ? n : quota - 1;
+        memmove(order + at + 1, order + at, (end - at) * sizeof *order);
+        order[at] = i;
+        if (n < quota)
+            n++;
+    }
+    return n;
+}
+
+/* Mean context (positions) of the running sequences: what a decode row attends over. */
+static double mean_context(const struct kvr_sched *s)
+{
+    double sum = 0;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->plan->max_seqs; i++) {
+        const struct seq *q = &s->seqs[i];
+        if (q->state == SEQ_FREE || q->state == SEQ_ENDING)
+            continue;
+        sum += q->r->req.n_prompt + q->r->n_generated;
+        n++;
+    }
+    return n ? sum / n : 0;
+}
+
+/* The most prefill rows (at most `max_n`, starting at position pos0) that a batch of shape
+ * `cur` may take while the cost model predicts it stays within limit_ms; at least
+ * MIN_PREFILL_ROWS so prompts always progress. limit_ms <= 0 means no limit. */
+static uint32_t prefill_fit(const struct kvr_sched *s, struct kvr_cost_shape cur, double pos0,
+                            uint32_t max_n, double limit_ms)
+{
+    if (limit_ms <= 0 || max_n <= MIN_PREFILL_ROWS)
+        return max_n;
+    /* What such batches really took against what the model said: its mean and 1.5
+     * standard deviations. A higher quantile starves prefill (at 3 sd a closed-loop load
+     * of short prompts fell from 10 to 2.8 req/s); the mean alone let a 1,500-token prompt
+     * raise the decoding streams' p99 gap 2.7x. 1.5 sd kept it at 1.4x for 5.7 req/s. */
+    double sd = sqrt(s->calib_mixed.var);
+    double f = s->calib_mixed.n >= 5 ? s->calib_mixed.mean + 1.5 * sd : 1.0;
+    f = f > 1.0 ? f : 1.0;
+    uint32_t lo = MIN_PREFILL_ROWS, hi = max_n;
+    while (lo < hi) { /* the largest n whose predicted time fits */
+        uint32_t mid = lo + (hi - lo + 1) / 2;
+        struct kvr_cost_shape t = {cur.rows + mid, cur.pairs + kvr_cost_pairs(pos0, mid)};
+        if (kvr_cost_batch_ms(&s->cost, t) * f <= limit_ms)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* The time a batch that carries `decode` may take once prefill rows are added to it: within
+ * PREFILL_SLOWDOWN of its decode-only time. 0 (no limit) without decode rows or before the
+ * model has data. */
+static double prefill_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape decode)
+{
+    if (decode.rows <= 0 || !kvr_cost_ready(&s->cost))
+        return 0;
+    return PREFILL_SLOWDOWN * kvr_cost_batch_ms(&s->cost, decode);
+}
+
+/* Rows from..from+n of a sequence's prefill: its prompt, then (after a recovery) the
+ * tokens it had generated. */
+static void prefill_tokens(const struct seq *q, uint32_t from, uint32_t n, int32_t *out)
+{
+    const struct kvr_sched_req *r = q->r;
+    for (uint32_t k = 0; k < n; k++) {
+        uint32_t i = from + k;
+        out[k] = i < r->req.n_prompt ? r->req.prompt[i] : r->generated[i - r->req.n_prompt];
+    }
+}
+
+/* How many of a recovering sequence's generated tokens the tail's penalty window must hold
+ * again: the last ones, as many as the window keeps, if a penalty is on at all. */
+static uint32_t replay_window(const struct seq *q)
+{
+    const struct kvr_sample_params *p = &q->r->req.sampling;
+    bool penalty = p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f ||
+                   p->presence_penalty != 0.0f;
+    if (!penalty || p->repeat_last_n == 0)
+        return 0;
+    return q->n_replay < KVR_SAMPLER_MAX_LAST_N ? q->n_replay : KVR_SAMPLER_MAX_LAST_N;
+}
+
+/* Append the REPLAY records of a re-opened sequence that fit in this batch, keeping room
+ * for the OPEN records other sequences may still need. The first record carries the
+ * draws: every sampled (non-greedy) token drew exactly one number (sampler.h). */
+static void emit_replay(struct kvr_sched *s, struct batch *bt, struct seq *q, uint32_t slot)
+{
+    const struct kvr_sched_req *r = q->r;
+    uint32_t n_ids = replay_window(q), first = q->n_replay - n_ids;
+    while (q->replay_pending && bt->n_ctrl + s->plan->max_seqs < s->cfg.max_ctrl) {
+        struct kvr_wire_ctrl *c = &bt->ctrl[bt->n_ctrl++];
+        *c = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_REPLAY, .seq = slot};
+        if (q->replay_ids_sent == 0)
+            c->replay.n_draws = r->req.sampling.temperature > 0 ? q->n_replay : 0;
+        uint32_t k = n_ids - q->replay_ids_sent;
+        k = k < KVR_WIRE_REPLAY_IDS ? k : KVR_WIRE_REPLAY_IDS;
+        memcpy(c->replay.ids, r->generated + first + q->replay_ids_sent, k * sizeof(int32_t));
+        c->replay.n_ids = k;
+        q->replay_ids_sent += k;
+        q->replay_pending = q->replay_ids_sent < n_ids;
+    }
+}
+
+/* Build the next batch into `bt`. Returns false if there is nothing to send. */
+static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
+{
+    const struct kvr_plan *p = s->plan;
+    bt->n_ctrl = bt->n_segs = bt->n_rows = 0;
+    bt->pairs = 0;
+    bt->mixed = false;
+
+    /* 0. After the ring (re)connects or loses a batch, the stages may hold state of
+     * sequences the bridge has forgotten: free every slot before anything else. */
+    if (s->free_all) {
+        for (uint32_t i = 0; i < p->max_seqs; i++)
+            bt->ctrl[bt->n_ctrl++] = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_FREE,
+                                                            .seq = i};
+        s->free_all = false;
+    }
+    /* Until that probe has come back through every stage, nothing else goes out: the
+     * sequences held by recover() wait for a whole ring. */
+    if (!s->ring_up)
+        return bt->n_ctrl > 0;
+
+    /* 1. FREE (or CANCEL) for sequences that ended and have nothing in flight. */
+    for (uint32_t i = 0; i < p->max_seqs; i++) {
+        struct seq *q = &s->seqs[i];
+        if (q->state != SEQ_ENDING || q->inflight)
+            continue;
+        if (q->opened)
+            bt->ctrl[bt->n_ctrl++] = (struct kvr_wire_ctrl){
+                .type = q->cancelled ? KVR_WIRE_CTRL_CANCEL : KVR_WIRE_CTRL_FREE, .seq = i};
+        seq_release(s, i, now);
+    }
+    start_waiting(s, now);
+
+    /* 2. Decode rows, spread evenly over the batches in flight. */
+    uint32_t n_decoding = 0;
+    for (uint32_t i = 0; i < p->max_seqs; i++)
+        if (s->seqs[i].decoding &&
+            (s->seqs[i].state == SEQ_READY || s->seqs[i].state == SEQ_WAIT))
+            n_decoding++;
+    uint32_t quota = (n_decoding + p->microbatches - 1) / p->microbatches;
+    quota = quota < p->row_width ? quota : p->row_width;
+    uint32_t *order = s->pick_scratch;
+    uint32_t n_dec = pick_decodes(s, quota ? quota : 1, order);
+    for (uint32_t k = 0; k < n_dec; k++) {
+        uint32_t i = order[k];
+        struct seq *q = &s->seqs[i];
+        const struct kvr_sched_req *r = q->r;
+        uint32_t pos = r->req.n_prompt + r->n_generated - 1;
+        bt->segs[bt->n_segs++] = (struct kvr_seg){i, pos, 1,
+                                                  KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
+        bt->tokens[bt->n_rows++] = q->next_token;
+        bt->pairs += kvr_cost_pairs(pos, 1);
+        q->state = SEQ_WAIT;
+        q->inflight++;
+    }
+
+    /* 3. Prefill chunks in what is left of the row width, earliest deadline first, but no
+     * more rows than keep this batch within PREFILL_SLOWDOWN of its decode-only cost, so
+     * a long prompt never stalls the streams that are decoding (chunked prefill). */
+    double limit_ms = prefill_limit_ms(s, (struct kvr_cost_shape){bt->n_rows, bt->pairs});
+    bool full = false;
+    while (bt->n_rows < p->row_width && !full) {
+        int best = -1;
+        for (uint32_t i = 0; i < p->max_seqs; i++) {
+            const struct seq *q = &s->seqs[i];
+            if (q->state != SEQ_PREFILL)
+                continue;
+            bool in_batch = false;
+            for (uint32_t j = 0; j < bt->n_segs && !in_batch; j++)
+                in_batch = bt->segs[j].seq == i;
+            if (!in_batch && (best < 0 || seq_deadline(q) < seq_deadline(&s->seqs[best])))
+                best = (int)i;
+        }
+        if (best < 0)
+            break;
+        struct seq *q = &s->seqs[best];
+        const struct kvr_gen_request *rq = &q->r->req;
+        if (!q->opened) {
+            open_record(&bt->ctrl[bt->n_ctrl++], (uint32_t)best, rq);
+            q->opened = true;
+        }
+        emit_replay(s, bt, q, (uint32_t)best);
+        uint32_t left = rq->n_prompt + q->n_replay - q->n_prefilled;
+        uint32_t room = p->row_width - bt->n_rows;
+        uint32_t n = prefill_fit(s, (struct kvr_cost_shape){bt->n_rows, bt->pairs},
+                                 q->n_prefilled, left < room ? left : room, limit_ms);
+        full = n < left; /* the batch is as heavy as it may be */
+        if (q->replay_pending && n == left)
+            n--; /* the tail must have its sampler back before the last chunk */
+        if (n == 0)
+            break; /* out of room for REPLAY records: the next batch goes on */
+        bool last = n == left;
+        bt->segs[bt->n_segs++] = (struct kvr_seg){
+            (uint32_t)best, q->n_prefilled, n,
+            KVR_SEG_PREFILL | (last ? KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN : 0)};
+        prefill_tokens(q, q->n_prefilled, n, bt->tokens + bt->n_rows);
+        bt->mixed = bt->mixed || limit_ms > 0;
+        bt->n_rows += n;
+        bt->pairs += kvr_cost_pairs(q->n_prefilled, n);
+        q->n_prefilled += n;
+        q->inflight++;
+        if (last)
+            q->state = SEQ_WAIT;
+    }
+    return bt->n_ctrl > 0 || bt->n_segs > 0;
+}
+
+/* ---- results ------------------------------------------------------------------------------ */
+
+static void account_timings(struct kvr_sched *s, const struct kvr_wire_frame *f, uint64_t now)
+{
+    for (uint32_t i = 0; i < f->hdr.n_timings && i < KVR_PLAN_MAX_STAGES; i++) {
+        const struct kvr_wire_timing *t = &f->timings[i];
+        struct kvr_sched_stage_stats *st = &s->stats.stage[t->stage];
+        st->held_ns += t->held_ns;
+        st->starved_ns += t->starved_ns;
+        st->blocked_ns += t->blocked_ns;
+        s->win_held[t->stage] += t->held_ns;
+        s->win_starved[t->stage] += t->starved_ns;
+        s->win_blocked[t->stage] += t->blocked_ns;
+    }
+    if (now - s->win_start_ns >= WINDOW_NS) {
+        double span = (double)(now - s->win_start_ns);
+        for (uint32_t i = 0; i < s->plan->n_stages; i++) {
+            s->stats.stage[i].util = s->win_held[i] / span;
+            s->stats.stage[i].starved_frac = s->win_starved[i] / span;
+            s->stats.stage[i].blocked_frac = s->win_blocked[i] / span;
+            s->win_held[i] = s->win_starved[i] = s->win_blocked[i] = 0;
+        }
+        s->stats.tokens_per_s = s->win_tokens / (span / 1e9);
+        s->win_tokens = 0;
+        s->win_start_ns = now;
+    }
+}
+
+/* One token came back for the sequence in `slot` (state SEQ_WAIT). */
+static void take_token(struct kvr_sched *s, uint32_t slot, const struct kvr_wire_result *res,
+                       double period_now, uint64_t now)
+{
+    struct seq *q = &s->seqs[slot];
+    struct kvr_sched_req *r = q->r;
+    bool eog = (res->flags & KVR_WIRE_RESULT_EOG) != 0;
+    /* A token that waited out a ring failure says nothing about the cost model's
+     * predictions: it does not calibrate them. */
+    bool was_held = q->held_since != 0;
+    q->held_since = 0;
+    r->generated[r->n_generated] = res->token; /* n_generated < max_tokens while running */
+    r->n_generated++;
+    if (!was_held && r->n_generated == 1 && r->pred_first_ms > 0)
+        kvr_calib_observe(&s->calib_first, (now - r->submit_ns) / 1e6 / r->pred_first_ms);
+    else if (!was_held && r->n_generated > 1 && period_now > 0)
+        kvr_calib_observe(&s->calib_period, (now - r->last_token_ns) / 1e6 / period_now);
+    r->last_token_ns = now;
+    s->stats.generated_tokens++;
+    s->win_tokens++;
+    emit_token(s, r, res->token, res->logprob, eog, now);
+    if (r->n_generated >= r->req.max_tokens)
+        seq_end(s, slot, KVR_GEN_FINISH_LENGTH, NULL, now);
+    else if (eog && !r->req.ignore_eos)
+        seq_end(s, slot, KVR_GEN_FINISH_EOS, NULL, now);
+    else {
+        q->state = SEQ_READY;
+        q->decoding = true;
+        q->next_token = res->token;
+    }
+}
+
+static void log_trip(const struct batch *bt, const struct kvr_wire_frame *f, double ms)
+{
+    char trip[KVR_PLAN_MAX_STAGES * 32] = "";
+    size_t len = 0;
+    for (uint32_t i = 0; i < f->hdr.n_timings && len < sizeof trip; i++)
+        len += (size_t)snprintf(trip + len, sizeof trip - len, " %.2f/%.2f/%.2f",
+                                f->timings[i].starved_ns / 1e6, f->timings[i].blocked_ns / 1e6,
+                                f->timings[i].held_ns / 1e6);
+    KVR_DEBUG("bridge: batch %llu, %u rows, round trip %.2f ms; per stage "
+              "starved/blocked/held ms:%s", (unsigned long long)bt->id, bt->n_rows, ms, trip);
+}
+
+/* The ring's batch came back: learn its costs. */
+static void observe_batch(struct kvr_sched *s, const struct batch *bt,
+                          const struct kvr_wire_frame *f, uint64_t now)
+{
+    double ms = (now - bt->sent_ns) / 1e6;
+    if (kvr_log_enabled(KVR_LOG_DEBUG)) /* the batch's trip, for tracing a ring by hand */
+        log_trip(bt, f, ms);
+    s->stats.batch_ms_ema = s->stats.batch_ms_ema ? 0.9 * s->stats.batch_ms_ema + 0.1 * ms : ms;
+    if (bt->n_segs > 0 && f->hdr.n_timings == s->plan->n_stages) {
+        double held[KVR_PLAN_MAX_STAGES];
+        for (uint32_t i = 0; i < f->hdr.n_timings; i++)
+            held[i] = f->timings[i].held_ns / 1e6;
+        struct kvr_cost_shape shape = {bt->n_rows, bt->pairs};
+        if (bt->mixed && kvr_cost_ready(&s->cost)) {
+            double worst = 0;
+            for (uint32_t i = 0; i < f->hdr.n_timings; i++)
+                worst = held[i] > worst ? held[i] : worst;
+            kvr_calib_observe(&s->calib_mixed, worst / kvr_cost_batch_ms(&s->cost, shape));
+        }
+        kvr_cost_observe(&s->cost, shape, held, ms);
+    }
+    s->stats.batches++;
+}
+
+static void became_up(struct kvr_sched *s, uint64_t now)
+{
+    s->ring_up = true;
+    s->win_start_ns = now;
+    KVR_INFO("bridge: ring up (%u stages, %u micro-batches in flight)", s->plan->n_stages,
+             s->plan->microbatches);
+    if (s->hold_start_ns) {
+        uint32_t n_held = 0;
+        for (uint32_t i = 0; i < s->plan->max_seqs; i++)
+            n_held += s->seqs[i].held_since != 0;
+        KVR_WARN("bridge: ring whole again %.0f ms after it failed; re-prefilling %u held "
+                 "sequences", (now - s->hold_start_ns) / 1e6, n_held);
+        s->hold_start_ns = 0;
+    }
+}
+
+int kvr_sched_result(struct kvr_sched *s, const struct kvr_wire_frame *f, uint64_t now,
+                     struct kvr_err *err)
+{
+    if (f->hdr.batch_id < s->discard_below)
+        return KVR_OK; /* a batch given up for lost that came back after all */
+    if (s->n_inflight == 0)
+        return kvr_err_set(err, KVR_EPROTO, "result for batch %llu, but none is in flight",
+                           (unsigned long long)f->hdr.batch_id);
+    struct batch *bt = &s->batches[s->bf_head];
+    if (f->hdr.batch_id != bt->id || f->hdr.n_segs != bt->n_segs)
+        return kvr_err_set(err, KVR_EPROTO, "result for batch %llu, expected batch %llu",
+                           (unsigned long long)f->hdr.batch_id, (unsigned long long)bt->id);
+    double period_now = 0;
+    if (kvr_cost_ready(&s->cost))
+        period_now = kvr_cost_period_ms(&s->cost, s->n_running, mean_context(s),
+                                        (struct kvr_cost_shape){0, 0});
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < bt->n_segs; i++) {
+        const struct kvr_seg *sg = &bt->segs[i];
+        struct seq *q = &s->seqs[sg->seq];
+        q->inflight--;
+        if (sg->flags & KVR_SEG_PREFILL)
+            s->stats.prompt_tokens += sg->n_tokens;
+        if (!(sg->flags & KVR_SEG_WANTS_TOKEN))
+            continue;
+        const struct kvr_wire_result *res = &f->results[k++];
+        if (q->state == SEQ_WAIT)
+            take_token(s, sg->seq, res, period_now, now);
+        /* else it ended while in flight: the token is dropped */
+    }
+    observe_batch(s, bt, f, now);
+    /* The batch that brings the ring up carries each stage's wait since it started (the
+     * ring was not taking work yet): it is not starvation, so it is not counted. */
+    if (s->ring_up)
+        account_timings(s, f, now);
+    s->bf_head = (s->bf_head + 1) % s->plan->microbatches;
+    s->n_inflight--;
+    if (!s->ring_up)
+        became_up(s, now);
+    return KVR_OK;
+}
+
+/* ---- recovery ------------------------------------------------------------------------------ */
+
+/* The window is emptied; results of the batches in it are stale from now on. */
+static void empty_window(struct kvr_sched *s)
+{
+    s->n_inflight = 0;
+    s->bf_head = 0;
+    s->discard_below = s->next_batch_id;
+    s->free_all = true;
+}
+
+/* The ring lost state (a link dropped, a stage dropped its sequences, or a batch never
+ * came back): hold every running sequence and start it over once the ring is whole again,
+ * from its prompt plus the tokens it had already produced (DESIGN.md 8). Batch invariance
+ * makes that prefill compute what the lost decodes would have, and REPLAY records put the
+ * tail's sampler back, so the continuation is exactly the text it would have been. The
+ * window is emptied, and until a free-all probe comes back only probes go out. */
+static void recover(struct kvr_sched *s, const char *why, uint64_t now)
+{
+    uint32_t n_held = 0;
+    for (uint32_t i = 0; i < s->plan->max_seqs; i++) {
+        struct seq *q = &s->seqs[i];
+        if (q->state == SEQ_FREE)
+            continue;
+        q->inflight = 0;
+        q->opened = false; /* the probe frees it in every stage */
+        if (q->state == SEQ_ENDING) {
+            seq_release(s, i, now);
+            continue;
+        }
+        q->state = SEQ_PREFILL;
+        q->n_prefilled = 0;
+        q->decoding = false;
+        q->n_replay = q->r->n_generated;
+        q->replay_ids_sent = 0;
+        q->replay_pending = q->n_replay > 0 && (q->r->req.sampling.temperature > 0 ||
+                                                replay_window(q) > 0);
+        if (!q->held_since)
+            q->held_since = now;
+        n_held++;
+    }
+    empty_window(s);
+    if (n_held && (!s->hold_start_ns || s->ring_up))
+        KVR_WARN("bridge: %s: holding %u sequences until the ring is whole again", why, n_held);
+    else
+        KVR_DEBUG("bridge: %s (%u sequences held)", why, n_held);
+    if (n_held && !s->hold_start_ns)
+        s->hold_start_ns = now;
+    s->ring_up = false;
+}
+
+/* A held request that cannot finish within its budget, or whose ring stays broken for
+ * HOLD_MAX_MS, ends with an explicit error: nothing waits forever. Returns the next time
+ * one would expire (UINT64_MAX: none is held). */
+static uint64_t expire_held(struct kvr_sched *s, uint64_t now)
+{
+    uint64_t next = UINT64_MAX;
+    for (uint32_t i = 0; i < s->plan->max_seqs; i++) {
+        struct seq *q = &s->seqs[i];
+        if (!q->held_since || q->state == SEQ_FREE || q->state == SEQ_ENDING)
+            continue;
+        const struct kvr_sched_req *r = q->r;
+        uint64_t budget_end = r->req.total_ms ? r->submit_ns + r->req.total_ms * MS_NS
+                                              : UINT64_MAX;
+        uint64_t hold_end = q->held_since + HOLD_MAX_MS * MS_NS;
+        if (now >= budget_end)
+            seq_end(s, i, KVR_GEN_FINISH_ERROR,
+                    "the ring failed and did not recover within the request's budget", now);
+        else if (now >= hold_end)
+            seq_end(s, i, KVR_GEN_FINISH_ERROR,
+                    "the ring failed and did not recover within 30 s", now);
+        else {
+            uint64_t t = budget_end < hold_end ? budget_end : hold_end;
+            next = t < next ? t : next;
+        }
+    }
+    return next;
+}
+
+/* ---- admission ---------------------------------------------------------------------------- */
+
+static int refuse(struct kvr_sched *s, struct kvr_refusal *why, enum kvr_refusal_reason reason,
+                  uint32_t retry_ms, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static int refuse(struct kvr_sched *s, struct kvr_refusal *why, enum kvr_refusal_reason reason,
+                  uint32_t retry_ms, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    why->reason = reason;
+    why->retry_after_ms = retry_ms;
+    vsnprintf(why->message, sizeof why->message, fmt, ap);
+    va_end(ap);
+    s->stats.refused[reason]++;
+    return KVR_EAGAIN;
+}
+
+/* A retry hint: how late the estimate is, plus a millisecond, at most an hour (an estimate
+ * can be absurd while the cost model knows little). */
+static uint32_t retry_hint_ms(double late_ms)
+{
+    return late_ms < 3600000.0 ? (uint32_t)late_ms + 1 : 3600000u;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Admission (DESIGN.md 6). From the cost model: the new request's first token comes after
+ * the prompt rows queued ahead of it (its own included) have gone through in batches of the
+ * row width, less the decode rows every batch carries; its last token comes max_tokens - 1
+ * token periods later, at the load it adds. It is refused if either misses its budget, or
+ * if it would push a running request that is on time past its own deadline. */
+static int admit(struct kvr_sched *s, const struct kvr_gen_request *req, uint64_t now,
+                 struct kvr_refusal *why, double *pred_first_ms)
+{
+    *pred_first_ms = 0;
+    const struct kvr_plan *p = s->plan;
+    if ((uint64_t)req->n_prompt + req->max_tokens > p->n_ctx)
+        return refuse(s, why, KVR_REFUSE_TOO_LONG, 0,
+                      "prompt (%u tokens) + max_tokens (%u) exceed the context of %u",
+                      req->n_prompt, req->max_tokens, p->n_ctx);
+    if (!s->ring_up)
+        return refuse(s, why, KVR_REFUSE_RING_DOWN, 1000, "the ring is down");
+    uint32_t need = blocks_for(s, req->n_prompt + req->max_tokens);
+    if (need > p->kv_blocks)
+        return refuse(s, why, KVR_REFUSE_KV_FULL, 0,
+                      "needs %u KV blocks, the ring has %u", need, p->kv_blocks);
+    if (s->wq_count >= s->max_waiting)
+        return refuse(s, why, KVR_REFUSE_QUEUE_FULL, 1000,
+                      "wait queue full (%u requests)", s->wq_count);
+    if (!s->cfg.admission || !kvr_cost_ready(&s->cost))
+        return KVR_OK;
+    const struct kvr_cost_model *m = &s->cost;
+    double W = p->microbatches;
+    double n_before = s->n_running + s->wq_count, n_after = n_before + 1;
+    if (n_after > p->max_seqs)
+        n_after = p->max_seqs;
+    double ctx = mean_context(s);
+    const struct kvr_cost_shape none = {0, 0};
+    double period = kvr_cost_period_ms(m, n_after, ctx, none);
+
+    /* Prompt rows ahead: the unsent prefill of running and waiting requests, and ours. They
+     * go in the rows each batch may add to its decode rows (prefill_fit), taken here at the
+     * middle of our prompt. */
+    double rows_ahead = req->n_prompt;
+    for (uint32_t i = 0; i < p->max_seqs; i++)
+        if (s->seqs[i].state == SEQ_PREFILL)
+            rows_ahead += s->seqs[i].r->req.n_prompt - s->seqs[i].n_prefilled;
+    for (uint32_t k = 0; k < s->wq_count; k++)
+        rows_ahead += s->waitq[(s->wq_head + k) % s->max_waiting]->req.n_prompt;
+    double per = n_before / W;
+    struct kvr_cost_shape decode = {per, per * (ctx + 1)};
+    uint32_t width = p->row_width > (uint32_t)per + 1 ? p->row_width - (uint32_t)per : 1;
+    double room = prefill_fit(s, decode, req->n_prompt / 2.0, width, prefill_limit_ms(s, decode));
+    struct kvr_cost_shape full = {decode.rows + room,
+                                  decode.pairs + kvr_cost_pairs(req->n_prompt / 2.0, room)};
+    double n_prefill_batches = (double)(uint64_t)((rows_ahead + room - 1) / room);
+    double t_full = kvr_cost_batch_ms(m, full);
+
+    /* No free slot or KV: the requests waiting before us take the first slots that free
+     * up, so we wait for the (waiting + 1)-th running request to end. */
+    double wait_ms = 0;
+    if (s->n_running + s->wq_count >= p->max_seqs || s->kv_used + need > p->kv_blocks) {
+        double *left = s->admit_scratch;
+        uint32_t n = 0;
+        for (uint32_t i = 0; i < p->max_seqs; i++) {
+            const struct seq *q = &s->seqs[i];
+            if (q->state == SEQ_FREE)
+                continue;
+            left[n++] = ((double)q->r->req.max_tokens - q->r->n_generated) * period;
+        }
+        qsort(left, n, sizeof *left, cmp_double);
+        uint32_t k = s->wq_count; /* ahead of us */
+        if (n > 0) {
+            /* Beyond the running ones, each further wave of max_seqs requests takes about
+             * a whole answer. */
+            double answer_ms = (double)req->max_tokens * period;
+            wait_ms = k < n ? left[k]
+                            : left[n - 1] + (double)(k - n + 1) / p->max_seqs * answer_ms;
+        }
+    }
+    double f_first = kvr_calib_factor(&s->calib_first, ADMIT_MARGIN);
+    double f_period = kvr_calib_factor(&s->calib_period, ADMIT_MARGIN);
+    double raw_first = wait_ms + n_prefill_batches * t_full + kvr_cost_trip_ms(m, full);
+    *pred_first_ms = raw_first;
+    /* The client sees its first text one token late when that token is part of a
+     * character (streams never split UTF-8): budget one more period. */
+    double first_ms = f_first * raw_first + f_period * period;
+    double total_ms = first_ms + f_period * (req->max_tokens - 1) * period;
+    if (s->n_running == 0 && s->wq_count == 0) {
+        /* An idle ring risks nobody, and a model that has never seen a batch of this shape
+         * extrapolates pessimistically: refuse only what cannot be met even by an empty
+         * batch's trip and one sequence's period, so the model always gets to learn. */
+        first_ms = kvr_cost_trip_ms(m, none);
+        total_ms = first_ms + (req->max_tokens - 1) * kvr_cost_period_ms(m, 1, 0, none);
+    }
+    if (req->first_token_ms && first_ms > req->first_token_ms)
+        return refuse(s, why, KVR_REFUSE_FIRST_TOKEN_BUDGET,
+                      retry_hint_ms(first_ms - req->first_token_ms),
+                      "would miss the first-token budget: estimated %.0f ms > %u ms",
+                      first_ms, req->first_token_ms);
+    if (req->total_ms && total_ms > req->total_ms)
+        return refuse(s, why, KVR_REFUSE_TOTAL_BUDGET,
+                      retry_hint_ms(total_ms - req->total_ms),
+                      "would miss the total budget: estimated %.0f ms > %u ms", total_ms,
+                      req->total_ms);
+
+    /* Running requests: our prompt's batches delay them, and every later token comes at
+     * the slower period. Refuse if that makes one that is on time late. */
+    double period_before = kvr_cost_period_ms(m, n_before > 0 ? n_before : 1, ctx, none);
+    double delay = req->n_prompt / room * (t_full - kvr_cost_batch_ms(m, decode));
+    for (uint32_t i = 0; i < p->max_seqs; i++) {
+        const struct seq *q = &s->seqs[i];
+        if (q->state == SEQ_FREE || q->state == SEQ_ENDING || !q->r->req.total_ms)
+            continue;
+        const struct kvr_sched_req *r = q->r;
+        double left_ms = (r->deadline_ns > now ? r->deadline_ns - now : 0) / 1e6;
+        double togo = (double)r->req.max_tokens - r->n_generated;
+        double on_time = f_period * togo * period_before;
+        double with_us = f_period * (delay + togo * period);
+        if (on_time <= left_ms && with_us > left_ms)
+            return refuse(s, why, KVR_REFUSE_TOTAL_BUDGET, retry_hint_ms(with_us - left_ms),
+                          "would make a running request miss its budget (%.0f ms left, "
+                          "%.0f ms needed with this one)", left_ms, with_us);
+    }
+    return KVR_OK;
+}
+
+/* ---- inputs --------------------------------------------------------------------------------- */
+
+int kvr_sched_submit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
+                     struct kvr_refusal *why)
+{
+    memset(why, 0, sizeof *why);
+    const struct kvr_gen_request *req = &r->req;
+    if (req->n_prompt == 0 || req->max_tokens == 0 || !req->prompt || !r->generated) {
+        why->reason = KVR_REFUSE_TOO_LONG;
+        snprintf(why->message, sizeof why->message, "empty prompt or max_tokens of 0");
+        return KVR_EINVAL;
+    }
+    r->seq = -1;
+    r->waiting = r->ended = false;
+    r->n_generated = 0;
+    r->last_token_ns = 0;
+    r->submit_ns = now;
+    r->deadline_ns = req->total_ms         ? now + req->total_ms * MS_NS
+                     : req->first_token_ms ? now + req->first_token_ms * MS_NS
+                                           : UINT64_MAX;
+    int rc = admit(s, req, now, why, &r->pred_first_ms);
+    if (rc)
+        return rc;
+    s->waitq[(s->wq_head + s->wq_count) % s->max_waiting] = r;
+    s->wq_count++;
+    r->waiting = true;
+    s->stats.admitted++;
+    start_waiting(s, now);
+    return KVR_OK;
+}
+
+void kvr_sched_cancel(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now)
+{
+    if (r->seq >= 0) {
+        seq_end(s, (uint32_t)r->seq, KVR_GEN_FINISH_CANCELLED, NULL, now);
+    } else if (r->waiting) {
+        waitq_remove(s, r);
+        end_req(s, r, KVR_GEN_FINISH_CANCELLED, NULL, now);
+        detach(s, r, now);
+    }
+}
+
+void kvr_sched_reset(struct kvr_sched *s, uint32_t stage, uint64_t batch_id, uint64_t now)
+{
+    /* Everything sent before this arrived may have met the empty stage. A failed batch we
+     * have already given up on changes nothing. */
+    if (batch_id != KVR_WIRE_RESET_LINK && batch_id < s->discard_below)
+        return;
+    char why[96];
+    snprintf(why, sizeof why, "stage %u dropped its sequences", stage);
+    recover(s, why, now);
+}
+
+void kvr_sched_link_up(struct kvr_sched *s, uint64_t now)
+{
+    (void)now;
+    s->links_up = true;
+    s->free_all = true; /* the free-all batch doubles as the probe: its result marks it up */
+}
+
+void kvr_sched_link_down(struct kvr_sched *s, const char *why, uint64_t now)
+{
+    if (s->ring_up)
+        KVR_WARN("bridge: ring down: %s", why);
+    s->links_up = false;
+    recover(s, why, now);
+}
+
+uint64_t kvr_sched_tick(struct kvr_sched *s, uint64_t now)
+{
+    uint64_t next = UINT64_MAX;
+    if (!s->ring_up)
+        next = expire_held(s, now);
+    if (s->n_inflight == 0)
+        return next;
+    /* A batch that never comes back means a stage died without closing its links. */
+    uint64_t limit = (s->ring_up ? RING_TIMEOUT_MS : PROBE_MS) * MS_NS;
+    uint64_t due = s->batches[s->bf_head].sent_ns + limit;
+    if (now < due)
+        return due < next ? due : next;
+    if (!s->ring_up) {
+        /* A stage had no downstream (yet) and dropped the probe: send another. Only probes
+         * are in flight while the ring is not up. */
+        recover(s, "the ring is not whole yet", now);
+    } else {
+        /* A stage between head and tail hung or lost the batch without a word (a RESET or
+         * a dropped link would have said so): start over with clean stages. */
+        KVR_WARN("bridge: a batch did not come back within %d ms", RING_TIMEOUT_MS);
+        recover(s, "a stage lost a batch", now);
+    }
+    return now; /* a probe is due at once */
+}
+
+void kvr_sched_shutdown(struct kvr_sched *s, const char *why, uint64_t now)
+{
+    for (uint32_t i = 0; i < s->plan->max_seqs; i++) {
+        struct seq *q = &s->seqs[i];
+        if (q->state == SEQ_FREE)
+            continue;
+        end_req(s, q->r, KVR_GEN_FINISH_ERROR, why, now);
+        seq_release(s, i, now);
+    }
+    while (s->wq_count > 0) {
+        struct kvr_sched_req *r = s->waitq[s->wq_head];
+        s->wq_head = (s->wq_head + 1) % s->max_waiting;
+        s->wq_count--;
+        end_req(s, r, KVR_GEN_FINISH_ERROR, why, now);
+        detach(s, r, now);
+    }
+    empty_window(s);
+    s->ring_up = false;
+    s->links_up = false;
+}
+
+/* ---- outputs -------------------------------------------------------------------------------- */
+
+const struct kvr_wire_msg *kvr_sched_next_batch(struct kvr_sched *s, uint64_t now)
+{
+    if (!s->links_up || s->n_inflight >= s->plan->microbatches)
+        return NULL;
+    struct batch *bt = &s->batches[(s->bf_head + s->n_inflight) % s->plan->microbatches];
+    if (!build_batch(s, bt, now))
+        return NULL;
+    bt->id = s->next_batch_id++;
+    bt->sent_ns = now;
+    s->n_inflight++;
+    bt->msg = (struct kvr_wire_msg){
+        .type = KVR_WIRE_BATCH, .batch_id = bt->id, .ctrl = bt->ctrl, .n_ctrl = bt->n_ctrl,
+        .segs = bt->segs, .n_segs = bt->n_segs, .payload = KVR_WIRE_PAYLOAD_TOKENS,
+        .payload_data = bt->tokens, .payload_bytes = (size_t)bt->n_rows * sizeof(int32_t)};
+    return &bt->msg;
+}
+
+bool kvr_sched_ring_up(const struct kvr_sched *s) { return s->ring_up; }
+
+bool kvr_sched_batch_live(const struct kvr_sched *s, uint64_t batch_id)
+{
+    return s->n_inflight > 0 && batch_id >= s->batches[s->bf_head].id &&
+           batch_id < s->next_batch_id && batch_id >= s->discard_below;
+}
+
+void kvr_sched_stats(const struct kvr_sched *s, struct kvr_sched_stats *out)
+{
+    *out = s->stats;
+    out->ring_up = s->ring_up;
+    out->running = s->n_running;
+    out->waiting = s->wq_count;
+    out->kv_blocks_used = s->kv_used;
+    out->inflight = s->n_inflight;
+}
+
+void kvr_sched_stats_reset(struct kvr_sched *s)
+{
+    for (uint32_t i = 0; i < KVR_PLAN_MAX_STAGES; i++) {
+        s->stats.stage[i].held_ns = s->stats.stage[i].starved_ns = 0;
+        s->stats.stage[i].blocked_ns = 0;
+    }
+    s->stats.batches = s->stats.prompt_tokens = s->stats.generated_tokens = 0;
+}
+
+int kvr_sched_check(const struct kvr_sched *s, struct kvr_err *err)
+{
+    const struct kvr_plan *p = s->plan;
+    uint32_t kv = 0, running = 0;
+    if (s->n_inflight > p->microbatches)
+        return kvr_err_set(err, KVR_EINVAL, "%u batches in flight, window %u", s->n_inflight,
+                           p->microbatches);
+    for (uint32_t i = 0; i < p->max_seqs; i++) {
+        const struct seq *q = &s->seqs[i];
+        if (q->state == SEQ_FREE) {
+            if (q->r || q->inflight || q->kv_blocks)
+                return kvr_err_set(err, KVR_EINVAL, "free slot %u holds state", i);
+            continue;
+        }
+        running++;
+        kv += q->kv_blocks;
+        if (!q->r || q->r->seq != (int)i || q->r->waiting)
+            return kvr_err_set(err, KVR_EINVAL, "slot %u and its request disagree", i);
+        if (q->kv_blocks != req_blocks(s, q->r))
+            return kvr_err_set(err, KVR_EINVAL, "slot %u reserved %u blocks, needs %u", i,
+                               q->kv_blocks, req_blocks(s, q->r));
+        uint32_t in_window = 0, decoding = 0;
+        for (uint32_t b = 0; b < s->n_inflight; b++) {
+            const struct batch *bt = &s->batches[(s->bf_head + b) % p->microbatches];
+            for (uint32_t k = 0; k < bt->n_segs; k++) {
+                if (bt->segs[k].seq != i)
+                    continue;
+                in_window++;
+                decoding += (bt->segs[k].flags & KVR_SEG_WANTS_TOKEN) != 0;
+            }
+        }
+        if (in_window != q->inflight)
+            return kvr_err_set(err, KVR_EINVAL, "slot %u: %u batches in flight, counted %u", i,
+                               in_window, q->inflight);
+        if (decoding > 1)
+            return kvr_err_set(err, KVR_EINVAL, "slot %u wants a token from %u batches", i,
+                               decoding);
+        if (decoding == 1 && q->state != SEQ_WAIT && q->state != SEQ_ENDING)
+            return kvr_err_set(err, KVR_EINVAL, "slot %u has a token coming but is not waiting",
+                               i);
+        if (q->r->n_generated > q->r->req.max_tokens)
+            return kvr_err_set(err, KVR_EINVAL, "slot %u generated past max_tokens", i);
+    }
+    if (kv != s->kv_used || kv > p->kv_blocks)
+        return kvr_err_set(err, KVR_EINVAL, "KV blocks: %u reserved, slots hold %u (of %u)",
+                           s->kv_used, kv, p->kv_blocks);
+    if (running != s->n_running)
+        return kvr_err_set(err, KVR_EINVAL, "%u slots in use, counted %u", running,
+                           s->n_running);
+    if (s->wq_count > s->max_waiting)
+        return kvr_err_set(err, KVR_EINVAL, "wait queue over capacity");
+    for (uint32_t k = 0; k < s->wq_count; k++) {
+        const struct kvr_sched_req *r = s->waitq[(s->wq_head + k) % s->max_waiting];
+        if (!r->waiting || r->seq != -1 || r->ended)
+            return kvr_err_set(err, KVR_EINVAL, "waiting request %u is not waiting", k);
+    }
+    return KVR_OK;
+}
+
+/* ---- life cycle ----------------------------------------------------------------------------- */
+
+void kvr_sched_destroy(struct kvr_sched *s)
+{
+    if (!s)
+        return;
+    for (uint32_t i = 0; s->batches && i < s->plan->microbatches; i++) {
+        kvr_free(s->batches[i].ctrl);
+        kvr_free(s->batches[i].segs);
+        kvr_free(s->batches[i].tokens);
+    }
+    kvr_free(s->batches);
+    kvr_free(s->admit_scratch);
+    kvr_free(s->pick_scratch);
+    kvr_free(s->seqs);
+    kvr_free(s->waitq);
+    kvr_free(s);
+}
+
+int kvr_sched_create(struct kvr_sched **out, const struct kvr_sched_config *cfg,
+                     struct kvr_err *err)
+{
+    *out = NULL;
+    const struct kvr_plan *p = cfg->plan;
+    /* A batch carries a free-all probe (max_seqs records), and the OPEN records of a full
+     * batch need room beside REPLAY records (emit_replay keeps max_seqs free). */
+    if (cfg->max_ctrl < p->max_seqs + 1)
+        return kvr_err_set(err, KVR_EINVAL, "sched: max_ctrl %u < max_seqs %u + 1",
+                           cfg->max_ctrl, p->max_seqs);
+    struct kvr_sched *s = kvr_calloc(1, sizeof *s);
+    if (!s)
+        return kvr_err_set(err, KVR_ENOMEM, "sched: out of memory");
+    s->plan = p;
+    s->cfg = *cfg;
+    s->max_waiting = cfg->max_waiting ? cfg->max_waiting : 4 * p->max_seqs;
+    s->seqs = kvr_calloc(p->max_seqs, sizeof *s->seqs);
+    s->waitq = kvr_calloc(s->max_waiting, sizeof *s->waitq);
+    s->batches = kvr_calloc(p->microbatches, sizeof *s->batches);
+    s->admit_scratch = kvr_calloc(p->max_seqs, sizeof *s->admit_scratch);
+    s->pick_scratch = kvr_calloc(p->max_seqs + 1, sizeof *s->pick_scratch);
+    if (!s->seqs || !s->waitq || !s->batches || !s->admit_scratch || !s->pick_scratch)
+        goto nomem;
+    for (uint32_t i = 0; i < p->microbatches; i++) {
+        struct batch *bt = &s->batches[i];
+        bt->ctrl = kvr_calloc(cfg->max_ctrl, sizeof *bt->ctrl);
+        bt->segs = kvr_calloc(p->row_width, sizeof *bt->segs);
+        bt->tokens = kvr_calloc(p->row_width, sizeof *bt->tokens);
+        if (!bt->ctrl || !bt->segs || !bt->tokens)
+            goto nomem;
+    }
+    s->stats.n_stages = p->n_stages;
+    s->stats.kv_blocks_total = p->kv_blocks;
+    kvr_cost_init(&s->cost, p->n_stages, p->microbatches);
+    *out = s;
+    return KVR_OK;
+nomem:
+    kvr_sched_destroy(s);
+    return kvr_err_set(err, KVR_ENOMEM, "sched: out of memory");
+}

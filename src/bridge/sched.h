@@ -1,0 +1,219 @@
+/* sched.h - the bridge's scheduler as a pure state machine (DESIGN.md 6 and 8).
+ *
+ * It owns the request table (sequence slots, the bounded wait queue), KV block accounting,
+ * admission against latency budgets (with the cost model of costmodel.h), the window of
+ * micro-batches in flight, the batch builder, result handling and recovery. It does no
+ * I/O, takes no lock, starts no thread and reads no clock: time comes in as `now` (ns on
+ * any monotonic clock), sockets stay in the shell (bridge.c), which feeds it events and
+ * sends what it builds. So every decision can be driven, replayed and fuzzed with a fake
+ * clock (tests/unit/test_sched.c, tests/fuzz/fuzz_sched.c). It only logs.
+ *
+ * Inputs                                  Outputs
+ *   kvr_sched_submit   a request            a refusal (at once), or later:
+ *   kvr_sched_cancel   the consumer quits   stream events (the `event` callback): tokens,
+ *   kvr_sched_result   a RESULT frame         then exactly one end, then a detach
+ *   kvr_sched_reset    a RESET frame        kvr_sched_next_batch: the next BATCH to send
+ *   kvr_sched_link_up / _down               kvr_sched_tick: when to call tick again
+ *   kvr_sched_tick     time passes
+ *
+ * The window. Up to `microbatches` batches are in flight; the shell asks for the next one
+ * (kvr_sched_next_batch) whenever the head has a credit, and sends it as returned (a
+ * struct kvr_wire_msg whose arrays live in the window slot until its result comes back or
+ * the window is emptied by a recovery; the shell sends before it calls anything else).
+ * A batch carries control records first (FREE/CANCEL for sequences that ended and have
+ * nothing in flight, OPEN for new ones, REPLAY after a recovery), then one decode row per
+ * ready sequence, earliest deadline first and spread evenly over the window, then prefill
+ * chunks in the rest of the row width, no more than keep a batch with decodes within
+ * PREFILL_SLOWDOWN of its decode-only cost. A sequence's decode row is never in two
+ * in-flight batches; its non-final prefill chunks may be, because stages keep order. A
+ * slot is reused only after its FREE has gone into a batch, so every stage sees FREE
+ * before the slot's next OPEN.
+ *
+ * Ring state. The ring is up only once a batch has come back through every stage after
+ * the links came up (kvr_sched_link_up sends a free-all probe first). A RESET, a dropped
+ * link, a result that does not match the oldest batch in flight, or a batch that has not
+ * come back in time (tick) makes it recover: the running sequences are held and, once a
+ * probe has gone round again, re-prefilled from prompt + generated tokens with REPLAY
+ * records restoring the tail's sampler, so their streams only pause. A held request ends
+ * with KVR_GEN_FINISH_ERROR when its total budget runs out or after 30 s.
+ *
+ * Requests and ownership. The caller allocates a struct kvr_sched_req, fills its request
+ * (the prompt must stay valid) and `generated` ([max_tokens] ids of storage), and submits
+ * it; the scheduler keeps a pointer until it reports KVR_SCHED_EV_DETACH, after which the
+ * caller may free it. A refused request is never referenced after submit returns.
+ *
+ * Threads: none of its own; the caller serialises every call (bridge.c holds one mutex),
+ * and the event callback runs inside the call that caused it. */
+#ifndef KVR_BRIDGE_SCHED_H
+#define KVR_BRIDGE_SCHED_H
+
+#include "bridge/costmodel.h"
+#include "bridge/request.h"
+#include "core/err.h"
+#include "ring/plan.h"
+#include "ring/wire.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct kvr_sched;
+
+/* ---- requests and their streams ------------------------------------------------------- */
+
+struct kvr_sched_req {
+    /* Set by the caller before submit, read-only afterwards. */
+    struct kvr_gen_request req;   /* req.prompt must outlive the DETACH */
+    int32_t *generated;           /* [req.max_tokens] storage for the tokens so far: a
+                                     recovery re-prefills them behind the prompt */
+    void *user;                   /* the caller's, untouched */
+    /* The scheduler's; the caller may read them inside the event callback. */
+    uint64_t submit_ns;
+    uint64_t deadline_ns;         /* earliest-deadline-first key; UINT64_MAX: none */
+    uint64_t last_token_ns;
+    double pred_first_ms;         /* admission's raw first-token estimate (0: none) */
+    uint32_t n_generated;
+    int seq;                      /* slot, or -1 while waiting / once it ended */
+    bool waiting;                 /* in the wait queue */
+    bool ended;                   /* the END event has been reported */
+};
+
+enum kvr_sched_event_type {
+    KVR_SCHED_EV_TOKEN,  /* a generated token */
+    KVR_SCHED_EV_END,    /* the stream ended (finish, message): no token follows */
+    KVR_SCHED_EV_DETACH, /* the scheduler forgot the request: the caller may free it */
+    KVR_SCHED_EV_TYPE_COUNT
+};
+
+struct kvr_sched_event {
+    enum kvr_sched_event_type type;
+    int32_t token;              /* TOKEN */
+    float logprob;
+    bool eog;                   /* the token ends generation in the model's vocabulary */
+    enum kvr_gen_finish finish; /* END: LENGTH, EOS, CANCELLED or ERROR */
+    const char *message;        /* END with ERROR: why (valid during the callback) */
+    uint64_t t_ns;              /* the `now` of the call that produced it */
+};
+
+typedef void (*kvr_sched_event_fn)(void *ctx, struct kvr_sched_req *r,
+                                   const struct kvr_sched_event *ev);
+
+/* ---- refusals ------------------------------------------------------------------------- */
+
+enum kvr_refusal_reason {
+    KVR_REFUSE_NONE = 0,
+    KVR_REFUSE_FIRST_TOKEN_BUDGET, /* 429: first token would come too late */
+    KVR_REFUSE_TOTAL_BUDGET,       /* 429: the answer would finish too late */
+    KVR_REFUSE_KV_FULL,            /* 429: the KV blocks it needs are not free */
+    KVR_REFUSE_QUEUE_FULL,         /* 503: the wait queue is full */
+    KVR_REFUSE_TOO_LONG,           /* 400: empty, or prompt + max_tokens beyond the context */
+    KVR_REFUSE_RING_DOWN,          /* 503: the ring is not connected */
+    KVR_REFUSE_REASON_COUNT
+};
+
+struct kvr_refusal {
+    enum kvr_refusal_reason reason;
+    uint32_t retry_after_ms;
+    char message[200];
+};
+
+const char *kvr_refusal_name(enum kvr_refusal_reason reason);
+
+/* ---- telemetry ------------------------------------------------------------------------ */
+
+struct kvr_sched_stage_stats {
+    uint64_t held_ns, starved_ns, blocked_ns; /* totals over every batch */
+    double util;                              /* held fraction over the last ~2 s */
+    double starved_frac, blocked_frac;        /* same window */
+};
+
+/* Bucket bounds (seconds) of the queue-time histogram: submit until a sequence slot. */
+#define KVR_SCHED_QUEUE_BUCKETS 10
+extern const double kvr_sched_queue_bounds[KVR_SCHED_QUEUE_BUCKETS];
+
+struct kvr_sched_stats {
+    bool ring_up;
+    uint32_t n_stages;
+    struct kvr_sched_stage_stats stage[KVR_PLAN_MAX_STAGES];
+    uint32_t running;         /* sequences holding a slot */
+    uint32_t waiting;         /* admitted, waiting for a slot */
+    uint32_t kv_blocks_used;  /* reserved blocks (per stage) */
+    uint32_t kv_blocks_total;
+    uint32_t inflight;        /* batches in the window */
+    uint64_t batches;         /* batches completed */
+    uint64_t prompt_tokens;   /* prefill rows completed */
+    uint64_t generated_tokens;
+    uint64_t admitted, refused[KVR_REFUSE_REASON_COUNT];
+    uint64_t queue_hist[KVR_SCHED_QUEUE_BUCKETS + 1]; /* last bucket: +Inf */
+    double queue_sum_s;
+    uint64_t queue_count;
+    double batch_ms_ema;      /* measured round trip of one batch */
+    double tokens_per_s;      /* generated tokens over the last ~2 s */
+};
+
+/* ---- life cycle ----------------------------------------------------------------------- */
+
+struct kvr_sched_config {
+    const struct kvr_plan *plan; /* borrowed; must outlive the scheduler */
+    uint32_t max_ctrl;           /* control records a batch may carry (the head's limits) */
+    uint32_t max_waiting;        /* bounded wait queue; 0 = 4 * max_seqs */
+    bool admission;              /* refuse requests that would miss their budget */
+    kvr_sched_event_fn event;    /* stream events; called inside the call that causes them */
+    void *event_ctx;
+};
+
+/* Allocates everything it will ever need (nothing afterwards). */
+int kvr_sched_create(struct kvr_sched **out, const struct kvr_sched_config *cfg,
+                     struct kvr_err *err);
+/* Frees it; requests it still references are not detached (call kvr_sched_shutdown). */
+void kvr_sched_destroy(struct kvr_sched *s);
+
+/* ---- inputs --------------------------------------------------------------------------- */
+
+/* Admit a request (0; it waits for a slot or starts at once) or refuse it (KVR_EAGAIN, or
+ * KVR_EINVAL for an empty one, with *why filled; nothing is kept). */
+int kvr_sched_submit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
+                     struct kvr_refusal *why);
+/* The consumer does not want more: END(CANCELLED) unless it ended already; the sequence is
+ * cancelled in the ring once nothing of it is in flight. Idempotent. */
+void kvr_sched_cancel(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now);
+/* A RESULT frame from the tail. KVR_EPROTO (err says why) if it does not match the oldest
+ * batch in flight: the ring lost or reordered a batch, and the shell must drop its links
+ * (then kvr_sched_link_down). Results of batches given up for lost are ignored. */
+int kvr_sched_result(struct kvr_sched *s, const struct kvr_wire_frame *f, uint64_t now,
+                     struct kvr_err *err);
+/* A RESET frame: `stage` dropped its sequences, because its upstream changed (batch_id
+ * KVR_WIRE_RESET_LINK) or it could not run batch_id. */
+void kvr_sched_reset(struct kvr_sched *s, uint32_t stage, uint64_t batch_id, uint64_t now);
+/* Both links are up (and credits granted): probe the ring with a free-all batch. */
+void kvr_sched_link_up(struct kvr_sched *s, uint64_t now);
+/* A link dropped: hold the running sequences until the ring is whole again. */
+void kvr_sched_link_down(struct kvr_sched *s, const char *why, uint64_t now);
+/* Time passes: a batch that has not come back in time means a lost batch (or, while the
+ * ring forms, a dropped probe: another goes out); held requests past their budget fail.
+ * Returns the next `now` at which tick has something to do, or UINT64_MAX. */
+uint64_t kvr_sched_tick(struct kvr_sched *s, uint64_t now);
+/* The bridge stops: every running and waiting request ends with ERROR(why) and is
+ * detached; the window is emptied. */
+void kvr_sched_shutdown(struct kvr_sched *s, const char *why, uint64_t now);
+
+/* ---- outputs -------------------------------------------------------------------------- */
+
+/* The next batch to send, or NULL when the window is full or there is nothing to send. The
+ * message (type BATCH, token payload) and its arrays stay valid until the batch's result
+ * is applied or a recovery empties the window. */
+const struct kvr_wire_msg *kvr_sched_next_batch(struct kvr_sched *s, uint64_t now);
+
+bool kvr_sched_ring_up(const struct kvr_sched *s);
+/* Whether batch_id is in the window (its result would be applied, not ignored). */
+bool kvr_sched_batch_live(const struct kvr_sched *s, uint64_t batch_id);
+void kvr_sched_stats(const struct kvr_sched *s, struct kvr_sched_stats *out);
+/* Reset the telemetry totals (benchmarks measure a window). */
+void kvr_sched_stats_reset(struct kvr_sched *s);
+
+/* Check the internal invariants (tests and fuzzing): KV blocks reserved equal the sum over
+ * the slots, the in-flight counts equal the window's contents, no sequence decodes in two
+ * in-flight batches, the wait queue and slots agree with the requests. KVR_EINVAL with a
+ * message naming the first broken one. */
+int kvr_sched_check(const struct kvr_sched *s, struct kvr_err *err);
+
+#endif

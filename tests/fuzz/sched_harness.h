@@ -1,0 +1,368 @@
+/* sched_harness.h - a fake ring and a stream recorder around the scheduler (sched.h),
+ * shared by tests/unit/test_sched.c and tests/fuzz/fuzz_sched.c.
+ *
+ * The fake ring carries copies of the batches the scheduler builds, in order, and answers
+ * the oldest with a RESULT frame: every segment that wants a token gets
+ * token = mix(last input token, its position), so a sequence's continuation depends only
+ * on its own tokens, as with batch invariance, and a re-prefill after a recovery must give
+ * the tokens the lost decodes would have. Each stage is said to have held the batch for
+ * 1 ms + 0.1 ms per row; the clock is the harness's own (`now`), advanced by the caller.
+ *
+ * Checked on every step, into h->fail (first failure wins):
+ *   - no stream event after a stream's end, exactly one END before the DETACH, none after;
+ *   - the stages' view (FREE, OPEN and segments in the order they were sent): OPEN only on
+ *     a slot that is not open (FREE precedes any re-OPEN), segments and REPLAY only on an
+ *     open slot;
+ *   - a sequence wants a token from at most one live batch in the ring;
+ *   - kvr_sched_check (KV accounting, in-flight counts, slots and wait queue). */
+#ifndef KVR_SCHED_HARNESS_H
+#define KVR_SCHED_HARNESS_H
+
+#include "bridge/sched.h"
+#include "core/err.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#define SH_MAX_SEQS 8
+#define SH_MAX_ROWS 64
+#define SH_MAX_MB 4
+#define SH_RING_CAP 8 /* batches the fake ring holds: the window and stale ones after a RESET */
+#define SH_MAX_REQS 32
+#define SH_MAX_PROMPT 200
+#define SH_MAX_GEN 64
+#define SH_MAX_CTRL (3 * SH_MAX_SEQS)
+#define SH_VOCAB 512
+#define SH_EOG 2 /* the fake model's end-of-generation token */
+#define SH_MS 1000000ull
+
+struct sh_req {
+    struct kvr_sched_req r;
+    int32_t prompt[SH_MAX_PROMPT];
+    int32_t gen[SH_MAX_GEN];
+    int32_t seen[SH_MAX_GEN];     /* tokens the stream delivered, in order */
+    uint32_t n_seen;
+    bool used;                    /* submitted and admitted */
+    bool ended, detached;
+    enum kvr_gen_finish finish;
+    char message[128];
+};
+
+struct sh_batch {
+    uint64_t id;
+    uint32_t n_ctrl, n_segs, n_rows;
+    struct kvr_wire_ctrl ctrl[SH_MAX_CTRL];
+    struct kvr_seg segs[SH_MAX_ROWS];
+    int32_t tokens[SH_MAX_ROWS];
+};
+
+struct sh {
+    struct kvr_plan plan;
+    struct kvr_sched *s;
+    uint64_t now;
+    struct sh_req reqs[SH_MAX_REQS];
+    struct sh_batch ring[SH_RING_CAP]; /* batches in the fake ring, oldest at ring_head */
+    uint32_t ring_head, n_ring;
+    bool links_up;
+    bool open[SH_MAX_SEQS];           /* the stages' view */
+    uint64_t n_batches_sent, n_results;
+    struct sh_batch last;             /* the last batch sent */
+    char fail[256];
+};
+
+static inline void sh_failf(struct sh *h, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+static inline void sh_failf(struct sh *h, const char *fmt, ...)
+{
+    if (h->fail[0])
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(h->fail, sizeof h->fail, fmt, ap);
+    va_end(ap);
+}
+
+static inline void sh_on_event(void *ctx, struct kvr_sched_req *r,
+                               const struct kvr_sched_event *ev)
+{
+    struct sh *h = ctx;
+    struct sh_req *q = r->user;
+    if (q->detached) {
+        sh_failf(h, "event %d after the detach", (int)ev->type);
+        return;
+    }
+    switch (ev->type) {
+    case KVR_SCHED_EV_TOKEN:
+        if (q->ended)
+            sh_failf(h, "token after the end of a stream");
+        else if (q->n_seen >= r->req.max_tokens)
+            sh_failf(h, "more tokens than max_tokens");
+        else
+            q->seen[q->n_seen++] = ev->token;
+        break;
+    case KVR_SCHED_EV_END:
+        if (q->ended)
+            sh_failf(h, "a second end");
+        q->ended = true;
+        q->finish = ev->finish;
+        snprintf(q->message, sizeof q->message, "%s", ev->message ? ev->message : "");
+        break;
+    case KVR_SCHED_EV_DETACH:
+        if (!q->ended)
+            sh_failf(h, "detached before its end");
+        q->detached = true;
+        break;
+    default:
+        sh_failf(h, "unknown event %d", (int)ev->type);
+    }
+}
+
+/* A plan of `mb` micro-batches, `rows` row width, `seqs` slots, `blocks` KV blocks of 16. */
+static inline int sh_init(struct sh *h, uint32_t mb, uint32_t rows, uint32_t seqs,
+                          uint32_t blocks, bool admission)
+{
+    memset(h, 0, sizeof *h);
+    struct kvr_plan *p = &h->plan;
+    p->n_stages = 2;
+    p->microbatches = mb;
+    p->row_width = rows;
+    p->max_seqs = seqs;
+    p->n_ctx = 256;
+    p->kv_block_tokens = 16;
+    p->kv_blocks = blocks;
+    h->now = 1000 * SH_MS;
+    struct kvr_sched_config cfg = {.plan = p, .max_ctrl = SH_MAX_CTRL, .max_waiting = 6,
+                                   .admission = admission, .event = sh_on_event,
+                                   .event_ctx = h};
+    struct kvr_err err = {0};
+    return kvr_sched_create(&h->s, &cfg, &err);
+}
+
+static inline void sh_check(struct sh *h)
+{
+    struct kvr_err err = {0};
+    if (kvr_sched_check(h->s, &err))
+        sh_failf(h, "kvr_sched_check: %s", err.msg);
+    for (uint32_t q = 0; q < h->plan.max_seqs; q++) {
+        uint32_t n = 0;
+        for (uint32_t b = 0; b < h->n_ring; b++) {
+            const struct sh_batch *bt = &h->ring[(h->ring_head + b) % SH_RING_CAP];
+            if (!kvr_sched_batch_live(h->s, bt->id))
+                continue; /* given up on: its result will be ignored */
+            for (uint32_t k = 0; k < bt->n_segs; k++)
+                n += bt->segs[k].seq == q && (bt->segs[k].flags & KVR_SEG_WANTS_TOKEN);
+        }
+        if (n > 1)
+            sh_failf(h, "seq %u wants a token from %u batches in flight", q, n);
+    }
+}
+
+/* The stages see a batch: check it against their view and apply its records. */
+static inline void sh_stage_view(struct sh *h, const struct sh_batch *bt)
+{
+    for (uint32_t i = 0; i < bt->n_ctrl; i++) {
+        const struct kvr_wire_ctrl *c = &bt->ctrl[i];
+        if (c->seq >= h->plan.max_seqs) {
+            sh_failf(h, "control record for seq %u", c->seq);
+            continue;
+        }
+        if (c->type == KVR_WIRE_CTRL_OPEN) {
+            if (h->open[c->seq])
+                sh_failf(h, "batch %llu re-opens seq %u before freeing it",
+                         (unsigned long long)bt->id, c->seq);
+            h->open[c->seq] = true;
+        } else if (c->type == KVR_WIRE_CTRL_REPLAY) {
+            if (!h->open[c->seq])
+                sh_failf(h, "REPLAY for seq %u, not open", c->seq);
+        } else {
+            h->open[c->seq] = false;
+        }
+    }
+    uint32_t rows = 0;
+    for (uint32_t k = 0; k < bt->n_segs; k++) {
+        const struct kvr_seg *g = &bt->segs[k];
+        rows += g->n_tokens;
+        if (g->seq >= h->plan.max_seqs || !h->open[g->seq])
+            sh_failf(h, "batch %llu runs seq %u, which the stages have not open",
+                     (unsigned long long)bt->id, g->seq);
+        if (g->pos0 + g->n_tokens > h->plan.n_ctx || g->n_tokens == 0)
+            sh_failf(h, "segment out of range");
+        for (uint32_t j = 0; j < k; j++)
+            if (bt->segs[j].seq == g->seq)
+                sh_failf(h, "seq %u twice in one batch", g->seq);
+    }
+    if (rows != bt->n_rows || rows > h->plan.row_width)
+        sh_failf(h, "batch rows %u, segments %u, width %u", bt->n_rows, rows,
+                 h->plan.row_width);
+}
+
+/* Take every batch the scheduler has to send (the head always has a credit). */
+static inline void sh_pump(struct sh *h)
+{
+    if (!h->links_up)
+        return;
+    const struct kvr_wire_msg *m;
+    while (h->n_ring < SH_RING_CAP && (m = kvr_sched_next_batch(h->s, h->now)) != NULL) {
+        if (m->n_ctrl > SH_MAX_CTRL || m->n_segs > SH_MAX_ROWS) {
+            sh_failf(h, "window overflow or oversized batch");
+            return;
+        }
+        struct sh_batch *bt = &h->ring[(h->ring_head + h->n_ring++) % SH_RING_CAP];
+        bt->id = m->batch_id;
+        bt->n_ctrl = m->n_ctrl;
+        bt->n_segs = m->n_segs;
+        bt->n_rows = (uint32_t)(m->payload_bytes / sizeof(int32_t));
+        memcpy(bt->ctrl, m->ctrl, m->n_ctrl * sizeof *bt->ctrl);
+        memcpy(bt->segs, m->segs, m->n_segs * sizeof *bt->segs);
+        memcpy(bt->tokens, m->payload_data, bt->n_rows * sizeof(int32_t));
+        h->n_batches_sent++;
+        h->last = *bt;
+        sh_stage_view(h, bt);
+    }
+    sh_check(h);
+}
+
+static inline int32_t sh_model(int32_t last, uint32_t pos)
+{
+    uint32_t x = (uint32_t)last * 2654435761u ^ (pos + 1) * 40503u;
+    x ^= x >> 13;
+    return (int32_t)(x % SH_VOCAB);
+}
+
+/* The oldest batch in the ring comes back as a RESULT. */
+static inline int sh_deliver(struct sh *h)
+{
+    if (h->n_ring == 0)
+        return -1;
+    struct sh_batch *bt = &h->ring[h->ring_head];
+    struct kvr_wire_result res[SH_MAX_ROWS];
+    struct kvr_wire_timing tim[2];
+    uint32_t n_res = 0, row = 0;
+    for (uint32_t k = 0; k < bt->n_segs; k++) {
+        const struct kvr_seg *g = &bt->segs[k];
+        row += g->n_tokens;
+        if (g->flags & KVR_SEG_WANTS_TOKEN) {
+            int32_t t = sh_model(bt->tokens[row - 1], g->pos0 + g->n_tokens - 1);
+            res[n_res++] = (struct kvr_wire_result){
+                .seq = g->seq, .token = t, .flags = t == SH_EOG ? KVR_WIRE_RESULT_EOG : 0};
+        }
+    }
+    uint64_t held = SH_MS + bt->n_rows * SH_MS / 10;
+    for (uint32_t i = 0; i < 2; i++)
+        tim[i] = (struct kvr_wire_timing){.stage = i, .held_ns = held};
+    h->now += 2 * held + SH_MS / 2;
+    struct kvr_wire_frame f = {
+        .hdr = {.type = KVR_WIRE_RESULT, .payload = KVR_WIRE_PAYLOAD_RESULTS,
+                .batch_id = bt->id, .n_rows = bt->n_rows, .n_segs = bt->n_segs,
+                .n_ctrl = bt->n_ctrl, .n_timings = 2, .n_results = n_res},
+        .ctrl = bt->ctrl, .segs = bt->segs, .results = res, .timings = tim};
+    h->ring_head = (h->ring_head + 1) % SH_RING_CAP;
+    h->n_ring--;
+    struct kvr_err err = {0};
+    int rc = kvr_sched_result(h->s, &f, h->now, &err);
+    h->n_results++;
+    sh_check(h);
+    return rc;
+}
+
+/* The oldest batch is lost in the ring without a word. */
+static inline void sh_drop(struct sh *h)
+{
+    if (h->n_ring == 0)
+        return;
+    h->ring_head = (h->ring_head + 1) % SH_RING_CAP;
+    h->n_ring--;
+}
+
+static inline void sh_link_up(struct sh *h)
+{
+    if (h->links_up)
+        return;
+    h->links_up = true;
+    kvr_sched_link_up(h->s, h->now);
+    sh_pump(h);
+}
+
+static inline void sh_link_down(struct sh *h, const char *why)
+{
+    h->n_ring = 0;
+    h->links_up = false;
+    memset(h->open, 0, sizeof h->open); /* the stages drop everything with their links */
+    kvr_sched_link_down(h->s, why, h->now);
+    sh_check(h);
+}
+
+static inline void sh_tick(struct sh *h, uint64_t advance_ns)
+{
+    h->now += advance_ns;
+    kvr_sched_tick(h->s, h->now);
+    sh_check(h);
+    sh_pump(h);
+}
+
+/* Submit request slot i: `n_prompt` tokens derived from i, `max_tokens`. Returns what
+ * kvr_sched_submit returned. */
+static inline int sh_submit(struct sh *h, uint32_t i, uint32_t n_prompt, uint32_t max_tokens,
+                            float temperature, float repeat_penalty, uint32_t first_ms,
+                            uint32_t total_ms, struct kvr_refusal *why)
+{
+    struct sh_req *q = &h->reqs[i];
+    memset(q, 0, sizeof *q);
+    n_prompt = n_prompt > SH_MAX_PROMPT ? SH_MAX_PROMPT : n_prompt;
+    max_tokens = max_tokens > SH_MAX_GEN ? SH_MAX_GEN : max_tokens;
+    for (uint32_t k = 0; k < n_prompt; k++)
+        q->prompt[k] = (int32_t)(3 + (i * 37 + k * 11) % (SH_VOCAB - 3));
+    q->r.req = (struct kvr_gen_request){.prompt = q->prompt, .n_prompt = n_prompt,
+                                        .max_tokens = max_tokens, .first_token_ms = first_ms,
+                                        .total_ms = total_ms, .ignore_eos = (i & 1) != 0};
+    kvr_sample_params_default(&q->r.req.sampling);
+    q->r.req.sampling.temperature = temperature;
+    q->r.req.sampling.repeat_penalty = repeat_penalty;
+    q->r.req.sampling.seed = i;
+    q->r.generated = q->gen;
+    q->r.user = q;
+    int rc = kvr_sched_submit(h->s, &q->r, h->now, why);
+    q->used = rc == 0;
+    sh_check(h);
+    sh_pump(h);
+    return rc;
+}
+
+static inline void sh_cancel(struct sh *h, uint32_t i)
+{
+    struct sh_req *q = &h->reqs[i];
+    if (!q->used || q->detached)
+        return;
+    kvr_sched_cancel(h->s, &q->r, h->now);
+    sh_check(h);
+    sh_pump(h);
+}
+
+/* Deliver results until the ring is empty and nothing more goes out (at most `max`). */
+static inline void sh_run(struct sh *h, uint32_t max)
+{
+    for (uint32_t i = 0; i < max && h->n_ring > 0 && !h->fail[0]; i++) {
+        if (sh_deliver(h))
+            sh_failf(h, "a result was refused");
+        sh_pump(h);
+    }
+}
+
+static inline void sh_fini(struct sh *h)
+{
+    kvr_sched_shutdown(h->s, "test over", h->now);
+    for (uint32_t i = 0; i < SH_MAX_REQS; i++)
+        if (h->reqs[i].used && !h->reqs[i].detached)
+            sh_failf(h, "request %u never detached", i);
+    struct kvr_sched_stats st;
+    kvr_sched_stats(h->s, &st);
+    if (st.kv_blocks_used || st.running || st.waiting)
+        sh_failf(h, "after shutdown: %u KV blocks, %u running, %u waiting", st.kv_blocks_used,
+                 st.running, st.waiting);
+    kvr_sched_destroy(h->s);
+    h->s = NULL;
+}
+
+#endif

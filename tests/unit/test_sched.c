@@ -1,0 +1,525 @@
+/* test_sched.c - the bridge's scheduler (sched.h) driven with a fake clock and a fake ring
+ * (tests/fuzz/sched_harness.h): admission at and over budget, KV exhaustion and the wait
+ * queue, chunked prefill next to decodes, cancellation mid-prefill, a RESET mid-batch, a
+ * lost link with recovery and replay, a lost probe, and held requests that expire. Every
+ * step also checks the harness's invariants (stream events, the stages' view of FREE and
+ * OPEN, one token-wanting batch per sequence, kvr_sched_check). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "../fuzz/sched_harness.h"
+
+#include <stdlib.h>
+
+static struct sh *new_sh(uint32_t mb, uint32_t rows, uint32_t seqs, uint32_t blocks,
+                         bool admission)
+{
+    struct sh *h = calloc(1, sizeof *h);
+    assert_non_null(h);
+    assert_int_equal(sh_init(h, mb, rows, seqs, blocks, admission), 0);
+    return h;
+}
+
+static void done(struct sh *h)
+{
+    sh_fini(h);
+    if (h->fail[0])
+        fail_msg("%s", h->fail);
+    free(h);
+}
+
+#define OK(h)                                                                                \
+    do {                                                                                     \
+        if ((h)->fail[0])                                                                    \
+            fail_msg("%s", (h)->fail);                                                       \
+    } while (0)
+
+/* Bring the ring up: the probe (a control-only batch freeing every slot) goes round. */
+static void ring_up(struct sh *h)
+{
+    assert_false(kvr_sched_ring_up(h->s));
+    sh_link_up(h);
+    assert_int_equal(h->n_ring, 1);
+    assert_int_equal(h->ring[h->ring_head].n_segs, 0);
+    assert_int_equal(h->ring[h->ring_head].n_ctrl, h->plan.max_seqs);
+    assert_int_equal(h->ring[h->ring_head].ctrl[0].type, KVR_WIRE_CTRL_FREE);
+    sh_run(h, 10);
+    assert_true(kvr_sched_ring_up(h->s));
+    OK(h);
+}
+
+/* The tokens a request gets from the fake model, computed independently: each follows
+ * from the previous one (the prompt's last at first) and its position. */
+static void expected_tokens(const struct sh_req *q, uint32_t n, int32_t *out)
+{
+    int32_t last = q->prompt[q->r.req.n_prompt - 1];
+    for (uint32_t k = 0; k < n; k++)
+        out[k] = last = sh_model(last, q->r.req.n_prompt + k - 1);
+}
+
+static void assert_stream(const struct sh_req *q, uint32_t n)
+{
+    int32_t want[SH_MAX_GEN];
+    expected_tokens(q, n, want);
+    assert_int_equal(q->n_seen, n);
+    for (uint32_t k = 0; k < n; k++)
+        if (q->seen[k] != want[k])
+            fail_msg("token %u: %d, expected %d", k, q->seen[k], want[k]);
+}
+
+static void test_refuses_while_down(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 16, 4, 64, false);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 0, 8, 8, 0, 1, 0, 0, &why), KVR_EAGAIN);
+    assert_int_equal(why.reason, KVR_REFUSE_RING_DOWN);
+    assert_null(kvr_sched_next_batch(h->s, h->now)); /* no links: nothing goes out */
+    ring_up(h);
+    assert_int_equal(sh_submit(h, 1, 200, 60, 0, 1, 0, 0, &why), KVR_EAGAIN);
+    assert_int_equal(why.reason, KVR_REFUSE_TOO_LONG);
+    assert_int_equal(sh_submit(h, 2, 0, 8, 0, 1, 0, 0, &why), KVR_EINVAL);
+    done(h);
+}
+
+static void test_generates_in_order(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 16, 4, 64, false);
+    ring_up(h);
+    struct kvr_refusal why;
+    for (uint32_t i = 0; i < 3; i++)
+        assert_int_equal(sh_submit(h, 2 * i, 5 + i, 12, 0, 1, 0, 0, &why), 0);
+    sh_run(h, 200);
+    OK(h);
+    for (uint32_t i = 0; i < 3; i++) {
+        const struct sh_req *q = &h->reqs[2 * i];
+        assert_true(q->detached);
+        if (q->finish == KVR_GEN_FINISH_EOS) /* the fake model said EOG: stream ends there */
+            assert_int_equal(q->seen[q->n_seen - 1], SH_EOG);
+        else
+            assert_int_equal(q->finish, KVR_GEN_FINISH_LENGTH);
+        assert_stream(q, q->n_seen);
+    }
+    struct kvr_sched_stats st;
+    kvr_sched_stats(h->s, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    assert_int_equal(st.running, 0);
+    done(h);
+}
+
+/* Teach the cost model: one request runs to its end (its batches are 1 ms + 0.1 ms/row per
+ * stage in the fake ring). */
+static void warm_up(struct sh *h, uint32_t slot)
+{
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, slot, 20, 30, 0, 1, 0, 0, &why), 0);
+    sh_run(h, 500);
+    OK(h);
+    assert_true(h->reqs[slot].detached);
+}
+
+static void test_admission_at_and_over_budget(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 16, 4, 64, true);
+    ring_up(h);
+    warm_up(h, 1);
+    /* A running request, so the estimate is the loaded one, not the idle ring's. */
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 3, 10, 60, 0, 1, 0, 0, &why), 0);
+    /* A first-token budget of 1 ms cannot be met: the refusal says by how much it misses
+     * (retry_after_ms = estimate - budget + 1), which gives the estimate. */
+    assert_int_equal(sh_submit(h, 5, 40, 10, 0, 1, 1, 0, &why), KVR_EAGAIN);
+    assert_int_equal(why.reason, KVR_REFUSE_FIRST_TOKEN_BUDGET);
+    assert_non_null(strstr(why.message, "first-token budget"));
+    uint32_t estimate = 1 + why.retry_after_ms - 1;
+    assert_true(estimate > 2 && estimate < 1000);
+    /* Just over the budget: refused. At it (the estimate rounded up): admitted. */
+    assert_int_equal(sh_submit(h, 5, 40, 10, 0, 1, estimate - 1, 0, &why), KVR_EAGAIN);
+    assert_int_equal(why.reason, KVR_REFUSE_FIRST_TOKEN_BUDGET);
+    assert_int_equal(sh_submit(h, 5, 40, 10, 0, 1, estimate + 1, 0, &why), 0);
+    /* The same for the total budget. */
+    assert_int_equal(sh_submit(h, 7, 40, 60, 0, 1, 0, 1, &why), KVR_EAGAIN);
+    assert_int_equal(why.reason, KVR_REFUSE_TOTAL_BUDGET);
+    uint32_t total = why.retry_after_ms;
+    assert_true(total > estimate);
+    assert_int_equal(sh_submit(h, 7, 40, 60, 0, 1, 0, total - 1, &why), KVR_EAGAIN);
+    assert_int_equal(sh_submit(h, 7, 40, 60, 0, 1, 0, total + 1, &why), 0);
+    struct kvr_sched_stats st;
+    kvr_sched_stats(h->s, &st);
+    assert_int_equal(st.refused[KVR_REFUSE_FIRST_TOKEN_BUDGET], 2);
+    assert_int_equal(st.refused[KVR_REFUSE_TOTAL_BUDGET], 2);
+    sh_run(h, 1000);
+    OK(h);
+    assert_true(h->reqs[5].detached && h->reqs[7].detached);
+    done(h);
+}
+
+static void test_kv_exhaustion_and_wait_queue(void **state)
+{
+    (void)state;
+    /* 10 blocks of 16 tokens; each request needs (40 + 24) / 16 = 4 blocks. */
+    struct sh *h = new_sh(2, 16, 4, 10, false);
+    ring_up(h);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 0, 150, 30, 0, 1, 0, 0, &why), KVR_EAGAIN);
+    assert_int_equal(why.reason, KVR_REFUSE_KV_FULL); /* 12 blocks: more than the ring has */
+    assert_int_equal(sh_submit(h, 1, 40, 24, 0, 1, 0, 0, &why), 0);
+    assert_int_equal(sh_submit(h, 3, 40, 24, 0, 1, 0, 0, &why), 0);
+    assert_int_equal(sh_submit(h, 5, 40, 24, 0, 1, 0, 0, &why), 0); /* no KV left: waits */
+    struct kvr_sched_stats st;
+    kvr_sched_stats(h->s, &st);
+    assert_int_equal(st.kv_blocks_used, 8);
+    assert_int_equal(st.running, 2);
+    assert_int_equal(st.waiting, 1);
+    assert_int_equal(h->reqs[5].r.seq, -1);
+    /* The wait queue holds 6; the seventh waiting request is refused. */
+    for (uint32_t i = 0; i < 5; i++)
+        assert_int_equal(sh_submit(h, 7 + 2 * i, 40, 24, 0, 1, 0, 0, &why), 0);
+    assert_int_equal(sh_submit(h, 17, 40, 24, 0, 1, 0, 0, &why), KVR_EAGAIN);
+    assert_int_equal(why.reason, KVR_REFUSE_QUEUE_FULL);
+    /* Everything admitted runs to its end as KV frees up. */
+    sh_run(h, 5000);
+    OK(h);
+    for (uint32_t i = 1; i < 17; i += 2)
+        assert_true(h->reqs[i].detached && h->reqs[i].finish == KVR_GEN_FINISH_LENGTH);
+    kvr_sched_stats(h->s, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    assert_int_equal(st.queue_count, 8);
+    done(h);
+}
+
+static void test_chunked_prefill_beside_decodes(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(1, 64, 4, 64, false);
+    ring_up(h);
+    warm_up(h, 1);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 3, 4, 60, 0, 1, 0, 0, &why), 0); /* decodes */
+    sh_run(h, 3);
+    assert_true(h->reqs[3].n_seen >= 2);
+    assert_int_equal(sh_submit(h, 5, 200, 4, 0, 1, 0, 0, &why), 0); /* a long prompt */
+    /* Every batch while the prompt goes in carries the decode row and a prefill chunk
+     * kept small enough that the batch stays within 1.8x of the decode-only batch
+     * (1.1 ms): 1 + 0.1 x rows <= 1.98, so at most 8 prompt rows. */
+    uint32_t chunks = 0, prefilled = 0;
+    while (prefilled < 200 && chunks < 100) {
+        const struct sh_batch *bt = &h->ring[h->ring_head];
+        assert_int_equal(h->n_ring, 1);
+        bool has_decode = false;
+        for (uint32_t k = 0; k < bt->n_segs; k++) {
+            const struct kvr_seg *g = &bt->segs[k];
+            if (g->seq == (uint32_t)h->reqs[3].r.seq)
+                has_decode = g->flags & KVR_SEG_DECODE;
+            if (g->seq == (uint32_t)h->reqs[5].r.seq && (g->flags & KVR_SEG_PREFILL)) {
+                assert_int_equal(g->pos0, prefilled);
+                assert_true(g->n_tokens >= 1 && g->n_tokens <= 8);
+                prefilled += g->n_tokens;
+                chunks++;
+            }
+        }
+        assert_true(has_decode);
+        uint32_t before = h->reqs[3].n_seen;
+        assert_int_equal(sh_deliver(h), 0);
+        assert_int_equal(h->reqs[3].n_seen, before + 1); /* decode kept its pace */
+        sh_pump(h);
+        OK(h);
+    }
+    assert_int_equal(prefilled, 200);
+    assert_true(chunks >= 25);
+    sh_run(h, 500);
+    OK(h);
+    assert_stream(&h->reqs[3], h->reqs[3].n_seen);
+    assert_stream(&h->reqs[5], h->reqs[5].n_seen);
+    done(h);
+}
+
+static void test_prefill_takes_the_row_width_before_costs_are_known(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 64, 4, 64, false);
+    ring_up(h);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 0, 150, 4, 0, 1, 0, 0, &why), 0);
+    /* Two chunks of the row width go into the two micro-batches (non-final chunks of one
+     * sequence may follow each other through the ring); the rest waits. */
+    assert_int_equal(h->n_ring, 2);
+    assert_int_equal(h->ring[h->ring_head].segs[0].n_tokens, 64);
+    assert_int_equal(h->ring[(h->ring_head + 1) % SH_RING_CAP].segs[0].pos0, 64);
+    sh_run(h, 100);
+    OK(h);
+    assert_stream(&h->reqs[0], 4);
+    done(h);
+}
+
+static void test_cancel_mid_prefill(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 16, 4, 64, false);
+    ring_up(h);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 0, 100, 8, 0, 1, 0, 0, &why), 0);
+    uint32_t slot = (uint32_t)h->reqs[0].r.seq;
+    assert_int_equal(h->n_ring, 2); /* chunks 0-15 and 16-31 in flight */
+    sh_cancel(h, 0);
+    assert_true(h->reqs[0].ended);
+    assert_int_equal(h->reqs[0].finish, KVR_GEN_FINISH_CANCELLED);
+    assert_false(h->reqs[0].detached); /* its chunks are still in the ring */
+    uint64_t sent = h->n_batches_sent;
+    assert_int_equal(sh_deliver(h), 0);
+    sh_pump(h);
+    assert_int_equal(h->n_batches_sent, sent); /* no further chunk, no CANCEL yet */
+    assert_false(h->reqs[0].detached);
+    assert_int_equal(sh_deliver(h), 0);
+    sh_pump(h);
+    /* Nothing of it in flight any more: a CANCEL record goes out and the slot is free. */
+    assert_int_equal(h->n_batches_sent, sent + 1);
+    assert_int_equal(h->last.n_ctrl, 1);
+    assert_int_equal(h->last.ctrl[0].type, KVR_WIRE_CTRL_CANCEL);
+    assert_int_equal(h->last.ctrl[0].seq, slot);
+    assert_int_equal(h->last.n_segs, 0);
+    assert_true(h->reqs[0].detached);
+    assert_int_equal(h->reqs[0].n_seen, 0);
+    struct kvr_sched_stats st;
+    kvr_sched_stats(h->s, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    /* The slot is reused: its next OPEN follows the CANCEL (the harness checks). */
+    assert_int_equal(sh_submit(h, 2, 10, 4, 0, 1, 0, 0, &why), 0);
+    assert_int_equal(h->reqs[2].r.seq, (int)slot);
+    sh_run(h, 100);
+    OK(h);
+    assert_stream(&h->reqs[2], 4);
+    /* Cancelling a request that waits for a slot ends and detaches it at once. */
+    done(h);
+}
+
+static void test_cancel_while_waiting(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 16, 1, 64, false);
+    ring_up(h);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 0, 10, 8, 0, 1, 0, 0, &why), 0);
+    assert_int_equal(sh_submit(h, 2, 10, 8, 0, 1, 0, 0, &why), 0);
+    assert_true(h->reqs[2].r.waiting);
+    sh_cancel(h, 2);
+    assert_true(h->reqs[2].ended && h->reqs[2].detached);
+    assert_int_equal(h->reqs[2].finish, KVR_GEN_FINISH_CANCELLED);
+    sh_run(h, 100);
+    OK(h);
+    done(h);
+}
+
+/* A RESET arrives while two batches are in flight: their results are stale, the ring is
+ * probed again, the sequences re-prefilled, and every stream continues unchanged. */
+static void test_reset_mid_batch(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 16, 4, 64, false);
+    ring_up(h);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 0, 6, 20, 0, 1, 0, 0, &why), 0);
+    assert_int_equal(sh_submit(h, 1, 9, 20, 0, 1, 0, 0, &why), 0);
+    sh_run(h, 8);
+    assert_int_equal(h->n_ring, 2);
+    uint32_t seen0 = h->reqs[0].n_seen, seen1 = h->reqs[1].n_seen;
+    assert_true(seen0 > 0 && seen1 > 0);
+    kvr_sched_reset(h->s, 1, KVR_WIRE_RESET_LINK, h->now);
+    memset(h->open, 0, sizeof h->open); /* stage 1 dropped everything */
+    assert_false(kvr_sched_ring_up(h->s));
+    /* The two batches come back (stages before and after the reset passed them): their
+     * tokens are not taken. */
+    assert_int_equal(sh_deliver(h), 0);
+    assert_int_equal(sh_deliver(h), 0);
+    assert_int_equal(h->reqs[0].n_seen, seen0);
+    assert_int_equal(h->reqs[1].n_seen, seen1);
+    /* The probe goes out, alone, and brings the ring up. */
+    sh_pump(h);
+    assert_int_equal(h->n_ring, 1);
+    assert_int_equal(h->last.n_segs, 0);
+    assert_int_equal(h->last.n_ctrl, 4);
+    assert_int_equal(sh_deliver(h), 0);
+    assert_true(kvr_sched_ring_up(h->s));
+    sh_pump(h);
+    /* Re-prefill: prompt + generated tokens from position 0 (16 rows: one of them may
+     * need a second chunk). */
+    const struct sh_batch *first = &h->ring[h->ring_head];
+    assert_int_equal(first->n_segs, 2);
+    for (uint32_t k = 0; k < 2; k++) {
+        const struct kvr_seg *g = &first->segs[k];
+        uint32_t want = g->seq == (uint32_t)h->reqs[0].r.seq ? 6 + seen0 : 9 + seen1;
+        assert_int_equal(g->pos0, 0);
+        assert_true(g->flags & KVR_SEG_PREFILL);
+        if (g->flags & KVR_SEG_LAST_CHUNK)
+            assert_int_equal(g->n_tokens, want);
+        else
+            assert_true(g->n_tokens < want);
+    }
+    /* A failed batch that was already given up on changes nothing. */
+    kvr_sched_reset(h->s, 1, 0, h->now);
+    assert_true(kvr_sched_ring_up(h->s));
+    sh_run(h, 500);
+    OK(h);
+    for (uint32_t i = 0; i < 2; i++) {
+        assert_true(h->reqs[i].detached);
+        assert_stream(&h->reqs[i], h->reqs[i].n_seen);
+        assert_true(h->reqs[i].n_seen == 20 || h->reqs[i].finish == KVR_GEN_FINISH_EOS);
+    }
+    done(h);
+}
+
+/* A link drops while a sampled, penalised request decodes: after the ring is whole again,
+ * REPLAY records (the draws, then the last generated ids) come before its last prefill
+ * chunk, and its stream continues with the tokens it would have had. */
+static void test_recovery_and_replay(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 16, 4, 64, false);
+    ring_up(h);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 1, 5, 40, 0.8f, 1.3f, 0, 0, &why), 0);
+    sh_run(h, 12);
+    uint32_t seen = h->reqs[1].n_seen;
+    assert_true(seen >= 10);
+    sh_link_down(h, "the tail closed its link");
+    assert_false(kvr_sched_ring_up(h->s));
+    assert_null(kvr_sched_next_batch(h->s, h->now));
+    struct kvr_sched_stats st;
+    kvr_sched_stats(h->s, &st);
+    assert_int_equal(st.inflight, 0);
+    assert_int_equal(st.running, 1); /* held, not failed */
+    sh_tick(h, 5000 * SH_MS);          /* 5 s later the ring is still broken: still held */
+    assert_false(h->reqs[1].ended);
+    sh_link_up(h);
+    sh_run(h, 1); /* the probe */
+    assert_true(kvr_sched_ring_up(h->s));
+    /* The first batch after the probe: OPEN, REPLAY with the draws and every generated id
+     * (fewer than the window), and the prefill of prompt + generated up to the last row,
+     * whose chunk (with the token) only goes once the sampler is restored. */
+    const struct sh_batch *bt = &h->ring[h->ring_head];
+    assert_true(bt->n_ctrl >= 2);
+    assert_int_equal(bt->ctrl[0].type, KVR_WIRE_CTRL_OPEN);
+    uint32_t n_ids = 0, n_draws = 0;
+    int32_t ids[SH_MAX_GEN];
+    for (uint32_t i = 1; i < bt->n_ctrl; i++) {
+        assert_int_equal(bt->ctrl[i].type, KVR_WIRE_CTRL_REPLAY);
+        n_draws += bt->ctrl[i].replay.n_draws;
+        for (uint32_t k = 0; k < bt->ctrl[i].replay.n_ids; k++)
+            ids[n_ids++] = bt->ctrl[i].replay.ids[k];
+    }
+    assert_int_equal(n_draws, seen);
+    assert_int_equal(n_ids, seen);
+    for (uint32_t k = 0; k < seen; k++)
+        assert_int_equal(ids[k], h->reqs[1].seen[k]);
+    uint32_t rows = 0;
+    for (uint32_t b = 0; b < h->n_ring; b++)
+        rows += h->ring[(h->ring_head + b) % SH_RING_CAP].n_rows;
+    assert_true(rows <= 5 + seen);
+    sh_run(h, 500);
+    OK(h);
+    assert_true(h->reqs[1].detached);
+    assert_stream(&h->reqs[1], h->reqs[1].n_seen);
+    assert_int_equal(h->reqs[1].n_seen, 40);
+    done(h);
+}
+
+static void test_lost_probe_and_lost_batch(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 16, 4, 64, false);
+    sh_link_up(h);
+    sh_drop(h); /* a stage had no downstream yet and dropped the probe */
+    uint64_t sent = h->n_batches_sent;
+    sh_tick(h, 400 * SH_MS);
+    assert_int_equal(h->n_batches_sent, sent); /* not yet */
+    sh_tick(h, 200 * SH_MS);
+    assert_int_equal(h->n_batches_sent, sent + 1); /* another probe */
+    sh_run(h, 1);
+    assert_true(kvr_sched_ring_up(h->s));
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 0, 6, 30, 0, 1, 0, 0, &why), 0);
+    sh_run(h, 4);
+    uint32_t seen = h->reqs[0].n_seen;
+    /* A batch vanishes in the ring: 15 s later the scheduler gives up on it. */
+    sh_drop(h);
+    assert_int_equal(h->n_ring, 0);
+    uint64_t next = kvr_sched_tick(h->s, h->now);
+    assert_true(next > h->now && next <= h->now + 15000 * SH_MS);
+    sh_tick(h, 15001 * SH_MS);
+    assert_false(kvr_sched_ring_up(h->s));
+    assert_int_equal(h->n_ring, 1); /* the probe */
+    sh_run(h, 500);
+    OK(h);
+    assert_true(h->reqs[0].n_seen > seen);
+    assert_stream(&h->reqs[0], h->reqs[0].n_seen);
+    done(h);
+}
+
+static void test_held_requests_expire(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 16, 4, 64, false);
+    ring_up(h);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 0, 6, 30, 0, 1, 0, 0, &why), 0);
+    assert_int_equal(sh_submit(h, 1, 6, 30, 0, 1, 0, 8000, &why), 0);
+    sh_run(h, 2);
+    sh_link_down(h, "the head closed its link");
+    assert_int_equal(kvr_sched_tick(h->s, h->now), h->reqs[1].r.submit_ns + 8000 * SH_MS);
+    sh_tick(h, 8000 * SH_MS);
+    assert_true(h->reqs[1].ended);
+    assert_int_equal(h->reqs[1].finish, KVR_GEN_FINISH_ERROR);
+    assert_non_null(strstr(h->reqs[1].message, "budget"));
+    assert_false(h->reqs[0].ended);
+    sh_tick(h, 22100 * SH_MS);
+    assert_true(h->reqs[0].ended);
+    assert_non_null(strstr(h->reqs[0].message, "30 s"));
+    /* Ended while the ring was down: detached at the next recovery or at shutdown. */
+    done(h);
+}
+
+static void test_result_mismatch(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 16, 4, 64, false);
+    ring_up(h);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 0, 6, 30, 0, 1, 0, 0, &why), 0);
+    /* Results out of order: the ring lost a batch; the shell must drop its links. */
+    struct sh_batch tmp = h->ring[h->ring_head];
+    h->ring[h->ring_head] = h->ring[(h->ring_head + 1) % SH_RING_CAP];
+    h->ring[(h->ring_head + 1) % SH_RING_CAP] = tmp;
+    assert_int_equal(sh_deliver(h), KVR_EPROTO);
+    sh_link_down(h, "result mismatch");
+    sh_link_up(h);
+    sh_run(h, 500);
+    OK(h);
+    assert_stream(&h->reqs[0], h->reqs[0].n_seen);
+    done(h);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_refuses_while_down),
+        cmocka_unit_test(test_generates_in_order),
+        cmocka_unit_test(test_admission_at_and_over_budget),
+        cmocka_unit_test(test_kv_exhaustion_and_wait_queue),
+        cmocka_unit_test(test_chunked_prefill_beside_decodes),
+        cmocka_unit_test(test_prefill_takes_the_row_width_before_costs_are_known),
+        cmocka_unit_test(test_cancel_mid_prefill),
+        cmocka_unit_test(test_cancel_while_waiting),
+        cmocka_unit_test(test_reset_mid_batch),
+        cmocka_unit_test(test_recovery_and_replay),
+        cmocka_unit_test(test_lost_probe_and_lost_batch),
+        cmocka_unit_test(test_held_requests_expire),
+        cmocka_unit_test(test_result_mismatch),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
