@@ -25,6 +25,7 @@
 #include "core/log.h"
 
 #include <arpa/inet.h>
+#include <errno.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -193,6 +194,7 @@ struct kvr_http {
     uint16_t port;
     char *api_key; /* NULL: no auth */
     size_t api_key_len;
+    char *tls_cert, *tls_key; /* PEM text for HTTPS (owned), or NULL */
     size_t max_body_bytes;
     uint32_t stall_timeout_ms;
     uint32_t default_max_tokens;
@@ -1144,6 +1146,43 @@ void kvr_http_config_init(struct kvr_http_config *cfg)
     cfg->stall_timeout_s = 300;
 }
 
+/* ---- start-up ----------------------------------------------------------------------- */
+
+#define TLS_FILE_MAX_BYTES (1u << 20)
+
+/* Read a PEM file (at most 1 MiB) into a NUL-terminated heap string. */
+static int read_pem(const char *path, const char *what, char **out, struct kvr_err *err)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return kvr_err_set(err, KVR_EIO, "http: %s %s: %s", what, path, strerror(errno));
+    char *buf = kvr_malloc(TLS_FILE_MAX_BYTES + 1);
+    size_t n = buf ? fread(buf, 1, TLS_FILE_MAX_BYTES + 1, f) : 0;
+    int bad = !buf ? KVR_ENOMEM : ferror(f) ? KVR_EIO : n > TLS_FILE_MAX_BYTES ? KVR_ERANGE : 0;
+    fclose(f);
+    if (bad) {
+        kvr_free(buf);
+        return kvr_err_set(err, bad, "http: %s %s: %s", what, path,
+                           bad == KVR_ERANGE ? "larger than 1 MiB" : "cannot read it");
+    }
+    buf[n] = 0;
+    if (!strstr(buf, "-----BEGIN ")) {
+        kvr_free(buf);
+        return kvr_err_set(err, KVR_EINVAL, "http: %s %s is not a PEM file", what, path);
+    }
+    *out = buf;
+    return KVR_OK;
+}
+
+/* Wipe and free a PEM buffer (the key's is secret). */
+static void free_pem(char *p)
+{
+    if (p) {
+        memset(p, 0, strlen(p));
+        kvr_free(p);
+    }
+}
+
 int kvr_http_create(struct kvr_http **out, const struct kvr_http_config *cfg,
                     const struct kvr_service *svc, struct kvr_err *err)
 {
@@ -1154,6 +1193,10 @@ int kvr_http_create(struct kvr_http **out, const struct kvr_http_config *cfg,
     if (!svc->tok || svc->n_ctx < 2 || !svc->model_name)
         return kvr_err_set(err, KVR_EINVAL,
                            "http: the service needs a tokenizer, a model name and n_ctx >= 2");
+    if (!cfg->tls_cert_file != !cfg->tls_key_file)
+        return kvr_err_set(err, KVR_EINVAL, "http: HTTPS needs both a certificate and a key");
+    if (cfg->tls_cert_file && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
+        return kvr_err_set(err, KVR_ENOTSUP, "http: this libmicrohttpd was built without TLS");
     if (cfg->max_body_bytes == 0 || cfg->max_connections == 0)
         return kvr_err_set(err, KVR_EINVAL, "http: max_body_bytes and max_connections must be "
                                             "positive");
@@ -1214,27 +1257,43 @@ int kvr_http_create(struct kvr_http **out, const struct kvr_http_config *cfg,
             h->max_piece_bytes = len;
     }
 
+    struct MHD_OptionItem tls[3] = {{MHD_OPTION_END, 0, NULL}};
+    if (cfg->tls_cert_file) {
+        if ((rc = read_pem(cfg->tls_cert_file, "certificate", &h->tls_cert, err)) ||
+            (rc = read_pem(cfg->tls_key_file, "key", &h->tls_key, err)))
+            goto fail;
+        tls[0] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_CERT, 0, h->tls_cert};
+        tls[1] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_KEY, 0, h->tls_key};
+        tls[2] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+    }
     /* MHD_USE_ITC: kvr_http_destroy quiesces the listener before closing connections. */
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
-                     MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC;
+                     MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC |
+                     (cfg->tls_cert_file ? MHD_USE_TLS : 0);
     /* The logger comes first so that MHD's messages about later options reach it. */
     h->daemon = MHD_start_daemon(
         flags, cfg->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
         (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)cfg->idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-        MHD_OPTION_END);
+        MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
     if (!h->daemon) {
-        rc = kvr_err_set(err, KVR_EIO, "http: cannot listen on %s:%u", host, cfg->port);
+        rc = kvr_err_set(err, KVR_EIO, "http: cannot listen on %s:%u%s", host, cfg->port,
+                         cfg->tls_cert_file ? " (or the TLS certificate or key was refused: "
+                                              "see the log line before)"
+                                            : "");
         goto fail;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
     h->port = di ? di->port : cfg->port;
-    KVR_INFO("http: listening on %s:%u (model %s, context %u)%s", host, h->port,
-             svc->model_name, svc->n_ctx, h->api_key ? ", API key required" : "");
+    KVR_INFO("http: listening on %s://%s:%u (model %s, context %u)%s",
+             h->tls_cert ? "https" : "http", host, h->port, svc->model_name, svc->n_ctx,
+             h->api_key ? ", API key required" : "");
     *out = h;
     return KVR_OK;
 fail:
+    free_pem(h->tls_cert);
+    free_pem(h->tls_key);
     kvr_free(h->api_key);
     pthread_mutex_destroy(&h->metrics.mu);
     kvr_free(h);
@@ -1268,6 +1327,8 @@ void kvr_http_destroy(struct kvr_http *h)
     if (listen_fd != MHD_INVALID_SOCKET)
         close(listen_fd); /* quiesce handed it to us; only safe after stop */
     pthread_mutex_destroy(&h->metrics.mu);
+    free_pem(h->tls_cert);
+    free_pem(h->tls_key);
     kvr_free(h->api_key);
     kvr_free(h);
 }

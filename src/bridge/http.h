@@ -45,6 +45,10 @@ struct kvr_http_config {
     /* Force a chat template by name (chat.h); NULL = detect from the service's
      * chat_template. */
     const char *chat_template;
+    /* HTTPS: PEM files of the certificate (chain) and its private key, both or neither;
+     * NULL = plain HTTP. Read once by kvr_http_create (libmicrohttpd with GnuTLS). */
+    const char *tls_cert_file;
+    const char *tls_key_file;
 };
 
 /* Fill the defaults above (reads KVASIR_API_KEY). */
@@ -53,8 +57,9 @@ void kvr_http_config_init(struct kvr_http_config *cfg);
 struct kvr_http;
 
 /* Start serving. Fails with KVR_EINVAL for a bad configuration or service (missing ops,
- * n_ctx 0, no tokenizer, unknown template name) and KVR_EIO when the address cannot be
- * bound. */
+ * n_ctx 0, no tokenizer, unknown template name, only one of the TLS files), KVR_ENOTSUP
+ * when TLS is asked of a libmicrohttpd built without it, and KVR_EIO when a TLS file cannot
+ * be read or the address cannot be bound (or GnuTLS refuses the certificate or key). */
 int kvr_http_create(struct kvr_http **out, const struct kvr_http_config *cfg,
                     const struct kvr_service *svc, struct kvr_err *err);
 /* The port actually listened on. */

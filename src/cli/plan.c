@@ -7,10 +7,13 @@
 #include "model/gguf.h"
 #include "ring/plan.h"
 #include "ring/propose.h"
+#include "cli/emit.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static void usage(FILE *f)
 {
@@ -31,8 +34,15 @@ static void usage(FILE *f)
             "  --kv-blocks N        KV blocks per stage (default: max-seqs x ctx)\n"
             "  --wire f32|f16       boundary dtype on the wire (default f32)\n"
             "  --threads N          compute threads per stage (default 1)\n"
-            "  -o FILE              write here (default: stdout); the file is made 0600\n"
-            "                       because it holds the cluster secret\n");
+            "  --secret-file FILE   the cluster secret's file: used if it exists, else made\n"
+            "                       (mode 0600) with a fresh secret (default: PLAN.key\n"
+            "                       beside -o PLAN.json); the plan names it, never holds it\n"
+            "  --no-encrypt         plain frames on the ring's links (\"encrypt\": false)\n"
+            "  --no-fingerprint     do not record the model's fingerprint (stages then do\n"
+            "                       not check their model file)\n"
+            "  --emit systemd|compose|kubernetes DIR\n"
+            "                       also write unit / compose / manifest files to DIR\n"
+            "  -o FILE              write here (default: stdout; needs --secret-file)\n");
 }
 
 /* Replace the balanced split with "A-B,C-D,..." (one range per stage) and validate. */
@@ -60,9 +70,60 @@ static int set_layers(struct kvr_plan *plan, const char *spec, const struct kvr_
     return rc ? rc : kvr_plan_validate(plan, hp.n_layer, err);
 }
 
+/* Where the plan refers to its secret file: by its name alone when both are in one folder
+ * (so the folder can move), else by its absolute path. */
+static int secret_ref(const char *key_path, const char *plan_path, char *out, size_t cap)
+{
+    const char *ks = strrchr(key_path, '/'), *ps = plan_path ? strrchr(plan_path, '/') : NULL;
+    size_t kd = ks ? (size_t)(ks - key_path) : 0, pd = ps ? (size_t)(ps - plan_path) : 0;
+    if (plan_path && kd == pd && !strncmp(key_path, plan_path, kd)) {
+        const char *name = ks ? ks + 1 : key_path;
+        if (strlen(name) >= cap)
+            return -1;
+        memcpy(out, name, strlen(name) + 1);
+        return 0;
+    }
+    char abs[4096];
+    if (!realpath(key_path, abs))
+        return -1;
+    if (strlen(abs) >= cap)
+        return -1;
+    memcpy(out, abs, strlen(abs) + 1);
+    return 0;
+}
+
+/* Give the plan its secret file: an existing one is read (and checked), a missing one is
+ * made with the plan's fresh secret. */
+static int setup_secret(struct kvr_plan *plan, const char *key_path, const char *plan_path,
+                        struct kvr_err *err)
+{
+    char ref[KVR_PLAN_PATH_BYTES];
+    if (access(key_path, F_OK) == 0) {
+        int rc = kvr_plan_use_secret_file(plan, key_path, err);
+        if (rc)
+            return rc;
+        if (secret_ref(key_path, plan_path, ref, sizeof ref))
+            return kvr_err_set(err, KVR_EIO, "%s: %s", key_path, strerror(errno));
+        snprintf(plan->secret_file, sizeof plan->secret_file, "%s", ref);
+        fprintf(stderr, "kvasir plan: using the secret in %s\n", key_path);
+        return 0;
+    }
+    /* Made first under its own name, so that secret_ref can resolve it. */
+    int rc = kvr_plan_write_secret_file(plan, key_path, key_path, err);
+    if (rc)
+        return rc;
+    if (secret_ref(key_path, plan_path, ref, sizeof ref))
+        return kvr_err_set(err, KVR_EIO, "%s: %s", key_path, strerror(errno));
+    snprintf(plan->secret_file, sizeof plan->secret_file, "%s", ref);
+    fprintf(stderr, "kvasir plan: wrote a new cluster secret to %s (mode 0600)\n", key_path);
+    return 0;
+}
+
 int kvr_cmd_plan(int argc, char **argv)
 {
-    const char *model = NULL, *out = NULL, *speeds = NULL, *layers = NULL;
+    const char *model = NULL, *out = NULL, *speeds = NULL, *layers = NULL, *key = NULL;
+    const char *emit = NULL, *emit_dir = NULL;
+    bool fingerprint = true;
     struct kvr_plan_spec spec = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -71,6 +132,14 @@ int kvr_cmd_plan(int argc, char **argv)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--no-encrypt")) {
+            spec.no_encrypt = true;
+            continue;
+        }
+        if (!strcmp(a, "--no-fingerprint")) {
+            fingerprint = false;
+            continue;
         }
         if (!v) {
             fprintf(stderr, "kvasir plan: %s needs a value\n", a);
@@ -89,6 +158,21 @@ int kvr_cmd_plan(int argc, char **argv)
             speeds = v;
         else if (!strcmp(a, "--layers"))
             layers = v;
+        else if (!strcmp(a, "--secret-file"))
+            key = v;
+        else if (!strcmp(a, "--emit")) {
+            emit = v;
+            if (i + 1 >= argc) {
+                fprintf(stderr, "kvasir plan: --emit needs a kind and a folder\n");
+                return 2;
+            }
+            emit_dir = argv[++i];
+            if (strcmp(emit, "systemd") && strcmp(emit, "compose") && strcmp(emit, "kubernetes")) {
+                fprintf(stderr, "kvasir plan: --emit is systemd, compose or kubernetes, not "
+                                "'%s'\n", emit);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--wire")) {
             if (!strcmp(v, "f32"))
                 spec.wire_dtype = KVR_DTYPE_F32;
@@ -128,6 +212,28 @@ int kvr_cmd_plan(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (!out && !key) {
+        fprintf(stderr, "kvasir plan: give -o PLAN.json (the secret goes to PLAN.key beside it) "
+                        "or --secret-file FILE: the cluster secret is never written into the "
+                        "plan\n");
+        return 2;
+    }
+    if (emit && !out) {
+        fprintf(stderr, "kvasir plan: --emit needs -o PLAN.json (the files refer to it)\n");
+        return 2;
+    }
+    char key_buf[4096];
+    if (!key) {
+        size_t n = strlen(out);
+        if (n > 5 && !strcmp(out + n - 5, ".json"))
+            n -= 5;
+        if (n + 5 > sizeof key_buf) {
+            fprintf(stderr, "kvasir plan: %s: path too long\n", out);
+            return 2;
+        }
+        snprintf(key_buf, sizeof key_buf, "%.*s.key", (int)n, out);
+        key = key_buf;
+    }
     double speed[KVR_PLAN_MAX_STAGES];
     if (speeds) {
         const char *p = speeds;
@@ -150,6 +256,8 @@ int kvr_cmd_plan(int argc, char **argv)
         fprintf(stderr, "kvasir plan: %s: %s\n", model, err.msg);
         return 1;
     }
+    if (fingerprint)
+        spec.fingerprint = kvr_gguf_fingerprint(g);
     struct kvr_plan *plan = kvr_malloc(sizeof *plan);
     int rc = 1;
     if (!plan || kvr_plan_propose(plan, g, &spec, &err)) {
@@ -158,6 +266,10 @@ int kvr_cmd_plan(int argc, char **argv)
     }
     if (layers && set_layers(plan, layers, g, &err)) {
         fprintf(stderr, "kvasir plan: --layers %s: %s\n", layers, err.msg);
+        goto done;
+    }
+    if (setup_secret(plan, key, out, &err)) {
+        fprintf(stderr, "kvasir plan: %s\n", err.msg);
         goto done;
     }
     if (out) {
@@ -169,6 +281,10 @@ int kvr_cmd_plan(int argc, char **argv)
         for (uint32_t i = 0; i < plan->n_stages; i++)
             fprintf(stderr, " %u-%u", plan->stages[i].first_layer, plan->stages[i].last_layer);
         fprintf(stderr, ")\n");
+        if (emit && kvr_cli_emit(plan, out, emit, emit_dir, &err)) {
+            fprintf(stderr, "kvasir plan: --emit %s %s: %s\n", emit, emit_dir, err.msg);
+            goto done;
+        }
     } else {
         char *json = NULL;
         if (kvr_plan_to_json(plan, &json, &err)) {

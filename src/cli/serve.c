@@ -44,6 +44,7 @@ static void on_signal(int sig)
 
 struct serve_opts {
     const char *model, *plan_path, *host, *api_key, *plan_dir, *name;
+    const char *secret_file, *tls_cert, *tls_key;
     uint32_t port, stages, threads, ttft_ms, total_ms, max_waiting;
     bool no_admission;
     struct kvr_plan_spec spec;
@@ -75,7 +76,11 @@ static void usage(FILE *f, bool serve)
                "                        (default 600000)\n"
                "  --no-admission        admit everything that fits (no budget check)\n"
                "  --max-waiting N       bounded wait queue (default 4 x max-seqs)\n"
-               "  --name NAME           model name in the API (default: the file name)\n");
+               "  --name NAME           model name in the API (default: the file name)\n"
+               "  --tls-cert FILE       serve HTTPS with this PEM certificate (chain) ...\n"
+               "  --tls-key FILE        ... and this PEM private key\n");
+    if (!serve)
+        fprintf(f, "  --secret-file FILE    the cluster secret (instead of the plan's)\n");
 }
 
 static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
@@ -116,6 +121,12 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
             o->api_key = v;
         else if (!strcmp(a, "--name"))
             o->name = v;
+        else if (!serve && !strcmp(a, "--secret-file"))
+            o->secret_file = v;
+        else if (!strcmp(a, "--tls-cert"))
+            o->tls_cert = v;
+        else if (!strcmp(a, "--tls-key"))
+            o->tls_key = v;
         else if (serve && !strcmp(a, "--plan-dir"))
             o->plan_dir = v;
         else if (!strcmp(a, "--port"))
@@ -156,6 +167,10 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
     }
     if (serve ? !o->model : !o->plan_path) {
         usage(stderr, serve);
+        return 2;
+    }
+    if (!o->tls_cert != !o->tls_key) {
+        fprintf(stderr, "kvasir: --tls-cert and --tls-key go together\n");
         return 2;
     }
     return 0;
@@ -243,6 +258,18 @@ static int write_plan(struct serve_opts *o, struct kvr_gguf *g, struct kvr_plan 
         fprintf(stderr, "kvasir serve: %s\n", err.msg);
         return -1;
     }
+    /* The secret goes to its own file (mode 0600), which the plan names; one left by an
+     * earlier run in --plan-dir is used again. */
+    char key_path[600];
+    snprintf(key_path, sizeof key_path, "%s/plan.key", dir);
+    int rc = access(key_path, F_OK) == 0
+                 ? kvr_plan_use_secret_file(plan, key_path, &err)
+                 : kvr_plan_write_secret_file(plan, key_path, "plan.key", &err);
+    if (rc) {
+        fprintf(stderr, "kvasir serve: %s\n", err.msg);
+        return -1;
+    }
+    snprintf(plan->secret_file, sizeof plan->secret_file, "plan.key");
     snprintf(plan_path, cap, "%s/plan.json", dir);
     if (kvr_plan_write(plan, plan_path, &err)) {
         fprintf(stderr, "kvasir serve: %s\n", err.msg);
@@ -274,7 +301,9 @@ static int serve_main(int argc, char **argv, bool serve)
         goto out;
     if (serve) {
         snprintf(model_path, sizeof model_path, "%s", o.model);
-    } else if (kvr_plan_load(plan, o.plan_path, &err) || kvr_plan_validate(plan, 0, &err) ||
+    } else if (kvr_plan_load(plan, o.plan_path, &err) ||
+               (o.secret_file && kvr_plan_use_secret_file(plan, o.secret_file, &err)) ||
+               kvr_plan_validate(plan, 0, &err) ||
                kvr_plan_path(plan, plan->model_path, model_path, sizeof model_path, &err)) {
         KVR_ERROR("plan %s: %s", o.plan_path, err.msg);
         goto out;
@@ -350,13 +379,16 @@ static int serve_main(int argc, char **argv, bool serve)
     hc.port = (uint16_t)o.port;
     if (o.api_key)
         hc.api_key = o.api_key;
+    hc.tls_cert_file = o.tls_cert;
+    hc.tls_key_file = o.tls_key;
     if (kvr_http_create(&http, &hc, &svc, &err)) {
         KVR_ERROR("http: %s", err.msg);
         goto out;
     }
-    KVR_INFO("serving %s on http://%s:%u (%u stages, admission %s)", svc.model_name, o.host,
-             kvr_http_port(http), plan->n_stages, o.no_admission ? "off" : "on");
-    printf("kvasir: ready on http://%s:%u\n", o.host, kvr_http_port(http));
+    const char *scheme = o.tls_cert ? "https" : "http";
+    KVR_INFO("serving %s on %s://%s:%u (%u stages, admission %s)", svc.model_name, scheme,
+             o.host, kvr_http_port(http), plan->n_stages, o.no_admission ? "off" : "on");
+    printf("kvasir: ready on %s://%s:%u\n", scheme, o.host, kvr_http_port(http));
     fflush(stdout);
 
     while (!stop_flag) {
@@ -390,6 +422,9 @@ out:
         }
     /* The plan holds the ring's secret: do not leave it behind in /tmp. */
     if (serve && o.tmp_dir[0]) {
+        char key_path[600];
+        snprintf(key_path, sizeof key_path, "%s/plan.key", o.tmp_dir);
+        unlink(key_path);
         if (plan_path[0])
             unlink(plan_path);
         rmdir(o.tmp_dir);

@@ -22,13 +22,14 @@ static void on_signal(int sig)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvasir stage --plan PLAN --index I [--threads N]\n"
-               "  Serve stage I of the ring described by PLAN (see docs/PLAN.md).\n");
+    fprintf(f, "usage: kvasir stage --plan PLAN --index I [--threads N] [--secret-file FILE]\n"
+               "  Serve stage I of the ring described by PLAN (see docs/PLAN.md).\n"
+               "  --secret-file FILE   the cluster secret (mode 0600) instead of the plan's\n");
 }
 
 int kvr_cmd_stage(int argc, char **argv)
 {
-    const char *plan_path = NULL;
+    const char *plan_path = NULL, *secret_file = NULL;
     struct kvr_stage_options opt = {0};
     bool have_index = false;
     for (int i = 1; i < argc; i++) {
@@ -43,6 +44,9 @@ int kvr_cmd_stage(int argc, char **argv)
             if (kvr_cli_u32("--index", v, 0, KVR_PLAN_MAX_STAGES - 1, &opt.index))
                 return 2;
             have_index = true;
+            i++;
+        } else if (!strcmp(argv[i], "--secret-file") && v) {
+            secret_file = v;
             i++;
         } else if (!strcmp(argv[i], "--threads") && v) {
             if (kvr_cli_u32("--threads", v, 1, 256, &opt.n_threads))
@@ -63,7 +67,9 @@ int kvr_cmd_stage(int argc, char **argv)
     kvr_log_set_tag(tag);
     struct kvr_err err = {0};
     struct kvr_plan *plan = kvr_malloc(sizeof *plan);
-    if (!plan || kvr_plan_load(plan, plan_path, &err) || kvr_plan_validate(plan, 0, &err)) {
+    if (!plan || kvr_plan_load(plan, plan_path, &err) ||
+        (secret_file && kvr_plan_use_secret_file(plan, secret_file, &err)) ||
+        kvr_plan_validate(plan, 0, &err)) {
         KVR_ERROR("plan %s: %s", plan_path, plan ? err.msg : "out of memory");
         kvr_free(plan);
         return 1;

@@ -3,7 +3,7 @@
  * Handshake message (112 bytes, all four steps), integers little-endian:
  *   off size field
  *     0   4  magic       "KVSR" (0x4b 0x56 0x53 0x52)
- *     4   2  version     KVR_AUTH_VERSION (2)
+ *     4   2  version     KVR_AUTH_VERSION (3)
  *     6   1  step        enum kvr_auth_step: 1 HELLO, 2 CHALLENGE, 3 PROOF, 4 VERDICT
  *     7   1  role        enum kvr_auth_role of the sender: 1 bridge, 2 stage
  *     8   2  index       the sender's stage index; 0xffff for the bridge
@@ -97,6 +97,26 @@ int kvr_auth_init(struct kvr_auth *a, const struct kvr_plan *plan, bool is_clien
                        plan->secret, plan->secret_bytes);
     kvr_plan_hash(plan, a->plan_hash);
     randombytes_buf(a->nonce, sizeof a->nonce);
+    return KVR_OK;
+}
+
+int kvr_auth_session_keys(const struct kvr_auth *a, uint8_t to_server[KVR_AUTH_KEY_BYTES],
+                          uint8_t to_client[KVR_AUTH_KEY_BYTES], struct kvr_err *err)
+{
+    static const char label[] = "kvasir-seal-1";
+    if (!a->done)
+        return kvr_err_set(err, KVR_EINVAL, "auth: no session keys before the handshake is done");
+    uint8_t both[2 * KVR_AUTH_KEY_BYTES];
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, a->key, sizeof a->key, sizeof both);
+    crypto_generichash_update(&st, (const unsigned char *)label, sizeof label - 1);
+    for (int i = 0; i < 3; i++)
+        crypto_generichash_update(&st, a->msgs[i], KVR_AUTH_MSG_BYTES);
+    crypto_generichash_final(&st, both, sizeof both);
+    memcpy(to_server, both, KVR_AUTH_KEY_BYTES);
+    memcpy(to_client, both + KVR_AUTH_KEY_BYTES, KVR_AUTH_KEY_BYTES);
+    sodium_memzero(both, sizeof both);
+    sodium_memzero(&st, sizeof st);
     return KVR_OK;
 }
 

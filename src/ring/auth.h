@@ -14,8 +14,9 @@
  * (libsodium crypto_auth). Each side's MAC covers the other side's fresh random nonce and
  * both identities, so a recorded handshake replayed later, a message reflected back to its
  * sender, or a message moved to a link between other stages all fail to verify. The secret
- * never crosses the wire. Frames after the handshake are not encrypted or MACed: the ring is
- * meant for a trusted network (or a tunnel such as WireGuard); see docs/PROTOCOL.md.
+ * never crosses the wire. After a successful handshake both sides derive the link's two
+ * session keys from K and the transcript (kvr_auth_session_keys), with which seal.h
+ * encrypts and authenticates every frame when the plan says "encrypt" (the default).
  *
  * Either side that rejects the other sends a VERDICT with a nonzero status (best effort,
  * not authenticated: it only helps the operator read the other side's log) and drops the
@@ -38,7 +39,8 @@
 #include <stdint.h>
 
 #define KVR_AUTH_MAGIC 0x5253564bu /* "KVSR" as bytes on the wire */
-#define KVR_AUTH_VERSION 2 /* 2: RESET frames and REPLAY control records (DESIGN.md 8) */
+/* 2: RESET frames and REPLAY control records (DESIGN.md 8); 3: sealed frames (seal.h) */
+#define KVR_AUTH_VERSION 3
 #define KVR_AUTH_MSG_BYTES 112
 #define KVR_AUTH_NONCE_BYTES 32
 #define KVR_AUTH_MAC_BYTES 32
@@ -108,6 +110,14 @@ int kvr_auth_hello(struct kvr_auth *a, uint8_t out[KVR_AUTH_MSG_BYTES], struct k
  * (see above) with a message; after a failure the struct only accepts kvr_auth_wipe. */
 int kvr_auth_recv(struct kvr_auth *a, const uint8_t in[KVR_AUTH_MSG_BYTES],
                   uint8_t out[KVR_AUTH_MSG_BYTES], bool *send, struct kvr_err *err);
+
+/* The link's session keys, once the handshake has succeeded (a->done; KVR_EINVAL before):
+ *   to_server | to_client = BLAKE2b-512(key = K, "kvasir-seal-1" | m1 | m2 | m3)
+ * K comes from the cluster secret and m1..m3 hold both fresh nonces, both identities and
+ * the plan hash, so every handshake gives new keys, bound to this link of this ring.
+ * to_server seals the frames the client sends, to_client anything the server sends. */
+int kvr_auth_session_keys(const struct kvr_auth *a, uint8_t to_server[KVR_AUTH_KEY_BYTES],
+                          uint8_t to_client[KVR_AUTH_KEY_BYTES], struct kvr_err *err);
 
 /* Erase the key and transcript. */
 void kvr_auth_wipe(struct kvr_auth *a);

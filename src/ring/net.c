@@ -6,6 +6,8 @@
 #include "core/clock.h"
 #include "core/log.h"
 
+#include <sodium.h>
+
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -431,6 +433,9 @@ void kvr_link_fini(struct kvr_link *link)
     kvr_wire_frame_fini(&link->frame);
     kvr_free(link->body);
     kvr_free(link->scratch);
+    kvr_free(link->sealed_out);
+    kvr_seal_wipe(&link->seal_tx);
+    kvr_seal_wipe(&link->seal_rx);
     memset(link, 0, sizeof *link);
     link->fd = -1;
 }
@@ -464,9 +469,10 @@ int kvr_link_recv(struct kvr_link *link, uint64_t deadline_ns, const struct kvr_
         return closed_error(link, err);
     if (!link->body)
         return kvr_err_set(err, KVR_EINVAL, "link %s was not opened for receiving", link->peer);
+    size_t hdr_bytes = link->sealed ? KVR_SEAL_SEALED_HEADER_BYTES : KVR_WIRE_HEADER_BYTES;
+    size_t tag_bytes = link->sealed ? KVR_SEAL_TAG_BYTES : 0;
     if (!link->hdr_ok) {
-        rc = read_some(link->fd, link->hdr_buf, sizeof link->hdr_buf, &link->hdr_have, deadline_ns,
-                       &e);
+        rc = read_some(link->fd, link->hdr_buf, hdr_bytes, &link->hdr_have, deadline_ns, &e);
         if (rc == KVR_ETIMEDOUT)
             return kvr_err_set(err, rc, "link %s: no frame before the deadline", link->peer);
         if (rc == KVR_ECLOSED && link->hdr_have == 0) {
@@ -479,10 +485,12 @@ int kvr_link_recv(struct kvr_link *link, uint64_t deadline_ns, const struct kvr_
         if (rc == KVR_ECLOSED) {
             kvr_err_set(&e, KVR_EPROTO,
                         "the peer closed the connection inside a frame header "
-                        "(%zu of %d bytes)",
-                        link->hdr_have, KVR_WIRE_HEADER_BYTES);
+                        "(%zu of %zu bytes)",
+                        link->hdr_have, hdr_bytes);
             rc = KVR_EPROTO;
         }
+        if (rc == KVR_OK && link->sealed && kvr_seal_open_header(&link->seal_rx, link->hdr_buf, &e))
+            rc = KVR_EPROTO;
         if (rc == KVR_OK &&
             (rc = kvr_wire_decode_header(link->hdr_buf, &link->limits, &link->hdr, &e)))
             rc = KVR_EPROTO;
@@ -493,25 +501,28 @@ int kvr_link_recv(struct kvr_link *link, uint64_t deadline_ns, const struct kvr_
         link->hdr_ok = true;
         link->body_have = 0;
     }
-    if (link->hdr.body_bytes > link->body_cap) { /* cannot happen: the limits sized both */
+    size_t body_in = link->hdr.body_bytes ? link->hdr.body_bytes + tag_bytes : 0;
+    if (body_in > link->body_cap) { /* cannot happen: the limits sized both */
         kvr_err_set(&why, KVR_EPROTO, "link %s: frame body of %u bytes does not fit", link->peer,
                     link->hdr.body_bytes);
         return break_link(link, KVR_EPROTO, &why, err);
     }
-    rc = read_some(link->fd, link->body, link->hdr.body_bytes, &link->body_have, deadline_ns, &e);
+    rc = read_some(link->fd, link->body, body_in, &link->body_have, deadline_ns, &e);
     if (rc == KVR_ETIMEDOUT)
         return kvr_err_set(err, rc,
-                           "link %s: frame body incomplete at the deadline (%zu of %u "
+                           "link %s: frame body incomplete at the deadline (%zu of %zu "
                            "bytes)",
-                           link->peer, link->body_have, link->hdr.body_bytes);
+                           link->peer, link->body_have, body_in);
     if (rc == KVR_ECLOSED) {
         kvr_err_set(&why, KVR_EPROTO,
                     "link %s: the peer closed the connection inside a %s "
-                    "frame (%zu of %u body bytes)",
-                    link->peer, kvr_wire_type_name(link->hdr.type), link->body_have,
-                    link->hdr.body_bytes);
+                    "frame (%zu of %zu body bytes)",
+                    link->peer, kvr_wire_type_name(link->hdr.type), link->body_have, body_in);
         return break_link(link, KVR_EPROTO, &why, err);
     }
+    if (rc == KVR_OK && link->sealed && body_in &&
+        kvr_seal_open_body(&link->seal_rx, link->body, link->hdr.body_bytes, &e))
+        rc = KVR_EPROTO;
     if (rc == KVR_OK && (rc = kvr_wire_decode_body(&link->frame, &link->hdr, link->body,
                                                    link->hdr.body_bytes, &link->limits, &e)))
         rc = KVR_EPROTO;
@@ -522,7 +533,7 @@ int kvr_link_recv(struct kvr_link *link, uint64_t deadline_ns, const struct kvr_
     link->hdr_ok = false;
     link->hdr_have = 0;
     link->frames_in++;
-    link->bytes_in += KVR_WIRE_HEADER_BYTES + (uint64_t)link->hdr.body_bytes;
+    link->bytes_in += hdr_bytes + (uint64_t)body_in;
     *out = &link->frame;
     return KVR_OK;
 }
@@ -538,6 +549,10 @@ int kvr_link_send(struct kvr_link *link, const struct kvr_wire_msg *msg, uint64_
     int n_iov = 0;
     size_t total = 0;
     int rc = kvr_wire_encode(msg, link->scratch, link->scratch_cap, iov, &n_iov, &total, err);
+    if (rc == KVR_OK && link->sealed &&
+        (rc = kvr_seal_frame(&link->seal_tx, iov, n_iov, total, link->sealed_out,
+                             link->sealed_cap, &total, err)) == KVR_OK)
+        iov[0] = (struct iovec){link->sealed_out, total}, n_iov = 1;
     if (rc)
         return rc; /* nothing was sent: the link is still in step */
     struct kvr_err e = {0}, why = {0};
@@ -573,6 +588,29 @@ int kvr_link_send_reset(struct kvr_link *link, uint32_t stage, uint64_t batch_id
 }
 
 /* ---- Handshake ------------------------------------------------------------------------- */
+
+/* After a successful handshake: the session keys, and the sealed-frame buffer of a sending
+ * link. The client's frames go to the server, so its tx key is the server's rx key. */
+static int start_sealing(struct kvr_link *link, const struct kvr_auth *a, struct kvr_err *err)
+{
+    uint8_t to_server[KVR_AUTH_KEY_BYTES], to_client[KVR_AUTH_KEY_BYTES];
+    int rc = kvr_auth_session_keys(a, to_server, to_client, err);
+    if (rc)
+        return rc;
+    kvr_seal_init(&link->seal_tx, a->is_client ? to_server : to_client);
+    kvr_seal_init(&link->seal_rx, a->is_client ? to_client : to_server);
+    sodium_memzero(to_server, sizeof to_server);
+    sodium_memzero(to_client, sizeof to_client);
+    if (link->scratch && !link->sealed_out) {
+        link->sealed_cap = kvr_seal_frame_bytes(link->limits.max_frame_bytes);
+        link->sealed_out = kvr_aligned_alloc(64, (link->sealed_cap + 63) / 64 * 64);
+        if (!link->sealed_out)
+            return kvr_err_set(err, KVR_ENOMEM, "no memory for a %zu-byte sealed frame buffer",
+                               link->sealed_cap);
+    }
+    link->sealed = true;
+    return KVR_OK;
+}
 
 static int handshake(struct kvr_link *link, const struct kvr_plan *plan, enum kvr_auth_role role,
                      uint32_t index, bool is_client, int timeout_ms, struct kvr_err *err)
@@ -616,6 +654,8 @@ static int handshake(struct kvr_link *link, const struct kvr_plan *plan, enum kv
         if (rc)
             goto fail;
     }
+    if (plan->encrypt && (rc = start_sealing(link, &a, &e)))
+        goto fail;
     kvr_auth_wipe(&a);
     link->authenticated = true;
     char addr[KVR_NET_PEER_BYTES];

@@ -21,7 +21,13 @@
  *     continues where it stopped.
  *   - sending: a scratch buffer for header + records; payload rows are sent straight from
  *     the caller's buffer with one sendmsg() of up to three iovecs (no copy).
- * A frame that breaks the limits, a bad checksum, or a peer closing mid-frame is a protocol
+ * Sealing: when the plan says "encrypt" (the default), the handshake also derives the link's
+ * session keys (auth.h) and from then on every frame is sealed on send and opened on
+ * receive (seal.h): the header record is opened before any length in it is trusted, and the
+ * sender seals straight from the iovecs into one buffer of the plan's largest sealed frame
+ * (allocated by the handshake), so sending stays a single pass over the payload.
+ * A frame that breaks the limits, a bad checksum, a frame that fails authentication
+ * (altered, replayed, reordered or forged), or a peer closing mid-frame is a protocol
  * error: the link logs the reason (KVR_WARN), shuts the socket down and stays broken
  * (every later call returns KVR_ECLOSED). The caller then closes it with kvr_link_fini.
  *
@@ -34,6 +40,7 @@
 #include "core/err.h"
 #include "ring/auth.h"
 #include "ring/plan.h"
+#include "ring/seal.h"
 #include "ring/wire.h"
 
 #include <stdbool.h>
@@ -109,8 +116,14 @@ struct kvr_link {
 
     struct kvr_wire_limits limits; /* what this side accepts (receiving side) */
 
+    /* Sealing (seal.h): set up by the handshake when the plan says "encrypt". */
+    bool sealed;
+    struct kvr_seal seal_tx, seal_rx; /* each used by its direction's thread only */
+    uint8_t *sealed_out;              /* the sealed frame being sent, owned (sending side) */
+    size_t sealed_cap;
+
     /* Receive state (one frame at a time). */
-    uint8_t hdr_buf[KVR_WIRE_HEADER_BYTES];
+    uint8_t hdr_buf[KVR_SEAL_SEALED_HEADER_BYTES]; /* the header (+ its tag when sealed) */
     size_t hdr_have; /* header bytes read so far */
     bool hdr_ok;     /* header decoded and validated into hdr */
     struct kvr_wire_header hdr;

@@ -7,6 +7,7 @@
 #include "ring/plan.h"
 
 #include "core/alloc.h"
+#include "core/log.h"
 #include "ring/net.h"
 
 #include <errno.h>
@@ -17,6 +18,7 @@
 #include <sodium.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define PLAN_FILE_MAX_BYTES (1u << 20)
@@ -178,7 +180,8 @@ static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
     static const char *const keys[] = {
         "model",        "model_fingerprint", "stages", "bridge",          "row_width",
         "microbatches", "max_seqs",          "n_ctx",  "kv_block_tokens", "kv_blocks",
-        "wire_dtype",   "threads",           "secret", "secret_file",     NULL};
+        "wire_dtype",   "threads",           "secret", "secret_file",     "encrypt",
+        NULL};
     int rc;
     if (!json_is_object(root))
         return kvr_err_set(err, KVR_EINVAL, "plan: the top level must be a JSON object");
@@ -263,6 +266,13 @@ static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
                                "plan: wire_dtype must be \"f32\", \"f16\" or \"bf16\"");
     }
 
+    p->encrypt = true;
+    if ((v = json_object_get(root, "encrypt"))) {
+        if (!json_is_boolean(v))
+            return kvr_err_set(err, KVR_EINVAL, "plan: encrypt must be true or false");
+        p->encrypt = json_is_true(v);
+    }
+
     json_t *secret = json_object_get(root, "secret");
     json_t *secret_file = json_object_get(root, "secret_file");
     if (secret && secret_file)
@@ -278,6 +288,7 @@ static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
                                "plan: secret must be an even number of hex digits, at most %d",
                                2 * KVR_PLAN_SECRET_MAX_BYTES);
         p->secret_bytes = (uint32_t)nb;
+        p->secret_inline = true;
     }
     if (secret_file &&
         (rc = get_str(secret_file, "secret_file", p->secret_file, sizeof p->secret_file, err)))
@@ -345,17 +356,24 @@ close_file:
     return rc;
 }
 
-int kvr_plan_read_secret(struct kvr_plan *plan, struct kvr_err *err)
+/* Read the secret from `path`: a regular file private to its owner, hex digits with
+ * whitespace around them. */
+static int read_secret_path(struct kvr_plan *plan, const char *path, struct kvr_err *err)
 {
-    if (!plan->secret_file[0])
-        return KVR_OK;
-    char path[KVR_PLAN_PATH_BYTES];
-    int rc = kvr_plan_path(plan, plan->secret_file, path, sizeof path, err);
-    if (rc)
-        return rc;
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return kvr_err_set(err, KVR_EIO, "secret_file %s: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode))
+        return kvr_err_set(err, KVR_EINVAL, "secret_file %s is not a regular file", path);
+    if (sb.st_mode & (S_IRWXG | S_IRWXO))
+        return kvr_err_set(err, KVR_EINVAL,
+                           "secret_file %s has mode %04o: its group or others may read it; "
+                           "the cluster secret must be private to its owner (chmod 600 %s)",
+                           path, (unsigned)(sb.st_mode & 07777), path);
     char *text = NULL;
     size_t len = 0;
-    if ((rc = read_small_file(path, SECRET_FILE_MAX_BYTES, &text, &len, "secret_file", err)))
+    int rc = read_small_file(path, SECRET_FILE_MAX_BYTES, &text, &len, "secret_file", err);
+    if (rc)
         return rc;
     size_t b = 0, e = len;
     while (b < e && strchr(" \t\r\n", text[b]))
@@ -371,6 +389,51 @@ int kvr_plan_read_secret(struct kvr_plan *plan, struct kvr_err *err)
                            "%d), e.g. from `openssl rand -hex 32`",
                            path, 2 * KVR_PLAN_SECRET_MAX_BYTES);
     plan->secret_bytes = (uint32_t)nb;
+    plan->secret_inline = false;
+    return KVR_OK;
+}
+
+int kvr_plan_read_secret(struct kvr_plan *plan, struct kvr_err *err)
+{
+    if (!plan->secret_file[0])
+        return KVR_OK;
+    char path[KVR_PLAN_PATH_BYTES];
+    int rc = kvr_plan_path(plan, plan->secret_file, path, sizeof path, err);
+    return rc ? rc : read_secret_path(plan, path, err);
+}
+
+int kvr_plan_use_secret_file(struct kvr_plan *plan, const char *path, struct kvr_err *err)
+{
+    sodium_memzero(plan->secret, sizeof plan->secret);
+    plan->secret_bytes = 0;
+    int rc = copy_str(plan->secret_file, sizeof plan->secret_file, path, "secret_file", err);
+    return rc ? rc : read_secret_path(plan, path, err);
+}
+
+int kvr_plan_write_secret_file(struct kvr_plan *plan, const char *path, const char *ref,
+                               struct kvr_err *err)
+{
+    char hex[2 * KVR_PLAN_SECRET_MAX_BYTES + 2];
+    if (plan->secret_bytes == 0 || plan->secret_bytes > sizeof plan->secret)
+        return kvr_err_set(err, KVR_EINVAL, "plan: no secret to write");
+    int rc = copy_str(plan->secret_file, sizeof plan->secret_file, ref, "secret_file", err);
+    if (rc)
+        return rc;
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return kvr_err_set(err, KVR_EIO, "secret_file %s: %s", path, strerror(errno));
+    sodium_bin2hex(hex, sizeof hex - 1, plan->secret, plan->secret_bytes);
+    size_t n = strlen(hex);
+    hex[n++] = '\n';
+    bool ok = write(fd, hex, n) == (ssize_t)n;
+    ok = fsync(fd) == 0 && ok;
+    ok = close(fd) == 0 && ok;
+    sodium_memzero(hex, sizeof hex);
+    if (!ok) {
+        unlink(path);
+        return kvr_err_set(err, KVR_EIO, "secret_file %s: write failed", path);
+    }
+    plan->secret_inline = false;
     return KVR_OK;
 }
 
@@ -396,6 +459,10 @@ int kvr_plan_load(struct kvr_plan *plan, const char *path, struct kvr_err *err)
     kvr_free(text);
     if (rc == KVR_OK && (rc = kvr_plan_read_secret(plan, err)))
         kvr_plan_wipe(plan);
+    if (rc == KVR_OK && plan->secret_inline)
+        KVR_WARN("plan %s holds the cluster secret inline: move it to a secret_file of mode "
+                 "0600 (docs/PLAN.md), so the plan can be shared without it",
+                 path);
     if (rc && err) {
         /* Prefix the file name, which the parser did not know. */
         char msg[KVR_ERR_MSG_BYTES];
@@ -614,7 +681,9 @@ int kvr_plan_check_fingerprint(const struct kvr_plan *plan, uint64_t fingerprint
     if (plan->model_fingerprint && plan->model_fingerprint != fingerprint)
         return kvr_err_set(err, KVR_EINVAL,
                            "model %s has fingerprint 0x%016" PRIx64 " but the plan expects "
-                           "0x%016" PRIx64 ": a different file than the plan was made for",
+                           "0x%016" PRIx64 ": a different file than the plan was made for "
+                           "(every stage needs the same model file: copy it again, or write "
+                           "the plan again with `kvasir plan`)",
                            plan->model_path, fingerprint, plan->model_fingerprint);
     return KVR_OK;
 }
@@ -629,6 +698,7 @@ int kvr_plan_check_fingerprint(const struct kvr_plan *plan, uint64_t fingerprint
  *   per stage:  u32 addr length, addr bytes, u32 first_layer, u32 last_layer
  *   u32  bridge addr length, bridge addr bytes
  *   u32  row_width, microbatches, max_seqs, n_ctx, kv_block_tokens, kv_blocks, wire_dtype
+ *   u32  encrypt (1 or 0)
  *
  * Integers are little-endian. Lengths prefix strings so that no two plans serialize alike. */
 static void hash_u32(crypto_generichash_state *st, uint32_t v)
@@ -665,6 +735,7 @@ void kvr_plan_hash(const struct kvr_plan *p, uint8_t hash[KVR_PLAN_HASH_BYTES])
         p->kv_blocks, (uint32_t)p->wire_dtype};
     for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
         hash_u32(&st, widths[i]);
+    hash_u32(&st, p->encrypt ? 1 : 0);
     crypto_generichash_final(&st, hash, KVR_PLAN_HASH_BYTES);
 }
 
@@ -731,11 +802,12 @@ int kvr_plan_to_json(const struct kvr_plan *p, char **out, struct kvr_err *err)
     }
     ok = ok && !json_object_set_new(root, "wire_dtype", json_string(dt));
     ok = ok && !json_object_set_new(root, "threads", json_integer(p->n_threads));
+    ok = ok && !json_object_set_new(root, "encrypt", json_boolean(p->encrypt));
     if (p->secret_file[0]) {
         ok = ok && !json_object_set_new(root, "secret_file", json_string(p->secret_file));
     } else {
         uint32_t nb = p->secret_bytes > sizeof p->secret ? sizeof p->secret : p->secret_bytes;
-        kvr_plan_hash_hex(p->secret, nb, hex, sizeof hex);
+        sodium_bin2hex(hex, sizeof hex, p->secret, nb);
         ok = ok && !json_object_set_new(root, "secret", json_string(hex));
     }
     if (!ok || !(dumped = json_dumps(root, JSON_INDENT(2))))

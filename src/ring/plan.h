@@ -77,6 +77,7 @@ struct kvr_plan {
     uint32_t kv_blocks;        /* KV blocks per layer, on every stage */
     enum kvr_dtype wire_dtype; /* boundary rows on the wire: F32, F16 or BF16 */
     uint32_t n_threads;        /* default compute threads per stage; 0 = the stage decides */
+    bool encrypt;              /* seal every frame (seal.h); "encrypt", default true */
 
     /* Cluster secret: exactly one of "secret" (hex) and "secret_file" appears in the JSON.
      * secret_file is kept as written; kvr_plan_load (or kvr_plan_read_secret) fills
@@ -84,6 +85,7 @@ struct kvr_plan {
     char secret_file[KVR_PLAN_PATH_BYTES];
     uint8_t secret[KVR_PLAN_SECRET_MAX_BYTES];
     uint32_t secret_bytes;
+    bool secret_inline; /* the JSON held "secret" itself (kvr_plan_load warns) */
 
     /* Folder the plan was loaded from ("" = the working directory): relative paths in the
      * plan (model, secret_file) are relative to it. Not part of the hash. */
@@ -105,8 +107,21 @@ int kvr_plan_parse(struct kvr_plan *plan, const char *json, size_t len, const ch
 int kvr_plan_load(struct kvr_plan *plan, const char *path, struct kvr_err *err);
 
 /* Read plan->secret_file (hex digits; surrounding whitespace ignored) into plan->secret.
- * No-op when the plan has no secret_file. */
+ * No-op when the plan has no secret_file. The file must be a regular file that neither its
+ * group nor others may read or write (mode 0600 or 0400): KVR_EINVAL otherwise, naming
+ * the mode and the chmod that fixes it. */
 int kvr_plan_read_secret(struct kvr_plan *plan, struct kvr_err *err);
+
+/* Use the secret in `path` (a command line's --secret-file: relative to the working
+ * directory, not the plan's folder) instead of the plan's own; same checks as above. */
+int kvr_plan_use_secret_file(struct kvr_plan *plan, const char *path, struct kvr_err *err);
+
+/* Write plan->secret as hex to a new file `path` (mode 0600; KVR_EIO if it exists or
+ * cannot be made) and record `ref` (the name the plan will use for it, e.g. relative to
+ * the plan's folder) as plan->secret_file, so kvr_plan_write names the file instead of
+ * writing the secret. */
+int kvr_plan_write_secret_file(struct kvr_plan *plan, const char *path, const char *ref,
+                               struct kvr_err *err);
 
 /* Check every rule of docs/PLAN.md, reporting the first broken one in `err` with a message
  * naming the stage, the field and the fix. n_layer is the model's layer count when known

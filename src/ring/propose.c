@@ -129,6 +129,8 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
     plan->kv_blocks = (uint32_t)blocks;
     plan->wire_dtype = spec->wire_dtype;
     plan->n_threads = spec->n_threads ? spec->n_threads : 1;
+    plan->encrypt = !spec->no_encrypt;
+    plan->model_fingerprint = spec->fingerprint;
     if (sodium_init() < 0)
         return kvr_err_set(err, KVR_EIO, "libsodium failed to initialise");
     plan->secret_bytes = 32;

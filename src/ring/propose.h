@@ -28,6 +28,8 @@ struct kvr_plan_spec {
     uint32_t kv_blocks;            /* 0 = max_seqs * n_ctx worth */
     enum kvr_dtype wire_dtype;     /* F32 (0) or F16 */
     uint32_t n_threads;            /* per stage; 0 = 1 */
+    bool no_encrypt;               /* plain frames ("encrypt": false); default sealed */
+    uint64_t fingerprint;          /* the model's kvr_gguf_fingerprint, or 0 (no check) */
 };
 
 /* Fill `plan` (with a fresh random secret) and validate it against the model. */

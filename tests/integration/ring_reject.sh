@@ -65,10 +65,15 @@ echo "ok: ring answers; reference tokens recorded"
 
 python3 - "$RING_PLAN" "$TMP" <<'EOF'
 import json, sys
+import os
 plan, tmp = json.load(open(sys.argv[1])), sys.argv[2]
+# The plans below live in another folder: their secret file by its absolute path.
+plan["secret_file"] = os.path.join(os.path.dirname(os.path.abspath(sys.argv[1])),
+                                   plan["secret_file"])
 other = dict(plan, max_seqs=plan["max_seqs"] // 2)            # same stages, other hash
 json.dump(other, open(tmp + "/other_plan.json", "w"))
-wrong = dict(plan, secret="5a" * 32)                            # same hash, other secret
+wrong = {k: v for k, v in plan.items() if k != "secret_file"}
+wrong["secret"] = "5a" * 32                                     # same hash, other secret
 json.dump(wrong, open(tmp + "/wrong_secret.json", "w"))
 EOF
 
@@ -121,8 +126,10 @@ stop_ring
 
 # Bad plans: refused with the rule named, exit status 1 (a crash would be >= 128).
 python3 - "$RING_PLAN" "$TMP" <<'EOF'
-import json, sys
+import json, os, sys
 plan, tmp = json.load(open(sys.argv[1])), sys.argv[2]
+plan["secret_file"] = os.path.join(os.path.dirname(os.path.abspath(sys.argv[1])),
+                                   plan["secret_file"])
 n_layer = plan["stages"][-1]["layers"][1] + 1
 one = dict(plan, stages=[{"addr": plan["stages"][0]["addr"], "layers": [0, n_layer - 1]}])
 json.dump(one, open(tmp + "/one_stage.json", "w"))

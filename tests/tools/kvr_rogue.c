@@ -10,10 +10,17 @@
  *               the receiver to close the link
  *   truncated   a well-formed BATCH of one prefill row, cut after the header and half its
  *               body, then close
+ *   flipped     the same BATCH whole, with one byte in the middle of its body flipped after
+ *               it was sealed (as an attacker on the path would); then wait for the
+ *               receiver to close the link
  *
- * Exit status: 0 done as asked (for oversized: the receiver closed the link within
- * --wait-ms), 3 the handshake was refused (the reason is printed), 4 the receiver kept the
- * link open after an oversized frame, 1 any other failure, 2 usage. One line per step on
+ * On a sealed link (the plan's "encrypt", the default) every frame is sealed with the
+ * link's session key as a real sender's would be (seal.h), so the receiver reaches the rule
+ * each case breaks: the row limit, the cut, the authentication of the altered body.
+ *
+ * Exit status: 0 done as asked (for oversized and flipped: the receiver closed the link
+ * within --wait-ms), 3 the handshake was refused (the reason is printed), 4 the receiver
+ * kept the link open after an oversized or flipped frame, 1 any other failure, 2 usage. One line per step on
  * stdout, so a test can read what happened.
  *
  * It uses the ring library exactly as a stage does (plan, link, handshake, codec), so a
@@ -38,7 +45,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-enum send_kind { SEND_NONE, SEND_OVERSIZED, SEND_TRUNCATED };
+enum send_kind { SEND_NONE, SEND_OVERSIZED, SEND_TRUNCATED, SEND_FLIPPED };
 
 struct opts {
     const char *plan_path;
@@ -49,7 +56,7 @@ struct opts {
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvr_rogue --plan PLAN --as I [--send none|oversized|truncated]\n"
+    fprintf(f, "usage: kvr_rogue --plan PLAN --as I [--send none|oversized|truncated|flipped]\n"
                "                 [--hold-ms N] [--wait-ms N]\n"
                "  Connect to the downstream of stage I of PLAN, handshake as stage I, then\n"
                "  misbehave as told (see the top of tests/tools/kvr_rogue.c).\n");
@@ -78,6 +85,8 @@ static int parse(int argc, char **argv, struct opts *o)
                 o->send = SEND_OVERSIZED;
             else if (!strcmp(v, "truncated"))
                 o->send = SEND_TRUNCATED;
+            else if (!strcmp(v, "flipped"))
+                o->send = SEND_FLIPPED;
             else {
                 usage(stderr);
                 return 2;
@@ -166,7 +175,7 @@ static int run(const struct opts *o)
     struct kvr_plan *plan = kvr_calloc(1, sizeof *plan);
     struct kvr_gguf *g = NULL;
     struct kvr_link link = {.fd = -1};
-    uint8_t *frame = NULL;
+    uint8_t *frame = NULL, *sealed = NULL;
     int rc = 1;
     char path[KVR_PLAN_PATH_BYTES];
     struct kvr_hparams hp;
@@ -218,7 +227,19 @@ static int run(const struct opts *o)
         uint8_t h[KVR_WIRE_HEADER_BYTES];
         uint64_t body;
         oversized_header(&lim, payload, n_timings, h, &body);
-        size_t sent = send_raw(link.fd, h, sizeof h);
+        uint8_t sealed_h[KVR_SEAL_SEALED_HEADER_BYTES];
+        size_t hn = sizeof h;
+        const uint8_t *hp_out = h;
+        if (link.sealed) { /* the header alone, as one record: it opens, then breaks a limit */
+            struct iovec hv = {h, sizeof h};
+            if (kvr_seal_frame(&link.seal_tx, &hv, 1, sizeof h, sealed_h, sizeof sealed_h, &hn,
+                               &err)) {
+                fprintf(stderr, "kvr_rogue: %s\n", err.msg);
+                goto out;
+            }
+            hp_out = sealed_h;
+        }
+        size_t sent = send_raw(link.fd, hp_out, hn);
         /* Then body bytes, as a sender that believes its header would: a receiver that
          * checks the header first has closed the link before most of them. */
         uint8_t zeros[4096] = {0};
@@ -274,17 +295,51 @@ static int run(const struct opts *o)
             fprintf(stderr, "kvr_rogue: cannot encode the frame: %s\n", err.msg);
             goto out;
         }
-        size_t body = total - KVR_WIRE_HEADER_BYTES, cut = KVR_WIRE_HEADER_BYTES + body / 2;
-        size_t sent = send_raw(link.fd, frame, cut);
-        printf("sent: %zu of a %zu-byte BATCH frame (header and %zu of %zu body bytes), then "
-               "closed\n",
-               sent, total, cut - KVR_WIRE_HEADER_BYTES, body);
-        rc = sent == cut ? 0 : 1;
+        size_t body = total - KVR_WIRE_HEADER_BYTES;
+        size_t hdr = KVR_WIRE_HEADER_BYTES;
+        const uint8_t *wire = frame;
+        if (link.sealed) {
+            size_t cap2 = kvr_seal_frame_bytes(total), n2 = 0;
+            sealed = kvr_malloc(cap2);
+            struct iovec fv = {frame, total};
+            if (!sealed ||
+                kvr_seal_frame(&link.seal_tx, &fv, 1, total, sealed, cap2, &n2, &err)) {
+                fprintf(stderr, "kvr_rogue: cannot seal the frame: %s\n",
+                        sealed ? err.msg : "out of memory");
+                goto out;
+            }
+            wire = sealed, total = n2, hdr = KVR_SEAL_SEALED_HEADER_BYTES;
+            body = total - hdr;
+        }
+        if (o->send == SEND_TRUNCATED) {
+            size_t cut = hdr + body / 2;
+            size_t sent = send_raw(link.fd, wire, cut);
+            printf("sent: %zu of a %zu-byte%s BATCH frame (header and %zu of %zu body bytes), "
+                   "then closed\n",
+                   sent, total, link.sealed ? " sealed" : "", cut - hdr, body);
+            rc = sent == cut ? 0 : 1;
+        } else {
+            uint8_t *w = link.sealed ? sealed : frame;
+            w[hdr + body / 2] ^= 0x10;
+            size_t sent = send_raw(link.fd, w, total);
+            printf("sent: a %zu-byte%s BATCH frame with byte %zu flipped (%zu bytes went out)\n",
+                   total, link.sealed ? " sealed" : "", hdr + body / 2, sent);
+            fflush(stdout);
+            int ms = wait_closed(link.fd, o->wait_ms);
+            if (ms < 0) {
+                printf("receiver kept the link open for %d ms\n", o->wait_ms);
+                rc = 4;
+            } else {
+                printf("receiver closed the link after %d ms\n", ms);
+                rc = 0;
+            }
+        }
     }
 out:
     fflush(stdout);
     kvr_link_fini(&link);
     kvr_free(frame);
+    kvr_free(sealed);
     kvr_gguf_close(g);
     if (plan) {
         kvr_plan_wipe(plan);

@@ -61,6 +61,8 @@ struct run {
     struct kvr_err err_client, err_server;
     uint8_t msgs[5][KVR_AUTH_MSG_BYTES]; /* what was sent, step by step (4 at most) */
     int n_msgs;
+    uint8_t keys_c[2][KVR_AUTH_KEY_BYTES]; /* session keys (to server, to client) */
+    uint8_t keys_s[2][KVR_AUTH_KEY_BYTES];
 };
 
 /* Stage 0 (client) connects to stage 1 (server) unless told otherwise. Messages alternate
@@ -88,6 +90,8 @@ static void run_handshake(struct run *r, struct kvr_auth_id c_self, struct kvr_a
     if (r->rc_client == 0 && r->rc_server == 0) {
         assert_true(c.done);
         assert_true(s.done);
+        assert_int_equal(kvr_auth_session_keys(&c, r->keys_c[0], r->keys_c[1], NULL), 0);
+        assert_int_equal(kvr_auth_session_keys(&s, r->keys_s[0], r->keys_s[1], NULL), 0);
     }
     kvr_auth_wipe(&c);
     kvr_auth_wipe(&s);
@@ -124,6 +128,37 @@ static void test_success(void **state)
     struct kvr_auth_id tail = {KVR_AUTH_ROLE_STAGE, 2};
     run_handshake(&r, tail, BRIDGE, BRIDGE, tail);
     assert_int_equal(r.rc_client | r.rc_server, 0);
+}
+
+/* Both ends derive the same two keys; each direction has its own; every handshake gives new
+ * ones (fresh nonces); a handshake that is not done gives none. */
+static void test_session_keys(void **state)
+{
+    (void)state;
+    setup_plans();
+    struct run r1, r2;
+    run_handshake(&r1, STAGE0, STAGE1, STAGE1, STAGE0);
+    run_handshake(&r2, STAGE0, STAGE1, STAGE1, STAGE0);
+    assert_int_equal(r1.rc_client | r1.rc_server | r2.rc_client | r2.rc_server, 0);
+    assert_memory_equal(r1.keys_c, r1.keys_s, sizeof r1.keys_c);
+    assert_memory_not_equal(r1.keys_c[0], r1.keys_c[1], KVR_AUTH_KEY_BYTES);
+    assert_memory_not_equal(r1.keys_c[0], r2.keys_c[0], KVR_AUTH_KEY_BYTES);
+    assert_memory_not_equal(r1.keys_c[1], r2.keys_c[1], KVR_AUTH_KEY_BYTES);
+    static const uint8_t zero[KVR_AUTH_KEY_BYTES];
+    assert_memory_not_equal(r1.keys_c[0], zero, KVR_AUTH_KEY_BYTES);
+    /* No key is sent: it appears nowhere in the transcript. */
+    for (int i = 0; i < 4; i++)
+        for (int o = 0; o + 8 <= KVR_AUTH_MSG_BYTES; o++)
+            for (int k = 0; k < 2; k++)
+                assert_memory_not_equal(r1.msgs[i] + o, r1.keys_c[k], 8);
+
+    struct kvr_auth c;
+    struct kvr_err err = {0};
+    uint8_t k0[KVR_AUTH_KEY_BYTES], k1[KVR_AUTH_KEY_BYTES], hello[KVR_AUTH_MSG_BYTES];
+    assert_int_equal(kvr_auth_init(&c, &plan_c, true, STAGE0, STAGE1, NULL), 0);
+    assert_int_equal(kvr_auth_hello(&c, hello, NULL), 0);
+    assert_int_equal(kvr_auth_session_keys(&c, k0, k1, &err), KVR_EINVAL);
+    kvr_auth_wipe(&c);
 }
 
 static void test_wrong_secret(void **state)
@@ -224,7 +259,7 @@ static void test_bad_messages(void **state)
     memcpy(m, hello, sizeof m);
     kvr_st16(m + 4, 1); /* a peer from before RESET and REPLAY */
     assert_int_equal(server_gets(m, &err, &sent), KVR_EPROTO);
-    assert_non_null(strstr(err.msg, "peer speaks protocol version 1, we speak 2"));
+    assert_non_null(strstr(err.msg, "peer speaks protocol version 1, we speak 3"));
 
     memcpy(m, hello, sizeof m);
     m[6] = KVR_AUTH_PROOF; /* out of order */
@@ -390,7 +425,8 @@ static void test_topology(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_success),        cmocka_unit_test(test_wrong_secret),
+        cmocka_unit_test(test_success),        cmocka_unit_test(test_session_keys),
+        cmocka_unit_test(test_wrong_secret),
         cmocka_unit_test(test_different_plan), cmocka_unit_test(test_wrong_peer),
         cmocka_unit_test(test_bad_messages),   cmocka_unit_test(test_replay),
         cmocka_unit_test(test_tampering),      cmocka_unit_test(test_topology),

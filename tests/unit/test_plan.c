@@ -505,6 +505,7 @@ static void test_hash(void **state)
         {"\"kv_block_tokens\": 16", "\"kv_block_tokens\": 32"},
         {"\"kv_blocks\": 512", "\"kv_blocks\": 513"},
         {"\"f16\"", "\"bf16\""},
+        {"\"f16\",", "\"f16\", \"encrypt\": false,"},
     };
     for (size_t i = 0; i < sizeof changes / sizeof changes[0]; i++) {
         char *json = replaced(base_json, changes[i].from, changes[i].to);
@@ -552,9 +553,31 @@ static void assert_plans_equal(const struct kvr_plan *a, const struct kvr_plan *
     assert_int_equal(a->kv_blocks, b->kv_blocks);
     assert_int_equal(a->wire_dtype, b->wire_dtype);
     assert_int_equal(a->n_threads, b->n_threads);
+    assert_int_equal(a->encrypt, b->encrypt);
     assert_string_equal(a->secret_file, b->secret_file);
     assert_int_equal(a->secret_bytes, b->secret_bytes);
     assert_memory_equal(a->secret, b->secret, a->secret_bytes);
+}
+
+/* "encrypt": on unless the plan says false; a boolean, nothing else; written out. */
+static void test_encrypt_key(void **state)
+{
+    (void)state;
+    parse_ok(&plan_a, base_json);
+    assert_true(plan_a.encrypt);
+    char *json = replaced(base_json, "\"f16\",", "\"f16\", \"encrypt\": false,");
+    parse_ok(&plan_b, json);
+    free(json);
+    assert_false(plan_b.encrypt);
+    char *text = NULL;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_plan_to_json(&plan_b, &text, &err), 0);
+    assert_non_null(strstr(text, "\"encrypt\": false"));
+    kvr_free(text);
+    json = replaced(base_json, "\"f16\",", "\"f16\", \"encrypt\": \"no\",");
+    assert_int_equal(kvr_plan_parse(&plan_b, json, strlen(json), NULL, &err), KVR_EINVAL);
+    assert_non_null(strstr(err.msg, "encrypt must be true or false"));
+    free(json);
 }
 
 static void test_json_round_trip(void **state)
@@ -587,6 +610,13 @@ static void write_file(const char *path, const char *text)
     fclose(f);
 }
 
+/* A secret file as an operator should make it: private to its owner. */
+static void write_key(const char *path, const char *text)
+{
+    write_file(path, text);
+    assert_int_equal(chmod(path, 0600), 0);
+}
+
 static void test_load_with_secret_file(void **state)
 {
     (void)state;
@@ -594,7 +624,7 @@ static void test_load_with_secret_file(void **state)
     assert_non_null(mkdtemp(tmpdir));
     char path[512], key[512], out[512];
     snprintf(key, sizeof key, "%s/cluster.key", tmpdir);
-    write_file(key, "  0123456789abcdef0123456789ABCDEF0123456789abcdef\n");
+    write_key(key, "  0123456789abcdef0123456789ABCDEF0123456789abcdef\n");
     char *json = replaced(base_json, "\"secret\": \"00112233445566778899aabbccddeeff\"",
                           "\"secret_file\": \"cluster.key\"");
     snprintf(path, sizeof path, "%s/plan.json", tmpdir);
@@ -607,6 +637,7 @@ static void test_load_with_secret_file(void **state)
         fail_msg("load: %s", err.msg);
     assert_string_equal(plan_a.dir, tmpdir);
     assert_int_equal(plan_a.secret_bytes, 24);
+    assert_false(plan_a.secret_inline);
     assert_int_equal(plan_a.secret[0], 0x01);
     assert_int_equal(plan_a.secret[7], 0xef);
     assert_int_equal(kvr_plan_validate(&plan_a, 45, &err), 0);
@@ -628,8 +659,64 @@ static void test_load_with_secret_file(void **state)
     assert_int_equal(kvr_plan_load(&plan_b, path2, &err), 0);
     assert_plans_equal(&plan_a, &plan_b);
 
+    /* A secret file its group or others may read is refused, naming the mode and the fix;
+     * so is one that is not a regular file. */
+    static const mode_t open_modes[] = {0640, 0604, 0644, 0660, 0620};
+    for (size_t i = 0; i < sizeof open_modes / sizeof open_modes[0]; i++) {
+        assert_int_equal(chmod(key, open_modes[i]), 0);
+        assert_int_equal(kvr_plan_load(&plan_b, path, &err), KVR_EINVAL);
+        char want[32];
+        snprintf(want, sizeof want, "has mode %04o", (unsigned)open_modes[i]);
+        assert_non_null(strstr(err.msg, want));
+        assert_non_null(strstr(err.msg, "chmod 600"));
+        assert_int_equal(plan_b.secret_bytes, 0);
+    }
+    assert_int_equal(chmod(key, 0400), 0);
+    assert_int_equal(kvr_plan_load(&plan_b, path, &err), 0);
+    assert_int_equal(chmod(key, 0600), 0);
+
+    /* --secret-file: another file (relative to the working directory, not the plan's
+     * folder) replaces the plan's secret; the hash does not change. */
+    char key2[600];
+    snprintf(key2, sizeof key2, "%s/other.key", tmpdir);
+    write_key(key2, "ffeeddccbbaa99887766554433221100\n");
+    uint8_t h1[32], h2[32];
+    kvr_plan_hash(&plan_a, h1);
+    assert_int_equal(kvr_plan_use_secret_file(&plan_a, key2, &err), 0);
+    assert_int_equal(plan_a.secret_bytes, 16);
+    assert_int_equal(plan_a.secret[0], 0xff);
+    assert_string_equal(plan_a.secret_file, key2);
+    kvr_plan_hash(&plan_a, h2);
+    assert_memory_equal(h1, h2, 32);
+    assert_int_equal(chmod(key2, 0644), 0);
+    assert_int_equal(kvr_plan_use_secret_file(&plan_a, key2, &err), KVR_EINVAL);
+    assert_int_equal(plan_a.secret_bytes, 0);
+    unlink(key2);
+
+    /* Writing a secret file: mode 0600, the plan then names it, never an existing file. */
+    parse_ok(&plan_b, base_json);
+    assert_true(plan_b.secret_inline);
+    assert_int_equal(kvr_plan_write_secret_file(&plan_b, key2, "other.key", &err), 0);
+    struct stat ks;
+    assert_int_equal(stat(key2, &ks), 0);
+    assert_int_equal(ks.st_mode & 0777, 0600);
+    assert_string_equal(plan_b.secret_file, "other.key");
+    assert_false(plan_b.secret_inline);
+    char *text = NULL;
+    assert_int_equal(kvr_plan_to_json(&plan_b, &text, &err), 0);
+    assert_null(strstr(text, "00112233445566778899aabbccddeeff"));
+    assert_non_null(strstr(text, "\"secret_file\": \"other.key\""));
+    kvr_free(text);
+    size_t klen = 0;
+    char *ktext = kvr_test_read_file(key2, &klen);
+    assert_non_null(ktext);
+    assert_string_equal(ktext, "00112233445566778899aabbccddeeff\n");
+    free(ktext);
+    assert_int_equal(kvr_plan_write_secret_file(&plan_b, key2, "other.key", &err), KVR_EIO);
+    unlink(key2);
+
     /* A bad secret file and a missing one are reported with the path. */
-    write_file(key, "not hex at all\n");
+    write_key(key, "not hex at all\n");
     assert_int_equal(kvr_plan_load(&plan_a, path, &err), KVR_EINVAL);
     assert_non_null(strstr(err.msg, "cluster.key"));
     assert_int_equal(plan_a.secret_bytes, 0);
@@ -891,6 +978,7 @@ int main(void)
         cmocka_unit_test(test_hash),
         cmocka_unit_test(test_json_round_trip),
         cmocka_unit_test(test_load_with_secret_file),
+        cmocka_unit_test(test_encrypt_key),
         cmocka_unit_test(test_balance_uniform),
         cmocka_unit_test(test_balance_big_output_head),
         cmocka_unit_test(test_balance_speeds_and_memory),
