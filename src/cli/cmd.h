@@ -12,5 +12,6 @@ int kvr_cmd_serve(int argc, char **argv);
 int kvr_cmd_bridge(int argc, char **argv);
 int kvr_cmd_bench(int argc, char **argv);
 int kvr_cmd_top(int argc, char **argv);
+int kvr_cmd_tokenize(int argc, char **argv);
 
 #endif

@@ -15,6 +15,7 @@ static const struct subcommand subcommands[] = {
     {"bridge", kvr_cmd_bridge, "serve the OpenAI API for a ring whose stages run elsewhere"},
     {"run", kvr_cmd_run, "generate text from a prompt with a model (single process)"},
     {"info", kvr_cmd_info, "print a GGUF file's metadata and tensor table"},
+    {"tokenize", kvr_cmd_tokenize, "print the token ids of a text with a model's tokenizer"},
     {"plan", kvr_cmd_plan, "write a balanced plan that splits a model over N stages"},
     {"stage", kvr_cmd_stage, "serve one stage of a ring (a layer slice of the model)"},
     {"synth", kvr_cmd_synth, "write a GGUF model with random weights for a named shape"},

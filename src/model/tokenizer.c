@@ -843,6 +843,11 @@ int kvr_tok_create(struct kvr_tok **out, const struct kvr_gguf *g, struct kvr_er
 
 /* ---- accessors ------------------------------------------------------------------------ */
 
+const char *kvr_tok_pre_name(size_t i)
+{
+    return kvr_pre_name(i);
+}
+
 enum kvr_tok_kind kvr_tok_kind(const struct kvr_tok *t)
 {
     return t->kind;

@@ -102,6 +102,9 @@ int kvr_tok_create_from_vocab(struct kvr_tok **out, const struct kvr_tok_vocab *
                               struct kvr_err *err);
 void kvr_tok_destroy(struct kvr_tok *t);
 
+/* The i-th tokenizer.ggml.pre name a BPE vocabulary may give, NULL past the last. */
+const char *kvr_tok_pre_name(size_t i);
+
 enum kvr_tok_kind kvr_tok_kind(const struct kvr_tok *t);
 int32_t kvr_tok_n_vocab(const struct kvr_tok *t);
 int32_t kvr_tok_bos(const struct kvr_tok *t); /* -1 if none */

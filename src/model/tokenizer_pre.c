@@ -444,6 +444,15 @@ const struct kvr_pre *kvr_pre_gpt2(void)
     return &table[0];
 }
 
+const char *kvr_pre_name(size_t i)
+{
+    for (size_t r = 0; r < N_TABLE; r++)
+        for (const char *const *nm = table[r].names; *nm; nm++)
+            if (i-- == 0)
+                return *nm;
+    return NULL;
+}
+
 void kvr_pre_list(char *buf, size_t cap, bool aliases)
 {
     size_t m = 0;

@@ -39,6 +39,10 @@ const struct kvr_pre *kvr_pre_find(const char *name, size_t len);
 /* The pre-tokenizer used when a caller names none (kvr_tok_vocab.pre empty): GPT-2's. */
 const struct kvr_pre *kvr_pre_gpt2(void);
 
+/* The i-th accepted name (rows in table order, aliases after the first), NULL past the
+ * last. */
+const char *kvr_pre_name(size_t i);
+
 /* Write the names, ", "-separated and NUL-terminated, to buf (cut to fit cap): every
  * accepted name with `aliases`, else the first name of each row. */
 void kvr_pre_list(char *buf, size_t cap, bool aliases);
