@@ -75,11 +75,9 @@ static float frand(void)
 
 static int parse_type(const char *s)
 {
-    static const int all[] = {KVR_DTYPE_F32, KVR_DTYPE_F16, KVR_DTYPE_BF16, KVR_DTYPE_Q8_0,
-                              KVR_DTYPE_Q4_0, KVR_DTYPE_Q4_K, KVR_DTYPE_Q6_K};
-    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
-        if (!strcmp(kvr_dtype_traits(all[i])->name, s))
-            return all[i];
+    for (int t = 0; t < KVR_DTYPE_COUNT; t++) /* every weight type of the trait table */
+        if (t != KVR_DTYPE_Q8_K && kvr_dtype_traits(t) && !strcmp(kvr_dtype_traits(t)->name, s))
+            return t;
     return -1;
 }
 
@@ -301,7 +299,7 @@ int main(int argc, char **argv)
     return 0;
 usage:
     fprintf(stderr,
-            "usage: %s [--types q8_0,q4_0,q4_K,q6_K,f16,bf16,f32] [--shapes OUTxIN,...]\n"
+            "usage: %s [--types q8_0,q4_0,q4_K,q6_K,iq4_xs,f16,...] [--shapes OUTxIN,...]\n"
             "          [--threads N] [--rows N] [--reps N>=5] [--gemv-mib N] [--reference]\n"
             "          [--pack 0|1]\n",
             argv[0]);

@@ -17,6 +17,8 @@
 #ifndef KVR_MODEL_DTYPE_H
 #define KVR_MODEL_DTYPE_H
 
+#include "core/err.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -81,9 +83,16 @@ size_t kvr_matrix_pack_bytes(const struct kvr_matrix *w);
  * dst. */
 void kvr_matrix_pack(const struct kvr_matrix *w, void *dst);
 
-/* Pick the fastest kernels this CPU supports (idempotent; call once before threads start).
- * Returns the name of the chosen kernel set ("avx2", "reference"). */
+/* Pick the fastest kernels this CPU supports, or the lower set the environment variable
+ * KVR_ISA names ("avx512", "avx2" or "reference"); idempotent, call before threads start.
+ * Returns the name of the chosen kernel set. A KVR_ISA naming an unknown set or one the CPU
+ * cannot run is ignored here: callers that can report errors use kvr_kernels_setup. */
 const char *kvr_kernels_init(void);
+/* Choose the kernel set as kvr_kernels_init does, but fail with KVR_EINVAL (unknown name)
+ * or KVR_ENOTSUP (a set this CPU or OS cannot run) and a message if KVR_ISA asks for one. */
+int kvr_kernels_setup(struct kvr_err *err);
+/* True if the active kernel set needs (so the CPU has) AVX2, FMA and F16C. */
+bool kvr_kernels_avx2_ok(void);
 /* Tests: use the scalar reference kernels (true) or the best ones (false). Every kernel set
  * follows the operation order of the reference (documented in dtype.c), so the results of
  * kvr_quantize_rows and kvr_matmul are bit-identical whichever set runs. */

@@ -378,8 +378,9 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
         rc = kvr_err_set(err, KVR_ENOMEM, "engine: cannot allocate scratch for %u rows", R);
         goto fail;
     }
-    const char *kernels = kvr_kernels_init();
-    e->attn = strcmp(kernels, "avx2") == 0 ? kvr_attn_ops_avx2 : kvr_attn_ops_plain;
+    if ((rc = kvr_kernels_setup(err)))
+        goto fail;
+    e->attn = kvr_kernels_avx2_ok() ? kvr_attn_ops_avx2 : kvr_attn_ops_plain;
     if (!(e->pool = kvr_pool_create((int)cfg->n_threads))) {
         rc = kvr_err_set(err, KVR_ENOMEM, "engine: cannot start %u threads", cfg->n_threads);
         goto fail;

@@ -202,5 +202,6 @@ struct kvr_kernel_set {
 };
 
 extern const struct kvr_kernel_set kvr_kernels_avx2;
+extern const struct kvr_kernel_set kvr_kernels_avx512;
 
 #endif

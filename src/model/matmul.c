@@ -1,14 +1,18 @@
 /* matmul.c - kernel dispatch and the matmul entry points of dtype.h.
  *
- * The kernel set is chosen once by kvr_kernels_init from the CPU's features. The reference
- * set is the scalar code of dtype.c (one trait dot per output element); the avx2 set lives in
- * kernels_avx2.c. Both follow the operation order fixed in dtype.c, so an output element
+ * The kernel set is chosen once by kvr_kernels_init from the CPU's features: avx512
+ * (kernels_avx512.c) if CPUID has AVX-512 F/BW/VL/DQ + VNNI and the OS saves the zmm and
+ * opmask state, else avx2 (kernels_avx2.c) with AVX2 + FMA + F16C, else the reference set,
+ * the scalar code of dtype.c (one trait dot per output element). The environment variable
+ * KVR_ISA=avx512|avx2|reference can force a lower set (kvr_kernels_setup refuses one the
+ * CPU lacks). Every set follows the operation order fixed in dtype.c, so an output element
  * gets the same bits whatever the kernel set, row count, slice or tile that computes it
  * (batch invariance, DESIGN.md 7). The choice is global and made before threads start. */
 #include "model/dtype.h"
 #include "model/kernels.h"
 
 #include "core/alloc.h"
+#include "core/err.h"
 
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -44,13 +48,84 @@ static bool cpu_has_avx2(void)
 #endif
 }
 
+/* AVX-512 F, BW, VL, DQ and VNNI in CPUID leaf 7, and XCR0 (read with XGETBV, which CPUID
+ * leaf 1 says the OS enabled) with the SSE, AVX, opmask, ZMM_Hi256 and Hi16_ZMM state bits
+ * (1, 2, 5, 6, 7): without the OS saving that state the instructions would fault. */
+static bool cpu_has_avx512(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned eax, ebx, ecx, edx;
+    if (!cpu_has_avx2() || !__get_cpuid(1, &eax, &ebx, &ecx, &edx) || !(ecx & bit_OSXSAVE))
+        return false;
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & 0xE6) != 0xE6)
+        return false;
+    if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx))
+        return false;
+    const unsigned need_ebx = bit_AVX512F | bit_AVX512DQ | bit_AVX512BW | bit_AVX512VL;
+    return (ebx & need_ebx) == need_ebx && (ecx & bit_AVX512VNNI);
+#else
+    return false;
+#endif
+}
+
+static const struct kvr_kernel_set *best_available(void)
+{
+    return cpu_has_avx512() ? &kvr_kernels_avx512
+         : cpu_has_avx2()   ? &kvr_kernels_avx2
+                            : &kernels_reference;
+}
+
+/* The set KVR_ISA asks for (the best available one if it is unset or empty) into *out; an
+ * error if it names no set or one this CPU lacks. */
+static int requested(const struct kvr_kernel_set **out, struct kvr_err *err)
+{
+    static const struct kvr_kernel_set *const sets[] = {&kvr_kernels_avx512, &kvr_kernels_avx2,
+                                                        &kernels_reference}; /* best first */
+    const size_t n_sets = sizeof sets / sizeof sets[0];
+    const char *isa = getenv("KVR_ISA");
+    const struct kvr_kernel_set *best = best_available();
+    *out = best;
+    if (!isa || !*isa)
+        return KVR_OK;
+    size_t want = n_sets, have = 0;
+    for (size_t i = 0; i < n_sets; i++) {
+        if (!strcmp(isa, sets[i]->name))
+            want = i;
+        if (sets[i] == best)
+            have = i;
+    }
+    if (want == n_sets)
+        return kvr_err_set(err, KVR_EINVAL, "KVR_ISA=%s: unknown kernel set (avx512, avx2, "
+                           "reference)", isa);
+    if (want < have)
+        return kvr_err_set(err, KVR_ENOTSUP, "KVR_ISA=%s: this CPU (or its OS) cannot run the "
+                           "%s kernels; the best it can run is %s", isa, isa, best->name);
+    *out = sets[want];
+    return KVR_OK;
+}
+
+int kvr_kernels_setup(struct kvr_err *err)
+{
+    const struct kvr_kernel_set *k;
+    int rc = requested(&k, err);
+    if (rc)
+        return rc;
+    atomic_store_explicit(&g_best, k, memory_order_relaxed);
+    return KVR_OK;
+}
+
 const char *kvr_kernels_init(void)
 {
-    if (!atomic_load_explicit(&g_best, memory_order_relaxed))
-        atomic_store_explicit(&g_best, cpu_has_avx2() ? &kvr_kernels_avx2 : &kernels_reference,
-                              memory_order_relaxed);
+    if (!atomic_load_explicit(&g_best, memory_order_relaxed)) {
+        const struct kvr_kernel_set *k;
+        requested(&k, NULL); /* a bad KVR_ISA leaves k at the best set; setup reports it */
+        atomic_store_explicit(&g_best, k, memory_order_relaxed);
+    }
     return kvr_kernels_name();
 }
+
 
 void kvr_kernels_force_reference(bool on)
 {
@@ -67,6 +142,12 @@ static const struct kvr_kernel_set *active(void)
         k = atomic_load_explicit(&g_best, memory_order_relaxed);
     }
     return k;
+}
+
+bool kvr_kernels_avx2_ok(void)
+{
+    const struct kvr_kernel_set *k = active();
+    return k == &kvr_kernels_avx2 || k == &kvr_kernels_avx512;
 }
 
 const char *kvr_kernels_name(void)

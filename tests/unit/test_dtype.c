@@ -76,10 +76,18 @@ static const int weight_types[] = {
     KVR_DTYPE_Q3_K, KVR_DTYPE_Q4_K, KVR_DTYPE_Q5_K, KVR_DTYPE_Q6_K,   KVR_DTYPE_IQ4_XS};
 #define N_WEIGHT_TYPES (sizeof weight_types / sizeof weight_types[0])
 
+/* The best set this CPU runs, or the one KVR_ISA names (CTest runs this binary once per
+ * set the machine has, see CMakeLists.txt). */
 static bool have_fast_kernels(void)
 {
     kvr_kernels_force_reference(false);
-    return strcmp(kvr_kernels_init(), "reference") != 0;
+    const char *name = kvr_kernels_init();
+    static bool said;
+    if (!said) {
+        print_message("fast kernels under test: %s\n", name);
+        said = true;
+    }
+    return strcmp(name, "reference") != 0;
 }
 
 /* ---------------------------------------------------------------------------------------
