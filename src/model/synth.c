@@ -731,6 +731,9 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
     if (s->n_expert && !arch->moe_always && strcmp(arch->name, "llama"))
         return kvr_err_set(err, KVR_EINVAL, "shape: %s has no experts (llama, qwen3moe and "
                            "qwen2moe do)", arch->name);
+    if (s->n_expert && !arch->moe_always && s->expert_ff && s->expert_ff != s->ff)
+        return kvr_err_set(err, KVR_EINVAL, "shape: llama's experts are ff wide (%d), not %d",
+                           s->ff, s->expert_ff);
     if (opts->n_threads < 1)
         return kvr_err_set(err, KVR_EINVAL, "n_threads must be >= 1");
 
