@@ -34,6 +34,19 @@ static void split(const char *path, char *dir, char *base)
     snprintf(base, PATH_BYTES, "%s", s ? s + 1 : path);
 }
 
+/* dir/rel, or rel itself when it is absolute, into out (PATH_BYTES); -1 if too long. */
+static int join(const char *dir, const char *rel, char *out)
+{
+    size_t nd = rel[0] == '/' ? 0 : strlen(dir), nr = strlen(rel);
+    if (nd + 1 + nr >= PATH_BYTES)
+        return -1;
+    memcpy(out, dir, nd);
+    if (nd)
+        out[nd++] = '/';
+    memcpy(out + nd, rel, nr + 1);
+    return 0;
+}
+
 static int find_paths(const struct kvr_plan *plan, const char *plan_path, struct paths *p,
                       struct kvr_err *err)
 {
@@ -46,15 +59,16 @@ static int find_paths(const struct kvr_plan *plan, const char *plan_path, struct
     if (!realpath(plan_path, p->plan))
         return kvr_err_set(err, KVR_EIO, "%s: %s", plan_path, strerror(errno));
     split(p->plan, p->plan_dir, base);
-    int rc = kvr_plan_path(plan, plan->model_path, tmp, sizeof tmp, err);
-    if (rc)
-        return rc;
+    /* Relative paths in the plan are relative to its folder, as for every process that
+     * loads it. */
+    if (join(p->plan_dir, plan->model_path, tmp))
+        return kvr_err_set(err, KVR_ERANGE, "model path too long");
     if (!realpath(tmp, p->model))
         return kvr_err_set(err, KVR_EIO, "model %s: %s", tmp, strerror(errno));
     split(p->model, p->model_dir, p->model_base);
     if (plan->secret_file[0]) {
-        if ((rc = kvr_plan_path(plan, plan->secret_file, tmp, sizeof tmp, err)))
-            return rc;
+        if (join(p->plan_dir, plan->secret_file, tmp))
+            return kvr_err_set(err, KVR_ERANGE, "secret_file path too long");
         if (!realpath(tmp, p->secret))
             return kvr_err_set(err, KVR_EIO, "secret_file %s: %s", tmp, strerror(errno));
     }

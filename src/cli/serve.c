@@ -301,8 +301,7 @@ static int serve_main(int argc, char **argv, bool serve)
         goto out;
     if (serve) {
         snprintf(model_path, sizeof model_path, "%s", o.model);
-    } else if (kvr_plan_load(plan, o.plan_path, &err) ||
-               (o.secret_file && kvr_plan_use_secret_file(plan, o.secret_file, &err)) ||
+    } else if (kvr_plan_load_with_secret(plan, o.plan_path, o.secret_file, &err) ||
                kvr_plan_validate(plan, 0, &err) ||
                kvr_plan_path(plan, plan->model_path, model_path, sizeof model_path, &err)) {
         KVR_ERROR("plan %s: %s", o.plan_path, err.msg);

@@ -67,8 +67,7 @@ int kvr_cmd_stage(int argc, char **argv)
     kvr_log_set_tag(tag);
     struct kvr_err err = {0};
     struct kvr_plan *plan = kvr_malloc(sizeof *plan);
-    if (!plan || kvr_plan_load(plan, plan_path, &err) ||
-        (secret_file && kvr_plan_use_secret_file(plan, secret_file, &err)) ||
+    if (!plan || kvr_plan_load_with_secret(plan, plan_path, secret_file, &err) ||
         kvr_plan_validate(plan, 0, &err)) {
         KVR_ERROR("plan %s: %s", plan_path, plan ? err.msg : "out of memory");
         kvr_free(plan);

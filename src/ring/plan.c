@@ -439,6 +439,12 @@ int kvr_plan_write_secret_file(struct kvr_plan *plan, const char *path, const ch
 
 int kvr_plan_load(struct kvr_plan *plan, const char *path, struct kvr_err *err)
 {
+    return kvr_plan_load_with_secret(plan, path, NULL, err);
+}
+
+int kvr_plan_load_with_secret(struct kvr_plan *plan, const char *path, const char *secret_file,
+                              struct kvr_err *err)
+{
     char dir[KVR_PLAN_PATH_BYTES];
     const char *slash = strrchr(path, '/');
     size_t dir_len = slash ? (size_t)(slash - path) : 0;
@@ -457,7 +463,8 @@ int kvr_plan_load(struct kvr_plan *plan, const char *path, struct kvr_err *err)
     rc = kvr_plan_parse(plan, text, len, dir, err);
     sodium_memzero(text, len);
     kvr_free(text);
-    if (rc == KVR_OK && (rc = kvr_plan_read_secret(plan, err)))
+    if (rc == KVR_OK && (rc = secret_file ? kvr_plan_use_secret_file(plan, secret_file, err)
+                                          : kvr_plan_read_secret(plan, err)))
         kvr_plan_wipe(plan);
     if (rc == KVR_OK && plan->secret_inline)
         KVR_WARN("plan %s holds the cluster secret inline: move it to a secret_file of mode "
@@ -681,9 +688,8 @@ int kvr_plan_check_fingerprint(const struct kvr_plan *plan, uint64_t fingerprint
     if (plan->model_fingerprint && plan->model_fingerprint != fingerprint)
         return kvr_err_set(err, KVR_EINVAL,
                            "model %s has fingerprint 0x%016" PRIx64 " but the plan expects "
-                           "0x%016" PRIx64 ": a different file than the plan was made for "
-                           "(every stage needs the same model file: copy it again, or write "
-                           "the plan again with `kvasir plan`)",
+                           "0x%016" PRIx64 ": not the file the plan was made for (every "
+                           "stage needs the same model file)",
                            plan->model_path, fingerprint, plan->model_fingerprint);
     return KVR_OK;
 }

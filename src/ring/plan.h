@@ -105,6 +105,10 @@ int kvr_plan_parse(struct kvr_plan *plan, const char *json, size_t len, const ch
 /* Read `path`, parse it (relative paths resolve against path's folder) and read the secret
  * file if the plan names one. Does not validate. */
 int kvr_plan_load(struct kvr_plan *plan, const char *path, struct kvr_err *err);
+/* The same, with the secret from `secret_file` (a command line's --secret-file, relative to
+ * the working directory) instead of the plan's own: the plan's secret_file is not read. */
+int kvr_plan_load_with_secret(struct kvr_plan *plan, const char *path, const char *secret_file,
+                              struct kvr_err *err);
 
 /* Read plan->secret_file (hex digits; surrounding whitespace ignored) into plan->secret.
  * No-op when the plan has no secret_file. The file must be a regular file that neither its
