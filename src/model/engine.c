@@ -398,7 +398,13 @@ void kvr_engine_seq_free(struct kvr_engine *e, uint32_t seq) { kvr_kv_free_seq(&
 void kvr_engine_kv_usage(const struct kvr_engine *e, uint32_t *used, uint32_t *total)
 {
     *total = e->kv.n_blocks;
-    *used = e->kv.n_blocks - e->kv.n_free;
+    *used = kvr_kv_used(&e->kv);
+}
+
+int kvr_engine_seq_map(struct kvr_engine *e, uint32_t seq, uint32_t n_cached, uint32_t first,
+                       const uint32_t *ids, uint32_t n, struct kvr_err *err)
+{
+    return kvr_kv_map(&e->kv, seq, n_cached, first, ids, n, err);
 }
 
 int kvr_engine_check(const struct kvr_engine *e, const struct kvr_seg *segs, uint32_t n_segs,

@@ -83,6 +83,12 @@ int kvr_engine_forward(struct kvr_engine *e, const struct kvr_seg *segs, uint32_
 
 /* Release a sequence's KV blocks (its slot may be reused at once). */
 void kvr_engine_seq_free(struct kvr_engine *e, uint32_t seq);
+/* Name the KV blocks of a sequence (kv.h kvr_kv_map): entries [first, first + n) of its
+ * block table; its first n_cached positions are already in them (a prefix-cache hit). A
+ * ring stage maps every sequence it is told to open; an engine whose sequences took their
+ * own blocks refuses (KVR_EINVAL). */
+int kvr_engine_seq_map(struct kvr_engine *e, uint32_t seq, uint32_t n_cached, uint32_t first,
+                       const uint32_t *ids, uint32_t n, struct kvr_err *err);
 /* KV blocks in use, and total, for metrics. */
 void kvr_engine_kv_usage(const struct kvr_engine *e, uint32_t *used, uint32_t *total);
 

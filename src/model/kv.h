@@ -1,19 +1,35 @@
-/* kv.h - the paged KV cache of one layer slice.
+/* kv.h - the paged KV cache of one layer slice, and the block pool with the prefix cache
+ * that names its blocks (DESIGN.md 6, 12).
  *
- * Keys and values live in fixed-size blocks of `block_tokens` positions. Each sequence slot
- * has a block table mapping its position p to block table[p / block_tokens]. All memory is
- * allocated in kvr_kv_init; blocks move between a free list and block tables, nothing is
- * allocated per token. A freed sequence returns its blocks at once.
+ * struct kvr_kv (one per engine): keys and values live in fixed-size blocks of
+ * `block_tokens` positions. Each sequence slot has a block table mapping its position p
+ * to block table[p / block_tokens]. All memory is allocated in kvr_kv_init; nothing is
+ * allocated per token. Blocks reach a table in one of two ways, never both in one cache:
+ *   - lazily (kvr_kv_prepare takes them from the cache's own free list): the single
+ *     process engine (`kvasir run`, tests);
+ *   - named by the caller (kvr_kv_map): a ring stage, whose bridge decides every block a
+ *     sequence uses (struct kvr_kv_pool below) and sends the ids in-band, so every stage
+ *     maps the same blocks in the same order. A mapped block may be in several tables
+ *     (a shared prefix); the cache counts references only to report use.
  *
  * Layout of `k` and `v` (floats): [n_layers][n_blocks][block_tokens][kv_dim], kv_dim =
  * n_head_kv * head_dim. Single-threaded mutation (the engine's driving thread); reads of
  * k/v rows from the compute pool during a forward pass are safe because the tables are not
- * changed while it runs. */
+ * changed while it runs.
+ *
+ * struct kvr_kv_pool (the bridge's): which block ids are free, which hold a named full
+ * block of some earlier sequence (the prefix cache), and how many sequences use each. A
+ * full block is named by kvr_kv_block_hash: a hash of its tokens and of the name of the
+ * block before it (the first block's "before" is a seed made of the model and the plan),
+ * so a name stands for the whole prefix up to the block's end. Named blocks nobody uses
+ * stay cached and are evicted least recently used when an allocation needs room. Pure
+ * bookkeeping, no KV memory: one thread (the scheduler's caller) uses it. */
 #ifndef KVR_MODEL_KV_H
 #define KVR_MODEL_KV_H
 
 #include "core/err.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -28,8 +44,13 @@ struct kvr_kv {
     float *v;
     uint32_t *tables;            /* [max_seqs][max_blocks_per_seq] block ids */
     uint32_t *n_pos;             /* [max_seqs] positions cached per sequence */
-    uint32_t *free_ids;          /* stack of free block ids, n_free valid */
+    uint32_t *free_ids;          /* stack of free block ids, n_free valid (lazy blocks) */
     uint32_t n_free;
+    /* Named blocks (kvr_kv_map). */
+    bool mapped;                 /* blocks come from kvr_kv_map only (set by the first map) */
+    uint32_t *n_mapped;          /* [max_seqs] table entries set by kvr_kv_map */
+    uint32_t *refs;              /* [n_blocks] tables that hold each block */
+    uint32_t n_referenced;       /* blocks with refs > 0 */
 };
 
 int kvr_kv_init(struct kvr_kv *kv, uint32_t n_layers, uint32_t kv_dim, uint32_t block_tokens,
@@ -37,10 +58,20 @@ int kvr_kv_init(struct kvr_kv *kv, uint32_t n_layers, uint32_t kv_dim, uint32_t 
 void kvr_kv_fini(struct kvr_kv *kv);
 
 /* Make room to write positions [pos0, pos0 + n_tokens) of `seq`: the sequence is first
- * truncated to pos0 (pos0 must be <= its cached length), then blocks are taken from the
- * free list. On KVR_EFULL or KVR_ERANGE nothing changes. */
+ * truncated to pos0 (pos0 must be <= its cached length), then, for a lazily filled cache,
+ * blocks are taken from the free list; a mapped sequence must already have the blocks
+ * (KVR_ERANGE otherwise). On KVR_EFULL or KVR_ERANGE nothing changes. */
 int kvr_kv_prepare(struct kvr_kv *kv, uint32_t seq, uint32_t pos0, uint32_t n_tokens,
                    struct kvr_err *err);
+
+/* Set entries [first, first + n) of `seq`'s block table to ids[0..n), and the positions it
+ * has cached to n_cached (its first n_cached positions are in blocks already written by an
+ * earlier sequence: a prefix-cache hit). The first map of a sequence must have first == 0
+ * and the sequence must be empty; later ones continue at first == the entries set so far.
+ * KVR_EINVAL (nothing changes) for an id out of range, a gap, n_cached beyond the mapped
+ * blocks or not a whole number of blocks, or a cache that has lazily taken blocks. */
+int kvr_kv_map(struct kvr_kv *kv, uint32_t seq, uint32_t n_cached, uint32_t first,
+               const uint32_t *ids, uint32_t n, struct kvr_err *err);
 
 /* Blocks needed for a sequence of n_tokens positions. */
 static inline uint32_t kvr_kv_blocks_for(const struct kvr_kv *kv, uint32_t n_tokens)
@@ -57,6 +88,78 @@ static inline float *kvr_kv_row(const struct kvr_kv *kv, float *base, uint32_t l
     return base + idx * kv->kv_dim;
 }
 
+/* Drop a sequence: lazy blocks go back to the free list, mapped ones lose a reference. */
 void kvr_kv_free_seq(struct kvr_kv *kv, uint32_t seq);
+/* Blocks holding some sequence's KV. */
+uint32_t kvr_kv_used(const struct kvr_kv *kv);
+
+/* ---- the block pool and prefix cache (the bridge's) ------------------------------------- */
+
+/* The name of a full block: its tokens after the name of the block before it (`prev`; for
+ * the first block, the seed). */
+uint64_t kvr_kv_block_hash(uint64_t prev, const int32_t *tokens, uint32_t block_tokens);
+
+enum kvr_kv_block_state {
+    KVR_KV_BLOCK_FREE,   /* unnamed, unused: on the free stack */
+    KVR_KV_BLOCK_CACHED, /* named, unused: on the LRU list, evictable */
+    KVR_KV_BLOCK_USED,   /* used by refs[] > 0 sequences (named or not) */
+    KVR_KV_BLOCK_STATE_COUNT
+};
+
+struct kvr_kv_pool {
+    uint32_t n_blocks, block_tokens;
+    uint8_t *state;          /* [n_blocks] enum kvr_kv_block_state */
+    uint32_t *refs;          /* [n_blocks] sequences using the block */
+    bool *named;             /* [n_blocks] in the name index */
+    uint64_t *name;          /* [n_blocks] kvr_kv_block_hash, if named */
+    uint64_t *prev;          /* [n_blocks] the name before it (checked on lookup) */
+    int32_t *tokens;         /* [n_blocks][block_tokens] its tokens (checked on lookup) */
+    uint32_t *bucket;        /* [n_buckets] first block of each name chain, or UINT32_MAX */
+    uint32_t *chain;         /* [n_blocks] next block in the same bucket */
+    uint32_t n_buckets;      /* a power of two >= 2 * n_blocks */
+    uint32_t *lru_prev, *lru_next; /* [n_blocks] the CACHED list, oldest at lru_head */
+    uint32_t lru_head, lru_tail;
+    uint32_t *free_ids;      /* stack of FREE blocks, n_free valid */
+    uint32_t n_free, n_cached, n_used;
+    uint64_t n_evicted;      /* named blocks evicted to make room, ever */
+};
+
+int kvr_kv_pool_init(struct kvr_kv_pool *p, uint32_t n_blocks, uint32_t block_tokens,
+                     struct kvr_err *err);
+void kvr_kv_pool_fini(struct kvr_kv_pool *p);
+
+/* The longest run of named blocks that starts `tokens` (n_tokens of them; only whole blocks
+ * count, at most max_blocks), names chained from `seed`: their ids into out[] (capacity
+ * max_blocks). Returns the number of blocks found. Changes nothing. */
+uint32_t kvr_kv_pool_lookup(const struct kvr_kv_pool *p, uint64_t seed, const int32_t *tokens,
+                            uint32_t n_tokens, uint32_t max_blocks, uint32_t *out);
+
+/* A sequence starts using blocks found by lookup (they leave the LRU list if unused). */
+void kvr_kv_pool_acquire(struct kvr_kv_pool *p, const uint32_t *ids, uint32_t n);
+/* Take n blocks for a sequence, all or none: free ones first, then the least recently used
+ * cached ones (their names are forgotten). KVR_EFULL if fewer than n are free or cached. */
+int kvr_kv_pool_alloc(struct kvr_kv_pool *p, uint32_t *out, uint32_t n);
+/* Name a used block once its tokens are all written: later lookups find it. A block whose
+ * name another block already has stays unnamed (a duplicate, private to its sequence).
+ * Returns whether the block was named. */
+bool kvr_kv_pool_publish(struct kvr_kv_pool *p, uint32_t id, uint64_t prev, uint64_t name,
+                         const int32_t *tokens);
+/* A sequence stops using n blocks, released last first, so that a prefix's first block is
+ * the most recently used and a chain is evicted from its end. Unused named blocks become
+ * cached; unnamed ones free. */
+void kvr_kv_pool_release(struct kvr_kv_pool *p, const uint32_t *ids, uint32_t n);
+/* Forget every cached block (they become free); blocks in use keep their names. Returns
+ * how many were cached. */
+uint32_t kvr_kv_pool_flush(struct kvr_kv_pool *p);
+/* Forget every name and use: every block is free (the stages lost their KV). */
+void kvr_kv_pool_reset(struct kvr_kv_pool *p);
+/* Blocks an allocation could take now: free + cached. */
+static inline uint32_t kvr_kv_pool_available(const struct kvr_kv_pool *p)
+{
+    return p->n_free + p->n_cached;
+}
+/* Check the pool's invariants (tests): counts agree with the states, the lists and the
+ * index. KVR_EINVAL with a message naming the first broken one. */
+int kvr_kv_pool_check(const struct kvr_kv_pool *p, struct kvr_err *err);
 
 #endif
