@@ -14,7 +14,10 @@
 #                i x T on): a stage's threads share its CPU, as on a machine of its own
 #   --baseline   also run the single-process engine (--batched, 2 threads) on the same
 #                sequences, the "no ring tax" comparison
-#   --mb "1 4"   micro-batch settings to compare (default: "1 STAGES": drained, in flight)
+#   --mb "1 4"   micro-batch settings to compare (default: "1 STAGES": drained, in flight);
+#                a setting "N-plain" is N micro-batches with plain links ("encrypt": false)
+#   --crypto     compare sealed links with plain ones, in flight: the settings are
+#                "STAGES-plain STAGES" and the ratio is sealed / plain
 #
 # Each setting runs REPEATS times (default 3); the median is reported, with every run's
 # number, because this machine is shared and noisy. Everything runs on 127.0.0.1 (or in
@@ -23,7 +26,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 KVASIR=${KVASIR:-$here/../build/kvasir}
 model="" stages=2 seqs=32 tokens=64 repeats=3 threads=1 quota="" netns=0 baseline=0 pin=0
-mbs="" layers=""
+mbs="" layers="" crypto=0
 while [ $# -gt 0 ]; do
     case $1 in
     -m) model=$2; shift ;;
@@ -37,6 +40,7 @@ while [ $# -gt 0 ]; do
     --pin) pin=1 ;;
     --baseline) baseline=1 ;;
     --mb) mbs=$2; shift ;;
+    --crypto) crypto=1 ;;
     --layers) layers=$2; shift ;;
     -h|--help) sed -n '2,${/^#/!q;p}' "$0"; exit 0 ;;
     *) echo "ring.sh: unknown option $1" >&2; exit 2 ;;
@@ -44,6 +48,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 [ -n "$model" ] || { echo "ring.sh: -m MODEL is required" >&2; exit 2; }
+[ $crypto = 0 ] || mbs="$stages-plain $stages"
 [ -n "$mbs" ] || mbs="1 $stages"
 TMP=$(mktemp -d /tmp/kvr-bench.XXXXXX)
 PIDS=()
@@ -140,8 +145,9 @@ declare -A result runs_of
 # Settings take turns within each repeat (drained, in flight, drained, ...), so a slow spell
 # on this shared machine hits every setting alike instead of one setting's whole series.
 for mb in $mbs; do
-    plan_args=(--stages "$stages" --microbatches "$mb" --base-port "$base" --hosts "$hosts"
-        --max-seqs "$seqs" --ctx 256 --row-width 64)
+    plan_args=(--stages "$stages" --microbatches "${mb%-plain}" --base-port "$base"
+        --hosts "$hosts" --max-seqs "$seqs" --ctx 256 --row-width 64)
+    [ "$mb" = "${mb%-plain}" ] || plan_args+=(--no-encrypt)
     [ -n "$bridge_addr" ] && plan_args+=(--bridge "$bridge_addr")
     [ -n "$layers" ] && plan_args+=(--layers "$layers")
     "$KVASIR" plan -m "$model" "${plan_args[@]}" -o "$TMP/plan.$mb.json" 2>/dev/null
@@ -181,12 +187,14 @@ for mb in $mbs; do
 done
 set -- $mbs
 if [ $# -ge 2 ]; then
-    awk -v a="${result[$2]}" -v b="${result[$1]}" -v x="$2" -v y="$1" \
-        'BEGIN { printf "  in flight (%s) / drained (%s): %.2fx (ratio of medians)\n", x, y, a / b }'
+    label="in flight ($2) / drained ($1)"
+    [ $crypto = 0 ] || label="sealed ($2) / plain ($1)"
+    awk -v a="${result[$2]}" -v b="${result[$1]}" -v l="$label" \
+        'BEGIN { printf "  %s: %.3fx (ratio of medians)\n", l, a / b }'
     # The same ratio within each repeat (the runs were back to back), and its median.
     paste <(printf '%s\n' ${runs_of[$2]}) <(printf '%s\n' ${runs_of[$1]}) |
-        awk '{ printf "%.2f\n", $1 / $2 }' >"$TMP/ratios"
-    printf '  per repeat: %s -> median %.2fx\n' "$(tr '\n' ' ' <"$TMP/ratios")" "$(median <"$TMP/ratios")"
+        awk '{ printf "%.3f\n", $1 / $2 }' >"$TMP/ratios"
+    printf '  per repeat: %s -> median %.3fx\n' "$(tr '\n' ' ' <"$TMP/ratios")" "$(median <"$TMP/ratios")"
 fi
 if [ $baseline = 1 ]; then
     runs=()

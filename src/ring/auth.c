@@ -1,6 +1,6 @@
 /* auth.c - the link handshake as a pure state machine (see auth.h).
  *
- * Handshake message (112 bytes, all four steps), integers little-endian:
+ * Handshake message (144 bytes, all four steps), integers little-endian:
  *   off size field
  *     0   4  magic       "KVSR" (0x4b 0x56 0x53 0x52)
  *     4   2  version     KVR_AUTH_VERSION (3)
@@ -11,14 +11,16 @@
  *    12   4  reserved    0
  *    16  32  plan_hash   the sender's kvr_plan_hash
  *    48  32  nonce       HELLO, CHALLENGE: 32 fresh random bytes; otherwise 0
- *    80  32  mac         CHALLENGE: HMAC(K, "kvasir-auth-1 server"  | m1 | m2[0..80))
- *                        PROOF:     HMAC(K, "kvasir-auth-1 client"  | m1 | m2 | m3[0..80))
+ *    80  32  kx          HELLO, CHALLENGE: the sender's ephemeral X25519 public key
+ *                        (crypto_kx); otherwise 0
+ *   112  32  mac         CHALLENGE: HMAC(K, "kvasir-auth-1 server"  | m1 | m2[0..112))
+ *                        PROOF:     HMAC(K, "kvasir-auth-1 client"  | m1 | m2 | m3[0..112))
  *                        VERDICT:   HMAC(K, "kvasir-auth-1 verdict" | m1 | m2 | m3 |
- *                                           m4[0..80))  (absent messages are skipped)
+ *                                           m4[0..112))  (absent messages are skipped)
  *                        HELLO: 0
  *
  * K = BLAKE2b-256(key = cluster secret, message = "kvasir-auth-key-1"). HMAC is
- * HMAC-SHA512-256 (crypto_auth_hmacsha512256). */
+ * HMAC-SHA512-256 (crypto_auth_hmacsha512256). Session keys: see kvr_auth_session_keys. */
 #include "ring/auth.h"
 
 #include "ring/wire.h"
@@ -26,6 +28,8 @@
 #include <sodium.h>
 #include <stdio.h>
 #include <string.h>
+
+#define MAC_OFF 112 /* the MAC field; everything before it is MACed */
 
 static const char *status_reason(uint32_t status)
 {
@@ -97,24 +101,40 @@ int kvr_auth_init(struct kvr_auth *a, const struct kvr_plan *plan, bool is_clien
                        plan->secret, plan->secret_bytes);
     kvr_plan_hash(plan, a->plan_hash);
     randombytes_buf(a->nonce, sizeof a->nonce);
+    crypto_kx_keypair(a->kx_pk, a->kx_sk);
     return KVR_OK;
 }
 
 int kvr_auth_session_keys(const struct kvr_auth *a, uint8_t to_server[KVR_AUTH_KEY_BYTES],
                           uint8_t to_client[KVR_AUTH_KEY_BYTES], struct kvr_err *err)
 {
-    static const char label[] = "kvasir-seal-1";
+    static const char label[] = "kvasir-seal-2";
     if (!a->done)
         return kvr_err_set(err, KVR_EINVAL, "auth: no session keys before the handshake is done");
-    uint8_t both[2 * KVR_AUTH_KEY_BYTES];
+    /* The X25519 exchange: the peer's public key is in its HELLO or CHALLENGE, which both
+     * MACs cover, so nobody without K could have replaced it. kx[0..32) is the client's
+     * direction, kx[32..64) the server's, on both sides. */
+    uint8_t kx[2 * crypto_kx_SESSIONKEYBYTES], both[2 * KVR_AUTH_KEY_BYTES];
+    const uint8_t *peer_pk = a->msgs[a->is_client ? 1 : 0] + 80;
+    int bad = a->is_client
+                  ? crypto_kx_client_session_keys(kx + crypto_kx_SESSIONKEYBYTES, kx, a->kx_pk,
+                                                  a->kx_sk, peer_pk)
+                  : crypto_kx_server_session_keys(kx, kx + crypto_kx_SESSIONKEYBYTES, a->kx_pk,
+                                                  a->kx_sk, peer_pk);
+    if (bad) {
+        sodium_memzero(kx, sizeof kx);
+        return kvr_err_set(err, KVR_EAUTH, "auth: the peer's key exchange value is invalid");
+    }
     crypto_generichash_state st;
     crypto_generichash_init(&st, a->key, sizeof a->key, sizeof both);
     crypto_generichash_update(&st, (const unsigned char *)label, sizeof label - 1);
+    crypto_generichash_update(&st, kx, sizeof kx);
     for (int i = 0; i < 3; i++)
         crypto_generichash_update(&st, a->msgs[i], KVR_AUTH_MSG_BYTES);
     crypto_generichash_final(&st, both, sizeof both);
     memcpy(to_server, both, KVR_AUTH_KEY_BYTES);
     memcpy(to_client, both + KVR_AUTH_KEY_BYTES, KVR_AUTH_KEY_BYTES);
+    sodium_memzero(kx, sizeof kx);
     sodium_memzero(both, sizeof both);
     sodium_memzero(&st, sizeof st);
     return KVR_OK;
@@ -137,12 +157,14 @@ static void put_msg(const struct kvr_auth *a, uint32_t step, uint32_t status, ui
     kvr_st16(m + 8, (uint16_t)a->self.index);
     kvr_st16(m + 10, (uint16_t)status);
     memcpy(m + 16, a->plan_hash, KVR_PLAN_HASH_BYTES);
-    if (step == KVR_AUTH_HELLO || step == KVR_AUTH_CHALLENGE)
+    if (step == KVR_AUTH_HELLO || step == KVR_AUTH_CHALLENGE) {
         memcpy(m + 48, a->nonce, KVR_AUTH_NONCE_BYTES);
+        memcpy(m + 80, a->kx_pk, KVR_AUTH_KX_BYTES);
+    }
 }
 
 /* MAC of step `step` (2, 3 or 4) over the transcript and the message `m` itself (its first
- * 80 bytes, everything but the MAC field). The transcript holds messages 1..step-1; a
+ * 112 bytes, everything but the MAC field). The transcript holds messages 1..step-1; a
  * rejecting VERDICT may come early, and then covers only the messages that exist. */
 static void mac_of(const struct kvr_auth *a, uint32_t step, uint32_t n_prev, const uint8_t *m,
                    uint8_t out[KVR_AUTH_MAC_BYTES])
@@ -155,7 +177,7 @@ static void mac_of(const struct kvr_auth *a, uint32_t step, uint32_t n_prev, con
                                      strlen(labels[step]));
     for (uint32_t i = 0; i < n_prev; i++)
         crypto_auth_hmacsha512256_update(&st, a->msgs[i], KVR_AUTH_MSG_BYTES);
-    crypto_auth_hmacsha512256_update(&st, m, 80);
+    crypto_auth_hmacsha512256_update(&st, m, MAC_OFF);
     crypto_auth_hmacsha512256_final(&st, out);
     sodium_memzero(&st, sizeof st);
 }
@@ -182,7 +204,7 @@ static int reject(struct kvr_auth *a, uint32_t status, uint8_t *out, bool *send,
 {
     put_msg(a, KVR_AUTH_VERDICT, status, out);
     uint32_t n = transcript_len(a);
-    mac_of(a, KVR_AUTH_VERDICT, n, out, out + 80);
+    mac_of(a, KVR_AUTH_VERDICT, n, out, out + MAC_OFF);
     *send = true;
     a->failed = true;
     return rc;
@@ -274,7 +296,7 @@ int kvr_auth_recv(struct kvr_auth *a, const uint8_t in[KVR_AUTH_MSG_BYTES],
         memcpy(a->msgs[0], in, KVR_AUTH_MSG_BYTES);
         a->expect = KVR_AUTH_PROOF;
         put_msg(a, KVR_AUTH_CHALLENGE, 0, out);
-        mac_of(a, KVR_AUTH_CHALLENGE, 1, out, out + 80);
+        mac_of(a, KVR_AUTH_CHALLENGE, 1, out, out + MAC_OFF);
         memcpy(a->msgs[1], out, KVR_AUTH_MSG_BYTES);
         *send = true;
         return KVR_OK;
@@ -288,7 +310,7 @@ int kvr_auth_recv(struct kvr_auth *a, const uint8_t in[KVR_AUTH_MSG_BYTES],
         mac_of(a, KVR_AUTH_VERDICT, 3, in, mac);
         break;
     }
-    if (crypto_verify_32(mac, in + 80) != 0) {
+    if (crypto_verify_32(mac, in + MAC_OFF) != 0) {
         kvr_err_set(err, KVR_EAUTH, "peer (%s) failed authentication: wrong cluster secret?",
                     got_id);
         return reject(a, KVR_AUTH_BAD_MAC, out, send, KVR_EAUTH);
@@ -298,14 +320,14 @@ int kvr_auth_recv(struct kvr_auth *a, const uint8_t in[KVR_AUTH_MSG_BYTES],
         memcpy(a->msgs[1], in, KVR_AUTH_MSG_BYTES);
         a->expect = KVR_AUTH_VERDICT;
         put_msg(a, KVR_AUTH_PROOF, 0, out);
-        mac_of(a, KVR_AUTH_PROOF, 2, out, out + 80);
+        mac_of(a, KVR_AUTH_PROOF, 2, out, out + MAC_OFF);
         memcpy(a->msgs[2], out, KVR_AUTH_MSG_BYTES);
         *send = true;
         return KVR_OK;
     case KVR_AUTH_PROOF:
         memcpy(a->msgs[2], in, KVR_AUTH_MSG_BYTES);
         put_msg(a, KVR_AUTH_VERDICT, KVR_AUTH_ACCEPTED, out);
-        mac_of(a, KVR_AUTH_VERDICT, 3, out, out + 80);
+        mac_of(a, KVR_AUTH_VERDICT, 3, out, out + MAC_OFF);
         *send = true;
         a->done = true;
         return KVR_OK;

@@ -4,8 +4,8 @@
  * Four fixed-size messages (KVR_AUTH_MSG_BYTES each) between the side that connected (the
  * client, upstream) and the side that accepted (the server, downstream):
  *
- *   1 HELLO      client -> server  who I am, my plan hash, my nonce Nc
- *   2 CHALLENGE  server -> client  who I am, my plan hash, my nonce Ns,
+ *   1 HELLO      client -> server  who I am, my plan hash, my nonce Nc, my X25519 key
+ *   2 CHALLENGE  server -> client  who I am, my plan hash, my nonce Ns, my X25519 key,
  *                                  MAC(K, "server" | msg1 | msg2)        proves the server
  *   3 PROOF      client -> server  MAC(K, "client" | msg1 | msg2 | msg3) proves the client
  *   4 VERDICT    server -> client  status, MAC(K, "verdict" | msg1..msg4)
@@ -15,8 +15,9 @@
  * both identities, so a recorded handshake replayed later, a message reflected back to its
  * sender, or a message moved to a link between other stages all fail to verify. The secret
  * never crosses the wire. After a successful handshake both sides derive the link's two
- * session keys from K and the transcript (kvr_auth_session_keys), with which seal.h
- * encrypts and authenticates every frame when the plan says "encrypt" (the default).
+ * session keys from an ephemeral X25519 exchange (libsodium crypto_kx, one key pair per
+ * handshake), K and the transcript (kvr_auth_session_keys), with which seal.h encrypts and
+ * authenticates every frame when the plan says "encrypt" (the default).
  *
  * Either side that rejects the other sends a VERDICT with a nonzero status (best effort,
  * not authenticated: it only helps the operator read the other side's log) and drops the
@@ -41,10 +42,11 @@
 #define KVR_AUTH_MAGIC 0x5253564bu /* "KVSR" as bytes on the wire */
 /* 2: RESET frames and REPLAY control records (DESIGN.md 8); 3: sealed frames (seal.h) */
 #define KVR_AUTH_VERSION 3
-#define KVR_AUTH_MSG_BYTES 112
+#define KVR_AUTH_MSG_BYTES 144
 #define KVR_AUTH_NONCE_BYTES 32
 #define KVR_AUTH_MAC_BYTES 32
 #define KVR_AUTH_KEY_BYTES 32
+#define KVR_AUTH_KX_BYTES 32 /* crypto_kx_PUBLICKEYBYTES */
 #define KVR_AUTH_INDEX_NONE 0xffffu /* the bridge's index */
 
 enum kvr_auth_role { KVR_AUTH_ROLE_BRIDGE = 1, KVR_AUTH_ROLE_STAGE = 2, KVR_AUTH_ROLE_COUNT = 3 };
@@ -83,6 +85,8 @@ struct kvr_auth {
     uint8_t plan_hash[KVR_PLAN_HASH_BYTES];
     uint8_t peer_plan_hash[KVR_PLAN_HASH_BYTES]; /* what the peer sent (for messages) */
     uint8_t nonce[KVR_AUTH_NONCE_BYTES];
+    uint8_t kx_pk[KVR_AUTH_KX_BYTES]; /* this handshake's ephemeral X25519 key pair */
+    uint8_t kx_sk[KVR_AUTH_KX_BYTES];
     uint8_t msgs[3][KVR_AUTH_MSG_BYTES]; /* transcript: messages 1..3 */
 };
 
@@ -112,10 +116,14 @@ int kvr_auth_recv(struct kvr_auth *a, const uint8_t in[KVR_AUTH_MSG_BYTES],
                   uint8_t out[KVR_AUTH_MSG_BYTES], bool *send, struct kvr_err *err);
 
 /* The link's session keys, once the handshake has succeeded (a->done; KVR_EINVAL before):
- *   to_server | to_client = BLAKE2b-512(key = K, "kvasir-seal-1" | m1 | m2 | m3)
- * K comes from the cluster secret and m1..m3 hold both fresh nonces, both identities and
- * the plan hash, so every handshake gives new keys, bound to this link of this ring.
- * to_server seals the frames the client sends, to_client anything the server sends. */
+ *   c2s | s2c             = crypto_kx session keys of the two ephemeral X25519 key pairs
+ *                           (client's direction first), from HELLO's and CHALLENGE's kx
+ *   to_server | to_client = BLAKE2b-512(key = K, "kvasir-seal-2" | c2s | s2c | m1 | m2 | m3)
+ * The exchange gives forward secrecy (a recorded session stays sealed even if the cluster
+ * secret leaks later); K and the transcript (both fresh nonces, both identities, the plan
+ * hash, both public keys) bind the keys to this link of this ring. to_server seals the
+ * frames the client sends, to_client anything the server sends. KVR_EAUTH if the peer's
+ * public key gives no valid shared secret. */
 int kvr_auth_session_keys(const struct kvr_auth *a, uint8_t to_server[KVR_AUTH_KEY_BYTES],
                           uint8_t to_client[KVR_AUTH_KEY_BYTES], struct kvr_err *err);
 

@@ -23,7 +23,9 @@
  * no copy beyond the encryption itself. kvr_seal_open_* decrypt in place.
  *
  * Pure: keys in, bytes in and out; no I/O, no allocation, no globals. One struct kvr_seal
- * per direction of a link, used by that direction's thread only. kvr_seal_wipe erases it. */
+ * per direction of a link, used by that direction's thread only. kvr_seal_wipe erases it.
+ * libsodium must have been initialised (sodium_init; kvr_auth_init does it), which also
+ * picks its fastest ChaCha20 and Poly1305 for the CPU: bench/bench_seal measures them. */
 #ifndef KVR_RING_SEAL_H
 #define KVR_RING_SEAL_H
 

@@ -152,13 +152,36 @@ static void test_session_keys(void **state)
             for (int k = 0; k < 2; k++)
                 assert_memory_not_equal(r1.msgs[i] + o, r1.keys_c[k], 8);
 
+    /* The ephemeral X25519 keys travel in HELLO and CHALLENGE only, fresh every time. */
+    static const uint8_t zero_kx[KVR_AUTH_KX_BYTES];
+    for (int i = 0; i < 4; i++)
+        if (i < 2)
+            assert_memory_not_equal(r1.msgs[i] + 80, zero_kx, KVR_AUTH_KX_BYTES);
+        else
+            assert_memory_equal(r1.msgs[i] + 80, zero_kx, KVR_AUTH_KX_BYTES);
+    assert_memory_not_equal(r1.msgs[0] + 80, r2.msgs[0] + 80, KVR_AUTH_KX_BYTES);
+    assert_memory_not_equal(r1.msgs[0] + 80, r1.msgs[1] + 80, KVR_AUTH_KX_BYTES);
+
     struct kvr_auth c;
     struct kvr_err err = {0};
     uint8_t k0[KVR_AUTH_KEY_BYTES], k1[KVR_AUTH_KEY_BYTES], hello[KVR_AUTH_MSG_BYTES];
     assert_int_equal(kvr_auth_init(&c, &plan_c, true, STAGE0, STAGE1, NULL), 0);
     assert_int_equal(kvr_auth_hello(&c, hello, NULL), 0);
     assert_int_equal(kvr_auth_session_keys(&c, k0, k1, &err), KVR_EINVAL);
+
+    /* A key exchange value replaced on the way (here by the all-zero point, which gives no
+     * shared secret) is caught: the server's MAC covers the HELLO it received, which is not
+     * the one the client sent. */
+    struct kvr_auth s;
+    uint8_t challenge[KVR_AUTH_MSG_BYTES], out[KVR_AUTH_MSG_BYTES];
+    bool send = false;
+    assert_int_equal(kvr_auth_init(&s, &plan_s, false, STAGE1, STAGE0, NULL), 0);
+    memset(hello + 80, 0, KVR_AUTH_KX_BYTES);
+    assert_int_equal(kvr_auth_recv(&s, hello, challenge, &send, &err), 0);
+    assert_true(send);
+    assert_int_equal(kvr_auth_recv(&c, challenge, out, &send, &err), KVR_EAUTH);
     kvr_auth_wipe(&c);
+    kvr_auth_wipe(&s);
 }
 
 static void test_wrong_secret(void **state)
