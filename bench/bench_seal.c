@@ -70,8 +70,8 @@ int main(int argc, char **argv)
                 return 1;
             for (size_t i = 0; i < frame; i++)
                 src[i] = (uint8_t)(i * 31 + 7);
-            struct iovec iov[3] = {{src, records}, {src + records, payload},
-                                   {src + records + payload, timings}};
+            struct iovec iov[3] = {
+                {src, records}, {src + records, payload}, {src + records + payload, timings}};
             int calls = (int)(20e6 / (frame * 1.0 + 2000));
             if (calls < 4)
                 calls = 4;

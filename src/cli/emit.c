@@ -18,10 +18,10 @@
 #define K8S_BRIDGE "kvasir-bridge"
 
 struct paths {
-    char self[PATH_BYTES];   /* the kvasir binary */
-    char plan[PATH_BYTES];   /* the plan, absolute */
+    char self[PATH_BYTES]; /* the kvasir binary */
+    char plan[PATH_BYTES]; /* the plan, absolute */
     char plan_dir[PATH_BYTES];
-    char model[PATH_BYTES];  /* the model file, absolute */
+    char model[PATH_BYTES]; /* the model file, absolute */
     char model_dir[PATH_BYTES];
     char model_base[PATH_BYTES];
     char secret[PATH_BYTES]; /* the secret file, absolute; "" if the plan holds it inline */
@@ -104,16 +104,15 @@ static int emit_systemd(const struct kvr_plan *plan, const struct paths *p, cons
                         struct kvr_err *err)
 {
     char path[PATH_BYTES];
-    static const char hardening[] =
-        "Restart=always\n"
-        "RestartSec=1\n"
-        "NoNewPrivileges=yes\n"
-        "PrivateTmp=yes\n"
-        "ProtectSystem=strict\n"
-        "ProtectHome=read-only\n"
-        "ProtectKernelTunables=yes\n"
-        "ProtectControlGroups=yes\n"
-        "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX\n";
+    static const char hardening[] = "Restart=always\n"
+                                    "RestartSec=1\n"
+                                    "NoNewPrivileges=yes\n"
+                                    "PrivateTmp=yes\n"
+                                    "ProtectSystem=strict\n"
+                                    "ProtectHome=read-only\n"
+                                    "ProtectKernelTunables=yes\n"
+                                    "ProtectControlGroups=yes\n"
+                                    "RestrictAddressFamilies=AF_INET AF_INET6 AF_UNIX\n";
     FILE *f = create(dir, "kvasir-stage@.service", 0644, path, err);
     if (!f)
         return KVR_EIO;
@@ -187,7 +186,8 @@ static int emit_compose(const struct kvr_plan *plan, const struct paths *p, cons
             "services:\n",
             p->plan, p->plan_dir, p->plan_dir, p->model_dir, p->model_dir,
             p->secret[0] ? "  secrets: [cluster_key]\n" : "");
-    const char *secret_arg = p->secret[0] ? ", \"--secret-file\", \"/run/secrets/cluster_key\"" : "";
+    const char *secret_arg =
+        p->secret[0] ? ", \"--secret-file\", \"/run/secrets/cluster_key\"" : "";
     for (uint32_t i = 0; i < plan->n_stages; i++)
         fprintf(f,
                 "  stage%u:\n"
@@ -252,8 +252,8 @@ static int emit_kubernetes(const struct kvr_plan *plan, const struct paths *p, c
             snprintf(kp->stages[i].addr, sizeof kp->stages[i].addr, "%s-%u.%s:%u", K8S_STAGE, i,
                      K8S_STAGE, port);
         else
-            snprintf(kp->bridge_addr, sizeof kp->bridge_addr, "%s-0.%s:%u", K8S_BRIDGE,
-                     K8S_BRIDGE, port);
+            snprintf(kp->bridge_addr, sizeof kp->bridge_addr, "%s-0.%s:%u", K8S_BRIDGE, K8S_BRIDGE,
+                     port);
     }
     if ((rc = kvr_plan_to_json(kp, &json, err)))
         goto out;
@@ -310,8 +310,7 @@ static int emit_kubernetes(const struct kvr_plan *plan, const struct paths *p, c
             int n = 0;
             ports[0] = 0;
             for (uint32_t i = 0; i < plan->n_stages && n < (int)sizeof ports - 64; i++) {
-                if ((rc = kvr_net_parse_addr(plan->stages[i].addr, host, sizeof host, &port,
-                                             err)))
+                if ((rc = kvr_net_parse_addr(plan->stages[i].addr, host, sizeof host, &port, err)))
                     goto close;
                 n += snprintf(ports + n, sizeof ports - (size_t)n,
                               "    - {name: ring-%u, port: %u}\n", i, port);

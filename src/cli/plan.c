@@ -54,13 +54,11 @@ static int set_layers(struct kvr_plan *plan, const char *spec, const struct kvr_
         char *end;
         unsigned long a = strtoul(p, &end, 10);
         if (end == p || *end != '-')
-            return kvr_err_set(err, KVR_EINVAL, "want %u ranges like 0-10,11-21",
-                               plan->n_stages);
+            return kvr_err_set(err, KVR_EINVAL, "want %u ranges like 0-10,11-21", plan->n_stages);
         p = end + 1;
         unsigned long b = strtoul(p, &end, 10);
         if (end == p || (*end != ',' && *end != 0) || (i + 1 < plan->n_stages) != (*end == ','))
-            return kvr_err_set(err, KVR_EINVAL, "want %u ranges like 0-10,11-21",
-                               plan->n_stages);
+            return kvr_err_set(err, KVR_EINVAL, "want %u ranges like 0-10,11-21", plan->n_stages);
         plan->stages[i].first_layer = (uint32_t)a;
         plan->stages[i].last_layer = (uint32_t)b;
         p = *end ? end + 1 : end;
@@ -168,12 +166,13 @@ int kvr_cmd_plan(int argc, char **argv)
             }
             emit_dir = argv[++i];
             if (strcmp(emit, "systemd") && strcmp(emit, "compose") && strcmp(emit, "kubernetes")) {
-                fprintf(stderr, "kvasir plan: --emit is systemd, compose or kubernetes, not "
-                                "'%s'\n", emit);
+                fprintf(stderr,
+                        "kvasir plan: --emit is systemd, compose or kubernetes, not "
+                        "'%s'\n",
+                        emit);
                 return 2;
             }
-        }
-        else if (!strcmp(a, "--wire")) {
+        } else if (!strcmp(a, "--wire")) {
             if (!strcmp(v, "f32"))
                 spec.wire_dtype = KVR_DTYPE_F32;
             else if (!strcmp(v, "f16"))
@@ -241,8 +240,7 @@ int kvr_cmd_plan(int argc, char **argv)
             char *end;
             speed[i] = strtod(p, &end);
             if (end == p || speed[i] <= 0 || (*end != ',' && *end != 0)) {
-                fprintf(stderr, "kvasir plan: --speeds wants %u positive numbers\n",
-                        spec.n_stages);
+                fprintf(stderr, "kvasir plan: --speeds wants %u positive numbers\n", spec.n_stages);
                 return 2;
             }
             p = *end ? end + 1 : end;

@@ -116,11 +116,10 @@ int kvr_auth_session_keys(const struct kvr_auth *a, uint8_t to_server[KVR_AUTH_K
      * direction, kx[32..64) the server's, on both sides. */
     uint8_t kx[2 * crypto_kx_SESSIONKEYBYTES], both[2 * KVR_AUTH_KEY_BYTES];
     const uint8_t *peer_pk = a->msgs[a->is_client ? 1 : 0] + 80;
-    int bad = a->is_client
-                  ? crypto_kx_client_session_keys(kx + crypto_kx_SESSIONKEYBYTES, kx, a->kx_pk,
-                                                  a->kx_sk, peer_pk)
-                  : crypto_kx_server_session_keys(kx, kx + crypto_kx_SESSIONKEYBYTES, a->kx_pk,
-                                                  a->kx_sk, peer_pk);
+    int bad = a->is_client ? crypto_kx_client_session_keys(kx + crypto_kx_SESSIONKEYBYTES, kx,
+                                                           a->kx_pk, a->kx_sk, peer_pk)
+                           : crypto_kx_server_session_keys(kx, kx + crypto_kx_SESSIONKEYBYTES,
+                                                           a->kx_pk, a->kx_sk, peer_pk);
     if (bad) {
         sodium_memzero(kx, sizeof kx);
         return kvr_err_set(err, KVR_EAUTH, "auth: the peer's key exchange value is invalid");

@@ -46,7 +46,7 @@
 #define KVR_AUTH_NONCE_BYTES 32
 #define KVR_AUTH_MAC_BYTES 32
 #define KVR_AUTH_KEY_BYTES 32
-#define KVR_AUTH_KX_BYTES 32 /* crypto_kx_PUBLICKEYBYTES */
+#define KVR_AUTH_KX_BYTES 32        /* crypto_kx_PUBLICKEYBYTES */
 #define KVR_AUTH_INDEX_NONE 0xffffu /* the bridge's index */
 
 enum kvr_auth_role { KVR_AUTH_ROLE_BRIDGE = 1, KVR_AUTH_ROLE_STAGE = 2, KVR_AUTH_ROLE_COUNT = 3 };

@@ -550,8 +550,8 @@ int kvr_link_send(struct kvr_link *link, const struct kvr_wire_msg *msg, uint64_
     size_t total = 0;
     int rc = kvr_wire_encode(msg, link->scratch, link->scratch_cap, iov, &n_iov, &total, err);
     if (rc == KVR_OK && link->sealed &&
-        (rc = kvr_seal_frame(&link->seal_tx, iov, n_iov, total, link->sealed_out,
-                             link->sealed_cap, &total, err)) == KVR_OK)
+        (rc = kvr_seal_frame(&link->seal_tx, iov, n_iov, total, link->sealed_out, link->sealed_cap,
+                             &total, err)) == KVR_OK)
         iov[0] = (struct iovec){link->sealed_out, total}, n_iov = 1;
     if (rc)
         return rc; /* nothing was sent: the link is still in step */

@@ -124,8 +124,8 @@ struct kvr_link {
 
     /* Receive state (one frame at a time). */
     uint8_t hdr_buf[KVR_SEAL_SEALED_HEADER_BYTES]; /* the header (+ its tag when sealed) */
-    size_t hdr_have; /* header bytes read so far */
-    bool hdr_ok;     /* header decoded and validated into hdr */
+    size_t hdr_have;                               /* header bytes read so far */
+    bool hdr_ok;                                   /* header decoded and validated into hdr */
     struct kvr_wire_header hdr;
     uint8_t *body; /* limits.max_frame_bytes, 64-byte aligned, owned */
     size_t body_cap;

@@ -178,10 +178,10 @@ static int parse_stage(json_t *v, uint32_t i, struct kvr_plan_stage *st, struct 
 static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
 {
     static const char *const keys[] = {
-        "model",        "model_fingerprint", "stages", "bridge",          "row_width",
-        "microbatches", "max_seqs",          "n_ctx",  "kv_block_tokens", "kv_blocks",
-        "wire_dtype",   "threads",           "secret", "secret_file",     "encrypt",
-        NULL};
+        "model",           "model_fingerprint", "stages",     "bridge",
+        "row_width",       "microbatches",      "max_seqs",   "n_ctx",
+        "kv_block_tokens", "kv_blocks",         "wire_dtype", "threads",
+        "secret",          "secret_file",       "encrypt",    NULL};
     int rc;
     if (!json_is_object(root))
         return kvr_err_set(err, KVR_EINVAL, "plan: the top level must be a JSON object");

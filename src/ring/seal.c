@@ -43,8 +43,8 @@ static void nonce_of(uint64_t record, uint8_t n[crypto_aead_chacha20poly1305_IET
 
 /* Encrypt and tag the body pieces into dst (B bytes) and tag, as record `record`. The pieces
  * are iov[first..n_iov) with `skip` bytes of iov[first] already used by the header. */
-static void seal_body(const struct kvr_seal *s, uint64_t record, const struct iovec *iov,
-                      int first, size_t skip, int n_iov, uint8_t *dst, size_t body_bytes,
+static void seal_body(const struct kvr_seal *s, uint64_t record, const struct iovec *iov, int first,
+                      size_t skip, int n_iov, uint8_t *dst, size_t body_bytes,
                       uint8_t tag[KVR_SEAL_TAG_BYTES])
 {
     uint8_t nonce[crypto_aead_chacha20poly1305_IETF_NPUBBYTES];
@@ -119,9 +119,9 @@ int kvr_seal_frame(struct kvr_seal *s, const struct iovec *iov, int n_iov, size_
     }
     uint8_t nonce[crypto_aead_chacha20poly1305_IETF_NPUBBYTES];
     nonce_of(s->next, nonce);
-    crypto_aead_chacha20poly1305_ietf_encrypt_detached(out, out + KVR_SEAL_HEADER_BYTES, NULL,
-                                                       out, KVR_SEAL_HEADER_BYTES, NULL, 0, NULL,
-                                                       nonce, s->key);
+    crypto_aead_chacha20poly1305_ietf_encrypt_detached(out, out + KVR_SEAL_HEADER_BYTES, NULL, out,
+                                                       KVR_SEAL_HEADER_BYTES, NULL, 0, NULL, nonce,
+                                                       s->key);
     s->next++;
 
     size_t body = frame_bytes - KVR_SEAL_HEADER_BYTES;
@@ -141,8 +141,8 @@ static int open_record(struct kvr_seal *s, uint8_t *in, size_t n, const char *wh
         return kvr_err_set(err, KVR_EAUTH, "seal: an earlier frame failed authentication");
     uint8_t nonce[crypto_aead_chacha20poly1305_IETF_NPUBBYTES];
     nonce_of(s->next, nonce);
-    if (crypto_aead_chacha20poly1305_ietf_decrypt_detached(in, NULL, in, n, in + n, NULL, 0,
-                                                           nonce, s->key) != 0) {
+    if (crypto_aead_chacha20poly1305_ietf_decrypt_detached(in, NULL, in, n, in + n, NULL, 0, nonce,
+                                                           s->key) != 0) {
         s->failed = true;
         return kvr_err_set(err, KVR_EAUTH,
                            "sealed %s (record %llu, %zu bytes) failed authentication: the "

@@ -45,8 +45,8 @@
 
 struct kvr_seal {
     uint8_t key[KVR_SEAL_KEY_BYTES];
-    uint64_t next;  /* number of the next record to seal or open */
-    bool failed;    /* a record failed to open: every later call fails too */
+    uint64_t next; /* number of the next record to seal or open */
+    bool failed;   /* a record failed to open: every later call fails too */
 };
 
 /* Start one direction with its session key (auth.h, kvr_auth_session_keys). */

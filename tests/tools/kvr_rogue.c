@@ -20,8 +20,8 @@
  *
  * Exit status: 0 done as asked (for oversized and flipped: the receiver closed the link
  * within --wait-ms), 3 the handshake was refused (the reason is printed), 4 the receiver
- * kept the link open after an oversized or flipped frame, 1 any other failure, 2 usage. One line per step on
- * stdout, so a test can read what happened.
+ * kept the link open after an oversized or flipped frame, 1 any other failure, 2 usage. One line
+ * per step on stdout, so a test can read what happened.
  *
  * It uses the ring library exactly as a stage does (plan, link, handshake, codec), so a
  * rogue with the right plan and secret is indistinguishable from a real stage until it
@@ -302,8 +302,7 @@ static int run(const struct opts *o)
             size_t cap2 = kvr_seal_frame_bytes(total), n2 = 0;
             sealed = kvr_malloc(cap2);
             struct iovec fv = {frame, total};
-            if (!sealed ||
-                kvr_seal_frame(&link.seal_tx, &fv, 1, total, sealed, cap2, &n2, &err)) {
+            if (!sealed || kvr_seal_frame(&link.seal_tx, &fv, 1, total, sealed, cap2, &n2, &err)) {
                 fprintf(stderr, "kvr_rogue: cannot seal the frame: %s\n",
                         sealed ? err.msg : "out of memory");
                 goto out;

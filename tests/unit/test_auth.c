@@ -448,11 +448,11 @@ static void test_topology(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_success),        cmocka_unit_test(test_session_keys),
-        cmocka_unit_test(test_wrong_secret),
-        cmocka_unit_test(test_different_plan), cmocka_unit_test(test_wrong_peer),
-        cmocka_unit_test(test_bad_messages),   cmocka_unit_test(test_replay),
-        cmocka_unit_test(test_tampering),      cmocka_unit_test(test_topology),
+        cmocka_unit_test(test_success),      cmocka_unit_test(test_session_keys),
+        cmocka_unit_test(test_wrong_secret), cmocka_unit_test(test_different_plan),
+        cmocka_unit_test(test_wrong_peer),   cmocka_unit_test(test_bad_messages),
+        cmocka_unit_test(test_replay),       cmocka_unit_test(test_tampering),
+        cmocka_unit_test(test_topology),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

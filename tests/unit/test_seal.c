@@ -281,8 +281,8 @@ static void *server_main(void *arg)
         return NULL;
     }
     if ((s->rc = kvr_link_init(&s->link, fd, "client", &lim, KVR_LINK_RECV, &s->err)) == 0)
-        s->rc = kvr_link_handshake_server(&s->link, &plan, KVR_AUTH_ROLE_STAGE, 1, TIMEOUT_MS,
-                                          &s->err);
+        s->rc =
+            kvr_link_handshake_server(&s->link, &plan, KVR_AUTH_ROLE_STAGE, 1, TIMEOUT_MS, &s->err);
     return NULL;
 }
 
@@ -316,10 +316,17 @@ static void send_batch(struct kvr_link *l, uint64_t id, const float *rows)
     struct kvr_seg seg = {.seq = 1, .pos0 = 0, .n_tokens = 2, .flags = KVR_SEG_PREFILL};
     struct kvr_wire_ctrl ctrl = {.type = KVR_WIRE_CTRL_FREE, .seq = 5};
     struct kvr_wire_timing tim = {.stage = 0, .held_ns = 77};
-    struct kvr_wire_msg m = {.type = KVR_WIRE_BATCH, .batch_id = id, .ctrl = &ctrl, .n_ctrl = 1,
-                             .segs = &seg, .n_segs = 1, .payload = KVR_WIRE_PAYLOAD_F32,
-                             .payload_data = rows, .payload_bytes = 2 * N_EMBD * sizeof(float),
-                             .timings = &tim, .n_timings = 1};
+    struct kvr_wire_msg m = {.type = KVR_WIRE_BATCH,
+                             .batch_id = id,
+                             .ctrl = &ctrl,
+                             .n_ctrl = 1,
+                             .segs = &seg,
+                             .n_segs = 1,
+                             .payload = KVR_WIRE_PAYLOAD_F32,
+                             .payload_data = rows,
+                             .payload_bytes = 2 * N_EMBD * sizeof(float),
+                             .timings = &tim,
+                             .n_timings = 1};
     struct kvr_err err = {0};
     if (kvr_link_send(l, &m, kvr_net_deadline(TIMEOUT_MS), &err))
         fail_msg("send: %s", err.msg);
@@ -336,9 +343,8 @@ static size_t batch_wire_bytes(bool sealed)
 static void grab(struct server *srv, uint8_t *buf, size_t n)
 {
     struct kvr_err err = {0};
-    assert_int_equal(kvr_net_read_full(srv->link.fd, buf, n, kvr_net_deadline(TIMEOUT_MS), NULL,
-                                       &err),
-                     0);
+    assert_int_equal(
+        kvr_net_read_full(srv->link.fd, buf, n, kvr_net_deadline(TIMEOUT_MS), NULL, &err), 0);
 }
 
 /* ... and put bytes on the wire toward it, from the sender's socket. */
@@ -367,8 +373,7 @@ static void recv_refused(struct server *srv, const char *want)
 {
     const struct kvr_wire_frame *f = NULL;
     struct kvr_err err = {0};
-    assert_int_equal(kvr_link_recv(&srv->link, kvr_net_deadline(TIMEOUT_MS), &f, &err),
-                     KVR_EPROTO);
+    assert_int_equal(kvr_link_recv(&srv->link, kvr_net_deadline(TIMEOUT_MS), &f, &err), KVR_EPROTO);
     if (!strstr(err.msg, want))
         fail_msg("refusal says \"%s\", wanted \"%s\"", err.msg, want);
     assert_true(srv->link.broken);
@@ -457,12 +462,9 @@ static void test_plain_link(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_matches_libsodium),
-        cmocka_unit_test(test_any_cut),
-        cmocka_unit_test(test_every_byte_altered),
-        cmocka_unit_test(test_replay_reorder_drop_key),
-        cmocka_unit_test(test_bad_sizes),
-        cmocka_unit_test(test_sealed_link),
+        cmocka_unit_test(test_matches_libsodium),  cmocka_unit_test(test_any_cut),
+        cmocka_unit_test(test_every_byte_altered), cmocka_unit_test(test_replay_reorder_drop_key),
+        cmocka_unit_test(test_bad_sizes),          cmocka_unit_test(test_sealed_link),
         cmocka_unit_test(test_plain_link),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
