@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# bench/peer.sh - Kvasir's engine side by side with llama.cpp's llama-bench on the same files.
+#
+#   flock /work/bench.lock bench/peer.sh [--threads 2,1] [--pairs 3] [--busy LOAD] MODEL.gguf...
+#
+# For every model and thread count it runs pairs, ours then theirs, --pairs times in a row
+# (ours, theirs, ours, theirs, ...): ours is bench_forward (one 128-token prefill in one
+# pass, then 64 greedy decode steps; one warm-up pass first), theirs is
+# `llama-bench -p 128 -n 64 -r 1 -o json` (its pp128 and tg64). Each pair prints prefill and
+# decode tokens/s of both, the ratios (ours / theirs), and the fraction of the bandwidth bound
+# decode reaches (weight bytes per decoded token, from bench_forward, times tokens/s, over
+# the read bandwidth bench_bandwidth measures once per thread count).
+#
+# The 1-minute load average is read before and after every pair. A pair during which it
+# exceeded the thread count + --busy (default 1.0: the benchmark's own threads plus one
+# more busy core) is marked `busy` and left out of the summary line, which gives the medians
+# of the quiet pairs only (or says there were none). Numbers from a shared machine are
+# provisional: compare ratios, not absolute speeds.
+#
+# The peer is $KVR_PEER (default ../shared/peers/llama.cpp beside the source tree). If its
+# library symlinks were flattened into small text files by a copy, a repaired copy is made
+# under ${TMPDIR:-/tmp}/kvr-peer-kit and used instead.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+BUILD=${KVR_BUILD:-$here/../build}
+PEER=${KVR_PEER:-$here/../../shared/peers/llama.cpp}
+threads_list=2 pairs=3 busy=1.0
+while [ $# -gt 0 ]; do
+    case $1 in
+    --threads) threads_list=$2; shift 2 ;;
+    --pairs) pairs=$2; shift 2 ;;
+    --busy) busy=$2; shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    *) break ;;
+    esac
+done
+[ $# -gt 0 ] || { echo "usage: bench/peer.sh [--threads 2,1] [--pairs N] [--busy LOAD] MODEL.gguf..." >&2; exit 2; }
+[ "$pairs" -ge 1 ] || { echo "peer.sh: --pairs must be >= 1" >&2; exit 2; }
+for tool in bench_forward bench_bandwidth; do
+    [ -x "$BUILD/$tool" ] || { echo "peer.sh: $BUILD/$tool not built" >&2; exit 2; }
+done
+[ -x "$PEER/bin/llama-bench" ] || { echo "peer.sh: no llama-bench in $PEER/bin" >&2; exit 2; }
+
+# A copy that turned symlinks into files holding the target's name breaks the loader.
+if [ -f "$PEER/lib/libllama.so.0" ] && [ "$(stat -c %s "$PEER/lib/libllama.so.0")" -lt 64 ]; then
+    kit=${TMPDIR:-/tmp}/kvr-peer-kit
+    if [ ! -x "$kit/bin/llama-bench" ] || [ ! -L "$kit/lib/libllama.so.0" ]; then
+        rm -rf "$kit"
+        cp -r "$PEER" "$kit"
+        chmod -R u+w "$kit"
+        for f in "$kit"/lib/* "$kit"/bin/*; do
+            [ -f "$f" ] && [ ! -L "$f" ] && [ "$(stat -c %s "$f")" -lt 64 ] || continue
+            target=$(cat "$f")
+            [ -e "$(dirname "$f")/$target" ] && ln -sf "$target" "$f"
+        done
+    fi
+    PEER=$kit
+fi
+
+load1() { cut -d' ' -f1 /proc/loadavg; }
+median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "-"; else if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
+
+echo "kvasir: $BUILD (kernels ${KVR_ISA:-best}), peer: $PEER/bin/llama-bench"
+echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) CPUs"
+IFS=, read -r -a tlist <<< "$threads_list"
+declare -A bw
+for t in "${tlist[@]}"; do
+    bw[$t]=$("$BUILD/bench_bandwidth" --threads "$t" --reps 5 --mib 512 |
+             sed -n 's/.*median[^0-9]*\([0-9.]*\) GB\/s.*/\1/p')
+    echo "read bandwidth, $t threads: ${bw[$t]} GB/s (median of 5)"
+done
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for m in "$@"; do
+    for t in "${tlist[@]}"; do
+        echo
+        echo "$(basename "$m"), $t threads"
+        printf '%-5s %-11s %9s %9s %6s %8s %8s %6s %6s %6s  %s\n' pair load pp.ours pp.peer ratio \
+            tg.ours tg.peer ratio bw.our bw.peer note
+        : > "$tmp/quiet"
+        for p in $(seq 1 "$pairs"); do
+            l0=$(load1)
+            "$BUILD/bench_forward" "$m" --threads "$t" --prompt 128 --decode 64 --reps 1 > "$tmp/ours"
+            "$PEER/bin/llama-bench" -m "$m" -p 128 -n 64 -r 1 -t "$t" -o json > "$tmp/peer" 2> "$tmp/peer.err" || {
+                echo "peer.sh: llama-bench failed:" >&2; tail -3 "$tmp/peer.err" >&2; exit 1; }
+            l1=$(load1)
+            mb=$(sed -n 's/.* \([0-9.]*\) MB read per decoded token.*/\1/p' "$tmp/ours")
+            read -r opp otg < <(sed -n 's/^median: prefill \([0-9.]*\) tokens\/s, decode \([0-9.]*\) tokens\/s.*/\1 \2/p' "$tmp/ours")
+            read -r tpp ttg < <(python3 -c '
+import json, sys
+pp = tg = 0.0
+for r in json.load(open(sys.argv[1])):
+    if r["n_prompt"] == 128 and r["n_gen"] == 0: pp = r["avg_ts"]
+    if r["n_prompt"] == 0 and r["n_gen"] == 64: tg = r["avg_ts"]
+print(pp, tg)' "$tmp/peer")
+            note=""
+            if awk -v a="$l0" -v b="$l1" -v t="$t" -v x="$busy" 'BEGIN {exit !(a > t + x || b > t + x)}'; then
+                note=busy
+            else
+                echo "$opp $tpp $otg $ttg" >> "$tmp/quiet"
+            fi
+            awk -v p="$p" -v l0="$l0" -v l1="$l1" -v opp="$opp" -v tpp="$tpp" -v otg="$otg" \
+                -v ttg="$ttg" -v mb="$mb" -v bw="${bw[$t]}" -v note="$note" 'BEGIN {
+                printf "%-5s %-11s %9.1f %9.1f %6.2f %8.2f %8.2f %6.2f %5.0f%% %5.0f%%  %s\n",
+                    p, l0 "-" l1, opp, tpp, opp / tpp, otg, ttg, otg / ttg,
+                    100 * otg * mb / 1000 / bw, 100 * ttg * mb / 1000 / bw, note }'
+        done
+        n=$(wc -l < "$tmp/quiet")
+        if [ "$n" -eq 0 ]; then
+            echo "summary: no quiet pair (every pair ran with load above $t + $busy); nothing to report"
+        else
+            ppr=$(awk '{print $1 / $2}' "$tmp/quiet" | median)
+            tgr=$(awk '{print $3 / $4}' "$tmp/quiet" | median)
+            echo "summary ($n quiet of $pairs pairs, medians of the per-pair ratios): pp128 ${ppr}x, tg64 ${tgr}x"
+        fi
+    done
+done
