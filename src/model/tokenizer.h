@@ -111,9 +111,11 @@ int32_t kvr_tok_bos(const struct kvr_tok *t); /* -1 if none */
 int32_t kvr_tok_eos(const struct kvr_tok *t); /* -1 if none */
 bool kvr_tok_add_bos(const struct kvr_tok *t);
 bool kvr_tok_add_eos(const struct kvr_tok *t);
-/* End of generation: the EOS id, an EOT/EOM id from the file, or a control token whose text
- * is a known end-of-turn marker (<|eot_id|>, <|im_end|>, <|end|>, <end_of_turn>,
- * <|endoftext|>, <|eom_id|>, <EOT>). False for ids out of range. */
+/* End of generation: the EOS id, the EOT/EOM ids of the file (tokenizer.ggml.eot_token_id,
+ * eom_token_id), or a token whose text is a known end-of-turn marker, of any type, as in
+ * llama.cpp (<|eot_id|>, <|eom_id|>, <|im_end|>, <|end|>, <end_of_turn>, <|endoftext|>,
+ * <|end_of_text|>, <EOT>, _<EOT>, <end_of_utterance>, <|return|>, <|call|>, DeepSeek's
+ * <｜end▁of▁sentence｜>). At most KVR_TOK_MAX_EOG ids. False for ids out of range. */
 bool kvr_tok_is_eog(const struct kvr_tok *t, int32_t id);
 enum kvr_tok_type kvr_tok_type(const struct kvr_tok *t, int32_t id); /* UNDEFINED if bad id */
 float kvr_tok_score(const struct kvr_tok *t, int32_t id);

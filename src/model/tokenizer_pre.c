@@ -112,6 +112,7 @@ enum pre_rule {
     RULE_FALCON_PUNCT,
     RULE_DEFAULT_PUNCT,
     RULE_DIGITS3,
+    RULE_BLOOM,
     RULE_COUNT
 };
 
@@ -369,6 +370,27 @@ static size_t scan_digits3(const uint32_t *c, size_t n, size_t pos, size_t *skip
     return run(c, n, pos, is_ascii_digit, 3) == 3 ? 3 : 0;
 }
 
+/* BLOOM and its relatives:  ?[^(\s|.,!?…。，、।۔،)]+  (a class, so '(' '|' ')' are members). */
+static bool is_bloom_word(uint32_t c)
+{
+    static const uint32_t stop[] = {'(', '|', ')', '.', ',', '!', '?', 0x2026, 0x3002,
+                                    0xFF0C, 0x3001, 0x0964, 0x06D4, 0x060C};
+    if (is_space(c))
+        return false;
+    for (size_t i = 0; i < N_OF(stop); i++)
+        if (c == stop[i])
+            return false;
+    return true;
+}
+
+static size_t scan_bloom(const uint32_t *c, size_t n, size_t pos, size_t *skip)
+{
+    (void)skip;
+    size_t k = pos + (c[pos] == ' ' && pos + 1 < n && is_bloom_word(c[pos + 1]));
+    size_t r = run(c, n, k, is_bloom_word, ANY);
+    return r ? k + r - pos : 0;
+}
+
 typedef size_t (*scan_fn)(const uint32_t *c, size_t n, size_t pos, size_t *skip);
 
 static const scan_fn scanners[RULE_COUNT] = {
@@ -387,18 +409,27 @@ static const scan_fn scanners[RULE_COUNT] = {
     [RULE_FALCON_PUNCT] = scan_falcon_punct,
     [RULE_DEFAULT_PUNCT] = scan_default_punct,
     [RULE_DIGITS3] = scan_digits3,
+    [RULE_BLOOM] = scan_bloom,
 };
 
 /* ---- the table ---------------------------------------------------------------------------
  * Names as llama.cpp's converter writes them to tokenizer.ggml.pre; names that share a row
  * are vocabularies whose patterns are the same. */
 
-static const char *const names_gpt2[] = {"gpt-2", "phi-2", "roberta-bpe", "mpt", "olmo", "jais",
-                                         NULL};
-static const char *const names_llama3[] = {"llama-bpe", "llama3", "llama-v3", NULL};
-static const char *const names_llama3_merged[] = {"dbrx", "smaug-bpe", NULL};
-static const char *const names_qwen2[] = {"qwen2", "deepseek-r1-qwen", "megrez", "stablelm2",
-                                          NULL};
+static const char *const names_gpt2[] = {
+    "gpt-2",      "phi-2",      "roberta-bpe",  "mpt",     "olmo",      "jais",
+    "jina-es",    "jina-de",    "jina-v1-en",   "jina-v2-es", "jina-v2-de", "jina-v2-code",
+    "gigachat",   "a.x-4.0",    "mellum",       "trillion", "granite-docling", "exaone4",
+    "modern-bert", NULL};
+static const char *const names_llama3[] = {"llama-bpe", "llama3",   "llama-v3", "falcon3",
+                                           "falcon-h1", "pixtral",  "midm-2.0", "lfm2",
+                                           NULL};
+static const char *const names_llama3_merged[] = {"dbrx", "smaug-bpe", "glm4", "chatglm-bpe",
+                                                  NULL};
+static const char *const names_qwen2[] = {"qwen2",  "deepseek-r1-qwen", "megrez", "stablelm2",
+                                          "hunyuan", "kormo",           "solar-open", NULL};
+static const char *const names_bloom[] = {"bloom", "poro-chat", "gpt3-finnish", NULL};
+static const char *const names_viking[] = {"viking", NULL};
 static const char *const names_dsl[] = {"deepseek-llm", NULL};
 static const char *const names_dsc[] = {"deepseek-coder", NULL};
 static const char *const names_falcon[] = {"falcon", NULL};
@@ -406,26 +437,26 @@ static const char *const names_starcoder[] = {"starcoder", "refact", "command-r"
                                               "codeshell", "exaone", "minerva-7b", NULL};
 static const char *const names_default[] = {"default", NULL};
 
+#define ROW(names_, ...)                                                                   \
+    .names = (names_), .n_rules = sizeof((uint8_t[]){__VA_ARGS__}), .rules = {__VA_ARGS__}
+
 static const struct kvr_pre table[] = {
-    {names_gpt2, 1, {RULE_GPT2}, false, false},
-    {names_llama3, 1, {RULE_LLAMA3}, true, true},
-    {names_llama3_merged, 1, {RULE_LLAMA3}, false, false},
-    {names_qwen2, 1, {RULE_QWEN2}, false, false},
+    {ROW(names_gpt2, RULE_GPT2)},
+    /* Llama 3 adds BOS unless the file says otherwise. */
+    {ROW(names_llama3, RULE_LLAMA3), .ignore_merges = true, .add_bos = true},
+    {ROW(names_llama3_merged, RULE_LLAMA3)},
+    {ROW(names_qwen2, RULE_QWEN2)},
     /* DeepSeek LLM: [\r\n], letters, punctuation, \s+$, CJK, \p{N}+ */
-    {names_dsl,
-     6,
-     {RULE_CRLF, RULE_DSL_LETTERS, RULE_DSL_PUNCT, RULE_SPACE_END, RULE_CJK, RULE_NUMBERS},
-     false,
-     false},
+    {ROW(names_dsl, RULE_CRLF, RULE_DSL_LETTERS, RULE_DSL_PUNCT, RULE_SPACE_END, RULE_CJK,
+         RULE_NUMBERS)},
     /* DeepSeek Coder: [\r\n], \s?\p{L}+, \s?\p{P}+, CJK, \p{N} */
-    {names_dsc,
-     5,
-     {RULE_CRLF, RULE_DSC_LETTERS, RULE_DSC_PUNCT, RULE_CJK, RULE_NUMBER},
-     false,
-     false},
-    {names_falcon, 3, {RULE_FALCON_PUNCT, RULE_GPT2, RULE_DIGITS3}, false, false},
-    {names_starcoder, 2, {RULE_NUMBER, RULE_GPT2}, false, false},
-    {names_default, 4, {RULE_DEFAULT_PUNCT, RULE_GPT2, RULE_NUMBERS, RULE_DIGITS3}, false, false},
+    {ROW(names_dsc, RULE_CRLF, RULE_DSC_LETTERS, RULE_DSC_PUNCT, RULE_CJK, RULE_NUMBER)},
+    {ROW(names_falcon, RULE_FALCON_PUNCT, RULE_GPT2, RULE_DIGITS3)},
+    {ROW(names_starcoder, RULE_NUMBER, RULE_GPT2)},
+    {ROW(names_bloom, RULE_BLOOM)},
+    {ROW(names_viking, RULE_BLOOM, RULE_NUMBER)},
+    /* What llama.cpp uses for a missing tokenizer.ggml.pre; here only when named. */
+    {ROW(names_default, RULE_DEFAULT_PUNCT, RULE_GPT2, RULE_NUMBERS, RULE_DIGITS3)},
 };
 
 #define N_TABLE N_OF(table)

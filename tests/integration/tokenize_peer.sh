@@ -11,6 +11,8 @@
 # split out before pre-tokenizing (so each input is pre-tokenized on its own, and one run
 # per name covers them all). A mismatch is reported input by input.
 #
+# Then the Llama 3 and Qwen vocabularies as they are, on the same inputs, with special
+# tokens parsed and as text (chat markers, Qwen's user-defined <think>).
 # Also: a name outside the table is refused with the list of supported names.
 # Needs ../shared (the vocabulary and the peer) and python3; skips without them (fails
 # under CI=true).
@@ -124,18 +126,43 @@ def check(name):
     return name, msgs or ["ids differ"]
 
 
+def check_file(label, gguf, special):
+    """The vocabulary file as it is, specials parsed or not, on all inputs at once."""
+    whole = b"\n".join(inputs)
+    want, err = ids_of([env["PEER"], "-m", gguf, "--stdin", "--ids", "--no-escape",
+                        "--log-disable"] + ([] if special else ["--no-parse-special"]), whole)
+    if want is None:
+        return label, ["the peer failed: " + err]
+    got, err = ids_of([env["KVASIR"], "tokenize", "-m", gguf, "--stdin", "--ids"] +
+                      (["--special"] if special else []), whole)
+    if got is None:
+        return label, ["kvasir failed: " + err]
+    if got == want:
+        return label, []
+    k = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), min(len(want), len(got)))
+    return label, ["first difference at id %d: peer %s, kvasir %s" %
+                   (k, want[max(0, k - 4):k + 8], got[max(0, k - 4):k + 8])]
+
+
+jobs = [(check, (name,)) for name in names]
+if not env.get("TOKENIZE_PEER_NAMES"):
+    for v in ("llama-bpe", "qwen2"):
+        path = os.path.join(env["SHARED"], "vocab", "ggml-vocab-%s.gguf" % v)
+        for special in (True, False):
+            label = "%s file, specials %s" % (v, "parsed" if special else "as text")
+            jobs.append((check_file, (label, path, special)))
 bad = 0
 with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
-    for name, msgs in pool.map(check, names):
+    for label, msgs in pool.map(lambda j: j[0](*j[1]), jobs):
         if msgs:
             bad += 1
-            print("FAIL %s: %d difference(s)" % (name, len(msgs)))
+            print("FAIL %s: %d difference(s)" % (label, len(msgs)))
             for m in msgs[:6]:
                 print("    " + m)
         else:
-            print("ok   %s" % name)
-print("%d inputs (%d bytes), %d pre-tokenizer names: %d passed, %d failed" %
-      (len(inputs), len(text), len(names), len(names) - bad, bad))
+            print("ok   %s" % label)
+print("%d inputs (%d bytes), %d pre-tokenizer names and 4 file checks: %d passed, %d failed" %
+      (len(inputs), len(text), len(names), len(jobs) - bad, bad))
 sys.exit(1 if bad else 0)
 EOF
 echo "tokenize_peer: $(($(date +%s) - start)) s"

@@ -13,6 +13,7 @@
 #include "model/gguf.h"
 #include "model/gguf_write.h"
 #include "model/tokenizer.h"
+#include "model/tokenizer_unicode.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -771,6 +772,249 @@ static void test_encode_speed(void **state)
     (void)state;
     check_speed("vocab/ggml-vocab-llama-spm.gguf");
     check_speed("vocab/ggml-vocab-gpt-2.gguf");
+    check_speed("vocab/ggml-vocab-llama-bpe.gguf");
+    check_speed("vocab/ggml-vocab-qwen2.gguf");
+}
+
+/* ---- pre-tokenizers ------------------------------------------------------------------------ */
+
+/* The Llama 3 vocabulary with tokenizer.ggml.pre set to `pre` (written to memory, opened
+ * through the GGUF path). */
+static struct kvr_tok *llama_bpe_as(const char *pre)
+{
+    const char *path = kvr_test_shared("vocab/ggml-vocab-llama-bpe.gguf");
+    struct kvr_gguf *src = NULL, *g = NULL;
+    struct kvr_err err = {0};
+    if (kvr_gguf_open(&src, path, &err) != 0)
+        fail_msg("open %s: %s", path, err.msg);
+    struct kvr_gguf_writer *w = kvr_gguf_writer_create();
+    assert_non_null(w);
+    for (int64_t i = 0; i < kvr_gguf_n_kv(src); i++) {
+        if (!strcmp(kvr_gguf_kv_key(src, i), "tokenizer.ggml.pre"))
+            kvr_gguf_writer_add_str(w, "tokenizer.ggml.pre", pre);
+        else
+            kvr_gguf_writer_copy_kv(w, src, i);
+    }
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mf = open_memstream(&buf, &len);
+    assert_non_null(mf);
+    assert_int_equal(kvr_gguf_writer_write(w, mf, &err), 0);
+    fclose(mf);
+    kvr_gguf_writer_destroy(w);
+    kvr_gguf_close(src);
+    assert_int_equal(kvr_gguf_open_mem(&g, buf, len, &err), 0);
+    struct kvr_tok *t = NULL;
+    if (kvr_tok_create(&t, g, &err) != 0)
+        fail_msg("pre %s: %s", pre, err.msg);
+    kvr_gguf_close(g);
+    free(buf);
+    return t;
+}
+
+/* One name of each row of the table (tokenizer_pre.c). */
+static const char *const pre_rows[] = {"gpt-2",          "llama-bpe", "dbrx",      "qwen2",
+                                       "deepseek-llm",   "deepseek-coder", "falcon", "starcoder",
+                                       "bloom",          "viking",    "default"};
+
+/* A 100 kB text of one of several shapes, each the worst case of some rule: long runs of
+ * one class (one huge word), white space that never ends a word, many tiny words. */
+static size_t hostile_text(int shape, char *out, size_t cap)
+{
+    static const char *const units[] = {
+        "Hello, world! It's 2024: 3.14159 apples \xE2\x80\x94 \xE4\xBD\xA0\xE5\xA5\xBD\n",
+        "a", " ", "1", "\xE4\xB8\x80", "!?", "a ", " \t\n", "\xF0\x9F\xA6\x99"};
+    const char *u = units[shape];
+    size_t n = strlen(u), m = 0;
+    while (m + n <= cap) {
+        memcpy(out + m, u, n);
+        m += n;
+    }
+    if (shape == 2 && m > 0)
+        out[m - 1] = 'x'; /* a space run that does not end the text */
+    return m;
+}
+
+#define N_SHAPES 9
+
+static void test_pre_speed(void **state)
+{
+    (void)state;
+    enum { LEN = 100000 };
+    static char text[LEN];
+    static int32_t ids[LEN + 4];
+    for (size_t r = 0; r < sizeof pre_rows / sizeof pre_rows[0]; r++) {
+        struct kvr_tok *t = llama_bpe_as(pre_rows[r]);
+        struct kvr_tok_scratch *s = NULL;
+        assert_int_equal(kvr_tok_scratch_create(&s, t, LEN), 0);
+        double worst = 0;
+        for (int shape = 0; shape < N_SHAPES; shape++) {
+            size_t len = hostile_text(shape, text, LEN);
+            double best = 1e9;
+            for (int rep = 0; rep < 2; rep++) {
+                double t0 = now_ms();
+                int n = kvr_tok_encode(t, s, text, len, false, false, ids, LEN + 4);
+                double dt = now_ms() - t0;
+                assert_true(n > 0);
+                best = dt < best ? dt : best;
+            }
+            worst = best > worst ? best : worst;
+        }
+        print_message("pre %-15s worst of %d 100 kB texts: %.1f ms\n", pre_rows[r], N_SHAPES,
+                      worst);
+        /* Linear work is a few ms; a quadratic rule would take seconds. */
+        assert_true(worst < 250.0);
+        kvr_tok_scratch_destroy(s);
+        kvr_tok_destroy(t);
+    }
+}
+
+/* Encode `text` (no BOS) and compare with `want`, showing both on a mismatch. */
+static void expect_ids(struct kvr_tok *t, const char *text, bool special, const int32_t *want,
+                       int n_want)
+{
+    struct kvr_tok_scratch *s = NULL;
+    assert_int_equal(kvr_tok_scratch_create(&s, t, 4096), 0);
+    int32_t ids[256];
+    int n = kvr_tok_encode(t, s, text, strlen(text), false, special, ids, 256);
+    bool same = n == n_want && memcmp(ids, want, (size_t)n * sizeof *ids) == 0;
+    if (!same) {
+        print_escaped("input", text, strlen(text));
+        print_ids("want", want, n_want, 0, -1);
+        print_ids("got ", ids, n, 0, -1);
+        fail_msg("ids differ");
+    }
+    kvr_tok_scratch_destroy(s);
+}
+
+static void test_pre_rules(void **state)
+{
+    (void)state;
+    /* Reference ids from llama.cpp's llama-tokenize on the same vocabulary and name. */
+    struct kvr_tok *l3 = llama_bpe_as("llama-bpe"), *q2 = llama_bpe_as("qwen2");
+    struct kvr_tok *sc = llama_bpe_as("starcoder"), *g2 = llama_bpe_as("gpt-2");
+    /* 1-3 digit groups (Llama 3), single digits (Qwen 2, StarCoder), runs (GPT-2). */
+    expect_ids(l3, "12345", false, (const int32_t[]){4513, 1774}, 2);
+    expect_ids(q2, "12345", false, (const int32_t[]){16, 17, 18, 19, 20}, 5);
+    expect_ids(sc, "12345", false, (const int32_t[]){16, 17, 18, 19, 20}, 5);
+    expect_ids(g2, "12345", false, (const int32_t[]){4513, 1774}, 2);
+    kvr_tok_destroy(l3);
+    kvr_tok_destroy(q2);
+    kvr_tok_destroy(sc);
+    kvr_tok_destroy(g2);
+}
+
+static void test_specials_and_eog(void **state)
+{
+    (void)state;
+    struct kvr_tok *t = open_tok("vocab/ggml-vocab-llama-bpe.gguf");
+    /* As llama.cpp's llama-tokenize --no-bos gives them. */
+    const char *chat = "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>";
+    expect_ids(t, chat, true, (const int32_t[]){128006, 882, 128007, 271, 13347, 128009}, 6);
+    /* Unparsed, control tokens are text. */
+    struct kvr_tok_scratch *s = NULL;
+    assert_int_equal(kvr_tok_scratch_create(&s, t, 256), 0);
+    int32_t ids[256];
+    int n = kvr_tok_encode(t, s, chat, strlen(chat), false, false, ids, 256);
+    assert_true(n > 6);
+    for (int i = 0; i < n; i++)
+        assert_true(ids[i] < 128000);
+    kvr_tok_scratch_destroy(s);
+    /* End of generation: EOS, and the end-of-turn pieces. */
+    assert_true(kvr_tok_add_bos(t));
+    assert_int_equal(kvr_tok_eos(t), 128001);
+    assert_true(kvr_tok_is_eog(t, 128001));
+    assert_true(kvr_tok_is_eog(t, kvr_tok_find(t, "<|eot_id|>", 10)));
+    assert_false(kvr_tok_is_eog(t, 128000));
+    assert_false(kvr_tok_is_eog(t, kvr_tok_find(t, "<|end_header_id|>", 17)));
+    assert_false(kvr_tok_is_eog(t, 13347));
+    kvr_tok_destroy(t);
+
+    /* Qwen: <think> is user-defined, split out even unparsed; <|im_end|> is the EOS. */
+    t = open_tok("vocab/ggml-vocab-qwen2.gguf");
+    assert_false(kvr_tok_add_bos(t));
+    const char *q = "<|im_start|>user\nHi <think>x</think><|im_end|>";
+    expect_ids(t, q, true,
+               (const int32_t[]){151644, 872, 198, 13048, 220, 151667, 87, 151668, 151645}, 9);
+    expect_ids(t, q, false,
+               (const int32_t[]){27, 91, 318, 4906, 91, 29, 872, 198, 13048, 220, 151667, 87,
+                                 151668, 27, 91, 318, 6213, 91, 29},
+               19);
+    assert_true(kvr_tok_is_eog(t, 151645));
+    assert_true(kvr_tok_is_eog(t, kvr_tok_find(t, "<|endoftext|>", 13)));
+    assert_false(kvr_tok_is_eog(t, 151644));
+    kvr_tok_destroy(t);
+
+    /* The EOT/EOM ids of the file count too, and so do the known end-of-turn pieces. */
+    struct kvr_gguf_str toks[8] = {S("a"),          S("b"),          S("<x>"),
+                                   S("<y>"),        S("<|eom_id|>"), S("<end_of_turn>"),
+                                   S("<|im_sep|>"), S("<|end_of_text|>")};
+    struct kvr_tok_vocab v;
+    kvr_tok_vocab_init(&v, KVR_TOK_BPE);
+    v.n_tokens = 8;
+    v.tokens = toks;
+    v.eot_id = 2;
+    v.eom_id = 3;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_tok_create_from_vocab(&t, &v, &err), 0);
+    assert_true(kvr_tok_is_eog(t, 2));
+    assert_true(kvr_tok_is_eog(t, 3));
+    assert_true(kvr_tok_is_eog(t, 4));
+    assert_true(kvr_tok_is_eog(t, 5));
+    assert_false(kvr_tok_is_eog(t, 6));
+    assert_true(kvr_tok_is_eog(t, 7));
+    assert_false(kvr_tok_is_eog(t, 1));
+    assert_false(kvr_tok_is_eog(t, -1));
+    assert_false(kvr_tok_is_eog(t, 8));
+    kvr_tok_destroy(t);
+}
+
+/* The classes the pre-tokenizers use, against the Unicode character database. */
+static void test_unicode_classes(void **state)
+{
+    (void)state;
+    /* ASCII is classified without the table: it must agree with the table. */
+    for (uint32_t c = 0; c < 0x80; c++) {
+        size_t lo = 0, hi = kvr_ucat_n_runs;
+        while (hi - lo > 1) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (kvr_ucat_runs[mid] >> 3 <= c)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        if ((enum kvr_ucat)(kvr_ucat_runs[lo] & 7) != kvr_cp_ucat(c))
+            fail_msg("U+%04X: table %u, fast path %d", c, kvr_ucat_runs[lo] & 7,
+                     (int)kvr_cp_ucat(c));
+    }
+    static const struct {
+        uint32_t cp;
+        enum kvr_ucat cat;
+    } cases[] = {
+        {'A', KVR_UCAT_LETTER},       {'_', KVR_UCAT_PUNCT},        {'$', KVR_UCAT_SYMBOL},
+        {'`', KVR_UCAT_SYMBOL},       {0xB5, KVR_UCAT_LETTER},      {0xD7, KVR_UCAT_SYMBOL},
+        {0x0301, KVR_UCAT_MARK},      {0x0663, KVR_UCAT_NUMBER},    {0x2160, KVR_UCAT_NUMBER},
+        {0x00BD, KVR_UCAT_NUMBER},    {0x2014, KVR_UCAT_PUNCT},     {0x3002, KVR_UCAT_PUNCT},
+        {0x4E00, KVR_UCAT_LETTER},    {0x9FFF, KVR_UCAT_LETTER},    {0x20000, KVR_UCAT_LETTER},
+        {0xAC00, KVR_UCAT_LETTER},    {0x1F999, KVR_UCAT_SYMBOL},   {0x3000, KVR_UCAT_SEPARATOR},
+        {0x200B, KVR_UCAT_OTHER},     {0xE000, KVR_UCAT_OTHER},     {0x0378, KVR_UCAT_OTHER},
+        {0x10FFFF, KVR_UCAT_OTHER},   {0x110000, KVR_UCAT_OTHER},   {0x0E31, KVR_UCAT_MARK},
+        {0x01C5, KVR_UCAT_LETTER},    {0x02B0, KVR_UCAT_LETTER},    {0xFF01, KVR_UCAT_PUNCT},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (kvr_cp_ucat(cases[i].cp) != cases[i].cat)
+            fail_msg("U+%04X: category %d, want %d", cases[i].cp, (int)kvr_cp_ucat(cases[i].cp),
+                     (int)cases[i].cat);
+    static const uint32_t spaces[] = {0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680,
+                                      0x2000, 0x200A, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000};
+    for (size_t i = 0; i < sizeof spaces / sizeof spaces[0]; i++)
+        assert_true(kvr_cp_is_space(spaces[i]));
+    static const uint32_t not_spaces[] = {0x08, 0x1C, 0x1F, 0x200B, 0x180E, 0xFEFF, 'a'};
+    for (size_t i = 0; i < sizeof not_spaces / sizeof not_spaces[0]; i++)
+        assert_false(kvr_cp_is_space(not_spaces[i]));
+    assert_int_equal(kvr_cp_class(0x3000), KVR_CP_SPACE);
+    assert_int_equal(kvr_cp_class(0x0301), KVR_CP_OTHER);
+    assert_int_equal(kvr_cp_class(0x2460), KVR_CP_NUMBER);
 }
 
 int main(void)
@@ -783,6 +1027,8 @@ int main(void)
         cmocka_unit_test(test_gpt2_vectors),      cmocka_unit_test(test_gpt2_round_trip),
         cmocka_unit_test(test_llama_bpe_vectors), cmocka_unit_test(test_llama_bpe_round_trip),
         cmocka_unit_test(test_qwen2_vectors),     cmocka_unit_test(test_qwen2_round_trip),
+        cmocka_unit_test(test_pre_speed),         cmocka_unit_test(test_pre_rules),
+        cmocka_unit_test(test_specials_and_eog),  cmocka_unit_test(test_unicode_classes),
         cmocka_unit_test(test_encode_speed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
