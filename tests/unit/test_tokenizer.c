@@ -848,22 +848,28 @@ static void test_pre_speed(void **state)
         struct kvr_tok_scratch *s = NULL;
         assert_int_equal(kvr_tok_scratch_create(&s, t, LEN), 0);
         double worst = 0;
+        int worst_shape = 0;
         for (int shape = 0; shape < N_SHAPES; shape++) {
             size_t len = hostile_text(shape, text, LEN);
+            /* Best of up to 3 runs: one is enough unless the machine is busy. */
             double best = 1e9;
-            for (int rep = 0; rep < 2; rep++) {
+            for (int rep = 0; rep < 3 && best >= 500.0; rep++) {
                 double t0 = now_ms();
                 int n = kvr_tok_encode(t, s, text, len, false, false, ids, LEN + 4);
                 double dt = now_ms() - t0;
                 assert_true(n > 0);
                 best = dt < best ? dt : best;
             }
-            worst = best > worst ? best : worst;
+            if (best > worst) {
+                worst = best;
+                worst_shape = shape;
+            }
         }
-        print_message("pre %-15s worst of %d 100 kB texts: %.1f ms\n", pre_rows[r], N_SHAPES,
-                      worst);
-        /* Linear work is a few ms; a quadratic rule would take seconds. */
-        assert_true(worst < 250.0);
+        print_message("pre %-15s slowest of %d 100 kB texts: shape %d, %.1f ms\n", pre_rows[r],
+                      N_SHAPES, worst_shape, worst);
+        /* Linear work takes tens of ms; a rule quadratic in a run's length would take many
+         * seconds on these texts. */
+        assert_true(worst < 500.0);
         kvr_tok_scratch_destroy(s);
         kvr_tok_destroy(t);
     }
