@@ -5,8 +5,11 @@
  * it) and always ends by opening the assistant's turn. */
 #include "bridge/chat.h"
 
+#include "bridge/jinja.h"
 #include "bridge/sbuf.h"
+#include "core/alloc.h"
 
+#include <jansson.h>
 #include <string.h>
 
 static const char *const tmpl_names[KVR_CHAT_TMPL_COUNT] = {
@@ -220,4 +223,163 @@ int kvr_chat_render(enum kvr_chat_tmpl t, const struct kvr_chat_msg *msgs, size_
         return kvr_err_set(err, KVR_ENOMEM, "out of memory rendering %zu chat messages",
                            n_msgs);
     return KVR_OK;
+}
+
+/* ---- the formatter a server uses ------------------------------------------------------- */
+
+struct kvr_chat {
+    enum kvr_chat_source source;
+    enum kvr_chat_tmpl builtin;
+    struct kvr_jinja *jinja;
+    char *bos_token, *eos_token; /* owned, or NULL */
+    const char *end_of_turn;     /* static, eos_token, or NULL */
+};
+
+int kvr_chat_create(struct kvr_chat **out, const struct kvr_chat_config *cfg,
+                    struct kvr_err *err)
+{
+    *out = NULL;
+    struct kvr_chat *c = kvr_calloc(1, sizeof *c);
+    if (!c)
+        return kvr_err_set(err, KVR_ENOMEM, "out of memory");
+    int rc = KVR_OK;
+    if ((cfg->bos_token && !(c->bos_token = kvr_strdup(cfg->bos_token))) ||
+        (cfg->eos_token && !(c->eos_token = kvr_strdup(cfg->eos_token)))) {
+        rc = kvr_err_set(err, KVR_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if (cfg->builtin) {
+        if (kvr_chat_tmpl_from_name(cfg->builtin, &c->builtin) != 0) {
+            rc = kvr_err_set(err, KVR_ENOTFOUND, "unknown chat template '%s'", cfg->builtin);
+            goto fail;
+        }
+        c->source = KVR_CHAT_SOURCE_BUILTIN;
+        c->end_of_turn = kvr_chat_tmpl_end_of_turn(c->builtin);
+    } else if (cfg->jinja) {
+        rc = kvr_jinja_parse(&c->jinja, cfg->jinja, cfg->jinja_len, NULL, err);
+        if (rc)
+            goto fail;
+        c->source = KVR_CHAT_SOURCE_JINJA;
+        enum kvr_chat_tmpl family;
+        if (kvr_chat_tmpl_detect(cfg->jinja, cfg->jinja_len, &family))
+            c->end_of_turn = kvr_chat_tmpl_end_of_turn(family);
+        else
+            c->end_of_turn = c->eos_token;
+    } else {
+        c->source = KVR_CHAT_SOURCE_PLAIN;
+    }
+    *out = c;
+    return KVR_OK;
+fail:
+    kvr_chat_destroy(c);
+    return rc;
+}
+
+void kvr_chat_destroy(struct kvr_chat *c)
+{
+    if (!c)
+        return;
+    kvr_jinja_destroy(c->jinja);
+    kvr_free(c->bos_token);
+    kvr_free(c->eos_token);
+    kvr_free(c);
+}
+
+enum kvr_chat_source kvr_chat_source(const struct kvr_chat *c) { return c->source; }
+
+const char *kvr_chat_describe(const struct kvr_chat *c)
+{
+    static const char *const builtin[KVR_CHAT_TMPL_COUNT] = {
+        [KVR_CHAT_TMPL_CHATML] = "built-in template chatml",
+        [KVR_CHAT_TMPL_LLAMA2] = "built-in template llama2",
+        [KVR_CHAT_TMPL_LLAMA3] = "built-in template llama3",
+        [KVR_CHAT_TMPL_MISTRAL] = "built-in template mistral",
+        [KVR_CHAT_TMPL_ZEPHYR] = "built-in template zephyr",
+    };
+    switch (c->source) {
+    case KVR_CHAT_SOURCE_JINJA:
+        return "the Jinja template";
+    case KVR_CHAT_SOURCE_BUILTIN:
+        return builtin[c->builtin];
+    default:
+        return "plain role: content";
+    }
+}
+
+const char *kvr_chat_end_of_turn(const struct kvr_chat *c) { return c->end_of_turn; }
+
+/* Plain form, per message:
+ *   {role}: {content}\n
+ * then, with add_generation_prompt:
+ *   assistant: */
+static void render_plain(struct kvr_sbuf *b, const struct kvr_chat_msg *msgs, size_t n,
+                         bool gen)
+{
+    for (size_t i = 0; i < n; i++) {
+        kvr_sbuf_printf(b, "%s: ", role_names[msgs[i].role]);
+        put_content(b, &msgs[i]);
+        kvr_sbuf_puts(b, "\n");
+    }
+    if (gen)
+        kvr_sbuf_puts(b, "assistant:");
+}
+
+/* {"messages": [{"role", "content"}...], "add_generation_prompt", "bos_token",
+ * "eos_token", "tools": null, "documents": null}: what Hugging Face passes. */
+static json_t *jinja_vars(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, size_t n,
+                          bool gen)
+{
+    json_t *vars = json_object(), *list = json_array();
+    if (!vars || !list || json_object_set_new(vars, "messages", list)) {
+        json_decref(vars);
+        return NULL;
+    }
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; i++) {
+        json_t *m = json_pack("{s:s,s:s%}", "role", role_names[msgs[i].role], "content",
+                              msgs[i].content ? msgs[i].content : "", msgs[i].content_len);
+        ok = m && json_array_append_new(list, m) == 0;
+    }
+    ok = ok && !json_object_set_new(vars, "add_generation_prompt", json_boolean(gen)) &&
+         !json_object_set_new(vars, "tools", json_null()) &&
+         !json_object_set_new(vars, "documents", json_null());
+    if (ok && c->bos_token)
+        ok = !json_object_set_new(vars, "bos_token", json_string(c->bos_token));
+    if (ok && c->eos_token)
+        ok = !json_object_set_new(vars, "eos_token", json_string(c->eos_token));
+    if (!ok) {
+        json_decref(vars);
+        return NULL;
+    }
+    return vars;
+}
+
+int kvr_chat_apply(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, size_t n_msgs,
+                   bool add_generation_prompt, const struct tm *now, char **out,
+                   size_t *out_len, struct kvr_err *err)
+{
+    *out = NULL;
+    if (out_len)
+        *out_len = 0;
+    if (c->source == KVR_CHAT_SOURCE_BUILTIN)
+        return kvr_chat_render(c->builtin, msgs, n_msgs, out, out_len, err);
+    if (n_msgs == 0)
+        return kvr_err_set(err, KVR_EINVAL, "no messages to render");
+    for (size_t i = 0; i < n_msgs; i++)
+        if ((unsigned)msgs[i].role >= KVR_CHAT_ROLE_COUNT)
+            return kvr_err_set(err, KVR_EINVAL, "message %zu: unknown role %d", i,
+                               (int)msgs[i].role);
+    if (c->source == KVR_CHAT_SOURCE_PLAIN) {
+        struct kvr_sbuf b;
+        kvr_sbuf_init(&b);
+        render_plain(&b, msgs, n_msgs, add_generation_prompt);
+        *out = kvr_sbuf_take(&b, out_len);
+        return *out ? KVR_OK : kvr_err_set(err, KVR_ENOMEM, "out of memory");
+    }
+    json_t *vars = jinja_vars(c, msgs, n_msgs, add_generation_prompt);
+    if (!vars)
+        return kvr_err_set(err, KVR_ENOMEM, "out of memory");
+    int rc = kvr_jinja_render(c->jinja, vars, now, out, out_len, err);
+    json_decref(vars);
+    return rc;
 }

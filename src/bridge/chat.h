@@ -1,22 +1,29 @@
 /* chat.h - chat templates: turn a list of chat messages into the one prompt string a
  * chat-tuned model was trained on.
  *
- * Five template families are built in. Which one a model uses is detected from the GGUF's
- * `tokenizer.chat_template` (a Jinja program we do not run) by distinctive substrings; a
- * model without a recognisable template falls back to ChatML and the caller logs that.
+ * A server formats chats with a struct kvr_chat, which renders one of:
+ *   - a Jinja template (jinja.h): the GGUF's `tokenizer.chat_template`, or a file given with
+ *     --chat-template, with the variables Hugging Face passes: messages (role, content),
+ *     add_generation_prompt, bos_token, eos_token, and tools/documents as None;
+ *   - one of five built-in templates, chosen by name (--chat-template chatml|llama2|...);
+ *   - without either, a plain "role: content" form (one line per message, then
+ *     "assistant:"), so that a model without a template is not fed markers its vocabulary
+ *     lacks.
+ * A Jinja template may refuse a conversation (raise_exception, e.g. roles that do not
+ * alternate) or fail at run time; kvr_chat_apply then returns an error whose message the
+ * caller can give the client as it is.
  *
- * The rendered text never includes the leading BOS token: the tokenizer adds it (when the
- * vocabulary asks for one), exactly as for a plain completion prompt. Control tokens inside
- * the text ("<|im_start|>", "[INST]", "</s>", ...) are written as their text and become
- * single tokens because the caller tokenizes the result with special-token parsing on.
- * A consequence worth knowing: control-token text inside a message's content is parsed as a
- * control token too (the same as llama.cpp's server).
+ * The built-in renderers (kvr_chat_render) never include the leading BOS token: the
+ * tokenizer adds it. A Jinja template usually writes bos_token itself; the caller strips it
+ * before tokenizing with add_special (see http.c) so that the prompt has exactly one BOS.
+ * Control tokens inside the text ("<|im_start|>", "[INST]", "</s>", ...) are written as
+ * their text and become single tokens because the caller tokenizes the result with
+ * special-token parsing on. A consequence worth knowing: control-token text inside a
+ * message's content is parsed as a control token too (the same as llama.cpp's server).
  *
- * Every template ends with the opening of an assistant turn, so the model's continuation
- * is the assistant's reply. The exact layouts are documented next to each renderer in
- * chat.c and pinned by tests/unit/test_chat.c.
- *
- * Pure module: no I/O, no globals, thread-safe. */
+ * The built-in layouts are documented next to each renderer in chat.c and pinned by
+ * tests/unit/test_chat.c. Pure module: no I/O, no globals; a struct kvr_chat is immutable
+ * after creation and may be used by any number of threads at once. */
 #ifndef KVR_BRIDGE_CHAT_H
 #define KVR_BRIDGE_CHAT_H
 
@@ -24,6 +31,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <time.h>
 
 enum kvr_chat_role {
     KVR_CHAT_ROLE_SYSTEM,
@@ -70,5 +78,48 @@ const char *kvr_chat_tmpl_end_of_turn(enum kvr_chat_tmpl t);
  * KVR_ENOMEM on allocation failure or size overflow. */
 int kvr_chat_render(enum kvr_chat_tmpl t, const struct kvr_chat_msg *msgs, size_t n_msgs,
                     char **out, size_t *out_len, struct kvr_err *err);
+
+/* ---- the formatter a server uses ------------------------------------------------------ */
+
+enum kvr_chat_source {
+    KVR_CHAT_SOURCE_JINJA,   /* a Jinja template */
+    KVR_CHAT_SOURCE_BUILTIN, /* a built-in template by name */
+    KVR_CHAT_SOURCE_PLAIN,   /* no template: "role: content" lines */
+    KVR_CHAT_SOURCE_COUNT
+};
+
+struct kvr_chat_config {
+    const char *builtin;  /* a built-in template's name, or NULL; wins over jinja */
+    const char *jinja;    /* Jinja source (need not be NUL-terminated), or NULL */
+    size_t jinja_len;
+    const char *bos_token; /* the vocabulary's BOS and EOS text (NUL-terminated), or NULL */
+    const char *eos_token;
+};
+
+struct kvr_chat;
+
+/* Copies what it needs from `cfg`. Fails with KVR_ENOTFOUND for an unknown built-in name,
+ * the parse error of a Jinja template (KVR_EFORMAT, KVR_ERANGE; the message names the
+ * line), or KVR_ENOMEM. */
+int kvr_chat_create(struct kvr_chat **out, const struct kvr_chat_config *cfg,
+                    struct kvr_err *err);
+void kvr_chat_destroy(struct kvr_chat *c);
+enum kvr_chat_source kvr_chat_source(const struct kvr_chat *c);
+/* "the Jinja template", "built-in template llama3", "plain role: content" (static). */
+const char *kvr_chat_describe(const struct kvr_chat *c);
+
+/* Render `n_msgs` messages. add_generation_prompt opens the assistant's turn (built-ins
+ * always do). `now` is the local time strftime_now formats, or NULL. On success *out is a
+ * new string (kvr_free). Errors: KVR_EINVAL when the template refuses the conversation
+ * (raise_exception) or there are no messages, KVR_EFORMAT for a template error at run time,
+ * KVR_ERANGE for a template over its limits, KVR_ENOMEM; `err` says which and where. */
+int kvr_chat_apply(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, size_t n_msgs,
+                   bool add_generation_prompt, const struct tm *now, char **out,
+                   size_t *out_len, struct kvr_err *err);
+
+/* The text that ends an assistant turn, added as a hidden stop string: the built-in's, a
+ * Jinja template's recognised family's (kvr_chat_tmpl_detect), else the EOS text; NULL
+ * when there is none. */
+const char *kvr_chat_end_of_turn(const struct kvr_chat *c);
 
 #endif

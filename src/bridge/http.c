@@ -198,7 +198,8 @@ struct kvr_http {
     size_t max_body_bytes;
     uint32_t stall_timeout_ms;
     uint32_t default_max_tokens;
-    enum kvr_chat_tmpl tmpl;
+    struct kvr_chat *chat;
+    char *bos_text; /* the BOS token's text, or NULL */
     int32_t n_vocab;
     size_t max_piece_bytes; /* longest text one token can stand for */
     int64_t started_s;      /* "created" of the model in /v1/models */
@@ -571,6 +572,32 @@ static void to_sample_params(const struct kvr_openai_sampling *in, struct kvr_sa
     out->seed = in->has_seed ? in->seed : random_u64();
 }
 
+/* Format a conversation with the server's chat template. A template that refuses the
+ * conversation (raise_exception) or fails on it is the client's 400, with the template's
+ * message. */
+static int render_chat(struct kvr_http *h, const struct kvr_chat_msg *msgs, size_t n_msgs,
+                       char **out, size_t *out_len, struct kvr_openai_error *e)
+{
+    struct kvr_err err = {0};
+    time_t now_s = time(NULL);
+    struct tm now;
+    int rc = kvr_chat_apply(h->chat, msgs, n_msgs, true, localtime_r(&now_s, &now), out,
+                            out_len, &err);
+    if (rc == KVR_ENOMEM)
+        return kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (rc == KVR_EINVAL)
+        return kvr_openai_error_set(e, 400, "invalid_request_error", "messages",
+                                    "chat_template_refused",
+                                    "the model's chat template refused the conversation: %s",
+                                    err.msg);
+    if (rc)
+        return kvr_openai_error_set(e, 400, "invalid_request_error", "messages",
+                                    "chat_template_error",
+                                    "the chat template failed on this conversation: %s (%s)",
+                                    err.msg, kvr_strerror(rc));
+    return KVR_OK;
+}
+
 /* Tokenize the request's prompt into *ids (kvr_malloc'd). */
 static int tokenize_prompt(struct kvr_http *h, struct gen *g, int32_t **ids, uint32_t *n_ids,
                            struct kvr_openai_error *e)
@@ -594,11 +621,18 @@ static int tokenize_prompt(struct kvr_http *h, struct gen *g, int32_t **ids, uin
         *n_ids = r->n_prompt_ids;
         return KVR_OK;
     }
+    bool add_special = true;
     if (chat) {
-        struct kvr_err err = {0};
-        if (kvr_chat_render(h->tmpl, r->msgs, r->n_msgs, &rendered, &len, &err))
-            goto oom;
+        rc = render_chat(h, r->msgs, r->n_msgs, &rendered, &len, e);
+        if (rc)
+            goto out;
         text = rendered;
+        /* A template that writes bos_token itself gets it from the text, not twice. */
+        size_t bl = h->bos_text ? strlen(h->bos_text) : 0;
+        if (bl && kvr_tok_add_bos(svc->tok) && len >= bl && !memcmp(text, h->bos_text, bl)) {
+            text += bl;
+            len -= bl;
+        }
     }
     /* Each token stands for at most max_piece_bytes of text, so a text this long cannot
      * fit the context whatever it says; refuse before spending memory on tokenizing it. */
@@ -619,7 +653,7 @@ static int tokenize_prompt(struct kvr_http *h, struct gen *g, int32_t **ids, uin
         goto oom;
     /* Completion prompts are plain text: "<s>" typed by a user is not BOS. Chat templates
      * are written with control tokens as text, so they are parsed. */
-    int n = kvr_tok_encode(svc->tok, scratch, text, len, true, chat, *ids, cap);
+    int n = kvr_tok_encode(svc->tok, scratch, text, len, add_special, chat, *ids, cap);
     if (n < 0) {
         rc = kvr_openai_error_set(e, 400, "invalid_request_error", chat ? "messages" : "prompt",
                                   "invalid_value", "the prompt cannot be tokenized: %s",
@@ -806,7 +840,7 @@ static enum MHD_Result handle_generate(struct kvr_http *h, struct request *rq,
     }
     kvr_openai_text_fini(&g->cut);
     kvr_openai_text_init(&g->cut, g->req.stop, g->req.stop_len, g->req.n_stop,
-                         api == KVR_OPENAI_CHAT ? kvr_chat_tmpl_end_of_turn(h->tmpl) : NULL);
+                         api == KVR_OPENAI_CHAT ? kvr_chat_end_of_turn(h->chat) : NULL);
     kvr_detok_init(&g->detok, false, false);
     make_id(g->id, sizeof g->id, api == KVR_OPENAI_CHAT ? "chatcmpl-" : "cmpl-");
     g->meta = (struct kvr_openai_meta){.api = api,
@@ -1183,6 +1217,53 @@ static void free_pem(char *p)
     }
 }
 
+/* A special token's text as a new string, or NULL when there is none. */
+static char *token_text(const struct kvr_tok *tok, int32_t id)
+{
+    const char *p;
+    size_t len;
+    if (id < 0 || kvr_tok_decode_piece(tok, id, true, &p, &len) != 0)
+        return NULL;
+    char *s = kvr_malloc(len + 1);
+    if (s) {
+        memcpy(s, p, len);
+        s[len] = 0;
+    }
+    return s;
+}
+
+/* The chat formatter: a built-in by name, else a Jinja template (the configuration's,
+ * else the model's), else the plain form, which is logged once here. */
+static int make_chat(struct kvr_http *h, const struct kvr_http_config *cfg,
+                     const struct kvr_service *svc, struct kvr_err *err)
+{
+    char *eos = token_text(svc->tok, kvr_tok_eos(svc->tok));
+    h->bos_text = token_text(svc->tok, kvr_tok_bos(svc->tok));
+    struct kvr_chat_config cc = {.builtin = cfg->chat_template,
+                                 .jinja = cfg->chat_template_src,
+                                 .jinja_len = cfg->chat_template_src_len,
+                                 .bos_token = h->bos_text,
+                                 .eos_token = eos};
+    if (!cc.builtin && !cc.jinja) {
+        cc.jinja = svc->chat_template;
+        cc.jinja_len = svc->chat_template_len;
+    }
+    struct kvr_err cerr = {0};
+    int rc = kvr_chat_create(&h->chat, &cc, &cerr);
+    kvr_free(eos);
+    if (rc)
+        return kvr_err_set(err, rc == KVR_ENOTFOUND ? KVR_EINVAL : rc, "http: chat template: %s",
+                           cerr.msg);
+    if (kvr_chat_source(h->chat) == KVR_CHAT_SOURCE_PLAIN)
+        KVR_INFO("http: the model has no chat template and none was given; chats are "
+                 "formatted as plain \"role: content\" lines");
+    else
+        KVR_INFO("http: chats are formatted with %s%s", kvr_chat_describe(h->chat),
+                 cfg->chat_template_src ? " given with --chat-template"
+                 : cfg->chat_template ? "" : " of the model");
+    return KVR_OK;
+}
+
 int kvr_http_create(struct kvr_http **out, const struct kvr_http_config *cfg,
                     const struct kvr_service *svc, struct kvr_err *err)
 {
@@ -1235,18 +1316,9 @@ int kvr_http_create(struct kvr_http **out, const struct kvr_http_config *cfg,
         h->api_key_len = strlen(h->api_key);
     }
 
-    if (cfg->chat_template) {
-        if (kvr_chat_tmpl_from_name(cfg->chat_template, &h->tmpl) != 0) {
-            rc = kvr_err_set(err, KVR_EINVAL, "http: unknown chat template '%s'",
-                             cfg->chat_template);
-            goto fail;
-        }
-    } else if (!kvr_chat_tmpl_detect(svc->chat_template, svc->chat_template_len, &h->tmpl)) {
-        KVR_INFO("http: %s; using the ChatML chat template",
-                 svc->chat_template ? "the model's chat template is not one Kvasir knows"
-                                    : "the model has no chat template");
-    }
-    KVR_INFO("http: chat template %s", kvr_chat_tmpl_name(h->tmpl));
+    rc = make_chat(h, cfg, svc, err);
+    if (rc)
+        goto fail;
 
     /* The longest text a token can stand for bounds how much text can fit the context. */
     h->max_piece_bytes = 4;
@@ -1295,6 +1367,8 @@ fail:
     free_pem(h->tls_cert);
     free_pem(h->tls_key);
     kvr_free(h->api_key);
+    kvr_chat_destroy(h->chat);
+    kvr_free(h->bos_text);
     pthread_mutex_destroy(&h->metrics.mu);
     kvr_free(h);
     return rc;
@@ -1330,5 +1404,7 @@ void kvr_http_destroy(struct kvr_http *h)
     free_pem(h->tls_cert);
     free_pem(h->tls_key);
     kvr_free(h->api_key);
+    kvr_chat_destroy(h->chat);
+    kvr_free(h->bos_text);
     kvr_free(h);
 }

@@ -42,9 +42,12 @@ struct kvr_http_config {
     /* Tokens to generate when a request gives no max_tokens; 0 = OpenAI's defaults
      * (completions 16, chat the rest of the context). */
     uint32_t default_max_tokens;
-    /* Force a chat template by name (chat.h); NULL = detect from the service's
-     * chat_template. */
+    /* The chat template: a built-in by name (chat.h), else Jinja source (e.g. a file
+     * given with --chat-template; need not be NUL-terminated), else the service's
+     * chat_template, else the plain "role: content" form. */
     const char *chat_template;
+    const char *chat_template_src;
+    size_t chat_template_src_len;
     /* HTTPS: PEM files of the certificate (chain) and its private key, both or neither;
      * NULL = plain HTTP. Read once by kvr_http_create (libmicrohttpd with GnuTLS). */
     const char *tls_cert_file;

@@ -1,5 +1,7 @@
 #include "cli/common.h"
 
+#include "bridge/chat.h"
+#include "core/alloc.h"
 #include "core/clock.h"
 #include "model/gguf.h"
 
@@ -72,4 +74,37 @@ void kvr_cli_on_stop(void (*handler)(int))
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+}
+
+int kvr_cli_chat_template(const char *arg, const char **builtin, char **src, size_t *src_len)
+{
+    enum kvr_chat_tmpl t;
+    *builtin = NULL;
+    *src = NULL;
+    *src_len = 0;
+    if (kvr_chat_tmpl_from_name(arg, &t) == 0) {
+        *builtin = arg;
+        return 0;
+    }
+    FILE *f = fopen(arg, "rb");
+    if (!f) {
+        fprintf(stderr, "kvasir: --chat-template: '%s' is neither a built-in template "
+                        "(chatml, llama2, llama3, mistral, zephyr) nor a readable file: %s\n",
+                arg, strerror(errno));
+        return -1;
+    }
+    size_t cap = (size_t)1 << 20;
+    char *buf = kvr_malloc(cap + 1);
+    size_t n = buf ? fread(buf, 1, cap + 1, f) : 0;
+    bool bad = !buf || ferror(f) || n > cap;
+    fclose(f);
+    if (bad) {
+        fprintf(stderr, "kvasir: --chat-template: cannot read %s (or larger than 1 MiB)\n", arg);
+        kvr_free(buf);
+        return -1;
+    }
+    buf[n] = 0;
+    *src = buf;
+    *src_len = n;
+    return 0;
 }

@@ -4,6 +4,7 @@
 #define KVR_CLI_COMMON_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* Parse `v` as an integer in [lo, hi] for option `opt`; 0, or -1 after printing why. */
@@ -19,5 +20,10 @@ struct kvr_gguf;
 /* Read every page of the model's tensors once, so the first forward pass does not stall on
  * the disk; with a terminal on stderr, show the progress. */
 void kvr_cli_load_weights(struct kvr_gguf *g);
+
+/* --chat-template NAME|FILE: a built-in template's name sets *builtin (to `arg`); anything
+ * else is read as a Jinja template file into *src (kvr_free; at most 1 MiB). 0, or -1
+ * after printing why. */
+int kvr_cli_chat_template(const char *arg, const char **builtin, char **src, size_t *src_len);
 
 #endif

@@ -44,7 +44,7 @@ static void on_signal(int sig)
 
 struct serve_opts {
     const char *model, *plan_path, *host, *api_key, *plan_dir, *name;
-    const char *secret_file, *tls_cert, *tls_key;
+    const char *secret_file, *tls_cert, *tls_key, *chat_template;
     uint32_t port, stages, threads, ttft_ms, total_ms, max_waiting;
     bool no_admission;
     struct kvr_plan_spec spec;
@@ -77,6 +77,9 @@ static void usage(FILE *f, bool serve)
                "  --no-admission        admit everything that fits (no budget check)\n"
                "  --max-waiting N       bounded wait queue (default 4 x max-seqs)\n"
                "  --name NAME           model name in the API (default: the file name)\n"
+               "  --chat-template NAME|FILE  format chats with a built-in template (chatml,\n"
+               "                        llama2, llama3, mistral, zephyr) or a Jinja file\n"
+               "                        instead of the model's tokenizer.chat_template\n"
                "  --tls-cert FILE       serve HTTPS with this PEM certificate (chain) ...\n"
                "  --tls-key FILE        ... and this PEM private key\n");
     if (!serve)
@@ -121,6 +124,8 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
             o->api_key = v;
         else if (!strcmp(a, "--name"))
             o->name = v;
+        else if (!strcmp(a, "--chat-template"))
+            o->chat_template = v;
         else if (!serve && !strcmp(a, "--secret-file"))
             o->secret_file = v;
         else if (!strcmp(a, "--tls-cert"))
@@ -293,6 +298,7 @@ static int serve_main(int argc, char **argv, bool serve)
     struct kvr_tok *tok = NULL;
     struct kvr_bridge *bridge = NULL;
     struct kvr_http *http = NULL;
+    char *chat_src = NULL;
     pid_t *pids = NULL;
     char plan_path[1024] = "";
     char model_path[KVR_PLAN_PATH_BYTES];
@@ -380,6 +386,10 @@ static int serve_main(int argc, char **argv, bool serve)
         hc.api_key = o.api_key;
     hc.tls_cert_file = o.tls_cert;
     hc.tls_key_file = o.tls_key;
+    if (o.chat_template && kvr_cli_chat_template(o.chat_template, &hc.chat_template,
+                                                 &chat_src, &hc.chat_template_src_len))
+        goto out;
+    hc.chat_template_src = chat_src;
     if (kvr_http_create(&http, &hc, &svc, &err)) {
         KVR_ERROR("http: %s", err.msg);
         goto out;
@@ -413,6 +423,7 @@ out:
      * bridge's going for a lost link); then the stages from the head on, each gone before
      * the next is told, so each sees its upstream say goodbye. */
     kvr_http_destroy(http);
+    kvr_free(chat_src);
     kvr_bridge_stop(bridge);
     for (uint32_t i = 0; pids && i < plan->n_stages; i++)
         if (pids[i] > 0) {

@@ -170,6 +170,99 @@ static void test_names(void **state)
     assert_string_equal(kvr_chat_tmpl_end_of_turn(KVR_CHAT_TMPL_ZEPHYR), "</s>");
 }
 
+/* ---- struct kvr_chat ------------------------------------------------------------------ */
+
+static char *apply(const struct kvr_chat *c, const struct kvr_chat_msg *m, size_t n, bool gen)
+{
+    char *out = NULL;
+    size_t len = 0;
+    struct kvr_err err = {0};
+    if (kvr_chat_apply(c, m, n, gen, NULL, &out, &len, &err) != KVR_OK)
+        fail_msg("apply: %s", err.msg);
+    assert_int_equal(len, strlen(out));
+    return out;
+}
+
+static void test_chat_jinja(void **state)
+{
+    static const char src[] =
+        "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>"
+        "\n\n{{ m.content | trim }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
+    struct kvr_chat_config cfg = {.jinja = src, .jinja_len = sizeof src - 1,
+                                  .bos_token = "<|begin_of_text|>", .eos_token = "<|eot_id|>"};
+    struct kvr_chat *c = NULL;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_chat_create(&c, &cfg, &err), KVR_OK);
+    assert_int_equal(kvr_chat_source(c), KVR_CHAT_SOURCE_JINJA);
+    assert_string_equal(kvr_chat_end_of_turn(c), "<|eot_id|>");
+    char *out = apply(c, convo + 1, 1, true);
+    assert_string_equal(out, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi"
+                             "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    kvr_free(out);
+    out = apply(c, convo + 1, 2, false);
+    assert_string_equal(out, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi"
+                             "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+                             "Hello!<|eot_id|>");
+    kvr_free(out);
+    kvr_chat_destroy(c);
+
+    /* A template of no known family stops at the EOS text. */
+    cfg.jinja = "{% for m in messages %}{{ m.content }}{% endfor %}";
+    cfg.jinja_len = strlen(cfg.jinja);
+    assert_int_equal(kvr_chat_create(&c, &cfg, &err), KVR_OK);
+    assert_string_equal(kvr_chat_end_of_turn(c), "<|eot_id|>");
+    kvr_chat_destroy(c);
+
+    /* Parse errors at creation, refusals and runtime errors when applied. */
+    cfg.jinja = "{% for m in messages %}";
+    cfg.jinja_len = strlen(cfg.jinja);
+    assert_int_equal(kvr_chat_create(&c, &cfg, &err), KVR_EFORMAT);
+    assert_null(c);
+    cfg.jinja = "{% if messages|length > 1 %}{{ raise_exception('only one message') }}"
+                "{% endif %}{{ messages[0].content.nosuch() }}";
+    cfg.jinja_len = strlen(cfg.jinja);
+    assert_int_equal(kvr_chat_create(&c, &cfg, &err), KVR_OK);
+    char *o = NULL;
+    assert_int_equal(kvr_chat_apply(c, convo, 2, true, NULL, &o, NULL, &err), KVR_EINVAL);
+    assert_string_equal(err.msg, "line 1: only one message");
+    assert_int_equal(kvr_chat_apply(c, convo, 1, true, NULL, &o, NULL, &err), KVR_EFORMAT);
+    assert_null(o);
+    assert_int_equal(kvr_chat_apply(c, convo, 0, true, NULL, &o, NULL, &err), KVR_EINVAL);
+    kvr_chat_destroy(c);
+}
+
+static void test_chat_builtin_and_plain(void **state)
+{
+    struct kvr_chat_config cfg = {.builtin = "chatml", .jinja = "{{ ignored }}",
+                                  .jinja_len = 13};
+    struct kvr_chat *c = NULL;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_chat_create(&c, &cfg, &err), KVR_OK);
+    assert_int_equal(kvr_chat_source(c), KVR_CHAT_SOURCE_BUILTIN);
+    assert_string_equal(kvr_chat_describe(c), "built-in template chatml");
+    char *out = apply(c, convo + 1, 1, true);
+    assert_string_equal(out, "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+    kvr_free(out);
+    kvr_chat_destroy(c);
+
+    cfg.builtin = "vicuna";
+    assert_int_equal(kvr_chat_create(&c, &cfg, &err), KVR_ENOTFOUND);
+
+    struct kvr_chat_config plain = {.eos_token = "</s>"};
+    assert_int_equal(kvr_chat_create(&c, &plain, &err), KVR_OK);
+    assert_int_equal(kvr_chat_source(c), KVR_CHAT_SOURCE_PLAIN);
+    assert_null(kvr_chat_end_of_turn(c));
+    out = apply(c, convo, N_CONVO, true);
+    assert_string_equal(out, "system: Be brief.\nuser: Hi\nassistant: Hello!\n"
+                             "user: Name a colour.\nassistant:");
+    kvr_free(out);
+    out = apply(c, convo + 1, 1, false);
+    assert_string_equal(out, "user: Hi\n");
+    kvr_free(out);
+    kvr_chat_destroy(c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -182,6 +275,8 @@ int main(void)
         cmocka_unit_test(test_render_errors),
         cmocka_unit_test(test_detect),
         cmocka_unit_test(test_names),
+        cmocka_unit_test(test_chat_jinja),
+        cmocka_unit_test(test_chat_builtin_and_plain),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

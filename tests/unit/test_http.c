@@ -255,6 +255,11 @@ struct fixture {
     uint16_t port;
 };
 
+/* The model's chat template: ChatML, as a Jinja program (rendered by jinja.c). */
+static const char chatml_jinja[] =
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
 static struct fixture *start_cfg(size_t max_body, uint32_t stall_timeout_s)
 {
     struct fixture *fx = calloc(1, sizeof *fx);
@@ -266,8 +271,8 @@ static struct fixture *start_cfg(size_t max_body, uint32_t stall_timeout_s)
                                    .model_name = "fake-stories",
                                    .n_ctx = N_CTX,
                                    .tok = fx->tok,
-                                   .chat_template = "{{ '<|im_start|>' }}",
-                                   .chat_template_len = 19};
+                                   .chat_template = chatml_jinja,
+                                   .chat_template_len = sizeof chatml_jinja - 1};
     struct kvr_http_config cfg;
     kvr_http_config_init(&cfg);
     cfg.port = 0;
@@ -1226,6 +1231,55 @@ static void test_config_errors(void **state)
     kvr_tok_destroy(tok);
 }
 
+/* --chat-template FILE's source replaces the model's template; a template that refuses
+ * the conversation or fails on it is a 400 with its message, and the server goes on. */
+static void test_chat_template_errors(void **state)
+{
+    struct kvr_tok *tok = make_tok();
+    struct fake f;
+    memset(&f, 0, sizeof f);
+    pthread_mutex_init(&f.mu, NULL);
+    fake_reset(&f);
+    struct kvr_service svc = {.ops = &fake_ops, .ctx = &f, .model_name = "m", .n_ctx = N_CTX,
+                              .tok = tok, .chat_template = "{{ nonsense", .chat_template_len = 11};
+    static const char tmpl[] =
+        "{% if messages[-1].role != 'user' %}{{ raise_exception('the last message must be "
+        "from the user') }}{% endif %}{% if messages[0].content == 'boom' %}"
+        "{{ messages[0].content + 1 }}{% endif %}"
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+    struct kvr_http_config cfg;
+    kvr_http_config_init(&cfg);
+    cfg.port = 0;
+    cfg.api_key = API_KEY;
+    cfg.chat_template_src = tmpl;
+    cfg.chat_template_src_len = sizeof tmpl - 1;
+    struct kvr_http *h = NULL;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_http_create(&h, &cfg, &svc, &err), KVR_OK);
+    uint16_t port = kvr_http_port(h);
+    struct resp r;
+    post(port, "/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}, "
+         "{\"role\": \"assistant\", \"content\": \"a\"}], \"max_tokens\": 2}",
+         &r);
+    expect_error(&r, 400, "refused the conversation: line 1: the last message must be from");
+    resp_free(&r);
+    post(port, "/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"boom\"}], \"max_tokens\": 2}",
+         &r);
+    expect_error(&r, 400, "the chat template failed on this conversation: line 1:");
+    resp_free(&r);
+    expect_alive(port);
+    kvr_http_destroy(h);
+
+    /* The model's own template is parsed at start-up: a broken one is refused there. */
+    cfg.chat_template_src = NULL;
+    assert_int_equal(kvr_http_create(&h, &cfg, &svc, &err), KVR_EFORMAT);
+    assert_non_null(strstr(err.msg, "chat template: line 1:"));
+    kvr_tok_destroy(tok);
+    pthread_mutex_destroy(&f.mu);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1245,6 +1299,7 @@ int main(void)
         cmocka_unit_test(test_shutdown_with_stream),
         cmocka_unit_test(test_stall_timeout),
         cmocka_unit_test(test_config_errors),
+        cmocka_unit_test(test_chat_template_errors),
     };
     int failed = cmocka_run_group_tests_name("http", tests, setup, teardown);
     failed += cmocka_run_group_tests_name("http_lifecycle", solo, NULL, NULL);

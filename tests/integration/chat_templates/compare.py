@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Render the chat templates of real models with jinja2 the way Hugging Face transformers
+does, and with Kvasir's interpreter (tests/tools/kvr_jinja), over the same deterministic
+conversations; every render must be byte-identical, and a template that raises for a
+conversation must raise in both.
+
+    compare.py KVR_JINJA_BINARY NODE_MODULES_DIR PACKAGE...
+
+The jinja2 environment is Hugging Face's: an immutable sandbox with trim_blocks,
+lstrip_blocks and the loop controls, raise_exception() and strftime_now() as globals, and a
+tojson filter that is json.dumps(ensure_ascii=False) with Python's default separators.
+strftime_now formats a fixed time (2024-07-26 12:00) so that both renderers agree."""
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import jinja2
+import jinja2.ext
+import jinja2.sandbox
+
+FIXED_NOW = datetime.datetime(2024, 7, 26, 12, 0, 0)
+
+
+def make_env():
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: FIXED_NOW.strftime(fmt)
+    return env
+
+
+def token_text(tok):
+    if isinstance(tok, dict):
+        return tok.get("content")
+    return tok
+
+
+# Ten conversations, each rendered with and without add_generation_prompt: 20 cases.
+LONG = " ".join("word%d" % i for i in range(300))
+CONVERSATIONS = [
+    [("user", "Hello!")],
+    [("system", "You are a helpful assistant."), ("user", "What is 2+2?")],
+    [("system", "Be brief."), ("user", "Hi"), ("assistant", "Hello! How can I help?"),
+     ("user", "Tell me a joke.")],
+    [("user", "First question"), ("assistant", "First answer"), ("user", "Second question"),
+     ("assistant", "Second answer")],
+    [("user", ""), ("assistant", ""), ("user", "   ")],
+    [("system", "Line one\nLine two\n\n  indented line\n"),
+     ("user", "multi\nline\r\nquestion\n\n"), ("assistant", "  leading and trailing  \n"),
+     ("user", "\ttabs\tand\nnewlines\n")],
+    [("system", "Réponds en français, s'il te plaît."), ("user", "日本語で答えてください。🙂"),
+     ("assistant", "はい！ Ελληνικά, кириллица, עברית, e\u0301"), ("user", "Straße, ÆØÅ, İı")],
+    [("user", "Quotes ' \" and backslashes \\ \\n {{ not a tag }} {% raw %} <|im_end|> </s>"),
+     ("assistant", "<think>\nreasoning here\n</think>\n\nThe answer."), ("user", LONG)],
+    [("assistant", "I speak first."), ("user", "Then me.")],
+    [("system", "sys"), ("user", "one"), ("user", "two in a row")],
+]
+
+
+def cases_for(config):
+    bos = token_text(config.get("bos_token"))
+    eos = token_text(config.get("eos_token"))
+    cases = []
+    for conv in CONVERSATIONS:
+        for gen in (True, False):
+            v = {"messages": [{"role": r, "content": c} for r, c in conv], "tools": None,
+                 "documents": None, "add_generation_prompt": gen}
+            if bos is not None:
+                v["bos_token"] = bos
+            if eos is not None:
+                v["eos_token"] = eos
+            cases.append(v)
+    return cases
+
+
+def render_jinja2(env, source, cases):
+    try:
+        tmpl = env.from_string(source)
+    except jinja2.exceptions.TemplateError as e:
+        return [{"ok": False, "error": "compile: %s" % e}] * len(cases)
+    out = []
+    for v in cases:
+        try:
+            out.append({"ok": True, "text": tmpl.render(**v)})
+        except Exception as e:  # a template's raise_exception, or any runtime error
+            out.append({"ok": False, "error": "%s: %s" % (type(e).__name__, e)})
+    return out
+
+
+def main():
+    binary, modules = sys.argv[1], sys.argv[2]
+    env = make_env()
+    failures = 0
+    total = 0
+    for pkg in sys.argv[3:]:
+        path = os.path.join(modules, pkg, "models", "tokenizer_config.json")
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+        source = config.get("chat_template")
+        if isinstance(source, list):
+            source = next(t["template"] for t in source if t.get("name") == "default")
+        if not isinstance(source, str):
+            print("FAIL %s: no chat_template in %s" % (pkg, path))
+            failures += 1
+            continue
+        cases = cases_for(config)
+        want = render_jinja2(env, source, cases)
+        with tempfile.TemporaryDirectory() as tmp:
+            tpath = os.path.join(tmp, "template.jinja")
+            cpath = os.path.join(tmp, "cases.json")
+            with open(tpath, "w", encoding="utf-8") as f:
+                f.write(source)
+            with open(cpath, "w", encoding="utf-8") as f:
+                json.dump(cases, f)
+            run = subprocess.run([binary, tpath, cpath], capture_output=True, timeout=60)
+        if run.returncode != 0:
+            print("FAIL %s: kvr_jinja exited %d: %s" % (pkg, run.returncode,
+                                                        run.stderr.decode(errors="replace")))
+            failures += 1
+            continue
+        got = json.loads(run.stdout)
+        n_same = n_raise = 0
+        for i, (w, g) in enumerate(zip(want, got)):
+            total += 1
+            if w["ok"] and g["ok"] and w["text"] == g["text"]:
+                n_same += 1
+                continue
+            if not w["ok"] and not g["ok"]:
+                n_same += 1
+                n_raise += 1
+                continue
+            failures += 1
+            print("FAIL %s case %d (add_generation_prompt=%s):" % (pkg, i,
+                                                                  cases[i]["add_generation_prompt"]))
+            print("  jinja2: %r" % (w.get("text") if w["ok"] else "ERROR " + w["error"]))
+            print("  kvasir: %r" % (g.get("text") if g["ok"] else "ERROR " + g["error"]))
+        print("%-28s %2d/%d identical (%d raise in both)" % (pkg, n_same, len(cases), n_raise))
+    print("%d renders compared, %d differ" % (total, failures))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
