@@ -92,7 +92,7 @@ struct kvr_arch {
     bool moe_always;        /* every layer is a mixture of experts (else: when the file
                                sets ARCH.expert_count) */
     enum kvr_moe_gating moe_gating; /* how router logits become routing weights */
-    bool moe_norm;          /* default of ARCH.expert_weights_norm */
+    bool moe_norm;          /* SOFTMAX gating: renormalise the selected weights */
     bool moe_shared;        /* layers also have a shared expert */
 };
 

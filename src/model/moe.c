@@ -67,11 +67,6 @@ int kvr_moe_hparams_read(struct kvr_moe_hparams *mp, const struct kvr_gguf *g, c
     }
     mp->gating = gating;
     mp->norm_topk = norm_default;
-    char key[96];
-    snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
-    rc = kvr_gguf_get_bool(g, key, &mp->norm_topk, err);
-    if (rc && rc != KVR_ENOTFOUND)
-        return rc;
     if (mp->n_expert > KVR_MOE_MAX_EXPERTS || mp->n_used == 0 || mp->n_used > mp->n_expert ||
         mp->n_used > KVR_MOE_MAX_USED || mp->n_ff_exp == 0 || mp->n_ff_exp > 262144 ||
         mp->n_ff_shexp > 262144)
@@ -325,7 +320,8 @@ int kvr_moe_work_create(struct kvr_moe_work **out, uint32_t n_embd,
     w->n_embd = n_embd;
     w->max_rows = max_rows;
     w->max_pairs = (size_t)max_rows * mp->n_used;
-    w->act = strcmp(kvr_kernels_init(), "avx2") == 0 ? kvr_attn_ops_avx2 : kvr_attn_ops_plain;
+    kvr_kernels_init();
+    w->act = kvr_kernels_avx2_ok() ? kvr_attn_ops_avx2 : kvr_attn_ops_plain; /* as the engine */
 
     size_t act_x = 0, act_pair = 0, act_h = 0;
     for (uint32_t i = 0; i < n_layers; i++) {

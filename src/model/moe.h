@@ -23,7 +23,10 @@
  * [n_ff_shexp, n_embd], ffn_gate_inp_shexp.weight [n_embd]. Keys: <arch>.expert_count,
  * <arch>.expert_used_count, <arch>.expert_feed_forward_length (absent in Mixtral-style
  * llama files, whose experts are feed_forward_length wide),
- * <arch>.expert_shared_feed_forward_length, <arch>.expert_weights_norm.
+ * <arch>.expert_shared_feed_forward_length. Whether the selected weights are renormalised
+ * is the architecture's (qwen3moe yes, qwen2moe no), not <arch>.expert_weights_norm's:
+ * llama.cpp ignores that key for both (a qwen3moe file with it false and a qwen2moe file
+ * with it true give its usual ids, measured 2026-12-01), so Kvasir does too.
  *
  * Batch invariance, and placement invariance: every pair's output depends only on its own
  * row, expert and weight (kvr_matmul reduces each element in one fixed order whatever the
@@ -73,8 +76,8 @@ struct kvr_moe_hparams {
 
 /* Read the expert keys of architecture `arch` ("llama", "qwen3moe"). With no
  * <arch>.expert_count key, or a count of 0, the model is dense: n_expert = 0, KVR_OK.
- * `gating` and `norm_default` are the architecture's (from its table entry);
- * <arch>.expert_weights_norm overrides norm_default when present. n_ff is the model's
+ * `gating` and `norm_default` (norm_topk) are the architecture's, from its table entry.
+ * n_ff is the model's
  * feed_forward_length, the experts' width when <arch>.expert_feed_forward_length is absent.
  * `shared` says whether the architecture has a shared expert (its width is then read from
  * <arch>.expert_shared_feed_forward_length, required). Bounds are checked with a message. */
