@@ -4,19 +4,26 @@
  * the ring thread, then the public API.
  *
  * One mutex (b->lock) guards the scheduler and every stream's queue. The ring thread holds
- * it while the scheduler builds a batch or applies a result, never while it does I/O. */
+ * it while the scheduler builds a batch or applies a result, never while it does I/O.
+ *
+ * The ring thread is one event loop (core/ev.h) owning every socket: the listening socket
+ * (the tail dials in), the head link (batches out, credits and acks back) and the tail link
+ * (results, RESETs and heartbeats in). Sends never block: a batch the socket does not take
+ * at once goes on when it is writable. Timers replace every poll: dialling the head with
+ * backoff, the head's heartbeat and liveness (credit.h: dead when it answers nothing for
+ * KVR_CREDIT_DEAD_MS), and the scheduler's own deadlines (kvr_sched_tick). An idle ring
+ * wakes the thread only for heartbeats. */
 #include "bridge/bridge.h"
 
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "core/ev.h"
 #include "core/log.h"
 #include "ring/credit.h"
 #include "ring/net.h"
 #include "ring/wire.h"
 
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -25,11 +32,13 @@
 #include <unistd.h>
 
 enum {
-    POLL_MS = 50,
     TAIL_CREDITS = 4,        /* result frames the tail may send ahead of our reading */
     HANDSHAKE_MS = 3000,
-    SEND_MS = 15000,         /* a batch the head has not taken by then: the link is dead */
+    BACKOFF_MIN_MS = 50,     /* dialling the head again while it cannot be reached */
+    BACKOFF_MAX_MS = 1000,
 };
+
+#define MS_NS 1000000ull
 
 /* ---- streams ---------------------------------------------------------------------------- */
 
@@ -70,23 +79,23 @@ struct kvr_bridge {
     pthread_cond_t any_cond;
     atomic_bool ring_up;              /* the scheduler's ring_up, readable without the lock */
 
-    /* Links, owned by the ring thread. */
+    /* The event loop and the links, owned by the ring thread. */
+    struct kvr_ev *ev;
+    int t_tick, t_connect, t_heartbeat; /* timers */
     int listen_fd;
     struct kvr_link head, tail;
     bool have_head, have_tail;
     uint32_t head_credits;            /* frames stage 0 has room for (credit.h) */
-    int wake_pipe[2];
+    uint64_t head_await_ns;           /* something sent to the head it has not answered */
+    uint64_t head_last_send_ns;
+    uint64_t n_heartbeats;
+    uint32_t backoff_ms;
     atomic_bool stop;
     pthread_t thread;
     bool thread_started;
 };
 
-static void wake(struct kvr_bridge *b)
-{
-    char c = 1;
-    ssize_t n = write(b->wake_pipe[1], &c, 1);
-    (void)n; /* a full pipe already means "wake up" */
-}
+static void wake(struct kvr_bridge *b) { kvr_ev_wake(b->ev); }
 
 static void stream_free(struct kvr_bridge_stream *s)
 {
@@ -143,162 +152,288 @@ static void sync_up(struct kvr_bridge *b)
 
 /* ---- links ---------------------------------------------------------------------------------- */
 
+static void arm_tick(struct kvr_bridge *b);
+static void fill(struct kvr_bridge *b);
+
+/* Close both links and tell the scheduler; dialling starts again. */
 static void ring_down(struct kvr_bridge *b, const char *why)
 {
-    if (b->have_head)
+    if (b->have_head) {
+        kvr_ev_unwatch(b->ev, b->head.fd);
         kvr_link_fini(&b->head);
-    if (b->have_tail)
+    }
+    if (b->have_tail) {
+        kvr_ev_unwatch(b->ev, b->tail.fd);
         kvr_link_fini(&b->tail);
+    }
     b->have_head = b->have_tail = false;
+    b->head_await_ns = 0;
+    kvr_ev_events(b->ev, b->listen_fd, KVR_EV_READ);
     pthread_mutex_lock(&b->lock);
     kvr_sched_link_down(b->sched, why, kvr_now_ns());
     sync_up(b);
     pthread_mutex_unlock(&b->lock);
+    kvr_ev_timer_at(b->ev, b->t_heartbeat, 0);
+    b->backoff_ms = BACKOFF_MIN_MS;
+    kvr_ev_timer_at(b->ev, b->t_connect, kvr_now_ns() + BACKOFF_MIN_MS * MS_NS);
+    arm_tick(b);
 }
 
-/* Bring both links up: accept the tail, dial the head. Called by the ring thread while the
- * ring is down; returns quickly either way. */
-static void try_connect(struct kvr_bridge *b)
+/* Something went to the head: from now on it owes us a byte (credit or ack). */
+static void sent_to_head(struct kvr_bridge *b, uint64_t now)
 {
+    b->head_last_send_ns = now;
+    if (!b->head_await_ns)
+        b->head_await_ns = now;
+}
+
+/* The head's credits and acks (credit.h), or its close. */
+static void on_head(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
+{
+    struct kvr_bridge *b = arg;
     struct kvr_err err = {0};
-    if (!b->have_tail) {
-        int fd;
-        char peer[KVR_NET_PEER_BYTES];
-        if (kvr_net_accept(b->listen_fd, kvr_net_deadline(POLL_MS), &fd, peer, sizeof peer,
-                           &err) == 0) {
-            if (kvr_link_init(&b->tail, fd, peer, &b->tail_limits, KVR_LINK_RECV, &err) == 0 &&
-                kvr_link_handshake_server(&b->tail, &b->plan, KVR_AUTH_ROLE_BRIDGE, 0,
-                                          HANDSHAKE_MS, &err) == 0) {
-                b->have_tail = true;
-                KVR_INFO("bridge: tail connected from %s", peer);
-            } else {
-                KVR_WARN("bridge: refused connection from %s: %s", peer, err.msg);
-                kvr_link_fini(&b->tail);
-            }
+    if (events & KVR_EV_WRITE) {
+        int rc = kvr_link_send_resume(&b->head, &err);
+        if (rc && rc != KVR_EAGAIN) {
+            ring_down(b, err.msg);
+            return;
         }
+        if (rc == 0)
+            kvr_ev_events(ev, fd, KVR_EV_READ);
     }
-    if (!b->have_head) {
-        int fd;
-        const char *addr = b->plan.stages[0].addr;
-        if (kvr_net_connect(addr, kvr_net_deadline(500), &fd, &err) == 0) {
-            if (kvr_link_init(&b->head, fd, addr, &b->head_limits, KVR_LINK_SEND, &err) == 0 &&
-                kvr_link_handshake_client(&b->head, &b->plan, KVR_AUTH_ROLE_BRIDGE, 0,
-                                          HANDSHAKE_MS, &err) == 0) {
-                b->have_head = true;
-                KVR_INFO("bridge: head %s connected", addr);
-            } else {
-                KVR_WARN("bridge: head %s: %s", addr, err.msg);
-                kvr_link_fini(&b->head);
-                kvr_sleep_ns(200 * 1000000ull);
-            }
-        } else {
-            kvr_sleep_ns(POLL_MS * 1000000ull);
+    if (events & (KVR_EV_READ | KVR_EV_ERROR)) {
+        bool heard = false;
+        int rc = kvr_credit_read(fd, &b->head_credits, &heard);
+        if (rc) {
+            ring_down(b, rc == KVR_ECLOSED ? "the head closed its link"
+                                           : "the head sent garbage instead of credits");
+            return;
         }
+        if (heard)
+            b->head_await_ns = 0;
     }
-    if (b->have_head && b->have_tail) {
-        b->head_credits = 0;
-        if (kvr_credit_grant(b->tail.fd, TAIL_CREDITS)) {
-            ring_down(b, "the tail went away");
+    fill(b);
+}
+
+/* Frames from the tail: results, RESETs, heartbeats (answered with an ack). */
+static void on_tail(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
+{
+    (void)ev;
+    (void)fd;
+    (void)events;
+    struct kvr_bridge *b = arg;
+    for (;;) {
+        struct kvr_err err = {0};
+        const struct kvr_wire_frame *f;
+        int rc = kvr_link_recv(&b->tail, KVR_NET_NOW, &f, &err);
+        if (rc == KVR_ETIMEDOUT)
+            break;
+        if (rc) {
+            ring_down(b, rc == KVR_ECLOSED ? "the tail closed its link" : err.msg);
+            return;
+        }
+        uint32_t type = f->hdr.type;
+        if (type == KVR_WIRE_HEARTBEAT) {
+            if (kvr_credit_ack(b->tail.fd)) {
+                ring_down(b, "the tail went away");
+                return;
+            }
+            continue;
+        }
+        if (type == KVR_WIRE_GOODBYE) {
+            ring_down(b, "the tail said goodbye");
             return;
         }
         pthread_mutex_lock(&b->lock);
-        kvr_sched_link_up(b->sched, kvr_now_ns());
+        uint64_t now = kvr_now_ns();
+        if (type == KVR_WIRE_RESET)
+            kvr_sched_reset(b->sched, f->hdr.arg, f->hdr.batch_id, now);
+        else if (type == KVR_WIRE_RESULT)
+            rc = kvr_sched_result(b->sched, f, now, &err);
+        sync_up(b);
         pthread_mutex_unlock(&b->lock);
-        KVR_INFO("bridge: links up; waiting for a batch to go round the ring");
+        if (rc) {
+            ring_down(b, err.msg);
+            return;
+        }
+        if (type == KVR_WIRE_RESULT && kvr_credit_grant(b->tail.fd, 1)) {
+            ring_down(b, "the tail went away");
+            return;
+        }
     }
+    arm_tick(b);
+    fill(b);
+}
+
+/* Both links are up: credits to the tail, a probe round the ring. */
+static void links_up(struct kvr_bridge *b)
+{
+    b->head_credits = 0;
+    b->head_await_ns = 0;
+    b->head_last_send_ns = kvr_now_ns();
+    if (kvr_credit_grant(b->tail.fd, TAIL_CREDITS) ||
+        kvr_ev_watch(b->ev, b->tail.fd, KVR_EV_READ, on_tail, b) ||
+        kvr_ev_watch(b->ev, b->head.fd, KVR_EV_READ, on_head, b)) {
+        ring_down(b, "the tail went away");
+        return;
+    }
+    pthread_mutex_lock(&b->lock);
+    kvr_sched_link_up(b->sched, kvr_now_ns());
+    pthread_mutex_unlock(&b->lock);
+    KVR_INFO("bridge: links up; waiting for a batch to go round the ring");
+    kvr_ev_timer_at(b->ev, b->t_heartbeat, kvr_now_ns() + KVR_CREDIT_HEARTBEAT_MS * MS_NS);
+    fill(b);
+}
+
+/* The tail dials us: accept and authenticate it (the handshake waits at most
+ * HANDSHAKE_MS per message). Only one tail at a time: the listening socket is not watched
+ * while we have one. */
+static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
+{
+    (void)events;
+    struct kvr_bridge *b = arg;
+    struct kvr_err err = {0};
+    int cfd;
+    char peer[KVR_NET_PEER_BYTES];
+    if (b->have_tail || kvr_net_accept(fd, KVR_NET_NOW, &cfd, peer, sizeof peer, &err))
+        return;
+    if (kvr_link_init(&b->tail, cfd, peer, &b->tail_limits, KVR_LINK_RECV, &err) == 0 &&
+        kvr_link_handshake_server(&b->tail, &b->plan, KVR_AUTH_ROLE_BRIDGE, 0, HANDSHAKE_MS,
+                                  &err) == 0) {
+        b->have_tail = true;
+        kvr_ev_events(ev, fd, 0);
+        KVR_INFO("bridge: tail connected from %s", peer);
+        if (b->have_head)
+            links_up(b);
+    } else {
+        KVR_WARN("bridge: refused connection from %s: %s", peer, err.msg);
+        kvr_link_fini(&b->tail);
+    }
+}
+
+/* Dial the head; again after a growing pause while it cannot be reached. */
+static void on_connect_timer(struct kvr_ev *ev, void *arg)
+{
+    struct kvr_bridge *b = arg;
+    if (b->have_head)
+        return;
+    struct kvr_err err = {0};
+    int fd;
+    const char *addr = b->plan.stages[0].addr;
+    int rc = kvr_net_connect(addr, kvr_net_deadline(500), &fd, &err);
+    if (rc == 0) {
+        if (kvr_link_init(&b->head, fd, addr, &b->head_limits, KVR_LINK_SEND, &err) == 0 &&
+            kvr_link_handshake_client(&b->head, &b->plan, KVR_AUTH_ROLE_BRIDGE, 0,
+                                      HANDSHAKE_MS, &err) == 0) {
+            b->have_head = true;
+            b->backoff_ms = BACKOFF_MIN_MS;
+            KVR_INFO("bridge: head %s connected", addr);
+            if (b->have_tail)
+                links_up(b);
+            else
+                KVR_INFO("bridge: waiting for the tail (stage %u) to connect to %s",
+                         b->plan.n_stages - 1, b->plan.bridge_addr);
+            return;
+        }
+        KVR_WARN("bridge: head %s: %s", addr, err.msg);
+        kvr_link_fini(&b->head);
+    } else if (b->backoff_ms >= BACKOFF_MAX_MS) {
+        KVR_INFO("bridge: waiting for the head (stage 0) at %s: %s", addr, err.msg);
+    }
+    kvr_ev_timer_at(ev, b->t_connect, kvr_now_ns() + (uint64_t)b->backoff_ms * MS_NS);
+    b->backoff_ms = b->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : b->backoff_ms * 2;
+}
+
+/* Liveness of the head (credit.h): a heartbeat after a second without a frame; dead when
+ * it has answered nothing for KVR_CREDIT_DEAD_MS since something was sent to it, which is
+ * also the deadline of a frame it does not take off the socket. */
+static void on_heartbeat_timer(struct kvr_ev *ev, void *arg)
+{
+    struct kvr_bridge *b = arg;
+    if (!b->have_head || !b->have_tail)
+        return;
+    uint64_t now = kvr_now_ns();
+    if (b->head_await_ns && now - b->head_await_ns >= KVR_CREDIT_DEAD_MS * MS_NS) {
+        char why[160];
+        snprintf(why, sizeof why, "the head stopped reading: nothing back for %d ms%s",
+                 KVR_CREDIT_DEAD_MS, b->head.tx_pending ? ", a frame half sent" : "");
+        ring_down(b, why);
+        return;
+    }
+    if (now - b->head_last_send_ns >= KVR_CREDIT_HEARTBEAT_MS * MS_NS && !b->head.tx_pending) {
+        struct kvr_wire_msg m = {.type = KVR_WIRE_HEARTBEAT, .batch_id = ++b->n_heartbeats};
+        struct kvr_err err = {0};
+        int rc = kvr_link_send_begin(&b->head, &m, &err);
+        if (rc && rc != KVR_EAGAIN) {
+            ring_down(b, err.msg);
+            return;
+        }
+        if (rc == KVR_EAGAIN)
+            kvr_ev_events(ev, b->head.fd, KVR_EV_READ | KVR_EV_WRITE);
+        sent_to_head(b, now);
+    }
+    uint64_t next = b->head_last_send_ns + KVR_CREDIT_HEARTBEAT_MS * MS_NS;
+    if (b->head_await_ns && b->head_await_ns + KVR_CREDIT_DEAD_MS * MS_NS < next)
+        next = b->head_await_ns + KVR_CREDIT_DEAD_MS * MS_NS;
+    kvr_ev_timer_at(ev, b->t_heartbeat, next > now ? next : now + MS_NS);
 }
 
 /* ---- the ring thread ------------------------------------------------------------------------ */
 
-/* A frame from the tail. Returns false if the links must go down (ring_down done). */
-static bool on_tail_frame(struct kvr_bridge *b, const struct kvr_wire_frame *f)
+/* Send batches while the head has credits and the window has room. */
+static void fill(struct kvr_bridge *b)
 {
-    struct kvr_err err = {0};
-    if (f->hdr.type == KVR_WIRE_GOODBYE) {
-        ring_down(b, "the tail said goodbye");
-        return false;
-    }
-    if (f->hdr.type == KVR_WIRE_RESET) {
+    if (!b->have_head || !b->have_tail || atomic_load(&b->stop))
+        return;
+    while (b->head_credits > 0 && !b->head.tx_pending) {
+        uint64_t now = kvr_now_ns();
         pthread_mutex_lock(&b->lock);
-        kvr_sched_reset(b->sched, f->hdr.arg, f->hdr.batch_id, kvr_now_ns());
-        sync_up(b);
+        const struct kvr_wire_msg *m = kvr_sched_next_batch(b->sched, now);
         pthread_mutex_unlock(&b->lock);
-        return true;
+        if (!m)
+            break;
+        b->head_credits--;
+        struct kvr_err err = {0};
+        int rc = kvr_link_send_begin(&b->head, m, &err);
+        if (rc && rc != KVR_EAGAIN) {
+            ring_down(b, err.msg);
+            return;
+        }
+        sent_to_head(b, now);
+        if (rc == KVR_EAGAIN) /* the rest goes when the socket has room (on_head) */
+            kvr_ev_events(b->ev, b->head.fd, KVR_EV_READ | KVR_EV_WRITE);
     }
-    if (f->hdr.type != KVR_WIRE_RESULT)
-        return true;
+    arm_tick(b);
+}
+
+/* The scheduler's own clock: a timer at the next moment it has something to do. */
+static void arm_tick(struct kvr_bridge *b)
+{
     pthread_mutex_lock(&b->lock);
-    int rc = kvr_sched_result(b->sched, f, kvr_now_ns(), &err);
+    uint64_t next = kvr_sched_tick(b->sched, kvr_now_ns());
     sync_up(b);
     pthread_mutex_unlock(&b->lock);
-    if (rc) {
-        ring_down(b, err.msg);
-        return false;
-    }
-    if (kvr_credit_grant(b->tail.fd, 1)) {
-        ring_down(b, "the tail went away");
-        return false;
-    }
-    return true;
+    kvr_ev_timer_at(b->ev, b->t_tick, next);
+}
+
+static void on_tick_timer(struct kvr_ev *ev, void *arg)
+{
+    (void)ev;
+    fill(arg); /* fill ticks the scheduler, and sends a probe it may ask for */
+    arm_tick(arg);
+}
+
+/* A consumer submitted or cancelled. */
+static void on_wake(struct kvr_ev *ev, void *arg)
+{
+    (void)ev;
+    fill(arg);
 }
 
 static void *ring_main(void *arg)
 {
     struct kvr_bridge *b = arg;
-    while (!atomic_load(&b->stop)) {
-        pthread_mutex_lock(&b->lock);
-        kvr_sched_tick(b->sched, kvr_now_ns());
-        sync_up(b);
-        pthread_mutex_unlock(&b->lock);
-        if (!b->have_head || !b->have_tail) {
-            try_connect(b);
-            continue;
-        }
-        /* Fill the window. */
-        struct kvr_err err = {0};
-        while (b->head_credits > 0) {
-            pthread_mutex_lock(&b->lock);
-            const struct kvr_wire_msg *m = kvr_sched_next_batch(b->sched, kvr_now_ns());
-            pthread_mutex_unlock(&b->lock);
-            if (!m)
-                break;
-            b->head_credits--;
-            if (kvr_link_send(&b->head, m, kvr_net_deadline(SEND_MS), &err)) {
-                ring_down(b, err.msg);
-                break;
-            }
-        }
-        if (!b->have_head || !b->have_tail)
-            continue; /* ring_down */
-        /* Wait for a result, a credit from the head, or a wake-up. */
-        struct pollfd pfd[3] = {{b->tail.fd, POLLIN, 0}, {b->wake_pipe[0], POLLIN, 0},
-                                {b->head.fd, POLLIN, 0}};
-        int n = poll(pfd, 3, POLL_MS);
-        if (n > 0 && (pfd[1].revents & POLLIN)) {
-            char buf[64];
-            while (read(b->wake_pipe[0], buf, sizeof buf) > 0) {
-            }
-        }
-        if (n > 0 && (pfd[2].revents & (POLLIN | POLLHUP | POLLERR))) {
-            int rc = kvr_credit_take(b->head.fd, &b->head_credits, 0);
-            if (rc) {
-                ring_down(b, rc == KVR_ECLOSED ? "the head closed its link"
-                                               : "the head sent garbage instead of credits");
-                continue;
-            }
-        }
-        if (n > 0 && (pfd[0].revents & (POLLIN | POLLHUP | POLLERR))) {
-            const struct kvr_wire_frame *f;
-            int rc = kvr_link_recv(&b->tail, kvr_net_deadline(POLL_MS), &f, &err);
-            if (rc == KVR_ETIMEDOUT)
-                continue;
-            if (rc) {
-                ring_down(b, rc == KVR_ECLOSED ? "the tail closed its link" : err.msg);
-                continue;
-            }
-            on_tail_frame(b, f);
-        }
-    }
+    kvr_ev_run(b->ev);
     return NULL;
 }
 
@@ -310,7 +445,7 @@ void kvr_bridge_stop(struct kvr_bridge *b)
         return;
     atomic_store(&b->stop, true);
     if (b->thread_started) {
-        wake(b);
+        kvr_ev_stop(b->ev);
         pthread_join(b->thread, NULL);
         b->thread_started = false;
     }
@@ -332,9 +467,7 @@ void kvr_bridge_destroy(struct kvr_bridge *b)
     }
     if (b->listen_fd >= 0)
         close(b->listen_fd);
-    for (int i = 0; i < 2; i++)
-        if (b->wake_pipe[i] >= 0)
-            close(b->wake_pipe[i]);
+    kvr_ev_destroy(b->ev);
     kvr_sched_destroy(b->sched);
     pthread_mutex_destroy(&b->lock);
     pthread_cond_destroy(&b->up_cond);
@@ -354,7 +487,6 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
     b->cfg = *cfg;
     b->cfg.plan = &b->plan;
     b->listen_fd = -1;
-    b->wake_pipe[0] = b->wake_pipe[1] = -1;
     pthread_mutex_init(&b->lock, NULL);
     pthread_cond_init(&b->up_cond, NULL);
     pthread_cond_init(&b->any_cond, NULL);
@@ -369,14 +501,17 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
                                   .event = on_event, .event_ctx = b};
     if ((rc = kvr_sched_create(&b->sched, &sc, err)))
         goto fail;
-    if (pipe(b->wake_pipe) != 0) {
-        rc = kvr_err_set(err, KVR_EIO, "bridge: pipe: %s", strerror(errno));
+    if ((rc = kvr_ev_create(&b->ev, err)))
         goto fail;
-    }
-    fcntl(b->wake_pipe[0], F_SETFL, O_NONBLOCK);
-    fcntl(b->wake_pipe[1], F_SETFL, O_NONBLOCK);
-    if ((rc = kvr_net_listen(p->bridge_addr, 16, &b->listen_fd, NULL, err)))
+    b->t_tick = kvr_ev_timer(b->ev, on_tick_timer, b);
+    b->t_connect = kvr_ev_timer(b->ev, on_connect_timer, b);
+    b->t_heartbeat = kvr_ev_timer(b->ev, on_heartbeat_timer, b);
+    kvr_ev_on_wake(b->ev, on_wake, b);
+    b->backoff_ms = BACKOFF_MIN_MS;
+    if ((rc = kvr_net_listen(p->bridge_addr, 16, &b->listen_fd, NULL, err)) ||
+        (rc = kvr_ev_watch(b->ev, b->listen_fd, KVR_EV_READ, on_listen, b)))
         goto fail;
+    kvr_ev_timer_at(b->ev, b->t_connect, kvr_now_ns());
     if (pthread_create(&b->thread, NULL, ring_main, b) != 0) {
         rc = kvr_err_set(err, KVR_ENOMEM, "bridge: cannot start the ring thread");
         goto fail;

@@ -23,6 +23,45 @@ int kvr_credit_grant(int fd, uint32_t n)
     return KVR_OK;
 }
 
+int kvr_credit_ack(int fd)
+{
+    uint8_t b = KVR_CREDIT_ACK;
+    for (;;) {
+        ssize_t w = send(fd, &b, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w == 1)
+            return KVR_OK;
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return KVR_OK;
+        return KVR_ECLOSED;
+    }
+}
+
+int kvr_credit_read(int fd, uint32_t *credits, bool *heard)
+{
+    *heard = false;
+    for (;;) {
+        uint8_t buf[256];
+        ssize_t got = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (got == 0)
+            return KVR_ECLOSED;
+        if (got < 0)
+            return errno == EAGAIN || errno == EWOULDBLOCK ? KVR_OK
+                   : errno == EINTR                        ? KVR_OK
+                                                           : KVR_ECLOSED;
+        *heard = true;
+        for (ssize_t i = 0; i < got; i++) {
+            if (buf[i] == KVR_CREDIT_BYTE)
+                (*credits)++;
+            else if (buf[i] != KVR_CREDIT_ACK)
+                return KVR_EPROTO;
+        }
+        if ((size_t)got < sizeof buf)
+            return KVR_OK;
+    }
+}
+
 int kvr_credit_take(int fd, uint32_t *credits, int timeout_ms)
 {
     struct pollfd p = {fd, POLLIN, 0};
@@ -31,16 +70,6 @@ int kvr_credit_take(int fd, uint32_t *credits, int timeout_ms)
         return errno == EINTR ? KVR_OK : KVR_EIO;
     if (r == 0)
         return KVR_OK;
-    uint8_t buf[256];
-    ssize_t got = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (got == 0)
-        return KVR_ECLOSED;
-    if (got < 0)
-        return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? KVR_OK
-                                                                          : KVR_ECLOSED;
-    for (ssize_t i = 0; i < got; i++)
-        if (buf[i] != KVR_CREDIT_BYTE)
-            return KVR_EPROTO;
-    *credits += (uint32_t)got;
-    return KVR_OK;
+    bool heard;
+    return kvr_credit_read(fd, credits, &heard);
 }

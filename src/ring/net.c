@@ -388,6 +388,16 @@ int kvr_net_writev_full(int fd, const struct iovec *iov_in, int n_iov, uint64_t 
 
 /* ---- Links ----------------------------------------------------------------------------- */
 
+/* A frame body buffer: rounded up to whole cache lines, with room for a seal's tag; at
+ * least one line so the pointer is never NULL. */
+static size_t body_bytes_for(const struct kvr_wire_limits *limits)
+{
+    size_t body = limits->max_frame_bytes > KVR_WIRE_HEADER_BYTES
+                      ? limits->max_frame_bytes - KVR_WIRE_HEADER_BYTES
+                      : 0;
+    return (body + 63) / 64 * 64 + 64;
+}
+
 int kvr_link_init(struct kvr_link *link, int fd, const char *peer,
                   const struct kvr_wire_limits *limits, uint32_t dirs, struct kvr_err *err)
 {
@@ -398,11 +408,7 @@ int kvr_link_init(struct kvr_link *link, int fd, const char *peer,
     snprintf(link->peer, sizeof link->peer, "%s", peer ? peer : "peer");
     int rc = KVR_OK;
     if (dirs & KVR_LINK_RECV) {
-        /* Rounded up to whole cache lines; at least one so the pointer is never NULL. */
-        size_t body = limits->max_frame_bytes > KVR_WIRE_HEADER_BYTES
-                          ? limits->max_frame_bytes - KVR_WIRE_HEADER_BYTES
-                          : 0;
-        link->body_cap = (body + 63) / 64 * 64 + 64;
+        link->body_cap = body_bytes_for(limits);
         link->body = kvr_aligned_alloc(64, link->body_cap);
         if (!link->body) {
             rc = kvr_err_set(err, KVR_ENOMEM, "link %s: no memory for a %zu-byte frame buffer",
@@ -460,15 +466,16 @@ static int closed_error(const struct kvr_link *link, struct kvr_err *err)
     return kvr_err_set(err, KVR_ECLOSED, "link %s is closed", link->peer);
 }
 
-int kvr_link_recv(struct kvr_link *link, uint64_t deadline_ns, const struct kvr_wire_frame **out,
-                  struct kvr_err *err)
+/* Receive a frame whose body goes into body/body_cap and decodes into *frame; a NULL
+ * body means "no slot": only a frame without a body can be taken (see net.h). */
+static int recv_frame(struct kvr_link *link, uint8_t *body, size_t body_cap,
+                      struct kvr_wire_frame *frame, uint64_t deadline_ns,
+                      const struct kvr_wire_frame **out, struct kvr_err *err)
 {
     struct kvr_err e = {0}, why = {0};
     int rc;
     if (link->broken)
         return closed_error(link, err);
-    if (!link->body)
-        return kvr_err_set(err, KVR_EINVAL, "link %s was not opened for receiving", link->peer);
     size_t hdr_bytes = link->sealed ? KVR_SEAL_SEALED_HEADER_BYTES : KVR_WIRE_HEADER_BYTES;
     size_t tag_bytes = link->sealed ? KVR_SEAL_TAG_BYTES : 0;
     if (!link->hdr_ok) {
@@ -502,12 +509,20 @@ int kvr_link_recv(struct kvr_link *link, uint64_t deadline_ns, const struct kvr_
         link->body_have = 0;
     }
     size_t body_in = link->hdr.body_bytes ? link->hdr.body_bytes + tag_bytes : 0;
-    if (body_in > link->body_cap) { /* cannot happen: the limits sized both */
+    if (!body) {
+        if (body_in > 0)
+            return kvr_err_set(err, KVR_EAGAIN, "link %s: a %s frame waits for room",
+                               link->peer, kvr_wire_type_name(link->hdr.type));
+        body = link->body;
+        body_cap = link->body_cap;
+        frame = &link->frame;
+    }
+    if (body_in > body_cap) { /* cannot happen: the limits sized both */
         kvr_err_set(&why, KVR_EPROTO, "link %s: frame body of %u bytes does not fit", link->peer,
                     link->hdr.body_bytes);
         return break_link(link, KVR_EPROTO, &why, err);
     }
-    rc = read_some(link->fd, link->body, body_in, &link->body_have, deadline_ns, &e);
+    rc = read_some(link->fd, body, body_in, &link->body_have, deadline_ns, &e);
     if (rc == KVR_ETIMEDOUT)
         return kvr_err_set(err, rc,
                            "link %s: frame body incomplete at the deadline (%zu of %zu "
@@ -521,9 +536,9 @@ int kvr_link_recv(struct kvr_link *link, uint64_t deadline_ns, const struct kvr_
         return break_link(link, KVR_EPROTO, &why, err);
     }
     if (rc == KVR_OK && link->sealed && body_in &&
-        kvr_seal_open_body(&link->seal_rx, link->body, link->hdr.body_bytes, &e))
+        kvr_seal_open_body(&link->seal_rx, body, link->hdr.body_bytes, &e))
         rc = KVR_EPROTO;
-    if (rc == KVR_OK && (rc = kvr_wire_decode_body(&link->frame, &link->hdr, link->body,
+    if (rc == KVR_OK && (rc = kvr_wire_decode_body(frame, &link->hdr, body,
                                                    link->hdr.body_bytes, &link->limits, &e)))
         rc = KVR_EPROTO;
     if (rc) {
@@ -534,9 +549,127 @@ int kvr_link_recv(struct kvr_link *link, uint64_t deadline_ns, const struct kvr_
     link->hdr_have = 0;
     link->frames_in++;
     link->bytes_in += hdr_bytes + (uint64_t)body_in;
-    *out = &link->frame;
+    *out = frame;
     return KVR_OK;
 }
+
+int kvr_link_recv(struct kvr_link *link, uint64_t deadline_ns, const struct kvr_wire_frame **out,
+                  struct kvr_err *err)
+{
+    if (!link->body && !link->broken)
+        return kvr_err_set(err, KVR_EINVAL, "link %s was not opened for receiving", link->peer);
+    return recv_frame(link, link->body, link->body_cap, &link->frame, deadline_ns, out, err);
+}
+
+int kvr_link_recv_into(struct kvr_link *link, struct kvr_link_rx *rx, uint64_t deadline_ns,
+                       const struct kvr_wire_frame **out, struct kvr_err *err)
+{
+    if (!link->body && !link->broken)
+        return kvr_err_set(err, KVR_EINVAL, "link %s was not opened for receiving", link->peer);
+    return recv_frame(link, rx ? rx->body : NULL, rx ? rx->body_cap : 0, rx ? &rx->frame : NULL,
+                      deadline_ns, out, err);
+}
+
+int kvr_link_rx_init(struct kvr_link_rx *rx, const struct kvr_wire_limits *limits,
+                     struct kvr_err *err)
+{
+    memset(rx, 0, sizeof *rx);
+    rx->body_cap = body_bytes_for(limits);
+    rx->body = kvr_aligned_alloc(64, rx->body_cap);
+    if (!rx->body)
+        return kvr_err_set(err, KVR_ENOMEM, "no memory for a %zu-byte frame buffer",
+                           rx->body_cap);
+    int rc = kvr_wire_frame_init(&rx->frame, limits, err);
+    if (rc)
+        kvr_link_rx_fini(rx);
+    return rc;
+}
+
+void kvr_link_rx_fini(struct kvr_link_rx *rx)
+{
+    kvr_wire_frame_fini(&rx->frame);
+    kvr_free(rx->body);
+    memset(rx, 0, sizeof *rx);
+}
+
+/* Write what the socket takes now of the pending frame. */
+static int send_some(struct kvr_link *link, struct kvr_err *err)
+{
+    while (link->tx_first < link->tx_n_iov) {
+        struct iovec *iov = link->tx_iov;
+        if (iov[link->tx_first].iov_len == 0) {
+            link->tx_first++;
+            continue;
+        }
+        struct msghdr mh = {.msg_iov = iov + link->tx_first,
+                            .msg_iovlen = (size_t)(link->tx_n_iov - link->tx_first)};
+        ssize_t w = sendmsg(link->fd, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK)
+                return KVR_EAGAIN;
+            struct kvr_err why = {0};
+            int rc = errno == EPIPE || errno == ECONNRESET ? KVR_ECLOSED : KVR_EIO;
+            kvr_err_set(&why, rc, "link %s: sending a %s frame: %s", link->peer,
+                        kvr_wire_type_name(link->tx_type),
+                        rc == KVR_ECLOSED ? "the peer closed the connection" : strerror(errno));
+            link->tx_pending = false;
+            return break_link(link, rc, &why, err);
+        }
+        size_t left = (size_t)w;
+        while (left > 0) {
+            struct iovec *v = &iov[link->tx_first];
+            size_t take = left < v->iov_len ? left : v->iov_len;
+            v->iov_base = (uint8_t *)v->iov_base + take;
+            v->iov_len -= take;
+            left -= take;
+            if (v->iov_len == 0)
+                link->tx_first++;
+        }
+    }
+    link->tx_pending = false;
+    link->frames_out++;
+    link->bytes_out += link->tx_total;
+    return KVR_OK;
+}
+
+int kvr_link_send_begin(struct kvr_link *link, const struct kvr_wire_msg *msg,
+                        struct kvr_err *err)
+{
+    if (link->broken)
+        return closed_error(link, err);
+    if (!link->scratch)
+        return kvr_err_set(err, KVR_EINVAL, "link %s was not opened for sending", link->peer);
+    if (link->tx_pending)
+        return kvr_err_set(err, KVR_EFULL, "link %s: a frame is still being sent", link->peer);
+    int rc = kvr_wire_encode(msg, link->scratch, link->scratch_cap, link->tx_iov,
+                             &link->tx_n_iov, &link->tx_total, err);
+    if (rc == KVR_OK && link->sealed &&
+        (rc = kvr_seal_frame(&link->seal_tx, link->tx_iov, link->tx_n_iov, link->tx_total,
+                             link->sealed_out, link->sealed_cap, &link->tx_total, err)) ==
+            KVR_OK) {
+        link->tx_iov[0] = (struct iovec){link->sealed_out, link->tx_total};
+        link->tx_n_iov = 1;
+    }
+    if (rc)
+        return rc; /* nothing was sent: the link is still in step */
+    link->tx_first = 0;
+    link->tx_type = msg->type;
+    link->tx_pending = true;
+    return send_some(link, err);
+}
+
+int kvr_link_send_resume(struct kvr_link *link, struct kvr_err *err)
+{
+    if (link->broken)
+        return closed_error(link, err);
+    if (!link->tx_pending)
+        return KVR_OK;
+    return send_some(link, err);
+}
+
+
 
 int kvr_link_send(struct kvr_link *link, const struct kvr_wire_msg *msg, uint64_t deadline_ns,
                   struct kvr_err *err)
@@ -545,6 +678,8 @@ int kvr_link_send(struct kvr_link *link, const struct kvr_wire_msg *msg, uint64_
         return closed_error(link, err);
     if (!link->scratch)
         return kvr_err_set(err, KVR_EINVAL, "link %s was not opened for sending", link->peer);
+    if (link->tx_pending)
+        return kvr_err_set(err, KVR_EFULL, "link %s: a frame is still being sent", link->peer);
     struct iovec iov[KVR_WIRE_MAX_IOV];
     int n_iov = 0;
     size_t total = 0;

@@ -97,6 +97,9 @@ int kvr_net_writev_full(int fd, const struct iovec *iov, int n_iov, uint64_t dea
 
 /* Deadline helper: kvr_now_ns() + timeout_ms, or 0 (forever) when timeout_ms < 0. */
 uint64_t kvr_net_deadline(int timeout_ms);
+/* A deadline that has already passed: the call does what it can without waiting (an
+ * event loop's reads and accepts). */
+#define KVR_NET_NOW 1ull
 
 /* ---- Links ---------------------------------------------------------------------------- */
 
@@ -132,9 +135,15 @@ struct kvr_link {
     size_t body_have;
     struct kvr_wire_frame frame; /* the last frame received; valid until the next recv */
 
-    /* Send state. */
+    /* Send state. A frame being sent without blocking (kvr_link_send_begin) keeps its
+     * iovecs here until kvr_link_send_resume has written the last byte. */
     uint8_t *scratch; /* kvr_wire_scratch_bytes(&limits), owned */
     size_t scratch_cap;
+    struct iovec tx_iov[KVR_WIRE_MAX_IOV];
+    int tx_n_iov, tx_first;
+    size_t tx_total;
+    uint32_t tx_type;
+    bool tx_pending; /* a frame is partly written */
 
     /* Counters (each written by its own direction's thread only). */
     uint64_t frames_in, bytes_in;
@@ -172,6 +181,37 @@ int kvr_link_handshake_server(struct kvr_link *link, const struct kvr_plan *plan
  * into link->frame's arrays: both stay valid until the next kvr_link_recv. */
 int kvr_link_recv(struct kvr_link *link, uint64_t deadline_ns, const struct kvr_wire_frame **out,
                   struct kvr_err *err);
+
+/* A caller-owned place to receive one frame into (an input slot): a body buffer of the
+ * plan's largest frame and the decoded records. kvr_link_recv_into decodes straight into
+ * it, so a stage reads a batch into the slot it will compute from, with no copy. */
+struct kvr_link_rx {
+    uint8_t *body;               /* 64-byte aligned, owned */
+    size_t body_cap;
+    struct kvr_wire_frame frame; /* the frame received; its payload points into body */
+};
+
+int kvr_link_rx_init(struct kvr_link_rx *rx, const struct kvr_wire_limits *limits,
+                     struct kvr_err *err);
+void kvr_link_rx_fini(struct kvr_link_rx *rx);
+
+/* kvr_link_recv, but a frame with a body goes into *rx (and *out points at rx->frame).
+ * rx may be NULL while the caller has no free slot: a frame without a body (HEARTBEAT,
+ * GOODBYE, RESET) is still received, into the link's own frame; one with a body returns
+ * KVR_EAGAIN with its header kept, to be continued by a later call with an rx. Once a body
+ * has begun, later calls must pass the same rx until the frame is complete. */
+int kvr_link_recv_into(struct kvr_link *link, struct kvr_link_rx *rx, uint64_t deadline_ns,
+                       const struct kvr_wire_frame **out, struct kvr_err *err);
+
+/* Sending without blocking (an event loop's, or a compute thread's hand-off):
+ * kvr_link_send_begin encodes `msg` and writes what the socket takes now. 0: all sent;
+ * KVR_EAGAIN: the rest is pending (link->tx_pending), msg's payload must stay valid, and
+ * kvr_link_send_resume continues when the socket is writable (KVR_EAGAIN again while it
+ * is not done). KVR_EBUSY if a frame is still pending. Any other failure breaks the link.
+ * The caller enforces the deadline (a frame pending too long means a dead peer). */
+int kvr_link_send_begin(struct kvr_link *link, const struct kvr_wire_msg *msg,
+                        struct kvr_err *err);
+int kvr_link_send_resume(struct kvr_link *link, struct kvr_err *err);
 
 /* Encode `msg` (wire.h) into the scratch buffer and send it with the payload straight
  * from msg->payload. Blocks until sent or the deadline. Any failure breaks the link. */

@@ -467,6 +467,8 @@ static void *rx_main(void *arg)
             kvr_link_fini(&up);
             have_up = false;
             push_reset(s);
+        } else if (f->hdr.type == KVR_WIRE_HEARTBEAT) {
+            kvr_credit_ack(up.fd); /* credit.h: the upstream knows we still read */
         } else if (f->hdr.type == KVR_WIRE_RESET) {
             KVR_DEBUG("%s: stage %u dropped its sequences; passing it on", s->name, f->hdr.arg);
             raise_notice(s, f->hdr.arg, f->hdr.batch_id);
