@@ -186,12 +186,15 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
 /* A stage runs in a process group of its own, so a terminal's Ctrl-C (or a signal to
  * serve's group) reaches serve alone, which then stops the ring in order; and it is killed
  * if serve dies without stopping it. */
+static sigset_t run_mask; /* the signal mask serve started with: its stages get it back */
+
 static pid_t spawn_stage(const char *self, const char *plan_path, uint32_t index)
 {
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid != 0)
         return pid;
+    sigprocmask(SIG_SETMASK, &run_mask, NULL);
     setpgid(0, 0);
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
         _exit(127); /* serve is already gone */
@@ -329,7 +332,16 @@ static int serve_main(int argc, char **argv, bool serve)
         goto out;
     }
 
+    /* Signals are taken synchronously by this thread (sigtimedwait), never by a handler:
+     * SIGINT and SIGTERM stop, SIGCHLD says a stage died. Blocked before any thread
+     * starts, so every thread inherits the mask and none of them is interrupted. */
     kvr_cli_on_stop(on_signal);
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &sigs, &run_mask);
 
     if (serve) {
         char self[4096];
@@ -353,20 +365,9 @@ static int serve_main(int argc, char **argv, bool serve)
         KVR_ERROR("bridge: %s", err.msg);
         goto out;
     }
-    KVR_INFO("waiting for the ring to come up...");
-    while (!stop_flag && !kvr_bridge_wait_up(bridge, 1000)) {
-        for (uint32_t i = 0; pids && i < plan->n_stages; i++) {
-            int status;
-            if (waitpid(pids[i], &status, WNOHANG) == pids[i]) {
-                KVR_ERROR("stage %u exited before the ring came up (status %d)", i, status);
-                pids[i] = 0;
-                stop_flag = 1;
-            }
-        }
-    }
-    if (stop_flag)
-        goto out;
 
+    /* HTTP listens at once: while the ring forms (or whenever it is broken) /health and
+     * /readyz answer 503 with each stage's state, and requests are refused (ring_down). */
     struct kvr_ring_service rs = {.bridge = bridge, .plan = plan,
                                   .default_first_token_ms = o.ttft_ms,
                                   .default_total_ms = o.total_ms};
@@ -395,23 +396,46 @@ static int serve_main(int argc, char **argv, bool serve)
         goto out;
     }
     const char *scheme = o.tls_cert ? "https" : "http";
-    KVR_INFO("serving %s on %s://%s:%u (%u stages, admission %s)", svc.model_name, scheme,
-             o.host, kvr_http_port(http), plan->n_stages, o.no_admission ? "off" : "on");
-    printf("kvasir: ready on %s://%s:%u\n", scheme, o.host, kvr_http_port(http));
-    fflush(stdout);
+    KVR_INFO("listening on %s://%s:%u; waiting for the ring to come up (/health says which "
+             "stage is missing)", scheme, o.host, kvr_http_port(http));
 
+    bool ready = false, ever_up = false;
     while (!stop_flag) {
-        kvr_sleep_ns(200 * 1000000ull);
+        if (!ready && kvr_bridge_ring_up(bridge)) {
+            ready = ever_up = true;
+            KVR_INFO("serving %s on %s://%s:%u (%u stages, admission %s)", svc.model_name,
+                     scheme, o.host, kvr_http_port(http), plan->n_stages,
+                     o.no_admission ? "off" : "on");
+            printf("kvasir: ready on %s://%s:%u\n", scheme, o.host, kvr_http_port(http));
+            fflush(stdout);
+        }
+        /* Until the ring is first up, look again every second (kvr_bridge_wait_up would
+         * hide the signals); after that, sleep until a signal comes. */
+        int sig;
+        if (!ready) {
+            struct timespec ts = {1, 0};
+            sig = sigtimedwait(&sigs, NULL, &ts);
+        } else {
+            sig = sigwaitinfo(&sigs, NULL);
+        }
+        if (sig == SIGINT || sig == SIGTERM)
+            stop_flag = 1;
         for (uint32_t i = 0; pids && i < plan->n_stages && !stop_flag; i++) {
             int status;
-            if (pids[i] > 0 && waitpid(pids[i], &status, WNOHANG) == pids[i]) {
-                KVR_WARN("stage %u died (status %d): starting it again", i, status);
-                char self[4096];
-                ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-                if (n > 0) {
-                    self[n] = 0;
-                    pids[i] = spawn_stage(self, plan_path, i);
-                }
+            if (pids[i] <= 0 || waitpid(pids[i], &status, WNOHANG) != pids[i])
+                continue;
+            if (!ever_up) {
+                KVR_ERROR("stage %u exited before the ring came up (status %d)", i, status);
+                pids[i] = 0;
+                stop_flag = 1;
+                break;
+            }
+            KVR_WARN("stage %u died (status %d): starting it again", i, status);
+            char self[4096];
+            ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+            if (n > 0) {
+                self[n] = 0;
+                pids[i] = spawn_stage(self, plan_path, i);
             }
         }
     }

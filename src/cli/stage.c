@@ -18,6 +18,7 @@ static void on_signal(int sig)
 {
     (void)sig;
     stop_flag = 1;
+    kvr_stage_signal_stop();
 }
 
 static void usage(FILE *f)

@@ -1,233 +1,149 @@
-/* stage.c - the stage agent (see stage.h for the threads and their jobs).
+/* stage.c - the stage agent's shell (see stage.h): its sockets on one event loop, its
+ * input and output slots, and the compute thread that runs the batch step (step.h).
  *
- * Reading order: the slot queues shared by the threads, start-up (model, engine, buffers),
- * the rx thread, the tx thread, then the compute loop. */
+ * Reading order: the slots and the shared state, the downstream link (sending, credits,
+ * heartbeats), the upstream link (receiving into slots), the compute loop, start-up and
+ * shutdown.
+ *
+ * Two threads. The I/O thread runs the event loop (core/ev.h): it accepts and
+ * authenticates the upstream, reads frames straight into free input slots, dials the
+ * downstream with backoff, sends queued frames without blocking, reads credits and acks,
+ * answers heartbeats and sends its own. The compute thread (the caller's) takes the next
+ * input slot (the wait is "starved"), a free output slot ("blocked"), runs the step
+ * ("held") and hands the frame off: it sends it itself, without blocking, when nothing is
+ * queued ahead of it and the downstream has a credit (try-write-first), else queues it for
+ * the I/O thread. Sending inline saves a thread wake-up per batch, which on a stage with a
+ * fraction of a core (a CFS quota) could wait out the rest of a quota period.
+ *
+ * One mutex (s->lock) guards everything both threads touch: the slot queues, the notice,
+ * the upstream's fd and generation, and the downstream link (both threads send on it;
+ * every send is non-blocking, so the lock is never held across a wait). The compute thread
+ * never calls the event loop: it sets a flag and wakes it. Nothing sleeps or polls: the
+ * compute thread waits on condition variables, the I/O thread in epoll. */
 #include "ring/stage.h"
 
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "core/ev.h"
 #include "core/log.h"
 #include "model/engine.h"
 #include "model/gguf.h"
-#include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "ring/credit.h"
 #include "ring/net.h"
+#include "ring/step.h"
 #include "ring/wire.h"
 
 #include <errno.h>
-#include <math.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 enum {
-    HEARTBEAT_MS = 1000,   /* tx sends a heartbeat after this long without a frame */
     HANDSHAKE_MS = 3000,   /* each handshake message must arrive within this */
-    POLL_MS = 100,         /* how often idle threads look at the stop flag */
-    BACKOFF_MIN_MS = 50,
+    BACKOFF_MIN_MS = 50,   /* dialling the downstream again */
     BACKOFF_MAX_MS = 2000,
     N_OUT_SLOTS = 2,       /* one being sent, one being filled */
     N_IN_SLOTS = 2,        /* one being computed, one received: the credits we grant */
+    READY_CAP = 2 * N_IN_SLOTS + 2, /* input slots and RESET marks between them */
+    RESET_MARK = -1,       /* in the ready FIFO: the upstream changed, drop every sequence */
 };
 
-/* ---- slots and queues ----------------------------------------------------------------- */
+#define MS_NS 1000000ull
 
-enum in_kind {
-    IN_BATCH,  /* a batch to compute */
-    IN_RESET,  /* the upstream link was lost or replaced: drop every sequence */
-};
+/* What the downstream link is writing (tx_what): nothing, a heartbeat, a RESET, or the
+ * output slot of that index. */
+enum { TX_NONE = -1, TX_HEARTBEAT = -2, TX_NOTICE = -3 };
 
-/* One received batch, copied out of the link's buffer so rx can read the next frame. */
 struct in_slot {
-    enum in_kind kind;
-    uint64_t gen;                     /* upstream link generation it came from */
-    uint64_t batch_id;
-    uint32_t n_ctrl, n_segs, n_timings, n_rows;
-    struct kvr_wire_ctrl *ctrl;       /* [max_ctrl] */
-    struct kvr_seg *segs;             /* [max_segs] */
-    struct kvr_wire_timing *timings;  /* [n_stages + 1] */
-    int32_t *tokens;                  /* head: [row_width] token ids */
-    float *rows;                      /* other stages: [row_width x n_embd] boundary rows */
+    struct kvr_link_rx rx; /* the frame, decoded where it was received */
+    uint64_t gen;          /* upstream link generation it came from */
 };
-
-/* One frame to send downstream. */
-struct out_slot {
-    struct kvr_wire_msg msg;
-    struct kvr_wire_ctrl *ctrl;       /* [max_ctrl] */
-    struct kvr_seg *segs;             /* [max_segs] */
-    struct kvr_wire_timing *timings;  /* [n_stages + 1] */
-    struct kvr_wire_result *results;  /* tail: [max_segs] */
-    float *rows;                      /* non-tail: [row_width x n_embd] engine output */
-    void *wire_rows;                  /* non-tail, f16/bf16 wire: converted rows */
-};
-
-/* A bounded FIFO of slot indices with a free list, guarded by one mutex. */
-struct slot_queue {
-    pthread_mutex_t lock;
-    pthread_cond_t has_ready, has_free; /* one each: a waiter for one is not woken by the other */
-    uint32_t cap;
-    uint32_t *fifo;  /* ready slots, in order */
-    uint32_t head, n_ready;
-    uint32_t *free_ids;
-    uint32_t n_free;
-    bool kicked;     /* queue_kick: wake the waiter in queue_pop_ready without a slot */
-};
-
-static int queue_init(struct slot_queue *q, uint32_t cap)
-{
-    memset(q, 0, sizeof *q);
-    q->cap = cap;
-    q->fifo = kvr_calloc(cap, sizeof *q->fifo);
-    q->free_ids = kvr_calloc(cap, sizeof *q->free_ids);
-    if (!q->fifo || !q->free_ids)
-        return KVR_ENOMEM;
-    for (uint32_t i = 0; i < cap; i++)
-        q->free_ids[i] = cap - 1 - i;
-    q->n_free = cap;
-    pthread_mutex_init(&q->lock, NULL);
-    pthread_cond_init(&q->has_ready, NULL);
-    pthread_cond_init(&q->has_free, NULL);
-    return KVR_OK;
-}
-
-static void queue_fini(struct slot_queue *q)
-{
-    if (q->fifo) {
-        pthread_mutex_destroy(&q->lock);
-        pthread_cond_destroy(&q->has_ready);
-        pthread_cond_destroy(&q->has_free);
-    }
-    kvr_free(q->fifo);
-    kvr_free(q->free_ids);
-}
-
-/* Take a free slot id, waiting at most wait_ms; -1 if none came. */
-static int queue_take_free(struct slot_queue *q, int wait_ms)
-{
-    struct timespec ts = kvr_deadline_after_ms((uint32_t)wait_ms);
-    pthread_mutex_lock(&q->lock);
-    while (q->n_free == 0)
-        if (pthread_cond_timedwait(&q->has_free, &q->lock, &ts) == ETIMEDOUT)
-            break;
-    int id = q->n_free ? (int)q->free_ids[--q->n_free] : -1;
-    pthread_mutex_unlock(&q->lock);
-    return id;
-}
-
-static void queue_push_ready(struct slot_queue *q, uint32_t id)
-{
-    pthread_mutex_lock(&q->lock);
-    q->fifo[(q->head + q->n_ready++) % q->cap] = id;
-    pthread_cond_signal(&q->has_ready);
-    pthread_mutex_unlock(&q->lock);
-}
-
-/* Take the oldest ready slot id, waiting at most wait_ms; -1 if none came. */
-static int queue_pop_ready(struct slot_queue *q, int wait_ms)
-{
-    struct timespec ts = kvr_deadline_after_ms((uint32_t)wait_ms);
-    pthread_mutex_lock(&q->lock);
-    while (q->n_ready == 0 && !q->kicked)
-        if (pthread_cond_timedwait(&q->has_ready, &q->lock, &ts) == ETIMEDOUT)
-            break;
-    q->kicked = false;
-    int id = -1;
-    if (q->n_ready) {
-        id = (int)q->fifo[q->head];
-        q->head = (q->head + 1) % q->cap;
-        q->n_ready--;
-    }
-    pthread_mutex_unlock(&q->lock);
-    return id;
-}
-
-/* Make the current or next queue_pop_ready return at once, ready slot or not. */
-static void queue_kick(struct slot_queue *q)
-{
-    pthread_mutex_lock(&q->lock);
-    q->kicked = true;
-    pthread_cond_signal(&q->has_ready);
-    pthread_mutex_unlock(&q->lock);
-}
-
-static void queue_give_free(struct slot_queue *q, uint32_t id)
-{
-    pthread_mutex_lock(&q->lock);
-    q->free_ids[q->n_free++] = id;
-    pthread_cond_signal(&q->has_free);
-    pthread_mutex_unlock(&q->lock);
-}
-
-/* ---- the stage ------------------------------------------------------------------------ */
 
 struct stage {
     const struct kvr_plan *plan;
     uint32_t index;
     bool is_head, is_tail;
-    atomic_int *stop;                 /* set by a signal handler; read by every thread */
+    atomic_int *stop;                 /* set by a signal handler (kvr_stage_signal_stop) */
     char name[32];                    /* "stage 1" */
 
     struct kvr_gguf *gguf;
     struct kvr_engine *engine;
     struct kvr_hparams hp;
     struct kvr_tok *tok;              /* tail: end-of-generation ids */
+    struct kvr_step step;             /* compute thread only */
 
     struct kvr_wire_limits up_limits;   /* what this stage accepts from upstream */
     struct kvr_wire_limits down_limits; /* what the downstream accepts from us */
-    uint32_t rows_payload;            /* the plan's wire dtype as a payload type */
 
+    /* I/O thread only. */
+    struct kvr_ev *ev;
+    int t_connect, t_heartbeat;
     int listen_fd;
-    /* The current upstream socket, for the compute thread's credits (credit.h). A slot
-     * freed from an older link earns no credit. */
-    pthread_mutex_t up_lock;
-    int up_fd;                        /* -1 while there is no upstream */
-    uint64_t up_gen;
-    struct in_slot *in;               /* [n_in] */
-    uint32_t n_in;
-    struct slot_queue in_q;
-    struct out_slot out[N_OUT_SLOTS];
-    struct slot_queue out_q;
+    struct kvr_link up;
+    bool have_up;
+    bool up_paused;                   /* a frame waits for a free input slot: READ off */
+    uint32_t backoff_ms;
+    pthread_t io_thread;
+    bool io_started;
 
-    /* Tail: sampling state per sequence slot. */
-    struct kvr_sampler *samplers;     /* [max_seqs] */
-    bool *open;                       /* [max_seqs] a sequence is open in this slot */
-    bool *want_logprobs;              /* [max_seqs] */
-    struct kvr_sample_scratch *scratch;
-    float *logits;                    /* [row_width x n_vocab] */
+    pthread_mutex_t lock;             /* guards everything below */
+    pthread_cond_t in_cond;           /* compute: an input (or a RESET mark) is ready */
+    pthread_cond_t out_cond;          /* compute: an output slot is free */
+    bool stopping;
+
+    /* Input slots. A slot is free, being received into (rx_slot), or ready. */
+    struct in_slot in[N_IN_SLOTS];
+    uint32_t in_free[N_IN_SLOTS], n_in_free;
+    int rx_slot;                      /* the slot a frame body is being read into, or -1 */
+    int ready[READY_CAP];             /* FIFO of slot indexes and RESET_MARKs */
+    uint32_t ready_head, n_ready;
+    int up_fd;                        /* for the compute thread's credits; -1: none */
+    uint64_t up_gen;                  /* bumped whenever the upstream changes */
+    bool grant_pending;               /* a new upstream waits for its initial credits */
+
+    /* Output slots: free, queued for the I/O thread (in order), or being written. */
+    struct kvr_step_out out[N_OUT_SLOTS];
+    uint32_t out_free[N_OUT_SLOTS], n_out_free;
+    uint32_t out_q[N_OUT_SLOTS], out_q_head, n_out_q;
 
     /* A RESET (wire.h) to send downstream ahead of the next frame: raised by compute when
-     * this stage drops its sequences, by rx when one comes from upstream; sent by tx. Set
-     * before the frames that follow it are queued, so it always goes out ahead of them. */
-    pthread_mutex_t notice_lock;
+     * this stage drops its sequences, by the I/O thread when one comes from upstream. */
     bool notice_pending;
     uint32_t notice_stage;
     uint64_t notice_batch;            /* KVR_WIRE_RESET_LINK, or the batch that failed */
 
-    /* The downstream link. tx connects it, sends what is queued, collects credits and
-     * sends heartbeats; the compute thread sends a finished batch itself when nothing is
-     * queued ahead of it and the downstream has room (hand_off), which saves waking tx:
-     * on a stage with a fraction of a core that wake-up can wait out a whole quota period.
-     * Everything here is guarded by down_lock. */
-    pthread_mutex_t down_lock;
+    /* The downstream link. */
     struct kvr_link down;
     bool have_down;
+    bool down_dead;                   /* the compute thread found it broken: I/O closes it */
+    bool want_write;                  /* the compute thread left a frame half-written */
     uint64_t down_gen;                /* bumped whenever the link is dropped */
     uint32_t down_credits;
-    uint32_t pending;                 /* frames queued for tx and not yet sent */
-    uint64_t last_send;
-
-    pthread_t rx_thread, tx_thread;
-    bool rx_started, tx_started;
+    int tx_what;                      /* TX_* or an output slot being written */
+    uint64_t last_send_ns;            /* when a frame or heartbeat last went out */
+    uint64_t await_ns;                /* something sent that the downstream has not answered */
+    uint64_t n_heartbeats;
 };
 
+/* The event loop of the running stage, for kvr_stage_signal_stop. */
+static _Atomic(struct kvr_ev *) running_ev;
+
+void kvr_stage_signal_stop(void)
+{
+    struct kvr_ev *ev = atomic_load(&running_ev);
+    if (ev)
+        kvr_ev_wake(ev);
+}
+
+/* ---- notices ----------------------------------------------------------------------------- */
+
 /* Two pending resets merge into one: a lost link outweighs failed batches (the bridge
- * ignores a failure of a batch it has already given up on, never a lost link). */
+ * ignores a failure of a batch it has already given up on, never a lost link). Caller
+ * holds s->lock. */
 static void raise_notice(struct stage *s, uint32_t stage, uint64_t batch_id)
 {
-    pthread_mutex_lock(&s->notice_lock);
     bool replace = !s->notice_pending ||
                    (s->notice_batch != KVR_WIRE_RESET_LINK &&
                     (batch_id == KVR_WIRE_RESET_LINK || batch_id > s->notice_batch));
@@ -236,636 +152,521 @@ static void raise_notice(struct stage *s, uint32_t stage, uint64_t batch_id)
         s->notice_batch = batch_id;
     }
     s->notice_pending = true;
-    pthread_mutex_unlock(&s->notice_lock);
-    queue_kick(&s->out_q); /* tx may be idle: it sends the reset now, not at its next poll */
 }
 
-static bool take_notice(struct stage *s, uint32_t *stage, uint64_t *batch_id)
+/* ---- the downstream link (I/O thread, s->lock held) ---------------------------------- */
+
+static void give_out(struct stage *s, uint32_t id)
 {
-    pthread_mutex_lock(&s->notice_lock);
-    bool pending = s->notice_pending;
-    *stage = s->notice_stage;
-    *batch_id = s->notice_batch;
-    s->notice_pending = false;
-    pthread_mutex_unlock(&s->notice_lock);
-    return pending;
+    s->out_free[s->n_out_free++] = id;
+    pthread_cond_signal(&s->out_cond);
 }
 
-static int alloc_slots(struct stage *s, struct kvr_err *err)
+static void drop_out(struct stage *s, uint32_t id)
 {
-    const struct kvr_plan *p = s->plan;
-    size_t n_rows_f = (size_t)p->row_width * s->hp.n_embd;
-    uint32_t max_ctrl = s->up_limits.max_ctrl, max_segs = s->up_limits.max_segs;
-    uint32_t n_tim = p->n_stages + 1;
-    s->n_in = N_IN_SLOTS;
-    s->in = kvr_calloc(s->n_in, sizeof *s->in);
-    if (!s->in)
-        return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory");
-    for (uint32_t i = 0; i < s->n_in; i++) {
-        struct in_slot *in = &s->in[i];
-        in->ctrl = kvr_calloc(max_ctrl ? max_ctrl : 1, sizeof *in->ctrl);
-        in->segs = kvr_calloc(max_segs, sizeof *in->segs);
-        in->timings = kvr_calloc(n_tim, sizeof *in->timings);
-        if (s->is_head)
-            in->tokens = kvr_calloc(p->row_width, sizeof *in->tokens);
-        else
-            in->rows = kvr_aligned_alloc(64, n_rows_f * sizeof(float));
-        if (!in->ctrl || !in->segs || !in->timings || !(in->tokens || in->rows))
-            return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory for input slots");
-    }
-    for (uint32_t i = 0; i < N_OUT_SLOTS; i++) {
-        struct out_slot *o = &s->out[i];
-        o->ctrl = kvr_calloc(max_ctrl ? max_ctrl : 1, sizeof *o->ctrl);
-        o->segs = kvr_calloc(max_segs, sizeof *o->segs);
-        o->timings = kvr_calloc(n_tim, sizeof *o->timings);
-        if (!o->ctrl || !o->segs || !o->timings)
-            return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory for output slots");
-        if (s->is_tail) {
-            if (!(o->results = kvr_calloc(max_segs, sizeof *o->results)))
-                return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory");
-        } else {
-            if (!(o->rows = kvr_aligned_alloc(64, n_rows_f * sizeof(float))))
-                return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory");
-            if (s->rows_payload != KVR_WIRE_PAYLOAD_F32 &&
-                !(o->wire_rows = kvr_aligned_alloc(64, n_rows_f * 2)))
-                return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory");
-        }
-    }
-    int rc = queue_init(&s->in_q, s->n_in);
-    if (!rc)
-        rc = queue_init(&s->out_q, N_OUT_SLOTS);
-    if (rc)
-        return kvr_err_set(err, rc, "stage: out of memory for queues");
-    return KVR_OK;
+    const struct kvr_wire_msg *m = &s->out[id].msg;
+    if (s->have_down || s->down_gen > 0) /* it was up: a link went down */
+        KVR_WARN("%s: no downstream, batch %llu dropped", s->name,
+                 (unsigned long long)m->batch_id);
+    else /* never connected yet: the ring is still forming, the bridge's probe goes again */
+        KVR_INFO("%s: downstream not connected yet, batch %llu dropped", s->name,
+                 (unsigned long long)m->batch_id);
+    give_out(s, id);
 }
 
-static void free_slots(struct stage *s)
+/* Close the downstream link; dialling starts again. */
+static void drop_down(struct stage *s)
 {
-    for (uint32_t i = 0; s->in && i < s->n_in; i++) {
-        kvr_free(s->in[i].ctrl);
-        kvr_free(s->in[i].segs);
-        kvr_free(s->in[i].timings);
-        kvr_free(s->in[i].tokens);
-        kvr_free(s->in[i].rows);
+    if (!s->have_down)
+        return;
+    kvr_ev_unwatch(s->ev, s->down.fd);
+    kvr_link_fini(&s->down);
+    s->have_down = false;
+    s->down_dead = false;
+    s->want_write = false;
+    s->down_gen++;
+    s->down_credits = 0;
+    s->await_ns = 0;
+    if (s->tx_what >= 0) {
+        KVR_WARN("%s: downstream lost, batch %llu dropped", s->name,
+                 (unsigned long long)s->out[s->tx_what].msg.batch_id);
+        give_out(s, (uint32_t)s->tx_what);
     }
-    kvr_free(s->in);
-    for (uint32_t i = 0; i < N_OUT_SLOTS; i++) {
-        kvr_free(s->out[i].ctrl);
-        kvr_free(s->out[i].segs);
-        kvr_free(s->out[i].timings);
-        kvr_free(s->out[i].results);
-        kvr_free(s->out[i].rows);
-        kvr_free(s->out[i].wire_rows);
-    }
-    queue_fini(&s->in_q);
-    queue_fini(&s->out_q);
+    s->tx_what = TX_NONE;
+    kvr_ev_timer_at(s->ev, s->t_heartbeat, 0);
+    kvr_ev_timer_at(s->ev, s->t_connect, kvr_now_ns() + (uint64_t)s->backoff_ms * MS_NS);
 }
 
-/* ---- rx: the upstream link ------------------------------------------------------------ */
+static void sent(struct stage *s)
+{
+    s->last_send_ns = kvr_now_ns();
+    if (!s->await_ns)
+        s->await_ns = s->last_send_ns;
+}
 
-/* Accept one connection and authenticate it as our upstream. On success *link is ready. */
-static int accept_upstream(struct stage *s, struct kvr_link *link)
+/* Start writing a frame; returns false if the link broke (dropped). */
+static bool begin_send(struct stage *s, const struct kvr_wire_msg *m, int what)
 {
     struct kvr_err err = {0};
-    int fd;
-    char peer[KVR_NET_PEER_BYTES];
-    if (kvr_net_accept(s->listen_fd, kvr_net_deadline(POLL_MS), &fd, peer, sizeof peer, &err))
-        return -1;
-    if (kvr_link_init(link, fd, peer, &s->up_limits, KVR_LINK_RECV, &err)) {
-        KVR_WARN("%s: cannot set up link from %s: %s", s->name, peer, err.msg);
-        return -1;
+    int rc = kvr_link_send_begin(&s->down, m, &err);
+    if (rc && rc != KVR_EAGAIN) {
+        KVR_WARN("%s: downstream lost: %s", s->name, err.msg);
+        if (what >= 0)
+            s->tx_what = what; /* drop_down reports and frees it */
+        drop_down(s);
+        return false;
     }
-    if (kvr_link_handshake_server(link, s->plan, KVR_AUTH_ROLE_STAGE, s->index, HANDSHAKE_MS,
-                                  &err)) {
-        KVR_WARN("%s: refused connection from %s: %s", s->name, peer, err.msg);
-        kvr_link_fini(link);
-        return -1;
+    sent(s);
+    if (rc == KVR_EAGAIN) {
+        s->tx_what = what;
+        kvr_ev_events(s->ev, s->down.fd, KVR_EV_READ | KVR_EV_WRITE);
+    } else if (what >= 0) {
+        give_out(s, (uint32_t)what);
     }
-    KVR_INFO("%s: upstream connected from %s", s->name, peer);
-    return 0;
-}
-
-/* The upstream changed (new link, or none): later frames come from generation up_gen. */
-static void set_upstream(struct stage *s, int fd)
-{
-    pthread_mutex_lock(&s->up_lock);
-    s->up_fd = fd;
-    s->up_gen++;
-    pthread_mutex_unlock(&s->up_lock);
-}
-
-/* Wait until compute has finished every frame of the old upstream, then give the new one
- * a credit per input slot. */
-static void grant_initial_credits(struct stage *s)
-{
-    for (;;) {
-        pthread_mutex_lock(&s->in_q.lock);
-        bool idle = s->in_q.n_free == s->in_q.cap;
-        pthread_mutex_unlock(&s->in_q.lock);
-        if (idle || *s->stop)
-            break;
-        kvr_sleep_ns(1000000);
-    }
-    pthread_mutex_lock(&s->up_lock);
-    if (s->up_fd >= 0 && kvr_credit_grant(s->up_fd, s->n_in))
-        KVR_WARN("%s: cannot grant credits upstream", s->name);
-    pthread_mutex_unlock(&s->up_lock);
-}
-
-static void push_reset(struct stage *s)
-{
-    int id;
-    while ((id = queue_take_free(&s->in_q, POLL_MS)) < 0)
-        if (*s->stop)
-            return;
-    s->in[id].kind = IN_RESET;
-    queue_push_ready(&s->in_q, (uint32_t)id);
-}
-
-/* Copy a received BATCH into a free input slot (waiting for one: that is backpressure on
- * the upstream, which then waits on its own send). */
-static bool enqueue_batch(struct stage *s, const struct kvr_wire_frame *f)
-{
-    int id;
-    while ((id = queue_take_free(&s->in_q, POLL_MS)) < 0)
-        if (*s->stop)
-            return false;
-    struct in_slot *in = &s->in[id];
-    const struct kvr_wire_header *h = &f->hdr;
-    in->kind = IN_BATCH;
-    pthread_mutex_lock(&s->up_lock);
-    in->gen = s->up_gen;
-    pthread_mutex_unlock(&s->up_lock);
-    in->batch_id = h->batch_id;
-    in->n_ctrl = h->n_ctrl;
-    in->n_segs = h->n_segs;
-    in->n_timings = h->n_timings;
-    in->n_rows = h->n_rows;
-    memcpy(in->ctrl, f->ctrl, h->n_ctrl * sizeof *f->ctrl);
-    memcpy(in->segs, f->segs, h->n_segs * sizeof *f->segs);
-    memcpy(in->timings, f->timings, h->n_timings * sizeof *f->timings);
-    /* A control-only batch has no payload at all (and its payload pointer is NULL). */
-    if (h->n_rows > 0 && s->is_head)
-        memcpy(in->tokens, f->payload, h->n_rows * sizeof(int32_t));
-    else if (h->n_rows > 0)
-        kvr_wire_rows_to_f32(h->payload, f->payload, (size_t)h->n_rows * s->hp.n_embd,
-                             in->rows);
-    queue_push_ready(&s->in_q, (uint32_t)id);
     return true;
 }
 
-static void *rx_main(void *arg)
+/* Send what is due: the pending RESET first, then queued frames while credits last. */
+static void kick_send(struct stage *s)
 {
-    struct stage *s = arg;
-    struct kvr_link up = {.fd = -1};
-    bool have_up = false;
-    while (!*s->stop) {
-        struct pollfd pfd[2] = {{s->listen_fd, POLLIN, 0}, {up.fd, POLLIN, 0}};
-        int n = poll(pfd, have_up ? 2 : 1, POLL_MS);
-        if (n < 0 && errno != EINTR)
-            break;
-        if (n <= 0)
-            continue;
-        if (pfd[0].revents & POLLIN) {
-            /* A new upstream replaces the old one (a restarted upstream reconnects); a peer
-             * that fails the handshake is refused and the current link is untouched. */
-            struct kvr_link fresh;
-            if (accept_upstream(s, &fresh) == 0) {
-                if (have_up) {
-                    KVR_WARN("%s: new upstream replaces the previous link", s->name);
-                    kvr_link_fini(&up);
-                }
-                up = fresh;
-                have_up = true;
-                set_upstream(s, up.fd);
-                push_reset(s);
-                grant_initial_credits(s);
+    if (s->down_dead)
+        drop_down(s);
+    if (!s->have_down) {
+        s->notice_pending = false; /* the next downstream starts with a reset of its own */
+        while (s->n_out_q > 0) {
+            uint32_t id = s->out_q[s->out_q_head];
+            s->out_q_head = (s->out_q_head + 1) % N_OUT_SLOTS;
+            s->n_out_q--;
+            drop_out(s, id);
+        }
+        return;
+    }
+    if (s->want_write && s->tx_what != TX_NONE)
+        kvr_ev_events(s->ev, s->down.fd, KVR_EV_READ | KVR_EV_WRITE);
+    s->want_write = false;
+    if (s->tx_what != TX_NONE)
+        return;
+    if (s->notice_pending) {
+        s->notice_pending = false;
+        struct kvr_wire_msg m = {.type = KVR_WIRE_RESET, .arg = s->notice_stage,
+                                 .batch_id = s->notice_batch};
+        if (!begin_send(s, &m, TX_NOTICE) || s->tx_what != TX_NONE)
+            return;
+    }
+    while (s->n_out_q > 0) {
+        if (s->down_credits == 0) {
+            bool heard = false;
+            int rc = kvr_credit_read(s->down.fd, &s->down_credits, &heard);
+            if (rc) {
+                KVR_WARN("%s: downstream lost: %s", s->name, kvr_strerror(rc));
+                drop_down(s);
+                kick_send(s);
+                return;
             }
-            continue;
+            if (heard)
+                s->await_ns = 0;
+            if (s->down_credits == 0)
+                return; /* on_down sends when a credit comes */
         }
-        if (!have_up || !(pfd[1].revents & (POLLIN | POLLHUP | POLLERR)))
-            continue;
-        const struct kvr_wire_frame *f;
-        struct kvr_err err = {0};
-        int rc = kvr_link_recv(&up, kvr_net_deadline(POLL_MS), &f, &err);
-        if (rc == KVR_ETIMEDOUT)
-            continue;
-        if (rc) {
-            if (rc == KVR_ECLOSED)
-                KVR_INFO("%s: upstream %s closed the link", s->name, up.peer);
-            else
-                KVR_WARN("%s: upstream link dropped: %s", s->name, err.msg);
-            set_upstream(s, -1);
-            kvr_link_fini(&up);
-            have_up = false;
-            push_reset(s);
-            continue;
+        uint32_t id = s->out_q[s->out_q_head];
+        s->out_q_head = (s->out_q_head + 1) % N_OUT_SLOTS;
+        s->n_out_q--;
+        s->down_credits--;
+        if (!begin_send(s, &s->out[id].msg, (int)id)) {
+            kick_send(s);
+            return;
         }
-        if (f->hdr.type == KVR_WIRE_GOODBYE) {
-            KVR_INFO("%s: upstream said goodbye", s->name);
-            set_upstream(s, -1);
-            kvr_link_fini(&up);
-            have_up = false;
-            push_reset(s);
-        } else if (f->hdr.type == KVR_WIRE_HEARTBEAT) {
-            kvr_credit_ack(up.fd); /* credit.h: the upstream knows we still read */
-        } else if (f->hdr.type == KVR_WIRE_RESET) {
-            KVR_DEBUG("%s: stage %u dropped its sequences; passing it on", s->name, f->hdr.arg);
-            raise_notice(s, f->hdr.arg, f->hdr.batch_id);
-        } else if (f->hdr.type == KVR_WIRE_BATCH) {
-            if (!enqueue_batch(s, f))
-                break;
-        }
+        if (s->tx_what != TX_NONE)
+            return;
     }
-    if (have_up) {
-        set_upstream(s, -1);
-        kvr_link_fini(&up);
-    }
-    return NULL;
 }
 
-/* ---- tx: the downstream link ---------------------------------------------------------- */
+static void on_down(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
+{
+    struct stage *s = arg;
+    pthread_mutex_lock(&s->lock);
+    struct kvr_err err = {0};
+    if (s->have_down && (events & KVR_EV_WRITE) && s->tx_what != TX_NONE) {
+        int rc = kvr_link_send_resume(&s->down, &err);
+        if (rc == 0) {
+            if (s->tx_what >= 0)
+                give_out(s, (uint32_t)s->tx_what);
+            s->tx_what = TX_NONE;
+            kvr_ev_events(ev, fd, KVR_EV_READ);
+        } else if (rc != KVR_EAGAIN) {
+            KVR_WARN("%s: downstream lost: %s", s->name, err.msg);
+            drop_down(s);
+        }
+    }
+    if (s->have_down && (events & (KVR_EV_READ | KVR_EV_ERROR))) {
+        bool heard = false;
+        int rc = kvr_credit_read(fd, &s->down_credits, &heard);
+        if (rc) {
+            KVR_WARN("%s: downstream lost: %s", s->name,
+                     rc == KVR_ECLOSED ? "it closed the link" : kvr_strerror(rc));
+            drop_down(s);
+        } else if (heard) {
+            s->await_ns = 0;
+        }
+    }
+    kick_send(s);
+    pthread_mutex_unlock(&s->lock);
+}
 
 static const char *downstream_addr(const struct stage *s)
 {
     return s->is_tail ? s->plan->bridge_addr : s->plan->stages[s->index + 1].addr;
 }
 
-static bool connect_downstream(struct stage *s, struct kvr_link *link, int *backoff_ms)
+static void on_connect_timer(struct kvr_ev *ev, void *arg)
 {
+    struct stage *s = arg;
+    if (s->have_down)
+        return;
     struct kvr_err err = {0};
+    struct kvr_link fresh = {.fd = -1};
     int fd;
     const char *addr = downstream_addr(s);
     if (kvr_net_connect(addr, kvr_net_deadline(1000), &fd, &err) == 0) {
-        if (kvr_link_init(link, fd, addr, &s->down_limits, KVR_LINK_SEND, &err) == 0 &&
-            kvr_link_handshake_client(link, s->plan, KVR_AUTH_ROLE_STAGE, s->index,
+        if (kvr_link_init(&fresh, fd, addr, &s->down_limits, KVR_LINK_SEND, &err) == 0 &&
+            kvr_link_handshake_client(&fresh, s->plan, KVR_AUTH_ROLE_STAGE, s->index,
                                       HANDSHAKE_MS, &err) == 0) {
             KVR_INFO("%s: downstream %s connected", s->name, addr);
-            *backoff_ms = BACKOFF_MIN_MS;
-            return true;
+            s->backoff_ms = BACKOFF_MIN_MS;
+            pthread_mutex_lock(&s->lock);
+            s->down = fresh;
+            s->have_down = true;
+            s->down_credits = 0;
+            s->tx_what = TX_NONE;
+            s->last_send_ns = kvr_now_ns();
+            s->await_ns = 0;
+            if (kvr_ev_watch(ev, s->down.fd, KVR_EV_READ, on_down, s))
+                drop_down(s);
+            else
+                kvr_ev_timer_at(ev, s->t_heartbeat,
+                                s->last_send_ns + KVR_CREDIT_HEARTBEAT_MS * MS_NS);
+            kick_send(s);
+            pthread_mutex_unlock(&s->lock);
+            return;
         }
         KVR_WARN("%s: downstream %s: %s", s->name, addr, err.msg);
-        kvr_link_fini(link);
-    } else if (*backoff_ms >= BACKOFF_MAX_MS) {
+        kvr_link_fini(&fresh);
+    } else if (s->backoff_ms >= BACKOFF_MAX_MS) {
         KVR_DEBUG("%s: cannot reach downstream %s: %s", s->name, addr, err.msg);
     }
-    kvr_sleep_ns((uint64_t)*backoff_ms * 1000000ull);
-    *backoff_ms = *backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : *backoff_ms * 2;
-    return false;
+    kvr_ev_timer_at(ev, s->t_connect, kvr_now_ns() + (uint64_t)s->backoff_ms * MS_NS);
+    s->backoff_ms = s->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : s->backoff_ms * 2;
 }
 
-/* Send a pending RESET (see raise_notice). Without a downstream it is dropped: the next
- * downstream link starts with a reset of its own. Returns false if the link broke. */
-static bool send_notice(struct stage *s, struct kvr_link *down, bool have_down)
-{
-    uint32_t stage;
-    uint64_t batch_id;
-    if (!take_notice(s, &stage, &batch_id) || !have_down)
-        return true;
-    struct kvr_err err = {0};
-    if (kvr_link_send_reset(down, stage, batch_id, kvr_net_deadline(1000), &err)) {
-        KVR_WARN("%s: downstream lost: %s", s->name, err.msg);
-        return false;
-    }
-    return true;
-}
-
-/* Close the downstream link (caller holds down_lock); tx reconnects. */
-static void drop_down(struct stage *s)
-{
-    kvr_link_fini(&s->down);
-    s->have_down = false;
-    s->down_gen++;
-}
-
-/* Send one frame downstream (caller holds down_lock and has taken a credit). */
-static void send_frame(struct stage *s, const struct out_slot *o)
-{
-    struct kvr_err err = {0};
-    if (kvr_link_send(&s->down, &o->msg, 0, &err)) {
-        KVR_WARN("%s: downstream lost, batch %llu dropped: %s", s->name,
-                 (unsigned long long)o->msg.batch_id, err.msg);
-        drop_down(s);
-    }
-    s->last_send = kvr_now_ns();
-}
-
-/* Idle tx: collect credits early and notice at once a downstream that closed the link (it
- * restarted, or took another upstream), instead of at the second heartbeat that fails to
- * send; keep the link alive with heartbeats. Caller holds down_lock. */
-static void tx_idle(struct stage *s, uint64_t *n_heartbeats)
-{
-    if (!s->have_down)
-        return;
-    int rc = kvr_credit_take(s->down.fd, &s->down_credits, 0);
-    if (rc) {
-        KVR_WARN("%s: downstream lost: %s", s->name, kvr_strerror(rc));
-        drop_down(s);
-        return;
-    }
-    if (kvr_now_ns() - s->last_send > HEARTBEAT_MS * 1000000ull) {
-        struct kvr_err err = {0};
-        if (kvr_link_send_heartbeat(&s->down, ++*n_heartbeats, kvr_net_deadline(1000), &err)) {
-            KVR_WARN("%s: downstream lost: %s", s->name, err.msg);
-            drop_down(s);
-        }
-        s->last_send = kvr_now_ns();
-    }
-}
-
-static void *tx_main(void *arg)
+/* Liveness (credit.h): a heartbeat after a second without a frame; the downstream is dead
+ * when it has answered nothing, neither credit nor ack, for KVR_CREDIT_DEAD_MS since
+ * something was sent to it. That is also the deadline of a frame it leaves half written:
+ * a downstream that stops reading but keeps its socket open is dropped, not waited for. */
+static void on_heartbeat_timer(struct kvr_ev *ev, void *arg)
 {
     struct stage *s = arg;
-    int backoff_ms = BACKOFF_MIN_MS;
-    uint64_t n_heartbeats = 0;
-    while (!*s->stop) {
-        pthread_mutex_lock(&s->down_lock);
-        bool have_down = s->have_down;
-        pthread_mutex_unlock(&s->down_lock);
-        if (!have_down) {
-            struct kvr_link fresh = {.fd = -1};
-            if (connect_downstream(s, &fresh, &backoff_ms)) {
-                pthread_mutex_lock(&s->down_lock);
-                s->down = fresh;
-                s->have_down = true;
-                s->down_credits = 0;
-                s->last_send = kvr_now_ns();
-                pthread_mutex_unlock(&s->down_lock);
-            }
+    pthread_mutex_lock(&s->lock);
+    uint64_t now = kvr_now_ns();
+    if (s->have_down && !s->down_dead && s->await_ns &&
+        now - s->await_ns >= KVR_CREDIT_DEAD_MS * MS_NS) {
+        KVR_WARN("%s: downstream %s stopped reading: nothing back for %d ms%s; closing the "
+                 "link", s->name, s->down.peer, KVR_CREDIT_DEAD_MS,
+                 s->tx_what != TX_NONE ? " (a frame half written)" : "");
+        drop_down(s);
+        kick_send(s);
+    } else if (s->have_down && !s->down_dead) {
+        if (now - s->last_send_ns >= KVR_CREDIT_HEARTBEAT_MS * MS_NS && s->tx_what == TX_NONE) {
+            struct kvr_wire_msg m = {.type = KVR_WIRE_HEARTBEAT, .batch_id = ++s->n_heartbeats};
+            begin_send(s, &m, TX_HEARTBEAT);
         }
-        int id = queue_pop_ready(&s->out_q, POLL_MS);
-        pthread_mutex_lock(&s->down_lock);
-        if (!send_notice(s, &s->down, s->have_down))
-            drop_down(s);
-        if (id < 0) {
-            tx_idle(s, &n_heartbeats);
-            pthread_mutex_unlock(&s->down_lock);
+        if (s->have_down) {
+            uint64_t next = s->last_send_ns + KVR_CREDIT_HEARTBEAT_MS * MS_NS;
+            if (s->await_ns && s->await_ns + KVR_CREDIT_DEAD_MS * MS_NS < next)
+                next = s->await_ns + KVR_CREDIT_DEAD_MS * MS_NS;
+            kvr_ev_timer_at(ev, s->t_heartbeat, next > now ? next : now + MS_NS);
+        }
+    }
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* ---- the upstream link (I/O thread) --------------------------------------------------- */
+
+/* Queue a RESET mark for the compute thread, unless one is last already. Lock held. */
+static void push_reset(struct stage *s)
+{
+    if (s->n_ready > 0 && s->ready[(s->ready_head + s->n_ready - 1) % READY_CAP] == RESET_MARK)
+        return;
+    s->ready[(s->ready_head + s->n_ready++) % READY_CAP] = RESET_MARK;
+    pthread_cond_signal(&s->in_cond);
+}
+
+/* A new upstream gets a credit per input slot once compute has finished every frame of
+ * the previous one (so it never finds the slots taken). Lock held. */
+static void try_grant(struct stage *s)
+{
+    if (!s->grant_pending || s->n_in_free != N_IN_SLOTS || s->up_fd < 0)
+        return;
+    s->grant_pending = false;
+    if (kvr_credit_grant(s->up_fd, N_IN_SLOTS))
+        KVR_WARN("%s: cannot grant credits upstream", s->name);
+}
+
+/* The upstream changed (a new link, or none): every sequence is stale. Lock held. */
+static void set_upstream(struct stage *s, int fd)
+{
+    if (s->rx_slot >= 0) { /* a frame half read from the old link */
+        s->in_free[s->n_in_free++] = (uint32_t)s->rx_slot;
+        s->rx_slot = -1;
+    }
+    s->up_fd = fd;
+    s->up_gen++;
+    s->grant_pending = fd >= 0;
+    push_reset(s);
+    try_grant(s);
+}
+
+static void lose_upstream(struct stage *s)
+{
+    kvr_ev_unwatch(s->ev, s->up.fd);
+    kvr_link_fini(&s->up);
+    s->have_up = false;
+    s->up_paused = false;
+    pthread_mutex_lock(&s->lock);
+    set_upstream(s, -1);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Read every frame the upstream has sent: batches straight into free input slots. */
+static void on_up(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
+{
+    (void)fd;
+    (void)events;
+    struct stage *s = arg;
+    while (s->have_up) {
+        pthread_mutex_lock(&s->lock);
+        struct in_slot *slot = s->rx_slot >= 0 ? &s->in[s->rx_slot] : NULL;
+        pthread_mutex_unlock(&s->lock);
+        const struct kvr_wire_frame *f;
+        struct kvr_err err = {0};
+        int rc = kvr_link_recv_into(&s->up, slot ? &slot->rx : NULL, KVR_NET_NOW, &f, &err);
+        if (rc == KVR_ETIMEDOUT)
+            return;
+        if (rc == KVR_EAGAIN) { /* a batch: it needs a slot */
+            pthread_mutex_lock(&s->lock);
+            bool got = s->n_in_free > 0;
+            if (got)
+                s->rx_slot = (int)s->in_free[--s->n_in_free];
+            pthread_mutex_unlock(&s->lock);
+            if (!got) { /* the upstream sent beyond its credits: wait for compute */
+                s->up_paused = true;
+                kvr_ev_events(ev, s->up.fd, 0);
+                return;
+            }
             continue;
         }
-        /* Wait for the downstream to have room (credit.h): this wait is what the compute
-         * thread sees as "blocked" once both output slots are taken. The lock is let go
-         * while waiting, so credits are read under it but waited for outside it. */
-        while (s->have_down && s->down_credits == 0 && !*s->stop) {
-            int fd = s->down.fd;
-            uint64_t gen = s->down_gen;
-            pthread_mutex_unlock(&s->down_lock);
-            struct pollfd pfd = {fd, POLLIN, 0};
-            (void)poll(&pfd, 1, POLL_MS);
-            pthread_mutex_lock(&s->down_lock);
-            if (s->have_down && s->down_gen == gen) {
-                int rc = kvr_credit_take(fd, &s->down_credits, 0);
-                if (rc) {
-                    KVR_WARN("%s: downstream lost while waiting for room: %s", s->name,
-                             kvr_strerror(rc));
-                    drop_down(s);
-                }
-            }
+        if (rc) {
+            if (rc == KVR_ECLOSED)
+                KVR_INFO("%s: upstream %s closed the link", s->name, s->up.peer);
+            else
+                KVR_WARN("%s: upstream link dropped: %s", s->name, err.msg);
+            lose_upstream(s);
+            return;
         }
-        struct out_slot *o = &s->out[id];
-        if (s->have_down && s->down_credits > 0) {
-            s->down_credits--;
-            send_frame(s, o);
-        } else if (s->have_down || s->down_gen > 0) { /* it was up: a link went down */
-            KVR_WARN("%s: no downstream, batch %llu dropped", s->name,
-                     (unsigned long long)o->msg.batch_id);
-        } else {
-            /* Never connected yet: the ring is still forming, and the bridge's probe goes
-             * again once it is whole. */
-            KVR_INFO("%s: downstream not connected yet, batch %llu dropped", s->name,
-                     (unsigned long long)o->msg.batch_id);
+        switch (f->hdr.type) {
+        case KVR_WIRE_BATCH:
+            pthread_mutex_lock(&s->lock);
+            s->in[s->rx_slot].gen = s->up_gen;
+            s->ready[(s->ready_head + s->n_ready++) % READY_CAP] = s->rx_slot;
+            s->rx_slot = -1;
+            pthread_cond_signal(&s->in_cond);
+            pthread_mutex_unlock(&s->lock);
+            break;
+        case KVR_WIRE_HEARTBEAT:
+            kvr_credit_ack(s->up.fd); /* credit.h: the upstream knows we still read */
+            break;
+        case KVR_WIRE_RESET:
+            KVR_DEBUG("%s: stage %u dropped its sequences; passing it on", s->name, f->hdr.arg);
+            pthread_mutex_lock(&s->lock);
+            raise_notice(s, f->hdr.arg, f->hdr.batch_id);
+            kick_send(s);
+            pthread_mutex_unlock(&s->lock);
+            break;
+        case KVR_WIRE_GOODBYE:
+            KVR_INFO("%s: upstream said goodbye", s->name);
+            lose_upstream(s);
+            return;
+        default:
+            break;
         }
-        s->pending--;
-        pthread_mutex_unlock(&s->down_lock);
-        queue_give_free(&s->out_q, (uint32_t)id);
     }
-    pthread_mutex_lock(&s->down_lock);
-    if (s->have_down) {
-        struct kvr_err err = {0};
-        kvr_link_send_goodbye(&s->down, KVR_WIRE_GOODBYE_SHUTDOWN, kvr_net_deadline(200), &err);
-        drop_down(s);
+}
+
+/* A new upstream replaces the old one (a restarted upstream reconnects); a peer that
+ * fails the handshake is refused and the current link is untouched. */
+static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
+{
+    (void)events;
+    struct stage *s = arg;
+    struct kvr_err err = {0};
+    int cfd;
+    char peer[KVR_NET_PEER_BYTES];
+    if (kvr_net_accept(fd, KVR_NET_NOW, &cfd, peer, sizeof peer, &err))
+        return;
+    struct kvr_link fresh = {.fd = -1};
+    if (kvr_link_init(&fresh, cfd, peer, &s->up_limits, KVR_LINK_RECV, &err)) {
+        KVR_WARN("%s: cannot set up link from %s: %s", s->name, peer, err.msg);
+        return;
     }
-    pthread_mutex_unlock(&s->down_lock);
+    if (kvr_link_handshake_server(&fresh, s->plan, KVR_AUTH_ROLE_STAGE, s->index, HANDSHAKE_MS,
+                                  &err)) {
+        KVR_WARN("%s: refused connection from %s: %s", s->name, peer, err.msg);
+        kvr_link_fini(&fresh);
+        return;
+    }
+    KVR_INFO("%s: upstream connected from %s", s->name, peer);
+    if (s->have_up) {
+        KVR_WARN("%s: new upstream replaces the previous link", s->name);
+        kvr_ev_unwatch(ev, s->up.fd);
+        kvr_link_fini(&s->up);
+    }
+    s->up = fresh;
+    s->have_up = true;
+    s->up_paused = false;
+    pthread_mutex_lock(&s->lock);
+    set_upstream(s, s->up.fd);
+    pthread_mutex_unlock(&s->lock);
+    if (kvr_ev_watch(ev, s->up.fd, KVR_EV_READ, on_up, s)) {
+        lose_upstream(s);
+        return;
+    }
+    on_up(ev, s->up.fd, KVR_EV_READ, s);
+}
+
+/* The compute thread asked for something (a frame queued, a slot freed, a link found
+ * broken), or a signal asked the stage to stop. */
+static void on_wake(struct kvr_ev *ev, void *arg)
+{
+    struct stage *s = arg;
+    if (*s->stop) {
+        pthread_mutex_lock(&s->lock);
+        s->stopping = true;
+        pthread_cond_broadcast(&s->in_cond);
+        pthread_cond_broadcast(&s->out_cond);
+        pthread_mutex_unlock(&s->lock);
+        kvr_ev_stop(ev);
+        return;
+    }
+    pthread_mutex_lock(&s->lock);
+    kick_send(s);
+    bool resume = s->up_paused && s->n_in_free > 0;
+    pthread_mutex_unlock(&s->lock);
+    if (resume && s->have_up) {
+        s->up_paused = false;
+        kvr_ev_events(ev, s->up.fd, KVR_EV_READ);
+        on_up(ev, s->up.fd, KVR_EV_READ, s);
+    }
+}
+
+static void *io_main(void *arg)
+{
+    struct stage *s = arg;
+    kvr_ev_run(s->ev);
     return NULL;
 }
 
-/* A finished batch goes downstream: straight from the compute thread when nothing is
- * queued ahead of it and the downstream has room (no thread to wake), else through tx, in
- * order. */
-static void hand_off(struct stage *s, uint32_t out_id)
-{
-    pthread_mutex_lock(&s->down_lock);
-    if (s->have_down && s->pending == 0) {
-        int rc = KVR_OK;
-        if (!send_notice(s, &s->down, true)) {
-            drop_down(s); /* send_notice said why; tx reconnects */
-        } else if (s->down_credits == 0 &&
-                   (rc = kvr_credit_take(s->down.fd, &s->down_credits, 0)) != KVR_OK) {
-            KVR_WARN("%s: downstream lost: %s", s->name, kvr_strerror(rc));
-            drop_down(s);
-        }
-    }
-    if (s->have_down && s->pending == 0 && s->down_credits > 0) {
-        s->down_credits--;
-        send_frame(s, &s->out[out_id]);
-        pthread_mutex_unlock(&s->down_lock);
-        queue_give_free(&s->out_q, out_id);
-        return;
-    }
-    s->pending++;
-    pthread_mutex_unlock(&s->down_lock);
-    queue_push_ready(&s->out_q, out_id);
-}
-
-/* ---- compute -------------------------------------------------------------------------- */
-
-static void sampling_params(const struct kvr_wire_sampling *w, struct kvr_sample_params *p)
-{
-    kvr_sample_params_default(p);
-    p->temperature = w->temperature;
-    p->top_k = w->top_k;
-    p->top_p = w->top_p;
-    p->min_p = w->min_p;
-    p->repeat_penalty = w->repeat_penalty;
-    p->frequency_penalty = w->frequency_penalty;
-    p->presence_penalty = w->presence_penalty;
-    p->repeat_last_n = w->repeat_last_n;
-    p->seed = w->seed;
-}
-
-static void close_seq(struct stage *s, uint32_t seq)
-{
-    kvr_engine_seq_free(s->engine, seq);
-    if (s->is_tail && s->open[seq]) {
-        kvr_sampler_fini(&s->samplers[seq]);
-        s->open[seq] = false;
-    }
-}
-
-static void reset_all(struct stage *s)
-{
-    for (uint32_t q = 0; q < s->plan->max_seqs; q++)
-        close_seq(s, q);
-}
-
-/* Tail: put a re-opened sequence's sampler back where it was (wire.h, REPLAY): the draws
- * its earlier samples made, then its recent tokens into the penalty window. */
-static void replay_seq(struct stage *s, const struct kvr_wire_ctrl *c)
-{
-    if (!s->is_tail)
-        return;
-    if (!s->open[c->seq]) {
-        KVR_ERROR("%s: REPLAY for sequence %u, which is not open", s->name, c->seq);
-        return;
-    }
-    struct kvr_sampler *sm = &s->samplers[c->seq];
-    for (uint32_t k = 0; k < c->replay.n_draws; k++)
-        (void)kvr_sampler_uniform(sm);
-    for (uint32_t k = 0; k < c->replay.n_ids; k++)
-        kvr_sampler_accept(sm, c->replay.ids[k]);
-}
-
-/* Control records come before the batch's rows: an OPEN starts a sequence afresh (its slot
- * may hold a finished one), FREE and CANCEL release it everywhere, REPLAY restores the
- * sampler of one just re-opened. */
-static void apply_control(struct stage *s, const struct in_slot *in)
-{
-    for (uint32_t i = 0; i < in->n_ctrl; i++) {
-        const struct kvr_wire_ctrl *c = &in->ctrl[i];
-        if (c->type == KVR_WIRE_CTRL_REPLAY) {
-            replay_seq(s, c);
-            continue;
-        }
-        close_seq(s, c->seq);
-        if (c->type == KVR_WIRE_CTRL_OPEN && s->is_tail) {
-            struct kvr_sample_params p;
-            sampling_params(&c->sampling, &p);
-            struct kvr_err err = {0};
-            if (kvr_sampler_init(&s->samplers[c->seq], &p, &err)) {
-                /* The codec checked the ranges, so this is a disagreement between codec and
-                 * sampler; the sequence stays closed and its first result fails loudly. */
-                KVR_ERROR("%s: sequence %u: %s", s->name, c->seq, err.msg);
-                continue;
-            }
-            s->open[c->seq] = true;
-            s->want_logprobs[c->seq] = (c->flags & KVR_WIRE_OPEN_LOGPROBS) != 0;
-        }
-    }
-}
-
-/* Tail: sample every segment that wants a token. */
-static int sample_results(struct stage *s, const struct in_slot *in, struct out_slot *o,
-                          struct kvr_err *err)
-{
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < in->n_segs; i++) {
-        const struct kvr_seg *seg = &in->segs[i];
-        if (!(seg->flags & KVR_SEG_WANTS_TOKEN))
-            continue;
-        if (!s->open[seg->seq])
-            return kvr_err_set(err, KVR_EPROTO, "batch %llu: sequence %u wants a token but "
-                               "was never opened", (unsigned long long)in->batch_id, seg->seq);
-        float *logits = s->logits + (size_t)n * s->hp.n_vocab;
-        float logprob = 0.0f;
-        bool lp = s->want_logprobs[seg->seq];
-        int32_t tok = kvr_sampler_sample(&s->samplers[seg->seq], logits, (int32_t)s->hp.n_vocab,
-                                         s->scratch, lp ? &logprob : NULL);
-        kvr_sampler_accept(&s->samplers[seg->seq], tok);
-        o->results[n] = (struct kvr_wire_result){
-            .seq = seg->seq, .token = tok, .logprob = lp ? logprob : 0.0f,
-            .flags = (lp ? KVR_WIRE_RESULT_LOGPROB : 0) |
-                     (s->tok && kvr_tok_is_eog(s->tok, tok) ? KVR_WIRE_RESULT_EOG : 0)};
-        n++;
-    }
-    o->msg.results = o->results;
-    o->msg.n_results = n;
-    o->msg.payload = KVR_WIRE_PAYLOAD_RESULTS;
-    o->msg.payload_data = NULL;
-    o->msg.payload_bytes = 0;
-    return KVR_OK;
-}
-
-static int compute_batch(struct stage *s, const struct in_slot *in, struct out_slot *o,
-                         struct kvr_err *err)
-{
-    apply_control(s, in);
-    memset(&o->msg, 0, sizeof o->msg);
-    memcpy(o->ctrl, in->ctrl, in->n_ctrl * sizeof *in->ctrl);
-    memcpy(o->segs, in->segs, in->n_segs * sizeof *in->segs);
-    memcpy(o->timings, in->timings, in->n_timings * sizeof *in->timings);
-    o->msg.type = s->is_tail ? KVR_WIRE_RESULT : KVR_WIRE_BATCH;
-    o->msg.batch_id = in->batch_id;
-    o->msg.ctrl = o->ctrl;
-    o->msg.n_ctrl = in->n_ctrl;
-    o->msg.segs = o->segs;
-    o->msg.n_segs = in->n_segs;
-    o->msg.timings = o->timings;
-    o->msg.n_timings = in->n_timings;
-    if (in->n_segs == 0) { /* a control-only batch */
-        o->msg.payload = s->is_tail ? KVR_WIRE_PAYLOAD_RESULTS : s->rows_payload;
-        return KVR_OK;
-    }
-    float *out = s->is_tail ? s->logits : o->rows;
-    int rc = kvr_engine_forward(s->engine, in->segs, in->n_segs, in->tokens, in->rows, out, err);
-    if (rc)
-        return rc;
-    if (s->is_tail)
-        return sample_results(s, in, o, err);
-    size_t n = (size_t)in->n_rows * s->hp.n_embd;
-    o->msg.payload = s->rows_payload;
-    if (s->rows_payload == KVR_WIRE_PAYLOAD_F32) {
-        o->msg.payload_data = o->rows;
-        o->msg.payload_bytes = n * sizeof(float);
-    } else {
-        kvr_wire_rows_from_f32(s->rows_payload, o->rows, n, o->wire_rows);
-        o->msg.payload_data = o->wire_rows;
-        o->msg.payload_bytes = n * 2;
-    }
-    return KVR_OK;
-}
+/* ---- compute ------------------------------------------------------------------------- */
 
 /* Free an input slot and, if its frame came over the current upstream link, give that link
- * the credit back. */
-static void release_input(struct stage *s, const struct in_slot *in, uint32_t id)
+ * the credit back. Lock held. */
+static void release_input(struct stage *s, uint32_t id)
 {
-    uint64_t gen = in->gen;
-    queue_give_free(&s->in_q, id);
-    pthread_mutex_lock(&s->up_lock);
-    if (s->up_fd >= 0 && gen == s->up_gen && kvr_credit_grant(s->up_fd, 1))
+    s->in_free[s->n_in_free++] = id;
+    if (s->up_fd >= 0 && s->in[id].gen == s->up_gen && kvr_credit_grant(s->up_fd, 1))
         KVR_DEBUG("%s: credit not delivered (upstream gone)", s->name);
-    pthread_mutex_unlock(&s->up_lock);
+    try_grant(s);
+    if (s->up_paused)
+        kvr_ev_wake(s->ev);
+}
+
+/* A finished frame goes downstream: straight from this thread when nothing is queued ahead
+ * of it and the downstream has room (no thread to wake), else through the I/O thread, in
+ * order. Lock held. */
+static void hand_off(struct stage *s, uint32_t id)
+{
+    if (s->have_down && !s->down_dead && s->n_out_q == 0 && s->tx_what == TX_NONE &&
+        !s->notice_pending) {
+        if (s->down_credits == 0) {
+            bool heard = false;
+            if (kvr_credit_read(s->down.fd, &s->down_credits, &heard))
+                s->down_dead = true;
+            else if (heard)
+                s->await_ns = 0;
+        }
+        if (!s->down_dead && s->down_credits > 0) {
+            s->down_credits--;
+            struct kvr_err err = {0};
+            int rc = kvr_link_send_begin(&s->down, &s->out[id].msg, &err);
+            if (rc == 0 || rc == KVR_EAGAIN) {
+                sent(s);
+                if (rc == 0) {
+                    give_out(s, id);
+                    return;
+                }
+                s->tx_what = (int)id; /* the I/O thread writes the rest */
+                s->want_write = true;
+                kvr_ev_wake(s->ev);
+                return;
+            }
+            KVR_WARN("%s: downstream lost, batch %llu dropped: %s", s->name,
+                     (unsigned long long)s->out[id].msg.batch_id, err.msg);
+            s->down_dead = true;
+            give_out(s, id);
+            kvr_ev_wake(s->ev);
+            return;
+        }
+    }
+    s->out_q[(s->out_q_head + s->n_out_q++) % N_OUT_SLOTS] = id;
+    kvr_ev_wake(s->ev);
 }
 
 static void compute_loop(struct stage *s)
 {
     uint64_t idle_since = kvr_now_ns();
-    while (!*s->stop) {
-        int in_id = queue_pop_ready(&s->in_q, POLL_MS);
-        if (in_id < 0)
-            continue;
-        uint64_t t_arrived = kvr_now_ns();
-        struct in_slot *in = &s->in[in_id];
-        if (in->kind == IN_RESET) {
-            uint32_t used, total;
-            kvr_engine_kv_usage(s->engine, &used, &total);
-            if (used > 0)
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        while (!s->stopping && s->n_ready == 0)
+            pthread_cond_wait(&s->in_cond, &s->lock);
+        if (s->stopping)
+            break;
+        int in_id = s->ready[s->ready_head];
+        s->ready_head = (s->ready_head + 1) % READY_CAP;
+        s->n_ready--;
+        if (in_id == RESET_MARK) {
+            pthread_mutex_unlock(&s->lock);
+            if (kvr_step_has_sequences(&s->step))
                 KVR_INFO("%s: upstream changed: dropping every sequence", s->name);
             else
                 KVR_DEBUG("%s: upstream changed; no sequence to drop", s->name);
-            reset_all(s);
-            raise_notice(s, s->index, KVR_WIRE_RESET_LINK);
-            queue_give_free(&s->in_q, (uint32_t)in_id);
+            kvr_step_reset(&s->step);
             idle_since = kvr_now_ns();
+            pthread_mutex_lock(&s->lock);
+            raise_notice(s, s->index, KVR_WIRE_RESET_LINK);
+            kvr_ev_wake(s->ev);
             continue;
         }
-        int out_id;
-        while ((out_id = queue_take_free(&s->out_q, POLL_MS)) < 0 && !*s->stop) {
-        }
-        if (out_id < 0)
+        uint64_t t_arrived = kvr_now_ns();
+        while (!s->stopping && s->n_out_free == 0)
+            pthread_cond_wait(&s->out_cond, &s->lock);
+        if (s->stopping)
             break;
+        uint32_t out_id = s->out_free[--s->n_out_free];
+        pthread_mutex_unlock(&s->lock);
+
         uint64_t t_start = kvr_now_ns();
-        struct out_slot *o = &s->out[out_id];
+        struct kvr_step_out *o = &s->out[out_id];
+        const struct kvr_wire_frame *f = &s->in[in_id].rx.frame;
         struct kvr_err err = {0};
-        int rc = compute_batch(s, in, o, &err);
+        int rc = kvr_step_run(&s->step, f, o, &err);
         uint64_t t_done = kvr_now_ns();
         if (rc) {
             /* The bridge and every stage decide membership from the same plan, so a batch
@@ -873,55 +674,59 @@ static void compute_loop(struct stage *s)
              * lost its sequences with its upstream link, and the bridge did not know yet).
              * The batch is not forwarded; a RESET naming it tells the bridge, which holds
              * and re-prefills its sequences unless it had already given up on the batch. */
-            KVR_ERROR("%s: batch %llu dropped: %s", s->name, (unsigned long long)in->batch_id,
-                      err.msg);
-            reset_all(s);
-            raise_notice(s, s->index, in->batch_id);
-            release_input(s, in, (uint32_t)in_id);
-            queue_give_free(&s->out_q, (uint32_t)out_id);
+            KVR_ERROR("%s: batch %llu dropped: %s", s->name,
+                      (unsigned long long)f->hdr.batch_id, err.msg);
+            kvr_step_reset(&s->step);
+            pthread_mutex_lock(&s->lock);
+            raise_notice(s, s->index, f->hdr.batch_id);
+            give_out(s, out_id);
+            release_input(s, (uint32_t)in_id);
+            kvr_ev_wake(s->ev);
             idle_since = t_done;
             continue;
-        } else {
-            struct kvr_wire_timing *t = &o->timings[o->msg.n_timings++];
-            t->stage = s->index;
-            t->starved_ns = t_arrived > idle_since ? t_arrived - idle_since : 0;
-            t->blocked_ns = t_start - t_arrived;
-            t->held_ns = t_done - t_start;
         }
+        kvr_step_time(&s->step, o, t_arrived > idle_since ? t_arrived - idle_since : 0,
+                      t_start - t_arrived, t_done - t_start);
         /* The finished batch goes first: the downstream is waiting for it, while the
          * upstream still has a credit in hand unless this stage's input queue is full. A
          * wake-up or a system call before the send is where a stage whose CPU quota ran out
          * gets throttled, holding the batch. */
-        hand_off(s, (uint32_t)out_id);
-        release_input(s, in, (uint32_t)in_id);
+        pthread_mutex_lock(&s->lock);
+        hand_off(s, out_id);
+        release_input(s, (uint32_t)in_id);
         idle_since = t_done;
     }
+    pthread_mutex_unlock(&s->lock);
 }
 
 /* ---- start-up and shutdown ------------------------------------------------------------ */
 
 static void stage_fini(struct stage *s)
 {
-    if (s->rx_started)
-        pthread_join(s->rx_thread, NULL);
-    if (s->tx_started)
-        pthread_join(s->tx_thread, NULL);
+    if (s->io_started)
+        pthread_join(s->io_thread, NULL);
+    atomic_store(&running_ev, NULL);
+    if (s->have_down) {
+        if (!s->down.tx_pending) {
+            struct kvr_err err = {0};
+            kvr_link_send_goodbye(&s->down, KVR_WIRE_GOODBYE_SHUTDOWN, kvr_net_deadline(200),
+                                  &err);
+        }
+        kvr_link_fini(&s->down);
+    }
+    if (s->have_up)
+        kvr_link_fini(&s->up);
     if (s->listen_fd >= 0)
         close(s->listen_fd);
-    free_slots(s);
-    pthread_mutex_destroy(&s->up_lock);
-    pthread_mutex_destroy(&s->notice_lock);
-    pthread_mutex_destroy(&s->down_lock);
-    if (s->samplers) {
-        for (uint32_t q = 0; q < s->plan->max_seqs; q++)
-            if (s->open[q])
-                kvr_sampler_fini(&s->samplers[q]);
-    }
-    kvr_free(s->samplers);
-    kvr_free(s->open);
-    kvr_free(s->want_logprobs);
-    kvr_free(s->logits);
-    kvr_sample_scratch_destroy(s->scratch);
+    kvr_ev_destroy(s->ev);
+    for (uint32_t i = 0; i < N_IN_SLOTS; i++)
+        kvr_link_rx_fini(&s->in[i].rx);
+    for (uint32_t i = 0; i < N_OUT_SLOTS; i++)
+        kvr_step_out_fini(&s->out[i]);
+    kvr_step_fini(&s->step);
+    pthread_mutex_destroy(&s->lock);
+    pthread_cond_destroy(&s->in_cond);
+    pthread_cond_destroy(&s->out_cond);
     kvr_tok_destroy(s->tok);
     kvr_engine_destroy(s->engine);
     kvr_gguf_close(s->gguf);
@@ -950,31 +755,38 @@ static int stage_init(struct stage *s, struct kvr_err *err)
         .n_threads = threads};
     if ((rc = kvr_engine_create(&s->engine, s->gguf, &cfg, err)))
         return rc;
-    s->rows_payload = kvr_wire_payload_of_dtype(p->wire_dtype);
-    int down = s->is_tail ? KVR_WIRE_RECV_BRIDGE : (int)s->index + 1;
-    if ((rc = kvr_wire_limits_init(&s->up_limits, p, s->hp.n_embd, s->hp.n_vocab,
-                                   (int)s->index, err)) ||
-        (rc = kvr_wire_limits_init(&s->down_limits, p, s->hp.n_embd, s->hp.n_vocab, down,
-                                   err)) ||
-        (rc = alloc_slots(s, err)))
-        return rc;
     if (s->is_tail) {
-        s->samplers = kvr_calloc(p->max_seqs, sizeof *s->samplers);
-        s->open = kvr_calloc(p->max_seqs, sizeof *s->open);
-        s->want_logprobs = kvr_calloc(p->max_seqs, sizeof *s->want_logprobs);
-        size_t n_logits;
-        if (!s->samplers || !s->open || !s->want_logprobs ||
-            !kvr_mul_size((size_t)p->row_width * s->hp.n_vocab, sizeof(float), &n_logits) ||
-            !(s->logits = kvr_aligned_alloc(64, n_logits)) ||
-            kvr_sample_scratch_create(&s->scratch, (int32_t)s->hp.n_vocab))
-            return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory for the tail");
         struct kvr_err tok_err = {0};
         if (kvr_tok_create(&s->tok, s->gguf, &tok_err))
             KVR_WARN("%s: no usable vocabulary (%s): end-of-generation is not flagged",
                      s->name, tok_err.msg);
     }
-    if ((rc = kvr_net_listen(p->stages[s->index].addr, 16, &s->listen_fd, NULL, err)))
+    int down = s->is_tail ? KVR_WIRE_RECV_BRIDGE : (int)s->index + 1;
+    if ((rc = kvr_wire_limits_init(&s->up_limits, p, s->hp.n_embd, s->hp.n_vocab,
+                                   (int)s->index, err)) ||
+        (rc = kvr_wire_limits_init(&s->down_limits, p, s->hp.n_embd, s->hp.n_vocab, down,
+                                   err)) ||
+        (rc = kvr_step_init(&s->step, p, s->index, s->engine, &s->hp, s->tok, err)))
         return rc;
+    for (uint32_t i = 0; i < N_IN_SLOTS; i++) {
+        if ((rc = kvr_link_rx_init(&s->in[i].rx, &s->up_limits, err)))
+            return rc;
+        s->in_free[s->n_in_free++] = N_IN_SLOTS - 1 - i;
+    }
+    for (uint32_t i = 0; i < N_OUT_SLOTS; i++) {
+        if ((rc = kvr_step_out_init(&s->step, &s->out[i], &s->up_limits, err)))
+            return rc;
+        s->out_free[s->n_out_free++] = N_OUT_SLOTS - 1 - i;
+    }
+    if ((rc = kvr_ev_create(&s->ev, err)))
+        return rc;
+    s->t_connect = kvr_ev_timer(s->ev, on_connect_timer, s);
+    s->t_heartbeat = kvr_ev_timer(s->ev, on_heartbeat_timer, s);
+    kvr_ev_on_wake(s->ev, on_wake, s);
+    if ((rc = kvr_net_listen(p->stages[s->index].addr, 16, &s->listen_fd, NULL, err)) ||
+        (rc = kvr_ev_watch(s->ev, s->listen_fd, KVR_EV_READ, on_listen, s)))
+        return rc;
+    kvr_ev_timer_at(s->ev, s->t_connect, kvr_now_ns());
     KVR_INFO("%s: layers %u-%u of %u, %u threads, listening on %s", s->name, st->first_layer,
              st->last_layer, s->hp.n_layer, threads, p->stages[s->index].addr);
     return KVR_OK;
@@ -1004,19 +816,25 @@ int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *o
     s->stop = stop;
     s->listen_fd = -1;
     s->up_fd = -1;
-    pthread_mutex_init(&s->up_lock, NULL);
-    pthread_mutex_init(&s->notice_lock, NULL);
-    pthread_mutex_init(&s->down_lock, NULL);
+    s->rx_slot = -1;
+    s->tx_what = TX_NONE;
+    s->backoff_ms = BACKOFF_MIN_MS;
     s->down.fd = -1;
+    s->up.fd = -1;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->in_cond, NULL);
+    pthread_cond_init(&s->out_cond, NULL);
     snprintf(s->name, sizeof s->name, "stage %u", opt->index);
     int rc = stage_init(s, err);
     if (rc == 0) {
-        s->rx_started = pthread_create(&s->rx_thread, NULL, rx_main, s) == 0;
-        s->tx_started = pthread_create(&s->tx_thread, NULL, tx_main, s) == 0;
-        if (!s->rx_started || !s->tx_started) {
-            rc = kvr_err_set(err, KVR_ENOMEM, "stage: cannot start threads");
+        atomic_store(&running_ev, s->ev);
+        s->io_started = pthread_create(&s->io_thread, NULL, io_main, s) == 0;
+        if (!s->io_started) {
+            rc = kvr_err_set(err, KVR_ENOMEM, "stage: cannot start its I/O thread");
             *stop = 1;
         } else {
+            if (*stop) /* a signal before the loop could hear it */
+                kvr_ev_wake(s->ev);
             compute_loop(s);
         }
     }

@@ -9,15 +9,18 @@
  * rows to the next stage, or, at the tail, the sampled token of every segment that wants
  * one, as a RESULT frame to the bridge.
  *
- * Three threads, so receiving the next frame and sending the previous output overlap with
+ * Two threads, so receiving the next frame and sending the previous output overlap with
  * compute:
- *   rx       accepts and authenticates upstream connections, reads frames into a queue of
- *            preallocated input slots
+ *   I/O      one event loop (core/ev.h) owning every socket: accepts and authenticates
+ *            upstream connections, reads frames straight into preallocated input slots,
+ *            keeps the downstream link (dialling with backoff, non-blocking sends, credits,
+ *            heartbeats and their acks: a downstream that stops reading is dropped after
+ *            KVR_CREDIT_DEAD_MS, credit.h)
  *   compute  the caller's thread: takes the next input (the wait is "starved"), takes a
  *            free output slot (the wait is "blocked": downstream has not taken the previous
- *            frames), runs the forward pass into it ("held"), hands it to tx
- *   tx       keeps the downstream link up and sends output slots in order; heartbeats when
- *            idle
+ *            frames), runs the batch step (step.h, "held") and sends the result itself
+ *            when nothing is queued ahead of it, else hands it to the I/O thread
+ * Neither sleeps nor polls: an idle stage wakes only for heartbeats.
  * All buffers are sized from the plan at start-up.
  *
  * When the upstream link is lost or replaced, every sequence's state is stale (the bridge
@@ -40,10 +43,14 @@ struct kvr_stage_options {
     uint32_t n_threads; /* compute threads; 0 = from the plan (stage, then plan default, 1) */
 };
 
-/* Run the stage until *stop becomes non-zero (e.g. set by a signal handler). The plan must
- * be valid. Returns 0 after an orderly stop or a negative status with `err` set when the
+/* Run the stage until *stop becomes non-zero (set by a signal handler, which then calls
+ * kvr_stage_signal_stop so the stage notices at once). The plan must be valid. Returns 0 after an orderly stop or a negative status with `err` set when the
  * stage cannot start (model, memory, address in use). */
 int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *opt,
                   atomic_int *stop, struct kvr_err *err);
+
+/* Wake the running stage to look at its stop flag. Async-signal-safe (one write to an
+ * eventfd); a no-op when no stage runs. */
+void kvr_stage_signal_stop(void);
 
 #endif

@@ -1,0 +1,277 @@
+/* step.c - a stage's work on one batch (see step.h). Reading order: set-up, control
+ * records, sampling, the step itself. */
+#include "ring/step.h"
+
+#include "core/alloc.h"
+#include "core/log.h"
+
+#include <string.h>
+
+int kvr_step_init(struct kvr_step *st, const struct kvr_plan *plan, uint32_t index,
+                  struct kvr_engine *engine, const struct kvr_hparams *hp,
+                  const struct kvr_tok *tok, struct kvr_err *err)
+{
+    memset(st, 0, sizeof *st);
+    st->engine = engine;
+    st->tok = tok;
+    st->index = index;
+    st->n_stages = plan->n_stages;
+    st->max_seqs = plan->max_seqs;
+    st->row_width = plan->row_width;
+    st->n_embd = hp->n_embd;
+    st->n_vocab = hp->n_vocab;
+    st->is_head = index == 0;
+    st->is_tail = index + 1 == plan->n_stages;
+    st->rows_payload = kvr_wire_payload_of_dtype(plan->wire_dtype);
+    size_t n_rows_f = (size_t)plan->row_width * hp->n_embd;
+    if (!st->is_head && st->rows_payload != KVR_WIRE_PAYLOAD_F32 &&
+        !(st->rows_in = kvr_aligned_alloc(64, n_rows_f * sizeof(float))))
+        goto nomem;
+    if (st->is_tail) {
+        size_t n_logits;
+        st->samplers = kvr_calloc(plan->max_seqs, sizeof *st->samplers);
+        st->open = kvr_calloc(plan->max_seqs, sizeof *st->open);
+        st->want_logprobs = kvr_calloc(plan->max_seqs, sizeof *st->want_logprobs);
+        if (!st->samplers || !st->open || !st->want_logprobs ||
+            !kvr_mul_size((size_t)plan->row_width * hp->n_vocab, sizeof(float), &n_logits) ||
+            !(st->logits = kvr_aligned_alloc(64, n_logits)) ||
+            kvr_sample_scratch_create(&st->scratch, (int32_t)hp->n_vocab))
+            goto nomem;
+    }
+    return KVR_OK;
+nomem:
+    kvr_step_fini(st);
+    return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory for its batch step");
+}
+
+void kvr_step_fini(struct kvr_step *st)
+{
+    if (st->samplers && st->open)
+        for (uint32_t q = 0; q < st->max_seqs; q++)
+            if (st->open[q])
+                kvr_sampler_fini(&st->samplers[q]);
+    kvr_free(st->samplers);
+    kvr_free(st->open);
+    kvr_free(st->want_logprobs);
+    kvr_free(st->logits);
+    kvr_free(st->rows_in);
+    kvr_sample_scratch_destroy(st->scratch);
+    memset(st, 0, sizeof *st);
+}
+
+int kvr_step_out_init(const struct kvr_step *st, struct kvr_step_out *o,
+                      const struct kvr_wire_limits *up, struct kvr_err *err)
+{
+    memset(o, 0, sizeof *o);
+    size_t n_rows_f = (size_t)st->row_width * st->n_embd;
+    o->ctrl = kvr_calloc(up->max_ctrl ? up->max_ctrl : 1, sizeof *o->ctrl);
+    o->segs = kvr_calloc(up->max_segs, sizeof *o->segs);
+    o->timings = kvr_calloc(st->n_stages + 1, sizeof *o->timings);
+    if (!o->ctrl || !o->segs || !o->timings)
+        goto nomem;
+    if (st->is_tail) {
+        if (!(o->results = kvr_calloc(up->max_segs, sizeof *o->results)))
+            goto nomem;
+    } else {
+        if (!(o->rows = kvr_aligned_alloc(64, n_rows_f * sizeof(float))))
+            goto nomem;
+        if (st->rows_payload != KVR_WIRE_PAYLOAD_F32 &&
+            !(o->wire_rows = kvr_aligned_alloc(64, n_rows_f * 2)))
+            goto nomem;
+    }
+    return KVR_OK;
+nomem:
+    kvr_step_out_fini(o);
+    return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory for output slots");
+}
+
+void kvr_step_out_fini(struct kvr_step_out *o)
+{
+    kvr_free(o->ctrl);
+    kvr_free(o->segs);
+    kvr_free(o->timings);
+    kvr_free(o->results);
+    kvr_free(o->rows);
+    kvr_free(o->wire_rows);
+    memset(o, 0, sizeof *o);
+}
+
+/* ---- sequences and control records ---------------------------------------------------- */
+
+static void close_seq(struct kvr_step *st, uint32_t seq)
+{
+    kvr_engine_seq_free(st->engine, seq);
+    if (st->is_tail && st->open[seq]) {
+        kvr_sampler_fini(&st->samplers[seq]);
+        st->open[seq] = false;
+    }
+}
+
+void kvr_step_reset(struct kvr_step *st)
+{
+    for (uint32_t q = 0; q < st->max_seqs; q++)
+        close_seq(st, q);
+}
+
+bool kvr_step_has_sequences(const struct kvr_step *st)
+{
+    uint32_t used, total;
+    kvr_engine_kv_usage(st->engine, &used, &total);
+    return used > 0;
+}
+
+static void sampling_params(const struct kvr_wire_sampling *w, struct kvr_sample_params *p)
+{
+    kvr_sample_params_default(p);
+    p->temperature = w->temperature;
+    p->top_k = w->top_k;
+    p->top_p = w->top_p;
+    p->min_p = w->min_p;
+    p->repeat_penalty = w->repeat_penalty;
+    p->frequency_penalty = w->frequency_penalty;
+    p->presence_penalty = w->presence_penalty;
+    p->repeat_last_n = w->repeat_last_n;
+    p->seed = w->seed;
+}
+
+/* Tail: put a re-opened sequence's sampler back where it was (wire.h, REPLAY): the draws
+ * its earlier samples made, then its recent tokens into the penalty window. */
+static void replay_seq(struct kvr_step *st, const struct kvr_wire_ctrl *c)
+{
+    if (!st->is_tail)
+        return;
+    if (!st->open[c->seq]) {
+        KVR_ERROR("stage %u: REPLAY for sequence %u, which is not open", st->index, c->seq);
+        return;
+    }
+    struct kvr_sampler *sm = &st->samplers[c->seq];
+    for (uint32_t k = 0; k < c->replay.n_draws; k++)
+        (void)kvr_sampler_uniform(sm);
+    for (uint32_t k = 0; k < c->replay.n_ids; k++)
+        kvr_sampler_accept(sm, c->replay.ids[k]);
+}
+
+/* Control records come before the batch's rows: an OPEN starts a sequence afresh (its slot
+ * may hold a finished one), FREE and CANCEL release it everywhere, REPLAY restores the
+ * sampler of one just re-opened. */
+static void apply_control(struct kvr_step *st, const struct kvr_wire_frame *in)
+{
+    for (uint32_t i = 0; i < in->hdr.n_ctrl; i++) {
+        const struct kvr_wire_ctrl *c = &in->ctrl[i];
+        if (c->type == KVR_WIRE_CTRL_REPLAY) {
+            replay_seq(st, c);
+            continue;
+        }
+        close_seq(st, c->seq);
+        if (c->type == KVR_WIRE_CTRL_OPEN && st->is_tail) {
+            struct kvr_sample_params p;
+            sampling_params(&c->sampling, &p);
+            struct kvr_err err = {0};
+            if (kvr_sampler_init(&st->samplers[c->seq], &p, &err)) {
+                /* The codec checked the ranges, so this is a disagreement between codec and
+                 * sampler; the sequence stays closed and its first result fails loudly. */
+                KVR_ERROR("stage %u: sequence %u: %s", st->index, c->seq, err.msg);
+                continue;
+            }
+            st->open[c->seq] = true;
+            st->want_logprobs[c->seq] = (c->flags & KVR_WIRE_OPEN_LOGPROBS) != 0;
+        }
+    }
+}
+
+/* ---- the step ------------------------------------------------------------------------- */
+
+/* Tail: sample every segment that wants a token. */
+static int sample_results(struct kvr_step *st, const struct kvr_wire_frame *in,
+                          struct kvr_step_out *o, struct kvr_err *err)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < in->hdr.n_segs; i++) {
+        const struct kvr_seg *seg = &in->segs[i];
+        if (!(seg->flags & KVR_SEG_WANTS_TOKEN))
+            continue;
+        if (!st->open[seg->seq])
+            return kvr_err_set(err, KVR_EPROTO, "batch %llu: sequence %u wants a token but "
+                               "was never opened", (unsigned long long)in->hdr.batch_id,
+                               seg->seq);
+        float *logits = st->logits + (size_t)n * st->n_vocab;
+        float logprob = 0.0f;
+        bool lp = st->want_logprobs[seg->seq];
+        int32_t tok = kvr_sampler_sample(&st->samplers[seg->seq], logits,
+                                         (int32_t)st->n_vocab, st->scratch,
+                                         lp ? &logprob : NULL);
+        kvr_sampler_accept(&st->samplers[seg->seq], tok);
+        o->results[n] = (struct kvr_wire_result){
+            .seq = seg->seq, .token = tok, .logprob = lp ? logprob : 0.0f,
+            .flags = (lp ? KVR_WIRE_RESULT_LOGPROB : 0) |
+                     (st->tok && kvr_tok_is_eog(st->tok, tok) ? KVR_WIRE_RESULT_EOG : 0)};
+        n++;
+    }
+    o->msg.results = o->results;
+    o->msg.n_results = n;
+    o->msg.payload = KVR_WIRE_PAYLOAD_RESULTS;
+    o->msg.payload_data = NULL;
+    o->msg.payload_bytes = 0;
+    return KVR_OK;
+}
+
+int kvr_step_run(struct kvr_step *st, const struct kvr_wire_frame *in, struct kvr_step_out *o,
+                 struct kvr_err *err)
+{
+    const struct kvr_wire_header *h = &in->hdr;
+    apply_control(st, in);
+    /* The membership and records go on unchanged: they are small, and copying them lets
+     * the input slot (and its credit) go back upstream as soon as the step is done. */
+    memset(&o->msg, 0, sizeof o->msg);
+    memcpy(o->ctrl, in->ctrl, h->n_ctrl * sizeof *in->ctrl);
+    memcpy(o->segs, in->segs, h->n_segs * sizeof *in->segs);
+    memcpy(o->timings, in->timings, h->n_timings * sizeof *in->timings);
+    o->msg.type = st->is_tail ? KVR_WIRE_RESULT : KVR_WIRE_BATCH;
+    o->msg.batch_id = h->batch_id;
+    o->msg.ctrl = o->ctrl;
+    o->msg.n_ctrl = h->n_ctrl;
+    o->msg.segs = o->segs;
+    o->msg.n_segs = h->n_segs;
+    o->msg.timings = o->timings;
+    o->msg.n_timings = h->n_timings;
+    if (h->n_segs == 0) { /* a control-only batch */
+        o->msg.payload = st->is_tail ? KVR_WIRE_PAYLOAD_RESULTS : st->rows_payload;
+        return KVR_OK;
+    }
+    /* The payload is used where the link put it: token ids at the head, f32 rows
+     * elsewhere (16-byte aligned in the slot's buffer, wire.h); f16/bf16 are widened. */
+    const int32_t *tokens = st->is_head ? in->payload : NULL;
+    const float *rows = NULL;
+    if (!st->is_head && h->payload == KVR_WIRE_PAYLOAD_F32) {
+        rows = in->payload;
+    } else if (!st->is_head) {
+        kvr_wire_rows_to_f32(h->payload, in->payload, (size_t)h->n_rows * st->n_embd,
+                             st->rows_in);
+        rows = st->rows_in;
+    }
+    float *out = st->is_tail ? st->logits : o->rows;
+    int rc = kvr_engine_forward(st->engine, in->segs, h->n_segs, tokens, rows, out, err);
+    if (rc)
+        return rc;
+    if (st->is_tail)
+        return sample_results(st, in, o, err);
+    size_t n = (size_t)h->n_rows * st->n_embd;
+    o->msg.payload = st->rows_payload;
+    if (st->rows_payload == KVR_WIRE_PAYLOAD_F32) {
+        o->msg.payload_data = o->rows;
+        o->msg.payload_bytes = n * sizeof(float);
+    } else {
+        kvr_wire_rows_from_f32(st->rows_payload, o->rows, n, o->wire_rows);
+        o->msg.payload_data = o->wire_rows;
+        o->msg.payload_bytes = n * 2;
+    }
+    return KVR_OK;
+}
+
+void kvr_step_time(const struct kvr_step *st, struct kvr_step_out *o, uint64_t starved_ns,
+                   uint64_t blocked_ns, uint64_t held_ns)
+{
+    struct kvr_wire_timing *t = &o->timings[o->msg.n_timings++];
+    *t = (struct kvr_wire_timing){.stage = st->index, .held_ns = held_ns,
+                                  .starved_ns = starved_ns, .blocked_ns = blocked_ns};
+}
