@@ -272,7 +272,6 @@ static void links_up(struct kvr_bridge *b)
     b->head_await_ns = 0;
     b->head_last_send_ns = kvr_now_ns();
     if (kvr_credit_grant(b->tail.fd, TAIL_CREDITS) ||
-        kvr_ev_watch(b->ev, b->tail.fd, KVR_EV_READ, on_tail, b) ||
         kvr_ev_watch(b->ev, b->head.fd, KVR_EV_READ, on_head, b)) {
         ring_down(b, "the tail went away");
         return;
@@ -303,6 +302,13 @@ static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
         b->have_tail = true;
         kvr_ev_events(ev, fd, 0);
         KVR_INFO("bridge: tail connected from %s", peer);
+        /* Read it at once, so its heartbeats are answered while the head is not up yet. */
+        if (kvr_ev_watch(ev, b->tail.fd, KVR_EV_READ, on_tail, b)) {
+            kvr_link_fini(&b->tail);
+            b->have_tail = false;
+            kvr_ev_events(ev, fd, KVR_EV_READ);
+            return;
+        }
         if (b->have_head)
             links_up(b);
     } else {

@@ -427,13 +427,14 @@ static void set_upstream(struct stage *s, int fd)
 
 static void lose_upstream(struct stage *s)
 {
+    /* The compute thread stops granting credits on the fd before it is closed. */
+    pthread_mutex_lock(&s->lock);
+    set_upstream(s, -1);
+    pthread_mutex_unlock(&s->lock);
     kvr_ev_unwatch(s->ev, s->up.fd);
     kvr_link_fini(&s->up);
     s->have_up = false;
     s->up_paused = false;
-    pthread_mutex_lock(&s->lock);
-    set_upstream(s, -1);
-    pthread_mutex_unlock(&s->lock);
 }
 
 /* Read every frame the upstream has sent: batches straight into free input slots. */
@@ -524,6 +525,9 @@ static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
         return;
     }
     KVR_INFO("%s: upstream connected from %s", s->name, peer);
+    pthread_mutex_lock(&s->lock);
+    set_upstream(s, fresh.fd); /* before the old fd closes: no credit goes to it after */
+    pthread_mutex_unlock(&s->lock);
     if (s->have_up) {
         KVR_WARN("%s: new upstream replaces the previous link", s->name);
         kvr_ev_unwatch(ev, s->up.fd);
@@ -532,9 +536,6 @@ static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
     s->up = fresh;
     s->have_up = true;
     s->up_paused = false;
-    pthread_mutex_lock(&s->lock);
-    set_upstream(s, s->up.fd);
-    pthread_mutex_unlock(&s->lock);
     if (kvr_ev_watch(ev, s->up.fd, KVR_EV_READ, on_up, s)) {
         lose_upstream(s);
         return;
