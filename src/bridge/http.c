@@ -54,12 +54,16 @@ enum endpoint {
     EP_MODELS,
     EP_HEALTH,
     EP_METRICS,
+    EP_TOKENIZE,
+    EP_DETOKENIZE,
+    EP_APPLY_TEMPLATE,
     EP_OTHER, /* no such route */
     EP_COUNT
 };
 
 static const char *const endpoint_names[EP_COUNT] = {
-    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics", "other",
+    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
+    "/tokenize",       "/detokenize",          "/apply-template", "other",
 };
 
 /* How a generation ended, as far as the client is concerned. */
@@ -998,6 +1002,130 @@ static enum MHD_Result handle_metrics(struct kvr_http *h, struct request *rq,
     return reply(h, rq, c, 200, "text/plain; version=0.0.4; charset=utf-8", body, len, NULL);
 }
 
+/* ---- tokenizer endpoints (llama-server's shapes) -------------------------------------- */
+
+/* POST /tokenize {"content", "add_special", "with_pieces"} -> {"tokens": [id, ...]} or, with
+ * pieces, {"tokens": [{"id", "piece"}, ...]} where a piece that is not valid UTF-8 on its
+ * own (part of a character) is given as its bytes. Control tokens written in the content
+ * are parsed, as in chat prompts. */
+static enum MHD_Result handle_tokenize(struct kvr_http *h, struct request *rq,
+                                       struct MHD_Connection *c)
+{
+    struct kvr_openai_tokenize_req r;
+    struct kvr_openai_error e;
+    if (kvr_openai_parse_tokenize(&r, rq->body.data, rq->body.len, &e))
+        return reply_error(h, rq, c, &e, NULL);
+    const struct kvr_tok *tok = h->svc->tok;
+    size_t cap = r.content_len + 4;
+    int32_t *ids = kvr_malloc(cap * sizeof *ids);
+    struct kvr_tok_scratch *scratch = NULL;
+    json_t *list = json_array();
+    enum MHD_Result res = MHD_NO;
+    if (!ids || !list ||
+        kvr_tok_scratch_create(&scratch, tok, r.content_len ? r.content_len : 1) != 0)
+        goto out;
+    int n = kvr_tok_encode(tok, scratch, r.content, r.content_len, r.add_special, true, ids,
+                           cap);
+    if (n < 0) {
+        kvr_openai_error_set(&e, 400, "invalid_request_error", "content", "invalid_value",
+                             "the content cannot be tokenized: %s", kvr_strerror(n));
+        res = reply_error(h, rq, c, &e, NULL);
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        json_t *item = json_integer(ids[i]);
+        const char *p;
+        size_t len;
+        if (r.with_pieces && item) {
+            json_t *piece;
+            if (kvr_tok_decode_piece(tok, ids[i], true, &p, &len) != 0)
+                len = 0;
+            if (kvr_utf8_check(p, len) == len) {
+                piece = json_stringn(len ? p : "", len);
+            } else {
+                piece = json_array();
+                for (size_t k = 0; piece && k < len; k++)
+                    json_array_append_new(piece, json_integer((unsigned char)p[k]));
+            }
+            item = json_pack("{s:o,s:o*}", "id", item, "piece", piece);
+        }
+        if (!item || json_array_append_new(list, item))
+            goto out;
+    }
+    res = reply_json(h, rq, c, 200, json_pack("{s:O}", "tokens", list), NULL);
+out:
+    json_decref(list);
+    kvr_tok_scratch_destroy(scratch);
+    kvr_free(ids);
+    kvr_openai_tokenize_req_fini(&r);
+    return res;
+}
+
+/* POST /detokenize {"tokens": [id, ...]} -> {"content": text}: control tokens print as
+ * their text, bytes that are not valid UTF-8 as U+FFFD. */
+static enum MHD_Result handle_detokenize(struct kvr_http *h, struct request *rq,
+                                         struct MHD_Connection *c)
+{
+    int32_t *ids;
+    uint32_t n;
+    struct kvr_openai_error e;
+    if (kvr_openai_parse_detokenize(rq->body.data, rq->body.len, h->n_vocab, &ids, &n, &e))
+        return reply_error(h, rq, c, &e, NULL);
+    const struct kvr_tok *tok = h->svc->tok;
+    size_t cap = kvr_detok_max_bytes(tok);
+    char *piece = kvr_malloc(cap);
+    struct kvr_sbuf text, clean;
+    kvr_sbuf_init(&text);
+    kvr_sbuf_init(&clean);
+    enum MHD_Result res = MHD_NO;
+    if (!piece)
+        goto out;
+    struct kvr_detok d;
+    kvr_detok_init(&d, false, true);
+    for (uint32_t i = 0; i <= n; i++) {
+        int k = i < n ? kvr_detok_push(tok, &d, ids[i], piece, cap) : kvr_detok_flush(&d, piece, cap);
+        if (k < 0)
+            goto out;
+        kvr_sbuf_append(&text, piece, (size_t)k);
+    }
+    kvr_utf8_sanitize(&clean, text.data ? text.data : "", text.len);
+    if (text.failed || clean.failed)
+        goto out;
+    res = reply_json(h, rq, c, 200,
+                     json_pack("{s:s%}", "content", clean.data ? clean.data : "", clean.len),
+                     NULL);
+out:
+    kvr_sbuf_fini(&text);
+    kvr_sbuf_fini(&clean);
+    kvr_free(piece);
+    kvr_free(ids);
+    return res;
+}
+
+/* POST /apply-template {"messages": [...]} -> {"prompt": text}: the chat prompt exactly as
+ * /v1/chat/completions renders it (with the assistant's turn opened), before tokenizing. */
+static enum MHD_Result handle_apply_template(struct kvr_http *h, struct request *rq,
+                                             struct MHD_Connection *c)
+{
+    struct kvr_openai_req r;
+    struct kvr_openai_error e;
+    const struct kvr_openai_limits lim = {.n_ctx = h->svc->n_ctx, .n_vocab = (uint32_t)h->n_vocab};
+    if (kvr_openai_parse(&r, KVR_OPENAI_CHAT, rq->body.data, rq->body.len, &lim, &e)) {
+        kvr_openai_req_fini(&r);
+        return reply_error(h, rq, c, &e, NULL);
+    }
+    char *prompt = NULL;
+    size_t len = 0;
+    enum MHD_Result res;
+    if (render_chat(h, r.msgs, r.n_msgs, &prompt, &len, &e))
+        res = reply_error(h, rq, c, &e, NULL);
+    else
+        res = reply_json(h, rq, c, 200, json_pack("{s:s%}", "prompt", prompt, len), NULL);
+    kvr_free(prompt);
+    kvr_openai_req_fini(&r);
+    return res;
+}
+
 /* ---- routing ------------------------------------------------------------------------ */
 
 static const struct route {
@@ -1011,6 +1139,9 @@ static const struct route {
     {"/v1/models", EP_MODELS, false, false},
     {"/health", EP_HEALTH, false, true},
     {"/metrics", EP_METRICS, false, false},
+    {"/tokenize", EP_TOKENIZE, true, false},
+    {"/detokenize", EP_DETOKENIZE, true, false},
+    {"/apply-template", EP_APPLY_TEMPLATE, true, false},
 };
 
 /* "/v1/models/" followed by a model id (which may itself contain '/'). */
@@ -1135,6 +1266,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return handle_health(h, rq, c);
     case EP_METRICS:
         return handle_metrics(h, rq, c);
+    case EP_TOKENIZE:
+        return handle_tokenize(h, rq, c);
+    case EP_DETOKENIZE:
+        return handle_detokenize(h, rq, c);
+    case EP_APPLY_TEMPLATE:
+        return handle_apply_template(h, rq, c);
     default:
         return MHD_NO;
     }

@@ -691,15 +691,11 @@ static int parse_fields(struct kvr_openai_req *r, const struct kvr_openai_limits
     return KVR_OK;
 }
 
-int kvr_openai_parse(struct kvr_openai_req *r, enum kvr_openai_api api, const char *body,
-                     size_t len, const struct kvr_openai_limits *lim,
-                     struct kvr_openai_error *e)
+/* UTF-8, then JSON without duplicate keys, then an object: *root is the parsed body
+ * (NULL on failure). */
+static int load_object(const char *body, size_t len, json_t **root, struct kvr_openai_error *e)
 {
-    memset(r, 0, sizeof *r);
-    r->api = api;
-    if ((unsigned)api >= KVR_OPENAI_API_COUNT)
-        return kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "unknown API %d",
-                                    (int)api);
+    *root = NULL;
     size_t bad = kvr_utf8_check(body, len);
     if (bad != len)
         return bad_request(e, NULL, "invalid_utf8",
@@ -712,20 +708,36 @@ int kvr_openai_parse(struct kvr_openai_req *r, enum kvr_openai_api api, const ch
     json_error_t je;
     /* Duplicate keys are refused: two "max_tokens" would otherwise mean whichever the
      * parser happened to keep. */
-    r->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
-    if (!r->root)
+    json_t *j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!j)
         return bad_request(e, NULL, "invalid_json",
                            "the request body is not valid JSON: %s (line %d, column %d)",
                            je.text, je.line, je.column);
-    if (!json_is_object(r->root)) {
+    if (!json_is_object(j)) {
         int rc = bad_request(e, NULL, "invalid_json",
-                             "the request body must be a JSON object, got %s",
-                             type_name(r->root));
-        kvr_openai_req_fini(r);
+                             "the request body must be a JSON object, got %s", type_name(j));
+        json_decref(j);
+        return rc;
+    }
+    *root = j;
+    return KVR_OK;
+}
+
+int kvr_openai_parse(struct kvr_openai_req *r, enum kvr_openai_api api, const char *body,
+                     size_t len, const struct kvr_openai_limits *lim,
+                     struct kvr_openai_error *e)
+{
+    memset(r, 0, sizeof *r);
+    r->api = api;
+    if ((unsigned)api >= KVR_OPENAI_API_COUNT)
+        return kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "unknown API %d",
+                                    (int)api);
+    int rc = load_object(body, len, &r->root, e);
+    if (rc) {
         r->api = api;
         return rc;
     }
-    int rc = parse_fields(r, lim, e);
+    rc = parse_fields(r, lim, e);
     if (rc) {
         kvr_openai_req_fini(r);
         r->api = api;
@@ -739,6 +751,90 @@ void kvr_openai_req_fini(struct kvr_openai_req *r)
     kvr_free(r->prompt_ids);
     kvr_free(r->msgs);
     memset(r, 0, sizeof *r);
+}
+
+int kvr_openai_parse_tokenize(struct kvr_openai_tokenize_req *r, const char *body, size_t len,
+                              struct kvr_openai_error *e)
+{
+    memset(r, 0, sizeof *r);
+    int rc = load_object(body, len, &r->root, e);
+    if (rc)
+        return rc;
+    json_t *c = json_object_get(r->root, "content");
+    if (!c)
+        rc = bad_request(e, "content", "missing_required_parameter", "'content' (the text to tokenize) is "
+                                                        "required");
+    else if (!json_is_string(c))
+        rc = want_type(e, "content", c, "a string");
+    if (!rc)
+        rc = get_bool(r->root, "add_special", &r->add_special, e);
+    if (!rc)
+        rc = get_bool(r->root, "with_pieces", &r->with_pieces, e);
+    if (rc) {
+        kvr_openai_tokenize_req_fini(r);
+        return rc;
+    }
+    r->content = json_string_value(c);
+    r->content_len = json_string_length(c);
+    return KVR_OK;
+}
+
+void kvr_openai_tokenize_req_fini(struct kvr_openai_tokenize_req *r)
+{
+    json_decref(r->root);
+    memset(r, 0, sizeof *r);
+}
+
+int kvr_openai_parse_detokenize(const char *body, size_t len, int32_t n_vocab, int32_t **ids,
+                                uint32_t *n_ids, struct kvr_openai_error *e)
+{
+    *ids = NULL;
+    *n_ids = 0;
+    json_t *root;
+    int rc = load_object(body, len, &root, e);
+    if (rc)
+        return rc;
+    json_t *t = json_object_get(root, "tokens");
+    if (!t) {
+        rc = bad_request(e, "tokens", "missing_required_parameter", "'tokens' (an array of token ids) is "
+                                                       "required");
+        goto out;
+    }
+    if (!json_is_array(t)) {
+        rc = want_type(e, "tokens", t, "an array of token ids");
+        goto out;
+    }
+    size_t n = json_array_size(t);
+    *ids = kvr_malloc((n ? n : 1) * sizeof **ids);
+    if (!*ids) {
+        rc = out_of_memory(e);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *v = json_array_get(t, i);
+        char param[32];
+        snprintf(param, sizeof param, "tokens[%zu]", i);
+        if (!json_is_integer(v)) {
+            rc = want_type(e, param, v, "an integer");
+            goto out;
+        }
+        json_int_t id = json_integer_value(v);
+        if (id < 0 || id >= n_vocab) {
+            rc = bad_request(e, param, "invalid_value",
+                             "token id %lld is outside the vocabulary (0 .. %d)",
+                             (long long)id, (int)n_vocab - 1);
+            goto out;
+        }
+        (*ids)[i] = (int32_t)id;
+    }
+    *n_ids = (uint32_t)n;
+out:
+    if (rc) {
+        kvr_free(*ids);
+        *ids = NULL;
+    }
+    json_decref(root);
+    return rc;
 }
 
 int kvr_openai_check_length(const struct kvr_openai_req *r, uint32_t n_prompt, uint32_t n_ctx,

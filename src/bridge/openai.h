@@ -132,6 +132,23 @@ int kvr_openai_parse(struct kvr_openai_req *r, enum kvr_openai_api api, const ch
                      struct kvr_openai_error *e);
 void kvr_openai_req_fini(struct kvr_openai_req *r);
 
+/* POST /tokenize: {"content": string, "add_special": bool (false), "with_pieces": bool
+ * (false)}; content points into root. POST /detokenize: {"tokens": [id, ...]}, every id in
+ * [0, n_vocab); *ids is kvr_malloc'd. POST /apply-template takes a chat request
+ * (kvr_openai_parse with KVR_OPENAI_CHAT). Errors as for kvr_openai_parse. */
+struct kvr_openai_tokenize_req {
+    json_t *root;
+    const char *content;
+    size_t content_len;
+    bool add_special; /* BOS/EOS as the model adds them */
+    bool with_pieces; /* answer {"id", "piece"} objects instead of bare ids */
+};
+int kvr_openai_parse_tokenize(struct kvr_openai_tokenize_req *r, const char *body, size_t len,
+                              struct kvr_openai_error *e);
+void kvr_openai_tokenize_req_fini(struct kvr_openai_tokenize_req *r);
+int kvr_openai_parse_detokenize(const char *body, size_t len, int32_t n_vocab, int32_t **ids,
+                                uint32_t *n_ids, struct kvr_openai_error *e);
+
 /* Once the prompt is tokenized: check that it fits the context and decide how many tokens
  * to generate. Without max_tokens the default is `default_max_tokens` (0: completions take
  * 16 as OpenAI does, chat the rest of the context), cut to what the context has left. An

@@ -167,6 +167,28 @@ expect "no key for metrics" 401 invalid_api_key null "API key" -- "$SERVE_URL/me
 expect "no key for chat, streaming" 401 invalid_api_key null "API key" -- \
     -d '{"messages": [{"role": "user", "content": "hi"}], "stream": true}' "$H"
 
+# ---- /tokenize, /detokenize, /apply-template ----
+T="$SERVE_URL/tokenize"
+expect "tokenize without content" 400 missing_required_parameter content "'content'" -- \
+    -H "$AUTH" -d '{"add_special": true}' "$T"
+expect "tokenize content is a list" 400 invalid_type content "must be a string" -- \
+    -H "$AUTH" -d '{"content": ["x"]}' "$T"
+expect "tokenize with_pieces is a string" 400 invalid_type with_pieces "must be a boolean" -- \
+    -H "$AUTH" -d '{"content": "x", "with_pieces": "yes"}' "$T"
+expect "tokenize bad JSON" 400 invalid_json null "not valid JSON" -- -H "$AUTH" -d '{"content"' "$T"
+expect "GET tokenize" 405 method_not_allowed null "use POST" -- -H "$AUTH" "$T"
+expect "tokenize without key" 401 invalid_api_key null "API key" -- -d '{"content": "x"}' "$T"
+expect "detokenize without tokens" 400 missing_required_parameter tokens "'tokens'" -- \
+    -H "$AUTH" -d '{}' "$SERVE_URL/detokenize"
+expect "detokenize id out of range" 400 invalid_value "tokens[1]" "outside the vocabulary" -- \
+    -H "$AUTH" -d '{"tokens": [1, 99999999]}' "$SERVE_URL/detokenize"
+expect "detokenize id is a string" 400 invalid_type "tokens[0]" "must be an integer" -- \
+    -H "$AUTH" -d '{"tokens": ["1"]}' "$SERVE_URL/detokenize"
+expect "apply-template without messages" 400 missing_required_parameter messages "'messages'" -- \
+    -H "$AUTH" -d '{}' "$SERVE_URL/apply-template"
+expect "apply-template unknown role" 400 invalid_value "messages[0].role" "not supported" -- \
+    -H "$AUTH" -d '{"messages": [{"role": "wizard", "content": "x"}]}' "$SERVE_URL/apply-template"
+
 # ---- what the HTTP library answers itself: the server must survive it ----
 got=$(curl -s -m 10 -o /dev/null -w '%{http_code}' -H "$AUTH" \
     -H "X-Big: $(head -c 100000 /dev/zero | tr '\0' a)" "$SERVE_URL/v1/models") || true

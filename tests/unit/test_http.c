@@ -1231,6 +1231,115 @@ static void test_config_errors(void **state)
     kvr_tok_destroy(tok);
 }
 
+static json_t *post_json(uint16_t port, const char *path, const char *body)
+{
+    struct resp r;
+    post(port, path, body, &r);
+    if (r.status != 200)
+        fail_msg("%s: status %d: %.300s", path, r.status, r.body);
+    json_t *j = body_json(&r);
+    resp_free(&r);
+    return j;
+}
+
+/* /apply-template gives the chat prompt, /tokenize its ids (the chat request sends the
+ * same ids, BOS added as add_special adds it), /detokenize the text back. */
+static void test_tokenize_endpoints(void **state)
+{
+    struct fixture *fx = *state;
+    fake_reset(&fx->fake);
+    static const char msgs[] = "{\"messages\": [{\"role\": \"system\", \"content\": \"s\"}, "
+                               "{\"role\": \"user\", \"content\": \"Once upon\"}]";
+    char body[512];
+    snprintf(body, sizeof body, "%s}", msgs);
+    json_t *j = post_json(fx->port, "/apply-template", body);
+    const char *prompt = json_string_value(json_object_get(j, "prompt"));
+    assert_string_equal(prompt, "<|im_start|>system\ns<|im_end|>\n<|im_start|>user\nOnce upon"
+                                "<|im_end|>\n<|im_start|>assistant\n");
+    json_t *req = json_pack("{s:s,s:b}", "content", prompt, "add_special", 1);
+    char *tb = json_dumps(req, 0);
+    json_decref(req);
+    json_t *t = post_json(fx->port, "/tokenize", tb);
+    free(tb);
+    json_t *ids = json_object_get(t, "tokens");
+    assert_true(json_array_size(ids) > 6);
+    assert_int_equal(json_integer_value(json_array_get(ids, 0)), 1); /* BOS */
+    assert_int_equal(json_integer_value(json_array_get(ids, 1)), W_IM_START);
+
+    snprintf(body, sizeof body, "%s, \"max_tokens\": 1}", msgs);
+    struct resp r;
+    post(fx->port, "/v1/chat/completions", body, &r);
+    assert_int_equal(r.status, 200);
+    json_t *cj = body_json(&r);
+    assert_int_equal(json_integer_value(json_object_get(json_object_get(cj, "usage"),
+                                                        "prompt_tokens")),
+                     json_array_size(ids));
+    json_decref(cj);
+    resp_free(&r);
+    pthread_mutex_lock(&fx->fake.mu);
+    assert_int_equal(fx->fake.last_n_prompt, json_array_size(ids));
+    for (uint32_t i = 0; i < fx->fake.last_n_prompt; i++)
+        assert_int_equal(fx->fake.last_prompt[i], json_integer_value(json_array_get(ids, i)));
+    pthread_mutex_unlock(&fx->fake.mu);
+
+    /* Back to text: control tokens print as their text. */
+    json_t *dreq = json_pack("{s:O}", "tokens", ids);
+    char *db = json_dumps(dreq, 0);
+    json_decref(dreq);
+    json_t *d = post_json(fx->port, "/detokenize", db);
+    free(db);
+    const char *content = json_string_value(json_object_get(d, "content"));
+    if (!strstr(content, "user\nOnce upon<|im_end|>"))
+        fail_msg("detokenized: %s", content);
+    json_decref(d);
+    json_decref(t);
+    json_decref(j);
+
+    /* Without add_special there is no BOS; with pieces, each id comes with its text. */
+    t = post_json(fx->port, "/tokenize",
+                  "{\"content\": \"<|im_end|>\\u00e9\", \"with_pieces\": true}");
+    ids = json_object_get(t, "tokens");
+    json_t *first = json_array_get(ids, 0);
+    assert_int_equal(json_integer_value(json_object_get(first, "id")), W_IM_END);
+    assert_string_equal(json_string_value(json_object_get(first, "piece")), "<|im_end|>");
+    /* é is two byte tokens here: each piece is one byte, not valid UTF-8 alone. */
+    json_t *last = json_array_get(ids, json_array_size(ids) - 1);
+    assert_true(json_is_array(json_object_get(last, "piece")));
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(last, "piece"), 0)), 0xA9);
+    json_decref(t);
+
+    /* Bad input is refused with the field named. */
+    static const struct {
+        const char *path, *body, *msg;
+    } bad[] = {
+        {"/tokenize", "{}", "'content'"},
+        {"/tokenize", "{\"content\": 5}", "'content' must be a string"},
+        {"/tokenize", "{\"content\": \"x\", \"add_special\": 1}", "'add_special' must be a boolean"},
+        {"/tokenize", "[\"x\"]", "must be a JSON object"},
+        {"/tokenize", "{\"content\": ", "not valid JSON"},
+        {"/detokenize", "{}", "'tokens'"},
+        {"/detokenize", "{\"tokens\": \"1 2\"}", "'tokens' must be an array"},
+        {"/detokenize", "{\"tokens\": [1, 1.5]}", "'tokens[1]' must be an integer"},
+        {"/detokenize", "{\"tokens\": [1, 100000]}", "outside the vocabulary"},
+        {"/detokenize", "{\"tokens\": [-1]}", "outside the vocabulary"},
+        {"/apply-template", "{}", "messages"},
+        {"/apply-template", "{\"messages\": [{\"role\": \"wizard\", \"content\": \"x\"}]}",
+         "role"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        post(fx->port, bad[i].path, bad[i].body, &r);
+        expect_error(&r, 400, bad[i].msg);
+        resp_free(&r);
+    }
+    request(fx->port, "GET", "/tokenize", AUTH, NULL, 0, &r);
+    expect_error(&r, 405, "use POST");
+    resp_free(&r);
+    request(fx->port, "POST", "/detokenize", "", "{\"tokens\": []}", 14, &r);
+    expect_error(&r, 401, "API key");
+    resp_free(&r);
+    expect_alive(fx->port);
+}
+
 /* --chat-template FILE's source replaces the model's template; a template that refuses
  * the conversation or fails on it is a 400 with its message, and the server goes on. */
 static void test_chat_template_errors(void **state)
@@ -1288,6 +1397,7 @@ int main(void)
         cmocka_unit_test(test_completion),
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_chat),
+        cmocka_unit_test(test_tokenize_endpoints),
         cmocka_unit_test(test_streaming),
         cmocka_unit_test(test_refusal_and_errors),
         cmocka_unit_test(test_models_health_metrics),
