@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# An idle ring sleeps, and a peer that stops reading is found out (issue 12, acceptance 2
+# and 3). A 3-stage ring on a synthesized ring-45 with `kvasir bridge` in front:
+#   1. idle: once the ring is up and nothing is asked of it, every process (each stage and
+#      the bridge) wakes at most 2 times per second beyond its heartbeats (a heartbeat
+#      sent, one received, and an ack of each: 3 wake-ups a second), counted as voluntary
+#      context switches of all its threads over 5 s (/proc/PID/task/*/status);
+#   2. a downstream that stops reading but keeps its socket open (stage 1 under SIGSTOP)
+#      is declared dead by its upstream (stage 0) within the heartbeat timeout (3 s, plus a
+#      heartbeat period to notice), and once it runs again the ring recovers: every answer
+#      of a run across the stall is exactly the undisturbed one;
+#   3. the same for the bridge when the head (stage 0) stops reading.
+set -euo pipefail
+source "$(dirname "$0")/lib.bash"
+
+DEAD_MS=3000 # KVR_CREDIT_DEAD_MS (ring/credit.h)
+HB_MS=1000   # KVR_CREDIT_HEARTBEAT_MS
+
+"$KVASIR" synth --shape ring-45 --type q8_0 --seed 5 -o "$TMP/ring45.gguf" >/dev/null 2>&1 ||
+    fail "synth ring-45"
+for i in $(seq 0 5); do
+    echo "{\"prompt\": \"Once upon a time $i\", \"temperature\": 0.8, \"seed\": $i, \"max_tokens\": 120}"
+done >"$TMP/prompts.jsonl"
+start_ring "$TMP/ring45.gguf" 3 3 ring --max-seqs 8 --ctx 256
+
+# 1. Idle wake-ups.
+"$KVASIR" bridge --plan "$RING_PLAN" --port 0 >"$TMP/bridge.out" 2>"$TMP/bridge.log" &
+BRIDGE=$!
+PIDS+=($BRIDGE)
+for i in $(seq 1 100); do
+    grep -q "^kvasir: ready on" "$TMP/bridge.out" && break
+    sleep 0.1
+done
+grep -q "^kvasir: ready on" "$TMP/bridge.out" || { tail "$TMP/bridge.log"; fail "the bridge did not come up"; }
+sleep 1.5 # past the ring's first heartbeats
+switches() { # switches PID: voluntary context switches of all its threads
+    local t=0 f v
+    for f in /proc/"$1"/task/*/status; do
+        v=$(awk '/^voluntary_ctxt_switches/ {print $2}' "$f" 2>/dev/null || true)
+        t=$((t + ${v:-0}))
+    done
+    echo "$t"
+}
+names=(stage0 stage1 stage2 bridge)
+procs=("${RING_PIDS[@]}" "$BRIDGE")
+before=()
+for p in "${procs[@]}"; do before+=("$(switches "$p")"); done
+sleep 5
+limit=$(( (3 + 2) * 5 ))
+for k in 0 1 2 3; do
+    n=$(( $(switches "${procs[$k]}") - before[k] ))
+    echo "  ${names[$k]}: $n wake-ups in 5 idle seconds (limit $limit: 3 a second for heartbeats + 2)"
+    [ "$n" -le "$limit" ] || fail "${names[$k]} woke $n times in 5 idle seconds"
+done
+echo "ok: idle: every process within $limit wake-ups per 5 s"
+kill "$BRIDGE"
+wait "$BRIDGE" 2>/dev/null || true
+
+# run TAG: the prompts through the ring (a bridge of its own) in the background.
+run() {
+    timeout 150 "$KVASIR" run --plan "$RING_PLAN" --prompts "$TMP/prompts.jsonl" --json \
+        --ignore-eos >"$TMP/$1.jsonl" 2>"$TMP/$1.log" &
+    RUN_PID=$!
+}
+mono() { python3 -c 'import time; print(time.monotonic())'; }
+ts() { sed -n 's/^\[ *\([0-9.]*\) .*/\1/p' <<<"$1"; }
+wait_up() { # wait_up TAG: the run's ring is up and has been generating for a while
+    local i
+    for i in $(seq 1 300); do
+        grep -q "ring up" "$TMP/$1.log" 2>/dev/null && break
+        sleep 0.05
+    done
+    grep -q "ring up" "$TMP/$1.log" || fail "$1: the ring did not come up"
+    sleep 0.5
+}
+
+run ref
+wait "$RUN_PID" || { tail "$TMP/ref.log"; fail "ref: run failed"; }
+[ "$(wc -l <"$TMP/ref.jsonl")" = 6 ] || fail "ref: expected 6 answers"
+
+# stall TAG INDEX LOGFILE PATTERN: SIGSTOP stage INDEX mid-run, wait for PATTERN in LOGFILE
+# (its upstream declaring it dead), SIGCONT it; the run must still give the reference.
+stall() {
+    local tag=$1 idx=$2 log=$3 pattern=$4 line t_stop t_dead i
+    run "$tag"
+    wait_up "$tag"
+    t_stop=$(mono)
+    kill -STOP "${RING_PIDS[$idx]}"
+    for i in $(seq 1 100); do
+        line=$(grep -m1 "$pattern" "$log" 2>/dev/null || true)
+        [ -n "$line" ] && break
+        sleep 0.1
+    done
+    kill -CONT "${RING_PIDS[$idx]}"
+    [ -n "$line" ] || fail "$tag: nobody declared stage $idx dead within 10 s"
+    t_dead=$(ts "$line")
+    awk -v a="$t_stop" -v b="$t_dead" -v t="$tag" -v lim=$((DEAD_MS + HB_MS + 500)) \
+        'BEGIN { ms = (b - a) * 1000; printf "  %s: declared dead %.0f ms after SIGSTOP (limit %d)\n", t, ms, lim;
+                 exit !(ms <= lim) }' || fail "$tag: declared dead too late"
+    echo "  $line"
+    wait "$RUN_PID" || { grep -v "handshake done" "$TMP/$tag.log" | tail -20; fail "$tag: run failed"; }
+    cmp -s "$TMP/ref.jsonl" "$TMP/$tag.jsonl" ||
+        { diff "$TMP/ref.jsonl" "$TMP/$tag.jsonl" | head; fail "$tag: answers differ from the undisturbed run"; }
+    grep -q "ring whole again" "$TMP/$tag.log" || fail "$tag: no recovery logged"
+    echo "ok: $tag: 6/6 answers identical after the ring recovered"
+}
+
+# 2. Stage 1 stops reading: stage 0 finds out.
+stall stage1 1 "$TMP/ring/stage0.log" "stage 0: downstream .* stopped reading"
+# 3. The head stops reading: the bridge finds out.
+stall head 0 "$TMP/head.log" "the head stopped reading"
+for p in "${RING_PIDS[@]}"; do kill -0 "$p" 2>/dev/null || fail "a stage process died"; done
+echo PASS
