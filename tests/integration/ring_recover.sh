@@ -46,22 +46,26 @@ ts() { sed -n 's/^\[ *\([0-9.]*\) .*/\1/p' <<<"$1"; }
 run_ring() {
     local tag=$1
     shift
-    timeout 150 "$KVASIR" run --plan "$RING_PLAN" --prompts "$TMP/prompts.jsonl" --json \
-        --ignore-eos "$@" >"$TMP/$tag.jsonl" 2>"$TMP/$tag.log" &
+    # KVR_LOG=debug: the bridge logs every batch that comes back, which mid_run counts.
+    KVR_LOG=debug timeout 150 "$KVASIR" run --plan "$RING_PLAN" --prompts "$TMP/prompts.jsonl" \
+        --json --ignore-eos "$@" >"$TMP/$tag.jsonl" 2>"$TMP/$tag.log" &
     RUN_PID=$!
 }
 wait_run() { # wait_run TAG: the run must succeed
     wait "$RUN_PID" || { grep -v "handshake done" "$TMP/$1.log" | tail -20; fail "$1: run failed"; }
 }
-# mid_run TAG: wait until the run's ring is up and a quarter of its tokens are out.
+# mid_run TAG: wait until the run has had MID_BATCHES batches back (its sequences are all
+# decoding, a long way from their ends): the failure comes at an observed point of the
+# run, not after a time that a loaded machine would stretch or shrink.
+MID_BATCHES=60
 mid_run() {
     local i
-    for i in $(seq 1 300); do
-        grep -q "ring up" "$TMP/$1.log" 2>/dev/null && break
+    for i in $(seq 1 600); do
+        [ "$(grep -c "bridge: batch" "$TMP/$1.log" 2>/dev/null)" -ge "$MID_BATCHES" ] && return 0
+        kill -0 "$RUN_PID" 2>/dev/null || fail "$1: the run ended before $MID_BATCHES batches"
         sleep 0.05
     done
-    grep -q "ring up" "$TMP/$1.log" || fail "$1: the ring did not come up"
-    sleep "$QUARTER"
+    fail "$1: fewer than $MID_BATCHES batches in 30 s"
 }
 restart_stage() { # restart_stage I: start stage I again (its old process is gone)
     "$KVASIR" stage --plan "$RING_PLAN" --index "$1" >>"$TMP/ring/stage$1.log" 2>&1 &
@@ -91,12 +95,14 @@ t0=$(now)
 run_ring ref
 wait_run ref
 t1=$(now)
-QUARTER=$(awk -v a="$t0" -v b="$t1" 'BEGIN { q = (b - a) / 4; printf "%.2f", q < 0.2 ? 0.2 : q }')
+N_BATCHES=$(grep -c "bridge: batch" "$TMP/ref.log")
+[ "$N_BATCHES" -ge $((4 * MID_BATCHES)) ] ||
+    fail "the undisturbed run took $N_BATCHES batches: too few to fail one in the middle"
 run_ring refpen --repeat-penalty 1.3
 wait_run refpen
 [ "$(wc -l <"$TMP/ref.jsonl")" = 8 ] || fail "expected 8 answers"
 cmp -s "$TMP/ref.jsonl" "$TMP/refpen.jsonl" && fail "the penalty changed nothing: the test would not see it"
-echo "ok: undisturbed runs recorded ($(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') s each)"
+echo "ok: undisturbed runs recorded ($(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }') s each, $N_BATCHES batches)"
 
 # 1. SIGKILL the middle stage mid-generation, restart it.
 run_ring kill1
@@ -173,7 +179,12 @@ for tag in ref dis; do
     pids=()
     for i in 1 2 3; do complete "$i" "$tag" & pids+=($!); done
     if [ $tag = dis ]; then
-        sleep "$QUARTER"
+        # Mid-stream: once the ring has passed 60 batches since the streams began.
+        b0=$(metric ring_batches_total)
+        for w in $(seq 1 600); do
+            [ "$(metric ring_batches_total)" -ge $((b0 + 60)) ] && break
+            sleep 0.05
+        done
         s1=$(pgrep -f "stage --plan $TMP/serve-plan/plan.json --index 1") || fail "serve: no stage 1"
         kill -9 "$s1"
     fi
