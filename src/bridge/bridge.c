@@ -78,6 +78,7 @@ struct kvr_bridge {
     uint32_t any_waiters;
     pthread_cond_t any_cond;
     atomic_bool ring_up;              /* the scheduler's ring_up, readable without the lock */
+    struct kvr_bridge_stage_state stages[KVR_PLAN_MAX_STAGES]; /* for /health */
 
     /* The event loop and the links, owned by the ring thread. */
     struct kvr_ev *ev;
@@ -139,12 +140,40 @@ static void on_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched_
         pthread_cond_broadcast(&b->any_cond);
 }
 
+/* A stage's state for /health (caller holds b->lock); why (may be NULL) becomes its last
+ * error. */
+static void stage_set(struct kvr_bridge *b, uint32_t i, enum kvr_stage_state state,
+                      const char *why)
+{
+    struct kvr_bridge_stage_state *st = &b->stages[i];
+    if (st->state != state) {
+        st->state = state;
+        st->since_ns = kvr_now_ns();
+    }
+    if (why) { /* cut to fit: the start of a message says the most */
+        size_t n = strnlen(why, sizeof st->last_error - 1);
+        memcpy(st->last_error, why, n);
+        st->last_error[n] = 0;
+    }
+}
+
+static void stage_set_locked(struct kvr_bridge *b, uint32_t i, enum kvr_stage_state state,
+                             const char *why)
+{
+    pthread_mutex_lock(&b->lock);
+    stage_set(b, i, state, why);
+    pthread_mutex_unlock(&b->lock);
+}
+
 /* Mirror the scheduler's ring state for lock-free readers (caller holds b->lock). */
 static void sync_up(struct kvr_bridge *b)
 {
     bool up = kvr_sched_ring_up(b->sched);
     if (up != atomic_load(&b->ring_up)) {
         atomic_store(&b->ring_up, up);
+        for (uint32_t i = 0; i < b->plan.n_stages; i++)
+            if (up || b->stages[i].state == KVR_STAGE_UP)
+                stage_set(b, i, up ? KVR_STAGE_UP : KVR_STAGE_UNKNOWN, NULL);
         if (up)
             pthread_cond_broadcast(&b->up_cond);
     }
@@ -172,6 +201,8 @@ static void ring_down(struct kvr_bridge *b, const char *why)
     pthread_mutex_lock(&b->lock);
     kvr_sched_link_down(b->sched, why, kvr_now_ns());
     sync_up(b);
+    stage_set(b, 0, KVR_STAGE_DOWN, why);
+    stage_set(b, b->plan.n_stages - 1, KVR_STAGE_DOWN, why);
     pthread_mutex_unlock(&b->lock);
     kvr_ev_timer_at(b->ev, b->t_heartbeat, 0);
     b->backoff_ms = BACKOFF_MIN_MS;
@@ -246,8 +277,14 @@ static void on_tail(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
         }
         pthread_mutex_lock(&b->lock);
         uint64_t now = kvr_now_ns();
-        if (type == KVR_WIRE_RESET)
+        if (type == KVR_WIRE_RESET) {
             kvr_sched_reset(b->sched, f->hdr.arg, f->hdr.batch_id, now);
+            if (f->hdr.arg < b->plan.n_stages)
+                stage_set(b, f->hdr.arg, KVR_STAGE_DOWN,
+                          f->hdr.batch_id == KVR_WIRE_RESET_LINK
+                              ? "dropped its sequences: its upstream link changed"
+                              : "dropped its sequences: it could not run a batch");
+        }
         else if (type == KVR_WIRE_RESULT)
             rc = kvr_sched_result(b->sched, f, now, &err);
         sync_up(b);
@@ -302,6 +339,7 @@ static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
         b->have_tail = true;
         kvr_ev_events(ev, fd, 0);
         KVR_INFO("bridge: tail connected from %s", peer);
+        stage_set_locked(b, b->plan.n_stages - 1, KVR_STAGE_CONNECTED, NULL);
         /* Read it at once, so its heartbeats are answered while the head is not up yet. */
         if (kvr_ev_watch(ev, b->tail.fd, KVR_EV_READ, on_tail, b)) {
             kvr_link_fini(&b->tail);
@@ -314,6 +352,8 @@ static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
     } else {
         KVR_WARN("bridge: refused connection from %s: %s", peer, err.msg);
         kvr_link_fini(&b->tail);
+        stage_set_locked(b, b->plan.n_stages - 1, b->stages[b->plan.n_stages - 1].state,
+                         err.msg);
     }
 }
 
@@ -334,6 +374,7 @@ static void on_connect_timer(struct kvr_ev *ev, void *arg)
             b->have_head = true;
             b->backoff_ms = BACKOFF_MIN_MS;
             KVR_INFO("bridge: head %s connected", addr);
+            stage_set_locked(b, 0, KVR_STAGE_CONNECTED, NULL);
             if (b->have_tail)
                 links_up(b);
             else
@@ -343,8 +384,12 @@ static void on_connect_timer(struct kvr_ev *ev, void *arg)
         }
         KVR_WARN("bridge: head %s: %s", addr, err.msg);
         kvr_link_fini(&b->head);
-    } else if (b->backoff_ms >= BACKOFF_MAX_MS) {
-        KVR_INFO("bridge: waiting for the head (stage 0) at %s: %s", addr, err.msg);
+    }
+    if (rc || !b->have_head) {
+        /* Said once per failure, not at every attempt. */
+        if (strncmp(b->stages[0].last_error, err.msg, sizeof b->stages[0].last_error - 1))
+            KVR_INFO("bridge: waiting for the head (stage 0) at %s: %s", addr, err.msg);
+        stage_set_locked(b, 0, b->stages[0].state, err.msg);
     }
     kvr_ev_timer_at(ev, b->t_connect, kvr_now_ns() + (uint64_t)b->backoff_ms * MS_NS);
     b->backoff_ms = b->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : b->backoff_ms * 2;
@@ -514,6 +559,10 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
     b->t_heartbeat = kvr_ev_timer(b->ev, on_heartbeat_timer, b);
     kvr_ev_on_wake(b->ev, on_wake, b);
     b->backoff_ms = BACKOFF_MIN_MS;
+    uint64_t t0 = kvr_now_ns();
+    for (uint32_t i = 0; i < p->n_stages; i++)
+        b->stages[i] = (struct kvr_bridge_stage_state){KVR_STAGE_UNKNOWN, t0, ""};
+    b->stages[0].state = b->stages[p->n_stages - 1].state = KVR_STAGE_CONNECTING;
     if ((rc = kvr_net_listen(p->bridge_addr, 16, &b->listen_fd, NULL, err)) ||
         (rc = kvr_ev_watch(b->ev, b->listen_fd, KVR_EV_READ, on_listen, b)))
         goto fail;
@@ -532,6 +581,20 @@ fail:
 }
 
 bool kvr_bridge_ring_up(const struct kvr_bridge *b) { return atomic_load(&b->ring_up); }
+
+const char *kvr_stage_state_name(enum kvr_stage_state state)
+{
+    static const char *const names[KVR_STAGE_STATE_COUNT] = {"unknown", "connecting",
+                                                             "connected", "up", "down"};
+    return (unsigned)state < KVR_STAGE_STATE_COUNT ? names[state] : "unknown";
+}
+
+void kvr_bridge_stage_states(struct kvr_bridge *b, struct kvr_bridge_stage_state *out)
+{
+    pthread_mutex_lock(&b->lock);
+    memcpy(out, b->stages, b->plan.n_stages * sizeof *out);
+    pthread_mutex_unlock(&b->lock);
+}
 
 bool kvr_bridge_wait_up(struct kvr_bridge *b, int timeout_ms)
 {

@@ -46,6 +46,29 @@ bool kvr_bridge_ring_up(const struct kvr_bridge *b);
 /* Wait until the ring is up or the timeout passes. */
 bool kvr_bridge_wait_up(struct kvr_bridge *b, int timeout_ms);
 
+/* Each stage as the bridge sees it (GET /health): the head and the tail through its own
+ * links, the others through the ring (up once a batch has gone round; down when one sent a
+ * RESET; unknown while the ring is broken for a reason it cannot pin on one of them). */
+enum kvr_stage_state {
+    KVR_STAGE_UNKNOWN,
+    KVR_STAGE_CONNECTING, /* never connected yet (the head: being dialled; the tail: the
+                             bridge waits for it to dial in) */
+    KVR_STAGE_CONNECTED,  /* its link to the bridge is up; the ring is not whole yet */
+    KVR_STAGE_UP,         /* the ring is whole */
+    KVR_STAGE_DOWN,       /* lost (its link dropped, or it dropped its sequences) */
+    KVR_STAGE_STATE_COUNT
+};
+
+struct kvr_bridge_stage_state {
+    enum kvr_stage_state state;
+    uint64_t since_ns;      /* kvr_now_ns() when it entered this state */
+    char last_error[160];   /* the last failure seen for it, "" if none */
+};
+
+const char *kvr_stage_state_name(enum kvr_stage_state state);
+/* out[0 .. n_stages) */
+void kvr_bridge_stage_states(struct kvr_bridge *b, struct kvr_bridge_stage_state *out);
+
 /* Admit a request (0, *stream set) or refuse it (KVR_EAGAIN, *why filled). */
 int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_gen_request *req,
                       struct kvr_bridge_stream **stream, struct kvr_refusal *why);

@@ -52,18 +52,19 @@ enum endpoint {
     EP_COMPLETIONS,
     EP_CHAT,
     EP_MODELS,
-    EP_HEALTH,
+    EP_HEALTH, /* also /readyz: 200 when the ring serves, 503 with each stage's state */
     EP_METRICS,
     EP_TOKENIZE,
     EP_DETOKENIZE,
     EP_APPLY_TEMPLATE,
+    EP_LIVEZ, /* the process answers (200 whatever the ring is doing) */
     EP_OTHER, /* no such route */
     EP_COUNT
 };
 
 static const char *const endpoint_names[EP_COUNT] = {
     "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
-    "/tokenize",       "/detokenize",          "/apply-template", "other",
+    "/tokenize",       "/detokenize",          "/apply-template", "/livez", "other",
 };
 
 /* How a generation ended, as far as the client is concerned. */
@@ -1138,6 +1139,8 @@ static const struct route {
     {"/v1/chat/completions", EP_CHAT, true, false},
     {"/v1/models", EP_MODELS, false, false},
     {"/health", EP_HEALTH, false, true},
+    {"/readyz", EP_HEALTH, false, true},
+    {"/livez", EP_LIVEZ, false, true},
     {"/metrics", EP_METRICS, false, false},
     {"/tokenize", EP_TOKENIZE, true, false},
     {"/detokenize", EP_DETOKENIZE, true, false},
@@ -1264,6 +1267,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return handle_models(h, rq, c);
     case EP_HEALTH:
         return handle_health(h, rq, c);
+    case EP_LIVEZ:
+        return reply_json(h, rq, c, 200, json_pack("{s:s}", "status", "ok"), NULL);
     case EP_METRICS:
         return handle_metrics(h, rq, c);
     case EP_TOKENIZE:
