@@ -549,6 +549,7 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
         goto fail;
     struct kvr_sched_config sc = {.plan = p, .max_ctrl = b->head_limits.max_ctrl,
                                   .max_waiting = cfg->max_waiting, .admission = cfg->admission,
+                                  .prefix_cache = !cfg->no_prefix_cache,
                                   .event = on_event, .event_ctx = b};
     if ((rc = kvr_sched_create(&b->sched, &sc, err)))
         goto fail;

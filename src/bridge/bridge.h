@@ -30,6 +30,7 @@ struct kvr_bridge_config {
     uint32_t n_vocab;
     uint32_t max_waiting;        /* bounded wait queue; 0 = 4 * max_seqs */
     bool admission;              /* refuse requests that would miss their budget */
+    bool no_prefix_cache;        /* compute every prompt whole (sched.h prefix_cache) */
 };
 
 int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *cfg,

@@ -7,6 +7,7 @@
 
 #include "core/alloc.h"
 #include "core/log.h"
+#include "model/kv.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -45,7 +46,13 @@ struct seq {
     uint32_t n_prefilled;             /* prefill rows sent */
     int32_t next_token;               /* SEQ_READY: input of the next decode row */
     uint32_t inflight;                /* in-flight batches containing this sequence */
-    uint32_t kv_blocks;               /* reserved at admission */
+    uint32_t kv_blocks;               /* blocks it holds in the pool: its whole table, or 0
+                                         while a recovered sequence waits for blocks */
+    /* Prefix cache (prefix_*() below). Its table is s->tables[slot]: the first
+     * n_cached / block_tokens entries were found in the cache, the rest allocated. */
+    uint32_t n_cached;                /* prompt positions it did not compute */
+    uint32_t n_named;                 /* table entries published (or found) so far */
+    uint64_t last_name;               /* name of entry n_named - 1 (the seed before any) */
     bool opened;                      /* OPEN has been sent */
     bool decoding;                    /* its first token has come back */
     bool cancelled;
@@ -75,8 +82,16 @@ struct kvr_sched {
     struct seq *seqs;                 /* [max_seqs] */
     struct kvr_sched_req **waitq;     /* [max_waiting] FIFO of admitted, slotless requests */
     uint32_t wq_head, wq_count, max_waiting;
-    uint32_t kv_used;                 /* blocks reserved per stage */
     uint32_t n_running;
+    /* KV blocks (DESIGN.md 12): every stage has the plan's kv_blocks of kv_block_tokens,
+     * and the bridge names each block a sequence uses (MAP records), so the pool is the
+     * layout of every stage's cache. */
+    struct kvr_kv_pool pool;
+    uint32_t max_blocks_per_seq;      /* ceil(n_ctx / kv_block_tokens) */
+    uint32_t *tables;                 /* [max_seqs][max_blocks_per_seq] each slot's blocks */
+    uint32_t *found_scratch;          /* [max_blocks_per_seq] lookups' */
+    int32_t *tok_scratch;             /* [kv_block_tokens] publishing's */
+    uint64_t cache_seed;              /* the first block's "before": plan (and model) hash */
 
     /* In-flight window: a FIFO of batches, oldest first. */
     struct batch *batches;            /* [microbatches] */
@@ -160,6 +175,119 @@ static uint32_t req_blocks(const struct kvr_sched *s, const struct kvr_sched_req
     return blocks_for(s, r->req.n_prompt + r->req.max_tokens);
 }
 
+/* ---- the prefix cache -------------------------------------------------------------------- */
+
+/* Blocks of a prompt found in the cache, into found[]: whole blocks only, and never the
+ * whole prompt, so at least one token is computed and the last one has logits to sample. */
+static uint32_t prefix_lookup(const struct kvr_sched *s, const int32_t *prompt, uint32_t n,
+                              uint32_t *found)
+{
+    if (!s->cfg.prefix_cache || n < 2)
+        return 0;
+    uint32_t max = (n - 1) / s->plan->kv_block_tokens;
+    max = max < s->max_blocks_per_seq ? max : s->max_blocks_per_seq;
+    return kvr_kv_pool_lookup(&s->pool, s->cache_seed, prompt, n, max, found);
+}
+
+/* Of n_found blocks from prefix_lookup, how many are cached (unused, so they count as
+ * available until this sequence takes them). */
+static uint32_t cached_among(const struct kvr_sched *s, const uint32_t *found, uint32_t n)
+{
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < n; i++)
+        k += s->pool.state[found[i]] == KVR_KV_BLOCK_CACHED;
+    return k;
+}
+
+/* The blocks a request would take now: n_hit found in the cache, the rest new. Whether
+ * the pool has room for the new ones (evicting cached blocks it does not use). */
+static bool blocks_fit(const struct kvr_sched *s, const struct kvr_gen_request *req,
+                       uint32_t *n_hit)
+{
+    uint32_t *found = s->found_scratch;
+    *n_hit = prefix_lookup(s, req->prompt, req->n_prompt, found);
+    uint32_t need = blocks_for(s, req->n_prompt + req->max_tokens) - *n_hit;
+    return need <= kvr_kv_pool_available(&s->pool) - cached_among(s, found, *n_hit);
+}
+
+/* Give the sequence in `slot` its blocks: the cached prefix, then new ones (all or none).
+ * Its prefill starts after the cached positions. */
+static bool prefix_take(struct kvr_sched *s, uint32_t slot)
+{
+    struct seq *q = &s->seqs[slot];
+    const struct kvr_sched_req *r = q->r;
+    uint32_t n_hit, total = req_blocks(s, r);
+    if (!blocks_fit(s, &r->req, &n_hit))
+        return false;
+    uint32_t *table = s->tables + (size_t)slot * s->max_blocks_per_seq;
+    memcpy(table, s->found_scratch, n_hit * sizeof *table);
+    kvr_kv_pool_acquire(&s->pool, table, n_hit);
+    if (kvr_kv_pool_alloc(&s->pool, table + n_hit, total - n_hit)) { /* blocks_fit said so */
+        kvr_kv_pool_release(&s->pool, table, n_hit);
+        return false;
+    }
+    const uint32_t bt = s->plan->kv_block_tokens;
+    q->kv_blocks = total;
+    q->n_cached = n_hit * bt;
+    q->n_prefilled = q->n_cached;
+    q->n_named = n_hit;
+    q->last_name = s->cache_seed;
+    for (uint32_t b = 0; b < n_hit; b++)
+        q->last_name = kvr_kv_block_hash(q->last_name, r->req.prompt + (size_t)b * bt, bt);
+    return true;
+}
+
+static void prefix_drop(struct kvr_sched *s, uint32_t slot)
+{
+    struct seq *q = &s->seqs[slot];
+    kvr_kv_pool_release(&s->pool, s->tables + (size_t)slot * s->max_blocks_per_seq,
+                        q->kv_blocks);
+    q->kv_blocks = q->n_cached = q->n_named = 0;
+}
+
+static void prefill_tokens(const struct seq *q, uint32_t from, uint32_t n, int32_t *out);
+
+/* The stages will have written positions [0, n_written) of the sequence in `slot` once the
+ * batch being built has gone through: name its blocks that are now whole, so that a later
+ * OPEN (in this batch or a later one: stages keep order) can map them. */
+static void prefix_publish(struct kvr_sched *s, uint32_t slot, uint32_t n_written)
+{
+    struct seq *q = &s->seqs[slot];
+    const uint32_t bt = s->plan->kv_block_tokens;
+    if (!s->cfg.prefix_cache)
+        return;
+    const uint32_t *table = s->tables + (size_t)slot * s->max_blocks_per_seq;
+    while ((q->n_named + 1) * bt <= n_written && q->n_named < q->kv_blocks) {
+        prefill_tokens(q, q->n_named * bt, bt, s->tok_scratch);
+        uint64_t name = kvr_kv_block_hash(q->last_name, s->tok_scratch, bt);
+        kvr_kv_pool_publish(&s->pool, table[q->n_named], q->last_name, name, s->tok_scratch);
+        q->last_name = name;
+        q->n_named++;
+    }
+}
+
+/* MAP records a sequence's OPEN needs: its whole table. */
+static uint32_t map_records(const struct seq *q)
+{
+    return (q->kv_blocks + KVR_WIRE_MAP_IDS - 1) / KVR_WIRE_MAP_IDS;
+}
+
+static void emit_map(struct kvr_sched *s, struct batch *bt, const struct seq *q, uint32_t slot)
+{
+    const uint32_t *table = s->tables + (size_t)slot * s->max_blocks_per_seq;
+    for (uint32_t first = 0; first < q->kv_blocks; first += KVR_WIRE_MAP_IDS) {
+        uint32_t n = q->kv_blocks - first;
+        n = n < KVR_WIRE_MAP_IDS ? n : KVR_WIRE_MAP_IDS;
+        struct kvr_wire_ctrl *c = &bt->ctrl[bt->n_ctrl++];
+        *c = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_MAP, .seq = slot,
+                                    .map = {.n_cached = q->n_cached, .first = first,
+                                            .n_ids = n}};
+        memcpy(c->map.ids, table + first, n * sizeof *table);
+    }
+}
+
+uint32_t kvr_sched_flush_cache(struct kvr_sched *s) { return kvr_kv_pool_flush(&s->pool); }
+
 static int free_slot(const struct kvr_sched *s)
 {
     for (uint32_t i = 0; i < s->plan->max_seqs; i++)
@@ -183,17 +311,22 @@ static void start_waiting(struct kvr_sched *s, uint64_t now)
 {
     while (s->wq_count > 0) {
         struct kvr_sched_req *r = s->waitq[s->wq_head];
-        uint32_t need = req_blocks(s, r);
         int slot = free_slot(s);
-        if (slot < 0 || s->kv_used + need > s->plan->kv_blocks)
+        if (slot < 0)
             return;
+        s->seqs[slot] = (struct seq){.state = SEQ_PREFILL, .r = r};
+        if (!prefix_take(s, (uint32_t)slot)) {
+            s->seqs[slot] = (struct seq){.state = SEQ_FREE};
+            return;
+        }
         s->wq_head = (s->wq_head + 1) % s->max_waiting;
         s->wq_count--;
         r->waiting = false;
-        s->seqs[slot] = (struct seq){.state = SEQ_PREFILL, .r = r, .kv_blocks = need};
         r->seq = slot;
+        r->n_cached = s->seqs[slot].n_cached;
+        s->stats.prefix_queries += r->req.n_prompt;
+        s->stats.prefix_hits += r->n_cached;
         observe_queue_time(s, (now - r->submit_ns) / 1e9);
-        s->kv_used += need;
         s->n_running++;
     }
 }
@@ -229,7 +362,7 @@ static void seq_end(struct kvr_sched *s, uint32_t slot, enum kvr_gen_finish fini
 static void seq_release(struct kvr_sched *s, uint32_t slot, uint64_t now)
 {
     struct seq *q = &s->seqs[slot];
-    s->kv_used -= q->kv_blocks;
+    prefix_drop(s, slot);
     s->n_running--;
     struct kvr_sched_req *r = q->r;
     memset(q, 0, sizeof *q);
@@ -404,6 +537,10 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
                 .type = q->cancelled ? KVR_WIRE_CTRL_CANCEL : KVR_WIRE_CTRL_FREE, .seq = i};
         seq_release(s, i, now);
     }
+    /* Sequences held by a recovery take their blocks again before new ones start. */
+    for (uint32_t i = 0; i < p->max_seqs; i++)
+        if (s->seqs[i].state == SEQ_PREFILL && s->seqs[i].kv_blocks == 0)
+            (void)prefix_take(s, i);
     start_waiting(s, now);
 
     /* 2. Decode rows, spread evenly over the batches in flight. */
@@ -427,6 +564,7 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
         bt->pairs += kvr_cost_pairs(pos, 1);
         q->state = SEQ_WAIT;
         q->inflight++;
+        prefix_publish(s, i, pos + 1);
     }
 
     /* 3. Prefill chunks in what is left of the row width, earliest deadline first, but no
@@ -438,7 +576,7 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
         int best = -1;
         for (uint32_t i = 0; i < p->max_seqs; i++) {
             const struct seq *q = &s->seqs[i];
-            if (q->state != SEQ_PREFILL)
+            if (q->state != SEQ_PREFILL || q->kv_blocks == 0)
                 continue;
             bool in_batch = false;
             for (uint32_t j = 0; j < bt->n_segs && !in_batch; j++)
@@ -451,7 +589,10 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
         struct seq *q = &s->seqs[best];
         const struct kvr_gen_request *rq = &q->r->req;
         if (!q->opened) {
+            if (bt->n_ctrl + 1 + map_records(q) > s->cfg.max_ctrl)
+                break; /* no room for its records: the next batch opens it */
             open_record(&bt->ctrl[bt->n_ctrl++], (uint32_t)best, rq);
+            emit_map(s, bt, q, (uint32_t)best);
             q->opened = true;
         }
         emit_replay(s, bt, q, (uint32_t)best);
@@ -474,6 +615,7 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
         bt->pairs += kvr_cost_pairs(q->n_prefilled, n);
         q->n_prefilled += n;
         q->inflight++;
+        prefix_publish(s, (uint32_t)best, q->n_prefilled);
         if (last)
             q->state = SEQ_WAIT;
     }
@@ -664,6 +806,7 @@ static void recover(struct kvr_sched *s, const char *why, uint64_t now)
             seq_release(s, i, now);
             continue;
         }
+        prefix_drop(s, i); /* the stages lost every block: taken again when it re-opens */
         q->state = SEQ_PREFILL;
         q->n_prefilled = 0;
         q->decoding = false;
@@ -676,6 +819,7 @@ static void recover(struct kvr_sched *s, const char *why, uint64_t now)
         n_held++;
     }
     empty_window(s);
+    kvr_kv_pool_reset(&s->pool); /* no sequence holds a block now, and none is named */
     if (n_held && (!s->hold_start_ns || s->ring_up))
         KVR_WARN("bridge: %s: holding %u sequences until the ring is whole again", why, n_held);
     else
@@ -750,9 +894,10 @@ static int cmp_double(const void *a, const void *b)
  * token periods later, at the load it adds. It is refused if either misses its budget, or
  * if it would push a running request that is on time past its own deadline. */
 static int admit(struct kvr_sched *s, const struct kvr_gen_request *req, uint64_t now,
-                 struct kvr_refusal *why, double *pred_first_ms)
+                 struct kvr_refusal *why, double *pred_first_ms, uint32_t *n_cached)
 {
     *pred_first_ms = 0;
+    *n_cached = 0;
     const struct kvr_plan *p = s->plan;
     if ((uint64_t)req->n_prompt + req->max_tokens > p->n_ctx)
         return refuse(s, why, KVR_REFUSE_TOO_LONG, 0,
@@ -760,7 +905,10 @@ static int admit(struct kvr_sched *s, const struct kvr_gen_request *req, uint64_
                       req->n_prompt, req->max_tokens, p->n_ctx);
     if (!s->ring_up)
         return refuse(s, why, KVR_REFUSE_RING_DOWN, 1000, "the ring is down");
-    uint32_t need = blocks_for(s, req->n_prompt + req->max_tokens);
+    uint32_t need = blocks_for(s, req->n_prompt + req->max_tokens), n_hit;
+    bool fits = blocks_fit(s, req, &n_hit);
+    uint32_t n_compute = req->n_prompt - n_hit * p->kv_block_tokens; /* rows to prefill */
+    *n_cached = n_hit * p->kv_block_tokens;
     if (need > p->kv_blocks)
         return refuse(s, why, KVR_REFUSE_KV_FULL, 0,
                       "needs %u KV blocks, the ring has %u", need, p->kv_blocks);
@@ -781,12 +929,14 @@ static int admit(struct kvr_sched *s, const struct kvr_gen_request *req, uint64_
     /* Prompt rows ahead: the unsent prefill of running and waiting requests, and ours. They
      * go in the rows each batch may add to its decode rows (prefill_fit), taken here at the
      * middle of our prompt. */
-    double rows_ahead = req->n_prompt;
+    double rows_ahead = n_compute;
     for (uint32_t i = 0; i < p->max_seqs; i++)
         if (s->seqs[i].state == SEQ_PREFILL)
             rows_ahead += s->seqs[i].r->req.n_prompt - s->seqs[i].n_prefilled;
-    for (uint32_t k = 0; k < s->wq_count; k++)
-        rows_ahead += s->waitq[(s->wq_head + k) % s->max_waiting]->req.n_prompt;
+    for (uint32_t k = 0; k < s->wq_count; k++) {
+        const struct kvr_sched_req *w = s->waitq[(s->wq_head + k) % s->max_waiting];
+        rows_ahead += w->req.n_prompt - w->n_cached;
+    }
     double per = n_before / W;
     struct kvr_cost_shape decode = {per, per * (ctx + 1)};
     uint32_t width = p->row_width > (uint32_t)per + 1 ? p->row_width - (uint32_t)per : 1;
@@ -799,7 +949,7 @@ static int admit(struct kvr_sched *s, const struct kvr_gen_request *req, uint64_
     /* No free slot or KV: the requests waiting before us take the first slots that free
      * up, so we wait for the (waiting + 1)-th running request to end. */
     double wait_ms = 0;
-    if (s->n_running + s->wq_count >= p->max_seqs || s->kv_used + need > p->kv_blocks) {
+    if (s->n_running + s->wq_count >= p->max_seqs || !fits) {
         double *left = s->admit_scratch;
         uint32_t n = 0;
         for (uint32_t i = 0; i < p->max_seqs; i++) {
@@ -885,7 +1035,7 @@ int kvr_sched_submit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     r->deadline_ns = req->total_ms         ? now + req->total_ms * MS_NS
                      : req->first_token_ms ? now + req->first_token_ms * MS_NS
                                            : UINT64_MAX;
-    int rc = admit(s, req, now, why, &r->pred_first_ms);
+    int rc = admit(s, req, now, why, &r->pred_first_ms, &r->n_cached);
     if (rc)
         return rc;
     s->waitq[(s->wq_head + s->wq_count) % s->max_waiting] = r;
@@ -1012,7 +1162,9 @@ void kvr_sched_stats(const struct kvr_sched *s, struct kvr_sched_stats *out)
     out->ring_up = s->ring_up;
     out->running = s->n_running;
     out->waiting = s->wq_count;
-    out->kv_blocks_used = s->kv_used;
+    out->kv_blocks_used = s->pool.n_used;
+    out->kv_blocks_cached = s->pool.n_cached;
+    out->prefix_evicted = s->pool.n_evicted;
     out->inflight = s->n_inflight;
 }
 
@@ -1028,7 +1180,7 @@ void kvr_sched_stats_reset(struct kvr_sched *s)
 int kvr_sched_check(const struct kvr_sched *s, struct kvr_err *err)
 {
     const struct kvr_plan *p = s->plan;
-    uint32_t kv = 0, running = 0;
+    uint32_t running = 0;
     if (s->n_inflight > p->microbatches)
         return kvr_err_set(err, KVR_EINVAL, "%u batches in flight, window %u", s->n_inflight,
                            p->microbatches);
@@ -1040,12 +1192,20 @@ int kvr_sched_check(const struct kvr_sched *s, struct kvr_err *err)
             continue;
         }
         running++;
-        kv += q->kv_blocks;
         if (!q->r || q->r->seq != (int)i || q->r->waiting)
             return kvr_err_set(err, KVR_EINVAL, "slot %u and its request disagree", i);
-        if (q->kv_blocks != req_blocks(s, q->r))
-            return kvr_err_set(err, KVR_EINVAL, "slot %u reserved %u blocks, needs %u", i,
+        bool blockless = q->kv_blocks == 0 && !q->opened; /* held by a recovery */
+        if (q->kv_blocks != req_blocks(s, q->r) && !blockless)
+            return kvr_err_set(err, KVR_EINVAL, "slot %u holds %u blocks, needs %u", i,
                                q->kv_blocks, req_blocks(s, q->r));
+        const uint32_t *table = s->tables + (size_t)i * s->max_blocks_per_seq;
+        for (uint32_t b = 0; b < q->kv_blocks; b++)
+            if (s->pool.state[table[b]] != KVR_KV_BLOCK_USED)
+                return kvr_err_set(err, KVR_EINVAL, "slot %u uses block %u, not in use", i,
+                                   table[b]);
+        if (q->n_cached % p->kv_block_tokens || q->n_cached >= q->r->req.n_prompt + q->n_replay)
+            return kvr_err_set(err, KVR_EINVAL, "slot %u: %u cached positions of %u", i,
+                               q->n_cached, q->r->req.n_prompt);
         uint32_t in_window = 0, decoding = 0;
         for (uint32_t b = 0; b < s->n_inflight; b++) {
             const struct batch *bt = &s->batches[(s->bf_head + b) % p->microbatches];
@@ -1068,9 +1228,19 @@ int kvr_sched_check(const struct kvr_sched *s, struct kvr_err *err)
         if (q->r->n_generated > q->r->req.max_tokens)
             return kvr_err_set(err, KVR_EINVAL, "slot %u generated past max_tokens", i);
     }
-    if (kv != s->kv_used || kv > p->kv_blocks)
-        return kvr_err_set(err, KVR_EINVAL, "KV blocks: %u reserved, slots hold %u (of %u)",
-                           s->kv_used, kv, p->kv_blocks);
+    int rc = kvr_kv_pool_check(&s->pool, err);
+    if (rc)
+        return rc;
+    /* Every block in use is in some slot's table, as often as its reference count says. */
+    uint32_t refs = 0;
+    for (uint32_t i = 0; i < p->max_seqs; i++)
+        refs += s->seqs[i].kv_blocks;
+    uint32_t pool_refs = 0;
+    for (uint32_t b = 0; b < s->pool.n_blocks; b++)
+        pool_refs += s->pool.refs[b];
+    if (refs != pool_refs)
+        return kvr_err_set(err, KVR_EINVAL, "KV blocks: slots hold %u references, the pool "
+                           "counts %u", refs, pool_refs);
     if (running != s->n_running)
         return kvr_err_set(err, KVR_EINVAL, "%u slots in use, counted %u", running,
                            s->n_running);
@@ -1096,6 +1266,10 @@ void kvr_sched_destroy(struct kvr_sched *s)
         kvr_free(s->batches[i].tokens);
     }
     kvr_free(s->batches);
+    kvr_kv_pool_fini(&s->pool);
+    kvr_free(s->tables);
+    kvr_free(s->found_scratch);
+    kvr_free(s->tok_scratch);
     kvr_free(s->admit_scratch);
     kvr_free(s->pick_scratch);
     kvr_free(s->seqs);
@@ -1108,11 +1282,14 @@ int kvr_sched_create(struct kvr_sched **out, const struct kvr_sched_config *cfg,
 {
     *out = NULL;
     const struct kvr_plan *p = cfg->plan;
-    /* A batch carries a free-all probe (max_seqs records), and the OPEN records of a full
-     * batch need room beside REPLAY records (emit_replay keeps max_seqs free). */
-    if (cfg->max_ctrl < p->max_seqs + 1)
-        return kvr_err_set(err, KVR_EINVAL, "sched: max_ctrl %u < max_seqs %u + 1",
-                           cfg->max_ctrl, p->max_seqs);
+    /* A batch carries a free-all probe (max_seqs records), or FREE records for every slot
+     * and then the OPEN and MAP records of one sequence as long as its context; OPEN
+     * records need room beside REPLAY records (emit_replay keeps max_seqs free). */
+    uint32_t max_blocks = (p->n_ctx + p->kv_block_tokens - 1) / p->kv_block_tokens;
+    uint32_t open_ctrl = 1 + (max_blocks + KVR_WIRE_MAP_IDS - 1) / KVR_WIRE_MAP_IDS;
+    if (cfg->max_ctrl < p->max_seqs + open_ctrl)
+        return kvr_err_set(err, KVR_EINVAL, "sched: max_ctrl %u < max_seqs %u + %u",
+                           cfg->max_ctrl, p->max_seqs, open_ctrl);
     struct kvr_sched *s = kvr_calloc(1, sizeof *s);
     if (!s)
         return kvr_err_set(err, KVR_ENOMEM, "sched: out of memory");
@@ -1124,8 +1301,21 @@ int kvr_sched_create(struct kvr_sched **out, const struct kvr_sched_config *cfg,
     s->batches = kvr_calloc(p->microbatches, sizeof *s->batches);
     s->admit_scratch = kvr_calloc(p->max_seqs, sizeof *s->admit_scratch);
     s->pick_scratch = kvr_calloc(p->max_seqs + 1, sizeof *s->pick_scratch);
-    if (!s->seqs || !s->waitq || !s->batches || !s->admit_scratch || !s->pick_scratch)
+    s->max_blocks_per_seq = max_blocks;
+    s->tables = kvr_calloc((size_t)p->max_seqs * max_blocks, sizeof *s->tables);
+    s->found_scratch = kvr_calloc(max_blocks, sizeof *s->found_scratch);
+    s->tok_scratch = kvr_calloc(p->kv_block_tokens, sizeof *s->tok_scratch);
+    if (!s->seqs || !s->waitq || !s->batches || !s->admit_scratch || !s->pick_scratch ||
+        !s->tables || !s->found_scratch || !s->tok_scratch)
         goto nomem;
+    int rc = kvr_kv_pool_init(&s->pool, p->kv_blocks, p->kv_block_tokens, err);
+    if (rc) {
+        kvr_sched_destroy(s);
+        return rc;
+    }
+    uint8_t hash[KVR_PLAN_HASH_BYTES];
+    kvr_plan_hash(p, hash);
+    memcpy(&s->cache_seed, hash, sizeof s->cache_seed);
     for (uint32_t i = 0; i < p->microbatches; i++) {
         struct batch *bt = &s->batches[i];
         bt->ctrl = kvr_calloc(cfg->max_ctrl, sizeof *bt->ctrl);

@@ -71,6 +71,8 @@ struct kvr_sched_req {
     uint64_t deadline_ns;         /* earliest-deadline-first key; UINT64_MAX: none */
     uint64_t last_token_ns;
     double pred_first_ms;         /* admission's raw first-token estimate (0: none) */
+    uint32_t n_cached;            /* prompt positions found in the prefix cache (admission's
+                                     estimate, then what its slot got) */
     uint32_t n_generated;
     int seq;                      /* slot, or -1 while waiting / once it ended */
     bool waiting;                 /* in the wait queue */
@@ -136,8 +138,12 @@ struct kvr_sched_stats {
     struct kvr_sched_stage_stats stage[KVR_PLAN_MAX_STAGES];
     uint32_t running;         /* sequences holding a slot */
     uint32_t waiting;         /* admitted, waiting for a slot */
-    uint32_t kv_blocks_used;  /* reserved blocks (per stage) */
+    uint32_t kv_blocks_used;  /* blocks running sequences use (per stage; shared once) */
+    uint32_t kv_blocks_cached; /* blocks only the prefix cache holds (evictable) */
     uint32_t kv_blocks_total;
+    uint64_t prefix_queries;  /* prompt tokens of sequences started (vLLM's queries) */
+    uint64_t prefix_hits;     /* ... of them found in the prefix cache */
+    uint64_t prefix_evicted;  /* cached blocks evicted to make room */
     uint32_t inflight;        /* batches in the window */
     uint64_t batches;         /* batches completed */
     uint64_t prompt_tokens;   /* prefill rows completed */
@@ -157,6 +163,7 @@ struct kvr_sched_config {
     uint32_t max_ctrl;           /* control records a batch may carry (the head's limits) */
     uint32_t max_waiting;        /* bounded wait queue; 0 = 4 * max_seqs */
     bool admission;              /* refuse requests that would miss their budget */
+    bool prefix_cache;           /* reuse the KV blocks of earlier prompts (DESIGN.md 12) */
     kvr_sched_event_fn event;    /* stream events; called inside the call that causes them */
     void *event_ctx;
 };
@@ -204,6 +211,9 @@ void kvr_sched_shutdown(struct kvr_sched *s, const char *why, uint64_t now);
 const struct kvr_wire_msg *kvr_sched_next_batch(struct kvr_sched *s, uint64_t now);
 
 bool kvr_sched_ring_up(const struct kvr_sched *s);
+/* Forget every cached block nobody uses (they become free); returns how many. The stages
+ * need not know: the bridge alone decides which blocks a sequence maps. */
+uint32_t kvr_sched_flush_cache(struct kvr_sched *s);
 /* Whether batch_id is in the window (its result would be applied, not ignored). */
 bool kvr_sched_batch_live(const struct kvr_sched *s, uint64_t batch_id);
 void kvr_sched_stats(const struct kvr_sched *s, struct kvr_sched_stats *out);

@@ -44,7 +44,7 @@ struct run_opts {
     const char *model, *plan, *prompt, *prompts_file;
     uint32_t n_predict, threads, ctx;
     struct kvr_sample_params sp;
-    bool ignore_eos, print_ids, json, quiet, batched;
+    bool ignore_eos, print_ids, json, quiet, batched, no_prefix_cache;
     uint32_t row_width;
 };
 
@@ -69,6 +69,7 @@ static void usage(FILE *f)
             "      --batched          single process: run all prompts at once, continuous\n"
             "                         batching (default: one after another, each alone)\n"
             "      --row-width N      --batched: token rows per forward pass (default 64)\n"
+            "      --no-prefix-cache  --plan: compute every prompt whole (no KV reuse)\n"
             "  -q, --quiet            no streamed text\n");
 }
 
@@ -94,6 +95,8 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         if (ARG("-h", "--help")) {
             usage(stdout);
             return 1;
+        } else if (ARG("--no-prefix-cache", "--no-prefix-cache")) {
+            o->no_prefix_cache = true;
         } else if (ARG("-m", "--model")) {
             NEED_V();
             o->model = v;
@@ -572,7 +575,8 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
                     struct printer *pr)
 {
     struct kvr_bridge_config cfg = {.plan = plan, .n_embd = hp->n_embd,
-                                    .n_vocab = hp->n_vocab, .max_waiting = n_jobs + 16};
+                                    .n_vocab = hp->n_vocab, .max_waiting = n_jobs + 16,
+                                    .no_prefix_cache = o->no_prefix_cache};
     struct kvr_bridge *b = NULL;
     struct kvr_err err = {0};
     if (kvr_bridge_create(&b, &cfg, &err)) {
@@ -638,6 +642,9 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
     fprintf(stderr, "ring: %u sequences, %llu tokens in %.2f s, %.1f tokens/s, %llu batches\n",
             n_jobs, (unsigned long long)n_tokens, secs, n_tokens / secs,
             (unsigned long long)st.batches);
+    fprintf(stderr, "  prefix cache: %llu of %llu prompt tokens reused, %llu computed\n",
+            (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_queries,
+            (unsigned long long)st.prompt_tokens);
     for (uint32_t i = 0; i < st.n_stages; i++) {
         double tot = (double)(st.stage[i].held_ns + st.stage[i].starved_ns +
                               st.stage[i].blocked_ns);

@@ -47,6 +47,7 @@ struct serve_opts {
     const char *secret_file, *tls_cert, *tls_key, *chat_template;
     uint32_t port, stages, threads, ttft_ms, total_ms, max_waiting;
     bool no_admission;
+    bool no_prefix_cache;
     struct kvr_plan_spec spec;
     char tmp_dir[512]; /* the plan directory serve made itself (removed at exit), or "" */
 };
@@ -75,6 +76,7 @@ static void usage(FILE *f, bool serve)
                "  --total-ms MS         whole-answer budget of requests that give none\n"
                "                        (default 600000)\n"
                "  --no-admission        admit everything that fits (no budget check)\n"
+               "  --no-prefix-cache     compute every prompt whole (no KV reuse)\n"
                "  --max-waiting N       bounded wait queue (default 4 x max-seqs)\n"
                "  --name NAME           model name in the API (default: the file name)\n"
                "  --chat-template NAME|FILE  format chats with a built-in template (chatml,\n"
@@ -103,6 +105,10 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout, serve);
             return 1;
+        }
+        if (!strcmp(a, "--no-prefix-cache")) {
+            o->no_prefix_cache = true;
+            continue;
         }
         if (!strcmp(a, "--no-admission")) {
             o->no_admission = true;
@@ -360,7 +366,8 @@ static int serve_main(int argc, char **argv, bool serve)
     }
 
     struct kvr_bridge_config bc = {.plan = plan, .n_embd = hp.n_embd, .n_vocab = hp.n_vocab,
-                                   .max_waiting = o.max_waiting, .admission = !o.no_admission};
+                                   .max_waiting = o.max_waiting, .admission = !o.no_admission,
+                                   .no_prefix_cache = o.no_prefix_cache};
     if (kvr_bridge_create(&bridge, &bc, &err)) {
         KVR_ERROR("bridge: %s", err.msg);
         goto out;

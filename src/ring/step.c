@@ -152,14 +152,25 @@ static void replay_seq(struct kvr_step *st, const struct kvr_wire_ctrl *c)
 }
 
 /* Control records come before the batch's rows: an OPEN starts a sequence afresh (its slot
- * may hold a finished one), FREE and CANCEL release it everywhere, REPLAY restores the
- * sampler of one just re-opened. */
+ * may hold a finished one), MAP gives it the KV blocks the bridge chose (DESIGN.md 12),
+ * FREE and CANCEL release it everywhere, REPLAY restores the sampler of one just re-opened.
+ * A MAP that does not fit leaves the sequence without blocks, so its first segment fails
+ * the batch and the bridge is told (RESET). */
 static void apply_control(struct kvr_step *st, const struct kvr_wire_frame *in)
 {
     for (uint32_t i = 0; i < in->hdr.n_ctrl; i++) {
         const struct kvr_wire_ctrl *c = &in->ctrl[i];
         if (c->type == KVR_WIRE_CTRL_REPLAY) {
             replay_seq(st, c);
+            continue;
+        }
+        if (c->type == KVR_WIRE_CTRL_MAP) {
+            struct kvr_err err = {0};
+            if (kvr_engine_seq_map(st->engine, c->seq, c->map.n_cached, c->map.first,
+                                   c->map.ids, c->map.n_ids, &err)) {
+                KVR_ERROR("stage %u: sequence %u: %s", st->index, c->seq, err.msg);
+                kvr_engine_seq_free(st->engine, c->seq);
+            }
             continue;
         }
         close_seq(st, c->seq);

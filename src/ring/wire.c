@@ -28,7 +28,8 @@
  * payload, so a 16-byte aligned body buffer gives an aligned payload):
  *
  * Control record (48 bytes)
- *     0   2  type           enum kvr_wire_ctrl_type: 1 OPEN, 2 FREE, 3 CANCEL, 4 REPLAY
+ *     0   2  type           enum kvr_wire_ctrl_type: 1 OPEN, 2 FREE, 3 CANCEL, 4 REPLAY,
+ *                           5 MAP
  *     2   2  flags          OPEN: bit 0 = results carry logprobs; otherwise 0
  *     4   4  seq
  *   OPEN, FREE, CANCEL:
@@ -45,6 +46,12 @@
  *     8   4  n_draws        u32, <= n_ctx: numbers the tail draws and discards
  *    12   4  n_ids          u32, <= 8
  *    16  32  ids            8 x i32: tokens for the penalty window, < n_vocab; 0 past n_ids
+ *   MAP (struct kvr_wire_map; flags 0):
+ *     8   4  n_cached       u32: positions already in the blocks, a multiple of the block
+ *                           size, <= (first + n_ids) blocks
+ *    12   4  first          u32: table entry of ids[0]; first + n_ids <= ceil(n_ctx / block)
+ *    16   4  n_ids          u32, 1..7
+ *    20  28  ids            7 x u32: block ids, < kv_blocks; 0 past n_ids
  *
  * Segment record (16 bytes): struct kvr_seg
  *     0   4  seq   4   4  pos0   8   4  n_tokens   12   4  flags (enum kvr_seg_flag)
@@ -154,7 +161,11 @@ int kvr_wire_limits_init(struct kvr_wire_limits *lim, const struct kvr_plan *pla
         return kvr_err_set(err, KVR_EINVAL, "wire: the plan's wire dtype is not f32/f16/bf16");
     lim->max_rows = plan->row_width;
     lim->max_segs = plan->row_width < KVR_WIRE_MAX_COUNT ? plan->row_width : KVR_WIRE_MAX_COUNT;
-    uint64_t ctrl = 3ull * plan->max_seqs;
+    lim->kv_blocks = plan->kv_blocks;
+    lim->kv_block_tokens = plan->kv_block_tokens;
+    lim->max_blocks_per_seq = (plan->n_ctx + plan->kv_block_tokens - 1) / plan->kv_block_tokens;
+    uint64_t map_records = (lim->max_blocks_per_seq + KVR_WIRE_MAP_IDS - 1) / KVR_WIRE_MAP_IDS;
+    uint64_t ctrl = (3ull + map_records) * plan->max_seqs;
     lim->max_ctrl = ctrl < KVR_WIRE_MAX_COUNT ? (uint32_t)ctrl : KVR_WIRE_MAX_COUNT;
     lim->max_seqs = plan->max_seqs;
     lim->n_ctx = plan->n_ctx;
@@ -452,6 +463,32 @@ static int decode_ctrl(const uint8_t *p, uint32_t i, const struct kvr_wire_limit
         }
         return KVR_OK;
     }
+    if (c->type == KVR_WIRE_CTRL_MAP) {
+        struct kvr_wire_map *m = &c->map;
+        m->n_cached = kvr_ld32(p + 8);
+        m->first = kvr_ld32(p + 12);
+        m->n_ids = kvr_ld32(p + 16);
+        if (c->flags)
+            return PROTO("control record %u (MAP seq %u) has flags 0x%x", i, c->seq, c->flags);
+        if (m->n_ids == 0 || m->n_ids > KVR_WIRE_MAP_IDS || m->first >= lim->max_blocks_per_seq ||
+            m->n_ids > lim->max_blocks_per_seq - m->first)
+            return PROTO("control record %u (MAP seq %u): entries %u + %u, a sequence has at "
+                         "most %u blocks", i, c->seq, m->first, m->n_ids,
+                         lim->max_blocks_per_seq);
+        if (m->n_cached % lim->kv_block_tokens ||
+            m->n_cached / lim->kv_block_tokens > m->first + m->n_ids)
+            return PROTO("control record %u (MAP seq %u): %u cached positions in %u blocks of "
+                         "%u", i, c->seq, m->n_cached, m->first + m->n_ids,
+                         lim->kv_block_tokens);
+        for (uint32_t k = 0; k < KVR_WIRE_MAP_IDS; k++) {
+            m->ids[k] = kvr_ld32(p + 20 + 4 * k);
+            if (k >= m->n_ids ? m->ids[k] != 0 : m->ids[k] >= lim->kv_blocks)
+                return PROTO("control record %u (MAP seq %u): block id %u at %u is %s", i,
+                             c->seq, m->ids[k], k,
+                             k >= m->n_ids ? "past n_ids and not 0" : "beyond kv_blocks");
+        }
+        return KVR_OK;
+    }
     if (c->type != KVR_WIRE_CTRL_OPEN) {
         if (c->flags || !all_zero(p + 8, KVR_WIRE_CTRL_BYTES - 8))
             return PROTO("control record %u (%s seq %u) has nonzero unused fields", i,
@@ -650,6 +687,13 @@ static uint8_t *put_ctrl(uint8_t *p, const struct kvr_wire_ctrl *c)
         kvr_st32(p + 12, r->n_ids);
         for (uint32_t k = 0; k < KVR_WIRE_REPLAY_IDS && k < r->n_ids; k++)
             kvr_st32(p + 16 + 4 * k, (uint32_t)r->ids[k]);
+    } else if (c->type == KVR_WIRE_CTRL_MAP) {
+        const struct kvr_wire_map *m = &c->map;
+        kvr_st32(p + 8, m->n_cached);
+        kvr_st32(p + 12, m->first);
+        kvr_st32(p + 16, m->n_ids);
+        for (uint32_t k = 0; k < KVR_WIRE_MAP_IDS && k < m->n_ids; k++)
+            kvr_st32(p + 20 + 4 * k, m->ids[k]);
     }
     return p + KVR_WIRE_CTRL_BYTES;
 }

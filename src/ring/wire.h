@@ -116,7 +116,8 @@ enum kvr_wire_ctrl_type {
     KVR_WIRE_CTRL_FREE = 2,   /* the sequence ended: release its KV blocks everywhere */
     KVR_WIRE_CTRL_CANCEL = 3, /* the client went away: like FREE, and the tail drops it */
     KVR_WIRE_CTRL_REPLAY = 4, /* restore a re-opened sequence's sampler (the tail only) */
-    KVR_WIRE_CTRL_TYPE_COUNT = 5
+    KVR_WIRE_CTRL_MAP = 5,    /* the KV blocks a just-opened sequence uses (every stage) */
+    KVR_WIRE_CTRL_TYPE_COUNT = 6
 };
 
 /* Token ids one REPLAY record carries. */
@@ -152,6 +153,23 @@ struct kvr_wire_replay {
     int32_t ids[KVR_WIRE_REPLAY_IDS];     /* generated tokens, oldest first; 0 past n_ids */
 };
 
+/* Block ids one MAP record carries. */
+#define KVR_WIRE_MAP_IDS 7
+
+/* The bridge names every KV block a sequence will use (DESIGN.md 12): after its OPEN, MAP
+ * records set its block table, entries [first, first + n_ids) in order, from 0 up to every
+ * block its prompt and max_tokens need; its first n_cached positions are already in the
+ * first blocks (a prefix-cache hit: those blocks were written by an earlier sequence and
+ * are shared), so its prefill starts at position n_cached. Every stage applies the same
+ * records, so all map the same blocks in the same order. */
+struct kvr_wire_map {
+    uint32_t n_cached; /* a multiple of the block size, <= (first + n_ids) blocks; the same
+                          in every MAP record of one opening */
+    uint32_t first;    /* table entry of ids[0]: 0, then continuing the previous record */
+    uint32_t n_ids;    /* 1 .. KVR_WIRE_MAP_IDS */
+    uint32_t ids[KVR_WIRE_MAP_IDS]; /* block ids < the plan's kv_blocks; 0 past n_ids */
+};
+
 struct kvr_wire_ctrl {
     uint32_t type;  /* enum kvr_wire_ctrl_type */
     uint32_t flags; /* OPEN: enum kvr_wire_open_flag bits; else 0 */
@@ -159,6 +177,7 @@ struct kvr_wire_ctrl {
     union {
         struct kvr_wire_sampling sampling; /* OPEN; all zero for FREE and CANCEL */
         struct kvr_wire_replay replay;     /* REPLAY */
+        struct kvr_wire_map map;           /* MAP */
     };
 };
 
@@ -193,11 +212,15 @@ struct kvr_wire_timing {
 struct kvr_wire_limits {
     uint32_t max_rows;    /* plan row_width */
     uint32_t max_segs;    /* min(row_width, 65535): a segment has >= 1 row */
-    uint32_t max_ctrl;    /* min(3 * max_seqs, 65535) */
+    uint32_t max_ctrl;    /* min(max_seqs * (3 + ceil(max_blocks_per_seq / 7)), 65535): a
+                             free-all probe, OPEN, REPLAY and MAP records */
     uint32_t min_timings; /* stage k receives exactly k timing records, the bridge n_stages */
     uint32_t max_timings;
     uint32_t max_seqs;        /* seq ids are < max_seqs */
     uint32_t n_ctx;           /* pos0 + n_tokens <= n_ctx */
+    uint32_t kv_blocks;       /* MAP block ids are < kv_blocks */
+    uint32_t kv_block_tokens; /* MAP n_cached is a multiple of it */
+    uint32_t max_blocks_per_seq; /* ceil(n_ctx / kv_block_tokens): MAP table entries */
     uint32_t n_embd;          /* values per boundary row */
     uint32_t n_vocab;         /* token ids are < n_vocab; 0 = not checked */
     uint32_t accept_types;    /* bit (1u << type) for each frame type accepted */

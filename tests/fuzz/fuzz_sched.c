@@ -58,6 +58,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint32_t blocks = 4 + ((shape >> 5) & 7) * 6;
     if (sh_init(h, mb, rows, seqs, blocks, (shape & 0x80) != 0))
         return 0;
+    h->shared_prefix = next_byte(&in) % 100; /* prompts share this prefix: cache hits */
     uint32_t n_req = 0;
     bool dropped = false; /* a batch was lost since the links last went down */
     while (in.at < in.n && !h->fail[0]) {

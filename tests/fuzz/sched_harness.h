@@ -2,10 +2,13 @@
  * shared by tests/unit/test_sched.c and tests/fuzz/fuzz_sched.c.
  *
  * The fake ring carries copies of the batches the scheduler builds, in order, and answers
- * the oldest with a RESULT frame: every segment that wants a token gets
- * token = mix(last input token, its position), so a sequence's continuation depends only
- * on its own tokens, as with batch invariance, and a re-prefill after a recovery must give
- * the tokens the lost decodes would have. Each stage is said to have held the batch for
+ * the oldest with a RESULT frame. The stages' KV is modelled: MAP records set each
+ * sequence's block table, every row writes its token into its block, and a segment that
+ * wants a token gets token = mix(every token in its sequence's blocks up to its last
+ * position), read through the table. So a sequence's continuation depends only on its own
+ * tokens, as with batch invariance, a re-prefill after a recovery must give the tokens the
+ * lost decodes would have, and a prefix-cache hit gives the same tokens as computing the
+ * prefix only if the blocks it maps hold exactly that prefix. Each stage is said to have held the batch for
  * 1 ms + 0.1 ms per row; the clock is the harness's own (`now`), advanced by the caller.
  *
  * Checked on every step, into h->fail (first failure wins):
@@ -14,6 +17,8 @@
  *     a slot that is not open (FREE precedes any re-OPEN), segments and REPLAY only on an
  *     open slot;
  *   - a sequence wants a token from at most one live batch in the ring;
+ *   - KV: a segment continues its sequence (pos0 == positions it has), within its mapped
+ *     blocks, and never writes a block another open sequence maps;
  *   - kvr_sched_check (KV accounting, in-flight counts, slots and wait queue). */
 #ifndef KVR_SCHED_HARNESS_H
 #define KVR_SCHED_HARNESS_H
@@ -32,7 +37,10 @@
 #define SH_MAX_REQS 32
 #define SH_MAX_PROMPT 200
 #define SH_MAX_GEN 64
-#define SH_MAX_CTRL (3 * SH_MAX_SEQS)
+#define SH_BT 16                                  /* KV block size of the plans */
+#define SH_MAX_BLOCKS_SEQ (256 / SH_BT)           /* n_ctx 256 */
+#define SH_MAX_CTRL ((3 + (SH_MAX_BLOCKS_SEQ + 6) / 7) * SH_MAX_SEQS)
+#define SH_MAX_KV 512                             /* KV blocks a plan may have */
 #define SH_VOCAB 512
 #define SH_EOG 2 /* the fake model's end-of-generation token */
 #define SH_MS 1000000ull
@@ -66,6 +74,9 @@ struct sh {
     uint32_t ring_head, n_ring;
     bool links_up;
     bool open[SH_MAX_SEQS];           /* the stages' view */
+    uint32_t table[SH_MAX_SEQS][SH_MAX_BLOCKS_SEQ], n_mapped[SH_MAX_SEQS], n_pos[SH_MAX_SEQS];
+    int32_t kv[SH_MAX_KV][SH_BT];     /* the token each block position holds */
+    uint32_t shared_prefix;           /* sh_submit: prompt tokens every request shares */
     uint64_t n_batches_sent, n_results;
     struct sh_batch last;             /* the last batch sent */
     char fail[256];
@@ -130,11 +141,12 @@ static inline int sh_init(struct sh *h, uint32_t mb, uint32_t rows, uint32_t seq
     p->row_width = rows;
     p->max_seqs = seqs;
     p->n_ctx = 256;
-    p->kv_block_tokens = 16;
-    p->kv_blocks = blocks;
+    p->kv_block_tokens = SH_BT;
+    p->kv_blocks = blocks < SH_MAX_KV ? blocks : SH_MAX_KV;
     h->now = 1000 * SH_MS;
     struct kvr_sched_config cfg = {.plan = p, .max_ctrl = SH_MAX_CTRL, .max_waiting = 6,
-                                   .admission = admission, .event = sh_on_event,
+                                   .admission = admission, .prefix_cache = true,
+                                   .event = sh_on_event,
                                    .event_ctx = h};
     struct kvr_err err = {0};
     return kvr_sched_create(&h->s, &cfg, &err);
@@ -173,12 +185,50 @@ static inline void sh_stage_view(struct sh *h, const struct sh_batch *bt)
                 sh_failf(h, "batch %llu re-opens seq %u before freeing it",
                          (unsigned long long)bt->id, c->seq);
             h->open[c->seq] = true;
+            h->n_mapped[c->seq] = h->n_pos[c->seq] = 0;
         } else if (c->type == KVR_WIRE_CTRL_REPLAY) {
             if (!h->open[c->seq])
                 sh_failf(h, "REPLAY for seq %u, not open", c->seq);
+        } else if (c->type == KVR_WIRE_CTRL_MAP) {
+            const struct kvr_wire_map *m = &c->map;
+            if (!h->open[c->seq] || m->first != h->n_mapped[c->seq] || m->n_ids == 0 ||
+                m->first + m->n_ids > SH_MAX_BLOCKS_SEQ || m->n_cached % SH_BT ||
+                m->n_cached / SH_BT > m->first + m->n_ids) {
+                sh_failf(h, "bad MAP for seq %u", c->seq);
+                continue;
+            }
+            for (uint32_t k = 0; k < m->n_ids; k++) {
+                if (m->ids[k] >= h->plan.kv_blocks)
+                    sh_failf(h, "MAP names block %u of %u", m->ids[k], h->plan.kv_blocks);
+                h->table[c->seq][m->first + k] = m->ids[k] % SH_MAX_KV;
+            }
+            h->n_mapped[c->seq] += m->n_ids;
+            h->n_pos[c->seq] = m->n_cached;
         } else {
             h->open[c->seq] = false;
         }
+    }
+    uint32_t row = 0;
+    for (uint32_t k = 0; k < bt->n_segs; k++) {
+        const struct kvr_seg *g = &bt->segs[k];
+        if (g->seq >= h->plan.max_seqs || !h->open[g->seq])
+            continue; /* reported below */
+        if (g->pos0 != h->n_pos[g->seq] ||
+            (g->pos0 + g->n_tokens + SH_BT - 1) / SH_BT > h->n_mapped[g->seq]) {
+            sh_failf(h, "seq %u writes [%u, +%u) with %u positions in %u blocks", g->seq,
+                     g->pos0, g->n_tokens, h->n_pos[g->seq], h->n_mapped[g->seq]);
+            row += g->n_tokens;
+            continue;
+        }
+        for (uint32_t t = 0; t < g->n_tokens; t++, row++) {
+            uint32_t pos = g->pos0 + t, b = h->table[g->seq][pos / SH_BT];
+            for (uint32_t o = 0; o < h->plan.max_seqs; o++)
+                for (uint32_t j = 0; o != g->seq && h->open[o] && j < h->n_mapped[o]; j++)
+                    if (h->table[o][j] == b)
+                        sh_failf(h, "seq %u writes block %u, which seq %u maps", g->seq, b, o);
+            h->kv[b][pos % SH_BT] = bt->tokens[row];
+        }
+        h->n_pos[g->seq] = g->pos0 + g->n_tokens;
     }
     uint32_t rows = 0;
     for (uint32_t k = 0; k < bt->n_segs; k++) {
@@ -224,11 +274,33 @@ static inline void sh_pump(struct sh *h)
     sh_check(h);
 }
 
-static inline int32_t sh_model(int32_t last, uint32_t pos)
+/* The fake model: a token from a sequence's tokens at positions 0..n-1. */
+static inline uint32_t sh_mix(uint32_t x, int32_t token, uint32_t pos)
 {
-    uint32_t x = (uint32_t)last * 2654435761u ^ (pos + 1) * 40503u;
+    return (x ^ ((uint32_t)token * 2654435761u ^ (pos + 1))) * 16777619u;
+}
+
+static inline int32_t sh_model_out(uint32_t x)
+{
     x ^= x >> 13;
     return (int32_t)(x % SH_VOCAB);
+}
+
+static inline int32_t sh_model_tokens(const int32_t *tokens, uint32_t n)
+{
+    uint32_t x = 2166136261u;
+    for (uint32_t p = 0; p < n; p++)
+        x = sh_mix(x, tokens[p], p);
+    return sh_model_out(x);
+}
+
+/* ... as the stages compute it: through seq's blocks, positions 0..pos. */
+static inline int32_t sh_model(const struct sh *h, uint32_t seq, uint32_t pos)
+{
+    uint32_t x = 2166136261u;
+    for (uint32_t p = 0; p <= pos; p++)
+        x = sh_mix(x, h->kv[h->table[seq][p / SH_BT]][p % SH_BT], p);
+    return sh_model_out(x);
 }
 
 /* The oldest batch in the ring comes back as a RESULT. */
@@ -244,7 +316,7 @@ static inline int sh_deliver(struct sh *h)
         const struct kvr_seg *g = &bt->segs[k];
         row += g->n_tokens;
         if (g->flags & KVR_SEG_WANTS_TOKEN) {
-            int32_t t = sh_model(bt->tokens[row - 1], g->pos0 + g->n_tokens - 1);
+            int32_t t = sh_model(h, g->seq, g->pos0 + g->n_tokens - 1);
             res[n_res++] = (struct kvr_wire_result){
                 .seq = g->seq, .token = t, .flags = t == SH_EOG ? KVR_WIRE_RESULT_EOG : 0};
         }
@@ -313,7 +385,8 @@ static inline int sh_submit(struct sh *h, uint32_t i, uint32_t n_prompt, uint32_
     n_prompt = n_prompt > SH_MAX_PROMPT ? SH_MAX_PROMPT : n_prompt;
     max_tokens = max_tokens > SH_MAX_GEN ? SH_MAX_GEN : max_tokens;
     for (uint32_t k = 0; k < n_prompt; k++)
-        q->prompt[k] = (int32_t)(3 + (i * 37 + k * 11) % (SH_VOCAB - 3));
+        q->prompt[k] = (int32_t)(3 + ((k < h->shared_prefix ? 0 : i) * 37 + k * 11) %
+                                         (SH_VOCAB - 3));
     q->r.req = (struct kvr_gen_request){.prompt = q->prompt, .n_prompt = n_prompt,
                                         .max_tokens = max_tokens, .first_token_ms = first_ms,
                                         .total_ms = total_ms, .ignore_eos = (i & 1) != 0};

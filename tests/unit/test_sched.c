@@ -52,13 +52,15 @@ static void ring_up(struct sh *h)
     OK(h);
 }
 
-/* The tokens a request gets from the fake model, computed independently: each follows
- * from the previous one (the prompt's last at first) and its position. */
+/* The tokens a request gets from the fake model, computed independently of the stages'
+ * KV: each follows from the prompt and the tokens before it. */
 static void expected_tokens(const struct sh_req *q, uint32_t n, int32_t *out)
 {
-    int32_t last = q->prompt[q->r.req.n_prompt - 1];
+    int32_t seq[SH_MAX_PROMPT + SH_MAX_GEN];
+    uint32_t np = q->r.req.n_prompt;
+    memcpy(seq, q->prompt, np * sizeof *seq);
     for (uint32_t k = 0; k < n; k++)
-        out[k] = last = sh_model(last, q->r.req.n_prompt + k - 1);
+        out[k] = seq[np + k] = sh_model_tokens(seq, np + k);
 }
 
 static void assert_stream(const struct sh_req *q, uint32_t n)
@@ -408,6 +410,8 @@ static void test_recovery_and_replay(void **state)
     uint32_t n_ids = 0, n_draws = 0;
     int32_t ids[SH_MAX_GEN];
     for (uint32_t i = 1; i < bt->n_ctrl; i++) {
+        if (bt->ctrl[i].type == KVR_WIRE_CTRL_MAP)
+            continue; /* its blocks */
         assert_int_equal(bt->ctrl[i].type, KVR_WIRE_CTRL_REPLAY);
         n_draws += bt->ctrl[i].replay.n_draws;
         for (uint32_t k = 0; k < bt->ctrl[i].replay.n_ids; k++)
@@ -484,6 +488,156 @@ static void test_held_requests_expire(void **state)
     done(h);
 }
 
+/* The prefix cache (DESIGN.md 12): requests that share a prefix with an earlier one map its
+ * blocks (MAP with n_cached) and prefill only the rest; the fake stages compute every token
+ * from the KV they hold, so the streams equal the ones computed from the tokens alone only
+ * if the mapped blocks hold exactly the shared prefix. Later turns of a conversation
+ * (prompt = earlier prompt + answer + more) hit the answer's blocks too. */
+static void test_prefix_reuse(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 32, 4, 64, false);
+    h->shared_prefix = 40; /* two whole blocks and a half */
+    ring_up(h);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 0, 70, 8, 0, 1, 0, 0, &why), 0);
+    assert_int_equal(h->reqs[0].r.n_cached, 0); /* nothing cached yet */
+    sh_run(h, 2000);
+    OK(h);
+    assert_stream(&h->reqs[0], 8);
+    struct kvr_sched_stats st;
+    kvr_sched_stats(h->s, &st);
+    assert_int_equal(st.kv_blocks_used, 0);
+    assert_int_equal(st.kv_blocks_cached, 4); /* 70 + 8 - 1 positions written: 4 whole */
+    /* Three more, each sharing the 40-token prefix: 2 blocks found, 38 + 32 computed. */
+    uint64_t rows_before = st.prompt_tokens;
+    for (uint32_t i = 1; i <= 3; i++) {
+        assert_int_equal(sh_submit(h, i, 70, 8, i == 2 ? 0.7f : 0, 1, 0, 0, &why), 0);
+        assert_int_equal(h->reqs[i].r.n_cached, 32);
+    }
+    sh_run(h, 2000);
+    OK(h);
+    for (uint32_t i = 1; i <= 3; i++)
+        assert_stream(&h->reqs[i], 8);
+    kvr_sched_stats(h->s, &st);
+    assert_int_equal(st.prompt_tokens - rows_before, 3 * (70 - 32));
+    assert_int_equal(st.prefix_queries, 4 * 70);
+    assert_int_equal(st.prefix_hits, 3 * 32);
+    /* A prompt that is the whole of an earlier sequence, its answer and more: every whole
+     * block of it is found (the answer's ones too), and at least one token is computed. */
+    struct sh_req *q = &h->reqs[4];
+    memset(q, 0, sizeof *q);
+    memcpy(q->prompt, h->reqs[0].prompt, 70 * sizeof(int32_t));
+    memcpy(q->prompt + 70, h->reqs[0].seen, 7 * sizeof(int32_t));
+    q->prompt[77] = 5;
+    q->r.req = (struct kvr_gen_request){.prompt = q->prompt, .n_prompt = 78, .max_tokens = 4};
+    kvr_sample_params_default(&q->r.req.sampling);
+    q->r.req.sampling.temperature = 0;
+    q->r.generated = q->gen;
+    q->r.user = q;
+    assert_int_equal(kvr_sched_submit(h->s, &q->r, h->now, &why), 0);
+    q->used = true;
+    sh_pump(h);
+    assert_int_equal(q->r.n_cached, 64);
+    sh_run(h, 2000);
+    OK(h);
+    assert_stream(q, 4);
+    /* A flush forgets the cached blocks: KV use falls to 0, nothing is found any more. */
+    assert_true(kvr_sched_flush_cache(h->s) > 0);
+    kvr_sched_stats(h->s, &st);
+    assert_int_equal(st.kv_blocks_used + st.kv_blocks_cached, 0);
+    assert_int_equal(sh_submit(h, 5, 70, 8, 0, 1, 0, 0, &why), 0);
+    assert_int_equal(h->reqs[5].r.n_cached, 0);
+    sh_run(h, 2000);
+    OK(h);
+    assert_stream(&h->reqs[5], 8);
+    done(h);
+}
+
+/* Eviction under pressure: blocks for only a few sequences at a time and many more
+ * requests, all sharing a prefix. Cached blocks never keep a request waiting (they are
+ * evicted least recently used), every request finishes with the right tokens, and KV use
+ * returns to the cached-only level, then 0 after a flush. Without the cache, the same
+ * requests give the same tokens. */
+static void test_prefix_eviction_under_pressure(void **state)
+{
+    (void)state;
+    int32_t with_cache[16][SH_MAX_GEN];
+    uint32_t n_with_cache[16];
+    for (int cache = 1; cache >= 0; cache--) {
+        struct sh *h = calloc(1, sizeof *h);
+        assert_non_null(h);
+        assert_int_equal(sh_init(h, 2, 32, 4, 22, false), 0); /* 22 blocks: 4 x 5 and 2 */
+        if (!cache) {
+            kvr_sched_destroy(h->s);
+            struct kvr_sched_config cfg = {.plan = &h->plan, .max_ctrl = SH_MAX_CTRL,
+                                           .max_waiting = 16, .event = sh_on_event,
+                                           .event_ctx = h};
+            struct kvr_err err = {0};
+            assert_int_equal(kvr_sched_create(&h->s, &cfg, &err), 0);
+        }
+        h->shared_prefix = 33;
+        ring_up(h);
+        struct kvr_refusal why;
+        for (uint32_t i = 0; i < 6; i++) /* the queue holds 6 */
+            assert_int_equal(sh_submit(h, i, 50 + i * 5, 20, 0, 1, 0, 0, &why), 0);
+        uint32_t next = 6;
+        for (uint32_t round = 0; round < 4000 && !h->fail[0]; round++) {
+            sh_run(h, 1);
+            struct kvr_sched_stats st;
+            kvr_sched_stats(h->s, &st);
+            if (st.waiting < 6 && next < 16) {
+                assert_int_equal(sh_submit(h, next, 50 + next * 5 % 40, 20, 0, 1, 0, 0, &why),
+                                 0);
+                next++;
+            }
+            /* The oldest waiting request waits only if its blocks do not fit in what no
+             * running sequence uses (cached blocks count as room): waiting for blocks
+             * only the cache holds would be a leak of capacity. */
+            for (uint32_t i = 0; i < next && st.running < 4; i++) {
+                if (!h->reqs[i].r.waiting)
+                    continue;
+                uint32_t need = (h->reqs[i].r.req.n_prompt + 20 + 15) / 16;
+                if (need <= st.kv_blocks_total - st.kv_blocks_used)
+                    fail_msg("request %u waits for %u blocks with %u of %u in use", i, need,
+                             st.kv_blocks_used, st.kv_blocks_total);
+                break;
+            }
+        }
+        OK(h);
+        for (uint32_t i = 0; i < 16; i++) {
+            const struct sh_req *q = &h->reqs[i];
+            if (!q->detached || (q->finish != KVR_GEN_FINISH_LENGTH &&
+                                 q->finish != KVR_GEN_FINISH_EOS))
+                fail_msg("cache %d: request %u: detached %d, finish %d, %s", cache, i,
+                         q->detached, q->finish, q->message);
+            assert_stream(q, q->n_seen);
+            if (cache) {
+                memcpy(with_cache[i], q->seen, sizeof with_cache[i]);
+                n_with_cache[i] = q->n_seen;
+            } else {
+                assert_int_equal(q->n_seen, n_with_cache[i]);
+                assert_memory_equal(with_cache[i], q->seen, q->n_seen * sizeof(int32_t));
+            }
+        }
+        struct kvr_sched_stats st;
+        kvr_sched_stats(h->s, &st);
+        assert_int_equal(st.kv_blocks_used, 0);
+        if (cache) {
+            assert_true(st.prefix_hits > 0);
+            assert_true(st.prefix_evicted > 0);
+            assert_true(st.kv_blocks_cached > 0);
+        } else {
+            assert_int_equal(st.prefix_hits, 0);
+            assert_int_equal(st.kv_blocks_cached, 0);
+        }
+        kvr_sched_flush_cache(h->s);
+        kvr_sched_stats(h->s, &st);
+        assert_int_equal(st.kv_blocks_used + st.kv_blocks_cached, 0);
+        done(h);
+    }
+}
+
 static void test_result_mismatch(void **state)
 {
     (void)state;
@@ -520,6 +674,8 @@ int main(void)
         cmocka_unit_test(test_lost_probe_and_lost_batch),
         cmocka_unit_test(test_held_requests_expire),
         cmocka_unit_test(test_result_mismatch),
+        cmocka_unit_test(test_prefix_reuse),
+        cmocka_unit_test(test_prefix_eviction_under_pressure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -488,7 +488,7 @@ static void test_header_rejections(void **state)
     CASE("segments > rows", (kvr_st32(buf + 16, 3), kvr_st16(buf + 20, 4)),
          "4 segments for 3 rows");
     CASE("rows without segments", kvr_st16(buf + 20, 0), "0 segments for 11 rows");
-    CASE("too many ctrl", kvr_st16(buf + 22, 25), "25 control records; at most 24");
+    CASE("too many ctrl", kvr_st16(buf + 22, 41), "41 control records; at most 40");
     CASE("timings", kvr_st16(buf + 24, 2), "2 timing records; one per upstream stage (1)");
     CASE("results in batch", kvr_st16(buf + 26, 1), "declares 1 result records");
     CASE("payload length", kvr_st32(buf + 28, 174), "payload is 174 bytes");
@@ -766,6 +766,59 @@ static void test_replay_records(void **state)
 #undef REPLAY_CASE
 }
 
+/* MAP names the KV blocks of an opening sequence (DESIGN.md 12): it round-trips exactly
+ * and every field is bounded by the plan (8 blocks of 16 per sequence, 64 blocks). */
+static void test_map_records(void **state)
+{
+    (void)state;
+    make_plan(KVR_DTYPE_F32);
+    struct kvr_wire_limits lim;
+    limits(&lim, 0);
+    assert_int_equal(lim.max_blocks_per_seq, 8);
+    struct kvr_seg seg = {2, 32, 1, KVR_SEG_PREFILL};
+    const struct kvr_wire_ctrl map[2] = {
+        {.type = KVR_WIRE_CTRL_MAP, .seq = 2,
+         .map = {.n_cached = 32, .first = 0, .n_ids = 7, .ids = {63, 1, 2, 3, 4, 5, 6}}},
+        {.type = KVR_WIRE_CTRL_MAP, .seq = 2, .map = {.n_cached = 32, .first = 7, .n_ids = 1,
+                                                      .ids = {9}}},
+    };
+    struct kvr_wire_ctrl all[3] = {ctrl3[0], map[0], map[1]};
+    all[0].seq = 2;
+    size_t len = batch_with(&seg, 1, all, 3);
+    struct kvr_wire_frame f;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_wire_frame_init(&f, &lim, &err), 0);
+    assert_int_equal(decode(len, &lim, &f, &err), 0);
+    assert_int_equal(f.hdr.n_ctrl, 3);
+    for (int i = 1; i < 3; i++) {
+        assert_int_equal(f.ctrl[i].type, KVR_WIRE_CTRL_MAP);
+        assert_int_equal(f.ctrl[i].seq, 2);
+        assert_memory_equal(&f.ctrl[i].map, &map[i - 1].map, sizeof map[0].map);
+    }
+    kvr_wire_frame_fini(&f);
+    struct kvr_wire_ctrl c;
+#define MAP_CASE(what, mutation, msg)                                                              \
+    do {                                                                                           \
+        c = map[0];                                                                                \
+        len = batch_with(&seg, 1, &c, 1);                                                          \
+        mutation;                                                                                  \
+        expect_reject(len, &lim, what, msg);                                                       \
+    } while (0)
+    MAP_CASE("flags", kvr_st16(buf + 40 + 2, 1), "has flags 0x1");
+    MAP_CASE("cached not whole", kvr_st32(buf + 40 + 8, 33), "33 cached positions");
+    MAP_CASE("cached > mapped", kvr_st32(buf + 40 + 8, 128), "128 cached positions");
+    MAP_CASE("no ids", kvr_st32(buf + 40 + 16, 0), "entries 0 + 0");
+    MAP_CASE("n_ids > 7", kvr_st32(buf + 40 + 16, 8), "entries 0 + 8");
+    MAP_CASE("past the table", kvr_st32(buf + 40 + 12, 2), "entries 2 + 7");
+    MAP_CASE("id >= kv_blocks", kvr_st32(buf + 40 + 20, 64), "beyond kv_blocks");
+    MAP_CASE("seq range", kvr_st32(buf + 40 + 4, 8), "names seq 8");
+    c = map[1];
+    len = batch_with(&seg, 1, &c, 1);
+    kvr_st32(buf + 40 + 24, 5);
+    expect_reject(len, &lim, "id past n_ids", "past n_ids and not 0");
+#undef MAP_CASE
+}
+
 static void test_result_and_timing_rejections(void **state)
 {
     (void)state;
@@ -840,12 +893,12 @@ static void test_limits(void **state)
     assert_int_equal(lim.batch_payload, KVR_WIRE_PAYLOAD_TOKENS);
     assert_int_equal(lim.min_timings, 0);
     assert_int_equal(lim.max_timings, 0);
-    assert_int_equal(lim.max_ctrl, 24);
-    assert_int_equal(lim.max_frame_bytes, 40 + 24 * 48 + 16 * 16 + 16 * 4);
+    assert_int_equal(lim.max_ctrl, 40); /* 8 seqs x (3 + 2 MAP records of 7 of 8 blocks) */
+    assert_int_equal(lim.max_frame_bytes, 40 + 40 * 48 + 16 * 16 + 16 * 4);
     limits(&lim, 2);
     assert_int_equal(lim.batch_payload, KVR_WIRE_PAYLOAD_F32);
     assert_int_equal(lim.min_timings, 2);
-    assert_int_equal(lim.max_frame_bytes, 40 + 24 * 48 + 16 * 16 + 16 * 8 * 4 + 2 * 32);
+    assert_int_equal(lim.max_frame_bytes, 40 + 40 * 48 + 16 * 16 + 16 * 8 * 4 + 2 * 32);
     limits(&lim, KVR_WIRE_RECV_BRIDGE);
     assert_int_equal(lim.accept_types, 1u << KVR_WIRE_RESULT | 1u << KVR_WIRE_HEARTBEAT |
                                            1u << KVR_WIRE_GOODBYE | 1u << KVR_WIRE_RESET);
@@ -855,7 +908,7 @@ static void test_limits(void **state)
     limits(&head, 0);
     assert_false(head.accept_types & 1u << KVR_WIRE_RESET);
     /* Scratch always holds the records of the largest frame. */
-    assert_true(kvr_wire_scratch_bytes(&lim) >= 40 + 24 * 48 + 16 * 32 + 4 * 32);
+    assert_true(kvr_wire_scratch_bytes(&lim) >= 40 + 40 * 48 + 16 * 32 + 4 * 32);
 
     struct kvr_err err = {0};
     assert_int_equal(kvr_wire_limits_init(&lim, &plan, N_EMBD, 0, 3, &err), KVR_EINVAL);
@@ -1082,6 +1135,7 @@ int main(void)
         cmocka_unit_test(test_segment_rejections),
         cmocka_unit_test(test_ctrl_rejections),
         cmocka_unit_test(test_replay_records),
+        cmocka_unit_test(test_map_records),
         cmocka_unit_test(test_result_and_timing_rejections),
         cmocka_unit_test(test_truncation),
         cmocka_unit_test(test_limits),
