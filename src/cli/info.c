@@ -1,7 +1,10 @@
-/* info.c - `kvasir info MODEL.gguf`: print a GGUF file's header, metadata and tensor table.
- * A file the reader rejects is reported with the reader's message and exit status 1. */
+/* info.c - `kvasir info MODEL.gguf`: print a GGUF file's header, metadata and tensor table,
+ * then the architecture as the engine reads it (or why it cannot) and the tensor bytes per
+ * weight type. A file the reader rejects is reported with the reader's message and exit
+ * status 1; a valid GGUF the engine cannot run is still described (exit 0). */
 #include "cli/cmd.h"
 
+#include "model/arch.h"
 #include "model/dtype.h"
 #include "model/gguf.h"
 
@@ -123,6 +126,30 @@ static void print_kv(const struct kvr_gguf *g, int64_t i)
     putchar('\n');
 }
 
+/* The architecture as the engine reads it: a line for the model's shape, or the reason the
+ * engine refuses it. */
+static void describe_arch(const struct kvr_gguf *g)
+{
+    struct kvr_hparams hp;
+    struct kvr_err err = {0};
+    if (kvr_hparams_read(&hp, g, &err)) {
+        printf("architecture: not runnable by this engine: %s\n", err.msg);
+        return;
+    }
+    const struct kvr_arch *a = hp.arch;
+    printf("architecture: %s, %u layers, dim %u, ff %u, heads %u/%u of %u, vocab %u, rope %s "
+           "base %g%s%s, %s", a->name, hp.n_layer, hp.n_embd, hp.n_ff, hp.n_head, hp.n_head_kv,
+           hp.head_dim, hp.n_vocab, a->rope == KVR_ROPE_NEOX ? "neox" : "normal",
+           (double)hp.rope_freq_base, hp.rope_freqs ? " with rope_freqs" : "",
+           hp.rope_freq_scale != 1.0f ? " scaled" : "",
+           a->act == KVR_ACT_GELU_TANH ? "GeGLU" : "SwiGLU");
+    if (hp.n_swa)
+        printf(", sliding window %u (period %u)", hp.n_swa, hp.swa_period);
+    if (hp.attn_softcap > 0.0f || hp.final_softcap > 0.0f)
+        printf(", soft-caps %g/%g", (double)hp.attn_softcap, (double)hp.final_softcap);
+    printf(", output %s\n", kvr_gguf_find_tensor(g, "output.weight") ? "own" : "tied");
+}
+
 int kvr_cmd_info(int argc, char **argv)
 {
     if (argc != 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
@@ -170,6 +197,22 @@ int kvr_cmd_info(int argc, char **argv)
     printf("\ntotal: %" PRId64 " tensors, %" PRIu64 " params, %" PRIu64 " tensor bytes, %zu "
            "file bytes\n",
            n_tensors, n_params, n_bytes, kvr_gguf_file_bytes(g));
+
+    uint64_t type_bytes[KVR_DTYPE_COUNT] = {0}, type_count[KVR_DTYPE_COUNT] = {0};
+    for (int64_t i = 0; i < n_tensors; i++) {
+        const struct kvr_gguf_tensor *t = kvr_gguf_tensor(g, i);
+        if (t->type >= 0 && t->type < KVR_DTYPE_COUNT) {
+            type_bytes[t->type] += t->n_bytes;
+            type_count[t->type]++;
+        }
+    }
+    printf("by type:");
+    for (int ty = 0; ty < KVR_DTYPE_COUNT; ty++)
+        if (type_count[ty])
+            printf(" %s %" PRIu64 " bytes (%" PRIu64 " tensors);", kvr_dtype_traits(ty)->name,
+                   type_bytes[ty], type_count[ty]);
+    printf("\n");
+    describe_arch(g);
     kvr_gguf_close(g);
     return 0;
 }

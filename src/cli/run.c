@@ -10,7 +10,16 @@
  * prompt optional) every prompt runs: one after another, alone, in the single process (the
  * reference), or all at once through the ring ("repeat_penalty" may be given per prompt
  * too). --json prints one line per prompt with the
- * generated ids, which is what the ring tests compare. */
+ * generated ids, which is what the ring tests compare.
+ *
+ * --force-ids FILE feeds a fixed id sequence instead of sampling (teacher forcing) and
+ * prints, for every step, the forced id, the argmax, the margin between the two best
+ * logits and the top logits; --logits N adds all logits of the first N steps. FILE is
+ * refgen's JSON ({"prompt_ids": [...], "steps": [{"id": ...}, ...]}: the prompt, then the
+ * peer's greedy ids), a JSON array of ids, or ids separated by spaces or commas. A plain
+ * list is the sequence after the prompt of -p, or, without -p, its first id is the prompt.
+ * Step k shows the logits after the prompt and the first k forced ids, so step k's argmax
+ * is the model's guess for forced id k. */
 #include "cli/cmd.h"
 #include "cli/common.h"
 
@@ -46,6 +55,9 @@ struct run_opts {
     struct kvr_sample_params sp;
     bool ignore_eos, print_ids, json, quiet, batched, no_prefix_cache;
     uint32_t row_width;
+    const char *force_ids;  /* teacher-forcing input file */
+    uint32_t n_top;         /* --force-ids: top logits per step */
+    uint32_t n_logits;      /* --force-ids: steps whose full logits are printed */
 };
 
 static void usage(FILE *f)
@@ -70,6 +82,10 @@ static void usage(FILE *f)
             "                         batching (default: one after another, each alone)\n"
             "      --row-width N      --batched: token rows per forward pass (default 64)\n"
             "      --no-prefix-cache  --plan: compute every prompt whole (no KV reuse)\n"
+            "      --force-ids FILE   teacher-forced: feed these ids, print each step's argmax,\n"
+            "                         margin and top logits (refgen JSON or a list of ids)\n"
+            "      --top N            --force-ids: top logits per step (default 5)\n"
+            "      --logits N         --force-ids --json: all logits of the first N steps\n"
             "  -q, --quiet            no streamed text\n");
 }
 
@@ -79,6 +95,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     o->n_predict = 64;
     o->threads = 2;
     o->row_width = 64;
+    o->n_top = 5;
     kvr_sample_params_default(&o->sp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -163,6 +180,17 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             NEED_V();
             if (kvr_cli_u32(a, v, 1, 16384, &o->row_width))
                 return 2;
+        } else if (ARG("--force-ids", "--force-ids")) {
+            NEED_V();
+            o->force_ids = v;
+        } else if (ARG("--top", "--top")) {
+            NEED_V();
+            if (kvr_cli_u32(a, v, 1, 1000, &o->n_top))
+                return 2;
+        } else if (ARG("--logits", "--logits")) {
+            NEED_V();
+            if (kvr_cli_u32(a, v, 0, 1u << 20, &o->n_logits))
+                return 2;
         } else if (ARG("-q", "--quiet")) {
             o->quiet = true;
         } else {
@@ -177,7 +205,11 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         fprintf(stderr, "kvasir run: give exactly one of -m MODEL and --plan PLAN\n");
         return 2;
     }
-    if (!o->prompt == !o->prompts_file) {
+    if (o->force_ids && (o->plan || o->prompts_file || o->batched)) {
+        fprintf(stderr, "kvasir run: --force-ids runs one sequence in a single process\n");
+        return 2;
+    }
+    if (!o->force_ids && !o->prompt == !o->prompts_file) {
         fprintf(stderr, "kvasir run: give exactly one of -p PROMPT and --prompts FILE\n");
         return 2;
     }
@@ -688,6 +720,213 @@ static void print_results(const struct run_opts *o, const struct kvr_tok *tok,
     (void)tok;
 }
 
+/* ---- teacher forcing ------------------------------------------------------------------- */
+
+enum { FORCE_MAX_IDS = 1 << 20, FORCE_MAX_FILE = 64 << 20 };
+
+struct id_list {
+    int32_t *ids;
+    uint32_t n, cap;
+};
+
+static int push_id(struct id_list *l, double v)
+{
+    if (v < 0 || v > INT32_MAX || v != (double)(int64_t)v || l->n >= FORCE_MAX_IDS)
+        return -1;
+    if (l->n == l->cap) {
+        uint32_t cap = l->cap ? 2 * l->cap : 256;
+        int32_t *grown = kvr_realloc(l->ids, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return -1;
+        l->ids = grown;
+        l->cap = cap;
+    }
+    l->ids[l->n++] = (int32_t)v;
+    return 0;
+}
+
+static int push_json_ids(struct id_list *l, json_t *arr, bool steps)
+{
+    size_t i;
+    json_t *v;
+    json_array_foreach(arr, i, v) {
+        json_t *id = steps ? json_object_get(v, "id") : v;
+        if (!json_is_integer(id) || push_id(l, (double)json_integer_value(id)))
+            return -1;
+    }
+    return 0;
+}
+
+/* Read FILE into prompt (refgen's prompt_ids, else empty) and forced ids. */
+static int load_forced(const char *path, struct id_list *prompt, struct id_list *forced)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "kvasir run: cannot open %s\n", path);
+        return -1;
+    }
+    char *buf = kvr_malloc(FORCE_MAX_FILE + 1);
+    size_t n = buf ? fread(buf, 1, FORCE_MAX_FILE + 1, f) : 0;
+    fclose(f);
+    if (!buf || n > FORCE_MAX_FILE) {
+        fprintf(stderr, "kvasir run: %s: %s\n", path, buf ? "larger than 64 MB" : "no memory");
+        kvr_free(buf);
+        return -1;
+    }
+    buf[n] = 0;
+    int rc = 0;
+    json_error_t jerr;
+    json_t *doc = json_loadb(buf, n, 0, &jerr);
+    if (json_is_object(doc)) {
+        json_t *p = json_object_get(doc, "prompt_ids"), *st = json_object_get(doc, "steps");
+        if (!json_is_array(p) || !json_is_array(st) || push_json_ids(prompt, p, false) ||
+            push_json_ids(forced, st, true))
+            rc = -1;
+    } else if (json_is_array(doc)) {
+        rc = push_json_ids(forced, doc, false);
+    } else {
+        for (char *c = buf, *end; *c;) {
+            if (*c == ' ' || *c == ',' || *c == '\n' || *c == '\t' || *c == '\r') {
+                c++;
+                continue;
+            }
+            long v = strtol(c, &end, 10);
+            if (end == c || push_id(forced, (double)v)) {
+                rc = -1;
+                break;
+            }
+            c = end;
+        }
+    }
+    json_decref(doc);
+    kvr_free(buf);
+    if (rc)
+        fprintf(stderr, "kvasir run: %s: want refgen's JSON, a JSON array of ids, or ids "
+                        "separated by spaces or commas\n", path);
+    return rc;
+}
+
+static void print_step(const struct run_opts *o, uint32_t step, int32_t want, const float *lg,
+                       uint32_t n_vocab, int32_t *top)
+{
+    /* top: the n_top best ids, best first (ties to the lower id). */
+    uint32_t k = o->n_top < n_vocab ? o->n_top : n_vocab;
+    for (uint32_t j = 0; j < k; j++)
+        top[j] = -1;
+    for (uint32_t i = 0; i < n_vocab; i++) {
+        uint32_t j = k;
+        while (j > 0 && (top[j - 1] < 0 || lg[i] > lg[top[j - 1]]))
+            j--;
+        if (j == k)
+            continue;
+        memmove(top + j + 1, top + j, (k - j - 1) * sizeof *top);
+        top[j] = (int32_t)i;
+    }
+    float margin = k > 1 ? lg[top[0]] - lg[top[1]] : 0.0f;
+    if (!o->json) {
+        printf("step %u: forced %d argmax %d margin %.6f top", step, want, top[0],
+               (double)margin);
+        for (uint32_t j = 0; j < k; j++)
+            printf(" %d:%.6f", top[j], (double)lg[top[j]]);
+        printf("\n");
+        return;
+    }
+    printf("{\"step\": %u, \"forced\": %d, \"argmax\": %d, \"margin\": %.9g, \"top\": [", step,
+           want, top[0], (double)margin);
+    for (uint32_t j = 0; j < k; j++)
+        printf("%s[%d, %.9g]", j ? ", " : "", top[j], (double)lg[top[j]]);
+    printf("]");
+    if (step < o->n_logits) {
+        printf(", \"logits\": [");
+        for (uint32_t i = 0; i < n_vocab; i++)
+            printf("%s%.9g", i ? "," : "", (double)lg[i]);
+        printf("]");
+    }
+    printf("}\n");
+}
+
+static int run_forced(const struct run_opts *o, struct kvr_gguf *g, const struct kvr_tok *tok)
+{
+    struct id_list prompt = {0}, forced = {0};
+    struct kvr_hparams hp;
+    struct kvr_err err = {0};
+    struct kvr_engine *e = NULL;
+    float *logits = NULL;
+    int32_t *top = NULL;
+    int rc = 1;
+    if (load_forced(o->force_ids, &prompt, &forced))
+        goto out;
+    if (o->prompt) {
+        struct job j = {.prompt = (char *)o->prompt, .max_tokens = 1};
+        prompt.n = 0;
+        if (tokenize_jobs(tok, &j, 1)) {
+            kvr_free(j.ids);
+            kvr_free(j.out);
+            goto out;
+        }
+        for (uint32_t i = 0; i < j.n_ids; i++)
+            push_id(&prompt, j.ids[i]);
+        kvr_free(j.ids);
+        kvr_free(j.out);
+    } else if (prompt.n == 0 && forced.n > 0) {
+        push_id(&prompt, forced.ids[0]);
+        memmove(forced.ids, forced.ids + 1, (forced.n - 1) * sizeof *forced.ids);
+        forced.n--;
+    }
+    if (prompt.n == 0 || forced.n == 0) {
+        fprintf(stderr, "kvasir run: %s: need a prompt and at least one forced id\n",
+                o->force_ids);
+        goto out;
+    }
+    if (kvr_hparams_read(&hp, g, &err)) {
+        fprintf(stderr, "kvasir run: %s\n", err.msg);
+        goto out;
+    }
+    struct kvr_engine_config cfg = {
+        .first_layer = 0, .last_layer = hp.n_layer - 1, .max_rows = 512, .max_seqs = 1,
+        .n_ctx = o->ctx ? o->ctx : prompt.n + forced.n, .kv_block_tokens = 16,
+        .n_threads = o->threads};
+    logits = kvr_malloc((size_t)hp.n_vocab * sizeof *logits);
+    top = kvr_malloc((size_t)o->n_top * sizeof *top);
+    if (!logits || !top || kvr_engine_create(&e, g, &cfg, &err)) {
+        fprintf(stderr, "kvasir run: %s\n", err.msg[0] ? err.msg : "out of memory");
+        goto out;
+    }
+    uint32_t same = 0;
+    for (uint32_t pos = 0; pos < prompt.n;) {
+        uint32_t n = prompt.n - pos < cfg.max_rows ? prompt.n - pos : cfg.max_rows;
+        bool last = pos + n == prompt.n;
+        struct kvr_seg seg = {0, pos, n, KVR_SEG_PREFILL |
+                                             (last ? KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN
+                                                   : 0)};
+        if (kvr_engine_forward(e, &seg, 1, prompt.ids + pos, NULL, logits, &err))
+            goto fail;
+        pos += n;
+    }
+    for (uint32_t k = 0; k < forced.n; k++) {
+        print_step(o, k, forced.ids[k], logits, hp.n_vocab, top);
+        same += top[0] == forced.ids[k];
+        if (k + 1 == forced.n)
+            break;
+        struct kvr_seg seg = {0, prompt.n + k, 1, KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
+        if (kvr_engine_forward(e, &seg, 1, &forced.ids[k], NULL, logits, &err))
+            goto fail;
+    }
+    fprintf(stderr, "forced: %u prompt ids, %u steps, argmax = forced id at %u\n", prompt.n,
+            forced.n, same);
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "kvasir run: %s\n", err.msg);
+out:
+    kvr_engine_destroy(e);
+    kvr_free(logits);
+    kvr_free(top);
+    kvr_free(prompt.ids);
+    kvr_free(forced.ids);
+    return rc;
+}
+
 int kvr_cmd_run(int argc, char **argv)
 {
     struct run_opts o;
@@ -719,6 +958,11 @@ int kvr_cmd_run(int argc, char **argv)
     }
     if (kvr_tok_create(&tok, g, &err)) {
         fprintf(stderr, "kvasir run: %s: vocabulary: %s\n", model_path, err.msg);
+        goto out;
+    }
+    if (o.force_ids) {
+        kvr_cli_load_weights(g);
+        rc = run_forced(&o, g, tok);
         goto out;
     }
     if (load_jobs(&o, &jobs, &n_jobs) || tokenize_jobs(tok, jobs, n_jobs))

@@ -1,4 +1,5 @@
-/* synth.c - `kvasir synth`: write a llama GGUF model with random weights (model/synth.h).
+/* synth.c - `kvasir synth`: write a GGUF model of any supported architecture with random
+ * weights (model/synth.h).
  *
  * The file is written to OUT.part and renamed to OUT only once complete, so an interrupted
  * run never leaves a truncated model under the final name. */
@@ -22,8 +23,11 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: kvasir synth --shape NAME|custom -o OUT.gguf [options]\n"
                "\n"
-               "Write a llama-architecture GGUF model with random weights.\n"
+               "Write a GGUF model with random weights.\n"
                "\n"
+               "  --arch A           architecture: %s (default llama)\n",
+            kvr_arch_list());
+    fprintf(f, 
                "  --shape NAME       a named shape (");
     for (int i = 0; kvr_synth_shape_name(i); i++)
         fprintf(f, "%s%s", i ? ", " : "", kvr_synth_shape_name(i));
@@ -34,6 +38,15 @@ static void usage(FILE *f)
                "  --seed N           PRNG seed (default 1); same seed, same bytes\n"
                "  --vocab FILE       copy the tokenizer (tokenizer.* keys) from another GGUF\n"
                "  --threads N        generator threads (default: online CPUs)\n"
+               "  --logit-scale F    multiply the final norm's weights, so every logit, by\n"
+               "                     F (separates the top logits of a random model)\n"
+               "  --tied             no output.weight: the head reads token_embd (gemma\n"
+               "                     always ties)\n"
+               "  --rope-freqs       llama: write rope_freqs.weight (Llama 3.1 factors)\n"
+               "  --rope-scale F     llama: linear RoPE scaling by F\n"
+               "  --rope-base F      RoPE frequency base (default 10000)\n"
+               "  --head-dim N       attention head width (default dim / heads)\n"
+               "  --swa N            sliding window of N positions (gemma2, gemma3)\n"
                "  --layers N --dim N --ff N --heads N --kv-heads N --vocab-size N --ctx N\n"
                "                     set or override shape fields (custom needs layers, dim,\n"
                "                     ff and heads; kv-heads defaults to heads, vocab-size to\n"
@@ -92,7 +105,11 @@ static void show_progress(void *ctx, uint64_t done, uint64_t total)
         fputc('\n', stderr);
 }
 
-enum { OPT_SHAPE = 256, OPT_TYPE, OPT_SEED, OPT_VOCAB, OPT_THREADS, OPT_FIELD };
+enum {
+    OPT_SHAPE = 256, OPT_TYPE, OPT_SEED, OPT_VOCAB, OPT_THREADS, OPT_ARCH, OPT_LOGIT,
+    OPT_TIED, OPT_ROPE_FREQS, OPT_ROPE_SCALE, OPT_ROPE_BASE, OPT_FIELD
+};
+#define N_FIELDS 9
 enum { OPT_MOE = 512, N_MOE = 4 }; /* --experts, --experts-used, --expert-ff, --shared-ff */
 
 int kvr_cmd_synth(int argc, char **argv)
@@ -111,6 +128,14 @@ int kvr_cmd_synth(int argc, char **argv)
         {"kv-heads", required_argument, NULL, OPT_FIELD + 4},
         {"vocab-size", required_argument, NULL, OPT_FIELD + 5},
         {"ctx", required_argument, NULL, OPT_FIELD + 6},
+        {"head-dim", required_argument, NULL, OPT_FIELD + 7},
+        {"swa", required_argument, NULL, OPT_FIELD + 8},
+        {"arch", required_argument, NULL, OPT_ARCH},
+        {"logit-scale", required_argument, NULL, OPT_LOGIT},
+        {"tied", no_argument, NULL, OPT_TIED},
+        {"rope-freqs", no_argument, NULL, OPT_ROPE_FREQS},
+        {"rope-scale", required_argument, NULL, OPT_ROPE_SCALE},
+        {"rope-base", required_argument, NULL, OPT_ROPE_BASE},
         {"experts", required_argument, NULL, OPT_MOE + 0},
         {"experts-used", required_argument, NULL, OPT_MOE + 1},
         {"expert-ff", required_argument, NULL, OPT_MOE + 2},
@@ -119,7 +144,8 @@ int kvr_cmd_synth(int argc, char **argv)
         {NULL, 0, NULL, 0},
     };
     const char *shape_name = NULL, *out = NULL, *vocab_path = NULL;
-    long fields[7] = {0}, moe[N_MOE] = {0}, v;
+    long fields[N_FIELDS] = {0}, moe[N_MOE] = {0}, v;
+    double rope_base = 0;
     struct kvr_synth_opts opts = {.type = KVR_DTYPE_Q8_0, .seed = 1};
     long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
     opts.n_threads = n_cpus > 0 ? (int)(n_cpus < 64 ? n_cpus : 64) : 1;
@@ -160,6 +186,42 @@ int kvr_cmd_synth(int argc, char **argv)
             }
             opts.n_threads = (int)v;
             break;
+        case OPT_ARCH:
+            if (!(opts.arch = kvr_arch_find(optarg, strlen(optarg)))) {
+                fprintf(stderr, "kvasir synth: unknown --arch %s (supported: %s)\n", optarg,
+                        kvr_arch_list());
+                return 2;
+            }
+            break;
+        case OPT_LOGIT:
+        case OPT_ROPE_SCALE: {
+            char *end;
+            errno = 0;
+            double d = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(d > 0.0) || d > 1e4) {
+                fprintf(stderr, "kvasir synth: --%s wants a number in (0, 10000]\n",
+                        c == OPT_LOGIT ? "logit-scale" : "rope-scale");
+                return 2;
+            }
+            *(c == OPT_LOGIT ? &opts.logit_scale : &opts.rope_scale) = (float)d;
+            break;
+        }
+        case OPT_ROPE_BASE: {
+            char *end;
+            errno = 0;
+            rope_base = strtod(optarg, &end);
+            if (errno || end == optarg || *end || !(rope_base >= 1.0) || rope_base > 1e9) {
+                fprintf(stderr, "kvasir synth: --rope-base wants a number in [1, 1e9]\n");
+                return 2;
+            }
+            break;
+        }
+        case OPT_TIED:
+            opts.tied = true;
+            break;
+        case OPT_ROPE_FREQS:
+            opts.rope_freqs = true;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -173,7 +235,7 @@ int kvr_cmd_synth(int argc, char **argv)
                 }
                 break;
             }
-            if (c >= OPT_FIELD && c < OPT_FIELD + 7) {
+            if (c >= OPT_FIELD && c < OPT_FIELD + N_FIELDS) {
                 if (!parse_int(optarg, 1, 1L << 24, &fields[c - OPT_FIELD])) {
                     fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
                             long_opts[6 + c - OPT_FIELD].name);
@@ -205,11 +267,14 @@ int kvr_cmd_synth(int argc, char **argv)
         fprintf(stderr, "kvasir synth: unknown shape %s\n", shape_name);
         return 2;
     }
-    int *targets[7] = {&s->n_layers,   &s->dim,        &s->ff, &s->n_heads,
-                       &s->n_kv_heads, &s->vocab_size, &s->ctx};
-    for (int i = 0; i < 7; i++)
+    int *targets[N_FIELDS] = {&s->n_layers,   &s->dim,        &s->ff,  &s->n_heads,
+                              &s->n_kv_heads, &s->vocab_size, &s->ctx, &s->head_dim,
+                              &s->n_swa};
+    for (int i = 0; i < N_FIELDS; i++)
         if (fields[i])
             *targets[i] = (int)fields[i];
+    if (rope_base > 0)
+        s->rope_base = (float)rope_base;
     if (moe[0] || moe[1]) { /* experts default to 8, top-2 (Mixtral's) */
         s->n_expert = moe[0] ? (int)moe[0] : 8;
         s->n_expert_used = moe[1] ? (int)moe[1] : 2;
@@ -253,10 +318,11 @@ int kvr_cmd_synth(int argc, char **argv)
         remove(tmp);
         goto free_tmp;
     }
-    printf("synth: wrote %s: shape %s, %s, %d layers, vocab %d, %" PRIu64 " tensors, %" PRIu64
+    printf("synth: wrote %s: %s, shape %s, %s, %d layers, vocab %d, %" PRIu64 " tensors, %" PRIu64
            " params, %" PRIu64 " bytes in %.1f s\n",
-           out, s->name, kvr_dtype_traits(opts.type)->name, s->n_layers, stats.vocab_size,
-           stats.n_tensors, stats.n_params, stats.file_bytes, now_s() - prog.t0);
+           out, opts.arch ? opts.arch->name : "llama", s->name, kvr_dtype_traits(opts.type)->name,
+           s->n_layers, stats.vocab_size, stats.n_tensors, stats.n_params, stats.file_bytes,
+           now_s() - prog.t0);
     rc = 0;
 free_tmp:
     kvr_free(tmp);

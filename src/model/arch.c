@@ -26,10 +26,12 @@ static const struct kvr_arch archs[] = {
      .act = KVR_ACT_SILU, .rope = KVR_ROPE_NEOX},
     {.name = "gemma2",
      .has = PRE_NORMS | POST_NORMS | QKV_SPLIT | B(ATTN_OUT) | GATED_FFN,
-     .act = KVR_ACT_GELU_TANH, .rope = KVR_ROPE_NEOX, .embd_scale = true, .swa_period = 2},
+     .act = KVR_ACT_GELU_TANH, .rope = KVR_ROPE_NEOX, .embd_scale = true, .sliding = true,
+     .swa_period = 2},
     {.name = "gemma3",
      .has = PRE_NORMS | POST_NORMS | QKV_SPLIT | QK_NORM | B(ATTN_OUT) | GATED_FFN,
-     .act = KVR_ACT_GELU_TANH, .rope = KVR_ROPE_NEOX, .embd_scale = true, .swa_period = 6,
+     .act = KVR_ACT_GELU_TANH, .rope = KVR_ROPE_NEOX, .embd_scale = true, .sliding = true,
+     .swa_period = 6,
      .swa_rope_base = 10000.0f, .big_scale_layers = 62},
     {.name = "phi3", .has = PRE_NORMS | B(ATTN_QKV) | B(ATTN_OUT) | B(FFN_UP) | B(FFN_DOWN),
      .fused_gate_up = true, .act = KVR_ACT_SILU, .rope = KVR_ROPE_NEOX},
@@ -84,20 +86,42 @@ void kvr_lt_shape(const struct kvr_hparams *hp, enum kvr_lt t, int64_t *ne0, int
     int64_t d = hp->n_embd, q = hp->q_dim, kv = hp->kv_dim, ff = hp->n_ff;
     *ne1 = 0;
     switch (t) {
-    case KVR_LT_ATTN_Q: *ne0 = d; *ne1 = q; break;
+    case KVR_LT_ATTN_Q:
+        *ne0 = d, *ne1 = q;
+        break;
     case KVR_LT_ATTN_K:
-    case KVR_LT_ATTN_V: *ne0 = d; *ne1 = kv; break;
-    case KVR_LT_ATTN_QKV: *ne0 = d; *ne1 = q + 2 * kv; break;
-    case KVR_LT_ATTN_Q_BIAS: *ne0 = q; break;
+    case KVR_LT_ATTN_V:
+        *ne0 = d, *ne1 = kv;
+        break;
+    case KVR_LT_ATTN_QKV:
+        *ne0 = d, *ne1 = q + 2 * kv;
+        break;
+    case KVR_LT_ATTN_Q_BIAS:
+        *ne0 = q;
+        break;
     case KVR_LT_ATTN_K_BIAS:
-    case KVR_LT_ATTN_V_BIAS: *ne0 = kv; break;
+    case KVR_LT_ATTN_V_BIAS:
+        *ne0 = kv;
+        break;
     case KVR_LT_ATTN_Q_NORM:
-    case KVR_LT_ATTN_K_NORM: *ne0 = hp->head_dim; break;
-    case KVR_LT_ATTN_OUT: *ne0 = q; *ne1 = d; break;
-    case KVR_LT_FFN_GATE: *ne0 = d; *ne1 = ff; break;
-    case KVR_LT_FFN_UP: *ne0 = d; *ne1 = hp->arch->fused_gate_up ? 2 * ff : ff; break;
-    case KVR_LT_FFN_DOWN: *ne0 = ff; *ne1 = d; break;
-    default: *ne0 = d; break; /* the norms of the residual width */
+    case KVR_LT_ATTN_K_NORM:
+        *ne0 = hp->head_dim;
+        break;
+    case KVR_LT_ATTN_OUT:
+        *ne0 = q, *ne1 = d;
+        break;
+    case KVR_LT_FFN_GATE:
+        *ne0 = d, *ne1 = ff;
+        break;
+    case KVR_LT_FFN_UP:
+        *ne0 = d, *ne1 = hp->arch->fused_gate_up ? 2 * ff : ff;
+        break;
+    case KVR_LT_FFN_DOWN:
+        *ne0 = ff, *ne1 = d;
+        break;
+    default: /* the norms of the residual width */
+        *ne0 = d;
+        break;
     }
 }
 
@@ -209,7 +233,6 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
         (rc = get_f32(g, a, "attention.layer_norm_rms_epsilon", &hp->norm_eps, err)) ||
         (rc = get_f32(g, a, "attn_logit_softcapping", &hp->attn_softcap, err)) ||
         (rc = get_f32(g, a, "final_logit_softcapping", &hp->final_softcap, err)) ||
-        (rc = get_u32(g, a, "attention.sliding_window", false, &hp->n_swa, err)) ||
         (rc = read_rope_scaling(hp, g, err)))
         return rc;
 
@@ -242,6 +265,9 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
         !(hp->attn_softcap >= 0.0f) || !(hp->final_softcap >= 0.0f))
         return kvr_err_set(err, KVR_EFORMAT, "model: bad rope base, norm epsilon or soft-cap");
 
+    if (a->sliding &&
+        (rc = get_u32(g, a, "attention.sliding_window", false, &hp->n_swa, err)))
+        return rc;
     hp->swa_period = a->swa_period;
     hp->rope_base_swa = a->swa_rope_base > 0.0f ? a->swa_rope_base : hp->rope_freq_base;
     if ((rc = get_u32(g, a, "attention.sliding_window_pattern", false, &hp->swa_period,

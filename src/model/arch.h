@@ -83,6 +83,8 @@ struct kvr_arch {
     enum kvr_act act;
     enum kvr_rope_style rope;
     bool embd_scale;        /* embeddings are multiplied by sqrt(n_embd) */
+    bool sliding;           /* reads attention.sliding_window (others ignore the key, as
+                               llama.cpp does for llama and qwen2 files that carry it) */
     uint32_t swa_period;    /* with a sliding window: layer il slides unless (il + 1) %
                                period == 0 (0: every layer slides) */
     float swa_rope_base;    /* RoPE base of sliding layers when the file names none (0:

@@ -107,14 +107,16 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
 {
     const struct kvr_arch *a = hp->arch;
     struct kvr_matrix qkv = {0}, up = {0};
+    /* Where each of the table's tensors goes: matrices and vectors (norms, biases). */
     struct kvr_matrix *mats[KVR_LT_COUNT] = {
-        [KVR_LT_ATTN_Q] = &l->wq,       [KVR_LT_ATTN_K] = &l->wk,     [KVR_LT_ATTN_V] = &l->wv,
-        [KVR_LT_ATTN_QKV] = &qkv,       [KVR_LT_ATTN_OUT] = &l->wo,   [KVR_LT_FFN_GATE] = &l->w_gate,
-        [KVR_LT_FFN_UP] = &up,          [KVR_LT_FFN_DOWN] = &l->w_down};
+        [KVR_LT_ATTN_Q] = &l->wq,         [KVR_LT_ATTN_K] = &l->wk,
+        [KVR_LT_ATTN_V] = &l->wv,         [KVR_LT_ATTN_QKV] = &qkv,
+        [KVR_LT_ATTN_OUT] = &l->wo,       [KVR_LT_FFN_GATE] = &l->w_gate,
+        [KVR_LT_FFN_UP] = &up,            [KVR_LT_FFN_DOWN] = &l->w_down};
     const float **vecs[KVR_LT_COUNT] = {
-        [KVR_LT_ATTN_NORM] = &l->attn_norm,   [KVR_LT_ATTN_Q_BIAS] = &l->bq,
-        [KVR_LT_ATTN_K_BIAS] = &l->bk,        [KVR_LT_ATTN_V_BIAS] = &l->bv,
-        [KVR_LT_ATTN_Q_NORM] = &l->q_norm,    [KVR_LT_ATTN_K_NORM] = &l->k_norm,
+        [KVR_LT_ATTN_NORM] = &l->attn_norm,           [KVR_LT_ATTN_Q_BIAS] = &l->bq,
+        [KVR_LT_ATTN_K_BIAS] = &l->bk,                [KVR_LT_ATTN_V_BIAS] = &l->bv,
+        [KVR_LT_ATTN_Q_NORM] = &l->q_norm,            [KVR_LT_ATTN_K_NORM] = &l->k_norm,
         [KVR_LT_ATTN_POST_NORM] = &l->attn_post_norm, [KVR_LT_FFN_NORM] = &l->ffn_norm,
         [KVR_LT_FFN_POST_NORM] = &l->ffn_post_norm};
     char name[96];

@@ -336,9 +336,16 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
     uint64_t seed = o->seed;
     int64_t n = 0, dim = hp.n_embd;
     float s_res = 1.0f / sqrtf(2.0f * (float)hp.n_layer); /* for the residual branches */
+    if (is_tied(o) && !a->embd_scale) /* the stream starts 1/sqrt(dim) smaller: keep the
+                                         branches in proportion */
+        s_res /= sqrtf((float)dim);
     float logit = o->logit_scale > 0.0f ? o->logit_scale : 1.0f;
     char name[48];
-    add_spec(&out[n], "token_embd.weight", dim, vocab, type, is_tied(o) ? logit : 1.0f, seed);
+    /* Tied embeddings are also the output head, so they are drawn at its scale
+     * 1/sqrt(dim) (as in real checkpoints; at 1 the input token's own logit would be about
+     * dim). Gemma's, scaled by sqrt(dim) in the model, are then O(1) like a block's output. */
+    add_spec(&out[n], "token_embd.weight", dim, vocab, type,
+             is_tied(o) ? 1.0f / sqrtf((float)dim) : 1.0f, seed);
     if (hp.moe.n_expert) {
         out[n].role = ROLE_LEVELS;
         out[n].reserved = hp.moe.n_expert;
@@ -361,6 +368,10 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
             if (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_DOWN)
                 std *= s_res;
             add_spec(&out[n], name, ne0, ne1, type, std, seed);
+            if (t == KVR_LT_ATTN_POST_NORM || t == KVR_LT_FFN_POST_NORM) {
+                out[n].lo = 0.2f;
+                out[n].hi = 0.3f;
+            }
             if (t == KVR_LT_ATTN_Q_BIAS || t == KVR_LT_ATTN_K_BIAS || t == KVR_LT_ATTN_V_BIAS) {
                 out[n].hi = 0.3f * 1.7320508f;
                 out[n].lo = -out[n].hi;
@@ -374,9 +385,11 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
         if (hp.moe.n_expert)
             n += add_moe_specs(out + n, &hp, l, type, seed, s_res);
     }
-    add_spec(&out[n++], "output_norm.weight", dim, 0, type, 0, seed);
+    add_spec(&out[n], "output_norm.weight", dim, 0, type, 0, seed);
+    out[n].lo *= logit; /* scales every logit, tied or not */
+    out[n++].hi *= logit;
     if (!is_tied(o))
-        add_spec(&out[n++], "output.weight", dim, vocab, type, logit / sqrtf((float)dim), seed);
+        add_spec(&out[n++], "output.weight", dim, vocab, type, 1.0f / sqrtf((float)dim), seed);
     return n;
 }
 
@@ -736,6 +749,13 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
                            s->ff, s->expert_ff);
     if (opts->n_threads < 1)
         return kvr_err_set(err, KVR_EINVAL, "n_threads must be >= 1");
+    if (s->n_swa && !arch_of(opts)->sliding)
+        return kvr_err_set(err, KVR_EINVAL, "architecture %s has no sliding window",
+                           arch_of(opts)->name);
+    if ((opts->rope_freqs || (opts->rope_scale > 0.0f && opts->rope_scale != 1.0f)) &&
+        strcmp(arch_of(opts)->name, "llama"))
+        return kvr_err_set(err, KVR_EINVAL, "rope_freqs and rope scaling are written for "
+                           "llama only");
 
     struct kvr_gguf_writer *w = kvr_gguf_writer_create();
     struct tspec *specs = kvr_malloc(max_tensors(s) * sizeof *specs);

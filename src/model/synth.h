@@ -12,11 +12,17 @@
  * float values for tests. Matrices are uniform with standard deviation 1/sqrt(n_in)
  * (attn_output and ffn_down additionally divided by sqrt(2 * n_layers), so the residual
  * stream stays O(1) through deep stacks); token embeddings have standard deviation 1; norm
- * weights (also q/k and post-norms) are uniform in [0.9, 1.1]; biases have standard
- * deviation 0.3. The output head's standard deviation is further multiplied by
- * logit_scale (the embedding's when the output is tied): random networks have nearly equal
- * top logits, and a larger scale separates them so comparisons with another engine are not
- * decided by rounding.
+ * weights (also q/k norms) are uniform in [0.9, 1.1], post-norms (gemma) in [0.2, 0.3]
+ * so that a block adds to the residual about what a llama block of these models adds
+ * (with unit post-norms, llama.cpp and Kvasir drift apart 4x more per layer); biases have
+ * standard
+ * deviation 0.3; tied embeddings (always gemma's) are drawn with the output head's
+ * 1/sqrt(dim), and, unless the model scales them back up (gemma), the residual branches
+ * are drawn 1/sqrt(dim) smaller with them, so the stream keeps the proportions of an
+ * untied model. The final norm's weights are multiplied by logit_scale, which scales
+ * every logit (tied output or not): random networks have nearly equal top logits, and a
+ * larger scale separates them so comparisons with another engine are not decided by
+ * rounding.
  *
  * Architectures: the layer tensors are the table's `has` minus its `optional` ones;
  * gemma2/gemma3 always tie the output to the embedding (as their real files do), others

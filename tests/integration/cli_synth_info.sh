@@ -38,6 +38,32 @@ grep -q "^total: 39 tensors" "$dir/info" || fail "info: total"
 grep -Eq 'llama\.embedding_length +uint32 +128$' "$dir/info" || fail "custom: dim"
 grep -Eq 'token_embd\.weight +f16 +128 x 300 ' "$dir/info" || fail "custom: token_embd"
 
+"$KVASIR" info "$dir/a.gguf" >"$dir/info"
+grep -q "^by type: f32 [0-9]* bytes (9 tensors); q4_0 [0-9]* bytes (30 tensors);" "$dir/info" ||
+    fail "info: by type: $(grep '^by type' "$dir/info")"
+grep -q "^architecture: llama, 4 layers, dim 64, ff 192, heads 4/2 of 16, vocab 512" "$dir/info" ||
+    fail "info: architecture: $(grep '^architecture' "$dir/info")"
+
+# Every architecture: its keys, its tensors, and info's reading of it.
+"$KVASIR" synth --arch phi3 --shape tiny --type f16 -o "$dir/phi3.gguf" >"$dir/summary"
+grep -q "phi3, shape tiny" "$dir/summary" || fail "phi3 summary: $(cat "$dir/summary")"
+"$KVASIR" info "$dir/phi3.gguf" >"$dir/info"
+grep -Eq 'phi3\.block_count +uint32 +4$' "$dir/info" || fail "phi3: block_count"
+grep -Eq 'blk\.0\.attn_qkv\.weight +f16 +64 x 128 ' "$dir/info" || fail "phi3: fused qkv"
+grep -Eq 'blk\.0\.ffn_up\.weight +f16 +64 x 384 ' "$dir/info" || fail "phi3: fused gate/up"
+! grep -q 'ffn_gate' "$dir/info" || fail "phi3 has no ffn_gate"
+"$KVASIR" synth --arch gemma3 --shape tiny --head-dim 32 --swa 8 --type f32 -o "$dir/g3.gguf" \
+    >/dev/null
+"$KVASIR" info "$dir/g3.gguf" >"$dir/info"
+grep -Eq 'gemma3\.attention\.key_length +uint32 +32$' "$dir/info" || fail "gemma3: key_length"
+grep -Eq 'blk\.1\.post_ffw_norm\.weight +f32 +64 ' "$dir/info" || fail "gemma3: post-norm"
+! grep -q '^  output\.weight' "$dir/info" || fail "gemma3 ties its output"
+grep -q "^architecture: gemma3, .*4/2 of 32, .*GeGLU, sliding window 8 (period 6), output tie" \
+    "$dir/info" || fail "gemma3: $(grep '^architecture' "$dir/info")"
+expect 2 "unknown --arch mamba (supported: llama, qwen2" "$KVASIR" synth --arch mamba --shape tiny \
+    -o "$dir/x.gguf"
+expect 1 "llama has no sliding window" "$KVASIR" synth --shape tiny --swa 4 -o "$dir/x.gguf"
+
 head -c 1000 "$dir/a.gguf" >"$dir/cut.gguf"
 expect 1 "cut.gguf: " "$KVASIR" info "$dir/cut.gguf"
 expect 1 "cannot open" "$KVASIR" info "$dir/missing.gguf"

@@ -15,7 +15,9 @@
 #include "model/dtype.h"
 #include "model/engine.h"
 #include "model/gguf.h"
+#include "model/gguf_write.h"
 #include "model/kv.h"
+#include "model/synth.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -314,6 +316,64 @@ static void test_kv_blocks(void **state)
     kvr_kv_fini(&kv);
 }
 
+/* Every architecture of the table (its biases, q/k norms, post-norms, fused tensors,
+ * sliding window of 8 over prompts of up to 19 tokens, GeGLU, experts), in Q8_0 through the SIMD
+ * kernels: a sequence's logits are the same bits alone, batched, chunked, on 1 or 2
+ * threads. */
+static void test_invariance_archs(void **state)
+{
+    (void)state;
+    for (int i = 0; kvr_arch_at(i); i++) {
+        const struct kvr_arch *a = kvr_arch_at(i);
+        struct kvr_synth_opts o = {.arch = a, .type = KVR_DTYPE_Q8_0, .seed = 11,
+                                   .n_threads = 1, .logit_scale = 4};
+        assert_int_equal(kvr_synth_shape_by_name("tiny", &o.shape), 0);
+        o.shape.n_layers = a->swa_period > 4 ? (int)a->swa_period : 3;
+        o.shape.n_swa = a->sliding ? 8 : 0;
+        if (!strcmp(a->name, "qwen3"))
+            o.shape.head_dim = 32;
+        if (a->moe_always) {
+            o.shape.n_expert = 4;
+            o.shape.n_expert_used = 2;
+        }
+        char path[256];
+        snprintf(path, sizeof path, "/tmp/kvr_test_engine_%d_%s.gguf", (int)getpid(), a->name);
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        struct kvr_err err = {0};
+        if (kvr_synth_write(&o, f, NULL, &err))
+            fail_msg("synth %s: %s", a->name, err.msg);
+        assert_int_equal(fclose(f), 0);
+        check_invariance(path);
+        print_message("%s: invariant alone/batched/chunked, 1/2 threads\n", a->name);
+        remove(path);
+    }
+}
+
+/* An architecture not in the table is refused with the list of those that are. */
+static void test_unknown_arch(void **state)
+{
+    (void)state;
+    struct kvr_gguf_writer *w = kvr_gguf_writer_create();
+    assert_non_null(w);
+    kvr_gguf_writer_add_str(w, "general.architecture", "mamba");
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/kvr_test_engine_%d_mamba.gguf", (int)getpid());
+    FILE *f = fopen(path, "wb");
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_gguf_writer_write(w, f, &err), 0);
+    fclose(f);
+    kvr_gguf_writer_destroy(w);
+    struct kvr_gguf *g = NULL;
+    assert_int_equal(kvr_gguf_open(&g, path, &err), 0);
+    struct kvr_hparams hp;
+    assert_int_equal(kvr_hparams_read(&hp, g, &err), KVR_ENOTSUP);
+    assert_non_null(strstr(err.msg, "'mamba'"));
+    assert_non_null(strstr(err.msg, kvr_arch_list()));
+    kvr_gguf_close(g);
+    remove(path);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -323,6 +383,8 @@ int main(void)
         cmocka_unit_test(test_split_matches_whole),
         cmocka_unit_test(test_invariance_stories260k),
         cmocka_unit_test(test_invariance_synth),
+        cmocka_unit_test(test_invariance_archs),
+        cmocka_unit_test(test_unknown_arch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -9,6 +9,7 @@
 
 #include "testutil.h"
 
+#include "model/arch.h"
 #include "model/dtype.h"
 #include "model/gguf.h"
 #include "model/synth.h"
@@ -396,12 +397,77 @@ static void test_bad_options(void **state)
     assert_int_equal(kvr_synth_check_shape(&sh, NULL), 0);
 }
 
+/* Every architecture: the table's tensors (minus its optional ones) with the shapes of its
+ * hyperparameters, each row exactly its regeneration (F32), and a file the engine's
+ * hyperparameter reader accepts as that architecture; gemma and --tied have no output. */
+static void test_archs(void **state)
+{
+    (void)state;
+    for (int i = 0; kvr_arch_at(i); i++) {
+        const struct kvr_arch *a = kvr_arch_at(i);
+        struct kvr_synth_opts o = tiny_opts(KVR_DTYPE_F32, 3, 2);
+        o.arch = a;
+        o.shape.n_layers = 2;
+        o.shape.head_dim = 32; /* q width 128, twice the model's */
+        o.shape.n_swa = a->sliding ? 8 : 0;
+        o.tied = !strcmp(a->name, "qwen2");
+        o.rope_freqs = !strcmp(a->name, "llama");
+        if (a->moe_always) /* the expert tensors are test_moe's; here the rest */
+            continue;
+        struct kvr_synth_stats st;
+        const char *path = write_model("arch.gguf", &o, &st);
+        struct kvr_gguf *g = NULL;
+        struct kvr_err err = {0};
+        assert_int_equal(kvr_gguf_open(&g, path, &err), 0);
+        struct kvr_hparams hp;
+        if (kvr_hparams_read(&hp, g, &err))
+            fail_msg("%s: %s", a->name, err.msg);
+        assert_ptr_equal(hp.arch, a);
+        assert_int_equal(hp.head_dim, 32);
+        assert_int_equal(hp.q_dim, 128);
+        assert_int_equal(hp.n_swa, a->sliding ? 8 : 0);
+        assert_true(!hp.rope_freqs == !o.rope_freqs);
+        int per_layer = 0;
+        for (int t = 0; t < KVR_LT_COUNT; t++)
+            per_layer += (a->has & ~a->optional) >> t & 1;
+        bool tied = o.tied || a->embd_scale;
+        assert_int_equal(kvr_gguf_n_tensors(g), 2 * per_layer + 2 + !tied + o.rope_freqs);
+        assert_int_equal((int)st.n_tensors, (int)kvr_gguf_n_tensors(g));
+        assert_true(!kvr_gguf_find_tensor(g, "output.weight") == tied);
+        float *row = malloc(512 * sizeof *row);
+        for (int64_t k = 0; k < kvr_gguf_n_tensors(g); k++) {
+            const struct kvr_gguf_tensor *t = kvr_gguf_tensor(g, k);
+            if (!strncmp(t->name, "blk.", 4)) {
+                int64_t ne0, ne1;
+                const char *suffix = strchr(t->name + 4, '.') + 1;
+                int lt = 0;
+                while (lt < KVR_LT_COUNT && strcmp(kvr_lt_name((enum kvr_lt)lt), suffix))
+                    lt++;
+                assert_true(lt < KVR_LT_COUNT && (a->has >> lt & 1));
+                kvr_lt_shape(&hp, (enum kvr_lt)lt, &ne0, &ne1);
+                assert_int_equal(t->ne[0], ne0);
+                assert_int_equal(t->ne[1], ne1 ? ne1 : 1);
+            }
+            for (int64_t r = 0; r < t->ne[1]; r++) {
+                assert_int_equal(kvr_synth_row(&o, t->name, r, row), 0);
+                if (memcmp(row, (const float *)t->data + r * t->ne[0],
+                           (size_t)t->ne[0] * sizeof(float)))
+                    fail_msg("%s: %s row %lld differs", a->name, t->name, (long long)r);
+            }
+        }
+        free(row);
+        kvr_gguf_close(g);
+        remove(path);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_q8_0),     cmocka_unit_test(test_tiny_q4_0),
         cmocka_unit_test(test_deterministic), cmocka_unit_test(test_builtin_vocab),
         cmocka_unit_test(test_vocab_file),    cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_archs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

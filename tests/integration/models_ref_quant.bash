@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Quantised models against llama.cpp (issue 16, acceptance 2): each architecture's model
+# (2 layers, dim 256 so every matrix row fits the K-quants' 256-element blocks) is written
+# in F16 and quantised by llama-quantize to every preset of QUANT_PRESETS, then run
+# teacher-forced on llama.cpp's own greedy ids (`kvasir run --force-ids`): the argmax equals
+# llama.cpp's at >= 98% of the steps where llama.cpp's top-2 margin is >= 0.05, and the
+# first 4 steps' logits are within 0.05 max-abs. Quantised arithmetic differs between
+# implementations by a few thousandths, so the rule is on near-ties excluded, not exact ids.
+#
+# Run by hand (not yet a CTest test, which runs *.sh only):
+#   KVASIR=build/kvasir bash tests/integration/models_ref_quant.bash
+# It does not pass yet, so it is not in CI: on 2026-12-01 the argmax rule held at 100% of the
+# counted steps for every model and preset, but the first 4 steps' logits differed from
+# llama.cpp's by 0.034-0.050 (Q8_0; qwen2 0.085), 0.046-0.068 (Q6_K; qwen2 0.106) and
+# 0.044-0.068 (Q4_K_M; qwen2 0.102) max-abs, against the rule's 0.05. The F32 models agree
+# with the same llama.cpp to 2-6e-4 relative (models_ref.sh); quantising activations turns
+# that into whole rounding steps wherever a value sits near a boundary, so the two engines'
+# quantisation noise is largely independent. Rename it to .sh when it passes.
+set -euo pipefail
+source "$(dirname "$0")/lib.bash"
+source "$(dirname "$0")/models_ref_lib.bash"
+need_peer
+
+# The presets whose every tensor type the engine reads (a preset writes a mix of types).
+QUANT_PRESETS=(Q8_0 Q6_K Q4_K_M)
+STEPS=64
+LOGIT_SCALE=${LOGIT_SCALE:-1}
+
+n=0
+bad=0
+for spec in "${ARCH_MODELS[@]}"; do
+    name=${spec%%|*}
+    synth_arch_model "$spec" f16 256 512 "$TMP/$name-f16.gguf" "$LOGIT_SCALE"
+    for preset in "${QUANT_PRESETS[@]}"; do
+        model=$TMP/$name-$preset.gguf
+        llama_quantize "$TMP/$name-f16.gguf" "$model" "$preset" 2 >"$TMP/quantize.log" 2>&1 ||
+            { tail -5 "$TMP/quantize.log"; fail "$name: llama-quantize $preset"; }
+        p=${PROMPTS[$((n++ % ${#PROMPTS[@]}))]}
+        ref=$TMP/$name-$preset.ref.json
+        refgen "$model" "$p" "$STEPS" >"$ref" || fail "$name $preset: refgen"
+        refgen "$model" "$p" 4 1 >"$ref.logits" || fail "$name $preset: refgen logits"
+        timeout 60 "$KVASIR" run -m "$model" --force-ids "$ref" --json --logits 4 -t 2 \
+            >"$TMP/forced.jsonl" 2>"$TMP/run.log" ||
+            { cat "$TMP/run.log"; fail "$name $preset: run"; }
+        res=$(compare_forced quant "$ref" "$ref.logits" "$TMP/forced.jsonl" 0.05 98 0.05) ||
+            { echo "FAIL: $name $preset: $res"; bad=1; continue; }
+        echo "ok: $name $preset: $res"
+        rm -f "$model"
+    done
+    rm -f "$TMP/$name-f16.gguf"
+done
+[ "$bad" = 0 ] || fail "some presets break the rule (above)"
+echo "PASS"
