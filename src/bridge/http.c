@@ -571,6 +571,8 @@ static void to_sample_params(const struct kvr_openai_sampling *in, struct kvr_sa
     out->repeat_penalty = in->repetition_penalty;
     out->frequency_penalty = in->frequency_penalty;
     out->presence_penalty = in->presence_penalty;
+    out->n_bias = in->n_bias;
+    memcpy(out->bias, in->bias, in->n_bias * sizeof *in->bias);
     /* OpenAI's penalties look at the whole completion; the sampler's window is the
      * closest it gets. */
     out->repeat_last_n = -1;

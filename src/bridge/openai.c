@@ -328,6 +328,45 @@ static int parse_sampling(struct kvr_openai_req *r, struct kvr_openai_error *e)
     return KVR_OK;
 }
 
+/* "logit_bias": {"<token id>": bias, ...}, ids as decimal strings below n_vocab, biases in
+ * [-100, 100], at most KVR_SAMPLER_MAX_BIAS of them. */
+static int parse_logit_bias(struct kvr_openai_req *r, const struct kvr_openai_limits *lim,
+                            struct kvr_openai_error *e)
+{
+    json_t *v = field(r->root, "logit_bias");
+    if (!v)
+        return KVR_OK;
+    if (!json_is_object(v))
+        return want_type(e, "logit_bias", v, "an object mapping token ids to biases");
+    if (json_object_size(v) > KVR_SAMPLER_MAX_BIAS)
+        return bad_request(e, "logit_bias", "invalid_value",
+                           "'logit_bias' has %zu entries; at most %d are supported",
+                           json_object_size(v), KVR_SAMPLER_MAX_BIAS);
+    struct kvr_openai_sampling *s = &r->sampling;
+    const char *key;
+    json_t *b;
+    json_object_foreach(v, key, b)
+    {
+        char *end;
+        errno = 0;
+        long long id = strtoll(key, &end, 10);
+        if (!*key || *end || errno || id < 0 || (lim && id >= (long long)lim->n_vocab))
+            return bad_request(e, "logit_bias", "invalid_value",
+                               "'logit_bias' key '%.40s' is not a token id of this model "
+                               "(0 .. %u)",
+                               key, lim ? lim->n_vocab - 1 : 0);
+        if (!json_is_number(b) || !(json_number_value(b) >= -100 && json_number_value(b) <= 100))
+            return bad_request(e, "logit_bias", "invalid_value",
+                               "'logit_bias' of token %lld must be a number in [-100, 100]", id);
+        for (uint32_t i = 0; i < s->n_bias; i++)
+            if (s->bias[i].id == id)
+                return bad_request(e, "logit_bias", "invalid_value",
+                                   "'logit_bias' names token %lld twice", id);
+        s->bias[s->n_bias++] = (struct kvr_logit_bias){(int32_t)id, (float)json_number_value(b)};
+    }
+    return KVR_OK;
+}
+
 static int parse_stop(struct kvr_openai_req *r, struct kvr_openai_error *e)
 {
     json_t *v = field(r->root, "stop");
@@ -423,9 +462,6 @@ static int refuse_unsupported(const struct kvr_openai_req *r, struct kvr_openai_
         return bad_request(e, "echo", "unsupported_parameter", "'echo' is not supported");
     if ((v = field(o, "suffix")) && !(json_is_string(v) && json_string_length(v) == 0))
         return bad_request(e, "suffix", "unsupported_parameter", "'suffix' is not supported");
-    if ((v = field(o, "logit_bias")) && !(json_is_object(v) && json_object_size(v) == 0))
-        return bad_request(e, "logit_bias", "unsupported_parameter",
-                           "'logit_bias' is not supported");
     if ((v = field(o, "tools")) && !(json_is_array(v) && json_array_size(v) == 0))
         return bad_request(e, "tools", "unsupported_parameter", "'tools' are not supported");
     if ((v = field(o, "functions")) && !(json_is_array(v) && json_array_size(v) == 0))
@@ -670,7 +706,8 @@ static int parse_fields(struct kvr_openai_req *r, const struct kvr_openai_limits
     r->has_max_tokens = v != NULL;
     r->max_tokens = v ? (uint32_t)json_integer_value(v) : 0;
 
-    if ((rc = parse_sampling(r, e)) || (rc = parse_stop(r, e)) || (rc = parse_logprobs(r, e)) ||
+    if ((rc = parse_sampling(r, e)) || (rc = parse_logit_bias(r, lim, e)) ||
+        (rc = parse_stop(r, e)) || (rc = parse_logprobs(r, e)) ||
         (rc = parse_budget(r, e)) || (rc = refuse_unsupported(r, e)))
         return rc;
 

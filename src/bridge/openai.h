@@ -20,6 +20,7 @@
 
 #include "bridge/chat.h"
 #include "bridge/sbuf.h"
+#include "model/sampler.h"
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -75,6 +76,8 @@ struct kvr_openai_sampling {
     float presence_penalty;   /* [-2, 2]; default 0 */
     bool has_seed;            /* false: the server picks a seed */
     uint64_t seed;            /* any JSON integer, negative ones taken modulo 2^64 */
+    uint32_t n_bias;          /* "logit_bias": token id -> [-100, 100], distinct ids */
+    struct kvr_logit_bias bias[KVR_SAMPLER_MAX_BIAS];
 };
 
 /* The limits a request is checked against. */
@@ -124,7 +127,7 @@ struct kvr_openai_req {
 /* Parse `len` bytes of `body`. Checks, in order: UTF-8, JSON syntax, that the root is an
  * object, then every known field's type and range. Unknown fields are ignored (clients
  * send many); fields asking for features Kvasir lacks (n > 1, echo, best_of > 1, suffix,
- * logit_bias, tools, response_format other than text, top-n logprobs) are refused rather
+ * tools, response_format other than text, top-n logprobs) are refused rather
  * than silently ignored. On failure returns KVR_EINVAL with `e` filled (status 400) and
  * leaves `r` empty (fini is still safe); KVR_ENOMEM when out of memory (status 500). */
 int kvr_openai_parse(struct kvr_openai_req *r, enum kvr_openai_api api, const char *body,

@@ -54,6 +54,8 @@ struct seq {
     uint32_t n_named;                 /* table entries published (or found) so far */
     uint64_t last_name;               /* name of entry n_named - 1 (the seed before any) */
     bool opened;                      /* OPEN has been sent */
+    uint32_t bias_sent;               /* logit-bias pairs sent since the OPEN (BIAS records);
+                                         the last prefill chunk waits for all of them */
     bool decoding;                    /* its first token has come back */
     bool cancelled;
     /* Recovery (recover()): the prefill is the prompt and then the n_replay tokens it had
@@ -485,6 +487,30 @@ static uint32_t replay_window(const struct seq *q)
     return q->n_replay < KVR_SAMPLER_MAX_LAST_N ? q->n_replay : KVR_SAMPLER_MAX_LAST_N;
 }
 
+static bool bias_pending(const struct seq *q)
+{
+    return q->bias_sent < q->r->req.sampling.n_bias;
+}
+
+/* Append the BIAS records of a sequence just opened that fit in this batch, with the same
+ * room kept as for REPLAY records. */
+static void emit_bias(struct kvr_sched *s, struct batch *bt, struct seq *q, uint32_t slot)
+{
+    const struct kvr_sample_params *p = &q->r->req.sampling;
+    while (bias_pending(q) && bt->n_ctrl + s->plan->max_seqs < s->cfg.max_ctrl) {
+        struct kvr_wire_ctrl *c = &bt->ctrl[bt->n_ctrl++];
+        *c = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_BIAS, .seq = slot};
+        uint32_t k = p->n_bias - q->bias_sent;
+        k = k < KVR_WIRE_BIAS_PAIRS ? k : KVR_WIRE_BIAS_PAIRS;
+        for (uint32_t i = 0; i < k; i++) {
+            c->bias.ids[i] = p->bias[q->bias_sent + i].id;
+            c->bias.bias[i] = p->bias[q->bias_sent + i].bias;
+        }
+        c->bias.n = k;
+        q->bias_sent += k;
+    }
+}
+
 /* Append the REPLAY records of a re-opened sequence that fit in this batch, keeping room
  * for the OPEN records other sequences may still need. The first record carries the
  * draws: every sampled (non-greedy) token drew exactly one number (sampler.h). */
@@ -594,14 +620,16 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
             open_record(&bt->ctrl[bt->n_ctrl++], (uint32_t)best, rq);
             emit_map(s, bt, q, (uint32_t)best);
             q->opened = true;
+            q->bias_sent = 0;
         }
+        emit_bias(s, bt, q, (uint32_t)best);
         emit_replay(s, bt, q, (uint32_t)best);
         uint32_t left = rq->n_prompt + q->n_replay - q->n_prefilled;
         uint32_t room = p->row_width - bt->n_rows;
         uint32_t n = prefill_fit(s, (struct kvr_cost_shape){bt->n_rows, bt->pairs},
                                  q->n_prefilled, left < room ? left : room, limit_ms);
         full = n < left; /* the batch is as heavy as it may be */
-        if (q->replay_pending && n == left)
+        if ((q->replay_pending || bias_pending(q)) && n == left)
             n--; /* the tail must have its sampler back before the last chunk */
         if (n == 0)
             break; /* out of room for REPLAY records: the next batch goes on */

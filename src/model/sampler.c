@@ -14,6 +14,7 @@
 
 void kvr_sample_params_default(struct kvr_sample_params *p)
 {
+    memset(p, 0, sizeof *p);
     p->temperature = 0.8f;
     p->top_k = 40;
     p->top_p = 0.95f;
@@ -44,6 +45,35 @@ int kvr_sample_params_check(const struct kvr_sample_params *p, struct kvr_err *e
     if (p->repeat_last_n < -1 || p->repeat_last_n > KVR_SAMPLER_MAX_LAST_N)
         return kvr_err_set(err, KVR_EINVAL, "sampler: repeat_last_n %d outside -1..%d",
                            (int)p->repeat_last_n, KVR_SAMPLER_MAX_LAST_N);
+    if (p->n_bias > KVR_SAMPLER_MAX_BIAS)
+        return kvr_err_set(err, KVR_EINVAL, "sampler: %u logit biases, at most %d",
+                           (unsigned)p->n_bias, KVR_SAMPLER_MAX_BIAS);
+    for (uint32_t i = 0; i < p->n_bias; i++) {
+        if (p->bias[i].id < 0 || !(p->bias[i].bias >= -100.0f && p->bias[i].bias <= 100.0f))
+            return kvr_err_set(err, KVR_EINVAL, "sampler: logit bias %u (token %d, %g) needs an "
+                               "id >= 0 and a bias in [-100, 100]",
+                               (unsigned)i, (int)p->bias[i].id, (double)p->bias[i].bias);
+        for (uint32_t k = 0; k < i; k++)
+            if (p->bias[k].id == p->bias[i].id)
+                return kvr_err_set(err, KVR_EINVAL, "sampler: token %d is biased twice",
+                                   (int)p->bias[i].id);
+    }
+    return 0;
+}
+
+int kvr_sampler_add_bias(struct kvr_sampler *s, int32_t id, float bias)
+{
+    struct kvr_sample_params *p = &s->params;
+    if (id < 0 || !(bias >= -100.0f && bias <= 100.0f))
+        return KVR_EINVAL;
+    for (uint32_t i = 0; i < p->n_bias; i++)
+        if (p->bias[i].id == id) {
+            p->bias[i].bias = bias;
+            return 0;
+        }
+    if (p->n_bias >= KVR_SAMPLER_MAX_BIAS)
+        return KVR_EFULL;
+    p->bias[p->n_bias++] = (struct kvr_logit_bias){id, bias};
     return 0;
 }
 
@@ -249,6 +279,9 @@ static int32_t run_chain(const struct kvr_sampler *s, const float *logits, int32
             l = FLT_MAX;
         c[i] = (struct kvr_sample_cand){i, l, 0.0f};
     }
+    for (uint32_t k = 0; k < p->n_bias; k++)
+        if (p->bias[k].id < n)
+            c[p->bias[k].id].logit += p->bias[k].bias;
     apply_penalties(s, c, n);
 
     int32_t best = 0;

@@ -5,6 +5,8 @@
  * the recent tokens that repetition penalties look at. Sampling runs this fixed chain,
  * the order of llama.cpp's default sampler chain:
  *
+ *   0. logit bias   l[id] += bias for each of the sequence's (id, bias) pairs, as OpenAI's
+ *                   logit_bias: -100 all but bans a token, +100 all but forces it
  *   1. penalties    over the last repeat_last_n accepted tokens, each distinct token t with
  *                   c occurrences there:  l = l > 0 ? l / repeat_penalty : l * repeat_penalty
  *                                         l -= c * frequency_penalty + presence_penalty
@@ -43,6 +45,13 @@
 
 /* The penalty window's capacity: repeat_last_n may be at most this. */
 #define KVR_SAMPLER_MAX_LAST_N 256
+/* Logit biases one sequence may have. */
+#define KVR_SAMPLER_MAX_BIAS 8
+
+struct kvr_logit_bias {
+    int32_t id;  /* token id; ids at or past n_vocab are ignored when sampling */
+    float bias;  /* finite, [-100, 100] */
+};
 
 struct kvr_sample_params {
     float temperature;       /* <= 0: greedy */
@@ -55,6 +64,8 @@ struct kvr_sample_params {
     int32_t repeat_last_n;   /* 0..KVR_SAMPLER_MAX_LAST_N accepted tokens; 0: off;
                                 -1: KVR_SAMPLER_MAX_LAST_N */
     uint64_t seed;
+    uint32_t n_bias; /* <= KVR_SAMPLER_MAX_BIAS; distinct ids */
+    struct kvr_logit_bias bias[KVR_SAMPLER_MAX_BIAS];
 };
 
 /* llama.cpp's common defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, no
@@ -75,6 +86,10 @@ struct kvr_sampler {
 /* Checks the parameters (see kvr_sample_params_check) and seeds the generator. */
 int kvr_sampler_init(struct kvr_sampler *s, const struct kvr_sample_params *p, struct kvr_err *err);
 void kvr_sampler_fini(struct kvr_sampler *s);
+/* Add a logit bias after init (how a ring's tail receives them, after the sequence's OPEN):
+ * replaces the bias of the same id. KVR_EINVAL for a bias outside [-100, 100] or a
+ * negative id, KVR_EFULL when KVR_SAMPLER_MAX_BIAS are set. */
+int kvr_sampler_add_bias(struct kvr_sampler *s, int32_t id, float bias);
 /* Record a token in the penalty window (generated tokens, and prompt tokens if they should
  * be penalised too). Sampling does not accept by itself. */
 void kvr_sampler_accept(struct kvr_sampler *s, int32_t token);

@@ -153,7 +153,8 @@ static void replay_seq(struct kvr_step *st, const struct kvr_wire_ctrl *c)
 
 /* Control records come before the batch's rows: an OPEN starts a sequence afresh (its slot
  * may hold a finished one), MAP gives it the KV blocks the bridge chose (DESIGN.md 12),
- * FREE and CANCEL release it everywhere, REPLAY restores the sampler of one just re-opened.
+ * FREE and CANCEL release it everywhere, REPLAY restores the sampler of one just re-opened,
+ * BIAS adds logit biases to the sampler of one just opened.
  * A MAP that does not fit leaves the sequence without blocks, so its first segment fails
  * the batch and the bridge is told (RESET). */
 static void apply_control(struct kvr_step *st, const struct kvr_wire_frame *in)
@@ -171,6 +172,13 @@ static void apply_control(struct kvr_step *st, const struct kvr_wire_frame *in)
                 KVR_ERROR("stage %u: sequence %u: %s", st->index, c->seq, err.msg);
                 kvr_engine_seq_free(st->engine, c->seq);
             }
+            continue;
+        }
+        if (c->type == KVR_WIRE_CTRL_BIAS) {
+            for (uint32_t k = 0; st->is_tail && st->open[c->seq] && k < c->bias.n; k++)
+                if (kvr_sampler_add_bias(&st->samplers[c->seq], c->bias.ids[k], c->bias.bias[k]))
+                    KVR_ERROR("stage %u: sequence %u: more than %d logit biases", st->index,
+                              c->seq, KVR_SAMPLER_MAX_BIAS);
             continue;
         }
         close_seq(st, c->seq);

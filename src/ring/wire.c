@@ -29,7 +29,7 @@
  *
  * Control record (48 bytes)
  *     0   2  type           enum kvr_wire_ctrl_type: 1 OPEN, 2 FREE, 3 CANCEL, 4 REPLAY,
- *                           5 MAP
+ *                           5 MAP, 6 BIAS
  *     2   2  flags          OPEN: bit 0 = results carry logprobs; otherwise 0
  *     4   4  seq
  *   OPEN, FREE, CANCEL:
@@ -52,6 +52,11 @@
  *    12   4  first          u32: table entry of ids[0]; first + n_ids <= ceil(n_ctx / block)
  *    16   4  n_ids          u32, 1..7
  *    20  28  ids            7 x u32: block ids, < kv_blocks; 0 past n_ids
+ *   BIAS (struct kvr_wire_bias; flags 0):
+ *     8   4  n              u32, 1..4
+ *    12  16  ids            4 x i32: token ids, < n_vocab; 0 past n
+ *    28  16  bias           4 x f32: [-100, 100]; 0 past n
+ *    44   4  reserved       0
  *
  * Segment record (16 bytes): struct kvr_seg
  *     0   4  seq   4   4  pos0   8   4  n_tokens   12   4  flags (enum kvr_seg_flag)
@@ -489,6 +494,26 @@ static int decode_ctrl(const uint8_t *p, uint32_t i, const struct kvr_wire_limit
         }
         return KVR_OK;
     }
+    if (c->type == KVR_WIRE_CTRL_BIAS) {
+        struct kvr_wire_bias *b = &c->bias;
+        b->n = kvr_ld32(p + 8);
+        if (c->flags || b->n < 1 || b->n > KVR_WIRE_BIAS_PAIRS || !all_zero(p + 44, 4))
+            return PROTO("control record %u (BIAS seq %u): flags 0x%x, %u pairs (1..%d)", i,
+                         c->seq, c->flags, b->n, KVR_WIRE_BIAS_PAIRS);
+        for (uint32_t k = 0; k < KVR_WIRE_BIAS_PAIRS; k++) {
+            b->ids[k] = (int32_t)kvr_ld32(p + 12 + 4 * k);
+            b->bias[k] = kvr_ldf32(p + 28 + 4 * k);
+            bool ok = k >= b->n ? b->ids[k] == 0 && kvr_ld32(p + 28 + 4 * k) == 0
+                                : b->ids[k] >= 0 &&
+                                      (!lim->n_vocab || (uint32_t)b->ids[k] < lim->n_vocab) &&
+                                      in_range(b->bias[k], -100.0f, 100.0f);
+            if (!ok)
+                return PROTO("control record %u (BIAS seq %u): pair %u (token %d, %g) is %s", i,
+                             c->seq, k, b->ids[k], (double)b->bias[k],
+                             k >= b->n ? "past n and not 0" : "out of range");
+        }
+        return KVR_OK;
+    }
     if (c->type != KVR_WIRE_CTRL_OPEN) {
         if (c->flags || !all_zero(p + 8, KVR_WIRE_CTRL_BYTES - 8))
             return PROTO("control record %u (%s seq %u) has nonzero unused fields", i,
@@ -694,6 +719,13 @@ static uint8_t *put_ctrl(uint8_t *p, const struct kvr_wire_ctrl *c)
         kvr_st32(p + 16, m->n_ids);
         for (uint32_t k = 0; k < KVR_WIRE_MAP_IDS && k < m->n_ids; k++)
             kvr_st32(p + 20 + 4 * k, m->ids[k]);
+    } else if (c->type == KVR_WIRE_CTRL_BIAS) {
+        const struct kvr_wire_bias *b = &c->bias;
+        kvr_st32(p + 8, b->n);
+        for (uint32_t k = 0; k < KVR_WIRE_BIAS_PAIRS && k < b->n; k++) {
+            kvr_st32(p + 12 + 4 * k, (uint32_t)b->ids[k]);
+            kvr_stf32(p + 28 + 4 * k, b->bias[k]);
+        }
     }
     return p + KVR_WIRE_CTRL_BYTES;
 }

@@ -117,8 +117,12 @@ enum kvr_wire_ctrl_type {
     KVR_WIRE_CTRL_CANCEL = 3, /* the client went away: like FREE, and the tail drops it */
     KVR_WIRE_CTRL_REPLAY = 4, /* restore a re-opened sequence's sampler (the tail only) */
     KVR_WIRE_CTRL_MAP = 5,    /* the KV blocks a just-opened sequence uses (every stage) */
-    KVR_WIRE_CTRL_TYPE_COUNT = 6
+    KVR_WIRE_CTRL_BIAS = 6,   /* logit biases of a sequence just opened (the tail only) */
+    KVR_WIRE_CTRL_TYPE_COUNT = 7
 };
+
+/* (token, bias) pairs one BIAS record carries. */
+#define KVR_WIRE_BIAS_PAIRS 4
 
 /* Token ids one REPLAY record carries. */
 #define KVR_WIRE_REPLAY_IDS 8
@@ -170,6 +174,14 @@ struct kvr_wire_map {
     uint32_t ids[KVR_WIRE_MAP_IDS]; /* block ids < the plan's kv_blocks; 0 past n_ids */
 };
 
+/* OpenAI's logit_bias of a sequence: sent after its OPEN (and after every re-OPEN), the
+ * tail adds each pair to the sequence's sampler (sampler.h, step 0). */
+struct kvr_wire_bias {
+    uint32_t n;                           /* 1 ..= KVR_WIRE_BIAS_PAIRS */
+    int32_t ids[KVR_WIRE_BIAS_PAIRS];     /* < n_vocab; 0 past n */
+    float bias[KVR_WIRE_BIAS_PAIRS];      /* [-100, 100]; 0 past n */
+};
+
 struct kvr_wire_ctrl {
     uint32_t type;  /* enum kvr_wire_ctrl_type */
     uint32_t flags; /* OPEN: enum kvr_wire_open_flag bits; else 0 */
@@ -178,6 +190,7 @@ struct kvr_wire_ctrl {
         struct kvr_wire_sampling sampling; /* OPEN; all zero for FREE and CANCEL */
         struct kvr_wire_replay replay;     /* REPLAY */
         struct kvr_wire_map map;           /* MAP */
+        struct kvr_wire_bias bias;         /* BIAS */
     };
 };
 

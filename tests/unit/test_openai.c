@@ -32,6 +32,23 @@ struct bad_case {
 };
 
 static const struct bad_case bad_cases[] = {
+    /* logit_bias: token ids of the model, biases in [-100, 100], a few of them. */
+    {C, "{\"prompt\": \"x\", \"logit_bias\": [1]}", 0, 400, "must be an object", "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"512\": 1}}", 0, 400, "not a token id",
+     "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"-1\": 1}}", 0, 400, "not a token id",
+     "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"a\": 1}}", 0, 400, "not a token id",
+     "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 101}}", 0, 400, "[-100, 100]",
+     "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"1\"}}", 0, 400, "[-100, 100]",
+     "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 1, \"05\": 2}}", 0, 400, "twice",
+     "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"1\": 1, \"2\": 1, \"3\": 1, \"4\": 1, "
+        "\"5\": 1, \"6\": 1, \"7\": 1, \"8\": 1, \"9\": 1}}",
+     0, 400, "at most 8", "logit_bias"},
     /* Not JSON, or not an object. */
     {C, "", 0, 400, "body is empty", NULL},
     {C, "{\"prompt\": \"hi\"", 0, 400, "not valid JSON", NULL},
@@ -164,8 +181,6 @@ static const struct bad_case bad_cases[] = {
     {C, "{\"prompt\": \"hi\", \"best_of\": 2}", 0, 400, "'best_of' other than 1", "best_of"},
     {C, "{\"prompt\": \"hi\", \"suffix\": \"end\"}", 0, 400, "'suffix' is not supported",
      "suffix"},
-    {C, "{\"prompt\": \"hi\", \"logit_bias\": {\"50\": 1}}", 0, 400,
-     "'logit_bias' is not supported", "logit_bias"},
     {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{}]}", 0, 400,
      "'tools' are not supported", "tools"},
     {H,
@@ -289,6 +304,24 @@ static void test_good_completion(void **state)
     parse_ok(&r, C, "{\"prompt\": [[5, 6]]}");
     assert_int_equal(r.n_prompt_ids, 2);
     assert_int_equal(r.prompt_ids[0], 5);
+    kvr_openai_req_fini(&r);
+}
+
+static void test_logit_bias(void **state)
+{
+    struct kvr_openai_req r;
+    parse_ok(&r, H,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+             "\"logit_bias\": {\"7\": 100, \"511\": -100, \"0\": 0.5}}");
+    assert_int_equal(r.sampling.n_bias, 3);
+    assert_int_equal(r.sampling.bias[0].id, 7);
+    assert_true(r.sampling.bias[0].bias == 100.0f);
+    assert_int_equal(r.sampling.bias[1].id, 511);
+    assert_true(r.sampling.bias[1].bias == -100.0f);
+    assert_true(r.sampling.bias[2].bias == 0.5f);
+    kvr_openai_req_fini(&r);
+    parse_ok(&r, C, "{\"prompt\": \"x\", \"logit_bias\": {}}");
+    assert_int_equal(r.sampling.n_bias, 0);
     kvr_openai_req_fini(&r);
 }
 
@@ -658,7 +691,7 @@ int main(void)
         cmocka_unit_test(test_check_length),  cmocka_unit_test(test_budget_header),
         cmocka_unit_test(test_utf8),          cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_response_completion), cmocka_unit_test(test_response_chat),
-        cmocka_unit_test(test_sse),
+        cmocka_unit_test(test_sse),           cmocka_unit_test(test_logit_bias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -342,9 +342,57 @@ static void test_params_check(void **state)
     assert_null(sc);
 }
 
+/* Step 0: a bias moves one token's logit before everything else. */
+static void test_logit_bias(void **state)
+{
+    (void)state;
+    float logits[4] = {1.0f, 5.0f, 2.0f, 0.0f};
+    struct kvr_sample_scratch *sc = scratch(4);
+    struct kvr_sample_params p = plain(0.0f);
+    p.n_bias = 2;
+    p.bias[0] = (struct kvr_logit_bias){3, 100.0f};
+    p.bias[1] = (struct kvr_logit_bias){9, -5.0f}; /* past this vocabulary: ignored */
+    struct kvr_sampler s;
+    assert_int_equal(kvr_sampler_init(&s, &p, NULL), 0);
+    float lp = 0;
+    assert_int_equal(kvr_sampler_sample(&s, logits, 4, sc, &lp), 3);
+    assert_true(lp > -0.001f);
+    /* Added later (as the ring's tail does): -100 on the best token, replacing id 3's. */
+    assert_int_equal(kvr_sampler_add_bias(&s, 3, 0.0f), 0);
+    assert_int_equal(kvr_sampler_add_bias(&s, 1, -100.0f), 0);
+    assert_int_equal(kvr_sampler_sample(&s, logits, 4, sc, NULL), 2);
+    assert_int_equal(kvr_sampler_add_bias(&s, 1, 101.0f), KVR_EINVAL);
+    assert_int_equal(kvr_sampler_add_bias(&s, -1, 1.0f), KVR_EINVAL);
+    for (int32_t id = 10; s.params.n_bias < KVR_SAMPLER_MAX_BIAS; id++)
+        assert_int_equal(kvr_sampler_add_bias(&s, id, 1.0f), 0);
+    assert_int_equal(kvr_sampler_add_bias(&s, 99, 1.0f), KVR_EFULL);
+    kvr_sampler_fini(&s);
+    /* Sampling at temperature 1 with +100 on a token picks it every time. */
+    p = plain(1.0f);
+    p.seed = 7;
+    p.n_bias = 1;
+    p.bias[0] = (struct kvr_logit_bias){0, 100.0f};
+    assert_int_equal(kvr_sampler_init(&s, &p, NULL), 0);
+    for (int i = 0; i < 100; i++)
+        assert_int_equal(kvr_sampler_sample(&s, logits, 4, sc, NULL), 0);
+    kvr_sampler_fini(&s);
+    struct kvr_err err = {0};
+    p.n_bias = 2;
+    p.bias[1] = p.bias[0];
+    assert_int_equal(kvr_sample_params_check(&p, &err), KVR_EINVAL);
+    assert_non_null(strstr(err.msg, "biased twice"));
+    p.n_bias = 1;
+    p.bias[0].bias = NAN;
+    assert_int_equal(kvr_sample_params_check(&p, &err), KVR_EINVAL);
+    p.n_bias = KVR_SAMPLER_MAX_BIAS + 1;
+    assert_int_equal(kvr_sample_params_check(&p, &err), KVR_EINVAL);
+    kvr_sample_scratch_destroy(sc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_greedy),       cmocka_unit_test(test_seeded_reproducibility),
         cmocka_unit_test(test_distribution), cmocka_unit_test(test_truncation),
         cmocka_unit_test(test_penalties),    cmocka_unit_test(test_params_check),

@@ -819,6 +819,56 @@ static void test_map_records(void **state)
 #undef MAP_CASE
 }
 
+/* BIAS carries a sequence's logit_bias to the tail: it round-trips exactly, and every
+ * field is bounded. */
+static void test_bias_records(void **state)
+{
+    (void)state;
+    make_plan(KVR_DTYPE_F32);
+    struct kvr_wire_limits lim;
+    limits(&lim, 0);
+    struct kvr_seg seg = {0, 0, 1, KVR_SEG_PREFILL};
+    const struct kvr_wire_ctrl bias[2] = {
+        {.type = KVR_WIRE_CTRL_BIAS,
+         .seq = 2,
+         .bias = {.n = 4, .ids = {0, 7, 9, N_VOCAB - 1}, .bias = {100, -100, 0.5f, -2}}},
+        {.type = KVR_WIRE_CTRL_BIAS, .seq = 2, .bias = {.n = 1, .ids = {42}, .bias = {3}}},
+    };
+    struct kvr_wire_ctrl all[3] = {ctrl3[0], bias[0], bias[1]};
+    all[0].seq = 2;
+    size_t len = batch_with(&seg, 1, all, 3);
+    struct kvr_wire_frame f;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_wire_frame_init(&f, &lim, &err), 0);
+    assert_int_equal(decode(len, &lim, &f, &err), 0);
+    assert_int_equal(f.hdr.n_ctrl, 3);
+    for (int i = 1; i < 3; i++) {
+        assert_int_equal(f.ctrl[i].type, KVR_WIRE_CTRL_BIAS);
+        assert_int_equal(f.ctrl[i].seq, 2);
+        assert_memory_equal(&f.ctrl[i].bias, &bias[i - 1].bias, sizeof bias[0].bias);
+    }
+    kvr_wire_frame_fini(&f);
+    struct kvr_wire_ctrl c;
+#define BIAS_CASE(what, mutation, msg)                                                             \
+    do {                                                                                           \
+        c = bias[1];                                                                               \
+        len = batch_with(&seg, 1, &c, 1);                                                          \
+        mutation;                                                                                  \
+        expect_reject(len, &lim, what, msg);                                                       \
+    } while (0)
+    BIAS_CASE("flags", kvr_st16(buf + 40 + 2, 1), "flags 0x1");
+    BIAS_CASE("no pairs", kvr_st32(buf + 40 + 8, 0), "0 pairs");
+    BIAS_CASE("5 pairs", kvr_st32(buf + 40 + 8, 5), "5 pairs");
+    BIAS_CASE("id >= n_vocab", kvr_st32(buf + 40 + 12, N_VOCAB), "out of range");
+    BIAS_CASE("negative id", kvr_st32(buf + 40 + 12, (uint32_t)-1), "out of range");
+    BIAS_CASE("bias > 100", kvr_stf32(buf + 40 + 28, 101.0f), "out of range");
+    BIAS_CASE("bias NaN", kvr_stf32(buf + 40 + 28, NAN), "out of range");
+    BIAS_CASE("id past n", kvr_st32(buf + 40 + 16, 5), "past n and not 0");
+    BIAS_CASE("bias past n", kvr_stf32(buf + 40 + 32, 1.0f), "past n and not 0");
+    BIAS_CASE("reserved", kvr_st32(buf + 40 + 44, 1), "pairs");
+#undef BIAS_CASE
+}
+
 static void test_result_and_timing_rejections(void **state)
 {
     (void)state;
@@ -1135,6 +1185,7 @@ int main(void)
         cmocka_unit_test(test_segment_rejections),
         cmocka_unit_test(test_ctrl_rejections),
         cmocka_unit_test(test_replay_records),
+        cmocka_unit_test(test_bias_records),
         cmocka_unit_test(test_map_records),
         cmocka_unit_test(test_result_and_timing_rejections),
         cmocka_unit_test(test_truncation),
