@@ -27,14 +27,14 @@ llama_quantize() { env "${PEER_ENV[@]}" "$PEER/bin/llama-quantize" "$@"; }
 
 # One model per architecture (and the llama variants real files come in):
 #   name | arch | vocab (in ../shared/vocab) | extra synth options
-# llama3 and the qwens use the GPT-2 byte-level BPE vocabulary until the llama-bpe and
-# qwen2 pre-tokenizers land; the architecture does not depend on the vocabulary.
+# Each with the vocabulary its real files carry (Gemma's and Phi-3's are SentencePiece;
+# the Llama one stands in).
 ARCH_MODELS=(
     "llama|llama|llama-spm|"
-    "llama3|llama|gpt-2|--rope-freqs --rope-base 500000"
+    "llama3|llama|llama-bpe|--rope-freqs --rope-base 500000"
     "mistral|llama|llama-spm|--kv-heads 1 --head-dim HD --rope-base 1000000 --rope-scale 2"
-    "qwen2|qwen2|gpt-2|--tied --rope-base 1000000"
-    "qwen3|qwen3|gpt-2|--head-dim HD --rope-base 1000000"
+    "qwen2|qwen2|qwen2|--tied --rope-base 1000000"
+    "qwen3|qwen3|qwen2|--head-dim HD --rope-base 1000000"
     "gemma2|gemma2|llama-spm|--swa 8"
     "gemma3|gemma3|llama-spm|--swa 8 --layers 6"
     "phi3|phi3|llama-spm|"
