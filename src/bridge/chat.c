@@ -308,6 +308,12 @@ const char *kvr_chat_describe(const struct kvr_chat *c)
 
 const char *kvr_chat_end_of_turn(const struct kvr_chat *c) { return c->end_of_turn; }
 
+size_t kvr_chat_bos_skip(const char *text, size_t len, const char *bos_text, bool tok_adds_bos)
+{
+    size_t bl = bos_text ? strlen(bos_text) : 0;
+    return bl && tok_adds_bos && len >= bl && !memcmp(text, bos_text, bl) ? bl : 0;
+}
+
 /* Plain form, per message:
  *   {role}: {content}\n
  * then, with add_generation_prompt:

@@ -117,6 +117,11 @@ int kvr_chat_apply(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, si
                    bool add_generation_prompt, const struct tm *now, char **out,
                    size_t *out_len, struct kvr_err *err);
 
+/* How many bytes at the start of a rendered prompt to leave out before tokenizing it with
+ * add_special: the BOS token's text when the template wrote it and the tokenizer adds BOS
+ * itself (so the prompt has exactly one BOS), else 0. */
+size_t kvr_chat_bos_skip(const char *text, size_t len, const char *bos_text, bool tok_adds_bos);
+
 /* The text that ends an assistant turn, added as a hidden stop string: the built-in's, a
  * Jinja template's recognised family's (kvr_chat_tmpl_detect), else the EOS text; NULL
  * when there is none. */

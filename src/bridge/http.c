@@ -635,11 +635,9 @@ static int tokenize_prompt(struct kvr_http *h, struct gen *g, int32_t **ids, uin
             goto out;
         text = rendered;
         /* A template that writes bos_token itself gets it from the text, not twice. */
-        size_t bl = h->bos_text ? strlen(h->bos_text) : 0;
-        if (bl && kvr_tok_add_bos(svc->tok) && len >= bl && !memcmp(text, h->bos_text, bl)) {
-            text += bl;
-            len -= bl;
-        }
+        size_t skip = kvr_chat_bos_skip(text, len, h->bos_text, kvr_tok_add_bos(svc->tok));
+        text += skip;
+        len -= skip;
     }
     /* Each token stands for at most max_piece_bytes of text, so a text this long cannot
      * fit the context whatever it says; refuse before spending memory on tokenizing it. */

@@ -24,6 +24,7 @@
 #include "cli/common.h"
 
 #include "bridge/bridge.h"
+#include "bridge/chat.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
@@ -37,9 +38,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 struct job {
     char *prompt;
+    bool special;           /* the prompt is a rendered chat: control tokens are parsed */
     int32_t *ids;           /* prompt ids */
     uint32_t n_ids;
     uint32_t max_tokens;
@@ -54,6 +57,8 @@ struct run_opts {
     uint32_t n_predict, threads, ctx;
     struct kvr_sample_params sp;
     bool ignore_eos, print_ids, json, quiet, batched, no_prefix_cache;
+    bool chat;                  /* each prompt is a user message, formatted as a chat */
+    const char *chat_template;  /* --chat-template NAME|FILE (implies --chat) */
     uint32_t row_width;
     const char *force_ids;  /* teacher-forcing input file */
     uint32_t n_top;         /* --force-ids: top logits per step */
@@ -75,6 +80,9 @@ static void usage(FILE *f)
             "      --seed S           RNG seed (default 42)\n"
             "  -t, --threads N        compute threads (default 2)\n"
             "  -c, --ctx N            context length (default: prompt + n, at most the model's)\n"
+            "      --chat             send each prompt as a user message in the model's chat\n"
+            "                         template (as /v1/chat/completions does)\n"
+            "      --chat-template NAME|FILE  --chat with a built-in template or a Jinja file\n"
             "      --ignore-eos       keep generating after an end-of-generation token\n"
             "      --ids              print the generated token ids after the text\n"
             "      --json             one JSON line per prompt: ids and text\n"
@@ -168,6 +176,12 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
                 fprintf(stderr, "kvasir run: --seed wants a number, not '%s'\n", v);
                 return 2;
             }
+        } else if (ARG("--chat", "--chat")) {
+            o->chat = true;
+        } else if (ARG("--chat-template", "--chat-template")) {
+            NEED_V();
+            o->chat = true;
+            o->chat_template = v;
         } else if (ARG("--ignore-eos", "--ignore-eos")) {
             o->ignore_eos = true;
         } else if (ARG("--ids", "--ids")) {
@@ -337,6 +351,74 @@ static int load_jobs(const struct run_opts *o, struct job **out, uint32_t *n_out
     return 0;
 }
 
+/* A special token's text, or "" (buf holds it). */
+static const char *token_text(const struct kvr_tok *tok, int32_t id, char *buf, size_t cap)
+{
+    const char *p;
+    size_t n;
+    buf[0] = 0;
+    if (id >= 0 && kvr_tok_decode_piece(tok, id, true, &p, &n) == 0 && n < cap) {
+        memcpy(buf, p, n);
+        buf[n] = 0;
+    }
+    return buf;
+}
+
+/* --chat: every prompt becomes the chat prompt of one user message, rendered as the server
+ * renders it (the model's template, or --chat-template), less a BOS text the tokenizer
+ * adds itself. 0, or -1 after printing why. */
+static int chat_jobs(const struct run_opts *o, const struct kvr_gguf *g,
+                     const struct kvr_tok *tok, struct job *jobs, uint32_t n)
+{
+    char bos[256], eos[256];
+    char *src = NULL;
+    struct kvr_chat_config cc = {.bos_token = token_text(tok, kvr_tok_bos(tok), bos, sizeof bos),
+                                 .eos_token = token_text(tok, kvr_tok_eos(tok), eos, sizeof eos)};
+    if (o->chat_template) {
+        if (kvr_cli_chat_template(o->chat_template, &cc.builtin, &src, &cc.jinja_len))
+            return -1;
+        cc.jinja = src;
+    } else {
+        struct kvr_gguf_str t = {0};
+        if (kvr_gguf_get_str(g, "tokenizer.chat_template", &t, NULL) == 0) {
+            cc.jinja = t.ptr;
+            cc.jinja_len = (size_t)t.len;
+        }
+    }
+    struct kvr_chat *chat = NULL;
+    struct kvr_err err = {0};
+    int rc = -1;
+    if (kvr_chat_create(&chat, &cc, &err)) {
+        fprintf(stderr, "kvasir run: chat template: %s\n", err.msg);
+        goto out;
+    }
+    if (kvr_chat_source(chat) == KVR_CHAT_SOURCE_PLAIN)
+        fprintf(stderr, "kvasir run: the model has no chat template; plain \"role: content\" "
+                        "lines\n");
+    time_t now_s = time(NULL);
+    struct tm now;
+    localtime_r(&now_s, &now);
+    for (uint32_t i = 0; i < n; i++) {
+        struct kvr_chat_msg m = {KVR_CHAT_ROLE_USER, jobs[i].prompt, strlen(jobs[i].prompt)};
+        char *text;
+        size_t len;
+        if (kvr_chat_apply(chat, &m, 1, true, &now, &text, &len, &err)) {
+            fprintf(stderr, "kvasir run: prompt %u: the chat template failed: %s\n", i, err.msg);
+            goto out;
+        }
+        size_t skip = kvr_chat_bos_skip(text, len, cc.bos_token, kvr_tok_add_bos(tok));
+        memmove(text, text + skip, len - skip + 1);
+        kvr_free(jobs[i].prompt);
+        jobs[i].prompt = text;
+        jobs[i].special = true;
+    }
+    rc = 0;
+out:
+    kvr_chat_destroy(chat);
+    kvr_free(src);
+    return rc;
+}
+
 static int tokenize_jobs(const struct kvr_tok *tok, struct job *jobs, uint32_t n)
 {
     for (uint32_t i = 0; i < n; i++) {
@@ -350,7 +432,7 @@ static int tokenize_jobs(const struct kvr_tok *tok, struct job *jobs, uint32_t n
             kvr_tok_scratch_destroy(sc);
             return -1;
         }
-        int got = kvr_tok_encode(tok, sc, j->prompt, len, true, false, j->ids, cap);
+        int got = kvr_tok_encode(tok, sc, j->prompt, len, true, j->special, j->ids, cap);
         kvr_tok_scratch_destroy(sc);
         if (got <= 0) {
             fprintf(stderr, "kvasir run: prompt %u: cannot tokenize (%s)\n", i,
@@ -965,7 +1047,8 @@ int kvr_cmd_run(int argc, char **argv)
         rc = run_forced(&o, g, tok);
         goto out;
     }
-    if (load_jobs(&o, &jobs, &n_jobs) || tokenize_jobs(tok, jobs, n_jobs))
+    if (load_jobs(&o, &jobs, &n_jobs) || (o.chat && chat_jobs(&o, g, tok, jobs, n_jobs)) ||
+        tokenize_jobs(tok, jobs, n_jobs))
         goto out;
     if (!plan)
         kvr_cli_load_weights(g);

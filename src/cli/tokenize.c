@@ -3,6 +3,7 @@
  *   kvasir tokenize -m MODEL [--ids] [--no-bos] [--special] TEXT
  *   kvasir tokenize -m MODEL [...] -f FILE        the text of a file ("-": standard input)
  *   kvasir tokenize -m MODEL [...] --stdin        the text of standard input
+ *   kvasir tokenize -m MODEL [...] --chat FILE.json   a conversation, rendered
  *   kvasir tokenize --list-pre                     the tokenizer.ggml.pre names known
  *
  * Prints one line per token, "ID -> 'TEXT'" (what the token decodes to, control tokens
@@ -10,9 +11,17 @@
  * the form llama.cpp's llama-tokenize --ids prints ("[1, 2, 3]"). BOS (and EOS) are added
  * when the model's vocabulary asks for them, unless --no-bos. Special tokens written in
  * the text (<|eot_id|>, <|im_start|>, ...) are recognised only with --special; without
- * it they are plain text. The text is used byte for byte (no escapes, no newline added). */
+ * it they are plain text. The text is used byte for byte (no escapes, no newline added).
+ *
+ * --chat FILE.json takes a conversation ({"messages": [...]} as a chat request has it, or
+ * the bare array) and prints the prompt /v1/chat/completions would send, rendered with
+ * the model's chat template (or --chat-template NAME|FILE); with --ids, its token ids as
+ * the server counts them (special tokens recognised, one BOS). */
 #include "cli/cmd.h"
 
+#include "bridge/chat.h"
+#include "bridge/openai.h"
+#include "cli/common.h"
 #include "core/alloc.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
@@ -21,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define MAX_TEXT_BYTES ((size_t)64 << 20)
 
@@ -28,6 +38,8 @@ struct tok_opts {
     const char *model;
     const char *text;      /* TEXT argument */
     const char *text_file; /* -f FILE, "-" for standard input */
+    const char *chat_file; /* --chat FILE.json */
+    const char *chat_template;
     bool ids, no_bos, special, list_pre;
 };
 
@@ -42,6 +54,9 @@ static void usage(FILE *f)
             "      --ids              print only the ids, as [1, 2, 3]\n"
             "      --no-bos           add no BOS/EOS even where the model wants them\n"
             "      --special          recognise special tokens written in the text\n"
+            "      --chat FILE.json   print the chat prompt of a conversation ({\"messages\":\n"
+            "                         [...]} or the array), rendered with the model's template\n"
+            "      --chat-template NAME|FILE  a built-in or Jinja file instead of the model's\n"
             "  -- TEXT                a text that starts with '-'\n"
             "      --list-pre         list the BPE pre-tokenizers (tokenizer.ggml.pre) known\n"
             "The text is taken byte for byte; at most %zu MiB.\n",
@@ -56,7 +71,8 @@ static int parse_args(int argc, char **argv, struct tok_opts *o)
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool takes_value = !strcmp(a, "-m") || !strcmp(a, "--model") || !strcmp(a, "-p") ||
-                           !strcmp(a, "--prompt") || !strcmp(a, "-f") || !strcmp(a, "--file");
+                           !strcmp(a, "--prompt") || !strcmp(a, "-f") || !strcmp(a, "--file") ||
+                           !strcmp(a, "--chat") || !strcmp(a, "--chat-template");
         if (takes_value && !v) {
             fprintf(stderr, "kvasir tokenize: %s needs a value\n", a);
             return 2;
@@ -70,6 +86,10 @@ static int parse_args(int argc, char **argv, struct tok_opts *o)
             o->text = v;
         } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
             o->text_file = v;
+        } else if (!strcmp(a, "--chat")) {
+            o->chat_file = v;
+        } else if (!strcmp(a, "--chat-template")) {
+            o->chat_template = v;
         } else if (!strcmp(a, "--stdin")) {
             o->text_file = "-";
         } else if (!strcmp(a, "--ids")) {
@@ -100,8 +120,9 @@ static int parse_args(int argc, char **argv, struct tok_opts *o)
         fprintf(stderr, "kvasir tokenize: -m MODEL is required\n");
         return 2;
     }
-    if (!!o->text + !!o->text_file != 1) {
-        fprintf(stderr, "kvasir tokenize: give the text as TEXT, -f FILE or --stdin (one)\n");
+    if (!!o->text + !!o->text_file + !!o->chat_file != 1) {
+        fprintf(stderr, "kvasir tokenize: give the text as TEXT, -f FILE, --stdin or --chat "
+                        "FILE.json (one)\n");
         return 2;
     }
     return 0;
@@ -175,6 +196,101 @@ static void print_piece(const char *p, size_t n)
     putchar('\'');
 }
 
+/* The BOS token's text (points into the tokenizer), or NULL. */
+static const char *bos_text(const struct kvr_tok *tok)
+{
+    static char buf[256];
+    const char *p;
+    size_t n;
+    int32_t id = kvr_tok_bos(tok);
+    if (id < 0 || kvr_tok_decode_piece(tok, id, true, &p, &n) != 0 || n >= sizeof buf)
+        return NULL;
+    memcpy(buf, p, n);
+    buf[n] = 0;
+    return buf;
+}
+
+/* --chat: the conversation of FILE.json rendered as the server renders it (*out is
+ * kvr_malloc'd). 0, or -1 after printing why. */
+static int render_chat(const struct tok_opts *o, const struct kvr_gguf *g,
+                       const struct kvr_tok *tok, char **out, size_t *out_len)
+{
+    size_t len = 0;
+    char *src = NULL, *file = read_text(o->chat_file, &len);
+    if (!file)
+        return -1;
+    int rc = -1;
+    struct kvr_chat *chat = NULL;
+    struct kvr_openai_req r;
+    struct kvr_openai_error e;
+    memset(&r, 0, sizeof r);
+    /* A bare array is the messages themselves. */
+    size_t i = 0;
+    while (i < len && (file[i] == ' ' || file[i] == '\n' || file[i] == '\t' || file[i] == '\r'))
+        i++;
+    char *body = file;
+    size_t body_len = len;
+    char *wrapped = NULL;
+    if (i < len && file[i] == '[') {
+        wrapped = malloc(len + 16);
+        if (!wrapped)
+            goto done;
+        body_len = (size_t)sprintf(wrapped, "{\"messages\": ") + len;
+        memcpy(wrapped + body_len - len, file, len);
+        wrapped[body_len++] = '}';
+        body = wrapped;
+    }
+    struct kvr_openai_limits lim = {.n_ctx = UINT32_MAX, .n_vocab = (uint32_t)kvr_tok_n_vocab(tok)};
+    if (kvr_openai_parse(&r, KVR_OPENAI_CHAT, body, body_len, &lim, &e)) {
+        fprintf(stderr, "kvasir tokenize: %s: %s\n", o->chat_file, e.message);
+        goto done;
+    }
+    struct kvr_chat_config cc = {.bos_token = bos_text(tok)};
+    char eos[256] = "";
+    const char *p;
+    size_t n;
+    if (kvr_tok_eos(tok) >= 0 && kvr_tok_decode_piece(tok, kvr_tok_eos(tok), true, &p, &n) == 0 &&
+        n < sizeof eos) {
+        memcpy(eos, p, n);
+        eos[n] = 0;
+        cc.eos_token = eos;
+    }
+    if (o->chat_template) {
+        if (kvr_cli_chat_template(o->chat_template, &cc.builtin, &src, &cc.jinja_len))
+            goto done;
+        cc.jinja = src;
+    } else {
+        struct kvr_gguf_str t = {0};
+        if (kvr_gguf_get_str(g, "tokenizer.chat_template", &t, NULL) == 0) {
+            cc.jinja = t.ptr;
+            cc.jinja_len = (size_t)t.len;
+        }
+    }
+    struct kvr_err err = {0};
+    if (kvr_chat_create(&chat, &cc, &err)) {
+        fprintf(stderr, "kvasir tokenize: chat template: %s\n", err.msg);
+        goto done;
+    }
+    if (kvr_chat_source(chat) == KVR_CHAT_SOURCE_PLAIN)
+        fprintf(stderr, "kvasir tokenize: the model has no chat template; plain \"role: "
+                        "content\" lines\n");
+    time_t now_s = time(NULL);
+    struct tm now;
+    if (kvr_chat_apply(chat, r.msgs, r.n_msgs, true, localtime_r(&now_s, &now), out, out_len,
+                       &err)) {
+        fprintf(stderr, "kvasir tokenize: the chat template failed: %s\n", err.msg);
+        goto done;
+    }
+    rc = 0;
+done:
+    kvr_chat_destroy(chat);
+    kvr_openai_req_fini(&r);
+    kvr_free(src);
+    free(wrapped);
+    free(file);
+    return rc;
+}
+
 int kvr_cmd_tokenize(int argc, char **argv)
 {
     struct tok_opts o;
@@ -191,7 +307,7 @@ int kvr_cmd_tokenize(int argc, char **argv)
     struct kvr_gguf *g = NULL;
     struct kvr_tok *tok = NULL;
     struct kvr_tok_scratch *s = NULL;
-    char *owned = NULL;
+    char *owned = NULL, *rendered = NULL;
     int32_t *ids = NULL;
     struct kvr_err err = {0};
 
@@ -210,6 +326,20 @@ int kvr_cmd_tokenize(int argc, char **argv)
     if (kvr_gguf_open(&g, o.model, &err) || kvr_tok_create(&tok, g, &err)) {
         fprintf(stderr, "kvasir tokenize: %s: %s\n", o.model, err.msg);
         goto out;
+    }
+    if (o.chat_file) {
+        if (render_chat(&o, g, tok, &rendered, &len))
+            goto out;
+        size_t skip = o.no_bos ? 0
+                               : kvr_chat_bos_skip(rendered, len, bos_text(tok),
+                                                   kvr_tok_add_bos(tok));
+        if (!o.ids) {
+            status = fwrite(rendered, 1, len, stdout) == len && fflush(stdout) == 0 ? 0 : 1;
+            goto out;
+        }
+        text = rendered + skip;
+        len -= skip;
+        o.special = true;
     }
     kvr_gguf_close(g);
     g = NULL;
@@ -249,5 +379,6 @@ out:
     kvr_tok_destroy(tok);
     kvr_gguf_close(g);
     free(owned);
+    kvr_free(rendered);
     return status;
 }

@@ -54,6 +54,29 @@ print(len(t))
 PY
 ) || fail "unexpected tokens"
 echo "tokenize: $n_tok tokens"
+# `kvasir tokenize --chat` renders and counts the same conversation the same way.
+echo "{\"messages\": $MSGS}" >"$TMP/conv.json"
+"$KVASIR" tokenize -m "$TMP/llama3.gguf" --chat "$TMP/conv.json" >"$TMP/cli_prompt.txt" ||
+    fail "kvasir tokenize --chat"
+"$KVASIR" tokenize -m "$TMP/llama3.gguf" --chat "$TMP/conv.json" --ids >"$TMP/cli_ids.txt" ||
+    fail "kvasir tokenize --chat --ids"
+python3 - "$TMP/tmpl.json" "$TMP/cli_prompt.txt" "$TMP/tok.json" "$TMP/cli_ids.txt" <<'PY' ||
+import json, sys
+assert open(sys.argv[2], encoding="utf-8").read() == json.load(open(sys.argv[1]))["prompt"]
+assert json.load(open(sys.argv[4])) == json.load(open(sys.argv[3]))["tokens"]
+print("kvasir tokenize --chat: the same prompt and ids")
+PY
+    fail "kvasir tokenize --chat differs from /apply-template + /tokenize"
+# `kvasir run --chat` sends a prompt as one user message, as many tokens as the server.
+echo '{"messages": [{"role": "user", "content": "Name a colour."}]}' >"$TMP/u.json"
+want=$(post /tokenize "{\"content\": $(post /apply-template "$(cat "$TMP/u.json")" |
+    python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)["prompt"]))'),
+    \"add_special\": false}" | python3 -c 'import json,sys; print(len(json.load(sys.stdin)["tokens"]))')
+got=$("$KVASIR" run -m "$TMP/llama3.gguf" --chat -p "Name a colour." -n 1 --temp 0 --json \
+    2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["n_prompt"])') ||
+    fail "kvasir run --chat"
+[ "$got" = "$want" ] || fail "kvasir run --chat: $got prompt tokens, the server $want"
+echo "kvasir run --chat: $got prompt tokens, as the server"
 
 # Greedy, without a bias: random weights do not pick <|eot_id|> (1 of 128256) here.
 post /v1/chat/completions "{\"messages\": $MSGS, \"max_tokens\": 6, \"temperature\": 0}" \
