@@ -737,6 +737,14 @@ void kvr_bridge_stats(struct kvr_bridge *b, struct kvr_sched_stats *out)
     pthread_mutex_unlock(&b->lock);
 }
 
+uint32_t kvr_bridge_flush_cache(struct kvr_bridge *b)
+{
+    pthread_mutex_lock(&b->lock);
+    uint32_t n = kvr_sched_flush_cache(b->sched);
+    pthread_mutex_unlock(&b->lock);
+    return n;
+}
+
 void kvr_bridge_stats_reset(struct kvr_bridge *b)
 {
     pthread_mutex_lock(&b->lock);

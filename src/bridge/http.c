@@ -58,13 +58,15 @@ enum endpoint {
     EP_DETOKENIZE,
     EP_APPLY_TEMPLATE,
     EP_LIVEZ, /* the process answers (200 whatever the ring is doing) */
+    EP_RESET_PREFIX_CACHE, /* POST: forget the cached KV blocks nobody uses (vLLM's name) */
     EP_OTHER, /* no such route */
     EP_COUNT
 };
 
 static const char *const endpoint_names[EP_COUNT] = {
     "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
-    "/tokenize",       "/detokenize",          "/apply-template", "/livez", "other",
+    "/tokenize",       "/detokenize",          "/apply-template", "/livez",
+    "/reset_prefix_cache", "other",
 };
 
 /* How a generation ended, as far as the client is concerned. */
@@ -1145,6 +1147,7 @@ static const struct route {
     {"/tokenize", EP_TOKENIZE, true, false},
     {"/detokenize", EP_DETOKENIZE, true, false},
     {"/apply-template", EP_APPLY_TEMPLATE, true, false},
+    {"/reset_prefix_cache", EP_RESET_PREFIX_CACHE, true, false},
 };
 
 /* "/v1/models/" followed by a model id (which may itself contain '/'). */
@@ -1277,6 +1280,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return handle_detokenize(h, rq, c);
     case EP_APPLY_TEMPLATE:
         return handle_apply_template(h, rq, c);
+    case EP_RESET_PREFIX_CACHE: {
+        long n = h->svc->ops->reset_prefix_cache ? h->svc->ops->reset_prefix_cache(h->svc->ctx)
+                                                 : 0;
+        return reply_json(h, rq, c, 200, json_pack("{s:s, s:I}", "status", "ok",
+                                                   "blocks_freed", (json_int_t)n), NULL);
+    }
     default:
         return MHD_NO;
     }

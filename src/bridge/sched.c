@@ -652,6 +652,38 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
 
 /* ---- results ------------------------------------------------------------------------------ */
 
+/* The gauges of recent activity (utilisation, tokens/s) cover the last whole window. A
+ * window is closed by the first result or tick after it ends, so with nothing coming back
+ * (an idle ring) they fall to 0 within two windows instead of keeping their last value. */
+static void roll_window(struct kvr_sched *s, uint64_t now)
+{
+    if (now - s->win_start_ns < WINDOW_NS)
+        return;
+    double span = (double)(now - s->win_start_ns);
+    for (uint32_t i = 0; i < s->plan->n_stages; i++) {
+        s->stats.stage[i].util = s->win_held[i] / span;
+        s->stats.stage[i].starved_frac = s->win_starved[i] / span;
+        s->stats.stage[i].blocked_frac = s->win_blocked[i] / span;
+        s->win_held[i] = s->win_starved[i] = s->win_blocked[i] = 0;
+    }
+    s->stats.tokens_per_s = s->win_tokens / (span / 1e9);
+    s->win_tokens = 0;
+    s->win_start_ns = now;
+}
+
+/* Whether a gauge of recent activity is not 0 yet (tick must close windows until it is). */
+static bool window_active(const struct kvr_sched *s)
+{
+    if (s->stats.tokens_per_s > 0 || s->win_tokens > 0)
+        return true;
+    for (uint32_t i = 0; i < s->plan->n_stages; i++)
+        if (s->stats.stage[i].util > 0 || s->stats.stage[i].starved_frac > 0 ||
+            s->stats.stage[i].blocked_frac > 0 || s->win_held[i] || s->win_starved[i] ||
+            s->win_blocked[i])
+            return true;
+    return false;
+}
+
 static void account_timings(struct kvr_sched *s, const struct kvr_wire_frame *f, uint64_t now)
 {
     for (uint32_t i = 0; i < f->hdr.n_timings && i < KVR_PLAN_MAX_STAGES; i++) {
@@ -664,17 +696,34 @@ static void account_timings(struct kvr_sched *s, const struct kvr_wire_frame *f,
         s->win_starved[t->stage] += t->starved_ns;
         s->win_blocked[t->stage] += t->blocked_ns;
     }
-    if (now - s->win_start_ns >= WINDOW_NS) {
-        double span = (double)(now - s->win_start_ns);
-        for (uint32_t i = 0; i < s->plan->n_stages; i++) {
-            s->stats.stage[i].util = s->win_held[i] / span;
-            s->stats.stage[i].starved_frac = s->win_starved[i] / span;
-            s->stats.stage[i].blocked_frac = s->win_blocked[i] / span;
-            s->win_held[i] = s->win_starved[i] = s->win_blocked[i] = 0;
-        }
-        s->stats.tokens_per_s = s->win_tokens / (span / 1e9);
-        s->win_tokens = 0;
-        s->win_start_ns = now;
+    roll_window(s, now);
+}
+
+const double kvr_sched_ratio_bounds[KVR_SCHED_RATIO_BUCKETS] = {
+    0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0};
+
+static void observe_ratio(uint64_t *hist, double ratio)
+{
+    uint32_t i = 0;
+    while (i < KVR_SCHED_RATIO_BUCKETS && ratio > kvr_sched_ratio_bounds[i])
+        i++;
+    hist[i]++;
+}
+
+/* How admission's estimate (est_first_ms, est_period_ms) compared with what happened, for
+ * the first token and, at the last, the whole answer (predicted for the tokens it had).
+ * A request held by a ring failure says nothing about the estimate. */
+static void observe_estimate(struct kvr_sched *s, struct kvr_sched_req *r, bool last,
+                             uint64_t now)
+{
+    if (r->est_first_ms <= 0 || r->held_once)
+        return;
+    double actual = (now - r->submit_ns) / 1e6;
+    if (r->n_generated == 1)
+        observe_ratio(s->stats.first_ratio_hist, r->est_first_ms / (actual > 0 ? actual : 1e-3));
+    if (last) {
+        double pred = r->est_first_ms + (r->n_generated - 1) * r->est_period_ms;
+        observe_ratio(s->stats.total_ratio_hist, pred / (actual > 0 ? actual : 1e-3));
     }
 }
 
@@ -695,10 +744,13 @@ static void take_token(struct kvr_sched *s, uint32_t slot, const struct kvr_wire
         kvr_calib_observe(&s->calib_first, (now - r->submit_ns) / 1e6 / r->pred_first_ms);
     else if (!was_held && r->n_generated > 1 && period_now > 0)
         kvr_calib_observe(&s->calib_period, (now - r->last_token_ns) / 1e6 / period_now);
+    r->held_once = r->held_once || was_held;
     r->last_token_ns = now;
     s->stats.generated_tokens++;
     s->win_tokens++;
     emit_token(s, r, res->token, res->logprob, eog, now);
+    bool last = r->n_generated >= r->req.max_tokens || (eog && !r->req.ignore_eos);
+    observe_estimate(s, r, last, now);
     if (r->n_generated >= r->req.max_tokens)
         seq_end(s, slot, KVR_GEN_FINISH_LENGTH, NULL, now);
     else if (eog && !r->req.ignore_eos)
@@ -921,10 +973,13 @@ static int cmp_double(const void *a, const void *b)
  * row width, less the decode rows every batch carries; its last token comes max_tokens - 1
  * token periods later, at the load it adds. It is refused if either misses its budget, or
  * if it would push a running request that is on time past its own deadline. */
-static int admit(struct kvr_sched *s, const struct kvr_gen_request *req, uint64_t now,
-                 struct kvr_refusal *why, double *pred_first_ms, uint32_t *n_cached)
+static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
+                 struct kvr_refusal *why)
 {
-    *pred_first_ms = 0;
+    const struct kvr_gen_request *req = &r->req;
+    double *pred_first_ms = &r->pred_first_ms;
+    uint32_t *n_cached = &r->n_cached;
+    *pred_first_ms = r->est_first_ms = r->est_period_ms = 0;
     *n_cached = 0;
     const struct kvr_plan *p = s->plan;
     if ((uint64_t)req->n_prompt + req->max_tokens > p->n_ctx)
@@ -1000,6 +1055,10 @@ static int admit(struct kvr_sched *s, const struct kvr_gen_request *req, uint64_
     double f_period = kvr_calib_factor(&s->calib_period, ADMIT_MARGIN);
     double raw_first = wait_ms + n_prefill_batches * t_full + kvr_cost_trip_ms(m, full);
     *pred_first_ms = raw_first;
+    /* The estimate itself (exported, checked against the outcome): the model corrected by
+     * its mean error so far. The budgets are checked against a high quantile instead. */
+    r->est_first_ms = raw_first * (s->calib_first.n >= 5 ? s->calib_first.mean : 1.0);
+    r->est_period_ms = period * (s->calib_period.n >= 5 ? s->calib_period.mean : 1.0);
     /* The client sees its first text one token late when that token is part of a
      * character (streams never split UTF-8): budget one more period. */
     double first_ms = f_first * raw_first + f_period * period;
@@ -1059,11 +1118,12 @@ int kvr_sched_submit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     r->waiting = r->ended = false;
     r->n_generated = 0;
     r->last_token_ns = 0;
+    r->held_once = false;
     r->submit_ns = now;
     r->deadline_ns = req->total_ms         ? now + req->total_ms * MS_NS
                      : req->first_token_ms ? now + req->first_token_ms * MS_NS
                                            : UINT64_MAX;
-    int rc = admit(s, req, now, why, &r->pred_first_ms, &r->n_cached);
+    int rc = admit(s, r, now, why);
     if (rc)
         return rc;
     s->waitq[(s->wq_head + s->wq_count) % s->max_waiting] = r;
@@ -1116,6 +1176,18 @@ uint64_t kvr_sched_tick(struct kvr_sched *s, uint64_t now)
     uint64_t next = UINT64_MAX;
     if (!s->ring_up)
         next = expire_held(s, now);
+    if (!s->ring_up) { /* a broken ring does nothing: its activity is 0 at once */
+        for (uint32_t i = 0; i < s->plan->n_stages; i++) {
+            struct kvr_sched_stage_stats *st = &s->stats.stage[i];
+            st->util = st->starved_frac = st->blocked_frac = 0;
+            s->win_held[i] = s->win_starved[i] = s->win_blocked[i] = 0;
+        }
+        s->stats.tokens_per_s = 0;
+        s->win_tokens = 0;
+    }
+    roll_window(s, now);
+    if (window_active(s) && s->win_start_ns + WINDOW_NS < next)
+        next = s->win_start_ns + WINDOW_NS;
     if (s->n_inflight == 0)
         return next;
     /* A batch that never comes back means a stage died without closing its links. */

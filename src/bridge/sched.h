@@ -71,6 +71,10 @@ struct kvr_sched_req {
     uint64_t deadline_ns;         /* earliest-deadline-first key; UINT64_MAX: none */
     uint64_t last_token_ns;
     double pred_first_ms;         /* admission's raw first-token estimate (0: none) */
+    double est_first_ms;          /* its estimate of the first token's time from submit,
+                                     corrected by the model's mean error (0: none) */
+    double est_period_ms;         /* ... and of the time between tokens */
+    bool held_once;               /* a ring failure held it: its times say nothing */
     uint32_t n_cached;            /* prompt positions found in the prefix cache (admission's
                                      estimate, then what its slot got) */
     uint32_t n_generated;
@@ -128,6 +132,11 @@ struct kvr_sched_stage_stats {
     double starved_frac, blocked_frac;        /* same window */
 };
 
+/* Bucket bounds of the estimate histograms: admission's estimate / what happened, for the
+ * first token and for the whole answer (1 is exact, above 1 pessimistic). */
+#define KVR_SCHED_RATIO_BUCKETS 9
+extern const double kvr_sched_ratio_bounds[KVR_SCHED_RATIO_BUCKETS];
+
 /* Bucket bounds (seconds) of the queue-time histogram: submit until a sequence slot. */
 #define KVR_SCHED_QUEUE_BUCKETS 10
 extern const double kvr_sched_queue_bounds[KVR_SCHED_QUEUE_BUCKETS];
@@ -152,6 +161,8 @@ struct kvr_sched_stats {
     uint64_t queue_hist[KVR_SCHED_QUEUE_BUCKETS + 1]; /* last bucket: +Inf */
     double queue_sum_s;
     uint64_t queue_count;
+    uint64_t first_ratio_hist[KVR_SCHED_RATIO_BUCKETS + 1]; /* last bucket: +Inf */
+    uint64_t total_ratio_hist[KVR_SCHED_RATIO_BUCKETS + 1];
     double batch_ms_ema;      /* measured round trip of one batch */
     double tokens_per_s;      /* generated tokens over the last ~2 s */
 };

@@ -96,6 +96,9 @@ struct kvr_service_ops {
      * samples; names prefixed "kvasir:"). GET /metrics returns the HTTP layer's own
      * metrics followed by these. May be NULL. */
     void (*metrics)(void *ctx, struct kvr_sbuf *out);
+    /* POST /reset_prefix_cache: forget every cached KV block no sequence uses; returns how
+     * many. May be NULL (nothing cached). */
+    long (*reset_prefix_cache)(void *ctx);
 };
 
 /* What the HTTP layer is given. All pointers borrowed; see the ownership note above. */

@@ -138,6 +138,27 @@ static void per_stage(struct kvr_sbuf *out, const struct kvr_sched_stats *st,
     }
 }
 
+static void ratio_hist(struct kvr_sbuf *out, const char *name, const char *help,
+                       const uint64_t *hist)
+{
+    kvr_sbuf_printf(out, "# HELP kvasir:%s %s\n# TYPE kvasir:%s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (uint32_t i = 0; i < KVR_SCHED_RATIO_BUCKETS; i++) {
+        cum += hist[i];
+        kvr_sbuf_printf(out, "kvasir:%s_bucket{le=\"%g\"} %llu\n", name, kvr_sched_ratio_bounds[i],
+                        (unsigned long long)cum);
+    }
+    cum += hist[KVR_SCHED_RATIO_BUCKETS];
+    kvr_sbuf_printf(out, "kvasir:%s_bucket{le=\"+Inf\"} %llu\nkvasir:%s_count %llu\n", name,
+                    (unsigned long long)cum, name, (unsigned long long)cum);
+}
+
+static long ring_reset_prefix_cache(void *ctx)
+{
+    struct kvr_ring_service *rs = ctx;
+    return (long)kvr_bridge_flush_cache(rs->bridge);
+}
+
 static void ring_metrics(void *ctx, struct kvr_sbuf *out)
 {
     struct kvr_ring_service *rs = ctx;
@@ -146,10 +167,41 @@ static void ring_metrics(void *ctx, struct kvr_sbuf *out)
     gauge(out, "ring_up", "1 when every link of the ring is up.", st.ring_up);
     gauge(out, "num_requests_running", "Requests holding a sequence slot.", st.running);
     gauge(out, "num_requests_waiting", "Admitted requests waiting for a slot.", st.waiting);
-    gauge(out, "kv_blocks_used", "KV blocks reserved, per stage.", st.kv_blocks_used);
+    gauge(out, "kv_blocks_used", "KV blocks running sequences use, per stage (a shared block "
+          "once).", st.kv_blocks_used);
+    gauge(out, "kv_blocks_cached", "KV blocks only the prefix cache holds (evicted least "
+          "recently used when room is needed).", st.kv_blocks_cached);
     gauge(out, "kv_blocks_total", "KV blocks of each stage.", st.kv_blocks_total);
-    gauge(out, "kv_cache_usage_perc", "Fraction of KV blocks reserved.",
+    gauge(out, "kv_cache_usage_perc", "Fraction of KV blocks running sequences use (cached "
+          "blocks nobody uses count as free), as vLLM's.",
           st.kv_blocks_total ? (double)st.kv_blocks_used / st.kv_blocks_total : 0);
+    /* Every stage maps the blocks the bridge names (DESIGN.md 12), so the layout is the
+     * same on each; the label lets dashboards put it beside the stage's other series. */
+    kvr_sbuf_puts(out, "# HELP kvasir:stage_kv_blocks_used KV blocks holding a sequence's or "
+                       "the prefix cache's positions, per stage.\n"
+                       "# TYPE kvasir:stage_kv_blocks_used gauge\n");
+    for (uint32_t i = 0; i < st.n_stages; i++)
+        kvr_sbuf_printf(out, "kvasir:stage_kv_blocks_used{stage=\"%u\"} %u\n", i,
+                        st.kv_blocks_used + st.kv_blocks_cached);
+    kvr_sbuf_printf(out, "# HELP kvasir:prefix_cache_queries_total Prompt tokens looked up in "
+                         "the prefix cache.\n# TYPE kvasir:prefix_cache_queries_total counter\n"
+                         "kvasir:prefix_cache_queries_total %llu\n"
+                         "# HELP kvasir:prefix_cache_hits_total Prompt tokens found there (not "
+                         "computed).\n# TYPE kvasir:prefix_cache_hits_total counter\n"
+                         "kvasir:prefix_cache_hits_total %llu\n"
+                         "# HELP kvasir:prefix_cache_evictions_total Cached KV blocks evicted "
+                         "to make room.\n# TYPE kvasir:prefix_cache_evictions_total counter\n"
+                         "kvasir:prefix_cache_evictions_total %llu\n"
+                         "# HELP kvasir:prompt_tokens_computed_total Prompt rows prefilled.\n"
+                         "# TYPE kvasir:prompt_tokens_computed_total counter\n"
+                         "kvasir:prompt_tokens_computed_total %llu\n",
+                    (unsigned long long)st.prefix_queries, (unsigned long long)st.prefix_hits,
+                    (unsigned long long)st.prefix_evicted,
+                    (unsigned long long)st.prompt_tokens);
+    ratio_hist(out, "estimate_first_token_ratio", "Admission's first-token estimate / the "
+               "time it took.", st.first_ratio_hist);
+    ratio_hist(out, "estimate_total_ratio", "Admission's estimate of the whole answer / the "
+               "time it took.", st.total_ratio_hist);
     gauge(out, "batch_latency_ms", "Moving average of a micro-batch's trip around the ring.",
           st.batch_ms_ema);
     gauge(out, "ring_tokens_per_second", "Tokens generated per second, last window.",
@@ -192,4 +244,5 @@ static void ring_metrics(void *ctx, struct kvr_sbuf *out)
 
 const struct kvr_service_ops kvr_ring_service_ops = {
     .submit = ring_submit, .next = ring_next, .cancel = ring_cancel,
-    .release = ring_release, .health = ring_health, .metrics = ring_metrics};
+    .release = ring_release, .health = ring_health, .metrics = ring_metrics,
+    .reset_prefix_cache = ring_reset_prefix_cache};

@@ -63,7 +63,8 @@ static void usage(FILE *f, bool serve)
                    "  --plan-dir DIR        where to write plan.json (default: a new /tmp dir)\n"
                    "  --base-port P         stage i listens on P+i, the bridge on P-1 (default:\n"
                    "                        free ports)\n"
-                   "  --row-width N --microbatches N --max-seqs N --ctx N --wire f32|f16\n");
+                   "  --row-width N --microbatches N --max-seqs N --ctx N --kv-blocks N\n"
+                   "  --wire f32|f16\n");
     else
         fprintf(f, "usage: kvasir bridge --plan PLAN [options]\n"
                    "  Serve the OpenAI-compatible API for a ring whose stages run elsewhere.\n");
@@ -162,6 +163,8 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
             num = &o->spec.max_seqs;
         else if (serve && !strcmp(a, "--ctx"))
             num = &o->spec.n_ctx;
+        else if (serve && !strcmp(a, "--kv-blocks"))
+            num = &o->spec.kv_blocks;
         else if (serve && !strcmp(a, "--wire")) {
             if (strcmp(v, "f32") && strcmp(v, "f16")) {
                 fprintf(stderr, "kvasir serve: --wire is f32 or f16\n");

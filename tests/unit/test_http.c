@@ -220,7 +220,7 @@ static void fake_metrics(void *ctx, struct kvr_sbuf *out)
 }
 
 static const struct kvr_service_ops fake_ops = {
-    fake_submit, fake_next, fake_cancel, fake_release, fake_health, fake_metrics,
+    fake_submit, fake_next, fake_cancel, fake_release, fake_health, fake_metrics, NULL,
 };
 
 /* " Once upon a time.é The end." then EOS. */
