@@ -602,23 +602,47 @@ int kvr_tok_create_from_vocab(struct kvr_tok **out, const struct kvr_tok_vocab *
     add_eog(t, t->eot);
     add_eog(t, t->eom);
     /* The end-of-turn and end-of-message pieces llama.cpp also stops at, whatever their
-     * type (DeepSeek's uses U+FF5C and U+2581). */
-    static const char *const eog_texts[] = {
-        "<|eot_id|>",      "<|im_end|>",         "<|end|>",       "<end_of_turn>",
-        "<|endoftext|>",   "<|eom_id|>",         "<EOT>",         "_<EOT>",
-        "<|end_of_text|>", "<end_of_utterance>", "<|return|>",    "<|call|>",
-        "<\xEF\xBD\x9C"
-        "end\xE2\x96\x81of\xE2\x96\x81sentence\xEF\xBD\x9C>"};
+     * type. DeepSeek writes its markers <｜...｜> with U+FF5C and U+2581 for spaces. */
+#define DS_SP "\xE2\x96\x81"
+#define DS_MARK(s) "<\xEF\xBD\x9C" s "\xEF\xBD\x9C>"
+    static const char *const eog_texts[] = {"<|eot_id|>",
+                                            "<|im_end|>",
+                                            "<|end|>",
+                                            "<end_of_turn>",
+                                            "<|endoftext|>",
+                                            "<|eom_id|>",
+                                            "<EOT>",
+                                            "_<EOT>",
+                                            "<|end_of_text|>",
+                                            "<end_of_utterance>",
+                                            "<|return|>",
+                                            "<|call|>",
+                                            DS_MARK("end" DS_SP "of" DS_SP "sentence")};
     /* Fill-in-the-middle markers of code models. */
-    static const char *const fim_texts[] = {
-        "<|fim_prefix|>", "<fim-prefix>",   "<PRE>",           "<|code_prefix|>",
-        "<|fim_suffix|>", "<fim-suffix>",   "<SUF>",           "<|code_suffix|>",
-        "<|fim_middle|>", "<fim-middle>",   "<MID>",           "<|code_middle|>",
-        "<|fim_pad|>",    "<fim-pad>",      "<|fim_repo|>",    "<|repo_name|>",
-        "<fim-repo>",     "<REPO>",         "<reponame>",      "<|file_sep|>",
-        "<file_sep>",     "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "begin\xEF\xBD\x9C>",
-        "<\xEF\xBD\x9C" "fim\xE2\x96\x81hole\xEF\xBD\x9C>",
-        "<\xEF\xBD\x9C" "fim\xE2\x96\x81" "end\xEF\xBD\x9C>"};
+    static const char *const fim_texts[] = {"<|fim_prefix|>",
+                                            "<fim-prefix>",
+                                            "<PRE>",
+                                            "<|code_prefix|>",
+                                            "<|fim_suffix|>",
+                                            "<fim-suffix>",
+                                            "<SUF>",
+                                            "<|code_suffix|>",
+                                            "<|fim_middle|>",
+                                            "<fim-middle>",
+                                            "<MID>",
+                                            "<|code_middle|>",
+                                            "<|fim_pad|>",
+                                            "<fim-pad>",
+                                            "<|fim_repo|>",
+                                            "<|repo_name|>",
+                                            "<fim-repo>",
+                                            "<REPO>",
+                                            "<reponame>",
+                                            "<|file_sep|>",
+                                            "<file_sep>",
+                                            DS_MARK("fim" DS_SP "begin"),
+                                            DS_MARK("fim" DS_SP "hole"),
+                                            DS_MARK("fim" DS_SP "end")};
     /* llama.cpp treats both kinds as control tokens whatever type the file gives them (a
      * user-defined <|fim_prefix|> is then text unless specials are parsed, and decodes to
      * nothing unless asked), so they are made control here too. */

@@ -373,8 +373,8 @@ static size_t scan_digits3(const uint32_t *c, size_t n, size_t pos, size_t *skip
 /* BLOOM and its relatives:  ?[^(\s|.,!?…。，、।۔،)]+  (a class, so '(' '|' ')' are members). */
 static bool is_bloom_word(uint32_t c)
 {
-    static const uint32_t stop[] = {'(', '|', ')', '.', ',', '!', '?', 0x2026, 0x3002,
-                                    0xFF0C, 0x3001, 0x0964, 0x06D4, 0x060C};
+    static const uint32_t stop[] = {'(',    '|',    ')',    '.',    ',',    '!',    '?',
+                                    0x2026, 0x3002, 0xFF0C, 0x3001, 0x0964, 0x06D4, 0x060C};
     if (is_space(c))
         return false;
     for (size_t i = 0; i < N_OF(stop); i++)
@@ -417,27 +417,24 @@ static const scan_fn scanners[RULE_COUNT] = {
  * are vocabularies whose patterns are the same. */
 
 static const char *const names_gpt2[] = {
-    "gpt-2",      "phi-2",      "roberta-bpe",  "mpt",     "olmo",      "jais",
-    "jina-es",    "jina-de",    "jina-v1-en",   "jina-v2-es", "jina-v2-de", "jina-v2-code",
-    "gigachat",   "a.x-4.0",    "mellum",       "trillion", "granite-docling", "exaone4",
-    "modern-bert", NULL};
-static const char *const names_llama3[] = {"llama-bpe", "llama3",   "llama-v3", "falcon3",
-                                           "falcon-h1", "pixtral",  "midm-2.0", "lfm2",
-                                           NULL};
-static const char *const names_llama3_merged[] = {"dbrx", "smaug-bpe", "glm4", "chatglm-bpe",
-                                                  NULL};
-static const char *const names_qwen2[] = {"qwen2",  "deepseek-r1-qwen", "megrez", "stablelm2",
-                                          "hunyuan", "kormo",           "solar-open", NULL};
+    "gpt-2",   "phi-2",      "roberta-bpe",     "mpt",        "olmo",         "jais",     "jina-es",
+    "jina-de", "jina-v1-en", "jina-v2-es",      "jina-v2-de", "jina-v2-code", "gigachat", "a.x-4.0",
+    "mellum",  "trillion",   "granite-docling", "exaone4",    "modern-bert",  NULL};
+static const char *const names_llama3[] = {
+    "llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", NULL};
+static const char *const names_llama3_merged[] = {"dbrx", "smaug-bpe", "glm4", "chatglm-bpe", NULL};
+static const char *const names_qwen2[] = {
+    "qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan", "kormo", "solar-open", NULL};
 static const char *const names_bloom[] = {"bloom", "poro-chat", "gpt3-finnish", NULL};
 static const char *const names_viking[] = {"viking", NULL};
 static const char *const names_dsl[] = {"deepseek-llm", NULL};
 static const char *const names_dsc[] = {"deepseek-coder", NULL};
 static const char *const names_falcon[] = {"falcon", NULL};
-static const char *const names_starcoder[] = {"starcoder", "refact", "command-r", "smollm",
+static const char *const names_starcoder[] = {"starcoder", "refact", "command-r",  "smollm",
                                               "codeshell", "exaone", "minerva-7b", NULL};
 static const char *const names_default[] = {"default", NULL};
 
-#define ROW(names_, ...)                                                                   \
+#define ROW(names_, ...)                                                                           \
     .names = (names_), .n_rules = sizeof((uint8_t[]){__VA_ARGS__}), .rules = {__VA_ARGS__}
 
 static const struct kvr_pre table[] = {

@@ -813,9 +813,9 @@ static struct kvr_tok *llama_bpe_as(const char *pre)
 }
 
 /* One name of each row of the table (tokenizer_pre.c). */
-static const char *const pre_rows[] = {"gpt-2",          "llama-bpe", "dbrx",      "qwen2",
-                                       "deepseek-llm",   "deepseek-coder", "falcon", "starcoder",
-                                       "bloom",          "viking",    "default"};
+static const char *const pre_rows[] = {"gpt-2",        "llama-bpe",      "dbrx",   "qwen2",
+                                       "deepseek-llm", "deepseek-coder", "falcon", "starcoder",
+                                       "bloom",        "viking",         "default"};
 
 /* A 100 kB text of one of several shapes, each the worst case of some rule: long runs of
  * one class (one huge word), white space that never ends a word, many tiny words. */
@@ -823,7 +823,14 @@ static size_t hostile_text(int shape, char *out, size_t cap)
 {
     static const char *const units[] = {
         "Hello, world! It's 2024: 3.14159 apples \xE2\x80\x94 \xE4\xBD\xA0\xE5\xA5\xBD\n",
-        "a", " ", "1", "\xE4\xB8\x80", "!?", "a ", " \t\n", "\xF0\x9F\xA6\x99"};
+        "a",
+        " ",
+        "1",
+        "\xE4\xB8\x80",
+        "!?",
+        "a ",
+        " \t\n",
+        "\xF0\x9F\xA6\x99"};
     const char *u = units[shape];
     size_t n = strlen(u), m = 0;
     while (m + n <= cap) {
@@ -952,8 +959,9 @@ static void test_specials_and_eog(void **state)
     kvr_tok_destroy(t);
 
     /* The EOT/EOM ids of the file count too, and so do the known end-of-turn pieces. */
-    struct kvr_gguf_str toks[8] = {S("a"),          S("b"),          S("<x>"),
-                                   S("<y>"),        S("<|eom_id|>"), S("<end_of_turn>"),
+    struct kvr_gguf_str toks[8] = {S("a"),          S("b"),
+                                   S("<x>"),        S("<y>"),
+                                   S("<|eom_id|>"), S("<end_of_turn>"),
                                    S("<|im_sep|>"), S("<|end_of_text|>")};
     struct kvr_tok_vocab v;
     kvr_tok_vocab_init(&v, KVR_TOK_BPE);
@@ -997,22 +1005,23 @@ static void test_unicode_classes(void **state)
         uint32_t cp;
         enum kvr_ucat cat;
     } cases[] = {
-        {'A', KVR_UCAT_LETTER},       {'_', KVR_UCAT_PUNCT},        {'$', KVR_UCAT_SYMBOL},
-        {'`', KVR_UCAT_SYMBOL},       {0xB5, KVR_UCAT_LETTER},      {0xD7, KVR_UCAT_SYMBOL},
-        {0x0301, KVR_UCAT_MARK},      {0x0663, KVR_UCAT_NUMBER},    {0x2160, KVR_UCAT_NUMBER},
-        {0x00BD, KVR_UCAT_NUMBER},    {0x2014, KVR_UCAT_PUNCT},     {0x3002, KVR_UCAT_PUNCT},
-        {0x4E00, KVR_UCAT_LETTER},    {0x9FFF, KVR_UCAT_LETTER},    {0x20000, KVR_UCAT_LETTER},
-        {0xAC00, KVR_UCAT_LETTER},    {0x1F999, KVR_UCAT_SYMBOL},   {0x3000, KVR_UCAT_SEPARATOR},
-        {0x200B, KVR_UCAT_OTHER},     {0xE000, KVR_UCAT_OTHER},     {0x0378, KVR_UCAT_OTHER},
-        {0x10FFFF, KVR_UCAT_OTHER},   {0x110000, KVR_UCAT_OTHER},   {0x0E31, KVR_UCAT_MARK},
-        {0x01C5, KVR_UCAT_LETTER},    {0x02B0, KVR_UCAT_LETTER},    {0xFF01, KVR_UCAT_PUNCT},
+        {'A', KVR_UCAT_LETTER},     {'_', KVR_UCAT_PUNCT},      {'$', KVR_UCAT_SYMBOL},
+        {'`', KVR_UCAT_SYMBOL},     {0xB5, KVR_UCAT_LETTER},    {0xD7, KVR_UCAT_SYMBOL},
+        {0x0301, KVR_UCAT_MARK},    {0x0663, KVR_UCAT_NUMBER},  {0x2160, KVR_UCAT_NUMBER},
+        {0x00BD, KVR_UCAT_NUMBER},  {0x2014, KVR_UCAT_PUNCT},   {0x3002, KVR_UCAT_PUNCT},
+        {0x4E00, KVR_UCAT_LETTER},  {0x9FFF, KVR_UCAT_LETTER},  {0x20000, KVR_UCAT_LETTER},
+        {0xAC00, KVR_UCAT_LETTER},  {0x1F999, KVR_UCAT_SYMBOL}, {0x3000, KVR_UCAT_SEPARATOR},
+        {0x200B, KVR_UCAT_OTHER},   {0xE000, KVR_UCAT_OTHER},   {0x0378, KVR_UCAT_OTHER},
+        {0x10FFFF, KVR_UCAT_OTHER}, {0x110000, KVR_UCAT_OTHER}, {0x0E31, KVR_UCAT_MARK},
+        {0x01C5, KVR_UCAT_LETTER},  {0x02B0, KVR_UCAT_LETTER},  {0xFF01, KVR_UCAT_PUNCT},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         if (kvr_cp_ucat(cases[i].cp) != cases[i].cat)
             fail_msg("U+%04X: category %d, want %d", cases[i].cp, (int)kvr_cp_ucat(cases[i].cp),
                      (int)cases[i].cat);
-    static const uint32_t spaces[] = {0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680,
-                                      0x2000, 0x200A, 0x2028, 0x2029, 0x202F, 0x205F, 0x3000};
+    static const uint32_t spaces[] = {0x09,   0x0A,   0x0B,   0x0C,   0x0D,   0x20,
+                                      0x85,   0xA0,   0x1680, 0x2000, 0x200A, 0x2028,
+                                      0x2029, 0x202F, 0x205F, 0x3000};
     for (size_t i = 0; i < sizeof spaces / sizeof spaces[0]; i++)
         assert_true(kvr_cp_is_space(spaces[i]));
     static const uint32_t not_spaces[] = {0x08, 0x1C, 0x1F, 0x200B, 0x180E, 0xFEFF, 'a'};
