@@ -5,15 +5,19 @@
  *   mode % 4 == 1  the same with a small GPT-2 byte-level BPE vocabulary
  *   mode % 4 == 2  build a vocabulary from the payload (see vocab_from_bytes), then encode
  *   mode % 4 == 3  open the payload as a GGUF image and build the tokenizer from it
- *   bit 4: parse_special, bit 5: add_special, bit 6 (mode 2): BPE instead of SPM.
+ *   bit 4: parse_special, bit 5: add_special, bit 6 (mode 2): BPE instead of SPM,
+ *   bit 7 (modes 1 and 2, BPE): the next byte picks the pre-tokenizer, by index into the
+ *   names kvr_tok_pre_name lists (modulo their count); without it, GPT-2's.
  * Invariants checked (a violation traps): encode never fails with enough room, reports
  * KVR_EFULL with one id too few, returns ids in range; streaming decode only ever emits
  * valid UTF-8; valid UTF-8 text without specials decodes back to itself (for SPM, unless
  * it contains U+2581 itself, which SentencePiece cannot tell from an escaped space, or a
- * user-defined token, after which SPM adds a space). */
+ * user-defined token, after which SPM adds a space). With a pre-tokenizer picked, its
+ * split is also checked directly: the words cover the text in order, none empty. */
 #define _GNU_SOURCE /* memmem */
 #include "model/gguf.h"
 #include "model/tokenizer.h"
+#include "model/tokenizer_pre.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -117,8 +121,9 @@ make_spm(void)
     return t;
 }
 
-/* BPE: the 256 byte-alphabet characters, a few merges and <|endoftext|>. */
-static struct kvr_tok *make_bpe(void)
+/* BPE: the 256 byte-alphabet characters, a few merges and <|endoftext|>, with the
+ * pre-tokenizer named `pre` (NULL: GPT-2's). */
+static struct kvr_tok *make_bpe(const char *pre)
 {
     static char alpha[256][4];
     static const char *const merged[] = {"\xC4\xA0t", "he", "\xC4\xA0the", "ll",
@@ -129,9 +134,9 @@ static struct kvr_tok *make_bpe(void)
     static struct kvr_gguf_str toks[N], rules[N_MERGED];
     static int32_t types[N];
     int n = 0;
+    unsigned next = 0x100;
     for (unsigned b = 0; b < 256; b++) {
         /* The byte alphabet: printable Latin-1 stands for itself, the rest from U+0100. */
-        static unsigned next = 0x100;
         bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
         unsigned cp = printable ? b : next++;
         if (cp < 0x80) {
@@ -158,9 +163,42 @@ static struct kvr_tok *make_bpe(void)
     v.n_merges = N_MERGED;
     v.merges = rules;
     v.bos_id = v.eos_id = n - 1;
+    if (pre)
+        v.pre = S(pre);
     struct kvr_tok *t = NULL;
     CHECK(kvr_tok_create_from_vocab(&t, &v, NULL) == 0);
     return t;
+}
+
+/* The index of the name picked by byte b (see the mode byte). */
+static size_t pick_pre(uint8_t b)
+{
+    size_t n = 0;
+    while (kvr_tok_pre_name(n))
+        n++;
+    return b % n;
+}
+
+/* The pre-tokenizer's split of text as code points (one per byte here: the split works on
+ * any code point values), checked for covering the text. */
+static void check_split(const char *pre, const uint8_t *text, size_t len)
+{
+    static uint32_t cps[MAX_TEXT], a[MAX_TEXT + 1], b[MAX_TEXT + 1];
+    if (len > MAX_TEXT)
+        len = MAX_TEXT;
+    /* One code point per byte: at odd positions the byte itself (ASCII and Latin-1: space,
+     * digits, punctuation, \r\n), at even ones spread over all planes (letters, marks,
+     * CJK, unassigned), so every class the rules ask about shows up. */
+    for (size_t i = 0; i < len; i++)
+        cps[i] = i % 2 ? text[i] : (uint32_t)text[i] * 0x1111u % 0x110000u;
+    const struct kvr_pre *p = kvr_pre_find(pre, strlen(pre));
+    CHECK(p != NULL);
+    size_t n_words;
+    const uint32_t *ends = kvr_pre_split(p, cps, len, a, b, &n_words);
+    CHECK(n_words <= len);
+    CHECK(len == 0 || (n_words > 0 && ends[n_words - 1] == len));
+    for (size_t w = 0; w < n_words; w++)
+        CHECK(ends[w] > (w ? ends[w - 1] : 0));
 }
 
 /* Encode, check the invariants, decode. */
@@ -206,8 +244,8 @@ static void exercise(const struct kvr_tok *t, const uint8_t *text, size_t len, b
 /* Mode 2: lines of the first part (up to a 0 byte) are pieces; a leading '!' marks a
  * control token, '~' user-defined, '?' unknown, '^' byte; lines starting with '#' are BPE
  * merges. The rest of the payload is the text. */
-static void vocab_from_bytes(const uint8_t *p, size_t n, bool bpe, bool add_special,
-                             bool parse_special)
+static void vocab_from_bytes(const uint8_t *p, size_t n, bool bpe, const char *pre,
+                             bool add_special, bool parse_special)
 {
     enum { MAX = 512 };
     static struct kvr_gguf_str toks[MAX], merges[MAX];
@@ -247,6 +285,8 @@ static void vocab_from_bytes(const uint8_t *p, size_t n, bool bpe, bool add_spec
     v.types = types;
     v.n_merges = bpe ? n_merge : 0;
     v.merges = merges;
+    if (bpe && pre)
+        v.pre = S(pre);
     /* Keep the default special ids only where they exist. */
     if (v.bos_id >= n_tok)
         v.bos_id = -1;
@@ -266,10 +306,10 @@ static void vocab_from_bytes(const uint8_t *p, size_t n, bool bpe, bool add_spec
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    static struct kvr_tok *spm, *bpe;
+    static struct kvr_tok *spm, *bpe, *bpe_pre[256]; /* by pre-tokenizer index */
     if (!spm) {
         spm = make_spm();
-        bpe = make_bpe();
+        bpe = make_bpe(NULL);
     }
     if (size < 1)
         return 0;
@@ -277,15 +317,27 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     bool parse_special = mode & 0x10, add_special = mode & 0x20;
     const uint8_t *p = data + 1;
     size_t n = size - 1;
+    const char *pre = NULL;
+    size_t pre_index = 0;
+    if ((mode & 3) != 0 && (mode & 3) != 3 && (mode & 0x80) && n > 0) {
+        pre_index = pick_pre(p[0]);
+        pre = kvr_tok_pre_name(pre_index);
+        if (!bpe_pre[pre_index])
+            bpe_pre[pre_index] = make_bpe(pre);
+        p++;
+        n--;
+    }
     switch (mode & 3) {
     case 0:
         exercise(spm, p, n, add_special, parse_special, true);
         break;
     case 1:
-        exercise(bpe, p, n, add_special, parse_special, true);
+        exercise(pre ? bpe_pre[pre_index] : bpe, p, n, add_special, parse_special, true);
+        if (pre)
+            check_split(pre, p, n);
         break;
     case 2:
-        vocab_from_bytes(p, n, mode & 0x40, add_special, parse_special);
+        vocab_from_bytes(p, n, mode & 0x40, pre, add_special, parse_special);
         break;
     default: {
         struct kvr_gguf *g = NULL;
