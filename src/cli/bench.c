@@ -18,6 +18,7 @@
  * The measuring and the numbers are split: this file sends requests and fills one
  * struct kvr_lg_record per request; bridge/loadgen.c turns records into percentiles,
  * throughput and goodput, and draws the sweep plot. docs/BENCH.md explains the output. */
+#include "cli/bench_multiturn.h"
 #include "cli/cmd.h"
 #include "cli/common.h"
 
@@ -74,6 +75,9 @@ struct opts {
     double sweep[MAX_SWEEP];
     int n_sweep;
     bool sweep_auto, quiet;
+    bool multi_turn; /* bench_multiturn.h; its own shape options below */
+    uint32_t mt_conversations, mt_turns, mt_system_words;
+    struct kvr_lg_range mt_turn_words;
 };
 
 static void usage(FILE *f)
@@ -109,7 +113,13 @@ static void usage(FILE *f)
                "output:\n"
                "  --json FILE             everything, including every request\n"
                "  --svg FILE              sweep plot (latency and goodput against offered rate)\n"
-               "  --quiet                 no progress line\n");
+               "  --quiet                 no progress line\n"
+               "multi-turn chat (a prefix cache's case; --output-len gives the answer length):\n"
+               "  --multi-turn            conversations of turns, each prompt the previous one\n"
+               "                          + its answer + a new turn; TTFT per turn\n"
+               "  --conversations N       at once (default 32)   --turns N (default 6)\n"
+               "  --system-words N        shared system prompt (default 400)\n"
+               "  --turn-words LO:HI      words a turn adds (default 50:150)\n");
 }
 
 static int parse_double(const char *opt, const char *v, double lo, double *out)
@@ -139,6 +149,10 @@ static int parse_opts(int argc, char **argv, struct opts *o)
     o->output_len = (struct kvr_lg_range){64, 64};
     o->temperature = NAN;
     o->timeout_s = 300;
+    o->mt_conversations = 32;
+    o->mt_turns = 6;
+    o->mt_system_words = 400;
+    o->mt_turn_words = (struct kvr_lg_range){50, 150};
     bool have_rate = false;
     struct kvr_err err = {0};
     for (int i = 1; i < argc; i++) {
@@ -155,6 +169,10 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             o->quiet = true;
             continue;
         }
+        if (!strcmp(a, "--multi-turn")) {
+            o->multi_turn = true;
+            continue;
+        }
         if (!v) {
             fprintf(stderr, "kvasir bench: %s needs a value\n", a);
             return 2;
@@ -162,7 +180,16 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         i++;
         int rc = 0;
         double d;
-        if (!strcmp(a, "--url"))
+        if (!strcmp(a, "--conversations"))
+            rc = kvr_cli_u32(a, v, 1, 1024, &o->mt_conversations);
+        else if (!strcmp(a, "--turns"))
+            rc = kvr_cli_u32(a, v, 1, 64, &o->mt_turns);
+        else if (!strcmp(a, "--system-words"))
+            rc = kvr_cli_u32(a, v, 0, 100000, &o->mt_system_words);
+        else if (!strcmp(a, "--turn-words")) {
+            if (kvr_lg_range_parse(&o->mt_turn_words, v, 100000, &err))
+                rc = -1, fprintf(stderr, "kvasir bench: --turn-words: %s\n", err.msg);
+        } else if (!strcmp(a, "--url"))
             o->url = v;
         else if (!strcmp(a, "--api-key"))
             o->api_key = v;
@@ -244,9 +271,11 @@ static int parse_opts(int argc, char **argv, struct opts *o)
             return 2;
     }
     int modes = have_rate + (o->concurrency > 0) + (o->n_sweep > 0) + o->sweep_auto;
-    if (modes != 1) {
-        fprintf(stderr, "kvasir bench: give exactly one of --rate, --concurrency, --sweep and "
-                        "--sweep-auto\n");
+    if (o->multi_turn && modes == 0)
+        return 0;
+    if (modes != 1 || o->multi_turn) {
+        fprintf(stderr, "kvasir bench: give exactly one of --rate, --concurrency, --sweep, "
+                        "--sweep-auto and --multi-turn\n");
         return 2;
     }
     if (o->max_concurrency && o->concurrency) {
@@ -1513,6 +1542,16 @@ int kvr_cmd_bench(int argc, char **argv)
     if (!model)
         goto out;
     env.model = model;
+    if (o.multi_turn) {
+        struct kvr_multiturn_spec mt = {
+            .url = &env.url, .api_key = o.api_key, .model = model,
+            .n_conversations = o.mt_conversations, .n_turns = o.mt_turns,
+            .system_words = o.mt_system_words, .turn_lo = o.mt_turn_words.lo,
+            .turn_hi = o.mt_turn_words.hi, .output_tokens = o.output_len.lo,
+            .seed = o.seed, .timeout_s = o.timeout_s};
+        rc = kvr_bench_multiturn(&mt);
+        goto out;
+    }
 
     double rates[MAX_SWEEP];
     int n_rates = 0;

@@ -87,7 +87,9 @@ int kvr_kv_prepare(struct kvr_kv *kv, uint32_t seq, uint32_t pos0, uint32_t n_to
                            seq, (unsigned long long)end);
     uint32_t need = kvr_kv_blocks_for(kv, (uint32_t)end);
     if (kv->mapped) {
-        if (need > kv->n_mapped[seq])
+        /* Every MAP of an opening names the same cached positions; they must be in blocks
+         * mapped by the time the sequence runs. */
+        if (need > kv->n_mapped[seq] || kvr_kv_blocks_for(kv, kv->n_pos[seq]) > kv->n_mapped[seq])
             return kvr_err_set(err, KVR_ERANGE, "kv: sequence %u writes position %llu but "
                                "was mapped %u blocks", seq, (unsigned long long)end - 1,
                                kv->n_mapped[seq]);
@@ -125,9 +127,10 @@ int kvr_kv_map(struct kvr_kv *kv, uint32_t seq, uint32_t n_cached, uint32_t firs
     if (n > kv->max_blocks_per_seq - first)
         return kvr_err_set(err, KVR_EINVAL, "kv: map of sequence %u: %u + %u blocks, at most "
                            "%u", seq, first, n, kv->max_blocks_per_seq);
-    if (n_cached % kv->block_tokens || n_cached / kv->block_tokens > first + n)
-        return kvr_err_set(err, KVR_EINVAL, "kv: map of sequence %u: %u cached positions "
-                           "in %u blocks of %u", seq, n_cached, first + n, kv->block_tokens);
+    if (n_cached % kv->block_tokens || n_cached / kv->block_tokens > kv->max_blocks_per_seq)
+        return kvr_err_set(err, KVR_EINVAL, "kv: map of sequence %u: %u cached positions, "
+                           "at most %u blocks of %u", seq, n_cached, kv->max_blocks_per_seq,
+                           kv->block_tokens);
     for (uint32_t i = 0; i < n; i++)
         if (ids[i] >= kv->n_blocks)
             return kvr_err_set(err, KVR_EINVAL, "kv: map of sequence %u: block %u, the cache "

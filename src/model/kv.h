@@ -67,9 +67,11 @@ int kvr_kv_prepare(struct kvr_kv *kv, uint32_t seq, uint32_t pos0, uint32_t n_to
 /* Set entries [first, first + n) of `seq`'s block table to ids[0..n), and the positions it
  * has cached to n_cached (its first n_cached positions are in blocks already written by an
  * earlier sequence: a prefix-cache hit). The first map of a sequence must have first == 0
- * and the sequence must be empty; later ones continue at first == the entries set so far.
- * KVR_EINVAL (nothing changes) for an id out of range, a gap, n_cached beyond the mapped
- * blocks or not a whole number of blocks, or a cache that has lazily taken blocks. */
+ * and the sequence must be empty; later ones continue at first == the entries set so far,
+ * with the same n_cached. KVR_EINVAL (nothing changes) for an id out of range, a gap,
+ * n_cached not a whole number of blocks or beyond the context, or a cache that has lazily
+ * taken blocks. kvr_kv_prepare refuses to run the sequence while n_cached reaches past
+ * the blocks mapped so far. */
 int kvr_kv_map(struct kvr_kv *kv, uint32_t seq, uint32_t n_cached, uint32_t first,
                const uint32_t *ids, uint32_t n, struct kvr_err *err);
 

@@ -48,7 +48,9 @@
  *    16  32  ids            8 x i32: tokens for the penalty window, < n_vocab; 0 past n_ids
  *   MAP (struct kvr_wire_map; flags 0):
  *     8   4  n_cached       u32: positions already in the blocks, a multiple of the block
- *                           size, <= (first + n_ids) blocks
+ *                           size, <= ceil(n_ctx / block) blocks; the same in every record
+ *                           of one opening (the stage checks it against the mapped blocks
+ *                           before the sequence runs)
  *    12   4  first          u32: table entry of ids[0]; first + n_ids <= ceil(n_ctx / block)
  *    16   4  n_ids          u32, 1..7
  *    20  28  ids            7 x u32: block ids, < kv_blocks; 0 past n_ids
@@ -481,10 +483,10 @@ static int decode_ctrl(const uint8_t *p, uint32_t i, const struct kvr_wire_limit
                          "most %u blocks", i, c->seq, m->first, m->n_ids,
                          lim->max_blocks_per_seq);
         if (m->n_cached % lim->kv_block_tokens ||
-            m->n_cached / lim->kv_block_tokens > m->first + m->n_ids)
-            return PROTO("control record %u (MAP seq %u): %u cached positions in %u blocks of "
-                         "%u", i, c->seq, m->n_cached, m->first + m->n_ids,
-                         lim->kv_block_tokens);
+            m->n_cached / lim->kv_block_tokens > lim->max_blocks_per_seq)
+            return PROTO("control record %u (MAP seq %u): %u cached positions, a sequence "
+                         "has at most %u blocks of %u", i, c->seq, m->n_cached,
+                         lim->max_blocks_per_seq, lim->kv_block_tokens);
         for (uint32_t k = 0; k < KVR_WIRE_MAP_IDS; k++) {
             m->ids[k] = kvr_ld32(p + 20 + 4 * k);
             if (k >= m->n_ids ? m->ids[k] != 0 : m->ids[k] >= lim->kv_blocks)

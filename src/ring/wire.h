@@ -167,8 +167,9 @@ struct kvr_wire_replay {
  * are shared), so its prefill starts at position n_cached. Every stage applies the same
  * records, so all map the same blocks in the same order. */
 struct kvr_wire_map {
-    uint32_t n_cached; /* a multiple of the block size, <= (first + n_ids) blocks; the same
-                          in every MAP record of one opening */
+    uint32_t n_cached; /* a multiple of the block size, <= max_blocks_per_seq blocks; the
+                          same in every MAP record of one opening, and within the blocks
+                          mapped once they all are (the stage checks before it runs) */
     uint32_t first;    /* table entry of ids[0]: 0, then continuing the previous record */
     uint32_t n_ids;    /* 1 .. KVR_WIRE_MAP_IDS */
     uint32_t ids[KVR_WIRE_MAP_IDS]; /* block ids < the plan's kv_blocks; 0 past n_ids */

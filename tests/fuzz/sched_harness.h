@@ -193,7 +193,7 @@ static inline void sh_stage_view(struct sh *h, const struct sh_batch *bt)
             const struct kvr_wire_map *m = &c->map;
             if (!h->open[c->seq] || m->first != h->n_mapped[c->seq] || m->n_ids == 0 ||
                 m->first + m->n_ids > SH_MAX_BLOCKS_SEQ || m->n_cached % SH_BT ||
-                m->n_cached / SH_BT > m->first + m->n_ids) {
+                m->n_cached / SH_BT > SH_MAX_BLOCKS_SEQ) {
                 sh_failf(h, "bad MAP for seq %u", c->seq);
                 continue;
             }
@@ -214,7 +214,8 @@ static inline void sh_stage_view(struct sh *h, const struct sh_batch *bt)
         if (g->seq >= h->plan.max_seqs || !h->open[g->seq])
             continue; /* reported below */
         if (g->pos0 != h->n_pos[g->seq] ||
-            (g->pos0 + g->n_tokens + SH_BT - 1) / SH_BT > h->n_mapped[g->seq]) {
+            (g->pos0 + g->n_tokens + SH_BT - 1) / SH_BT > h->n_mapped[g->seq] ||
+            (h->n_pos[g->seq] + SH_BT - 1) / SH_BT > h->n_mapped[g->seq]) {
             sh_failf(h, "seq %u writes [%u, +%u) with %u positions in %u blocks", g->seq,
                      g->pos0, g->n_tokens, h->n_pos[g->seq], h->n_mapped[g->seq]);
             row += g->n_tokens;

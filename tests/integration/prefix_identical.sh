@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The prefix cache changes no token (DESIGN.md 12): 12 sequences whose prompts share
-# prefixes of different lengths (a long shared "system prompt", shorter shared openings, and
+# prefixes of different lengths (a long shared "system prompt" of more blocks than one MAP
+# record names, shorter shared openings, and
 # turns that repeat an earlier prompt and continue it), 6 greedy and 6 sampled with seeds,
 # give exactly the same tokens through the single-process engine, a 3-stage ring in flight
 # with the prefix cache, and the same ring with --no-prefix-cache. The plan has 4 sequence
@@ -32,7 +33,7 @@ timeout 120 "$KVASIR" run -m "$stories" --prompts "$TMP/prompts.jsonl" --json --
     -t 1 >"$TMP/ref.jsonl" 2>"$TMP/ref.log" || { cat "$TMP/ref.log"; fail "single-process run"; }
 [ "$(wc -l <"$TMP/ref.jsonl")" = 12 ] || fail "expected 12 reference lines"
 
-start_ring "$stories" 3 3 ring --max-seqs 4 --kv-block 16
+start_ring "$stories" 3 3 ring --max-seqs 4 --kv-block 8
 for mode in cache nocache; do
     flag=""
     [ $mode = nocache ] && flag=--no-prefix-cache

@@ -551,6 +551,16 @@ static void test_prefix_reuse(void **state)
     sh_run(h, 2000);
     OK(h);
     assert_stream(&h->reqs[5], 8);
+    /* A long shared prefix: 9 cached blocks, more than one MAP record names. */
+    h->shared_prefix = 150;
+    assert_int_equal(sh_submit(h, 6, 180, 8, 0, 1, 0, 0, &why), 0);
+    sh_run(h, 2000);
+    assert_int_equal(sh_submit(h, 7, 180, 8, 0, 1, 0, 0, &why), 0);
+    assert_int_equal(h->reqs[7].r.n_cached, 144);
+    sh_run(h, 2000);
+    OK(h);
+    assert_stream(&h->reqs[6], 8);
+    assert_stream(&h->reqs[7], 8);
     done(h);
 }
 

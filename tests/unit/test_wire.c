@@ -775,11 +775,12 @@ static void test_map_records(void **state)
     struct kvr_wire_limits lim;
     limits(&lim, 0);
     assert_int_equal(lim.max_blocks_per_seq, 8);
-    struct kvr_seg seg = {2, 32, 1, KVR_SEG_PREFILL};
+    /* 8 cached blocks: more than the first record names (the second maps the last). */
+    struct kvr_seg seg = {2, 112, 1, KVR_SEG_PREFILL};
     const struct kvr_wire_ctrl map[2] = {
         {.type = KVR_WIRE_CTRL_MAP, .seq = 2,
-         .map = {.n_cached = 32, .first = 0, .n_ids = 7, .ids = {63, 1, 2, 3, 4, 5, 6}}},
-        {.type = KVR_WIRE_CTRL_MAP, .seq = 2, .map = {.n_cached = 32, .first = 7, .n_ids = 1,
+         .map = {.n_cached = 128, .first = 0, .n_ids = 7, .ids = {63, 1, 2, 3, 4, 5, 6}}},
+        {.type = KVR_WIRE_CTRL_MAP, .seq = 2, .map = {.n_cached = 128, .first = 7, .n_ids = 1,
                                                       .ids = {9}}},
     };
     struct kvr_wire_ctrl all[3] = {ctrl3[0], map[0], map[1]};
@@ -806,7 +807,7 @@ static void test_map_records(void **state)
     } while (0)
     MAP_CASE("flags", kvr_st16(buf + 40 + 2, 1), "has flags 0x1");
     MAP_CASE("cached not whole", kvr_st32(buf + 40 + 8, 33), "33 cached positions");
-    MAP_CASE("cached > mapped", kvr_st32(buf + 40 + 8, 128), "128 cached positions");
+    MAP_CASE("cached > context", kvr_st32(buf + 40 + 8, 144), "144 cached positions");
     MAP_CASE("no ids", kvr_st32(buf + 40 + 16, 0), "entries 0 + 0");
     MAP_CASE("n_ids > 7", kvr_st32(buf + 40 + 16, 8), "entries 0 + 8");
     MAP_CASE("past the table", kvr_st32(buf + 40 + 12, 2), "entries 2 + 7");
