@@ -951,9 +951,10 @@ int kvr_jinja_parse(struct kvr_jinja **out, const char *src, size_t len,
     if (t->lim.max_depth < 1)
         t->lim.max_depth = 1;
     if (len > t->lim.max_template_bytes) {
+        size_t max = t->lim.max_template_bytes; /* read before t is freed */
         kvr_free(t);
         return kvr_err_set(err, KVR_ERANGE, "template of %zu bytes is larger than %zu", len,
-                           t->lim.max_template_bytes);
+                           max);
     }
     for (size_t i = 0; i < len;) {
         uint32_t cp;

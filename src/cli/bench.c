@@ -22,8 +22,8 @@
 #include "cli/cmd.h"
 #include "cli/common.h"
 
-#include "bridge/httpc.h"
-#include "bridge/loadgen.h"
+#include "client/httpc.h"
+#include "client/loadgen.h"
 #include "bridge/sbuf.h"
 #include "core/alloc.h"
 #include "core/clock.h"

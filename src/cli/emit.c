@@ -2,6 +2,7 @@
 #include "cli/emit.h"
 
 #include "core/alloc.h"
+#include "ring/addr.h"
 #include "ring/net.h"
 
 #include <errno.h>
@@ -232,7 +233,7 @@ static int emit_kubernetes(const struct kvr_plan *plan, const struct paths *p, c
      * Service resolves it to the pod's own address, which it can listen on), the model and
      * secret where the pod mounts them. */
     struct kvr_plan *kp = kvr_malloc(sizeof *kp);
-    char *json = NULL, path[PATH_BYTES], host[KVR_NET_HOST_BYTES];
+    char *json = NULL, path[PATH_BYTES], host[KVR_ADDR_HOST_BYTES];
     uint16_t port;
     int rc = KVR_ENOMEM;
     if (!kp)
@@ -247,7 +248,7 @@ static int emit_kubernetes(const struct kvr_plan *plan, const struct paths *p, c
     kp->dir[0] = 0;
     for (uint32_t i = 0; i <= plan->n_stages; i++) {
         const char *addr = i < plan->n_stages ? plan->stages[i].addr : plan->bridge_addr;
-        if ((rc = kvr_net_parse_addr(addr, host, sizeof host, &port, err)))
+        if ((rc = kvr_addr_parse(addr, host, sizeof host, &port, false, err)))
             goto out;
         if (i < plan->n_stages)
             snprintf(kp->stages[i].addr, sizeof kp->stages[i].addr, "%s-%u.%s:%u", K8S_STAGE, i,
@@ -301,7 +302,7 @@ static int emit_kubernetes(const struct kvr_plan *plan, const struct paths *p, c
         uint32_t replicas = b ? 1 : plan->n_stages;
         char ports[256];
         if (b) {
-            if ((rc = kvr_net_parse_addr(plan->bridge_addr, host, sizeof host, &port, err)))
+            if ((rc = kvr_addr_parse(plan->bridge_addr, host, sizeof host, &port, false, err)))
                 goto close;
             snprintf(ports, sizeof ports,
                      "    - {name: ring, port: %u}\n"
@@ -311,7 +312,7 @@ static int emit_kubernetes(const struct kvr_plan *plan, const struct paths *p, c
             int n = 0;
             ports[0] = 0;
             for (uint32_t i = 0; i < plan->n_stages && n < (int)sizeof ports - 64; i++) {
-                if ((rc = kvr_net_parse_addr(plan->stages[i].addr, host, sizeof host, &port, err)))
+                if ((rc = kvr_addr_parse(plan->stages[i].addr, host, sizeof host, &port, false, err)))
                     goto close;
                 n += snprintf(ports + n, sizeof ports - (size_t)n,
                               "    - {name: ring-%u, port: %u}\n", i, port);

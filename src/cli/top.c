@@ -12,8 +12,8 @@
 #include "cli/cmd.h"
 #include "cli/common.h"
 
-#include "bridge/httpc.h"
-#include "bridge/promtext.h"
+#include "client/httpc.h"
+#include "client/promtext.h"
 #include "bridge/sbuf.h"
 #include "core/alloc.h"
 #include "core/clock.h"

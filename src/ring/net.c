@@ -2,13 +2,14 @@
 #define _GNU_SOURCE /* accept4, SOCK_CLOEXEC */
 #include "ring/net.h"
 
+#include "ring/addr.h"
+
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
 
 #include <sodium.h>
 
-#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -18,79 +19,10 @@
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #define MAX_WRITEV_IOV 16
-
-/* ---- Addresses ------------------------------------------------------------------------- */
-
-static int parse_addr(const char *addr, char *host, size_t host_cap, uint16_t *port,
-                      bool allow_port_0, struct kvr_err *err)
-{
-    const char *colon, *h = addr;
-    size_t hlen;
-    if (addr[0] == '[') {
-        const char *close = strchr(addr, ']');
-        if (!close || close[1] != ':')
-            return kvr_err_set(err, KVR_EINVAL, "an IPv6 address is written \"[addr]:port\"");
-        h = addr + 1;
-        hlen = (size_t)(close - h);
-        colon = close + 1;
-        for (size_t i = 0; i < hlen; i++)
-            if (!isxdigit((unsigned char)h[i]) && h[i] != ':' && h[i] != '.')
-                return kvr_err_set(err, KVR_EINVAL, "bad character '%c' in an IPv6 address", h[i]);
-    } else {
-        colon = strrchr(addr, ':');
-        if (!colon)
-            return kvr_err_set(err, KVR_EINVAL, "expected \"host:port\"");
-        hlen = (size_t)(colon - addr);
-        for (size_t i = 0; i < hlen; i++) {
-            unsigned char c = (unsigned char)h[i];
-            if (!isalnum(c) && c != '.' && c != '-' && c != '_')
-                return kvr_err_set(err, KVR_EINVAL,
-                                   "bad character '%c' in the host name (IPv6 needs [brackets])",
-                                   c);
-        }
-    }
-    if (hlen == 0)
-        return kvr_err_set(err, KVR_EINVAL, "the host is empty");
-    if (hlen > 253 || hlen >= host_cap)
-        return kvr_err_set(err, KVR_EINVAL, "the host name is too long");
-    const char *p = colon + 1;
-    size_t plen = strlen(p);
-    if (plen == 0 || plen > 5)
-        return kvr_err_set(err, KVR_EINVAL, "the port must be a number from 1 to 65535");
-    unsigned long v = 0;
-    for (size_t i = 0; i < plen; i++) {
-        if (!isdigit((unsigned char)p[i]))
-            return kvr_err_set(err, KVR_EINVAL, "the port must be a number from 1 to 65535");
-        v = v * 10 + (unsigned long)(p[i] - '0');
-    }
-    if (v > 65535 || (v == 0 && !allow_port_0))
-        return kvr_err_set(err, KVR_EINVAL, "port %lu is not in 1..65535", v);
-    memcpy(host, h, hlen);
-    host[hlen] = 0;
-    *port = (uint16_t)v;
-    return KVR_OK;
-}
-
-int kvr_net_parse_addr(const char *addr, char *host, size_t host_cap, uint16_t *port,
-                       struct kvr_err *err)
-{
-    return parse_addr(addr, host, host_cap, port, false, err);
-}
-
-bool kvr_net_addr_equal(const char *a, const char *b)
-{
-    char ha[KVR_NET_HOST_BYTES], hb[KVR_NET_HOST_BYTES];
-    uint16_t pa, pb;
-    if (parse_addr(a, ha, sizeof ha, &pa, true, NULL) ||
-        parse_addr(b, hb, sizeof hb, &pb, true, NULL))
-        return false;
-    return pa == pb && strcasecmp(ha, hb) == 0;
-}
 
 /* ---- Deadlines ------------------------------------------------------------------------- */
 
@@ -140,10 +72,10 @@ int kvr_net_set_nodelay(int fd, struct kvr_err *err)
 
 static int resolve(const char *addr, bool passive, struct addrinfo **res, struct kvr_err *err)
 {
-    char host[KVR_NET_HOST_BYTES], port_s[8];
+    char host[KVR_ADDR_HOST_BYTES], port_s[8];
     uint16_t port;
     struct kvr_err e = {0};
-    if (parse_addr(addr, host, sizeof host, &port, passive, &e))
+    if (kvr_addr_parse(addr, host, sizeof host, &port, passive, &e))
         return kvr_err_set(err, KVR_EINVAL, "address \"%s\": %s", addr, e.msg);
     snprintf(port_s, sizeof port_s, "%u", port);
     struct addrinfo hints = {

@@ -48,20 +48,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
-#define KVR_NET_HOST_BYTES 256
 #define KVR_NET_PEER_BYTES 320
-
-/* ---- Addresses (pure) ----------------------------------------------------------------- */
-
-/* Split "host:port" into host and port. host is a DNS name or IPv4 literal ([A-Za-z0-9._-])
- * or an IPv6 literal in brackets ("[::1]:7001"; the brackets are removed). port is decimal
- * 1..65535. Rejects anything else with a message. */
-int kvr_net_parse_addr(const char *addr, char *host, size_t host_cap, uint16_t *port,
-                       struct kvr_err *err);
-
-/* Whether two addresses name the same host (case-insensitive) and port. Addresses that do
- * not parse are never equal. Names are not resolved ("localhost" != "127.0.0.1"). */
-bool kvr_net_addr_equal(const char *a, const char *b);
 
 /* ---- Sockets -------------------------------------------------------------------------- */
 

@@ -8,7 +8,7 @@
 
 #include "core/alloc.h"
 #include "core/log.h"
-#include "ring/net.h"
+#include "ring/addr.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -503,10 +503,10 @@ void kvr_plan_wipe(struct kvr_plan *plan)
 
 static int check_addr(const char *addr, const char *who, struct kvr_err *err)
 {
-    char host[KVR_NET_HOST_BYTES];
+    char host[KVR_ADDR_HOST_BYTES];
     uint16_t port;
     struct kvr_err e = {0};
-    if (kvr_net_parse_addr(addr, host, sizeof host, &port, &e))
+    if (kvr_addr_parse(addr, host, sizeof host, &port, false, &e))
         return kvr_err_set(err, KVR_EINVAL, "plan: %s address \"%s\": %s", who, addr, e.msg);
     return KVR_OK;
 }
@@ -611,13 +611,13 @@ int kvr_plan_validate(const struct kvr_plan *p, uint32_t n_layer, struct kvr_err
     if ((rc = check_addr(p->bridge_addr, "bridge", err)))
         return rc;
     for (uint32_t i = 0; i < p->n_stages; i++) {
-        if (kvr_net_addr_equal(p->stages[i].addr, p->bridge_addr))
+        if (kvr_addr_equal(p->stages[i].addr, p->bridge_addr))
             return kvr_err_set(err, KVR_EINVAL,
                                "plan: stage %u and the bridge both use address %s: every "
                                "process listens on its own address",
                                i, p->bridge_addr);
         for (uint32_t j = 0; j < i; j++)
-            if (kvr_net_addr_equal(p->stages[i].addr, p->stages[j].addr))
+            if (kvr_addr_equal(p->stages[i].addr, p->stages[j].addr))
                 return kvr_err_set(err, KVR_EINVAL,
                                    "plan: stages %u and %u both use address %s: every process "
                                    "listens on its own address",

@@ -83,7 +83,6 @@ struct stage {
     int listen_fd;
     struct kvr_link up;
     bool have_up;
-    bool up_paused;                   /* a frame waits for a free input slot: READ off */
     uint32_t backoff_ms;
     pthread_t io_thread;
     bool io_started;
@@ -102,6 +101,7 @@ struct stage {
     int up_fd;                        /* for the compute thread's credits; -1: none */
     uint64_t up_gen;                  /* bumped whenever the upstream changes */
     bool grant_pending;               /* a new upstream waits for its initial credits */
+    bool up_paused;                   /* a frame waits for a free input slot: READ is off */
 
     /* Output slots: free, queued for the I/O thread (in order), or being written. */
     struct kvr_step_out out[N_OUT_SLOTS];
@@ -430,11 +430,11 @@ static void lose_upstream(struct stage *s)
     /* The compute thread stops granting credits on the fd before it is closed. */
     pthread_mutex_lock(&s->lock);
     set_upstream(s, -1);
+    s->up_paused = false;
     pthread_mutex_unlock(&s->lock);
     kvr_ev_unwatch(s->ev, s->up.fd);
     kvr_link_fini(&s->up);
     s->have_up = false;
-    s->up_paused = false;
 }
 
 /* Read every frame the upstream has sent: batches straight into free input slots. */
@@ -457,9 +457,10 @@ static void on_up(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
             bool got = s->n_in_free > 0;
             if (got)
                 s->rx_slot = (int)s->in_free[--s->n_in_free];
-            pthread_mutex_unlock(&s->lock);
-            if (!got) { /* the upstream sent beyond its credits: wait for compute */
+            else /* the upstream sent beyond its credits: compute wakes us for a free slot */
                 s->up_paused = true;
+            pthread_mutex_unlock(&s->lock);
+            if (!got) {
                 kvr_ev_events(ev, s->up.fd, 0);
                 return;
             }
@@ -535,7 +536,9 @@ static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
     }
     s->up = fresh;
     s->have_up = true;
+    pthread_mutex_lock(&s->lock);
     s->up_paused = false;
+    pthread_mutex_unlock(&s->lock);
     if (kvr_ev_watch(ev, s->up.fd, KVR_EV_READ, on_up, s)) {
         lose_upstream(s);
         return;
@@ -559,10 +562,11 @@ static void on_wake(struct kvr_ev *ev, void *arg)
     }
     pthread_mutex_lock(&s->lock);
     kick_send(s);
-    bool resume = s->up_paused && s->n_in_free > 0;
-    pthread_mutex_unlock(&s->lock);
-    if (resume && s->have_up) {
+    bool resume = s->up_paused && s->n_in_free > 0 && s->have_up;
+    if (resume)
         s->up_paused = false;
+    pthread_mutex_unlock(&s->lock);
+    if (resume) {
         kvr_ev_events(ev, s->up.fd, KVR_EV_READ);
         on_up(ev, s->up.fd, KVR_EV_READ, s);
     }

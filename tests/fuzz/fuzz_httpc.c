@@ -8,8 +8,8 @@
  *   chunked: the same status, the same decoded bytes and consumed count;
  * the Prometheus reader must not crash and every sample it keeps has a valid name; the URL
  * parser gets the bytes up to the first NUL. A violated invariant traps. */
-#include "bridge/httpc.h"
-#include "bridge/promtext.h"
+#include "client/httpc.h"
+#include "client/promtext.h"
 #include "bridge/sbuf.h"
 
 #include <stdbool.h>

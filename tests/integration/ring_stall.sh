@@ -43,16 +43,21 @@ switches() { # switches PID: voluntary context switches of all its threads
 }
 names=(stage0 stage1 stage2 bridge)
 procs=("${RING_PIDS[@]}" "$BRIDGE")
-before=()
-for p in "${procs[@]}"; do before+=("$(switches "$p")"); done
-sleep 5
-limit=$(( (3 + 2) * 5 ))
-for k in 0 1 2 3; do
-    n=$(( $(switches "${procs[$k]}") - before[k] ))
-    echo "  ${names[$k]}: $n wake-ups in 5 idle seconds (limit $limit: 3 a second for heartbeats + 2)"
-    [ "$n" -le "$limit" ] || fail "${names[$k]} woke $n times in 5 idle seconds"
-done
-echo "ok: idle: every process within $limit wake-ups per 5 s"
+if grep -q "__tsan_init" "$KVASIR" 2>/dev/null; then
+    # TSan's own background thread wakes about ten times a second in every process.
+    echo "ok: idle: not counted (a ThreadSanitizer build has a polling thread of its own)"
+else
+    before=()
+    for p in "${procs[@]}"; do before+=("$(switches "$p")"); done
+    sleep 5
+    limit=$(( (3 + 2) * 5 ))
+    for k in 0 1 2 3; do
+        n=$(( $(switches "${procs[$k]}") - before[k] ))
+        echo "  ${names[$k]}: $n wake-ups in 5 idle seconds (limit $limit: 3 a second for heartbeats + 2)"
+        [ "$n" -le "$limit" ] || fail "${names[$k]} woke $n times in 5 idle seconds"
+    done
+    echo "ok: idle: every process within $limit wake-ups per 5 s"
+fi
 kill "$BRIDGE"
 wait "$BRIDGE" 2>/dev/null || true
 

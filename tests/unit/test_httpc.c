@@ -11,8 +11,8 @@
 
 #include "testutil.h"
 
-#include "bridge/httpc.h"
-#include "bridge/promtext.h"
+#include "client/httpc.h"
+#include "client/promtext.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 
@@ -20,6 +20,7 @@
 #include <math.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,7 +197,7 @@ struct server {
     bool hang;
     char request[8192];
     pthread_t thread;
-    volatile int quit;
+    atomic_int quit; /* set by the test thread, read by the server thread */
 };
 
 static void *server_main(void *arg)

@@ -11,7 +11,7 @@
 
 #include "testutil.h"
 
-#include "bridge/loadgen.h"
+#include "client/loadgen.h"
 #include "core/alloc.h"
 
 #include <math.h>

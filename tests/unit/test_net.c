@@ -14,6 +14,7 @@
 
 #include "core/clock.h"
 #include "core/log.h"
+#include "ring/addr.h"
 #include "ring/net.h"
 
 #include <fcntl.h>
@@ -69,33 +70,33 @@ static void limits_for(const struct kvr_plan *p, int receiver, struct kvr_wire_l
 static void test_parse_addr(void **state)
 {
     (void)state;
-    char host[KVR_NET_HOST_BYTES];
+    char host[KVR_ADDR_HOST_BYTES];
     uint16_t port = 0;
     struct kvr_err err = {0};
-    assert_int_equal(kvr_net_parse_addr("127.0.0.1:7001", host, sizeof host, &port, &err), 0);
+    assert_int_equal(kvr_addr_parse("127.0.0.1:7001", host, sizeof host, &port, false, &err), 0);
     assert_string_equal(host, "127.0.0.1");
     assert_int_equal(port, 7001);
-    assert_int_equal(kvr_net_parse_addr("[::1]:80", host, sizeof host, &port, &err), 0);
+    assert_int_equal(kvr_addr_parse("[::1]:80", host, sizeof host, &port, false, &err), 0);
     assert_string_equal(host, "::1");
     assert_int_equal(port, 80);
     assert_int_equal(
-        kvr_net_parse_addr("node-3.rack_a.example:65535", host, sizeof host, &port, &err), 0);
+        kvr_addr_parse("node-3.rack_a.example:65535", host, sizeof host, &port, false, &err), 0);
     assert_int_equal(port, 65535);
     const char *bad[] = {"",           ":",       "host",    "host:",       ":1",    "host:0",
                          "host:65536", "host:-1", "host:1x", "host:123456", "a b:1", "[::1]",
                          "[::1]:",     "[zz]:1",  "::1:80",  "host:+1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
-        if (kvr_net_parse_addr(bad[i], host, sizeof host, &port, &err) == 0)
+        if (kvr_addr_parse(bad[i], host, sizeof host, &port, false, &err) == 0)
             fail_msg("\"%s\" was accepted", bad[i]);
     /* A host too long for the caller's buffer is refused, not truncated. */
     char small[4];
-    assert_int_equal(kvr_net_parse_addr("abcd:1", small, sizeof small, &port, &err), KVR_EINVAL);
+    assert_int_equal(kvr_addr_parse("abcd:1", small, sizeof small, &port, false, &err), KVR_EINVAL);
 
-    assert_true(kvr_net_addr_equal("Node:1", "node:1"));
-    assert_true(kvr_net_addr_equal("[::1]:5", "[::1]:5"));
-    assert_false(kvr_net_addr_equal("node:1", "node:2"));
-    assert_false(kvr_net_addr_equal("localhost:1", "127.0.0.1:1"));
-    assert_false(kvr_net_addr_equal("bad", "bad"));
+    assert_true(kvr_addr_equal("Node:1", "node:1"));
+    assert_true(kvr_addr_equal("[::1]:5", "[::1]:5"));
+    assert_false(kvr_addr_equal("node:1", "node:2"));
+    assert_false(kvr_addr_equal("localhost:1", "127.0.0.1:1"));
+    assert_false(kvr_addr_equal("bad", "bad"));
 }
 
 static int nodelay(int fd)

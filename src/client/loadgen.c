@@ -1,5 +1,5 @@
 /* loadgen.c - schedules, statistics and SVG plots for `kvasir bench` (see loadgen.h). */
-#include "bridge/loadgen.h"
+#include "client/loadgen.h"
 
 #include "core/rng.h"
 

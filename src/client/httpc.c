@@ -1,5 +1,5 @@
 /* httpc.c - blocking HTTP/1.1 client with SSE (see httpc.h). */
-#include "bridge/httpc.h"
+#include "client/httpc.h"
 
 #include "core/alloc.h"
 #include "core/clock.h"

@@ -1,5 +1,5 @@
 /* promtext.c - Prometheus text format reader (see promtext.h). */
-#include "bridge/promtext.h"
+#include "client/promtext.h"
 
 #include "core/alloc.h"
 #include "core/err.h"

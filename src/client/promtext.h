@@ -9,8 +9,8 @@
  *
  * Ownership: kvr_prom_parse fills a caller-owned struct kvr_prom whose samples own their
  * strings; kvr_prom_fini frees them. Pure: no I/O, no globals; one thread per struct. */
-#ifndef KVR_BRIDGE_PROMTEXT_H
-#define KVR_BRIDGE_PROMTEXT_H
+#ifndef KVR_CLIENT_PROMTEXT_H
+#define KVR_CLIENT_PROMTEXT_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -15,8 +15,8 @@
  *
  * Ownership: a struct kvr_httpc_resp owns its body until kvr_httpc_resp_fini. Threads: no
  * shared state; any number of threads may run requests at once. */
-#ifndef KVR_BRIDGE_HTTPC_H
-#define KVR_BRIDGE_HTTPC_H
+#ifndef KVR_CLIENT_HTTPC_H
+#define KVR_CLIENT_HTTPC_H
 
 #include "bridge/sbuf.h"
 #include "core/err.h"

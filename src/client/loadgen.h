@@ -16,8 +16,8 @@
  *
  * Ownership: functions that allocate say so; memory goes through core/alloc.h. Threads: all
  * functions are re-entrant; a struct kvr_lg_rng belongs to one thread at a time. */
-#ifndef KVR_BRIDGE_LOADGEN_H
-#define KVR_BRIDGE_LOADGEN_H
+#ifndef KVR_CLIENT_LOADGEN_H
+#define KVR_CLIENT_LOADGEN_H
 
 #include "bridge/sbuf.h"
 #include "core/err.h"
