@@ -3,7 +3,7 @@
 #ifndef KVR_CLI_BENCH_MULTITURN_H
 #define KVR_CLI_BENCH_MULTITURN_H
 
-#include "bridge/httpc.h"
+#include "client/httpc.h"
 
 #include <stdint.h>
 
