@@ -998,7 +998,7 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     if (s->wq_count >= s->max_waiting)
         return refuse(s, why, KVR_REFUSE_QUEUE_FULL, 1000,
                       "wait queue full (%u requests)", s->wq_count);
-    if (!s->cfg.admission || !kvr_cost_ready(&s->cost))
+    if (!kvr_cost_ready(&s->cost))
         return KVR_OK;
     const struct kvr_cost_model *m = &s->cost;
     double W = p->microbatches;
@@ -1070,6 +1070,8 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
         first_ms = kvr_cost_trip_ms(m, none);
         total_ms = first_ms + (req->max_tokens - 1) * kvr_cost_period_ms(m, 1, 0, none);
     }
+    if (!s->cfg.admission) /* estimated (and exported) all the same, never refused */
+        return KVR_OK;
     if (req->first_token_ms && first_ms > req->first_token_ms)
         return refuse(s, why, KVR_REFUSE_FIRST_TOKEN_BUDGET,
                       retry_hint_ms(first_ms - req->first_token_ms),
