@@ -303,7 +303,8 @@ static struct jval eval_slice(struct jctx *c, const struct jnode *n)
             jbuf_put(c, &b, s->s + offs[i], offs[i + 1] - offs[i]);
         return jv_str(&c->ar, b.p ? b.p : "", b.len);
     }
-    jerr(c, KVR_EFORMAT, n->line, "'%s' object is not subscriptable", jv_type_name(obj));
+    /* jinja2 answers a failed subscript with Undefined. */
+    return jv_undef(NULL);
 }
 
 /* ---- operators ---------------------------------------------------------------------------- */

@@ -15,6 +15,7 @@
 #include "bridge/jinja_int.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -557,6 +558,31 @@ static const struct jstr *need_str(struct jctx *c, struct jval v)
     return str_of(c, v).u.s;
 }
 
+/* json.dumps(ensure_ascii=True): every non-ASCII character of the text as \\uXXXX (UTF-16,
+ * so surrogate pairs above U+FFFF). Non-ASCII only ever occurs inside JSON strings. */
+static struct jval ascii_json(struct jctx *c, const struct jbuf *in)
+{
+    struct jbuf b = newbuf(c);
+    for (size_t i = 0; i < in->len;) {
+        uint32_t cp;
+        size_t n = ju_decode(in->p, in->len, i, &cp);
+        char esc[16];
+        if (cp < 0x80) {
+            jbuf_put(c, &b, in->p + i, n);
+        } else if (cp < 0x10000) {
+            snprintf(esc, sizeof esc, "\\u%04x", (unsigned)cp);
+            jbuf_put(c, &b, esc, 6);
+        } else {
+            cp -= 0x10000;
+            snprintf(esc, sizeof esc, "\\u%04x\\u%04x", (unsigned)(0xd800 + (cp >> 10)),
+                     (unsigned)(0xdc00 + (cp & 0x3ff)));
+            jbuf_put(c, &b, esc, 12);
+        }
+        i += n;
+    }
+    return buf_str(c, &b);
+}
+
 /* select/reject/selectattr/rejectattr: keep the items whose test (or truth) is `keep`. */
 static struct jval select_items(struct jctx *c, struct jval v, const struct jargs *a,
                                 bool by_attr, bool keep, uint32_t line)
@@ -721,11 +747,63 @@ static struct jval minmax(struct jctx *c, struct jval v, const struct jargs *a, 
     return items->v[best];
 }
 
+/* The parameters of each filter after its value, in order, as jinja2 (and Hugging Face,
+ * for tojson) declare them; map/select/reject and their attr forms take any arguments. */
+static const struct {
+    const char *name;
+    const char *params[4];
+    bool variadic;
+} filter_params[] = {
+    {"default", {"default_value", "boolean"}, false}, {"d", {"default_value", "boolean"}, false},
+    {"dictsort", {"case_sensitive", "by", "reverse"}, false},
+    {"float", {"default"}, false},     {"int", {"default", "base"}, false},
+    {"indent", {"width", "first", "blank"}, false}, {"join", {"d", "attribute"}, false},
+    {"max", {"case_sensitive", "attribute"}, false}, {"min", {"case_sensitive", "attribute"}, false},
+    {"replace", {"old", "new", "count"}, false}, {"round", {"precision", "method"}, false},
+    {"sort", {"reverse", "case_sensitive", "attribute"}, false},
+    {"sum", {"attribute", "start"}, false},
+    {"tojson", {"ensure_ascii", "indent", "separators", "sort_keys"}, false},
+    {"trim", {"chars"}, false},        {"unique", {"case_sensitive", "attribute"}, false},
+    {"map", {NULL}, true},             {"select", {NULL}, true},
+    {"reject", {NULL}, true},          {"selectattr", {NULL}, true},
+    {"rejectattr", {NULL}, true},
+};
+
+/* Python's TypeError for arguments a filter does not take. */
+static void check_filter_args(struct jctx *c, const char *f, const struct jargs *a, uint32_t line)
+{
+    const char *const *params = NULL;
+    for (size_t i = 0; i < sizeof filter_params / sizeof *filter_params; i++)
+        if (!strcmp(filter_params[i].name, f)) {
+            if (filter_params[i].variadic)
+                return;
+            params = filter_params[i].params;
+        }
+    uint32_t n_params = 0;
+    while (params && n_params < 4 && params[n_params])
+        n_params++;
+    if (a->n_pos > n_params)
+        jerr(c, KVR_EFORMAT, line, "filter '%s' takes at most %u arguments (%u given)", f,
+             (unsigned)n_params, (unsigned)a->n_pos);
+    for (uint32_t k = 0; k < a->n_kw; k++) {
+        uint32_t i = 0;
+        while (i < n_params && strcmp(params[i], a->kw_name[k]->s))
+            i++;
+        if (i == n_params)
+            jerr(c, KVR_EFORMAT, line, "filter '%s' got an unexpected keyword argument '%s'", f,
+                 a->kw_name[k]->s);
+        if (i < a->n_pos)
+            jerr(c, KVR_EFORMAT, line, "filter '%s' got multiple values for argument '%s'", f,
+                 a->kw_name[k]->s);
+    }
+}
+
 struct jval jfilter(struct jctx *c, const struct jstr *name, struct jval v,
                     const struct jargs *a, uint32_t line)
 {
     const char *f = name->s;
     jcharge(c, 1, line);
+    check_filter_args(c, f, a, line);
     if (!strcmp(f, "default") || !strcmp(f, "d")) {
         const struct jval *def = arg(a, 0, "default_value");
         bool boolean = arg_bool(c, a, 1, "boolean", false);
@@ -754,17 +832,22 @@ struct jval jfilter(struct jctx *c, const struct jstr *name, struct jval v,
     if (!strcmp(f, "title"))
         return jinja_title(c, need_str(c, v));
     if (!strcmp(f, "tojson")) {
-        const struct jval *ind = arg(a, 0, "indent");
+        /* Hugging Face's tojson(x, ensure_ascii=False, indent=None, separators=None,
+         * sort_keys=False), which is json.dumps. */
+        const struct jval *ind = arg(a, 1, "indent");
         int indent = -1;
         if (ind && ind->t != JT_NONE) {
             if (ind->t != JT_INT || ind->u.i < 0 || ind->u.i > 64)
                 jerr(c, KVR_ENOTSUP, line, "tojson indent must be an integer 0..64");
             indent = (int)ind->u.i;
         }
-        if (arg_bool(c, a, 1, "ensure_ascii", false) || arg(a, 2, "separators"))
-            jerr(c, KVR_ENOTSUP, line, "tojson: ensure_ascii and separators are not supported");
+        const struct jval *sep = arg(a, 2, "separators");
+        if (sep && sep->t != JT_NONE)
+            jerr(c, KVR_ENOTSUP, line, "tojson: separators are not supported");
         struct jbuf b = newbuf(c);
         jv_write_json(c, &b, v, indent, arg_bool(c, a, 3, "sort_keys", false), 0, line);
+        if (arg_bool(c, a, 0, "ensure_ascii", false))
+            return ascii_json(c, &b);
         return buf_str(c, &b);
     }
     if (!strcmp(f, "replace")) {
@@ -917,8 +1000,11 @@ struct jval jfilter(struct jctx *c, const struct jstr *name, struct jval v,
     }
     if (!strcmp(f, "max") || !strcmp(f, "min"))
         return minmax(c, v, a, f[1] == 'a', line);
-    if (!strcmp(f, "indent"))
+    if (!strcmp(f, "indent")) {
+        if (v.t == JT_UNDEF) /* jinja2 appends to the value itself */
+            jerr(c, KVR_EFORMAT, line, "'%.100s' is undefined", v.u.s ? v.u.s->s : "value");
         return indent(c, need_str(c, v), a, line);
+    }
     if (!strcmp(f, "wordcount")) {
         const struct jstr *s = need_str(c, v);
         int64_t n = 0;

@@ -12,6 +12,8 @@
  * {% raw %}...{% endraw %} becomes text. */
 #include "bridge/jinja_int.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -274,13 +276,44 @@ static void lex_number(struct lexer *L)
     buf[n] = 0;
     if (n >= sizeof buf - 1)
         lfail(L, "number literal too long");
+    int base = 10;
+    if (!is_float && buf[0] == '0') {
+        /* As in Python 3: 0x1f, 0o17, 0b101; otherwise a decimal integer has no leading
+         * zero, so "010" lexes as 0 followed by 10 (a syntax error later). */
+        char p = i < L->len ? (char)(L->s[i] | 32) : 0;
+        base = p == 'x' ? 16 : p == 'o' ? 8 : p == 'b' ? 2 : 10;
+        n = 0;
+        if (base != 10) {
+            for (i++; i < L->len && (L->s[i] == '_' || isxdigit((unsigned char)L->s[i]));
+                 i++) {
+                if (L->s[i] == '_')
+                    continue;
+                char d = L->s[i];
+                int v = d <= '9' ? d - '0' : (d | 32) - 'a' + 10;
+                if (v >= base)
+                    break;
+                if (n < sizeof buf - 1)
+                    buf[n++] = d;
+            }
+            if (!n)
+                lfail(L, "invalid number literal");
+        } else {
+            for (i = L->pos; i < L->len && (L->s[i] == '0' || (L->s[i] == '_' && i + 1 < L->len &&
+                                                              L->s[i + 1] == '0'));
+                 i++)
+                ;
+            buf[n++] = '0';
+        }
+        buf[n] = 0;
+    }
     struct jtoken *t = push(L, is_float ? T_FLOAT : T_INT);
     if (is_float) {
         t->f = strtod(buf, NULL);
     } else {
         char *end;
-        unsigned long long v = strtoull(buf, &end, 10);
-        if (n > 19 || v > INT64_MAX)
+        errno = 0;
+        unsigned long long v = strtoull(buf, &end, base);
+        if (errno || v > INT64_MAX)
             lfail(L, "integer literal too large");
         t->i = (int64_t)v;
     }

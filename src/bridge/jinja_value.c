@@ -387,19 +387,16 @@ static void write_any(struct jctx *c, struct jbuf *b, struct jval v, bool repr, 
     }
     case JT_DICT: {
         const struct jdict *d = v.u.d;
-        if (d->ns) {
-            jbuf_puts(c, b, "<Namespace ");
-        } else {
-            jbuf_putc(c, b, '{');
-        }
+        /* A namespace prints as jinja2's Namespace: <Namespace {...}>. */
+        jbuf_puts(c, b, d->ns ? "<Namespace {" : "{");
         for (uint32_t i = 0; i < d->n; i++) {
             if (i)
                 jbuf_puts(c, b, ", ");
             write_any(c, b, d->k[i], true, depth + 1);
-            jbuf_puts(c, b, d->ns ? "=" : ": ");
+            jbuf_puts(c, b, ": ");
             write_any(c, b, d->v[i], true, depth + 1);
         }
-        jbuf_putc(c, b, d->ns ? '>' : '}');
+        jbuf_puts(c, b, d->ns ? "}>" : "}");
         break;
     }
     case JT_FUNC:

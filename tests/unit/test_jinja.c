@@ -105,6 +105,11 @@ static void test_expressions(void **state)
         {"{{ m.role }} {{ m['content'] }} {{ m.missing }}|{{ l.0 }} {{ l[5] }}|",
          "{\"m\": {\"role\": \"user\", \"content\": \"hi\"}, \"l\": [7]}", "user hi |7 |"},
         {"{{ 'a' 'b' }} {{ \"\\n\\t\\u00e9\\x41\" }}", NULL, "ab \n\téA"},
+        {"{{ 0x1f }} {{ 0o17 }} {{ 0b101 }} {{ 0 }} {{ 00 }} {{ 007.5 }} [{{ 1[::-1] }}]", NULL,
+         "31 15 5 0 0 7.5 []"},
+        {"{% set ns = namespace(a=1, b='x') %}{{ ns }}", NULL, "<Namespace {'a': 1, 'b': 'x'}>"},
+        {"{{ {'k': 'é😀'}|tojson(true) }}|{{ [1]|tojson(ensure_ascii=true, indent=1) }}", NULL,
+         "{\"k\": \"\\u00e9\\ud83d\\ude00\"}|[\n 1\n]"},
     };
     check_cases(cases, N(cases));
 }
@@ -231,6 +236,11 @@ static void test_errors(void **state)
     expect_error("{{ 1 < 'a' }}", NULL, NULL, KVR_EFORMAT, "not supported");
     expect_error("{{ range(1000000)|length }}", NULL, NULL, KVR_ERANGE, "range too big");
     expect_error("{{ 'a\xff' }}", NULL, NULL, KVR_EFORMAT, "UTF-8");
+    expect_error("{{ 010 }}", NULL, NULL, KVR_EFORMAT, "expected '}}'");
+    expect_error("{{ [1]|tojson(indnt=2) }}", NULL, NULL, KVR_EFORMAT, "unexpected keyword");
+    expect_error("{{ [1]|join(',', d='x') }}", NULL, NULL, KVR_EFORMAT, "multiple values");
+    expect_error("{{ [1]|trim(1, 2) }}", NULL, NULL, KVR_EFORMAT, "at most 1 arguments");
+    expect_error("{{ nothing|indent }}", NULL, NULL, KVR_EFORMAT, "'nothing' is undefined");
     char *out;
     struct kvr_err err = {0};
     assert_int_equal(render("x", "[1]", NULL, &out, &err), KVR_EINVAL);
