@@ -9,8 +9,9 @@
  * The ring thread is one event loop (core/ev.h) owning every socket: the listening socket
  * (the tail dials in), the head link (batches out, credits and acks back) and the tail link
  * (results, RESETs and heartbeats in). Sends never block: a batch the socket does not take
- * at once goes on when it is writable. Timers replace every poll: dialling the head with
- * backoff, the head's heartbeat and liveness (credit.h: dead when it answers nothing for
+ * at once goes on when it is writable. The head is dialled and authenticated by a dialler
+ * thread (ring/dial.h), so the loop never waits in a handshake. Timers replace every poll:
+ * the head's heartbeat and liveness (credit.h: dead when it answers nothing for
  * KVR_CREDIT_DEAD_MS), and the scheduler's own deadlines (kvr_sched_tick). An idle ring
  * wakes the thread only for heartbeats. */
 #include "bridge/bridge.h"
@@ -20,6 +21,7 @@
 #include "core/ev.h"
 #include "core/log.h"
 #include "ring/credit.h"
+#include "ring/dial.h"
 #include "ring/net.h"
 #include "ring/wire.h"
 
@@ -34,8 +36,7 @@
 enum {
     TAIL_CREDITS = 4,        /* result frames the tail may send ahead of our reading */
     HANDSHAKE_MS = 3000,
-    BACKOFF_MIN_MS = 50,     /* dialling the head again while it cannot be reached */
-    BACKOFF_MAX_MS = 1000,
+    BACKOFF_MAX_MS = 1000,   /* dialling the head again while it cannot be reached */
 };
 
 #define MS_NS 1000000ull
@@ -82,7 +83,8 @@ struct kvr_bridge {
 
     /* The event loop and the links, owned by the ring thread. */
     struct kvr_ev *ev;
-    int t_tick, t_connect, t_heartbeat; /* timers */
+    int t_tick, t_heartbeat;          /* timers */
+    struct kvr_dialer *dialer;        /* dials and authenticates the head (ring/dial.h) */
     int listen_fd;
     struct kvr_link head, tail;
     bool have_head, have_tail;
@@ -90,7 +92,6 @@ struct kvr_bridge {
     uint64_t head_await_ns;           /* something sent to the head it has not answered */
     uint64_t head_last_send_ns;
     uint64_t n_heartbeats;
-    uint32_t backoff_ms;
     atomic_bool stop;
     pthread_t thread;
     bool thread_started;
@@ -205,8 +206,7 @@ static void ring_down(struct kvr_bridge *b, const char *why)
     stage_set(b, b->plan.n_stages - 1, KVR_STAGE_DOWN, why);
     pthread_mutex_unlock(&b->lock);
     kvr_ev_timer_at(b->ev, b->t_heartbeat, 0);
-    b->backoff_ms = BACKOFF_MIN_MS;
-    kvr_ev_timer_at(b->ev, b->t_connect, kvr_now_ns() + BACKOFF_MIN_MS * MS_NS);
+    kvr_dialer_redial(b->dialer);
     arm_tick(b);
 }
 
@@ -357,42 +357,28 @@ static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
     }
 }
 
-/* Dial the head; again after a growing pause while it cannot be reached. */
-static void on_connect_timer(struct kvr_ev *ev, void *arg)
+/* The dialler (ring/dial.h) connects and authenticates the head off this thread; here
+ * its link is taken, or its last failure shown (/health, and the log once per failure). */
+static void check_dialer(struct kvr_bridge *b)
 {
-    struct kvr_bridge *b = arg;
     if (b->have_head)
         return;
-    struct kvr_err err = {0};
-    int fd;
-    const char *addr = b->plan.stages[0].addr;
-    int rc = kvr_net_connect(addr, kvr_net_deadline(500), &fd, &err);
-    if (rc == 0) {
-        if (kvr_link_init(&b->head, fd, addr, &b->head_limits, KVR_LINK_SEND, &err) == 0 &&
-            kvr_link_handshake_client(&b->head, &b->plan, KVR_AUTH_ROLE_BRIDGE, 0,
-                                      HANDSHAKE_MS, &err) == 0) {
-            b->have_head = true;
-            b->backoff_ms = BACKOFF_MIN_MS;
-            KVR_INFO("bridge: head %s connected", addr);
-            stage_set_locked(b, 0, KVR_STAGE_CONNECTED, NULL);
-            if (b->have_tail)
-                links_up(b);
-            else
-                KVR_INFO("bridge: waiting for the tail (stage %u) to connect to %s",
-                         b->plan.n_stages - 1, b->plan.bridge_addr);
-            return;
-        }
-        KVR_WARN("bridge: head %s: %s", addr, err.msg);
-        kvr_link_fini(&b->head);
+    if (kvr_dialer_take(b->dialer, &b->head)) {
+        b->have_head = true;
+        stage_set_locked(b, 0, KVR_STAGE_CONNECTED, NULL);
+        if (b->have_tail)
+            links_up(b);
+        else
+            KVR_INFO("bridge: waiting for the tail (stage %u) to connect to %s",
+                     b->plan.n_stages - 1, b->plan.bridge_addr);
+        return;
     }
-    if (rc || !b->have_head) {
-        /* Said once per failure, not at every attempt. */
-        if (strncmp(b->stages[0].last_error, err.msg, sizeof b->stages[0].last_error - 1))
-            KVR_INFO("bridge: waiting for the head (stage 0) at %s: %s", addr, err.msg);
-        stage_set_locked(b, 0, b->stages[0].state, err.msg);
+    char why[KVR_ERR_MSG_BYTES];
+    if (kvr_dialer_last_error(b->dialer, why, sizeof why) && why[0]) {
+        KVR_INFO("bridge: waiting for the head (stage 0) at %s: %s", b->plan.stages[0].addr,
+                 why);
+        stage_set_locked(b, 0, b->stages[0].state, why);
     }
-    kvr_ev_timer_at(ev, b->t_connect, kvr_now_ns() + (uint64_t)b->backoff_ms * MS_NS);
-    b->backoff_ms = b->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : b->backoff_ms * 2;
 }
 
 /* Liveness of the head (credit.h): a heartbeat after a second without a frame; dead when
@@ -474,10 +460,11 @@ static void on_tick_timer(struct kvr_ev *ev, void *arg)
     arm_tick(arg);
 }
 
-/* A consumer submitted or cancelled. */
+/* A consumer submitted or cancelled, or the dialler has news. */
 static void on_wake(struct kvr_ev *ev, void *arg)
 {
     (void)ev;
+    check_dialer(arg);
     fill(arg);
 }
 
@@ -500,6 +487,8 @@ void kvr_bridge_stop(struct kvr_bridge *b)
         pthread_join(b->thread, NULL);
         b->thread_started = false;
     }
+    kvr_dialer_stop(b->dialer); /* a head dialled now is closed with it: no reconnecting */
+    b->dialer = NULL;
 }
 
 void kvr_bridge_destroy(struct kvr_bridge *b)
@@ -556,10 +545,8 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
     if ((rc = kvr_ev_create(&b->ev, err)))
         goto fail;
     b->t_tick = kvr_ev_timer(b->ev, on_tick_timer, b);
-    b->t_connect = kvr_ev_timer(b->ev, on_connect_timer, b);
     b->t_heartbeat = kvr_ev_timer(b->ev, on_heartbeat_timer, b);
     kvr_ev_on_wake(b->ev, on_wake, b);
-    b->backoff_ms = BACKOFF_MIN_MS;
     uint64_t t0 = kvr_now_ns();
     for (uint32_t i = 0; i < p->n_stages; i++)
         b->stages[i] = (struct kvr_bridge_stage_state){KVR_STAGE_UNKNOWN, t0, ""};
@@ -567,7 +554,12 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
     if ((rc = kvr_net_listen(p->bridge_addr, 16, &b->listen_fd, NULL, err)) ||
         (rc = kvr_ev_watch(b->ev, b->listen_fd, KVR_EV_READ, on_listen, b)))
         goto fail;
-    kvr_ev_timer_at(b->ev, b->t_connect, kvr_now_ns());
+    struct kvr_dialer_config dc = {.plan = p, .addr = p->stages[0].addr,
+                                   .limits = &b->head_limits, .role = KVR_AUTH_ROLE_BRIDGE,
+                                   .index = 0, .name = "bridge", .handshake_ms = HANDSHAKE_MS,
+                                   .backoff_max_ms = BACKOFF_MAX_MS, .wake = b->ev};
+    if ((rc = kvr_dialer_start(&b->dialer, &dc, err)))
+        goto fail;
     if (pthread_create(&b->thread, NULL, ring_main, b) != 0) {
         rc = kvr_err_set(err, KVR_ENOMEM, "bridge: cannot start the ring thread");
         goto fail;

@@ -6,8 +6,8 @@
  * shutdown.
  *
  * Two threads. The I/O thread runs the event loop (core/ev.h): it accepts and
- * authenticates the upstream, reads frames straight into free input slots, dials the
- * downstream with backoff, sends queued frames without blocking, reads credits and acks,
+ * authenticates the upstream, reads frames straight into free input slots, takes the
+ * downstream link from the dialler thread (dial.h), sends queued frames without blocking, reads credits and acks,
  * answers heartbeats and sends its own. The compute thread (the caller's) takes the next
  * input slot (the wait is "starved"), a free output slot ("blocked"), runs the step
  * ("held") and hands the frame off: it sends it itself, without blocking, when nothing is
@@ -30,6 +30,7 @@
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 #include "ring/credit.h"
+#include "ring/dial.h"
 #include "ring/net.h"
 #include "ring/step.h"
 #include "ring/wire.h"
@@ -42,8 +43,7 @@
 
 enum {
     HANDSHAKE_MS = 3000,   /* each handshake message must arrive within this */
-    BACKOFF_MIN_MS = 50,   /* dialling the downstream again */
-    BACKOFF_MAX_MS = 2000,
+    BACKOFF_MAX_MS = 2000, /* dialling the downstream again (dial.h) */
     N_OUT_SLOTS = 2,       /* one being sent, one being filled */
     N_IN_SLOTS = 2,        /* one being computed, one received: the credits we grant */
     READY_CAP = 2 * N_IN_SLOTS + 2, /* input slots and RESET marks between them */
@@ -79,11 +79,11 @@ struct stage {
 
     /* I/O thread only. */
     struct kvr_ev *ev;
-    int t_connect, t_heartbeat;
+    struct kvr_dialer *dialer;        /* dials and authenticates the downstream (dial.h) */
+    int t_heartbeat;
     int listen_fd;
     struct kvr_link up;
     bool have_up;
-    uint32_t backoff_ms;
     pthread_t io_thread;
     bool io_started;
 
@@ -194,7 +194,7 @@ static void drop_down(struct stage *s)
     }
     s->tx_what = TX_NONE;
     kvr_ev_timer_at(s->ev, s->t_heartbeat, 0);
-    kvr_ev_timer_at(s->ev, s->t_connect, kvr_now_ns() + (uint64_t)s->backoff_ms * MS_NS);
+    kvr_dialer_redial(s->dialer);
 }
 
 static void sent(struct stage *s)
@@ -318,44 +318,22 @@ static const char *downstream_addr(const struct stage *s)
     return s->is_tail ? s->plan->bridge_addr : s->plan->stages[s->index + 1].addr;
 }
 
-static void on_connect_timer(struct kvr_ev *ev, void *arg)
+/* The dialler (dial.h) has connected and authenticated the downstream. */
+static void install_down(struct stage *s, struct kvr_link *fresh)
 {
-    struct stage *s = arg;
-    if (s->have_down)
-        return;
-    struct kvr_err err = {0};
-    struct kvr_link fresh = {.fd = -1};
-    int fd;
-    const char *addr = downstream_addr(s);
-    if (kvr_net_connect(addr, kvr_net_deadline(1000), &fd, &err) == 0) {
-        if (kvr_link_init(&fresh, fd, addr, &s->down_limits, KVR_LINK_SEND, &err) == 0 &&
-            kvr_link_handshake_client(&fresh, s->plan, KVR_AUTH_ROLE_STAGE, s->index,
-                                      HANDSHAKE_MS, &err) == 0) {
-            KVR_INFO("%s: downstream %s connected", s->name, addr);
-            s->backoff_ms = BACKOFF_MIN_MS;
-            pthread_mutex_lock(&s->lock);
-            s->down = fresh;
-            s->have_down = true;
-            s->down_credits = 0;
-            s->tx_what = TX_NONE;
-            s->last_send_ns = kvr_now_ns();
-            s->await_ns = 0;
-            if (kvr_ev_watch(ev, s->down.fd, KVR_EV_READ, on_down, s))
-                drop_down(s);
-            else
-                kvr_ev_timer_at(ev, s->t_heartbeat,
-                                s->last_send_ns + KVR_CREDIT_HEARTBEAT_MS * MS_NS);
-            kick_send(s);
-            pthread_mutex_unlock(&s->lock);
-            return;
-        }
-        KVR_WARN("%s: downstream %s: %s", s->name, addr, err.msg);
-        kvr_link_fini(&fresh);
-    } else if (s->backoff_ms >= BACKOFF_MAX_MS) {
-        KVR_DEBUG("%s: cannot reach downstream %s: %s", s->name, addr, err.msg);
-    }
-    kvr_ev_timer_at(ev, s->t_connect, kvr_now_ns() + (uint64_t)s->backoff_ms * MS_NS);
-    s->backoff_ms = s->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : s->backoff_ms * 2;
+    pthread_mutex_lock(&s->lock);
+    s->down = *fresh;
+    s->have_down = true;
+    s->down_credits = 0;
+    s->tx_what = TX_NONE;
+    s->last_send_ns = kvr_now_ns();
+    s->await_ns = 0;
+    if (kvr_ev_watch(s->ev, s->down.fd, KVR_EV_READ, on_down, s))
+        drop_down(s);
+    else
+        kvr_ev_timer_at(s->ev, s->t_heartbeat, s->last_send_ns + KVR_CREDIT_HEARTBEAT_MS * MS_NS);
+    kick_send(s);
+    pthread_mutex_unlock(&s->lock);
 }
 
 /* Liveness (credit.h): a heartbeat after a second without a frame; the downstream is dead
@@ -560,6 +538,9 @@ static void on_wake(struct kvr_ev *ev, void *arg)
         kvr_ev_stop(ev);
         return;
     }
+    struct kvr_link fresh;
+    if (!s->have_down && kvr_dialer_take(s->dialer, &fresh))
+        install_down(s, &fresh);
     pthread_mutex_lock(&s->lock);
     kick_send(s);
     bool resume = s->up_paused && s->n_in_free > 0 && s->have_up;
@@ -710,6 +691,7 @@ static void stage_fini(struct stage *s)
 {
     if (s->io_started)
         pthread_join(s->io_thread, NULL);
+    kvr_dialer_stop(s->dialer);
     atomic_store(&running_ev, NULL);
     if (s->have_down) {
         if (!s->down.tx_pending) {
@@ -785,13 +767,18 @@ static int stage_init(struct stage *s, struct kvr_err *err)
     }
     if ((rc = kvr_ev_create(&s->ev, err)))
         return rc;
-    s->t_connect = kvr_ev_timer(s->ev, on_connect_timer, s);
     s->t_heartbeat = kvr_ev_timer(s->ev, on_heartbeat_timer, s);
     kvr_ev_on_wake(s->ev, on_wake, s);
     if ((rc = kvr_net_listen(p->stages[s->index].addr, 16, &s->listen_fd, NULL, err)) ||
         (rc = kvr_ev_watch(s->ev, s->listen_fd, KVR_EV_READ, on_listen, s)))
         return rc;
-    kvr_ev_timer_at(s->ev, s->t_connect, kvr_now_ns());
+    struct kvr_dialer_config dc = {.plan = p, .addr = downstream_addr(s),
+                                   .limits = &s->down_limits, .role = KVR_AUTH_ROLE_STAGE,
+                                   .index = s->index, .name = s->name,
+                                   .handshake_ms = HANDSHAKE_MS,
+                                   .backoff_max_ms = BACKOFF_MAX_MS, .wake = s->ev};
+    if ((rc = kvr_dialer_start(&s->dialer, &dc, err)))
+        return rc;
     KVR_INFO("%s: layers %u-%u of %u, %u threads, listening on %s", s->name, st->first_layer,
              st->last_layer, s->hp.n_layer, threads, p->stages[s->index].addr);
     return KVR_OK;
@@ -823,7 +810,6 @@ int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *o
     s->up_fd = -1;
     s->rx_slot = -1;
     s->tx_what = TX_NONE;
-    s->backoff_ms = BACKOFF_MIN_MS;
     s->down.fd = -1;
     s->up.fd = -1;
     pthread_mutex_init(&s->lock, NULL);
