@@ -20,7 +20,9 @@
  * Special tokens: tokens of type control or unknown (e.g. <s>, <|im_start|>) are only
  * recognised in text when the caller asks for it (parse_special); tokens of type
  * user-defined are always split out first, as llama.cpp does. Longer specials are matched
- * before shorter ones, each leftmost first.
+ * before shorter ones, each leftmost first. The end-of-turn pieces (see kvr_tok_is_eog) and
+ * the fill-in-the-middle markers (<|fim_prefix|>, <|repo_name|>, ...) are control tokens
+ * whatever type the file gives them, as llama.cpp makes them; kvr_tok_type reports that.
  *
  * Memory: everything the tokenizer needs is allocated by kvr_tok_create. Encoding needs
  * working memory proportional to the text; it lives in a struct kvr_tok_scratch that the
