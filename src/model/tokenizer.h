@@ -11,8 +11,9 @@
  *            tokenizer.ggml.pre, from the table in tokenizer_pre.c: gpt-2 (also phi-2,
  *            roberta-bpe, mpt, olmo, jais), llama-bpe (Llama 3: llama3, llama-v3; and
  *            dbrx, smaug-bpe), qwen2 (deepseek-r1-qwen, megrez, stablelm2), deepseek-llm,
- *            deepseek-coder, falcon, starcoder (refact, command-r, smollm, codeshell,
- *            exaone, minerva-7b) and default. Other names, and a missing key, are refused.
+ *            deepseek-coder, deepseek-v3, falcon, starcoder (refact, command-r, smollm,
+ *            codeshell, exaone, minerva-7b), bloom, viking and default, and more aliases
+ *            (`kvasir tokenize --list-pre`). Other names, and a missing key, are refused.
  * Both reproduce llama.cpp's tokenizers id for id (its test vectors are the unit test; the
  * pre-tokenizers without vectors are compared with llama.cpp's llama-tokenize by
  * tests/integration/tokenize_peer.sh).

@@ -113,6 +113,9 @@ enum pre_rule {
     RULE_DEFAULT_PUNCT,
     RULE_DIGITS3,
     RULE_BLOOM,
+    RULE_DIGITS_1_3,
+    RULE_CJK_KANA,
+    RULE_DSV3,
     RULE_COUNT
 };
 
@@ -391,6 +394,90 @@ static size_t scan_bloom(const uint32_t *c, size_t n, size_t pos, size_t *skip)
     return r ? k + r - pos : 0;
 }
 
+/* DeepSeek V3, first: \p{N}{1,3} */
+static size_t scan_digits_1_3(const uint32_t *c, size_t n, size_t pos, size_t *skip)
+{
+    (void)skip;
+    return run(c, n, pos, is_number, 3);
+}
+
+/* DeepSeek V3, second: [一-龥぀-ゟ゠-ヿ]+ (CJK ideographs, hiragana, katakana). */
+static const struct range cjk_kana[] = {{0x3040, 0x30FF}, {0x4E00, 0x9FA5}};
+
+static bool is_cjk_kana(uint32_t c)
+{
+    return in_set(cjk_kana, N_OF(cjk_kana), c);
+}
+
+static size_t scan_cjk_kana(const uint32_t *c, size_t n, size_t pos, size_t *skip)
+{
+    (void)skip;
+    return run(c, n, pos, is_cjk_kana, ANY);
+}
+
+static bool is_ascii_alpha(uint32_t c)
+{
+    return (c | 0x20) >= 'a' && (c | 0x20) <= 'z';
+}
+
+/* [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~]: every ASCII punctuation and symbol character. */
+static bool is_ascii_punct(uint32_t c)
+{
+    return c > 0x20 && c < 0x7F && !is_ascii_alpha(c) && !(c >= '0' && c <= '9');
+}
+
+/* [\p{L}\p{M}] */
+static bool is_letter_mark(uint32_t c)
+{
+    enum kvr_ucat k = kvr_cp_ucat(c);
+    return !is_space(c) && (k == KVR_UCAT_LETTER || k == KVR_UCAT_MARK);
+}
+
+/* [\p{P}\p{S}], as llama.cpp matches it: without '~' (it leaves that one ASCII symbol
+ * out of \p{S}; tokenize_peer.sh shows it, and its ids are the reference). */
+static bool is_punct_symbol(uint32_t c)
+{
+    enum kvr_ucat k = kvr_cp_ucat(c);
+    return c != '~' && !is_space(c) && (k == KVR_UCAT_PUNCT || k == KVR_UCAT_SYMBOL);
+}
+
+/* The white-space tail shared by the Llama 3 style patterns:
+ *   \s*[\r\n]+|\s+(?!\S)|\s+   (c[pos] is white space) */
+static size_t space_tail(const uint32_t *c, size_t n, size_t pos)
+{
+    size_t w = run(c, n, pos, is_space, ANY);
+    for (size_t j = pos + w; j > pos; j--)
+        if (is_crlf(c[j - 1]))
+            return j - pos;
+    if (pos + w == n || w == 1)
+        return w;
+    return w - 1;
+}
+
+/* DeepSeek V3, third:
+ *   [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|
+ *    ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * Numbers and anything else none of these take stay between matches (their own words). */
+static size_t scan_dsv3(const uint32_t *c, size_t n, size_t pos, size_t *skip)
+{
+    (void)skip;
+    uint32_t c0 = c[pos];
+    if (is_ascii_punct(c0) && pos + 1 < n && is_ascii_alpha(c[pos + 1]))
+        return 1 + run(c, n, pos + 1, is_ascii_alpha, ANY);
+    /* A mark first: the optional character and the run give the same match. */
+    if (is_letter_mark(c0))
+        return run(c, n, pos, is_letter_mark, ANY);
+    if (!is_crlf(c0) && !is_letter(c0) && !is_punct_symbol(c0) && pos + 1 < n &&
+        is_letter_mark(c[pos + 1]))
+        return 1 + run(c, n, pos + 1, is_letter_mark, ANY);
+    size_t k = pos + (c0 == ' ' && pos + 1 < n && is_punct_symbol(c[pos + 1]));
+    if (is_punct_symbol(c[k])) {
+        size_t e = k + run(c, n, k, is_punct_symbol, ANY);
+        return e + run(c, n, e, is_crlf, ANY) - pos;
+    }
+    return is_space(c0) ? space_tail(c, n, pos) : 0;
+}
+
 typedef size_t (*scan_fn)(const uint32_t *c, size_t n, size_t pos, size_t *skip);
 
 static const scan_fn scanners[RULE_COUNT] = {
@@ -410,6 +497,9 @@ static const scan_fn scanners[RULE_COUNT] = {
     [RULE_DEFAULT_PUNCT] = scan_default_punct,
     [RULE_DIGITS3] = scan_digits3,
     [RULE_BLOOM] = scan_bloom,
+    [RULE_DIGITS_1_3] = scan_digits_1_3,
+    [RULE_CJK_KANA] = scan_cjk_kana,
+    [RULE_DSV3] = scan_dsv3,
 };
 
 /* ---- the table ---------------------------------------------------------------------------
@@ -424,7 +514,9 @@ static const char *const names_llama3[] = {
     "llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", NULL};
 static const char *const names_llama3_merged[] = {"dbrx", "smaug-bpe", "glm4", "chatglm-bpe", NULL};
 static const char *const names_qwen2[] = {
-    "qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan", "kormo", "solar-open", NULL};
+    "qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan", "kormo", "solar-open",
+    /* Their pattern ends "\s*[\r\n]" where Qwen's has "\s*[\r\n]+": the same matches. */
+    "bailingmoe", "llada-moe", NULL};
 static const char *const names_bloom[] = {"bloom", "poro-chat", "gpt3-finnish", NULL};
 static const char *const names_viking[] = {"viking", NULL};
 static const char *const names_dsl[] = {"deepseek-llm", NULL};
@@ -432,6 +524,7 @@ static const char *const names_dsc[] = {"deepseek-coder", NULL};
 static const char *const names_falcon[] = {"falcon", NULL};
 static const char *const names_starcoder[] = {"starcoder", "refact", "command-r",  "smollm",
                                               "codeshell", "exaone", "minerva-7b", NULL};
+static const char *const names_dsv3[] = {"deepseek-v3", "hunyuan-dense", NULL};
 static const char *const names_default[] = {"default", NULL};
 
 #define ROW(names_, ...)                                                                           \
@@ -452,6 +545,7 @@ static const struct kvr_pre table[] = {
     {ROW(names_starcoder, RULE_NUMBER, RULE_GPT2)},
     {ROW(names_bloom, RULE_BLOOM)},
     {ROW(names_viking, RULE_BLOOM, RULE_NUMBER)},
+    {ROW(names_dsv3, RULE_DIGITS_1_3, RULE_CJK_KANA, RULE_DSV3)},
     /* What llama.cpp uses for a missing tokenizer.ggml.pre; here only when named. */
     {ROW(names_default, RULE_DEFAULT_PUNCT, RULE_GPT2, RULE_NUMBERS, RULE_DIGITS3)},
 };

@@ -816,9 +816,9 @@ static struct kvr_tok *llama_bpe_as(const char *pre)
 }
 
 /* One name of each row of the table (tokenizer_pre.c). */
-static const char *const pre_rows[] = {"gpt-2",        "llama-bpe",      "dbrx",   "qwen2",
-                                       "deepseek-llm", "deepseek-coder", "falcon", "starcoder",
-                                       "bloom",        "viking",         "default"};
+static const char *const pre_rows[] = {"gpt-2",        "llama-bpe",      "dbrx",        "qwen2",
+                                       "deepseek-llm", "deepseek-coder", "falcon",      "starcoder",
+                                       "bloom",        "viking",         "deepseek-v3", "default"};
 
 /* A 100 kB text of one of several shapes, each the worst case of some rule: long runs of
  * one class (one huge word), white space that never ends a word, many tiny words. */
