@@ -7,11 +7,11 @@
  *   kvasir tokenize --list-pre                     the tokenizer.ggml.pre names known
  *
  * Prints one line per token, "ID -> 'TEXT'" (what the token decodes to, control tokens
- * shown, bytes outside printable ASCII escaped), or with --ids the ids alone as a list in
- * the form llama.cpp's llama-tokenize --ids prints ("[1, 2, 3]"). BOS (and EOS) are added
- * when the model's vocabulary asks for them, unless --no-bos. Special tokens written in
- * the text (<|eot_id|>, <|im_start|>, ...) are recognised only with --special; without
- * it they are plain text. The text is used byte for byte (no escapes, no newline added).
+ * shown, control bytes and bytes that are not UTF-8 escaped), or with --ids the ids alone as a list
+ * in the form llama.cpp's llama-tokenize --ids prints ("[1, 2, 3]"). BOS (and EOS) are added when
+ * the model's vocabulary asks for them, unless --no-bos. Special tokens written in the text
+ * (<|eot_id|>, <|im_start|>, ...) are recognised only with --special; without it they are plain
+ * text. The text is used byte for byte (no escapes, no newline added).
  *
  * --chat FILE.json takes a conversation ({"messages": [...]} as a chat request has it, or
  * the bare array) and prints the prompt /v1/chat/completions would send, rendered with
@@ -174,24 +174,52 @@ static char *read_text(const char *path, size_t *len)
     return buf;
 }
 
-/* A token's text between quotes: printable ASCII and UTF-8 as they are, the rest escaped. */
-static void print_piece(const char *p, size_t n)
+/* Length of the well-formed UTF-8 character at p[0..n) (shortest form, no surrogates, at
+ * most U+10FFFF), or 0. */
+static size_t utf8_char(const unsigned char *p, size_t n)
 {
+    unsigned char c = p[0];
+    size_t k = c >= 0xC2 && c <= 0xDF   ? 2
+               : c >= 0xE0 && c <= 0xEF ? 3
+               : c >= 0xF0 && c <= 0xF4 ? 4
+                                        : 0;
+    if (k == 0 || k > n)
+        return 0;
+    unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
+    unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t i = 2; i < k; i++)
+        if ((p[i] & 0xC0) != 0x80)
+            return 0;
+    return k;
+}
+
+/* A token's text between quotes: printable ASCII and well-formed UTF-8 as they are, control
+ * bytes and bytes that are not (part of) a UTF-8 character escaped. */
+static void print_piece(const char *text, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)text;
     putchar('\'');
     for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)p[i];
-        if (c == '\n')
+        unsigned char c = p[i];
+        size_t k = c >= 0x80 ? utf8_char(p + i, n - i) : 0;
+        if (k > 0) {
+            fwrite(p + i, 1, k, stdout);
+            i += k - 1;
+        } else if (c == '\n') {
             fputs("\\n", stdout);
-        else if (c == '\t')
+        } else if (c == '\t') {
             fputs("\\t", stdout);
-        else if (c == '\r')
+        } else if (c == '\r') {
             fputs("\\r", stdout);
-        else if (c == '\\' || c == '\'')
+        } else if (c == '\\' || c == '\'') {
             printf("\\%c", c);
-        else if (c < 0x20 || c == 0x7F)
+        } else if (c < 0x20 || c >= 0x7F) {
             printf("\\x%02x", c);
-        else
+        } else {
             putchar(c);
+        }
     }
     putchar('\'');
 }
