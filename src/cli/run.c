@@ -946,12 +946,18 @@ static int run_forced(const struct run_opts *o, struct kvr_gguf *g, const struct
             kvr_free(j.out);
             goto out;
         }
-        for (uint32_t i = 0; i < j.n_ids; i++)
-            push_id(&prompt, j.ids[i]);
+        int failed = 0;
+        for (uint32_t i = 0; i < j.n_ids && !failed; i++)
+            failed = push_id(&prompt, j.ids[i]);
         kvr_free(j.ids);
         kvr_free(j.out);
+        if (failed) {
+            fprintf(stderr, "kvasir run: out of memory\n");
+            goto out;
+        }
     } else if (prompt.n == 0 && forced.n > 0) {
-        push_id(&prompt, forced.ids[0]);
+        if (push_id(&prompt, forced.ids[0]))
+            goto out;
         memmove(forced.ids, forced.ids + 1, (forced.n - 1) * sizeof *forced.ids);
         forced.n--;
     }
