@@ -737,9 +737,3 @@ uint32_t kvr_bridge_flush_cache(struct kvr_bridge *b)
     return n;
 }
 
-void kvr_bridge_stats_reset(struct kvr_bridge *b)
-{
-    pthread_mutex_lock(&b->lock);
-    kvr_sched_stats_reset(b->sched);
-    pthread_mutex_unlock(&b->lock);
-}

@@ -90,8 +90,6 @@ void kvr_bridge_release(struct kvr_bridge_stream *s);
 
 /* Telemetry (sched.h). */
 void kvr_bridge_stats(struct kvr_bridge *b, struct kvr_sched_stats *out);
-/* Reset the telemetry totals (benchmarks measure a window). */
-void kvr_bridge_stats_reset(struct kvr_bridge *b);
 /* Forget the cached KV blocks no sequence uses (sched.h kvr_sched_flush_cache). */
 uint32_t kvr_bridge_flush_cache(struct kvr_bridge *b);
 

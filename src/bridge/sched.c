@@ -1270,15 +1270,6 @@ void kvr_sched_stats(const struct kvr_sched *s, struct kvr_sched_stats *out)
     out->inflight = s->n_inflight;
 }
 
-void kvr_sched_stats_reset(struct kvr_sched *s)
-{
-    for (uint32_t i = 0; i < KVR_PLAN_MAX_STAGES; i++) {
-        s->stats.stage[i].held_ns = s->stats.stage[i].starved_ns = 0;
-        s->stats.stage[i].blocked_ns = 0;
-    }
-    s->stats.batches = s->stats.prompt_tokens = s->stats.generated_tokens = 0;
-}
-
 int kvr_sched_check(const struct kvr_sched *s, struct kvr_err *err)
 {
     const struct kvr_plan *p = s->plan;

@@ -228,8 +228,6 @@ uint32_t kvr_sched_flush_cache(struct kvr_sched *s);
 /* Whether batch_id is in the window (its result would be applied, not ignored). */
 bool kvr_sched_batch_live(const struct kvr_sched *s, uint64_t batch_id);
 void kvr_sched_stats(const struct kvr_sched *s, struct kvr_sched_stats *out);
-/* Reset the telemetry totals (benchmarks measure a window). */
-void kvr_sched_stats_reset(struct kvr_sched *s);
 
 /* Check the internal invariants (tests and fuzzing): KV blocks reserved equal the sum over
  * the slots, the in-flight counts equal the window's contents, no sequence decodes in two

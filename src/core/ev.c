@@ -34,7 +34,6 @@ struct kvr_ev {
     kvr_ev_fn wake_fn;
     void *wake_arg;
     atomic_bool stop;
-    uint64_t wakeups;
 };
 
 /* epoll_event.data.u32 tags the two internal fds apart from the watches' slot indexes. */
@@ -186,8 +185,6 @@ void kvr_ev_stop(struct kvr_ev *ev)
     kvr_ev_wake(ev);
 }
 
-uint64_t kvr_ev_wakeups(const struct kvr_ev *ev) { return ev->wakeups; }
-
 static void run_timers(struct kvr_ev *ev)
 {
     uint64_t buf;
@@ -215,7 +212,6 @@ int kvr_ev_run(struct kvr_ev *ev)
                 continue;
             return KVR_EIO;
         }
-        ev->wakeups++;
         for (int i = 0; i < n && !atomic_load(&ev->stop); i++) {
             uint32_t tag = evs[i].data.u32;
             if (tag == TAG_WAKE) {

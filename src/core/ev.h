@@ -64,7 +64,4 @@ void kvr_ev_wake(struct kvr_ev *ev);
 int kvr_ev_run(struct kvr_ev *ev);
 void kvr_ev_stop(struct kvr_ev *ev);
 
-/* How many times the loop has woken up (epoll_wait returned), for tests of idleness. */
-uint64_t kvr_ev_wakeups(const struct kvr_ev *ev);
-
 #endif

@@ -647,13 +647,6 @@ int kvr_link_send_goodbye(struct kvr_link *link, enum kvr_wire_goodbye reason, u
     return kvr_link_send(link, &m, deadline_ns, err);
 }
 
-int kvr_link_send_reset(struct kvr_link *link, uint32_t stage, uint64_t batch_id,
-                        uint64_t deadline_ns, struct kvr_err *err)
-{
-    struct kvr_wire_msg m = {.type = KVR_WIRE_RESET, .arg = stage, .batch_id = batch_id};
-    return kvr_link_send(link, &m, deadline_ns, err);
-}
-
 /* ---- Handshake ------------------------------------------------------------------------- */
 
 /* After a successful handshake: the session keys, and the sealed-frame buffer of a sending

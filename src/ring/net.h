@@ -208,9 +208,5 @@ int kvr_link_send_heartbeat(struct kvr_link *link, uint64_t seq, uint64_t deadli
                             struct kvr_err *err);
 int kvr_link_send_goodbye(struct kvr_link *link, enum kvr_wire_goodbye reason, uint64_t deadline_ns,
                           struct kvr_err *err);
-/* Tell the downstream that `stage` dropped every sequence: its upstream link changed
- * (batch_id KVR_WIRE_RESET_LINK) or it could not run batch `batch_id` (wire.h). */
-int kvr_link_send_reset(struct kvr_link *link, uint32_t stage, uint64_t batch_id,
-                        uint64_t deadline_ns, struct kvr_err *err);
 
 #endif
