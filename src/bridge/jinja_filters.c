@@ -481,10 +481,11 @@ static struct jval attr_path(struct jctx *c, struct jval v, const struct jstr *p
         struct jval part = jv_str(&c->ar, path->s + st, i - st);
         char *end;
         long long idx = strtoll(part.u.s->s, &end, 10);
+        /* Looking into an undefined value raises, as in jinja2. */
         if (part.u.s->len && !*end)
-            v = v.t == JT_UNDEF ? v : jget_item(c, v, jv_int(idx), line);
+            v = jget_item(c, v, jv_int(idx), line);
         else
-            v = v.t == JT_UNDEF ? v : jget_item(c, v, part, line);
+            v = jget_item(c, v, part, line);
         st = i + 1;
     }
     return v;
@@ -1038,6 +1039,13 @@ bool jtest(struct jctx *c, const struct jstr *name, struct jval v, const struct 
     const char *t = name->s;
     const struct jval *x = arg(a, 0, NULL);
     jcharge(c, 1, line);
+    static const char *const one_arg[] = {"divisibleby", "eq", "equalto", "==", "ne", "!=",
+                                          "lt", "<", "lessthan", "le", "<=", "gt", ">",
+                                          "greaterthan", "ge", ">=", "in", "sameas", NULL};
+    uint32_t n_args = a->n_pos + a->n_kw, want = in_list(one_arg, t) ? 1 : 0;
+    if (n_args > want)
+        jerr(c, KVR_EFORMAT, line, "test '%s' expected %u argument(s), got %u", t,
+             (unsigned)want, (unsigned)n_args);
     if (!strcmp(t, "defined"))
         return v.t != JT_UNDEF;
     if (!strcmp(t, "undefined"))

@@ -241,6 +241,10 @@ static void test_errors(void **state)
     expect_error("{{ [1]|join(',', d='x') }}", NULL, NULL, KVR_EFORMAT, "multiple values");
     expect_error("{{ [1]|trim(1, 2) }}", NULL, NULL, KVR_EFORMAT, "at most 1 arguments");
     expect_error("{{ nothing|indent }}", NULL, NULL, KVR_EFORMAT, "'nothing' is undefined");
+    expect_error("{{ [{'a': 1}]|rejectattr('c.x')|list }}", NULL, NULL, KVR_EFORMAT,
+                 "'c' is undefined");
+    expect_error("{{ 1 is eq(1, 2) }}", NULL, NULL, KVR_EFORMAT, "expected 1 argument(s)");
+    expect_error("{{ 1 is odd(1) }}", NULL, NULL, KVR_EFORMAT, "expected 0 argument(s)");
     char *out;
     struct kvr_err err = {0};
     assert_int_equal(render("x", "[1]", NULL, &out, &err), KVR_EINVAL);
