@@ -147,6 +147,12 @@ static void describe_arch(const struct kvr_gguf *g)
         printf(", sliding window %u (period %u)", hp.n_swa, hp.swa_period);
     if (hp.attn_softcap > 0.0f || hp.final_softcap > 0.0f)
         printf(", soft-caps %g/%g", (double)hp.attn_softcap, (double)hp.final_softcap);
+    if (hp.moe.n_expert)
+        printf(", %u experts of width %u, top-%u (%s)%s", hp.moe.n_expert, hp.moe.n_ff_exp,
+               hp.moe.n_used, hp.moe.gating == KVR_MOE_GATING_SOFTMAX_TOPK
+                                  ? "softmax of the top-k"
+                                  : hp.moe.norm_topk ? "softmax, top-k renormalised" : "softmax",
+               hp.moe.n_ff_shexp ? ", a shared expert" : "");
     printf(", output %s\n", kvr_gguf_find_tensor(g, "output.weight") ? "own" : "tied");
 }
 

@@ -25,7 +25,8 @@ static void usage(FILE *f)
                "\n"
                "Write a GGUF model with random weights.\n"
                "\n"
-               "  --arch A           architecture: %s (default llama)\n",
+               "  --arch A           architecture: %s, or mixtral (llama with\n"
+               "                     experts; default llama)\n",
             kvr_arch_list());
     fprintf(f, 
                "  --shape NAME       a named shape (");
@@ -52,8 +53,9 @@ static void usage(FILE *f)
                "                     ff and heads; kv-heads defaults to heads, vocab-size to\n"
                "                     512, ctx to 2048)\n"
                "  --experts N --experts-used K --expert-ff N --shared-ff N\n"
-               "                     a mixture of experts (default 8 experts, top-2; width\n"
-               "                     ff; llama then is Mixtral-style)\n");
+               "                     a mixture of experts, each ff wide unless --expert-ff\n"
+               "                     (llama: Mixtral-style). Defaults: mixtral and qwen2moe\n"
+               "                     8 experts, top-2; qwen3moe 16, top-4\n");
 }
 
 static int parse_type(const char *s)
@@ -145,6 +147,7 @@ int kvr_cmd_synth(int argc, char **argv)
     };
     const char *shape_name = NULL, *out = NULL, *vocab_path = NULL;
     long fields[N_FIELDS] = {0}, moe[N_MOE] = {0}, v;
+    bool mixtral = false;
     double rope_base = 0;
     struct kvr_synth_opts opts = {.type = KVR_DTYPE_Q8_0, .seed = 1};
     long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
@@ -187,7 +190,9 @@ int kvr_cmd_synth(int argc, char **argv)
             opts.n_threads = (int)v;
             break;
         case OPT_ARCH:
-            if (!(opts.arch = kvr_arch_find(optarg, strlen(optarg)))) {
+            mixtral = !strcmp(optarg, "mixtral"); /* a llama file with experts */
+            if (!(opts.arch = kvr_arch_find(mixtral ? "llama" : optarg,
+                                            mixtral ? 5 : strlen(optarg)))) {
                 fprintf(stderr, "kvasir synth: unknown --arch %s (supported: %s)\n", optarg,
                         kvr_arch_list());
                 return 2;
@@ -275,9 +280,10 @@ int kvr_cmd_synth(int argc, char **argv)
             *targets[i] = (int)fields[i];
     if (rope_base > 0)
         s->rope_base = (float)rope_base;
-    if (moe[0] || moe[1]) { /* experts default to 8, top-2 (Mixtral's) */
-        s->n_expert = moe[0] ? (int)moe[0] : 8;
-        s->n_expert_used = moe[1] ? (int)moe[1] : 2;
+    bool wide = opts.arch && !strcmp(opts.arch->name, "qwen3moe");
+    if (moe[0] || moe[1] || mixtral || (opts.arch && opts.arch->moe_always)) {
+        s->n_expert = moe[0] ? (int)moe[0] : wide ? 16 : 8;
+        s->n_expert_used = moe[1] ? (int)moe[1] : wide ? 4 : 2;
     }
     s->expert_ff = (int)moe[2];
     s->shared_ff = (int)moe[3];

@@ -40,6 +40,17 @@ ARCH_MODELS=(
     "phi3|phi3|llama-spm|"
 )
 
+# The mixtures of experts (issue 11, docs/EXPERTS.md): Mixtral-style llama (8 experts,
+# top-2), Qwen3-MoE (16 experts, top-4, Qwen 3's wide heads, the real Qwen vocabulary) and
+# Qwen2-MoE (8 experts, top-2, a shared expert). They are in ARCH_MODELS too, so
+# models_ref.sh compares them in F32; moe_models_ref.sh in Q8_0.
+MOE_MODELS=(
+    "mixtral|mixtral|llama-spm|"
+    "qwen3moe|qwen3moe|qwen2|--head-dim HD --rope-base 1000000"
+    "qwen2moe|qwen2moe|gpt-2|--rope-base 1000000"
+)
+ARCH_MODELS+=("${MOE_MODELS[@]}")
+
 # synth_arch_model SPEC TYPE DIM FF OUT [LOGIT_SCALE]: write SPEC's model (TYPE f32 or f16;
 # logit scale 8 unless given). HD in the options is a head width of dim / 2 (queries twice
 # as wide as the model, as in Qwen 3).
