@@ -27,7 +27,7 @@ start_ring "$TMP/ring45.gguf" 3 3 ring --max-seqs 8 --ctx 256
 "$KVASIR" bridge --plan "$RING_PLAN" --port 0 >"$TMP/bridge.out" 2>"$TMP/bridge.log" &
 BRIDGE=$!
 PIDS+=($BRIDGE)
-for i in $(seq 1 100); do
+for i in $(seq 1 600); do # 60 s: a sanitizer build on a loaded machine forms slowly
     grep -q "^kvasir: ready on" "$TMP/bridge.out" && break
     sleep 0.1
 done
