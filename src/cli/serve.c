@@ -64,7 +64,7 @@ static void usage(FILE *f, bool serve)
                    "  --base-port P         stage i listens on P+i, the bridge on P-1 (default:\n"
                    "                        free ports)\n"
                    "  --row-width N --microbatches N --max-seqs N --ctx N --kv-blocks N\n"
-                   "  --wire f32|f16\n");
+                   "  --wire f32|f16        --no-encrypt: plain frames on the ring's links\n");
     else
         fprintf(f, "usage: kvasir bridge --plan PLAN [options]\n"
                    "  Serve the OpenAI-compatible API for a ring whose stages run elsewhere.\n");
@@ -113,6 +113,10 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
         }
         if (!strcmp(a, "--no-admission")) {
             o->no_admission = true;
+            continue;
+        }
+        if (serve && !strcmp(a, "--no-encrypt")) { /* plain frames on the ring's links */
+            o->spec.no_encrypt = true;
             continue;
         }
         if (!v) {
