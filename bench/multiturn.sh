@@ -17,13 +17,14 @@ run() { # run TAG [serve options]
     local tag=$1
     shift
     setsid "$KVASIR" serve -m "$TMP/ring45.gguf" --stages 2 --port 0 --plan-dir "$TMP/$tag" \
-        --no-admission "$@" >"$TMP/$tag.out" 2>"$TMP/$tag.log" &
+        --no-admission --ttft-ms 600000 "$@" >"$TMP/$tag.out" 2>"$TMP/$tag.log" &
     pgid=$!
     for _ in $(seq 300); do grep -q '^kvasir: ready on ' "$TMP/$tag.out" && break; sleep 0.1; done
     local url
     url=$(sed -n 's/^kvasir: ready on //p' "$TMP/$tag.out")
     "$KVASIR" bench --url "$url" --multi-turn --conversations 32 --turns 6 --system-words 134 \
-        --turn-words 17:50 --output-len 32 --seed 1 | tee "$TMP/$tag.txt"
+        --turn-words 17:50 --output-len 32 --seed 1 | tee "$TMP/$tag.txt" ||
+        echo "($tag: some requests failed; see above)"
     kill -- "-$pgid"
     wait "$pgid" 2>/dev/null || true
     pgid=""

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# bench/estimates.sh - how honest admission's estimates are (issue 15, acceptance 4).
+#
+#   flock /work/bench.lock bench/estimates.sh [-m MODEL] [--stages 2] [--duration 20]
+#
+# 1. `kvasir serve` (admission on) on a ring-45 Q8_0 (or MODEL); capacity = completed
+#    requests/s of a closed loop with as many clients as sequence slots for 15 s.
+# 2. Poisson loads of 0.2, 0.35, 0.5, 0.75, 1.0 and 1.2 x capacity for DURATION s each, with a
+#    2 s first-token / 6 s total budget, one level after another from an idle ring; prompts
+#    of 32 to 768 tokens (uniform, so long prompts come among short ones).
+# 3. Per level: requests refused, and from /metrics (the difference over the level) the
+#    share of estimate / outcome ratios within [0.75, 1.25] for the first token and for the
+#    whole answer (kvasir:estimate_first_token_ratio, kvasir:estimate_total_ratio), and the
+#    p90 of |ratio - 1| read from the histogram's buckets (an upper bound: a bucket counts
+#    at its far edge). Acceptance: p90 <= 0.25 at every level, no refusal at <= 0.5x.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+KVASIR=${KVASIR:-$here/../build/kvasir}
+model="" stages=2 duration=20 seqs=32
+while [ $# -gt 0 ]; do
+    case $1 in
+    -m) model=$2; shift ;;
+    --stages) stages=$2; shift ;;
+    --duration) duration=$2; shift ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) echo "estimates.sh: unknown option $1" >&2; exit 2 ;;
+    esac
+    shift
+done
+TMP=$(mktemp -d /tmp/kvr-estimates.XXXXXX)
+SERVER=""
+cleanup() {
+    [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null && wait "$SERVER" 2>/dev/null
+    rm -rf "$TMP"
+}
+trap cleanup EXIT
+if [ -z "$model" ]; then
+    model=$TMP/ring45.gguf
+    "$KVASIR" synth --shape ring-45 --type q8_0 -o "$model" >/dev/null 2>&1
+fi
+"$KVASIR" serve -m "$model" --stages "$stages" --port 0 --max-seqs "$seqs" --ctx 1024 \
+    >"$TMP/serve.log" 2>&1 &
+SERVER=$!
+for _ in $(seq 150); do
+    URL=$(sed -n 's/^kvasir: ready on \(http:[^ ]*\)$/\1/p' "$TMP/serve.log" 2>/dev/null)
+    [ -n "$URL" ] && break
+    sleep 0.2
+done
+[ -n "$URL" ] || { cat "$TMP/serve.log"; exit 1; }
+hist() { # hist NAME: "le count" lines of a histogram in /metrics
+    curl -s "$URL/metrics" | sed -n "s/^kvasir:$1_bucket{le=\"\([^\"]*\)\"} \([0-9]*\)$/\1 \2/p"
+}
+# report NAME BEFORE AFTER: share within [0.75, 1.25] and the p90 bound of |ratio - 1|
+report() {
+    paste "$2" "$3" | awk -v name="$1" '
+        { le[NR] = $1; c[NR] = $4 - $2 } # cumulative counts over the level
+        END {
+            n = c[NR]; if (n == 0) { printf "  %s: no estimates\n", name; exit }
+            for (i = 1; i <= NR; i++) { if (le[i] == "0.75") lo = c[i]; if (le[i] == "1.25") hi = c[i] }
+            # |r - 1| per bucket edge: the far edge of each bucket, below and above 1
+            m = 0
+            for (i = 1; i <= NR; i++) {
+                cnt = c[i] - (i > 1 ? c[i - 1] : 0)
+                if (le[i] == "+Inf") e = 99; else if (le[i] + 0 <= 1) e = 1 - (i > 1 ? le[i - 1] : 0); else e = le[i] - 1
+                err[++m] = e; w[m] = cnt
+            }
+            for (i = 1; i <= m; i++) for (j = i + 1; j <= m; j++) if (err[j] < err[i]) { t = err[i]; err[i] = err[j]; err[j] = t; t = w[i]; w[i] = w[j]; w[j] = t }
+            s = 0; for (i = 1; i <= m && s < 0.9 * n; i++) { s += w[i]; p90 = err[i] }
+            printf "  %s: %d estimates, %.0f%% within 25%%, p90 |ratio - 1| <= %.2f\n", name, n, 100 * (hi - lo) / n, p90
+        }'
+}
+load=(-m "$model" --prompt-len 32:96 --output-len 32:96 --quiet)
+"$KVASIR" bench --url "$URL" "${load[@]}" --concurrency "$seqs" --duration 15 >"$TMP/cap.txt"
+capacity=$(sed -n 's/^  throughput *\([0-9.]*\) req\/s.*/\1/p' "$TMP/cap.txt")
+echo "capacity: $capacity req/s (closed loop, $seqs clients)"
+sleep 5 # an idle ring again
+for f in 0.2 0.35 0.5 0.75 1.0 1.2; do
+    rate=$(awk -v c="$capacity" -v f="$f" 'BEGIN { printf "%.2f", c * f }')
+    hist estimate_first_token_ratio >"$TMP/f0"
+    hist estimate_total_ratio >"$TMP/t0"
+    "$KVASIR" bench --url "$URL" -m "$model" --prompt-len 32:768 --output-len 32:96 --quiet \
+        --ttft-budget-ms 2000 --total-budget-ms 6000 --rate "$rate" --duration "$duration" \
+        --seed "${f/./}" >"$TMP/level.txt"
+    hist estimate_first_token_ratio >"$TMP/f1"
+    hist estimate_total_ratio >"$TMP/t1"
+    echo "$f x capacity ($rate req/s): $(sed -n 's/^  requests *//p' "$TMP/level.txt")"
+    report "first token" "$TMP/f0" "$TMP/f1"
+    report "whole answer" "$TMP/t0" "$TMP/t1"
+done
