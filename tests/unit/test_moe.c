@@ -23,6 +23,7 @@
 #include "model/gguf_write.h"
 #include "model/moe.h"
 #include "model/synth.h"
+#include "ring/propose.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -641,6 +642,37 @@ static void test_engine_invariance(void **state)
     check_engine_invariance("qwen3moe", KVR_DTYPE_Q8_0, 16, 4);
 }
 
+/* The plan balancer weighs a MoE layer by what a token reads (router + 1 of 32 experts),
+ * not by all its experts: against the tail's 1 MiB output head, four such layers (about
+ * 0.24 MiB each as weighed) split 3 + 1; weighed by all 32 experts (3.2 MiB each) they
+ * would split 2 + 2. */
+static void test_plan_weighs_used_experts(void **state)
+{
+    (void)state;
+    struct kvr_synth_opts o = {.type = KVR_DTYPE_F32, .seed = 1, .n_threads = 1};
+    o.shape = (struct kvr_synth_shape){.name = "x", .n_layers = 4, .dim = 64, .ff = 64,
+                                       .n_heads = 4, .n_kv_heads = 4, .vocab_size = 4096,
+                                       .ctx = 64, .rope_base = 10000.0f, .rms_eps = 1e-5f,
+                                       .n_expert = 32, .n_expert_used = 1};
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_synth_write(&o, f, NULL, &err), 0);
+    assert_int_equal(fclose(f), 0);
+    struct kvr_gguf *g = NULL;
+    assert_int_equal(kvr_gguf_open_mem(&g, buf, len, &err), 0);
+    struct kvr_plan plan;
+    struct kvr_plan_spec spec = {.n_stages = 2, .model_path = "x.gguf"};
+    if (kvr_plan_propose(&plan, g, &spec, &err))
+        fail_msg("propose: %s", err.msg);
+    assert_int_equal(plan.stages[0].first_layer, 0);
+    assert_int_equal(plan.stages[0].last_layer, 2);
+    assert_int_equal(plan.stages[1].first_layer, 3);
+    kvr_gguf_close(g);
+    free(buf);
+}
+
 /* synth refuses MoE shapes an architecture cannot have, with a message. */
 static void test_synth_refusals(void **state)
 {
@@ -677,7 +709,7 @@ int main(void)
         cmocka_unit_test(test_view_checks),       cmocka_unit_test(test_reference_f32),
         cmocka_unit_test(test_reference_quantized), cmocka_unit_test(test_invariance),
         cmocka_unit_test(test_create_failures),   cmocka_unit_test(test_engine_invariance),
-        cmocka_unit_test(test_synth_refusals),
+        cmocka_unit_test(test_synth_refusals),    cmocka_unit_test(test_plan_weighs_used_experts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
