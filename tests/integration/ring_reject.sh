@@ -103,10 +103,16 @@ attack() {
     local tag=$1 mode=$2 pattern=$3 n_bad n_up out rc ms
     n_bad=$(count "$pattern" "$S1")
     n_up=$(count "downstream .* connected" "$S0")
+    # Stage 0 is paused while the rogue holds its place: it redials at once when stage 1
+    # takes the rogue as its new upstream, and would replace the rogue before its frame is
+    # read.
+    kill -STOP "${RING_PIDS[0]}"
     set +e; out=$("$ROGUE" --plan "$RING_PLAN" --as 0 --send "$mode" 2>&1); rc=$?; set -e
     echo "$out" | grep -v '^\[' || true
-    [ $rc = 0 ] || fail "$tag: rogue exit $rc"
-    wait_for "$pattern" "$S1" "$n_bad" 5 >/dev/null || fail "$tag: stage 1 did not log '$pattern'"
+    [ $rc = 0 ] || { kill -CONT "${RING_PIDS[0]}"; fail "$tag: rogue exit $rc"; }
+    wait_for "$pattern" "$S1" "$n_bad" 5 >/dev/null ||
+        { kill -CONT "${RING_PIDS[0]}"; fail "$tag: stage 1 did not log '$pattern'"; }
+    kill -CONT "${RING_PIDS[0]}"
     grep -- "$pattern" "$S1" | tail -1
     ms=$(wait_for "downstream .* connected" "$S0" "$n_up" 10) ||
         fail "$tag: stage 0 did not reconnect to stage 1 within 10 s"
