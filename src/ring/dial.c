@@ -19,6 +19,7 @@ struct kvr_dialer {
     pthread_cond_t cond;
     bool stop;
     bool want;              /* a link is wanted */
+    bool redialled;         /* ... again, after one was lost */
     bool have;              /* `ready` holds a link not taken yet */
     struct kvr_link ready;
     uint32_t backoff_ms;
@@ -53,6 +54,12 @@ static void *dial_main(void *arg)
             pthread_cond_wait(&d->cond, &d->lock);
         if (d->stop)
             break;
+        if (d->redialled) { /* a link was just lost: not in the same instant */
+            d->redialled = false;
+            pause_ms(d, BACKOFF_MIN_MS);
+            if (d->stop)
+                break;
+        }
         pthread_mutex_unlock(&d->lock);
         struct kvr_err err = {0};
         struct kvr_link link = {.fd = -1};
@@ -147,6 +154,7 @@ void kvr_dialer_redial(struct kvr_dialer *d)
 {
     pthread_mutex_lock(&d->lock);
     d->want = true;
+    d->redialled = true;
     pthread_cond_broadcast(&d->cond);
     pthread_mutex_unlock(&d->lock);
 }

@@ -504,6 +504,8 @@ static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
         return;
     }
     KVR_INFO("%s: upstream connected from %s", s->name, peer);
+    if (s->have_up) /* what the old link has sent is read (and judged) before it goes */
+        on_up(ev, s->up.fd, KVR_EV_READ, s);
     pthread_mutex_lock(&s->lock);
     set_upstream(s, fresh.fd); /* before the old fd closes: no credit goes to it after */
     pthread_mutex_unlock(&s->lock);
