@@ -872,6 +872,29 @@ static void q6_k_to_float(const void *src, float *dst, int64_t n)
     }
 }
 
+/* The scales of a super-block's 16 sub-blocks of 16 elements: s[j] = m_j / q_end, m_j the
+ * sub-block's element of largest magnitude (first on ties), so m_j maps to the end q_end of
+ * the quant range. Returns the s[j] of largest magnitude (first on ties), sign kept. */
+static float sub16_scales(const float *x, float q_end, float s[16])
+{
+    float smax = 0.0f, sabs = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        float amax = 0.0f, m = 0.0f;
+        for (int l = 0; l < 16; l++) {
+            if (fabsf(x[16 * j + l]) > amax) {
+                amax = fabsf(x[16 * j + l]);
+                m = x[16 * j + l];
+            }
+        }
+        s[j] = m / q_end;
+        if (fabsf(s[j]) > sabs) {
+            sabs = fabsf(s[j]);
+            smax = s[j];
+        }
+    }
+    return smax;
+}
+
 /* Per 16-element sub-block: scale s_j = m_j / -32 where m_j is its element of largest
  * magnitude (so m_j maps to q - 32 = -32, the full end of the range); the 16 scales are
  * stored as int8 multiples of d = s_max / -128, s_max being the scale of largest magnitude. */
@@ -880,21 +903,8 @@ static void q6_k_from_float(const float *src, void *dst, int64_t n)
     struct kvr_block_q6_k *b = dst;
     for (int64_t i = 0; i < n / KVR_QK_K; i++) {
         const float *x = src + i * KVR_QK_K;
-        float s[16], smax = 0.0f, sabs = 0.0f;
-        for (int j = 0; j < 16; j++) {
-            float amax = 0.0f, m = 0.0f;
-            for (int l = 0; l < 16; l++) {
-                if (fabsf(x[16 * j + l]) > amax) {
-                    amax = fabsf(x[16 * j + l]);
-                    m = x[16 * j + l];
-                }
-            }
-            s[j] = m / -32.0f;
-            if (fabsf(s[j]) > sabs) {
-                sabs = fabsf(s[j]);
-                smax = s[j];
-            }
-        }
+        float s[16];
+        float smax = sub16_scales(x, -32.0f, s);
         float d = smax / -128.0f;
         float id = d != 0.0f ? 1.0f / d : 0.0f;
         b[i].d = kvr_f32_to_f16(d);
@@ -1044,21 +1054,8 @@ static void q3_k_from_float(const float *src, void *dst, int64_t n)
     struct kvr_block_q3_k *b = dst;
     for (int64_t i = 0; i < n / KVR_QK_K; i++) {
         const float *x = src + i * KVR_QK_K;
-        float s[16], smax = 0.0f, sabs = 0.0f;
-        for (int k = 0; k < 16; k++) {
-            float amax = 0.0f, m = 0.0f;
-            for (int l = 0; l < 16; l++) {
-                if (fabsf(x[16 * k + l]) > amax) {
-                    amax = fabsf(x[16 * k + l]);
-                    m = x[16 * k + l];
-                }
-            }
-            s[k] = m / -4.0f;
-            if (fabsf(s[k]) > sabs) {
-                sabs = fabsf(s[k]);
-                smax = s[k];
-            }
-        }
+        float s[16];
+        float smax = sub16_scales(x, -4.0f, s);
         b[i].d = kvr_f32_to_f16(smax / -32.0f);
         float dd = kvr_f16_to_f32(b[i].d);
         float id = dd != 0.0f ? 1.0f / dd : 0.0f;
