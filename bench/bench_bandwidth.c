@@ -73,7 +73,8 @@ int main(int argc, char **argv)
         printf("rep %ld: %.2f GB/s\n", r, gbs[r]);
     }
     qsort(gbs, (size_t)reps, sizeof *gbs, cmp_double);
-    printf("median read bandwidth: %.2f GB/s (%ld MiB, %ld threads, %ld reps, huge %ld; min %.2f max %.2f)\n",
+    printf("median read bandwidth: %.2f GB/s (%ld MiB, %ld threads, %ld reps, huge %ld; min %.2f "
+           "max %.2f)\n",
            gbs[reps / 2], mib, n_threads, reps, huge, gbs[0], gbs[reps - 1]);
     kvr_pool_destroy(pool);
     kvr_free(job);

@@ -75,8 +75,8 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (threads < 1 || n_prompt < 1 || n_decode < 1 || reps < 1 || reps > 100 ||
-        n_prompt > 4096 || n_decode > 4096) {
+    if (threads < 1 || n_prompt < 1 || n_decode < 1 || reps < 1 || reps > 100 || n_prompt > 4096 ||
+        n_decode > 4096) {
         fprintf(stderr, "bench_forward: bad option value\n");
         return 2;
     }
@@ -91,10 +91,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_forward: %s\n", err.msg);
         return 1;
     }
-    struct kvr_engine_config cfg = {
-        .first_layer = 0, .last_layer = hp.n_layer - 1, .max_rows = (uint32_t)n_prompt,
-        .max_seqs = 1, .n_ctx = (uint32_t)(n_prompt + n_decode), .kv_block_tokens = 16,
-        .n_threads = (uint32_t)threads};
+    struct kvr_engine_config cfg = {.first_layer = 0,
+                                    .last_layer = hp.n_layer - 1,
+                                    .max_rows = (uint32_t)n_prompt,
+                                    .max_seqs = 1,
+                                    .n_ctx = (uint32_t)(n_prompt + n_decode),
+                                    .kv_block_tokens = 16,
+                                    .n_threads = (uint32_t)threads};
     struct kvr_engine *e = NULL;
     if (kvr_engine_create(&e, g, &cfg, &err)) {
         fprintf(stderr, "bench_forward: %s\n", err.msg);
@@ -146,8 +149,8 @@ int main(int argc, char **argv)
         fflush(stdout);
     }
     double mp = median(prefill, (int)reps), md = median(decode, (int)reps);
-    printf("median: prefill %.1f tokens/s, decode %.2f tokens/s (%.1f GB/s of weights)\n", mp,
-           md, md * bpt / 1e9);
+    printf("median: prefill %.1f tokens/s, decode %.2f tokens/s (%.1f GB/s of weights)\n", mp, md,
+           md * bpt / 1e9);
     if (bandwidth > 0)
         printf("bandwidth bound %.2f tokens/s at %.1f GB/s: decode reaches %.0f%%\n",
                bandwidth * 1e9 / bpt, bandwidth, 100.0 * md * bpt / (bandwidth * 1e9));

@@ -93,8 +93,7 @@ static int parse_type(const char *s)
 }
 
 static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_in,
-                     int64_t gemm_rows, int reps, size_t gemv_bytes, struct bw_job *bw,
-                     int pack)
+                     int64_t gemm_rows, int reps, size_t gemv_bytes, struct bw_job *bw, int pack)
 {
     const struct kvr_dtype_traits *tr = kvr_dtype_traits(type);
     size_t row_bytes;
@@ -114,7 +113,8 @@ static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_i
     void *xq = kvr_aligned_alloc(64, x_stride * (size_t)gemm_rows);
     float *y = kvr_malloc(sizeof(float) * (size_t)(n_out * gemm_rows));
     double *t = kvr_calloc((size_t)reps, sizeof *t);
-    double *bws = kvr_calloc((size_t)reps, sizeof *bws), *ratio = kvr_calloc((size_t)reps, sizeof *ratio);
+    double *bws = kvr_calloc((size_t)reps, sizeof *bws),
+           *ratio = kvr_calloc((size_t)reps, sizeof *ratio);
     if (!wbuf || !mats || !xf || !xq || !y || !t || !bws || !ratio) {
         fprintf(stderr, "out of memory\n");
         return -1;
@@ -129,7 +129,8 @@ static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_i
     for (int c = 0; c < n_copies; c++) {
         if (c)
             memcpy(wbuf + (size_t)c * mat_bytes, wbuf, mat_bytes);
-        mats[c] = (struct kvr_matrix){type, n_in, n_out, row_bytes, wbuf + (size_t)c * mat_bytes, NULL};
+        mats[c] =
+            (struct kvr_matrix){type, n_in, n_out, row_bytes, wbuf + (size_t)c * mat_bytes, NULL};
     }
     for (int64_t i = 0; i < n_in * gemm_rows; i++)
         xf[i] = frand();
@@ -287,8 +288,8 @@ int main(int argc, char **argv)
     }
     bw->buf = bwbuf;
     bw->n_bytes = gemv_bytes & ~(size_t)4095;
-    printf("kernels: %s, threads: %ld, gemv working set: %ld MiB, reps: %ld (medians)\n",
-           kernels, n_threads, gemv_mib, reps);
+    printf("kernels: %s, threads: %ld, gemv working set: %ld MiB, reps: %ld (medians)\n", kernels,
+           n_threads, gemv_mib, reps);
 
     char tbuf[256], sbuf[256];
     snprintf(tbuf, sizeof tbuf, "%s", types);

@@ -34,9 +34,9 @@
 #include <unistd.h>
 
 enum {
-    TAIL_CREDITS = 4,        /* result frames the tail may send ahead of our reading */
+    TAIL_CREDITS = 4, /* result frames the tail may send ahead of our reading */
     HANDSHAKE_MS = 3000,
-    BACKOFF_MAX_MS = 1000,   /* dialling the head again while it cannot be reached */
+    BACKOFF_MAX_MS = 1000, /* dialling the head again while it cannot be reached */
 };
 
 #define MS_NS 1000000ull
@@ -51,16 +51,16 @@ struct token_event {
 };
 
 struct kvr_bridge_stream {
-    struct kvr_sched_req r;         /* r.req.prompt points at `prompt` */
+    struct kvr_sched_req r; /* r.req.prompt points at `prompt` */
     struct kvr_bridge *b;
-    int32_t *prompt;                /* [n_prompt], owned */
+    int32_t *prompt; /* [n_prompt], owned */
     /* Produced by the scheduler's events, consumed by next(): a FIFO of tokens. */
-    struct token_event *events;     /* [max_tokens] */
+    struct token_event *events; /* [max_tokens] */
     uint32_t ev_head, ev_count;
-    enum kvr_gen_finish finish;     /* set once the stream has ended */
+    enum kvr_gen_finish finish; /* set once the stream has ended */
     bool finish_delivered;
-    bool released;                  /* the consumer is done with it */
-    bool detached;                  /* the scheduler is done with it */
+    bool released; /* the consumer is done with it */
+    bool detached; /* the scheduler is done with it */
     char message[KVR_GEN_MSG_BYTES];
     pthread_cond_t cond;
 };
@@ -78,18 +78,18 @@ struct kvr_bridge {
     uint64_t n_events;
     uint32_t any_waiters;
     pthread_cond_t any_cond;
-    atomic_bool ring_up;              /* the scheduler's ring_up, readable without the lock */
+    atomic_bool ring_up; /* the scheduler's ring_up, readable without the lock */
     struct kvr_bridge_stage_state stages[KVR_PLAN_MAX_STAGES]; /* for /health */
 
     /* The event loop and the links, owned by the ring thread. */
     struct kvr_ev *ev;
-    int t_tick, t_heartbeat;          /* timers */
-    struct kvr_dialer *dialer;        /* dials and authenticates the head (ring/dial.h) */
+    int t_tick, t_heartbeat;   /* timers */
+    struct kvr_dialer *dialer; /* dials and authenticates the head (ring/dial.h) */
     int listen_fd;
     struct kvr_link head, tail;
     bool have_head, have_tail;
-    uint32_t head_credits;            /* frames stage 0 has room for (credit.h) */
-    uint64_t head_await_ns;           /* something sent to the head it has not answered */
+    uint32_t head_credits;  /* frames stage 0 has room for (credit.h) */
+    uint64_t head_await_ns; /* something sent to the head it has not answered */
     uint64_t head_last_send_ns;
     uint64_t n_heartbeats;
     atomic_bool stop;
@@ -97,7 +97,10 @@ struct kvr_bridge {
     bool thread_started;
 };
 
-static void wake(struct kvr_bridge *b) { kvr_ev_wake(b->ev); }
+static void wake(struct kvr_bridge *b)
+{
+    kvr_ev_wake(b->ev);
+}
 
 static void stream_free(struct kvr_bridge_stream *s)
 {
@@ -143,8 +146,7 @@ static void on_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched_
 
 /* A stage's state for /health (caller holds b->lock); why (may be NULL) becomes its last
  * error. */
-static void stage_set(struct kvr_bridge *b, uint32_t i, enum kvr_stage_state state,
-                      const char *why)
+static void stage_set(struct kvr_bridge *b, uint32_t i, enum kvr_stage_state state, const char *why)
 {
     struct kvr_bridge_stage_state *st = &b->stages[i];
     if (st->state != state) {
@@ -284,8 +286,7 @@ static void on_tail(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
                           f->hdr.batch_id == KVR_WIRE_RESET_LINK
                               ? "dropped its sequences: its upstream link changed"
                               : "dropped its sequences: it could not run a batch");
-        }
-        else if (type == KVR_WIRE_RESULT)
+        } else if (type == KVR_WIRE_RESULT)
             rc = kvr_sched_result(b->sched, f, now, &err);
         sync_up(b);
         pthread_mutex_unlock(&b->lock);
@@ -352,8 +353,7 @@ static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
     } else {
         KVR_WARN("bridge: refused connection from %s: %s", peer, err.msg);
         kvr_link_fini(&b->tail);
-        stage_set_locked(b, b->plan.n_stages - 1, b->stages[b->plan.n_stages - 1].state,
-                         err.msg);
+        stage_set_locked(b, b->plan.n_stages - 1, b->stages[b->plan.n_stages - 1].state, err.msg);
     }
 }
 
@@ -375,8 +375,7 @@ static void check_dialer(struct kvr_bridge *b)
     }
     char why[KVR_ERR_MSG_BYTES];
     if (kvr_dialer_last_error(b->dialer, why, sizeof why) && why[0]) {
-        KVR_INFO("bridge: waiting for the head (stage 0) at %s: %s", b->plan.stages[0].addr,
-                 why);
+        KVR_INFO("bridge: waiting for the head (stage 0) at %s: %s", b->plan.stages[0].addr, why);
         stage_set_locked(b, 0, b->stages[0].state, why);
     }
 }
@@ -536,10 +535,13 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
         (rc = kvr_wire_limits_init(&b->tail_limits, p, cfg->n_embd, cfg->n_vocab,
                                    KVR_WIRE_RECV_BRIDGE, err)))
         goto fail;
-    struct kvr_sched_config sc = {.plan = p, .max_ctrl = b->head_limits.max_ctrl,
-                                  .max_waiting = cfg->max_waiting, .admission = cfg->admission,
+    struct kvr_sched_config sc = {.plan = p,
+                                  .max_ctrl = b->head_limits.max_ctrl,
+                                  .max_waiting = cfg->max_waiting,
+                                  .admission = cfg->admission,
                                   .prefix_cache = !cfg->no_prefix_cache,
-                                  .event = on_event, .event_ctx = b};
+                                  .event = on_event,
+                                  .event_ctx = b};
     if ((rc = kvr_sched_create(&b->sched, &sc, err)))
         goto fail;
     if ((rc = kvr_ev_create(&b->ev, err)))
@@ -554,10 +556,15 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
     if ((rc = kvr_net_listen(p->bridge_addr, 16, &b->listen_fd, NULL, err)) ||
         (rc = kvr_ev_watch(b->ev, b->listen_fd, KVR_EV_READ, on_listen, b)))
         goto fail;
-    struct kvr_dialer_config dc = {.plan = p, .addr = p->stages[0].addr,
-                                   .limits = &b->head_limits, .role = KVR_AUTH_ROLE_BRIDGE,
-                                   .index = 0, .name = "bridge", .handshake_ms = HANDSHAKE_MS,
-                                   .backoff_max_ms = BACKOFF_MAX_MS, .wake = b->ev};
+    struct kvr_dialer_config dc = {.plan = p,
+                                   .addr = p->stages[0].addr,
+                                   .limits = &b->head_limits,
+                                   .role = KVR_AUTH_ROLE_BRIDGE,
+                                   .index = 0,
+                                   .name = "bridge",
+                                   .handshake_ms = HANDSHAKE_MS,
+                                   .backoff_max_ms = BACKOFF_MAX_MS,
+                                   .wake = b->ev};
     if ((rc = kvr_dialer_start(&b->dialer, &dc, err)))
         goto fail;
     if (pthread_create(&b->thread, NULL, ring_main, b) != 0) {
@@ -573,12 +580,15 @@ fail:
     return rc;
 }
 
-bool kvr_bridge_ring_up(const struct kvr_bridge *b) { return atomic_load(&b->ring_up); }
+bool kvr_bridge_ring_up(const struct kvr_bridge *b)
+{
+    return atomic_load(&b->ring_up);
+}
 
 const char *kvr_stage_state_name(enum kvr_stage_state state)
 {
-    static const char *const names[KVR_STAGE_STATE_COUNT] = {"unknown", "connecting",
-                                                             "connected", "up", "down"};
+    static const char *const names[KVR_STAGE_STATE_COUNT] = {"unknown", "connecting", "connected",
+                                                             "up", "down"};
     return (unsigned)state < KVR_STAGE_STATE_COUNT ? names[state] : "unknown";
 }
 
@@ -687,8 +697,7 @@ int kvr_bridge_next(struct kvr_bridge_stream *s, struct kvr_gen_event *ev, int t
         ev->t_ns = kvr_now_ns();
         if (s->finish == KVR_GEN_FINISH_ERROR) {
             ev->error_status = 503;
-            snprintf(ev->error, sizeof ev->error, "%s", s->message[0] ? s->message
-                                                                      : "ring error");
+            snprintf(ev->error, sizeof ev->error, "%s", s->message[0] ? s->message : "ring error");
         }
         s->finish_delivered = true;
     } else {
@@ -736,4 +745,3 @@ uint32_t kvr_bridge_flush_cache(struct kvr_bridge *b)
     pthread_mutex_unlock(&b->lock);
     return n;
 }
-

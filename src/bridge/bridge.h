@@ -28,9 +28,9 @@ struct kvr_bridge_config {
     const struct kvr_plan *plan; /* copied */
     uint32_t n_embd;             /* the model's width, vocabulary, and end-of-generation */
     uint32_t n_vocab;
-    uint32_t max_waiting;        /* bounded wait queue; 0 = 4 * max_seqs */
-    bool admission;              /* refuse requests that would miss their budget */
-    bool no_prefix_cache;        /* compute every prompt whole (sched.h prefix_cache) */
+    uint32_t max_waiting; /* bounded wait queue; 0 = 4 * max_seqs */
+    bool admission;       /* refuse requests that would miss their budget */
+    bool no_prefix_cache; /* compute every prompt whole (sched.h prefix_cache) */
 };
 
 int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *cfg,
@@ -62,8 +62,8 @@ enum kvr_stage_state {
 
 struct kvr_bridge_stage_state {
     enum kvr_stage_state state;
-    uint64_t since_ns;      /* kvr_now_ns() when it entered this state */
-    char last_error[160];   /* the last failure seen for it, "" if none */
+    uint64_t since_ns;    /* kvr_now_ns() when it entered this state */
+    char last_error[160]; /* the last failure seen for it, "" if none */
 };
 
 const char *kvr_stage_state_name(enum kvr_stage_state state);

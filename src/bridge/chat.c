@@ -13,8 +13,8 @@
 #include <string.h>
 
 static const char *const tmpl_names[KVR_CHAT_TMPL_COUNT] = {
-    [KVR_CHAT_TMPL_CHATML] = "chatml",   [KVR_CHAT_TMPL_LLAMA2] = "llama2",
-    [KVR_CHAT_TMPL_LLAMA3] = "llama3",   [KVR_CHAT_TMPL_MISTRAL] = "mistral",
+    [KVR_CHAT_TMPL_CHATML] = "chatml", [KVR_CHAT_TMPL_LLAMA2] = "llama2",
+    [KVR_CHAT_TMPL_LLAMA3] = "llama3", [KVR_CHAT_TMPL_MISTRAL] = "mistral",
     [KVR_CHAT_TMPL_ZEPHYR] = "zephyr",
 };
 
@@ -111,8 +111,7 @@ static void render_chatml(struct kvr_sbuf *b, const struct kvr_chat_msg *msgs, s
 static void render_llama3(struct kvr_sbuf *b, const struct kvr_chat_msg *msgs, size_t n)
 {
     for (size_t i = 0; i < n; i++) {
-        kvr_sbuf_printf(b, "<|start_header_id|>%s<|end_header_id|>\n\n",
-                        role_names[msgs[i].role]);
+        kvr_sbuf_printf(b, "<|start_header_id|>%s<|end_header_id|>\n\n", role_names[msgs[i].role]);
         put_content(b, &msgs[i]);
         kvr_sbuf_puts(b, "<|eot_id|>");
     }
@@ -131,8 +130,7 @@ static void render_llama3(struct kvr_sbuf *b, const struct kvr_chat_msg *msgs, s
  * joined with "\n\n". Every assistant answer is followed by a new turn, so a conversation
  * that ends with an assistant message gets an empty instruction ("[INST]  [/INST]") and
  * the text always ends with " [/INST]", where the model's answer begins. */
-static void render_inst(struct kvr_sbuf *b, const struct kvr_chat_msg *msgs, size_t n,
-                        bool llama2)
+static void render_inst(struct kvr_sbuf *b, const struct kvr_chat_msg *msgs, size_t n, bool llama2)
 {
     size_t i = 0;
     for (bool first = true;; first = false) {
@@ -220,8 +218,7 @@ int kvr_chat_render(enum kvr_chat_tmpl t, const struct kvr_chat_msg *msgs, size_
     }
     *out = kvr_sbuf_take(&b, out_len);
     if (!*out)
-        return kvr_err_set(err, KVR_ENOMEM, "out of memory rendering %zu chat messages",
-                           n_msgs);
+        return kvr_err_set(err, KVR_ENOMEM, "out of memory rendering %zu chat messages", n_msgs);
     return KVR_OK;
 }
 
@@ -235,8 +232,7 @@ struct kvr_chat {
     const char *end_of_turn;     /* static, eos_token, or NULL */
 };
 
-int kvr_chat_create(struct kvr_chat **out, const struct kvr_chat_config *cfg,
-                    struct kvr_err *err)
+int kvr_chat_create(struct kvr_chat **out, const struct kvr_chat_config *cfg, struct kvr_err *err)
 {
     *out = NULL;
     struct kvr_chat *c = kvr_calloc(1, sizeof *c);
@@ -285,7 +281,10 @@ void kvr_chat_destroy(struct kvr_chat *c)
     kvr_free(c);
 }
 
-enum kvr_chat_source kvr_chat_source(const struct kvr_chat *c) { return c->source; }
+enum kvr_chat_source kvr_chat_source(const struct kvr_chat *c)
+{
+    return c->source;
+}
 
 const char *kvr_chat_describe(const struct kvr_chat *c)
 {
@@ -306,7 +305,10 @@ const char *kvr_chat_describe(const struct kvr_chat *c)
     }
 }
 
-const char *kvr_chat_end_of_turn(const struct kvr_chat *c) { return c->end_of_turn; }
+const char *kvr_chat_end_of_turn(const struct kvr_chat *c)
+{
+    return c->end_of_turn;
+}
 
 size_t kvr_chat_bos_skip(const char *text, size_t len, const char *bos_text, bool tok_adds_bos)
 {
@@ -318,8 +320,7 @@ size_t kvr_chat_bos_skip(const char *text, size_t len, const char *bos_text, boo
  *   {role}: {content}\n
  * then, with add_generation_prompt:
  *   assistant: */
-static void render_plain(struct kvr_sbuf *b, const struct kvr_chat_msg *msgs, size_t n,
-                         bool gen)
+static void render_plain(struct kvr_sbuf *b, const struct kvr_chat_msg *msgs, size_t n, bool gen)
 {
     for (size_t i = 0; i < n; i++) {
         kvr_sbuf_printf(b, "%s: ", role_names[msgs[i].role]);
@@ -361,8 +362,8 @@ static json_t *jinja_vars(const struct kvr_chat *c, const struct kvr_chat_msg *m
 }
 
 int kvr_chat_apply(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, size_t n_msgs,
-                   bool add_generation_prompt, const struct tm *now, char **out,
-                   size_t *out_len, struct kvr_err *err)
+                   bool add_generation_prompt, const struct tm *now, char **out, size_t *out_len,
+                   struct kvr_err *err)
 {
     *out = NULL;
     if (out_len)

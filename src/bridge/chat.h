@@ -89,8 +89,8 @@ enum kvr_chat_source {
 };
 
 struct kvr_chat_config {
-    const char *builtin;  /* a built-in template's name, or NULL; wins over jinja */
-    const char *jinja;    /* Jinja source (need not be NUL-terminated), or NULL */
+    const char *builtin; /* a built-in template's name, or NULL; wins over jinja */
+    const char *jinja;   /* Jinja source (need not be NUL-terminated), or NULL */
     size_t jinja_len;
     const char *bos_token; /* the vocabulary's BOS and EOS text (NUL-terminated), or NULL */
     const char *eos_token;
@@ -101,8 +101,7 @@ struct kvr_chat;
 /* Copies what it needs from `cfg`. Fails with KVR_ENOTFOUND for an unknown built-in name,
  * the parse error of a Jinja template (KVR_EFORMAT, KVR_ERANGE; the message names the
  * line), or KVR_ENOMEM. */
-int kvr_chat_create(struct kvr_chat **out, const struct kvr_chat_config *cfg,
-                    struct kvr_err *err);
+int kvr_chat_create(struct kvr_chat **out, const struct kvr_chat_config *cfg, struct kvr_err *err);
 void kvr_chat_destroy(struct kvr_chat *c);
 enum kvr_chat_source kvr_chat_source(const struct kvr_chat *c);
 /* "the Jinja template", "built-in template llama3", "plain role: content" (static). */
@@ -114,8 +113,8 @@ const char *kvr_chat_describe(const struct kvr_chat *c);
  * (raise_exception) or there are no messages, KVR_EFORMAT for a template error at run time,
  * KVR_ERANGE for a template over its limits, KVR_ENOMEM; `err` says which and where. */
 int kvr_chat_apply(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, size_t n_msgs,
-                   bool add_generation_prompt, const struct tm *now, char **out,
-                   size_t *out_len, struct kvr_err *err);
+                   bool add_generation_prompt, const struct tm *now, char **out, size_t *out_len,
+                   struct kvr_err *err);
 
 /* How many bytes at the start of a rendered prompt to leave out before tokenizing it with
  * add_special: the BOS token's text when the template wrote it and the tokenizer adds BOS

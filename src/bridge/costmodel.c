@@ -48,8 +48,8 @@ static void fit(struct kvr_cost_stage *st)
     st->c2 = c2;
 }
 
-void kvr_cost_observe(struct kvr_cost_model *m, struct kvr_cost_shape shape,
-                      const double *held_ms, double round_trip_ms)
+void kvr_cost_observe(struct kvr_cost_model *m, struct kvr_cost_shape shape, const double *held_ms,
+                      double round_trip_ms)
 {
     double x1 = shape.rows, x2 = shape.pairs, held_sum = 0, d = m->decay;
     for (uint32_t s = 0; s < m->n_stages; s++) {
@@ -73,7 +73,10 @@ void kvr_cost_observe(struct kvr_cost_model *m, struct kvr_cost_shape shape,
     m->n_samples++;
 }
 
-bool kvr_cost_ready(const struct kvr_cost_model *m) { return m->n_samples >= MIN_SAMPLES; }
+bool kvr_cost_ready(const struct kvr_cost_model *m)
+{
+    return m->n_samples >= MIN_SAMPLES;
+}
 
 double kvr_cost_stage_ms(const struct kvr_cost_model *m, uint32_t s, struct kvr_cost_shape b)
 {
@@ -106,8 +109,7 @@ double kvr_cost_period_ms(const struct kvr_cost_model *m, double n_decode, doubl
 {
     /* Only batches with something in them are sent: fewer sequences than micro-batches
      * means fewer batches in flight. */
-    double batches = n_decode < m->microbatches && prefill.rows <= 0 ? n_decode
-                                                                     : m->microbatches;
+    double batches = n_decode < m->microbatches && prefill.rows <= 0 ? n_decode : m->microbatches;
     batches = batches >= 1 ? batches : 1;
     double per = n_decode / batches;
     struct kvr_cost_shape b = {per + prefill.rows, per * (ctx + 1) + prefill.pairs};

@@ -49,8 +49,8 @@ struct kvr_cost_model {
 
 void kvr_cost_init(struct kvr_cost_model *m, uint32_t n_stages, uint32_t microbatches);
 /* One batch came back: its shape, each stage's held time, and its round trip. */
-void kvr_cost_observe(struct kvr_cost_model *m, struct kvr_cost_shape shape,
-                      const double *held_ms, double round_trip_ms);
+void kvr_cost_observe(struct kvr_cost_model *m, struct kvr_cost_shape shape, const double *held_ms,
+                      double round_trip_ms);
 /* Enough samples to trust the model. */
 bool kvr_cost_ready(const struct kvr_cost_model *m);
 /* Predicted held time of stage s for a batch of this shape, ms. */

@@ -57,16 +57,16 @@ enum endpoint {
     EP_TOKENIZE,
     EP_DETOKENIZE,
     EP_APPLY_TEMPLATE,
-    EP_LIVEZ, /* the process answers (200 whatever the ring is doing) */
+    EP_LIVEZ,              /* the process answers (200 whatever the ring is doing) */
     EP_RESET_PREFIX_CACHE, /* POST: forget the cached KV blocks nobody uses (vLLM's name) */
-    EP_OTHER, /* no such route */
+    EP_OTHER,              /* no such route */
     EP_COUNT
 };
 
 static const char *const endpoint_names[EP_COUNT] = {
-    "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
-    "/tokenize",       "/detokenize",          "/apply-template", "/livez",
-    "/reset_prefix_cache", "other",
+    "/v1/completions", "/v1/chat/completions", "/v1/models",      "/health", "/metrics",
+    "/tokenize",       "/detokenize",          "/apply-template", "/livez",  "/reset_prefix_cache",
+    "other",
 };
 
 /* How a generation ended, as far as the client is concerned. */
@@ -88,12 +88,11 @@ struct histogram {
     uint64_t count;
 };
 
-static const double ttft_bounds[] = {0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5,
+static const double ttft_bounds[] = {0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,
                                      0.75,  1.0,  2.5,  5.0,  7.5,  10.0, 20.0, 40.0};
-static const double itl_bounds[] = {0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05,
-                                    0.075, 0.1,   0.15, 0.2,   0.3,  0.4,   0.5,  0.75, 1.0,
-                                    2.5};
-static const double e2e_bounds[] = {0.1, 0.3, 0.5, 0.8, 1.0,  1.5,  2.0,  2.5,   5.0,
+static const double itl_bounds[] = {0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
+                                    0.1,   0.15,  0.2,  0.3,   0.4,  0.5,   0.75, 1.0,  2.5};
+static const double e2e_bounds[] = {0.1,  0.3,  0.5,  0.8,  1.0,  1.5,  2.0,  2.5,  5.0,
                                     10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0};
 
 struct metrics {
@@ -140,8 +139,7 @@ static void hist_print(struct kvr_sbuf *b, const char *name, const char *help,
                     (unsigned long long)h->count);
 }
 
-static const char *const outcome_labels[OUT_COUNT] = {"stop", "length", "error",
-                                                      "client_gone"};
+static const char *const outcome_labels[OUT_COUNT] = {"stop", "length", "error", "client_gone"};
 static const char *const refusal_labels[KVR_SVC_REFUSE_REASON_COUNT] = {
     "over_budget", "kv_full", "queue_full", "ring_down", "invalid", "internal"};
 
@@ -164,13 +162,13 @@ static void metrics_print(struct metrics *m, struct kvr_sbuf *b)
     kvr_sbuf_puts(b, "# HELP kvasir:request_failure_total Admitted generations that did not "
                      "finish.\n# TYPE kvasir:request_failure_total counter\n");
     for (int o = OUT_ERROR; o < OUT_COUNT; o++)
-        kvr_sbuf_printf(b, "kvasir:request_failure_total{reason=\"%s\"} %llu\n",
-                        outcome_labels[o], (unsigned long long)m->outcomes[o]);
+        kvr_sbuf_printf(b, "kvasir:request_failure_total{reason=\"%s\"} %llu\n", outcome_labels[o],
+                        (unsigned long long)m->outcomes[o]);
     kvr_sbuf_puts(b, "# HELP kvasir:request_refused_total Requests the service refused at "
                      "admission, by reason.\n# TYPE kvasir:request_refused_total counter\n");
     for (int r = 0; r < KVR_SVC_REFUSE_REASON_COUNT; r++)
-        kvr_sbuf_printf(b, "kvasir:request_refused_total{reason=\"%s\"} %llu\n",
-                        refusal_labels[r], (unsigned long long)m->refused[r]);
+        kvr_sbuf_printf(b, "kvasir:request_refused_total{reason=\"%s\"} %llu\n", refusal_labels[r],
+                        (unsigned long long)m->refused[r]);
     kvr_sbuf_printf(b,
                     "# HELP kvasir:prompt_tokens_total Prompt tokens of admitted requests.\n"
                     "# TYPE kvasir:prompt_tokens_total counter\n"
@@ -182,8 +180,8 @@ static void metrics_print(struct metrics *m, struct kvr_sbuf *b)
                     "yet released.\n"
                     "# TYPE kvasir:http_generations_in_progress gauge\n"
                     "kvasir:http_generations_in_progress %lld\n",
-                    (unsigned long long)m->prompt_tokens,
-                    (unsigned long long)m->generation_tokens, (long long)m->running);
+                    (unsigned long long)m->prompt_tokens, (unsigned long long)m->generation_tokens,
+                    (long long)m->running);
     hist_print(b, "time_to_first_token_seconds",
                "Time from request arrival to the first generated token.", &m->ttft);
     hist_print(b, "inter_token_latency_seconds", "Time between consecutive generated tokens.",
@@ -220,8 +218,8 @@ struct request {
     char *model_id; /* GET /v1/models/{id}: the id asked for (owned); NULL for the list */
     uint64_t t_start_ns;
     struct kvr_sbuf body;
-    bool too_large;   /* the body passed max_body_bytes; the rest was dropped */
-    bool answered;    /* a response was queued early (before the body was read) */
+    bool too_large; /* the body passed max_body_bytes; the rest was dropped */
+    bool answered;  /* a response was queued early (before the body was read) */
 };
 
 /* ---- responses ---------------------------------------------------------------------- */
@@ -264,9 +262,8 @@ static enum MHD_Result reply(struct kvr_http *h, struct request *rq, struct MHD_
     return ok;
 }
 
-static enum MHD_Result reply_json(struct kvr_http *h, struct request *rq,
-                                  struct MHD_Connection *c, int status, json_t *j,
-                                  const char *const *headers)
+static enum MHD_Result reply_json(struct kvr_http *h, struct request *rq, struct MHD_Connection *c,
+                                  int status, json_t *j, const char *const *headers)
 {
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
@@ -283,9 +280,8 @@ static enum MHD_Result reply_json(struct kvr_http *h, struct request *rq,
     return reply(h, rq, c, status, "application/json", body, len, headers);
 }
 
-static enum MHD_Result reply_error(struct kvr_http *h, struct request *rq,
-                                   struct MHD_Connection *c, const struct kvr_openai_error *e,
-                                   const char *const *headers)
+static enum MHD_Result reply_error(struct kvr_http *h, struct request *rq, struct MHD_Connection *c,
+                                   const struct kvr_openai_error *e, const char *const *headers)
 {
     size_t len = 0;
     char *body = kvr_openai_error_json(e, &len);
@@ -295,15 +291,15 @@ static enum MHD_Result reply_error(struct kvr_http *h, struct request *rq,
 }
 
 static enum MHD_Result reply_simple_error(struct kvr_http *h, struct request *rq,
-                                          struct MHD_Connection *c, int status,
-                                          const char *type, const char *code,
-                                          const char *const *headers, const char *fmt, ...)
+                                          struct MHD_Connection *c, int status, const char *type,
+                                          const char *code, const char *const *headers,
+                                          const char *fmt, ...)
     __attribute__((format(printf, 8, 9)));
 
 static enum MHD_Result reply_simple_error(struct kvr_http *h, struct request *rq,
-                                          struct MHD_Connection *c, int status,
-                                          const char *type, const char *code,
-                                          const char *const *headers, const char *fmt, ...)
+                                          struct MHD_Connection *c, int status, const char *type,
+                                          const char *code, const char *const *headers,
+                                          const char *fmt, ...)
 {
     struct kvr_openai_error e;
     memset(&e, 0, sizeof e);
@@ -370,37 +366,37 @@ static bool key_ok(const struct kvr_http *h, const char *auth)
  * runs; for streaming, owned by the MHD response and freed in stream_free. */
 struct gen {
     struct kvr_http *h;
-    struct kvr_openai_req req;   /* keeps the stop strings alive for `cut` */
+    struct kvr_openai_req req; /* keeps the stop strings alive for `cut` */
     struct kvr_gen_stream *stream;
     char id[48];
     struct kvr_openai_meta meta;
     uint32_t n_prompt;
     uint32_t max_tokens;
-    uint32_t n_gen;              /* tokens received, EOS included */
+    uint32_t n_gen; /* tokens received, EOS included */
 
     struct kvr_detok detok;
-    char *piece;                 /* detokenizer output for one token */
+    char *piece; /* detokenizer output for one token */
     size_t piece_cap;
-    size_t text_bytes;           /* detokenized bytes so far: logprobs' text_offset */
+    size_t text_bytes; /* detokenized bytes so far: logprobs' text_offset */
     struct kvr_openai_text cut;
-    struct kvr_sbuf text;        /* released text: all of it (JSON) or the next chunk's (SSE) */
-    json_t *lp;                  /* logprobs not yet sent, or NULL when not asked for */
+    struct kvr_sbuf text; /* released text: all of it (JSON) or the next chunk's (SSE) */
+    json_t *lp;           /* logprobs not yet sent, or NULL when not asked for */
 
     uint64_t t_start_ns, t_first_ns, t_prev_ns, t_event_ns;
-    int fd;                      /* the client's socket, for peer_gone */
+    int fd; /* the client's socket, for peer_gone */
 
-    bool done;                   /* finished, failed or abandoned: no more events wanted */
-    bool svc_finished;           /* the service sent its last event; no cancel needed */
+    bool done;         /* finished, failed or abandoned: no more events wanted */
+    bool svc_finished; /* the service sent its last event; no cancel needed */
     bool released;
     enum kvr_openai_finish finish;
     enum outcome outcome;
-    struct kvr_openai_error fail;/* when outcome == OUT_ERROR */
+    struct kvr_openai_error fail; /* when outcome == OUT_ERROR */
 
     /* Streaming only. */
-    struct kvr_sbuf sse;         /* bytes produced but not yet handed to MHD */
+    struct kvr_sbuf sse; /* bytes produced but not yet handed to MHD */
     size_t sse_pos;
-    bool sse_first;              /* the next chunk is the first (chat: carries the role) */
-    bool sse_ended;              /* [DONE] has been produced */
+    bool sse_first; /* the next chunk is the first (chat: carries the role) */
+    bool sse_ended; /* [DONE] has been produced */
 };
 
 /* Tell the service we want no more tokens (stop string, client gone, failure). */
@@ -590,20 +586,18 @@ static int render_chat(struct kvr_http *h, const struct kvr_chat_msg *msgs, size
     struct kvr_err err = {0};
     time_t now_s = time(NULL);
     struct tm now;
-    int rc = kvr_chat_apply(h->chat, msgs, n_msgs, true, localtime_r(&now_s, &now), out,
-                            out_len, &err);
+    int rc =
+        kvr_chat_apply(h->chat, msgs, n_msgs, true, localtime_r(&now_s, &now), out, out_len, &err);
     if (rc == KVR_ENOMEM)
         return kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
     if (rc == KVR_EINVAL)
-        return kvr_openai_error_set(e, 400, "invalid_request_error", "messages",
-                                    "chat_template_refused",
-                                    "the model's chat template refused the conversation: %s",
-                                    err.msg);
+        return kvr_openai_error_set(
+            e, 400, "invalid_request_error", "messages", "chat_template_refused",
+            "the model's chat template refused the conversation: %s", err.msg);
     if (rc)
-        return kvr_openai_error_set(e, 400, "invalid_request_error", "messages",
-                                    "chat_template_error",
-                                    "the chat template failed on this conversation: %s (%s)",
-                                    err.msg, kvr_strerror(rc));
+        return kvr_openai_error_set(
+            e, 400, "invalid_request_error", "messages", "chat_template_error",
+            "the chat template failed on this conversation: %s (%s)", err.msg, kvr_strerror(rc));
     return KVR_OK;
 }
 
@@ -791,8 +785,7 @@ static enum MHD_Result handle_generate(struct kvr_http *h, struct request *rq,
     kvr_openai_text_init(&g->cut, NULL, NULL, 0, NULL);
 
     struct kvr_openai_limits lim = {.n_ctx = svc->n_ctx, .n_vocab = (uint32_t)h->n_vocab};
-    if (kvr_openai_parse(&g->req, api, rq->body.data ? rq->body.data : "", rq->body.len, &lim,
-                         &e))
+    if (kvr_openai_parse(&g->req, api, rq->body.data ? rq->body.data : "", rq->body.len, &lim, &e))
         goto fail;
     const char *hdr = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Latency-Budget-Ms");
     if (hdr) {
@@ -814,8 +807,8 @@ static enum MHD_Result handle_generate(struct kvr_http *h, struct request *rq,
     uint32_t n_ids = 0;
     if (tokenize_prompt(h, g, &ids, &n_ids, &e))
         goto fail;
-    if (kvr_openai_check_length(&g->req, n_ids, svc->n_ctx, h->default_max_tokens,
-                                &g->max_tokens, &e))
+    if (kvr_openai_check_length(&g->req, n_ids, svc->n_ctx, h->default_max_tokens, &g->max_tokens,
+                                &e))
         goto fail;
     g->n_prompt = n_ids;
 
@@ -867,9 +860,8 @@ static enum MHD_Result handle_generate(struct kvr_http *h, struct request *rq,
             h->metrics.refused[refusal.reason]++;
             pthread_mutex_unlock(&h->metrics.mu);
         }
-        int status = refusal.http_status >= 400 && refusal.http_status <= 599
-                         ? refusal.http_status
-                         : 503;
+        int status =
+            refusal.http_status >= 400 && refusal.http_status <= 599 ? refusal.http_status : 503;
         const char *type = status == 429   ? "rate_limit_error"
                            : status == 400 ? "invalid_request_error"
                                            : "server_error";
@@ -901,9 +893,8 @@ static enum MHD_Result handle_generate(struct kvr_http *h, struct request *rq,
             kvr_openai_sse_chunk(&g->sse, &g->meta, true, "", 0, KVR_OPENAI_FINISH_NONE, NULL);
             g->sse_first = false;
         }
-        struct MHD_Response *resp =
-            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, g,
-                                              stream_free);
+        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024,
+                                                                      stream_read, g, stream_free);
         if (!resp) {
             gen_destroy(g);
             return MHD_NO;
@@ -936,9 +927,8 @@ static enum MHD_Result handle_generate(struct kvr_http *h, struct request *rq,
         return ret;
     }
     size_t len = 0;
-    char *body = kvr_openai_response_json(&g->meta, g->text.data ? g->text.data : "",
-                                          g->text.len, g->finish, g->n_prompt, g->n_gen, g->lp,
-                                          &len);
+    char *body = kvr_openai_response_json(&g->meta, g->text.data ? g->text.data : "", g->text.len,
+                                          g->finish, g->n_prompt, g->n_gen, g->lp, &len);
     gen_destroy(g);
     if (!body)
         return MHD_NO;
@@ -967,10 +957,10 @@ static enum MHD_Result handle_models(struct kvr_http *h, struct request *rq,
                               "max_model_len", (json_int_t)h->svc->n_ctx);
         return reply_json(h, rq, c, 200, m, NULL);
     }
-    json_t *j = json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:I}]}", "object", "list", "data", "id",
-                          h->svc->model_name, "object", "model", "created",
-                          (json_int_t)h->started_s, "owned_by", "kvasir", "max_model_len",
-                          (json_int_t)h->svc->n_ctx);
+    json_t *j =
+        json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:I}]}", "object", "list", "data", "id",
+                  h->svc->model_name, "object", "model", "created", (json_int_t)h->started_s,
+                  "owned_by", "kvasir", "max_model_len", (json_int_t)h->svc->n_ctx);
     return reply_json(h, rq, c, 200, j, NULL);
 }
 
@@ -1027,8 +1017,7 @@ static enum MHD_Result handle_tokenize(struct kvr_http *h, struct request *rq,
     if (!ids || !list ||
         kvr_tok_scratch_create(&scratch, tok, r.content_len ? r.content_len : 1) != 0)
         goto out;
-    int n = kvr_tok_encode(tok, scratch, r.content, r.content_len, r.add_special, true, ids,
-                           cap);
+    int n = kvr_tok_encode(tok, scratch, r.content, r.content_len, r.add_special, true, ids, cap);
     if (n < 0) {
         kvr_openai_error_set(&e, 400, "invalid_request_error", "content", "invalid_value",
                              "the content cannot be tokenized: %s", kvr_strerror(n));
@@ -1086,7 +1075,8 @@ static enum MHD_Result handle_detokenize(struct kvr_http *h, struct request *rq,
     struct kvr_detok d;
     kvr_detok_init(&d, false, true);
     for (uint32_t i = 0; i <= n; i++) {
-        int k = i < n ? kvr_detok_push(tok, &d, ids[i], piece, cap) : kvr_detok_flush(&d, piece, cap);
+        int k =
+            i < n ? kvr_detok_push(tok, &d, ids[i], piece, cap) : kvr_detok_flush(&d, piece, cap);
         if (k < 0)
             goto out;
         kvr_sbuf_append(&text, piece, (size_t)k);
@@ -1095,8 +1085,7 @@ static enum MHD_Result handle_detokenize(struct kvr_http *h, struct request *rq,
     if (text.failed || clean.failed)
         goto out;
     res = reply_json(h, rq, c, 200,
-                     json_pack("{s:s%}", "content", clean.data ? clean.data : "", clean.len),
-                     NULL);
+                     json_pack("{s:s%}", "content", clean.data ? clean.data : "", clean.len), NULL);
 out:
     kvr_sbuf_fini(&text);
     kvr_sbuf_fini(&clean);
@@ -1168,8 +1157,8 @@ static const struct route *find_route(const char *url)
 
 /* First call for a request: everything that can be decided from the headers. Returns
  * MHD_YES having queued nothing to go on reading the body. */
-static enum MHD_Result on_headers(struct kvr_http *h, struct request *rq,
-                                  struct MHD_Connection *c, const char *url, const char *method)
+static enum MHD_Result on_headers(struct kvr_http *h, struct request *rq, struct MHD_Connection *c,
+                                  const char *url, const char *method)
 {
     const struct route *rt = find_route(url);
     if (!rt) {
@@ -1184,30 +1173,29 @@ static enum MHD_Result on_headers(struct kvr_http *h, struct request *rq,
         if (!rq->model_id)
             return MHD_NO;
     }
-    bool allowed = rt->post ? !strcmp(method, "POST")
-                            : !strcmp(method, "GET") || !strcmp(method, "HEAD");
+    bool allowed =
+        rt->post ? !strcmp(method, "POST") : !strcmp(method, "GET") || !strcmp(method, "HEAD");
     if (!allowed) {
         static const char *const allow_post[] = {MHD_HTTP_HEADER_ALLOW, "POST", NULL};
         static const char *const allow_get[] = {MHD_HTTP_HEADER_ALLOW, "GET, HEAD", NULL};
         rq->answered = true;
         return reply_simple_error(h, rq, c, 405, "invalid_request_error", "method_not_allowed",
                                   rt->post ? allow_post : allow_get,
-                                  "method %.100s is not allowed on %s; use %s", method,
-                                  rt->path, rt->post ? "POST" : "GET");
+                                  "method %.100s is not allowed on %s; use %s", method, rt->path,
+                                  rt->post ? "POST" : "GET");
     }
     if (h->api_key && !rt->open &&
-        !key_ok(h, MHD_lookup_connection_value(c, MHD_HEADER_KIND,
-                                               MHD_HTTP_HEADER_AUTHORIZATION))) {
-        static const char *const challenge[] = {MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer",
-                                                NULL};
+        !key_ok(h,
+                MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))) {
+        static const char *const challenge[] = {MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer", NULL};
         rq->answered = true;
         return reply_simple_error(h, rq, c, 401, "authentication_error", "invalid_api_key",
                                   challenge,
                                   "missing or invalid API key: send 'Authorization: Bearer "
                                   "<key>'");
     }
-    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND,
-                                                 MHD_HTTP_HEADER_CONTENT_LENGTH);
+    const char *cl =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
     if (cl) {
         char *end = NULL;
         unsigned long long n = strtoull(cl, &end, 10);
@@ -1224,9 +1212,8 @@ static enum MHD_Result on_headers(struct kvr_http *h, struct request *rq,
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_data_size,
-                                  void **con_cls)
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
 {
     struct kvr_http *h = cls;
     struct request *rq = *con_cls;
@@ -1281,10 +1268,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case EP_APPLY_TEMPLATE:
         return handle_apply_template(h, rq, c);
     case EP_RESET_PREFIX_CACHE: {
-        long n = h->svc->ops->reset_prefix_cache ? h->svc->ops->reset_prefix_cache(h->svc->ctx)
-                                                 : 0;
-        return reply_json(h, rq, c, 200, json_pack("{s:s, s:I}", "status", "ok",
-                                                   "blocks_freed", (json_int_t)n), NULL);
+        long n = h->svc->ops->reset_prefix_cache ? h->svc->ops->reset_prefix_cache(h->svc->ctx) : 0;
+        return reply_json(h, rq, c, 200,
+                          json_pack("{s:s, s:I}", "status", "ok", "blocks_freed", (json_int_t)n),
+                          NULL);
     }
     default:
         return MHD_NO;
@@ -1411,7 +1398,8 @@ static int make_chat(struct kvr_http *h, const struct kvr_http_config *cfg,
     else
         KVR_INFO("http: chats are formatted with %s%s", kvr_chat_describe(h->chat),
                  cfg->chat_template_src ? " given with --chat-template"
-                 : cfg->chat_template ? "" : " of the model");
+                 : cfg->chat_template   ? ""
+                                        : " of the model");
     return KVR_OK;
 }
 
@@ -1430,8 +1418,9 @@ int kvr_http_create(struct kvr_http **out, const struct kvr_http_config *cfg,
     if (cfg->tls_cert_file && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
         return kvr_err_set(err, KVR_ENOTSUP, "http: this libmicrohttpd was built without TLS");
     if (cfg->max_body_bytes == 0 || cfg->max_connections == 0)
-        return kvr_err_set(err, KVR_EINVAL, "http: max_body_bytes and max_connections must be "
-                                            "positive");
+        return kvr_err_set(err, KVR_EINVAL,
+                           "http: max_body_bytes and max_connections must be "
+                           "positive");
 
     struct sockaddr_in addr;
     memset(&addr, 0, sizeof addr);
@@ -1446,8 +1435,8 @@ int kvr_http_create(struct kvr_http **out, const struct kvr_http_config *cfg,
         return kvr_err_set(err, KVR_ENOMEM, "http: out of memory");
     h->svc = svc;
     h->max_body_bytes = cfg->max_body_bytes;
-    h->stall_timeout_ms = cfg->stall_timeout_s > UINT32_MAX / 1000 ? UINT32_MAX
-                                                                   : cfg->stall_timeout_s * 1000;
+    h->stall_timeout_ms =
+        cfg->stall_timeout_s > UINT32_MAX / 1000 ? UINT32_MAX : cfg->stall_timeout_s * 1000;
     h->default_max_tokens = cfg->default_max_tokens;
     h->started_s = (int64_t)(kvr_wall_ms() / 1000);
     h->n_vocab = kvr_tok_n_vocab(svc->tok);
@@ -1494,12 +1483,12 @@ int kvr_http_create(struct kvr_http **out, const struct kvr_http_config *cfg,
                      MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC |
                      (cfg->tls_cert_file ? MHD_USE_TLS : 0);
     /* The logger comes first so that MHD's messages about later options reach it. */
-    h->daemon = MHD_start_daemon(
-        flags, cfg->port, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
-        (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-        (unsigned)cfg->idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-        MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
+    h->daemon = MHD_start_daemon(flags, cfg->port, NULL, NULL, on_request, h,
+                                 MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_SOCK_ADDR,
+                                 (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT,
+                                 (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
+                                 (unsigned)cfg->idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
+                                 on_completed, h, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
     if (!h->daemon) {
         rc = kvr_err_set(err, KVR_EIO, "http: cannot listen on %s:%u%s", host, cfg->port,
                          cfg->tls_cert_file ? " (or the TLS certificate or key was refused: "

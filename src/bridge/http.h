@@ -28,14 +28,14 @@
 #include <stdint.h>
 
 struct kvr_http_config {
-    const char *host;            /* IPv4 address to listen on; default "127.0.0.1" */
-    uint16_t port;               /* default 8080; 0 picks a free port (see kvr_http_port) */
+    const char *host; /* IPv4 address to listen on; default "127.0.0.1" */
+    uint16_t port;    /* default 8080; 0 picks a free port (see kvr_http_port) */
     /* Bearer token required on every endpoint but /health; NULL or "" = no auth. Defaults
      * to the KVASIR_API_KEY environment variable. */
     const char *api_key;
-    size_t max_body_bytes;       /* larger request bodies get 413; default 1 MiB */
-    uint32_t max_connections;    /* default 256 */
-    uint32_t idle_timeout_s;     /* keep-alive connections idle this long are closed; 60 */
+    size_t max_body_bytes;    /* larger request bodies get 413; default 1 MiB */
+    uint32_t max_connections; /* default 256 */
+    uint32_t idle_timeout_s;  /* keep-alive connections idle this long are closed; 60 */
     /* A generation the service sends nothing for during this long is cancelled and
      * answered with 504; a safety net under the service's own budgets. Default 300. */
     uint32_t stall_timeout_s;

@@ -309,12 +309,18 @@ static struct jval eval_slice(struct jctx *c, const struct jnode *n)
 
 /* ---- operators ---------------------------------------------------------------------------- */
 
-static bool is_num(struct jval v) { return v.t == JT_BOOL || v.t == JT_INT || v.t == JT_FLOAT; }
+static bool is_num(struct jval v)
+{
+    return v.t == JT_BOOL || v.t == JT_INT || v.t == JT_FLOAT;
+}
 static double as_f(struct jval v)
 {
     return v.t == JT_FLOAT ? v.u.f : v.t == JT_INT ? (double)v.u.i : (double)v.u.b;
 }
-static int64_t as_i(struct jval v) { return v.t == JT_INT ? v.u.i : (int64_t)v.u.b; }
+static int64_t as_i(struct jval v)
+{
+    return v.t == JT_INT ? v.u.i : (int64_t)v.u.b;
+}
 
 _Noreturn static void type_error(struct jctx *c, const char *op, struct jval a, struct jval b,
                                  uint32_t line)
@@ -348,7 +354,7 @@ static struct jval repeat(struct jctx *c, struct jval seq, int64_t times, uint32
 static struct jval arith(struct jctx *c, enum jop op, struct jval a, struct jval b, uint32_t line)
 {
     static const char *const names[OP_COUNT] = {
-        [OP_ADD] = "+", [OP_SUB] = "-", [OP_MUL] = "*", [OP_DIV] = "/",
+        [OP_ADD] = "+",       [OP_SUB] = "-", [OP_MUL] = "*",  [OP_DIV] = "/",
         [OP_FLOORDIV] = "//", [OP_MOD] = "%", [OP_POW] = "**",
     };
     need_defined(c, a, line);
@@ -378,9 +384,15 @@ static struct jval arith(struct jctx *c, enum jop op, struct jval a, struct jval
         int64_t x = as_i(a), y = as_i(b), r = 0;
         bool ovf = false;
         switch (op) {
-        case OP_ADD: ovf = __builtin_add_overflow(x, y, &r); break;
-        case OP_SUB: ovf = __builtin_sub_overflow(x, y, &r); break;
-        case OP_MUL: ovf = __builtin_mul_overflow(x, y, &r); break;
+        case OP_ADD:
+            ovf = __builtin_add_overflow(x, y, &r);
+            break;
+        case OP_SUB:
+            ovf = __builtin_sub_overflow(x, y, &r);
+            break;
+        case OP_MUL:
+            ovf = __builtin_mul_overflow(x, y, &r);
+            break;
         case OP_DIV:
             if (!y)
                 jerr(c, KVR_EFORMAT, line, "division by zero");
@@ -419,9 +431,12 @@ static struct jval arith(struct jctx *c, enum jop op, struct jval a, struct jval
     }
     double x = as_f(a), y = as_f(b);
     switch (op) {
-    case OP_ADD: return jv_float(x + y);
-    case OP_SUB: return jv_float(x - y);
-    case OP_MUL: return jv_float(x * y);
+    case OP_ADD:
+        return jv_float(x + y);
+    case OP_SUB:
+        return jv_float(x - y);
+    case OP_MUL:
+        return jv_float(x * y);
     case OP_DIV:
         if (y == 0)
             jerr(c, KVR_EFORMAT, line, "float division by zero");
@@ -480,20 +495,29 @@ static bool contains(struct jctx *c, struct jval hay, struct jval needle, uint32
 static bool compare(struct jctx *c, enum jop op, struct jval a, struct jval b, uint32_t line)
 {
     switch (op) {
-    case OP_EQ: return jv_equal(c, a, b);
-    case OP_NE: return !jv_equal(c, a, b);
-    case OP_IN: return contains(c, b, a, line);
-    case OP_NOTIN: return !contains(c, b, a, line);
-    default: break;
+    case OP_EQ:
+        return jv_equal(c, a, b);
+    case OP_NE:
+        return !jv_equal(c, a, b);
+    case OP_IN:
+        return contains(c, b, a, line);
+    case OP_NOTIN:
+        return !contains(c, b, a, line);
+    default:
+        break;
     }
     need_defined(c, a, line);
     need_defined(c, b, line);
     int r = jv_compare(c, a, b, line);
     switch (op) {
-    case OP_LT: return r < 0;
-    case OP_LE: return r <= 0;
-    case OP_GT: return r > 0;
-    default: return r >= 0;
+    case OP_LT:
+        return r < 0;
+    case OP_LE:
+        return r <= 0;
+    case OP_GT:
+        return r > 0;
+    default:
+        return r >= 0;
     }
 }
 
@@ -529,8 +553,8 @@ static struct jval call_macro(struct jctx *c, const struct jnode *m, const struc
                               uint32_t line)
 {
     if (a->n_pos > m->n_kids)
-        jerr(c, KVR_EFORMAT, line, "macro '%s' takes not more than %u argument(s)",
-             m->val.u.s->s, (unsigned)m->n_kids);
+        jerr(c, KVR_EFORMAT, line, "macro '%s' takes not more than %u argument(s)", m->val.u.s->s,
+             (unsigned)m->n_kids);
     for (uint32_t k = 0; k < a->n_kw; k++) {
         bool known = false;
         for (uint32_t i = 0; i < m->n_kids; i++)
@@ -954,8 +978,7 @@ int kvr_jinja_parse(struct kvr_jinja **out, const char *src, size_t len,
     if (len > t->lim.max_template_bytes) {
         size_t max = t->lim.max_template_bytes; /* read before t is freed */
         kvr_free(t);
-        return kvr_err_set(err, KVR_ERANGE, "template of %zu bytes is larger than %zu", len,
-                           max);
+        return kvr_err_set(err, KVR_ERANGE, "template of %zu bytes is larger than %zu", len, max);
     }
     for (size_t i = 0; i < len;) {
         uint32_t cp;

@@ -19,14 +19,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-static struct jbuf newbuf(struct jctx *c) { return (struct jbuf){.max = c->t->lim.max_output_bytes}; }
+static struct jbuf newbuf(struct jctx *c)
+{
+    return (struct jbuf){.max = c->t->lim.max_output_bytes};
+}
 
 static struct jval buf_str(struct jctx *c, const struct jbuf *b)
 {
     return jv_str(&c->ar, b->p ? b->p : "", b->len);
 }
 
-static struct jval list_val(struct jlist *l) { return (struct jval){.t = JT_LIST, .u.l = l}; }
+static struct jval list_val(struct jlist *l)
+{
+    return (struct jval){.t = JT_LIST, .u.l = l};
+}
 
 static const struct jval *arg(const struct jargs *a, int i, const char *name)
 {
@@ -39,8 +45,8 @@ static bool arg_bool(struct jctx *c, const struct jargs *a, int i, const char *n
     return v ? jv_truthy(c, *v) : def;
 }
 
-static const struct jstr *arg_str(struct jctx *c, const struct jargs *a, int i,
-                                  const char *name, uint32_t line)
+static const struct jstr *arg_str(struct jctx *c, const struct jargs *a, int i, const char *name,
+                                  uint32_t line)
 {
     const struct jval *v = arg(a, i, name);
     if (!v || v->t == JT_NONE)
@@ -51,13 +57,19 @@ static const struct jstr *arg_str(struct jctx *c, const struct jargs *a, int i,
     return v->u.s;
 }
 
-static struct jval str_of(struct jctx *c, struct jval v) { return jv_to_str(c, v); }
+static struct jval str_of(struct jctx *c, struct jval v)
+{
+    return jv_to_str(c, v);
+}
 
 /* ---- case and whitespace ---------------------------------------------------------------- */
 
 enum casing { CASE_UPPER, CASE_LOWER, CASE_CAPITALIZE, CASE_PYTITLE };
 
-static bool is_cased(uint32_t cp) { return ju_upper(cp) != cp || ju_lower(cp) != cp; }
+static bool is_cased(uint32_t cp)
+{
+    return ju_upper(cp) != cp || ju_lower(cp) != cp;
+}
 
 static struct jval map_case(struct jctx *c, const struct jstr *s, enum casing how)
 {
@@ -91,8 +103,7 @@ static struct jval jinja_title(struct jctx *c, const struct jstr *s)
     for (size_t i = 0; i < s->len;) {
         uint32_t cp;
         size_t n = ju_decode(s->s, s->len, i, &cp);
-        bool sep = ju_isspace(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' ||
-                   cp == '<';
+        bool sep = ju_isspace(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
         char enc[8];
         uint32_t m = sep ? cp : start ? ju_upper(cp) : ju_lower(cp);
         jbuf_put(c, &b, enc, ju_encode(m, enc));
@@ -115,8 +126,8 @@ static bool in_set(uint32_t cp, const struct jstr *chars)
     return false;
 }
 
-static struct jval strip(struct jctx *c, const struct jstr *s, const struct jstr *chars,
-                         bool left, bool right)
+static struct jval strip(struct jctx *c, const struct jstr *s, const struct jstr *chars, bool left,
+                         bool right)
 {
     size_t a = 0, b = s->len;
     jcharge(c, s->len / 64, 0);
@@ -260,10 +271,10 @@ static struct jlist *splitlines(struct jctx *c, const struct jstr *s, bool keepe
 /* ---- methods ------------------------------------------------------------------------------ */
 
 static const char *const str_methods[] = {
-    "strip", "lstrip", "rstrip", "split", "rsplit", "splitlines", "startswith", "endswith",
-    "upper", "lower", "title", "capitalize", "replace", "find", "rfind", "count", "join",
-    "isdigit", "isalpha", "isspace", "isalnum", "islower", "isupper", "removeprefix",
-    "removesuffix", NULL,
+    "strip",    "lstrip",  "rstrip",       "split",        "rsplit",     "splitlines", "startswith",
+    "endswith", "upper",   "lower",        "title",        "capitalize", "replace",    "find",
+    "rfind",    "count",   "join",         "isdigit",      "isalpha",    "isspace",    "isalnum",
+    "islower",  "isupper", "removeprefix", "removesuffix", NULL,
 };
 static const char *const dict_methods[] = {"items", "keys", "values", "get", NULL};
 
@@ -324,23 +335,41 @@ static bool all_chars(const struct jstr *s, int kind)
         bool digit = cp >= '0' && cp <= '9';
         bool alpha = is_cased(cp) || (cp > 0x7f && !ju_isspace(cp) && cp >= 0xc0);
         switch (kind) {
-        case 0: if (!digit) return false; break;
-        case 1: if (!alpha) return false; break;
-        case 2: if (!ju_isspace(cp)) return false; break;
-        case 3: if (!alpha && !digit) return false; break;
-        case 4: if (ju_upper(cp) != cp && ju_lower(cp) == cp) any_cased = true;
-                else if (ju_lower(cp) != cp) return false;
-                break;
-        default: if (ju_lower(cp) != cp && ju_upper(cp) == cp) any_cased = true;
-                 else if (ju_upper(cp) != cp) return false;
-                 break;
+        case 0:
+            if (!digit)
+                return false;
+            break;
+        case 1:
+            if (!alpha)
+                return false;
+            break;
+        case 2:
+            if (!ju_isspace(cp))
+                return false;
+            break;
+        case 3:
+            if (!alpha && !digit)
+                return false;
+            break;
+        case 4:
+            if (ju_upper(cp) != cp && ju_lower(cp) == cp)
+                any_cased = true;
+            else if (ju_lower(cp) != cp)
+                return false;
+            break;
+        default:
+            if (ju_lower(cp) != cp && ju_upper(cp) == cp)
+                any_cased = true;
+            else if (ju_upper(cp) != cp)
+                return false;
+            break;
         }
     }
     return kind < 4 || any_cased;
 }
 
-static int64_t arg_int(struct jctx *c, const struct jargs *a, int i, const char *name,
-                       int64_t def, uint32_t line)
+static int64_t arg_int(struct jctx *c, const struct jargs *a, int i, const char *name, int64_t def,
+                       uint32_t line)
 {
     const struct jval *v = arg(a, i, name);
     if (!v || v->t == JT_NONE)
@@ -378,7 +407,8 @@ static struct jval str_method(struct jctx *c, const struct jstr *s, const char *
     if (!strcmp(m, "capitalize"))
         return map_case(c, s, CASE_CAPITALIZE);
     if (!strcmp(m, "replace")) {
-        const struct jstr *old = arg_str(c, a, 0, "old", line), *new = arg_str(c, a, 1, "new", line);
+        const struct jstr *old = arg_str(c, a, 0, "old", line),
+                          *new = arg_str(c, a, 1, "new", line);
         if (!old || !new)
             jerr(c, KVR_EFORMAT, line, "replace takes two strings");
         return replace(c, s, old, new, arg_int(c, a, 2, "count", -1, line));
@@ -432,8 +462,8 @@ static struct jval str_method(struct jctx *c, const struct jstr *s, const char *
             return jv_str(&c->ar, suffix ? s->s : s->s + x->len, s->len - x->len);
         return (struct jval){.t = JT_STR, .u.s = (struct jstr *)s};
     }
-    static const char *const is_names[] = {"isdigit", "isalpha", "isspace", "isalnum",
-                                           "islower", "isupper"};
+    static const char *const is_names[] = {"isdigit", "isalpha", "isspace",
+                                           "isalnum", "islower", "isupper"};
     for (int k = 0; k < 6; k++)
         if (!strcmp(m, is_names[k]))
             return jv_bool(all_chars(s, k));
@@ -491,7 +521,8 @@ static struct jval attr_path(struct jctx *c, struct jval v, const struct jstr *p
     return v;
 }
 
-static struct jval sort_value(struct jctx *c, struct jval v, const struct sort_key *k, uint32_t line)
+static struct jval sort_value(struct jctx *c, struct jval v, const struct sort_key *k,
+                              uint32_t line)
 {
     if (k->attr)
         v = attr_path(c, v, k->attr, line);
@@ -546,13 +577,18 @@ static struct jlist *sorted(struct jctx *c, struct jlist *items, const struct so
 /* ---- filters ------------------------------------------------------------------------------- */
 
 static const char *const filter_names[] = {
-    "abs", "capitalize", "count", "default", "d", "dictsort", "first", "float", "indent",
-    "int", "items", "join", "last", "length", "list", "lower", "map", "max", "min", "reject",
-    "rejectattr", "replace", "reverse", "round", "safe", "select", "selectattr", "sort",
-    "string", "sum", "title", "tojson", "trim", "unique", "upper", "wordcount", NULL,
+    "abs",       "capitalize", "count", "default", "d",      "dictsort",   "first",
+    "float",     "indent",     "int",   "items",   "join",   "last",       "length",
+    "list",      "lower",      "map",   "max",     "min",    "reject",     "rejectattr",
+    "replace",   "reverse",    "round", "safe",    "select", "selectattr", "sort",
+    "string",    "sum",        "title", "tojson",  "trim",   "unique",     "upper",
+    "wordcount", NULL,
 };
 
-bool jfilter_exists(const char *name) { return in_list(filter_names, name); }
+bool jfilter_exists(const char *name)
+{
+    return in_list(filter_names, name);
+}
 
 static const struct jstr *need_str(struct jctx *c, struct jval v)
 {
@@ -585,8 +621,8 @@ static struct jval ascii_json(struct jctx *c, const struct jbuf *in)
 }
 
 /* select/reject/selectattr/rejectattr: keep the items whose test (or truth) is `keep`. */
-static struct jval select_items(struct jctx *c, struct jval v, const struct jargs *a,
-                                bool by_attr, bool keep, uint32_t line)
+static struct jval select_items(struct jctx *c, struct jval v, const struct jargs *a, bool by_attr,
+                                bool keep, uint32_t line)
 {
     struct jlist *items = jv_iter(c, v, line);
     const struct jstr *attr = NULL;
@@ -656,7 +692,8 @@ static struct jval map_items(struct jctx *c, struct jval v, const struct jargs *
     return list_val(out);
 }
 
-static struct jval indent(struct jctx *c, const struct jstr *s, const struct jargs *a, uint32_t line)
+static struct jval indent(struct jctx *c, const struct jstr *s, const struct jargs *a,
+                          uint32_t line)
 {
     struct jbuf pad = newbuf(c);
     const struct jval *w = arg(a, 0, "width");
@@ -755,18 +792,26 @@ static const struct {
     const char *params[4];
     bool variadic;
 } filter_params[] = {
-    {"default", {"default_value", "boolean"}, false}, {"d", {"default_value", "boolean"}, false},
+    {"default", {"default_value", "boolean"}, false},
+    {"d", {"default_value", "boolean"}, false},
     {"dictsort", {"case_sensitive", "by", "reverse"}, false},
-    {"float", {"default"}, false},     {"int", {"default", "base"}, false},
-    {"indent", {"width", "first", "blank"}, false}, {"join", {"d", "attribute"}, false},
-    {"max", {"case_sensitive", "attribute"}, false}, {"min", {"case_sensitive", "attribute"}, false},
-    {"replace", {"old", "new", "count"}, false}, {"round", {"precision", "method"}, false},
+    {"float", {"default"}, false},
+    {"int", {"default", "base"}, false},
+    {"indent", {"width", "first", "blank"}, false},
+    {"join", {"d", "attribute"}, false},
+    {"max", {"case_sensitive", "attribute"}, false},
+    {"min", {"case_sensitive", "attribute"}, false},
+    {"replace", {"old", "new", "count"}, false},
+    {"round", {"precision", "method"}, false},
     {"sort", {"reverse", "case_sensitive", "attribute"}, false},
     {"sum", {"attribute", "start"}, false},
     {"tojson", {"ensure_ascii", "indent", "separators", "sort_keys"}, false},
-    {"trim", {"chars"}, false},        {"unique", {"case_sensitive", "attribute"}, false},
-    {"map", {NULL}, true},             {"select", {NULL}, true},
-    {"reject", {NULL}, true},          {"selectattr", {NULL}, true},
+    {"trim", {"chars"}, false},
+    {"unique", {"case_sensitive", "attribute"}, false},
+    {"map", {NULL}, true},
+    {"select", {NULL}, true},
+    {"reject", {NULL}, true},
+    {"selectattr", {NULL}, true},
     {"rejectattr", {NULL}, true},
 };
 
@@ -799,8 +844,8 @@ static void check_filter_args(struct jctx *c, const char *f, const struct jargs 
     }
 }
 
-struct jval jfilter(struct jctx *c, const struct jstr *name, struct jval v,
-                    const struct jargs *a, uint32_t line)
+struct jval jfilter(struct jctx *c, const struct jstr *name, struct jval v, const struct jargs *a,
+                    uint32_t line)
 {
     const char *f = name->s;
     jcharge(c, 1, line);
@@ -852,7 +897,8 @@ struct jval jfilter(struct jctx *c, const struct jstr *name, struct jval v,
         return buf_str(c, &b);
     }
     if (!strcmp(f, "replace")) {
-        const struct jstr *old = arg_str(c, a, 0, "old", line), *new = arg_str(c, a, 1, "new", line);
+        const struct jstr *old = arg_str(c, a, 0, "old", line),
+                          *new = arg_str(c, a, 1, "new", line);
         if (!old || !new)
             jerr(c, KVR_EFORMAT, line, "replace takes two strings");
         return replace(c, need_str(c, v), old, new, arg_int(c, a, 2, "count", -1, line));
@@ -986,8 +1032,12 @@ struct jval jfilter(struct jctx *c, const struct jstr *name, struct jval v,
                   (x.t == JT_INT || x.t == JT_FLOAT || x.t == JT_BOOL)))
                 jerr(c, KVR_EFORMAT, line, "sum needs numbers");
             if (acc.t == JT_FLOAT || x.t == JT_FLOAT) {
-                double s = (acc.t == JT_FLOAT ? acc.u.f : acc.t == JT_INT ? (double)acc.u.i : acc.u.b) +
-                           (x.t == JT_FLOAT ? x.u.f : x.t == JT_INT ? (double)x.u.i : x.u.b);
+                double s = (acc.t == JT_FLOAT ? acc.u.f
+                            : acc.t == JT_INT ? (double)acc.u.i
+                                              : acc.u.b) +
+                           (x.t == JT_FLOAT ? x.u.f
+                            : x.t == JT_INT ? (double)x.u.i
+                                            : x.u.b);
                 acc = jv_float(s);
             } else {
                 int64_t s;
@@ -1025,13 +1075,18 @@ struct jval jfilter(struct jctx *c, const struct jstr *name, struct jval v,
 /* ---- tests --------------------------------------------------------------------------------- */
 
 static const char *const test_names[] = {
-    "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "==", "even", "false",
-    "float", "ge", ">=", "gt", ">", "greaterthan", "in", "integer", "iterable", "le", "<=",
-    "lower", "lt", "<", "lessthan", "mapping", "ne", "!=", "none", "number", "odd", "sameas",
-    "sequence", "string", "true", "undefined", "upper", NULL,
+    "boolean",     "callable", "defined",  "divisibleby", "eq",     "equalto", "==",
+    "even",        "false",    "float",    "ge",          ">=",     "gt",      ">",
+    "greaterthan", "in",       "integer",  "iterable",    "le",     "<=",      "lower",
+    "lt",          "<",        "lessthan", "mapping",     "ne",     "!=",      "none",
+    "number",      "odd",      "sameas",   "sequence",    "string", "true",    "undefined",
+    "upper",       NULL,
 };
 
-bool jtest_exists(const char *name) { return in_list(test_names, name); }
+bool jtest_exists(const char *name)
+{
+    return in_list(test_names, name);
+}
 
 bool jtest(struct jctx *c, const struct jstr *name, struct jval v, const struct jargs *a,
            uint32_t line)
@@ -1039,13 +1094,13 @@ bool jtest(struct jctx *c, const struct jstr *name, struct jval v, const struct 
     const char *t = name->s;
     const struct jval *x = arg(a, 0, NULL);
     jcharge(c, 1, line);
-    static const char *const one_arg[] = {"divisibleby", "eq", "equalto", "==", "ne", "!=",
-                                          "lt", "<", "lessthan", "le", "<=", "gt", ">",
-                                          "greaterthan", "ge", ">=", "in", "sameas", NULL};
+    static const char *const one_arg[] = {
+        "divisibleby", "eq", "equalto", "==",          "ne", "!=", "lt", "<",      "lessthan", "le",
+        "<=",          "gt", ">",       "greaterthan", "ge", ">=", "in", "sameas", NULL};
     uint32_t n_args = a->n_pos + a->n_kw, want = in_list(one_arg, t) ? 1 : 0;
     if (n_args > want)
-        jerr(c, KVR_EFORMAT, line, "test '%s' expected %u argument(s), got %u", t,
-             (unsigned)want, (unsigned)n_args);
+        jerr(c, KVR_EFORMAT, line, "test '%s' expected %u argument(s), got %u", t, (unsigned)want,
+             (unsigned)n_args);
     if (!strcmp(t, "defined"))
         return v.t != JT_UNDEF;
     if (!strcmp(t, "undefined"))
@@ -1069,11 +1124,9 @@ bool jtest(struct jctx *c, const struct jstr *name, struct jval v, const struct 
     if (!strcmp(t, "mapping"))
         return v.t == JT_DICT && !v.u.d->ns;
     if (!strcmp(t, "iterable"))
-        return v.t == JT_STR || v.t == JT_LIST || (v.t == JT_DICT && !v.u.d->ns) ||
-               v.t == JT_UNDEF;
+        return v.t == JT_STR || v.t == JT_LIST || (v.t == JT_DICT && !v.u.d->ns) || v.t == JT_UNDEF;
     if (!strcmp(t, "sequence"))
-        return v.t == JT_STR || v.t == JT_LIST || (v.t == JT_DICT && !v.u.d->ns) ||
-               v.t == JT_UNDEF;
+        return v.t == JT_STR || v.t == JT_LIST || (v.t == JT_DICT && !v.u.d->ns) || v.t == JT_UNDEF;
     if (!strcmp(t, "callable"))
         return v.t == JT_FUNC;
     if (!strcmp(t, "lower") || !strcmp(t, "upper")) {
@@ -1095,9 +1148,9 @@ bool jtest(struct jctx *c, const struct jstr *name, struct jval v, const struct 
     if (!x)
         jerr(c, KVR_EFORMAT, line, "test '%s' needs an argument", t);
     if (!strcmp(t, "sameas"))
-        return v.t == x->t && (v.t == JT_NONE || v.t == JT_UNDEF ||
-                               (v.t == JT_BOOL && v.u.b == x->u.b) ||
-                               (v.t >= JT_STR && v.u.s == x->u.s));
+        return v.t == x->t &&
+               (v.t == JT_NONE || v.t == JT_UNDEF || (v.t == JT_BOOL && v.u.b == x->u.b) ||
+                (v.t >= JT_STR && v.u.s == x->u.s));
     if (!strcmp(t, "in")) {
         struct jlist *items;
         if (x->t == JT_STR) {

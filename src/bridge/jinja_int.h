@@ -122,14 +122,14 @@ struct jloop {
 
 enum jk {
     /* statements */
-    N_BODY,     /* kids: statements */
-    N_TEXT,     /* val: the text */
-    N_OUT,      /* a: expression */
-    N_IF,       /* a: cond, b: body, c: else body or elif N_IF (or NULL) */
-    N_FOR,      /* a: target, b: iterable, c: body, d: else body, e: filter (or NULL) */
-    N_SET,      /* a: target (N_NAME, N_TUPLE of names, N_NSATTR), b: value */
-    N_SETBLOCK, /* a: target, b: body, kids: filters (N_FILTER with a == NULL) */
-    N_MACRO,    /* val: name, kids: params (N_NAME or N_KWARG), b: body */
+    N_BODY,        /* kids: statements */
+    N_TEXT,        /* val: the text */
+    N_OUT,         /* a: expression */
+    N_IF,          /* a: cond, b: body, c: else body or elif N_IF (or NULL) */
+    N_FOR,         /* a: target, b: iterable, c: body, d: else body, e: filter (or NULL) */
+    N_SET,         /* a: target (N_NAME, N_TUPLE of names, N_NSATTR), b: value */
+    N_SETBLOCK,    /* a: target, b: body, kids: filters (N_FILTER with a == NULL) */
+    N_MACRO,       /* val: name, kids: params (N_NAME or N_KWARG), b: body */
     N_FILTERBLOCK, /* b: body, kids: filters */
     N_BREAK,
     N_CONTINUE,
@@ -151,10 +151,10 @@ enum jk {
     N_OR,     /* a, b */
     N_CMP,    /* a: first operand, kids: N_CMPOP (op, a: operand) */
     N_CMPOP,
-    N_COND,   /* a: cond, b: value if true, c: value if false (may be NULL) */
-    N_LIST,   /* kids */
-    N_TUPLE,  /* kids */
-    N_DICT,   /* kids: N_PAIR (a: key, b: value) */
+    N_COND,  /* a: cond, b: value if true, c: value if false (may be NULL) */
+    N_LIST,  /* kids */
+    N_TUPLE, /* kids */
+    N_DICT,  /* kids: N_PAIR (a: key, b: value) */
     N_PAIR,
     N_CONCAT, /* kids, joined with ~ */
     N_KWARG,  /* val: name, a: value */
@@ -163,10 +163,33 @@ enum jk {
 
 enum jop {
     OP_NONE,
-    OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_FLOORDIV, OP_MOD, OP_POW, OP_TILDE,
-    OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE, OP_IN, OP_NOTIN,
-    OP_ASSIGN, OP_LPAREN, OP_RPAREN, OP_LBRACKET, OP_RBRACKET, OP_LBRACE, OP_RBRACE,
-    OP_COMMA, OP_DOT, OP_COLON, OP_PIPE,
+    OP_ADD,
+    OP_SUB,
+    OP_MUL,
+    OP_DIV,
+    OP_FLOORDIV,
+    OP_MOD,
+    OP_POW,
+    OP_TILDE,
+    OP_EQ,
+    OP_NE,
+    OP_LT,
+    OP_LE,
+    OP_GT,
+    OP_GE,
+    OP_IN,
+    OP_NOTIN,
+    OP_ASSIGN,
+    OP_LPAREN,
+    OP_RPAREN,
+    OP_LBRACKET,
+    OP_RBRACKET,
+    OP_LBRACE,
+    OP_RBRACE,
+    OP_COMMA,
+    OP_DOT,
+    OP_COLON,
+    OP_PIPE,
     OP_COUNT
 };
 
@@ -184,16 +207,16 @@ struct jnode {
 /* ---- tokens -------------------------------------------------------------------------- */
 
 enum jtok {
-    T_TEXT,       /* s: text, already stripped */
+    T_TEXT, /* s: text, already stripped */
     T_BLOCK_BEGIN,
     T_BLOCK_END,
     T_VAR_BEGIN,
     T_VAR_END,
-    T_NAME,       /* s */
-    T_STR,        /* s: decoded */
-    T_INT,        /* i */
-    T_FLOAT,      /* f */
-    T_OP,         /* op */
+    T_NAME,  /* s */
+    T_STR,   /* s: decoded */
+    T_INT,   /* i */
+    T_FLOAT, /* f */
+    T_OP,    /* op */
     T_EOF,
     T_COUNT
 };
@@ -217,8 +240,8 @@ struct kvr_jinja {
 
 /* Tokenize `src` (already newline-normalised); returns the number of tokens, the last
  * T_EOF. */
-uint32_t jlex(struct jarena *a, const struct kvr_jinja_limits *lim, const char *src,
-              size_t len, struct jtoken **out);
+uint32_t jlex(struct jarena *a, const struct kvr_jinja_limits *lim, const char *src, size_t len,
+              struct jtoken **out);
 struct jnode *jparse(struct jarena *a, const struct kvr_jinja_limits *lim,
                      const struct jtoken *toks, uint32_t n_toks);
 

@@ -192,20 +192,47 @@ static void lex_string(struct lexer *L)
         i += 2;
         int hex = 0;
         switch (e) {
-        case 'n': out.p[out.n++] = '\n'; break;
-        case 't': out.p[out.n++] = '\t'; break;
-        case 'r': out.p[out.n++] = '\r'; break;
-        case 'a': out.p[out.n++] = '\a'; break;
-        case 'b': out.p[out.n++] = '\b'; break;
-        case 'f': out.p[out.n++] = '\f'; break;
-        case 'v': out.p[out.n++] = '\v'; break;
-        case '\\': out.p[out.n++] = '\\'; break;
-        case '\'': out.p[out.n++] = '\''; break;
-        case '"': out.p[out.n++] = '"'; break;
-        case '\n': break;
-        case 'x': hex = 2; break;
-        case 'u': hex = 4; break;
-        case 'U': hex = 8; break;
+        case 'n':
+            out.p[out.n++] = '\n';
+            break;
+        case 't':
+            out.p[out.n++] = '\t';
+            break;
+        case 'r':
+            out.p[out.n++] = '\r';
+            break;
+        case 'a':
+            out.p[out.n++] = '\a';
+            break;
+        case 'b':
+            out.p[out.n++] = '\b';
+            break;
+        case 'f':
+            out.p[out.n++] = '\f';
+            break;
+        case 'v':
+            out.p[out.n++] = '\v';
+            break;
+        case '\\':
+            out.p[out.n++] = '\\';
+            break;
+        case '\'':
+            out.p[out.n++] = '\'';
+            break;
+        case '"':
+            out.p[out.n++] = '"';
+            break;
+        case '\n':
+            break;
+        case 'x':
+            hex = 2;
+            break;
+        case 'u':
+            hex = 4;
+            break;
+        case 'U':
+            hex = 8;
+            break;
         default:
             if (e >= '0' && e <= '7') {
                 uint32_t v = (uint32_t)(e - '0');
@@ -221,8 +248,9 @@ static void lex_string(struct lexer *L)
             uint32_t v = 0;
             for (int k = 0; k < hex; k++, i++) {
                 char h = i < L->len ? L->s[i] : 0;
-                int d = h >= '0' && h <= '9' ? h - '0' : (h | 32) >= 'a' && (h | 32) <= 'f'
-                                                             ? (h | 32) - 'a' + 10 : -1;
+                int d = h >= '0' && h <= '9'                 ? h - '0'
+                        : (h | 32) >= 'a' && (h | 32) <= 'f' ? (h | 32) - 'a' + 10
+                                                             : -1;
                 if (d < 0)
                     lfail(L, "truncated \\x, \\u or \\U escape in a string");
                 v = v * 16 + (uint32_t)d;
@@ -238,16 +266,22 @@ static void lex_string(struct lexer *L)
     advance(L, i + 1 - L->pos);
 }
 
-static bool is_digit(char c) { return c >= '0' && c <= '9'; }
-static bool is_name0(char c) { return c == '_' || ((c | 32) >= 'a' && (c | 32) <= 'z'); }
+static bool is_digit(char c)
+{
+    return c >= '0' && c <= '9';
+}
+static bool is_name0(char c)
+{
+    return c == '_' || ((c | 32) >= 'a' && (c | 32) <= 'z');
+}
 
 static void lex_number(struct lexer *L)
 {
     char buf[128];
     size_t n = 0, i = L->pos;
     bool is_float = false;
-    while (i < L->len && (is_digit(L->s[i]) || (L->s[i] == '_' && i + 1 < L->len &&
-                                                 is_digit(L->s[i + 1])))) {
+    while (i < L->len &&
+           (is_digit(L->s[i]) || (L->s[i] == '_' && i + 1 < L->len && is_digit(L->s[i + 1])))) {
         if (L->s[i] != '_' && n < sizeof buf - 1)
             buf[n++] = L->s[i];
         i++;
@@ -284,8 +318,7 @@ static void lex_number(struct lexer *L)
         base = p == 'x' ? 16 : p == 'o' ? 8 : p == 'b' ? 2 : 10;
         n = 0;
         if (base != 10) {
-            for (i++; i < L->len && (L->s[i] == '_' || isxdigit((unsigned char)L->s[i]));
-                 i++) {
+            for (i++; i < L->len && (L->s[i] == '_' || isxdigit((unsigned char)L->s[i])); i++) {
                 if (L->s[i] == '_')
                     continue;
                 char d = L->s[i];
@@ -299,7 +332,7 @@ static void lex_number(struct lexer *L)
                 lfail(L, "invalid number literal");
         } else {
             for (i = L->pos; i < L->len && (L->s[i] == '0' || (L->s[i] == '_' && i + 1 < L->len &&
-                                                              L->s[i + 1] == '0'));
+                                                               L->s[i + 1] == '0'));
                  i++)
                 ;
             buf[n++] = '0';
@@ -324,13 +357,11 @@ static const struct {
     const char *text;
     enum jop op;
 } ops[] = {
-    {"//", OP_FLOORDIV}, {"**", OP_POW},    {"==", OP_EQ},     {"!=", OP_NE},
-    {"<=", OP_LE},       {">=", OP_GE},     {"+", OP_ADD},     {"-", OP_SUB},
-    {"*", OP_MUL},       {"/", OP_DIV},     {"%", OP_MOD},     {"~", OP_TILDE},
-    {"<", OP_LT},        {">", OP_GT},      {"=", OP_ASSIGN},  {"(", OP_LPAREN},
-    {")", OP_RPAREN},    {"[", OP_LBRACKET}, {"]", OP_RBRACKET}, {"{", OP_LBRACE},
-    {"}", OP_RBRACE},    {",", OP_COMMA},   {".", OP_DOT},     {":", OP_COLON},
-    {"|", OP_PIPE},
+    {"//", OP_FLOORDIV}, {"**", OP_POW},   {"==", OP_EQ},      {"!=", OP_NE},      {"<=", OP_LE},
+    {">=", OP_GE},       {"+", OP_ADD},    {"-", OP_SUB},      {"*", OP_MUL},      {"/", OP_DIV},
+    {"%", OP_MOD},       {"~", OP_TILDE},  {"<", OP_LT},       {">", OP_GT},       {"=", OP_ASSIGN},
+    {"(", OP_LPAREN},    {")", OP_RPAREN}, {"[", OP_LBRACKET}, {"]", OP_RBRACKET}, {"{", OP_LBRACE},
+    {"}", OP_RBRACE},    {",", OP_COMMA},  {".", OP_DOT},      {":", OP_COLON},    {"|", OP_PIPE},
 };
 
 /* The inside of a {% %} or {{ }} tag, up to and including its end. */
@@ -390,17 +421,17 @@ static void lex_tag(struct lexer *L, bool block)
     }
 }
 
-uint32_t jlex(struct jarena *a, const struct kvr_jinja_limits *lim, const char *src,
-              size_t len, struct jtoken **out)
+uint32_t jlex(struct jarena *a, const struct kvr_jinja_limits *lim, const char *src, size_t len,
+              struct jtoken **out)
 {
     struct lexer L = {.ar = a, .lim = lim, .s = src, .len = len, .line = 1};
     while (L.pos < L.len) {
         size_t start = L.pos;
         uint32_t line = L.line;
         size_t tag = start;
-        while (tag + 1 < L.len && !(L.s[tag] == '{' &&
-                                    (L.s[tag + 1] == '{' || L.s[tag + 1] == '%' ||
-                                     L.s[tag + 1] == '#')))
+        while (tag + 1 < L.len &&
+               !(L.s[tag] == '{' &&
+                 (L.s[tag + 1] == '{' || L.s[tag + 1] == '%' || L.s[tag + 1] == '#')))
             tag++;
         if (tag + 1 >= L.len) {
             emit_text(&L, start, L.len - start, line);

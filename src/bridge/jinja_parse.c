@@ -37,7 +37,10 @@ _Noreturn static void pfail(struct parser *P, const char *fmt, ...)
     jfail_at(P->ar->fail, KVR_EFORMAT, P->t[P->pos].line, "%s", msg);
 }
 
-static const struct jtoken *peek(struct parser *P) { return &P->t[P->pos]; }
+static const struct jtoken *peek(struct parser *P)
+{
+    return &P->t[P->pos];
+}
 static const struct jtoken *peek2(struct parser *P)
 {
     return &P->t[P->pos + 1 < P->n ? P->pos + 1 : P->pos];
@@ -82,7 +85,7 @@ static const char *op_text(enum jop op)
 {
     static const char *const text[OP_COUNT] = {
         [OP_RPAREN] = ")", [OP_RBRACKET] = "]", [OP_RBRACE] = "}", [OP_COLON] = ":",
-        [OP_ASSIGN] = "=", [OP_LPAREN] = "(", [OP_COMMA] = ",",
+        [OP_ASSIGN] = "=", [OP_LPAREN] = "(",   [OP_COMMA] = ",",
     };
     return text[op] ? text[op] : "operator";
 }
@@ -144,7 +147,10 @@ static void enter(struct parser *P)
                  (unsigned)P->lim->max_depth);
 }
 
-static void leave(struct parser *P) { P->depth--; }
+static void leave(struct parser *P)
+{
+    P->depth--;
+}
 
 /* ---- expressions ---------------------------------------------------------------------- */
 
@@ -403,9 +409,10 @@ static struct jnode *parse_primary(struct parser *P)
         set_kids(n, &k);
         return n;
     }
-    pfail(P, "%s", t->kind == T_VAR_END || t->kind == T_BLOCK_END
-                       ? "expected an expression before the end of the tag"
-                       : "unexpected token in expression");
+    pfail(P, "%s",
+          t->kind == T_VAR_END || t->kind == T_BLOCK_END
+              ? "expected an expression before the end of the tag"
+              : "unexpected token in expression");
 }
 
 static struct jnode *parse_unary(struct parser *P, bool with_filter)
@@ -447,8 +454,8 @@ static struct jnode *parse_math2(struct parser *P)
     struct jnode *n = parse_pow(P);
     for (;;) {
         const struct jtoken *t = peek(P);
-        if (t->kind != T_OP || (t->op != OP_MUL && t->op != OP_DIV && t->op != OP_FLOORDIV &&
-                                t->op != OP_MOD))
+        if (t->kind != T_OP ||
+            (t->op != OP_MUL && t->op != OP_DIV && t->op != OP_FLOORDIV && t->op != OP_MOD))
             return n;
         enum jop op = (enum jop)next(P)->op;
         n = binary(P, op, n, parse_pow(P));

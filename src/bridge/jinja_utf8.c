@@ -95,9 +95,9 @@ struct shift_range {
 };
 
 static const struct shift_range shift_ranges[] = {
-    {'A', 'Z', 32},      {0xc0, 0xd6, 32},    {0xd8, 0xde, 32},    {0x391, 0x3a1, 32},
-    {0x3a3, 0x3ab, 32},  {0x386, 0x386, 38},  {0x388, 0x38a, 37},  {0x38c, 0x38c, 64},
-    {0x38e, 0x38f, 63},  {0x410, 0x42f, 32},  {0x400, 0x40f, 80},  {0x4c0, 0x4c0, 15},
+    {'A', 'Z', 32},       {0xc0, 0xd6, 32},   {0xd8, 0xde, 32},   {0x391, 0x3a1, 32},
+    {0x3a3, 0x3ab, 32},   {0x386, 0x386, 38}, {0x388, 0x38a, 37}, {0x38c, 0x38c, 64},
+    {0x38e, 0x38f, 63},   {0x410, 0x42f, 32}, {0x400, 0x40f, 80}, {0x4c0, 0x4c0, 15},
     {0x178, 0x178, -121},
 };
 
@@ -115,12 +115,18 @@ uint32_t ju_lower(uint32_t cp)
 uint32_t ju_upper(uint32_t cp)
 {
     switch (cp) {
-    case 0xb5: return 0x39c;
-    case 0xff: return 0x178;
-    case 0x131: return 'I';
-    case 0x17f: return 'S';
-    case 0x3c2: return 0x3a3;
-    default: break;
+    case 0xb5:
+        return 0x39c;
+    case 0xff:
+        return 0x178;
+    case 0x131:
+        return 'I';
+    case 0x17f:
+        return 'S';
+    case 0x3c2:
+        return 0x3a3;
+    default:
+        break;
     }
     for (size_t i = 0; i < sizeof shift_ranges / sizeof *shift_ranges; i++) {
         uint32_t lo = (uint32_t)((int32_t)shift_ranges[i].lo + shift_ranges[i].delta);

@@ -122,11 +122,26 @@ struct jval jv_str(struct jarena *a, const char *s, size_t len)
     return v;
 }
 
-struct jval jv_int(int64_t i) { return (struct jval){.t = JT_INT, .u.i = i}; }
-struct jval jv_float(double f) { return (struct jval){.t = JT_FLOAT, .u.f = f}; }
-struct jval jv_bool(bool b) { return (struct jval){.t = JT_BOOL, .u.b = b}; }
-struct jval jv_none(void) { return (struct jval){.t = JT_NONE}; }
-struct jval jv_undef(struct jstr *name) { return (struct jval){.t = JT_UNDEF, .u.s = name}; }
+struct jval jv_int(int64_t i)
+{
+    return (struct jval){.t = JT_INT, .u.i = i};
+}
+struct jval jv_float(double f)
+{
+    return (struct jval){.t = JT_FLOAT, .u.f = f};
+}
+struct jval jv_bool(bool b)
+{
+    return (struct jval){.t = JT_BOOL, .u.b = b};
+}
+struct jval jv_none(void)
+{
+    return (struct jval){.t = JT_NONE};
+}
+struct jval jv_undef(struct jstr *name)
+{
+    return (struct jval){.t = JT_UNDEF, .u.s = name};
+}
 
 struct jlist *jlist_new(struct jarena *a, uint32_t cap)
 {
@@ -222,9 +237,15 @@ void jbuf_put(struct jctx *c, struct jbuf *b, const char *p, size_t n)
     b->p[b->len] = 0;
 }
 
-void jbuf_putc(struct jctx *c, struct jbuf *b, char ch) { jbuf_put(c, b, &ch, 1); }
+void jbuf_putc(struct jctx *c, struct jbuf *b, char ch)
+{
+    jbuf_put(c, b, &ch, 1);
+}
 
-static void jbuf_puts(struct jctx *c, struct jbuf *b, const char *s) { jbuf_put(c, b, s, strlen(s)); }
+static void jbuf_puts(struct jctx *c, struct jbuf *b, const char *s)
+{
+    jbuf_put(c, b, s, strlen(s));
+}
 
 static struct jbuf scratch(struct jctx *c)
 {
@@ -412,8 +433,14 @@ static void write_any(struct jctx *c, struct jbuf *b, struct jval v, bool repr, 
     }
 }
 
-void jv_write_str(struct jctx *c, struct jbuf *b, struct jval v) { write_any(c, b, v, false, 0); }
-void jv_write_repr(struct jctx *c, struct jbuf *b, struct jval v) { write_any(c, b, v, true, 0); }
+void jv_write_str(struct jctx *c, struct jbuf *b, struct jval v)
+{
+    write_any(c, b, v, false, 0);
+}
+void jv_write_repr(struct jctx *c, struct jbuf *b, struct jval v)
+{
+    write_any(c, b, v, true, 0);
+}
 
 struct jval jv_to_str(struct jctx *c, struct jval v)
 {
@@ -438,13 +465,27 @@ static void json_quote(struct jctx *c, struct jbuf *b, const char *s, size_t len
         run = i + 1;
         char esc[8];
         switch (ch) {
-        case '"': jbuf_puts(c, b, "\\\""); break;
-        case '\\': jbuf_puts(c, b, "\\\\"); break;
-        case '\n': jbuf_puts(c, b, "\\n"); break;
-        case '\r': jbuf_puts(c, b, "\\r"); break;
-        case '\t': jbuf_puts(c, b, "\\t"); break;
-        case '\b': jbuf_puts(c, b, "\\b"); break;
-        case '\f': jbuf_puts(c, b, "\\f"); break;
+        case '"':
+            jbuf_puts(c, b, "\\\"");
+            break;
+        case '\\':
+            jbuf_puts(c, b, "\\\\");
+            break;
+        case '\n':
+            jbuf_puts(c, b, "\\n");
+            break;
+        case '\r':
+            jbuf_puts(c, b, "\\r");
+            break;
+        case '\t':
+            jbuf_puts(c, b, "\\t");
+            break;
+        case '\b':
+            jbuf_puts(c, b, "\\b");
+            break;
+        case '\f':
+            jbuf_puts(c, b, "\\f");
+            break;
         default:
             snprintf(esc, sizeof esc, "\\u%04x", ch);
             jbuf_puts(c, b, esc);
@@ -623,10 +664,9 @@ struct jval jv_from_json(struct jctx *c, const json_t *j, uint32_t depth)
 const char *jv_type_name(struct jval v)
 {
     static const char *const names[JT_COUNT] = {
-        [JT_UNDEF] = "Undefined", [JT_NONE] = "NoneType", [JT_BOOL] = "bool",
-        [JT_INT] = "int",         [JT_FLOAT] = "float",   [JT_STR] = "str",
-        [JT_LIST] = "list",       [JT_DICT] = "dict",     [JT_FUNC] = "function",
-        [JT_LOOP] = "LoopContext",
+        [JT_UNDEF] = "Undefined", [JT_NONE] = "NoneType",    [JT_BOOL] = "bool", [JT_INT] = "int",
+        [JT_FLOAT] = "float",     [JT_STR] = "str",          [JT_LIST] = "list", [JT_DICT] = "dict",
+        [JT_FUNC] = "function",   [JT_LOOP] = "LoopContext",
     };
     if (v.t == JT_LIST && v.u.l->tuple)
         return "tuple";
@@ -658,14 +698,20 @@ bool jv_truthy(struct jctx *c, struct jval v)
     }
 }
 
-static bool is_num(struct jval v) { return v.t == JT_BOOL || v.t == JT_INT || v.t == JT_FLOAT; }
+static bool is_num(struct jval v)
+{
+    return v.t == JT_BOOL || v.t == JT_INT || v.t == JT_FLOAT;
+}
 
 static double num_f(struct jval v)
 {
     return v.t == JT_FLOAT ? v.u.f : v.t == JT_INT ? (double)v.u.i : (double)v.u.b;
 }
 
-static int64_t num_i(struct jval v) { return v.t == JT_INT ? v.u.i : (int64_t)v.u.b; }
+static int64_t num_i(struct jval v)
+{
+    return v.t == JT_INT ? v.u.i : (int64_t)v.u.b;
+}
 
 bool jv_equal(struct jctx *c, struct jval a, struct jval b)
 {

@@ -17,12 +17,12 @@
 
 /* ---- errors ------------------------------------------------------------------------- */
 
-static void error_vset(struct kvr_openai_error *e, int status, const char *type,
-                       const char *param, const char *code, const char *fmt, va_list ap)
+static void error_vset(struct kvr_openai_error *e, int status, const char *type, const char *param,
+                       const char *code, const char *fmt, va_list ap)
     __attribute__((format(printf, 6, 0)));
 
-static void error_vset(struct kvr_openai_error *e, int status, const char *type,
-                       const char *param, const char *code, const char *fmt, va_list ap)
+static void error_vset(struct kvr_openai_error *e, int status, const char *type, const char *param,
+                       const char *code, const char *fmt, va_list ap)
 {
     e->status = status;
     e->type = type;
@@ -85,8 +85,8 @@ static json_t *error_object(const struct kvr_openai_error *e)
     const char *msg = e->message;
     if (json_object_set_new(inner, "message", jstr(msg, strlen(msg))) ||
         json_object_set_new(inner, "type", json_string(e->type ? e->type : "server_error")) ||
-        json_object_set_new(inner, "param", e->param ? jstr(e->param, strlen(e->param))
-                                                     : json_null()) ||
+        json_object_set_new(inner, "param",
+                            e->param ? jstr(e->param, strlen(e->param)) : json_null()) ||
         json_object_set_new(inner, "code", e->code ? json_string(e->code) : json_null()))
         goto fail;
     if (json_object_set_new(outer, "error", inner)) {
@@ -268,8 +268,8 @@ static int get_bool(const json_t *obj, const char *key, bool *out, struct kvr_op
 }
 
 /* An integer field in [lo, hi]; *has (may be NULL) says whether it was given. */
-static int get_int(const json_t *obj, const char *key, long long lo, long long hi,
-                   long long *out, bool *has, struct kvr_openai_error *e)
+static int get_int(const json_t *obj, const char *key, long long lo, long long hi, long long *out,
+                   bool *has, struct kvr_openai_error *e)
 {
     json_t *v = field(obj, key);
     if (has)
@@ -395,9 +395,8 @@ static int parse_stop(struct kvr_openai_req *r, struct kvr_openai_error *e)
         if (len == 0)
             return bad_request(e, param, "invalid_value", "'%s' must not be empty", param);
         if (len > KVR_OPENAI_MAX_STOP_BYTES)
-            return bad_request(e, param, "invalid_value",
-                               "'%s' is %zu bytes long; the limit is %d", param, len,
-                               KVR_OPENAI_MAX_STOP_BYTES);
+            return bad_request(e, param, "invalid_value", "'%s' is %zu bytes long; the limit is %d",
+                               param, len, KVR_OPENAI_MAX_STOP_BYTES);
         r->stop[r->n_stop] = json_string_value(s);
         r->stop_len[r->n_stop] = len;
         r->n_stop++;
@@ -452,8 +451,7 @@ static int refuse_unsupported(const struct kvr_openai_req *r, struct kvr_openai_
             return bad_request(e, "n", "invalid_value", "'n' must be at least 1, got %lld", n);
         if (n > 1)
             return bad_request(e, "n", "unsupported_parameter",
-                               "n > 1 is not supported (got %lld): send one request per choice",
-                               n);
+                               "n > 1 is not supported (got %lld): send one request per choice", n);
     }
     if ((v = field(o, "best_of")) && !(json_is_integer(v) && json_integer_value(v) == 1))
         return bad_request(e, "best_of", "unsupported_parameter",
@@ -657,8 +655,7 @@ static int parse_messages(struct kvr_openai_req *r, struct kvr_openai_error *e)
         snprintf(param, sizeof param, "messages[%zu].role", i);
         json_t *role = json_object_get(m, "role");
         if (!role || json_is_null(role))
-            return bad_request(e, param, "missing_required_parameter", "'%s' is required",
-                               param);
+            return bad_request(e, param, "missing_required_parameter", "'%s' is required", param);
         if (!json_is_string(role))
             return want_type(e, param, role, "a string");
         size_t k = 0;
@@ -707,8 +704,8 @@ static int parse_fields(struct kvr_openai_req *r, const struct kvr_openai_limits
     r->max_tokens = v ? (uint32_t)json_integer_value(v) : 0;
 
     if ((rc = parse_sampling(r, e)) || (rc = parse_logit_bias(r, lim, e)) ||
-        (rc = parse_stop(r, e)) || (rc = parse_logprobs(r, e)) ||
-        (rc = parse_budget(r, e)) || (rc = refuse_unsupported(r, e)))
+        (rc = parse_stop(r, e)) || (rc = parse_logprobs(r, e)) || (rc = parse_budget(r, e)) ||
+        (rc = refuse_unsupported(r, e)))
         return rc;
 
     if ((rc = get_bool(o, "stream", &r->stream, e)) ||
@@ -748,8 +745,8 @@ static int load_object(const char *body, size_t len, json_t **root, struct kvr_o
     json_t *j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!j)
         return bad_request(e, NULL, "invalid_json",
-                           "the request body is not valid JSON: %s (line %d, column %d)",
-                           je.text, je.line, je.column);
+                           "the request body is not valid JSON: %s (line %d, column %d)", je.text,
+                           je.line, je.column);
     if (!json_is_object(j)) {
         int rc = bad_request(e, NULL, "invalid_json",
                              "the request body must be a JSON object, got %s", type_name(j));
@@ -761,14 +758,12 @@ static int load_object(const char *body, size_t len, json_t **root, struct kvr_o
 }
 
 int kvr_openai_parse(struct kvr_openai_req *r, enum kvr_openai_api api, const char *body,
-                     size_t len, const struct kvr_openai_limits *lim,
-                     struct kvr_openai_error *e)
+                     size_t len, const struct kvr_openai_limits *lim, struct kvr_openai_error *e)
 {
     memset(r, 0, sizeof *r);
     r->api = api;
     if ((unsigned)api >= KVR_OPENAI_API_COUNT)
-        return kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "unknown API %d",
-                                    (int)api);
+        return kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "unknown API %d", (int)api);
     int rc = load_object(body, len, &r->root, e);
     if (rc) {
         r->api = api;
@@ -799,8 +794,9 @@ int kvr_openai_parse_tokenize(struct kvr_openai_tokenize_req *r, const char *bod
         return rc;
     json_t *c = json_object_get(r->root, "content");
     if (!c)
-        rc = bad_request(e, "content", "missing_required_parameter", "'content' (the text to tokenize) is "
-                                                        "required");
+        rc = bad_request(e, "content", "missing_required_parameter",
+                         "'content' (the text to tokenize) is "
+                         "required");
     else if (!json_is_string(c))
         rc = want_type(e, "content", c, "a string");
     if (!rc)
@@ -833,8 +829,9 @@ int kvr_openai_parse_detokenize(const char *body, size_t len, int32_t n_vocab, i
         return rc;
     json_t *t = json_object_get(root, "tokens");
     if (!t) {
-        rc = bad_request(e, "tokens", "missing_required_parameter", "'tokens' (an array of token ids) is "
-                                                       "required");
+        rc = bad_request(e, "tokens", "missing_required_parameter",
+                         "'tokens' (an array of token ids) is "
+                         "required");
         goto out;
     }
     if (!json_is_array(t)) {
@@ -858,8 +855,8 @@ int kvr_openai_parse_detokenize(const char *body, size_t len, int32_t n_vocab, i
         json_int_t id = json_integer_value(v);
         if (id < 0 || id >= n_vocab) {
             rc = bad_request(e, param, "invalid_value",
-                             "token id %lld is outside the vocabulary (0 .. %d)",
-                             (long long)id, (int)n_vocab - 1);
+                             "token id %lld is outside the vocabulary (0 .. %d)", (long long)id,
+                             (int)n_vocab - 1);
             goto out;
         }
         (*ids)[i] = (int32_t)id;
@@ -894,8 +891,7 @@ int kvr_openai_check_length(const struct kvr_openai_req *r, uint32_t n_prompt, u
                                "This model's maximum context length is %u tokens. However, "
                                "you requested %" PRIu64 " tokens (%u in the prompt, %u for the "
                                "completion). Please reduce the prompt or max_tokens",
-                               n_ctx, (uint64_t)n_prompt + r->max_tokens, n_prompt,
-                               r->max_tokens);
+                               n_ctx, (uint64_t)n_prompt + r->max_tokens, n_prompt, r->max_tokens);
         *out_max_tokens = r->max_tokens;
         return KVR_OK;
     }
@@ -906,8 +902,7 @@ int kvr_openai_check_length(const struct kvr_openai_req *r, uint32_t n_prompt, u
     return KVR_OK;
 }
 
-int kvr_openai_parse_budget_header(const char *value, uint32_t *out_ms,
-                                   struct kvr_openai_error *e)
+int kvr_openai_parse_budget_header(const char *value, uint32_t *out_ms, struct kvr_openai_error *e)
 {
     static const char *const param = "X-Latency-Budget-Ms";
     uint64_t x = 0;
@@ -952,8 +947,7 @@ void kvr_openai_text_fini(struct kvr_openai_text *t)
     kvr_sbuf_fini(&t->held);
 }
 
-bool kvr_openai_text_push(struct kvr_openai_text *t, const char *p, size_t n,
-                          struct kvr_sbuf *out)
+bool kvr_openai_text_push(struct kvr_openai_text *t, const char *p, size_t n, struct kvr_sbuf *out)
 {
     if (t->stopped)
         return true;
@@ -1077,19 +1071,18 @@ static json_t *response_head(const struct kvr_openai_meta *m, const char *object
                      (json_int_t)m->created, "model", m->model ? m->model : "");
 }
 
-char *kvr_openai_response_json(const struct kvr_openai_meta *m, const char *text,
-                               size_t text_len, enum kvr_openai_finish finish,
-                               uint32_t prompt_tokens, uint32_t completion_tokens,
-                               const json_t *logprobs, size_t *out_len)
+char *kvr_openai_response_json(const struct kvr_openai_meta *m, const char *text, size_t text_len,
+                               enum kvr_openai_finish finish, uint32_t prompt_tokens,
+                               uint32_t completion_tokens, const json_t *logprobs, size_t *out_len)
 {
     bool chat = m->api == KVR_OPENAI_CHAT;
     json_t *root = response_head(m, chat ? "chat.completion" : "text_completion");
     json_t *lp = logprobs ? json_deep_copy(logprobs) : json_null();
     json_t *choice = NULL;
     if (chat)
-        choice = json_pack("{s:i,s:{s:s,s:o},s:o,s:o}", "index", 0, "message", "role",
-                           "assistant", "content", jstr(text, text_len), "logprobs", lp,
-                           "finish_reason", finish_value(finish));
+        choice = json_pack("{s:i,s:{s:s,s:o},s:o,s:o}", "index", 0, "message", "role", "assistant",
+                           "content", jstr(text, text_len), "logprobs", lp, "finish_reason",
+                           finish_value(finish));
     else
         choice = json_pack("{s:o,s:i,s:o,s:o}", "text", jstr(text, text_len), "index", 0,
                            "logprobs", lp, "finish_reason", finish_value(finish));
@@ -1097,8 +1090,7 @@ char *kvr_openai_response_json(const struct kvr_openai_meta *m, const char *text
     struct kvr_sbuf b;
     kvr_sbuf_init(&b);
     int rc = KVR_ENOMEM;
-    if (root && choice &&
-        !json_object_set_new(root, "choices", json_pack("[o]", choice)) &&
+    if (root && choice && !json_object_set_new(root, "choices", json_pack("[o]", choice)) &&
         !json_object_set_new(root, "usage", usage_object(prompt_tokens, completion_tokens)))
         rc = dump_json(&b, root);
     else if (!root)

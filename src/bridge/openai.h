@@ -41,8 +41,8 @@ enum kvr_openai_api {
  * NULL, shown as JSON null). `param` names the offending field as a path such as
  * "messages[2].content"; it points at param_buf (a copy) or is NULL. */
 struct kvr_openai_error {
-    int status;        /* HTTP status: 400, 401, 404, 405, 413, 429, 500, 503, 504 */
-    const char *type;  /* "invalid_request_error", "authentication_error", ... */
+    int status;       /* HTTP status: 400, 401, 404, 405, 413, 429, 500, 503, 504 */
+    const char *type; /* "invalid_request_error", "authentication_error", ... */
     const char *param;
     const char *code;
     char param_buf[64];
@@ -105,8 +105,8 @@ struct kvr_openai_req {
     struct kvr_chat_msg *msgs;
     size_t n_msgs;
 
-    bool has_max_tokens;  /* false: the server's default applies */
-    uint32_t max_tokens;  /* 1 .. limits.n_ctx; chat also reads max_completion_tokens */
+    bool has_max_tokens; /* false: the server's default applies */
+    uint32_t max_tokens; /* 1 .. limits.n_ctx; chat also reads max_completion_tokens */
 
     struct kvr_openai_sampling sampling;
 
@@ -131,8 +131,7 @@ struct kvr_openai_req {
  * than silently ignored. On failure returns KVR_EINVAL with `e` filled (status 400) and
  * leaves `r` empty (fini is still safe); KVR_ENOMEM when out of memory (status 500). */
 int kvr_openai_parse(struct kvr_openai_req *r, enum kvr_openai_api api, const char *body,
-                     size_t len, const struct kvr_openai_limits *lim,
-                     struct kvr_openai_error *e);
+                     size_t len, const struct kvr_openai_limits *lim, struct kvr_openai_error *e);
 void kvr_openai_req_fini(struct kvr_openai_req *r);
 
 /* POST /tokenize: {"content": string, "add_special": bool (false), "with_pieces": bool
@@ -162,8 +161,7 @@ int kvr_openai_check_length(const struct kvr_openai_req *r, uint32_t n_prompt, u
 
 /* The X-Latency-Budget-Ms header: a total budget in milliseconds, 1 .. one hour, digits
  * only. */
-int kvr_openai_parse_budget_header(const char *value, uint32_t *out_ms,
-                                   struct kvr_openai_error *e);
+int kvr_openai_parse_budget_header(const char *value, uint32_t *out_ms, struct kvr_openai_error *e);
 
 /* ---- UTF-8 -------------------------------------------------------------------------- */
 
@@ -193,8 +191,7 @@ void kvr_openai_text_init(struct kvr_openai_text *t, const char *const *stop,
 void kvr_openai_text_fini(struct kvr_openai_text *t);
 /* Returns true when a stop string has been found (now or earlier): `out` then holds all the
  * text before it and later pushes add nothing. */
-bool kvr_openai_text_push(struct kvr_openai_text *t, const char *p, size_t n,
-                          struct kvr_sbuf *out);
+bool kvr_openai_text_push(struct kvr_openai_text *t, const char *p, size_t n, struct kvr_sbuf *out);
 /* The generation ended for another reason (length, EOS): release the held text. */
 void kvr_openai_text_flush(struct kvr_openai_text *t, struct kvr_sbuf *out);
 
@@ -213,10 +210,10 @@ const char *kvr_openai_finish_name(enum kvr_openai_finish f);
 /* What every response of one request shares. */
 struct kvr_openai_meta {
     enum kvr_openai_api api;
-    const char *id;      /* "cmpl-..." / "chatcmpl-..." */
-    int64_t created;     /* Unix seconds */
+    const char *id;  /* "cmpl-..." / "chatcmpl-..." */
+    int64_t created; /* Unix seconds */
     const char *model;
-    bool include_usage;  /* stream: every chunk carries "usage": null, the last the counts */
+    bool include_usage; /* stream: every chunk carries "usage": null, the last the counts */
 };
 
 /* Log-probabilities of generated tokens, in the API's shape:
@@ -231,10 +228,9 @@ int kvr_openai_logprobs_add(json_t *lp, enum kvr_openai_api api, const char *pie
 
 /* The whole non-streaming response. `text` is valid UTF-8; `logprobs` (may be NULL) is
  * borrowed. Returns a new string (kvr_free) or NULL when out of memory. */
-char *kvr_openai_response_json(const struct kvr_openai_meta *m, const char *text,
-                               size_t text_len, enum kvr_openai_finish finish,
-                               uint32_t prompt_tokens, uint32_t completion_tokens,
-                               const json_t *logprobs, size_t *out_len);
+char *kvr_openai_response_json(const struct kvr_openai_meta *m, const char *text, size_t text_len,
+                               enum kvr_openai_finish finish, uint32_t prompt_tokens,
+                               uint32_t completion_tokens, const json_t *logprobs, size_t *out_len);
 
 /* One SSE chunk, "data: {...}\n\n", appended to `out`. Chat: `first` adds the assistant
  * role to the delta (OpenAI sends it once, in the first chunk). A chunk with a finish

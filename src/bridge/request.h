@@ -16,12 +16,12 @@ struct kvr_gen_request {
     const int32_t *prompt; /* n_prompt token ids (BOS included when the model wants it);
                               borrowed for the call that takes the request */
     uint32_t n_prompt;
-    uint32_t max_tokens;   /* generate at most this many tokens (EOS counts as one) */
+    uint32_t max_tokens;               /* generate at most this many tokens (EOS counts as one) */
     struct kvr_sample_params sampling; /* seed always set: the HTTP layer draws one when the
                                           client gave none */
-    bool logprobs;         /* fill the events' logprob */
-    bool ignore_eos;       /* an end-of-generation token does not end the stream: it comes
-                              as an ordinary token (FINISH_NONE) until max_tokens */
+    bool logprobs;                     /* fill the events' logprob */
+    bool ignore_eos;         /* an end-of-generation token does not end the stream: it comes
+                                as an ordinary token (FINISH_NONE) until max_tokens */
     uint32_t first_token_ms; /* latency budget from submit to the first token; 0 = default
                                 (the service's) or none (the bridge's) */
     uint32_t total_ms;       /* ... from submit to the last token */
@@ -44,13 +44,13 @@ enum kvr_gen_finish {
 /* One event of a stream: a token, the end, or both (the last token carries LENGTH or
  * EOS). */
 struct kvr_gen_event {
-    int32_t token;  /* the generated token id; -1 when the event carries none (ERROR,
-                       CANCELLED) */
-    float logprob;  /* natural log of the token's probability under the distribution it
-                       was sampled from; set only when the request asked for logprobs */
-    bool eog;       /* the token ends generation in the model's vocabulary */
+    int32_t token; /* the generated token id; -1 when the event carries none (ERROR,
+                      CANCELLED) */
+    float logprob; /* natural log of the token's probability under the distribution it
+                      was sampled from; set only when the request asked for logprobs */
+    bool eog;      /* the token ends generation in the model's vocabulary */
     enum kvr_gen_finish finish;
-    uint64_t t_ns;  /* when the bridge received it (kvr_now_ns); 0 from other services */
+    uint64_t t_ns; /* when the bridge received it (kvr_now_ns); 0 from other services */
     /* FINISH_ERROR only: the HTTP status to report (500 internal, 503 ring lost and not
      * recovered, 504 the request could not finish within its total budget) and why. */
     int error_status;

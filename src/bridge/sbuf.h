@@ -11,10 +11,10 @@
 #include <stddef.h>
 
 struct kvr_sbuf {
-    char *data;    /* NULL until the first append */
-    size_t len;    /* bytes used, excluding the NUL */
-    size_t cap;    /* bytes allocated */
-    bool failed;   /* an append ran out of memory; contents are incomplete */
+    char *data;  /* NULL until the first append */
+    size_t len;  /* bytes used, excluding the NUL */
+    size_t cap;  /* bytes allocated */
+    bool failed; /* an append ran out of memory; contents are incomplete */
 };
 
 void kvr_sbuf_init(struct kvr_sbuf *b);
@@ -23,7 +23,8 @@ void kvr_sbuf_fini(struct kvr_sbuf *b);
 void kvr_sbuf_clear(struct kvr_sbuf *b);
 void kvr_sbuf_append(struct kvr_sbuf *b, const void *p, size_t n);
 void kvr_sbuf_puts(struct kvr_sbuf *b, const char *s);
-void kvr_sbuf_printf(struct kvr_sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void kvr_sbuf_printf(struct kvr_sbuf *b, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 /* Hand the buffer to the caller (free with kvr_free); the sbuf is left empty. Returns NULL if
  * an append failed (the partial data is freed) or nothing was ever appended and allocating
  * an empty string failed. */

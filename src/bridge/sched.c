@@ -33,105 +33,105 @@ enum {
 #define ADMIT_MARGIN 1.1
 
 enum seq_state {
-    SEQ_FREE,     /* no request */
-    SEQ_PREFILL,  /* prompt rows still to send */
-    SEQ_READY,    /* has its last token back: a decode row may be sent */
-    SEQ_WAIT,     /* its token-producing row is in flight */
-    SEQ_ENDING,   /* finished or cancelled: FREE must be sent once nothing is in flight */
+    SEQ_FREE,    /* no request */
+    SEQ_PREFILL, /* prompt rows still to send */
+    SEQ_READY,   /* has its last token back: a decode row may be sent */
+    SEQ_WAIT,    /* its token-producing row is in flight */
+    SEQ_ENDING,  /* finished or cancelled: FREE must be sent once nothing is in flight */
 };
 
 struct seq {
     enum seq_state state;
-    struct kvr_sched_req *r;          /* the request, until the slot is released */
-    uint32_t n_prefilled;             /* prefill rows sent */
-    int32_t next_token;               /* SEQ_READY: input of the next decode row */
-    uint32_t inflight;                /* in-flight batches containing this sequence */
-    uint32_t kv_blocks;               /* blocks it holds in the pool: its whole table, or 0
-                                         while a recovered sequence waits for blocks */
+    struct kvr_sched_req *r; /* the request, until the slot is released */
+    uint32_t n_prefilled;    /* prefill rows sent */
+    int32_t next_token;      /* SEQ_READY: input of the next decode row */
+    uint32_t inflight;       /* in-flight batches containing this sequence */
+    uint32_t kv_blocks;      /* blocks it holds in the pool: its whole table, or 0
+                                while a recovered sequence waits for blocks */
     /* Prefix cache (prefix_*() below). Its table is s->tables[slot]: the first
      * n_cached / block_tokens entries were found in the cache, the rest allocated. */
-    uint32_t n_cached;                /* prompt positions it did not compute */
-    uint32_t n_named;                 /* table entries published (or found) so far */
-    uint64_t last_name;               /* name of entry n_named - 1 (the seed before any) */
-    bool opened;                      /* OPEN has been sent */
-    uint32_t bias_sent;               /* logit-bias pairs sent since the OPEN (BIAS records);
-                                         the last prefill chunk waits for all of them */
-    bool decoding;                    /* its first token has come back */
+    uint32_t n_cached;  /* prompt positions it did not compute */
+    uint32_t n_named;   /* table entries published (or found) so far */
+    uint64_t last_name; /* name of entry n_named - 1 (the seed before any) */
+    bool opened;        /* OPEN has been sent */
+    uint32_t bias_sent; /* logit-bias pairs sent since the OPEN (BIAS records);
+                           the last prefill chunk waits for all of them */
+    bool decoding;      /* its first token has come back */
     bool cancelled;
     /* Recovery (recover()): the prefill is the prompt and then the n_replay tokens it had
      * generated; REPLAY records restore the tail's sampler before its last chunk. */
     uint32_t n_replay;
-    uint32_t replay_ids_sent;         /* penalty-window ids sent so far (replay_window()) */
-    bool replay_pending;              /* REPLAY records still to send: no last chunk yet */
-    uint64_t held_since;              /* when a ring failure stopped it; 0 = not held */
+    uint32_t replay_ids_sent; /* penalty-window ids sent so far (replay_window()) */
+    bool replay_pending;      /* REPLAY records still to send: no last chunk yet */
+    uint64_t held_since;      /* when a ring failure stopped it; 0 = not held */
 };
 
 struct batch {
     uint64_t id;
     uint64_t sent_ns;
     uint32_t n_ctrl, n_segs, n_rows;
-    double pairs;                     /* attention pairs (costmodel.h) */
-    bool mixed;                       /* decode rows and prefill rows together */
-    struct kvr_wire_ctrl *ctrl;       /* [max_ctrl] */
-    struct kvr_seg *segs;             /* [row_width] */
-    int32_t *tokens;                  /* [row_width] */
-    struct kvr_wire_msg msg;          /* what the shell sends: points at the arrays above */
+    double pairs;               /* attention pairs (costmodel.h) */
+    bool mixed;                 /* decode rows and prefill rows together */
+    struct kvr_wire_ctrl *ctrl; /* [max_ctrl] */
+    struct kvr_seg *segs;       /* [row_width] */
+    int32_t *tokens;            /* [row_width] */
+    struct kvr_wire_msg msg;    /* what the shell sends: points at the arrays above */
 };
 
 struct kvr_sched {
     const struct kvr_plan *plan;
     struct kvr_sched_config cfg;
-    struct seq *seqs;                 /* [max_seqs] */
-    struct kvr_sched_req **waitq;     /* [max_waiting] FIFO of admitted, slotless requests */
+    struct seq *seqs;             /* [max_seqs] */
+    struct kvr_sched_req **waitq; /* [max_waiting] FIFO of admitted, slotless requests */
     uint32_t wq_head, wq_count, max_waiting;
     uint32_t n_running;
     /* KV blocks (DESIGN.md 12): every stage has the plan's kv_blocks of kv_block_tokens,
      * and the bridge names each block a sequence uses (MAP records), so the pool is the
      * layout of every stage's cache. */
     struct kvr_kv_pool pool;
-    uint32_t max_blocks_per_seq;      /* ceil(n_ctx / kv_block_tokens) */
-    uint32_t *tables;                 /* [max_seqs][max_blocks_per_seq] each slot's blocks */
-    uint32_t *found_scratch;          /* [max_blocks_per_seq] lookups' */
-    int32_t *tok_scratch;             /* [kv_block_tokens] publishing's */
-    uint64_t cache_seed;              /* the first block's "before": plan (and model) hash */
+    uint32_t max_blocks_per_seq; /* ceil(n_ctx / kv_block_tokens) */
+    uint32_t *tables;            /* [max_seqs][max_blocks_per_seq] each slot's blocks */
+    uint32_t *found_scratch;     /* [max_blocks_per_seq] lookups' */
+    int32_t *tok_scratch;        /* [kv_block_tokens] publishing's */
+    uint64_t cache_seed;         /* the first block's "before": plan (and model) hash */
 
     /* In-flight window: a FIFO of batches, oldest first. */
-    struct batch *batches;            /* [microbatches] */
+    struct batch *batches; /* [microbatches] */
     uint32_t bf_head, n_inflight;
     uint64_t next_batch_id;
-    uint64_t discard_below;           /* results of batches older than this are stale */
-    bool free_all;                    /* the next batch frees every slot in every stage */
-    bool links_up;                    /* the shell has both links: batches may go out */
+    uint64_t discard_below; /* results of batches older than this are stale */
+    bool free_all;          /* the next batch frees every slot in every stage */
+    bool links_up;          /* the shell has both links: batches may go out */
     /* Up only once a batch has come back through every stage after the links came up: the
      * bridge's two links can be up before the links between stages are, and a stage with
      * no downstream drops what it gets. */
     bool ring_up;
-    uint64_t hold_start_ns;           /* when the current outage began holding sequences */
+    uint64_t hold_start_ns; /* when the current outage began holding sequences */
 
     /* Telemetry. */
     struct kvr_sched_stats stats;
     uint64_t win_start_ns;
     uint64_t win_held[KVR_PLAN_MAX_STAGES], win_starved[KVR_PLAN_MAX_STAGES],
         win_blocked[KVR_PLAN_MAX_STAGES], win_tokens;
-    struct kvr_cost_model cost;       /* batch costs learnt from timing records */
-    struct kvr_calib calib_first;     /* actual / predicted first-token time */
-    struct kvr_calib calib_period;    /* actual / predicted gap between tokens */
-    struct kvr_calib calib_mixed;     /* actual / predicted time of batches with prefill
-                                         added to decode rows: keeps chunking honest */
-    double *admit_scratch;            /* [max_seqs] admission's working memory */
-    uint32_t *pick_scratch;           /* [max_seqs + 1] the decode picker's */
+    struct kvr_cost_model cost;    /* batch costs learnt from timing records */
+    struct kvr_calib calib_first;  /* actual / predicted first-token time */
+    struct kvr_calib calib_period; /* actual / predicted gap between tokens */
+    struct kvr_calib calib_mixed;  /* actual / predicted time of batches with prefill
+                                      added to decode rows: keeps chunking honest */
+    double *admit_scratch;         /* [max_seqs] admission's working memory */
+    uint32_t *pick_scratch;        /* [max_seqs + 1] the decode picker's */
 };
 
 const char *kvr_refusal_name(enum kvr_refusal_reason reason)
 {
     static const char *const names[KVR_REFUSE_REASON_COUNT] = {
-        "none", "first_token_budget", "total_budget", "kv_full", "queue_full", "too_long",
-        "ring_down"};
+        "none",       "first_token_budget", "total_budget", "kv_full",
+        "queue_full", "too_long",           "ring_down"};
     return (unsigned)reason < KVR_REFUSE_REASON_COUNT ? names[reason] : "unknown";
 }
 
-const double kvr_sched_queue_bounds[KVR_SCHED_QUEUE_BUCKETS] = {
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0};
+const double kvr_sched_queue_bounds[KVR_SCHED_QUEUE_BUCKETS] = {0.001, 0.005, 0.01, 0.025, 0.05,
+                                                                0.1,   0.25,  0.5,  1.0,   5.0};
 
 /* ---- streams ---------------------------------------------------------------------------- */
 
@@ -141,11 +141,15 @@ static void emit(struct kvr_sched *s, struct kvr_sched_req *r, struct kvr_sched_
         s->cfg.event(s->cfg.event_ctx, r, &ev);
 }
 
-static void emit_token(struct kvr_sched *s, struct kvr_sched_req *r, int32_t token,
-                       float logprob, bool eog, uint64_t now)
+static void emit_token(struct kvr_sched *s, struct kvr_sched_req *r, int32_t token, float logprob,
+                       bool eog, uint64_t now)
 {
-    emit(s, r, (struct kvr_sched_event){.type = KVR_SCHED_EV_TOKEN, .token = token,
-                                        .logprob = logprob, .eog = eog, .t_ns = now});
+    emit(s, r,
+         (struct kvr_sched_event){.type = KVR_SCHED_EV_TOKEN,
+                                  .token = token,
+                                  .logprob = logprob,
+                                  .eog = eog,
+                                  .t_ns = now});
 }
 
 static void end_req(struct kvr_sched *s, struct kvr_sched_req *r, enum kvr_gen_finish finish,
@@ -154,8 +158,11 @@ static void end_req(struct kvr_sched *s, struct kvr_sched_req *r, enum kvr_gen_f
     if (r->ended)
         return;
     r->ended = true;
-    emit(s, r, (struct kvr_sched_event){.type = KVR_SCHED_EV_END, .finish = finish,
-                                        .message = message ? message : "", .t_ns = now});
+    emit(s, r,
+         (struct kvr_sched_event){.type = KVR_SCHED_EV_END,
+                                  .finish = finish,
+                                  .message = message ? message : "",
+                                  .t_ns = now});
 }
 
 static void detach(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now)
@@ -242,8 +249,7 @@ static bool prefix_take(struct kvr_sched *s, uint32_t slot)
 static void prefix_drop(struct kvr_sched *s, uint32_t slot)
 {
     struct seq *q = &s->seqs[slot];
-    kvr_kv_pool_release(&s->pool, s->tables + (size_t)slot * s->max_blocks_per_seq,
-                        q->kv_blocks);
+    kvr_kv_pool_release(&s->pool, s->tables + (size_t)slot * s->max_blocks_per_seq, q->kv_blocks);
     q->kv_blocks = q->n_cached = q->n_named = 0;
 }
 
@@ -281,14 +287,17 @@ static void emit_map(struct kvr_sched *s, struct batch *bt, const struct seq *q,
         uint32_t n = q->kv_blocks - first;
         n = n < KVR_WIRE_MAP_IDS ? n : KVR_WIRE_MAP_IDS;
         struct kvr_wire_ctrl *c = &bt->ctrl[bt->n_ctrl++];
-        *c = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_MAP, .seq = slot,
-                                    .map = {.n_cached = q->n_cached, .first = first,
-                                            .n_ids = n}};
+        *c = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_MAP,
+                                    .seq = slot,
+                                    .map = {.n_cached = q->n_cached, .first = first, .n_ids = n}};
         memcpy(c->map.ids, table + first, n * sizeof *table);
     }
 }
 
-uint32_t kvr_sched_flush_cache(struct kvr_sched *s) { return kvr_kv_pool_flush(&s->pool); }
+uint32_t kvr_sched_flush_cache(struct kvr_sched *s)
+{
+    return kvr_kv_pool_flush(&s->pool);
+}
 
 static int free_slot(const struct kvr_sched *s)
 {
@@ -373,20 +382,26 @@ static void seq_release(struct kvr_sched *s, uint32_t slot, uint64_t now)
 
 /* ---- the batch builder ---------------------------------------------------------------------- */
 
-static uint64_t seq_deadline(const struct seq *q) { return q->r->deadline_ns; }
+static uint64_t seq_deadline(const struct seq *q)
+{
+    return q->r->deadline_ns;
+}
 
 static void open_record(struct kvr_wire_ctrl *c, uint32_t slot, const struct kvr_gen_request *r)
 {
     const struct kvr_sample_params *p = &r->sampling;
-    *c = (struct kvr_wire_ctrl){
-        .type = KVR_WIRE_CTRL_OPEN, .seq = slot,
-        .flags = r->logprobs ? KVR_WIRE_OPEN_LOGPROBS : 0,
-        .sampling = {.temperature = p->temperature > 0 ? p->temperature : 0,
-                     .top_k = p->top_k > 0 ? p->top_k : 0, .top_p = p->top_p,
-                     .min_p = p->min_p, .repeat_penalty = p->repeat_penalty,
-                     .frequency_penalty = p->frequency_penalty,
-                     .presence_penalty = p->presence_penalty,
-                     .repeat_last_n = p->repeat_last_n, .seed = p->seed}};
+    *c = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_OPEN,
+                                .seq = slot,
+                                .flags = r->logprobs ? KVR_WIRE_OPEN_LOGPROBS : 0,
+                                .sampling = {.temperature = p->temperature > 0 ? p->temperature : 0,
+                                             .top_k = p->top_k > 0 ? p->top_k : 0,
+                                             .top_p = p->top_p,
+                                             .min_p = p->min_p,
+                                             .repeat_penalty = p->repeat_penalty,
+                                             .frequency_penalty = p->frequency_penalty,
+                                             .presence_penalty = p->presence_penalty,
+                                             .repeat_last_n = p->repeat_last_n,
+                                             .seed = p->seed}};
 }
 
 /* Pick up to `quota` READY sequences, earliest deadline first, into order[]. */
@@ -480,8 +495,8 @@ static void prefill_tokens(const struct seq *q, uint32_t from, uint32_t n, int32
 static uint32_t replay_window(const struct seq *q)
 {
     const struct kvr_sample_params *p = &q->r->req.sampling;
-    bool penalty = p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f ||
-                   p->presence_penalty != 0.0f;
+    bool penalty =
+        p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
     if (!penalty || p->repeat_last_n == 0)
         return 0;
     return q->n_replay < KVR_SAMPLER_MAX_LAST_N ? q->n_replay : KVR_SAMPLER_MAX_LAST_N;
@@ -544,8 +559,7 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
      * sequences the bridge has forgotten: free every slot before anything else. */
     if (s->free_all) {
         for (uint32_t i = 0; i < p->max_seqs; i++)
-            bt->ctrl[bt->n_ctrl++] = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_FREE,
-                                                            .seq = i};
+            bt->ctrl[bt->n_ctrl++] = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_FREE, .seq = i};
         s->free_all = false;
     }
     /* Until that probe has come back through every stage, nothing else goes out: the
@@ -572,8 +586,7 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
     /* 2. Decode rows, spread evenly over the batches in flight. */
     uint32_t n_decoding = 0;
     for (uint32_t i = 0; i < p->max_seqs; i++)
-        if (s->seqs[i].decoding &&
-            (s->seqs[i].state == SEQ_READY || s->seqs[i].state == SEQ_WAIT))
+        if (s->seqs[i].decoding && (s->seqs[i].state == SEQ_READY || s->seqs[i].state == SEQ_WAIT))
             n_decoding++;
     uint32_t quota = (n_decoding + p->microbatches - 1) / p->microbatches;
     quota = quota < p->row_width ? quota : p->row_width;
@@ -584,8 +597,7 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
         struct seq *q = &s->seqs[i];
         const struct kvr_sched_req *r = q->r;
         uint32_t pos = r->req.n_prompt + r->n_generated - 1;
-        bt->segs[bt->n_segs++] = (struct kvr_seg){i, pos, 1,
-                                                  KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
+        bt->segs[bt->n_segs++] = (struct kvr_seg){i, pos, 1, KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
         bt->tokens[bt->n_rows++] = q->next_token;
         bt->pairs += kvr_cost_pairs(pos, 1);
         q->state = SEQ_WAIT;
@@ -626,8 +638,8 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
         emit_replay(s, bt, q, (uint32_t)best);
         uint32_t left = rq->n_prompt + q->n_replay - q->n_prefilled;
         uint32_t room = p->row_width - bt->n_rows;
-        uint32_t n = prefill_fit(s, (struct kvr_cost_shape){bt->n_rows, bt->pairs},
-                                 q->n_prefilled, left < room ? left : room, limit_ms);
+        uint32_t n = prefill_fit(s, (struct kvr_cost_shape){bt->n_rows, bt->pairs}, q->n_prefilled,
+                                 left < room ? left : room, limit_ms);
         full = n < left; /* the batch is as heavy as it may be */
         if ((q->replay_pending || bias_pending(q)) && n == left)
             n--; /* the tail must have its sampler back before the last chunk */
@@ -699,8 +711,8 @@ static void account_timings(struct kvr_sched *s, const struct kvr_wire_frame *f,
     roll_window(s, now);
 }
 
-const double kvr_sched_ratio_bounds[KVR_SCHED_RATIO_BUCKETS] = {
-    0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0};
+const double kvr_sched_ratio_bounds[KVR_SCHED_RATIO_BUCKETS] = {0.5,  0.75, 0.9, 1.0, 1.1,
+                                                                1.25, 1.5,  2.0, 4.0};
 
 static void observe_ratio(uint64_t *hist, double ratio)
 {
@@ -713,8 +725,7 @@ static void observe_ratio(uint64_t *hist, double ratio)
 /* How admission's estimate (est_first_ms, est_period_ms) compared with what happened, for
  * the first token and, at the last, the whole answer (predicted for the tokens it had).
  * A request held by a ring failure says nothing about the estimate. */
-static void observe_estimate(struct kvr_sched *s, struct kvr_sched_req *r, bool last,
-                             uint64_t now)
+static void observe_estimate(struct kvr_sched *s, struct kvr_sched_req *r, bool last, uint64_t now)
 {
     if (r->est_first_ms <= 0 || r->held_once)
         return;
@@ -771,7 +782,8 @@ static void log_trip(const struct batch *bt, const struct kvr_wire_frame *f, dou
                                 f->timings[i].starved_ns / 1e6, f->timings[i].blocked_ns / 1e6,
                                 f->timings[i].held_ns / 1e6);
     KVR_DEBUG("bridge: batch %llu, %u rows, round trip %.2f ms; per stage "
-              "starved/blocked/held ms:%s", (unsigned long long)bt->id, bt->n_rows, ms, trip);
+              "starved/blocked/held ms:%s",
+              (unsigned long long)bt->id, bt->n_rows, ms, trip);
 }
 
 /* The ring's batch came back: learn its costs. */
@@ -809,7 +821,8 @@ static void became_up(struct kvr_sched *s, uint64_t now)
         for (uint32_t i = 0; i < s->plan->max_seqs; i++)
             n_held += s->seqs[i].held_since != 0;
         KVR_WARN("bridge: ring whole again %.0f ms after it failed; re-prefilling %u held "
-                 "sequences", (now - s->hold_start_ns) / 1e6, n_held);
+                 "sequences",
+                 (now - s->hold_start_ns) / 1e6, n_held);
         s->hold_start_ns = 0;
     }
 }
@@ -892,8 +905,8 @@ static void recover(struct kvr_sched *s, const char *why, uint64_t now)
         q->decoding = false;
         q->n_replay = q->r->n_generated;
         q->replay_ids_sent = 0;
-        q->replay_pending = q->n_replay > 0 && (q->r->req.sampling.temperature > 0 ||
-                                                replay_window(q) > 0);
+        q->replay_pending =
+            q->n_replay > 0 && (q->r->req.sampling.temperature > 0 || replay_window(q) > 0);
         if (!q->held_since)
             q->held_since = now;
         n_held++;
@@ -920,15 +933,14 @@ static uint64_t expire_held(struct kvr_sched *s, uint64_t now)
         if (!q->held_since || q->state == SEQ_FREE || q->state == SEQ_ENDING)
             continue;
         const struct kvr_sched_req *r = q->r;
-        uint64_t budget_end = r->req.total_ms ? r->submit_ns + r->req.total_ms * MS_NS
-                                              : UINT64_MAX;
+        uint64_t budget_end = r->req.total_ms ? r->submit_ns + r->req.total_ms * MS_NS : UINT64_MAX;
         uint64_t hold_end = q->held_since + HOLD_MAX_MS * MS_NS;
         if (now >= budget_end)
             seq_end(s, i, KVR_GEN_FINISH_ERROR,
                     "the ring failed and did not recover within the request's budget", now);
         else if (now >= hold_end)
-            seq_end(s, i, KVR_GEN_FINISH_ERROR,
-                    "the ring failed and did not recover within 30 s", now);
+            seq_end(s, i, KVR_GEN_FINISH_ERROR, "the ring failed and did not recover within 30 s",
+                    now);
         else {
             uint64_t t = budget_end < hold_end ? budget_end : hold_end;
             next = t < next ? t : next;
@@ -993,11 +1005,11 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     uint32_t n_compute = req->n_prompt - n_hit * p->kv_block_tokens; /* rows to prefill */
     *n_cached = n_hit * p->kv_block_tokens;
     if (need > p->kv_blocks)
-        return refuse(s, why, KVR_REFUSE_KV_FULL, 0,
-                      "needs %u KV blocks, the ring has %u", need, p->kv_blocks);
+        return refuse(s, why, KVR_REFUSE_KV_FULL, 0, "needs %u KV blocks, the ring has %u", need,
+                      p->kv_blocks);
     if (s->wq_count >= s->max_waiting)
-        return refuse(s, why, KVR_REFUSE_QUEUE_FULL, 1000,
-                      "wait queue full (%u requests)", s->wq_count);
+        return refuse(s, why, KVR_REFUSE_QUEUE_FULL, 1000, "wait queue full (%u requests)",
+                      s->wq_count);
     if (!kvr_cost_ready(&s->cost))
         return KVR_OK;
     const struct kvr_cost_model *m = &s->cost;
@@ -1047,8 +1059,7 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
             /* Beyond the running ones, each further wave of max_seqs requests takes about
              * a whole answer. */
             double answer_ms = (double)req->max_tokens * period;
-            wait_ms = k < n ? left[k]
-                            : left[n - 1] + (double)(k - n + 1) / p->max_seqs * answer_ms;
+            wait_ms = k < n ? left[k] : left[n - 1] + (double)(k - n + 1) / p->max_seqs * answer_ms;
         }
     }
     double f_first = kvr_calib_factor(&s->calib_first, ADMIT_MARGIN);
@@ -1075,11 +1086,10 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     if (req->first_token_ms && first_ms > req->first_token_ms)
         return refuse(s, why, KVR_REFUSE_FIRST_TOKEN_BUDGET,
                       retry_hint_ms(first_ms - req->first_token_ms),
-                      "would miss the first-token budget: estimated %.0f ms > %u ms",
-                      first_ms, req->first_token_ms);
+                      "would miss the first-token budget: estimated %.0f ms > %u ms", first_ms,
+                      req->first_token_ms);
     if (req->total_ms && total_ms > req->total_ms)
-        return refuse(s, why, KVR_REFUSE_TOTAL_BUDGET,
-                      retry_hint_ms(total_ms - req->total_ms),
+        return refuse(s, why, KVR_REFUSE_TOTAL_BUDGET, retry_hint_ms(total_ms - req->total_ms),
                       "would miss the total budget: estimated %.0f ms > %u ms", total_ms,
                       req->total_ms);
 
@@ -1099,7 +1109,8 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
         if (on_time <= left_ms && with_us > left_ms)
             return refuse(s, why, KVR_REFUSE_TOTAL_BUDGET, retry_hint_ms(with_us - left_ms),
                           "would make a running request miss its budget (%.0f ms left, "
-                          "%.0f ms needed with this one)", left_ms, with_us);
+                          "%.0f ms needed with this one)",
+                          left_ms, with_us);
     }
     return KVR_OK;
 }
@@ -1243,14 +1254,22 @@ const struct kvr_wire_msg *kvr_sched_next_batch(struct kvr_sched *s, uint64_t no
     bt->id = s->next_batch_id++;
     bt->sent_ns = now;
     s->n_inflight++;
-    bt->msg = (struct kvr_wire_msg){
-        .type = KVR_WIRE_BATCH, .batch_id = bt->id, .ctrl = bt->ctrl, .n_ctrl = bt->n_ctrl,
-        .segs = bt->segs, .n_segs = bt->n_segs, .payload = KVR_WIRE_PAYLOAD_TOKENS,
-        .payload_data = bt->tokens, .payload_bytes = (size_t)bt->n_rows * sizeof(int32_t)};
+    bt->msg = (struct kvr_wire_msg){.type = KVR_WIRE_BATCH,
+                                    .batch_id = bt->id,
+                                    .ctrl = bt->ctrl,
+                                    .n_ctrl = bt->n_ctrl,
+                                    .segs = bt->segs,
+                                    .n_segs = bt->n_segs,
+                                    .payload = KVR_WIRE_PAYLOAD_TOKENS,
+                                    .payload_data = bt->tokens,
+                                    .payload_bytes = (size_t)bt->n_rows * sizeof(int32_t)};
     return &bt->msg;
 }
 
-bool kvr_sched_ring_up(const struct kvr_sched *s) { return s->ring_up; }
+bool kvr_sched_ring_up(const struct kvr_sched *s)
+{
+    return s->ring_up;
+}
 
 bool kvr_sched_batch_live(const struct kvr_sched *s, uint64_t batch_id)
 {
@@ -1316,8 +1335,7 @@ int kvr_sched_check(const struct kvr_sched *s, struct kvr_err *err)
             return kvr_err_set(err, KVR_EINVAL, "slot %u wants a token from %u batches", i,
                                decoding);
         if (decoding == 1 && q->state != SEQ_WAIT && q->state != SEQ_ENDING)
-            return kvr_err_set(err, KVR_EINVAL, "slot %u has a token coming but is not waiting",
-                               i);
+            return kvr_err_set(err, KVR_EINVAL, "slot %u has a token coming but is not waiting", i);
         if (q->r->n_generated > q->r->req.max_tokens)
             return kvr_err_set(err, KVR_EINVAL, "slot %u generated past max_tokens", i);
     }
@@ -1332,11 +1350,12 @@ int kvr_sched_check(const struct kvr_sched *s, struct kvr_err *err)
     for (uint32_t b = 0; b < s->pool.n_blocks; b++)
         pool_refs += s->pool.refs[b];
     if (refs != pool_refs)
-        return kvr_err_set(err, KVR_EINVAL, "KV blocks: slots hold %u references, the pool "
-                           "counts %u", refs, pool_refs);
+        return kvr_err_set(err, KVR_EINVAL,
+                           "KV blocks: slots hold %u references, the pool "
+                           "counts %u",
+                           refs, pool_refs);
     if (running != s->n_running)
-        return kvr_err_set(err, KVR_EINVAL, "%u slots in use, counted %u", running,
-                           s->n_running);
+        return kvr_err_set(err, KVR_EINVAL, "%u slots in use, counted %u", running, s->n_running);
     if (s->wq_count > s->max_waiting)
         return kvr_err_set(err, KVR_EINVAL, "wait queue over capacity");
     for (uint32_t k = 0; k < s->wq_count; k++) {
@@ -1381,8 +1400,8 @@ int kvr_sched_create(struct kvr_sched **out, const struct kvr_sched_config *cfg,
     uint32_t max_blocks = (p->n_ctx + p->kv_block_tokens - 1) / p->kv_block_tokens;
     uint32_t open_ctrl = 1 + (max_blocks + KVR_WIRE_MAP_IDS - 1) / KVR_WIRE_MAP_IDS;
     if (cfg->max_ctrl < p->max_seqs + open_ctrl)
-        return kvr_err_set(err, KVR_EINVAL, "sched: max_ctrl %u < max_seqs %u + %u",
-                           cfg->max_ctrl, p->max_seqs, open_ctrl);
+        return kvr_err_set(err, KVR_EINVAL, "sched: max_ctrl %u < max_seqs %u + %u", cfg->max_ctrl,
+                           p->max_seqs, open_ctrl);
     struct kvr_sched *s = kvr_calloc(1, sizeof *s);
     if (!s)
         return kvr_err_set(err, KVR_ENOMEM, "sched: out of memory");

@@ -62,25 +62,25 @@ struct kvr_sched;
 
 struct kvr_sched_req {
     /* Set by the caller before submit, read-only afterwards. */
-    struct kvr_gen_request req;   /* req.prompt must outlive the DETACH */
-    int32_t *generated;           /* [req.max_tokens] storage for the tokens so far: a
-                                     recovery re-prefills them behind the prompt */
-    void *user;                   /* the caller's, untouched */
+    struct kvr_gen_request req; /* req.prompt must outlive the DETACH */
+    int32_t *generated;         /* [req.max_tokens] storage for the tokens so far: a
+                                   recovery re-prefills them behind the prompt */
+    void *user;                 /* the caller's, untouched */
     /* The scheduler's; the caller may read them inside the event callback. */
     uint64_t submit_ns;
-    uint64_t deadline_ns;         /* earliest-deadline-first key; UINT64_MAX: none */
+    uint64_t deadline_ns; /* earliest-deadline-first key; UINT64_MAX: none */
     uint64_t last_token_ns;
-    double pred_first_ms;         /* admission's raw first-token estimate (0: none) */
-    double est_first_ms;          /* its estimate of the first token's time from submit,
-                                     corrected by the model's mean error (0: none) */
-    double est_period_ms;         /* ... and of the time between tokens */
-    bool held_once;               /* a ring failure held it: its times say nothing */
-    uint32_t n_cached;            /* prompt positions found in the prefix cache (admission's
-                                     estimate, then what its slot got) */
+    double pred_first_ms; /* admission's raw first-token estimate (0: none) */
+    double est_first_ms;  /* its estimate of the first token's time from submit,
+                             corrected by the model's mean error (0: none) */
+    double est_period_ms; /* ... and of the time between tokens */
+    bool held_once;       /* a ring failure held it: its times say nothing */
+    uint32_t n_cached;    /* prompt positions found in the prefix cache (admission's
+                             estimate, then what its slot got) */
     uint32_t n_generated;
-    int seq;                      /* slot, or -1 while waiting / once it ended */
-    bool waiting;                 /* in the wait queue */
-    bool ended;                   /* the END event has been reported */
+    int seq;      /* slot, or -1 while waiting / once it ended */
+    bool waiting; /* in the wait queue */
+    bool ended;   /* the END event has been reported */
 };
 
 enum kvr_sched_event_type {
@@ -92,7 +92,7 @@ enum kvr_sched_event_type {
 
 struct kvr_sched_event {
     enum kvr_sched_event_type type;
-    int32_t token;              /* TOKEN */
+    int32_t token; /* TOKEN */
     float logprob;
     bool eog;                   /* the token ends generation in the model's vocabulary */
     enum kvr_gen_finish finish; /* END: LENGTH, EOS, CANCELLED or ERROR */
@@ -145,17 +145,17 @@ struct kvr_sched_stats {
     bool ring_up;
     uint32_t n_stages;
     struct kvr_sched_stage_stats stage[KVR_PLAN_MAX_STAGES];
-    uint32_t running;         /* sequences holding a slot */
-    uint32_t waiting;         /* admitted, waiting for a slot */
-    uint32_t kv_blocks_used;  /* blocks running sequences use (per stage; shared once) */
+    uint32_t running;          /* sequences holding a slot */
+    uint32_t waiting;          /* admitted, waiting for a slot */
+    uint32_t kv_blocks_used;   /* blocks running sequences use (per stage; shared once) */
     uint32_t kv_blocks_cached; /* blocks only the prefix cache holds (evictable) */
     uint32_t kv_blocks_total;
-    uint64_t prefix_queries;  /* prompt tokens of sequences started (vLLM's queries) */
-    uint64_t prefix_hits;     /* ... of them found in the prefix cache */
-    uint64_t prefix_evicted;  /* cached blocks evicted to make room */
-    uint32_t inflight;        /* batches in the window */
-    uint64_t batches;         /* batches completed */
-    uint64_t prompt_tokens;   /* prefill rows completed */
+    uint64_t prefix_queries; /* prompt tokens of sequences started (vLLM's queries) */
+    uint64_t prefix_hits;    /* ... of them found in the prefix cache */
+    uint64_t prefix_evicted; /* cached blocks evicted to make room */
+    uint32_t inflight;       /* batches in the window */
+    uint64_t batches;        /* batches completed */
+    uint64_t prompt_tokens;  /* prefill rows completed */
     uint64_t generated_tokens;
     uint64_t admitted, refused[KVR_REFUSE_REASON_COUNT];
     uint64_t queue_hist[KVR_SCHED_QUEUE_BUCKETS + 1]; /* last bucket: +Inf */
@@ -163,8 +163,8 @@ struct kvr_sched_stats {
     uint64_t queue_count;
     uint64_t first_ratio_hist[KVR_SCHED_RATIO_BUCKETS + 1]; /* last bucket: +Inf */
     uint64_t total_ratio_hist[KVR_SCHED_RATIO_BUCKETS + 1];
-    double batch_ms_ema;      /* measured round trip of one batch */
-    double tokens_per_s;      /* generated tokens over the last ~2 s */
+    double batch_ms_ema; /* measured round trip of one batch */
+    double tokens_per_s; /* generated tokens over the last ~2 s */
 };
 
 /* ---- life cycle ----------------------------------------------------------------------- */

@@ -60,14 +60,13 @@ enum kvr_svc_refusal_reason {
 #define KVR_SERVICE_MSG_BYTES KVR_GEN_MSG_BYTES
 
 struct kvr_svc_refusal {
-    int http_status;            /* 429, 503, 400 or 500 (see the reasons above) */
-    uint32_t retry_after_s;     /* sent as Retry-After when > 0 (429/503) */
+    int http_status;        /* 429, 503, 400 or 500 (see the reasons above) */
+    uint32_t retry_after_s; /* sent as Retry-After when > 0 (429/503) */
     enum kvr_svc_refusal_reason reason;
     /* Shown to the client, e.g. "would miss first-token budget: estimated 812 ms > 500 ms",
      * "kv cache full: need 12 blocks, 3 free", "queue full (64 requests)". */
     char message[KVR_SERVICE_MSG_BYTES];
 };
-
 
 struct kvr_gen_stream; /* opaque, owned by the service */
 
@@ -104,11 +103,11 @@ struct kvr_service_ops {
 /* What the HTTP layer is given. All pointers borrowed; see the ownership note above. */
 struct kvr_service {
     const struct kvr_service_ops *ops;
-    void *ctx;                    /* passed to submit, health and metrics */
-    const char *model_name;       /* "id" in /v1/models and "model" in responses */
-    uint32_t n_ctx;               /* most tokens per sequence, prompt + completion */
-    const struct kvr_tok *tok;    /* encodes prompts, decodes tokens; thread-safe */
-    const char *chat_template;    /* the GGUF's tokenizer.chat_template, or NULL */
+    void *ctx;                 /* passed to submit, health and metrics */
+    const char *model_name;    /* "id" in /v1/models and "model" in responses */
+    uint32_t n_ctx;            /* most tokens per sequence, prompt + completion */
+    const struct kvr_tok *tok; /* encodes prompts, decodes tokens; thread-safe */
+    const char *chat_template; /* the GGUF's tokenizer.chat_template, or NULL */
     size_t chat_template_len;
 };
 

@@ -11,8 +11,8 @@ struct kvr_gen_stream {
     bool done; /* the event carrying a finish was returned */
 };
 
-static int ring_submit(void *ctx, const struct kvr_gen_request *req,
-                       struct kvr_gen_stream **out, struct kvr_svc_refusal *refusal)
+static int ring_submit(void *ctx, const struct kvr_gen_request *req, struct kvr_gen_stream **out,
+                       struct kvr_svc_refusal *refusal)
 {
     struct kvr_ring_service *rs = ctx;
     memset(refusal, 0, sizeof *refusal);
@@ -83,7 +83,10 @@ static int ring_next(struct kvr_gen_stream *s, struct kvr_gen_event *ev, uint32_
     return ev->finish == KVR_GEN_FINISH_CANCELLED ? KVR_ECLOSED : 0;
 }
 
-static void ring_cancel(struct kvr_gen_stream *s) { kvr_bridge_cancel(s->bs); }
+static void ring_cancel(struct kvr_gen_stream *s)
+{
+    kvr_bridge_cancel(s->bs);
+}
 
 static void ring_release(struct kvr_gen_stream *s)
 {
@@ -102,11 +105,10 @@ static bool ring_health(void *ctx, json_t *detail)
     json_t *stages = json_array();
     for (uint32_t i = 0; i < rs->plan->n_stages; i++) {
         const struct kvr_plan_stage *ps = &rs->plan->stages[i];
-        json_t *o = json_pack("{s:i, s:s, s:[i,i], s:b, s:s, s:f}", "index", (int)i, "addr",
-                              ps->addr, "layers", (int)ps->first_layer, (int)ps->last_layer,
-                              "up", st[i].state == KVR_STAGE_UP, "state",
-                              kvr_stage_state_name(st[i].state), "since_s",
-                              (now - st[i].since_ns) / 1e9);
+        json_t *o = json_pack(
+            "{s:i, s:s, s:[i,i], s:b, s:s, s:f}", "index", (int)i, "addr", ps->addr, "layers",
+            (int)ps->first_layer, (int)ps->last_layer, "up", st[i].state == KVR_STAGE_UP, "state",
+            kvr_stage_state_name(st[i].state), "since_s", (now - st[i].since_ns) / 1e9);
         if (o && st[i].last_error[0])
             json_object_set_new(o, "last_error", json_string(st[i].last_error));
         json_array_append_new(stages, o);
@@ -122,8 +124,8 @@ static void gauge(struct kvr_sbuf *out, const char *name, const char *help, doub
                     help, name, name, v);
 }
 
-static void per_stage(struct kvr_sbuf *out, const struct kvr_sched_stats *st,
-                      const char *name, const char *type, const char *help, int which)
+static void per_stage(struct kvr_sbuf *out, const struct kvr_sched_stats *st, const char *name,
+                      const char *type, const char *help, int which)
 {
     kvr_sbuf_printf(out, "# HELP kvasir:%s %s\n# TYPE kvasir:%s %s\n", name, help, name, type);
     for (uint32_t i = 0; i < st->n_stages; i++) {
@@ -167,12 +169,17 @@ static void ring_metrics(void *ctx, struct kvr_sbuf *out)
     gauge(out, "ring_up", "1 when every link of the ring is up.", st.ring_up);
     gauge(out, "num_requests_running", "Requests holding a sequence slot.", st.running);
     gauge(out, "num_requests_waiting", "Admitted requests waiting for a slot.", st.waiting);
-    gauge(out, "kv_blocks_used", "KV blocks running sequences use, per stage (a shared block "
-          "once).", st.kv_blocks_used);
-    gauge(out, "kv_blocks_cached", "KV blocks only the prefix cache holds (evicted least "
-          "recently used when room is needed).", st.kv_blocks_cached);
+    gauge(out, "kv_blocks_used",
+          "KV blocks running sequences use, per stage (a shared block "
+          "once).",
+          st.kv_blocks_used);
+    gauge(out, "kv_blocks_cached",
+          "KV blocks only the prefix cache holds (evicted least "
+          "recently used when room is needed).",
+          st.kv_blocks_cached);
     gauge(out, "kv_blocks_total", "KV blocks of each stage.", st.kv_blocks_total);
-    gauge(out, "kv_cache_usage_perc", "Fraction of KV blocks running sequences use (cached "
+    gauge(out, "kv_cache_usage_perc",
+          "Fraction of KV blocks running sequences use (cached "
           "blocks nobody uses count as free), as vLLM's.",
           st.kv_blocks_total ? (double)st.kv_blocks_used / st.kv_blocks_total : 0);
     /* Every stage maps the blocks the bridge names (DESIGN.md 12), so the layout is the
@@ -183,36 +190,42 @@ static void ring_metrics(void *ctx, struct kvr_sbuf *out)
     for (uint32_t i = 0; i < st.n_stages; i++)
         kvr_sbuf_printf(out, "kvasir:stage_kv_blocks_used{stage=\"%u\"} %u\n", i,
                         st.kv_blocks_used + st.kv_blocks_cached);
-    kvr_sbuf_printf(out, "# HELP kvasir:prefix_cache_queries_total Prompt tokens looked up in "
-                         "the prefix cache.\n# TYPE kvasir:prefix_cache_queries_total counter\n"
-                         "kvasir:prefix_cache_queries_total %llu\n"
-                         "# HELP kvasir:prefix_cache_hits_total Prompt tokens found there (not "
-                         "computed).\n# TYPE kvasir:prefix_cache_hits_total counter\n"
-                         "kvasir:prefix_cache_hits_total %llu\n"
-                         "# HELP kvasir:prefix_cache_evictions_total Cached KV blocks evicted "
-                         "to make room.\n# TYPE kvasir:prefix_cache_evictions_total counter\n"
-                         "kvasir:prefix_cache_evictions_total %llu\n"
-                         "# HELP kvasir:prompt_tokens_computed_total Prompt rows prefilled.\n"
-                         "# TYPE kvasir:prompt_tokens_computed_total counter\n"
-                         "kvasir:prompt_tokens_computed_total %llu\n",
+    kvr_sbuf_printf(out,
+                    "# HELP kvasir:prefix_cache_queries_total Prompt tokens looked up in "
+                    "the prefix cache.\n# TYPE kvasir:prefix_cache_queries_total counter\n"
+                    "kvasir:prefix_cache_queries_total %llu\n"
+                    "# HELP kvasir:prefix_cache_hits_total Prompt tokens found there (not "
+                    "computed).\n# TYPE kvasir:prefix_cache_hits_total counter\n"
+                    "kvasir:prefix_cache_hits_total %llu\n"
+                    "# HELP kvasir:prefix_cache_evictions_total Cached KV blocks evicted "
+                    "to make room.\n# TYPE kvasir:prefix_cache_evictions_total counter\n"
+                    "kvasir:prefix_cache_evictions_total %llu\n"
+                    "# HELP kvasir:prompt_tokens_computed_total Prompt rows prefilled.\n"
+                    "# TYPE kvasir:prompt_tokens_computed_total counter\n"
+                    "kvasir:prompt_tokens_computed_total %llu\n",
                     (unsigned long long)st.prefix_queries, (unsigned long long)st.prefix_hits,
-                    (unsigned long long)st.prefix_evicted,
-                    (unsigned long long)st.prompt_tokens);
-    ratio_hist(out, "estimate_first_token_ratio", "Admission's first-token estimate / the "
-               "time it took.", st.first_ratio_hist);
-    ratio_hist(out, "estimate_total_ratio", "Admission's estimate of the whole answer / the "
-               "time it took.", st.total_ratio_hist);
+                    (unsigned long long)st.prefix_evicted, (unsigned long long)st.prompt_tokens);
+    ratio_hist(out, "estimate_first_token_ratio",
+               "Admission's first-token estimate / the "
+               "time it took.",
+               st.first_ratio_hist);
+    ratio_hist(out, "estimate_total_ratio",
+               "Admission's estimate of the whole answer / the "
+               "time it took.",
+               st.total_ratio_hist);
     gauge(out, "batch_latency_ms", "Moving average of a micro-batch's trip around the ring.",
           st.batch_ms_ema);
     gauge(out, "ring_tokens_per_second", "Tokens generated per second, last window.",
           st.tokens_per_s);
-    kvr_sbuf_printf(out, "# HELP kvasir:ring_batches_total Micro-batches completed.\n"
-                         "# TYPE kvasir:ring_batches_total counter\n"
-                         "kvasir:ring_batches_total %llu\n",
+    kvr_sbuf_printf(out,
+                    "# HELP kvasir:ring_batches_total Micro-batches completed.\n"
+                    "# TYPE kvasir:ring_batches_total counter\n"
+                    "kvasir:ring_batches_total %llu\n",
                     (unsigned long long)st.batches);
-    kvr_sbuf_printf(out, "# HELP kvasir:requests_admitted_total Requests admitted.\n"
-                         "# TYPE kvasir:requests_admitted_total counter\n"
-                         "kvasir:requests_admitted_total %llu\n",
+    kvr_sbuf_printf(out,
+                    "# HELP kvasir:requests_admitted_total Requests admitted.\n"
+                    "# TYPE kvasir:requests_admitted_total counter\n"
+                    "kvasir:requests_admitted_total %llu\n",
                     (unsigned long long)st.admitted);
     kvr_sbuf_puts(out, "# HELP kvasir:request_queue_time_seconds Time from admission to a "
                        "sequence slot.\n# TYPE kvasir:request_queue_time_seconds histogram\n");
@@ -242,7 +255,10 @@ static void ring_metrics(void *ctx, struct kvr_sbuf *out)
               "Blocked fraction of the last window, per stage.", 5);
 }
 
-const struct kvr_service_ops kvr_ring_service_ops = {
-    .submit = ring_submit, .next = ring_next, .cancel = ring_cancel,
-    .release = ring_release, .health = ring_health, .metrics = ring_metrics,
-    .reset_prefix_cache = ring_reset_prefix_cache};
+const struct kvr_service_ops kvr_ring_service_ops = {.submit = ring_submit,
+                                                     .next = ring_next,
+                                                     .cancel = ring_cancel,
+                                                     .release = ring_release,
+                                                     .health = ring_health,
+                                                     .metrics = ring_metrics,
+                                                     .reset_prefix_cache = ring_reset_prefix_cache};

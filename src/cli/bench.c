@@ -942,7 +942,7 @@ struct level {
     struct kvr_lg_record *rec;
     size_t n_rec;
     struct kvr_lg_result res;
-    double wall_s; /* first send to last response */
+    double wall_s;    /* first send to last response */
     double t0_unix_s; /* wall-clock time of the run's start, to line up separate runs */
 };
 
@@ -1543,12 +1543,17 @@ int kvr_cmd_bench(int argc, char **argv)
         goto out;
     env.model = model;
     if (o.multi_turn) {
-        struct kvr_multiturn_spec mt = {
-            .url = &env.url, .api_key = o.api_key, .model = model,
-            .n_conversations = o.mt_conversations, .n_turns = o.mt_turns,
-            .system_words = o.mt_system_words, .turn_lo = o.mt_turn_words.lo,
-            .turn_hi = o.mt_turn_words.hi, .output_tokens = o.output_len.lo,
-            .seed = o.seed, .timeout_s = o.timeout_s};
+        struct kvr_multiturn_spec mt = {.url = &env.url,
+                                        .api_key = o.api_key,
+                                        .model = model,
+                                        .n_conversations = o.mt_conversations,
+                                        .n_turns = o.mt_turns,
+                                        .system_words = o.mt_system_words,
+                                        .turn_lo = o.mt_turn_words.lo,
+                                        .turn_hi = o.mt_turn_words.hi,
+                                        .output_tokens = o.output_len.lo,
+                                        .seed = o.seed,
+                                        .timeout_s = o.timeout_s};
         rc = kvr_bench_multiturn(&mt);
         goto out;
     }

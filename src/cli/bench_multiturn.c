@@ -19,11 +19,12 @@
 #include <string.h>
 
 static const char *const mt_words[] = {
-    "story", "river", "light", "friend", "garden", "little", "morning", "happy", "bright",
-    "forest", "window", "music", "stone", "dream", "green", "quiet", "walk", "bird", "table",
-    "summer", "winter", "road", "house", "apple", "cloud", "paper", "child", "sea", "song",
-    "mountain", "yellow", "warm", "old", "new", "city", "book", "door", "night", "star",
-    "water", "fire", "bread", "horse", "boat", "letter", "market", "teacher", "rain",
+    "story",  "river",  "light",  "friend", "garden", "little",   "morning", "happy",
+    "bright", "forest", "window", "music",  "stone",  "dream",    "green",   "quiet",
+    "walk",   "bird",   "table",  "summer", "winter", "road",     "house",   "apple",
+    "cloud",  "paper",  "child",  "sea",    "song",   "mountain", "yellow",  "warm",
+    "old",    "new",    "city",   "book",   "door",   "night",    "star",    "water",
+    "fire",   "bread",  "horse",  "boat",   "letter", "market",   "teacher", "rain",
 };
 #define MT_N_WORDS (sizeof mt_words / sizeof mt_words[0])
 
@@ -86,20 +87,24 @@ static int on_event(void *ud, const char *data, size_t len, uint64_t t_ns)
 static int ask(const struct kvr_multiturn_spec *sp, const char *prompt, uint32_t seed,
                struct kvr_sbuf *answer, double *ttft_s, uint32_t *prompt_tokens)
 {
-    json_t *b = json_pack("{s:s, s:s, s:i, s:b, s:b, s:{s:b}, s:i, s:f}", "model", sp->model,
-                          "prompt", prompt, "max_tokens", (int)sp->output_tokens, "stream", 1,
-                          "ignore_eos", 1, "stream_options", "include_usage", 1, "seed",
-                          (int)seed, "temperature", 0.0);
+    json_t *b =
+        json_pack("{s:s, s:s, s:i, s:b, s:b, s:{s:b}, s:i, s:f}", "model", sp->model, "prompt",
+                  prompt, "max_tokens", (int)sp->output_tokens, "stream", 1, "ignore_eos", 1,
+                  "stream_options", "include_usage", 1, "seed", (int)seed, "temperature", 0.0);
     char *body = b ? json_dumps(b, JSON_COMPACT) : NULL;
     json_decref(b);
     if (!body)
         return -1;
     struct sse st = {.t_start = kvr_now_ns(), .answer = answer, .usage_prompt = -1};
-    struct kvr_httpc_req req = {.method = "POST", .path = "/v1/completions",
-                                .api_key = sp->api_key, .body = body, .body_len = strlen(body),
+    struct kvr_httpc_req req = {.method = "POST",
+                                .path = "/v1/completions",
+                                .api_key = sp->api_key,
+                                .body = body,
+                                .body_len = strlen(body),
                                 .io_timeout_ms = sp->timeout_s * 1000u,
                                 .deadline_ns = st.t_start + sp->timeout_s * 1000000000ull,
-                                .on_event = on_event, .ud = &st};
+                                .on_event = on_event,
+                                .ud = &st};
     struct kvr_httpc_resp resp = {0};
     struct kvr_err err = {0};
     int rc = kvr_httpc_do(sp->url, &req, &resp, &err);
@@ -129,8 +134,8 @@ static void *conversation(void *arg)
     uint64_t rng = sp->seed * 1000003u + c->index + 1;
     for (uint32_t t = 0; t < sp->n_turns && !c->failed; t++) {
         kvr_sbuf_puts(&prompt, "\nUser:");
-        add_words(&prompt, &rng, sp->turn_lo + (uint32_t)(mt_next(&rng) %
-                                                          (sp->turn_hi - sp->turn_lo + 1)));
+        add_words(&prompt, &rng,
+                  sp->turn_lo + (uint32_t)(mt_next(&rng) % (sp->turn_hi - sp->turn_lo + 1)));
         kvr_sbuf_puts(&prompt, "\nAssistant:");
         if (prompt.failed ||
             ask(sp, prompt.data, c->index * 100 + t, &prompt, &c->ttft_s[t], &c->prompt_tokens[t]))
@@ -186,11 +191,12 @@ int kvr_bench_multiturn(const struct kvr_multiturn_spec *sp)
     uint64_t t0 = kvr_now_ns();
     uint32_t started = 0;
     for (uint32_t i = 0; i < nc; i++) {
-        cv[i] = (struct conv){.spec = sp, .index = i,
+        cv[i] = (struct conv){.spec = sp,
+                              .index = i,
                               .ttft_s = kvr_calloc(nt, sizeof(double)),
                               .prompt_tokens = kvr_calloc(nt, sizeof(uint32_t))};
-        if (!cv[i].ttft_s || !cv[i].prompt_tokens || pthread_create(&th[i], NULL, conversation,
-                                                                    &cv[i]))
+        if (!cv[i].ttft_s || !cv[i].prompt_tokens ||
+            pthread_create(&th[i], NULL, conversation, &cv[i]))
             break;
         started++;
     }
@@ -201,8 +207,8 @@ int kvr_bench_multiturn(const struct kvr_multiturn_spec *sp)
     int failed = started < nc;
     uint64_t sent = 0, sent_later = 0;
     printf("multi-turn: %u conversations x %u turns, system prompt %u words, turns %u-%u "
-           "words, %u tokens per answer, %.1f s\n", nc, nt, sp->system_words, sp->turn_lo,
-           sp->turn_hi, sp->output_tokens, secs);
+           "words, %u tokens per answer, %.1f s\n",
+           nc, nt, sp->system_words, sp->turn_lo, sp->turn_hi, sp->output_tokens, secs);
     printf("turn  TTFT p50 ms  TTFT p90 ms  prompt tokens (mean)\n");
     for (uint32_t t = 0; t < nt; t++) {
         size_t n = 0;
@@ -225,15 +231,16 @@ int kvr_bench_multiturn(const struct kvr_multiturn_spec *sp)
     for (uint32_t i = 0; i < started; i++)
         for (uint32_t t = 1; t < nt && !cv[i].failed; t++)
             all[n++] = cv[i].ttft_s[t];
-    printf("later turns (2-%u): TTFT p50 %.1f ms, p90 %.1f ms\n", nt,
-           quantile(all, n, 0.5) * 1e3, quantile(all, n, 0.9) * 1e3);
+    printf("later turns (2-%u): TTFT p50 %.1f ms, p90 %.1f ms\n", nt, quantile(all, n, 0.5) * 1e3,
+           quantile(all, n, 0.9) * 1e3);
     if (before >= 0 && after >= 0)
         printf("prompt tokens: %llu sent, %.0f computed by the server (%.1f%%)\n",
                (unsigned long long)sent, after - before,
                sent ? 100.0 * (after - before) / (double)sent : 0.0);
     else
         printf("prompt tokens: %llu sent (the server exports no "
-               "kvasir:prompt_tokens_computed_total)\n", (unsigned long long)sent);
+               "kvasir:prompt_tokens_computed_total)\n",
+               (unsigned long long)sent);
     (void)sent_later;
     for (uint32_t i = 0; i < nc; i++) {
         kvr_free(cv[i].ttft_s);

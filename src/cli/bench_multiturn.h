@@ -11,9 +11,9 @@ struct kvr_multiturn_spec {
     const struct kvr_httpc_url *url;
     const char *api_key, *model;
     uint32_t n_conversations, n_turns;
-    uint32_t system_words;            /* the shared system prompt */
-    uint32_t turn_lo, turn_hi;        /* words a user turn adds, uniform */
-    uint32_t output_tokens;           /* max_tokens of each answer (ignore_eos) */
+    uint32_t system_words;     /* the shared system prompt */
+    uint32_t turn_lo, turn_hi; /* words a user turn adds, uniform */
+    uint32_t output_tokens;    /* max_tokens of each answer (ignore_eos) */
     uint64_t seed;
     uint32_t timeout_s;
 };

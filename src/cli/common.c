@@ -19,8 +19,7 @@ int kvr_cli_u32(const char *opt, const char *v, uint32_t lo, uint32_t hi, uint32
     errno = 0;
     unsigned long long x = strtoull(v, &end, 10);
     if (errno || end == v || *end || v[0] == '-' || x < lo || x > hi) {
-        fprintf(stderr, "kvasir: %s wants a whole number in [%u, %u], not '%s'\n", opt, lo, hi,
-                v);
+        fprintf(stderr, "kvasir: %s wants a whole number in [%u, %u], not '%s'\n", opt, lo, hi, v);
         return -1;
     }
     *out = (uint32_t)x;
@@ -88,8 +87,9 @@ int kvr_cli_chat_template(const char *arg, const char **builtin, char **src, siz
     }
     FILE *f = fopen(arg, "rb");
     if (!f) {
-        fprintf(stderr, "kvasir: --chat-template: '%s' is neither a built-in template "
-                        "(chatml, llama2, llama3, mistral, zephyr) nor a readable file: %s\n",
+        fprintf(stderr,
+                "kvasir: --chat-template: '%s' is neither a built-in template "
+                "(chatml, llama2, llama3, mistral, zephyr) nor a readable file: %s\n",
                 arg, strerror(errno));
         return -1;
     }

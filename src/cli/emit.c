@@ -312,7 +312,8 @@ static int emit_kubernetes(const struct kvr_plan *plan, const struct paths *p, c
             int n = 0;
             ports[0] = 0;
             for (uint32_t i = 0; i < plan->n_stages && n < (int)sizeof ports - 64; i++) {
-                if ((rc = kvr_addr_parse(plan->stages[i].addr, host, sizeof host, &port, false, err)))
+                if ((rc = kvr_addr_parse(plan->stages[i].addr, host, sizeof host, &port, false,
+                                         err)))
                     goto close;
                 n += snprintf(ports + n, sizeof ports - (size_t)n,
                               "    - {name: ring-%u, port: %u}\n", i, port);

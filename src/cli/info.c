@@ -138,10 +138,10 @@ static void describe_arch(const struct kvr_gguf *g)
     }
     const struct kvr_arch *a = hp.arch;
     printf("architecture: %s, %u layers, dim %u, ff %u, heads %u/%u of %u, vocab %u, rope %s "
-           "base %g%s%s, %s", a->name, hp.n_layer, hp.n_embd, hp.n_ff, hp.n_head, hp.n_head_kv,
-           hp.head_dim, hp.n_vocab, a->rope == KVR_ROPE_NEOX ? "neox" : "normal",
-           (double)hp.rope_freq_base, hp.rope_freqs ? " with rope_freqs" : "",
-           hp.rope_freq_scale != 1.0f ? " scaled" : "",
+           "base %g%s%s, %s",
+           a->name, hp.n_layer, hp.n_embd, hp.n_ff, hp.n_head, hp.n_head_kv, hp.head_dim,
+           hp.n_vocab, a->rope == KVR_ROPE_NEOX ? "neox" : "normal", (double)hp.rope_freq_base,
+           hp.rope_freqs ? " with rope_freqs" : "", hp.rope_freq_scale != 1.0f ? " scaled" : "",
            a->act == KVR_ACT_GELU_TANH ? "GeGLU" : "SwiGLU");
     if (hp.n_swa)
         printf(", sliding window %u (period %u)", hp.n_swa, hp.swa_period);
@@ -149,9 +149,10 @@ static void describe_arch(const struct kvr_gguf *g)
         printf(", soft-caps %g/%g", (double)hp.attn_softcap, (double)hp.final_softcap);
     if (hp.moe.n_expert)
         printf(", %u experts of width %u, top-%u (%s)%s", hp.moe.n_expert, hp.moe.n_ff_exp,
-               hp.moe.n_used, hp.moe.gating == KVR_MOE_GATING_SOFTMAX_TOPK
-                                  ? "softmax of the top-k"
-                                  : hp.moe.norm_topk ? "softmax, top-k renormalised" : "softmax",
+               hp.moe.n_used,
+               hp.moe.gating == KVR_MOE_GATING_SOFTMAX_TOPK ? "softmax of the top-k"
+               : hp.moe.norm_topk                           ? "softmax, top-k renormalised"
+                                                            : "softmax",
                hp.moe.n_ff_shexp ? ", a shared expert" : "");
     printf(", output %s\n", kvr_gguf_find_tensor(g, "output.weight") ? "own" : "tied");
 }

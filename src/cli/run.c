@@ -42,12 +42,12 @@
 
 struct job {
     char *prompt;
-    bool special;           /* the prompt is a rendered chat: control tokens are parsed */
-    int32_t *ids;           /* prompt ids */
+    bool special; /* the prompt is a rendered chat: control tokens are parsed */
+    int32_t *ids; /* prompt ids */
     uint32_t n_ids;
     uint32_t max_tokens;
     struct kvr_sample_params sp;
-    int32_t *out;           /* generated ids */
+    int32_t *out; /* generated ids */
     uint32_t n_out;
     const char *finish;
 };
@@ -57,12 +57,12 @@ struct run_opts {
     uint32_t n_predict, threads, ctx;
     struct kvr_sample_params sp;
     bool ignore_eos, print_ids, json, quiet, batched, no_prefix_cache;
-    bool chat;                  /* each prompt is a user message, formatted as a chat */
-    const char *chat_template;  /* --chat-template NAME|FILE (implies --chat) */
+    bool chat;                 /* each prompt is a user message, formatted as a chat */
+    const char *chat_template; /* --chat-template NAME|FILE (implies --chat) */
     uint32_t row_width;
-    const char *force_ids;  /* teacher-forcing input file */
-    uint32_t n_top;         /* --force-ids: top logits per step */
-    uint32_t n_logits;      /* --force-ids: steps whose full logits are printed */
+    const char *force_ids; /* teacher-forcing input file */
+    uint32_t n_top;        /* --force-ids: top logits per step */
+    uint32_t n_logits;     /* --force-ids: steps whose full logits are printed */
 };
 
 static void usage(FILE *f)
@@ -109,13 +109,13 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ARG(s, l) (!strcmp(a, s) || !strcmp(a, l))
-#define NEED_V()                                                                    \
-    do {                                                                            \
-        if (!v) {                                                                   \
-            fprintf(stderr, "kvasir run: %s needs a value\n", a);                   \
-            return 2;                                                               \
-        }                                                                           \
-        i++;                                                                        \
+#define NEED_V()                                                                                   \
+    do {                                                                                           \
+        if (!v) {                                                                                  \
+            fprintf(stderr, "kvasir run: %s needs a value\n", a);                                  \
+            return 2;                                                                              \
+        }                                                                                          \
+        i++;                                                                                       \
     } while (0)
         if (ARG("-h", "--help")) {
             usage(stdout);
@@ -249,8 +249,8 @@ static int json_field_num(json_t *obj, const char *key, double lo, double hi, do
     if (!v)
         return 0;
     if (!json_is_number(v) || json_number_value(v) < lo || json_number_value(v) > hi) {
-        fprintf(stderr, "kvasir run: prompts line %u: \"%s\" must be a number in [%g, %g]\n",
-                line, key, lo, hi);
+        fprintf(stderr, "kvasir run: prompts line %u: \"%s\" must be a number in [%g, %g]\n", line,
+                key, lo, hi);
         return -1;
     }
     *out = json_number_value(v);
@@ -367,8 +367,8 @@ static const char *token_text(const struct kvr_tok *tok, int32_t id, char *buf, 
 /* --chat: every prompt becomes the chat prompt of one user message, rendered as the server
  * renders it (the model's template, or --chat-template), less a BOS text the tokenizer
  * adds itself. 0, or -1 after printing why. */
-static int chat_jobs(const struct run_opts *o, const struct kvr_gguf *g,
-                     const struct kvr_tok *tok, struct job *jobs, uint32_t n)
+static int chat_jobs(const struct run_opts *o, const struct kvr_gguf *g, const struct kvr_tok *tok,
+                     struct job *jobs, uint32_t n)
 {
     char bos[256], eos[256];
     char *src = NULL;
@@ -486,17 +486,22 @@ static int run_local(const struct run_opts *o, struct kvr_gguf *g, const struct 
     }
     uint32_t need = 0;
     for (uint32_t i = 0; i < n_jobs; i++)
-        need = jobs[i].n_ids + jobs[i].max_tokens > need ? jobs[i].n_ids + jobs[i].max_tokens
-                                                         : need;
+        need =
+            jobs[i].n_ids + jobs[i].max_tokens > need ? jobs[i].n_ids + jobs[i].max_tokens : need;
     uint32_t ctx = o->ctx ? o->ctx : need;
     if (need > ctx) {
         fprintf(stderr, "kvasir run: prompt + %u tokens need a context of %u (have %u)\n",
                 o->n_predict, need, ctx);
         return 1;
     }
-    struct kvr_engine_config cfg = {
-        .first_layer = 0, .last_layer = hp.n_layer - 1, .max_rows = 512, .max_seqs = 1,
-        .n_ctx = ctx, .kv_block_tokens = 16, .kv_n_blocks = 0, .n_threads = o->threads};
+    struct kvr_engine_config cfg = {.first_layer = 0,
+                                    .last_layer = hp.n_layer - 1,
+                                    .max_rows = 512,
+                                    .max_seqs = 1,
+                                    .n_ctx = ctx,
+                                    .kv_block_tokens = 16,
+                                    .kv_n_blocks = 0,
+                                    .n_threads = o->threads};
     struct kvr_engine *e = NULL;
     struct kvr_sample_scratch *sc = NULL;
     float *logits = kvr_malloc((size_t)hp.n_vocab * sizeof(float));
@@ -519,9 +524,8 @@ static int run_local(const struct run_opts *o, struct kvr_gguf *g, const struct 
         for (uint32_t pos = 0; pos < j->n_ids;) {
             uint32_t n = j->n_ids - pos < cfg.max_rows ? j->n_ids - pos : cfg.max_rows;
             bool last = pos + n == j->n_ids;
-            struct kvr_seg seg = {0, pos, n, KVR_SEG_PREFILL |
-                                                 (last ? KVR_SEG_LAST_CHUNK |
-                                                             KVR_SEG_WANTS_TOKEN : 0)};
+            struct kvr_seg seg = {
+                0, pos, n, KVR_SEG_PREFILL | (last ? KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN : 0)};
             if (kvr_engine_forward(e, &seg, 1, j->ids + pos, NULL, logits, &err)) {
                 fprintf(stderr, "kvasir run: %s\n", err.msg);
                 kvr_sampler_fini(&smp);
@@ -588,10 +592,13 @@ static int run_local_batched(const struct run_opts *o, struct kvr_gguf *g,
     for (uint32_t i = 0; i < n_jobs; i++)
         if (jobs[i].n_ids + jobs[i].max_tokens > need)
             need = jobs[i].n_ids + jobs[i].max_tokens;
-    struct kvr_engine_config cfg = {
-        .first_layer = 0, .last_layer = hp.n_layer - 1, .max_rows = o->row_width,
-        .max_seqs = n_jobs, .n_ctx = o->ctx ? o->ctx : need, .kv_block_tokens = 16,
-        .n_threads = o->threads};
+    struct kvr_engine_config cfg = {.first_layer = 0,
+                                    .last_layer = hp.n_layer - 1,
+                                    .max_rows = o->row_width,
+                                    .max_seqs = n_jobs,
+                                    .n_ctx = o->ctx ? o->ctx : need,
+                                    .kv_block_tokens = 16,
+                                    .n_threads = o->threads};
     struct kvr_engine *e = NULL;
     struct kvr_sample_scratch *sc = NULL;
     struct kvr_sampler *smp = kvr_calloc(n_jobs, sizeof *smp);
@@ -600,8 +607,7 @@ static int run_local_batched(const struct run_opts *o, struct kvr_gguf *g,
     int32_t *toks = kvr_calloc(o->row_width, sizeof *toks);
     float *logits = kvr_malloc((size_t)o->row_width * hp.n_vocab * sizeof(float));
     int rc = 1;
-    if (!smp || !prefilled || !segs || !toks || !logits ||
-        kvr_engine_create(&e, g, &cfg, &err) ||
+    if (!smp || !prefilled || !segs || !toks || !logits || kvr_engine_create(&e, g, &cfg, &err) ||
         kvr_sample_scratch_create(&sc, (int32_t)hp.n_vocab)) {
         fprintf(stderr, "kvasir run: %s\n", err.msg[0] ? err.msg : "out of memory");
         goto out;
@@ -664,8 +670,9 @@ static int run_local_batched(const struct run_opts *o, struct kvr_gguf *g,
         }
     }
     double secs = (kvr_now_ns() - t0) / 1e9;
-    fprintf(stderr, "batched: %u sequences, %llu tokens in %.2f s, %.1f tokens/s, %llu passes "
-                    "(%u threads)\n",
+    fprintf(stderr,
+            "batched: %u sequences, %llu tokens in %.2f s, %.1f tokens/s, %llu passes "
+            "(%u threads)\n",
             n_jobs, (unsigned long long)n_tokens, secs, n_tokens / secs,
             (unsigned long long)n_passes, o->threads);
     rc = 0;
@@ -688,8 +695,10 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
                     const struct kvr_hparams *hp, struct job *jobs, uint32_t n_jobs,
                     struct printer *pr)
 {
-    struct kvr_bridge_config cfg = {.plan = plan, .n_embd = hp->n_embd,
-                                    .n_vocab = hp->n_vocab, .max_waiting = n_jobs + 16,
+    struct kvr_bridge_config cfg = {.plan = plan,
+                                    .n_embd = hp->n_embd,
+                                    .n_vocab = hp->n_vocab,
+                                    .max_waiting = n_jobs + 16,
                                     .no_prefix_cache = o->no_prefix_cache};
     struct kvr_bridge *b = NULL;
     struct kvr_err err = {0};
@@ -708,9 +717,11 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
     }
     uint64_t t0 = kvr_now_ns();
     for (uint32_t i = 0; i < n_jobs; i++) {
-        struct kvr_gen_request req = {.prompt = jobs[i].ids, .n_prompt = jobs[i].n_ids,
+        struct kvr_gen_request req = {.prompt = jobs[i].ids,
+                                      .n_prompt = jobs[i].n_ids,
                                       .max_tokens = jobs[i].max_tokens,
-                                      .sampling = jobs[i].sp, .ignore_eos = o->ignore_eos};
+                                      .sampling = jobs[i].sp,
+                                      .ignore_eos = o->ignore_eos};
         struct kvr_refusal why;
         if (kvr_bridge_submit(b, &req, &streams[i], &why)) {
             fprintf(stderr, "kvasir run: prompt %u refused: %s\n", i, why.message);
@@ -738,7 +749,8 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
                 }
                 if (ev.finish != KVR_GEN_FINISH_NONE) {
                     j->finish = ev.finish == KVR_GEN_FINISH_LENGTH ? "length"
-                                : ev.finish == KVR_GEN_FINISH_EOS  ? "stop" : "error";
+                                : ev.finish == KVR_GEN_FINISH_EOS  ? "stop"
+                                                                   : "error";
                     if (ev.finish == KVR_GEN_FINISH_ERROR) {
                         fprintf(stderr, "kvasir run: prompt %u failed: %s\n", i, ev.error);
                         failed = true;
@@ -760,8 +772,8 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
             (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_queries,
             (unsigned long long)st.prompt_tokens);
     for (uint32_t i = 0; i < st.n_stages; i++) {
-        double tot = (double)(st.stage[i].held_ns + st.stage[i].starved_ns +
-                              st.stage[i].blocked_ns);
+        double tot =
+            (double)(st.stage[i].held_ns + st.stage[i].starved_ns + st.stage[i].blocked_ns);
         if (tot <= 0)
             tot = 1;
         fprintf(stderr, "  stage %u: held %5.1f%%  starved %5.1f%%  blocked %5.1f%%\n", i,
@@ -786,9 +798,9 @@ static void print_results(const struct run_opts *o, const struct kvr_tok *tok,
             json_t *ids = json_array();
             for (uint32_t k = 0; k < j->n_out; k++)
                 json_array_append_new(ids, json_integer(j->out[k]));
-            json_t *line = json_pack("{s:i, s:i, s:o, s:s}", "index", (int)i, "n_prompt",
-                                     (int)j->n_ids, "ids", ids, "finish",
-                                     j->finish ? j->finish : "error");
+            json_t *line =
+                json_pack("{s:i, s:i, s:o, s:s}", "index", (int)i, "n_prompt", (int)j->n_ids, "ids",
+                          ids, "finish", j->finish ? j->finish : "error");
             char *s = json_dumps(line, JSON_COMPACT);
             printf("%s\n", s);
             free(s);
@@ -831,7 +843,8 @@ static int push_json_ids(struct id_list *l, json_t *arr, bool steps)
 {
     size_t i;
     json_t *v;
-    json_array_foreach(arr, i, v) {
+    json_array_foreach(arr, i, v)
+    {
         json_t *id = steps ? json_object_get(v, "id") : v;
         if (!json_is_integer(id) || push_id(l, (double)json_integer_value(id)))
             return -1;
@@ -883,8 +896,10 @@ static int load_forced(const char *path, struct id_list *prompt, struct id_list 
     json_decref(doc);
     kvr_free(buf);
     if (rc)
-        fprintf(stderr, "kvasir run: %s: want refgen's JSON, a JSON array of ids, or ids "
-                        "separated by spaces or commas\n", path);
+        fprintf(stderr,
+                "kvasir run: %s: want refgen's JSON, a JSON array of ids, or ids "
+                "separated by spaces or commas\n",
+                path);
     return rc;
 }
 
@@ -906,8 +921,7 @@ static void print_step(const struct run_opts *o, uint32_t step, int32_t want, co
     }
     float margin = k > 1 ? lg[top[0]] - lg[top[1]] : 0.0f;
     if (!o->json) {
-        printf("step %u: forced %d argmax %d margin %.6f top", step, want, top[0],
-               (double)margin);
+        printf("step %u: forced %d argmax %d margin %.6f top", step, want, top[0], (double)margin);
         for (uint32_t j = 0; j < k; j++)
             printf(" %d:%.6f", top[j], (double)lg[top[j]]);
         printf("\n");
@@ -962,18 +976,20 @@ static int run_forced(const struct run_opts *o, struct kvr_gguf *g, const struct
         forced.n--;
     }
     if (prompt.n == 0 || forced.n == 0) {
-        fprintf(stderr, "kvasir run: %s: need a prompt and at least one forced id\n",
-                o->force_ids);
+        fprintf(stderr, "kvasir run: %s: need a prompt and at least one forced id\n", o->force_ids);
         goto out;
     }
     if (kvr_hparams_read(&hp, g, &err)) {
         fprintf(stderr, "kvasir run: %s\n", err.msg);
         goto out;
     }
-    struct kvr_engine_config cfg = {
-        .first_layer = 0, .last_layer = hp.n_layer - 1, .max_rows = 512, .max_seqs = 1,
-        .n_ctx = o->ctx ? o->ctx : prompt.n + forced.n, .kv_block_tokens = 16,
-        .n_threads = o->threads};
+    struct kvr_engine_config cfg = {.first_layer = 0,
+                                    .last_layer = hp.n_layer - 1,
+                                    .max_rows = 512,
+                                    .max_seqs = 1,
+                                    .n_ctx = o->ctx ? o->ctx : prompt.n + forced.n,
+                                    .kv_block_tokens = 16,
+                                    .n_threads = o->threads};
     logits = kvr_malloc((size_t)hp.n_vocab * sizeof *logits);
     top = kvr_malloc((size_t)o->n_top * sizeof *top);
     if (!logits || !top || kvr_engine_create(&e, g, &cfg, &err)) {
@@ -984,9 +1000,8 @@ static int run_forced(const struct run_opts *o, struct kvr_gguf *g, const struct
     for (uint32_t pos = 0; pos < prompt.n;) {
         uint32_t n = prompt.n - pos < cfg.max_rows ? prompt.n - pos : cfg.max_rows;
         bool last = pos + n == prompt.n;
-        struct kvr_seg seg = {0, pos, n, KVR_SEG_PREFILL |
-                                             (last ? KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN
-                                                   : 0)};
+        struct kvr_seg seg = {
+            0, pos, n, KVR_SEG_PREFILL | (last ? KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN : 0)};
         if (kvr_engine_forward(e, &seg, 1, prompt.ids + pos, NULL, logits, &err))
             goto fail;
         pos += n;

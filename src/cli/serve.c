@@ -213,8 +213,13 @@ static pid_t spawn_stage(const char *self, const char *plan_path, uint32_t index
         _exit(127); /* serve is already gone */
     char idx[16];
     snprintf(idx, sizeof idx, "%u", index);
-    char *args[] = {(char *)"kvasir", (char *)"stage", (char *)"--plan", (char *)plan_path,
-                    (char *)"--index", idx, NULL};
+    char *args[] = {(char *)"kvasir",
+                    (char *)"stage",
+                    (char *)"--plan",
+                    (char *)plan_path,
+                    (char *)"--index",
+                    idx,
+                    NULL};
     execv(self, args);
     fprintf(stderr, "kvasir serve: cannot start stage %u: %s\n", index, strerror(errno));
     _exit(127);
@@ -372,8 +377,11 @@ static int serve_main(int argc, char **argv, bool serve)
         KVR_INFO("plan %s: %u stages started", plan_path, plan->n_stages);
     }
 
-    struct kvr_bridge_config bc = {.plan = plan, .n_embd = hp.n_embd, .n_vocab = hp.n_vocab,
-                                   .max_waiting = o.max_waiting, .admission = !o.no_admission,
+    struct kvr_bridge_config bc = {.plan = plan,
+                                   .n_embd = hp.n_embd,
+                                   .n_vocab = hp.n_vocab,
+                                   .max_waiting = o.max_waiting,
+                                   .admission = !o.no_admission,
                                    .no_prefix_cache = o.no_prefix_cache};
     if (kvr_bridge_create(&bridge, &bc, &err)) {
         KVR_ERROR("bridge: %s", err.msg);
@@ -382,16 +390,22 @@ static int serve_main(int argc, char **argv, bool serve)
 
     /* HTTP listens at once: while the ring forms (or whenever it is broken) /health and
      * /readyz answer 503 with each stage's state, and requests are refused (ring_down). */
-    struct kvr_ring_service rs = {.bridge = bridge, .plan = plan,
+    struct kvr_ring_service rs = {.bridge = bridge,
+                                  .plan = plan,
                                   .default_first_token_ms = o.ttft_ms,
                                   .default_total_ms = o.total_ms};
     const char *base = strrchr(model_path, '/');
     struct kvr_gguf_str tmpl = {0};
     if (kvr_gguf_get_str(g, "tokenizer.chat_template", &tmpl, NULL) != 0)
         tmpl.ptr = NULL, tmpl.len = 0;
-    struct kvr_service svc = {.ops = &kvr_ring_service_ops, .ctx = &rs,
-                              .model_name = o.name ? o.name : base ? base + 1 : model_path,
-                              .n_ctx = plan->n_ctx, .tok = tok, .chat_template = tmpl.ptr,
+    struct kvr_service svc = {.ops = &kvr_ring_service_ops,
+                              .ctx = &rs,
+                              .model_name = o.name ? o.name
+                                            : base ? base + 1
+                                                   : model_path,
+                              .n_ctx = plan->n_ctx,
+                              .tok = tok,
+                              .chat_template = tmpl.ptr,
                               .chat_template_len = (size_t)tmpl.len};
     struct kvr_http_config hc;
     kvr_http_config_init(&hc);
@@ -401,8 +415,8 @@ static int serve_main(int argc, char **argv, bool serve)
         hc.api_key = o.api_key;
     hc.tls_cert_file = o.tls_cert;
     hc.tls_key_file = o.tls_key;
-    if (o.chat_template && kvr_cli_chat_template(o.chat_template, &hc.chat_template,
-                                                 &chat_src, &hc.chat_template_src_len))
+    if (o.chat_template && kvr_cli_chat_template(o.chat_template, &hc.chat_template, &chat_src,
+                                                 &hc.chat_template_src_len))
         goto out;
     hc.chat_template_src = chat_src;
     if (kvr_http_create(&http, &hc, &svc, &err)) {
@@ -411,15 +425,15 @@ static int serve_main(int argc, char **argv, bool serve)
     }
     const char *scheme = o.tls_cert ? "https" : "http";
     KVR_INFO("listening on %s://%s:%u; waiting for the ring to come up (/health says which "
-             "stage is missing)", scheme, o.host, kvr_http_port(http));
+             "stage is missing)",
+             scheme, o.host, kvr_http_port(http));
 
     bool ready = false, ever_up = false;
     while (!stop_flag) {
         if (!ready && kvr_bridge_ring_up(bridge)) {
             ready = ever_up = true;
-            KVR_INFO("serving %s on %s://%s:%u (%u stages, admission %s)", svc.model_name,
-                     scheme, o.host, kvr_http_port(http), plan->n_stages,
-                     o.no_admission ? "off" : "on");
+            KVR_INFO("serving %s on %s://%s:%u (%u stages, admission %s)", svc.model_name, scheme,
+                     o.host, kvr_http_port(http), plan->n_stages, o.no_admission ? "off" : "on");
             printf("kvasir: ready on %s://%s:%u\n", scheme, o.host, kvr_http_port(http));
             fflush(stdout);
         }
@@ -488,5 +502,11 @@ out:
     return rc;
 }
 
-int kvr_cmd_serve(int argc, char **argv) { return serve_main(argc, argv, true); }
-int kvr_cmd_bridge(int argc, char **argv) { return serve_main(argc, argv, false); }
+int kvr_cmd_serve(int argc, char **argv)
+{
+    return serve_main(argc, argv, true);
+}
+int kvr_cmd_bridge(int argc, char **argv)
+{
+    return serve_main(argc, argv, false);
+}

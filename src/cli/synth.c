@@ -21,15 +21,15 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvasir synth --shape NAME|custom -o OUT.gguf [options]\n"
-               "\n"
-               "Write a GGUF model with random weights.\n"
-               "\n"
-               "  --arch A           architecture: %s, or mixtral (llama with\n"
-               "                     experts; default llama)\n",
+    fprintf(f,
+            "usage: kvasir synth --shape NAME|custom -o OUT.gguf [options]\n"
+            "\n"
+            "Write a GGUF model with random weights.\n"
+            "\n"
+            "  --arch A           architecture: %s, or mixtral (llama with\n"
+            "                     experts; default llama)\n",
             kvr_arch_list());
-    fprintf(f, 
-               "  --shape NAME       a named shape (");
+    fprintf(f, "  --shape NAME       a named shape (");
     for (int i = 0; kvr_synth_shape_name(i); i++)
         fprintf(f, "%s%s", i ? ", " : "", kvr_synth_shape_name(i));
     fprintf(f, ") or custom\n"
@@ -108,8 +108,18 @@ static void show_progress(void *ctx, uint64_t done, uint64_t total)
 }
 
 enum {
-    OPT_SHAPE = 256, OPT_TYPE, OPT_SEED, OPT_VOCAB, OPT_THREADS, OPT_ARCH, OPT_LOGIT,
-    OPT_TIED, OPT_ROPE_FREQS, OPT_ROPE_SCALE, OPT_ROPE_BASE, OPT_FIELD
+    OPT_SHAPE = 256,
+    OPT_TYPE,
+    OPT_SEED,
+    OPT_VOCAB,
+    OPT_THREADS,
+    OPT_ARCH,
+    OPT_LOGIT,
+    OPT_TIED,
+    OPT_ROPE_FREQS,
+    OPT_ROPE_SCALE,
+    OPT_ROPE_BASE,
+    OPT_FIELD
 };
 #define N_FIELDS 9
 enum { OPT_MOE = 512, N_MOE = 4 }; /* --experts, --experts-used, --expert-ff, --shared-ff */
@@ -191,8 +201,8 @@ int kvr_cmd_synth(int argc, char **argv)
             break;
         case OPT_ARCH:
             mixtral = !strcmp(optarg, "mixtral"); /* a llama file with experts */
-            if (!(opts.arch = kvr_arch_find(mixtral ? "llama" : optarg,
-                                            mixtral ? 5 : strlen(optarg)))) {
+            if (!(opts.arch =
+                      kvr_arch_find(mixtral ? "llama" : optarg, mixtral ? 5 : strlen(optarg)))) {
                 fprintf(stderr, "kvasir synth: unknown --arch %s (supported: %s)\n", optarg,
                         kvr_arch_list());
                 return 2;
@@ -234,8 +244,10 @@ int kvr_cmd_synth(int argc, char **argv)
             if (c >= OPT_MOE && c < OPT_MOE + N_MOE) {
                 if (!parse_int(optarg, 1, 1L << 18, &moe[c - OPT_MOE])) {
                     fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
-                            c == OPT_MOE ? "experts" : c == OPT_MOE + 1 ? "experts-used"
-                            : c == OPT_MOE + 2 ? "expert-ff" : "shared-ff");
+                            c == OPT_MOE       ? "experts"
+                            : c == OPT_MOE + 1 ? "experts-used"
+                            : c == OPT_MOE + 2 ? "expert-ff"
+                                               : "shared-ff");
                     return 2;
                 }
                 break;
@@ -265,16 +277,18 @@ int kvr_cmd_synth(int argc, char **argv)
             fprintf(stderr, "kvasir synth: custom needs --layers, --dim, --ff and --heads\n");
             return 2;
         }
-        *s = (struct kvr_synth_shape){.name = "custom", .vocab_size = 512, .ctx = 2048,
-                                      .rope_base = 10000.0f, .rms_eps = 1e-5f};
+        *s = (struct kvr_synth_shape){.name = "custom",
+                                      .vocab_size = 512,
+                                      .ctx = 2048,
+                                      .rope_base = 10000.0f,
+                                      .rms_eps = 1e-5f};
         s->n_kv_heads = (int)fields[3];
     } else if (kvr_synth_shape_by_name(shape_name, s)) {
         fprintf(stderr, "kvasir synth: unknown shape %s\n", shape_name);
         return 2;
     }
-    int *targets[N_FIELDS] = {&s->n_layers,   &s->dim,        &s->ff,  &s->n_heads,
-                              &s->n_kv_heads, &s->vocab_size, &s->ctx, &s->head_dim,
-                              &s->n_swa};
+    int *targets[N_FIELDS] = {&s->n_layers,   &s->dim, &s->ff,       &s->n_heads, &s->n_kv_heads,
+                              &s->vocab_size, &s->ctx, &s->head_dim, &s->n_swa};
     for (int i = 0; i < N_FIELDS; i++)
         if (fields[i])
             *targets[i] = (int)fields[i];

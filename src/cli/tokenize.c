@@ -358,9 +358,8 @@ int kvr_cmd_tokenize(int argc, char **argv)
     if (o.chat_file) {
         if (render_chat(&o, g, tok, &rendered, &len))
             goto out;
-        size_t skip = o.no_bos ? 0
-                               : kvr_chat_bos_skip(rendered, len, bos_text(tok),
-                                                   kvr_tok_add_bos(tok));
+        size_t skip =
+            o.no_bos ? 0 : kvr_chat_bos_skip(rendered, len, bos_text(tok), kvr_tok_add_bos(tok));
         if (!o.ids) {
             status = fwrite(rendered, 1, len, stdout) == len && fflush(stdout) == 0 ? 0 : 1;
             goto out;

@@ -16,9 +16,15 @@ static bool should_fail(void)
     return false;
 }
 
-void kvr_alloc_fail_after(long n) { atomic_store(&fail_countdown, n); }
+void kvr_alloc_fail_after(long n)
+{
+    atomic_store(&fail_countdown, n);
+}
 
-void *kvr_malloc(size_t n_bytes) { return should_fail() ? NULL : malloc(n_bytes ? n_bytes : 1); }
+void *kvr_malloc(size_t n_bytes)
+{
+    return should_fail() ? NULL : malloc(n_bytes ? n_bytes : 1);
+}
 
 void *kvr_calloc(size_t n, size_t elem_bytes)
 {
@@ -40,7 +46,10 @@ void *kvr_aligned_alloc(size_t align, size_t n_bytes)
     return p;
 }
 
-void kvr_free(void *p) { free(p); }
+void kvr_free(void *p)
+{
+    free(p);
+}
 
 char *kvr_strdup(const char *s)
 {

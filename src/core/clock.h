@@ -5,8 +5,8 @@
 #include <stdint.h>
 #include <time.h>
 
-uint64_t kvr_now_ns(void);       /* CLOCK_MONOTONIC */
-uint64_t kvr_wall_ms(void);      /* CLOCK_REALTIME, ms since the epoch */
+uint64_t kvr_now_ns(void);  /* CLOCK_MONOTONIC */
+uint64_t kvr_wall_ms(void); /* CLOCK_REALTIME, ms since the epoch */
 void kvr_sleep_ns(uint64_t ns);
 /* The CLOCK_REALTIME instant ms milliseconds from now: the deadline that
  * pthread_cond_timedwait takes. */

@@ -8,18 +8,18 @@
 
 enum kvr_status {
     KVR_OK = 0,
-    KVR_EINVAL = -1,    /* bad argument or bad input value */
-    KVR_ENOMEM = -2,    /* allocation failed or a size overflowed */
-    KVR_EIO = -3,       /* an OS call failed */
-    KVR_EFORMAT = -4,   /* malformed file or message */
-    KVR_ERANGE = -5,    /* a count or size outside its allowed bounds */
-    KVR_ENOTSUP = -6,   /* valid but not supported by this build */
-    KVR_EPROTO = -7,    /* peer broke the wire protocol */
-    KVR_EAUTH = -8,     /* authentication failed */
-    KVR_ECLOSED = -9,   /* the other side closed the connection */
+    KVR_EINVAL = -1,  /* bad argument or bad input value */
+    KVR_ENOMEM = -2,  /* allocation failed or a size overflowed */
+    KVR_EIO = -3,     /* an OS call failed */
+    KVR_EFORMAT = -4, /* malformed file or message */
+    KVR_ERANGE = -5,  /* a count or size outside its allowed bounds */
+    KVR_ENOTSUP = -6, /* valid but not supported by this build */
+    KVR_EPROTO = -7,  /* peer broke the wire protocol */
+    KVR_EAUTH = -8,   /* authentication failed */
+    KVR_ECLOSED = -9, /* the other side closed the connection */
     KVR_ETIMEDOUT = -10,
-    KVR_EAGAIN = -11,   /* try again later (would block) */
-    KVR_EFULL = -12,    /* a fixed-capacity structure is full */
+    KVR_EAGAIN = -11, /* try again later (would block) */
+    KVR_EFULL = -12,  /* a fixed-capacity structure is full */
     KVR_ENOTFOUND = -13,
     KVR_STATUS_COUNT = 14
 };
@@ -27,8 +27,8 @@ enum kvr_status {
 #define KVR_ERR_MSG_BYTES 256
 
 struct kvr_err {
-    int code;                     /* enum kvr_status of the first failure recorded */
-    char msg[KVR_ERR_MSG_BYTES];  /* NUL-terminated message */
+    int code;                    /* enum kvr_status of the first failure recorded */
+    char msg[KVR_ERR_MSG_BYTES]; /* NUL-terminated message */
 };
 
 /* Record `code` and a printf-style message in `err` (if non-NULL) and return `code`, so a

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 struct watch {
-    int fd;             /* -1: free slot */
+    int fd; /* -1: free slot */
     uint32_t events;
     kvr_ev_fd_fn fn;
     void *arg;
@@ -30,7 +30,7 @@ struct kvr_ev {
     int epfd, wakefd, timerfd;
     struct watch watches[KVR_EV_MAX_FDS];
     struct timer timers[KVR_EV_MAX_TIMERS];
-    uint64_t armed_ns;     /* what timerfd is set to (0: disarmed) */
+    uint64_t armed_ns; /* what timerfd is set to (0: disarmed) */
     kvr_ev_fn wake_fn;
     void *wake_arg;
     atomic_bool stop;

@@ -20,7 +20,10 @@ void kvr_log(enum kvr_log_level level, const char *fmt, ...) __attribute__((form
 #define KVR_ERROR(...) kvr_log(KVR_LOG_ERROR, __VA_ARGS__)
 #define KVR_WARN(...) kvr_log(KVR_LOG_WARN, __VA_ARGS__)
 #define KVR_INFO(...) kvr_log(KVR_LOG_INFO, __VA_ARGS__)
-#define KVR_DEBUG(...) \
-    do { if (kvr_log_enabled(KVR_LOG_DEBUG)) kvr_log(KVR_LOG_DEBUG, __VA_ARGS__); } while (0)
+#define KVR_DEBUG(...)                                                                             \
+    do {                                                                                           \
+        if (kvr_log_enabled(KVR_LOG_DEBUG))                                                        \
+            kvr_log(KVR_LOG_DEBUG, __VA_ARGS__);                                                   \
+    } while (0)
 
 #endif

@@ -31,17 +31,17 @@ struct worker {
 
 struct kvr_pool {
     int n_threads;
-    struct worker *workers;     /* n_threads - 1 entries */
+    struct worker *workers; /* n_threads - 1 entries */
     kvr_pool_fn fn;
     void *arg;
-    _Atomic uint64_t claim;     /* see above */
-    atomic_int n_done;          /* chunks of the current job finished */
+    _Atomic uint64_t claim; /* see above */
+    atomic_int n_done;      /* chunks of the current job finished */
     atomic_int quit;
     atomic_int n_sleeping;
     pthread_mutex_t lock;
     pthread_cond_t wake;
     pthread_cond_t done;
-    bool caller_waiting;        /* guarded by lock */
+    bool caller_waiting; /* guarded by lock */
 };
 
 static inline void cpu_relax(void)
@@ -51,17 +51,25 @@ static inline void cpu_relax(void)
 #endif
 }
 
-static inline uint32_t claim_gen(uint64_t v) { return (uint32_t)(v >> 32); }
-static inline uint32_t claim_n(uint64_t v) { return (uint32_t)(v >> 16) & 0xffffu; }
-static inline uint32_t claim_next(uint64_t v) { return (uint32_t)v & 0xffffu; }
+static inline uint32_t claim_gen(uint64_t v)
+{
+    return (uint32_t)(v >> 32);
+}
+static inline uint32_t claim_n(uint64_t v)
+{
+    return (uint32_t)(v >> 16) & 0xffffu;
+}
+static inline uint32_t claim_next(uint64_t v)
+{
+    return (uint32_t)v & 0xffffu;
+}
 
 /* Claim and run chunks of the current job until none is left. */
 static void run_chunks(struct kvr_pool *pool)
 {
     uint64_t v = atomic_load_explicit(&pool->claim, memory_order_acquire);
     while (claim_next(v) < claim_n(v)) {
-        if (!atomic_compare_exchange_weak_explicit(&pool->claim, &v, v + 1,
-                                                   memory_order_acq_rel,
+        if (!atomic_compare_exchange_weak_explicit(&pool->claim, &v, v + 1, memory_order_acq_rel,
                                                    memory_order_acquire))
             continue;
         int n = (int)claim_n(v);
@@ -153,7 +161,10 @@ void kvr_pool_destroy(struct kvr_pool *pool)
     kvr_free(pool);
 }
 
-int kvr_pool_size(const struct kvr_pool *pool) { return pool->n_threads; }
+int kvr_pool_size(const struct kvr_pool *pool)
+{
+    return pool->n_threads;
+}
 
 void kvr_pool_run_chunks(struct kvr_pool *pool, kvr_pool_fn fn, void *arg, int n_chunks)
 {

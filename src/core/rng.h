@@ -23,7 +23,10 @@ static inline void kvr_xoshiro_seed(uint64_t s[4], uint64_t seed)
         s[i] = kvr_splitmix64(&seed);
 }
 
-static inline uint64_t kvr_rotl64(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+static inline uint64_t kvr_rotl64(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
 
 /* Next 64 random bits of a xoshiro256** state. */
 static inline uint64_t kvr_xoshiro_next(uint64_t s[4])

@@ -18,29 +18,54 @@
 #define GATED_FFN (B(FFN_GATE) | B(FFN_UP) | B(FFN_DOWN))
 
 static const struct kvr_arch archs[] = {
-    {.name = "llama", .has = PRE_NORMS | QKV_SPLIT | QKV_BIAS | B(ATTN_OUT) | GATED_FFN,
-     .optional = QKV_BIAS, .act = KVR_ACT_SILU, .rope = KVR_ROPE_NORMAL},
-    {.name = "qwen2", .has = PRE_NORMS | QKV_SPLIT | QKV_BIAS | B(ATTN_OUT) | GATED_FFN,
-     .act = KVR_ACT_SILU, .rope = KVR_ROPE_NEOX},
-    {.name = "qwen3", .has = PRE_NORMS | QKV_SPLIT | QK_NORM | B(ATTN_OUT) | GATED_FFN,
-     .act = KVR_ACT_SILU, .rope = KVR_ROPE_NEOX},
+    {.name = "llama",
+     .has = PRE_NORMS | QKV_SPLIT | QKV_BIAS | B(ATTN_OUT) | GATED_FFN,
+     .optional = QKV_BIAS,
+     .act = KVR_ACT_SILU,
+     .rope = KVR_ROPE_NORMAL},
+    {.name = "qwen2",
+     .has = PRE_NORMS | QKV_SPLIT | QKV_BIAS | B(ATTN_OUT) | GATED_FFN,
+     .act = KVR_ACT_SILU,
+     .rope = KVR_ROPE_NEOX},
+    {.name = "qwen3",
+     .has = PRE_NORMS | QKV_SPLIT | QK_NORM | B(ATTN_OUT) | GATED_FFN,
+     .act = KVR_ACT_SILU,
+     .rope = KVR_ROPE_NEOX},
     {.name = "gemma2",
      .has = PRE_NORMS | POST_NORMS | QKV_SPLIT | B(ATTN_OUT) | GATED_FFN,
-     .act = KVR_ACT_GELU_TANH, .rope = KVR_ROPE_NEOX, .embd_scale = true, .sliding = true,
+     .act = KVR_ACT_GELU_TANH,
+     .rope = KVR_ROPE_NEOX,
+     .embd_scale = true,
+     .sliding = true,
      .swa_period = 2},
     {.name = "gemma3",
      .has = PRE_NORMS | POST_NORMS | QKV_SPLIT | QK_NORM | B(ATTN_OUT) | GATED_FFN,
-     .act = KVR_ACT_GELU_TANH, .rope = KVR_ROPE_NEOX, .embd_scale = true, .sliding = true,
+     .act = KVR_ACT_GELU_TANH,
+     .rope = KVR_ROPE_NEOX,
+     .embd_scale = true,
+     .sliding = true,
      .swa_period = 6,
-     .swa_rope_base = 10000.0f, .big_scale_layers = 62},
-    {.name = "phi3", .has = PRE_NORMS | B(ATTN_QKV) | B(ATTN_OUT) | B(FFN_UP) | B(FFN_DOWN),
-     .fused_gate_up = true, .act = KVR_ACT_SILU, .rope = KVR_ROPE_NEOX},
-    {.name = "qwen3moe", .has = PRE_NORMS | QKV_SPLIT | QK_NORM | B(ATTN_OUT),
-     .act = KVR_ACT_SILU, .rope = KVR_ROPE_NEOX, .moe_always = true,
-     .moe_gating = KVR_MOE_GATING_SOFTMAX, .moe_norm = true},
-    {.name = "qwen2moe", .has = PRE_NORMS | QKV_SPLIT | QKV_BIAS | B(ATTN_OUT),
-     .act = KVR_ACT_SILU, .rope = KVR_ROPE_NEOX, .moe_always = true,
-     .moe_gating = KVR_MOE_GATING_SOFTMAX, .moe_shared = true},
+     .swa_rope_base = 10000.0f,
+     .big_scale_layers = 62},
+    {.name = "phi3",
+     .has = PRE_NORMS | B(ATTN_QKV) | B(ATTN_OUT) | B(FFN_UP) | B(FFN_DOWN),
+     .fused_gate_up = true,
+     .act = KVR_ACT_SILU,
+     .rope = KVR_ROPE_NEOX},
+    {.name = "qwen3moe",
+     .has = PRE_NORMS | QKV_SPLIT | QK_NORM | B(ATTN_OUT),
+     .act = KVR_ACT_SILU,
+     .rope = KVR_ROPE_NEOX,
+     .moe_always = true,
+     .moe_gating = KVR_MOE_GATING_SOFTMAX,
+     .moe_norm = true},
+    {.name = "qwen2moe",
+     .has = PRE_NORMS | QKV_SPLIT | QKV_BIAS | B(ATTN_OUT),
+     .act = KVR_ACT_SILU,
+     .rope = KVR_ROPE_NEOX,
+     .moe_always = true,
+     .moe_gating = KVR_MOE_GATING_SOFTMAX,
+     .moe_shared = true},
 };
 #define N_ARCHS ((int)(sizeof archs / sizeof archs[0]))
 
@@ -72,14 +97,20 @@ const struct kvr_arch *kvr_arch_find(const char *name, size_t len)
     return NULL;
 }
 
-const struct kvr_arch *kvr_arch_at(int i) { return i >= 0 && i < N_ARCHS ? &archs[i] : NULL; }
+const struct kvr_arch *kvr_arch_at(int i)
+{
+    return i >= 0 && i < N_ARCHS ? &archs[i] : NULL;
+}
 
 const char *kvr_arch_list(void)
 {
     return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, qwen2moe";
 }
 
-const char *kvr_lt_name(enum kvr_lt t) { return (unsigned)t < KVR_LT_COUNT ? lt_names[t] : "?"; }
+const char *kvr_lt_name(enum kvr_lt t)
+{
+    return (unsigned)t < KVR_LT_COUNT ? lt_names[t] : "?";
+}
 
 void kvr_lt_shape(const struct kvr_hparams *hp, enum kvr_lt t, int64_t *ne0, int64_t *ne1)
 {
@@ -129,8 +160,8 @@ bool kvr_hparams_has(const struct kvr_hparams *hp, enum kvr_lt t)
 {
     if (!(hp->arch->has & KVR_LT_BIT(t)))
         return false;
-    return !hp->moe.n_expert || (t != KVR_LT_FFN_GATE && t != KVR_LT_FFN_UP &&
-                                 t != KVR_LT_FFN_DOWN);
+    return !hp->moe.n_expert ||
+           (t != KVR_LT_FFN_GATE && t != KVR_LT_FFN_UP && t != KVR_LT_FFN_DOWN);
 }
 
 bool kvr_hparams_layer_swa(const struct kvr_hparams *hp, uint32_t il)
@@ -174,8 +205,7 @@ static int get_f32(const struct kvr_gguf *g, const struct kvr_arch *a, const cha
 }
 
 /* rope.scaling.type / factor: "none" or "linear" (a factor without a type is linear). */
-static int read_rope_scaling(struct kvr_hparams *hp, const struct kvr_gguf *g,
-                             struct kvr_err *err)
+static int read_rope_scaling(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kvr_err *err)
 {
     char k[96];
     float factor = 1.0f;
@@ -185,15 +215,16 @@ static int read_rope_scaling(struct kvr_hparams *hp, const struct kvr_gguf *g,
     struct kvr_gguf_str type = {4, "none"};
     rc = kvr_gguf_get_str(g, key(k, sizeof k, hp->arch, "rope.scaling.type"), &type, err);
     if (rc == KVR_ENOTFOUND) {
-        type = factor != 1.0f ? (struct kvr_gguf_str){6, "linear"}
-                              : (struct kvr_gguf_str){4, "none"};
+        type =
+            factor != 1.0f ? (struct kvr_gguf_str){6, "linear"} : (struct kvr_gguf_str){4, "none"};
     } else if (rc) {
         return rc;
     }
     if (type.len == 4 && !memcmp(type.ptr, "none", 4))
         return KVR_OK;
     if (type.len != 6 || memcmp(type.ptr, "linear", 6))
-        return kvr_err_set(err, KVR_ENOTSUP, "model: rope scaling '%.*s' is not supported "
+        return kvr_err_set(err, KVR_ENOTSUP,
+                           "model: rope scaling '%.*s' is not supported "
                            "(none, linear, or Llama 3's rope_freqs.weight)",
                            (int)(type.len > 32 ? 32 : type.len), type.ptr);
     if (!(factor > 0.0f) || factor > 1024.0f)
@@ -213,9 +244,10 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
         return rc;
     const struct kvr_arch *a = kvr_arch_find(name.ptr, name.len);
     if (!a)
-        return kvr_err_set(err, KVR_ENOTSUP, "model: architecture '%.*s' is not supported "
-                           "(supported: %s)", (int)(name.len > 64 ? 64 : name.len), name.ptr,
-                           kvr_arch_list());
+        return kvr_err_set(err, KVR_ENOTSUP,
+                           "model: architecture '%.*s' is not supported "
+                           "(supported: %s)",
+                           (int)(name.len > 64 ? 64 : name.len), name.ptr, kvr_arch_list());
     hp->arch = a;
     if ((rc = get_u32(g, a, "block_count", true, &hp->n_layer, err)) ||
         (rc = get_u32(g, a, "embedding_length", true, &hp->n_embd, err)) ||
@@ -239,9 +271,10 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
     if (hp->n_layer == 0 || hp->n_layer > 4096 || hp->n_embd == 0 || hp->n_embd > 65536 ||
         hp->n_ff == 0 || hp->n_ff > 262144 || hp->n_head == 0 || hp->n_head > 1024 ||
         hp->n_head_kv == 0)
-        return kvr_err_set(err, KVR_EFORMAT, "model: implausible shape (layers %u, dim %u, "
-                           "ff %u, heads %u/%u)", hp->n_layer, hp->n_embd, hp->n_ff,
-                           hp->n_head, hp->n_head_kv);
+        return kvr_err_set(err, KVR_EFORMAT,
+                           "model: implausible shape (layers %u, dim %u, "
+                           "ff %u, heads %u/%u)",
+                           hp->n_layer, hp->n_embd, hp->n_ff, hp->n_head, hp->n_head_kv);
     if (hp->n_head % hp->n_head_kv || hp->n_head / hp->n_head_kv > MAX_GROUP)
         return kvr_err_set(err, KVR_EFORMAT, "model: heads %u / kv heads %u do not divide",
                            hp->n_head, hp->n_head_kv);
@@ -251,27 +284,29 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
         (rc = get_u32(g, a, "attention.value_length", false, &v_dim, err)))
         return rc;
     if (hp->head_dim == 0 || hp->head_dim > 4096 || (v_dim && v_dim != hp->head_dim))
-        return kvr_err_set(err, KVR_EFORMAT, "model: head dim %u (value %u) invalid for dim "
-                           "%u and %u heads", hp->head_dim, v_dim, hp->n_embd, hp->n_head);
+        return kvr_err_set(err, KVR_EFORMAT,
+                           "model: head dim %u (value %u) invalid for dim "
+                           "%u and %u heads",
+                           hp->head_dim, v_dim, hp->n_embd, hp->n_head);
     hp->q_dim = hp->n_head * hp->head_dim;
     hp->kv_dim = hp->n_head_kv * hp->head_dim;
     hp->n_rot = hp->head_dim;
     if ((rc = get_u32(g, a, "rope.dimension_count", false, &hp->n_rot, err)))
         return rc;
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2 || hp->n_rot > MAX_ROT)
-        return kvr_err_set(err, KVR_EFORMAT, "model: rope dimension %u invalid for head "
-                           "dim %u", hp->n_rot, hp->head_dim);
+        return kvr_err_set(err, KVR_EFORMAT,
+                           "model: rope dimension %u invalid for head "
+                           "dim %u",
+                           hp->n_rot, hp->head_dim);
     if (!(hp->rope_freq_base > 0.0f) || !(hp->norm_eps > 0.0f) || hp->norm_eps > 1.0f ||
         !(hp->attn_softcap >= 0.0f) || !(hp->final_softcap >= 0.0f))
         return kvr_err_set(err, KVR_EFORMAT, "model: bad rope base, norm epsilon or soft-cap");
 
-    if (a->sliding &&
-        (rc = get_u32(g, a, "attention.sliding_window", false, &hp->n_swa, err)))
+    if (a->sliding && (rc = get_u32(g, a, "attention.sliding_window", false, &hp->n_swa, err)))
         return rc;
     hp->swa_period = a->swa_period;
     hp->rope_base_swa = a->swa_rope_base > 0.0f ? a->swa_rope_base : hp->rope_freq_base;
-    if ((rc = get_u32(g, a, "attention.sliding_window_pattern", false, &hp->swa_period,
-                      err)) ||
+    if ((rc = get_u32(g, a, "attention.sliding_window_pattern", false, &hp->swa_period, err)) ||
         (rc = get_f32(g, a, "rope.freq_base_swa", &hp->rope_base_swa, err)))
         return rc;
     if (!(hp->rope_base_swa > 0.0f))
@@ -294,25 +329,26 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
         hp->rope_freqs = ff->data;
         for (uint32_t i = 0; i < hp->n_rot / 2; i++)
             if (!(hp->rope_freqs[i] > 0.0f))
-                return kvr_err_set(err, KVR_EFORMAT, "model: rope_freqs.weight[%u] is not "
-                                   "positive", i);
+                return kvr_err_set(err, KVR_EFORMAT,
+                                   "model: rope_freqs.weight[%u] is not "
+                                   "positive",
+                                   i);
     }
 
-    if ((rc = kvr_moe_hparams_read(&hp->moe, g, a->name, a->moe_gating, a->moe_norm,
-                                   a->moe_shared, hp->n_ff, err)))
+    if ((rc = kvr_moe_hparams_read(&hp->moe, g, a->name, a->moe_gating, a->moe_norm, a->moe_shared,
+                                   hp->n_ff, err)))
         return rc;
     if (a->moe_always && !hp->moe.n_expert)
-        return kvr_err_set(err, KVR_EFORMAT, "model: %s needs %s.expert_count", a->name,
-                           a->name);
+        return kvr_err_set(err, KVR_EFORMAT, "model: %s needs %s.expert_count", a->name, a->name);
 
     const struct kvr_gguf_tensor *emb = kvr_gguf_find_tensor(g, "token_embd.weight");
     if (!emb)
         return kvr_err_set(err, KVR_EFORMAT, "model: missing tensor token_embd.weight");
-    if (emb->n_dims != 2 || emb->ne[0] != hp->n_embd || emb->ne[1] < 1 ||
-        emb->ne[1] > (1 << 22))
-        return kvr_err_set(err, KVR_EFORMAT, "model: token_embd.weight has shape [%lld, %lld]"
-                           ", expected [%u, n_vocab]", (long long)emb->ne[0],
-                           (long long)emb->ne[1], hp->n_embd);
+    if (emb->n_dims != 2 || emb->ne[0] != hp->n_embd || emb->ne[1] < 1 || emb->ne[1] > (1 << 22))
+        return kvr_err_set(err, KVR_EFORMAT,
+                           "model: token_embd.weight has shape [%lld, %lld]"
+                           ", expected [%u, n_vocab]",
+                           (long long)emb->ne[0], (long long)emb->ne[1], hp->n_embd);
     hp->n_vocab = (uint32_t)emb->ne[1];
     return KVR_OK;
 }

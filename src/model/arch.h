@@ -76,26 +76,26 @@ enum kvr_rope_style {
 };
 
 struct kvr_arch {
-    const char *name;       /* general.architecture, also the prefix of its keys */
-    uint32_t has;           /* KVR_LT_BIT of every tensor a layer has */
-    uint32_t optional;      /* the subset of `has` a file may leave out */
-    bool fused_gate_up;     /* ffn_up holds [gate | up]; there is no ffn_gate */
+    const char *name;   /* general.architecture, also the prefix of its keys */
+    uint32_t has;       /* KVR_LT_BIT of every tensor a layer has */
+    uint32_t optional;  /* the subset of `has` a file may leave out */
+    bool fused_gate_up; /* ffn_up holds [gate | up]; there is no ffn_gate */
     enum kvr_act act;
     enum kvr_rope_style rope;
-    bool embd_scale;        /* embeddings are multiplied by sqrt(n_embd) */
-    bool sliding;           /* reads attention.sliding_window (others ignore the key, as
-                               llama.cpp does for llama and qwen2 files that carry it) */
-    uint32_t swa_period;    /* with a sliding window: layer il slides unless (il + 1) %
-                               period == 0 (0: every layer slides) */
-    float swa_rope_base;    /* RoPE base of sliding layers when the file names none (0:
-                               the global base) */
-    uint32_t big_scale_layers; /* gemma3: a model of this many layers (27B) scales queries
-                                  by 1/sqrt(n_embd / n_head) instead of 1/sqrt(head_dim) */
-    bool moe_always;        /* every layer is a mixture of experts (else: when the file
-                               sets ARCH.expert_count) */
+    bool embd_scale;                /* embeddings are multiplied by sqrt(n_embd) */
+    bool sliding;                   /* reads attention.sliding_window (others ignore the key, as
+                                       llama.cpp does for llama and qwen2 files that carry it) */
+    uint32_t swa_period;            /* with a sliding window: layer il slides unless (il + 1) %
+                                       period == 0 (0: every layer slides) */
+    float swa_rope_base;            /* RoPE base of sliding layers when the file names none (0:
+                                       the global base) */
+    uint32_t big_scale_layers;      /* gemma3: a model of this many layers (27B) scales queries
+                                       by 1/sqrt(n_embd / n_head) instead of 1/sqrt(head_dim) */
+    bool moe_always;                /* every layer is a mixture of experts (else: when the file
+                                       sets ARCH.expert_count) */
     enum kvr_moe_gating moe_gating; /* how router logits become routing weights */
-    bool moe_norm;          /* SOFTMAX gating: renormalise the selected weights */
-    bool moe_shared;        /* layers also have a shared expert */
+    bool moe_norm;                  /* SOFTMAX gating: renormalise the selected weights */
+    bool moe_shared;                /* layers also have a shared expert */
 };
 
 /* The table's row for an architecture name (len bytes, not NUL-terminated), or NULL. */
@@ -111,28 +111,28 @@ const char *kvr_lt_name(enum kvr_lt t);
 struct kvr_hparams {
     const struct kvr_arch *arch;
     uint32_t n_layer;
-    uint32_t n_embd;         /* model width (dim) */
-    uint32_t n_ff;           /* feed-forward width */
+    uint32_t n_embd; /* model width (dim) */
+    uint32_t n_ff;   /* feed-forward width */
     uint32_t n_head;
     uint32_t n_head_kv;
-    uint32_t head_dim;       /* attention.key_length, default n_embd / n_head */
-    uint32_t q_dim;          /* n_head * head_dim */
-    uint32_t kv_dim;         /* n_head_kv * head_dim */
-    uint32_t n_rot;          /* rope dimensions (rope.dimension_count, default head_dim) */
+    uint32_t head_dim; /* attention.key_length, default n_embd / n_head */
+    uint32_t q_dim;    /* n_head * head_dim */
+    uint32_t kv_dim;   /* n_head_kv * head_dim */
+    uint32_t n_rot;    /* rope dimensions (rope.dimension_count, default head_dim) */
     uint32_t n_vocab;
     uint32_t n_ctx_train;
-    float rope_freq_base;    /* default 10000 */
-    float rope_freq_scale;   /* positions are multiplied by it: 1 / rope.scaling.factor for
-                                linear scaling, else 1 */
-    float rope_base_swa;     /* RoPE base of sliding-window layers */
-    const float *rope_freqs; /* optional rope_freqs.weight [n_rot / 2]: each pair's angle
-                                is divided by it (Llama 3.x), borrowed from the GGUF */
-    float norm_eps;          /* layer_norm_rms_epsilon, default 1e-5 */
-    float attn_scale;        /* query-key scale, default 1 / sqrt(head_dim) */
-    float attn_softcap;      /* attn_logit_softcapping: s = c tanh(s / c); 0 none */
-    float final_softcap;     /* final_logit_softcapping, the same on logits; 0 none */
-    uint32_t n_swa;          /* attention.sliding_window in positions; 0 none */
-    uint32_t swa_period;     /* attention.sliding_window_pattern or the arch's default */
+    float rope_freq_base;       /* default 10000 */
+    float rope_freq_scale;      /* positions are multiplied by it: 1 / rope.scaling.factor for
+                                   linear scaling, else 1 */
+    float rope_base_swa;        /* RoPE base of sliding-window layers */
+    const float *rope_freqs;    /* optional rope_freqs.weight [n_rot / 2]: each pair's angle
+                                   is divided by it (Llama 3.x), borrowed from the GGUF */
+    float norm_eps;             /* layer_norm_rms_epsilon, default 1e-5 */
+    float attn_scale;           /* query-key scale, default 1 / sqrt(head_dim) */
+    float attn_softcap;         /* attn_logit_softcapping: s = c tanh(s / c); 0 none */
+    float final_softcap;        /* final_logit_softcapping, the same on logits; 0 none */
+    uint32_t n_swa;             /* attention.sliding_window in positions; 0 none */
+    uint32_t swa_period;        /* attention.sliding_window_pattern or the arch's default */
     struct kvr_moe_hparams moe; /* experts (ARCH.expert_*); moe.n_expert == 0: dense */
 };
 

@@ -21,8 +21,7 @@ static float dot_plain(const float *a, const float *b, uint32_t n)
     float tail = 0.0f;
     for (; i < n; i++)
         tail += a[i] * b[i];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) +
-           tail;
+    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail;
 }
 
 static void axpy_plain(float *y, float a, const float *x, uint32_t n)
@@ -39,8 +38,8 @@ static void axpy_plain(float *y, float a, const float *x, uint32_t n)
         y[i] += a * x[i];
 }
 
-static void scores_plain(float *scores, size_t stride, const float *q, uint32_t group,
-                         uint32_t hd, const float *k, size_t k_step, uint32_t n, float scale)
+static void scores_plain(float *scores, size_t stride, const float *q, uint32_t group, uint32_t hd,
+                         const float *k, size_t k_step, uint32_t n, float scale)
 {
     for (uint32_t j = 0; j < n; j++)
         for (uint32_t g = 0; g < group; g++)

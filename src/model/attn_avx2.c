@@ -34,8 +34,8 @@ static void axpy_avx2(float *y, float a, const float *x, uint32_t n)
     __m256 va = _mm256_set1_ps(a);
     uint32_t i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i),
-                                                _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++)
         y[i] += a * x[i];
 }
@@ -49,8 +49,7 @@ static inline __m256 halves(__m256 a, __m256 b)
 /* The dots of eight positions (hd a multiple of 8), each reduced as dot_avx2 reduces. */
 static inline __m256 dot8(const float *q, const float *k, size_t k_step, uint32_t hd)
 {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
-           a7 = a0;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
     for (uint32_t i = 0; i < hd; i += 8) {
         __m256 qv = _mm256_loadu_ps(q + i);
         const float *kp = k + i;
@@ -64,8 +63,7 @@ static inline __m256 dot8(const float *q, const float *k, size_t k_step, uint32_
         a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp + 7 * k_step), a7);
     }
     /* s_p[l] = a_p[l] + a_p[l+4]; two positions per register. */
-    __m256 s01 = halves(a0, a1), s23 = halves(a2, a3), s45 = halves(a4, a5),
-           s67 = halves(a6, a7);
+    __m256 s01 = halves(a0, a1), s23 = halves(a2, a3), s45 = halves(a4, a5), s67 = halves(a6, a7);
     /* t_p = (s_p[0] + s_p[2], s_p[1] + s_p[3]). */
     __m256 t0123 = _mm256_add_ps(_mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0)),
                                  _mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2)));
@@ -77,17 +75,17 @@ static inline __m256 dot8(const float *q, const float *k, size_t k_step, uint32_
     return _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 
-static void scores_avx2(float *scores, size_t stride, const float *q, uint32_t group,
-                        uint32_t hd, const float *k, size_t k_step, uint32_t n, float scale)
+static void scores_avx2(float *scores, size_t stride, const float *q, uint32_t group, uint32_t hd,
+                        const float *k, size_t k_step, uint32_t n, float scale)
 {
     uint32_t j = 0;
     if (hd % 8 == 0) {
         __m256 vs = _mm256_set1_ps(scale);
         for (; j + 8 <= n; j += 8)
             for (uint32_t g = 0; g < group; g++)
-                _mm256_storeu_ps(scores + g * stride + j,
-                                 _mm256_mul_ps(dot8(q + (size_t)g * hd, k + j * k_step,
-                                                    k_step, hd), vs));
+                _mm256_storeu_ps(
+                    scores + g * stride + j,
+                    _mm256_mul_ps(dot8(q + (size_t)g * hd, k + j * k_step, k_step, hd), vs));
     }
     for (; j < n; j++)
         for (uint32_t g = 0; g < group; g++)
@@ -199,6 +197,8 @@ static void swiglu_avx2(float *gate, const float *up, size_t n)
     }
 }
 
-const struct kvr_attn_ops kvr_attn_ops_avx2 = {
-    .scores = scores_avx2, .mix = mix_avx2, .softmax = softmax_avx2, .swiglu = swiglu_avx2,
-    .geglu = kvr_geglu_plain};
+const struct kvr_attn_ops kvr_attn_ops_avx2 = {.scores = scores_avx2,
+                                               .mix = mix_avx2,
+                                               .softmax = softmax_avx2,
+                                               .swiglu = swiglu_avx2,
+                                               .geglu = kvr_geglu_plain};

@@ -76,7 +76,7 @@ uint16_t kvr_f32_to_f16(float f)
     }
     if (x >= 0x477FF000) /* >= 65520: rounds past the largest half, 65504 */
         return sign | 0x7C00;
-    if (x < 0x38800000) { /* below 2^-14: subnormal half (or zero) */
+    if (x < 0x38800000) {   /* below 2^-14: subnormal half (or zero) */
         if (x < 0x33000000) /* <= 2^-25 rounds to zero (2^-25 itself is a tie to even 0) */
             return sign;
         uint32_t e = x >> 23;
@@ -127,24 +127,27 @@ static void f32_from_float(const float *src, void *dst, int64_t n)
 
 /* The f32-family dot with the 8-lane order described at the top; `load` widens element i
  * of the weight row to f32 (exact for all three types). */
-#define F32_FAMILY_DOT(name, wtype, load)                                                     \
-    static float name(int64_t n, const void *w, const void *x)                                \
-    {                                                                                         \
-        const wtype *a = w;                                                                   \
-        const float *b = x;                                                                   \
-        float lane[8] = {0};                                                                  \
-        int64_t n8 = n - n % 8;                                                               \
-        for (int64_t i = 0; i < n8; i += 8)                                                   \
-            for (int l = 0; l < 8; l++)                                                       \
-                lane[l] = fmaf(load(a[i + l]), b[i + l], lane[l]);                            \
-        float sum = ((lane[0] + lane[4]) + (lane[2] + lane[6])) +                             \
-                    ((lane[1] + lane[5]) + (lane[3] + lane[7]));                              \
-        for (int64_t i = n8; i < n; i++)                                                      \
-            sum = fmaf(load(a[i]), b[i], sum);                                                \
-        return sum;                                                                           \
+#define F32_FAMILY_DOT(name, wtype, load)                                                          \
+    static float name(int64_t n, const void *w, const void *x)                                     \
+    {                                                                                              \
+        const wtype *a = w;                                                                        \
+        const float *b = x;                                                                        \
+        float lane[8] = {0};                                                                       \
+        int64_t n8 = n - n % 8;                                                                    \
+        for (int64_t i = 0; i < n8; i += 8)                                                        \
+            for (int l = 0; l < 8; l++)                                                            \
+                lane[l] = fmaf(load(a[i + l]), b[i + l], lane[l]);                                 \
+        float sum = ((lane[0] + lane[4]) + (lane[2] + lane[6])) +                                  \
+                    ((lane[1] + lane[5]) + (lane[3] + lane[7]));                                   \
+        for (int64_t i = n8; i < n; i++)                                                           \
+            sum = fmaf(load(a[i]), b[i], sum);                                                     \
+        return sum;                                                                                \
     }
 
-static inline float load_f32(float v) { return v; }
+static inline float load_f32(float v)
+{
+    return v;
+}
 F32_FAMILY_DOT(f32_dot, float, load_f32)
 F32_FAMILY_DOT(f16_dot, uint16_t, kvr_f16_to_f32)
 F32_FAMILY_DOT(bf16_dot, uint16_t, kvr_bf16_to_f32)
@@ -330,8 +333,7 @@ static inline int q5_quant(const uint8_t *qs, uint32_t qh, int j)
 
 static uint32_t load_qh(const uint8_t qh[4])
 {
-    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 |
-           (uint32_t)qh[3] << 24;
+    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
 }
 
 static void store_qh(uint8_t qh[4], uint32_t v)
@@ -1280,66 +1282,83 @@ static const struct kvr_dtype_traits traits_f16 = {
 static const struct kvr_dtype_traits traits_bf16 = {
     "bf16", 1, 2, KVR_DTYPE_F32, bf16_to_float, bf16_from_float, bf16_dot};
 static const struct kvr_dtype_traits traits_q8_0 = {
-    "q8_0", KVR_QK, sizeof(struct kvr_block_q8_0), KVR_DTYPE_Q8_0,
-    q8_0_to_float, q8_0_from_float, q8_0_dot};
+    "q8_0",          KVR_QK,  sizeof(struct kvr_block_q8_0), KVR_DTYPE_Q8_0, q8_0_to_float,
+    q8_0_from_float, q8_0_dot};
 static const struct kvr_dtype_traits traits_q4_0 = {
-    "q4_0", KVR_QK, sizeof(struct kvr_block_q4_0), KVR_DTYPE_Q8_0,
-    q4_0_to_float, q4_0_from_float, q4_0_dot};
+    "q4_0",          KVR_QK,  sizeof(struct kvr_block_q4_0), KVR_DTYPE_Q8_0, q4_0_to_float,
+    q4_0_from_float, q4_0_dot};
 static const struct kvr_dtype_traits traits_q4_k = {
-    "q4_K", KVR_QK_K, sizeof(struct kvr_block_q4_k), KVR_DTYPE_Q8_K,
-    q4_k_to_float, q4_k_from_float, q4_k_dot};
+    "q4_K",          KVR_QK_K, sizeof(struct kvr_block_q4_k), KVR_DTYPE_Q8_K, q4_k_to_float,
+    q4_k_from_float, q4_k_dot};
 static const struct kvr_dtype_traits traits_q6_k = {
-    "q6_K", KVR_QK_K, sizeof(struct kvr_block_q6_k), KVR_DTYPE_Q8_K,
-    q6_k_to_float, q6_k_from_float, q6_k_dot};
+    "q6_K",          KVR_QK_K, sizeof(struct kvr_block_q6_k), KVR_DTYPE_Q8_K, q6_k_to_float,
+    q6_k_from_float, q6_k_dot};
 static const struct kvr_dtype_traits traits_q4_1 = {
-    "q4_1", KVR_QK, sizeof(struct kvr_block_q4_1), KVR_DTYPE_Q8_0,
-    q4_1_to_float, q4_1_from_float, q4_1_dot};
+    "q4_1",          KVR_QK,  sizeof(struct kvr_block_q4_1), KVR_DTYPE_Q8_0, q4_1_to_float,
+    q4_1_from_float, q4_1_dot};
 static const struct kvr_dtype_traits traits_q5_0 = {
-    "q5_0", KVR_QK, sizeof(struct kvr_block_q5_0), KVR_DTYPE_Q8_0,
-    q5_0_to_float, q5_0_from_float, q5_0_dot};
+    "q5_0",          KVR_QK,  sizeof(struct kvr_block_q5_0), KVR_DTYPE_Q8_0, q5_0_to_float,
+    q5_0_from_float, q5_0_dot};
 static const struct kvr_dtype_traits traits_q5_1 = {
-    "q5_1", KVR_QK, sizeof(struct kvr_block_q5_1), KVR_DTYPE_Q8_0,
-    q5_1_to_float, q5_1_from_float, q5_1_dot};
+    "q5_1",          KVR_QK,  sizeof(struct kvr_block_q5_1), KVR_DTYPE_Q8_0, q5_1_to_float,
+    q5_1_from_float, q5_1_dot};
 static const struct kvr_dtype_traits traits_iq4_nl = {
-    "iq4_nl", KVR_QK, sizeof(struct kvr_block_iq4_nl), KVR_DTYPE_Q8_0,
-    iq4_nl_to_float, iq4_nl_from_float, iq4_nl_dot};
+    "iq4_nl",          KVR_QK,    sizeof(struct kvr_block_iq4_nl), KVR_DTYPE_Q8_0, iq4_nl_to_float,
+    iq4_nl_from_float, iq4_nl_dot};
 static const struct kvr_dtype_traits traits_q2_k = {
-    "q2_K", KVR_QK_K, sizeof(struct kvr_block_q2_k), KVR_DTYPE_Q8_K,
-    q2_k_to_float, q2_k_from_float, q2_k_dot};
+    "q2_K",          KVR_QK_K, sizeof(struct kvr_block_q2_k), KVR_DTYPE_Q8_K, q2_k_to_float,
+    q2_k_from_float, q2_k_dot};
 static const struct kvr_dtype_traits traits_q3_k = {
-    "q3_K", KVR_QK_K, sizeof(struct kvr_block_q3_k), KVR_DTYPE_Q8_K,
-    q3_k_to_float, q3_k_from_float, q3_k_dot};
+    "q3_K",          KVR_QK_K, sizeof(struct kvr_block_q3_k), KVR_DTYPE_Q8_K, q3_k_to_float,
+    q3_k_from_float, q3_k_dot};
 static const struct kvr_dtype_traits traits_q5_k = {
-    "q5_K", KVR_QK_K, sizeof(struct kvr_block_q5_k), KVR_DTYPE_Q8_K,
-    q5_k_to_float, q5_k_from_float, q5_k_dot};
+    "q5_K",          KVR_QK_K, sizeof(struct kvr_block_q5_k), KVR_DTYPE_Q8_K, q5_k_to_float,
+    q5_k_from_float, q5_k_dot};
 static const struct kvr_dtype_traits traits_iq4_xs = {
-    "iq4_xs", KVR_QK_K, sizeof(struct kvr_block_iq4_xs), KVR_DTYPE_Q8_K,
-    iq4_xs_to_float, iq4_xs_from_float, iq4_xs_dot};
+    "iq4_xs",          KVR_QK_K,  sizeof(struct kvr_block_iq4_xs), KVR_DTYPE_Q8_K, iq4_xs_to_float,
+    iq4_xs_from_float, iq4_xs_dot};
 /* Q8_K is an activation type: kvr_matmul refuses it as a weight type. */
 static const struct kvr_dtype_traits traits_q8_k = {
-    "q8_K", KVR_QK_K, sizeof(struct kvr_block_q8_k), KVR_DTYPE_Q8_K,
-    q8_k_to_float, q8_k_from_float, q8_k_dot};
+    "q8_K",          KVR_QK_K, sizeof(struct kvr_block_q8_k), KVR_DTYPE_Q8_K, q8_k_to_float,
+    q8_k_from_float, q8_k_dot};
 
 const struct kvr_dtype_traits *kvr_dtype_traits(int type)
 {
     switch (type) {
-    case KVR_DTYPE_F32: return &traits_f32;
-    case KVR_DTYPE_F16: return &traits_f16;
-    case KVR_DTYPE_BF16: return &traits_bf16;
-    case KVR_DTYPE_Q8_0: return &traits_q8_0;
-    case KVR_DTYPE_Q4_0: return &traits_q4_0;
-    case KVR_DTYPE_Q4_K: return &traits_q4_k;
-    case KVR_DTYPE_Q6_K: return &traits_q6_k;
-    case KVR_DTYPE_Q8_K: return &traits_q8_k;
-    case KVR_DTYPE_Q4_1: return &traits_q4_1;
-    case KVR_DTYPE_Q5_0: return &traits_q5_0;
-    case KVR_DTYPE_Q5_1: return &traits_q5_1;
-    case KVR_DTYPE_IQ4_NL: return &traits_iq4_nl;
-    case KVR_DTYPE_Q2_K: return &traits_q2_k;
-    case KVR_DTYPE_Q3_K: return &traits_q3_k;
-    case KVR_DTYPE_Q5_K: return &traits_q5_k;
-    case KVR_DTYPE_IQ4_XS: return &traits_iq4_xs;
-    default: return NULL;
+    case KVR_DTYPE_F32:
+        return &traits_f32;
+    case KVR_DTYPE_F16:
+        return &traits_f16;
+    case KVR_DTYPE_BF16:
+        return &traits_bf16;
+    case KVR_DTYPE_Q8_0:
+        return &traits_q8_0;
+    case KVR_DTYPE_Q4_0:
+        return &traits_q4_0;
+    case KVR_DTYPE_Q4_K:
+        return &traits_q4_k;
+    case KVR_DTYPE_Q6_K:
+        return &traits_q6_k;
+    case KVR_DTYPE_Q8_K:
+        return &traits_q8_k;
+    case KVR_DTYPE_Q4_1:
+        return &traits_q4_1;
+    case KVR_DTYPE_Q5_0:
+        return &traits_q5_0;
+    case KVR_DTYPE_Q5_1:
+        return &traits_q5_1;
+    case KVR_DTYPE_IQ4_NL:
+        return &traits_iq4_nl;
+    case KVR_DTYPE_Q2_K:
+        return &traits_q2_k;
+    case KVR_DTYPE_Q3_K:
+        return &traits_q3_k;
+    case KVR_DTYPE_Q5_K:
+        return &traits_q5_k;
+    case KVR_DTYPE_IQ4_XS:
+        return &traits_iq4_xs;
+    default:
+        return NULL;
     }
 }
 

@@ -36,18 +36,18 @@ enum kvr_dtype {
     KVR_DTYPE_Q4_K = 12,
     KVR_DTYPE_Q5_K = 13,
     KVR_DTYPE_Q6_K = 14,
-    KVR_DTYPE_Q8_K = 15,  /* activations only (dot type of the K-quants) */
+    KVR_DTYPE_Q8_K = 15, /* activations only (dot type of the K-quants) */
     KVR_DTYPE_IQ4_NL = 20,
     KVR_DTYPE_IQ4_XS = 23,
     KVR_DTYPE_BF16 = 30,
-    KVR_DTYPE_COUNT = 31  /* ids are sparse; unknown ids have no traits */
+    KVR_DTYPE_COUNT = 31 /* ids are sparse; unknown ids have no traits */
 };
 
 struct kvr_dtype_traits {
-    const char *name;          /* "q8_0" */
-    int64_t block_elems;       /* elements per block (1 for f32/f16/bf16) */
-    size_t block_bytes;        /* bytes per block */
-    enum kvr_dtype dot_type;   /* activation type a weight row of this type is dotted with */
+    const char *name;        /* "q8_0" */
+    int64_t block_elems;     /* elements per block (1 for f32/f16/bf16) */
+    size_t block_bytes;      /* bytes per block */
+    enum kvr_dtype dot_type; /* activation type a weight row of this type is dotted with */
     /* Reference (scalar) kernels. n is a multiple of block_elems. */
     void (*to_float)(const void *src, float *dst, int64_t n);
     void (*from_float)(const float *src, void *dst, int64_t n); /* quantize; NULL if none */
@@ -64,10 +64,10 @@ bool kvr_dtype_row_bytes(int type, int64_t n, size_t *out_bytes);
 /* A weight matrix viewed in place (usually inside the mmapped GGUF). */
 struct kvr_matrix {
     enum kvr_dtype type;
-    int64_t n_in;       /* elements per row (GGUF ne0) */
-    int64_t n_out;      /* rows (GGUF ne1) */
-    size_t row_bytes;   /* bytes per row */
-    const void *data;   /* n_out * row_bytes bytes, borrowed */
+    int64_t n_in;     /* elements per row (GGUF ne0) */
+    int64_t n_out;    /* rows (GGUF ne1) */
+    size_t row_bytes; /* bytes per row */
+    const void *data; /* n_out * row_bytes bytes, borrowed */
     /* Optional copy of the weights in the layout the batched (GEMM) kernels read, made by
      * kvr_matrix_pack; borrowed, NULL to use `data` only. It must stay unchanged and alive
      * while the matrix is used. Results are bit-identical with or without it. */
@@ -114,8 +114,8 @@ void kvr_quantize_rows(enum kvr_dtype wtype, const float *x, int64_t n_in, int64
 /* Y[r * ldy + o] = dot(W[o], Xq[r]) for r in [0, n_rows), o in [o_begin, o_end).
  * xq holds n_rows activation rows from kvr_quantize_rows. Single-threaded: callers split
  * [0, n_out) across the pool. Uses blocked matrix-matrix tiles when n_rows > 1. */
-void kvr_matmul(const struct kvr_matrix *w, const void *xq, int64_t n_rows, float *y,
-                int64_t ldy, int64_t o_begin, int64_t o_end);
+void kvr_matmul(const struct kvr_matrix *w, const void *xq, int64_t n_rows, float *y, int64_t ldy,
+                int64_t o_begin, int64_t o_end);
 
 /* Split [0, n_out) among nth threads for kvr_matmul: thread ith gets [*begin, *end).
  * Ranges are contiguous and deterministic, and start at multiples of the active kernels'

@@ -55,16 +55,18 @@ struct layer {
     float rope_scale;               /* and position scale (1 on sliding layers) */
 };
 
-static int view_matrix(const struct kvr_gguf *g, const char *name, int64_t n_in,
-                       int64_t n_out, struct kvr_matrix *m, struct kvr_err *err)
+static int view_matrix(const struct kvr_gguf *g, const char *name, int64_t n_in, int64_t n_out,
+                       struct kvr_matrix *m, struct kvr_err *err)
 {
     const struct kvr_gguf_tensor *t = kvr_gguf_find_tensor(g, name);
     if (!t)
         return kvr_err_set(err, KVR_EFORMAT, "model: missing tensor %s", name);
     if (t->n_dims != 2 || t->ne[0] != n_in || t->ne[1] != n_out)
-        return kvr_err_set(err, KVR_EFORMAT, "model: tensor %s has shape [%lld, %lld], "
-                           "expected [%lld, %lld]", name, (long long)t->ne[0],
-                           (long long)t->ne[1], (long long)n_in, (long long)n_out);
+        return kvr_err_set(err, KVR_EFORMAT,
+                           "model: tensor %s has shape [%lld, %lld], "
+                           "expected [%lld, %lld]",
+                           name, (long long)t->ne[0], (long long)t->ne[1], (long long)n_in,
+                           (long long)n_out);
     const struct kvr_dtype_traits *tr = kvr_dtype_traits(t->type);
     size_t row_bytes;
     if (!tr || !tr->dot || !kvr_dtype_row_bytes(t->type, n_in, &row_bytes))
@@ -78,8 +80,8 @@ static int view_matrix(const struct kvr_gguf *g, const char *name, int64_t n_in,
     return KVR_OK;
 }
 
-static int view_norm(const struct kvr_gguf *g, const char *name, int64_t n,
-                     const float **out, struct kvr_err *err)
+static int view_norm(const struct kvr_gguf *g, const char *name, int64_t n, const float **out,
+                     struct kvr_err *err)
 {
     const struct kvr_gguf_tensor *t = kvr_gguf_find_tensor(g, name);
     if (!t)
@@ -109,16 +111,18 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
     struct kvr_matrix qkv = {0}, up = {0};
     /* Where each of the table's tensors goes: matrices and vectors (norms, biases). */
     struct kvr_matrix *mats[KVR_LT_COUNT] = {
-        [KVR_LT_ATTN_Q] = &l->wq,         [KVR_LT_ATTN_K] = &l->wk,
-        [KVR_LT_ATTN_V] = &l->wv,         [KVR_LT_ATTN_QKV] = &qkv,
-        [KVR_LT_ATTN_OUT] = &l->wo,       [KVR_LT_FFN_GATE] = &l->w_gate,
-        [KVR_LT_FFN_UP] = &up,            [KVR_LT_FFN_DOWN] = &l->w_down};
-    const float **vecs[KVR_LT_COUNT] = {
-        [KVR_LT_ATTN_NORM] = &l->attn_norm,           [KVR_LT_ATTN_Q_BIAS] = &l->bq,
-        [KVR_LT_ATTN_K_BIAS] = &l->bk,                [KVR_LT_ATTN_V_BIAS] = &l->bv,
-        [KVR_LT_ATTN_Q_NORM] = &l->q_norm,            [KVR_LT_ATTN_K_NORM] = &l->k_norm,
-        [KVR_LT_ATTN_POST_NORM] = &l->attn_post_norm, [KVR_LT_FFN_NORM] = &l->ffn_norm,
-        [KVR_LT_FFN_POST_NORM] = &l->ffn_post_norm};
+        [KVR_LT_ATTN_Q] = &l->wq, [KVR_LT_ATTN_K] = &l->wk,      [KVR_LT_ATTN_V] = &l->wv,
+        [KVR_LT_ATTN_QKV] = &qkv, [KVR_LT_ATTN_OUT] = &l->wo,    [KVR_LT_FFN_GATE] = &l->w_gate,
+        [KVR_LT_FFN_UP] = &up,    [KVR_LT_FFN_DOWN] = &l->w_down};
+    const float **vecs[KVR_LT_COUNT] = {[KVR_LT_ATTN_NORM] = &l->attn_norm,
+                                        [KVR_LT_ATTN_Q_BIAS] = &l->bq,
+                                        [KVR_LT_ATTN_K_BIAS] = &l->bk,
+                                        [KVR_LT_ATTN_V_BIAS] = &l->bv,
+                                        [KVR_LT_ATTN_Q_NORM] = &l->q_norm,
+                                        [KVR_LT_ATTN_K_NORM] = &l->k_norm,
+                                        [KVR_LT_ATTN_POST_NORM] = &l->attn_post_norm,
+                                        [KVR_LT_FFN_NORM] = &l->ffn_norm,
+                                        [KVR_LT_FFN_POST_NORM] = &l->ffn_post_norm};
     char name[96];
     for (int t = 0; t < KVR_LT_COUNT; t++) {
         if (!kvr_hparams_has(hp, (enum kvr_lt)t))
@@ -145,8 +149,7 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
         l->w_up = up;
     }
     int rc;
-    if (hp->moe.n_expert &&
-        (rc = kvr_moe_layer_view(&l->moe, g, il, hp->n_embd, &hp->moe, err)))
+    if (hp->moe.n_expert && (rc = kvr_moe_layer_view(&l->moe, g, il, hp->n_embd, &hp->moe, err)))
         return rc;
     l->swa = kvr_hparams_layer_swa(hp, il);
     l->rope_base = l->swa ? hp->rope_base_swa : hp->rope_freq_base;
@@ -159,30 +162,30 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
 struct kvr_engine {
     struct kvr_hparams hp;
     struct kvr_engine_config cfg;
-    uint32_t n_local;             /* layers in the slice */
-    struct layer *layers;         /* [n_local] */
-    struct kvr_matrix tok_embd;   /* head: [n_embd] x n_vocab rows */
-    const float *output_norm;     /* tail: [n_embd] */
-    struct kvr_matrix output;     /* tail: [n_embd] -> [n_vocab] (tok_embd when tied) */
+    uint32_t n_local;           /* layers in the slice */
+    struct layer *layers;       /* [n_local] */
+    struct kvr_matrix tok_embd; /* head: [n_embd] x n_vocab rows */
+    const float *output_norm;   /* tail: [n_embd] */
+    struct kvr_matrix output;   /* tail: [n_embd] -> [n_vocab] (tok_embd when tied) */
     struct kvr_kv kv;
     struct kvr_pool *pool;
-    struct kvr_attn_ops attn;     /* attention's inner loops, matching the kernel set */
-    struct kvr_moe_work *moe;     /* the expert feed-forward's scratch (MoE models) */
+    struct kvr_attn_ops attn; /* attention's inner loops, matching the kernel set */
+    struct kvr_moe_work *moe; /* the expert feed-forward's scratch (MoE models) */
 
     /* Scratch, all [max_rows x width] floats unless noted. */
-    float *x;        /* residual stream, n_embd */
-    float *xb;       /* normed input of a block, n_embd */
-    float *q;        /* queries, q_dim */
-    float *k;        /* keys of this batch, kv_dim */
-    float *v;        /* values of this batch, kv_dim */
-    float *att;      /* attention output, q_dim */
-    float *gate;     /* n_ff */
-    float *up;       /* n_ff */
-    float *proj;     /* a matmul output added into x, n_embd */
-    void *xq;        /* activation rows converted for the weights' dot type */
-    float *scores;   /* per thread: n_ctx attention scores */
-    uint32_t *row_seq; /* [max_rows] sequence of each row */
-    uint32_t *row_pos; /* [max_rows] position of each row */
+    float *x;             /* residual stream, n_embd */
+    float *xb;            /* normed input of a block, n_embd */
+    float *q;             /* queries, q_dim */
+    float *k;             /* keys of this batch, kv_dim */
+    float *v;             /* values of this batch, kv_dim */
+    float *att;           /* attention output, q_dim */
+    float *gate;          /* n_ff */
+    float *up;            /* n_ff */
+    float *proj;          /* a matmul output added into x, n_embd */
+    void *xq;             /* activation rows converted for the weights' dot type */
+    float *scores;        /* per thread: n_ctx attention scores */
+    uint32_t *row_seq;    /* [max_rows] sequence of each row */
+    uint32_t *row_pos;    /* [max_rows] position of each row */
     uint32_t *logit_rows; /* [max_rows] rows whose logits the tail computes */
     /* Packed copies (kvr_matrix_pack) of the slice's Q8_0/Q4_0 matmul weights, read by the
      * batched kernels; NULL with KVR_NO_PACK=1. Costs about the slice's weight size again
@@ -190,8 +193,14 @@ struct kvr_engine {
     void *packed;
 };
 
-const struct kvr_hparams *kvr_engine_hparams(const struct kvr_engine *e) { return &e->hp; }
-bool kvr_engine_is_head(const struct kvr_engine *e) { return e->cfg.first_layer == 0; }
+const struct kvr_hparams *kvr_engine_hparams(const struct kvr_engine *e)
+{
+    return &e->hp;
+}
+bool kvr_engine_is_head(const struct kvr_engine *e)
+{
+    return e->cfg.first_layer == 0;
+}
 bool kvr_engine_is_tail(const struct kvr_engine *e)
 {
     return e->cfg.last_layer + 1 == e->hp.n_layer;
@@ -202,7 +211,7 @@ static size_t max_act_row_bytes(const struct kvr_engine *e)
     size_t best = 0;
     for (uint32_t i = 0; i < e->n_local; i++) {
         const struct layer *l = &e->layers[i];
-        const struct kvr_matrix *ms[] = {&l->wq, &l->wk, &l->wv, &l->wo,
+        const struct kvr_matrix *ms[] = {&l->wq,     &l->wk,   &l->wv,    &l->wo,
                                          &l->w_gate, &l->w_up, &l->w_down};
         for (size_t j = 0; j < sizeof ms / sizeof ms[0]; j++) {
             size_t b = kvr_act_row_bytes(ms[j]->type, ms[j]->n_in);
@@ -223,8 +232,7 @@ void kvr_engine_destroy(struct kvr_engine *e)
     kvr_pool_destroy(e->pool);
     kvr_moe_work_destroy(e->moe);
     kvr_kv_fini(&e->kv);
-    float *bufs[] = {e->x, e->xb, e->q, e->k, e->v, e->att, e->gate, e->up, e->proj,
-                     e->scores};
+    float *bufs[] = {e->x, e->xb, e->q, e->k, e->v, e->att, e->gate, e->up, e->proj, e->scores};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         kvr_free(bufs[i]);
     kvr_free(e->xq);
@@ -247,7 +255,7 @@ static int pack_weights(struct kvr_engine *e, struct kvr_err *err)
         size_t at = 0;
         for (uint32_t i = 0; i <= e->n_local; i++) {
             struct layer *l = &e->layers[i < e->n_local ? i : 0];
-            struct kvr_matrix *layer_ms[] = {&l->wq, &l->wk, &l->wv, &l->wo,
+            struct kvr_matrix *layer_ms[] = {&l->wq,     &l->wk,   &l->wv,    &l->wo,
                                              &l->w_gate, &l->w_up, &l->w_down};
             struct kvr_matrix *tail_ms[] = {&e->output};
             struct kvr_matrix **ms = i < e->n_local ? layer_ms : tail_ms;
@@ -266,8 +274,10 @@ static int pack_weights(struct kvr_engine *e, struct kvr_err *err)
         if (!total)
             return KVR_OK;
         if (!pass && !(e->packed = kvr_aligned_alloc(64, total)))
-            return kvr_err_set(err, KVR_ENOMEM, "engine: cannot allocate %zu bytes of packed "
-                               "weights", total);
+            return kvr_err_set(err, KVR_ENOMEM,
+                               "engine: cannot allocate %zu bytes of packed "
+                               "weights",
+                               total);
     }
     return KVR_OK;
 }
@@ -298,14 +308,16 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
     e->cfg = *cfg;
     const struct kvr_hparams *hp = &e->hp;
     if (cfg->first_layer > cfg->last_layer || cfg->last_layer >= hp->n_layer) {
-        rc = kvr_err_set(err, KVR_ERANGE, "engine: layer range [%u, %u] outside the model's "
-                         "%u layers", cfg->first_layer, cfg->last_layer, hp->n_layer);
+        rc = kvr_err_set(err, KVR_ERANGE,
+                         "engine: layer range [%u, %u] outside the model's "
+                         "%u layers",
+                         cfg->first_layer, cfg->last_layer, hp->n_layer);
         goto fail;
     }
-    if (!cfg->max_rows || cfg->max_rows > 65536 || !cfg->max_seqs ||
-        cfg->max_seqs > MAX_SEQS || !cfg->n_ctx ||
-        !cfg->kv_block_tokens || !cfg->n_threads || cfg->n_threads > 256) {
-        rc = kvr_err_set(err, KVR_EINVAL, "engine: row width, sequences, context, KV block "
+    if (!cfg->max_rows || cfg->max_rows > 65536 || !cfg->max_seqs || cfg->max_seqs > MAX_SEQS ||
+        !cfg->n_ctx || !cfg->kv_block_tokens || !cfg->n_threads || cfg->n_threads > 256) {
+        rc = kvr_err_set(err, KVR_EINVAL,
+                         "engine: row width, sequences, context, KV block "
                          "size and threads must be positive");
         goto fail;
     }
@@ -324,8 +336,8 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
     if (kvr_engine_is_tail(e)) {
         if ((rc = view_norm(g, "output_norm.weight", hp->n_embd, &e->output_norm, err)))
             goto fail;
-        const char *head = kvr_gguf_find_tensor(g, "output.weight") ? "output.weight"
-                                                                     : "token_embd.weight";
+        const char *head =
+            kvr_gguf_find_tensor(g, "output.weight") ? "output.weight" : "token_embd.weight";
         if ((rc = view_matrix(g, head, hp->n_embd, hp->n_vocab, &e->output, err)))
             goto fail;
     }
@@ -339,16 +351,15 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
         }
         for (uint32_t i = 0; i < e->n_local; i++)
             ml[i] = e->layers[i].moe;
-        rc = kvr_moe_work_create(&e->moe, hp->n_embd, &hp->moe, ml, e->n_local,
-                                 cfg->max_rows, err);
+        rc = kvr_moe_work_create(&e->moe, hp->n_embd, &hp->moe, ml, e->n_local, cfg->max_rows, err);
         kvr_free(ml);
         if (rc)
             goto fail;
     }
 
     uint32_t per_seq_blocks = (cfg->n_ctx + cfg->kv_block_tokens - 1) / cfg->kv_block_tokens;
-    uint64_t n_blocks = cfg->kv_n_blocks ? cfg->kv_n_blocks
-                                         : (uint64_t)per_seq_blocks * cfg->max_seqs;
+    uint64_t n_blocks =
+        cfg->kv_n_blocks ? cfg->kv_n_blocks : (uint64_t)per_seq_blocks * cfg->max_seqs;
     if (n_blocks > UINT32_MAX) {
         rc = kvr_err_set(err, KVR_ERANGE, "engine: too many KV blocks");
         goto fail;
@@ -395,7 +406,10 @@ fail:
     return rc;
 }
 
-void kvr_engine_seq_free(struct kvr_engine *e, uint32_t seq) { kvr_kv_free_seq(&e->kv, seq); }
+void kvr_engine_seq_free(struct kvr_engine *e, uint32_t seq)
+{
+    kvr_kv_free_seq(&e->kv, seq);
+}
 
 void kvr_engine_kv_usage(const struct kvr_engine *e, uint32_t *used, uint32_t *total)
 {
@@ -418,14 +432,17 @@ int kvr_engine_check(const struct kvr_engine *e, const struct kvr_seg *segs, uin
     for (uint32_t i = 0; i < n_segs; i++) {
         const struct kvr_seg *s = &segs[i];
         if (s->seq >= e->cfg.max_seqs)
-            return kvr_err_set(err, KVR_ERANGE, "batch: segment %u names sequence %u, "
-                               "beyond %u slots", i, s->seq, e->cfg.max_seqs);
+            return kvr_err_set(err, KVR_ERANGE,
+                               "batch: segment %u names sequence %u, "
+                               "beyond %u slots",
+                               i, s->seq, e->cfg.max_seqs);
         if (s->n_tokens == 0)
             return kvr_err_set(err, KVR_EINVAL, "batch: segment %u is empty", i);
         if ((uint64_t)s->pos0 + s->n_tokens > e->cfg.n_ctx)
-            return kvr_err_set(err, KVR_ERANGE, "batch: segment %u ends at position %llu, "
-                               "beyond the context of %u", i,
-                               (unsigned long long)s->pos0 + s->n_tokens, e->cfg.n_ctx);
+            return kvr_err_set(err, KVR_ERANGE,
+                               "batch: segment %u ends at position %llu, "
+                               "beyond the context of %u",
+                               i, (unsigned long long)s->pos0 + s->n_tokens, e->cfg.n_ctx);
         if (s->flags >> KVR_SEG_FLAG_COUNT)
             return kvr_err_set(err, KVR_EINVAL, "batch: segment %u has unknown flags 0x%x", i,
                                s->flags);
@@ -619,16 +636,13 @@ static void qk_store_worker(void *arg, int ith, int nth)
             for (uint32_t h = 0; h < hp->n_head_kv; h++)
                 rmsnorm(k + h * hd, k + h * hd, l->k_norm, hd, hp->norm_eps);
         }
-        rope_tables(cos_t, sin_t, hp->n_rot, pos, l->rope_base, l->rope_scale,
-                    hp->rope_freqs);
+        rope_tables(cos_t, sin_t, hp->n_rot, pos, l->rope_base, l->rope_scale, hp->rope_freqs);
         for (uint32_t h = 0; h < hp->n_head; h++)
             rope(q + h * hd, hp->n_rot, hp->arch->rope, cos_t, sin_t);
         for (uint32_t h = 0; h < hp->n_head_kv; h++)
             rope(k + h * hd, hp->n_rot, hp->arch->rope, cos_t, sin_t);
-        memcpy(kvr_kv_row(&e->kv, e->kv.k, job->layer, seq, pos), k,
-               hp->kv_dim * sizeof(float));
-        memcpy(kvr_kv_row(&e->kv, e->kv.v, job->layer, seq, pos), v,
-               hp->kv_dim * sizeof(float));
+        memcpy(kvr_kv_row(&e->kv, e->kv.k, job->layer, seq, pos), k, hp->kv_dim * sizeof(float));
+        memcpy(kvr_kv_row(&e->kv, e->kv.v, job->layer, seq, pos), v, hp->kv_dim * sizeof(float));
     }
 }
 
@@ -822,8 +836,10 @@ int kvr_engine_forward(struct kvr_engine *e, const struct kvr_seg *segs, uint32_
     if (kvr_engine_is_head(e)) {
         for (uint32_t r = 0; r < n_rows; r++)
             if (tokens[r] < 0 || (uint32_t)tokens[r] >= hp->n_vocab)
-                return kvr_err_set(err, KVR_ERANGE, "batch: token id %d at row %u outside "
-                                   "the vocabulary of %u", tokens[r], r, hp->n_vocab);
+                return kvr_err_set(err, KVR_ERANGE,
+                                   "batch: token id %d at row %u outside "
+                                   "the vocabulary of %u",
+                                   tokens[r], r, hp->n_vocab);
     }
     /* Reserve KV for every segment before computing anything, so a full cache fails the
      * batch cleanly instead of half-way through. Earlier segments' reservations stay (the

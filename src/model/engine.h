@@ -36,14 +36,14 @@ enum kvr_seg_flag {
 };
 
 struct kvr_seg {
-    uint32_t seq;       /* sequence slot, < max_seqs */
-    uint32_t pos0;      /* position of the first row, in tokens */
-    uint32_t n_tokens;  /* rows in this segment, >= 1 */
-    uint32_t flags;     /* enum kvr_seg_flag bits */
+    uint32_t seq;      /* sequence slot, < max_seqs */
+    uint32_t pos0;     /* position of the first row, in tokens */
+    uint32_t n_tokens; /* rows in this segment, >= 1 */
+    uint32_t flags;    /* enum kvr_seg_flag bits */
 };
 
 struct kvr_engine_config {
-    uint32_t first_layer;     /* inclusive slice [first_layer, last_layer] */
+    uint32_t first_layer; /* inclusive slice [first_layer, last_layer] */
     uint32_t last_layer;
     uint32_t max_rows;        /* the plan's row width: most token rows per forward */
     uint32_t max_seqs;        /* sequence slots */

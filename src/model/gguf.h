@@ -51,27 +51,26 @@ struct kvr_gguf_str {
 };
 
 struct kvr_gguf_arr {
-    enum kvr_gguf_type type;  /* element type (never ARRAY: nested arrays are rejected) */
-    uint64_t n;               /* element count */
-    const void *data;         /* numeric arrays: n packed little-endian elements, NOT
-                                 aligned (read them with memcpy) */
+    enum kvr_gguf_type type;         /* element type (never ARRAY: nested arrays are rejected) */
+    uint64_t n;                      /* element count */
+    const void *data;                /* numeric arrays: n packed little-endian elements, NOT
+                                        aligned (read them with memcpy) */
     const struct kvr_gguf_str *strs; /* string arrays: n entries (index built at open) */
 };
 
 struct kvr_gguf_tensor {
-    const char *name;          /* NUL-terminated */
-    uint32_t n_dims;           /* 1..4 */
+    const char *name;              /* NUL-terminated */
+    uint32_t n_dims;               /* 1..4 */
     int64_t ne[KVR_GGUF_MAX_DIMS]; /* elements per dim, ne[0] fastest; unused dims are 1 */
-    int type;                  /* enum kvr_dtype id (known to dtype.h) */
-    uint64_t offset;           /* from the start of the data section */
+    int type;                      /* enum kvr_dtype id (known to dtype.h) */
+    uint64_t offset;               /* from the start of the data section */
     size_t n_bytes;
-    const void *data;          /* n_bytes inside the mapping */
+    const void *data; /* n_bytes inside the mapping */
 };
 
 int kvr_gguf_open(struct kvr_gguf **out, const char *path, struct kvr_err *err);
 /* Parse an in-memory image (for tests and fuzzing). `data` is borrowed. */
-int kvr_gguf_open_mem(struct kvr_gguf **out, const void *data, size_t size,
-                      struct kvr_err *err);
+int kvr_gguf_open_mem(struct kvr_gguf **out, const void *data, size_t size, struct kvr_err *err);
 void kvr_gguf_close(struct kvr_gguf *g);
 
 uint32_t kvr_gguf_version(const struct kvr_gguf *g);
@@ -91,12 +90,9 @@ int64_t kvr_gguf_find_kv(const struct kvr_gguf *g, const char *key); /* -1 if ab
 /* Typed getters: KVR_ENOTFOUND if absent, KVR_EFORMAT (with message) on a type that cannot
  * be represented (get_u32 accepts any integer type whose value fits; get_f32 accepts
  * float32/float64 and integers). */
-int kvr_gguf_get_u32(const struct kvr_gguf *g, const char *key, uint32_t *out,
-                     struct kvr_err *err);
-int kvr_gguf_get_f32(const struct kvr_gguf *g, const char *key, float *out,
-                     struct kvr_err *err);
-int kvr_gguf_get_bool(const struct kvr_gguf *g, const char *key, bool *out,
-                      struct kvr_err *err);
+int kvr_gguf_get_u32(const struct kvr_gguf *g, const char *key, uint32_t *out, struct kvr_err *err);
+int kvr_gguf_get_f32(const struct kvr_gguf *g, const char *key, float *out, struct kvr_err *err);
+int kvr_gguf_get_bool(const struct kvr_gguf *g, const char *key, bool *out, struct kvr_err *err);
 int kvr_gguf_get_str(const struct kvr_gguf *g, const char *key, struct kvr_gguf_str *out,
                      struct kvr_err *err);
 int kvr_gguf_get_arr(const struct kvr_gguf *g, const char *key, struct kvr_gguf_arr *out,

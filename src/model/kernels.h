@@ -11,41 +11,41 @@
 
 #include <stdint.h>
 
-#define KVR_QK 32   /* elements per Q8_0 / Q4_0 block */
+#define KVR_QK 32    /* elements per Q8_0 / Q4_0 block */
 #define KVR_QK_K 256 /* elements per K-quant super-block */
 
 struct kvr_block_q8_0 {
-    uint16_t d;          /* scale, fp16 */
-    int8_t qs[KVR_QK];   /* value = qs[i] * d */
+    uint16_t d;        /* scale, fp16 */
+    int8_t qs[KVR_QK]; /* value = qs[i] * d */
 };
 
 struct kvr_block_q4_0 {
-    uint16_t d;              /* scale, fp16 */
-    uint8_t qs[KVR_QK / 2];  /* byte i: element i in the low nibble, i+16 in the high one */
+    uint16_t d;             /* scale, fp16 */
+    uint8_t qs[KVR_QK / 2]; /* byte i: element i in the low nibble, i+16 in the high one */
 };
 
 struct kvr_block_q4_1 {
-    uint16_t d;              /* scale, fp16 */
-    uint16_t m;              /* offset (the block's minimum), fp16 */
-    uint8_t qs[KVR_QK / 2];  /* as Q4_0; element = q * d + m */
+    uint16_t d;             /* scale, fp16 */
+    uint16_t m;             /* offset (the block's minimum), fp16 */
+    uint8_t qs[KVR_QK / 2]; /* as Q4_0; element = q * d + m */
 };
 
 struct kvr_block_q5_0 {
-    uint16_t d;              /* scale, fp16 */
-    uint8_t qh[4];           /* bit j of the little-endian word: bit 4 of element j's q */
-    uint8_t qs[KVR_QK / 2];  /* low 4 bits, as Q4_0; element = (q - 16) * d */
+    uint16_t d;             /* scale, fp16 */
+    uint8_t qh[4];          /* bit j of the little-endian word: bit 4 of element j's q */
+    uint8_t qs[KVR_QK / 2]; /* low 4 bits, as Q4_0; element = (q - 16) * d */
 };
 
 struct kvr_block_q5_1 {
-    uint16_t d;              /* scale, fp16 */
-    uint16_t m;              /* offset, fp16 */
-    uint8_t qh[4];           /* as Q5_0 */
-    uint8_t qs[KVR_QK / 2];  /* as Q5_0; element = q * d + m */
+    uint16_t d;             /* scale, fp16 */
+    uint16_t m;             /* offset, fp16 */
+    uint8_t qh[4];          /* as Q5_0 */
+    uint8_t qs[KVR_QK / 2]; /* as Q5_0; element = q * d + m */
 };
 
 struct kvr_block_iq4_nl {
-    uint16_t d;              /* scale, fp16 */
-    uint8_t qs[KVR_QK / 2];  /* 4-bit indices into kvr_iq4_values, laid out as Q4_0 */
+    uint16_t d;             /* scale, fp16 */
+    uint8_t qs[KVR_QK / 2]; /* 4-bit indices into kvr_iq4_values, laid out as Q4_0 */
 };
 
 struct kvr_block_q2_k {
@@ -56,39 +56,39 @@ struct kvr_block_q2_k {
 };
 
 struct kvr_block_q3_k {
-    uint8_t hmask[KVR_QK_K / 8];   /* bit 2 of each quant */
-    uint8_t qs[KVR_QK_K / 4];      /* low 2 bits, laid out as Q2_K */
-    uint8_t scales[12];            /* 16 six-bit scales, packed (see dtype.c) */
-    uint16_t d;                    /* fp16 */
+    uint8_t hmask[KVR_QK_K / 8]; /* bit 2 of each quant */
+    uint8_t qs[KVR_QK_K / 4];    /* low 2 bits, laid out as Q2_K */
+    uint8_t scales[12];          /* 16 six-bit scales, packed (see dtype.c) */
+    uint16_t d;                  /* fp16 */
 };
 
 struct kvr_block_q5_k {
-    uint16_t d;                    /* as Q4_K */
+    uint16_t d; /* as Q4_K */
     uint16_t dmin;
-    uint8_t scales[12];            /* as Q4_K */
-    uint8_t qh[KVR_QK_K / 8];      /* bit 4 of each quant */
-    uint8_t qs[KVR_QK_K / 2];      /* low 4 bits, laid out as Q4_K */
+    uint8_t scales[12];       /* as Q4_K */
+    uint8_t qh[KVR_QK_K / 8]; /* bit 4 of each quant */
+    uint8_t qs[KVR_QK_K / 2]; /* low 4 bits, laid out as Q4_K */
 };
 
 struct kvr_block_iq4_xs {
-    uint16_t d;                    /* fp16 */
-    uint16_t scales_h;             /* bits 4-5 of the 8 six-bit scales, 2 bits each */
+    uint16_t d;                      /* fp16 */
+    uint16_t scales_h;               /* bits 4-5 of the 8 six-bit scales, 2 bits each */
     uint8_t scales_l[KVR_QK_K / 64]; /* bits 0-3 of the scales, a nibble each */
-    uint8_t qs[KVR_QK_K / 2];      /* indices into kvr_iq4_values, 16 bytes per 32 */
+    uint8_t qs[KVR_QK_K / 2];        /* indices into kvr_iq4_values, 16 bytes per 32 */
 };
 
 struct kvr_block_q4_k {
-    uint16_t d;           /* fp16 scale of the 6-bit sub-block scales */
-    uint16_t dmin;        /* fp16 scale of the 6-bit sub-block mins */
-    uint8_t scales[12];   /* 8 scales + 8 mins, 6 bits each, packed (see dtype.c) */
+    uint16_t d;         /* fp16 scale of the 6-bit sub-block scales */
+    uint16_t dmin;      /* fp16 scale of the 6-bit sub-block mins */
+    uint8_t scales[12]; /* 8 scales + 8 mins, 6 bits each, packed (see dtype.c) */
     uint8_t qs[KVR_QK_K / 2];
 };
 
 struct kvr_block_q6_k {
-    uint8_t ql[KVR_QK_K / 2];  /* low 4 bits */
-    uint8_t qh[KVR_QK_K / 4];  /* high 2 bits */
+    uint8_t ql[KVR_QK_K / 2]; /* low 4 bits */
+    uint8_t qh[KVR_QK_K / 4]; /* high 2 bits */
     int8_t scales[KVR_QK_K / 16];
-    uint16_t d;                /* fp16 */
+    uint16_t d; /* fp16 */
 };
 
 struct kvr_block_q8_k {

@@ -35,8 +35,7 @@ int kvr_kv_init(struct kvr_kv *kv, uint32_t n_layers, uint32_t kv_dim, uint32_t 
     if (!kv->k || !kv->v || !kv->tables || !kv->n_pos || !kv->free_ids || !kv->n_mapped ||
         !kv->refs) {
         kvr_kv_fini(kv);
-        return kvr_err_set(err, KVR_ENOMEM, "kv cache: cannot allocate %zu MiB",
-                           2 * n_bytes >> 20);
+        return kvr_err_set(err, KVR_ENOMEM, "kv cache: cannot allocate %zu MiB", 2 * n_bytes >> 20);
     }
     /* Stack order: block 0 is handed out first. */
     for (uint32_t i = 0; i < n_blocks; i++)
@@ -79,20 +78,21 @@ int kvr_kv_prepare(struct kvr_kv *kv, uint32_t seq, uint32_t pos0, uint32_t n_to
                            kv->max_seqs);
     if (pos0 > kv->n_pos[seq])
         return kvr_err_set(err, KVR_ERANGE,
-                           "kv: sequence %u writes position %u but has only %u cached", seq,
-                           pos0, kv->n_pos[seq]);
+                           "kv: sequence %u writes position %u but has only %u cached", seq, pos0,
+                           kv->n_pos[seq]);
     uint64_t end = (uint64_t)pos0 + n_tokens;
     if (end > (uint64_t)kv->max_blocks_per_seq * kv->block_tokens)
-        return kvr_err_set(err, KVR_ERANGE, "kv: sequence %u position %llu beyond context",
-                           seq, (unsigned long long)end);
+        return kvr_err_set(err, KVR_ERANGE, "kv: sequence %u position %llu beyond context", seq,
+                           (unsigned long long)end);
     uint32_t need = kvr_kv_blocks_for(kv, (uint32_t)end);
     if (kv->mapped) {
         /* Every MAP of an opening names the same cached positions; they must be in blocks
          * mapped by the time the sequence runs. */
         if (need > kv->n_mapped[seq] || kvr_kv_blocks_for(kv, kv->n_pos[seq]) > kv->n_mapped[seq])
-            return kvr_err_set(err, KVR_ERANGE, "kv: sequence %u writes position %llu but "
-                               "was mapped %u blocks", seq, (unsigned long long)end - 1,
-                               kv->n_mapped[seq]);
+            return kvr_err_set(err, KVR_ERANGE,
+                               "kv: sequence %u writes position %llu but "
+                               "was mapped %u blocks",
+                               seq, (unsigned long long)end - 1, kv->n_mapped[seq]);
         kv->n_pos[seq] = (uint32_t)end;
         return KVR_OK;
     }
@@ -115,26 +115,34 @@ int kvr_kv_map(struct kvr_kv *kv, uint32_t seq, uint32_t n_cached, uint32_t firs
                const uint32_t *ids, uint32_t n, struct kvr_err *err)
 {
     if (seq >= kv->max_seqs)
-        return kvr_err_set(err, KVR_EINVAL, "kv: map of sequence %u out of range (max %u)",
-                           seq, kv->max_seqs);
+        return kvr_err_set(err, KVR_EINVAL, "kv: map of sequence %u out of range (max %u)", seq,
+                           kv->max_seqs);
     if (!kv->mapped && kv->n_free != kv->n_blocks)
-        return kvr_err_set(err, KVR_EINVAL, "kv: map of sequence %u into a cache whose "
-                           "sequences took their own blocks", seq);
+        return kvr_err_set(err, KVR_EINVAL,
+                           "kv: map of sequence %u into a cache whose "
+                           "sequences took their own blocks",
+                           seq);
     if (first != kv->n_mapped[seq] || (first == 0 && kv->n_pos[seq] != 0))
-        return kvr_err_set(err, KVR_EINVAL, "kv: map of sequence %u at block %u, but it has "
-                           "%u mapped and %u positions", seq, first, kv->n_mapped[seq],
-                           kv->n_pos[seq]);
+        return kvr_err_set(err, KVR_EINVAL,
+                           "kv: map of sequence %u at block %u, but it has "
+                           "%u mapped and %u positions",
+                           seq, first, kv->n_mapped[seq], kv->n_pos[seq]);
     if (n > kv->max_blocks_per_seq - first)
-        return kvr_err_set(err, KVR_EINVAL, "kv: map of sequence %u: %u + %u blocks, at most "
-                           "%u", seq, first, n, kv->max_blocks_per_seq);
+        return kvr_err_set(err, KVR_EINVAL,
+                           "kv: map of sequence %u: %u + %u blocks, at most "
+                           "%u",
+                           seq, first, n, kv->max_blocks_per_seq);
     if (n_cached % kv->block_tokens || n_cached / kv->block_tokens > kv->max_blocks_per_seq)
-        return kvr_err_set(err, KVR_EINVAL, "kv: map of sequence %u: %u cached positions, "
-                           "at most %u blocks of %u", seq, n_cached, kv->max_blocks_per_seq,
-                           kv->block_tokens);
+        return kvr_err_set(err, KVR_EINVAL,
+                           "kv: map of sequence %u: %u cached positions, "
+                           "at most %u blocks of %u",
+                           seq, n_cached, kv->max_blocks_per_seq, kv->block_tokens);
     for (uint32_t i = 0; i < n; i++)
         if (ids[i] >= kv->n_blocks)
-            return kvr_err_set(err, KVR_EINVAL, "kv: map of sequence %u: block %u, the cache "
-                               "has %u", seq, ids[i], kv->n_blocks);
+            return kvr_err_set(err, KVR_EINVAL,
+                               "kv: map of sequence %u: block %u, the cache "
+                               "has %u",
+                               seq, ids[i], kv->n_blocks);
     kv->mapped = true;
     uint32_t *table = kv->tables + (size_t)seq * kv->max_blocks_per_seq;
     for (uint32_t i = 0; i < n; i++) {
@@ -213,8 +221,8 @@ int kvr_kv_pool_init(struct kvr_kv_pool *p, uint32_t n_blocks, uint32_t block_to
     p->lru_prev = kvr_calloc(n_blocks, sizeof *p->lru_prev);
     p->lru_next = kvr_calloc(n_blocks, sizeof *p->lru_next);
     p->free_ids = kvr_calloc(n_blocks, sizeof *p->free_ids);
-    if (!p->state || !p->refs || !p->named || !p->name || !p->prev || !p->tokens ||
-        !p->bucket || !p->chain || !p->lru_prev || !p->lru_next || !p->free_ids) {
+    if (!p->state || !p->refs || !p->named || !p->name || !p->prev || !p->tokens || !p->bucket ||
+        !p->chain || !p->lru_prev || !p->lru_next || !p->free_ids) {
         kvr_kv_pool_fini(p);
         return kvr_err_set(err, KVR_ENOMEM, "kv pool: out of memory");
     }
@@ -413,31 +421,30 @@ int kvr_kv_pool_check(const struct kvr_kv_pool *p, struct kvr_err *err)
             return kvr_err_set(err, KVR_EINVAL, "block %u: state %u", i, p->state[i]);
         n_state[p->state[i]]++;
         if ((p->state[i] == KVR_KV_BLOCK_USED) != (p->refs[i] > 0))
-            return kvr_err_set(err, KVR_EINVAL, "block %u: state %u with %u refs", i,
-                               p->state[i], p->refs[i]);
+            return kvr_err_set(err, KVR_EINVAL, "block %u: state %u with %u refs", i, p->state[i],
+                               p->refs[i]);
         if (p->state[i] == KVR_KV_BLOCK_CACHED && !p->named[i])
             return kvr_err_set(err, KVR_EINVAL, "block %u: cached but unnamed", i);
         if (p->state[i] == KVR_KV_BLOCK_FREE && p->named[i])
             return kvr_err_set(err, KVR_EINVAL, "block %u: free but named", i);
-        if (p->named[i] && find(p, p->prev[i], p->name[i], p->tokens +
-                                (size_t)i * p->block_tokens) != i)
+        if (p->named[i] &&
+            find(p, p->prev[i], p->name[i], p->tokens + (size_t)i * p->block_tokens) != i)
             return kvr_err_set(err, KVR_EINVAL, "block %u: named but not in the index", i);
     }
     if (n_state[KVR_KV_BLOCK_FREE] != p->n_free || n_state[KVR_KV_BLOCK_CACHED] != p->n_cached ||
         n_state[KVR_KV_BLOCK_USED] != p->n_used)
-        return kvr_err_set(err, KVR_EINVAL, "counts free/cached/used %u/%u/%u, states say "
-                           "%u/%u/%u", p->n_free, p->n_cached, p->n_used,
-                           n_state[KVR_KV_BLOCK_FREE], n_state[KVR_KV_BLOCK_CACHED],
-                           n_state[KVR_KV_BLOCK_USED]);
+        return kvr_err_set(err, KVR_EINVAL,
+                           "counts free/cached/used %u/%u/%u, states say "
+                           "%u/%u/%u",
+                           p->n_free, p->n_cached, p->n_used, n_state[KVR_KV_BLOCK_FREE],
+                           n_state[KVR_KV_BLOCK_CACHED], n_state[KVR_KV_BLOCK_USED]);
     uint32_t n_lru = 0;
     for (uint32_t id = p->lru_head, last = NONE; id != NONE; last = id, id = p->lru_next[id]) {
-        if (p->state[id] != KVR_KV_BLOCK_CACHED || p->lru_prev[id] != last ||
-            ++n_lru > p->n_cached)
+        if (p->state[id] != KVR_KV_BLOCK_CACHED || p->lru_prev[id] != last || ++n_lru > p->n_cached)
             return kvr_err_set(err, KVR_EINVAL, "LRU list broken at block %u", id);
     }
     if (n_lru != p->n_cached)
-        return kvr_err_set(err, KVR_EINVAL, "LRU list holds %u of %u cached", n_lru,
-                           p->n_cached);
+        return kvr_err_set(err, KVR_EINVAL, "LRU list holds %u of %u cached", n_lru, p->n_cached);
     for (uint32_t k = 0; k < p->n_free; k++)
         if (p->state[p->free_ids[k]] != KVR_KV_BLOCK_FREE)
             return kvr_err_set(err, KVR_EINVAL, "free stack holds block %u, not free",

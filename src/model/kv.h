@@ -42,15 +42,15 @@ struct kvr_kv {
     uint32_t max_blocks_per_seq; /* ceil(n_ctx / block_tokens) */
     float *k;                    /* see layout above */
     float *v;
-    uint32_t *tables;            /* [max_seqs][max_blocks_per_seq] block ids */
-    uint32_t *n_pos;             /* [max_seqs] positions cached per sequence */
-    uint32_t *free_ids;          /* stack of free block ids, n_free valid (lazy blocks) */
+    uint32_t *tables;   /* [max_seqs][max_blocks_per_seq] block ids */
+    uint32_t *n_pos;    /* [max_seqs] positions cached per sequence */
+    uint32_t *free_ids; /* stack of free block ids, n_free valid (lazy blocks) */
     uint32_t n_free;
     /* Named blocks (kvr_kv_map). */
-    bool mapped;                 /* blocks come from kvr_kv_map only (set by the first map) */
-    uint32_t *n_mapped;          /* [max_seqs] table entries set by kvr_kv_map */
-    uint32_t *refs;              /* [n_blocks] tables that hold each block */
-    uint32_t n_referenced;       /* blocks with refs > 0 */
+    bool mapped;           /* blocks come from kvr_kv_map only (set by the first map) */
+    uint32_t *n_mapped;    /* [max_seqs] table entries set by kvr_kv_map */
+    uint32_t *refs;        /* [n_blocks] tables that hold each block */
+    uint32_t n_referenced; /* blocks with refs > 0 */
 };
 
 int kvr_kv_init(struct kvr_kv *kv, uint32_t n_layers, uint32_t kv_dim, uint32_t block_tokens,
@@ -81,12 +81,11 @@ static inline uint32_t kvr_kv_blocks_for(const struct kvr_kv *kv, uint32_t n_tok
     return (n_tokens + kv->block_tokens - 1) / kv->block_tokens;
 }
 
-static inline float *kvr_kv_row(const struct kvr_kv *kv, float *base, uint32_t layer,
-                                uint32_t seq, uint32_t pos)
+static inline float *kvr_kv_row(const struct kvr_kv *kv, float *base, uint32_t layer, uint32_t seq,
+                                uint32_t pos)
 {
     uint32_t block = kv->tables[(size_t)seq * kv->max_blocks_per_seq + pos / kv->block_tokens];
-    size_t idx = ((size_t)layer * kv->n_blocks + block) * kv->block_tokens +
-                 pos % kv->block_tokens;
+    size_t idx = ((size_t)layer * kv->n_blocks + block) * kv->block_tokens + pos % kv->block_tokens;
     return base + idx * kv->kv_dim;
 }
 
@@ -110,20 +109,20 @@ enum kvr_kv_block_state {
 
 struct kvr_kv_pool {
     uint32_t n_blocks, block_tokens;
-    uint8_t *state;          /* [n_blocks] enum kvr_kv_block_state */
-    uint32_t *refs;          /* [n_blocks] sequences using the block */
-    bool *named;             /* [n_blocks] in the name index */
-    uint64_t *name;          /* [n_blocks] kvr_kv_block_hash, if named */
-    uint64_t *prev;          /* [n_blocks] the name before it (checked on lookup) */
-    int32_t *tokens;         /* [n_blocks][block_tokens] its tokens (checked on lookup) */
-    uint32_t *bucket;        /* [n_buckets] first block of each name chain, or UINT32_MAX */
-    uint32_t *chain;         /* [n_blocks] next block in the same bucket */
-    uint32_t n_buckets;      /* a power of two >= 2 * n_blocks */
+    uint8_t *state;                /* [n_blocks] enum kvr_kv_block_state */
+    uint32_t *refs;                /* [n_blocks] sequences using the block */
+    bool *named;                   /* [n_blocks] in the name index */
+    uint64_t *name;                /* [n_blocks] kvr_kv_block_hash, if named */
+    uint64_t *prev;                /* [n_blocks] the name before it (checked on lookup) */
+    int32_t *tokens;               /* [n_blocks][block_tokens] its tokens (checked on lookup) */
+    uint32_t *bucket;              /* [n_buckets] first block of each name chain, or UINT32_MAX */
+    uint32_t *chain;               /* [n_blocks] next block in the same bucket */
+    uint32_t n_buckets;            /* a power of two >= 2 * n_blocks */
     uint32_t *lru_prev, *lru_next; /* [n_blocks] the CACHED list, oldest at lru_head */
     uint32_t lru_head, lru_tail;
-    uint32_t *free_ids;      /* stack of FREE blocks, n_free valid */
+    uint32_t *free_ids; /* stack of FREE blocks, n_free valid */
     uint32_t n_free, n_cached, n_used;
-    uint64_t n_evicted;      /* named blocks evicted to make room, ever */
+    uint64_t n_evicted; /* named blocks evicted to make room, ever */
 };
 
 int kvr_kv_pool_init(struct kvr_kv_pool *p, uint32_t n_blocks, uint32_t block_tokens,

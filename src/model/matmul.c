@@ -73,7 +73,7 @@ static bool cpu_has_avx512(void)
 static const struct kvr_kernel_set *best_available(void)
 {
     return cpu_has_avx512() ? &kvr_kernels_avx512
-         : cpu_has_avx2()   ? &kvr_kernels_avx2
+           : cpu_has_avx2() ? &kvr_kernels_avx2
                             : &kernels_reference;
 }
 
@@ -97,11 +97,15 @@ static int requested(const struct kvr_kernel_set **out, struct kvr_err *err)
             have = i;
     }
     if (want == n_sets)
-        return kvr_err_set(err, KVR_EINVAL, "KVR_ISA=%s: unknown kernel set (avx512, avx2, "
-                           "reference)", isa);
+        return kvr_err_set(err, KVR_EINVAL,
+                           "KVR_ISA=%s: unknown kernel set (avx512, avx2, "
+                           "reference)",
+                           isa);
     if (want < have)
-        return kvr_err_set(err, KVR_ENOTSUP, "KVR_ISA=%s: this CPU (or its OS) cannot run the "
-                           "%s kernels; the best it can run is %s", isa, isa, best->name);
+        return kvr_err_set(err, KVR_ENOTSUP,
+                           "KVR_ISA=%s: this CPU (or its OS) cannot run the "
+                           "%s kernels; the best it can run is %s",
+                           isa, isa, best->name);
     *out = sets[want];
     return KVR_OK;
 }
@@ -125,7 +129,6 @@ const char *kvr_kernels_init(void)
     }
     return kvr_kernels_name();
 }
-
 
 void kvr_kernels_force_reference(bool on)
 {
@@ -215,8 +218,7 @@ void kvr_quantize_rows(enum kvr_dtype wtype, const float *x, int64_t n_in, int64
 }
 
 static void matmul_reference(const struct kvr_matrix *w, const void *xq, size_t x_stride,
-                             int64_t n_rows, float *y, int64_t ldy, int64_t o_begin,
-                             int64_t o_end)
+                             int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
 {
     const struct kvr_dtype_traits *t = kvr_dtype_traits(w->type);
     for (int64_t o = o_begin; o < o_end; o++) {
@@ -226,8 +228,8 @@ static void matmul_reference(const struct kvr_matrix *w, const void *xq, size_t 
     }
 }
 
-void kvr_matmul(const struct kvr_matrix *w, const void *xq, int64_t n_rows, float *y,
-                int64_t ldy, int64_t o_begin, int64_t o_end)
+void kvr_matmul(const struct kvr_matrix *w, const void *xq, int64_t n_rows, float *y, int64_t ldy,
+                int64_t o_begin, int64_t o_end)
 {
     if (w->type == KVR_DTYPE_Q8_K || !kvr_dtype_traits(w->type))
         abort(); /* the loader only builds matrices of weight types */
@@ -244,9 +246,9 @@ void kvr_matmul(const struct kvr_matrix *w, const void *xq, int64_t n_rows, floa
 
 static size_t pack_unit(enum kvr_dtype type)
 {
-    return type == KVR_DTYPE_Q8_0 ? KVR_PACK_UNIT_Q8_0
-         : type == KVR_DTYPE_Q4_0 ? KVR_PACK_UNIT_Q4_0
-                                  : 0;
+    return type == KVR_DTYPE_Q8_0   ? KVR_PACK_UNIT_Q8_0
+           : type == KVR_DTYPE_Q4_0 ? KVR_PACK_UNIT_Q4_0
+                                    : 0;
 }
 
 size_t kvr_matrix_pack_bytes(const struct kvr_matrix *w)
@@ -268,8 +270,8 @@ void kvr_matrix_pack(const struct kvr_matrix *w, void *dst)
     if (!unit)
         abort(); /* callers check kvr_matrix_pack_bytes first */
     /* block size, and bytes of qs per row that go into the unit */
-    size_t wb = w->type == KVR_DTYPE_Q8_0 ? sizeof(struct kvr_block_q8_0)
-                                          : sizeof(struct kvr_block_q4_0);
+    size_t wb =
+        w->type == KVR_DTYPE_Q8_0 ? sizeof(struct kvr_block_q8_0) : sizeof(struct kvr_block_q4_0);
     int n_g = w->type == KVR_DTYPE_Q8_0 ? 8 : 4;
     int64_t nb = w->n_in / KVR_QK;
     uint8_t *out = dst;

@@ -24,8 +24,8 @@
 
 /* ---- hyperparameters --------------------------------------------------------------- */
 
-static int opt_u32(const struct kvr_gguf *g, const char *arch, const char *suffix,
-                   uint32_t *out, bool *found, struct kvr_err *err)
+static int opt_u32(const struct kvr_gguf *g, const char *arch, const char *suffix, uint32_t *out,
+                   bool *found, struct kvr_err *err)
 {
     char key[96];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
@@ -35,8 +35,8 @@ static int opt_u32(const struct kvr_gguf *g, const char *arch, const char *suffi
 }
 
 int kvr_moe_hparams_read(struct kvr_moe_hparams *mp, const struct kvr_gguf *g, const char *arch,
-                         enum kvr_moe_gating gating, bool norm_default, bool shared,
-                         uint32_t n_ff, struct kvr_err *err)
+                         enum kvr_moe_gating gating, bool norm_default, bool shared, uint32_t n_ff,
+                         struct kvr_err *err)
 {
     memset(mp, 0, sizeof *mp);
     bool found;
@@ -52,25 +52,30 @@ int kvr_moe_hparams_read(struct kvr_moe_hparams *mp, const struct kvr_gguf *g, c
     if ((rc = opt_u32(g, arch, "expert_used_count", &mp->n_used, &found, err)))
         return rc;
     if (!found)
-        return kvr_err_set(err, KVR_EFORMAT, "model: %s.expert_count is set but %s."
-                           "expert_used_count is missing", arch, arch);
+        return kvr_err_set(err, KVR_EFORMAT,
+                           "model: %s.expert_count is set but %s."
+                           "expert_used_count is missing",
+                           arch, arch);
     mp->n_ff_exp = n_ff;
     if ((rc = opt_u32(g, arch, "expert_feed_forward_length", &mp->n_ff_exp, &found, err)))
         return rc;
     if (shared) {
-        if ((rc = opt_u32(g, arch, "expert_shared_feed_forward_length", &mp->n_ff_shexp,
-                          &found, err)))
+        if ((rc = opt_u32(g, arch, "expert_shared_feed_forward_length", &mp->n_ff_shexp, &found,
+                          err)))
             return rc;
         if (!found || mp->n_ff_shexp == 0)
-            return kvr_err_set(err, KVR_EFORMAT, "model: %s needs %s."
-                               "expert_shared_feed_forward_length", arch, arch);
+            return kvr_err_set(err, KVR_EFORMAT,
+                               "model: %s needs %s."
+                               "expert_shared_feed_forward_length",
+                               arch, arch);
     }
     mp->gating = gating;
     mp->norm_topk = norm_default;
     if (mp->n_expert > KVR_MOE_MAX_EXPERTS || mp->n_used == 0 || mp->n_used > mp->n_expert ||
         mp->n_used > KVR_MOE_MAX_USED || mp->n_ff_exp == 0 || mp->n_ff_exp > 262144 ||
         mp->n_ff_shexp > 262144)
-        return kvr_err_set(err, KVR_EFORMAT, "model: implausible experts (%u experts, %u "
+        return kvr_err_set(err, KVR_EFORMAT,
+                           "model: implausible experts (%u experts, %u "
                            "used, width %u, shared %u; at most %d experts, %d used)",
                            mp->n_expert, mp->n_used, mp->n_ff_exp, mp->n_ff_shexp,
                            KVR_MOE_MAX_EXPERTS, KVR_MOE_MAX_USED);
@@ -91,10 +96,12 @@ static int view_stack(const struct kvr_gguf *g, const char *name, int64_t n_in, 
     bool one_d = !n_mat && n_out == 1 && t->n_dims == 1;
     if ((!one_d && t->n_dims != want_dims) || t->ne[0] != n_in || t->ne[1] != n_out ||
         (n_mat && t->ne[2] != n_mat))
-        return kvr_err_set(err, KVR_EFORMAT, "model: tensor %s has shape [%lld, %lld, %lld] "
-                           "(%u dims), expected [%lld, %lld, %lld]", name, (long long)t->ne[0],
-                           (long long)t->ne[1], (long long)t->ne[2], t->n_dims,
-                           (long long)n_in, (long long)n_out, (long long)(n_mat ? n_mat : 1));
+        return kvr_err_set(err, KVR_EFORMAT,
+                           "model: tensor %s has shape [%lld, %lld, %lld] "
+                           "(%u dims), expected [%lld, %lld, %lld]",
+                           name, (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2],
+                           t->n_dims, (long long)n_in, (long long)n_out,
+                           (long long)(n_mat ? n_mat : 1));
     const struct kvr_dtype_traits *tr = kvr_dtype_traits(t->type);
     size_t row_bytes, mat_bytes, all_bytes;
     if (!tr || !tr->dot || t->type == KVR_DTYPE_Q8_K ||
@@ -104,12 +111,17 @@ static int view_stack(const struct kvr_gguf *g, const char *name, int64_t n_in, 
     if (!kvr_mul_size(row_bytes, (size_t)n_out, &mat_bytes) ||
         !kvr_mul_size(mat_bytes, (size_t)(n_mat ? n_mat : 1), &all_bytes) ||
         all_bytes != t->n_bytes)
-        return kvr_err_set(err, KVR_EFORMAT, "model: tensor %s holds %zu bytes, its shape "
-                           "needs another size", name, t->n_bytes);
+        return kvr_err_set(err, KVR_EFORMAT,
+                           "model: tensor %s holds %zu bytes, its shape "
+                           "needs another size",
+                           name, t->n_bytes);
     if (t->type == KVR_DTYPE_F32 && (uintptr_t)t->data % sizeof(float))
         return kvr_err_set(err, KVR_EFORMAT, "model: tensor %s is not 4-byte aligned", name);
-    *m = (struct kvr_matrix){.type = (enum kvr_dtype)t->type, .n_in = n_in, .n_out = n_out,
-                             .row_bytes = row_bytes, .data = t->data};
+    *m = (struct kvr_matrix){.type = (enum kvr_dtype)t->type,
+                             .n_in = n_in,
+                             .n_out = n_out,
+                             .row_bytes = row_bytes,
+                             .data = t->data};
     if (stride)
         *stride = mat_bytes;
     return KVR_OK;
@@ -126,14 +138,13 @@ int kvr_moe_layer_view(struct kvr_moe_layer *l, const struct kvr_gguf *g, uint32
     if ((rc = view_stack(g, NAME("ffn_gate_inp.weight"), d, ne, 0, &l->router, NULL, err)) ||
         (rc = view_stack(g, NAME("ffn_gate_exps.weight"), d, ff, ne, &l->gate, &l->gate_stride,
                          err)) ||
-        (rc = view_stack(g, NAME("ffn_up_exps.weight"), d, ff, ne, &l->up, &l->up_stride,
-                         err)) ||
+        (rc = view_stack(g, NAME("ffn_up_exps.weight"), d, ff, ne, &l->up, &l->up_stride, err)) ||
         (rc = view_stack(g, NAME("ffn_down_exps.weight"), ff, d, ne, &l->down, &l->down_stride,
                          err)))
         return rc;
     if (sh &&
-        ((rc = view_stack(g, NAME("ffn_gate_inp_shexp.weight"), d, 1, 0, &l->sh_gate_inp,
-                          NULL, err)) ||
+        ((rc = view_stack(g, NAME("ffn_gate_inp_shexp.weight"), d, 1, 0, &l->sh_gate_inp, NULL,
+                          err)) ||
          (rc = view_stack(g, NAME("ffn_gate_shexp.weight"), d, sh, 0, &l->sh_gate, NULL, err)) ||
          (rc = view_stack(g, NAME("ffn_up_shexp.weight"), d, sh, 0, &l->sh_up, NULL, err)) ||
          (rc = view_stack(g, NAME("ffn_down_shexp.weight"), sh, d, 0, &l->sh_down, NULL, err))))
@@ -245,30 +256,30 @@ struct kvr_moe_work {
     struct kvr_moe_hparams mp;
     uint32_t n_embd;
     uint32_t max_rows;
-    size_t max_pairs;            /* max_rows * n_used */
-    struct kvr_attn_ops act;     /* for its SwiGLU (the engine's choice of kernel set) */
+    size_t max_pairs;        /* max_rows * n_used */
+    struct kvr_attn_ops act; /* for its SwiGLU (the engine's choice of kernel set) */
 
-    float *logits;               /* [max_rows x n_expert] router logits */
-    uint32_t *ids;               /* [max_pairs] routing of kvr_moe_forward */
-    float *weights;              /* [max_pairs] */
-    float *pairs;                /* [max_pairs x n_embd] per-pair outputs of kvr_moe_forward */
+    float *logits;  /* [max_rows x n_expert] router logits */
+    uint32_t *ids;  /* [max_pairs] routing of kvr_moe_forward */
+    float *weights; /* [max_pairs] */
+    float *pairs;   /* [max_pairs x n_embd] per-pair outputs of kvr_moe_forward */
 
     /* Pairs grouped by expert: group g (0..n_group) holds pair_of[first[e] .. first[e] +
      * count[e]) for expert active[g]; rows in each group in pair order. */
-    uint32_t *count;             /* [n_expert] */
-    uint32_t *first;             /* [n_expert] */
-    uint32_t *active;            /* [n_expert] experts with pairs, ascending */
+    uint32_t *count;  /* [n_expert] */
+    uint32_t *first;  /* [n_expert] */
+    uint32_t *active; /* [n_expert] experts with pairs, ascending */
     uint32_t n_active;
-    uint32_t *pair_of;           /* [max_pairs] grouped index -> pair index */
-    struct mm_task *tasks;       /* [2 * n_expert + 2] */
+    uint32_t *pair_of;     /* [max_pairs] grouped index -> pair index */
+    struct mm_task *tasks; /* [2 * n_expert + 2] */
 
-    void *xq;                    /* [max_rows] rows of x converted (router, shared expert) */
-    void *xg, *xg_up;            /* [max_pairs] gathered rows for gate and up (up: only when
-                                    its type differs from gate's) */
-    float *g, *u;                /* [max_pairs x max(n_ff_exp, n_ff_shexp)] */
-    void *hq;                    /* [max_pairs] SwiGLU rows converted for down */
-    float *d;                    /* [max_pairs x n_embd] down outputs, grouped order */
-    float *sh_gl;                /* [max_rows] shared-expert gate logits */
+    void *xq;         /* [max_rows] rows of x converted (router, shared expert) */
+    void *xg, *xg_up; /* [max_pairs] gathered rows for gate and up (up: only when
+                         its type differs from gate's) */
+    float *g, *u;     /* [max_pairs x max(n_ff_exp, n_ff_shexp)] */
+    void *hq;         /* [max_pairs] SwiGLU rows converted for down */
+    float *d;         /* [max_pairs x n_embd] down outputs, grouped order */
+    float *sh_gl;     /* [max_rows] shared-expert gate logits */
 };
 
 static size_t max_act(size_t best, const struct kvr_matrix *m)
@@ -283,9 +294,9 @@ void kvr_moe_work_destroy(struct kvr_moe_work *w)
 {
     if (!w)
         return;
-    void *bufs[] = {w->logits, w->ids,  w->weights, w->pairs, w->count, w->first,
-                    w->active, w->pair_of, w->tasks, w->xq, w->xg, w->xg_up,
-                    w->g,      w->u,    w->hq,     w->d,     w->sh_gl};
+    void *bufs[] = {w->logits, w->ids,     w->weights, w->pairs, w->count, w->first,
+                    w->active, w->pair_of, w->tasks,   w->xq,    w->xg,    w->xg_up,
+                    w->g,      w->u,       w->hq,      w->d,     w->sh_gl};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         kvr_free(bufs[i]);
     kvr_free(w);
@@ -310,8 +321,7 @@ int kvr_moe_work_create(struct kvr_moe_work **out, uint32_t n_embd,
 {
     *out = NULL;
     if (!mp->n_expert || !mp->n_used || mp->n_used > mp->n_expert ||
-        mp->n_expert > KVR_MOE_MAX_EXPERTS || mp->n_used > KVR_MOE_MAX_USED || !max_rows ||
-        !n_embd)
+        mp->n_expert > KVR_MOE_MAX_EXPERTS || mp->n_used > KVR_MOE_MAX_USED || !max_rows || !n_embd)
         return kvr_err_set(err, KVR_EINVAL, "moe: bad expert shape or row width");
     struct kvr_moe_work *w = kvr_calloc(1, sizeof *w);
     if (!w)
@@ -353,8 +363,10 @@ int kvr_moe_work_create(struct kvr_moe_work **out, uint32_t n_embd,
     w->sh_gl = alloc_n(R, sizeof(float), &failed);
     if (failed) {
         kvr_moe_work_destroy(w);
-        return kvr_err_set(err, KVR_ENOMEM, "moe: cannot allocate scratch for %u rows x %u "
-                           "experts", max_rows, mp->n_used);
+        return kvr_err_set(err, KVR_ENOMEM,
+                           "moe: cannot allocate scratch for %u rows x %u "
+                           "experts",
+                           max_rows, mp->n_used);
     }
     *out = w;
     return KVR_OK;
@@ -409,8 +421,8 @@ static void run_tasks(const struct mm_task *tasks, uint32_t n_tasks, struct kvr_
         return;
     }
     uint64_t n_chunks = 4 * (uint64_t)kvr_pool_size(pool);
-    kvr_pool_run_chunks(pool, mm_worker, &job, (int)(n_chunks < job.n_tiles ? n_chunks
-                                                                             : job.n_tiles));
+    kvr_pool_run_chunks(pool, mm_worker, &job,
+                        (int)(n_chunks < job.n_tiles ? n_chunks : job.n_tiles));
 }
 
 /* Row-wise jobs over n_values values in all: on the pool only when large enough. */
@@ -495,8 +507,8 @@ struct pair_job {
     const float *weights;
     float *out;
     uint32_t n_grouped;
-    uint32_t ff;            /* hidden width of the rows in g/u */
-    enum kvr_dtype h_type;  /* the down matrix's type */
+    uint32_t ff;           /* hidden width of the rows in g/u */
+    enum kvr_dtype h_type; /* the down matrix's type */
 };
 
 /* Gather: pair g's row of x, converted for gate (and up), into xg[g]. Converting a row once
@@ -515,8 +527,7 @@ static void gather_worker(void *arg, int ith, int nth)
         const float *row = j->x + (size_t)(w->pair_of[g] / w->mp.n_used) * w->n_embd;
         kvr_quantize_rows(l->gate.type, row, w->n_embd, 0, 1, (char *)w->xg + (size_t)g * sg);
         if (l->up.type != l->gate.type)
-            kvr_quantize_rows(l->up.type, row, w->n_embd, 0, 1,
-                              (char *)w->xg_up + (size_t)g * su);
+            kvr_quantize_rows(l->up.type, row, w->n_embd, 0, 1, (char *)w->xg_up + (size_t)g * su);
     }
 }
 
@@ -566,12 +577,12 @@ void kvr_moe_experts(struct kvr_moe_work *w, const struct kvr_moe_layer *l, cons
     uint32_t nt = 0;
     for (uint32_t i = 0; i < w->n_active; i++) {
         uint32_t e = w->active[i], f = w->first[e], m = w->count[e];
-        w->tasks[nt++] = (struct mm_task){kvr_moe_expert_matrix(l, 0, e),
-                                          (const char *)w->xg + (size_t)f * sg, m,
-                                          w->g + (size_t)f * ff};
-        w->tasks[nt++] = (struct mm_task){kvr_moe_expert_matrix(l, 1, e),
-                                          (const char *)xu + (size_t)f * su, m,
-                                          w->u + (size_t)f * ff};
+        w->tasks[nt++] =
+            (struct mm_task){kvr_moe_expert_matrix(l, 0, e), (const char *)w->xg + (size_t)f * sg,
+                             m, w->g + (size_t)f * ff};
+        w->tasks[nt++] =
+            (struct mm_task){kvr_moe_expert_matrix(l, 1, e), (const char *)xu + (size_t)f * su, m,
+                             w->u + (size_t)f * ff};
     }
     run_tasks(w->tasks, nt, pool);
     run_rows(pool, act_worker, &j, (double)n * ff * 4);
@@ -580,9 +591,9 @@ void kvr_moe_experts(struct kvr_moe_work *w, const struct kvr_moe_layer *l, cons
     nt = 0;
     for (uint32_t i = 0; i < w->n_active; i++) {
         uint32_t e = w->active[i], f = w->first[e], m = w->count[e];
-        w->tasks[nt++] = (struct mm_task){kvr_moe_expert_matrix(l, 2, e),
-                                          (const char *)w->hq + (size_t)f * sh, m,
-                                          w->d + (size_t)f * d};
+        w->tasks[nt++] =
+            (struct mm_task){kvr_moe_expert_matrix(l, 2, e), (const char *)w->hq + (size_t)f * sh,
+                             m, w->d + (size_t)f * d};
     }
     run_tasks(w->tasks, nt, pool);
     run_rows(pool, scatter_worker, &j, (double)n * d);
@@ -675,8 +686,7 @@ static float ref_dot(const struct kvr_matrix *m, int64_t o, const float *x, floa
 
 /* out = down(SiLU(gate x) * up x), one row */
 static void ref_ffn(const struct kvr_matrix *gate, const struct kvr_matrix *up,
-                    const struct kvr_matrix *down, const float *x, float *out, float *row,
-                    float *h)
+                    const struct kvr_matrix *down, const float *x, float *out, float *row, float *h)
 {
     for (int64_t o = 0; o < gate->n_out; o++) {
         float gv = ref_dot(gate, o, x, row), uv = ref_dot(up, o, x, row);
@@ -687,8 +697,7 @@ static void ref_ffn(const struct kvr_matrix *gate, const struct kvr_matrix *up,
 }
 
 void kvr_moe_forward_ref(const struct kvr_moe_layer *l, const struct kvr_moe_hparams *mp,
-                         uint32_t n_embd, const float *x, float *y, uint32_t *ids,
-                         float *scratch)
+                         uint32_t n_embd, const float *x, float *y, uint32_t *ids, float *scratch)
 {
     size_t ff = mp->n_ff_exp > mp->n_ff_shexp ? mp->n_ff_exp : mp->n_ff_shexp;
     size_t wide = ff > n_embd ? ff : n_embd;

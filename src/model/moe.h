@@ -71,7 +71,7 @@ struct kvr_moe_hparams {
     uint32_t n_ff_exp;   /* hidden width of one expert */
     uint32_t n_ff_shexp; /* hidden width of the shared expert; 0 = none */
     enum kvr_moe_gating gating;
-    bool norm_topk;      /* SOFTMAX gating: renormalise the selected probabilities */
+    bool norm_topk; /* SOFTMAX gating: renormalise the selected probabilities */
 };
 
 /* Read the expert keys of architecture `arch` ("llama", "qwen3moe"). With no
@@ -82,19 +82,19 @@ struct kvr_moe_hparams {
  * `shared` says whether the architecture has a shared expert (its width is then read from
  * <arch>.expert_shared_feed_forward_length, required). Bounds are checked with a message. */
 int kvr_moe_hparams_read(struct kvr_moe_hparams *mp, const struct kvr_gguf *g, const char *arch,
-                         enum kvr_moe_gating gating, bool norm_default, bool shared,
-                         uint32_t n_ff, struct kvr_err *err);
+                         enum kvr_moe_gating gating, bool norm_default, bool shared, uint32_t n_ff,
+                         struct kvr_err *err);
 
 /* Views of one layer's MoE tensors. */
 struct kvr_moe_layer {
-    struct kvr_matrix router;      /* ffn_gate_inp: [n_embd] -> [n_expert] logits */
-    struct kvr_matrix gate, up;    /* expert 0 of ffn_{gate,up}_exps: [n_embd] -> [n_ff_exp] */
-    struct kvr_matrix down;        /* expert 0 of ffn_down_exps: [n_ff_exp] -> [n_embd] */
+    struct kvr_matrix router;   /* ffn_gate_inp: [n_embd] -> [n_expert] logits */
+    struct kvr_matrix gate, up; /* expert 0 of ffn_{gate,up}_exps: [n_embd] -> [n_ff_exp] */
+    struct kvr_matrix down;     /* expert 0 of ffn_down_exps: [n_ff_exp] -> [n_embd] */
     size_t gate_stride, up_stride, down_stride; /* bytes from one expert to the next */
     /* shared expert, when n_ff_shexp > 0 (all zero otherwise) */
-    struct kvr_matrix sh_gate_inp; /* ffn_gate_inp_shexp: [n_embd] -> [1] */
+    struct kvr_matrix sh_gate_inp;    /* ffn_gate_inp_shexp: [n_embd] -> [1] */
     struct kvr_matrix sh_gate, sh_up; /* [n_embd] -> [n_ff_shexp] */
-    struct kvr_matrix sh_down;     /* [n_ff_shexp] -> [n_embd] */
+    struct kvr_matrix sh_down;        /* [n_ff_shexp] -> [n_embd] */
 };
 
 /* View layer il's MoE tensors (blk.<il>.*) with every shape and type checked. */
@@ -160,7 +160,6 @@ void kvr_moe_forward(struct kvr_moe_work *w, const struct kvr_moe_layer *l, cons
  * scratch: kvr_moe_ref_scratch_floats(n_embd, mp) floats. For tests. */
 size_t kvr_moe_ref_scratch_floats(uint32_t n_embd, const struct kvr_moe_hparams *mp);
 void kvr_moe_forward_ref(const struct kvr_moe_layer *l, const struct kvr_moe_hparams *mp,
-                         uint32_t n_embd, const float *x, float *y, uint32_t *ids,
-                         float *scratch);
+                         uint32_t n_embd, const float *x, float *y, uint32_t *ids, float *scratch);
 
 #endif

@@ -50,7 +50,8 @@ int kvr_sample_params_check(const struct kvr_sample_params *p, struct kvr_err *e
                            (unsigned)p->n_bias, KVR_SAMPLER_MAX_BIAS);
     for (uint32_t i = 0; i < p->n_bias; i++) {
         if (p->bias[i].id < 0 || !(p->bias[i].bias >= -100.0f && p->bias[i].bias <= 100.0f))
-            return kvr_err_set(err, KVR_EINVAL, "sampler: logit bias %u (token %d, %g) needs an "
+            return kvr_err_set(err, KVR_EINVAL,
+                               "sampler: logit bias %u (token %d, %g) needs an "
                                "id >= 0 and a bias in [-100, 100]",
                                (unsigned)i, (int)p->bias[i].id, (double)p->bias[i].bias);
         for (uint32_t k = 0; k < i; k++)

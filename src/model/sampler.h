@@ -49,8 +49,8 @@
 #define KVR_SAMPLER_MAX_BIAS 8
 
 struct kvr_logit_bias {
-    int32_t id;  /* token id; ids at or past n_vocab are ignored when sampling */
-    float bias;  /* finite, [-100, 100] */
+    int32_t id; /* token id; ids at or past n_vocab are ignored when sampling */
+    float bias; /* finite, [-100, 100] */
 };
 
 struct kvr_sample_params {

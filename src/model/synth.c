@@ -73,11 +73,10 @@ int kvr_synth_check_shape(const struct kvr_synth_shape *s, struct kvr_err *err)
     if (!(s->rope_base > 0.0f) || !(s->rms_eps > 0.0f))
         return kvr_err_set(err, KVR_EINVAL, "shape: rope base and rms epsilon must be > 0");
     if (s->n_expert &&
-        ((rc = check_range("experts", s->n_expert, 2, s->dim < KVR_MOE_MAX_EXPERTS
-                                                          ? s->dim : KVR_MOE_MAX_EXPERTS, err)) ||
+        ((rc = check_range("experts", s->n_expert, 2,
+                           s->dim < KVR_MOE_MAX_EXPERTS ? s->dim : KVR_MOE_MAX_EXPERTS, err)) ||
          (rc = check_range("experts-used", s->n_expert_used, 1,
-                           s->n_expert < KVR_MOE_MAX_USED ? s->n_expert : KVR_MOE_MAX_USED,
-                           err)) ||
+                           s->n_expert < KVR_MOE_MAX_USED ? s->n_expert : KVR_MOE_MAX_USED, err)) ||
          (rc = check_range("expert-ff", s->expert_ff, 0, 1 << 18, err)) ||
          (rc = check_range("shared-ff", s->shared_ff, 0, 1 << 18, err))))
         return rc;
@@ -89,11 +88,11 @@ int kvr_synth_check_shape(const struct kvr_synth_shape *s, struct kvr_err *err)
 /* What a tensor's rows hold beyond their random values: the routing design of MoE models
  * (synth.h), on the first `reserved` coordinates of the residual stream. */
 enum role {
-    ROLE_RANDOM,     /* uniform values only */
-    ROLE_LEVELS,     /* token_embd: a permutation of evenly spaced levels on the reserved */
-    ROLE_ROUTER,     /* ffn_gate_inp: row e one-hot on reserved perm(e), value `gain` */
-    ROLE_ZERO_OUT,   /* output rows (row % ne1) < reserved are zero */
-    ROLE_NORM_ONE,   /* ffn_norm: exactly 1 on the reserved coordinates */
+    ROLE_RANDOM,   /* uniform values only */
+    ROLE_LEVELS,   /* token_embd: a permutation of evenly spaced levels on the reserved */
+    ROLE_ROUTER,   /* ffn_gate_inp: row e one-hot on reserved perm(e), value `gain` */
+    ROLE_ZERO_OUT, /* output rows (row % ne1) < reserved are zero */
+    ROLE_NORM_ONE, /* ffn_norm: exactly 1 on the reserved coordinates */
     ROLE_COUNT
 };
 
@@ -270,9 +269,9 @@ static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
         hp.moe.n_expert = (uint32_t)s->n_expert;
         hp.moe.n_used = (uint32_t)s->n_expert_used;
         hp.moe.n_ff_exp = (uint32_t)(s->expert_ff ? s->expert_ff : s->ff);
-        hp.moe.n_ff_shexp = hp.arch->moe_shared ? (uint32_t)(s->shared_ff ? s->shared_ff
-                                                                          : (int)hp.moe.n_ff_exp)
-                                                : 0;
+        hp.moe.n_ff_shexp = hp.arch->moe_shared
+                                ? (uint32_t)(s->shared_ff ? s->shared_ff : (int)hp.moe.n_ff_exp)
+                                : 0;
     }
     return hp;
 }
@@ -284,8 +283,8 @@ static size_t max_tensors(const struct kvr_synth_shape *s)
 }
 
 /* A MoE layer's router, experts and shared expert (synth.h: the routing design). */
-static int64_t add_moe_specs(struct tspec *out, const struct kvr_hparams *hp, uint32_t l,
-                             int type, uint64_t seed, float s_res)
+static int64_t add_moe_specs(struct tspec *out, const struct kvr_hparams *hp, uint32_t l, int type,
+                             uint64_t seed, float s_res)
 {
     const struct kvr_moe_hparams *mp = &hp->moe;
     int64_t n = 0, d = hp->n_embd, ff = mp->n_ff_exp, sh = mp->n_ff_shexp;
@@ -316,10 +315,9 @@ static int64_t add_moe_specs(struct tspec *out, const struct kvr_hparams *hp, ui
         out[n++].lo = -1.7320508f / sqrtf((float)d);
         add_spec(&out[n++], NAME("ffn_gate_shexp.weight"), d, sh, type, 1.0f / sqrtf((float)d),
                  seed);
-        add_spec(&out[n++], NAME("ffn_up_shexp.weight"), d, sh, type, 1.0f / sqrtf((float)d),
+        add_spec(&out[n++], NAME("ffn_up_shexp.weight"), d, sh, type, 1.0f / sqrtf((float)d), seed);
+        add_spec(&out[n], NAME("ffn_down_shexp.weight"), sh, d, type, s_res / sqrtf((float)sh),
                  seed);
-        add_spec(&out[n], NAME("ffn_down_shexp.weight"), sh, d, type,
-                 s_res / sqrtf((float)sh), seed);
         out[n].role = ROLE_ZERO_OUT;
         out[n++].reserved = mp->n_expert;
     }
@@ -665,8 +663,7 @@ static void add_arch_u32(struct kvr_gguf_writer *w, const char *arch, const char
     kvr_gguf_writer_add_u32(w, key, v);
 }
 
-static void add_arch_f32(struct kvr_gguf_writer *w, const char *arch, const char *suffix,
-                         float v)
+static void add_arch_f32(struct kvr_gguf_writer *w, const char *arch, const char *suffix, float v)
 {
     char key[96];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
@@ -742,8 +739,10 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
     if (arch->moe_always && !s->n_expert)
         return kvr_err_set(err, KVR_EINVAL, "shape: %s needs experts", arch->name);
     if (s->n_expert && !arch->moe_always && strcmp(arch->name, "llama"))
-        return kvr_err_set(err, KVR_EINVAL, "shape: %s has no experts (llama, qwen3moe and "
-                           "qwen2moe do)", arch->name);
+        return kvr_err_set(err, KVR_EINVAL,
+                           "shape: %s has no experts (llama, qwen3moe and "
+                           "qwen2moe do)",
+                           arch->name);
     if (s->n_expert && !arch->moe_always && s->expert_ff && s->expert_ff != s->ff)
         return kvr_err_set(err, KVR_EINVAL, "shape: llama's experts are ff wide (%d), not %d",
                            s->ff, s->expert_ff);
@@ -754,7 +753,8 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
                            arch_of(opts)->name);
     if ((opts->rope_freqs || (opts->rope_scale > 0.0f && opts->rope_scale != 1.0f)) &&
         strcmp(arch_of(opts)->name, "llama"))
-        return kvr_err_set(err, KVR_EINVAL, "rope_freqs and rope scaling are written for "
+        return kvr_err_set(err, KVR_EINVAL,
+                           "rope_freqs and rope scaling are written for "
                            "llama only");
 
     struct kvr_gguf_writer *w = kvr_gguf_writer_create();

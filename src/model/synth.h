@@ -77,18 +77,18 @@
 #include <stdio.h>
 
 struct kvr_synth_shape {
-    char name[32];   /* the shape's name, used in general.name */
-    int n_layers;    /* transformer blocks */
-    int dim;         /* embedding width (n_heads * head_dim) */
-    int ff;          /* feed-forward hidden width */
-    int n_heads;     /* query heads */
-    int n_kv_heads;  /* key/value heads (divides n_heads) */
-    int vocab_size;  /* ignored when a vocab file is given */
-    int ctx;         /* llama.context_length */
-    float rope_base; /* llama.rope.freq_base */
-    float rms_eps;   /* llama.attention.layer_norm_rms_epsilon */
-    int head_dim;    /* 0: dim / n_heads; else attention.key_length (q width n_heads x it) */
-    int n_swa;       /* attention.sliding_window (0: none), for architectures that slide */
+    char name[32];     /* the shape's name, used in general.name */
+    int n_layers;      /* transformer blocks */
+    int dim;           /* embedding width (n_heads * head_dim) */
+    int ff;            /* feed-forward hidden width */
+    int n_heads;       /* query heads */
+    int n_kv_heads;    /* key/value heads (divides n_heads) */
+    int vocab_size;    /* ignored when a vocab file is given */
+    int ctx;           /* llama.context_length */
+    float rope_base;   /* llama.rope.freq_base */
+    float rms_eps;     /* llama.attention.layer_norm_rms_epsilon */
+    int head_dim;      /* 0: dim / n_heads; else attention.key_length (q width n_heads x it) */
+    int n_swa;         /* attention.sliding_window (0: none), for architectures that slide */
     int n_expert;      /* mixture of experts: experts per layer (0: a dense feed-forward) */
     int n_expert_used; /* experts per token row */
     int expert_ff;     /* one expert's hidden width (0: ff); llama files use ff */
@@ -113,8 +113,8 @@ struct kvr_synth_opts {
     bool tied;                   /* no output.weight: the head reads token_embd */
     bool rope_freqs;             /* llama: write rope_freqs.weight (Llama 3.1 factors) */
     float rope_scale;            /* llama: linear rope scaling factor (0 or 1: none) */
-    int type; /* enum kvr_dtype of the matrices: F32, F16, Q8_0, Q4_0,
-                 Q4_K (or any type with from_float) */
+    int type;                    /* enum kvr_dtype of the matrices: F32, F16, Q8_0, Q4_0,
+                                    Q4_K (or any type with from_float) */
     uint64_t seed;
     const struct kvr_gguf *vocab;  /* optional, borrowed: copy its tokenizer.* keys */
     int n_threads;                 /* >= 1 */

@@ -5,8 +5,8 @@
 #include <string.h>
 #include <strings.h>
 
-int kvr_addr_parse(const char *addr, char *host, size_t host_cap, uint16_t *port,
-                   bool allow_port_0, struct kvr_err *err)
+int kvr_addr_parse(const char *addr, char *host, size_t host_cap, uint16_t *port, bool allow_port_0,
+                   struct kvr_err *err)
 {
     const char *colon, *h = addr;
     size_t hlen;

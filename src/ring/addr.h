@@ -16,8 +16,8 @@
  * or an IPv6 literal in brackets ("[::1]:7001"; the brackets are removed). port is decimal
  * 1..65535, or 0 too when allow_port_0 (a listener that lets the kernel pick). Rejects
  * anything else with a message. */
-int kvr_addr_parse(const char *addr, char *host, size_t host_cap, uint16_t *port,
-                   bool allow_port_0, struct kvr_err *err);
+int kvr_addr_parse(const char *addr, char *host, size_t host_cap, uint16_t *port, bool allow_port_0,
+                   struct kvr_err *err);
 
 /* Whether two addresses name the same host (case-insensitive) and port. Addresses that do
  * not parse are never equal. Names are not resolved ("localhost" != "127.0.0.1"). */

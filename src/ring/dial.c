@@ -18,9 +18,9 @@ struct kvr_dialer {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     bool stop;
-    bool want;              /* a link is wanted */
-    bool redialled;         /* ... again, after one was lost */
-    bool have;              /* `ready` holds a link not taken yet */
+    bool want;      /* a link is wanted */
+    bool redialled; /* ... again, after one was lost */
+    bool have;      /* `ready` holds a link not taken yet */
     struct kvr_link ready;
     uint32_t backoff_ms;
     char error[KVR_ERR_MSG_BYTES];
@@ -67,8 +67,8 @@ static void *dial_main(void *arg)
         bool ok = false;
         if (kvr_net_connect(c->addr, kvr_net_deadline(CONNECT_MS), &fd, &err) == 0) {
             ok = kvr_link_init(&link, fd, c->addr, c->limits, KVR_LINK_SEND, &err) == 0 &&
-                 kvr_link_handshake_client(&link, c->plan, c->role, c->index,
-                                           c->handshake_ms, &err) == 0;
+                 kvr_link_handshake_client(&link, c->plan, c->role, c->index, c->handshake_ms,
+                                           &err) == 0;
             if (!ok) {
                 KVR_WARN("%s: downstream %s: %s", c->name, c->addr, err.msg);
                 kvr_link_fini(&link);
@@ -89,8 +89,8 @@ static void *dial_main(void *arg)
         set_error(d, err.msg);
         kvr_ev_wake(c->wake); /* the loop may show the error (/health) */
         pause_ms(d, d->backoff_ms);
-        d->backoff_ms = d->backoff_ms * 2 > c->backoff_max_ms ? c->backoff_max_ms
-                                                              : d->backoff_ms * 2;
+        d->backoff_ms =
+            d->backoff_ms * 2 > c->backoff_max_ms ? c->backoff_max_ms : d->backoff_ms * 2;
     }
     pthread_mutex_unlock(&d->lock);
     return NULL;

@@ -31,14 +31,14 @@
 
 struct kvr_dialer_config {
     const struct kvr_plan *plan;
-    const char *addr;                    /* the downstream's "host:port" */
+    const char *addr;                     /* the downstream's "host:port" */
     const struct kvr_wire_limits *limits; /* what the downstream accepts */
-    enum kvr_auth_role role;             /* who we are: the bridge, or stage `index` */
+    enum kvr_auth_role role;              /* who we are: the bridge, or stage `index` */
     uint32_t index;
-    const char *name;                    /* for log lines: "bridge", "stage 1" */
+    const char *name; /* for log lines: "bridge", "stage 1" */
     int handshake_ms;
     uint32_t backoff_max_ms;
-    struct kvr_ev *wake;                 /* woken when a link is ready */
+    struct kvr_ev *wake; /* woken when a link is ready */
 };
 
 struct kvr_dialer;

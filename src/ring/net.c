@@ -443,8 +443,8 @@ static int recv_frame(struct kvr_link *link, uint8_t *body, size_t body_cap,
     size_t body_in = link->hdr.body_bytes ? link->hdr.body_bytes + tag_bytes : 0;
     if (!body) {
         if (body_in > 0)
-            return kvr_err_set(err, KVR_EAGAIN, "link %s: a %s frame waits for room",
-                               link->peer, kvr_wire_type_name(link->hdr.type));
+            return kvr_err_set(err, KVR_EAGAIN, "link %s: a %s frame waits for room", link->peer,
+                               kvr_wire_type_name(link->hdr.type));
         body = link->body;
         body_cap = link->body_cap;
         frame = &link->frame;
@@ -470,8 +470,8 @@ static int recv_frame(struct kvr_link *link, uint8_t *body, size_t body_cap,
     if (rc == KVR_OK && link->sealed && body_in &&
         kvr_seal_open_body(&link->seal_rx, body, link->hdr.body_bytes, &e))
         rc = KVR_EPROTO;
-    if (rc == KVR_OK && (rc = kvr_wire_decode_body(frame, &link->hdr, body,
-                                                   link->hdr.body_bytes, &link->limits, &e)))
+    if (rc == KVR_OK && (rc = kvr_wire_decode_body(frame, &link->hdr, body, link->hdr.body_bytes,
+                                                   &link->limits, &e)))
         rc = KVR_EPROTO;
     if (rc) {
         kvr_err_set(&why, rc, "link %s: %s", link->peer, e.msg);
@@ -509,8 +509,7 @@ int kvr_link_rx_init(struct kvr_link_rx *rx, const struct kvr_wire_limits *limit
     rx->body_cap = body_bytes_for(limits);
     rx->body = kvr_aligned_alloc(64, rx->body_cap);
     if (!rx->body)
-        return kvr_err_set(err, KVR_ENOMEM, "no memory for a %zu-byte frame buffer",
-                           rx->body_cap);
+        return kvr_err_set(err, KVR_ENOMEM, "no memory for a %zu-byte frame buffer", rx->body_cap);
     int rc = kvr_wire_frame_init(&rx->frame, limits, err);
     if (rc)
         kvr_link_rx_fini(rx);
@@ -566,8 +565,7 @@ static int send_some(struct kvr_link *link, struct kvr_err *err)
     return KVR_OK;
 }
 
-int kvr_link_send_begin(struct kvr_link *link, const struct kvr_wire_msg *msg,
-                        struct kvr_err *err)
+int kvr_link_send_begin(struct kvr_link *link, const struct kvr_wire_msg *msg, struct kvr_err *err)
 {
     if (link->broken)
         return closed_error(link, err);
@@ -575,12 +573,11 @@ int kvr_link_send_begin(struct kvr_link *link, const struct kvr_wire_msg *msg,
         return kvr_err_set(err, KVR_EINVAL, "link %s was not opened for sending", link->peer);
     if (link->tx_pending)
         return kvr_err_set(err, KVR_EFULL, "link %s: a frame is still being sent", link->peer);
-    int rc = kvr_wire_encode(msg, link->scratch, link->scratch_cap, link->tx_iov,
-                             &link->tx_n_iov, &link->tx_total, err);
+    int rc = kvr_wire_encode(msg, link->scratch, link->scratch_cap, link->tx_iov, &link->tx_n_iov,
+                             &link->tx_total, err);
     if (rc == KVR_OK && link->sealed &&
         (rc = kvr_seal_frame(&link->seal_tx, link->tx_iov, link->tx_n_iov, link->tx_total,
-                             link->sealed_out, link->sealed_cap, &link->tx_total, err)) ==
-            KVR_OK) {
+                             link->sealed_out, link->sealed_cap, &link->tx_total, err)) == KVR_OK) {
         link->tx_iov[0] = (struct iovec){link->sealed_out, link->tx_total};
         link->tx_n_iov = 1;
     }
@@ -600,8 +597,6 @@ int kvr_link_send_resume(struct kvr_link *link, struct kvr_err *err)
         return KVR_OK;
     return send_some(link, err);
 }
-
-
 
 int kvr_link_send(struct kvr_link *link, const struct kvr_wire_msg *msg, uint64_t deadline_ns,
                   struct kvr_err *err)

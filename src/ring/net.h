@@ -173,7 +173,7 @@ int kvr_link_recv(struct kvr_link *link, uint64_t deadline_ns, const struct kvr_
  * plan's largest frame and the decoded records. kvr_link_recv_into decodes straight into
  * it, so a stage reads a batch into the slot it will compute from, with no copy. */
 struct kvr_link_rx {
-    uint8_t *body;               /* 64-byte aligned, owned */
+    uint8_t *body; /* 64-byte aligned, owned */
     size_t body_cap;
     struct kvr_wire_frame frame; /* the frame received; its payload points into body */
 };
@@ -196,8 +196,7 @@ int kvr_link_recv_into(struct kvr_link *link, struct kvr_link_rx *rx, uint64_t d
  * kvr_link_send_resume continues when the socket is writable (KVR_EAGAIN again while it
  * is not done). KVR_EBUSY if a frame is still pending. Any other failure breaks the link.
  * The caller enforces the deadline (a frame pending too long means a dead peer). */
-int kvr_link_send_begin(struct kvr_link *link, const struct kvr_wire_msg *msg,
-                        struct kvr_err *err);
+int kvr_link_send_begin(struct kvr_link *link, const struct kvr_wire_msg *msg, struct kvr_err *err);
 int kvr_link_send_resume(struct kvr_link *link, struct kvr_err *err);
 
 /* Encode `msg` (wire.h) into the scratch buffer and send it with the payload straight

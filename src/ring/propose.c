@@ -61,11 +61,15 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
     if (rc)
         return rc;
     if (spec->n_stages < 2)
-        return kvr_err_set(err, KVR_EINVAL, "a pipeline needs at least two stages: head and "
-                           "tail are different roles (asked for %u)", spec->n_stages);
+        return kvr_err_set(err, KVR_EINVAL,
+                           "a pipeline needs at least two stages: head and "
+                           "tail are different roles (asked for %u)",
+                           spec->n_stages);
     if (spec->n_stages > hp.n_layer || spec->n_stages > KVR_PLAN_MAX_STAGES)
-        return kvr_err_set(err, KVR_EINVAL, "%u stages for a model of %u layers: each stage "
-                           "needs at least one layer", spec->n_stages, hp.n_layer);
+        return kvr_err_set(err, KVR_EINVAL,
+                           "%u stages for a model of %u layers: each stage "
+                           "needs at least one layer",
+                           spec->n_stages, hp.n_layer);
     double *cost = kvr_calloc(hp.n_layer, sizeof *cost);
     if (!cost)
         return kvr_err_set(err, KVR_ENOMEM, "out of memory");
@@ -77,13 +81,16 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
         cost[i] = LAYER_NON_MATMUL * layer_bytes(g, &hp, i);
     const struct kvr_gguf_tensor *emb = kvr_gguf_find_tensor(g, "token_embd.weight");
     double head_cost = emb && emb->ne[1] ? (double)emb->n_bytes / (double)emb->ne[1] : 0;
-    double tail_cost = tensor_bytes(g, "output_norm.weight") +
-                       (kvr_gguf_find_tensor(g, "output.weight")
-                            ? tensor_bytes(g, "output.weight")
-                            : tensor_bytes(g, "token_embd.weight"));
-    struct kvr_balance_input in = {.n_layer = hp.n_layer, .n_stages = spec->n_stages,
-                                   .layer_cost = cost, .head_cost = head_cost,
-                                   .tail_cost = tail_cost, .stage_speed = spec->stage_speed};
+    double tail_cost =
+        tensor_bytes(g, "output_norm.weight") + (kvr_gguf_find_tensor(g, "output.weight")
+                                                     ? tensor_bytes(g, "output.weight")
+                                                     : tensor_bytes(g, "token_embd.weight"));
+    struct kvr_balance_input in = {.n_layer = hp.n_layer,
+                                   .n_stages = spec->n_stages,
+                                   .layer_cost = cost,
+                                   .head_cost = head_cost,
+                                   .tail_cost = tail_cost,
+                                   .stage_speed = spec->stage_speed};
     struct kvr_balance_result res;
     rc = kvr_plan_balance(&in, &res, err);
     kvr_free(cost);
@@ -93,15 +100,15 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
     const char *hosts = spec->hosts && spec->hosts[0] ? spec->hosts : "127.0.0.1";
     uint32_t port = spec->base_port ? spec->base_port : 7001;
     if (port < 2 || port + spec->n_stages > 65535)
-        return kvr_err_set(err, KVR_ERANGE, "base port %u leaves no room for %u stages",
-                           port, spec->n_stages);
+        return kvr_err_set(err, KVR_ERANGE, "base port %u leaves no room for %u stages", port,
+                           spec->n_stages);
     snprintf(plan->model_path, sizeof plan->model_path, "%s", spec->model_path);
     plan->n_stages = spec->n_stages;
     char host[KVR_PLAN_ADDR_BYTES - 8];
     for (uint32_t i = 0; i < spec->n_stages; i++) {
         nth_host(hosts, i, host, sizeof host);
-        int n = snprintf(plan->stages[i].addr, sizeof plan->stages[i].addr, "%s:%u", host,
-                         port + i);
+        int n =
+            snprintf(plan->stages[i].addr, sizeof plan->stages[i].addr, "%s:%u", host, port + i);
         if (n < 0 || (size_t)n >= sizeof plan->stages[i].addr)
             return kvr_err_set(err, KVR_ERANGE, "host name too long: %s", host);
         plan->stages[i].first_layer = res.first_layer[i];
@@ -119,8 +126,8 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
     plan->microbatches = spec->microbatches ? spec->microbatches : spec->n_stages;
     plan->max_seqs = spec->max_seqs ? spec->max_seqs : 32;
     plan->n_ctx = spec->n_ctx ? spec->n_ctx : (hp.n_ctx_train < 2048 ? hp.n_ctx_train : 2048);
-    plan->kv_block_tokens = spec->kv_block_tokens ? spec->kv_block_tokens
-                                                  : KVR_PLAN_DEFAULT_KV_BLOCK_TOKENS;
+    plan->kv_block_tokens =
+        spec->kv_block_tokens ? spec->kv_block_tokens : KVR_PLAN_DEFAULT_KV_BLOCK_TOKENS;
     uint64_t per_seq = (plan->n_ctx + plan->kv_block_tokens - 1) / plan->kv_block_tokens;
     uint64_t blocks = spec->kv_blocks ? spec->kv_blocks : per_seq * plan->max_seqs;
     if (blocks > UINT32_MAX)

@@ -13,23 +13,23 @@
 #include "ring/plan.h"
 
 struct kvr_plan_spec {
-    uint32_t n_stages;             /* >= 2 */
-    const char *hosts;             /* comma-separated hosts (one, or one per stage);
-                                      NULL = 127.0.0.1 */
-    uint32_t base_port;            /* stage i listens on base_port + i (default 7001) */
-    const char *bridge_addr;       /* default "<first host>:<base_port - 1>" */
-    const char *model_path;        /* written into the plan as given */
-    const double *stage_speed;     /* n_stages relative speeds, or NULL */
-    uint32_t row_width;            /* 0 = 64 */
-    uint32_t microbatches;         /* 0 = n_stages */
-    uint32_t max_seqs;             /* 0 = 32 */
-    uint32_t n_ctx;                /* 0 = min(2048, the model's) */
-    uint32_t kv_block_tokens;      /* 0 = 16 */
-    uint32_t kv_blocks;            /* 0 = max_seqs * n_ctx worth */
-    enum kvr_dtype wire_dtype;     /* F32 (0) or F16 */
-    uint32_t n_threads;            /* per stage; 0 = 1 */
-    bool no_encrypt;               /* plain frames ("encrypt": false); default sealed */
-    uint64_t fingerprint;          /* the model's kvr_gguf_fingerprint, or 0 (no check) */
+    uint32_t n_stages;         /* >= 2 */
+    const char *hosts;         /* comma-separated hosts (one, or one per stage);
+                                  NULL = 127.0.0.1 */
+    uint32_t base_port;        /* stage i listens on base_port + i (default 7001) */
+    const char *bridge_addr;   /* default "<first host>:<base_port - 1>" */
+    const char *model_path;    /* written into the plan as given */
+    const double *stage_speed; /* n_stages relative speeds, or NULL */
+    uint32_t row_width;        /* 0 = 64 */
+    uint32_t microbatches;     /* 0 = n_stages */
+    uint32_t max_seqs;         /* 0 = 32 */
+    uint32_t n_ctx;            /* 0 = min(2048, the model's) */
+    uint32_t kv_block_tokens;  /* 0 = 16 */
+    uint32_t kv_blocks;        /* 0 = max_seqs * n_ctx worth */
+    enum kvr_dtype wire_dtype; /* F32 (0) or F16 */
+    uint32_t n_threads;        /* per stage; 0 = 1 */
+    bool no_encrypt;           /* plain frames ("encrypt": false); default sealed */
+    uint64_t fingerprint;      /* the model's kvr_gguf_fingerprint, or 0 (no check) */
 };
 
 /* Fill `plan` (with a fresh random secret) and validate it against the model. */

@@ -7,9 +7,9 @@
  *
  * Two threads. The I/O thread runs the event loop (core/ev.h): it accepts and
  * authenticates the upstream, reads frames straight into free input slots, takes the
- * downstream link from the dialler thread (dial.h), sends queued frames without blocking, reads credits and acks,
- * answers heartbeats and sends its own. The compute thread (the caller's) takes the next
- * input slot (the wait is "starved"), a free output slot ("blocked"), runs the step
+ * downstream link from the dialler thread (dial.h), sends queued frames without blocking, reads
+ * credits and acks, answers heartbeats and sends its own. The compute thread (the caller's) takes
+ * the next input slot (the wait is "starved"), a free output slot ("blocked"), runs the step
  * ("held") and hands the frame off: it sends it itself, without blocking, when nothing is
  * queued ahead of it and the downstream has a credit (try-write-first), else queues it for
  * the I/O thread. Sending inline saves a thread wake-up per batch, which on a stage with a
@@ -42,12 +42,12 @@
 #include <unistd.h>
 
 enum {
-    HANDSHAKE_MS = 3000,   /* each handshake message must arrive within this */
-    BACKOFF_MAX_MS = 2000, /* dialling the downstream again (dial.h) */
-    N_OUT_SLOTS = 2,       /* one being sent, one being filled */
-    N_IN_SLOTS = 2,        /* one being computed, one received: the credits we grant */
+    HANDSHAKE_MS = 3000,            /* each handshake message must arrive within this */
+    BACKOFF_MAX_MS = 2000,          /* dialling the downstream again (dial.h) */
+    N_OUT_SLOTS = 2,                /* one being sent, one being filled */
+    N_IN_SLOTS = 2,                 /* one being computed, one received: the credits we grant */
     READY_CAP = 2 * N_IN_SLOTS + 2, /* input slots and RESET marks between them */
-    RESET_MARK = -1,       /* in the ready FIFO: the upstream changed, drop every sequence */
+    RESET_MARK = -1, /* in the ready FIFO: the upstream changed, drop every sequence */
 };
 
 #define MS_NS 1000000ull
@@ -65,21 +65,21 @@ struct stage {
     const struct kvr_plan *plan;
     uint32_t index;
     bool is_head, is_tail;
-    atomic_int *stop;                 /* set by a signal handler (kvr_stage_signal_stop) */
-    char name[32];                    /* "stage 1" */
+    atomic_int *stop; /* set by a signal handler (kvr_stage_signal_stop) */
+    char name[32];    /* "stage 1" */
 
     struct kvr_gguf *gguf;
     struct kvr_engine *engine;
     struct kvr_hparams hp;
-    struct kvr_tok *tok;              /* tail: end-of-generation ids */
-    struct kvr_step step;             /* compute thread only */
+    struct kvr_tok *tok;  /* tail: end-of-generation ids */
+    struct kvr_step step; /* compute thread only */
 
     struct kvr_wire_limits up_limits;   /* what this stage accepts from upstream */
     struct kvr_wire_limits down_limits; /* what the downstream accepts from us */
 
     /* I/O thread only. */
     struct kvr_ev *ev;
-    struct kvr_dialer *dialer;        /* dials and authenticates the downstream (dial.h) */
+    struct kvr_dialer *dialer; /* dials and authenticates the downstream (dial.h) */
     int t_heartbeat;
     int listen_fd;
     struct kvr_link up;
@@ -87,21 +87,21 @@ struct stage {
     pthread_t io_thread;
     bool io_started;
 
-    pthread_mutex_t lock;             /* guards everything below */
-    pthread_cond_t in_cond;           /* compute: an input (or a RESET mark) is ready */
-    pthread_cond_t out_cond;          /* compute: an output slot is free */
+    pthread_mutex_t lock;    /* guards everything below */
+    pthread_cond_t in_cond;  /* compute: an input (or a RESET mark) is ready */
+    pthread_cond_t out_cond; /* compute: an output slot is free */
     bool stopping;
 
     /* Input slots. A slot is free, being received into (rx_slot), or ready. */
     struct in_slot in[N_IN_SLOTS];
     uint32_t in_free[N_IN_SLOTS], n_in_free;
-    int rx_slot;                      /* the slot a frame body is being read into, or -1 */
-    int ready[READY_CAP];             /* FIFO of slot indexes and RESET_MARKs */
+    int rx_slot;          /* the slot a frame body is being read into, or -1 */
+    int ready[READY_CAP]; /* FIFO of slot indexes and RESET_MARKs */
     uint32_t ready_head, n_ready;
-    int up_fd;                        /* for the compute thread's credits; -1: none */
-    uint64_t up_gen;                  /* bumped whenever the upstream changes */
-    bool grant_pending;               /* a new upstream waits for its initial credits */
-    bool up_paused;                   /* a frame waits for a free input slot: READ is off */
+    int up_fd;          /* for the compute thread's credits; -1: none */
+    uint64_t up_gen;    /* bumped whenever the upstream changes */
+    bool grant_pending; /* a new upstream waits for its initial credits */
+    bool up_paused;     /* a frame waits for a free input slot: READ is off */
 
     /* Output slots: free, queued for the I/O thread (in order), or being written. */
     struct kvr_step_out out[N_OUT_SLOTS];
@@ -112,18 +112,18 @@ struct stage {
      * this stage drops its sequences, by the I/O thread when one comes from upstream. */
     bool notice_pending;
     uint32_t notice_stage;
-    uint64_t notice_batch;            /* KVR_WIRE_RESET_LINK, or the batch that failed */
+    uint64_t notice_batch; /* KVR_WIRE_RESET_LINK, or the batch that failed */
 
     /* The downstream link. */
     struct kvr_link down;
     bool have_down;
-    bool down_dead;                   /* the compute thread found it broken: I/O closes it */
-    bool want_write;                  /* the compute thread left a frame half-written */
-    uint64_t down_gen;                /* bumped whenever the link is dropped */
+    bool down_dead;    /* the compute thread found it broken: I/O closes it */
+    bool want_write;   /* the compute thread left a frame half-written */
+    uint64_t down_gen; /* bumped whenever the link is dropped */
     uint32_t down_credits;
-    int tx_what;                      /* TX_* or an output slot being written */
-    uint64_t last_send_ns;            /* when a frame or heartbeat last went out */
-    uint64_t await_ns;                /* something sent that the downstream has not answered */
+    int tx_what;           /* TX_* or an output slot being written */
+    uint64_t last_send_ns; /* when a frame or heartbeat last went out */
+    uint64_t await_ns;     /* something sent that the downstream has not answered */
     uint64_t n_heartbeats;
 };
 
@@ -144,9 +144,9 @@ void kvr_stage_signal_stop(void)
  * holds s->lock. */
 static void raise_notice(struct stage *s, uint32_t stage, uint64_t batch_id)
 {
-    bool replace = !s->notice_pending ||
-                   (s->notice_batch != KVR_WIRE_RESET_LINK &&
-                    (batch_id == KVR_WIRE_RESET_LINK || batch_id > s->notice_batch));
+    bool replace =
+        !s->notice_pending || (s->notice_batch != KVR_WIRE_RESET_LINK &&
+                               (batch_id == KVR_WIRE_RESET_LINK || batch_id > s->notice_batch));
     if (replace) {
         s->notice_stage = stage;
         s->notice_batch = batch_id;
@@ -166,8 +166,7 @@ static void drop_out(struct stage *s, uint32_t id)
 {
     const struct kvr_wire_msg *m = &s->out[id].msg;
     if (s->have_down || s->down_gen > 0) /* it was up: a link went down */
-        KVR_WARN("%s: no downstream, batch %llu dropped", s->name,
-                 (unsigned long long)m->batch_id);
+        KVR_WARN("%s: no downstream, batch %llu dropped", s->name, (unsigned long long)m->batch_id);
     else /* never connected yet: the ring is still forming, the bridge's probe goes again */
         KVR_INFO("%s: downstream not connected yet, batch %llu dropped", s->name,
                  (unsigned long long)m->batch_id);
@@ -248,8 +247,8 @@ static void kick_send(struct stage *s)
         return;
     if (s->notice_pending) {
         s->notice_pending = false;
-        struct kvr_wire_msg m = {.type = KVR_WIRE_RESET, .arg = s->notice_stage,
-                                 .batch_id = s->notice_batch};
+        struct kvr_wire_msg m = {
+            .type = KVR_WIRE_RESET, .arg = s->notice_stage, .batch_id = s->notice_batch};
         if (!begin_send(s, &m, TX_NOTICE) || s->tx_what != TX_NONE)
             return;
     }
@@ -348,7 +347,8 @@ static void on_heartbeat_timer(struct kvr_ev *ev, void *arg)
     if (s->have_down && !s->down_dead && s->await_ns &&
         now - s->await_ns >= KVR_CREDIT_DEAD_MS * MS_NS) {
         KVR_WARN("%s: downstream %s stopped reading: nothing back for %d ms%s; closing the "
-                 "link", s->name, s->down.peer, KVR_CREDIT_DEAD_MS,
+                 "link",
+                 s->name, s->down.peer, KVR_CREDIT_DEAD_MS,
                  s->tx_what != TX_NONE ? " (a frame half written)" : "");
         drop_down(s);
         kick_send(s);
@@ -662,8 +662,8 @@ static void compute_loop(struct stage *s)
              * lost its sequences with its upstream link, and the bridge did not know yet).
              * The batch is not forwarded; a RESET naming it tells the bridge, which holds
              * and re-prefills its sequences unless it had already given up on the batch. */
-            KVR_ERROR("%s: batch %llu dropped: %s", s->name,
-                      (unsigned long long)f->hdr.batch_id, err.msg);
+            KVR_ERROR("%s: batch %llu dropped: %s", s->name, (unsigned long long)f->hdr.batch_id,
+                      err.msg);
             kvr_step_reset(&s->step);
             pthread_mutex_lock(&s->lock);
             raise_notice(s, s->index, f->hdr.batch_id);
@@ -698,8 +698,7 @@ static void stage_fini(struct stage *s)
     if (s->have_down) {
         if (!s->down.tx_pending) {
             struct kvr_err err = {0};
-            kvr_link_send_goodbye(&s->down, KVR_WIRE_GOODBYE_SHUTDOWN, kvr_net_deadline(200),
-                                  &err);
+            kvr_link_send_goodbye(&s->down, KVR_WIRE_GOODBYE_SHUTDOWN, kvr_net_deadline(200), &err);
         }
         kvr_link_fini(&s->down);
     }
@@ -737,24 +736,26 @@ static int stage_init(struct stage *s, struct kvr_err *err)
         return rc;
     const struct kvr_plan_stage *st = &p->stages[s->index];
     uint32_t threads = st->n_threads ? st->n_threads : p->n_threads ? p->n_threads : 1;
-    struct kvr_engine_config cfg = {
-        .first_layer = st->first_layer, .last_layer = st->last_layer,
-        .max_rows = p->row_width, .max_seqs = p->max_seqs, .n_ctx = p->n_ctx,
-        .kv_block_tokens = p->kv_block_tokens, .kv_n_blocks = p->kv_blocks,
-        .n_threads = threads};
+    struct kvr_engine_config cfg = {.first_layer = st->first_layer,
+                                    .last_layer = st->last_layer,
+                                    .max_rows = p->row_width,
+                                    .max_seqs = p->max_seqs,
+                                    .n_ctx = p->n_ctx,
+                                    .kv_block_tokens = p->kv_block_tokens,
+                                    .kv_n_blocks = p->kv_blocks,
+                                    .n_threads = threads};
     if ((rc = kvr_engine_create(&s->engine, s->gguf, &cfg, err)))
         return rc;
     if (s->is_tail) {
         struct kvr_err tok_err = {0};
         if (kvr_tok_create(&s->tok, s->gguf, &tok_err))
-            KVR_WARN("%s: no usable vocabulary (%s): end-of-generation is not flagged",
-                     s->name, tok_err.msg);
+            KVR_WARN("%s: no usable vocabulary (%s): end-of-generation is not flagged", s->name,
+                     tok_err.msg);
     }
     int down = s->is_tail ? KVR_WIRE_RECV_BRIDGE : (int)s->index + 1;
-    if ((rc = kvr_wire_limits_init(&s->up_limits, p, s->hp.n_embd, s->hp.n_vocab,
-                                   (int)s->index, err)) ||
-        (rc = kvr_wire_limits_init(&s->down_limits, p, s->hp.n_embd, s->hp.n_vocab, down,
+    if ((rc = kvr_wire_limits_init(&s->up_limits, p, s->hp.n_embd, s->hp.n_vocab, (int)s->index,
                                    err)) ||
+        (rc = kvr_wire_limits_init(&s->down_limits, p, s->hp.n_embd, s->hp.n_vocab, down, err)) ||
         (rc = kvr_step_init(&s->step, p, s->index, s->engine, &s->hp, s->tok, err)))
         return rc;
     for (uint32_t i = 0; i < N_IN_SLOTS; i++) {
@@ -774,11 +775,15 @@ static int stage_init(struct stage *s, struct kvr_err *err)
     if ((rc = kvr_net_listen(p->stages[s->index].addr, 16, &s->listen_fd, NULL, err)) ||
         (rc = kvr_ev_watch(s->ev, s->listen_fd, KVR_EV_READ, on_listen, s)))
         return rc;
-    struct kvr_dialer_config dc = {.plan = p, .addr = downstream_addr(s),
-                                   .limits = &s->down_limits, .role = KVR_AUTH_ROLE_STAGE,
-                                   .index = s->index, .name = s->name,
+    struct kvr_dialer_config dc = {.plan = p,
+                                   .addr = downstream_addr(s),
+                                   .limits = &s->down_limits,
+                                   .role = KVR_AUTH_ROLE_STAGE,
+                                   .index = s->index,
+                                   .name = s->name,
                                    .handshake_ms = HANDSHAKE_MS,
-                                   .backoff_max_ms = BACKOFF_MAX_MS, .wake = s->ev};
+                                   .backoff_max_ms = BACKOFF_MAX_MS,
+                                   .wake = s->ev};
     if ((rc = kvr_dialer_start(&s->dialer, &dc, err)))
         return rc;
     KVR_INFO("%s: layers %u-%u of %u, %u threads, listening on %s", s->name, st->first_layer,
@@ -790,8 +795,8 @@ int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *o
                   atomic_int *stop, struct kvr_err *err)
 {
     if (opt->index >= plan->n_stages)
-        return kvr_err_set(err, KVR_EINVAL, "stage index %u: the plan has %u stages",
-                           opt->index, plan->n_stages);
+        return kvr_err_set(err, KVR_EINVAL, "stage index %u: the plan has %u stages", opt->index,
+                           plan->n_stages);
     struct stage *s = kvr_calloc(1, sizeof *s);
     if (!s)
         return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory");

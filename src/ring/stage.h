@@ -44,8 +44,9 @@ struct kvr_stage_options {
 };
 
 /* Run the stage until *stop becomes non-zero (set by a signal handler, which then calls
- * kvr_stage_signal_stop so the stage notices at once). The plan must be valid. Returns 0 after an orderly stop or a negative status with `err` set when the
- * stage cannot start (model, memory, address in use). */
+ * kvr_stage_signal_stop so the stage notices at once). The plan must be valid. Returns 0 after an
+ * orderly stop or a negative status with `err` set when the stage cannot start (model, memory,
+ * address in use). */
 int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *opt,
                   atomic_int *stop, struct kvr_err *err);
 

@@ -167,8 +167,8 @@ static void apply_control(struct kvr_step *st, const struct kvr_wire_frame *in)
         }
         if (c->type == KVR_WIRE_CTRL_MAP) {
             struct kvr_err err = {0};
-            if (kvr_engine_seq_map(st->engine, c->seq, c->map.n_cached, c->map.first,
-                                   c->map.ids, c->map.n_ids, &err)) {
+            if (kvr_engine_seq_map(st->engine, c->seq, c->map.n_cached, c->map.first, c->map.ids,
+                                   c->map.n_ids, &err)) {
                 KVR_ERROR("stage %u: sequence %u: %s", st->index, c->seq, err.msg);
                 kvr_engine_seq_free(st->engine, c->seq);
             }
@@ -177,8 +177,8 @@ static void apply_control(struct kvr_step *st, const struct kvr_wire_frame *in)
         if (c->type == KVR_WIRE_CTRL_BIAS) {
             for (uint32_t k = 0; st->is_tail && st->open[c->seq] && k < c->bias.n; k++)
                 if (kvr_sampler_add_bias(&st->samplers[c->seq], c->bias.ids[k], c->bias.bias[k]))
-                    KVR_ERROR("stage %u: sequence %u: more than %d logit biases", st->index,
-                              c->seq, KVR_SAMPLER_MAX_BIAS);
+                    KVR_ERROR("stage %u: sequence %u: more than %d logit biases", st->index, c->seq,
+                              KVR_SAMPLER_MAX_BIAS);
             continue;
         }
         close_seq(st, c->seq);
@@ -210,18 +210,20 @@ static int sample_results(struct kvr_step *st, const struct kvr_wire_frame *in,
         if (!(seg->flags & KVR_SEG_WANTS_TOKEN))
             continue;
         if (!st->open[seg->seq])
-            return kvr_err_set(err, KVR_EPROTO, "batch %llu: sequence %u wants a token but "
-                               "was never opened", (unsigned long long)in->hdr.batch_id,
-                               seg->seq);
+            return kvr_err_set(err, KVR_EPROTO,
+                               "batch %llu: sequence %u wants a token but "
+                               "was never opened",
+                               (unsigned long long)in->hdr.batch_id, seg->seq);
         float *logits = st->logits + (size_t)n * st->n_vocab;
         float logprob = 0.0f;
         bool lp = st->want_logprobs[seg->seq];
-        int32_t tok = kvr_sampler_sample(&st->samplers[seg->seq], logits,
-                                         (int32_t)st->n_vocab, st->scratch,
-                                         lp ? &logprob : NULL);
+        int32_t tok = kvr_sampler_sample(&st->samplers[seg->seq], logits, (int32_t)st->n_vocab,
+                                         st->scratch, lp ? &logprob : NULL);
         kvr_sampler_accept(&st->samplers[seg->seq], tok);
         o->results[n] = (struct kvr_wire_result){
-            .seq = seg->seq, .token = tok, .logprob = lp ? logprob : 0.0f,
+            .seq = seg->seq,
+            .token = tok,
+            .logprob = lp ? logprob : 0.0f,
             .flags = (lp ? KVR_WIRE_RESULT_LOGPROB : 0) |
                      (st->tok && kvr_tok_is_eog(st->tok, tok) ? KVR_WIRE_RESULT_EOG : 0)};
         n++;
@@ -264,8 +266,7 @@ int kvr_step_run(struct kvr_step *st, const struct kvr_wire_frame *in, struct kv
     if (!st->is_head && h->payload == KVR_WIRE_PAYLOAD_F32) {
         rows = in->payload;
     } else if (!st->is_head) {
-        kvr_wire_rows_to_f32(h->payload, in->payload, (size_t)h->n_rows * st->n_embd,
-                             st->rows_in);
+        kvr_wire_rows_to_f32(h->payload, in->payload, (size_t)h->n_rows * st->n_embd, st->rows_in);
         rows = st->rows_in;
     }
     float *out = st->is_tail ? st->logits : o->rows;
@@ -291,6 +292,6 @@ void kvr_step_time(const struct kvr_step *st, struct kvr_step_out *o, uint64_t s
                    uint64_t blocked_ns, uint64_t held_ns)
 {
     struct kvr_wire_timing *t = &o->timings[o->msg.n_timings++];
-    *t = (struct kvr_wire_timing){.stage = st->index, .held_ns = held_ns,
-                                  .starved_ns = starved_ns, .blocked_ns = blocked_ns};
+    *t = (struct kvr_wire_timing){
+        .stage = st->index, .held_ns = held_ns, .starved_ns = starved_ns, .blocked_ns = blocked_ns};
 }

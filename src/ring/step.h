@@ -30,29 +30,29 @@
 #include <stdint.h>
 
 struct kvr_step {
-    struct kvr_engine *engine;        /* borrowed: this stage's layer slice */
-    const struct kvr_tok *tok;        /* borrowed, tail only (may be NULL): flags EOG */
+    struct kvr_engine *engine; /* borrowed: this stage's layer slice */
+    const struct kvr_tok *tok; /* borrowed, tail only (may be NULL): flags EOG */
     uint32_t index, n_stages, max_seqs, row_width, n_embd, n_vocab;
     bool is_head, is_tail;
-    uint32_t rows_payload;            /* the plan's wire dtype as a payload type */
-    float *rows_in;                   /* non-head, f16/bf16 wire: [row_width x n_embd] */
+    uint32_t rows_payload; /* the plan's wire dtype as a payload type */
+    float *rows_in;        /* non-head, f16/bf16 wire: [row_width x n_embd] */
     /* Tail only. */
-    struct kvr_sampler *samplers;     /* [max_seqs] */
-    bool *open;                       /* [max_seqs] a sequence is open in this slot */
-    bool *want_logprobs;              /* [max_seqs] */
+    struct kvr_sampler *samplers; /* [max_seqs] */
+    bool *open;                   /* [max_seqs] a sequence is open in this slot */
+    bool *want_logprobs;          /* [max_seqs] */
     struct kvr_sample_scratch *scratch;
-    float *logits;                    /* [row_width x n_vocab] */
+    float *logits; /* [row_width x n_vocab] */
 };
 
 /* One frame to send on, built by kvr_step_run. */
 struct kvr_step_out {
-    struct kvr_wire_msg msg;          /* points at the arrays below */
-    struct kvr_wire_ctrl *ctrl;       /* [max_ctrl] */
-    struct kvr_seg *segs;             /* [max_segs] */
-    struct kvr_wire_timing *timings;  /* [n_stages + 1] */
-    struct kvr_wire_result *results;  /* tail: [max_segs] */
-    float *rows;                      /* non-tail: [row_width x n_embd] engine output */
-    void *wire_rows;                  /* non-tail, f16/bf16 wire: the rows narrowed */
+    struct kvr_wire_msg msg;         /* points at the arrays below */
+    struct kvr_wire_ctrl *ctrl;      /* [max_ctrl] */
+    struct kvr_seg *segs;            /* [max_segs] */
+    struct kvr_wire_timing *timings; /* [n_stages + 1] */
+    struct kvr_wire_result *results; /* tail: [max_segs] */
+    float *rows;                     /* non-tail: [row_width x n_embd] engine output */
+    void *wire_rows;                 /* non-tail, f16/bf16 wire: the rows narrowed */
 };
 
 /* Set up the step of stage `index` of `plan` over `engine` (whose hparams give n_embd and

@@ -480,18 +480,18 @@ static int decode_ctrl(const uint8_t *p, uint32_t i, const struct kvr_wire_limit
         if (m->n_ids == 0 || m->n_ids > KVR_WIRE_MAP_IDS || m->first >= lim->max_blocks_per_seq ||
             m->n_ids > lim->max_blocks_per_seq - m->first)
             return PROTO("control record %u (MAP seq %u): entries %u + %u, a sequence has at "
-                         "most %u blocks", i, c->seq, m->first, m->n_ids,
-                         lim->max_blocks_per_seq);
+                         "most %u blocks",
+                         i, c->seq, m->first, m->n_ids, lim->max_blocks_per_seq);
         if (m->n_cached % lim->kv_block_tokens ||
             m->n_cached / lim->kv_block_tokens > lim->max_blocks_per_seq)
             return PROTO("control record %u (MAP seq %u): %u cached positions, a sequence "
-                         "has at most %u blocks of %u", i, c->seq, m->n_cached,
-                         lim->max_blocks_per_seq, lim->kv_block_tokens);
+                         "has at most %u blocks of %u",
+                         i, c->seq, m->n_cached, lim->max_blocks_per_seq, lim->kv_block_tokens);
         for (uint32_t k = 0; k < KVR_WIRE_MAP_IDS; k++) {
             m->ids[k] = kvr_ld32(p + 20 + 4 * k);
             if (k >= m->n_ids ? m->ids[k] != 0 : m->ids[k] >= lim->kv_blocks)
-                return PROTO("control record %u (MAP seq %u): block id %u at %u is %s", i,
-                             c->seq, m->ids[k], k,
+                return PROTO("control record %u (MAP seq %u): block id %u at %u is %s", i, c->seq,
+                             m->ids[k], k,
                              k >= m->n_ids ? "past n_ids and not 0" : "beyond kv_blocks");
         }
         return KVR_OK;
@@ -500,8 +500,8 @@ static int decode_ctrl(const uint8_t *p, uint32_t i, const struct kvr_wire_limit
         struct kvr_wire_bias *b = &c->bias;
         b->n = kvr_ld32(p + 8);
         if (c->flags || b->n < 1 || b->n > KVR_WIRE_BIAS_PAIRS || !all_zero(p + 44, 4))
-            return PROTO("control record %u (BIAS seq %u): flags 0x%x, %u pairs (1..%d)", i,
-                         c->seq, c->flags, b->n, KVR_WIRE_BIAS_PAIRS);
+            return PROTO("control record %u (BIAS seq %u): flags 0x%x, %u pairs (1..%d)", i, c->seq,
+                         c->flags, b->n, KVR_WIRE_BIAS_PAIRS);
         for (uint32_t k = 0; k < KVR_WIRE_BIAS_PAIRS; k++) {
             b->ids[k] = (int32_t)kvr_ld32(p + 12 + 4 * k);
             b->bias[k] = kvr_ldf32(p + 28 + 4 * k);

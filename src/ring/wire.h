@@ -151,10 +151,10 @@ struct kvr_wire_sampling {
  * REPLAY records; the tail draws and discards n_draws numbers, then accepts ids[0..n_ids)
  * into the penalty window, in order (several records apply in order). */
 struct kvr_wire_replay {
-    uint32_t n_draws;                     /* <= n_ctx: one per sampled token so far, if the
-                                             sequence samples (temperature > 0) */
-    uint32_t n_ids;                       /* <= KVR_WIRE_REPLAY_IDS */
-    int32_t ids[KVR_WIRE_REPLAY_IDS];     /* generated tokens, oldest first; 0 past n_ids */
+    uint32_t n_draws;                 /* <= n_ctx: one per sampled token so far, if the
+                                         sequence samples (temperature > 0) */
+    uint32_t n_ids;                   /* <= KVR_WIRE_REPLAY_IDS */
+    int32_t ids[KVR_WIRE_REPLAY_IDS]; /* generated tokens, oldest first; 0 past n_ids */
 };
 
 /* Block ids one MAP record carries. */
@@ -178,9 +178,9 @@ struct kvr_wire_map {
 /* OpenAI's logit_bias of a sequence: sent after its OPEN (and after every re-OPEN), the
  * tail adds each pair to the sequence's sampler (sampler.h, step 0). */
 struct kvr_wire_bias {
-    uint32_t n;                           /* 1 ..= KVR_WIRE_BIAS_PAIRS */
-    int32_t ids[KVR_WIRE_BIAS_PAIRS];     /* < n_vocab; 0 past n */
-    float bias[KVR_WIRE_BIAS_PAIRS];      /* [-100, 100]; 0 past n */
+    uint32_t n;                       /* 1 ..= KVR_WIRE_BIAS_PAIRS */
+    int32_t ids[KVR_WIRE_BIAS_PAIRS]; /* < n_vocab; 0 past n */
+    float bias[KVR_WIRE_BIAS_PAIRS];  /* [-100, 100]; 0 past n */
 };
 
 struct kvr_wire_ctrl {
@@ -230,18 +230,18 @@ struct kvr_wire_limits {
                              free-all probe, OPEN, REPLAY and MAP records */
     uint32_t min_timings; /* stage k receives exactly k timing records, the bridge n_stages */
     uint32_t max_timings;
-    uint32_t max_seqs;        /* seq ids are < max_seqs */
-    uint32_t n_ctx;           /* pos0 + n_tokens <= n_ctx */
-    uint32_t kv_blocks;       /* MAP block ids are < kv_blocks */
-    uint32_t kv_block_tokens; /* MAP n_cached is a multiple of it */
+    uint32_t max_seqs;           /* seq ids are < max_seqs */
+    uint32_t n_ctx;              /* pos0 + n_tokens <= n_ctx */
+    uint32_t kv_blocks;          /* MAP block ids are < kv_blocks */
+    uint32_t kv_block_tokens;    /* MAP n_cached is a multiple of it */
     uint32_t max_blocks_per_seq; /* ceil(n_ctx / kv_block_tokens): MAP table entries */
-    uint32_t n_embd;          /* values per boundary row */
-    uint32_t n_vocab;         /* token ids are < n_vocab; 0 = not checked */
-    uint32_t accept_types;    /* bit (1u << type) for each frame type accepted */
-    uint32_t rows_payload;    /* the plan's wire dtype: KVR_WIRE_PAYLOAD_F32/F16/BF16 */
-    uint32_t batch_payload;   /* what BATCH must carry: TOKENS (head), rows_payload (other
-                                 stages), or KVR_WIRE_PAYLOAD_COUNT: either (RECV_ANY) */
-    uint32_t max_frame_bytes; /* header + the largest body this receiver can get */
+    uint32_t n_embd;             /* values per boundary row */
+    uint32_t n_vocab;            /* token ids are < n_vocab; 0 = not checked */
+    uint32_t accept_types;       /* bit (1u << type) for each frame type accepted */
+    uint32_t rows_payload;       /* the plan's wire dtype: KVR_WIRE_PAYLOAD_F32/F16/BF16 */
+    uint32_t batch_payload;      /* what BATCH must carry: TOKENS (head), rows_payload (other
+                                    stages), or KVR_WIRE_PAYLOAD_COUNT: either (RECV_ANY) */
+    uint32_t max_frame_bytes;    /* header + the largest body this receiver can get */
 };
 
 /* Limits for `receiver` in `plan` with the model's n_embd and n_vocab (0: unchecked).

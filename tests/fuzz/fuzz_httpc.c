@@ -61,8 +61,8 @@ static int sink(void *ud, const char *p, size_t n)
     return 0;
 }
 
-static int chunked_run(const char *p, size_t n, size_t step, struct kvr_sbuf *out,
-                       size_t *consumed, bool *done)
+static int chunked_run(const char *p, size_t n, size_t step, struct kvr_sbuf *out, size_t *consumed,
+                       bool *done)
 {
     struct kvr_chunked c;
     kvr_chunked_init(&c);

@@ -46,8 +46,7 @@ static void check_json(const char *s, size_t len)
     json_decref(j);
 }
 
-static void exercise(const struct kvr_openai_req *r, const char *text, size_t len,
-                     size_t piece)
+static void exercise(const struct kvr_openai_req *r, const char *text, size_t len, size_t piece)
 {
     struct kvr_openai_text cut;
     kvr_openai_text_init(&cut, r->stop, r->stop_len, r->n_stop,

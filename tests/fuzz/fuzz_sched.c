@@ -24,7 +24,10 @@ struct input {
     size_t n, at;
 };
 
-static uint8_t next_byte(struct input *in) { return in->at < in->n ? in->p[in->at++] : 0; }
+static uint8_t next_byte(struct input *in)
+{
+    return in->at < in->n ? in->p[in->at++] : 0;
+}
 
 static void check(struct sh *h)
 {

@@ -8,8 +8,8 @@
  * position), read through the table. So a sequence's continuation depends only on its own
  * tokens, as with batch invariance, a re-prefill after a recovery must give the tokens the
  * lost decodes would have, and a prefix-cache hit gives the same tokens as computing the
- * prefix only if the blocks it maps hold exactly that prefix. Each stage is said to have held the batch for
- * 1 ms + 0.1 ms per row; the clock is the harness's own (`now`), advanced by the caller.
+ * prefix only if the blocks it maps hold exactly that prefix. Each stage is said to have held the
+ * batch for 1 ms + 0.1 ms per row; the clock is the harness's own (`now`), advanced by the caller.
  *
  * Checked on every step, into h->fail (first failure wins):
  *   - no stream event after a stream's end, exactly one END before the DETACH, none after;
@@ -37,10 +37,10 @@
 #define SH_MAX_REQS 32
 #define SH_MAX_PROMPT 200
 #define SH_MAX_GEN 64
-#define SH_BT 16                                  /* KV block size of the plans */
-#define SH_MAX_BLOCKS_SEQ (256 / SH_BT)           /* n_ctx 256 */
+#define SH_BT 16                        /* KV block size of the plans */
+#define SH_MAX_BLOCKS_SEQ (256 / SH_BT) /* n_ctx 256 */
 #define SH_MAX_CTRL ((3 + (SH_MAX_BLOCKS_SEQ + 6) / 7) * SH_MAX_SEQS)
-#define SH_MAX_KV 512                             /* KV blocks a plan may have */
+#define SH_MAX_KV 512 /* KV blocks a plan may have */
 #define SH_VOCAB 512
 #define SH_EOG 2 /* the fake model's end-of-generation token */
 #define SH_MS 1000000ull
@@ -49,9 +49,9 @@ struct sh_req {
     struct kvr_sched_req r;
     int32_t prompt[SH_MAX_PROMPT];
     int32_t gen[SH_MAX_GEN];
-    int32_t seen[SH_MAX_GEN];     /* tokens the stream delivered, in order */
+    int32_t seen[SH_MAX_GEN]; /* tokens the stream delivered, in order */
     uint32_t n_seen;
-    bool used;                    /* submitted and admitted */
+    bool used; /* submitted and admitted */
     bool ended, detached;
     enum kvr_gen_finish finish;
     char message[128];
@@ -73,12 +73,12 @@ struct sh {
     struct sh_batch ring[SH_RING_CAP]; /* batches in the fake ring, oldest at ring_head */
     uint32_t ring_head, n_ring;
     bool links_up;
-    bool open[SH_MAX_SEQS];           /* the stages' view */
+    bool open[SH_MAX_SEQS]; /* the stages' view */
     uint32_t table[SH_MAX_SEQS][SH_MAX_BLOCKS_SEQ], n_mapped[SH_MAX_SEQS], n_pos[SH_MAX_SEQS];
-    int32_t kv[SH_MAX_KV][SH_BT];     /* the token each block position holds */
-    uint32_t shared_prefix;           /* sh_submit: prompt tokens every request shares */
+    int32_t kv[SH_MAX_KV][SH_BT]; /* the token each block position holds */
+    uint32_t shared_prefix;       /* sh_submit: prompt tokens every request shares */
     uint64_t n_batches_sent, n_results;
-    struct sh_batch last;             /* the last batch sent */
+    struct sh_batch last; /* the last batch sent */
     char fail[256];
 };
 
@@ -95,8 +95,7 @@ static inline void sh_failf(struct sh *h, const char *fmt, ...)
     va_end(ap);
 }
 
-static inline void sh_on_event(void *ctx, struct kvr_sched_req *r,
-                               const struct kvr_sched_event *ev)
+static inline void sh_on_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched_event *ev)
 {
     struct sh *h = ctx;
     struct sh_req *q = r->user;
@@ -131,8 +130,8 @@ static inline void sh_on_event(void *ctx, struct kvr_sched_req *r,
 }
 
 /* A plan of `mb` micro-batches, `rows` row width, `seqs` slots, `blocks` KV blocks of 16. */
-static inline int sh_init(struct sh *h, uint32_t mb, uint32_t rows, uint32_t seqs,
-                          uint32_t blocks, bool admission)
+static inline int sh_init(struct sh *h, uint32_t mb, uint32_t rows, uint32_t seqs, uint32_t blocks,
+                          bool admission)
 {
     memset(h, 0, sizeof *h);
     struct kvr_plan *p = &h->plan;
@@ -144,8 +143,11 @@ static inline int sh_init(struct sh *h, uint32_t mb, uint32_t rows, uint32_t seq
     p->kv_block_tokens = SH_BT;
     p->kv_blocks = blocks < SH_MAX_KV ? blocks : SH_MAX_KV;
     h->now = 1000 * SH_MS;
-    struct kvr_sched_config cfg = {.plan = p, .max_ctrl = SH_MAX_CTRL, .max_waiting = 6,
-                                   .admission = admission, .prefix_cache = true,
+    struct kvr_sched_config cfg = {.plan = p,
+                                   .max_ctrl = SH_MAX_CTRL,
+                                   .max_waiting = 6,
+                                   .admission = admission,
+                                   .prefix_cache = true,
                                    .event = sh_on_event,
                                    .event_ctx = h};
     struct kvr_err err = {0};
@@ -216,8 +218,8 @@ static inline void sh_stage_view(struct sh *h, const struct sh_batch *bt)
         if (g->pos0 != h->n_pos[g->seq] ||
             (g->pos0 + g->n_tokens + SH_BT - 1) / SH_BT > h->n_mapped[g->seq] ||
             (h->n_pos[g->seq] + SH_BT - 1) / SH_BT > h->n_mapped[g->seq]) {
-            sh_failf(h, "seq %u writes [%u, +%u) with %u positions in %u blocks", g->seq,
-                     g->pos0, g->n_tokens, h->n_pos[g->seq], h->n_mapped[g->seq]);
+            sh_failf(h, "seq %u writes [%u, +%u) with %u positions in %u blocks", g->seq, g->pos0,
+                     g->n_tokens, h->n_pos[g->seq], h->n_mapped[g->seq]);
             row += g->n_tokens;
             continue;
         }
@@ -245,8 +247,7 @@ static inline void sh_stage_view(struct sh *h, const struct sh_batch *bt)
                 sh_failf(h, "seq %u twice in one batch", g->seq);
     }
     if (rows != bt->n_rows || rows > h->plan.row_width)
-        sh_failf(h, "batch rows %u, segments %u, width %u", bt->n_rows, rows,
-                 h->plan.row_width);
+        sh_failf(h, "batch rows %u, segments %u, width %u", bt->n_rows, rows, h->plan.row_width);
 }
 
 /* Take every batch the scheduler has to send (the head always has a credit). */
@@ -326,11 +327,18 @@ static inline int sh_deliver(struct sh *h)
     for (uint32_t i = 0; i < 2; i++)
         tim[i] = (struct kvr_wire_timing){.stage = i, .held_ns = held};
     h->now += 2 * held + SH_MS / 2;
-    struct kvr_wire_frame f = {
-        .hdr = {.type = KVR_WIRE_RESULT, .payload = KVR_WIRE_PAYLOAD_RESULTS,
-                .batch_id = bt->id, .n_rows = bt->n_rows, .n_segs = bt->n_segs,
-                .n_ctrl = bt->n_ctrl, .n_timings = 2, .n_results = n_res},
-        .ctrl = bt->ctrl, .segs = bt->segs, .results = res, .timings = tim};
+    struct kvr_wire_frame f = {.hdr = {.type = KVR_WIRE_RESULT,
+                                       .payload = KVR_WIRE_PAYLOAD_RESULTS,
+                                       .batch_id = bt->id,
+                                       .n_rows = bt->n_rows,
+                                       .n_segs = bt->n_segs,
+                                       .n_ctrl = bt->n_ctrl,
+                                       .n_timings = 2,
+                                       .n_results = n_res},
+                               .ctrl = bt->ctrl,
+                               .segs = bt->segs,
+                               .results = res,
+                               .timings = tim};
     h->ring_head = (h->ring_head + 1) % SH_RING_CAP;
     h->n_ring--;
     struct kvr_err err = {0};
@@ -386,11 +394,14 @@ static inline int sh_submit(struct sh *h, uint32_t i, uint32_t n_prompt, uint32_
     n_prompt = n_prompt > SH_MAX_PROMPT ? SH_MAX_PROMPT : n_prompt;
     max_tokens = max_tokens > SH_MAX_GEN ? SH_MAX_GEN : max_tokens;
     for (uint32_t k = 0; k < n_prompt; k++)
-        q->prompt[k] = (int32_t)(3 + ((k < h->shared_prefix ? 0 : i) * 37 + k * 11) %
-                                         (SH_VOCAB - 3));
-    q->r.req = (struct kvr_gen_request){.prompt = q->prompt, .n_prompt = n_prompt,
-                                        .max_tokens = max_tokens, .first_token_ms = first_ms,
-                                        .total_ms = total_ms, .ignore_eos = (i & 1) != 0};
+        q->prompt[k] =
+            (int32_t)(3 + ((k < h->shared_prefix ? 0 : i) * 37 + k * 11) % (SH_VOCAB - 3));
+    q->r.req = (struct kvr_gen_request){.prompt = q->prompt,
+                                        .n_prompt = n_prompt,
+                                        .max_tokens = max_tokens,
+                                        .first_token_ms = first_ms,
+                                        .total_ms = total_ms,
+                                        .ignore_eos = (i & 1) != 0};
     kvr_sample_params_default(&q->r.req.sampling);
     q->r.req.sampling.temperature = temperature;
     q->r.req.sampling.repeat_penalty = repeat_penalty;

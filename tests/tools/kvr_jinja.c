@@ -70,8 +70,8 @@ int main(int argc, char **argv)
                                                      "status", kvr_strerror(err.code)));
         t = NULL;
     }
-    struct tm now = {.tm_year = 124, .tm_mon = 6, .tm_mday = 26, .tm_hour = 12, .tm_wday = 5,
-                     .tm_yday = 207};
+    struct tm now = {
+        .tm_year = 124, .tm_mon = 6, .tm_mday = 26, .tm_hour = 12, .tm_wday = 5, .tm_yday = 207};
     for (size_t i = 0; t && i < json_array_size(cases); i++) {
         char *out;
         size_t out_len;

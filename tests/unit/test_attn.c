@@ -65,11 +65,11 @@ static void check_scores(const struct kvr_attn_ops *ops, const char *set)
                 float scale = 1.0f / sqrtf((float)hd);
                 ops->scores(block, stride, q, group, hd, k, k_step, n, scale);
                 for (uint32_t j = 0; j < n; j++)
-                    ops->scores(single + j, stride, q, group, hd, k + j * k_step, k_step, 1,
-                                scale);
+                    ops->scores(single + j, stride, q, group, hd, k + j * k_step, k_step, 1, scale);
                 if (memcmp(block, single, group * stride * sizeof *block) != 0)
                     fail_msg("%s scores: hd %u group %u n %u: a block differs from single "
-                             "positions", set, hd, group, n);
+                             "positions",
+                             set, hd, group, n);
                 for (uint32_t g = 0; g < group; g++)
                     for (uint32_t j = 0; j < n; j++) {
                         double want = 0;
@@ -107,15 +107,16 @@ static void check_mix(const struct kvr_attn_ops *ops, const char *set)
                     ops->mix(single, p + j, stride, group, hd, v + j * v_step, v_step, 1);
                 if (memcmp(block, single, (size_t)group * hd * sizeof *block) != 0)
                     fail_msg("%s mix: hd %u group %u n %u: a block differs from single "
-                             "positions", set, hd, group, n);
+                             "positions",
+                             set, hd, group, n);
                 for (uint32_t g = 0; g < group; g++)
                     for (uint32_t i = 0; i < hd; i++) {
                         double want = start[g * hd + i];
                         for (uint32_t j = 0; j < n; j++)
                             want += (double)p[g * stride + j] * v[j * v_step + i];
                         if (fabs(block[g * hd + i] - want) > 1e-5 * (1 + n))
-                            fail_msg("%s mix: hd %u group %u elem %u: %g, want %g", set, hd,
-                                     group, i, block[g * hd + i], want);
+                            fail_msg("%s mix: hd %u group %u elem %u: %g, want %g", set, hd, group,
+                                     i, block[g * hd + i], want);
                     }
                 free(p);
                 free(v);

@@ -13,7 +13,10 @@
 
 #include <string.h>
 
-#define MSG(r, s) {KVR_CHAT_ROLE_##r, s, sizeof(s) - 1}
+#define MSG(r, s)                                                                                  \
+    {                                                                                              \
+        KVR_CHAT_ROLE_##r, s, sizeof(s) - 1                                                        \
+    }
 
 /* system, user, assistant, user: the conversation every template is checked with. */
 static const struct kvr_chat_msg convo[] = {
@@ -104,15 +107,12 @@ static void test_render_errors(void **state)
 {
     char *out = (char *)1;
     struct kvr_err err = {0};
-    assert_int_equal(kvr_chat_render(KVR_CHAT_TMPL_CHATML, convo, 0, &out, NULL, &err),
-                     KVR_EINVAL);
+    assert_int_equal(kvr_chat_render(KVR_CHAT_TMPL_CHATML, convo, 0, &out, NULL, &err), KVR_EINVAL);
     assert_null(out);
     assert_non_null(strstr(err.msg, "no messages"));
     const struct kvr_chat_msg bad = {(enum kvr_chat_role)7, "x", 1};
-    assert_int_equal(kvr_chat_render(KVR_CHAT_TMPL_CHATML, &bad, 1, &out, NULL, &err),
-                     KVR_EINVAL);
-    assert_int_equal(kvr_chat_render(KVR_CHAT_TMPL_COUNT, convo, 1, &out, NULL, &err),
-                     KVR_EINVAL);
+    assert_int_equal(kvr_chat_render(KVR_CHAT_TMPL_CHATML, &bad, 1, &out, NULL, &err), KVR_EINVAL);
+    assert_int_equal(kvr_chat_render(KVR_CHAT_TMPL_COUNT, convo, 1, &out, NULL, &err), KVR_EINVAL);
 
     /* Allocation failure is reported, not crashed on. */
     kvr_alloc_fail_after(0);
@@ -189,8 +189,10 @@ static void test_chat_jinja(void **state)
         "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>"
         "\n\n{{ m.content | trim }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
         "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
-    struct kvr_chat_config cfg = {.jinja = src, .jinja_len = sizeof src - 1,
-                                  .bos_token = "<|begin_of_text|>", .eos_token = "<|eot_id|>"};
+    struct kvr_chat_config cfg = {.jinja = src,
+                                  .jinja_len = sizeof src - 1,
+                                  .bos_token = "<|begin_of_text|>",
+                                  .eos_token = "<|eot_id|>"};
     struct kvr_chat *c = NULL;
     struct kvr_err err = {0};
     assert_int_equal(kvr_chat_create(&c, &cfg, &err), KVR_OK);
@@ -234,8 +236,7 @@ static void test_chat_jinja(void **state)
 
 static void test_chat_builtin_and_plain(void **state)
 {
-    struct kvr_chat_config cfg = {.builtin = "chatml", .jinja = "{{ ignored }}",
-                                  .jinja_len = 13};
+    struct kvr_chat_config cfg = {.builtin = "chatml", .jinja = "{{ ignored }}", .jinja_len = 13};
     struct kvr_chat *c = NULL;
     struct kvr_err err = {0};
     assert_int_equal(kvr_chat_create(&c, &cfg, &err), KVR_OK);

@@ -11,7 +11,10 @@
 
 #include <math.h>
 
-static double close_to(double a, double b) { return fabs(a - b) < 1e-6 * (1 + fabs(b)); }
+static double close_to(double a, double b)
+{
+    return fabs(a - b) < 1e-6 * (1 + fabs(b));
+}
 
 /* Stage s holds a batch for (1 + s) + 0.1 (s + 1) rows + 0.001 pairs ms; hops add 0.5 ms. */
 static void feed(struct kvr_cost_model *m, int n)
@@ -73,10 +76,10 @@ static void test_calibration(void **state)
         kvr_calib_observe(&c, 1.0);
     assert_true(close_to(kvr_calib_factor(&c, 1.1), 1.1)); /* exact model: the floor */
     for (int i = 0; i < 200; i++)
-        kvr_calib_observe(&c, i % 2 ? 1.4 : 1.6);           /* late by 50% +- 10% */
+        kvr_calib_observe(&c, i % 2 ? 1.4 : 1.6); /* late by 50% +- 10% */
     double f = kvr_calib_factor(&c, 1.1);
     assert_true(f > 1.7 && f < 1.9); /* mean 1.5 + 3 sd of 0.1 */
-    kvr_calib_observe(&c, NAN); /* ignored */
+    kvr_calib_observe(&c, NAN);      /* ignored */
     assert_true(close_to(kvr_calib_factor(&c, 1.1), f));
 }
 

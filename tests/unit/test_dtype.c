@@ -192,24 +192,24 @@ static void test_f16_edge_cases(void **state)
         {1.0f, 0x3C00},
         {-2.0f, 0xC000},
         {0.5f, 0x3800},
-        {65504.0f, 0x7BFF},             /* largest finite half */
-        {65519.99f, 0x7BFF},            /* just below the rounding midpoint */
-        {65520.0f, 0x7C00},             /* midpoint: ties to even = infinity */
+        {65504.0f, 0x7BFF},  /* largest finite half */
+        {65519.99f, 0x7BFF}, /* just below the rounding midpoint */
+        {65520.0f, 0x7C00},  /* midpoint: ties to even = infinity */
         {1e9f, 0x7C00},
         {-1e9f, 0xFC00},
         {INFINITY, 0x7C00},
         {-INFINITY, 0xFC00},
-        {0x1p-14f, 0x0400},             /* smallest normal */
-        {0x1p-24f, 0x0001},             /* smallest subnormal */
-        {0x1p-25f, 0x0000},             /* half of it: tie, to even (zero) */
-        {0x1.000002p-25f, 0x0001},      /* just above the tie */
-        {0x3p-25f, 0x0002},             /* 1.5 ulp: tie to even (2) */
-        {0x5p-25f, 0x0002},             /* 2.5 ulp: tie to even (2) */
+        {0x1p-14f, 0x0400},        /* smallest normal */
+        {0x1p-24f, 0x0001},        /* smallest subnormal */
+        {0x1p-25f, 0x0000},        /* half of it: tie, to even (zero) */
+        {0x1.000002p-25f, 0x0001}, /* just above the tie */
+        {0x3p-25f, 0x0002},        /* 1.5 ulp: tie to even (2) */
+        {0x5p-25f, 0x0002},        /* 2.5 ulp: tie to even (2) */
         {-0x1p-24f, 0x8001},
-        {0x3FFp-24f, 0x03FF},           /* largest subnormal */
-        {0x7FFp-25f, 0x0400},           /* rounds up into the smallest normal */
-        {1.0f + 0x1p-11f, 0x3C00},      /* tie between 1 and 1+2^-10: even (1) */
-        {1.0f + 0x3p-11f, 0x3C02},      /* tie: to even mantissa 2 */
+        {0x3FFp-24f, 0x03FF},      /* largest subnormal */
+        {0x7FFp-25f, 0x0400},      /* rounds up into the smallest normal */
+        {1.0f + 0x1p-11f, 0x3C00}, /* tie between 1 and 1+2^-10: even (1) */
+        {1.0f + 0x3p-11f, 0x3C02}, /* tie: to even mantissa 2 */
         {1.0f + 0x1p-11f + 0x1p-20f, 0x3C01},
         {1e-10f, 0x0000},
     };
@@ -237,7 +237,7 @@ static void test_bf16_edge_cases(void **state)
     assert_int_equal(kvr_f32_to_bf16(bits_f32(0x3F808001)), 0x3F81); /* above tie */
     assert_int_equal(kvr_f32_to_bf16(bits_f32(0x7F7FFFFF)), 0x7F80); /* FLT_MAX -> inf */
     assert_int_equal(kvr_f32_to_bf16(bits_f32(0x00000001)), 0x0000); /* tiny subnormal */
-    uint16_t nan = kvr_f32_to_bf16(bits_f32(0x7F800001));             /* sNaN, low payload */
+    uint16_t nan = kvr_f32_to_bf16(bits_f32(0x7F800001));            /* sNaN, low payload */
     assert_true(isnan(kvr_bf16_to_f32(nan)));
     assert_true(isnan(kvr_bf16_to_f32(kvr_f32_to_bf16(bits_f32(0xFFFFFFFF)))));
     for (uint32_t h = 0; h < 0x10000; h++) {
@@ -399,8 +399,8 @@ static void test_legacy_block_layouts(void **state)
     }
     for (int j = 0; j < 32; j++)
         q5[j] = nib[j] | (int)((qh >> j) & 1) << 4;
-    uint8_t b41[20] = {0x00, 0x38, 0x00, 0xC0}, b50[22] = {0x00, 0x38}, b51[24] = {0x00, 0x38, 0x00, 0xC0},
-            bnl[18] = {0x00, 0x38};
+    uint8_t b41[20] = {0x00, 0x38, 0x00, 0xC0}, b50[22] = {0x00, 0x38},
+            b51[24] = {0x00, 0x38, 0x00, 0xC0}, bnl[18] = {0x00, 0x38};
     memcpy(b41 + 4, qs, 16);
     for (int k = 0; k < 4; k++) {
         b50[2 + k] = (uint8_t)(qh >> (8 * k));
@@ -453,8 +453,10 @@ static void test_q2_k_q3_k_block_layout(void **state)
             }
     for (int k = 0; k < 16; k++)
         q2[k] = (uint8_t)((k % 16) | ((15 - k) << 4)); /* scale k, min 15 - k */
-    q2[80] = 0x00; q2[81] = 0x3C; /* d = 1 */
-    q2[82] = 0x00; q2[83] = 0x38; /* dmin = 0.5 */
+    q2[80] = 0x00;
+    q2[81] = 0x3C; /* d = 1 */
+    q2[82] = 0x00;
+    q2[83] = 0x38; /* dmin = 0.5 */
     /* Q3_K scales: stored value v[k] = 3k + 9 (0..63), packed by hand */
     int v[16];
     memset(q3 + 96, 0, 12);
@@ -466,7 +468,8 @@ static void test_q2_k_q3_k_block_layout(void **state)
             q3[96 + k - 8] |= (uint8_t)((v[k] & 15) << 4);
         q3[96 + 8 + k % 4] |= (uint8_t)((v[k] >> 4) << (2 * (k / 4)));
     }
-    q3[108] = 0x00; q3[109] = 0x34; /* d = 0.25 */
+    q3[108] = 0x00;
+    q3[109] = 0x34; /* d = 0.25 */
     float got[256], want[256];
     for (int e = 0; e < 256; e++)
         want[e] = (float)((e / 16) * low[e]) - 0.5f * (float)(15 - e / 16);
@@ -568,11 +571,11 @@ static void test_round_trip_error(void **state)
         int type;
         double max_rel_rmse;
     } bounds[] = {
-        {KVR_DTYPE_F32, 0.0},     {KVR_DTYPE_F16, 1e-3},    {KVR_DTYPE_BF16, 5e-3},
-        {KVR_DTYPE_Q8_0, 0.012},  {KVR_DTYPE_Q4_0, 0.16},   {KVR_DTYPE_Q4_K, 0.12},
-        {KVR_DTYPE_Q6_K, 0.04},   {KVR_DTYPE_Q8_K, 0.04},   {KVR_DTYPE_Q4_1, 0.12},
-        {KVR_DTYPE_Q5_0, 0.1},    {KVR_DTYPE_Q5_1, 0.06},   {KVR_DTYPE_IQ4_NL, 0.12},
-        {KVR_DTYPE_Q2_K, 0.3},    {KVR_DTYPE_Q3_K, 0.2},    {KVR_DTYPE_Q5_K, 0.06},
+        {KVR_DTYPE_F32, 0.0},     {KVR_DTYPE_F16, 1e-3},  {KVR_DTYPE_BF16, 5e-3},
+        {KVR_DTYPE_Q8_0, 0.012},  {KVR_DTYPE_Q4_0, 0.16}, {KVR_DTYPE_Q4_K, 0.12},
+        {KVR_DTYPE_Q6_K, 0.04},   {KVR_DTYPE_Q8_K, 0.04}, {KVR_DTYPE_Q4_1, 0.12},
+        {KVR_DTYPE_Q5_0, 0.1},    {KVR_DTYPE_Q5_1, 0.06}, {KVR_DTYPE_IQ4_NL, 0.12},
+        {KVR_DTYPE_Q2_K, 0.3},    {KVR_DTYPE_Q3_K, 0.2},  {KVR_DTYPE_Q5_K, 0.06},
         {KVR_DTYPE_IQ4_XS, 0.12},
     };
     enum { N = 4096 };
@@ -669,8 +672,8 @@ static void test_dot_matches_dequantized(void **state)
 struct mm_case {
     struct kvr_matrix w;
     void *wbuf;
-    float *x;      /* [n_rows x n_in] */
-    void *xq;      /* [n_rows x act row bytes] */
+    float *x; /* [n_rows x n_in] */
+    void *xq; /* [n_rows x act row bytes] */
     size_t x_stride;
     int64_t n_rows;
 };
@@ -680,16 +683,20 @@ struct mm_case {
 static int64_t case_n_in(int type)
 {
     switch (type) {
-    case KVR_DTYPE_F32: return 203;
+    case KVR_DTYPE_F32:
+        return 203;
     case KVR_DTYPE_F16:
-    case KVR_DTYPE_BF16: return 268;
+    case KVR_DTYPE_BF16:
+        return 268;
     case KVR_DTYPE_Q8_0:
     case KVR_DTYPE_Q4_0:
     case KVR_DTYPE_Q4_1:
     case KVR_DTYPE_Q5_0:
     case KVR_DTYPE_Q5_1:
-    case KVR_DTYPE_IQ4_NL: return 2080;
-    default: return 768;
+    case KVR_DTYPE_IQ4_NL:
+        return 2080;
+    default:
+        return 768;
     }
 }
 
@@ -755,7 +762,7 @@ static void test_quantize_rows_fast_equals_reference(void **state)
         for (int64_t i = 0; i < n_in * n_rows; i++)
             x[i] = rng_normal(i % 3 ? 1.0f : 1e-3f);
         for (int64_t i = 0; i < n_in; i++)
-            x[2 * n_in + i] = 0.0f; /* an all-zero row */
+            x[2 * n_in + i] = 0.0f;     /* an all-zero row */
         x[7] = 0.5f * (float)(1 << 20); /* an exact .5 multiple of the step: a rounding tie */
         memset(a, 0xAA, stride * (size_t)n_rows);
         memset(b, 0x55, stride * (size_t)n_rows);
@@ -803,9 +810,9 @@ static void test_matmul_fast_equals_reference(void **state)
             run_matmul(&c, rows, NULL, 0, fast);
             for (int64_t i = 0; i < rows * c.w.n_out; i++) {
                 if (f32_bits(fast[i]) != f32_bits(ref[i]))
-                    fail_msg("%s rows=%d: y[%d][%d] fast %.9g reference %.9g", tr->name,
-                             (int)rows, (int)(i / c.w.n_out), (int)(i % c.w.n_out),
-                             (double)fast[i], (double)ref[i]);
+                    fail_msg("%s rows=%d: y[%d][%d] fast %.9g reference %.9g", tr->name, (int)rows,
+                             (int)(i / c.w.n_out), (int)(i % c.w.n_out), (double)fast[i],
+                             (double)ref[i]);
             }
         }
         kvr_free(ref);
@@ -911,7 +918,7 @@ static void test_get_row(void **state)
         float *want = kvr_malloc(sizeof(float) * (size_t)c.w.n_in);
         kvr_matrix_get_row(&c.w, 7, got);
         kvr_dtype_traits(c.w.type)->to_float((const uint8_t *)c.w.data + 7 * c.w.row_bytes, want,
-                                            c.w.n_in);
+                                             c.w.n_in);
         assert_memory_equal(got, want, sizeof(float) * (size_t)c.w.n_in);
         kvr_free(got);
         kvr_free(want);

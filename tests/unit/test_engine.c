@@ -29,9 +29,14 @@
 static struct kvr_engine *open_engine(struct kvr_gguf *g, uint32_t first, uint32_t last,
                                       uint32_t threads, uint32_t max_rows)
 {
-    struct kvr_engine_config cfg = {
-        .first_layer = first, .last_layer = last, .max_rows = max_rows, .max_seqs = 16,
-        .n_ctx = 256, .kv_block_tokens = 16, .kv_n_blocks = 0, .n_threads = threads};
+    struct kvr_engine_config cfg = {.first_layer = first,
+                                    .last_layer = last,
+                                    .max_rows = max_rows,
+                                    .max_seqs = 16,
+                                    .n_ctx = 256,
+                                    .kv_block_tokens = 16,
+                                    .kv_n_blocks = 0,
+                                    .n_threads = threads};
     struct kvr_engine *e = NULL;
     struct kvr_err err = {0};
     int rc = kvr_engine_create(&e, g, &cfg, &err);
@@ -77,8 +82,8 @@ static void test_reference_stories260k(void **state)
     for (size_t i = 0; i < n_prompt; i++)
         tokens[i] = (int32_t)json_integer_value(json_array_get(prompt, i));
     float logits[512];
-    struct kvr_seg seg = {0, 0, (uint32_t)n_prompt, KVR_SEG_PREFILL | KVR_SEG_LAST_CHUNK |
-                                                        KVR_SEG_WANTS_TOKEN};
+    struct kvr_seg seg = {0, 0, (uint32_t)n_prompt,
+                          KVR_SEG_PREFILL | KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN};
     double worst = 0.0;
     for (size_t step = 0; step < n_gen; step++) {
         assert_int_equal(kvr_engine_forward(e, &seg, 1, tokens, NULL, logits, &err), 0);
@@ -125,12 +130,10 @@ static float *run_alone(struct kvr_gguf *g, uint32_t threads, uint32_t n_layer, 
         /* Prefill: one segment, or chunks of 4 rows when `chunked`. */
         uint32_t pos = 0;
         while (pos < seq_len[s]) {
-            uint32_t n = chunked ? (seq_len[s] - pos < 4 ? seq_len[s] - pos : 4)
-                                 : seq_len[s];
+            uint32_t n = chunked ? (seq_len[s] - pos < 4 ? seq_len[s] - pos : 4) : seq_len[s];
             int last = pos + n == seq_len[s];
-            struct kvr_seg seg = {s, pos, n, KVR_SEG_PREFILL |
-                                                 (last ? KVR_SEG_LAST_CHUNK |
-                                                             KVR_SEG_WANTS_TOKEN : 0)};
+            struct kvr_seg seg = {
+                s, pos, n, KVR_SEG_PREFILL | (last ? KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN : 0)};
             float *out = all + ((size_t)s * (N_DECODE + 1)) * V;
             assert_int_equal(kvr_engine_forward(e, &seg, 1, toks + pos, NULL, out, &err), 0);
             pos += n;
@@ -174,8 +177,7 @@ static float *run_together(struct kvr_gguf *g, uint32_t threads, uint32_t n_laye
         /* Reverse the order of the decode rows, so each sequence sits in another row. */
         for (uint32_t s = 0; s < N_SEQ; s++) {
             uint32_t q = N_SEQ - 1 - s;
-            segs[s] = (struct kvr_seg){q, seq_len[q] + d, 1,
-                                       KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
+            segs[s] = (struct kvr_seg){q, seq_len[q] + d, 1, KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
             toks[s] = argmax(all + ((size_t)q * (N_DECODE + 1) + d) * V, V);
         }
         assert_int_equal(kvr_engine_forward(e, segs, N_SEQ, toks, NULL, out, &err), 0);
@@ -203,8 +205,8 @@ static void check_invariance(const char *path)
     float *base = run_alone(g, 1, hp.n_layer, 0);
     float *variants[4] = {run_alone(g, 2, hp.n_layer, 0), run_alone(g, 1, hp.n_layer, 1),
                           run_together(g, 1, hp.n_layer), run_together(g, 2, hp.n_layer)};
-    const char *names[4] = {"alone, 2 threads", "alone, chunked prefill",
-                            "together, 1 thread", "together, 2 threads"};
+    const char *names[4] = {"alone, 2 threads", "alone, chunked prefill", "together, 1 thread",
+                            "together, 2 threads"};
     for (int i = 0; i < 4; i++) {
         if (memcmp(base, variants[i], n) != 0)
             fail_msg("%s: logits differ from alone, 1 thread (%s)", path, names[i]);
@@ -231,8 +233,8 @@ static void test_invariance_synth(void **state)
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         char path[256], cmd[1024];
         snprintf(path, sizeof path, "/tmp/kvr_test_engine_%d_%s.gguf", (int)getpid(), types[i]);
-        snprintf(cmd, sizeof cmd, "%s synth --shape tiny --type %s -o %s >/dev/null 2>&1",
-                 kvasir, types[i], path);
+        snprintf(cmd, sizeof cmd, "%s synth --shape tiny --type %s -o %s >/dev/null 2>&1", kvasir,
+                 types[i], path);
         if (system(cmd) != 0)
             fail_msg("synth failed: %s", cmd);
         check_invariance(path);
@@ -308,7 +310,7 @@ static void test_kv_blocks(void **state)
     assert_int_equal(kv.n_free, 0);
     assert_int_equal(kvr_kv_prepare(&kv, 0, 4, 1, &err), 0); /* truncate to 5 positions */
     assert_int_equal(kv.n_free, 1);
-    assert_int_equal(kvr_kv_prepare(&kv, 2, 1, 1, &err), KVR_ERANGE); /* gap */
+    assert_int_equal(kvr_kv_prepare(&kv, 2, 1, 1, &err), KVR_ERANGE);  /* gap */
     assert_int_equal(kvr_kv_prepare(&kv, 2, 0, 17, &err), KVR_ERANGE); /* beyond context */
     kvr_kv_free_seq(&kv, 0);
     kvr_kv_free_seq(&kv, 1);
@@ -325,8 +327,8 @@ static void test_invariance_archs(void **state)
     (void)state;
     for (int i = 0; kvr_arch_at(i); i++) {
         const struct kvr_arch *a = kvr_arch_at(i);
-        struct kvr_synth_opts o = {.arch = a, .type = KVR_DTYPE_Q8_0, .seed = 11,
-                                   .n_threads = 1, .logit_scale = 4};
+        struct kvr_synth_opts o = {
+            .arch = a, .type = KVR_DTYPE_Q8_0, .seed = 11, .n_threads = 1, .logit_scale = 4};
         assert_int_equal(kvr_synth_shape_by_name("tiny", &o.shape), 0);
         o.shape.n_layers = a->swa_period > 4 ? (int)a->swa_period : 3;
         o.shape.n_swa = a->sliding ? 8 : 0;

@@ -42,9 +42,16 @@
 #define ID_SPACE 259
 #define ID_ASCII(ch) (260 + ((ch) - '!'))
 #define ID_WORDS (260 + 94)
-static const char *const words[] = {"\xE2\x96\x81Once", "\xE2\x96\x81upon", "\xE2\x96\x81" "a",
-                                    "\xE2\x96\x81time", "\xE2\x96\x81The",  "\xE2\x96\x81" "end",
-                                    "<|im_start|>",     "<|im_end|>"};
+static const char *const words[] = {"\xE2\x96\x81Once",
+                                    "\xE2\x96\x81upon",
+                                    "\xE2\x96\x81"
+                                    "a",
+                                    "\xE2\x96\x81time",
+                                    "\xE2\x96\x81The",
+                                    "\xE2\x96\x81"
+                                    "end",
+                                    "<|im_start|>",
+                                    "<|im_end|>"};
 enum { W_ONCE = ID_WORDS, W_UPON, W_A, W_TIME, W_THE, W_END, W_IM_START, W_IM_END, N_VOCAB };
 
 static struct kvr_tok *make_tok(void)
@@ -90,12 +97,12 @@ struct fake {
     /* Behaviour, set by tests between requests. */
     const int32_t *script;
     uint32_t n_script;
-    bool eos_after_script;   /* after the script: EOS; otherwise repeat it */
-    uint32_t delay_ms;       /* before each token */
-    int refuse_status;       /* != 0: refuse every submit */
+    bool eos_after_script; /* after the script: EOS; otherwise repeat it */
+    uint32_t delay_ms;     /* before each token */
+    int refuse_status;     /* != 0: refuse every submit */
     uint32_t refuse_retry_s;
     enum kvr_svc_refusal_reason refuse_reason;
-    int fail_after;          /* >= 0: an error event after this many tokens */
+    int fail_after; /* >= 0: an error event after this many tokens */
     int fail_status;
     bool healthy;
     /* Observations. */
@@ -208,9 +215,9 @@ static bool fake_health(void *ctx, json_t *detail)
     pthread_mutex_lock(&f->mu);
     bool up = f->healthy;
     pthread_mutex_unlock(&f->mu);
-    json_object_set_new(detail, "stages",
-                        json_pack("[{s:i,s:b},{s:i,s:b}]", "index", 0, "up", 1, "index", 1, "up",
-                                  up));
+    json_object_set_new(
+        detail, "stages",
+        json_pack("[{s:i,s:b},{s:i,s:b}]", "index", 0, "up", 1, "index", 1, "up", up));
     return up;
 }
 
@@ -224,7 +231,7 @@ static const struct kvr_service_ops fake_ops = {
 };
 
 /* " Once upon a time.é The end." then EOS. */
-static const int32_t story[] = {W_ONCE,         W_UPON,         W_A,    W_TIME, ID_ASCII('.'),
+static const int32_t story[] = {W_ONCE,        W_UPON,        W_A,   W_TIME, ID_ASCII('.'),
                                 ID_BYTE(0xC3), ID_BYTE(0xA9), W_THE, W_END,  ID_ASCII('.')};
 #define STORY_TEXT " Once upon a time.\xC3\xA9 The end."
 #define N_STORY (sizeof story / sizeof story[0])
@@ -430,9 +437,9 @@ static void request(uint16_t port, const char *method, const char *path, const c
     if (body && !body_len)
         body_len = strlen(body);
     char head[1024];
-    int n = snprintf(head, sizeof head,
-                     "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s", method, path,
-                     headers ? headers : "");
+    int n =
+        snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n%s",
+                 method, path, headers ? headers : "");
     if (body)
         n += snprintf(head + n, sizeof head - (size_t)n,
                       "Content-Type: application/json\r\nContent-Length: %zu\r\n", body_len);
@@ -527,8 +534,7 @@ static void test_bad_inputs(void **state)
          "you must provide a 'prompt'"},
         {"POST", "/v1/chat/completions", AUTH, "{\"max_tokens\": 5}", 0, 400,
          "you must provide 'messages'"},
-        {"POST", "/v1/completions", AUTH, "{\"prompt\": \"caf\xC3\"}", 0, 400,
-         "not valid UTF-8"},
+        {"POST", "/v1/completions", AUTH, "{\"prompt\": \"caf\xC3\"}", 0, 400, "not valid UTF-8"},
         {"POST", "/v1/completions", AUTH, "{\"prompt\": \"hi\", \"n\": 2}", 0, 400,
          "n > 1 is not supported"},
         {"POST", "/v1/completions", AUTH, "{\"prompt\": \"hi\", \"max_tokens\": 0}", 0, 400,
@@ -544,17 +550,18 @@ static void test_bad_inputs(void **state)
          "you requested 71 tokens (41 in the prompt, 30 for the completion)"},
         {"POST", "/v1/completions", AUTH, "", 0, 400, "body is empty"},
         {"POST", "/v1/completions", AUTH, NULL, 0, 400, "body is empty"},
-        {"POST", "/v1/completions", AUTH "X-Latency-Budget-Ms: soon\r\n", "{\"prompt\": \"hi\"}",
-         0, 400, "X-Latency-Budget-Ms header must be"},
+        {"POST", "/v1/completions", AUTH "X-Latency-Budget-Ms: soon\r\n", "{\"prompt\": \"hi\"}", 0,
+         400, "X-Latency-Budget-Ms header must be"},
         {"GET", "/v1/nothing", AUTH, NULL, 0, 404, "no such endpoint: GET /v1/nothing"},
         {"POST", "/", AUTH, "{}", 0, 404, "no such endpoint"},
         {"GET", "/v1/completions", AUTH, NULL, 0, 405, "method GET is not allowed"},
         {"DELETE", "/v1/models", AUTH, NULL, 0, 405, "method DELETE is not allowed"},
-        {"POST", "/v1/completions", NULL, "{\"prompt\": \"hi\"}", 0, 401, "missing or invalid API key"},
+        {"POST", "/v1/completions", NULL, "{\"prompt\": \"hi\"}", 0, 401,
+         "missing or invalid API key"},
         {"POST", "/v1/completions", "Authorization: Bearer sekret-kez\r\n", "{\"prompt\": \"hi\"}",
          0, 401, "invalid API key"},
-        {"POST", "/v1/completions", "Authorization: Bearer sekret-key2\r\n",
-         "{\"prompt\": \"hi\"}", 0, 401, "invalid API key"},
+        {"POST", "/v1/completions", "Authorization: Bearer sekret-key2\r\n", "{\"prompt\": \"hi\"}",
+         0, 401, "invalid API key"},
         {"POST", "/v1/completions", "Authorization: Basic c2VrcmV0LWtleQ==\r\n",
          "{\"prompt\": \"hi\"}", 0, 401, "invalid API key"},
         {"GET", "/v1/models", NULL, NULL, 0, 401, "API key"},
@@ -625,8 +632,9 @@ static void test_body_too_large(void **state)
     len += 2000;
     len += snprintf(long_prompt + len, 4096 - (size_t)len, "\"}");
     request(fx->port, "POST", "/v1/completions", AUTH, long_prompt, (size_t)len, &r);
-    expect_error(&r, 400, "maximum context length is 64 tokens, but the prompt (2000 bytes) is "
-                          "at least 166 tokens");
+    expect_error(&r, 400,
+                 "maximum context length is 64 tokens, but the prompt (2000 bytes) is "
+                 "at least 166 tokens");
     resp_free(&r);
     free(long_prompt);
 
@@ -718,8 +726,8 @@ static void test_stop_strings(void **state)
     struct resp r;
     int cancels_before = fx->fake.n_cancel;
     /* "ce up" spans the tokens " Once" and " upon". */
-    post(fx->port, "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 20, \"stop\": \"ce up\"}",
-         &r);
+    post(fx->port, "/v1/completions",
+         "{\"prompt\": \"x\", \"max_tokens\": 20, \"stop\": \"ce up\"}", &r);
     assert_int_equal(r.status, 200);
     json_t *j = body_json(&r);
     assert_string_equal(choice_text(j), " On");
@@ -762,8 +770,8 @@ static void test_chat(void **state)
     assert_string_equal(json_string_value(json_object_get(j, "object")), "chat.completion");
     assert_memory_equal(json_string_value(json_object_get(j, "id")), "chatcmpl-", 9);
     json_t *c = json_array_get(json_object_get(j, "choices"), 0);
-    assert_string_equal(
-        json_string_value(json_object_get(json_object_get(c, "message"), "role")), "assistant");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(c, "message"), "role")),
+                        "assistant");
     assert_string_equal(choice_text(j), " Once upon a time");
     assert_string_equal(choice_finish(j), "length");
     json_t *content = json_object_get(json_object_get(c, "logprobs"), "content");
@@ -797,8 +805,7 @@ static void test_chat(void **state)
     assert_int_equal(json_array_size(json_object_get(lp, "tokens")), 2);
     assert_string_equal(json_string_value(json_array_get(json_object_get(lp, "tokens"), 0)),
                         " Once");
-    assert_int_equal(json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 1)),
-                     5);
+    assert_int_equal(json_integer_value(json_array_get(json_object_get(lp, "text_offset"), 1)), 5);
     json_decref(j);
     resp_free(&r);
 }
@@ -854,9 +861,9 @@ static void test_streaming(void **state)
     assert_string_equal(text, STORY_TEXT);
     json_t *u = json_loads(ev[n - 2], 0, NULL);
     assert_int_equal(json_array_size(json_object_get(u, "choices")), 0);
-    assert_int_equal(json_integer_value(json_object_get(json_object_get(u, "usage"),
-                                                        "completion_tokens")),
-                     N_STORY + 1);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(u, "usage"), "completion_tokens")),
+        N_STORY + 1);
     json_decref(u);
     resp_free(&r);
 
@@ -905,8 +912,8 @@ static void test_refusal_and_errors(void **state)
     char v[32];
     assert_string_equal(header(&r, "Retry-After", v, sizeof v), "2");
     json_t *j = body_json(&r);
-    assert_string_equal(
-        json_string_value(json_object_get(json_object_get(j, "error"), "code")), "over_budget");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                        "over_budget");
     json_decref(j);
     resp_free(&r);
 
@@ -1205,8 +1212,8 @@ static void test_config_errors(void **state)
     struct kvr_tok *tok = make_tok();
     struct fake f;
     memset(&f, 0, sizeof f);
-    struct kvr_service svc = {.ops = &fake_ops, .ctx = &f, .model_name = "m", .n_ctx = 64,
-                              .tok = tok};
+    struct kvr_service svc = {
+        .ops = &fake_ops, .ctx = &f, .model_name = "m", .n_ctx = 64, .tok = tok};
     struct kvr_http_config cfg;
     kvr_http_config_init(&cfg);
     cfg.port = 0;
@@ -1271,9 +1278,9 @@ static void test_tokenize_endpoints(void **state)
     post(fx->port, "/v1/chat/completions", body, &r);
     assert_int_equal(r.status, 200);
     json_t *cj = body_json(&r);
-    assert_int_equal(json_integer_value(json_object_get(json_object_get(cj, "usage"),
-                                                        "prompt_tokens")),
-                     json_array_size(ids));
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(cj, "usage"), "prompt_tokens")),
+        json_array_size(ids));
     json_decref(cj);
     resp_free(&r);
     pthread_mutex_lock(&fx->fake.mu);
@@ -1314,7 +1321,8 @@ static void test_tokenize_endpoints(void **state)
     } bad[] = {
         {"/tokenize", "{}", "'content'"},
         {"/tokenize", "{\"content\": 5}", "'content' must be a string"},
-        {"/tokenize", "{\"content\": \"x\", \"add_special\": 1}", "'add_special' must be a boolean"},
+        {"/tokenize", "{\"content\": \"x\", \"add_special\": 1}",
+         "'add_special' must be a boolean"},
         {"/tokenize", "[\"x\"]", "must be a JSON object"},
         {"/tokenize", "{\"content\": ", "not valid JSON"},
         {"/detokenize", "{}", "'tokens'"},
@@ -1323,8 +1331,7 @@ static void test_tokenize_endpoints(void **state)
         {"/detokenize", "{\"tokens\": [1, 100000]}", "outside the vocabulary"},
         {"/detokenize", "{\"tokens\": [-1]}", "outside the vocabulary"},
         {"/apply-template", "{}", "messages"},
-        {"/apply-template", "{\"messages\": [{\"role\": \"wizard\", \"content\": \"x\"}]}",
-         "role"},
+        {"/apply-template", "{\"messages\": [{\"role\": \"wizard\", \"content\": \"x\"}]}", "role"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         post(fx->port, bad[i].path, bad[i].body, &r);
@@ -1349,8 +1356,13 @@ static void test_chat_template_errors(void **state)
     memset(&f, 0, sizeof f);
     pthread_mutex_init(&f.mu, NULL);
     fake_reset(&f);
-    struct kvr_service svc = {.ops = &fake_ops, .ctx = &f, .model_name = "m", .n_ctx = N_CTX,
-                              .tok = tok, .chat_template = "{{ nonsense", .chat_template_len = 11};
+    struct kvr_service svc = {.ops = &fake_ops,
+                              .ctx = &f,
+                              .model_name = "m",
+                              .n_ctx = N_CTX,
+                              .tok = tok,
+                              .chat_template = "{{ nonsense",
+                              .chat_template_len = 11};
     static const char tmpl[] =
         "{% if messages[-1].role != 'user' %}{{ raise_exception('the last message must be "
         "from the user') }}{% endif %}{% if messages[0].content == 'boom' %}"
@@ -1374,8 +1386,7 @@ static void test_chat_template_errors(void **state)
     expect_error(&r, 400, "refused the conversation: line 1: the last message must be from");
     resp_free(&r);
     post(port, "/v1/chat/completions",
-         "{\"messages\": [{\"role\": \"user\", \"content\": \"boom\"}], \"max_tokens\": 2}",
-         &r);
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"boom\"}], \"max_tokens\": 2}", &r);
     expect_error(&r, 400, "the chat template failed on this conversation: line 1:");
     resp_free(&r);
     expect_alive(port);

@@ -142,8 +142,7 @@ static void test_statements(void **state)
         {"{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}"
          "{{ greet('Ann') }} {{ greet('Bo', punct='?') }}",
          NULL, "Hi Ann! Hi Bo?"},
-        {"{% filter upper %}abc{% endfilter %}{% generation %}x{% endgeneration %}", NULL,
-         "ABCx"},
+        {"{% filter upper %}abc{% endfilter %}{% generation %}x{% endgeneration %}", NULL, "ABCx"},
         {"{{ strftime_now('%d %b %Y') }}", NULL, "26 Jul 2024"},
         {"{% if not add_generation_prompt is defined %}{% set add_generation_prompt = false %}"
          "{% endif %}{{ add_generation_prompt }}",
@@ -209,8 +208,7 @@ static void expect_error(const char *tmpl, const char *vars, const struct kvr_ji
     struct kvr_err err = {0};
     int rc = render(tmpl, vars, lim, &out, &err);
     if (rc != code || !strstr(err.msg, msg_part)) {
-        fprintf(stderr, "%s: want %d with '%s', got %d: %s\n", tmpl, code, msg_part, rc,
-                err.msg);
+        fprintf(stderr, "%s: want %d with '%s', got %d: %s\n", tmpl, code, msg_part, rc, err.msg);
         fail();
     }
     assert_null(out);
@@ -255,19 +253,18 @@ static void test_limits(void **state)
     struct kvr_jinja_limits lim;
     kvr_jinja_limits_default(&lim);
     lim.max_output_bytes = 1000;
-    expect_error("{% for i in range(2000) %}x{% endfor %}", NULL, &lim, KVR_ERANGE,
-                 "output limit");
+    expect_error("{% for i in range(2000) %}x{% endfor %}", NULL, &lim, KVR_ERANGE, "output limit");
     expect_error("{{ 'x' * 5000 }}", NULL, &lim, KVR_ERANGE, "output limit");
     kvr_jinja_limits_default(&lim);
     lim.max_steps = 10000;
-    expect_error("{% for i in range(100) %}{% for j in range(100) %}{% endfor %}{% endfor %}",
-                 NULL, &lim, KVR_ERANGE, "step limit");
+    expect_error("{% for i in range(100) %}{% for j in range(100) %}{% endfor %}{% endfor %}", NULL,
+                 &lim, KVR_ERANGE, "step limit");
     kvr_jinja_limits_default(&lim);
     lim.max_depth = 20;
     expect_error("{{ ((((((((((((((((((((((1)))))))))))))))))))))) }}", NULL, &lim, KVR_ERANGE,
                  "nested");
-    expect_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, &lim,
-                 KVR_ERANGE, "nested");
+    expect_error("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", NULL, &lim, KVR_ERANGE,
+                 "nested");
     kvr_jinja_limits_default(&lim);
     lim.max_memory_bytes = 1 << 20;
     expect_error("{% set ns = namespace(s='x') %}{% for i in range(100000) %}"
@@ -317,10 +314,14 @@ static void test_alloc_failures(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_whitespace),     cmocka_unit_test(test_expressions),
-        cmocka_unit_test(test_statements),     cmocka_unit_test(test_filters),
-        cmocka_unit_test(test_methods_and_tests), cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_limits),         cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_whitespace),
+        cmocka_unit_test(test_expressions),
+        cmocka_unit_test(test_statements),
+        cmocka_unit_test(test_filters),
+        cmocka_unit_test(test_methods_and_tests),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -188,7 +188,7 @@ static void test_kv_map(void **state)
     assert_int_equal(kvr_kv_prepare(&kv, 0, 12, 1, &err), KVR_ERANGE); /* past its blocks */
     /* Sequence 1 shares block 4 as a cached prefix: it starts at position 4. */
     assert_int_equal(kvr_kv_map(&kv, 1, 5 * BT, 0, b, 2, &err), KVR_EINVAL); /* > context */
-    assert_int_equal(kvr_kv_map(&kv, 1, 3, 0, b, 2, &err), KVR_EINVAL); /* not whole */
+    assert_int_equal(kvr_kv_map(&kv, 1, 3, 0, b, 2, &err), KVR_EINVAL);      /* not whole */
     /* Cached positions beyond the blocks mapped so far (more MAP records to come): the
      * sequence may not run until they are mapped. */
     assert_int_equal(kvr_kv_map(&kv, 1, 3 * BT, 0, b, 1, &err), 0);
@@ -196,7 +196,7 @@ static void test_kv_map(void **state)
     kvr_kv_free_seq(&kv, 1);
     assert_int_equal(kvr_kv_map(&kv, 1, BT, 0, b, 2, &err), 0);
     assert_int_equal(kv.n_pos[1], BT);
-    assert_int_equal(kvr_kv_prepare(&kv, 1, 0, 1, &err), 0); /* a rewrite is allowed */
+    assert_int_equal(kvr_kv_prepare(&kv, 1, 0, 1, &err), 0);          /* a rewrite is allowed */
     assert_int_equal(kvr_kv_prepare(&kv, 1, 2, 1, &err), KVR_ERANGE); /* a gap is not */
     assert_int_equal(kvr_kv_prepare(&kv, 1, 1, 7, &err), 0);
     assert_true(kvr_kv_row(&kv, kv.k, 1, 1, 0) == kvr_kv_row(&kv, kv.k, 1, 0, 0));

@@ -85,8 +85,9 @@ static void build(struct model *m, enum style style, int type, const char *bad_t
     memset(m, 0, sizeof *m);
     m->style = style;
     m->type = type;
-    const char *arch = style == STYLE_MIXTRAL ? "llama" : style == STYLE_QWEN3 ? "qwen3moe"
-                                                                                : "qwen2moe";
+    const char *arch = style == STYLE_MIXTRAL ? "llama"
+                       : style == STYLE_QWEN3 ? "qwen3moe"
+                                              : "qwen2moe";
     uint32_t n_expert = style == STYLE_QWEN3 ? 16 : 8, n_used = style == STYLE_QWEN3 ? 4 : 2;
     struct kvr_gguf_writer *w = kvr_gguf_writer_create();
     assert_non_null(w);
@@ -119,8 +120,8 @@ static void build(struct model *m, enum style style, int type, const char *bad_t
                                make_tensor(m, type, FF, D * n_expert, 1.7f * s_ff, 14));
     if (style == STYLE_QWEN2) {
         int64_t ne_gi[1] = {D}, ne_sgu[2] = {D, SH}, ne_sdn[2] = {SH, D};
-        kvr_gguf_writer_add_tensor(w, "blk.0.ffn_gate_inp_shexp.weight", 1, ne_gi,
-                                   KVR_DTYPE_F32, make_tensor(m, KVR_DTYPE_F32, D, 1, s_d, 15));
+        kvr_gguf_writer_add_tensor(w, "blk.0.ffn_gate_inp_shexp.weight", 1, ne_gi, KVR_DTYPE_F32,
+                                   make_tensor(m, KVR_DTYPE_F32, D, 1, s_d, 15));
         kvr_gguf_writer_add_tensor(w, "blk.0.ffn_gate_shexp.weight", 2, ne_sgu, type,
                                    make_tensor(m, type, D, SH, 1.7f * s_d, 16));
         kvr_gguf_writer_add_tensor(w, "blk.0.ffn_up_shexp.weight", 2, ne_sgu, type,
@@ -169,8 +170,8 @@ static void rows_of(float *x, uint32_t n_rows, uint64_t seed)
 static void test_select_rule(void **state)
 {
     (void)state;
-    struct kvr_moe_hparams mp = {.n_expert = 6, .n_used = 3, .n_ff_exp = 8,
-                                 .gating = KVR_MOE_GATING_SOFTMAX_TOPK};
+    struct kvr_moe_hparams mp = {
+        .n_expert = 6, .n_used = 3, .n_ff_exp = 8, .gating = KVR_MOE_GATING_SOFTMAX_TOPK};
     uint32_t ids[3];
     float w[3];
     /* ties: equal logits go to the lower expert id; NaN ranks below -inf */
@@ -245,8 +246,9 @@ static void test_hparams(void **state)
     size_t len;
     /* no expert keys: a dense model */
     struct kvr_gguf *g = keys_only(NULL, NULL, 0, &buf, &len);
-    assert_int_equal(kvr_moe_hparams_read(&mp, g, "qwen3moe", KVR_MOE_GATING_SOFTMAX, true,
-                                          false, 128, &err), 0);
+    assert_int_equal(
+        kvr_moe_hparams_read(&mp, g, "qwen3moe", KVR_MOE_GATING_SOFTMAX, true, false, 128, &err),
+        0);
     assert_int_equal(mp.n_expert, 0);
     kvr_gguf_close(g);
     free(buf);
@@ -254,27 +256,31 @@ static void test_hparams(void **state)
     const char *k1[] = {"qwen3moe.expert_count", "qwen3moe.expert_used_count"};
     uint32_t v1[] = {8, 9}; /* more used than there are */
     g = keys_only(k1, v1, 2, &buf, &len);
-    assert_int_equal(kvr_moe_hparams_read(&mp, g, "qwen3moe", KVR_MOE_GATING_SOFTMAX, true,
-                                          false, 128, &err), KVR_EFORMAT);
+    assert_int_equal(
+        kvr_moe_hparams_read(&mp, g, "qwen3moe", KVR_MOE_GATING_SOFTMAX, true, false, 128, &err),
+        KVR_EFORMAT);
     assert_non_null(strstr(err.msg, "implausible experts"));
     kvr_gguf_close(g);
     free(buf);
 
     g = keys_only(k1, v1, 1, &buf, &len); /* the used count missing */
-    assert_int_equal(kvr_moe_hparams_read(&mp, g, "qwen3moe", KVR_MOE_GATING_SOFTMAX, true,
-                                          false, 128, &err), KVR_EFORMAT);
+    assert_int_equal(
+        kvr_moe_hparams_read(&mp, g, "qwen3moe", KVR_MOE_GATING_SOFTMAX, true, false, 128, &err),
+        KVR_EFORMAT);
     assert_non_null(strstr(err.msg, "expert_used_count"));
     kvr_gguf_close(g);
     free(buf);
 
     v1[1] = 2; /* a shared expert needs its width */
     g = keys_only(k1, v1, 2, &buf, &len);
-    assert_int_equal(kvr_moe_hparams_read(&mp, g, "qwen3moe", KVR_MOE_GATING_SOFTMAX, true,
-                                          true, 128, &err), KVR_EFORMAT);
+    assert_int_equal(
+        kvr_moe_hparams_read(&mp, g, "qwen3moe", KVR_MOE_GATING_SOFTMAX, true, true, 128, &err),
+        KVR_EFORMAT);
     assert_non_null(strstr(err.msg, "expert_shared_feed_forward_length"));
     /* without one: the width defaults to feed_forward_length */
-    assert_int_equal(kvr_moe_hparams_read(&mp, g, "qwen3moe", KVR_MOE_GATING_SOFTMAX, true,
-                                          false, 128, &err), 0);
+    assert_int_equal(
+        kvr_moe_hparams_read(&mp, g, "qwen3moe", KVR_MOE_GATING_SOFTMAX, true, false, 128, &err),
+        0);
     assert_int_equal(mp.n_ff_exp, 128);
     assert_true(mp.norm_topk);
     kvr_gguf_close(g);
@@ -375,8 +381,8 @@ static void check_against_reference(enum style style, int type, float tol)
         }
         checked++;
     }
-    print_message("style %d %s: %d/%d rows compared, worst relative diff %.2e (tol %.0e)\n",
-                  style, kvr_dtype_traits(type)->name, checked, MAX_ROWS, worst, tol);
+    print_message("style %d %s: %d/%d rows compared, worst relative diff %.2e (tol %.0e)\n", style,
+                  kvr_dtype_traits(type)->name, checked, MAX_ROWS, worst, tol);
     assert_true(checked >= MAX_ROWS * 9 / 10);
     assert_true(worst <= tol);
     int n_used_experts = 0; /* the rows exercise most experts, not one */
@@ -512,15 +518,22 @@ struct synth_model {
     uint32_t n_layer, n_vocab;
 };
 
-static void synth_model(struct synth_model *m, const char *arch, int type, int n_expert,
-                        int n_used)
+static void synth_model(struct synth_model *m, const char *arch, int type, int n_expert, int n_used)
 {
-    struct kvr_synth_opts o = {.arch = kvr_arch_find(arch, strlen(arch)), .type = type,
-                               .seed = 3, .n_threads = 2};
-    o.shape = (struct kvr_synth_shape){.name = "moe-test", .n_layers = 3, .dim = 64, .ff = 96,
-                                       .n_heads = 4, .n_kv_heads = 2, .vocab_size = 300,
-                                       .ctx = 64, .rope_base = 10000.0f, .rms_eps = 1e-5f,
-                                       .n_expert = n_expert, .n_expert_used = n_used,
+    struct kvr_synth_opts o = {
+        .arch = kvr_arch_find(arch, strlen(arch)), .type = type, .seed = 3, .n_threads = 2};
+    o.shape = (struct kvr_synth_shape){.name = "moe-test",
+                                       .n_layers = 3,
+                                       .dim = 64,
+                                       .ff = 96,
+                                       .n_heads = 4,
+                                       .n_kv_heads = 2,
+                                       .vocab_size = 300,
+                                       .ctx = 64,
+                                       .rope_base = 10000.0f,
+                                       .rms_eps = 1e-5f,
+                                       .n_expert = n_expert,
+                                       .n_expert_used = n_used,
                                        .expert_ff = strcmp(arch, "llama") ? 64 : 0};
     assert_non_null(o.arch);
     FILE *f = open_memstream(&m->buf, &m->len);
@@ -540,8 +553,12 @@ static void synth_model(struct synth_model *m, const char *arch, int type, int n
 static struct kvr_engine *engine(struct synth_model *m, uint32_t first, uint32_t last,
                                  uint32_t threads)
 {
-    struct kvr_engine_config cfg = {.first_layer = first, .last_layer = last, .max_rows = 32,
-                                    .max_seqs = N_SEQ, .n_ctx = 64, .kv_block_tokens = 8,
+    struct kvr_engine_config cfg = {.first_layer = first,
+                                    .last_layer = last,
+                                    .max_rows = 32,
+                                    .max_seqs = N_SEQ,
+                                    .n_ctx = 64,
+                                    .kv_block_tokens = 8,
                                     .n_threads = threads};
     struct kvr_engine *e = NULL;
     struct kvr_err err = {0};
@@ -550,11 +567,14 @@ static struct kvr_engine *engine(struct synth_model *m, uint32_t first, uint32_t
     return e;
 }
 
-static int32_t token_of(uint32_t seq, uint32_t pos) { return (int32_t)(7 + seq * 31 + pos * 13) % 300; }
+static int32_t token_of(uint32_t seq, uint32_t pos)
+{
+    return (int32_t)(7 + seq * 31 + pos * 13) % 300;
+}
 
 /* Run one step (a segment per listed sequence) through the chain of engines. */
-static void step(struct kvr_engine **chain, int n_eng, const struct kvr_seg *segs,
-                 uint32_t n_segs, float *logits)
+static void step(struct kvr_engine **chain, int n_eng, const struct kvr_seg *segs, uint32_t n_segs,
+                 float *logits)
 {
     int32_t toks[32];
     float h[2][32 * 64];
@@ -579,9 +599,9 @@ static void run_sequences(struct kvr_engine **chain, int n_eng, bool together, u
         struct kvr_seg segs[N_SEQ];
         for (uint32_t s = 0; s < N_SEQ; s++) {
             uint32_t pos0 = st ? prompt_len[s] + st - 1 : 0, n = st ? 1 : prompt_len[s];
-            segs[s] = (struct kvr_seg){s, pos0, n, (st ? KVR_SEG_DECODE : KVR_SEG_PREFILL |
-                                                                       KVR_SEG_LAST_CHUNK) |
-                                                       KVR_SEG_WANTS_TOKEN};
+            segs[s] = (struct kvr_seg){
+                s, pos0, n,
+                (st ? KVR_SEG_DECODE : KVR_SEG_PREFILL | KVR_SEG_LAST_CHUNK) | KVR_SEG_WANTS_TOKEN};
         }
         float out[N_SEQ * 300];
         if (together) {
@@ -650,10 +670,18 @@ static void test_plan_weighs_used_experts(void **state)
 {
     (void)state;
     struct kvr_synth_opts o = {.type = KVR_DTYPE_F32, .seed = 1, .n_threads = 1};
-    o.shape = (struct kvr_synth_shape){.name = "x", .n_layers = 4, .dim = 64, .ff = 64,
-                                       .n_heads = 4, .n_kv_heads = 4, .vocab_size = 4096,
-                                       .ctx = 64, .rope_base = 10000.0f, .rms_eps = 1e-5f,
-                                       .n_expert = 32, .n_expert_used = 1};
+    o.shape = (struct kvr_synth_shape){.name = "x",
+                                       .n_layers = 4,
+                                       .dim = 64,
+                                       .ff = 64,
+                                       .n_heads = 4,
+                                       .n_kv_heads = 4,
+                                       .vocab_size = 4096,
+                                       .ctx = 64,
+                                       .rope_base = 10000.0f,
+                                       .rms_eps = 1e-5f,
+                                       .n_expert = 32,
+                                       .n_expert_used = 1};
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
@@ -677,11 +705,18 @@ static void test_plan_weighs_used_experts(void **state)
 static void test_synth_refusals(void **state)
 {
     (void)state;
-    struct kvr_synth_opts o = {.arch = kvr_arch_find("qwen3moe", 8), .type = KVR_DTYPE_F32,
-                               .seed = 1, .n_threads = 1};
-    o.shape = (struct kvr_synth_shape){.name = "x", .n_layers = 1, .dim = 64, .ff = 64,
-                                       .n_heads = 4, .n_kv_heads = 4, .vocab_size = 300,
-                                       .ctx = 64, .rope_base = 10000.0f, .rms_eps = 1e-5f};
+    struct kvr_synth_opts o = {
+        .arch = kvr_arch_find("qwen3moe", 8), .type = KVR_DTYPE_F32, .seed = 1, .n_threads = 1};
+    o.shape = (struct kvr_synth_shape){.name = "x",
+                                       .n_layers = 1,
+                                       .dim = 64,
+                                       .ff = 64,
+                                       .n_heads = 4,
+                                       .n_kv_heads = 4,
+                                       .vocab_size = 300,
+                                       .ctx = 64,
+                                       .rope_base = 10000.0f,
+                                       .rms_eps = 1e-5f};
     struct kvr_err err = {0};
     FILE *f = tmpfile();
     assert_int_equal(kvr_synth_write(&o, f, NULL, &err), KVR_EINVAL);
@@ -705,11 +740,11 @@ static void test_synth_refusals(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_select_rule),       cmocka_unit_test(test_hparams),
-        cmocka_unit_test(test_view_checks),       cmocka_unit_test(test_reference_f32),
+        cmocka_unit_test(test_select_rule),         cmocka_unit_test(test_hparams),
+        cmocka_unit_test(test_view_checks),         cmocka_unit_test(test_reference_f32),
         cmocka_unit_test(test_reference_quantized), cmocka_unit_test(test_invariance),
-        cmocka_unit_test(test_create_failures),   cmocka_unit_test(test_engine_invariance),
-        cmocka_unit_test(test_synth_refusals),    cmocka_unit_test(test_plan_weighs_used_experts),
+        cmocka_unit_test(test_create_failures),     cmocka_unit_test(test_engine_invariance),
+        cmocka_unit_test(test_synth_refusals),      cmocka_unit_test(test_plan_weighs_used_experts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -36,18 +36,15 @@ static const struct bad_case bad_cases[] = {
     {C, "{\"prompt\": \"x\", \"logit_bias\": [1]}", 0, 400, "must be an object", "logit_bias"},
     {C, "{\"prompt\": \"x\", \"logit_bias\": {\"512\": 1}}", 0, 400, "not a token id",
      "logit_bias"},
-    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"-1\": 1}}", 0, 400, "not a token id",
-     "logit_bias"},
-    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"a\": 1}}", 0, 400, "not a token id",
-     "logit_bias"},
-    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 101}}", 0, 400, "[-100, 100]",
-     "logit_bias"},
-    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"1\"}}", 0, 400, "[-100, 100]",
-     "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"-1\": 1}}", 0, 400, "not a token id", "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"a\": 1}}", 0, 400, "not a token id", "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 101}}", 0, 400, "[-100, 100]", "logit_bias"},
+    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"1\"}}", 0, 400, "[-100, 100]", "logit_bias"},
     {C, "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 1, \"05\": 2}}", 0, 400, "twice",
      "logit_bias"},
-    {C, "{\"prompt\": \"x\", \"logit_bias\": {\"1\": 1, \"2\": 1, \"3\": 1, \"4\": 1, "
-        "\"5\": 1, \"6\": 1, \"7\": 1, \"8\": 1, \"9\": 1}}",
+    {C,
+     "{\"prompt\": \"x\", \"logit_bias\": {\"1\": 1, \"2\": 1, \"3\": 1, \"4\": 1, "
+     "\"5\": 1, \"6\": 1, \"7\": 1, \"8\": 1, \"9\": 1}}",
      0, 400, "at most 8", "logit_bias"},
     /* Not JSON, or not an object. */
     {C, "", 0, 400, "body is empty", NULL},
@@ -84,8 +81,7 @@ static const struct bad_case bad_cases[] = {
      "'temperature' must be a number, got a string", "temperature"},
     {C, "{\"prompt\": \"hi\", \"stream\": \"yes\"}", 0, 400, "'stream' must be a boolean",
      "stream"},
-    {C, "{\"prompt\": \"hi\", \"stop\": 5}", 0, 400, "'stop' must be a string or an array",
-     "stop"},
+    {C, "{\"prompt\": \"hi\", \"stop\": 5}", 0, 400, "'stop' must be a string or an array", "stop"},
     {C, "{\"prompt\": \"hi\", \"stop\": [\"a\", 5]}", 0, 400, "'stop[1]' must be a string",
      "stop[1]"},
     {C, "{\"prompt\": \"hi\", \"model\": 3}", 0, 400, "'model' must be a string", "model"},
@@ -95,16 +91,14 @@ static const struct bad_case bad_cases[] = {
      "logprobs"},
     {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": 1}", 0, 400,
      "'logprobs' must be a boolean", "logprobs"},
-    {H, "{\"messages\": {\"role\": \"user\"}}", 0, 400, "'messages' must be an array",
-     "messages"},
+    {H, "{\"messages\": {\"role\": \"user\"}}", 0, 400, "'messages' must be an array", "messages"},
     {H, "{\"messages\": [\"hi\"]}", 0, 400, "'messages[0]' must be an object", "messages[0]"},
     {H, "{\"messages\": [{\"role\": 1, \"content\": \"hi\"}]}", 0, 400,
      "'messages[0].role' must be a string", "messages[0].role"},
     {H, "{\"messages\": [{\"role\": \"user\", \"content\": 7}]}", 0, 400,
-     "'messages[0].content' must be a string or an array of text parts",
-     "messages[0].content"},
-    {H, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}", 0,
-     400, "other content types are not supported", "messages[0].content[0]"},
+     "'messages[0].content' must be a string or an array of text parts", "messages[0].content"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}", 0, 400,
+     "other content types are not supported", "messages[0].content[0]"},
     {H, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", 0, 400,
      "'tool' is not supported", "messages[0].role"},
     {C, "{\"prompt\": \"hi\", \"stream\": true, \"stream_options\": 1}", 0, 400,
@@ -118,13 +112,13 @@ static const struct bad_case bad_cases[] = {
     {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"total_ms\": \"1s\"}}", 0, 400,
      "'latency_budget.total_ms' must be an integer", "latency_budget.total_ms"},
     /* Out of range. */
-    {C, "{\"prompt\": \"hi\", \"max_tokens\": 0}", 0, 400,
-     "'max_tokens' must be between 1 and 128", "max_tokens"},
+    {C, "{\"prompt\": \"hi\", \"max_tokens\": 0}", 0, 400, "'max_tokens' must be between 1 and 128",
+     "max_tokens"},
     {C, "{\"prompt\": \"hi\", \"max_tokens\": -5}", 0, 400,
      "'max_tokens' must be between 1 and 128", "max_tokens"},
     {C, "{\"prompt\": \"hi\", \"max_tokens\": 129}", 0, 400, "got 129", "max_tokens"},
-    {C, "{\"prompt\": \"hi\", \"max_tokens\": 99999999999999999999}", 0, 400,
-     "not valid JSON", NULL},
+    {C, "{\"prompt\": \"hi\", \"max_tokens\": 99999999999999999999}", 0, 400, "not valid JSON",
+     NULL},
     {H,
      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
      "\"max_completion_tokens\": 1000}",
@@ -150,19 +144,18 @@ static const struct bad_case bad_cases[] = {
      "logprobs"},
     {C, "{\"prompt\": \"hi\", \"logprobs\": -1}", 0, 400, "'logprobs' must be at least 0",
      "logprobs"},
-    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"top_logprobs\": 2}", 0,
-     400, "needs 'logprobs': true", "top_logprobs"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"top_logprobs\": 2}", 0, 400,
+     "needs 'logprobs': true", "top_logprobs"},
     {H,
      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": true, "
      "\"top_logprobs\": 2}",
      0, 400, "'top_logprobs' above 0 is not supported", "top_logprobs"},
     {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"first_token_ms\": 0}}", 0, 400,
      "must be between 1 and 3600000 milliseconds, got 0", "latency_budget.first_token_ms"},
-    {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"total_ms\": 3600001}}", 0, 400,
-     "got 3600001", "latency_budget.total_ms"},
-    {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"first_token_ms\": 900, \"total_ms\": 500}}",
-     0, 400, "(900 ms) exceeds 'latency_budget.total_ms' (500 ms)",
-     "latency_budget.first_token_ms"},
+    {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"total_ms\": 3600001}}", 0, 400, "got 3600001",
+     "latency_budget.total_ms"},
+    {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"first_token_ms\": 900, \"total_ms\": 500}}", 0,
+     400, "(900 ms) exceeds 'latency_budget.total_ms' (500 ms)", "latency_budget.first_token_ms"},
     {C, "{\"prompt\": [1, 2, 512]}", 0, 400, "token id 512 is outside the vocabulary (0 .. 511)",
      "prompt[2]"},
     {C, "{\"prompt\": [1, -1]}", 0, 400, "token id -1 is outside", "prompt[1]"},
@@ -179,8 +172,7 @@ static const struct bad_case bad_cases[] = {
      "prompt"},
     {C, "{\"prompt\": \"hi\", \"echo\": true}", 0, 400, "'echo' is not supported", "echo"},
     {C, "{\"prompt\": \"hi\", \"best_of\": 2}", 0, 400, "'best_of' other than 1", "best_of"},
-    {C, "{\"prompt\": \"hi\", \"suffix\": \"end\"}", 0, 400, "'suffix' is not supported",
-     "suffix"},
+    {C, "{\"prompt\": \"hi\", \"suffix\": \"end\"}", 0, 400, "'suffix' is not supported", "suffix"},
     {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{}]}", 0, 400,
      "'tools' are not supported", "tools"},
     {H,
@@ -205,8 +197,7 @@ static void test_bad_requests(void **state)
                      c->body, rc, e.status, e.message, c->status, c->msg);
         if (strcmp(e.type, "invalid_request_error") != 0)
             fail_msg("case %zu: type %s", i, e.type);
-        if ((c->param == NULL) != (e.param == NULL) ||
-            (c->param && strcmp(c->param, e.param) != 0))
+        if ((c->param == NULL) != (e.param == NULL) || (c->param && strcmp(c->param, e.param) != 0))
             fail_msg("case %zu: param '%s', want '%s'", i, e.param ? e.param : "(null)",
                      c->param ? c->param : "(null)");
         /* A failed parse leaves nothing behind. */
@@ -418,8 +409,8 @@ static void test_budget_header(void **state)
     assert_int_equal(kvr_openai_parse_budget_header("750", &ms, &e), KVR_OK);
     assert_int_equal(ms, 750);
     assert_int_equal(kvr_openai_parse_budget_header("3600000", &ms, &e), KVR_OK);
-    static const char *const bad[] = {"", "0", "-5", "1.5", "12ms", " 12", "3600001",
-                                      "99999999999999999999"};
+    static const char *const bad[] = {"",     "0",   "-5",      "1.5",
+                                      "12ms", " 12", "3600001", "99999999999999999999"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         memset(&e, 0, sizeof e);
         if (kvr_openai_parse_budget_header(bad[i], &ms, &e) != KVR_EINVAL)
@@ -443,8 +434,12 @@ static void test_utf8(void **state)
     struct kvr_sbuf b;
     kvr_sbuf_init(&b);
     /* One U+FFFD per maximal invalid subpart: "\xE2\x82" is one, "\x80" another. */
-    kvr_utf8_sanitize(&b, "a\xE2\x82" "b\x80\xC3\xA9", 7);
-    assert_string_equal(b.data, "a\xEF\xBF\xBD" "b\xEF\xBF\xBD\xC3\xA9");
+    kvr_utf8_sanitize(&b,
+                      "a\xE2\x82"
+                      "b\x80\xC3\xA9",
+                      7);
+    assert_string_equal(b.data, "a\xEF\xBF\xBD"
+                                "b\xEF\xBF\xBD\xC3\xA9");
     kvr_sbuf_clear(&b);
     kvr_utf8_sanitize(&b, "\xF0\x9F\x98", 3);
     assert_string_equal(b.data, "\xEF\xBF\xBD");
@@ -453,8 +448,7 @@ static void test_utf8(void **state)
 
 /* Feed pieces through a stop-string cutter, collecting what is released after each. */
 static bool run_text(const char *const *stop, uint32_t n_stop, const char *extra,
-                     const char *const *pieces, size_t n_pieces, bool flush, char *out,
-                     size_t cap)
+                     const char *const *pieces, size_t n_pieces, bool flush, char *out, size_t cap)
 {
     size_t lens[KVR_OPENAI_MAX_STOP];
     for (uint32_t i = 0; i < n_stop; i++)
@@ -613,16 +607,15 @@ static void test_sse(void **state)
     struct kvr_sbuf b;
     kvr_sbuf_init(&b);
     assert_int_equal(kvr_openai_sse_chunk(&b, &m, true, "", 0, KVR_OPENAI_FINISH_NONE, NULL), 0);
-    assert_int_equal(kvr_openai_sse_chunk(&b, &m, false, "Hi", 2, KVR_OPENAI_FINISH_NONE, NULL),
-                     0);
+    assert_int_equal(kvr_openai_sse_chunk(&b, &m, false, "Hi", 2, KVR_OPENAI_FINISH_NONE, NULL), 0);
     assert_int_equal(kvr_openai_sse_chunk(&b, &m, false, "", 0, KVR_OPENAI_FINISH_STOP, NULL), 0);
     assert_int_equal(kvr_openai_sse_usage(&b, &m, 3, 1), 0);
     kvr_openai_sse_done(&b);
     assert_false(b.failed);
 
     /* Split into events and check each. */
-    const char *want_delta[] = {"{\"role\":\"assistant\",\"content\":\"\"}",
-                                "{\"content\":\"Hi\"}", "{}"};
+    const char *want_delta[] = {"{\"role\":\"assistant\",\"content\":\"\"}", "{\"content\":\"Hi\"}",
+                                "{}"};
     char *p = b.data;
     for (int i = 0; i < 5; i++) {
         assert_memory_equal(p, "data: ", 6);
@@ -644,8 +637,7 @@ static void test_sse(void **state)
             free(d);
             assert_true(json_is_null(json_object_get(j, "usage")));
             if (i == 2)
-                assert_string_equal(json_string_value(json_object_get(c, "finish_reason")),
-                                    "stop");
+                assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "stop");
             else
                 assert_true(json_is_null(json_object_get(c, "finish_reason")));
         } else {
@@ -660,8 +652,7 @@ static void test_sse(void **state)
     /* Completions chunks carry "text"; without include_usage there is no usage key. */
     kvr_sbuf_clear(&b);
     struct kvr_openai_meta mc = {KVR_OPENAI_COMPLETIONS, "cmpl-x", 1, "stories", false};
-    assert_int_equal(kvr_openai_sse_chunk(&b, &mc, true, "a\"b", 3, KVR_OPENAI_FINISH_LENGTH,
-                                          NULL),
+    assert_int_equal(kvr_openai_sse_chunk(&b, &mc, true, "a\"b", 3, KVR_OPENAI_FINISH_LENGTH, NULL),
                      0);
     json_t *j = load(b.data + 6, b.len - 8);
     json_t *c = json_array_get(json_object_get(j, "choices"), 0);
@@ -676,9 +667,8 @@ static void test_sse(void **state)
     kvr_openai_error_set(&e, 500, "server_error", NULL, "ring_down", "the ring went down");
     assert_int_equal(kvr_openai_sse_error(&b, &e), 0);
     j = load(b.data + 6, b.len - 8);
-    assert_string_equal(
-        json_string_value(json_object_get(json_object_get(j, "error"), "message")),
-        "the ring went down");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "message")),
+                        "the ring went down");
     json_decref(j);
     kvr_sbuf_fini(&b);
 }
@@ -686,12 +676,18 @@ static void test_sse(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bad_requests),  cmocka_unit_test(test_good_completion),
-        cmocka_unit_test(test_good_chat),     cmocka_unit_test(test_parse_out_of_memory),
-        cmocka_unit_test(test_check_length),  cmocka_unit_test(test_budget_header),
-        cmocka_unit_test(test_utf8),          cmocka_unit_test(test_stop_strings),
-        cmocka_unit_test(test_response_completion), cmocka_unit_test(test_response_chat),
-        cmocka_unit_test(test_sse),           cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_bad_requests),
+        cmocka_unit_test(test_good_completion),
+        cmocka_unit_test(test_good_chat),
+        cmocka_unit_test(test_parse_out_of_memory),
+        cmocka_unit_test(test_check_length),
+        cmocka_unit_test(test_budget_header),
+        cmocka_unit_test(test_utf8),
+        cmocka_unit_test(test_stop_strings),
+        cmocka_unit_test(test_response_completion),
+        cmocka_unit_test(test_response_chat),
+        cmocka_unit_test(test_sse),
+        cmocka_unit_test(test_logit_bias),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -78,7 +78,8 @@ static void test_pack_layout_q8_0(void **state)
             assert_true(d == (float)(o + 1));
             for (int g = 0; g < 8; g++)
                 for (int k = 0; k < 4; k++)
-                    assert_int_equal(u[32 + 32 * g + 4 * i + k], (uint8_t)(o * 10 + 4 * g + k - 100));
+                    assert_int_equal(u[32 + 32 * g + 4 * i + k],
+                                     (uint8_t)(o * 10 + 4 * g + k - 100));
         }
     }
     kvr_free(p);
@@ -157,8 +158,8 @@ static void check_packed_equals_reference(int type)
             }
             if (memcmp(got, want, sizeof(float) * (size_t)(n_rows * N_OUT)) != 0)
                 fail_msg("%s: packed matmul differs from the reference (%lld rows, cut set %zu, "
-                         "kernels %s)", kvr_dtype_traits(type)->name, (long long)n_rows, s,
-                         kvr_kernels_name());
+                         "kernels %s)",
+                         kvr_dtype_traits(type)->name, (long long)n_rows, s, kvr_kernels_name());
         }
     }
     kvr_free(want);

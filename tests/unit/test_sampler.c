@@ -393,9 +393,12 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_logit_bias),
-        cmocka_unit_test(test_greedy),       cmocka_unit_test(test_seeded_reproducibility),
-        cmocka_unit_test(test_distribution), cmocka_unit_test(test_truncation),
-        cmocka_unit_test(test_penalties),    cmocka_unit_test(test_params_check),
+        cmocka_unit_test(test_greedy),
+        cmocka_unit_test(test_seeded_reproducibility),
+        cmocka_unit_test(test_distribution),
+        cmocka_unit_test(test_truncation),
+        cmocka_unit_test(test_penalties),
+        cmocka_unit_test(test_params_check),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

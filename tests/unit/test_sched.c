@@ -15,8 +15,7 @@
 
 #include <stdlib.h>
 
-static struct sh *new_sh(uint32_t mb, uint32_t rows, uint32_t seqs, uint32_t blocks,
-                         bool admission)
+static struct sh *new_sh(uint32_t mb, uint32_t rows, uint32_t seqs, uint32_t blocks, bool admission)
 {
     struct sh *h = calloc(1, sizeof *h);
     assert_non_null(h);
@@ -32,10 +31,10 @@ static void done(struct sh *h)
     free(h);
 }
 
-#define OK(h)                                                                                \
-    do {                                                                                     \
-        if ((h)->fail[0])                                                                    \
-            fail_msg("%s", (h)->fail);                                                       \
+#define OK(h)                                                                                      \
+    do {                                                                                           \
+        if ((h)->fail[0])                                                                          \
+            fail_msg("%s", (h)->fail);                                                             \
     } while (0)
 
 /* Bring the ring up: the probe (a control-only batch freeing every slot) goes round. */
@@ -396,7 +395,7 @@ static void test_recovery_and_replay(void **state)
     kvr_sched_stats(h->s, &st);
     assert_int_equal(st.inflight, 0);
     assert_int_equal(st.running, 1); /* held, not failed */
-    sh_tick(h, 5000 * SH_MS);          /* 5 s later the ring is still broken: still held */
+    sh_tick(h, 5000 * SH_MS);        /* 5 s later the ring is still broken: still held */
     assert_false(h->reqs[1].ended);
     sh_link_up(h);
     sh_run(h, 1); /* the probe */
@@ -580,8 +579,10 @@ static void test_prefix_eviction_under_pressure(void **state)
         assert_int_equal(sh_init(h, 2, 32, 4, 22, false), 0); /* 22 blocks: 4 x 5 and 2 */
         if (!cache) {
             kvr_sched_destroy(h->s);
-            struct kvr_sched_config cfg = {.plan = &h->plan, .max_ctrl = SH_MAX_CTRL,
-                                           .max_waiting = 16, .event = sh_on_event,
+            struct kvr_sched_config cfg = {.plan = &h->plan,
+                                           .max_ctrl = SH_MAX_CTRL,
+                                           .max_waiting = 16,
+                                           .event = sh_on_event,
                                            .event_ctx = h};
             struct kvr_err err = {0};
             assert_int_equal(kvr_sched_create(&h->s, &cfg, &err), 0);
@@ -597,8 +598,7 @@ static void test_prefix_eviction_under_pressure(void **state)
             struct kvr_sched_stats st;
             kvr_sched_stats(h->s, &st);
             if (st.waiting < 6 && next < 16) {
-                assert_int_equal(sh_submit(h, next, 50 + next * 5 % 40, 20, 0, 1, 0, 0, &why),
-                                 0);
+                assert_int_equal(sh_submit(h, next, 50 + next * 5 % 40, 20, 0, 1, 0, 0, &why), 0);
                 next++;
             }
             /* The oldest waiting request waits only if its blocks do not fit in what no
@@ -617,10 +617,10 @@ static void test_prefix_eviction_under_pressure(void **state)
         OK(h);
         for (uint32_t i = 0; i < 16; i++) {
             const struct sh_req *q = &h->reqs[i];
-            if (!q->detached || (q->finish != KVR_GEN_FINISH_LENGTH &&
-                                 q->finish != KVR_GEN_FINISH_EOS))
-                fail_msg("cache %d: request %u: detached %d, finish %d, %s", cache, i,
-                         q->detached, q->finish, q->message);
+            if (!q->detached ||
+                (q->finish != KVR_GEN_FINISH_LENGTH && q->finish != KVR_GEN_FINISH_EOS))
+                fail_msg("cache %d: request %u: detached %d, finish %d, %s", cache, i, q->detached,
+                         q->finish, q->message);
             assert_stream(q, q->n_seen);
             if (cache) {
                 memcpy(with_cache[i], q->seen, sizeof with_cache[i]);

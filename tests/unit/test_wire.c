@@ -778,10 +778,12 @@ static void test_map_records(void **state)
     /* 8 cached blocks: more than the first record names (the second maps the last). */
     struct kvr_seg seg = {2, 112, 1, KVR_SEG_PREFILL};
     const struct kvr_wire_ctrl map[2] = {
-        {.type = KVR_WIRE_CTRL_MAP, .seq = 2,
+        {.type = KVR_WIRE_CTRL_MAP,
+         .seq = 2,
          .map = {.n_cached = 128, .first = 0, .n_ids = 7, .ids = {63, 1, 2, 3, 4, 5, 6}}},
-        {.type = KVR_WIRE_CTRL_MAP, .seq = 2, .map = {.n_cached = 128, .first = 7, .n_ids = 1,
-                                                      .ids = {9}}},
+        {.type = KVR_WIRE_CTRL_MAP,
+         .seq = 2,
+         .map = {.n_cached = 128, .first = 7, .n_ids = 1, .ids = {9}}},
     };
     struct kvr_wire_ctrl all[3] = {ctrl3[0], map[0], map[1]};
     all[0].seq = 2;
