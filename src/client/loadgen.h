@@ -1,6 +1,6 @@
 /* loadgen.h - the pure parts of `kvasir bench`: a seeded generator, arrival schedules,
  * length ranges, per-request records and their aggregation into latency percentiles,
- * throughput and goodput, and a small SVG line-plot writer.
+ * throughput and goodput (the sweep plot's SVG writer is client/svg.h).
  *
  * Nothing here does I/O, reads a clock or keeps a global, so every number `kvasir bench`
  * prints can be reproduced in a unit test from the same inputs (src/cli/bench.c is the
@@ -19,7 +19,6 @@
 #ifndef KVR_CLIENT_LOADGEN_H
 #define KVR_CLIENT_LOADGEN_H
 
-#include "bridge/sbuf.h"
 #include "core/err.h"
 
 #include <stdbool.h>
@@ -168,34 +167,5 @@ struct kvr_lg_result {
  * Allocates only temporary memory; KVR_ENOMEM when that fails. */
 int kvr_lg_aggregate(struct kvr_lg_record *rec, size_t n, double duration_s, double ttft_budget_s,
                      double total_budget_s, struct kvr_lg_result *out);
-
-/* ---- SVG line plots ------------------------------------------------------------------- */
-
-struct kvr_svg_series {
-    const char *name;  /* legend text (escaped on output) */
-    const char *color; /* an SVG colour: "#1f77b4" */
-    bool dashed;
-    const double *x, *y; /* n points; a NAN y breaks the line there */
-    size_t n;
-};
-
-struct kvr_svg_panel {
-    const char *title, *x_label, *y_label;
-    bool log_y; /* decades on the y axis (values <= 0 are not drawn) */
-    const struct kvr_svg_series *series;
-    size_t n_series;
-};
-
-/* Append a self-contained SVG document: panels stacked vertically, each with axes, ticks,
- * tick labels, axis labels, grid lines and a legend; `title` on top (its first line as the
- * heading, further '\n'-separated lines as smaller subtitles). Each panel fits its own data
- * range. */
-void kvr_svg_write(struct kvr_sbuf *out, const char *title, const struct kvr_svg_panel *panels,
-                   size_t n_panels);
-
-/* "Nice" tick positions (steps of 1, 2 or 5 times a power of ten) covering [lo, hi] with
- * at most about max_ticks ticks; the first tick is <= lo and the last >= hi. Writes up to
- * cap ticks and returns how many. */
-size_t kvr_lg_nice_ticks(double lo, double hi, size_t max_ticks, double *ticks, size_t cap);
 
 #endif
