@@ -667,61 +667,146 @@ static int start_sealing(struct kvr_link *link, const struct kvr_auth *a, struct
     return KVR_OK;
 }
 
-static int handshake(struct kvr_link *link, const struct kvr_plan *plan, enum kvr_auth_role role,
-                     uint32_t index, bool is_client, int timeout_ms, struct kvr_err *err)
+void kvr_link_hs_abort(struct kvr_link_hs *hs)
 {
-    struct kvr_auth a;
-    struct kvr_auth_id self, peer;
-    uint8_t in[KVR_AUTH_MSG_BYTES], out[KVR_AUTH_MSG_BYTES];
-    struct kvr_err e = {0}, why = {0};
-    bool send = false;
+    if (hs->active)
+        kvr_auth_wipe(&hs->a);
+    hs->active = false;
+}
+
+static int hs_fail(struct kvr_link *link, struct kvr_link_hs *hs, int rc, const struct kvr_err *e,
+                   struct kvr_err *err)
+{
+    struct kvr_err why = {0};
+    kvr_link_hs_abort(hs);
+    kvr_err_set(&why, rc, "link %s: handshake: %s", link->peer, e->msg);
+    return break_link(link, rc, &why, err);
+}
+
+int kvr_link_hs_begin(struct kvr_link *link, struct kvr_link_hs *hs, const struct kvr_plan *plan,
+                      enum kvr_auth_role role, uint32_t index, bool is_client, struct kvr_err *err)
+{
+    memset(hs, 0, sizeof *hs);
     if (link->broken)
         return closed_error(link, err);
+    struct kvr_auth_id self, peer;
     int rc = kvr_auth_topology(plan, role, index, is_client, &self, &peer, err);
-    if (rc)
+    if (rc || (rc = kvr_auth_init(&hs->a, plan, is_client, self, peer, err)))
         return rc;
-    if ((rc = kvr_auth_init(&a, plan, is_client, self, peer, err)))
-        return rc;
-    char want[48];
-    kvr_auth_id_str(peer, want, sizeof want);
+    kvr_auth_id_str(peer, hs->want, sizeof hs->want);
+    hs->encrypt = plan->encrypt;
+    hs->active = true;
     if (is_client) {
-        if ((rc = kvr_auth_hello(&a, out, &e)) ||
-            (rc = kvr_net_writev_full(link->fd, &(struct iovec){out, sizeof out}, 1,
-                                      kvr_net_deadline(timeout_ms), &e)))
-            goto fail;
+        struct kvr_err e = {0};
+        if ((rc = kvr_auth_hello(&hs->a, hs->out, &e)))
+            return hs_fail(link, hs, rc, &e, err);
+        hs->n_out = sizeof hs->out;
     }
-    while (!a.done) {
-        if ((rc = kvr_net_read_full(link->fd, in, sizeof in, kvr_net_deadline(timeout_ms), NULL,
-                                    &e))) {
-            if (rc == KVR_ETIMEDOUT)
-                kvr_err_set(&e, rc, "no handshake message from the peer within %d ms", timeout_ms);
-            goto fail;
+    return KVR_OK;
+}
+
+/* Write what is left of the reply without waiting: KVR_OK once it is all out. */
+static int hs_write(struct kvr_link *link, struct kvr_link_hs *hs, struct kvr_err *err)
+{
+    while (hs->out_sent < hs->n_out) {
+        ssize_t w = send(link->fd, hs->out + hs->out_sent, hs->n_out - hs->out_sent,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) {
+            hs->out_sent += (size_t)w;
+            continue;
         }
-        rc = kvr_auth_recv(&a, in, out, &send, &e);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return KVR_EAGAIN;
+        if (w < 0 && errno != EPIPE && errno != ECONNRESET)
+            return kvr_err_set(err, KVR_EIO, "sendmsg: %s", strerror(errno));
+        return kvr_err_set(err, KVR_ECLOSED, "the peer closed the connection");
+    }
+    hs->n_out = hs->out_sent = 0;
+    hs->progress++;
+    return KVR_OK;
+}
+
+int kvr_link_hs_step(struct kvr_link *link, struct kvr_link_hs *hs, struct kvr_err *err)
+{
+    if (!hs->active)
+        return kvr_err_set(err, KVR_EINVAL, "link %s: no handshake under way", link->peer);
+    struct kvr_err e = {0};
+    int rc;
+    for (;;) {
+        hs->want_write = false;
+        if (hs->n_out > 0) {
+            rc = hs_write(link, hs, &e);
+            if (hs->verdict) /* a rejecting VERDICT is a courtesy: it is tried once */
+                return hs_fail(link, hs, hs->verdict, &hs->verdict_err, err);
+            if (rc == KVR_EAGAIN) {
+                hs->want_write = true;
+                return KVR_EAGAIN;
+            }
+            if (rc)
+                return hs_fail(link, hs, rc, &e, err);
+        }
+        if (hs->a.done)
+            break;
+        rc = read_some(link->fd, hs->in, sizeof hs->in, &hs->n_in, KVR_NET_NOW, &e);
+        if (rc == KVR_ETIMEDOUT)
+            return KVR_EAGAIN;
+        if (rc == KVR_ECLOSED && hs->n_in > 0)
+            rc =
+                kvr_err_set(&e, KVR_EPROTO, "the peer closed the connection after %zu of %zu bytes",
+                            hs->n_in, sizeof hs->in);
+        if (rc)
+            return hs_fail(link, hs, rc, &e, err);
+        hs->n_in = 0;
+        hs->progress++;
+        bool send = false;
+        rc = kvr_auth_recv(&hs->a, hs->in, hs->out, &send, &e);
         if (send) {
-            /* A rejecting VERDICT is a courtesy: its own failure changes nothing. */
-            struct kvr_err ignore;
-            int wrc = kvr_net_writev_full(link->fd, &(struct iovec){out, sizeof out}, 1,
-                                          kvr_net_deadline(timeout_ms), rc ? &ignore : &e);
-            if (!rc)
-                rc = wrc;
+            hs->n_out = sizeof hs->out;
+            if (rc) {
+                hs->verdict = rc;
+                hs->verdict_err = e;
+            }
+            continue;
         }
         if (rc)
-            goto fail;
+            return hs_fail(link, hs, rc, &e, err);
     }
-    if (plan->encrypt && (rc = start_sealing(link, &a, &e)))
-        goto fail;
-    kvr_auth_wipe(&a);
+    if (hs->encrypt && (rc = start_sealing(link, &hs->a, &e)))
+        return hs_fail(link, hs, rc, &e, err);
+    kvr_link_hs_abort(hs);
     link->authenticated = true;
     char addr[KVR_NET_PEER_BYTES];
     snprintf(addr, sizeof addr, "%s", link->peer);
-    snprintf(link->peer, sizeof link->peer, "%s (%.200s)", want, addr);
+    snprintf(link->peer, sizeof link->peer, "%s (%.200s)", hs->want, addr);
     KVR_INFO("link %s: handshake done", link->peer);
     return KVR_OK;
-fail:
-    kvr_auth_wipe(&a);
-    kvr_err_set(&why, rc, "link %s: handshake: %s", link->peer, e.msg);
-    return break_link(link, rc, &why, err);
+}
+
+/* The blocking handshake: the steps above, waiting at most timeout_ms for each message. */
+static int handshake(struct kvr_link *link, const struct kvr_plan *plan, enum kvr_auth_role role,
+                     uint32_t index, bool is_client, int timeout_ms, struct kvr_err *err)
+{
+    struct kvr_link_hs hs;
+    int rc = kvr_link_hs_begin(link, &hs, plan, role, index, is_client, err);
+    if (rc)
+        return rc;
+    uint32_t seen = hs.progress;
+    uint64_t deadline = kvr_net_deadline(timeout_ms);
+    while ((rc = kvr_link_hs_step(link, &hs, err)) == KVR_EAGAIN) {
+        if (hs.progress != seen) {
+            seen = hs.progress;
+            deadline = kvr_net_deadline(timeout_ms);
+        }
+        struct kvr_err e = {0};
+        if ((rc = wait_fd(link->fd, hs.want_write ? POLLOUT : POLLIN, deadline, &e))) {
+            if (rc == KVR_ETIMEDOUT)
+                kvr_err_set(&e, rc, "no handshake message from the peer within %d ms", timeout_ms);
+            return hs_fail(link, &hs, rc, &e, err);
+        }
+    }
+    return rc;
 }
 
 int kvr_link_handshake_client(struct kvr_link *link, const struct kvr_plan *plan,

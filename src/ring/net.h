@@ -160,6 +160,32 @@ int kvr_link_handshake_server(struct kvr_link *link, const struct kvr_plan *plan
                               enum kvr_auth_role role, uint32_t index, int timeout_ms,
                               struct kvr_err *err);
 
+/* The same handshake in steps, for an event loop that must not wait on one peer (a stage or
+ * the bridge accepting its upstream): kvr_link_hs_begin on a freshly initialised link, then
+ * kvr_link_hs_step whenever the socket is ready (readable, or writable when hs->want_write)
+ * until it returns KVR_OK (the link is authenticated, as after kvr_link_handshake_*) or a
+ * negative status (the link is broken and `err` says why, as above). KVR_EAGAIN: waiting
+ * for the peer. Nothing in it waits; the caller keeps the deadline (hs->progress counts the
+ * messages read and written, so a deadline per message can be reset on progress) and calls
+ * kvr_link_hs_abort when it gives up, which wipes the secrets (kvr_link_fini follows). */
+struct kvr_link_hs {
+    struct kvr_auth a;
+    uint8_t in[KVR_AUTH_MSG_BYTES], out[KVR_AUTH_MSG_BYTES];
+    size_t n_in;            /* bytes of the next message read so far */
+    size_t n_out, out_sent; /* the message to write (0: none), and how much of it went */
+    int verdict;            /* != 0: the reply rejects the peer; the handshake fails after */
+    struct kvr_err verdict_err;
+    uint32_t progress; /* messages read or written */
+    bool want_write;   /* KVR_EAGAIN: waiting to write, not to read */
+    bool encrypt, active;
+    char want[48]; /* the expected peer, for the link's name */
+};
+
+int kvr_link_hs_begin(struct kvr_link *link, struct kvr_link_hs *hs, const struct kvr_plan *plan,
+                      enum kvr_auth_role role, uint32_t index, bool is_client, struct kvr_err *err);
+int kvr_link_hs_step(struct kvr_link *link, struct kvr_link_hs *hs, struct kvr_err *err);
+void kvr_link_hs_abort(struct kvr_link_hs *hs);
+
 /* Receive the next frame into link->frame (*out points at it) before the deadline (0 =
  * wait forever). KVR_ETIMEDOUT leaves a partial frame buffered for the next call (the link
  * stays usable). KVR_ECLOSED: the peer closed the connection between frames. KVR_EPROTO:

@@ -6,7 +6,8 @@
  * shutdown.
  *
  * Two threads. The I/O thread runs the event loop (core/ev.h): it accepts and
- * authenticates the upstream, reads frames straight into free input slots, takes the
+ * authenticates the upstream (the handshake in steps, net.h kvr_link_hs_*, so a peer that
+ * is slow to answer never stalls the loop), reads frames straight into free input slots, takes the
  * downstream link from the dialler thread (dial.h), sends queued frames without blocking, reads
  * credits and acks, answers heartbeats and sends its own. The compute thread (the caller's) takes
  * the next input slot (the wait is "starved"), a free output slot ("blocked"), runs the step
@@ -48,6 +49,7 @@ enum {
     N_IN_SLOTS = 2,                 /* one being computed, one received: the credits we grant */
     READY_CAP = 2 * N_IN_SLOTS + 2, /* input slots and RESET marks between them */
     RESET_MARK = -1, /* in the ready FIFO: the upstream changed, drop every sequence */
+    N_ACCEPTING = 4, /* upstream handshakes under way at once (the oldest gives way) */
 };
 
 #define MS_NS 1000000ull
@@ -59,6 +61,20 @@ enum { TX_NONE = -1, TX_HEARTBEAT = -2, TX_NOTICE = -3 };
 struct in_slot {
     struct kvr_link_rx rx; /* the frame, decoded where it was received */
     uint64_t gen;          /* upstream link generation it came from */
+};
+
+struct stage;
+
+/* A connection from a would-be upstream whose handshake is under way (I/O thread only). */
+struct accepting {
+    struct stage *s;
+    bool used;
+    struct kvr_link link;
+    struct kvr_link_hs hs;
+    uint32_t seen;        /* hs.progress when the deadline was last set */
+    uint64_t deadline_ns; /* the next handshake message is due by then */
+    uint64_t since_ns;    /* accepted then (the oldest gives way to a new one) */
+    char peer[KVR_NET_PEER_BYTES];
 };
 
 struct stage {
@@ -82,6 +98,8 @@ struct stage {
     struct kvr_dialer *dialer; /* dials and authenticates the downstream (dial.h) */
     int t_heartbeat;
     int listen_fd;
+    struct accepting acc[N_ACCEPTING];
+    int t_accept; /* the earliest handshake deadline of acc[] */
     struct kvr_link up;
     bool have_up;
     pthread_t io_thread;
@@ -481,40 +499,22 @@ static void on_up(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
     }
 }
 
-/* A new upstream replaces the old one (a restarted upstream reconnects); a peer that
- * fails the handshake is refused and the current link is untouched. */
-static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
+/* A new upstream replaces the old one (a restarted upstream reconnects). */
+static void adopt_upstream(struct stage *s, struct kvr_link *fresh, const char *peer)
 {
-    (void)events;
-    struct stage *s = arg;
-    struct kvr_err err = {0};
-    int cfd;
-    char peer[KVR_NET_PEER_BYTES];
-    if (kvr_net_accept(fd, KVR_NET_NOW, &cfd, peer, sizeof peer, &err))
-        return;
-    struct kvr_link fresh = {.fd = -1};
-    if (kvr_link_init(&fresh, cfd, peer, &s->up_limits, KVR_LINK_RECV, &err)) {
-        KVR_WARN("%s: cannot set up link from %s: %s", s->name, peer, err.msg);
-        return;
-    }
-    if (kvr_link_handshake_server(&fresh, s->plan, KVR_AUTH_ROLE_STAGE, s->index, HANDSHAKE_MS,
-                                  &err)) {
-        KVR_WARN("%s: refused connection from %s: %s", s->name, peer, err.msg);
-        kvr_link_fini(&fresh);
-        return;
-    }
+    struct kvr_ev *ev = s->ev;
     KVR_INFO("%s: upstream connected from %s", s->name, peer);
     if (s->have_up) /* what the old link has sent is read (and judged) before it goes */
         on_up(ev, s->up.fd, KVR_EV_READ, s);
     pthread_mutex_lock(&s->lock);
-    set_upstream(s, fresh.fd); /* before the old fd closes: no credit goes to it after */
+    set_upstream(s, fresh->fd); /* before the old fd closes: no credit goes to it after */
     pthread_mutex_unlock(&s->lock);
     if (s->have_up) {
         KVR_WARN("%s: new upstream replaces the previous link", s->name);
         kvr_ev_unwatch(ev, s->up.fd);
         kvr_link_fini(&s->up);
     }
-    s->up = fresh;
+    s->up = *fresh;
     s->have_up = true;
     pthread_mutex_lock(&s->lock);
     s->up_paused = false;
@@ -524,6 +524,108 @@ static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
         return;
     }
     on_up(ev, s->up.fd, KVR_EV_READ, s);
+}
+
+static void arm_accept_timer(struct stage *s)
+{
+    uint64_t next = 0;
+    for (uint32_t i = 0; i < N_ACCEPTING; i++)
+        if (s->acc[i].used && (!next || s->acc[i].deadline_ns < next))
+            next = s->acc[i].deadline_ns;
+    kvr_ev_timer_at(s->ev, s->t_accept, next);
+}
+
+static void drop_accepting(struct stage *s, struct accepting *a, const char *why)
+{
+    KVR_WARN("%s: refused connection from %s: %s", s->name, a->peer, why);
+    kvr_ev_unwatch(s->ev, a->link.fd);
+    kvr_link_hs_abort(&a->hs);
+    kvr_link_fini(&a->link);
+    a->used = false;
+}
+
+/* The would-be upstream's socket is ready: take the handshake a step further. */
+static void on_accepting(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
+{
+    (void)events;
+    struct accepting *a = arg;
+    struct stage *s = a->s;
+    struct kvr_err err = {0};
+    int rc = kvr_link_hs_step(&a->link, &a->hs, &err);
+    if (rc == KVR_EAGAIN) {
+        if (a->hs.progress != a->seen) {
+            a->seen = a->hs.progress;
+            a->deadline_ns = kvr_now_ns() + HANDSHAKE_MS * MS_NS;
+            arm_accept_timer(s);
+        }
+        kvr_ev_events(ev, fd, a->hs.want_write ? KVR_EV_WRITE : KVR_EV_READ);
+        return;
+    }
+    if (rc) {
+        drop_accepting(s, a, err.msg);
+    } else {
+        kvr_ev_unwatch(ev, fd);
+        struct kvr_link fresh = a->link;
+        a->used = false;
+        adopt_upstream(s, &fresh, a->peer);
+    }
+    arm_accept_timer(s);
+}
+
+/* A handshake message that did not come in time: that peer is refused. */
+static void on_accept_timer(struct kvr_ev *ev, void *arg)
+{
+    (void)ev;
+    struct stage *s = arg;
+    uint64_t now = kvr_now_ns();
+    char why[64];
+    snprintf(why, sizeof why, "no handshake message from the peer within %d ms", HANDSHAKE_MS);
+    for (uint32_t i = 0; i < N_ACCEPTING; i++)
+        if (s->acc[i].used && s->acc[i].deadline_ns <= now)
+            drop_accepting(s, &s->acc[i], why);
+    arm_accept_timer(s);
+}
+
+/* A would-be upstream connects: its handshake runs in steps (on_accepting), with the
+ * current link untouched until it succeeds; a peer that fails it is refused. */
+static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
+{
+    (void)events;
+    struct stage *s = arg;
+    struct kvr_err err = {0};
+    int cfd;
+    char peer[KVR_NET_PEER_BYTES];
+    if (kvr_net_accept(fd, KVR_NET_NOW, &cfd, peer, sizeof peer, &err))
+        return;
+    struct accepting *a = NULL;
+    for (uint32_t i = 0; i < N_ACCEPTING; i++)
+        if (!s->acc[i].used)
+            a = &s->acc[i];
+        else if (!a || (a->used && s->acc[i].since_ns < a->since_ns))
+            a = &s->acc[i];
+    if (a->used)
+        drop_accepting(s, a, "more connections are being authenticated; this is the oldest");
+    a->link = (struct kvr_link){.fd = -1};
+    snprintf(a->peer, sizeof a->peer, "%s", peer);
+    if (kvr_link_init(&a->link, cfd, peer, &s->up_limits, KVR_LINK_RECV, &err)) {
+        KVR_WARN("%s: cannot set up link from %s: %s", s->name, peer, err.msg);
+        return;
+    }
+    if (kvr_link_hs_begin(&a->link, &a->hs, s->plan, KVR_AUTH_ROLE_STAGE, s->index, false, &err)) {
+        KVR_WARN("%s: refused connection from %s: %s", s->name, peer, err.msg);
+        kvr_link_fini(&a->link);
+        return;
+    }
+    a->used = true;
+    a->seen = a->hs.progress;
+    a->since_ns = kvr_now_ns();
+    a->deadline_ns = a->since_ns + HANDSHAKE_MS * MS_NS;
+    if (kvr_ev_watch(ev, a->link.fd, KVR_EV_READ, on_accepting, a)) {
+        drop_accepting(s, a, "cannot watch its socket");
+        return;
+    }
+    arm_accept_timer(s);
+    on_accepting(ev, a->link.fd, KVR_EV_READ, a); /* its hello may be there already */
 }
 
 /* The compute thread asked for something (a frame queued, a slot freed, a link found
@@ -704,6 +806,11 @@ static void stage_fini(struct stage *s)
     }
     if (s->have_up)
         kvr_link_fini(&s->up);
+    for (uint32_t i = 0; i < N_ACCEPTING; i++)
+        if (s->acc[i].used) {
+            kvr_link_hs_abort(&s->acc[i].hs);
+            kvr_link_fini(&s->acc[i].link);
+        }
     if (s->listen_fd >= 0)
         close(s->listen_fd);
     kvr_ev_destroy(s->ev);
@@ -771,6 +878,9 @@ static int stage_init(struct stage *s, struct kvr_err *err)
     if ((rc = kvr_ev_create(&s->ev, err)))
         return rc;
     s->t_heartbeat = kvr_ev_timer(s->ev, on_heartbeat_timer, s);
+    s->t_accept = kvr_ev_timer(s->ev, on_accept_timer, s);
+    for (uint32_t i = 0; i < N_ACCEPTING; i++)
+        s->acc[i].s = s;
     kvr_ev_on_wake(s->ev, on_wake, s);
     if ((rc = kvr_net_listen(p->stages[s->index].addr, 16, &s->listen_fd, NULL, err)) ||
         (rc = kvr_ev_watch(s->ev, s->listen_fd, KVR_EV_READ, on_listen, s)))

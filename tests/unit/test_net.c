@@ -470,6 +470,78 @@ static void test_handshake_garbage_and_timeout(void **state)
     close(sv[1]);
 }
 
+/* Both ends in steps on one thread (as two event loops would run them): no step waits for
+ * the peer, the two reach an authenticated link, and a frame goes through it. A peer that
+ * sends nothing leaves the server's step returning at once. */
+static void test_handshake_in_steps(void **state)
+{
+    (void)state;
+    make_plan(&plan);
+    int sv[2];
+    struct kvr_err err = {0};
+    struct kvr_wire_limits lim;
+    limits_for(&plan, 1, &lim);
+    socket_pair(sv);
+    struct kvr_link srv, cli;
+    assert_int_equal(kvr_link_init(&srv, sv[0], "upstream", &lim, KVR_LINK_RECV, &err), 0);
+    assert_int_equal(kvr_link_init(&cli, sv[1], "downstream", &lim, KVR_LINK_SEND, &err), 0);
+    struct kvr_link_hs hs_srv, hs_cli;
+    assert_int_equal(kvr_link_hs_begin(&srv, &hs_srv, &plan, KVR_AUTH_ROLE_STAGE, 1, false, &err),
+                     0);
+    uint64_t t0 = kvr_now_ns();
+    assert_int_equal(kvr_link_hs_step(&srv, &hs_srv, &err), KVR_EAGAIN); /* nothing yet */
+    assert_true(kvr_now_ns() - t0 < 100 * 1000000ull);
+    assert_false(hs_srv.want_write);
+    assert_int_equal(kvr_link_hs_begin(&cli, &hs_cli, &plan, KVR_AUTH_ROLE_STAGE, 0, true, &err),
+                     0);
+    int rc_srv = KVR_EAGAIN, rc_cli = KVR_EAGAIN, turns = 0;
+    while ((rc_srv == KVR_EAGAIN || rc_cli == KVR_EAGAIN) && turns++ < 16) {
+        if (rc_cli == KVR_EAGAIN)
+            rc_cli = kvr_link_hs_step(&cli, &hs_cli, &err);
+        if (rc_srv == KVR_EAGAIN)
+            rc_srv = kvr_link_hs_step(&srv, &hs_srv, &err);
+    }
+    if (rc_srv || rc_cli)
+        fail_msg("server %d, client %d: %s", rc_srv, rc_cli, err.msg);
+    assert_true(turns <= 4); /* hello, reply, proof, verdict */
+    assert_true(srv.authenticated && cli.authenticated);
+    assert_non_null(strstr(srv.peer, "stage 0"));
+    assert_true(hs_srv.progress == 4 && hs_cli.progress == 4);
+    assert_int_equal(kvr_link_send_heartbeat(&cli, 9, kvr_net_deadline(TIMEOUT_MS), &err), 0);
+    const struct kvr_wire_frame *f = NULL;
+    assert_int_equal(kvr_link_recv(&srv, kvr_net_deadline(TIMEOUT_MS), &f, &err), 0);
+    assert_int_equal(f->hdr.type, KVR_WIRE_HEARTBEAT);
+    assert_true(f->hdr.batch_id == 9);
+    kvr_link_fini(&srv);
+    kvr_link_fini(&cli);
+
+    /* A wrong secret in steps: the server refuses (its VERDICT is tried once), and the
+     * client hears why. */
+    plan_other = plan;
+    plan_other.secret[0] ^= 1;
+    socket_pair(sv);
+    assert_int_equal(kvr_link_init(&srv, sv[0], "upstream", &lim, KVR_LINK_RECV, &err), 0);
+    assert_int_equal(kvr_link_init(&cli, sv[1], "downstream", &lim, KVR_LINK_SEND, &err), 0);
+    struct kvr_err err_cli = {0};
+    assert_int_equal(kvr_link_hs_begin(&srv, &hs_srv, &plan, KVR_AUTH_ROLE_STAGE, 1, false, &err),
+                     0);
+    assert_int_equal(
+        kvr_link_hs_begin(&cli, &hs_cli, &plan_other, KVR_AUTH_ROLE_STAGE, 0, true, &err_cli), 0);
+    rc_srv = rc_cli = KVR_EAGAIN;
+    for (turns = 0; (rc_srv == KVR_EAGAIN || rc_cli == KVR_EAGAIN) && turns < 16; turns++) {
+        if (rc_cli == KVR_EAGAIN)
+            rc_cli = kvr_link_hs_step(&cli, &hs_cli, &err_cli);
+        if (rc_srv == KVR_EAGAIN)
+            rc_srv = kvr_link_hs_step(&srv, &hs_srv, &err);
+    }
+    expect_fail(rc_srv, &err, KVR_EAUTH, "wrong cluster secret?", "server");
+    expect_fail(rc_cli, &err_cli, KVR_EAUTH, "wrong cluster secret?", "client");
+    assert_true(srv.broken && !srv.authenticated && !cli.authenticated);
+    assert_false(hs_srv.active || hs_cli.active);
+    kvr_link_fini(&srv);
+    kvr_link_fini(&cli);
+}
+
 /* ---- Broken frames --------------------------------------------------------------------- */
 
 /* A receiving link for stage 1 on sv[0]; the test writes raw bytes into sv[1]. */
@@ -671,6 +743,7 @@ int main(void)
         cmocka_unit_test(test_handshake_ok_and_frames),
         cmocka_unit_test(test_handshake_rejections),
         cmocka_unit_test(test_handshake_garbage_and_timeout),
+        cmocka_unit_test(test_handshake_in_steps),
         cmocka_unit_test(test_frame_over_the_limit),
         cmocka_unit_test(test_truncated_frames),
         cmocka_unit_test(test_resume_after_timeout),
