@@ -85,7 +85,9 @@ if [ -n "$quota" ]; then
     done
 fi
 hosts="127.0.0.1" bridge_addr=""
-base=$((20000 + RANDOM % 30000))
+# Below the ephemeral range (32768-60999), where another connection's source port could
+# take a listener's port.
+base=$((10000 + RANDOM % 22000))
 if [ $netns = 1 ]; then
     NETNS_MADE=1
     ip link add kvr-br type bridge

@@ -15,6 +15,15 @@ trap cleanup EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# random_base_port: the first of a random range of listening ports, from 10000 up to 32000
+# so that a range of a few dozen stays below Linux's ephemeral range (32768-60999 by
+# default). A listener inside the ephemeral range can find its port taken by the source port
+# of another test's outgoing connection: ring_archs failed that way under ctest -j4
+# ("cannot listen on 127.0.0.1:35686: Address already in use").
+random_base_port() {
+    echo $((10000 + RANDOM % 22000))
+}
+
 # need_shared FILE: the path of a shared test file; skip (exit 77) or, under CI, fail.
 need_shared() {
     local f="$SHARED/$1"
@@ -36,7 +45,8 @@ start_ring() {
     mkdir -p "$dir"
     local attempt
     for attempt in 1 2 3 4 5; do
-        local base=$((20000 + RANDOM % 30000))
+        local base
+        base=$(random_base_port)
         "$KVASIR" plan -m "$model" --stages "$n" --microbatches "$mb" --base-port "$base" \
             -o "$dir/plan.json" "$@" 2>/dev/null || fail "kvasir plan failed"
         RING_PIDS=()
