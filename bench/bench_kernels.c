@@ -12,11 +12,13 @@
  * Every figure is the median of --reps repeats (default 7, at least 5). Threads come from
  * the core pool and split output rows with kvr_matmul_split. Usage:
  *   bench_kernels [--types q8_0,q4_0,...] [--shapes 2048x2048,5632x2048] [--threads 2]
- *                 [--rows 128] [--reps 7] [--gemv-mib 512] [--reference] [--pack 0|1]
+ *                 [--rows 128] [--reps 7] [--gemv-mib 512] [--reference] [--pack 0|1|2]
  * --pack 1 (Q8_0 and Q4_0) also times the GEMM on packed copies of the matrices
  * (kvr_matrix_pack, as the engine makes them), each repeat right after a plain one, and
  * prints the packed GOP/s and the median of the per-repeat speed-ups (plain time / packed
- * time: both sides of a pair see the same load). The GEMV always reads the plain weights.
+ * time: both sides of a pair see the same load). The GEMV reads the plain weights, unless
+ * --pack 2: then every matrix of every pass is packed first, as the engine does (the
+ * K-quants' GEMV and GEMM both read the packed copy; Q8_0 and Q4_0 only their GEMM).
  * Activation quantization is not timed (the forward pass does it once per matmul input).
  * With --threads 1 the caller runs the kernels itself, so the process CPU time of a call is
  * the kernel's own cost, whatever else the machine runs: "cpu" gives the least of the
@@ -132,6 +134,16 @@ static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_i
         mats[c] =
             (struct kvr_matrix){type, n_in, n_out, row_bytes, wbuf + (size_t)c * mat_bytes, NULL};
     }
+    size_t all_bytes = pack == 2 ? kvr_matrix_pack_bytes(&mats[0]) : 0;
+    uint8_t *allbuf = all_bytes ? kvr_aligned_alloc(64, all_bytes * (size_t)n_copies) : NULL;
+    if (all_bytes && !allbuf) {
+        fprintf(stderr, "out of memory\n");
+        return -1;
+    }
+    for (int c = 0; allbuf && c < n_copies; c++) {
+        kvr_matrix_pack(&mats[c], allbuf + (size_t)c * all_bytes);
+        mats[c].packed = allbuf + (size_t)c * all_bytes;
+    }
     for (int64_t i = 0; i < n_in * gemm_rows; i++)
         xf[i] = frand();
     kvr_quantize_rows(type, xf, n_in, 0, gemm_rows, xq);
@@ -173,7 +185,7 @@ static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_i
     job.n_rows = gemm_rows;
     job.n_mats = (int)(((size_t)64 << 20) / mat_bytes + 1);
     job.n_mats = job.n_mats > n_copies ? n_copies : job.n_mats;
-    size_t pack_bytes = pack ? kvr_matrix_pack_bytes(&mats[0]) : 0;
+    size_t pack_bytes = pack == 1 ? kvr_matrix_pack_bytes(&mats[0]) : 0;
     uint8_t *pbuf = pack_bytes ? kvr_aligned_alloc(64, pack_bytes * (size_t)job.n_mats) : NULL;
     struct kvr_matrix *pmats = pack_bytes ? kvr_calloc((size_t)job.n_mats, sizeof *pmats) : NULL;
     double *tp = kvr_calloc((size_t)reps, sizeof *tp);
@@ -223,6 +235,7 @@ static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_i
     kvr_free(tp);
     kvr_free(pmats);
     kvr_free(pbuf);
+    kvr_free(allbuf);
     kvr_free(ratio);
     kvr_free(bws);
     kvr_free(t);
@@ -267,7 +280,7 @@ int main(int argc, char **argv)
         i++;
     }
     if (n_threads < 1 || n_threads > 256 || rows < 1 || rows > 4096 || reps < 5 || reps > 1000 ||
-        gemv_mib < 1 || gemv_mib > (1 << 16) || pack < 0 || pack > 1)
+        gemv_mib < 1 || gemv_mib > (1 << 16) || pack < 0 || pack > 2)
         goto usage;
 
     const char *kernels = kvr_kernels_init();

@@ -11,11 +11,15 @@
 # decode reaches (weight bytes per decoded token, from bench_forward, times tokens/s, over
 # the read bandwidth bench_bandwidth measures once per thread count).
 #
-# The 1-minute load average is read before and after every pair. A pair during which it
-# exceeded the thread count + --busy (default 1.0: the benchmark's own threads plus one
-# more busy core) is marked `busy` and left out of the summary line, which gives the medians
-# of the quiet pairs only (or says there were none). Numbers from a shared machine are
-# provisional: compare ratios, not absolute speeds.
+# Each pair records the 1-minute load average before and after it, and what the rest of
+# the machine used while it ran: the CPU time /proc/stat counts as busy (user, nice,
+# system, irq, softirq, and steal, the time the hypervisor gave our vCPUs to someone
+# else) minus the CPU time of this script's own children, over the pair's wall time, in
+# cores (`other`). A pair where that exceeds --busy (default 0.25 cores) is marked `busy`
+# and left out of the summary line, which gives the medians of the quiet pairs only (or
+# says there were none). The load average is only printed: it lags by a minute, so right
+# after other work stops it still reads high on a quiet machine. Numbers from a shared
+# machine are provisional: compare ratios, not absolute speeds.
 #
 # The peer is $KVR_PEER (default ../shared/peers/llama.cpp beside the source tree). If its
 # library symlinks were flattened into small text files by a copy, a repaired copy is made
@@ -24,13 +28,13 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 BUILD=${KVR_BUILD:-$here/../build}
 PEER=${KVR_PEER:-$here/../../shared/peers/llama.cpp}
-threads_list=2 pairs=3 busy=1.0
+threads_list=2 pairs=3 busy=0.25
 while [ $# -gt 0 ]; do
     case $1 in
     --threads) threads_list=$2; shift 2 ;;
     --pairs) pairs=$2; shift 2 ;;
     --busy) busy=$2; shift 2 ;;
-    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
     *) break ;;
     esac
 done
@@ -58,6 +62,13 @@ if [ -f "$PEER/lib/libllama.so.0" ] && [ "$(stat -c %s "$PEER/lib/libllama.so.0"
 fi
 
 load1() { cut -d' ' -f1 /proc/loadavg; }
+# busy jiffies of the whole machine (user nice system irq softirq steal)
+stat_busy() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9; exit}' /proc/stat; }
+# CPU seconds of this shell's finished children: the second line of `times`, which must run
+# in this shell itself (a subshell has its own, empty, counts), saved to the file $1
+cpu_of() { awk 'NR == 2 {n = 0; for (i = 1; i <= 2; i++) {
+    split($i, a, "m"); sub("s", "", a[2]); n += a[1] * 60 + a[2] } print n}' "$1"; }
+hz=$(getconf CLK_TCK)
 median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "-"; else if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
 
 echo "kvasir: $BUILD (kernels ${KVR_ISA:-best}), peer: $PEER/bin/llama-bench"
@@ -76,15 +87,20 @@ for m in "$@"; do
     for t in "${tlist[@]}"; do
         echo
         echo "$(basename "$m"), $t threads"
-        printf '%-5s %-11s %9s %9s %6s %8s %8s %6s %6s %6s  %s\n' pair load pp.ours pp.peer ratio \
-            tg.ours tg.peer ratio bw.our bw.peer note
+        printf '%-5s %-11s %5s %9s %9s %6s %8s %8s %6s %6s %6s  %s\n' pair load other pp.ours \
+            pp.peer ratio tg.ours tg.peer ratio bw.our bw.peer note
         : > "$tmp/quiet"
         for p in $(seq 1 "$pairs"); do
-            l0=$(load1)
+            times > "$tmp/times"
+            l0=$(load1) s0=$(stat_busy) c0=$(cpu_of "$tmp/times") w0=$(date +%s.%N)
             "$BUILD/bench_forward" "$m" --threads "$t" --prompt 128 --decode 64 --reps 1 > "$tmp/ours"
             "$PEER/bin/llama-bench" -m "$m" -p 128 -n 64 -r 1 -t "$t" -o json > "$tmp/peer" 2> "$tmp/peer.err" || {
                 echo "peer.sh: llama-bench failed:" >&2; tail -3 "$tmp/peer.err" >&2; exit 1; }
-            l1=$(load1)
+            times > "$tmp/times"
+            l1=$(load1) s1=$(stat_busy) c1=$(cpu_of "$tmp/times") w1=$(date +%s.%N)
+            other=$(awk -v s0="$s0" -v s1="$s1" -v c0="$c0" -v c1="$c1" -v w0="$w0" -v w1="$w1" \
+                -v hz="$hz" 'BEGIN {o = ((s1 - s0) / hz - (c1 - c0)) / (w1 - w0);
+                printf "%.2f", o < 0 ? 0 : o}')
             mb=$(sed -n 's/.* \([0-9.]*\) MB read per decoded token.*/\1/p' "$tmp/ours")
             read -r opp otg < <(sed -n 's/^median: prefill \([0-9.]*\) tokens\/s, decode \([0-9.]*\) tokens\/s.*/\1 \2/p' "$tmp/ours")
             read -r tpp ttg < <(python3 -c '
@@ -95,20 +111,20 @@ for r in json.load(open(sys.argv[1])):
     if r["n_prompt"] == 0 and r["n_gen"] == 64: tg = r["avg_ts"]
 print(pp, tg)' "$tmp/peer")
             note=""
-            if awk -v a="$l0" -v b="$l1" -v t="$t" -v x="$busy" 'BEGIN {exit !(a > t + x || b > t + x)}'; then
+            if awk -v o="$other" -v x="$busy" 'BEGIN {exit !(o > x)}'; then
                 note=busy
             else
                 echo "$opp $tpp $otg $ttg" >> "$tmp/quiet"
             fi
-            awk -v p="$p" -v l0="$l0" -v l1="$l1" -v opp="$opp" -v tpp="$tpp" -v otg="$otg" \
+            awk -v p="$p" -v l0="$l0" -v l1="$l1" -v other="$other" -v opp="$opp" -v tpp="$tpp" -v otg="$otg" \
                 -v ttg="$ttg" -v mb="$mb" -v bw="${bw[$t]}" -v note="$note" 'BEGIN {
-                printf "%-5s %-11s %9.1f %9.1f %6.2f %8.2f %8.2f %6.2f %5.0f%% %5.0f%%  %s\n",
-                    p, l0 "-" l1, opp, tpp, opp / tpp, otg, ttg, otg / ttg,
+                printf "%-5s %-11s %5s %9.1f %9.1f %6.2f %8.2f %8.2f %6.2f %5.0f%% %5.0f%%  %s\n",
+                    p, l0 "-" l1, other, opp, tpp, opp / tpp, otg, ttg, otg / ttg,
                     100 * otg * mb / 1000 / bw, 100 * ttg * mb / 1000 / bw, note }'
         done
         n=$(wc -l < "$tmp/quiet")
         if [ "$n" -eq 0 ]; then
-            echo "summary: no quiet pair (every pair ran with load above $t + $busy); nothing to report"
+            echo "summary: no quiet pair (others used more than $busy cores during every pair); nothing to report"
         else
             ppr=$(awk '{print $1 / $2}' "$tmp/quiet" | median)
             tgr=$(awk '{print $3 / $4}' "$tmp/quiet" | median)

@@ -187,9 +187,11 @@ struct kvr_engine {
     uint32_t *row_seq;    /* [max_rows] sequence of each row */
     uint32_t *row_pos;    /* [max_rows] position of each row */
     uint32_t *logit_rows; /* [max_rows] rows whose logits the tail computes */
-    /* Packed copies (kvr_matrix_pack) of the slice's Q8_0/Q4_0 matmul weights, read by the
-     * batched kernels; NULL with KVR_NO_PACK=1. Costs about the slice's weight size again
-     * (Q8_0 x 1.06, Q4_0 x 1.11), since decode still reads the mmapped weights. */
+    /* Packed copies (kvr_matrix_pack) of the slice's matmul weights; NULL with KVR_NO_PACK=1.
+     * Q8_0/Q4_0 copies serve the batched kernels only and cost their weight size again
+     * (x 1.06, x 1.11: decode still reads the mapped weights); the K-quants' serve every
+     * path, so their mapped pages are released (kvr_gguf_release) and the copy replaces
+     * them. */
     void *packed;
 };
 
@@ -245,7 +247,7 @@ void kvr_engine_destroy(struct kvr_engine *e)
 }
 
 /* Give every packable matmul weight of the slice a packed copy, all in one buffer. */
-static int pack_weights(struct kvr_engine *e, struct kvr_err *err)
+static int pack_weights(struct kvr_engine *e, const struct kvr_gguf *g, struct kvr_err *err)
 {
     const char *off = getenv("KVR_NO_PACK");
     if (off && strcmp(off, "1") == 0)
@@ -265,6 +267,8 @@ static int pack_weights(struct kvr_engine *e, struct kvr_err *err)
                 if (b && pass) {
                     kvr_matrix_pack(ms[j], (char *)e->packed + at);
                     ms[j]->packed = (char *)e->packed + at;
+                    if (kvr_matrix_packed_only(ms[j]))
+                        kvr_gguf_release(g, ms[j]->data, (size_t)ms[j]->n_out * ms[j]->row_bytes);
                 }
                 if (!kvr_add_size(at, b, &at))
                     return kvr_err_set(err, KVR_ENOMEM, "engine: packed weights too large");
@@ -341,7 +345,7 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
         if ((rc = view_matrix(g, head, hp->n_embd, hp->n_vocab, &e->output, err)))
             goto fail;
     }
-    if ((rc = pack_weights(e, err)))
+    if ((rc = pack_weights(e, g, err)))
         goto fail;
     if (hp->moe.n_expert) {
         struct kvr_moe_layer *ml = kvr_calloc(e->n_local, sizeof *ml);

@@ -575,6 +575,18 @@ int kvr_gguf_open(struct kvr_gguf **out, const char *path, struct kvr_err *err)
     return open_image(out, map, size, map, err);
 }
 
+void kvr_gguf_release(const struct kvr_gguf *g, const void *p, size_t n)
+{
+    uintptr_t base = (uintptr_t)g->map, lo = (uintptr_t)p, hi = lo + n;
+    long page = sysconf(_SC_PAGESIZE);
+    if (!g->map || page <= 0 || hi < lo || lo < base || hi > base + g->size)
+        return;
+    lo = (lo + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
+    hi &= ~((uintptr_t)page - 1);
+    if (lo < hi) /* a private, never written file mapping: refaults read the file again */
+        madvise((void *)lo, hi - lo, MADV_DONTNEED);
+}
+
 void kvr_gguf_close(struct kvr_gguf *g)
 {
     if (!g)

@@ -72,6 +72,12 @@ int kvr_gguf_open(struct kvr_gguf **out, const char *path, struct kvr_err *err);
 /* Parse an in-memory image (for tests and fuzzing). `data` is borrowed. */
 int kvr_gguf_open_mem(struct kvr_gguf **out, const void *data, size_t size, struct kvr_err *err);
 void kvr_gguf_close(struct kvr_gguf *g);
+/* Tell the OS that the mapped bytes [p, p + n) are not needed for now: the whole pages
+ * inside the range leave the process's resident set (e.g. weights the engine has copied
+ * into a packed layout). They are read back from the file if touched again, so the bytes
+ * never change. A no-op for images from kvr_gguf_open_mem and for ranges outside the
+ * mapping. Thread-safe. */
+void kvr_gguf_release(const struct kvr_gguf *g, const void *p, size_t n);
 
 uint32_t kvr_gguf_version(const struct kvr_gguf *g);
 size_t kvr_gguf_alignment(const struct kvr_gguf *g);

@@ -150,6 +150,26 @@ static inline size_t kvr_q8_0_ext_offset(int64_t n_blocks)
 #define KVR_PACK_UNIT_Q8_0 288
 #define KVR_PACK_UNIT_Q4_0 160
 
+/* Packed K-quants (Q4_K, Q5_K, Q6_K, IQ4_XS), read by their GEMV and GEMM alike: the same
+ * tiles of KVR_PACK_ROWS rows, and within a tile super-block s is one unit of exactly 8 x
+ * the block's bytes at byte s * unit (so the copy is as large as the weights). A unit holds
+ * the block's fields in the block's order, each interleaved across the 8 rows: a 2-byte
+ * field as 8 consecutive u16 (row i at 2i), a field of 4n bytes as n vectors of 8 dwords
+ * (vector g, dword i = bytes 4g..4g+3 of row i's field). So one dword lane is one output
+ * row everywhere, and one vpdpbusd with 4 broadcast activation bytes serves 8 rows:
+ *
+ *   type    unit   fields (offset in the unit)
+ *   Q4_K    1152   d 0, dmin 16, scales 32 (3 vectors), qs 128 (32 vectors)
+ *   Q5_K    1408   d 0, dmin 16, scales 32 (3), qh 128 (8), qs 384 (32)
+ *   Q6_K    1680   ql 0 (32), qh 1024 (16), scales 1536 (4), d 1664
+ *   IQ4_XS  1088   d 0, scales_h 16, scales_l 32 (1), qs 64 (32)
+ *
+ * Units are not all multiples of 32 bytes (Q6_K's), so kernels load them unaligned. */
+#define KVR_PACK_UNIT_Q4_K (8 * 144)
+#define KVR_PACK_UNIT_Q5_K (8 * 176)
+#define KVR_PACK_UNIT_Q6_K (8 * 210)
+#define KVR_PACK_UNIT_IQ4_XS (8 * 136)
+
 /* Unpack the 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block. */
 static inline void kvr_q4_k_scale_min(const uint8_t *scales, int j, int *sc, int *mn)
 {

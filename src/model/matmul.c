@@ -246,21 +246,80 @@ void kvr_matmul(const struct kvr_matrix *w, const void *xq, int64_t n_rows, floa
 
 static size_t pack_unit(enum kvr_dtype type)
 {
-    return type == KVR_DTYPE_Q8_0   ? KVR_PACK_UNIT_Q8_0
-           : type == KVR_DTYPE_Q4_0 ? KVR_PACK_UNIT_Q4_0
-                                    : 0;
+    switch (type) {
+    case KVR_DTYPE_Q8_0:
+        return KVR_PACK_UNIT_Q8_0;
+    case KVR_DTYPE_Q4_0:
+        return KVR_PACK_UNIT_Q4_0;
+    case KVR_DTYPE_Q4_K:
+        return KVR_PACK_UNIT_Q4_K;
+    case KVR_DTYPE_Q5_K:
+        return KVR_PACK_UNIT_Q5_K;
+    case KVR_DTYPE_Q6_K:
+        return KVR_PACK_UNIT_Q6_K;
+    case KVR_DTYPE_IQ4_XS:
+        return KVR_PACK_UNIT_IQ4_XS;
+    default:
+        return 0;
+    }
 }
 
 size_t kvr_matrix_pack_bytes(const struct kvr_matrix *w)
 {
     size_t unit = pack_unit(w->type), bytes = 0;
-    if (!unit || w->n_in <= 0 || w->n_out <= 0 || w->n_in % KVR_QK != 0)
+    const struct kvr_dtype_traits *t = kvr_dtype_traits(w->type);
+    if (!unit || w->n_in <= 0 || w->n_out <= 0 || w->n_in % t->block_elems != 0)
         return 0;
     int64_t n_tiles = (w->n_out + KVR_PACK_ROWS - 1) / KVR_PACK_ROWS;
-    if (!kvr_mul_size((size_t)n_tiles, (size_t)(w->n_in / KVR_QK), &bytes) ||
-        !kvr_mul_size(bytes, unit, &bytes))
+    if (!kvr_mul_size((size_t)n_tiles, (size_t)(w->n_in / t->block_elems), &bytes) ||
+        !kvr_mul_size(bytes, unit, &bytes) || !kvr_add_size(bytes, 63, &bytes))
         return 0;
-    return bytes;
+    return bytes & ~(size_t)63; /* whole 64-byte lines, so copies can sit back to back */
+}
+
+bool kvr_matrix_packed_only(const struct kvr_matrix *w)
+{
+    return kvr_matrix_pack_bytes(w) && w->type != KVR_DTYPE_Q8_0 && w->type != KVR_DTYPE_Q4_0;
+}
+
+/* The Q8_0 / Q4_0 unit (kernels.h): widened scales, then the quants by dword. */
+static void pack_unit_q(const struct kvr_matrix *w, const uint8_t *const rows[KVR_PACK_ROWS],
+                        int64_t b, uint8_t *out)
+{
+    size_t wb =
+        w->type == KVR_DTYPE_Q8_0 ? sizeof(struct kvr_block_q8_0) : sizeof(struct kvr_block_q4_0);
+    int n_g = w->type == KVR_DTYPE_Q8_0 ? 8 : 4;
+    for (int i = 0; i < KVR_PACK_ROWS; i++) {
+        const uint8_t *blk = rows[i] + (size_t)b * wb;
+        uint16_t dh;
+        memcpy(&dh, blk, sizeof dh); /* both block types start with the fp16 d */
+        float d = kvr_f16_to_f32(dh);
+        memcpy(out + 4 * i, &d, sizeof d);
+        for (int g = 0; g < n_g; g++)
+            memcpy(out + 32 + 32 * g + 4 * i, blk + 2 + 4 * g, 4);
+    }
+}
+
+/* The K-quant unit (kernels.h): every field of the block, in order, interleaved by row. */
+static void pack_unit_k(const struct kvr_matrix *w, const uint8_t *const rows[KVR_PACK_ROWS],
+                        int64_t b, uint8_t *out)
+{
+    static const uint8_t q4_k[] = {2, 2, 12, 128}, q5_k[] = {2, 2, 12, 32, 128},
+                         q6_k[] = {128, 64, 16, 2}, iq4_xs[] = {2, 2, 4, 128};
+    const uint8_t *fields = w->type == KVR_DTYPE_Q4_K   ? q4_k
+                            : w->type == KVR_DTYPE_Q5_K ? q5_k
+                            : w->type == KVR_DTYPE_Q6_K ? q6_k
+                                                        : iq4_xs;
+    int n_fields = w->type == KVR_DTYPE_Q5_K ? 5 : 4;
+    size_t wb = kvr_dtype_traits(w->type)->block_bytes, at = 0;
+    for (int f = 0; f < n_fields; f++) {
+        size_t n = fields[f], step = n == 2 ? 2 : 4;
+        for (size_t g = 0; g < n; g += step)
+            for (int i = 0; i < KVR_PACK_ROWS; i++)
+                memcpy(out + KVR_PACK_ROWS * (at + g) + step * (size_t)i,
+                       rows[i] + (size_t)b * wb + at + g, step);
+        at += n;
+    }
 }
 
 /* Plain C: packing runs once per matrix, and the layout (kernels.h) is kernel-independent. */
@@ -269,11 +328,8 @@ void kvr_matrix_pack(const struct kvr_matrix *w, void *dst)
     size_t unit = pack_unit(w->type);
     if (!unit)
         abort(); /* callers check kvr_matrix_pack_bytes first */
-    /* block size, and bytes of qs per row that go into the unit */
-    size_t wb =
-        w->type == KVR_DTYPE_Q8_0 ? sizeof(struct kvr_block_q8_0) : sizeof(struct kvr_block_q4_0);
-    int n_g = w->type == KVR_DTYPE_Q8_0 ? 8 : 4;
-    int64_t nb = w->n_in / KVR_QK;
+    int is_q = w->type == KVR_DTYPE_Q8_0 || w->type == KVR_DTYPE_Q4_0;
+    int64_t nb = w->n_in / kvr_dtype_traits(w->type)->block_elems;
     uint8_t *out = dst;
     for (int64_t o0 = 0; o0 < w->n_out; o0 += KVR_PACK_ROWS) {
         const uint8_t *rows[KVR_PACK_ROWS];
@@ -282,17 +338,13 @@ void kvr_matrix_pack(const struct kvr_matrix *w, void *dst)
             rows[i] = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
         }
         for (int64_t b = 0; b < nb; b++, out += unit) {
-            for (int i = 0; i < KVR_PACK_ROWS; i++) {
-                const uint8_t *blk = rows[i] + (size_t)b * wb;
-                uint16_t dh;
-                memcpy(&dh, blk, sizeof dh); /* both block types start with the fp16 d */
-                float d = kvr_f16_to_f32(dh);
-                memcpy(out + 4 * i, &d, sizeof d);
-                for (int g = 0; g < n_g; g++)
-                    memcpy(out + 32 + 32 * g + 4 * i, blk + 2 + 4 * g, 4);
-            }
+            if (is_q)
+                pack_unit_q(w, rows, b, out);
+            else
+                pack_unit_k(w, rows, b, out);
         }
     }
+    memset(out, 0, (size_t)((uint8_t *)dst + kvr_matrix_pack_bytes(w) - out));
 }
 
 void kvr_matrix_get_row(const struct kvr_matrix *w, int64_t row, float *dst)

@@ -1,4 +1,5 @@
-/* test_pack.c - packed weights (kvr_matrix_pack) for the Q8_0 / Q4_0 GEMM.
+/* test_pack.c - packed weights (kvr_matrix_pack): the Q8_0 / Q4_0 GEMM, and every path of
+ * Q4_K, Q5_K, Q6_K and IQ4_XS.
  *
  * The packed path must give the reference's bits: for every row count (GEMV and GEMM
  * sizes, ragged activation tiles), every o-slice (tile-aligned ones use the packed copy,
@@ -47,7 +48,61 @@ static void test_pack_bytes(void **state)
     w.type = KVR_DTYPE_F32;
     assert_int_equal(kvr_matrix_pack_bytes(&w), 0);
     w.type = KVR_DTYPE_Q4_K;
-    assert_int_equal(kvr_matrix_pack_bytes(&w), 0);
+    assert_int_equal(kvr_matrix_pack_bytes(&w), 0); /* 64 is not a whole super-block */
+    w.n_in = 512;
+    assert_int_equal(kvr_matrix_pack_bytes(&w), 2 * 2 * 1152);
+    w.type = KVR_DTYPE_Q6_K; /* 2 tiles x 1 x 1680 = 3360, rounded up to 64-byte lines */
+    w.n_in = 256;
+    assert_int_equal(kvr_matrix_pack_bytes(&w), 3392);
+}
+
+/* Every field of a K-quant block lands where the table in model/kernels.h puts it: rows
+ * filled with a byte pattern unique to (row, byte), packed, and each byte looked up. */
+static void test_pack_layout_k(void **state)
+{
+    (void)state;
+    static const struct {
+        int type;
+        int n_fields;
+        int size[5];
+    } types[] = {{KVR_DTYPE_Q4_K, 4, {2, 2, 12, 128}},
+                 {KVR_DTYPE_Q5_K, 5, {2, 2, 12, 32, 128}},
+                 {KVR_DTYPE_Q6_K, 4, {128, 64, 16, 2}},
+                 {KVR_DTYPE_IQ4_XS, 4, {2, 2, 4, 128}}};
+    enum { N_OUT = 11, NSB = 2 };
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        size_t bb = kvr_dtype_traits(types[t].type)->block_bytes, row = NSB * bb;
+        uint8_t *data = kvr_malloc(N_OUT * row);
+        assert_non_null(data);
+        for (size_t k = 0; k < N_OUT * row; k++)
+            data[k] = (uint8_t)(k * 7 + k / 251);
+        struct kvr_matrix w = {types[t].type, 256 * NSB, N_OUT, row, data, NULL};
+        size_t n = kvr_matrix_pack_bytes(&w);
+        assert_true(n >= 2 * NSB * 8 * bb && n % 64 == 0);
+        uint8_t *p = kvr_aligned_alloc(64, n);
+        assert_non_null(p);
+        kvr_matrix_pack(&w, p);
+        for (int tile = 0; tile < 2; tile++)
+            for (int sb = 0; sb < NSB; sb++) {
+                const uint8_t *u = p + (size_t)(tile * NSB + sb) * 8 * bb;
+                size_t at = 0;
+                for (int f = 0; f < types[t].n_fields; f++) {
+                    int sz = types[t].size[f], step = sz == 2 ? 2 : 4;
+                    for (int i = 0; i < 8; i++) {
+                        int o = 8 * tile + i < N_OUT ? 8 * tile + i : N_OUT - 1;
+                        for (int b = 0; b < sz; b++) {
+                            size_t got = 8 * at + (size_t)(b / step) * 8 * step + (size_t)i * step +
+                                         (size_t)(b % step);
+                            assert_int_equal(u[got], data[(size_t)o * row + sb * bb + at + b]);
+                        }
+                    }
+                    at += (size_t)sz;
+                }
+                assert_int_equal(at, bb);
+            }
+        kvr_free(p);
+        kvr_free(data);
+    }
 }
 
 /* One Q8_0 block per row, row o's quant j = o * 10 + j - 100 (wrapping in int8), scale
@@ -129,13 +184,15 @@ static void pcase_fini(struct pcase *c)
 
 static void check_packed_equals_reference(int type)
 {
-    /* 2080 = 65 blocks: two K chunks of the GEMM, the second ragged; 37 rows: ragged tile */
-    enum { N_IN = 2080, N_OUT = 37, MAX_ROWS = 17 };
+    /* Q8_0 / Q4_0: 2080 = 65 blocks, two K chunks of the GEMM, the second ragged; K-quants:
+     * 2304 = 9 super-blocks. 37 rows: a ragged last tile. */
+    enum { N_OUT = 37, MAX_ROWS = 17 };
+    const int64_t n_in = kvr_dtype_traits(type)->block_elems == 256 ? 2304 : 2080;
     static const int64_t row_counts[] = {1, 3, 4, 5, 8, 13, 16, 17};
     static const int64_t cut_sets[][3] = {{0, 0, 0}, {8, 24, 0}, {3, 16, 30}, {32, 0, 0}};
     static const int n_cuts[] = {0, 2, 3, 1};
     struct pcase c;
-    pcase_init(&c, type, N_IN, N_OUT, MAX_ROWS);
+    pcase_init(&c, type, n_in, N_OUT, MAX_ROWS);
     float *want = kvr_malloc(sizeof(float) * MAX_ROWS * N_OUT);
     float *got = kvr_malloc(sizeof(float) * MAX_ROWS * N_OUT);
     assert_non_null(want);
@@ -179,14 +236,22 @@ static void test_packed_q4_0(void **state)
     check_packed_equals_reference(KVR_DTYPE_Q4_0);
 }
 
+static void test_packed_k_quants(void **state)
+{
+    (void)state;
+    check_packed_equals_reference(KVR_DTYPE_Q4_K);
+    check_packed_equals_reference(KVR_DTYPE_Q5_K);
+    check_packed_equals_reference(KVR_DTYPE_Q6_K);
+    check_packed_equals_reference(KVR_DTYPE_IQ4_XS);
+}
+
 int main(void)
 {
     kvr_kernels_init();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pack_bytes),
-        cmocka_unit_test(test_pack_layout_q8_0),
-        cmocka_unit_test(test_packed_q8_0),
-        cmocka_unit_test(test_packed_q4_0),
+        cmocka_unit_test(test_pack_bytes),    cmocka_unit_test(test_pack_layout_q8_0),
+        cmocka_unit_test(test_packed_q8_0),   cmocka_unit_test(test_packed_q4_0),
+        cmocka_unit_test(test_pack_layout_k), cmocka_unit_test(test_packed_k_quants),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
