@@ -300,9 +300,68 @@ static float q4_0_dot(int64_t n, const void *w, const void *x)
 }
 
 /* ---------------------------------------------------------------------------------------
- * Q4_1, Q5_0, Q5_1, IQ4_NL: the other legacy blocks of 32 elements. Like Q4_0 they are
- * dotted with Q8_0 activations; quant byte j always holds element j in its low nibble and
- * element j + 16 in its high one.
+ * Q8_1: the activation type of Q4_1 and Q5_1 (never stored in files by Kvasir). Blocks of
+ * 32 elements, 36 bytes.
+ *
+ *   offset  size  field
+ *   0       2     d      fp16 scale
+ *   2       2     s      fp16 of d * sum(qs), d taken before its own fp16 rounding
+ *   4       32    qs     int8 quants; element i = qs[i] * d
+ *
+ * Quantization as Q8_0's (d = max|x| / 127, so qs is in [-127, 127]). s lets a dot with
+ * a min add m_w * s in one step. It is rounded to fp16 as the format stores it: llama.cpp
+ * dots with this value, and an exact integer sum times the fp16 d (what Kvasir did first)
+ * moves a Q4_1 or Q5_1 model's logits by up to 7e-4 against it (models_ref_quant.sh).
+ * --------------------------------------------------------------------------------------- */
+
+static void q8_1_to_float(const void *src, float *dst, int64_t n)
+{
+    const struct kvr_block_q8_1 *b = src;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        float d = kvr_f16_to_f32(b[i].d);
+        for (int j = 0; j < KVR_QK; j++)
+            dst[i * KVR_QK + j] = (float)b[i].qs[j] * d;
+    }
+}
+
+static void q8_1_from_float(const float *src, void *dst, int64_t n)
+{
+    struct kvr_block_q8_1 *b = dst;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        const float *x = src + i * KVR_QK;
+        float amax = 0.0f;
+        for (int j = 0; j < KVR_QK; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
+        for (int j = 0; j < KVR_QK; j++) {
+            b[i].qs[j] = (int8_t)nearbyintf(x[j] * id);
+            sum += b[i].qs[j];
+        }
+        b[i].d = kvr_f32_to_f16(d);
+        b[i].s = kvr_f32_to_f16((float)sum * d);
+    }
+}
+
+/* Q8_1 x Q8_1 is not needed by any weight type; it exists so the trait's dot is never NULL. */
+static float q8_1_dot(int64_t n, const void *w, const void *x)
+{
+    const struct kvr_block_q8_1 *a = w, *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        int32_t isum = 0;
+        for (int j = 0; j < KVR_QK; j++)
+            isum += a[i].qs[j] * b[i].qs[j];
+        sum = fmaf((float)isum, kvr_f16_to_f32(a[i].d) * kvr_f16_to_f32(b[i].d), sum);
+    }
+    return sum;
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Q4_1, Q5_0, Q5_1, IQ4_NL: the other legacy blocks of 32 elements. Q5_0 and IQ4_NL are
+ * dotted with Q8_0 activations like Q4_0, Q4_1 and Q5_1 (the types with a min) with Q8_1;
+ * quant byte j always holds element j in its low nibble and element j + 16 in its high one.
  *
  *   Q4_1 (20 bytes)           Q5_0 (22 bytes)           Q5_1 (24 bytes)
  *   offset size field         offset size field         offset size field
@@ -318,10 +377,8 @@ static float q4_0_dot(int64_t n, const void *w, const void *x)
  *
  * Dots (the fixed order of the top of this file): the exact integer isum = sum of w_q * x_q
  * per block with w_q = q (Q4_1, Q5_1), q - 16 (Q5_0) or the table value (IQ4_NL), then
- * acc = fmaf((float)isum, d_w * d_x, acc); Q4_1 and Q5_1 add acc = fmaf((float)xsum,
- * m_w * d_x, acc) with xsum the sum of the activation block's 32 quants (the s8 / 8 of the
- * per-block extension, kernels.h). The peer keeps that sum pre-multiplied by d_x in its
- * activation blocks (Q8_1), so its rounding differs by an ulp or so; the value is the same.
+ * acc = fmaf((float)isum, d_w * d_x, acc); Q4_1 and Q5_1 add acc = fmaf(m_w, s_x, acc)
+ * with s_x the activation block's fp16 d * sum(qs) (Q8_1, below).
  * --------------------------------------------------------------------------------------- */
 
 /* Quant q (0..31) of element j of a Q5 block from its nibble byte array and qh word. */
@@ -531,18 +588,10 @@ static void iq4_nl_from_float(const float *src, void *dst, int64_t n)
     }
 }
 
-static int32_t q8_0_block_sum(const struct kvr_block_q8_0 *x)
-{
-    int32_t s = 0;
-    for (int j = 0; j < KVR_QK; j++)
-        s += x->qs[j];
-    return s;
-}
-
 static float q4_1_dot(int64_t n, const void *w, const void *x)
 {
     const struct kvr_block_q4_1 *a = w;
-    const struct kvr_block_q8_0 *b = x;
+    const struct kvr_block_q8_1 *b = x;
     float sum = 0.0f;
     for (int64_t i = 0; i < n / KVR_QK; i++) {
         int32_t isum = 0;
@@ -550,7 +599,7 @@ static float q4_1_dot(int64_t n, const void *w, const void *x)
             isum += q4_quant(a[i].qs, j) * b[i].qs[j];
         float dx = kvr_f16_to_f32(b[i].d);
         sum = fmaf((float)isum, kvr_f16_to_f32(a[i].d) * dx, sum);
-        sum = fmaf((float)q8_0_block_sum(&b[i]), kvr_f16_to_f32(a[i].m) * dx, sum);
+        sum = fmaf(kvr_f16_to_f32(a[i].m), kvr_f16_to_f32(b[i].s), sum);
     }
     return sum;
 }
@@ -574,7 +623,7 @@ static float q5_0_dot(int64_t n, const void *w, const void *x)
 static float q5_1_dot(int64_t n, const void *w, const void *x)
 {
     const struct kvr_block_q5_1 *a = w;
-    const struct kvr_block_q8_0 *b = x;
+    const struct kvr_block_q8_1 *b = x;
     float sum = 0.0f;
     for (int64_t i = 0; i < n / KVR_QK; i++) {
         uint32_t qh = load_qh(a[i].qh);
@@ -583,7 +632,7 @@ static float q5_1_dot(int64_t n, const void *w, const void *x)
             isum += q5_quant(a[i].qs, qh, j) * b[i].qs[j];
         float dx = kvr_f16_to_f32(b[i].d);
         sum = fmaf((float)isum, kvr_f16_to_f32(a[i].d) * dx, sum);
-        sum = fmaf((float)q8_0_block_sum(&b[i]), kvr_f16_to_f32(a[i].m) * dx, sum);
+        sum = fmaf(kvr_f16_to_f32(a[i].m), kvr_f16_to_f32(b[i].s), sum);
     }
     return sum;
 }
@@ -1294,13 +1343,13 @@ static const struct kvr_dtype_traits traits_q6_k = {
     "q6_K",          KVR_QK_K, sizeof(struct kvr_block_q6_k), KVR_DTYPE_Q8_K, q6_k_to_float,
     q6_k_from_float, q6_k_dot};
 static const struct kvr_dtype_traits traits_q4_1 = {
-    "q4_1",          KVR_QK,  sizeof(struct kvr_block_q4_1), KVR_DTYPE_Q8_0, q4_1_to_float,
+    "q4_1",          KVR_QK,  sizeof(struct kvr_block_q4_1), KVR_DTYPE_Q8_1, q4_1_to_float,
     q4_1_from_float, q4_1_dot};
 static const struct kvr_dtype_traits traits_q5_0 = {
     "q5_0",          KVR_QK,  sizeof(struct kvr_block_q5_0), KVR_DTYPE_Q8_0, q5_0_to_float,
     q5_0_from_float, q5_0_dot};
 static const struct kvr_dtype_traits traits_q5_1 = {
-    "q5_1",          KVR_QK,  sizeof(struct kvr_block_q5_1), KVR_DTYPE_Q8_0, q5_1_to_float,
+    "q5_1",          KVR_QK,  sizeof(struct kvr_block_q5_1), KVR_DTYPE_Q8_1, q5_1_to_float,
     q5_1_from_float, q5_1_dot};
 static const struct kvr_dtype_traits traits_iq4_nl = {
     "iq4_nl",          KVR_QK,    sizeof(struct kvr_block_iq4_nl), KVR_DTYPE_Q8_0, iq4_nl_to_float,
@@ -1317,7 +1366,10 @@ static const struct kvr_dtype_traits traits_q5_k = {
 static const struct kvr_dtype_traits traits_iq4_xs = {
     "iq4_xs",          KVR_QK_K,  sizeof(struct kvr_block_iq4_xs), KVR_DTYPE_Q8_K, iq4_xs_to_float,
     iq4_xs_from_float, iq4_xs_dot};
-/* Q8_K is an activation type: kvr_matmul refuses it as a weight type. */
+/* Q8_1 and Q8_K are activation types: kvr_matmul refuses them as weight types. */
+static const struct kvr_dtype_traits traits_q8_1 = {
+    "q8_1",          KVR_QK,  sizeof(struct kvr_block_q8_1), KVR_DTYPE_Q8_1, q8_1_to_float,
+    q8_1_from_float, q8_1_dot};
 static const struct kvr_dtype_traits traits_q8_k = {
     "q8_K",          KVR_QK_K, sizeof(struct kvr_block_q8_k), KVR_DTYPE_Q8_K, q8_k_to_float,
     q8_k_from_float, q8_k_dot};
@@ -1339,6 +1391,8 @@ const struct kvr_dtype_traits *kvr_dtype_traits(int type)
         return &traits_q4_k;
     case KVR_DTYPE_Q6_K:
         return &traits_q6_k;
+    case KVR_DTYPE_Q8_1:
+        return &traits_q8_1;
     case KVR_DTYPE_Q8_K:
         return &traits_q8_k;
     case KVR_DTYPE_Q4_1:
@@ -1360,6 +1414,11 @@ const struct kvr_dtype_traits *kvr_dtype_traits(int type)
     default:
         return NULL;
     }
+}
+
+bool kvr_dtype_is_weight(int type)
+{
+    return kvr_dtype_traits(type) && type != KVR_DTYPE_Q8_1 && type != KVR_DTYPE_Q8_K;
 }
 
 bool kvr_dtype_row_bytes(int type, int64_t n, size_t *out_bytes)

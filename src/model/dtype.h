@@ -31,6 +31,7 @@ enum kvr_dtype {
     KVR_DTYPE_Q5_0 = 6,
     KVR_DTYPE_Q5_1 = 7,
     KVR_DTYPE_Q8_0 = 8,
+    KVR_DTYPE_Q8_1 = 9, /* activations only (dot type of Q4_1 and Q5_1) */
     KVR_DTYPE_Q2_K = 10,
     KVR_DTYPE_Q3_K = 11,
     KVR_DTYPE_Q4_K = 12,
@@ -57,6 +58,9 @@ struct kvr_dtype_traits {
 
 /* Traits of a type, or NULL for an unknown or unsupported id. */
 const struct kvr_dtype_traits *kvr_dtype_traits(int type);
+
+/* True for a type a weight matrix may have: known, and not an activation-only type. */
+bool kvr_dtype_is_weight(int type);
 
 /* Bytes of a row of n elements; false if n is not a multiple of the block or overflows. */
 bool kvr_dtype_row_bytes(int type, int64_t n, size_t *out_bytes);

@@ -69,7 +69,8 @@ static int view_matrix(const struct kvr_gguf *g, const char *name, int64_t n_in,
                            (long long)n_out);
     const struct kvr_dtype_traits *tr = kvr_dtype_traits(t->type);
     size_t row_bytes;
-    if (!tr || !tr->dot || !kvr_dtype_row_bytes(t->type, n_in, &row_bytes))
+    if (!tr || !tr->dot || !kvr_dtype_is_weight(t->type) ||
+        !kvr_dtype_row_bytes(t->type, n_in, &row_bytes))
         return kvr_err_set(err, KVR_ENOTSUP, "model: tensor %s has unsupported type %d", name,
                            t->type);
     m->type = (enum kvr_dtype)t->type;

@@ -91,6 +91,12 @@ struct kvr_block_q6_k {
     uint16_t d; /* fp16 */
 };
 
+struct kvr_block_q8_1 {
+    uint16_t d;        /* scale, fp16 */
+    uint16_t s;        /* d * sum(qs) with d before its fp16 rounding, fp16 */
+    int8_t qs[KVR_QK]; /* value = qs[i] * d */
+};
+
 struct kvr_block_q8_k {
     float d;                      /* scale, f32 */
     int8_t qs[KVR_QK_K];          /* in [-127, 127]: never -128 (see dtype.c) */
@@ -98,6 +104,7 @@ struct kvr_block_q8_k {
 };
 
 _Static_assert(sizeof(struct kvr_block_q8_0) == 34, "q8_0 block is 34 bytes");
+_Static_assert(sizeof(struct kvr_block_q8_1) == 36, "q8_1 block is 36 bytes");
 _Static_assert(sizeof(struct kvr_block_q4_0) == 18, "q4_0 block is 18 bytes");
 _Static_assert(sizeof(struct kvr_block_q4_1) == 20, "q4_1 block is 20 bytes");
 _Static_assert(sizeof(struct kvr_block_q5_0) == 22, "q5_0 block is 22 bytes");

@@ -231,7 +231,7 @@ static void matmul_reference(const struct kvr_matrix *w, const void *xq, size_t 
 void kvr_matmul(const struct kvr_matrix *w, const void *xq, int64_t n_rows, float *y, int64_t ldy,
                 int64_t o_begin, int64_t o_end)
 {
-    if (w->type == KVR_DTYPE_Q8_K || !kvr_dtype_traits(w->type))
+    if (!kvr_dtype_is_weight(w->type))
         abort(); /* the loader only builds matrices of weight types */
     if (n_rows <= 0 || o_begin >= o_end)
         return;

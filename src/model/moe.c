@@ -104,7 +104,7 @@ static int view_stack(const struct kvr_gguf *g, const char *name, int64_t n_in, 
                            (long long)(n_mat ? n_mat : 1));
     const struct kvr_dtype_traits *tr = kvr_dtype_traits(t->type);
     size_t row_bytes, mat_bytes, all_bytes;
-    if (!tr || !tr->dot || t->type == KVR_DTYPE_Q8_K ||
+    if (!tr || !tr->dot || !kvr_dtype_is_weight(t->type) ||
         !kvr_dtype_row_bytes(t->type, n_in, &row_bytes))
         return kvr_err_set(err, KVR_ENOTSUP, "model: tensor %s has unsupported type %d", name,
                            t->type);

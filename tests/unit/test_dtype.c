@@ -112,9 +112,10 @@ static void test_traits_table(void **state)
         {KVR_DTYPE_Q4_K, "q4_K", 256, 144, KVR_DTYPE_Q8_K},
         {KVR_DTYPE_Q6_K, "q6_K", 256, 210, KVR_DTYPE_Q8_K},
         {KVR_DTYPE_Q8_K, "q8_K", 256, 292, KVR_DTYPE_Q8_K},
-        {KVR_DTYPE_Q4_1, "q4_1", 32, 20, KVR_DTYPE_Q8_0},
+        {KVR_DTYPE_Q4_1, "q4_1", 32, 20, KVR_DTYPE_Q8_1},
         {KVR_DTYPE_Q5_0, "q5_0", 32, 22, KVR_DTYPE_Q8_0},
-        {KVR_DTYPE_Q5_1, "q5_1", 32, 24, KVR_DTYPE_Q8_0},
+        {KVR_DTYPE_Q5_1, "q5_1", 32, 24, KVR_DTYPE_Q8_1},
+        {KVR_DTYPE_Q8_1, "q8_1", 32, 36, KVR_DTYPE_Q8_1},
         {KVR_DTYPE_IQ4_NL, "iq4_nl", 32, 18, KVR_DTYPE_Q8_0},
         {KVR_DTYPE_Q2_K, "q2_K", 256, 84, KVR_DTYPE_Q8_K},
         {KVR_DTYPE_Q3_K, "q3_K", 256, 110, KVR_DTYPE_Q8_K},
@@ -132,7 +133,7 @@ static void test_traits_table(void **state)
         assert_non_null(t->from_float);
         assert_non_null(t->dot);
     }
-    int unknown[] = {-1, 4, 5, 9, 16, 17, 18, 19, 21, 22, 24, 29, 31, 1000};
+    int unknown[] = {-1, 4, 5, 16, 17, 18, 19, 21, 22, 24, 29, 31, 1000};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++)
         assert_null(kvr_dtype_traits(unknown[i]));
 
@@ -151,7 +152,11 @@ static void test_traits_table(void **state)
     assert_true(kvr_dtype_row_bytes(KVR_DTYPE_IQ4_XS, 512, &bytes));
     assert_int_equal(bytes, 272);
     assert_int_equal(kvr_act_row_bytes(KVR_DTYPE_IQ4_XS, 512), 584); /* Q8_K activations */
-    assert_int_equal(kvr_act_row_bytes(KVR_DTYPE_Q5_1, 64), kvr_act_row_bytes(KVR_DTYPE_Q8_0, 64));
+    assert_int_equal(kvr_act_row_bytes(KVR_DTYPE_Q5_1, 64), 72);     /* two Q8_1 blocks */
+    assert_false(kvr_dtype_is_weight(KVR_DTYPE_Q8_1));
+    assert_false(kvr_dtype_is_weight(KVR_DTYPE_Q8_K));
+    assert_true(kvr_dtype_is_weight(KVR_DTYPE_Q4_1));
+    assert_false(kvr_dtype_is_weight(9999));
 
     /* activation rows: at least the dot type's row, and 0 for impossible shapes */
     assert_int_equal(kvr_act_row_bytes(KVR_DTYPE_F16, 10), 40);
@@ -571,12 +576,12 @@ static void test_round_trip_error(void **state)
         int type;
         double max_rel_rmse;
     } bounds[] = {
-        {KVR_DTYPE_F32, 0.0},     {KVR_DTYPE_F16, 1e-3},  {KVR_DTYPE_BF16, 5e-3},
-        {KVR_DTYPE_Q8_0, 0.012},  {KVR_DTYPE_Q4_0, 0.16}, {KVR_DTYPE_Q4_K, 0.12},
-        {KVR_DTYPE_Q6_K, 0.04},   {KVR_DTYPE_Q8_K, 0.04}, {KVR_DTYPE_Q4_1, 0.12},
-        {KVR_DTYPE_Q5_0, 0.1},    {KVR_DTYPE_Q5_1, 0.06}, {KVR_DTYPE_IQ4_NL, 0.12},
-        {KVR_DTYPE_Q2_K, 0.3},    {KVR_DTYPE_Q3_K, 0.2},  {KVR_DTYPE_Q5_K, 0.06},
-        {KVR_DTYPE_IQ4_XS, 0.12},
+        {KVR_DTYPE_F32, 0.0},     {KVR_DTYPE_F16, 1e-3},   {KVR_DTYPE_BF16, 5e-3},
+        {KVR_DTYPE_Q8_0, 0.012},  {KVR_DTYPE_Q4_0, 0.16},  {KVR_DTYPE_Q4_K, 0.12},
+        {KVR_DTYPE_Q6_K, 0.04},   {KVR_DTYPE_Q8_K, 0.04},  {KVR_DTYPE_Q4_1, 0.12},
+        {KVR_DTYPE_Q5_0, 0.1},    {KVR_DTYPE_Q5_1, 0.06},  {KVR_DTYPE_IQ4_NL, 0.12},
+        {KVR_DTYPE_Q2_K, 0.3},    {KVR_DTYPE_Q3_K, 0.2},   {KVR_DTYPE_Q5_K, 0.06},
+        {KVR_DTYPE_IQ4_XS, 0.12}, {KVR_DTYPE_Q8_1, 0.012},
     };
     enum { N = 4096 };
     float *x = kvr_malloc(N * sizeof *x), *y = kvr_malloc(N * sizeof *y);
@@ -630,6 +635,29 @@ static void test_round_trip_error(void **state)
     kvr_free(x);
 }
 
+/* Q4_1 and Q5_1 dot with Q8_1, whose s = fp16(d * sum(qs)) stands for d_x * sum(qs) in the
+ * min's term: sum over blocks of m_w * (s_x - d_x * sum(qs)), the difference between the
+ * format's dot and the dequantized one. Both weight types keep fp16 d, m in bytes 0..3 of a
+ * block; a Q8_1 block is fp16 d, fp16 s, 32 int8 quants. */
+static double q8_1_min_correction(const uint8_t *w, size_t w_block_bytes, const uint8_t *x,
+                                  int n_blocks)
+{
+    double c = 0;
+    for (int b = 0; b < n_blocks; b++) {
+        const uint8_t *wb = w + (size_t)b * w_block_bytes, *xb = x + (size_t)b * 36;
+        uint16_t m, d, s;
+        memcpy(&m, wb + 2, 2);
+        memcpy(&d, xb, 2);
+        memcpy(&s, xb + 2, 2);
+        int sum = 0;
+        for (int j = 0; j < 32; j++)
+            sum += (int8_t)xb[4 + j];
+        c += (double)kvr_f16_to_f32(m) *
+             ((double)kvr_f16_to_f32(s) - (double)kvr_f16_to_f32(d) * sum);
+    }
+    return c;
+}
+
 static void test_dot_matches_dequantized(void **state)
 {
     (void)state;
@@ -653,6 +681,8 @@ static void test_dot_matches_dequantized(void **state)
             want += (double)wd[i] * xd[i];
             mag += fabs((double)wd[i] * xd[i]);
         }
+        if (tr->dot_type == KVR_DTYPE_Q8_1) /* the min's term is m_w * s_x, s_x as stored */
+            want += q8_1_min_correction(wq, tr->block_bytes, xq, N / 32);
         double got = tr->dot(N, wq, xq);
         if (fabs(got - want) > 1e-5 * mag)
             fail_msg("%s dot: %.9g vs dequantized %.9g (magnitude %g)", tr->name, got, want, mag);
