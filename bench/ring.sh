@@ -18,6 +18,12 @@
 #                a setting "N-plain" is N micro-batches with plain links ("encrypt": false)
 #   --crypto     compare sealed links with plain ones, in flight: the settings are
 #                "STAGES-plain STAGES" and the ratio is sealed / plain
+#   --peer       also run llama.cpp's RPC backend on the same emulated machines (issue 14):
+#                one ggml-rpc-server per stage (same cgroup, namespace and CPUs as that
+#                stage), a llama-server in this namespace with every layer on the RPC
+#                devices, split by layers, SEQS slots, the same prompts sent at once; then
+#                one sequence alone on each side for the per-token latency. The kit is
+#                KVR_PEER (default ../shared/peers/llama.cpp beside the source tree)
 #
 # Each setting runs REPEATS times (default 3); the median is reported, with every run's
 # number, because this machine is shared and noisy. Everything runs on 127.0.0.1 (or in
@@ -26,7 +32,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 KVASIR=${KVASIR:-$here/../build/kvasir}
 model="" stages=2 seqs=32 tokens=64 repeats=3 threads=1 quota="" netns=0 baseline=0 pin=0
-mbs="" layers="" crypto=0
+mbs="" layers="" crypto=0 peer=0
 while [ $# -gt 0 ]; do
     case $1 in
     -m) model=$2; shift ;;
@@ -41,6 +47,7 @@ while [ $# -gt 0 ]; do
     --baseline) baseline=1 ;;
     --mb) mbs=$2; shift ;;
     --crypto) crypto=1 ;;
+    --peer) peer=1 ;;
     --layers) layers=$2; shift ;;
     -h|--help) sed -n '2,${/^#/!q;p}' "$0"; exit 0 ;;
     *) echo "ring.sh: unknown option $1" >&2; exit 2 ;;
@@ -112,6 +119,7 @@ fi
 for i in $(seq 0 $((seqs - 1))); do
     echo "{\"prompt\": \"Once upon a time there was a little robot number $i who\", \"max_tokens\": $tokens, \"temperature\": 0}"
 done >"$TMP/prompts.jsonl"
+head -1 "$TMP/prompts.jsonl" >"$TMP/prompt1.jsonl"
 
 start_stages() { # PLAN
     RING=()
@@ -134,6 +142,95 @@ start_stages() { # PLAN
 stop_stages() {
     for p in "${RING[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${RING[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+
+# ---- the peer: llama.cpp's RPC backend on the same machines (--peer) -----------------------
+PEER=${KVR_PEER:-$here/../../shared/peers/llama.cpp}
+if [ $peer = 1 ]; then
+    [ -x "$PEER/bin/ggml-rpc-server" ] && [ -x "$PEER/bin/llama-server" ] ||
+        { echo "ring.sh: no llama.cpp kit with ggml-rpc-server at $PEER (set KVR_PEER)" >&2; exit 2; }
+    # A kit copied without symlinks holds lib/libX.so.0 as a small text file naming the
+    # target: a private dir of real links goes first on the search path.
+    mkdir -p "$TMP/peerlib"
+    for f in "$PEER"/lib/*.so*; do
+        if [ "$(stat -c %s "$f")" -lt 256 ] && head -c 4 "$f" | grep -q '^lib'; then
+            ln -sf "$PEER/lib/$(cat "$f")" "$TMP/peerlib/$(basename "$f")"
+        fi
+    done
+    PEER_LD="$TMP/peerlib:$PEER/lib"
+fi
+
+# start_peer: one ggml-rpc-server per stage on that stage's machine, then llama-server here
+# with every layer on those devices, split by layers in order (as the ring's stages).
+start_peer() {
+    RING=()
+    local devs="" rpcs="" i h
+    for ((i = 0; i < stages; i++)); do
+        h=$(echo "$hosts" | cut -d, -f$((i + 1)))
+        [ -n "$h" ] || h=127.0.0.1
+        local cmd=(env LD_LIBRARY_PATH="$PEER_LD" "$PEER/bin/ggml-rpc-server" -H "$h"
+            -p "$((base + 100 + i))" -t "$threads")
+        if [ $pin = 1 ]; then
+            local cpus="" k
+            for ((k = 0; k < threads; k++)); do cpus="$cpus${cpus:+,}$(((i * threads + k) % $(nproc)))"; done
+            cmd=(taskset -c "$cpus" "${cmd[@]}")
+        fi
+        if [ $netns = 1 ]; then cmd=(ip netns exec "kvr-b$i" "${cmd[@]}"); fi
+        "${cmd[@]}" >"$TMP/rpc$i.log" 2>&1 &
+        local pid=$!
+        PIDS+=("$pid")
+        RING+=("$pid")
+        if [ -n "$quota" ]; then echo "$pid" >"/sys/fs/cgroup/cpu/kvr-bench-$i/cgroup.procs"; fi
+        rpcs="$rpcs${rpcs:+,}$h:$((base + 100 + i))"
+        devs="$devs${devs:+,}RPC$i"
+    done
+    sleep 1
+    env LD_LIBRARY_PATH="$PEER_LD" "$PEER/bin/llama-server" -m "$model" --rpc "$rpcs" \
+        --device "$devs" -ngl 999 -sm layer -np "$seqs" -c "$((seqs * 256))" -t 2 \
+        --host 127.0.0.1 --port "$((base + 200))" >"$TMP/peer-server.log" 2>&1 &
+    PEER_SERVER=$!
+    PIDS+=("$PEER_SERVER")
+    local w
+    for ((w = 0; w < 1200; w++)); do
+        curl -sf "http://127.0.0.1:$((base + 200))/health" >/dev/null 2>&1 && return 0
+        kill -0 "$PEER_SERVER" 2>/dev/null || break
+        sleep 0.1
+    done
+    tail -5 "$TMP/peer-server.log" >&2
+    echo "ring.sh: llama-server did not come up" >&2
+    exit 1
+}
+
+stop_peer() {
+    kill "$PEER_SERVER" 2>/dev/null || true
+    wait "$PEER_SERVER" 2>/dev/null || true
+    stop_stages
+}
+
+# peer_run PROMPTS: send every prompt of the file at once (no prompt cache); prints the
+# aggregate "tokens/s seconds".
+peer_run() {
+    python3 - "$1" "http://127.0.0.1:$((base + 200))/completion" <<'PY'
+import json, sys, threading, time, urllib.request
+prompts = [json.loads(l) for l in open(sys.argv[1])]
+done = []
+def one(p):
+    body = json.dumps({"prompt": p["prompt"], "n_predict": p["max_tokens"], "temperature": 0,
+                       "ignore_eos": True, "cache_prompt": False}).encode()
+    req = urllib.request.Request(sys.argv[2], body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        done.append(json.load(r)["tokens_predicted"])
+t0 = time.monotonic()
+th = [threading.Thread(target=one, args=(p,)) for p in prompts]
+for t in th:
+    t.start()
+for t in th:
+    t.join()
+secs = time.monotonic() - t0
+if len(done) != len(prompts):
+    sys.exit(f"peer: {len(prompts) - len(done)} requests failed")
+print(f"{sum(done) / secs:.1f} {secs:.2f}")
+PY
 }
 
 # CPU time (ns) every thread of process $1 has run: what the stage spent of its quota.
@@ -180,6 +277,24 @@ for ((r = 0; r < repeats; r++)); do
         done >"$TMP/cpu"
         grep -E "^  stage" "$TMP/run.log" | paste -d' ' - "$TMP/cpu" >"$TMP/stages.$mb"
     done
+    if [ $peer = 1 ]; then
+        # Kvasir with one sequence on the last setting's ring, then the peer both ways.
+        last_mb=${mbs##* }
+        start_stages "$TMP/plan.$last_mb.json"
+        for ((i = 0, w = 0; i < stages && w < 600; w++)); do
+            if grep -q "listening on" "$TMP/stage$i.log"; then i=$((i + 1)); else sleep 0.1; fi
+        done
+        timeout 600 "$KVASIR" run --plan "$TMP/plan.$last_mb.json" --prompts "$TMP/prompt1.jsonl" \
+            --ignore-eos -q --json >/dev/null 2>"$TMP/run.log" || { cat "$TMP/run.log"; exit 1; }
+        stop_stages
+        runs_of[ring1]="${runs_of[ring1]:-} $(sed -n 's/^ring: .* \([0-9.]*\) tokens\/s.*/\1/p' "$TMP/run.log")"
+        start_peer
+        read -r tps _ < <(peer_run "$TMP/prompts.jsonl") || exit 1
+        runs_of[peer]="${runs_of[peer]:-} $tps"
+        read -r tps _ < <(peer_run "$TMP/prompt1.jsonl") || exit 1
+        runs_of[peer1]="${runs_of[peer1]:-} $tps"
+        stop_peer
+    fi
 done
 for mb in $mbs; do
     med=$(printf '%s\n' ${runs_of[$mb]} | median)
@@ -197,6 +312,17 @@ if [ $# -ge 2 ]; then
     paste <(printf '%s\n' ${runs_of[$2]}) <(printf '%s\n' ${runs_of[$1]}) |
         awk '{ printf "%.3f\n", $1 / $2 }' >"$TMP/ratios"
     printf '  per repeat: %s -> median %.3fx\n' "$(tr '\n' ' ' <"$TMP/ratios")" "$(median <"$TMP/ratios")"
+fi
+if [ $peer = 1 ]; then
+    last_mb=${mbs##* }
+    for k in peer ring1 peer1; do result[$k]=$(printf '%s\n' ${runs_of[$k]} | median); done
+    printf '  llama.cpp RPC, %s slots: tokens/s median %8.1f   runs:%s\n' "$seqs" "${result[peer]}" "${runs_of[peer]}"
+    awk -v a="${result[$last_mb]}" -v b="${result[peer]}" -v k="$seqs" -v m="$last_mb" \
+        'BEGIN { printf "  aggregate at %d sequences, ring (%s micro-batches) / llama.cpp RPC: %.2fx\n", k, m, a / b }'
+    printf '  one sequence: ring tokens/s median %.1f (runs:%s), llama.cpp RPC %.1f (runs:%s)\n' \
+        "${result[ring1]}" "${runs_of[ring1]}" "${result[peer1]}" "${runs_of[peer1]}"
+    awk -v a="${result[ring1]}" -v b="${result[peer1]}" \
+        'BEGIN { printf "  latency per token, ring / llama.cpp RPC: %.2fx (%.1f ms vs %.1f ms)\n", b / a, 1000 / a, 1000 / b }'
 fi
 if [ $baseline = 1 ]; then
     runs=()
