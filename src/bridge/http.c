@@ -99,7 +99,7 @@ struct metrics {
     pthread_mutex_t mu;
     uint64_t requests[EP_COUNT][500]; /* by endpoint and status code - 100 */
     uint64_t outcomes[OUT_COUNT];
-    uint64_t refused[KVR_SVC_REFUSE_REASON_COUNT];
+    uint64_t refused[KVR_REFUSE_REASON_COUNT];
     uint64_t prompt_tokens;
     uint64_t generation_tokens;
     int64_t running; /* generations between submit and release */
@@ -140,8 +140,22 @@ static void hist_print(struct kvr_sbuf *b, const char *name, const char *help,
 }
 
 static const char *const outcome_labels[OUT_COUNT] = {"stop", "length", "error", "client_gone"};
-static const char *const refusal_labels[KVR_SVC_REFUSE_REASON_COUNT] = {
-    "over_budget", "kv_full", "queue_full", "ring_down", "invalid", "internal"};
+/* What the client is told of a refusal (request.h): the HTTP status and the error code,
+ * which is also the reason label of kvasir:request_refused_total. A KV-full refusal always
+ * says when to try again (1 s at least). */
+enum { REFUSAL_LABELS = 6 };
+static const char *const refusal_labels[REFUSAL_LABELS] = {"over_budget", "kv_full", "queue_full",
+                                                           "ring_down",   "invalid", "internal"};
+static const struct {
+    int status;
+    int label; /* index into refusal_labels */
+    uint32_t min_retry_s;
+} refusal_http[KVR_REFUSE_REASON_COUNT] = {
+    [KVR_REFUSE_NONE] = {500, 5, 0},         [KVR_REFUSE_FIRST_TOKEN_BUDGET] = {429, 0, 0},
+    [KVR_REFUSE_TOTAL_BUDGET] = {429, 0, 0}, [KVR_REFUSE_KV_FULL] = {429, 1, 1},
+    [KVR_REFUSE_QUEUE_FULL] = {503, 2, 0},   [KVR_REFUSE_RING_DOWN] = {503, 3, 0},
+    [KVR_REFUSE_TOO_LONG] = {400, 4, 0},     [KVR_REFUSE_INTERNAL] = {500, 5, 0},
+};
 
 static void metrics_print(struct metrics *m, struct kvr_sbuf *b)
 {
@@ -166,9 +180,13 @@ static void metrics_print(struct metrics *m, struct kvr_sbuf *b)
                         (unsigned long long)m->outcomes[o]);
     kvr_sbuf_puts(b, "# HELP kvasir:request_refused_total Requests the service refused at "
                      "admission, by reason.\n# TYPE kvasir:request_refused_total counter\n");
-    for (int r = 0; r < KVR_SVC_REFUSE_REASON_COUNT; r++)
-        kvr_sbuf_printf(b, "kvasir:request_refused_total{reason=\"%s\"} %llu\n", refusal_labels[r],
-                        (unsigned long long)m->refused[r]);
+    for (int l = 0; l < REFUSAL_LABELS; l++) {
+        uint64_t n = 0;
+        for (int r = 0; r < KVR_REFUSE_REASON_COUNT; r++)
+            n += refusal_http[r].label == l ? m->refused[r] : 0;
+        kvr_sbuf_printf(b, "kvasir:request_refused_total{reason=\"%s\"} %llu\n", refusal_labels[l],
+                        (unsigned long long)n);
+    }
     kvr_sbuf_printf(b,
                     "# HELP kvasir:prompt_tokens_total Prompt tokens of admitted requests.\n"
                     "# TYPE kvasir:prompt_tokens_total counter\n"
@@ -850,31 +868,30 @@ static enum MHD_Result handle_generate(struct kvr_http *h, struct request *rq,
                                        .include_usage = g->req.include_usage};
     g->fd = connection_fd(c);
 
-    struct kvr_svc_refusal refusal;
+    struct kvr_refusal refusal;
     memset(&refusal, 0, sizeof refusal);
     if (svc->ops->submit(svc->ctx, &greq, &g->stream, &refusal) != 0) {
         g->stream = NULL;
         refusal.message[sizeof refusal.message - 1] = 0;
-        if ((unsigned)refusal.reason < KVR_SVC_REFUSE_REASON_COUNT) {
-            pthread_mutex_lock(&h->metrics.mu);
-            h->metrics.refused[refusal.reason]++;
-            pthread_mutex_unlock(&h->metrics.mu);
-        }
-        int status =
-            refusal.http_status >= 400 && refusal.http_status <= 599 ? refusal.http_status : 503;
+        unsigned why = (unsigned)refusal.reason < KVR_REFUSE_REASON_COUNT ? refusal.reason
+                                                                          : KVR_REFUSE_INTERNAL;
+        pthread_mutex_lock(&h->metrics.mu);
+        h->metrics.refused[why]++;
+        pthread_mutex_unlock(&h->metrics.mu);
+        int status = refusal_http[why].status;
         const char *type = status == 429   ? "rate_limit_error"
                            : status == 400 ? "invalid_request_error"
                                            : "server_error";
-        const char *code = (unsigned)refusal.reason < KVR_SVC_REFUSE_REASON_COUNT
-                               ? refusal_labels[refusal.reason]
-                               : NULL;
-        kvr_openai_error_set(&e, status, type, NULL, code, "%s",
+        kvr_openai_error_set(&e, status, type, NULL, refusal_labels[refusal_http[why].label], "%s",
                              refusal.message[0] ? refusal.message : "the request was refused");
+        uint32_t retry_s = (uint32_t)(((uint64_t)refusal.retry_after_ms + 999) / 1000);
+        if (retry_s < refusal_http[why].min_retry_s)
+            retry_s = refusal_http[why].min_retry_s;
         char ra[16];
         const char *headers[] = {MHD_HTTP_HEADER_RETRY_AFTER,
-                                 retry_after_value(ra, sizeof ra, refusal.retry_after_s), NULL};
+                                 retry_after_value(ra, sizeof ra, retry_s), NULL};
         kvr_free(ids);
-        ret = reply_error(h, rq, c, &e, refusal.retry_after_s ? headers : NULL);
+        ret = reply_error(h, rq, c, &e, retry_s ? headers : NULL);
         gen_destroy(g);
         return ret;
     }

@@ -1,6 +1,6 @@
-/* request.h - what a client asks the bridge for, and how its stream ends: the one request
- * type shared by the HTTP layer (service.h), the bridge (bridge.h) and its scheduler
- * (sched.h). Plain data, no functions. */
+/* request.h - what a client asks the bridge for, why it may be refused, and how its stream
+ * ends: the one request, refusal and event type shared by the HTTP layer (service.h), the
+ * bridge (bridge.h) and its scheduler (sched.h). Plain data, no functions. */
 #ifndef KVR_BRIDGE_REQUEST_H
 #define KVR_BRIDGE_REQUEST_H
 
@@ -27,6 +27,31 @@ struct kvr_gen_request {
     uint32_t total_ms;       /* ... from submit to the last token */
 };
 
+/* Why a request was refused at once (nothing is queued to be late). The HTTP layer answers
+ * each with its own status and error code (http.c: 429 for the budgets and KV, 503 for the
+ * queue and the ring, 400 for TOO_LONG, 500 for INTERNAL). */
+enum kvr_refusal_reason {
+    KVR_REFUSE_NONE = 0,
+    KVR_REFUSE_FIRST_TOKEN_BUDGET, /* the first token would come too late */
+    KVR_REFUSE_TOTAL_BUDGET,       /* the answer would finish too late */
+    KVR_REFUSE_KV_FULL,            /* the KV blocks it needs are not free */
+    KVR_REFUSE_QUEUE_FULL,         /* the wait queue is full */
+    KVR_REFUSE_TOO_LONG,           /* empty, or prompt + max_tokens beyond the context */
+    KVR_REFUSE_RING_DOWN,          /* the ring is not connected */
+    KVR_REFUSE_INTERNAL,           /* anything else (out of memory, ...) */
+    KVR_REFUSE_REASON_COUNT
+};
+
+#define KVR_GEN_MSG_BYTES 256
+
+struct kvr_refusal {
+    enum kvr_refusal_reason reason;
+    uint32_t retry_after_ms; /* when to try again (0: no hint); sent as Retry-After */
+    /* Shown to the client, e.g. "would miss first-token budget: estimated 812 ms > 500 ms",
+     * "kv cache full: need 12 blocks, 3 free", "queue full (64 requests)". */
+    char message[KVR_GEN_MSG_BYTES];
+};
+
 /* How a stream ends; carried by its last event. */
 enum kvr_gen_finish {
     KVR_GEN_FINISH_NONE,      /* a token; more will follow */
@@ -38,8 +63,6 @@ enum kvr_gen_finish {
                                  ends a cancelled stream with KVR_ECLOSED instead) */
     KVR_GEN_FINISH_COUNT
 };
-
-#define KVR_GEN_MSG_BYTES 256
 
 /* One event of a stream: a token, the end, or both (the last token carries LENGTH or
  * EOS). */

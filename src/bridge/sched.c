@@ -122,14 +122,6 @@ struct kvr_sched {
     uint32_t *pick_scratch;        /* [max_seqs + 1] the decode picker's */
 };
 
-const char *kvr_refusal_name(enum kvr_refusal_reason reason)
-{
-    static const char *const names[KVR_REFUSE_REASON_COUNT] = {
-        "none",       "first_token_budget", "total_budget", "kv_full",
-        "queue_full", "too_long",           "ring_down"};
-    return (unsigned)reason < KVR_REFUSE_REASON_COUNT ? names[reason] : "unknown";
-}
-
 const double kvr_sched_queue_bounds[KVR_SCHED_QUEUE_BUCKETS] = {0.001, 0.005, 0.01, 0.025, 0.05,
                                                                 0.1,   0.25,  0.5,  1.0,   5.0};
 

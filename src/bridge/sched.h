@@ -103,26 +103,7 @@ struct kvr_sched_event {
 typedef void (*kvr_sched_event_fn)(void *ctx, struct kvr_sched_req *r,
                                    const struct kvr_sched_event *ev);
 
-/* ---- refusals ------------------------------------------------------------------------- */
-
-enum kvr_refusal_reason {
-    KVR_REFUSE_NONE = 0,
-    KVR_REFUSE_FIRST_TOKEN_BUDGET, /* 429: first token would come too late */
-    KVR_REFUSE_TOTAL_BUDGET,       /* 429: the answer would finish too late */
-    KVR_REFUSE_KV_FULL,            /* 429: the KV blocks it needs are not free */
-    KVR_REFUSE_QUEUE_FULL,         /* 503: the wait queue is full */
-    KVR_REFUSE_TOO_LONG,           /* 400: empty, or prompt + max_tokens beyond the context */
-    KVR_REFUSE_RING_DOWN,          /* 503: the ring is not connected */
-    KVR_REFUSE_REASON_COUNT
-};
-
-struct kvr_refusal {
-    enum kvr_refusal_reason reason;
-    uint32_t retry_after_ms;
-    char message[200];
-};
-
-const char *kvr_refusal_name(enum kvr_refusal_reason reason);
+/* Refusals: struct kvr_refusal (request.h). */
 
 /* ---- telemetry ------------------------------------------------------------------------ */
 

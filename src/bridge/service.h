@@ -3,8 +3,9 @@
  *
  * The HTTP layer validates and tokenizes a request, then hands the service prompt ids, a
  * token budget, sampling parameters and a latency budget (submit). The service either
- * admits the request at once and returns a stream, or refuses it at once with an HTTP
- * status, a reason and a retry hint: it never queues work it expects to be late. The HTTP
+ * admits the request at once and returns a stream, or refuses it at once with a reason, a
+ * message and a retry hint (the HTTP layer picks the status): it never queues work it
+ * expects to be late. The HTTP
  * layer then pulls one event per generated token (next) and turns them into text, stop
  * strings, SSE chunks and metrics. A client that goes away, or a stop string that appears
  * in the text, ends the stream early (cancel). Every admitted stream is released exactly
@@ -45,37 +46,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* Why a request was refused; also the label of the service's refusal metrics. */
-enum kvr_svc_refusal_reason {
-    KVR_SVC_REFUSE_OVER_BUDGET, /* 429: estimated first/last token later than its budget */
-    KVR_SVC_REFUSE_KV_FULL,     /* 429: the KV blocks it needs cannot be reserved now */
-    KVR_SVC_REFUSE_QUEUE_FULL,  /* 503: the admission queue is at capacity */
-    KVR_SVC_REFUSE_RING_DOWN,   /* 503: a stage is down; nothing can run */
-    KVR_SVC_REFUSE_INVALID,     /* 400: the service cannot run this request at all (e.g. its
-                               sampling parameters) */
-    KVR_SVC_REFUSE_INTERNAL,    /* 500: anything else (out of memory, ...) */
-    KVR_SVC_REFUSE_REASON_COUNT
-};
-
-#define KVR_SERVICE_MSG_BYTES KVR_GEN_MSG_BYTES
-
-struct kvr_svc_refusal {
-    int http_status;        /* 429, 503, 400 or 500 (see the reasons above) */
-    uint32_t retry_after_s; /* sent as Retry-After when > 0 (429/503) */
-    enum kvr_svc_refusal_reason reason;
-    /* Shown to the client, e.g. "would miss first-token budget: estimated 812 ms > 500 ms",
-     * "kv cache full: need 12 blocks, 3 free", "queue full (64 requests)". */
-    char message[KVR_SERVICE_MSG_BYTES];
-};
-
 struct kvr_gen_stream; /* opaque, owned by the service */
 
 struct kvr_service_ops {
     /* Admit a request or refuse it immediately. Returns 0 and sets *out to a new stream,
-     * or a negative status with *refusal filled (no stream to release). Never blocks on the
-     * ring. */
+     * or a negative status with *refusal filled (request.h; no stream to release). Never
+     * blocks on the ring. */
     int (*submit)(void *ctx, const struct kvr_gen_request *req, struct kvr_gen_stream **out,
-                  struct kvr_svc_refusal *refusal);
+                  struct kvr_refusal *refusal);
     /* Wait up to timeout_ms for the stream's next event. Returns 0 with *ev filled;
      * KVR_ETIMEDOUT when nothing arrived in time (call again); KVR_ECLOSED after the
      * event carrying a finish, or after cancel. */

@@ -12,14 +12,13 @@ struct kvr_gen_stream {
 };
 
 static int ring_submit(void *ctx, const struct kvr_gen_request *req, struct kvr_gen_stream **out,
-                       struct kvr_svc_refusal *refusal)
+                       struct kvr_refusal *refusal)
 {
     struct kvr_ring_service *rs = ctx;
     memset(refusal, 0, sizeof *refusal);
     struct kvr_gen_stream *gs = kvr_calloc(1, sizeof *gs);
     if (!gs) {
-        refusal->http_status = 500;
-        refusal->reason = KVR_SVC_REFUSE_INTERNAL;
+        refusal->reason = KVR_REFUSE_INTERNAL;
         snprintf(refusal->message, sizeof refusal->message, "out of memory");
         return KVR_ENOMEM;
     }
@@ -28,44 +27,12 @@ static int ring_submit(void *ctx, const struct kvr_gen_request *req, struct kvr_
         br.first_token_ms = rs->default_first_token_ms;
     if (!br.total_ms)
         br.total_ms = rs->default_total_ms;
-    struct kvr_refusal why;
-    int rc = kvr_bridge_submit(rs->bridge, &br, &gs->bs, &why);
+    int rc = kvr_bridge_submit(rs->bridge, &br, &gs->bs, refusal);
     if (rc == 0) {
         *out = gs;
         return 0;
     }
     kvr_free(gs);
-    snprintf(refusal->message, sizeof refusal->message, "%s", why.message);
-    refusal->retry_after_s = (why.retry_after_ms + 999) / 1000;
-    switch (why.reason) {
-    case KVR_REFUSE_FIRST_TOKEN_BUDGET:
-    case KVR_REFUSE_TOTAL_BUDGET:
-        refusal->http_status = 429;
-        refusal->reason = KVR_SVC_REFUSE_OVER_BUDGET;
-        break;
-    case KVR_REFUSE_KV_FULL:
-        refusal->http_status = 429;
-        refusal->reason = KVR_SVC_REFUSE_KV_FULL;
-        if (!refusal->retry_after_s)
-            refusal->retry_after_s = 1;
-        break;
-    case KVR_REFUSE_QUEUE_FULL:
-        refusal->http_status = 503;
-        refusal->reason = KVR_SVC_REFUSE_QUEUE_FULL;
-        break;
-    case KVR_REFUSE_RING_DOWN:
-        refusal->http_status = 503;
-        refusal->reason = KVR_SVC_REFUSE_RING_DOWN;
-        break;
-    case KVR_REFUSE_TOO_LONG:
-        refusal->http_status = 400;
-        refusal->reason = KVR_SVC_REFUSE_INVALID;
-        break;
-    default:
-        refusal->http_status = 500;
-        refusal->reason = KVR_SVC_REFUSE_INTERNAL;
-        break;
-    }
     return rc;
 }
 

@@ -97,11 +97,10 @@ struct fake {
     /* Behaviour, set by tests between requests. */
     const int32_t *script;
     uint32_t n_script;
-    bool eos_after_script; /* after the script: EOS; otherwise repeat it */
-    uint32_t delay_ms;     /* before each token */
-    int refuse_status;     /* != 0: refuse every submit */
-    uint32_t refuse_retry_s;
-    enum kvr_svc_refusal_reason refuse_reason;
+    bool eos_after_script;                 /* after the script: EOS; otherwise repeat it */
+    uint32_t delay_ms;                     /* before each token */
+    enum kvr_refusal_reason refuse_reason; /* != NONE: refuse every submit */
+    uint32_t refuse_retry_ms;
     int fail_after; /* >= 0: an error event after this many tokens */
     int fail_status;
     bool healthy;
@@ -121,7 +120,7 @@ struct kvr_gen_stream {
 };
 
 static int fake_submit(void *ctx, const struct kvr_gen_request *req, struct kvr_gen_stream **out,
-                       struct kvr_svc_refusal *refusal)
+                       struct kvr_refusal *refusal)
 {
     struct fake *f = ctx;
     pthread_mutex_lock(&f->mu);
@@ -129,9 +128,8 @@ static int fake_submit(void *ctx, const struct kvr_gen_request *req, struct kvr_
     f->last_n_prompt = req->n_prompt < 4096 ? req->n_prompt : 4096;
     memcpy(f->last_prompt, req->prompt, f->last_n_prompt * sizeof *req->prompt);
     f->last_req.prompt = NULL;
-    if (f->refuse_status) {
-        refusal->http_status = f->refuse_status;
-        refusal->retry_after_s = f->refuse_retry_s;
+    if (f->refuse_reason != KVR_REFUSE_NONE) {
+        refusal->retry_after_ms = f->refuse_retry_ms;
         refusal->reason = f->refuse_reason;
         snprintf(refusal->message, sizeof refusal->message,
                  "would miss first-token budget: estimated 812 ms > 500 ms");
@@ -243,7 +241,7 @@ static void fake_reset(struct fake *f)
     f->n_script = N_STORY;
     f->eos_after_script = true;
     f->delay_ms = 1;
-    f->refuse_status = 0;
+    f->refuse_reason = KVR_REFUSE_NONE;
     f->fail_after = -1;
     f->healthy = true;
     pthread_mutex_unlock(&f->mu);
@@ -897,14 +895,33 @@ static void test_streaming(void **state)
     resp_free(&r);
 }
 
+/* kvasir:request_refused_total by reason label, in the order the server prints them. */
+static void refused_counts(uint16_t port, unsigned long long n[6])
+{
+    static const char *const labels[6] = {"over_budget", "kv_full", "queue_full",
+                                          "ring_down",   "invalid", "internal"};
+    struct resp r;
+    request(port, "GET", "/metrics", AUTH, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    for (int i = 0; i < 6; i++) {
+        char key[96];
+        snprintf(key, sizeof key, "kvasir:request_refused_total{reason=\"%s\"} ", labels[i]);
+        const char *at = strstr(r.body, key);
+        assert_non_null(at);
+        n[i] = strtoull(at + strlen(key), NULL, 10);
+    }
+    resp_free(&r);
+}
+
 static void test_refusal_and_errors(void **state)
 {
     struct fixture *fx = *state;
     fake_reset(&fx->fake);
+    unsigned long long before[6], after[6];
+    refused_counts(fx->port, before);
     pthread_mutex_lock(&fx->fake.mu);
-    fx->fake.refuse_status = 429;
-    fx->fake.refuse_retry_s = 2;
-    fx->fake.refuse_reason = KVR_SVC_REFUSE_OVER_BUDGET;
+    fx->fake.refuse_retry_ms = 1500; /* rounded up to whole seconds */
+    fx->fake.refuse_reason = KVR_REFUSE_FIRST_TOKEN_BUDGET;
     pthread_mutex_unlock(&fx->fake.mu);
     struct resp r;
     post(fx->port, "/v1/completions", "{\"prompt\": \"x\"}", &r);
@@ -918,14 +935,47 @@ static void test_refusal_and_errors(void **state)
     resp_free(&r);
 
     pthread_mutex_lock(&fx->fake.mu);
-    fx->fake.refuse_status = 503;
-    fx->fake.refuse_reason = KVR_SVC_REFUSE_QUEUE_FULL;
+    fx->fake.refuse_reason = KVR_REFUSE_QUEUE_FULL;
     pthread_mutex_unlock(&fx->fake.mu);
     post(fx->port, "/v1/chat/completions",
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"stream\": true}", &r);
     expect_error(&r, 503, "estimated 812 ms");
     assert_non_null(header(&r, "Retry-After", v, sizeof v));
     resp_free(&r);
+
+    /* The rest of the reasons: the status and code each gets; a KV-full refusal says when
+     * to retry even without a hint; both budgets count as over_budget in the metrics. */
+    static const struct {
+        enum kvr_refusal_reason reason;
+        int status;
+        const char *code, *retry;
+    } more[] = {{KVR_REFUSE_TOTAL_BUDGET, 429, "over_budget", NULL},
+                {KVR_REFUSE_KV_FULL, 429, "kv_full", "1"},
+                {KVR_REFUSE_RING_DOWN, 503, "ring_down", NULL},
+                {KVR_REFUSE_TOO_LONG, 400, "invalid", NULL},
+                {KVR_REFUSE_INTERNAL, 500, "internal", NULL}};
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
+        pthread_mutex_lock(&fx->fake.mu);
+        fx->fake.refuse_reason = more[i].reason;
+        fx->fake.refuse_retry_ms = 0;
+        pthread_mutex_unlock(&fx->fake.mu);
+        post(fx->port, "/v1/completions", "{\"prompt\": \"x\"}", &r);
+        expect_error(&r, more[i].status, "estimated 812 ms");
+        j = body_json(&r);
+        assert_string_equal(json_string_value(json_object_get(json_object_get(j, "error"), "code")),
+                            more[i].code);
+        json_decref(j);
+        const char *ra = header(&r, "Retry-After", v, sizeof v);
+        if (more[i].retry)
+            assert_string_equal(ra, more[i].retry);
+        else
+            assert_null(ra);
+        resp_free(&r);
+    }
+    refused_counts(fx->port, after);
+    assert_true(after[0] - before[0] == 2 && after[1] - before[1] == 1); /* both budgets */
+    assert_true(after[2] - before[2] == 1 && after[3] - before[3] == 1);
+    assert_true(after[4] - before[4] == 1 && after[5] - before[5] == 1);
 
     /* The service fails mid-generation: JSON gets the service's status, SSE an error event
      * and [DONE]. */
