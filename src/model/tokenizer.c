@@ -939,11 +939,6 @@ enum kvr_tok_type kvr_tok_type(const struct kvr_tok *t, int32_t id)
     return (enum kvr_tok_type)t->types[id];
 }
 
-float kvr_tok_score(const struct kvr_tok *t, int32_t id)
-{
-    return id < 0 || id >= t->n_vocab ? 0.0f : t->scores[id];
-}
-
 int kvr_tok_piece(const struct kvr_tok *t, int32_t id, const char **ptr, size_t *len)
 {
     if (id < 0 || id >= t->n_vocab)

@@ -121,7 +121,6 @@ bool kvr_tok_add_eos(const struct kvr_tok *t);
  * <｜end▁of▁sentence｜>). At most KVR_TOK_MAX_EOG ids. False for ids out of range. */
 bool kvr_tok_is_eog(const struct kvr_tok *t, int32_t id);
 enum kvr_tok_type kvr_tok_type(const struct kvr_tok *t, int32_t id); /* UNDEFINED if bad id */
-float kvr_tok_score(const struct kvr_tok *t, int32_t id);
 /* The raw piece as stored in the vocabulary (e.g. "▁Hello", "<0x0A>", "<s>"). Points into
  * the tokenizer. KVR_EINVAL for an id out of range. */
 int kvr_tok_piece(const struct kvr_tok *t, int32_t id, const char **ptr, size_t *len);

@@ -163,16 +163,6 @@ int kvr_plan_write(const struct kvr_plan *plan, const char *path, struct kvr_err
 int kvr_plan_path(const struct kvr_plan *plan, const char *rel, char *out, size_t out_cap,
                   struct kvr_err *err);
 
-/* Role of stage `index`: head and tail. A two-stage ring has one of each and no middle. */
-static inline bool kvr_plan_is_head(const struct kvr_plan *plan, uint32_t index)
-{
-    return index == 0;
-}
-static inline bool kvr_plan_is_tail(const struct kvr_plan *plan, uint32_t index)
-{
-    return index + 1 == plan->n_stages;
-}
-
 /* Overwrite the secret in memory. */
 void kvr_plan_wipe(struct kvr_plan *plan);
 
