@@ -162,7 +162,7 @@ void kvr_ev_timer_at(struct kvr_ev *ev, int id, uint64_t deadline_ns)
 {
     if (id < 0 || id >= KVR_EV_MAX_TIMERS)
         return;
-    ev->timers[id].deadline_ns = deadline_ns == UINT64_MAX ? 0 : deadline_ns ? deadline_ns : 1;
+    ev->timers[id].deadline_ns = deadline_ns == UINT64_MAX ? 0 : deadline_ns; /* 0: disarmed */
     rearm(ev);
 }
 

@@ -4,7 +4,9 @@
 #   1. idle: once the ring is up and nothing is asked of it, every process (each stage and
 #      the bridge) wakes at most 2 times per second beyond its heartbeats (a heartbeat
 #      sent, one received, and an ack of each: 3 wake-ups a second), counted as voluntary
-#      context switches of all its threads over 5 s (/proc/PID/task/*/status);
+#      context switches of all its threads over 5 s (/proc/PID/task/*/status), and uses at
+#      most 250 ms of CPU in those 5 s (a thread that never sleeps makes no voluntary
+#      switch: a stage once spun on a timer disarmed with 0);
 #   2. a downstream that stops reading but keeps its socket open (stage 1 under SIGSTOP)
 #      is declared dead by its upstream (stage 0) within the heartbeat timeout (3 s, plus a
 #      heartbeat period to notice), and once it runs again the ring recovers: every answer
@@ -41,22 +43,30 @@ switches() { # switches PID: voluntary context switches of all its threads
     done
     echo "$t"
 }
+cpu_ms() { # cpu_ms PID: user + system CPU time of all its threads, in ms
+    awk -v hz="$(getconf CLK_TCK)" '{ t += $14 + $15 } END { printf "%d\n", t * 1000 / hz }' \
+        /proc/"$1"/task/*/stat 2>/dev/null
+}
 names=(stage0 stage1 stage2 bridge)
 procs=("${RING_PIDS[@]}" "$BRIDGE")
 if grep -q "__tsan_init" "$KVASIR" 2>/dev/null; then
     # TSan's own background thread wakes about ten times a second in every process.
     echo "ok: idle: not counted (a ThreadSanitizer build has a polling thread of its own)"
 else
-    before=()
-    for p in "${procs[@]}"; do before+=("$(switches "$p")"); done
+    before=() cpu_before=()
+    for p in "${procs[@]}"; do before+=("$(switches "$p")") cpu_before+=("$(cpu_ms "$p")"); done
     sleep 5
     limit=$(( (3 + 2) * 5 ))
     for k in 0 1 2 3; do
         n=$(( $(switches "${procs[$k]}") - before[k] ))
-        echo "  ${names[$k]}: $n wake-ups in 5 idle seconds (limit $limit: 3 a second for heartbeats + 2)"
+        c=$(( $(cpu_ms "${procs[$k]}") - cpu_before[k] ))
+        echo "  ${names[$k]}: $n wake-ups and $c ms of CPU in 5 idle seconds (limits $limit: 3 a" \
+            "second for heartbeats + 2, and 250 ms)"
         [ "$n" -le "$limit" ] || fail "${names[$k]} woke $n times in 5 idle seconds"
+        # A loop that never sleeps makes no voluntary switch: its CPU time gives it away.
+        [ "$c" -le 250 ] || fail "${names[$k]} used $c ms of CPU in 5 idle seconds (a busy loop?)"
     done
-    echo "ok: idle: every process within $limit wake-ups per 5 s"
+    echo "ok: idle: every process within $limit wake-ups and 250 ms of CPU per 5 s"
 fi
 kill "$BRIDGE"
 wait "$BRIDGE" 2>/dev/null || true
