@@ -187,13 +187,17 @@ static void test_chunked(void **state)
 /* ---- a scripted server -------------------------------------------------------------------- */
 
 /* Accepts one connection, reads the request head (and a body as long as Content-Length),
- * then writes each part of `reply` with `pause_ms` between them, then closes (or, with
+ * then writes each part of `reply` in turn (paced by `acked` if set), then closes (or, with
  * hang, keeps the socket open until the test ends). */
 struct server {
     int listen_fd;
     uint16_t port;
     const char *const *reply;
-    uint32_t pause_ms;
+    /* With `acked` set, part i > 1 waits (up to 2 s) until *acked >= i - 1, the number of
+     * events the client has stamped, and sent_ns[i] is when it was sent: the test then
+     * judges each stamp against the sends instead of against the pause. */
+    atomic_int *acked;
+    uint64_t sent_ns[8];
     bool hang;
     char request[8192];
     pthread_t thread;
@@ -222,8 +226,13 @@ static void *server_main(void *arg)
             break;
     }
     for (size_t i = 0; s->reply[i]; i++) {
-        if (i && s->pause_ms)
-            kvr_sleep_ns(s->pause_ms * 1000000ull);
+        if (s->acked && i > 1) {
+            uint64_t give_up = kvr_now_ns() + 2000000000ull;
+            while (atomic_load(s->acked) < (int)i - 1 && kvr_now_ns() < give_up)
+                kvr_sleep_ns(1000000ull);
+        }
+        if (i < sizeof s->sent_ns / sizeof s->sent_ns[0])
+            s->sent_ns[i] = kvr_now_ns();
         if (send(fd, s->reply[i], strlen(s->reply[i]), MSG_NOSIGNAL) < 0)
             break;
     }
@@ -270,6 +279,7 @@ static void url_of(struct kvr_httpc_url *u, const struct server *s)
 struct timed_events {
     struct events e;
     uint64_t t[16];
+    atomic_int acked; /* events stamped so far, read by the server thread */
 };
 
 static int collect_timed(void *ud, const char *data, size_t len, uint64_t t_ns)
@@ -277,7 +287,9 @@ static int collect_timed(void *ud, const char *data, size_t len, uint64_t t_ns)
     struct timed_events *te = ud;
     if (te->e.n < 16)
         te->t[te->e.n] = t_ns;
-    return collect(&te->e, data, len, t_ns);
+    int rc = collect(&te->e, data, len, t_ns);
+    atomic_store(&te->acked, (int)te->e.n);
+    return rc;
 }
 
 static void test_exchange_sse(void **state)
@@ -289,12 +301,12 @@ static void test_exchange_sse(void **state)
         "d\r\ndata: first\n\n\r\n", "e\r\ndata: second\n\n\r\n",
         "e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n", NULL};
     struct server s;
+    struct timed_events te = {0};
     server_start(&s, reply);
-    s.pause_ms = 60;
+    s.acked = &te.acked;
     server_run(&s);
     struct kvr_httpc_url u;
     url_of(&u, &s);
-    struct timed_events te = {0};
     const char body[] = "{\"x\": 1}";
     struct kvr_httpc_req req = {.method = "POST",
                                 .path = "/v1/completions",
@@ -314,9 +326,15 @@ static void test_exchange_sse(void **state)
     assert_true(resp.is_sse);
     assert_null(resp.body);
     assert_string_equal(te.e.all, "first|second|[DONE]|");
-    /* Each event is stamped when it arrived, not when the stream ended. */
-    assert_true(te.t[1] - te.t[0] > 40 * 1000000ull);
-    assert_true(te.t[2] - te.t[1] > 40 * 1000000ull);
+    /* Each event is stamped when it arrived, not when the stream ended: after its own part
+     * was sent (part k + 1 carries event k) and before the next one was. The server sends
+     * the next part only once the client has stamped the event before it, so no pause and
+     * no scheduling delay is judged. */
+    for (int k = 0; k < 3; k++) {
+        assert_true(te.t[k] >= s.sent_ns[k + 1]);
+        if (k < 2)
+            assert_true(te.t[k] < s.sent_ns[k + 2]);
+    }
     assert_true(resp.t_head_ns <= te.t[0] && te.t[2] <= resp.t_end_ns);
     assert_non_null(strstr(s.request, "POST /v1/completions HTTP/1.1\r\n"));
     assert_non_null(strstr(s.request, "Authorization: Bearer k3y\r\n"));
