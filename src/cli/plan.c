@@ -197,6 +197,10 @@ int kvr_cmd_plan(int argc, char **argv)
             num = &spec.kv_block_tokens;
         else if (!strcmp(a, "--kv-blocks"))
             num = &spec.kv_blocks;
+        else if (!strcmp(a, "--kv-mem"))
+            num = &spec.kv_mib;
+        else if (!strcmp(a, "--kv-type"))
+            spec.kv_type = v;
         else if (!strcmp(a, "--threads"))
             num = &spec.n_threads;
         else {

@@ -60,9 +60,10 @@ struct run_opts {
     bool chat;                 /* each prompt is a user message, formatted as a chat */
     const char *chat_template; /* --chat-template NAME|FILE (implies --chat) */
     uint32_t row_width;
-    const char *force_ids; /* teacher-forcing input file */
-    uint32_t n_top;        /* --force-ids: top logits per step */
-    uint32_t n_logits;     /* --force-ids: steps whose full logits are printed */
+    enum kvr_dtype kv_type; /* --kv-type */
+    const char *force_ids;  /* teacher-forcing input file */
+    uint32_t n_top;         /* --force-ids: top logits per step */
+    uint32_t n_logits;      /* --force-ids: steps whose full logits are printed */
 };
 
 static void usage(FILE *f)
@@ -90,6 +91,7 @@ static void usage(FILE *f)
             "                         batching (default: one after another, each alone)\n"
             "      --row-width N      --batched: token rows per forward pass (default 64)\n"
             "      --no-prefix-cache  --plan: compute every prompt whole (no KV reuse)\n"
+            "      --kv-type T        -m: KV cache values f32, f16 or q8_0 (default f16)\n"
             "      --force-ids FILE   teacher-forced: feed these ids, print each step's argmax,\n"
             "                         margin and top logits (refgen JSON or a list of ids)\n"
             "      --top N            --force-ids: top logits per step (default 5)\n"
@@ -104,6 +106,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     o->threads = 2;
     o->row_width = 64;
     o->n_top = 5;
+    o->kv_type = KVR_PLAN_DEFAULT_KV_TYPE;
     kvr_sample_params_default(&o->sp);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -194,6 +197,12 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             NEED_V();
             if (kvr_cli_u32(a, v, 1, 16384, &o->row_width))
                 return 2;
+        } else if (ARG("--kv-type", "--kv-type")) {
+            NEED_V();
+            if (kvr_plan_kv_type_parse(v, &o->kv_type)) {
+                fprintf(stderr, "kvasir run: --kv-type is f32, f16 or q8_0, not '%s'\n", v);
+                return 2;
+            }
         } else if (ARG("--force-ids", "--force-ids")) {
             NEED_V();
             o->force_ids = v;
@@ -501,6 +510,7 @@ static int run_local(const struct run_opts *o, struct kvr_gguf *g, const struct 
                                     .n_ctx = ctx,
                                     .kv_block_tokens = 16,
                                     .kv_n_blocks = 0,
+                                    .kv_type = o->kv_type,
                                     .n_threads = o->threads};
     struct kvr_engine *e = NULL;
     struct kvr_sample_scratch *sc = NULL;
@@ -598,6 +608,7 @@ static int run_local_batched(const struct run_opts *o, struct kvr_gguf *g,
                                     .max_seqs = n_jobs,
                                     .n_ctx = o->ctx ? o->ctx : need,
                                     .kv_block_tokens = 16,
+                                    .kv_type = o->kv_type,
                                     .n_threads = o->threads};
     struct kvr_engine *e = NULL;
     struct kvr_sample_scratch *sc = NULL;
@@ -989,6 +1000,7 @@ static int run_forced(const struct run_opts *o, struct kvr_gguf *g, const struct
                                     .max_seqs = 1,
                                     .n_ctx = o->ctx ? o->ctx : prompt.n + forced.n,
                                     .kv_block_tokens = 16,
+                                    .kv_type = o->kv_type,
                                     .n_threads = o->threads};
     logits = kvr_malloc((size_t)hp.n_vocab * sizeof *logits);
     top = kvr_malloc((size_t)o->n_top * sizeof *top);

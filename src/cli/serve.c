@@ -64,6 +64,7 @@ static void usage(FILE *f, bool serve)
                    "  --base-port P         stage i listens on P+i, the bridge on P-1 (default:\n"
                    "                        free ports)\n"
                    "  --row-width N --microbatches N --max-seqs N --ctx N --kv-blocks N\n"
+                   "  --kv-mem MIB (KV per stage, instead of --kv-blocks) --kv-type f32|f16|q8_0\n"
                    "  --wire f32|f16        --no-encrypt: plain frames on the ring's links\n");
     else
         fprintf(f, "usage: kvasir bridge --plan PLAN [options]\n"
@@ -169,6 +170,10 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
             num = &o->spec.n_ctx;
         else if (serve && !strcmp(a, "--kv-blocks"))
             num = &o->spec.kv_blocks;
+        else if (serve && !strcmp(a, "--kv-mem"))
+            num = &o->spec.kv_mib;
+        else if (serve && !strcmp(a, "--kv-type"))
+            o->spec.kv_type = v;
         else if (serve && !strcmp(a, "--wire")) {
             if (strcmp(v, "f32") && strcmp(v, "f16")) {
                 fprintf(stderr, "kvasir serve: --wire is f32 or f16\n");

@@ -185,6 +185,8 @@ struct kvr_engine {
     float *proj;          /* a matmul output added into x, n_embd */
     void *xq;             /* activation rows converted for the weights' dot type */
     float *scores;        /* per thread: n_ctx attention scores */
+    float *kv_f32;        /* per thread: block_tokens x head_dim values of one KV head read
+                           * back from a f16 or q8_0 cache (NULL for f32) */
     uint32_t *row_seq;    /* [max_rows] sequence of each row */
     uint32_t *row_pos;    /* [max_rows] position of each row */
     uint32_t *logit_rows; /* [max_rows] rows whose logits the tail computes */
@@ -235,7 +237,8 @@ void kvr_engine_destroy(struct kvr_engine *e)
     kvr_pool_destroy(e->pool);
     kvr_moe_work_destroy(e->moe);
     kvr_kv_fini(&e->kv);
-    float *bufs[] = {e->x, e->xb, e->q, e->k, e->v, e->att, e->gate, e->up, e->proj, e->scores};
+    float *bufs[] = {e->x,    e->xb, e->q,    e->k,      e->v,     e->att,
+                     e->gate, e->up, e->proj, e->scores, e->kv_f32};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         kvr_free(bufs[i]);
     kvr_free(e->xq);
@@ -369,7 +372,14 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
         rc = kvr_err_set(err, KVR_ERANGE, "engine: too many KV blocks");
         goto fail;
     }
-    if ((rc = kvr_kv_init(&e->kv, e->n_local, e->hp.kv_dim, cfg->kv_block_tokens,
+    if (cfg->kv_type == KVR_DTYPE_Q8_0 && hp->head_dim % 32) {
+        rc = kvr_err_set(err, KVR_EINVAL,
+                         "engine: a q8_0 KV cache needs a head width that is a multiple of 32 "
+                         "(this model's is %u); use f16 or f32",
+                         hp->head_dim);
+        goto fail;
+    }
+    if ((rc = kvr_kv_init(&e->kv, cfg->kv_type, e->n_local, e->hp.kv_dim, cfg->kv_block_tokens,
                           (uint32_t)n_blocks, cfg->max_seqs, cfg->n_ctx, err)))
         goto fail;
 
@@ -385,6 +395,8 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
     e->up = alloc_rows(R, hp->n_ff, &failed);
     e->proj = alloc_rows(R, hp->n_embd, &failed);
     e->scores = alloc_rows(cfg->n_threads, cfg->n_ctx * (hp->n_head / hp->n_head_kv), &failed);
+    if (cfg->kv_type != KVR_DTYPE_F32)
+        e->kv_f32 = alloc_rows(cfg->n_threads, cfg->kv_block_tokens * hp->head_dim, &failed);
     size_t xq_bytes;
     if (!kvr_mul_size(R, max_act_row_bytes(e), &xq_bytes) ||
         !(e->xq = kvr_aligned_alloc(64, xq_bytes)))
@@ -646,9 +658,31 @@ static void qk_store_worker(void *arg, int ith, int nth)
             rope(q + h * hd, hp->n_rot, hp->arch->rope, cos_t, sin_t);
         for (uint32_t h = 0; h < hp->n_head_kv; h++)
             rope(k + h * hd, hp->n_rot, hp->arch->rope, cos_t, sin_t);
-        memcpy(kvr_kv_row(&e->kv, e->kv.k, job->layer, seq, pos), k, hp->kv_dim * sizeof(float));
-        memcpy(kvr_kv_row(&e->kv, e->kv.v, job->layer, seq, pos), v, hp->kv_dim * sizeof(float));
+        kvr_kv_store(e->kv.type, kvr_kv_row(&e->kv, e->kv.k, job->layer, seq, pos), k, hp->kv_dim);
+        kvr_kv_store(e->kv.type, kvr_kv_row(&e->kv, e->kv.v, job->layer, seq, pos), v, hp->kv_dim);
     }
+}
+
+/* KV head `kvh` of n positions of the cache from row `base` (of layer x block x position),
+ * as floats with `*step` between positions: the cache itself for f32, else converted into
+ * thread ith's scratch. The conversion of a value depends on nothing else, so attention
+ * keeps its bits whatever the batch. */
+static const float *kv_head(const struct kvr_engine *e, const uint8_t *cache, size_t base,
+                            uint32_t kvh, uint32_t n, int ith, size_t *step)
+{
+    const struct kvr_kv *kv = &e->kv;
+    const uint32_t hd = e->hp.head_dim;
+    const size_t head_bytes = kvr_kv_bytes(kv->type, hd);
+    const uint8_t *src = cache + base * kv->row_bytes + (size_t)kvh * head_bytes;
+    if (kv->type == KVR_DTYPE_F32) {
+        *step = kv->kv_dim;
+        return (const float *)(const void *)src;
+    }
+    float *dst = e->kv_f32 + (size_t)ith * kv->block_tokens * hd;
+    for (uint32_t j = 0; j < n; j++)
+        kvr_kv_load(kv->type, dst + (size_t)j * hd, src + (size_t)j * kv->row_bytes, hd);
+    *step = hd;
+    return dst;
 }
 
 /* Each (row, KV head) pair is one unit of work: causal attention of the row's query heads
@@ -674,15 +708,21 @@ static void attention_worker(void *arg, int ith, int nth)
         uint32_t seq = e->row_seq[r], n_pos = e->row_pos[r] + 1;
         uint32_t lo = swa && n_pos > hp->n_swa ? n_pos - hp->n_swa : 0;
         const uint32_t *table = kv->tables + (size_t)seq * kv->max_blocks_per_seq;
-        const float *q0 = e->q + (size_t)r * hp->q_dim + (size_t)kvh * group * hd;
+        float *q0 = e->q + (size_t)r * hp->q_dim + (size_t)kvh * group * hd;
         const size_t stride = e->cfg.n_ctx;
+        /* A half-precision cache dots half-precision keys with a query rounded to half
+         * (f32 sums): llama.cpp's f16 cache does so, and its greedy tokens are kept best
+         * this way (bench/README.md). The slice is this unit's own; q is not read again. */
+        if (kv->type == KVR_DTYPE_F16)
+            for (uint32_t i = 0; i < group * hd; i++)
+                q0[i] = kvr_f16_to_f32(kvr_f32_to_f16(q0[i]));
         for (uint32_t t0 = lo; t0 < n_pos;) {
             uint32_t in_block = t0 % bt, n = bt - in_block;
             size_t base = ((size_t)job->layer * kv->n_blocks + table[t0 / bt]) * bt + in_block;
             n = n_pos - t0 < n ? n_pos - t0 : n;
-            e->attn.scores(scores + t0, stride, q0, group, hd,
-                           kv->k + base * kv->kv_dim + (size_t)kvh * hd, kv->kv_dim, n,
-                           hp->attn_scale);
+            size_t step;
+            const float *keys = kv_head(e, kv->k, base, kvh, n, ith, &step);
+            e->attn.scores(scores + t0, stride, q0, group, hd, keys, step, n, hp->attn_scale);
             t0 += n;
         }
         for (uint32_t g = 0; g < group; g++) {
@@ -696,8 +736,9 @@ static void attention_worker(void *arg, int ith, int nth)
             uint32_t in_block = t0 % bt, n = bt - in_block;
             size_t base = ((size_t)job->layer * kv->n_blocks + table[t0 / bt]) * bt + in_block;
             n = n_pos - t0 < n ? n_pos - t0 : n;
-            e->attn.mix(out0, scores + t0, stride, group, hd,
-                        kv->v + base * kv->kv_dim + (size_t)kvh * hd, kv->kv_dim, n);
+            size_t step;
+            const float *values = kv_head(e, kv->v, base, kvh, n, ith, &step);
+            e->attn.mix(out0, scores + t0, stride, group, hd, values, step, n);
             t0 += n;
         }
     }

@@ -22,6 +22,7 @@
 
 #include "core/err.h"
 #include "model/arch.h"
+#include "model/dtype.h"
 #include "model/gguf.h"
 
 #include <stdbool.h>
@@ -50,6 +51,7 @@ struct kvr_engine_config {
     uint32_t n_ctx;           /* most positions per sequence */
     uint32_t kv_block_tokens; /* KV block size in tokens */
     uint32_t kv_n_blocks;     /* KV blocks per layer (0: enough for max_seqs * n_ctx) */
+    enum kvr_dtype kv_type;   /* KV cache values: F32 (0), F16 or Q8_0 (kv.h) */
     uint32_t n_threads;
 };
 

@@ -4,15 +4,78 @@
 #include "core/alloc.h"
 
 #include <string.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #define NONE UINT32_MAX
 
-int kvr_kv_init(struct kvr_kv *kv, uint32_t n_layers, uint32_t kv_dim, uint32_t block_tokens,
-                uint32_t n_blocks, uint32_t max_seqs, uint32_t n_ctx, struct kvr_err *err)
+bool kvr_kv_type_ok(enum kvr_dtype type)
+{
+    return type == KVR_DTYPE_F32 || type == KVR_DTYPE_F16 || type == KVR_DTYPE_Q8_0;
+}
+
+size_t kvr_kv_bytes(enum kvr_dtype type, uint64_t n)
+{
+    size_t bytes;
+    if (!kvr_kv_type_ok(type) || n > INT64_MAX || !kvr_dtype_row_bytes(type, (int64_t)n, &bytes))
+        return 0;
+    return bytes;
+}
+
+void kvr_kv_store(enum kvr_dtype type, void *dst, const float *src, uint32_t n)
+{
+    if (type == KVR_DTYPE_F32)
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    else
+        kvr_dtype_traits(type)->from_float(src, dst, n);
+}
+
+#if defined(__x86_64__)
+/* Half to single with F16C, 8 at a time: the conversion is exact, so these are the bits of
+ * kvr_f16_to_f32 for every half that is not a signalling NaN (test_kv checks all 65536).
+ * Attention reads every cached value of a sequence per row, so this is its hot loop. */
+__attribute__((target("avx,f16c"))) static void f16_load_f16c(float *dst, const uint16_t *src,
+                                                              uint32_t n)
+{
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++)
+        dst[i] = kvr_f16_to_f32(src[i]);
+}
+#endif
+
+void kvr_kv_load(enum kvr_dtype type, float *dst, const void *src, uint32_t n)
+{
+    if (type == KVR_DTYPE_F32) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+#if defined(__x86_64__)
+    if (type == KVR_DTYPE_F16 && kvr_kernels_avx2_ok()) {
+        f16_load_f16c(dst, src, n);
+        return;
+    }
+#endif
+    kvr_dtype_traits(type)->to_float(src, dst, n);
+}
+
+int kvr_kv_init(struct kvr_kv *kv, enum kvr_dtype type, uint32_t n_layers, uint32_t kv_dim,
+                uint32_t block_tokens, uint32_t n_blocks, uint32_t max_seqs, uint32_t n_ctx,
+                struct kvr_err *err)
 {
     memset(kv, 0, sizeof *kv);
     if (!kv_dim || !block_tokens || !n_blocks || !max_seqs || !n_ctx)
         return kvr_err_set(err, KVR_EINVAL, "kv cache: sizes must be non-zero");
+    if (!kvr_kv_type_ok(type))
+        return kvr_err_set(err, KVR_EINVAL, "kv cache: type %d is not f32, f16 or q8_0", (int)type);
+    kv->row_bytes = kvr_kv_bytes(type, kv_dim);
+    if (!kv->row_bytes)
+        return kvr_err_set(err, KVR_EINVAL,
+                           "kv cache: %u values per position are not whole %s blocks", kv_dim,
+                           kvr_dtype_traits(type)->name);
+    kv->type = type;
     kv->n_layers = n_layers;
     kv->kv_dim = kv_dim;
     kv->block_tokens = block_tokens;
@@ -20,9 +83,9 @@ int kvr_kv_init(struct kvr_kv *kv, uint32_t n_layers, uint32_t kv_dim, uint32_t 
     kv->max_seqs = max_seqs;
     kv->max_blocks_per_seq = (n_ctx + block_tokens - 1) / block_tokens;
 
-    size_t n_floats, n_bytes, n_table;
-    if (!kvr_mul_size((size_t)n_layers * n_blocks, (size_t)block_tokens * kv_dim, &n_floats) ||
-        !kvr_mul_size(n_floats, sizeof(float), &n_bytes) ||
+    size_t n_rows, n_bytes, n_table;
+    if (!kvr_mul_size((size_t)n_layers * n_blocks, block_tokens, &n_rows) ||
+        !kvr_mul_size(n_rows, kv->row_bytes, &n_bytes) ||
         !kvr_mul_size(max_seqs, kv->max_blocks_per_seq, &n_table))
         return kvr_err_set(err, KVR_ENOMEM, "kv cache: size overflows");
     kv->k = kvr_aligned_alloc(64, n_bytes ? n_bytes : 64);

@@ -61,6 +61,28 @@ static int copy_str(char *dst, size_t cap, const char *src, const char *what, st
     return KVR_OK;
 }
 
+int kvr_plan_kv_type_parse(const char *s, enum kvr_dtype *out)
+{
+    static const struct {
+        const char *name;
+        enum kvr_dtype type;
+    } types[] = {{"f32", KVR_DTYPE_F32}, {"f16", KVR_DTYPE_F16}, {"q8_0", KVR_DTYPE_Q8_0}};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (!strcmp(s, types[i].name)) {
+            *out = types[i].type;
+            return KVR_OK;
+        }
+    return KVR_EINVAL;
+}
+
+const char *kvr_plan_kv_type_name(enum kvr_dtype t)
+{
+    return t == KVR_DTYPE_F32    ? "f32"
+           : t == KVR_DTYPE_F16  ? "f16"
+           : t == KVR_DTYPE_Q8_0 ? "q8_0"
+                                 : NULL;
+}
+
 static const char *dtype_name(enum kvr_dtype t)
 {
     switch (t) {
@@ -177,11 +199,23 @@ static int parse_stage(json_t *v, uint32_t i, struct kvr_plan_stage *st, struct 
 
 static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
 {
-    static const char *const keys[] = {
-        "model",           "model_fingerprint", "stages",     "bridge",
-        "row_width",       "microbatches",      "max_seqs",   "n_ctx",
-        "kv_block_tokens", "kv_blocks",         "wire_dtype", "threads",
-        "secret",          "secret_file",       "encrypt",    NULL};
+    static const char *const keys[] = {"model",
+                                       "model_fingerprint",
+                                       "stages",
+                                       "bridge",
+                                       "row_width",
+                                       "microbatches",
+                                       "max_seqs",
+                                       "n_ctx",
+                                       "kv_block_tokens",
+                                       "kv_blocks",
+                                       "wire_dtype",
+                                       "threads",
+                                       "secret",
+                                       "secret_file",
+                                       "encrypt",
+                                       "kv_type",
+                                       NULL};
     int rc;
     if (!json_is_object(root))
         return kvr_err_set(err, KVR_EINVAL, "plan: the top level must be a JSON object");
@@ -265,6 +299,11 @@ static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
             return kvr_err_set(err, KVR_EINVAL,
                                "plan: wire_dtype must be \"f32\", \"f16\" or \"bf16\"");
     }
+
+    p->kv_type = KVR_PLAN_DEFAULT_KV_TYPE;
+    if ((v = json_object_get(root, "kv_type")) &&
+        kvr_plan_kv_type_parse(json_is_string(v) ? json_string_value(v) : "", &p->kv_type))
+        return kvr_err_set(err, KVR_EINVAL, "plan: kv_type must be \"f32\", \"f16\" or \"q8_0\"");
 
     p->encrypt = true;
     if ((v = json_object_get(root, "encrypt"))) {
@@ -654,6 +693,9 @@ int kvr_plan_validate(const struct kvr_plan *p, uint32_t n_layer, struct kvr_err
     if (!dtype_name(p->wire_dtype))
         return kvr_err_set(err, KVR_EINVAL, "plan: wire_dtype %d is not f32, f16 or bf16",
                            (int)p->wire_dtype);
+    if (!kvr_plan_kv_type_name(p->kv_type))
+        return kvr_err_set(err, KVR_EINVAL, "plan: kv_type %d is not f32, f16 or q8_0",
+                           (int)p->kv_type);
     if (p->n_threads > KVR_PLAN_MAX_THREADS)
         return kvr_err_set(err, KVR_ERANGE, "plan: threads is %u, beyond the bound of %d",
                            p->n_threads, KVR_PLAN_MAX_THREADS);
@@ -705,6 +747,7 @@ int kvr_plan_check_fingerprint(const struct kvr_plan *plan, uint64_t fingerprint
  *   u32  bridge addr length, bridge addr bytes
  *   u32  row_width, microbatches, max_seqs, n_ctx, kv_block_tokens, kv_blocks, wire_dtype
  *   u32  encrypt (1 or 0)
+ *   u32  kv_type (GGUF type id: f32 0, f16 1, q8_0 8)
  *
  * Integers are little-endian. Lengths prefix strings so that no two plans serialize alike. */
 static void hash_u32(crypto_generichash_state *st, uint32_t v)
@@ -742,6 +785,7 @@ void kvr_plan_hash(const struct kvr_plan *p, uint8_t hash[KVR_PLAN_HASH_BYTES])
     for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++)
         hash_u32(&st, widths[i]);
     hash_u32(&st, p->encrypt ? 1 : 0);
+    hash_u32(&st, (uint32_t)p->kv_type);
     crypto_generichash_final(&st, hash, KVR_PLAN_HASH_BYTES);
 }
 
@@ -807,6 +851,8 @@ int kvr_plan_to_json(const struct kvr_plan *p, char **out, struct kvr_err *err)
         goto fail;
     }
     ok = ok && !json_object_set_new(root, "wire_dtype", json_string(dt));
+    const char *kt = kvr_plan_kv_type_name(p->kv_type);
+    ok = ok && kt && !json_object_set_new(root, "kv_type", json_string(kt));
     ok = ok && !json_object_set_new(root, "threads", json_integer(p->n_threads));
     ok = ok && !json_object_set_new(root, "encrypt", json_boolean(p->encrypt));
     if (p->secret_file[0]) {

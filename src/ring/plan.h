@@ -49,6 +49,7 @@
 #define KVR_PLAN_MAX_LAYERS 4096
 
 #define KVR_PLAN_DEFAULT_KV_BLOCK_TOKENS 16
+#define KVR_PLAN_DEFAULT_KV_TYPE KVR_DTYPE_F16 /* a plan without "kv_type" (docs/PLAN.md) */
 
 struct kvr_plan_stage {
     char addr[KVR_PLAN_ADDR_BYTES]; /* "host:port" the stage listens on (for its upstream) */
@@ -76,6 +77,7 @@ struct kvr_plan {
     uint32_t kv_block_tokens;  /* KV block size, tokens */
     uint32_t kv_blocks;        /* KV blocks per layer, on every stage */
     enum kvr_dtype wire_dtype; /* boundary rows on the wire: F32, F16 or BF16 */
+    enum kvr_dtype kv_type;    /* KV cache values on every stage: F32, F16 or Q8_0 (kv.h) */
     uint32_t n_threads;        /* default compute threads per stage; 0 = the stage decides */
     bool encrypt;              /* seal every frame (seal.h); "encrypt", default true */
 
@@ -91,6 +93,11 @@ struct kvr_plan {
      * plan (model, secret_file) are relative to it. Not part of the hash. */
     char dir[KVR_PLAN_PATH_BYTES];
 };
+
+/* KV cache types by name ("f32", "f16", "q8_0"): parse (KVR_EINVAL for another name) and
+ * name (NULL for a type that is not one). */
+int kvr_plan_kv_type_parse(const char *s, enum kvr_dtype *out);
+const char *kvr_plan_kv_type_name(enum kvr_dtype t);
 
 /* Parse a plan from JSON text (`len` bytes, need not be NUL-terminated). Pure: no file is
  * read, so "secret_file" is recorded but not read (see kvr_plan_read_secret). `dir` (may

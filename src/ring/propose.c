@@ -2,6 +2,7 @@
 
 #include "core/alloc.h"
 #include "model/engine.h"
+#include "model/kv.h"
 #include "model/moe.h"
 
 #include <sodium.h>
@@ -129,7 +130,26 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
     plan->kv_block_tokens =
         spec->kv_block_tokens ? spec->kv_block_tokens : KVR_PLAN_DEFAULT_KV_BLOCK_TOKENS;
     uint64_t per_seq = (plan->n_ctx + plan->kv_block_tokens - 1) / plan->kv_block_tokens;
+    plan->kv_type = KVR_PLAN_DEFAULT_KV_TYPE;
+    if (spec->kv_type && kvr_plan_kv_type_parse(spec->kv_type, &plan->kv_type))
+        return kvr_err_set(err, KVR_EINVAL, "KV type '%s' is not f32, f16 or q8_0", spec->kv_type);
     uint64_t blocks = spec->kv_blocks ? spec->kv_blocks : per_seq * plan->max_seqs;
+    if (spec->kv_mib && spec->kv_blocks)
+        return kvr_err_set(err, KVR_EINVAL, "give the KV cache in blocks or in MiB, not both");
+    if (spec->kv_mib) {
+        /* A block holds block_tokens rows of K and of V in every layer of a stage. */
+        uint32_t most = 0;
+        for (uint32_t i = 0; i < spec->n_stages; i++) {
+            uint32_t n = res.last_layer[i] - res.first_layer[i] + 1;
+            most = n > most ? n : most;
+        }
+        uint64_t block_bytes =
+            2ull * most * plan->kv_block_tokens * kvr_kv_bytes(plan->kv_type, hp.kv_dim);
+        if (!block_bytes)
+            return kvr_err_set(err, KVR_EINVAL, "KV type %s cannot hold rows of %u values",
+                               kvr_plan_kv_type_name(plan->kv_type), hp.kv_dim);
+        blocks = ((uint64_t)spec->kv_mib << 20) / block_bytes;
+    }
     if (blocks > UINT32_MAX)
         return kvr_err_set(err, KVR_ERANGE, "too many KV blocks (%llu)",
                            (unsigned long long)blocks);

@@ -25,7 +25,10 @@ struct kvr_plan_spec {
     uint32_t max_seqs;         /* 0 = 32 */
     uint32_t n_ctx;            /* 0 = min(2048, the model's) */
     uint32_t kv_block_tokens;  /* 0 = 16 */
-    uint32_t kv_blocks;        /* 0 = max_seqs * n_ctx worth */
+    uint32_t kv_blocks;        /* 0 = max_seqs * n_ctx worth, or what kv_mib holds */
+    uint32_t kv_mib;           /* KV memory per stage in MiB (K and V): kv_blocks is what
+                                  the stage with the most layers fits of kv_type; 0 = none */
+    const char *kv_type;       /* "f32", "f16" or "q8_0"; NULL = KVR_PLAN_DEFAULT_KV_TYPE */
     enum kvr_dtype wire_dtype; /* F32 (0) or F16 */
     uint32_t n_threads;        /* per stage; 0 = 1 */
     bool no_encrypt;           /* plain frames ("encrypt": false); default sealed */

@@ -850,6 +850,7 @@ static int stage_init(struct stage *s, struct kvr_err *err)
                                     .n_ctx = p->n_ctx,
                                     .kv_block_tokens = p->kv_block_tokens,
                                     .kv_n_blocks = p->kv_blocks,
+                                    .kv_type = p->kv_type,
                                     .n_threads = threads};
     if ((rc = kvr_engine_create(&s->engine, s->gguf, &cfg, err)))
         return rc;

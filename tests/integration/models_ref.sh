@@ -6,6 +6,8 @@
 # with llama.cpp's ids, `kvasir run --force-ids`). The greedy comparison stops at a step
 # where llama.cpp's own top-2 margin is under 1e-3: such a step is a tie the peer decides by
 # its rounding. The models' logits are scaled (synth --logit-scale 8) so that ties are rare.
+# Kvasir runs with an f32 KV cache here (the exact rule is for f32 arithmetic); f16 against
+# the peer's f16 cache is kv_type_ref.sh.
 set -euo pipefail
 source "$(dirname "$0")/lib.bash"
 source "$(dirname "$0")/models_ref_lib.bash"
@@ -19,11 +21,12 @@ for spec in "${ARCH_MODELS[@]}"; do
         p=${PROMPTS[$i]}
         refgen "$model" "$p" 32 >"$TMP/$name.$i.ref.json" || fail "$name: refgen"
         refgen "$model" "$p" 4 1 >"$TMP/$name.$i.ref4.json" || fail "$name: refgen logits"
-        timeout 60 "$KVASIR" run -m "$model" -p "$p" -n 32 --temp 0 --ignore-eos --ids -q -t 2 \
+        timeout 60 "$KVASIR" run -m "$model" --kv-type f32 -p "$p" -n 32 --temp 0 --ignore-eos \
+            --ids -q -t 2 \
             2>"$TMP/run.log" | tail -1 >"$TMP/$name.$i.ids" ||
             { cat "$TMP/run.log"; fail "$name: run"; }
-        timeout 60 "$KVASIR" run -m "$model" --force-ids "$TMP/$name.$i.ref.json" --json \
-            --logits 4 -t 2 >"$TMP/$name.$i.forced.jsonl" 2>"$TMP/run.log" ||
+        timeout 60 "$KVASIR" run -m "$model" --kv-type f32 --force-ids "$TMP/$name.$i.ref.json" \
+            --json --logits 4 -t 2 >"$TMP/$name.$i.forced.jsonl" 2>"$TMP/run.log" ||
             { cat "$TMP/run.log"; fail "$name: run --force-ids"; }
         greedy=$(compare_greedy "$TMP/$name.$i.ref.json" "$TMP/$name.$i.ids") ||
             fail "$name, prompt $i: greedy ids differ: $greedy"

@@ -26,6 +26,9 @@
 #include <string.h>
 #include <unistd.h>
 
+/* The KV cache type of the engines the tests open (test_invariance_kv_types sets it). */
+static enum kvr_dtype kv_type = KVR_DTYPE_F32;
+
 static struct kvr_engine *open_engine(struct kvr_gguf *g, uint32_t first, uint32_t last,
                                       uint32_t threads, uint32_t max_rows)
 {
@@ -36,6 +39,7 @@ static struct kvr_engine *open_engine(struct kvr_gguf *g, uint32_t first, uint32
                                     .n_ctx = 256,
                                     .kv_block_tokens = 16,
                                     .kv_n_blocks = 0,
+                                    .kv_type = kv_type,
                                     .n_threads = threads};
     struct kvr_engine *e = NULL;
     struct kvr_err err = {0};
@@ -301,7 +305,7 @@ static void test_kv_blocks(void **state)
     (void)state;
     struct kvr_kv kv;
     struct kvr_err err = {0};
-    assert_int_equal(kvr_kv_init(&kv, 2, 8, 4, 5, 3, 16, &err), 0);
+    assert_int_equal(kvr_kv_init(&kv, KVR_DTYPE_F32, 2, 8, 4, 5, 3, 16, &err), 0);
     assert_int_equal(kvr_kv_prepare(&kv, 0, 0, 9, &err), 0); /* 3 blocks */
     assert_int_equal(kv.n_free, 2);
     assert_int_equal(kvr_kv_prepare(&kv, 1, 0, 9, &err), KVR_EFULL); /* needs 3 */
@@ -352,6 +356,76 @@ static void test_invariance_archs(void **state)
     }
 }
 
+/* f16 and q8_0 KV caches: a sequence's logits are the same bits alone, batched, chunked,
+ * on 1 or 2 threads, as with f32 (llama, head width 32 so q8_0's blocks fit a head); they
+ * differ from f32's (the values are rounded), by at most 2% of the logits' range; a q8_0
+ * cache is refused for heads of 16. */
+static void test_invariance_kv_types(void **state)
+{
+    (void)state;
+    struct kvr_synth_opts o = {.arch = kvr_arch_find("llama", 5),
+                               .type = KVR_DTYPE_Q8_0,
+                               .seed = 5,
+                               .n_threads = 1,
+                               .logit_scale = 4};
+    assert_non_null(o.arch);
+    assert_int_equal(kvr_synth_shape_by_name("tiny", &o.shape), 0);
+    o.shape.head_dim = 32;
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/kvr_test_engine_%d_kvtypes.gguf", (int)getpid());
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    struct kvr_err err = {0};
+    if (kvr_synth_write(&o, f, NULL, &err))
+        fail_msg("synth: %s", err.msg);
+    assert_int_equal(fclose(f), 0);
+    struct kvr_gguf *g = NULL;
+    assert_int_equal(kvr_gguf_open(&g, path, &err), 0);
+    struct kvr_hparams hp;
+    assert_int_equal(kvr_hparams_read(&hp, g, &err), 0);
+    float *f32 = run_alone(g, 1, hp.n_layer, 0);
+    const enum kvr_dtype types[] = {KVR_DTYPE_F16, KVR_DTYPE_Q8_0};
+    for (int t = 0; t < 2; t++) {
+        kv_type = types[t];
+        check_invariance(path);
+        float *other = run_alone(g, 1, hp.n_layer, 0);
+        /* Measured: at most 0.5% (f16) and 0.6% (q8_0) of the logits' range. */
+        float d = 0, lo = f32[0], hi = f32[0];
+        for (uint32_t s = 0; s < N_SEQ; s++) /* the prompts' logits (later ones may diverge) */
+            for (uint32_t i = 0; i < hp.n_vocab; i++) {
+                size_t at = (size_t)s * (N_DECODE + 1) * hp.n_vocab + i;
+                d = fmaxf(d, fabsf(f32[at] - other[at]));
+                lo = fminf(lo, f32[at]);
+                hi = fmaxf(hi, f32[at]);
+            }
+        print_message("kv type %s: logits within %.2f%% of their range of f32's\n",
+                      types[t] == KVR_DTYPE_F16 ? "f16" : "q8_0", 100 * d / (hi - lo));
+        assert_true(d > 0 && d <= 0.02f * (hi - lo));
+        free(other);
+    }
+    kv_type = KVR_DTYPE_F32;
+    kvr_gguf_close(g);
+    remove(path);
+
+    /* Heads of 16 values cannot hold q8_0 blocks of 32. */
+    struct kvr_engine *e = NULL;
+    assert_int_equal(kvr_gguf_open(&g, kvr_test_shared("models/stories260K.gguf"), &err), 0);
+    struct kvr_engine_config cfg = {.last_layer = 4,
+                                    .max_rows = 8,
+                                    .max_seqs = 2,
+                                    .n_ctx = 32,
+                                    .kv_block_tokens = 16,
+                                    .kv_type = KVR_DTYPE_Q8_0,
+                                    .n_threads = 1};
+    assert_int_equal(kvr_engine_create(&e, g, &cfg, &err), KVR_EINVAL);
+    assert_non_null(strstr(err.msg, "q8_0"));
+    assert_null(e);
+    cfg.kv_type = KVR_DTYPE_F16;
+    assert_int_equal(kvr_engine_create(&e, g, &cfg, &err), 0);
+    kvr_engine_destroy(e);
+    kvr_gguf_close(g);
+}
+
 /* An architecture not in the table is refused with the list of those that are. */
 static void test_unknown_arch(void **state)
 {
@@ -386,6 +460,7 @@ int main(void)
         cmocka_unit_test(test_invariance_stories260k),
         cmocka_unit_test(test_invariance_synth),
         cmocka_unit_test(test_invariance_archs),
+        cmocka_unit_test(test_invariance_kv_types),
         cmocka_unit_test(test_unknown_arch),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

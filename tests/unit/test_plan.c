@@ -39,6 +39,7 @@ static const char base_json[] =
     "  \"kv_block_tokens\": 16,\n"
     "  \"kv_blocks\": 512,\n"
     "  \"wire_dtype\": \"f16\",\n"
+    "  \"kv_type\": \"q8_0\",\n"
     "  \"secret\": \"00112233445566778899aabbccddeeff\"\n"
     "}\n";
 
@@ -74,6 +75,7 @@ static void test_parse_base(void **state)
     assert_int_equal(p->kv_block_tokens, 16);
     assert_int_equal(p->kv_blocks, 512);
     assert_int_equal(p->wire_dtype, KVR_DTYPE_F16);
+    assert_int_equal(p->kv_type, KVR_DTYPE_Q8_0);
     assert_int_equal(p->secret_bytes, 16);
     assert_int_equal(p->secret[15], 0xff);
     struct kvr_err err = {0};
@@ -99,6 +101,7 @@ static void test_defaults(void **state)
     /* ceil(100 / 16) = 7 blocks per sequence, 3 sequences */
     assert_int_equal(p->kv_blocks, 21);
     assert_int_equal(p->wire_dtype, KVR_DTYPE_F32);
+    assert_int_equal(p->kv_type, KVR_PLAN_DEFAULT_KV_TYPE);
     assert_int_equal(p->n_threads, 0);
     struct kvr_err err = {0};
     assert_int_equal(kvr_plan_validate(p, 2, &err), 0);
@@ -136,6 +139,8 @@ static const struct bad_json bad_jsons[] = {
      "unknown key \"gpu\" in stages[0]"},
     {"{\"addr\": \"127.0.0.1:7001\", \"layers\": [0, 10]}", "7", "must be an object"},
     {"\"wire_dtype\": \"f16\"", "\"wire_dtype\": \"q8_0\"", "wire_dtype must be"},
+    {"\"kv_type\": \"q8_0\"", "\"kv_type\": \"q4_0\"", "kv_type must be"},
+    {"\"kv_type\": \"q8_0\"", "\"kv_type\": 8", "kv_type must be"},
     {"\"secret\": \"00112233445566778899aabbccddeeff\"",
      "\"secret\": \"00112233445566778899aabbccddeefg\"", "hex digits"},
     {"\"secret\": \"00112233445566778899aabbccddeeff\"",
@@ -361,6 +366,10 @@ static void bad_dtype(struct kvr_plan *p)
 {
     p->wire_dtype = KVR_DTYPE_Q8_0;
 }
+static void bad_kv_type(struct kvr_plan *p)
+{
+    p->kv_type = KVR_DTYPE_BF16;
+}
 static void threads_big(struct kvr_plan *p)
 {
     p->n_threads = 100000;
@@ -420,6 +429,7 @@ static const struct bad_plan bad_plans[] = {
     {"short secret", short_secret, 45, "secret is 15 bytes"},
     {"unread secret", unread_secret, 45, "secret_file \"cluster.key\" has not been read"},
     {"bad dtype", bad_dtype, 45, "wire_dtype"},
+    {"bad kv type", bad_kv_type, 45, "kv_type"},
     {"threads big", threads_big, 45, "threads is 100000"},
     {"stage threads big", stage_threads_big, 45, "stage 2 has threads 100000"},
     {"no model", no_model, 45, "no model file"},
@@ -478,7 +488,8 @@ static void test_hash(void **state)
     /* Same plan, keys reordered, whitespace changed, a default written out, another
      * secret, another model path, other thread counts: same hash. */
     static const char other[] =
-        "{\"wire_dtype\":\"f16\",\"secret\":\"ffeeddccbbaa99887766554433221100aa\","
+        "{\"wire_dtype\":\"f16\",\"kv_type\":\"q8_0\",\"secret\":"
+        "\"ffeeddccbbaa99887766554433221100aa\","
         "\"n_ctx\":512,\"max_seqs\":16,\"microbatches\":4,\"row_width\":64,"
         "\"bridge\":\"127.0.0.1:7000\",\"kv_blocks\":512,\"kv_block_tokens\":16,\"threads\":7,"
         "\"stages\":[{\"layers\":[0,10],\"addr\":\"127.0.0.1:7001\"},"
@@ -505,6 +516,8 @@ static void test_hash(void **state)
         {"\"kv_block_tokens\": 16", "\"kv_block_tokens\": 32"},
         {"\"kv_blocks\": 512", "\"kv_blocks\": 513"},
         {"\"f16\"", "\"bf16\""},
+        {"\"q8_0\"", "\"f16\""},
+        {"\"q8_0\"", "\"f32\""},
         {"\"f16\",", "\"f16\", \"encrypt\": false,"},
     };
     for (size_t i = 0; i < sizeof changes / sizeof changes[0]; i++) {
@@ -552,6 +565,7 @@ static void assert_plans_equal(const struct kvr_plan *a, const struct kvr_plan *
     assert_int_equal(a->kv_block_tokens, b->kv_block_tokens);
     assert_int_equal(a->kv_blocks, b->kv_blocks);
     assert_int_equal(a->wire_dtype, b->wire_dtype);
+    assert_int_equal(a->kv_type, b->kv_type);
     assert_int_equal(a->n_threads, b->n_threads);
     assert_int_equal(a->encrypt, b->encrypt);
     assert_string_equal(a->secret_file, b->secret_file);
