@@ -24,7 +24,7 @@ run() { # run TAG [serve options]
     local tag=$1
     shift
     setsid "$KVASIR" serve -m "$TMP/ring45.gguf" --stages 2 --port 0 --plan-dir "$TMP/$tag" \
-        --no-admission --ttft-ms 600000 "$@" >"$TMP/$tag.out" 2>"$TMP/$tag.log" &
+        --no-admission --ttft-ms 600000 --total-ms 600000 "$@" >"$TMP/$tag.out" 2>"$TMP/$tag.log" &
     pgid=$!
     for _ in $(seq 300); do grep -q '^kvasir: ready on ' "$TMP/$tag.out" && break; sleep 0.1; done
     local url

@@ -416,6 +416,10 @@ static int serve_main(int argc, char **argv, bool serve)
     kvr_http_config_init(&hc);
     hc.host = o.host;
     hc.port = (uint16_t)o.port;
+    /* A stream sends nothing until its first token: the connection must outlive the
+     * first-token budget (libmicrohttpd closes one that is quiet for idle_timeout_s). */
+    if (o.ttft_ms / 1000 + 5 > hc.idle_timeout_s)
+        hc.idle_timeout_s = o.ttft_ms / 1000 + 5;
     if (o.api_key)
         hc.api_key = o.api_key;
     hc.tls_cert_file = o.tls_cert;

@@ -133,6 +133,11 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
     plan->kv_type = KVR_PLAN_DEFAULT_KV_TYPE;
     if (spec->kv_type && kvr_plan_kv_type_parse(spec->kv_type, &plan->kv_type))
         return kvr_err_set(err, KVR_EINVAL, "KV type '%s' is not f32, f16 or q8_0", spec->kv_type);
+    if (plan->kv_type == KVR_DTYPE_Q8_0 && hp.head_dim % 32)
+        return kvr_err_set(err, KVR_EINVAL,
+                           "a q8_0 KV cache needs a head width that is a multiple of 32 (this "
+                           "model's is %u); use f16 or f32",
+                           hp.head_dim);
     uint64_t blocks = spec->kv_blocks ? spec->kv_blocks : per_seq * plan->max_seqs;
     if (spec->kv_mib && spec->kv_blocks)
         return kvr_err_set(err, KVR_EINVAL, "give the KV cache in blocks or in MiB, not both");

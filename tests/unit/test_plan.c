@@ -13,7 +13,9 @@
 #include "testutil.h"
 
 #include "core/alloc.h"
+#include "model/gguf.h"
 #include "ring/plan.h"
+#include "ring/propose.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -944,6 +946,48 @@ static void test_balance_matches_brute_force(void **state)
     }
 }
 
+/* ---- Proposing a plan: the KV cache's type and its memory -------------------------------- */
+
+/* --kv-mem sizes kv_blocks from bytes of the chosen type: on stories260K (5 layers, 32
+ * values per position; 2 stages of 3 + 2 layers) a block of 16 positions costs the bigger
+ * stage 2 x 3 x 16 x 32 x 4 bytes in f32, half that in f16; q8_0 is refused (heads of 8). */
+static void test_propose_kv_type(void **state)
+{
+    (void)state;
+    struct kvr_gguf *g = NULL;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_gguf_open(&g, kvr_test_shared("models/stories260K.gguf"), &err), 0);
+    struct kvr_plan_spec spec = {.n_stages = 2, .model_path = "m.gguf", .kv_mib = 1};
+    const char *types[] = {"f32", "f16"};
+    uint32_t blocks[2];
+    for (int i = 0; i < 2; i++) {
+        spec.kv_type = types[i];
+        if (kvr_plan_propose(&plan_a, g, &spec, &err))
+            fail_msg("propose %s: %s", types[i], err.msg);
+        assert_string_equal(kvr_plan_kv_type_name(plan_a.kv_type), types[i]);
+        uint32_t most = 0;
+        for (uint32_t s = 0; s < plan_a.n_stages; s++) {
+            uint32_t n = plan_a.stages[s].last_layer - plan_a.stages[s].first_layer + 1;
+            most = n > most ? n : most;
+        }
+        blocks[i] = plan_a.kv_blocks;
+        assert_int_equal(blocks[i], (1u << 20) / (2u * most * 16 * 32 * (i ? 2 : 4)));
+    }
+    assert_int_equal(blocks[1], 2 * blocks[0] + (blocks[1] & 1));
+    spec.kv_type = NULL; /* the default */
+    assert_int_equal(kvr_plan_propose(&plan_a, g, &spec, &err), 0);
+    assert_int_equal(plan_a.kv_type, KVR_PLAN_DEFAULT_KV_TYPE);
+    spec.kv_type = "q8_0";
+    assert_int_equal(kvr_plan_propose(&plan_a, g, &spec, &err), KVR_EINVAL);
+    assert_non_null(strstr(err.msg, "multiple of 32"));
+    spec.kv_type = "q4_0";
+    assert_int_equal(kvr_plan_propose(&plan_a, g, &spec, &err), KVR_EINVAL);
+    spec.kv_type = "f16";
+    spec.kv_blocks = 100; /* blocks and MiB together */
+    assert_int_equal(kvr_plan_propose(&plan_a, g, &spec, &err), KVR_EINVAL);
+    kvr_gguf_close(g);
+}
+
 /* ---- Seed corpus for fuzz_plan --------------------------------------------------------- */
 
 static void test_write_corpus(void **state)
@@ -984,6 +1028,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_base),
+        cmocka_unit_test(test_propose_kv_type),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_parse_rejections),
         cmocka_unit_test(test_too_many_stages),
