@@ -13,7 +13,13 @@
  * thread (ring/dial.h), so the loop never waits in a handshake. Timers replace every poll:
  * the head's heartbeat and liveness (credit.h: dead when it answers nothing for
  * KVR_CREDIT_DEAD_MS), and the scheduler's own deadlines (kvr_sched_tick). An idle ring
- * wakes the thread only for heartbeats. */
+ * wakes the thread only for heartbeats.
+ *
+ * Re-planning (docs/PROTOCOL.md 6a): a timer at the end of the grace period starts an
+ * attempt on a thread of its own, which reads only a copy of the plan and the head's
+ * limits and writes only the next plan and its verdict before it says it is done; the
+ * ring thread joins it and, if stages took the new plan, follows it (drops its links,
+ * replaces the plan under the lock with the dialler stopped, dials the new head). */
 #include "bridge/bridge.h"
 
 #include "core/alloc.h"
@@ -23,6 +29,7 @@
 #include "ring/credit.h"
 #include "ring/dial.h"
 #include "ring/net.h"
+#include "ring/propose.h"
 #include "ring/wire.h"
 
 #include <errno.h>
@@ -36,7 +43,8 @@
 enum {
     TAIL_CREDITS = 4, /* result frames the tail may send ahead of our reading */
     HANDSHAKE_MS = 3000,
-    BACKOFF_MAX_MS = 1000, /* dialling the head again while it cannot be reached */
+    BACKOFF_MAX_MS = 1000,     /* dialling the head again while it cannot be reached */
+    CONTROL_CONNECT_MS = 1000, /* a control link's connect (re-planning) */
 };
 
 #define MS_NS 1000000ull
@@ -95,6 +103,18 @@ struct kvr_bridge {
     atomic_bool stop;
     pthread_t thread;
     bool thread_started;
+
+    /* Re-planning (ring thread; the attempt's thread reads only replan_old and writes only
+     * replan_new and replan_ok before it sets replan_done). */
+    int t_replan;
+    bool ever_up;                  /* the ring has been whole once: a lost stage is lost */
+    uint64_t down_since_ns;        /* when it last broke */
+    uint64_t replan_not_before_ns; /* a grace period after the last attempt */
+    bool replan_running;
+    atomic_bool replan_done;
+    bool replan_ok; /* replan_new is the plan the acknowledging stages now follow */
+    pthread_t replan_thread;
+    struct kvr_plan *replan_old, *replan_new;
 };
 
 static void wake(struct kvr_bridge *b)
@@ -174,6 +194,10 @@ static void sync_up(struct kvr_bridge *b)
     bool up = kvr_sched_ring_up(b->sched);
     if (up != atomic_load(&b->ring_up)) {
         atomic_store(&b->ring_up, up);
+        if (up)
+            b->ever_up = true;
+        else
+            b->down_since_ns = kvr_now_ns();
         for (uint32_t i = 0; i < b->plan.n_stages; i++)
             if (up || b->stages[i].state == KVR_STAGE_UP)
                 stage_set(b, i, up ? KVR_STAGE_UP : KVR_STAGE_UNKNOWN, NULL);
@@ -208,7 +232,8 @@ static void ring_down(struct kvr_bridge *b, const char *why)
     stage_set(b, b->plan.n_stages - 1, KVR_STAGE_DOWN, why);
     pthread_mutex_unlock(&b->lock);
     kvr_ev_timer_at(b->ev, b->t_heartbeat, 0);
-    kvr_dialer_redial(b->dialer);
+    if (b->dialer)
+        kvr_dialer_redial(b->dialer);
     arm_tick(b);
 }
 
@@ -361,7 +386,7 @@ static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
  * its link is taken, or its last failure shown (/health, and the log once per failure). */
 static void check_dialer(struct kvr_bridge *b)
 {
-    if (b->have_head)
+    if (b->have_head || !b->dialer)
         return;
     if (kvr_dialer_take(b->dialer, &b->head)) {
         b->have_head = true;
@@ -414,6 +439,157 @@ static void on_heartbeat_timer(struct kvr_ev *ev, void *arg)
     kvr_ev_timer_at(ev, b->t_heartbeat, next > now ? next : now + MS_NS);
 }
 
+/* ---- re-planning (DESIGN.md 8, docs/PLAN.md "Re-planning") ------------------------------ */
+
+/* A control link to stage i of p (connected and authenticated), or -1 with *why set. */
+static int control_link(struct kvr_bridge *b, const struct kvr_plan *p, uint32_t i,
+                        struct kvr_link *l, struct kvr_err *why)
+{
+    int fd;
+    int rc = kvr_net_connect(p->stages[i].addr, kvr_net_deadline(CONTROL_CONNECT_MS), &fd, why);
+    if (rc)
+        return rc;
+    *l = (struct kvr_link){.fd = -1};
+    if ((rc = kvr_link_init(l, fd, p->stages[i].addr, &b->head_limits, KVR_LINK_SEND, why)))
+        return rc;
+    if ((rc = kvr_link_handshake_control(l, p, i, HANDSHAKE_MS, why)))
+        kvr_link_fini(l);
+    return rc;
+}
+
+/* The attempt, on a thread of its own (connects and handshakes block): probe every stage
+ * of the plan (a control link, then GOODBYE); if some do not answer and at least two do,
+ * send each of those a REPLAN (the next epoch, the mask of stages kept) and wait for its
+ * ack. The stages that acknowledge now follow replan_new: the bridge must too, even if
+ * one did not (that one is refused by the others from now on, and a later attempt finds
+ * it gone). */
+static void *replan_main(void *arg)
+{
+    struct kvr_bridge *b = arg;
+    const struct kvr_plan *p = b->replan_old;
+    uint64_t keep = 0;
+    uint32_t n_alive = 0;
+    for (uint32_t i = 0; i < p->n_stages; i++) {
+        struct kvr_link l;
+        struct kvr_err why = {0};
+        if (control_link(b, p, i, &l, &why)) {
+            KVR_WARN("bridge: re-plan: stage %u (%s) does not answer: %s", i, p->stages[i].addr,
+                     why.msg);
+            continue;
+        }
+        kvr_link_send_goodbye(&l, KVR_WIRE_GOODBYE_SHUTDOWN, kvr_net_deadline(HANDSHAKE_MS), &why);
+        kvr_link_fini(&l);
+        keep |= 1ull << i;
+        n_alive++;
+    }
+    b->replan_ok = false;
+    struct kvr_err err = {0};
+    if (n_alive == p->n_stages) {
+        KVR_INFO("bridge: re-plan: all %u stages answer; the ring stays as it is", n_alive);
+    } else if (kvr_plan_replan(p, b->cfg.gguf, keep, b->replan_new, &err)) {
+        KVR_ERROR("bridge: cannot re-plan the ring over the %u stages that answer: %s", n_alive,
+                  err.msg);
+    } else {
+        uint32_t n_ack = 0;
+        for (uint32_t i = 0; i < p->n_stages; i++) {
+            if (!((keep >> i) & 1))
+                continue;
+            struct kvr_link l;
+            struct kvr_err why = {0};
+            uint8_t ack = 0;
+            struct kvr_wire_msg m = {
+                .type = KVR_WIRE_REPLAN, .arg = b->replan_new->epoch, .batch_id = keep};
+            int rc = control_link(b, p, i, &l, &why);
+            if (rc == 0) {
+                rc = kvr_link_send(&l, &m, kvr_net_deadline(HANDSHAKE_MS), &why);
+                if (rc == 0)
+                    rc = kvr_net_read_full(l.fd, &ack, 1, kvr_net_deadline(HANDSHAKE_MS), NULL,
+                                           &why);
+                if (rc == 0 && ack != KVR_CREDIT_ACK)
+                    rc = kvr_err_set(&why, KVR_EPROTO, "it answered byte 0x%02x, not an ack", ack);
+                kvr_link_fini(&l);
+            }
+            if (rc)
+                KVR_WARN("bridge: re-plan: stage %u (%s) did not take the new plan: %s", i,
+                         p->stages[i].addr, why.msg);
+            else
+                n_ack++;
+        }
+        b->replan_ok = n_ack > 0;
+        KVR_INFO("bridge: re-plan: epoch %u, %u of %u stages kept, %u acknowledged",
+                 b->replan_new->epoch, n_alive, p->n_stages, n_ack);
+    }
+    atomic_store(&b->replan_done, true);
+    kvr_ev_wake(b->ev);
+    return NULL;
+}
+
+static void on_replan_timer(struct kvr_ev *ev, void *arg)
+{
+    (void)ev;
+    struct kvr_bridge *b = arg;
+    if (b->replan_running || atomic_load(&b->ring_up) || atomic_load(&b->stop))
+        return;
+    KVR_WARN("bridge: the ring has been broken for %u ms; probing every stage to re-plan it",
+             b->cfg.replan_after_ms);
+    pthread_mutex_lock(&b->lock);
+    *b->replan_old = b->plan;
+    pthread_mutex_unlock(&b->lock);
+    atomic_store(&b->replan_done, false);
+    if (pthread_create(&b->replan_thread, NULL, replan_main, b) != 0) {
+        KVR_ERROR("bridge: cannot start a thread to re-plan the ring");
+        return;
+    }
+    b->replan_running = true;
+}
+
+/* The attempt ended (on_wake): follow its plan, or wait another grace period. */
+static void replan_finish(struct kvr_bridge *b)
+{
+    if (!b->replan_running || !atomic_load(&b->replan_done))
+        return;
+    pthread_join(b->replan_thread, NULL);
+    b->replan_running = false;
+    b->replan_not_before_ns = kvr_now_ns() + b->cfg.replan_after_ms * MS_NS;
+    if (b->replan_ok) {
+        ring_down(b, "the ring was re-planned");
+        kvr_dialer_stop(b->dialer); /* it dials the old head with the old plan */
+        b->dialer = NULL;
+        pthread_mutex_lock(&b->lock);
+        b->plan = *b->replan_new;
+        const struct kvr_plan *p = &b->plan;
+        struct kvr_err err = {0};
+        int rc = kvr_wire_limits_init(&b->head_limits, p, b->cfg.n_embd, b->cfg.n_vocab, 0, &err);
+        if (rc == 0)
+            rc = kvr_wire_limits_init(&b->tail_limits, p, b->cfg.n_embd, b->cfg.n_vocab,
+                                      KVR_WIRE_RECV_BRIDGE, &err);
+        kvr_sched_plan_changed(b->sched);
+        uint64_t t0 = kvr_now_ns();
+        for (uint32_t i = 0; i < KVR_PLAN_MAX_STAGES; i++)
+            b->stages[i] =
+                (struct kvr_bridge_stage_state){.state = KVR_STAGE_UNKNOWN, .since_ns = t0};
+        b->stages[0].state = b->stages[p->n_stages - 1].state = KVR_STAGE_CONNECTING;
+        pthread_mutex_unlock(&b->lock);
+        struct kvr_dialer_config dc = {.plan = p,
+                                       .addr = p->stages[0].addr,
+                                       .limits = &b->head_limits,
+                                       .role = KVR_AUTH_ROLE_BRIDGE,
+                                       .index = 0,
+                                       .name = "bridge",
+                                       .handshake_ms = HANDSHAKE_MS,
+                                       .backoff_max_ms = BACKOFF_MAX_MS,
+                                       .wake = b->ev};
+        if (rc == 0)
+            rc = kvr_dialer_start(&b->dialer, &dc, &err);
+        if (rc)
+            KVR_ERROR("bridge: cannot follow the new plan: %s", err.msg);
+        else
+            KVR_WARN("bridge: re-planned the ring: epoch %u, %u stages, head %s", p->epoch,
+                     p->n_stages, p->stages[0].addr);
+    }
+    arm_tick(b); /* another attempt after another grace period if it stays broken */
+}
+
 /* ---- the ring thread ------------------------------------------------------------------------ */
 
 /* Send batches while the head has credits and the window has room. */
@@ -448,8 +624,17 @@ static void arm_tick(struct kvr_bridge *b)
     pthread_mutex_lock(&b->lock);
     uint64_t next = kvr_sched_tick(b->sched, kvr_now_ns());
     sync_up(b);
+    bool broken = b->ever_up && !atomic_load(&b->ring_up);
+    uint64_t since = b->down_since_ns;
     pthread_mutex_unlock(&b->lock);
     kvr_ev_timer_at(b->ev, b->t_tick, next);
+    if (b->cfg.replan_after_ms && !b->replan_running) {
+        uint64_t at = since + b->cfg.replan_after_ms * MS_NS;
+        if (at < b->replan_not_before_ns)
+            at = b->replan_not_before_ns;
+        /* UINT64_MAX disarms it (0 would fire it at once) */
+        kvr_ev_timer_at(b->ev, b->t_replan, broken ? at : UINT64_MAX);
+    }
 }
 
 static void on_tick_timer(struct kvr_ev *ev, void *arg)
@@ -463,6 +648,7 @@ static void on_tick_timer(struct kvr_ev *ev, void *arg)
 static void on_wake(struct kvr_ev *ev, void *arg)
 {
     (void)ev;
+    replan_finish(arg);
     check_dialer(arg);
     fill(arg);
 }
@@ -488,6 +674,10 @@ void kvr_bridge_stop(struct kvr_bridge *b)
     }
     kvr_dialer_stop(b->dialer); /* a head dialled now is closed with it: no reconnecting */
     b->dialer = NULL;
+    if (b->replan_running) { /* its connects and reads are bounded */
+        pthread_join(b->replan_thread, NULL);
+        b->replan_running = false;
+    }
 }
 
 void kvr_bridge_destroy(struct kvr_bridge *b)
@@ -512,6 +702,12 @@ void kvr_bridge_destroy(struct kvr_bridge *b)
     pthread_cond_destroy(&b->up_cond);
     pthread_cond_destroy(&b->any_cond);
     kvr_plan_wipe(&b->plan);
+    if (b->replan_old)
+        kvr_plan_wipe(b->replan_old);
+    if (b->replan_new)
+        kvr_plan_wipe(b->replan_new);
+    kvr_free(b->replan_old);
+    kvr_free(b->replan_new);
     kvr_free(b);
 }
 
@@ -526,11 +722,21 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
     b->cfg = *cfg;
     b->cfg.plan = &b->plan;
     b->listen_fd = -1;
+    b->replan_old = kvr_calloc(1, sizeof *b->replan_old);
+    b->replan_new = kvr_calloc(1, sizeof *b->replan_new);
     pthread_mutex_init(&b->lock, NULL);
     pthread_cond_init(&b->up_cond, NULL);
     pthread_cond_init(&b->any_cond, NULL);
     const struct kvr_plan *p = &b->plan;
     int rc;
+    if (!b->replan_old || !b->replan_new) {
+        rc = kvr_err_set(err, KVR_ENOMEM, "bridge: out of memory");
+        goto fail;
+    }
+    if (cfg->replan_after_ms && !cfg->gguf) {
+        rc = kvr_err_set(err, KVR_EINVAL, "bridge: re-planning needs the model file");
+        goto fail;
+    }
     if ((rc = kvr_wire_limits_init(&b->head_limits, p, cfg->n_embd, cfg->n_vocab, 0, err)) ||
         (rc = kvr_wire_limits_init(&b->tail_limits, p, cfg->n_embd, cfg->n_vocab,
                                    KVR_WIRE_RECV_BRIDGE, err)))
@@ -548,10 +754,11 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
         goto fail;
     b->t_tick = kvr_ev_timer(b->ev, on_tick_timer, b);
     b->t_heartbeat = kvr_ev_timer(b->ev, on_heartbeat_timer, b);
+    b->t_replan = kvr_ev_timer(b->ev, on_replan_timer, b);
     kvr_ev_on_wake(b->ev, on_wake, b);
     uint64_t t0 = kvr_now_ns();
     for (uint32_t i = 0; i < p->n_stages; i++)
-        b->stages[i] = (struct kvr_bridge_stage_state){KVR_STAGE_UNKNOWN, t0, ""};
+        b->stages[i] = (struct kvr_bridge_stage_state){.state = KVR_STAGE_UNKNOWN, .since_ns = t0};
     b->stages[0].state = b->stages[p->n_stages - 1].state = KVR_STAGE_CONNECTING;
     if ((rc = kvr_net_listen(p->bridge_addr, 16, &b->listen_fd, NULL, err)) ||
         (rc = kvr_ev_watch(b->ev, b->listen_fd, KVR_EV_READ, on_listen, b)))
@@ -592,11 +799,18 @@ const char *kvr_stage_state_name(enum kvr_stage_state state)
     return (unsigned)state < KVR_STAGE_STATE_COUNT ? names[state] : "unknown";
 }
 
-void kvr_bridge_stage_states(struct kvr_bridge *b, struct kvr_bridge_stage_state *out)
+uint32_t kvr_bridge_stage_states(struct kvr_bridge *b, struct kvr_bridge_stage_state *out)
 {
     pthread_mutex_lock(&b->lock);
-    memcpy(out, b->stages, b->plan.n_stages * sizeof *out);
+    uint32_t n = b->plan.n_stages;
+    memcpy(out, b->stages, n * sizeof *out);
+    for (uint32_t i = 0; i < n; i++) {
+        snprintf(out[i].addr, sizeof out[i].addr, "%s", b->plan.stages[i].addr);
+        out[i].first_layer = b->plan.stages[i].first_layer;
+        out[i].last_layer = b->plan.stages[i].last_layer;
+    }
     pthread_mutex_unlock(&b->lock);
+    return n;
 }
 
 bool kvr_bridge_wait_up(struct kvr_bridge *b, int timeout_ms)

@@ -6,6 +6,8 @@
  * or down, time) and sends the batches it builds while the head has credits; every
  * decision (admission, KV, batch building, recovery) is the scheduler's, and is described
  * in sched.h. Consumers submit requests and pull one event per token from their stream.
+ * A ring broken for longer than the configured grace period is re-planned over the stages
+ * that still answer (replan_after_ms below): the bridge's plan is then the new one.
  *
  * Threads: every public function is thread-safe (one mutex guards the scheduler and the
  * streams). A stream is used by one consumer thread (next/cancel/release) while the ring
@@ -16,6 +18,7 @@
 #include "bridge/request.h"
 #include "bridge/sched.h"
 #include "core/err.h"
+#include "model/gguf.h"
 #include "ring/plan.h"
 
 #include <stdbool.h>
@@ -31,6 +34,13 @@ struct kvr_bridge_config {
     uint32_t max_waiting; /* bounded wait queue; 0 = 4 * max_seqs */
     bool admission;       /* refuse requests that would miss their budget */
     bool no_prefix_cache; /* compute every prompt whole (sched.h prefix_cache) */
+    /* Re-planning (DESIGN.md 8, docs/PLAN.md "Re-planning"): once the ring has been up, a
+     * ring broken for replan_after_ms makes the bridge probe every stage over a control
+     * link and, if some do not answer, re-plan the ring over those that do (each loads its
+     * new layers from its own copy of the model), then recover the held sequences as after
+     * any failure. 0 = never. Needs `gguf` (the model file, borrowed: the layer costs). */
+    uint32_t replan_after_ms;
+    const struct kvr_gguf *gguf;
 };
 
 int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *cfg,
@@ -61,14 +71,16 @@ enum kvr_stage_state {
 };
 
 struct kvr_bridge_stage_state {
+    char addr[KVR_PLAN_ADDR_BYTES]; /* where the stage listens (the current plan's) */
+    uint32_t first_layer, last_layer;
     enum kvr_stage_state state;
     uint64_t since_ns;    /* kvr_now_ns() when it entered this state */
     char last_error[160]; /* the last failure seen for it, "" if none */
 };
 
 const char *kvr_stage_state_name(enum kvr_stage_state state);
-/* out[0 .. n_stages) */
-void kvr_bridge_stage_states(struct kvr_bridge *b, struct kvr_bridge_stage_state *out);
+/* out[0 .. n) for the n stages of the current plan (a re-plan changes it); returns n. */
+uint32_t kvr_bridge_stage_states(struct kvr_bridge *b, struct kvr_bridge_stage_state *out);
 
 /* Admit a request (0, *stream set) or refuse it (KVR_EAGAIN, *why filled). */
 int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_gen_request *req,

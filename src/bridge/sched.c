@@ -1168,6 +1168,20 @@ void kvr_sched_link_up(struct kvr_sched *s, uint64_t now)
     s->free_all = true; /* the free-all batch doubles as the probe: its result marks it up */
 }
 
+void kvr_sched_plan_changed(struct kvr_sched *s)
+{
+    const struct kvr_plan *p = s->plan;
+    s->stats.n_stages = p->n_stages;
+    memset(s->stats.stage, 0, sizeof s->stats.stage);
+    memset(s->win_held, 0, sizeof s->win_held);
+    memset(s->win_starved, 0, sizeof s->win_starved);
+    memset(s->win_blocked, 0, sizeof s->win_blocked);
+    kvr_cost_init(&s->cost, p->n_stages, p->microbatches);
+    uint8_t hash[KVR_PLAN_HASH_BYTES];
+    kvr_plan_hash(p, hash);
+    memcpy(&s->cache_seed, hash, sizeof s->cache_seed);
+}
+
 void kvr_sched_link_down(struct kvr_sched *s, const char *why, uint64_t now)
 {
     if (s->ring_up)

@@ -187,6 +187,10 @@ void kvr_sched_reset(struct kvr_sched *s, uint32_t stage, uint64_t batch_id, uin
 void kvr_sched_link_up(struct kvr_sched *s, uint64_t now);
 /* A link dropped: hold the running sequences until the ring is whole again. */
 void kvr_sched_link_down(struct kvr_sched *s, const char *why, uint64_t now);
+/* The plan (the config's, which the shell owns) was replaced by a re-plan of the ring
+ * (propose.h kvr_plan_replan) while its links were down: the stage count, the cost model
+ * and the prefix cache's seed follow the new plan. The widths are the same. */
+void kvr_sched_plan_changed(struct kvr_sched *s);
 /* Time passes: a batch that has not come back in time means a lost batch (or, while the
  * ring forms, a dropped probe: another goes out); held requests past their budget fail.
  * Returns the next `now` at which tick has something to do, or UINT64_MAX. */

@@ -67,15 +67,14 @@ static bool ring_health(void *ctx, json_t *detail)
     struct kvr_ring_service *rs = ctx;
     bool up = kvr_bridge_ring_up(rs->bridge);
     struct kvr_bridge_stage_state st[KVR_PLAN_MAX_STAGES];
-    kvr_bridge_stage_states(rs->bridge, st);
+    uint32_t n = kvr_bridge_stage_states(rs->bridge, st);
     uint64_t now = kvr_now_ns();
     json_t *stages = json_array();
-    for (uint32_t i = 0; i < rs->plan->n_stages; i++) {
-        const struct kvr_plan_stage *ps = &rs->plan->stages[i];
+    for (uint32_t i = 0; i < n; i++) {
         json_t *o = json_pack(
-            "{s:i, s:s, s:[i,i], s:b, s:s, s:f}", "index", (int)i, "addr", ps->addr, "layers",
-            (int)ps->first_layer, (int)ps->last_layer, "up", st[i].state == KVR_STAGE_UP, "state",
-            kvr_stage_state_name(st[i].state), "since_s", (now - st[i].since_ns) / 1e9);
+            "{s:i, s:s, s:[i,i], s:b, s:s, s:f}", "index", (int)i, "addr", st[i].addr, "layers",
+            (int)st[i].first_layer, (int)st[i].last_layer, "up", st[i].state == KVR_STAGE_UP,
+            "state", kvr_stage_state_name(st[i].state), "since_s", (now - st[i].since_ns) / 1e9);
         if (o && st[i].last_error[0])
             json_object_set_new(o, "last_error", json_string(st[i].last_error));
         json_array_append_new(stages, o);

@@ -46,6 +46,7 @@ struct serve_opts {
     const char *model, *plan_path, *host, *api_key, *plan_dir, *name;
     const char *secret_file, *tls_cert, *tls_key, *chat_template;
     uint32_t port, stages, threads, ttft_ms, total_ms, max_waiting;
+    uint32_t replan_after_s; /* bridge: re-plan a ring broken this long; 0 = never */
     bool no_admission;
     bool no_prefix_cache;
     struct kvr_plan_spec spec;
@@ -87,7 +88,11 @@ static void usage(FILE *f, bool serve)
                "  --tls-cert FILE       serve HTTPS with this PEM certificate (chain) ...\n"
                "  --tls-key FILE        ... and this PEM private key\n");
     if (!serve)
-        fprintf(f, "  --secret-file FILE    the cluster secret (instead of the plan's)\n");
+        fprintf(f, "  --secret-file FILE    the cluster secret (instead of the plan's)\n"
+                   "  --replan-after S      once the ring has been up, re-plan it over the\n"
+                   "                        stages that still answer when it has been broken\n"
+                   "                        for S seconds (default 10; 0 = never; held\n"
+                   "                        requests fail after 30 s)\n");
 }
 
 static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
@@ -102,6 +107,10 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
      * first token here); clients that care send their own. */
     o->ttft_ms = 60000;
     o->total_ms = 600000;
+    /* A restarted stage is back within a few seconds; a host gone for 10 s is taken for
+     * gone, which leaves held requests (30 s, sched.h) most of their time to finish. serve
+     * restarts its own stages, so it never re-plans. */
+    o->replan_after_s = serve ? 0 : 10;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -154,6 +163,8 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
             num = &o->total_ms, lo = 0;
         else if (!strcmp(a, "--max-waiting"))
             num = &o->max_waiting;
+        else if (!serve && !strcmp(a, "--replan-after"))
+            num = &o->replan_after_s, lo = 0, hi = 3600;
         else if (serve && !strcmp(a, "--stages"))
             num = &o->stages, lo = 0, hi = KVR_PLAN_MAX_STAGES;
         else if (serve && !strcmp(a, "--threads"))
@@ -387,7 +398,9 @@ static int serve_main(int argc, char **argv, bool serve)
                                    .n_vocab = hp.n_vocab,
                                    .max_waiting = o.max_waiting,
                                    .admission = !o.no_admission,
-                                   .no_prefix_cache = o.no_prefix_cache};
+                                   .no_prefix_cache = o.no_prefix_cache,
+                                   .replan_after_ms = o.replan_after_s * 1000,
+                                   .gguf = g};
     if (kvr_bridge_create(&bridge, &bc, &err)) {
         KVR_ERROR("bridge: %s", err.msg);
         goto out;

@@ -3,10 +3,11 @@
  * Handshake message (144 bytes, all four steps), integers little-endian:
  *   off size field
  *     0   4  magic       "KVSR" (0x4b 0x56 0x53 0x52)
- *     4   2  version     KVR_AUTH_VERSION (3)
+ *     4   2  version     KVR_AUTH_VERSION (4)
  *     6   1  step        enum kvr_auth_step: 1 HELLO, 2 CHALLENGE, 3 PROOF, 4 VERDICT
  *     7   1  role        enum kvr_auth_role of the sender: 1 bridge, 2 stage
- *     8   2  index       the sender's stage index; 0xffff for the bridge
+ *     8   2  index       the sender's stage index; 0xffff for the bridge, 0xfffe for the
+ *                        bridge's control link to a stage (re-planning)
  *    10   2  status      VERDICT: enum kvr_auth_status; otherwise 0
  *    12   4  reserved    0
  *    16  32  plan_hash   the sender's kvr_plan_hash
@@ -49,7 +50,9 @@ static const char *status_reason(uint32_t status)
 
 void kvr_auth_id_str(struct kvr_auth_id id, char *out, size_t cap)
 {
-    if (id.role == KVR_AUTH_ROLE_BRIDGE)
+    if (id.role == KVR_AUTH_ROLE_BRIDGE && id.index == KVR_AUTH_INDEX_CONTROL)
+        snprintf(out, cap, "the bridge (control)");
+    else if (id.role == KVR_AUTH_ROLE_BRIDGE)
         snprintf(out, cap, "the bridge");
     else if (id.role == KVR_AUTH_ROLE_STAGE)
         snprintf(out, cap, "stage %u", id.index);
@@ -273,6 +276,11 @@ int kvr_auth_recv(struct kvr_auth *a, const uint8_t in[KVR_AUTH_MSG_BYTES],
     } else if (sodium_memcmp(in + 16, a->plan_hash, KVR_PLAN_HASH_BYTES) != 0) {
         kvr_err_set(err, KVR_EPROTO, "peer changed its plan hash during the handshake");
         return reject(a, KVR_AUTH_BAD_MESSAGE, out, send, KVR_EPROTO);
+    }
+    bool is_alt = a->has_alt && id.role == a->alt_peer.role && id.index == a->alt_peer.index;
+    if (is_alt && step == KVR_AUTH_HELLO) { /* the server learns which one it talks to */
+        a->peer = a->alt_peer;
+        a->peer_is_alt = true;
     }
     if (id.role != a->peer.role || id.index != a->peer.index) {
         kvr_err_set(err, KVR_EINVAL, "expected %s on this link, but the peer says it is %s", want,

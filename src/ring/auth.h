@@ -40,14 +40,16 @@
 #include <stdint.h>
 
 #define KVR_AUTH_MAGIC 0x5253564bu /* "KVSR" as bytes on the wire */
-/* 2: RESET frames and REPLAY control records (DESIGN.md 8); 3: sealed frames (seal.h) */
-#define KVR_AUTH_VERSION 3
+/* 2: RESET frames and REPLAY control records (DESIGN.md 8); 3: sealed frames (seal.h);
+ * 4: the bridge's control links and REPLAN frames (re-planning) */
+#define KVR_AUTH_VERSION 4
 #define KVR_AUTH_MSG_BYTES 144
 #define KVR_AUTH_NONCE_BYTES 32
 #define KVR_AUTH_MAC_BYTES 32
 #define KVR_AUTH_KEY_BYTES 32
-#define KVR_AUTH_KX_BYTES 32        /* crypto_kx_PUBLICKEYBYTES */
-#define KVR_AUTH_INDEX_NONE 0xffffu /* the bridge's index */
+#define KVR_AUTH_KX_BYTES 32           /* crypto_kx_PUBLICKEYBYTES */
+#define KVR_AUTH_INDEX_NONE 0xffffu    /* the bridge's index */
+#define KVR_AUTH_INDEX_CONTROL 0xfffeu /* the bridge on a control link to a stage */
 
 enum kvr_auth_role { KVR_AUTH_ROLE_BRIDGE = 1, KVR_AUTH_ROLE_STAGE = 2, KVR_AUTH_ROLE_COUNT = 3 };
 
@@ -81,6 +83,12 @@ struct kvr_auth {
     uint32_t expect; /* enum kvr_auth_step of the next message to receive */
     struct kvr_auth_id self;
     struct kvr_auth_id peer; /* the identity the topology expects on this link */
+    /* A server may accept one other identity (a stage: the bridge's control link, with
+     * KVR_AUTH_INDEX_CONTROL); set has_alt and alt_peer after kvr_auth_init. If that one
+     * says HELLO, peer becomes it and peer_is_alt is set. */
+    struct kvr_auth_id alt_peer;
+    bool has_alt;
+    bool peer_is_alt;
     uint8_t key[KVR_AUTH_KEY_BYTES];
     uint8_t plan_hash[KVR_PLAN_HASH_BYTES];
     uint8_t peer_plan_hash[KVR_PLAN_HASH_BYTES]; /* what the peer sent (for messages) */

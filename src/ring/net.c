@@ -683,15 +683,18 @@ static int hs_fail(struct kvr_link *link, struct kvr_link_hs *hs, int rc, const 
     return break_link(link, rc, &why, err);
 }
 
-int kvr_link_hs_begin(struct kvr_link *link, struct kvr_link_hs *hs, const struct kvr_plan *plan,
-                      enum kvr_auth_role role, uint32_t index, bool is_client, struct kvr_err *err)
+/* The bridge on a control link to a stage (re-planning, docs/PROTOCOL.md 6a). */
+static const struct kvr_auth_id control_id = {KVR_AUTH_ROLE_BRIDGE, KVR_AUTH_INDEX_CONTROL};
+
+static int hs_begin_ids(struct kvr_link *link, struct kvr_link_hs *hs, const struct kvr_plan *plan,
+                        struct kvr_auth_id self, struct kvr_auth_id peer, bool is_client,
+                        struct kvr_err *err)
 {
     memset(hs, 0, sizeof *hs);
     if (link->broken)
         return closed_error(link, err);
-    struct kvr_auth_id self, peer;
-    int rc = kvr_auth_topology(plan, role, index, is_client, &self, &peer, err);
-    if (rc || (rc = kvr_auth_init(&hs->a, plan, is_client, self, peer, err)))
+    int rc = kvr_auth_init(&hs->a, plan, is_client, self, peer, err);
+    if (rc)
         return rc;
     kvr_auth_id_str(peer, hs->want, sizeof hs->want);
     hs->encrypt = plan->encrypt;
@@ -703,6 +706,28 @@ int kvr_link_hs_begin(struct kvr_link *link, struct kvr_link_hs *hs, const struc
         hs->n_out = sizeof hs->out;
     }
     return KVR_OK;
+}
+
+int kvr_link_hs_begin(struct kvr_link *link, struct kvr_link_hs *hs, const struct kvr_plan *plan,
+                      enum kvr_auth_role role, uint32_t index, bool is_client, struct kvr_err *err)
+{
+    memset(hs, 0, sizeof *hs);
+    struct kvr_auth_id self, peer;
+    int rc = kvr_auth_topology(plan, role, index, is_client, &self, &peer, err);
+    if (rc)
+        return rc;
+    return hs_begin_ids(link, hs, plan, self, peer, is_client, err);
+}
+
+int kvr_link_hs_begin_accept(struct kvr_link *link, struct kvr_link_hs *hs,
+                             const struct kvr_plan *plan, uint32_t index, struct kvr_err *err)
+{
+    int rc = kvr_link_hs_begin(link, hs, plan, KVR_AUTH_ROLE_STAGE, index, false, err);
+    if (rc == 0) {
+        hs->a.alt_peer = control_id;
+        hs->a.has_alt = true;
+    }
+    return rc;
 }
 
 /* Write what is left of the reply without waiting: KVR_OK once it is all out. */
@@ -775,6 +800,9 @@ int kvr_link_hs_step(struct kvr_link *link, struct kvr_link_hs *hs, struct kvr_e
     }
     if (hs->encrypt && (rc = start_sealing(link, &hs->a, &e)))
         return hs_fail(link, hs, rc, &e, err);
+    hs->control = hs->a.peer_is_alt;
+    if (hs->control)
+        kvr_auth_id_str(hs->a.peer, hs->want, sizeof hs->want);
     kvr_link_hs_abort(hs);
     link->authenticated = true;
     char addr[KVR_NET_PEER_BYTES];
@@ -784,29 +812,46 @@ int kvr_link_hs_step(struct kvr_link *link, struct kvr_link_hs *hs, struct kvr_e
     return KVR_OK;
 }
 
+/* The steps of a begun handshake, waiting at most timeout_ms for each message. */
+static int hs_wait(struct kvr_link *link, struct kvr_link_hs *hs, int timeout_ms,
+                   struct kvr_err *err)
+{
+    int rc;
+    uint32_t seen = hs->progress;
+    uint64_t deadline = kvr_net_deadline(timeout_ms);
+    while ((rc = kvr_link_hs_step(link, hs, err)) == KVR_EAGAIN) {
+        if (hs->progress != seen) {
+            seen = hs->progress;
+            deadline = kvr_net_deadline(timeout_ms);
+        }
+        struct kvr_err e = {0};
+        if ((rc = wait_fd(link->fd, hs->want_write ? POLLOUT : POLLIN, deadline, &e))) {
+            if (rc == KVR_ETIMEDOUT)
+                kvr_err_set(&e, rc, "no handshake message from the peer within %d ms", timeout_ms);
+            return hs_fail(link, hs, rc, &e, err);
+        }
+    }
+    return rc;
+}
+
 /* The blocking handshake: the steps above, waiting at most timeout_ms for each message. */
 static int handshake(struct kvr_link *link, const struct kvr_plan *plan, enum kvr_auth_role role,
                      uint32_t index, bool is_client, int timeout_ms, struct kvr_err *err)
 {
     struct kvr_link_hs hs;
     int rc = kvr_link_hs_begin(link, &hs, plan, role, index, is_client, err);
-    if (rc)
-        return rc;
-    uint32_t seen = hs.progress;
-    uint64_t deadline = kvr_net_deadline(timeout_ms);
-    while ((rc = kvr_link_hs_step(link, &hs, err)) == KVR_EAGAIN) {
-        if (hs.progress != seen) {
-            seen = hs.progress;
-            deadline = kvr_net_deadline(timeout_ms);
-        }
-        struct kvr_err e = {0};
-        if ((rc = wait_fd(link->fd, hs.want_write ? POLLOUT : POLLIN, deadline, &e))) {
-            if (rc == KVR_ETIMEDOUT)
-                kvr_err_set(&e, rc, "no handshake message from the peer within %d ms", timeout_ms);
-            return hs_fail(link, &hs, rc, &e, err);
-        }
-    }
-    return rc;
+    return rc ? rc : hs_wait(link, &hs, timeout_ms, err);
+}
+
+int kvr_link_handshake_control(struct kvr_link *link, const struct kvr_plan *plan, uint32_t index,
+                               int timeout_ms, struct kvr_err *err)
+{
+    if (index >= plan->n_stages)
+        return kvr_err_set(err, KVR_EINVAL, "control link: the plan has no stage %u", index);
+    struct kvr_link_hs hs;
+    struct kvr_auth_id peer = {KVR_AUTH_ROLE_STAGE, index};
+    int rc = hs_begin_ids(link, &hs, plan, control_id, peer, true, err);
+    return rc ? rc : hs_wait(link, &hs, timeout_ms, err);
 }
 
 int kvr_link_handshake_client(struct kvr_link *link, const struct kvr_plan *plan,

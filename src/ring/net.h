@@ -159,6 +159,10 @@ int kvr_link_handshake_client(struct kvr_link *link, const struct kvr_plan *plan
 int kvr_link_handshake_server(struct kvr_link *link, const struct kvr_plan *plan,
                               enum kvr_auth_role role, uint32_t index, int timeout_ms,
                               struct kvr_err *err);
+/* The bridge opening a control link to stage `index` (re-planning, DESIGN.md 8,
+ * docs/PROTOCOL.md 6a): over it the bridge probes the stage or sends it a REPLAN frame. */
+int kvr_link_handshake_control(struct kvr_link *link, const struct kvr_plan *plan, uint32_t index,
+                               int timeout_ms, struct kvr_err *err);
 
 /* The same handshake in steps, for an event loop that must not wait on one peer (a stage or
  * the bridge accepting its upstream): kvr_link_hs_begin on a freshly initialised link, then
@@ -178,11 +182,16 @@ struct kvr_link_hs {
     uint32_t progress; /* messages read or written */
     bool want_write;   /* KVR_EAGAIN: waiting to write, not to read */
     bool encrypt, active;
+    bool control;  /* done: the peer was the bridge's control link (kvr_link_hs_begin_accept) */
     char want[48]; /* the expected peer, for the link's name */
 };
 
 int kvr_link_hs_begin(struct kvr_link *link, struct kvr_link_hs *hs, const struct kvr_plan *plan,
                       enum kvr_auth_role role, uint32_t index, bool is_client, struct kvr_err *err);
+/* Stage `index` accepting a connection: its upstream, or the bridge's control link (then
+ * hs->control is set once the handshake is done). */
+int kvr_link_hs_begin_accept(struct kvr_link *link, struct kvr_link_hs *hs,
+                             const struct kvr_plan *plan, uint32_t index, struct kvr_err *err);
 int kvr_link_hs_step(struct kvr_link *link, struct kvr_link_hs *hs, struct kvr_err *err);
 void kvr_link_hs_abort(struct kvr_link_hs *hs);
 

@@ -748,6 +748,7 @@ int kvr_plan_check_fingerprint(const struct kvr_plan *plan, uint64_t fingerprint
  *   u32  row_width, microbatches, max_seqs, n_ctx, kv_block_tokens, kv_blocks, wire_dtype
  *   u32  encrypt (1 or 0)
  *   u32  kv_type (GGUF type id: f32 0, f16 1, q8_0 8)
+ *   u32  epoch, only when it is not 0 (a re-planned ring, propose.h kvr_plan_replan)
  *
  * Integers are little-endian. Lengths prefix strings so that no two plans serialize alike. */
 static void hash_u32(crypto_generichash_state *st, uint32_t v)
@@ -786,6 +787,8 @@ void kvr_plan_hash(const struct kvr_plan *p, uint8_t hash[KVR_PLAN_HASH_BYTES])
         hash_u32(&st, widths[i]);
     hash_u32(&st, p->encrypt ? 1 : 0);
     hash_u32(&st, (uint32_t)p->kv_type);
+    if (p->epoch) /* plans as loaded (epoch 0) keep the hash they always had */
+        hash_u32(&st, p->epoch);
     crypto_generichash_final(&st, hash, KVR_PLAN_HASH_BYTES);
 }
 

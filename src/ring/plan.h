@@ -80,6 +80,8 @@ struct kvr_plan {
     enum kvr_dtype kv_type;    /* KV cache values on every stage: F32, F16 or Q8_0 (kv.h) */
     uint32_t n_threads;        /* default compute threads per stage; 0 = the stage decides */
     bool encrypt;              /* seal every frame (seal.h); "encrypt", default true */
+    uint32_t epoch;            /* 0 as loaded; +1 at each re-plan (propose.h kvr_plan_replan).
+                                  Not in the JSON; in the hash when not 0 */
 
     /* Cluster secret: exactly one of "secret" (hex) and "secret_file" appears in the JSON.
      * secret_file is kept as written; kvr_plan_load (or kvr_plan_read_secret) fills

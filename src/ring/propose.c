@@ -39,6 +39,28 @@ static double layer_bytes(const struct kvr_gguf *g, const struct kvr_hparams *hp
     return sum;
 }
 
+/* The balancer's costs, from the model file alone (so every process holding the same file
+ * computes the same ones): *cost (n_layer values, the caller frees it with kvr_free), the
+ * head's and the tail's extra cost. Costs are in weight bytes read per step. A layer spends
+ * about as long again on what is not a matmul (attention over the KV cache, norms, RoPE,
+ * SwiGLU): on ring-45 Q8_0 decode, the matmuls are ~50% of a stage's profile (perf,
+ * 2026-11-29). The output head is a matmul alone, and the embedding a row copy per token. */
+static int model_costs(const struct kvr_gguf *g, const struct kvr_hparams *hp, double **cost,
+                       double *head_cost, double *tail_cost, struct kvr_err *err)
+{
+    *cost = kvr_calloc(hp->n_layer, sizeof **cost);
+    if (!*cost)
+        return kvr_err_set(err, KVR_ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < hp->n_layer; i++)
+        (*cost)[i] = LAYER_NON_MATMUL * layer_bytes(g, hp, i);
+    const struct kvr_gguf_tensor *emb = kvr_gguf_find_tensor(g, "token_embd.weight");
+    *head_cost = emb && emb->ne[1] ? (double)emb->n_bytes / (double)emb->ne[1] : 0;
+    *tail_cost = tensor_bytes(g, "output_norm.weight") +
+                 (kvr_gguf_find_tensor(g, "output.weight") ? tensor_bytes(g, "output.weight")
+                                                           : tensor_bytes(g, "token_embd.weight"));
+    return KVR_OK;
+}
+
 /* The i-th comma-separated host of `hosts` (the last one repeats). */
 static void nth_host(const char *hosts, uint32_t i, char *out, size_t cap)
 {
@@ -71,21 +93,9 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
                            "%u stages for a model of %u layers: each stage "
                            "needs at least one layer",
                            spec->n_stages, hp.n_layer);
-    double *cost = kvr_calloc(hp.n_layer, sizeof *cost);
-    if (!cost)
-        return kvr_err_set(err, KVR_ENOMEM, "out of memory");
-    /* Costs are in weight bytes read per step. A layer spends about as long again on what
-     * is not a matmul (attention over the KV cache, norms, RoPE, SwiGLU): on ring-45 Q8_0
-     * decode, the matmuls are ~50% of a stage's profile (perf, 2026-11-29). The output head
-     * is a matmul alone, and the embedding a row copy per token. */
-    for (uint32_t i = 0; i < hp.n_layer; i++)
-        cost[i] = LAYER_NON_MATMUL * layer_bytes(g, &hp, i);
-    const struct kvr_gguf_tensor *emb = kvr_gguf_find_tensor(g, "token_embd.weight");
-    double head_cost = emb && emb->ne[1] ? (double)emb->n_bytes / (double)emb->ne[1] : 0;
-    double tail_cost =
-        tensor_bytes(g, "output_norm.weight") + (kvr_gguf_find_tensor(g, "output.weight")
-                                                     ? tensor_bytes(g, "output.weight")
-                                                     : tensor_bytes(g, "token_embd.weight"));
+    double *cost = NULL, head_cost, tail_cost;
+    if ((rc = model_costs(g, &hp, &cost, &head_cost, &tail_cost, err)))
+        return rc;
     struct kvr_balance_input in = {.n_layer = hp.n_layer,
                                    .n_stages = spec->n_stages,
                                    .layer_cost = cost,
@@ -168,4 +178,56 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
     plan->secret_bytes = 32;
     randombytes_buf(plan->secret, plan->secret_bytes);
     return kvr_plan_validate(plan, hp.n_layer, err);
+}
+
+int kvr_plan_replan(const struct kvr_plan *old, const struct kvr_gguf *g, uint64_t keep,
+                    struct kvr_plan *out, struct kvr_err *err)
+{
+    struct kvr_hparams hp;
+    int rc = kvr_hparams_read(&hp, g, err);
+    if (rc)
+        return rc;
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < old->n_stages && i < 64; i++)
+        n += (keep >> i) & 1;
+    if (old->n_stages < 64 && keep >> old->n_stages)
+        return kvr_err_set(err, KVR_EINVAL,
+                           "re-plan: stage mask 0x%llx names stages beyond the "
+                           "plan's %u",
+                           (unsigned long long)keep, old->n_stages);
+    if (n < 2)
+        return kvr_err_set(err, KVR_EINVAL,
+                           "re-plan: %u stage%s left; a ring needs at least two (head and tail)", n,
+                           n == 1 ? "" : "s");
+    if (n > hp.n_layer)
+        return kvr_err_set(err, KVR_EINVAL, "re-plan: %u stages for %u layers", n, hp.n_layer);
+    if (old->epoch == UINT16_MAX) /* the epoch travels in a REPLAN frame's 16-bit arg */
+        return kvr_err_set(err, KVR_ERANGE, "re-plan: epoch %u is the last one", old->epoch);
+    double *cost = NULL, head_cost, tail_cost;
+    if ((rc = model_costs(g, &hp, &cost, &head_cost, &tail_cost, err)))
+        return rc;
+    struct kvr_balance_input in = {.n_layer = hp.n_layer,
+                                   .n_stages = n,
+                                   .layer_cost = cost,
+                                   .head_cost = head_cost,
+                                   .tail_cost = tail_cost};
+    struct kvr_balance_result res;
+    rc = kvr_plan_balance(&in, &res, err);
+    kvr_free(cost);
+    if (rc)
+        return rc;
+    *out = *old;
+    out->epoch = old->epoch + 1;
+    out->n_stages = n;
+    for (uint32_t i = 0, k = 0; i < old->n_stages; i++) {
+        if (!((keep >> i) & 1))
+            continue;
+        out->stages[k] = old->stages[i];
+        out->stages[k].first_layer = res.first_layer[k];
+        out->stages[k].last_layer = res.last_layer[k];
+        k++;
+    }
+    for (uint32_t k = n; k < KVR_PLAN_MAX_STAGES; k++)
+        memset(&out->stages[k], 0, sizeof out->stages[k]);
+    return kvr_plan_validate(out, hp.n_layer, err);
 }

@@ -39,4 +39,14 @@ struct kvr_plan_spec {
 int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
                      const struct kvr_plan_spec *spec, struct kvr_err *err);
 
+/* A re-planned ring (DESIGN.md 8, docs/PLAN.md "Re-planning"): `old` without the stages
+ * whose bit in `keep` is clear (bit i = old stage i), the survivors in their old order with
+ * the model's layers balanced over them as kvr_plan_propose does (uniform speeds, costs
+ * from the file), every other field kept, and epoch old->epoch + 1, so its hash differs
+ * from every earlier plan's and old links are refused. Deterministic: every process holding
+ * the same model file computes the same plan from the same (old, keep). KVR_EINVAL if fewer
+ * than two stages are kept or keep names stages the plan does not have. */
+int kvr_plan_replan(const struct kvr_plan *old, const struct kvr_gguf *g, uint64_t keep,
+                    struct kvr_plan *out, struct kvr_err *err);
+
 #endif

@@ -33,6 +33,7 @@
 #include "ring/credit.h"
 #include "ring/dial.h"
 #include "ring/net.h"
+#include "ring/propose.h"
 #include "ring/step.h"
 #include "ring/wire.h"
 
@@ -74,6 +75,7 @@ struct accepting {
     uint32_t seen;        /* hs.progress when the deadline was last set */
     uint64_t deadline_ns; /* the next handshake message is due by then */
     uint64_t since_ns;    /* accepted then (the oldest gives way to a new one) */
+    bool control;         /* the bridge's control link, authenticated: its frame is awaited */
     char peer[KVR_NET_PEER_BYTES];
 };
 
@@ -84,7 +86,7 @@ struct stage {
     atomic_int *stop; /* set by a signal handler (kvr_stage_signal_stop) */
     char name[32];    /* "stage 1" */
 
-    struct kvr_gguf *gguf;
+    struct kvr_gguf *gguf; /* borrowed: kept open across re-plans */
     struct kvr_engine *engine;
     struct kvr_hparams hp;
     struct kvr_tok *tok;  /* tail: end-of-generation ids */
@@ -102,6 +104,9 @@ struct stage {
     int t_accept; /* the earliest handshake deadline of acc[] */
     struct kvr_link up;
     bool have_up;
+    struct kvr_plan *next_plan; /* a REPLAN's plan (preallocated) */
+    uint32_t next_index;        /* this stage's index in it */
+    bool replanned;             /* the stage stops, to start again as next_plan says */
     pthread_t io_thread;
     bool io_started;
 
@@ -493,10 +498,90 @@ static void on_up(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
             KVR_INFO("%s: upstream said goodbye", s->name);
             lose_upstream(s);
             return;
+        case KVR_WIRE_REPLAN: /* only the bridge's control link may carry one */
+            KVR_WARN("%s: upstream %s sent a REPLAN frame, which only the bridge's control "
+                     "link may send; dropping the link",
+                     s->name, s->up.peer);
+            lose_upstream(s);
+            return;
         default:
             break;
         }
     }
+}
+
+/* Stop both threads (compute finishes the batch it runs); kvr_stage_run looks at why. */
+static void stop_stage(struct stage *s)
+{
+    pthread_mutex_lock(&s->lock);
+    s->stopping = true;
+    pthread_cond_broadcast(&s->in_cond);
+    pthread_cond_broadcast(&s->out_cond);
+    pthread_mutex_unlock(&s->lock);
+    kvr_ev_stop(s->ev);
+}
+
+/* The frame the bridge sent on its control link (DESIGN.md 8, docs/PROTOCOL.md 6a): GOODBYE
+ * (a probe: the bridge only wanted to see this stage alive) or REPLAN (the next epoch and
+ * the stages kept). A REPLAN this stage can follow is acknowledged with one ack byte, then
+ * the stage stops and starts again under the new plan (kvr_stage_run); one it cannot
+ * follow is refused by closing the link unanswered. */
+static void on_control_frame(struct stage *s, struct kvr_link *ctl, const struct kvr_wire_frame *f)
+{
+    if (f->hdr.type != KVR_WIRE_REPLAN) {
+        KVR_DEBUG("%s: the bridge probed this stage (%s)", s->name,
+                  kvr_wire_type_name(f->hdr.type));
+        return;
+    }
+    uint64_t keep = f->hdr.batch_id;
+    uint32_t epoch = f->hdr.arg;
+    const struct kvr_plan *p = s->plan;
+    struct kvr_err err = {0};
+    if (epoch != p->epoch + 1 || s->index >= 64 || !((keep >> s->index) & 1)) {
+        KVR_WARN("%s: refused a re-plan to epoch %u keeping stages 0x%llx: this stage is at "
+                 "epoch %u%s",
+                 s->name, epoch, (unsigned long long)keep, p->epoch,
+                 (keep >> (s->index & 63)) & 1 ? "" : " and is not kept");
+        return;
+    }
+    if (kvr_plan_replan(p, s->gguf, keep, s->next_plan, &err)) {
+        KVR_WARN("%s: refused a re-plan to epoch %u: %s", s->name, epoch, err.msg);
+        return;
+    }
+    uint32_t index = 0;
+    for (uint32_t i = 0; i < s->index; i++)
+        index += (keep >> i) & 1;
+    if (kvr_credit_ack(ctl->fd)) {
+        KVR_WARN("%s: the bridge went away before the re-plan was acknowledged", s->name);
+        return;
+    }
+    const struct kvr_plan_stage *st = &s->next_plan->stages[index];
+    KVR_INFO("%s: re-planned by the bridge: epoch %u, %u stages, this one is stage %u with "
+             "layers %u-%u; restarting",
+             s->name, epoch, s->next_plan->n_stages, index, st->first_layer, st->last_layer);
+    s->next_index = index;
+    s->replanned = true;
+    stop_stage(s);
+}
+
+/* A control link is authenticated: its one frame, when it has come (never waited for: the
+ * handshake's deadline covers it too). */
+static void control_step(struct stage *s, struct accepting *a)
+{
+    const struct kvr_wire_frame *f;
+    struct kvr_err err = {0};
+    int rc = kvr_link_recv(&a->link, KVR_NET_NOW, &f, &err);
+    if (rc == KVR_ETIMEDOUT)
+        return;
+    kvr_ev_unwatch(s->ev, a->link.fd);
+    if (rc)
+        KVR_WARN("%s: control link from %s: %s", s->name, a->peer,
+                 rc == KVR_ECLOSED ? "closed before a frame" : err.msg);
+    else
+        on_control_frame(s, &a->link, f);
+    kvr_link_fini(&a->link);
+    a->used = false;
+    a->control = false;
 }
 
 /* A new upstream replaces the old one (a restarted upstream reconnects). */
@@ -551,6 +636,11 @@ static void on_accepting(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
     struct accepting *a = arg;
     struct stage *s = a->s;
     struct kvr_err err = {0};
+    if (a->control) {
+        control_step(s, a);
+        arm_accept_timer(s);
+        return;
+    }
     int rc = kvr_link_hs_step(&a->link, &a->hs, &err);
     if (rc == KVR_EAGAIN) {
         if (a->hs.progress != a->seen) {
@@ -563,6 +653,11 @@ static void on_accepting(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
     }
     if (rc) {
         drop_accepting(s, a, err.msg);
+    } else if (a->hs.control) {
+        a->control = true;
+        a->deadline_ns = kvr_now_ns() + HANDSHAKE_MS * MS_NS;
+        kvr_ev_events(ev, fd, KVR_EV_READ);
+        control_step(s, a);
     } else {
         kvr_ev_unwatch(ev, fd);
         struct kvr_link fresh = a->link;
@@ -611,12 +706,13 @@ static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
         KVR_WARN("%s: cannot set up link from %s: %s", s->name, peer, err.msg);
         return;
     }
-    if (kvr_link_hs_begin(&a->link, &a->hs, s->plan, KVR_AUTH_ROLE_STAGE, s->index, false, &err)) {
+    if (kvr_link_hs_begin_accept(&a->link, &a->hs, s->plan, s->index, &err)) {
         KVR_WARN("%s: refused connection from %s: %s", s->name, peer, err.msg);
         kvr_link_fini(&a->link);
         return;
     }
     a->used = true;
+    a->control = false;
     a->seen = a->hs.progress;
     a->since_ns = kvr_now_ns();
     a->deadline_ns = a->since_ns + HANDSHAKE_MS * MS_NS;
@@ -634,12 +730,7 @@ static void on_wake(struct kvr_ev *ev, void *arg)
 {
     struct stage *s = arg;
     if (*s->stop) {
-        pthread_mutex_lock(&s->lock);
-        s->stopping = true;
-        pthread_cond_broadcast(&s->in_cond);
-        pthread_cond_broadcast(&s->out_cond);
-        pthread_mutex_unlock(&s->lock);
-        kvr_ev_stop(ev);
+        stop_stage(s);
         return;
     }
     struct kvr_link fresh;
@@ -824,20 +915,12 @@ static void stage_fini(struct stage *s)
     pthread_cond_destroy(&s->out_cond);
     kvr_tok_destroy(s->tok);
     kvr_engine_destroy(s->engine);
-    kvr_gguf_close(s->gguf);
 }
 
 static int stage_init(struct stage *s, struct kvr_err *err)
 {
     const struct kvr_plan *p = s->plan;
-    char path[KVR_PLAN_PATH_BYTES];
     int rc;
-    if ((rc = kvr_plan_path(p, p->model_path, path, sizeof path, err)) ||
-        (rc = kvr_gguf_open(&s->gguf, path, err)))
-        return rc;
-    if (p->model_fingerprint &&
-        (rc = kvr_plan_check_fingerprint(p, kvr_gguf_fingerprint(s->gguf), err)))
-        return rc;
     if ((rc = kvr_hparams_read(&s->hp, s->gguf, err)) ||
         (rc = kvr_plan_validate(p, s->hp.n_layer, err)))
         return rc;
@@ -902,27 +985,22 @@ static int stage_init(struct stage *s, struct kvr_err *err)
     return KVR_OK;
 }
 
-int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *opt,
-                  atomic_int *stop, struct kvr_err *err)
+/* One life of the stage under one plan: until a stop, or a re-plan (*replanned, with the
+ * next plan in `next` and this stage's index in it in *next_index). */
+static int run_once(const struct kvr_plan *plan, uint32_t index, struct kvr_gguf *gguf,
+                    struct kvr_plan *next, atomic_int *stop, bool *replanned, uint32_t *next_index,
+                    struct kvr_err *err)
 {
-    if (opt->index >= plan->n_stages)
-        return kvr_err_set(err, KVR_EINVAL, "stage index %u: the plan has %u stages", opt->index,
-                           plan->n_stages);
+    *replanned = false;
     struct stage *s = kvr_calloc(1, sizeof *s);
     if (!s)
         return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory");
-    struct kvr_plan *local = kvr_malloc(sizeof *local);
-    if (!local) {
-        kvr_free(s);
-        return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory");
-    }
-    *local = *plan;
-    if (opt->n_threads)
-        local->stages[opt->index].n_threads = opt->n_threads;
-    s->plan = local;
-    s->index = opt->index;
-    s->is_head = opt->index == 0;
-    s->is_tail = opt->index + 1 == plan->n_stages;
+    s->plan = plan;
+    s->gguf = gguf;
+    s->next_plan = next;
+    s->index = index;
+    s->is_head = index == 0;
+    s->is_tail = index + 1 == plan->n_stages;
     s->stop = stop;
     s->listen_fd = -1;
     s->up_fd = -1;
@@ -933,7 +1011,7 @@ int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *o
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->in_cond, NULL);
     pthread_cond_init(&s->out_cond, NULL);
-    snprintf(s->name, sizeof s->name, "stage %u", opt->index);
+    snprintf(s->name, sizeof s->name, "stage %u", index);
     int rc = stage_init(s, err);
     if (rc == 0) {
         atomic_store(&running_ev, s->ev);
@@ -948,8 +1026,50 @@ int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *o
         }
     }
     stage_fini(s);
-    kvr_plan_wipe(local);
-    kvr_free(local);
+    *replanned = rc == 0 && s->replanned;
+    *next_index = s->next_index;
     kvr_free(s);
+    return rc;
+}
+
+int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *opt,
+                  atomic_int *stop, struct kvr_err *err)
+{
+    if (opt->index >= plan->n_stages)
+        return kvr_err_set(err, KVR_EINVAL, "stage index %u: the plan has %u stages", opt->index,
+                           plan->n_stages);
+    struct kvr_plan *local = kvr_malloc(sizeof *local);
+    struct kvr_plan *next = kvr_malloc(sizeof *next);
+    if (!local || !next) {
+        kvr_free(local);
+        kvr_free(next);
+        return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory");
+    }
+    *local = *plan;
+    if (opt->n_threads)
+        local->stages[opt->index].n_threads = opt->n_threads;
+    /* The model file is opened and checked once: a re-plan loads other layers of it. */
+    struct kvr_gguf *gguf = NULL;
+    char path[KVR_PLAN_PATH_BYTES];
+    int rc;
+    if ((rc = kvr_plan_path(local, local->model_path, path, sizeof path, err)) == 0 &&
+        (rc = kvr_gguf_open(&gguf, path, err)) == 0 && local->model_fingerprint)
+        rc = kvr_plan_check_fingerprint(local, kvr_gguf_fingerprint(gguf), err);
+    uint32_t index = opt->index;
+    while (rc == 0) {
+        bool replanned = false;
+        uint32_t next_index = 0;
+        rc = run_once(local, index, gguf, next, stop, &replanned, &next_index, err);
+        if (rc || !replanned || *stop)
+            break;
+        kvr_plan_wipe(local);
+        *local = *next;
+        index = next_index;
+    }
+    kvr_gguf_close(gguf);
+    kvr_plan_wipe(local);
+    kvr_plan_wipe(next);
+    kvr_free(local);
+    kvr_free(next);
     return rc;
 }

@@ -28,7 +28,14 @@
  * state and sends a RESET frame downstream, ahead of any frame it computes afterwards;
  * later stages pass it on, so the bridge learns at once (DESIGN.md 8). A batch the stage
  * cannot run (a sequence it no longer has) is dropped the same way, with a RESET naming
- * it. At the tail, REPLAY records restore a re-opened sequence's sampler. */
+ * it. At the tail, REPLAY records restore a re-opened sequence's sampler.
+ *
+ * Re-planning (DESIGN.md 8, docs/PROTOCOL.md 6a): the listening socket also accepts the
+ * bridge's control link. Over it the bridge probes the stage (GOODBYE) or sends a REPLAN
+ * frame (the next epoch and the stages kept); a stage kept by a valid one acknowledges it,
+ * stops both threads and starts again inside kvr_stage_run under the new plan (propose.h
+ * kvr_plan_replan), at its new index, with its new layers from the model file it keeps
+ * open. Each life has one plan, which does not change while it runs. */
 #ifndef KVR_RING_STAGE_H
 #define KVR_RING_STAGE_H
 
@@ -43,10 +50,10 @@ struct kvr_stage_options {
     uint32_t n_threads; /* compute threads; 0 = from the plan (stage, then plan default, 1) */
 };
 
-/* Run the stage until *stop becomes non-zero (set by a signal handler, which then calls
- * kvr_stage_signal_stop so the stage notices at once). The plan must be valid. Returns 0 after an
- * orderly stop or a negative status with `err` set when the stage cannot start (model, memory,
- * address in use). */
+/* Run the stage (through any re-plans) until *stop becomes non-zero (set by a signal handler, which
+ * then calls kvr_stage_signal_stop so the stage notices at once). The plan must be valid. Returns 0
+ * after an orderly stop or a negative status with `err` set when the stage cannot start (model,
+ * memory, address in use). */
 int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *opt,
                   atomic_int *stop, struct kvr_err *err);
 

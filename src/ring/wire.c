@@ -7,13 +7,14 @@
  *   off size field          notes
  *     0   4  magic          "KVFR" (0x4b 0x56 0x46 0x52)
  *     4   1  type           enum kvr_wire_type: 1 BATCH, 2 RESULT, 3 HEARTBEAT, 4 GOODBYE,
- *                           5 RESET
+ *                           5 RESET, 6 REPLAN
  *     5   1  payload        enum kvr_wire_payload: 0 none, 1 tokens, 2 f32, 3 f16, 4 bf16,
  *                           5 results
  *     6   2  arg            GOODBYE: reason; RESET: the stage that dropped its sequences
- *                           (upstream of the receiver); otherwise 0
+ *                           (upstream of the receiver); REPLAN: the new epoch; otherwise 0
  *     8   8  batch_id       HEARTBEAT: the sender's heartbeat counter; RESET: the batch the
- *                           stage could not run, or all ones (its upstream link changed)
+ *                           stage could not run, or all ones (its upstream link changed);
+ *                           REPLAN: bit i set = stage i of the current plan is kept
  *    16   4  n_rows         sum of the segments' n_tokens
  *    20   2  n_segs
  *    22   2  n_ctrl
@@ -90,8 +91,8 @@
 
 const char *kvr_wire_type_name(uint32_t type)
 {
-    static const char *const names[KVR_WIRE_TYPE_COUNT] = {NULL,        "BATCH",   "RESULT",
-                                                           "HEARTBEAT", "GOODBYE", "RESET"};
+    static const char *const names[KVR_WIRE_TYPE_COUNT] = {
+        NULL, "BATCH", "RESULT", "HEARTBEAT", "GOODBYE", "RESET", "REPLAN"};
     return type > 0 && type < KVR_WIRE_TYPE_COUNT ? names[type] : "unknown";
 }
 
@@ -179,9 +180,11 @@ int kvr_wire_limits_init(struct kvr_wire_limits *lim, const struct kvr_plan *pla
     lim->n_embd = n_embd;
     lim->n_vocab = n_vocab;
     lim->rows_payload = rows;
-    /* Every receiver but stage 0 (whose upstream is the bridge) may be told of a reset. */
+    /* Every receiver but stage 0 (whose upstream is the bridge) may be told of a reset;
+     * every stage may be sent a new plan (on a control link: stage.c refuses it on others). */
     const uint32_t ctl = 1u << KVR_WIRE_HEARTBEAT | 1u << KVR_WIRE_GOODBYE |
-                         (receiver == 0 ? 0 : 1u << KVR_WIRE_RESET);
+                         (receiver == 0 ? 0 : 1u << KVR_WIRE_RESET) |
+                         (receiver >= 0 ? 1u << KVR_WIRE_REPLAN : 0);
 
     /* Largest payload this receiver can be sent. */
     uint64_t row_bytes = (uint64_t)plan->row_width * n_embd * kvr_wire_payload_elem_bytes(rows);
@@ -347,6 +350,7 @@ int kvr_wire_decode_header(const uint8_t *b, const struct kvr_wire_limits *lim,
     case KVR_WIRE_HEARTBEAT:
     case KVR_WIRE_GOODBYE:
     case KVR_WIRE_RESET:
+    case KVR_WIRE_REPLAN:
         if (h->payload != KVR_WIRE_PAYLOAD_NONE || h->n_rows || h->n_segs || h->n_ctrl ||
             h->n_timings || h->n_results || h->payload_bytes || h->body_bytes)
             return PROTO("a %s frame has no body, but this one declares counts or bytes", tn);
@@ -356,6 +360,13 @@ int kvr_wire_decode_header(const uint8_t *b, const struct kvr_wire_limits *lim,
                 return PROTO("RESET frame names stage %u, which is not upstream of this "
                              "receiver",
                              h->arg);
+            return KVR_OK;
+        }
+        if (h->type == KVR_WIRE_REPLAN) {
+            if (h->arg == 0 || h->batch_id == 0)
+                return PROTO("REPLAN frame with epoch %u and stage mask 0x%" PRIx64
+                             ": both must be nonzero",
+                             h->arg, h->batch_id);
             return KVR_OK;
         }
         if (h->type == KVR_WIRE_HEARTBEAT ? h->arg != 0 : h->arg >= KVR_WIRE_GOODBYE_COUNT)
@@ -792,8 +803,10 @@ int kvr_wire_encode(const struct kvr_wire_msg *m, uint8_t *scratch, size_t cap,
     kvr_st32(p, KVR_WIRE_FRAME_MAGIC);
     p[4] = (uint8_t)m->type;
     p[5] = (uint8_t)payload;
-    kvr_st16(p + 6,
-             (uint16_t)(m->type == KVR_WIRE_GOODBYE || m->type == KVR_WIRE_RESET ? m->arg : 0));
+    kvr_st16(p + 6, (uint16_t)(m->type == KVR_WIRE_GOODBYE || m->type == KVR_WIRE_RESET ||
+                                       m->type == KVR_WIRE_REPLAN
+                                   ? m->arg
+                                   : 0));
     kvr_st64(p + 8, m->batch_id);
     kvr_st32(p + 16, (uint32_t)rows);
     kvr_st16(p + 20, (uint16_t)m->n_segs);

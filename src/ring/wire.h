@@ -67,7 +67,9 @@ enum kvr_wire_type {
     KVR_WIRE_HEARTBEAT = 3,
     KVR_WIRE_GOODBYE = 4,
     KVR_WIRE_RESET = 5,
-    KVR_WIRE_TYPE_COUNT = 6
+    KVR_WIRE_REPLAN = 6, /* bridge -> a stage, on a control link only: arg = the new plan's
+                            epoch, batch_id = a mask of the old stages kept (propose.h) */
+    KVR_WIRE_TYPE_COUNT = 7
 };
 
 /* RESET's batch_id when the stage's upstream link was lost or replaced (otherwise it is the

@@ -65,6 +65,11 @@ struct run {
     uint8_t keys_s[2][KVR_AUTH_KEY_BYTES];
 };
 
+/* The server's one other acceptable identity in run_handshake (NULL: none), and whether
+ * the peer it accepted was that one. */
+static const struct kvr_auth_id *server_alt;
+static bool server_took_alt;
+
 /* Stage 0 (client) connects to stage 1 (server) unless told otherwise. Messages alternate
  * until one side stops sending. */
 static void run_handshake(struct run *r, struct kvr_auth_id c_self, struct kvr_auth_id c_peer,
@@ -74,6 +79,10 @@ static void run_handshake(struct run *r, struct kvr_auth_id c_self, struct kvr_a
     memset(r, 0, sizeof *r);
     assert_int_equal(kvr_auth_init(&c, &plan_c, true, c_self, c_peer, NULL), 0);
     assert_int_equal(kvr_auth_init(&s, &plan_s, false, s_self, s_peer, NULL), 0);
+    if (server_alt) {
+        s.alt_peer = *server_alt;
+        s.has_alt = true;
+    }
     assert_int_equal(kvr_auth_hello(&c, r->msgs[0], NULL), 0);
     r->n_msgs = 1;
     bool to_server = true, send = true;
@@ -93,6 +102,7 @@ static void run_handshake(struct run *r, struct kvr_auth_id c_self, struct kvr_a
         assert_int_equal(kvr_auth_session_keys(&c, r->keys_c[0], r->keys_c[1], NULL), 0);
         assert_int_equal(kvr_auth_session_keys(&s, r->keys_s[0], r->keys_s[1], NULL), 0);
     }
+    server_took_alt = s.peer_is_alt;
     kvr_auth_wipe(&c);
     kvr_auth_wipe(&s);
 }
@@ -249,6 +259,39 @@ static void test_wrong_peer(void **state)
     expect(r.rc_server, &r.err_server, KVR_EINVAL, "stage 0 rejected the handshake", "server");
 }
 
+/* The bridge's control link (re-planning): a stage accepts it beside its upstream only
+ * when told to (kvr_link_handshake_accept), and knows which of the two came; nobody else
+ * may claim either identity. */
+static void test_control(void **state)
+{
+    (void)state;
+    setup_plans();
+    const struct kvr_auth_id control = {KVR_AUTH_ROLE_BRIDGE, KVR_AUTH_INDEX_CONTROL};
+    struct run r;
+    server_alt = &control;
+    run_handshake(&r, control, STAGE1, STAGE1, STAGE0);
+    assert_int_equal(r.rc_client | r.rc_server, 0);
+    assert_true(server_took_alt);
+    run_handshake(&r, STAGE0, STAGE1, STAGE1, STAGE0); /* the upstream still gets in */
+    assert_int_equal(r.rc_client | r.rc_server, 0);
+    assert_false(server_took_alt);
+    struct kvr_auth_id stage2 = {KVR_AUTH_ROLE_STAGE, 2};
+    run_handshake(&r, stage2, STAGE1, STAGE1, STAGE0); /* and nobody else */
+    expect(r.rc_server, &r.err_server, KVR_EINVAL,
+           "expected stage 0 on this link, but the peer says it is stage 2", "server");
+    server_alt = NULL;
+    run_handshake(&r, control, STAGE1, STAGE1, STAGE0); /* a server not told refuses it */
+    expect(r.rc_server, &r.err_server, KVR_EINVAL,
+           "expected stage 0 on this link, but the peer says it is the bridge (control)", "server");
+    /* A different plan (an old epoch) is refused on a control link like on any other. */
+    server_alt = &control;
+    plan_s.epoch = 1;
+    run_handshake(&r, control, STAGE1, STAGE1, STAGE0);
+    expect(r.rc_server, &r.err_server, KVR_EINVAL, "loaded different plans", "server");
+    plan_s.epoch = 0;
+    server_alt = NULL;
+}
+
 /* Feed one message to a fresh server (expecting HELLO) and return its verdict. */
 static int server_gets(const uint8_t *msg, struct kvr_err *err, bool *sent_verdict)
 {
@@ -282,7 +325,9 @@ static void test_bad_messages(void **state)
     memcpy(m, hello, sizeof m);
     kvr_st16(m + 4, 1); /* a peer from before RESET and REPLAY */
     assert_int_equal(server_gets(m, &err, &sent), KVR_EPROTO);
-    assert_non_null(strstr(err.msg, "peer speaks protocol version 1, we speak 3"));
+    char want[64];
+    snprintf(want, sizeof want, "peer speaks protocol version 1, we speak %d", KVR_AUTH_VERSION);
+    assert_non_null(strstr(err.msg, want));
 
     memcpy(m, hello, sizeof m);
     m[6] = KVR_AUTH_PROOF; /* out of order */
@@ -452,7 +497,7 @@ int main(void)
         cmocka_unit_test(test_wrong_secret), cmocka_unit_test(test_different_plan),
         cmocka_unit_test(test_wrong_peer),   cmocka_unit_test(test_bad_messages),
         cmocka_unit_test(test_replay),       cmocka_unit_test(test_tampering),
-        cmocka_unit_test(test_topology),
+        cmocka_unit_test(test_topology),     cmocka_unit_test(test_control),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# A host that never comes back (issue 13, acceptance 4; DESIGN.md 8, docs/PLAN.md
+# "Re-planning"). A 3-stage ring with `kvasir bridge --replan-after 2` in front answers
+# four streamed completions (two greedy, two sampled with seeds and penalties) undisturbed;
+# then the same four again while the middle stage is killed with SIGKILL mid-stream and
+# never started again. Within the grace period plus 10 s the bridge has re-planned the
+# ring over the two stages left (epoch 1, the 12 layers split over them, each loading its
+# new layers from its own copy of the model), every stream completes with exactly the
+# undisturbed text, and new requests are answered identically too. Last, the killed stage
+# is started again with the old plan: the re-planned stages refuse it (different plan
+# hash) and the ring goes on answering the same.
+set -euo pipefail
+source "$(dirname "$0")/lib.bash"
+
+GRACE_S=2
+# A small model: the test stays seconds long under ThreadSanitizer too.
+"$KVASIR" synth --shape custom --layers 12 --dim 256 --ff 768 --heads 8 --kv-heads 4 \
+    --type q8_0 --seed 7 -o "$TMP/m.gguf" >/dev/null 2>&1 || fail "synth"
+start_ring "$TMP/m.gguf" 3 3 ring --max-seqs 8 --ctx 512
+"$KVASIR" bridge --plan "$RING_PLAN" --port 0 --replan-after "$GRACE_S" --no-admission \
+    >"$TMP/bridge.out" 2>"$TMP/bridge.log" &
+BRIDGE=$!
+PIDS+=($BRIDGE)
+URL=""
+for i in $(seq 1 600); do
+    URL=$(sed -n 's/^kvasir: ready on //p' "$TMP/bridge.out" | head -1)
+    [ -n "$URL" ] && break
+    kill -0 "$BRIDGE" 2>/dev/null || { tail "$TMP/bridge.log"; fail "the bridge exited"; }
+    sleep 0.1
+done
+[ -n "$URL" ] || { tail "$TMP/bridge.log"; fail "the bridge was not ready within 60 s"; }
+
+mono() { python3 -c 'import time; print(time.monotonic())'; }
+ts() { sed -n 's/^\[ *\([0-9.]*\) .*/\1/p' <<<"$1"; }
+metric() { curl -s -m 2 "$URL/metrics" | awk -v n="kvasir:$1" '$1 == n {print $2}'; }
+# complete I TAG: a streamed completion; its text (from the SSE events) to a file.
+complete() {
+    local sampling='"temperature": 0'
+    [ $(($1 % 2)) = 1 ] &&
+        sampling="\"temperature\": 0.9, \"seed\": $1, \"repetition_penalty\": 1.2, \"frequency_penalty\": 0.5"
+    curl -s -N -m 120 "$URL/v1/completions" -H 'Content-Type: application/json' \
+        -d "{\"model\": \"m\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": 300,
+             \"ignore_eos\": true, \"stream\": true, $sampling}" |
+        python3 -c '
+import json, sys
+text = []
+for line in sys.stdin:
+    if line.startswith("data: {"):
+        d = json.loads(line[6:])
+        if "error" in d:
+            sys.exit("error event: %s" % d["error"])
+        text.append(d["choices"][0]["text"])
+if not text:
+    sys.exit("no text")
+print(json.dumps("".join(text)))' >"$TMP/http.$2.$1"
+}
+# pass TAG [kill]: the four completions at once; with "kill", SIGKILL stage 1 mid-stream.
+pass() {
+    local pids=() i p b0
+    for i in 0 1 2 3; do complete "$i" "$1" & pids+=($!); done
+    if [ "${2:-}" = kill ]; then
+        b0=$(metric ring_batches_total)
+        for i in $(seq 1 600); do
+            [ "$(metric ring_batches_total)" -ge $((b0 + 40)) ] && break
+            sleep 0.05
+        done
+        T_KILL=$(mono)
+        kill -9 "${RING_PIDS[1]}"
+        wait "${RING_PIDS[1]}" 2>/dev/null || true
+    fi
+    for p in "${pids[@]}"; do wait "$p" || { tail -20 "$TMP/bridge.log"; fail "$1: a stream failed"; }; done
+}
+same() { # same TAG: every text equal to the undisturbed one
+    local i
+    for i in 0 1 2 3; do
+        cmp -s "$TMP/http.ref.$i" "$TMP/http.$1.$i" ||
+            { cat "$TMP/http.ref.$i" "$TMP/http.$1.$i"; fail "$1: stream $i differs from the undisturbed run"; }
+    done
+}
+
+pass ref
+for i in 0 1 2 3; do
+    [ "$(wc -c <"$TMP/http.ref.$i")" -gt 200 ] || fail "ref: stream $i carried almost no text"
+done
+cmp -s "$TMP/http.ref.0" "$TMP/http.ref.2" && fail "ref: two prompts gave the same text"
+echo "ok: undisturbed: 4 streams recorded"
+
+pass dis kill
+same dis
+# The streams finished after the kill, so they were in flight when it came.
+grep -q "holding [1-9][0-9]* sequences" "$TMP/bridge.log" ||
+    fail "dis: the bridge never held a sequence (was the kill after the streams?)"
+grep -q "re-planned the ring: epoch 1, 2 stages" "$TMP/bridge.log" ||
+    { tail -30 "$TMP/bridge.log"; fail "dis: the bridge did not re-plan the ring"; }
+whole=$(grep "ring whole again" "$TMP/bridge.log" | tail -1) || fail "dis: no recovery logged"
+echo "  $(grep -m1 "probing every stage" "$TMP/bridge.log")"
+echo "  $(grep -m1 "re-planned the ring" "$TMP/bridge.log")"
+echo "  $whole"
+awk -v a="$T_KILL" -v b="$(ts "$whole")" -v g="$GRACE_S" 'BEGIN {
+    d = b - a; printf "ok: dis: 4/4 streams identical; the ring ran on 2 stages %.1f s after the kill (grace %d s + 10 s allowed)\n", d, g
+    exit !(d > 0 && d <= g + 10) }' || fail "dis: the re-planned ring was not whole within the grace period + 10 s"
+for i in 0 2; do
+    grep -q "re-planned by the bridge: epoch 1, 2 stages" "$TMP/ring/stage$i.log" ||
+        fail "stage $i was not re-planned"
+done
+grep -q "stage 0 with layers 0-" "$TMP/ring/stage0.log" || fail "stage 0 is not the head of the new ring"
+grep -q "stage 1 with layers [0-9]*-11" "$TMP/ring/stage2.log" || fail "stage 2 is not the tail of the new ring"
+curl -s -m 5 "$URL/health" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["ring"] == "up", d
+st = d["stages"]
+assert len(st) == 2 and all(s["up"] for s in st), st
+assert st[0]["layers"][0] == 0 and st[1]["layers"][1] == 11 and st[0]["layers"][1] + 1 == st[1]["layers"][0], st
+print("ok: /health: 2 stages up, layers %s and %s" % (st[0]["layers"], st[1]["layers"]))' ||
+    fail "/health after the re-plan"
+
+pass new
+same new
+echo "ok: new: 4/4 new requests on the re-planned ring identical to the undisturbed run"
+
+# The lost stage comes back with the old plan: the new ring refuses it.
+n_before=$(wc -l <"$TMP/ring/stage2.log")
+refused() { tail -n +$((n_before + 1)) "$TMP/ring/stage2.log" | grep -q "refused connection.*different plans"; }
+"$KVASIR" stage --plan "$RING_PLAN" --index 1 >>"$TMP/ring/stage1.log" 2>&1 &
+PIDS+=($!)
+for i in $(seq 1 100); do
+    refused && break
+    sleep 0.1
+done
+refused ||
+    { tail "$TMP/ring/stage2.log"; fail "old: the re-planned stage 2 did not refuse the old-plan stage"; }
+pass old
+same old
+echo "ok: old: a stage started again with the old plan is refused; 4/4 answers unchanged"
+echo PASS

@@ -1,0 +1,174 @@
+/* test_replan.c - re-planning a ring over the stages left (propose.h kvr_plan_replan) and
+ * the REPLAN frame that carries the decision (wire.h). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "testutil.h"
+
+#include "model/gguf.h"
+#include "model/synth.h"
+#include "ring/plan.h"
+#include "ring/propose.h"
+#include "ring/wire.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *model_buf;
+static struct kvr_gguf *model;
+
+/* A 12-layer model in memory, and a 3-stage plan for it. */
+static void make(struct kvr_plan *plan, uint32_t n_stages)
+{
+    struct kvr_synth_opts o = {.type = KVR_DTYPE_F32, .seed = 1, .n_threads = 1};
+    o.shape = (struct kvr_synth_shape){.name = "x",
+                                       .n_layers = 12,
+                                       .dim = 64,
+                                       .ff = 128,
+                                       .n_heads = 4,
+                                       .n_kv_heads = 4,
+                                       .vocab_size = 512,
+                                       .ctx = 64,
+                                       .rope_base = 10000.0f,
+                                       .rms_eps = 1e-5f};
+    size_t len = 0;
+    FILE *f = open_memstream(&model_buf, &len);
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_synth_write(&o, f, NULL, &err), 0);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(kvr_gguf_open_mem(&model, model_buf, len, &err), 0);
+    struct kvr_plan_spec spec = {.n_stages = n_stages, .model_path = "x.gguf", .base_port = 7001};
+    if (kvr_plan_propose(plan, model, &spec, &err))
+        fail_msg("propose: %s", err.msg);
+}
+
+static void unmake(void)
+{
+    kvr_gguf_close(model);
+    free(model_buf);
+    model = NULL;
+    model_buf = NULL;
+}
+
+/* The survivors keep their order, addresses and threads; the layers are balanced over
+ * them as a fresh plan for that many stages would be; the epoch and the hash change; the
+ * same inputs give the same plan. */
+static void test_replan_drops_a_stage(void **state)
+{
+    (void)state;
+    static struct kvr_plan old, out, again, fresh;
+    make(&old, 3);
+    old.stages[2].n_threads = 5;
+    struct kvr_err err = {0};
+    if (kvr_plan_replan(&old, model, 0x5 /* stages 0 and 2 */, &out, &err))
+        fail_msg("replan: %s", err.msg);
+    assert_int_equal(out.n_stages, 2);
+    assert_int_equal(out.epoch, 1);
+    assert_string_equal(out.stages[0].addr, old.stages[0].addr);
+    assert_string_equal(out.stages[1].addr, old.stages[2].addr);
+    assert_int_equal(out.stages[1].n_threads, 5);
+    assert_int_equal(out.stages[0].first_layer, 0);
+    assert_int_equal(out.stages[1].last_layer, 11);
+    assert_int_equal(out.stages[0].last_layer + 1, out.stages[1].first_layer);
+    assert_string_equal(out.stages[2].addr, ""); /* nothing left of the old third stage */
+    assert_string_equal(out.bridge_addr, old.bridge_addr);
+    assert_int_equal(out.row_width, old.row_width);
+    assert_int_equal(out.secret_bytes, old.secret_bytes);
+    struct kvr_plan_spec spec = {.n_stages = 2, .model_path = "x.gguf"};
+    assert_int_equal(kvr_plan_propose(&fresh, model, &spec, &err), 0);
+    assert_int_equal(out.stages[0].last_layer, fresh.stages[0].last_layer);
+
+    uint8_t h_old[KVR_PLAN_HASH_BYTES], h_new[KVR_PLAN_HASH_BYTES], h_again[KVR_PLAN_HASH_BYTES];
+    kvr_plan_hash(&old, h_old);
+    kvr_plan_hash(&out, h_new);
+    assert_memory_not_equal(h_old, h_new, sizeof h_old);
+    assert_int_equal(kvr_plan_replan(&old, model, 0x5, &again, &err), 0);
+    kvr_plan_hash(&again, h_again);
+    assert_memory_equal(h_new, h_again, sizeof h_new);
+    /* The epoch alone changes the hash: a plan of the same shape from another re-plan
+     * (epoch 2) is not this one. */
+    again.epoch = 2;
+    kvr_plan_hash(&again, h_again);
+    assert_memory_not_equal(h_new, h_again, sizeof h_new);
+    again.epoch = 0;
+    out.epoch = 0;
+    kvr_plan_hash(&again, h_again);
+    kvr_plan_hash(&out, h_new);
+    assert_memory_equal(h_new, h_again, sizeof h_new);
+
+    /* A second loss: from the re-planned ring, epoch 2. */
+    static struct kvr_plan five, second;
+    unmake();
+    make(&five, 5);
+    assert_int_equal(kvr_plan_replan(&five, model, 0x1d /* 0, 2, 3, 4 */, &out, &err), 0);
+    assert_int_equal(out.n_stages, 4);
+    assert_int_equal(kvr_plan_replan(&out, model, 0xb /* 0, 1, 3 */, &second, &err), 0);
+    assert_int_equal(second.epoch, 2);
+    assert_int_equal(second.n_stages, 3);
+    assert_string_equal(second.stages[2].addr, five.stages[4].addr);
+    unmake();
+}
+
+static void test_replan_refusals(void **state)
+{
+    (void)state;
+    static struct kvr_plan old, out;
+    make(&old, 3);
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_plan_replan(&old, model, 0x4, &out, &err), KVR_EINVAL);
+    assert_non_null(strstr(err.msg, "1 stage left"));
+    assert_int_equal(kvr_plan_replan(&old, model, 0, &out, &err), KVR_EINVAL);
+    assert_int_equal(kvr_plan_replan(&old, model, 0x9, &out, &err), KVR_EINVAL);
+    assert_non_null(strstr(err.msg, "beyond the plan's 3"));
+    old.epoch = UINT16_MAX;
+    assert_int_equal(kvr_plan_replan(&old, model, 0x3, &out, &err), KVR_ERANGE);
+    unmake();
+}
+
+/* REPLAN: header only, the epoch in arg and the mask in batch_id; every stage accepts it
+ * (stage.c acts on it only over a control link), the bridge does not; a zero epoch or
+ * mask is refused. */
+static void test_replan_frame(void **state)
+{
+    (void)state;
+    static struct kvr_plan plan;
+    make(&plan, 3);
+    struct kvr_wire_limits lim, bridge;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_wire_limits_init(&lim, &plan, 64, 512, 1, &err), 0);
+    assert_int_equal(kvr_wire_limits_init(&bridge, &plan, 64, 512, KVR_WIRE_RECV_BRIDGE, &err), 0);
+    uint8_t scratch[4096];
+    struct iovec iov[KVR_WIRE_MAX_IOV];
+    int n_iov = 0;
+    size_t bytes = 0;
+    struct kvr_wire_msg m = {.type = KVR_WIRE_REPLAN, .arg = 1, .batch_id = 0x5};
+    assert_int_equal(kvr_wire_encode(&m, scratch, sizeof scratch, iov, &n_iov, &bytes, &err), 0);
+    assert_int_equal(bytes, KVR_WIRE_HEADER_BYTES);
+    struct kvr_wire_header h;
+    assert_int_equal(kvr_wire_decode_header(scratch, &lim, &h, &err), 0);
+    assert_int_equal(h.type, KVR_WIRE_REPLAN);
+    assert_int_equal(h.arg, 1);
+    assert_int_equal(h.batch_id, 0x5);
+    assert_string_equal(kvr_wire_type_name(KVR_WIRE_REPLAN), "REPLAN");
+    assert_int_equal(kvr_wire_decode_header(scratch, &bridge, &h, &err), KVR_EPROTO);
+    m.arg = 0;
+    assert_int_equal(kvr_wire_encode(&m, scratch, sizeof scratch, iov, &n_iov, &bytes, &err), 0);
+    assert_int_equal(kvr_wire_decode_header(scratch, &lim, &h, &err), KVR_EPROTO);
+    assert_non_null(strstr(err.msg, "both must be nonzero"));
+    unmake();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_replan_drops_a_stage),
+        cmocka_unit_test(test_replan_refusals),
+        cmocka_unit_test(test_replan_frame),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
