@@ -8,7 +8,9 @@
 # new layers from its own copy of the model), every stream completes with exactly the
 # undisturbed text, and new requests are answered identically too. Last, the killed stage
 # is started again with the old plan: the re-planned stages refuse it (different plan
-# hash) and the ring goes on answering the same.
+# hash) and the ring goes on answering the same. Then, on a fresh ring, the head (stage 0)
+# is killed for good the same way: the bridge dials the new head and the streams again
+# end with exactly the undisturbed text.
 set -euo pipefail
 source "$(dirname "$0")/lib.bash"
 
@@ -16,19 +18,24 @@ GRACE_S=2
 # A small model: the test stays seconds long under ThreadSanitizer too.
 "$KVASIR" synth --shape custom --layers 12 --dim 256 --ff 768 --heads 8 --kv-heads 4 \
     --type q8_0 --seed 7 -o "$TMP/m.gguf" >/dev/null 2>&1 || fail "synth"
+# start_bridge: `kvasir bridge` for $RING_PLAN, logging to $TMP/bridge.log; sets URL.
+start_bridge() {
+    "$KVASIR" bridge --plan "$RING_PLAN" --port 0 --replan-after "$GRACE_S" --no-admission \
+        >"$TMP/bridge.out" 2>"$TMP/bridge.log" &
+    BRIDGE=$!
+    PIDS+=($BRIDGE)
+    URL=""
+    local i
+    for i in $(seq 1 600); do
+        URL=$(sed -n 's/^kvasir: ready on //p' "$TMP/bridge.out" | head -1)
+        [ -n "$URL" ] && break
+        kill -0 "$BRIDGE" 2>/dev/null || { tail "$TMP/bridge.log"; fail "the bridge exited"; }
+        sleep 0.1
+    done
+    [ -n "$URL" ] || { tail "$TMP/bridge.log"; fail "the bridge was not ready within 60 s"; }
+}
 start_ring "$TMP/m.gguf" 3 3 ring --max-seqs 8 --ctx 512
-"$KVASIR" bridge --plan "$RING_PLAN" --port 0 --replan-after "$GRACE_S" --no-admission \
-    >"$TMP/bridge.out" 2>"$TMP/bridge.log" &
-BRIDGE=$!
-PIDS+=($BRIDGE)
-URL=""
-for i in $(seq 1 600); do
-    URL=$(sed -n 's/^kvasir: ready on //p' "$TMP/bridge.out" | head -1)
-    [ -n "$URL" ] && break
-    kill -0 "$BRIDGE" 2>/dev/null || { tail "$TMP/bridge.log"; fail "the bridge exited"; }
-    sleep 0.1
-done
-[ -n "$URL" ] || { tail "$TMP/bridge.log"; fail "the bridge was not ready within 60 s"; }
+start_bridge
 
 mono() { python3 -c 'import time; print(time.monotonic())'; }
 ts() { sed -n 's/^\[ *\([0-9.]*\) .*/\1/p' <<<"$1"; }
@@ -54,19 +61,19 @@ if not text:
     sys.exit("no text")
 print(json.dumps("".join(text)))' >"$TMP/http.$2.$1"
 }
-# pass TAG [kill]: the four completions at once; with "kill", SIGKILL stage 1 mid-stream.
+# pass TAG [I]: the four completions at once; with I, SIGKILL stage I mid-stream.
 pass() {
     local pids=() i p b0
     for i in 0 1 2 3; do complete "$i" "$1" & pids+=($!); done
-    if [ "${2:-}" = kill ]; then
+    if [ -n "${2:-}" ]; then
         b0=$(metric ring_batches_total)
         for i in $(seq 1 600); do
             [ "$(metric ring_batches_total)" -ge $((b0 + 40)) ] && break
             sleep 0.05
         done
         T_KILL=$(mono)
-        kill -9 "${RING_PIDS[1]}"
-        wait "${RING_PIDS[1]}" 2>/dev/null || true
+        kill -9 "${RING_PIDS[$2]}"
+        wait "${RING_PIDS[$2]}" 2>/dev/null || true
     fi
     for p in "${pids[@]}"; do wait "$p" || { tail -20 "$TMP/bridge.log"; fail "$1: a stream failed"; }; done
 }
@@ -85,7 +92,7 @@ done
 cmp -s "$TMP/http.ref.0" "$TMP/http.ref.2" && fail "ref: two prompts gave the same text"
 echo "ok: undisturbed: 4 streams recorded"
 
-pass dis kill
+pass dis 1
 same dis
 # The streams finished after the kill, so they were in flight when it came.
 grep -q "holding [1-9][0-9]* sequences" "$TMP/bridge.log" ||
@@ -133,4 +140,20 @@ refused ||
 pass old
 same old
 echo "ok: old: a stage started again with the old plan is refused; 4/4 answers unchanged"
+
+# The head dies for good, on a fresh ring (a plan of other ports: the same tokens).
+kill "$BRIDGE"
+wait "$BRIDGE" 2>/dev/null || true
+for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+stop_ring
+start_ring "$TMP/m.gguf" 3 3 ring2 --max-seqs 8 --ctx 512
+start_bridge
+pass head 0
+same head
+grep -q "re-planned the ring: epoch 1, 2 stages, head $(python3 -c "import json; print(json.load(open('$RING_PLAN'))['stages'][1]['addr'])")" \
+    "$TMP/bridge.log" || { tail -30 "$TMP/bridge.log"; fail "head: the old stage 1 is not the new head"; }
+whole=$(grep "ring whole again" "$TMP/bridge.log" | tail -1) || fail "head: no recovery logged"
+awk -v a="$T_KILL" -v b="$(ts "$whole")" -v g="$GRACE_S" 'BEGIN {
+    d = b - a; printf "ok: head: 4/4 streams identical with the head killed; ring whole on 2 stages %.1f s after the kill\n", d
+    exit !(d > 0 && d <= g + 10) }' || fail "head: the re-planned ring was not whole within the grace period + 10 s"
 echo PASS
