@@ -45,6 +45,8 @@ enum {
     HANDSHAKE_MS = 3000,
     BACKOFF_MAX_MS = 1000,     /* dialling the head again while it cannot be reached */
     CONTROL_CONNECT_MS = 1000, /* a control link's connect (re-planning) */
+    REPLAN_SETTLE_MS = 60000,  /* after a re-plan, the stages restart and load their layers:
+                                  a stage still loading must not be taken for lost */
 };
 
 #define MS_NS 1000000ull
@@ -550,7 +552,10 @@ static void replan_finish(struct kvr_bridge *b)
         return;
     pthread_join(b->replan_thread, NULL);
     b->replan_running = false;
-    b->replan_not_before_ns = kvr_now_ns() + b->cfg.replan_after_ms * MS_NS;
+    uint32_t wait_ms = b->cfg.replan_after_ms;
+    if (b->replan_ok && wait_ms < REPLAN_SETTLE_MS)
+        wait_ms = REPLAN_SETTLE_MS;
+    b->replan_not_before_ns = kvr_now_ns() + wait_ms * MS_NS;
     if (b->replan_ok) {
         ring_down(b, "the ring was re-planned");
         kvr_dialer_stop(b->dialer); /* it dials the old head with the old plan */

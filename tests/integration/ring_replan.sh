@@ -15,6 +15,17 @@ set -euo pipefail
 source "$(dirname "$0")/lib.bash"
 
 GRACE_S=2
+N_TOKENS=300   # per stream
+KILL_AFTER=40  # batches into the disturbed pass
+TSAN=0
+if grep -q "__tsan_init" "$KVASIR" 2>/dev/null; then
+    # ThreadSanitizer slows the kernels 10-50x (a pass of 4 x 80 tokens took 1-2 minutes
+    # at load 10): shorter streams, and only the middle stage's loss and the new requests
+    # (the re-plan's threads all run there); the rest runs uninstrumented in CI's first step.
+    TSAN=1
+    N_TOKENS=40
+    KILL_AFTER=8
+fi
 # A small model: the test stays seconds long under ThreadSanitizer too.
 "$KVASIR" synth --shape custom --layers 12 --dim 256 --ff 768 --heads 8 --kv-heads 4 \
     --type q8_0 --seed 7 -o "$TMP/m.gguf" >/dev/null 2>&1 || fail "synth"
@@ -45,8 +56,8 @@ complete() {
     local sampling='"temperature": 0'
     [ $(($1 % 2)) = 1 ] &&
         sampling="\"temperature\": 0.9, \"seed\": $1, \"repetition_penalty\": 1.2, \"frequency_penalty\": 0.5"
-    curl -s -N -m 120 "$URL/v1/completions" -H 'Content-Type: application/json' \
-        -d "{\"model\": \"m\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": 300,
+    curl -s -N -m 300 "$URL/v1/completions" -H 'Content-Type: application/json' \
+        -d "{\"model\": \"m\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": $N_TOKENS,
              \"ignore_eos\": true, \"stream\": true, $sampling}" |
         python3 -c '
 import json, sys
@@ -68,7 +79,7 @@ pass() {
     if [ -n "${2:-}" ]; then
         b0=$(metric ring_batches_total)
         for i in $(seq 1 600); do
-            [ "$(metric ring_batches_total)" -ge $((b0 + 40)) ] && break
+            [ "$(metric ring_batches_total)" -ge $((b0 + KILL_AFTER)) ] && break
             sleep 0.05
         done
         T_KILL=$(mono)
@@ -87,7 +98,7 @@ same() { # same TAG: every text equal to the undisturbed one
 
 pass ref
 for i in 0 1 2 3; do
-    [ "$(wc -c <"$TMP/http.ref.$i")" -gt 200 ] || fail "ref: stream $i carried almost no text"
+    [ "$(wc -c <"$TMP/http.ref.$i")" -gt $((N_TOKENS / 2)) ] || fail "ref: stream $i carried almost no text"
 done
 cmp -s "$TMP/http.ref.0" "$TMP/http.ref.2" && fail "ref: two prompts gave the same text"
 echo "ok: undisturbed: 4 streams recorded"
@@ -125,6 +136,12 @@ print("ok: /health: 2 stages up, layers %s and %s" % (st[0]["layers"], st[1]["la
 pass new
 same new
 echo "ok: new: 4/4 new requests on the re-planned ring identical to the undisturbed run"
+
+if [ $TSAN = 1 ]; then
+    echo "ok: under ThreadSanitizer: the old-plan stage and the head's loss are left to the uninstrumented run"
+    echo PASS
+    exit 0
+fi
 
 # The lost stage comes back with the old plan: the new ring refuses it.
 n_before=$(wc -l <"$TMP/ring/stage2.log")
