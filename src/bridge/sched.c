@@ -700,6 +700,14 @@ static void account_timings(struct kvr_sched *s, const struct kvr_wire_frame *f,
         s->win_starved[t->stage] += t->starved_ns;
         s->win_blocked[t->stage] += t->blocked_ns;
     }
+    for (uint32_t i = 0; i < f->n_agent_timings; i++) { /* the decoder checked the index */
+        const struct kvr_wire_timing *t = &f->agent_timings[i];
+        struct kvr_sched_agent_stats *a = &s->stats.agent[t->stage & ~KVR_WIRE_TIMING_AGENT];
+        a->held_ns += t->held_ns;
+        a->starved_ns += t->starved_ns;
+        a->blocked_ns += t->blocked_ns;
+        a->pairs += t->pairs;
+    }
     roll_window(s, now);
 }
 
@@ -1443,6 +1451,7 @@ int kvr_sched_create(struct kvr_sched **out, const struct kvr_sched_config *cfg,
             goto nomem;
     }
     s->stats.n_stages = p->n_stages;
+    s->stats.n_agents = p->n_agents;
     s->stats.kv_blocks_total = p->kv_blocks;
     kvr_cost_init(&s->cost, p->n_stages, p->microbatches);
     *out = s;

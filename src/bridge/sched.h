@@ -122,10 +122,19 @@ extern const double kvr_sched_ratio_bounds[KVR_SCHED_RATIO_BUCKETS];
 #define KVR_SCHED_QUEUE_BUCKETS 10
 extern const double kvr_sched_queue_bounds[KVR_SCHED_QUEUE_BUCKETS];
 
+/* One expert agent's load (docs/EXPERTS.md), from the agent records the stages append to
+ * every batch they used it for (ring/wire.h): totals over every stage it served. */
+struct kvr_sched_agent_stats {
+    uint64_t held_ns, starved_ns, blocked_ns;
+    uint64_t pairs; /* (row, expert) pairs it computed */
+};
+
 struct kvr_sched_stats {
     bool ring_up;
     uint32_t n_stages;
     struct kvr_sched_stage_stats stage[KVR_PLAN_MAX_STAGES];
+    uint32_t n_agents; /* the plan's expert agents */
+    struct kvr_sched_agent_stats agent[KVR_PLAN_MAX_AGENTS];
     uint32_t running;          /* sequences holding a slot */
     uint32_t waiting;          /* admitted, waiting for a slot */
     uint32_t kv_blocks_used;   /* blocks running sequences use (per stage; shared once) */

@@ -106,6 +106,31 @@ static void per_stage(struct kvr_sbuf *out, const struct kvr_sched_stats *st, co
     }
 }
 
+/* The expert agents' load (docs/EXPERTS.md 2.5), when the plan has agents. */
+static void per_agent(struct kvr_sbuf *out, const struct kvr_sched_stats *st)
+{
+    static const struct {
+        const char *name, *help;
+    } m[] = {
+        {"expert_held_seconds_total", "Time each expert agent spent computing expert rows."},
+        {"expert_starved_seconds_total", "Time each expert agent waited for rows to compute."},
+        {"expert_blocked_seconds_total", "Time each expert agent spent sending its answers."},
+        {"expert_pairs_total", "(row, expert) pairs each expert agent computed."},
+    };
+    for (uint32_t k = 0; st->n_agents && k < sizeof m / sizeof m[0]; k++) {
+        kvr_sbuf_printf(out, "# HELP kvasir:%s %s\n# TYPE kvasir:%s counter\n", m[k].name,
+                        m[k].help, m[k].name);
+        for (uint32_t j = 0; j < st->n_agents && j < KVR_PLAN_MAX_AGENTS; j++) {
+            const struct kvr_sched_agent_stats *a = &st->agent[j];
+            double v = k == 0   ? a->held_ns / 1e9
+                       : k == 1 ? a->starved_ns / 1e9
+                       : k == 2 ? a->blocked_ns / 1e9
+                                : (double)a->pairs;
+            kvr_sbuf_printf(out, "kvasir:%s{agent=\"%u\"} %.9g\n", m[k].name, j, v);
+        }
+    }
+}
+
 static void ratio_hist(struct kvr_sbuf *out, const char *name, const char *help,
                        const uint64_t *hist)
 {
@@ -219,6 +244,7 @@ static void ring_metrics(void *ctx, struct kvr_sbuf *out)
               "Starved fraction of the last window, per stage.", 4);
     per_stage(out, &st, "stage_blocked_fraction", "gauge",
               "Blocked fraction of the last window, per stage.", 5);
+    per_agent(out, &st);
 }
 
 const struct kvr_service_ops kvr_ring_service_ops = {.submit = ring_submit,

@@ -7,6 +7,7 @@ int kvr_cmd_run(int argc, char **argv);
 int kvr_cmd_info(int argc, char **argv);
 int kvr_cmd_synth(int argc, char **argv);
 int kvr_cmd_stage(int argc, char **argv);
+int kvr_cmd_experts(int argc, char **argv);
 int kvr_cmd_plan(int argc, char **argv);
 int kvr_cmd_serve(int argc, char **argv);
 int kvr_cmd_bridge(int argc, char **argv);

@@ -18,6 +18,7 @@ static const struct subcommand subcommands[] = {
     {"tokenize", kvr_cmd_tokenize, "print the token ids of a text with a model's tokenizer"},
     {"plan", kvr_cmd_plan, "write a balanced plan that splits a model over N stages"},
     {"stage", kvr_cmd_stage, "serve one stage of a ring (a layer slice of the model)"},
+    {"experts", kvr_cmd_experts, "serve one expert agent (some experts of a MoE model)"},
     {"synth", kvr_cmd_synth, "write a GGUF model with random weights for a named shape"},
     {"bench", kvr_cmd_bench, "load a running server and report latency, throughput, goodput"},
     {"top", kvr_cmd_top, "a live view of a running server's ring (from its /metrics)"},

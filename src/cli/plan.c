@@ -25,6 +25,8 @@ static void usage(FILE *f)
             "  --base-port P        stage i listens on P+i (default 7001)\n"
             "  --bridge HOST:PORT   where the bridge listens for the tail (default host 1, P-1)\n"
             "  --speeds S1,S2,...   relative stage speeds (default all equal)\n"
+            "  --experts K          MoE models: K expert agents on the first host, ports\n"
+            "                       P+N.., each holding an equal block of every layer's experts\n"
             "  --layers A-B,C-D,... set the split by hand instead (inclusive ranges)\n"
             "  --row-width N        token rows per micro-batch (default 64)\n"
             "  --microbatches N     micro-batches in flight (default N stages)\n"
@@ -183,6 +185,8 @@ int kvr_cmd_plan(int argc, char **argv)
             }
         } else if (!strcmp(a, "--stages"))
             num = &spec.n_stages, lo = 0, hi = KVR_PLAN_MAX_STAGES;
+        else if (!strcmp(a, "--experts"))
+            num = &spec.n_agents, lo = 0, hi = KVR_PLAN_MAX_AGENTS;
         else if (!strcmp(a, "--base-port"))
             num = &spec.base_port, hi = 65535;
         else if (!strcmp(a, "--row-width"))

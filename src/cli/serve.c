@@ -6,8 +6,9 @@
  *   kvasir bridge --plan PLAN            the bridge and HTTP API for stages started
  *                                        elsewhere (another machine, systemd, ...)
  *
- * `serve` watches its stage processes: one that dies is started again, and the bridge
- * reconnects the ring when it is whole. SIGINT/SIGTERM stop everything. */
+ * `serve` watches its stage processes (and expert agents, --experts K): one that dies is
+ * started again, and the bridge reconnects the ring when it is whole (a stage computes a
+ * lost agent's experts itself meanwhile). SIGINT/SIGTERM stop everything. */
 #include "cli/cmd.h"
 #include "cli/common.h"
 
@@ -61,6 +62,8 @@ static void usage(FILE *f, bool serve)
                    "  the OpenAI-compatible API.\n"
                    "  --stages N            stages (default 2; a ring needs at least 2)\n"
                    "  --threads N           compute threads per stage (default 1)\n"
+                   "  --experts K           MoE models: K expert agents, each holding an equal\n"
+                   "                        block of every layer's experts (docs/EXPERTS.md)\n"
                    "  --plan-dir DIR        where to write plan.json (default: a new /tmp dir)\n"
                    "  --base-port P         stage i listens on P+i, the bridge on P-1 (default:\n"
                    "                        free ports)\n"
@@ -167,6 +170,8 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
             num = &o->replan_after_s, lo = 0, hi = 3600;
         else if (serve && !strcmp(a, "--stages"))
             num = &o->stages, lo = 0, hi = KVR_PLAN_MAX_STAGES;
+        else if (serve && !strcmp(a, "--experts"))
+            num = &o->spec.n_agents, lo = 0, hi = KVR_PLAN_MAX_AGENTS;
         else if (serve && !strcmp(a, "--threads"))
             num = &o->threads, hi = 256;
         else if (serve && !strcmp(a, "--base-port"))
@@ -217,8 +222,10 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
  * if serve dies without stopping it. */
 static sigset_t run_mask; /* the signal mask serve started with: its stages get it back */
 
-static pid_t spawn_stage(const char *self, const char *plan_path, uint32_t index)
+/* `kvasir stage` for process i < n_stages, else `kvasir experts` for agent i - n_stages. */
+static pid_t spawn_stage(const char *self, const char *plan_path, uint32_t i, uint32_t n_stages)
 {
+    uint32_t index = i < n_stages ? i : i - n_stages;
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid != 0)
@@ -230,14 +237,14 @@ static pid_t spawn_stage(const char *self, const char *plan_path, uint32_t index
     char idx[16];
     snprintf(idx, sizeof idx, "%u", index);
     char *args[] = {(char *)"kvasir",
-                    (char *)"stage",
+                    (char *)(i < n_stages ? "stage" : "experts"),
                     (char *)"--plan",
                     (char *)plan_path,
                     (char *)"--index",
                     idx,
                     NULL};
     execv(self, args);
-    fprintf(stderr, "kvasir serve: cannot start stage %u: %s\n", index, strerror(errno));
+    fprintf(stderr, "kvasir serve: cannot start %s %u: %s\n", args[1], index, strerror(errno));
     _exit(127);
 }
 
@@ -281,10 +288,10 @@ static int write_plan(struct serve_opts *o, struct kvr_gguf *g, struct kvr_plan 
     if (!o->spec.base_port) {
         for (int attempt = 0; attempt < 20 && !o->spec.base_port; attempt++) {
             uint32_t base = free_port();
-            if (base < 2 || base + o->stages > 65535)
+            if (base < 2 || base + o->stages + o->spec.n_agents > 65535)
                 continue;
             bool ok = true;
-            for (uint32_t i = 0; i <= o->stages && ok; i++) {
+            for (uint32_t i = 0; i <= o->stages + o->spec.n_agents && ok; i++) {
                 int fd;
                 char addr[32];
                 snprintf(addr, sizeof addr, "127.0.0.1:%u", base - 1 + i);
@@ -337,6 +344,7 @@ static int serve_main(int argc, char **argv, bool serve)
     struct kvr_http *http = NULL;
     char *chat_src = NULL;
     pid_t *pids = NULL;
+    uint32_t n_procs = 0; /* stages, then expert agents */
     char plan_path[1024] = "";
     char model_path[KVR_PLAN_PATH_BYTES];
     rc = 1;
@@ -385,12 +393,14 @@ static int serve_main(int argc, char **argv, bool serve)
             goto out;
         }
         self[n] = 0;
-        pids = kvr_calloc(plan->n_stages, sizeof *pids);
+        n_procs = plan->n_stages + plan->n_agents;
+        pids = kvr_calloc(n_procs, sizeof *pids);
         if (!pids)
             goto out;
-        for (uint32_t i = 0; i < plan->n_stages; i++)
-            pids[i] = spawn_stage(self, plan_path, i);
-        KVR_INFO("plan %s: %u stages started", plan_path, plan->n_stages);
+        for (uint32_t i = 0; i < n_procs; i++)
+            pids[i] = spawn_stage(self, plan_path, i, plan->n_stages);
+        KVR_INFO("plan %s: %u stages and %u expert agents started", plan_path, plan->n_stages,
+                 plan->n_agents);
     }
 
     struct kvr_bridge_config bc = {.plan = plan,
@@ -470,22 +480,24 @@ static int serve_main(int argc, char **argv, bool serve)
         }
         if (sig == SIGINT || sig == SIGTERM)
             stop_flag = 1;
-        for (uint32_t i = 0; pids && i < plan->n_stages && !stop_flag; i++) {
+        for (uint32_t i = 0; pids && i < n_procs && !stop_flag; i++) {
             int status;
             if (pids[i] <= 0 || waitpid(pids[i], &status, WNOHANG) != pids[i])
                 continue;
+            const char *what = i < plan->n_stages ? "stage" : "expert agent";
+            uint32_t idx = i < plan->n_stages ? i : i - plan->n_stages;
             if (!ever_up) {
-                KVR_ERROR("stage %u exited before the ring came up (status %d)", i, status);
+                KVR_ERROR("%s %u exited before the ring came up (status %d)", what, idx, status);
                 pids[i] = 0;
                 stop_flag = 1;
                 break;
             }
-            KVR_WARN("stage %u died (status %d): starting it again", i, status);
+            KVR_WARN("%s %u died (status %d): starting it again", what, idx, status);
             char self[4096];
             ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
             if (n > 0) {
                 self[n] = 0;
-                pids[i] = spawn_stage(self, plan_path, i);
+                pids[i] = spawn_stage(self, plan_path, i, plan->n_stages);
             }
         }
     }
@@ -499,7 +511,7 @@ out:
     kvr_http_destroy(http);
     kvr_free(chat_src);
     kvr_bridge_stop(bridge);
-    for (uint32_t i = 0; pids && i < plan->n_stages; i++)
+    for (uint32_t i = 0; pids && i < n_procs; i++)
         if (pids[i] > 0) {
             kill(pids[i], SIGTERM);
             waitpid(pids[i], NULL, 0);

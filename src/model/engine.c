@@ -170,8 +170,10 @@ struct kvr_engine {
     struct kvr_matrix output;   /* tail: [n_embd] -> [n_vocab] (tok_embd when tied) */
     struct kvr_kv kv;
     struct kvr_pool *pool;
-    struct kvr_attn_ops attn; /* attention's inner loops, matching the kernel set */
-    struct kvr_moe_work *moe; /* the expert feed-forward's scratch (MoE models) */
+    struct kvr_attn_ops attn;         /* attention's inner loops, matching the kernel set */
+    struct kvr_moe_work *moe;         /* the expert feed-forward's scratch (MoE models) */
+    kvr_moe_dispatch_fn moe_dispatch; /* NULL: every expert computed here */
+    void *moe_dispatch_ctx;
 
     /* Scratch, all [max_rows x width] floats unless noted. */
     float *x;             /* residual stream, n_embd */
@@ -836,7 +838,11 @@ static void ffn_block(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
 {
     const struct layer *l = &e->layers[il];
     if (e->moe) { /* router, experts, fixed-order combine (model/moe.h) */
-        kvr_moe_forward(e->moe, &l->moe, e->xb, n_rows, e->proj, e->pool);
+        if (e->moe_dispatch)
+            kvr_moe_forward_dispatch(e->moe, &l->moe, e->cfg.first_layer + il, e->xb, n_rows,
+                                     e->proj, e->pool, e->moe_dispatch, e->moe_dispatch_ctx);
+        else
+            kvr_moe_forward(e->moe, &l->moe, e->xb, n_rows, e->proj, e->pool);
         return;
     }
     const struct kvr_matrix *ffn_w[2] = {&l->w_gate, &l->w_up};
@@ -933,4 +939,10 @@ int kvr_engine_forward(struct kvr_engine *e, const struct kvr_seg *segs, uint32_
     if (hp->final_softcap > 0.0f)
         softcap(out, (size_t)n_want * hp->n_vocab, hp->final_softcap);
     return KVR_OK;
+}
+
+void kvr_engine_set_expert_dispatch(struct kvr_engine *e, kvr_moe_dispatch_fn fn, void *ctx)
+{
+    e->moe_dispatch = fn;
+    e->moe_dispatch_ctx = ctx;
 }

@@ -24,6 +24,7 @@
 #include "model/arch.h"
 #include "model/dtype.h"
 #include "model/gguf.h"
+#include "model/moe.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -82,6 +83,11 @@ int kvr_engine_check(const struct kvr_engine *e, const struct kvr_seg *segs, uin
 int kvr_engine_forward(struct kvr_engine *e, const struct kvr_seg *segs, uint32_t n_segs,
                        const int32_t *tokens, const float *hidden_in, float *out,
                        struct kvr_err *err);
+
+/* A MoE engine: let fn(ctx, ...) compute the experts of every layer (expert agents,
+ * ring/experts.h) instead of this process; NULL restores local computing. The results are
+ * the same bits either way (moe.h). Call between forwards, from the driving thread. */
+void kvr_engine_set_expert_dispatch(struct kvr_engine *e, kvr_moe_dispatch_fn fn, void *ctx);
 
 /* Release a sequence's KV blocks (its slot may be reused at once). */
 void kvr_engine_seq_free(struct kvr_engine *e, uint32_t seq);

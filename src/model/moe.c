@@ -665,6 +665,16 @@ void kvr_moe_forward(struct kvr_moe_work *w, const struct kvr_moe_layer *l, cons
     kvr_moe_shared(w, l, x, n_rows, y, pool);
 }
 
+void kvr_moe_forward_dispatch(struct kvr_moe_work *w, const struct kvr_moe_layer *l, uint32_t layer,
+                              const float *x, uint32_t n_rows, float *y, struct kvr_pool *pool,
+                              kvr_moe_dispatch_fn fn, void *ctx)
+{
+    kvr_moe_route(w, l, x, n_rows, w->ids, w->weights, pool);
+    fn(ctx, layer, w, l, x, n_rows, w->ids, w->weights, w->pairs, pool);
+    kvr_moe_combine(w->pairs, n_rows, w->mp.n_used, w->n_embd, y);
+    kvr_moe_shared(w, l, x, n_rows, y, pool);
+}
+
 /* ---- the plain reference ---------------------------------------------------------------- */
 
 size_t kvr_moe_ref_scratch_floats(uint32_t n_embd, const struct kvr_moe_hparams *mp)

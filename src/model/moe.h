@@ -155,6 +155,21 @@ void kvr_moe_shared(struct kvr_moe_work *w, const struct kvr_moe_layer *l, const
 void kvr_moe_forward(struct kvr_moe_work *w, const struct kvr_moe_layer *l, const float *x,
                      uint32_t n_rows, float *y, struct kvr_pool *pool);
 
+/* The expert step handed to someone else (ring/experts.h: expert agents). It must fill
+ * every pair row of `pairs` (n_rows x n_used x n_embd) for the routing ids/weights, with
+ * exactly the bits kvr_moe_experts would give (it may call kvr_moe_experts with w and pool
+ * for the pairs it computes here). `layer` is the model's layer index. */
+typedef void (*kvr_moe_dispatch_fn)(void *ctx, uint32_t layer, struct kvr_moe_work *w,
+                                    const struct kvr_moe_layer *l, const float *x, uint32_t n_rows,
+                                    const uint32_t *ids, const float *weights, float *pairs,
+                                    struct kvr_pool *pool);
+
+/* kvr_moe_forward with step 2 done by fn(ctx, ...): routing, then fn, then the combine in
+ * slot order and the shared expert, exactly as kvr_moe_forward. */
+void kvr_moe_forward_dispatch(struct kvr_moe_work *w, const struct kvr_moe_layer *l, uint32_t layer,
+                              const float *x, uint32_t n_rows, float *y, struct kvr_pool *pool,
+                              kvr_moe_dispatch_fn fn, void *ctx);
+
 /* The plain reference of kvr_moe_forward for one row: weights dequantized row by row to
  * floats, dots in double, the same selection rule. ids (n_used entries) may be NULL.
  * scratch: kvr_moe_ref_scratch_floats(n_embd, mp) floats. For tests. */

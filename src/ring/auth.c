@@ -3,11 +3,11 @@
  * Handshake message (144 bytes, all four steps), integers little-endian:
  *   off size field
  *     0   4  magic       "KVSR" (0x4b 0x56 0x53 0x52)
- *     4   2  version     KVR_AUTH_VERSION (4)
+ *     4   2  version     KVR_AUTH_VERSION (5)
  *     6   1  step        enum kvr_auth_step: 1 HELLO, 2 CHALLENGE, 3 PROOF, 4 VERDICT
- *     7   1  role        enum kvr_auth_role of the sender: 1 bridge, 2 stage
- *     8   2  index       the sender's stage index; 0xffff for the bridge, 0xfffe for the
- *                        bridge's control link to a stage (re-planning)
+ *     7   1  role        enum kvr_auth_role of the sender: 1 bridge, 2 stage, 3 agent
+ *     8   2  index       the sender's stage (or agent) index; 0xffff for the bridge, 0xfffe
+ *                        for the bridge's control link to a stage (re-planning)
  *    10   2  status      VERDICT: enum kvr_auth_status; otherwise 0
  *    12   4  reserved    0
  *    16  32  plan_hash   the sender's kvr_plan_hash
@@ -55,7 +55,9 @@ void kvr_auth_id_str(struct kvr_auth_id id, char *out, size_t cap)
     else if (id.role == KVR_AUTH_ROLE_BRIDGE)
         snprintf(out, cap, "the bridge");
     else if (id.role == KVR_AUTH_ROLE_STAGE)
-        snprintf(out, cap, "stage %u", id.index);
+        snprintf(out, cap, id.index == KVR_AUTH_INDEX_ANY ? "a stage" : "stage %u", id.index);
+    else if (id.role == KVR_AUTH_ROLE_AGENT)
+        snprintf(out, cap, "expert agent %u", id.index);
     else
         snprintf(out, cap, "unknown role %u (index %u)", id.role, id.index);
 }
@@ -70,6 +72,11 @@ int kvr_auth_topology(const struct kvr_plan *plan, enum kvr_auth_role role, uint
         *self = bridge;
         *peer = (struct kvr_auth_id){KVR_AUTH_ROLE_STAGE, is_client ? 0 : n - 1};
         return n >= 2 ? KVR_OK : kvr_err_set(err, KVR_EINVAL, "auth: the plan has %u stages", n);
+    }
+    if (role == KVR_AUTH_ROLE_AGENT && !is_client && index < plan->n_agents) {
+        *self = (struct kvr_auth_id){KVR_AUTH_ROLE_AGENT, index};
+        *peer = (struct kvr_auth_id){KVR_AUTH_ROLE_STAGE, KVR_AUTH_INDEX_ANY};
+        return KVR_OK;
     }
     if (role != KVR_AUTH_ROLE_STAGE || index >= n || n < 2)
         return kvr_err_set(err, KVR_EINVAL, "auth: role %d index %u is not part of the plan",
@@ -103,6 +110,7 @@ int kvr_auth_init(struct kvr_auth *a, const struct kvr_plan *plan, bool is_clien
     crypto_generichash(a->key, sizeof a->key, (const unsigned char *)label, sizeof label - 1,
                        plan->secret, plan->secret_bytes);
     kvr_plan_hash(plan, a->plan_hash);
+    a->n_stages = plan->n_stages;
     randombytes_buf(a->nonce, sizeof a->nonce);
     crypto_kx_keypair(a->kx_pk, a->kx_sk);
     return KVR_OK;
@@ -282,6 +290,10 @@ int kvr_auth_recv(struct kvr_auth *a, const uint8_t in[KVR_AUTH_MSG_BYTES],
         a->peer = a->alt_peer;
         a->peer_is_alt = true;
     }
+    bool any = a->peer.index == KVR_AUTH_INDEX_ANY && step == KVR_AUTH_HELLO &&
+               id.role == KVR_AUTH_ROLE_STAGE && id.index < a->n_stages;
+    if (any)
+        a->peer.index = id.index; /* the stage it claims to be; its PROOF must show it */
     if (id.role != a->peer.role || id.index != a->peer.index) {
         kvr_err_set(err, KVR_EINVAL, "expected %s on this link, but the peer says it is %s", want,
                     got_id);

@@ -41,8 +41,9 @@
 
 #define KVR_AUTH_MAGIC 0x5253564bu /* "KVSR" as bytes on the wire */
 /* 2: RESET frames and REPLAY control records (DESIGN.md 8); 3: sealed frames (seal.h);
- * 4: the bridge's control links and REPLAN frames (re-planning) */
-#define KVR_AUTH_VERSION 4
+ * 4: the bridge's control links and REPLAN frames (re-planning);
+ * 5: expert agents (role 3, EXPERT and EXPERT_RESULT frames, ring/experts.h) */
+#define KVR_AUTH_VERSION 5
 #define KVR_AUTH_MSG_BYTES 144
 #define KVR_AUTH_NONCE_BYTES 32
 #define KVR_AUTH_MAC_BYTES 32
@@ -50,8 +51,17 @@
 #define KVR_AUTH_KX_BYTES 32           /* crypto_kx_PUBLICKEYBYTES */
 #define KVR_AUTH_INDEX_NONE 0xffffu    /* the bridge's index */
 #define KVR_AUTH_INDEX_CONTROL 0xfffeu /* the bridge on a control link to a stage */
+/* An expected peer's index that accepts any stage of the plan (an expert agent serves every
+ * stage that owns layers it holds): kvr_auth_recv then records the index the peer proved. */
+#define KVR_AUTH_INDEX_ANY 0xfffdu
 
-enum kvr_auth_role { KVR_AUTH_ROLE_BRIDGE = 1, KVR_AUTH_ROLE_STAGE = 2, KVR_AUTH_ROLE_COUNT = 3 };
+/* AGENT: an expert agent (docs/EXPERTS.md), index = its place in the plan's "experts". */
+enum kvr_auth_role {
+    KVR_AUTH_ROLE_BRIDGE = 1,
+    KVR_AUTH_ROLE_STAGE = 2,
+    KVR_AUTH_ROLE_AGENT = 3,
+    KVR_AUTH_ROLE_COUNT = 4
+};
 
 enum kvr_auth_step {
     KVR_AUTH_HELLO = 1,
@@ -89,6 +99,7 @@ struct kvr_auth {
     struct kvr_auth_id alt_peer;
     bool has_alt;
     bool peer_is_alt;
+    uint32_t n_stages; /* the plan's: a KVR_AUTH_INDEX_ANY peer is one of them */
     uint8_t key[KVR_AUTH_KEY_BYTES];
     uint8_t plan_hash[KVR_PLAN_HASH_BYTES];
     uint8_t peer_plan_hash[KVR_PLAN_HASH_BYTES]; /* what the peer sent (for messages) */
@@ -100,7 +111,8 @@ struct kvr_auth {
 
 /* Who is at each end of a link, from the ring's topology (net.h): the process playing
  * `role`/`index` either connects to its downstream (is_client) or accepts its upstream.
- * KVR_EINVAL if the index is not a stage of the plan. */
+ * An expert agent (role AGENT, only as the server) accepts any stage (KVR_AUTH_INDEX_ANY).
+ * KVR_EINVAL if the index is not a stage (or agent) of the plan. */
 int kvr_auth_topology(const struct kvr_plan *plan, enum kvr_auth_role role, uint32_t index,
                       bool is_client, struct kvr_auth_id *self, struct kvr_auth_id *peer,
                       struct kvr_err *err);

@@ -66,9 +66,13 @@ static void *dial_main(void *arg)
         int fd;
         bool ok = false;
         if (kvr_net_connect(c->addr, kvr_net_deadline(CONNECT_MS), &fd, &err) == 0) {
-            ok = kvr_link_init(&link, fd, c->addr, c->limits, KVR_LINK_SEND, &err) == 0 &&
-                 kvr_link_handshake_client(&link, c->plan, c->role, c->index, c->handshake_ms,
-                                           &err) == 0;
+            uint32_t dirs = c->dirs ? c->dirs : KVR_LINK_SEND;
+            ok = kvr_link_init(&link, fd, c->addr, c->limits, dirs, &err) == 0 &&
+                 (c->peer ? kvr_link_handshake_ids(&link, c->plan,
+                                                   (struct kvr_auth_id){c->role, c->index},
+                                                   *c->peer, true, c->handshake_ms, &err)
+                          : kvr_link_handshake_client(&link, c->plan, c->role, c->index,
+                                                      c->handshake_ms, &err)) == 0;
             if (!ok) {
                 KVR_WARN("%s: downstream %s: %s", c->name, c->addr, err.msg);
                 kvr_link_fini(&link);
@@ -83,11 +87,13 @@ static void *dial_main(void *arg)
             d->have = true;
             d->want = false;
             d->backoff_ms = BACKOFF_MIN_MS;
-            kvr_ev_wake(c->wake);
+            if (c->wake)
+                kvr_ev_wake(c->wake);
             continue;
         }
         set_error(d, err.msg);
-        kvr_ev_wake(c->wake); /* the loop may show the error (/health) */
+        if (c->wake)
+            kvr_ev_wake(c->wake); /* the loop may show the error (/health) */
         pause_ms(d, d->backoff_ms);
         d->backoff_ms =
             d->backoff_ms * 2 > c->backoff_max_ms ? c->backoff_max_ms : d->backoff_ms * 2;

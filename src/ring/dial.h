@@ -38,7 +38,11 @@ struct kvr_dialer_config {
     const char *name; /* for log lines: "bridge", "stage 1" */
     int handshake_ms;
     uint32_t backoff_max_ms;
-    struct kvr_ev *wake; /* woken when a link is ready */
+    struct kvr_ev *wake; /* woken when a link is ready; NULL: the owner polls take */
+    /* Expert links (experts.h): the peer's identity when the topology does not give it
+     * (NULL: the downstream of role/index), and the link's directions (0: KVR_LINK_SEND). */
+    const struct kvr_auth_id *peer;
+    uint32_t dirs;
 };
 
 struct kvr_dialer;

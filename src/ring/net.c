@@ -686,9 +686,9 @@ static int hs_fail(struct kvr_link *link, struct kvr_link_hs *hs, int rc, const 
 /* The bridge on a control link to a stage (re-planning, docs/PROTOCOL.md 6a). */
 static const struct kvr_auth_id control_id = {KVR_AUTH_ROLE_BRIDGE, KVR_AUTH_INDEX_CONTROL};
 
-static int hs_begin_ids(struct kvr_link *link, struct kvr_link_hs *hs, const struct kvr_plan *plan,
-                        struct kvr_auth_id self, struct kvr_auth_id peer, bool is_client,
-                        struct kvr_err *err)
+int kvr_link_hs_begin_ids(struct kvr_link *link, struct kvr_link_hs *hs,
+                          const struct kvr_plan *plan, struct kvr_auth_id self,
+                          struct kvr_auth_id peer, bool is_client, struct kvr_err *err)
 {
     memset(hs, 0, sizeof *hs);
     if (link->broken)
@@ -716,7 +716,7 @@ int kvr_link_hs_begin(struct kvr_link *link, struct kvr_link_hs *hs, const struc
     int rc = kvr_auth_topology(plan, role, index, is_client, &self, &peer, err);
     if (rc)
         return rc;
-    return hs_begin_ids(link, hs, plan, self, peer, is_client, err);
+    return kvr_link_hs_begin_ids(link, hs, plan, self, peer, is_client, err);
 }
 
 int kvr_link_hs_begin_accept(struct kvr_link *link, struct kvr_link_hs *hs,
@@ -800,9 +800,9 @@ int kvr_link_hs_step(struct kvr_link *link, struct kvr_link_hs *hs, struct kvr_e
     }
     if (hs->encrypt && (rc = start_sealing(link, &hs->a, &e)))
         return hs_fail(link, hs, rc, &e, err);
+    link->peer_id = hs->a.peer; /* an ANY index is now the one the peer proved */
     hs->control = hs->a.peer_is_alt;
-    if (hs->control)
-        kvr_auth_id_str(hs->a.peer, hs->want, sizeof hs->want);
+    kvr_auth_id_str(hs->a.peer, hs->want, sizeof hs->want);
     kvr_link_hs_abort(hs);
     link->authenticated = true;
     char addr[KVR_NET_PEER_BYTES];
@@ -850,7 +850,16 @@ int kvr_link_handshake_control(struct kvr_link *link, const struct kvr_plan *pla
         return kvr_err_set(err, KVR_EINVAL, "control link: the plan has no stage %u", index);
     struct kvr_link_hs hs;
     struct kvr_auth_id peer = {KVR_AUTH_ROLE_STAGE, index};
-    int rc = hs_begin_ids(link, &hs, plan, control_id, peer, true, err);
+    int rc = kvr_link_hs_begin_ids(link, &hs, plan, control_id, peer, true, err);
+    return rc ? rc : hs_wait(link, &hs, timeout_ms, err);
+}
+
+int kvr_link_handshake_ids(struct kvr_link *link, const struct kvr_plan *plan,
+                           struct kvr_auth_id self, struct kvr_auth_id peer, bool is_client,
+                           int timeout_ms, struct kvr_err *err)
+{
+    struct kvr_link_hs hs;
+    int rc = kvr_link_hs_begin_ids(link, &hs, plan, self, peer, is_client, err);
     return rc ? rc : hs_wait(link, &hs, timeout_ms, err);
 }
 

@@ -102,6 +102,7 @@ struct kvr_link {
     bool owns_fd;
     bool broken;                   /* a protocol or socket error happened: only fini */
     bool authenticated;            /* the handshake succeeded */
+    struct kvr_auth_id peer_id;    /* who the peer proved to be (after the handshake) */
     char peer[KVR_NET_PEER_BYTES]; /* "stage 2 at 10.0.0.3:7002", for messages */
 
     struct kvr_wire_limits limits; /* what this side accepts (receiving side) */
@@ -194,6 +195,16 @@ int kvr_link_hs_begin_accept(struct kvr_link *link, struct kvr_link_hs *hs,
                              const struct kvr_plan *plan, uint32_t index, struct kvr_err *err);
 int kvr_link_hs_step(struct kvr_link *link, struct kvr_link_hs *hs, struct kvr_err *err);
 void kvr_link_hs_abort(struct kvr_link_hs *hs);
+
+/* Both kinds of handshake with both identities given (an expert link, whose ends the
+ * ring's topology does not name: a stage dials an agent, an agent accepts any stage with
+ * KVR_AUTH_INDEX_ANY). link->peer_id is then the identity the peer proved. */
+int kvr_link_hs_begin_ids(struct kvr_link *link, struct kvr_link_hs *hs,
+                          const struct kvr_plan *plan, struct kvr_auth_id self,
+                          struct kvr_auth_id peer, bool is_client, struct kvr_err *err);
+int kvr_link_handshake_ids(struct kvr_link *link, const struct kvr_plan *plan,
+                           struct kvr_auth_id self, struct kvr_auth_id peer, bool is_client,
+                           int timeout_ms, struct kvr_err *err);
 
 /* Receive the next frame into link->frame (*out points at it) before the deadline (0 =
  * wait forever). KVR_ETIMEDOUT leaves a partial frame buffered for the next call (the link

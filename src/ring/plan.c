@@ -9,6 +9,7 @@
 #include "core/alloc.h"
 #include "core/log.h"
 #include "ring/addr.h"
+#include "ring/plan_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -137,6 +138,20 @@ static int check_keys(json_t *obj, const char *const *allowed, const char *where
     return KVR_OK;
 }
 
+int kvr_plan_json_u32(json_t *v, const char *what, uint32_t *out, struct kvr_err *err)
+{
+    return get_u32(v, what, out, err);
+}
+int kvr_plan_json_str(json_t *v, const char *what, char *dst, size_t cap, struct kvr_err *err)
+{
+    return get_str(v, what, dst, cap, err);
+}
+int kvr_plan_json_keys(json_t *obj, const char *const *allowed, const char *where,
+                       struct kvr_err *err)
+{
+    return check_keys(obj, allowed, where, err);
+}
+
 static int parse_fingerprint(json_t *v, uint64_t *out, struct kvr_err *err)
 {
     if (!json_is_string(v))
@@ -199,23 +214,11 @@ static int parse_stage(json_t *v, uint32_t i, struct kvr_plan_stage *st, struct 
 
 static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
 {
-    static const char *const keys[] = {"model",
-                                       "model_fingerprint",
-                                       "stages",
-                                       "bridge",
-                                       "row_width",
-                                       "microbatches",
-                                       "max_seqs",
-                                       "n_ctx",
-                                       "kv_block_tokens",
-                                       "kv_blocks",
-                                       "wire_dtype",
-                                       "threads",
-                                       "secret",
-                                       "secret_file",
-                                       "encrypt",
-                                       "kv_type",
-                                       NULL};
+    static const char *const keys[] = {
+        "model",        "model_fingerprint", "stages", "bridge",          "row_width",
+        "microbatches", "max_seqs",          "n_ctx",  "kv_block_tokens", "kv_blocks",
+        "wire_dtype",   "threads",           "secret", "secret_file",     "encrypt",
+        "kv_type",      "experts",           NULL};
     int rc;
     if (!json_is_object(root))
         return kvr_err_set(err, KVR_EINVAL, "plan: the top level must be a JSON object");
@@ -332,7 +335,7 @@ static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
     if (secret_file &&
         (rc = get_str(secret_file, "secret_file", p->secret_file, sizeof p->secret_file, err)))
         return rc;
-    return KVR_OK;
+    return kvr_plan_experts_parse(p, json_object_get(root, "experts"), err);
 }
 
 int kvr_plan_parse(struct kvr_plan *plan, const char *json, size_t len, const char *dir,
@@ -721,7 +724,7 @@ int kvr_plan_validate(const struct kvr_plan *p, uint32_t n_layer, struct kvr_err
                            "(%d to %d hex digits)",
                            p->secret_bytes, KVR_PLAN_SECRET_MIN_BYTES, KVR_PLAN_SECRET_MAX_BYTES,
                            2 * KVR_PLAN_SECRET_MIN_BYTES, 2 * KVR_PLAN_SECRET_MAX_BYTES);
-    return KVR_OK;
+    return kvr_plan_experts_validate(p, n_layer, err);
 }
 
 int kvr_plan_check_fingerprint(const struct kvr_plan *plan, uint64_t fingerprint,
@@ -749,6 +752,8 @@ int kvr_plan_check_fingerprint(const struct kvr_plan *plan, uint64_t fingerprint
  *   u32  encrypt (1 or 0)
  *   u32  kv_type (GGUF type id: f32 0, f16 1, q8_0 8)
  *   u32  epoch, only when it is not 0 (a re-planned ring, propose.h kvr_plan_replan)
+ *   with expert agents only: u32 n_agents, per agent u32 addr length, addr bytes,
+ *        u32 n_holds, per hold u32 first_layer, last_layer, first_expert, last_expert
  *
  * Integers are little-endian. Lengths prefix strings so that no two plans serialize alike. */
 static void hash_u32(crypto_generichash_state *st, uint32_t v)
@@ -762,6 +767,15 @@ static void hash_str(crypto_generichash_state *st, const char *s)
     size_t n = strnlen(s, KVR_PLAN_ADDR_BYTES);
     hash_u32(st, (uint32_t)n);
     crypto_generichash_update(st, (const unsigned char *)s, n);
+}
+
+void kvr_plan_hash_u32(crypto_generichash_state *st, uint32_t v)
+{
+    hash_u32(st, v);
+}
+void kvr_plan_hash_str(crypto_generichash_state *st, const char *s)
+{
+    hash_str(st, s);
 }
 
 void kvr_plan_hash(const struct kvr_plan *p, uint8_t hash[KVR_PLAN_HASH_BYTES])
@@ -789,6 +803,7 @@ void kvr_plan_hash(const struct kvr_plan *p, uint8_t hash[KVR_PLAN_HASH_BYTES])
     hash_u32(&st, (uint32_t)p->kv_type);
     if (p->epoch) /* plans as loaded (epoch 0) keep the hash they always had */
         hash_u32(&st, p->epoch);
+    kvr_plan_experts_hash(p, &st);
     crypto_generichash_final(&st, hash, KVR_PLAN_HASH_BYTES);
 }
 
@@ -858,6 +873,7 @@ int kvr_plan_to_json(const struct kvr_plan *p, char **out, struct kvr_err *err)
     ok = ok && kt && !json_object_set_new(root, "kv_type", json_string(kt));
     ok = ok && !json_object_set_new(root, "threads", json_integer(p->n_threads));
     ok = ok && !json_object_set_new(root, "encrypt", json_boolean(p->encrypt));
+    ok = ok && !kvr_plan_experts_to_json(p, root);
     if (p->secret_file[0]) {
         ok = ok && !json_object_set_new(root, "secret_file", json_string(p->secret_file));
     } else {

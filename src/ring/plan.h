@@ -58,6 +58,25 @@ struct kvr_plan_stage {
     uint32_t n_threads; /* compute threads; 0 = the plan's n_threads */
 };
 
+/* Expert placement (docs/EXPERTS.md, docs/PLAN.md "experts"): agent j holds experts
+ * [first_expert, last_expert] of layers [first_layer, last_layer] for every hold. A
+ * (layer, expert) no agent holds is computed by the stage that owns the layer. */
+#define KVR_PLAN_MAX_AGENTS 64
+#define KVR_PLAN_MAX_HOLDS 8
+#define KVR_PLAN_MAX_EXPERTS 1024 /* model/moe.h KVR_MOE_MAX_EXPERTS */
+
+struct kvr_plan_hold {
+    uint32_t first_layer, last_layer;   /* inclusive */
+    uint32_t first_expert, last_expert; /* inclusive */
+};
+
+struct kvr_plan_agent {
+    char addr[KVR_PLAN_ADDR_BYTES]; /* "host:port" the agent listens on for stages */
+    uint32_t n_threads;             /* compute threads; 0 = the plan's n_threads */
+    uint32_t n_holds;               /* 1 .. KVR_PLAN_MAX_HOLDS */
+    struct kvr_plan_hold holds[KVR_PLAN_MAX_HOLDS];
+};
+
 struct kvr_plan {
     /* Model. model_path is as written in the file; kvr_plan_path resolves it. */
     char model_path[KVR_PLAN_PATH_BYTES];
@@ -82,6 +101,10 @@ struct kvr_plan {
     bool encrypt;              /* seal every frame (seal.h); "encrypt", default true */
     uint32_t epoch;            /* 0 as loaded; +1 at each re-plan (propose.h kvr_plan_replan).
                                   Not in the JSON; in the hash when not 0 */
+
+    /* Expert agents ("experts", optional; 0 = every stage computes its own experts). */
+    uint32_t n_agents;
+    struct kvr_plan_agent agents[KVR_PLAN_MAX_AGENTS];
 
     /* Cluster secret: exactly one of "secret" (hex) and "secret_file" appears in the JSON.
      * secret_file is kept as written; kvr_plan_load (or kvr_plan_read_secret) fills
@@ -171,6 +194,19 @@ int kvr_plan_write(const struct kvr_plan *plan, const char *path, struct kvr_err
  * Absolute paths are copied. KVR_ERANGE if it does not fit. */
 int kvr_plan_path(const struct kvr_plan *plan, const char *rel, char *out, size_t out_cap,
                   struct kvr_err *err);
+
+/* Whether agent `a` holds expert e of layer il. */
+bool kvr_plan_agent_holds(const struct kvr_plan_agent *a, uint32_t il, uint32_t e);
+/* Whether agent `a` holds any expert of layer il. */
+bool kvr_plan_agent_holds_layer(const struct kvr_plan_agent *a, uint32_t il);
+
+/* Place the experts of every layer (0..n_layer-1, n_expert each) on n_agents agents in
+ * contiguous, equal blocks (agent j: experts [j*E/K, (j+1)*E/K)), agent j listening on
+ * host:port0+j; so every agent serves every stage. KVR_EINVAL unless 1 <= n_agents <=
+ * min(n_expert, KVR_PLAN_MAX_AGENTS). */
+int kvr_plan_place_experts(struct kvr_plan *plan, uint32_t n_agents, uint32_t n_layer,
+                           uint32_t n_expert, const char *host, uint32_t port0,
+                           struct kvr_err *err);
 
 /* Overwrite the secret in memory. */
 void kvr_plan_wipe(struct kvr_plan *plan);

@@ -177,6 +177,12 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
         return kvr_err_set(err, KVR_EIO, "libsodium failed to initialise");
     plan->secret_bytes = 32;
     randombytes_buf(plan->secret, plan->secret_bytes);
+    if (spec->n_agents) {
+        nth_host(hosts, 0, host, sizeof host);
+        if ((rc = kvr_plan_place_experts(plan, spec->n_agents, hp.n_layer, hp.moe.n_expert, host,
+                                         port + spec->n_stages, err)))
+            return rc;
+    }
     return kvr_plan_validate(plan, hp.n_layer, err);
 }
 

@@ -33,6 +33,9 @@ struct kvr_plan_spec {
     uint32_t n_threads;        /* per stage; 0 = 1 */
     bool no_encrypt;           /* plain frames ("encrypt": false); default sealed */
     uint64_t fingerprint;      /* the model's kvr_gguf_fingerprint, or 0 (no check) */
+    uint32_t n_agents;         /* expert agents (MoE models): the experts of every layer in
+                                  equal blocks, agent j on the first host, port base_port +
+                                  n_stages + j; 0 = none */
 };
 
 /* Fill `plan` (with a fresh random secret) and validate it against the model. */

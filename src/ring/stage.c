@@ -32,6 +32,7 @@
 #include "model/tokenizer.h"
 #include "ring/credit.h"
 #include "ring/dial.h"
+#include "ring/experts.h"
 #include "ring/net.h"
 #include "ring/propose.h"
 #include "ring/step.h"
@@ -88,6 +89,7 @@ struct stage {
 
     struct kvr_gguf *gguf; /* borrowed: kept open across re-plans */
     struct kvr_engine *engine;
+    struct kvr_experts_client *experts; /* NULL: no agent holds experts of this stage */
     struct kvr_hparams hp;
     struct kvr_tok *tok;  /* tail: end-of-generation ids */
     struct kvr_step step; /* compute thread only */
@@ -868,6 +870,10 @@ static void compute_loop(struct stage *s)
         }
         kvr_step_time(&s->step, o, t_arrived > idle_since ? t_arrived - idle_since : 0,
                       t_start - t_arrived, t_done - t_start);
+        if (s->experts) { /* the agents this batch used, after this stage's record */
+            struct kvr_wire_timing at[KVR_PLAN_MAX_AGENTS];
+            kvr_step_time_agents(o, at, kvr_experts_client_take_timings(s->experts, at));
+        }
         /* The finished batch goes first: the downstream is waiting for it, while the
          * upstream still has a credit in hand unless this stage's input queue is full. A
          * wake-up or a system call before the send is where a stage whose CPU quota ran out
@@ -914,6 +920,7 @@ static void stage_fini(struct stage *s)
     pthread_cond_destroy(&s->in_cond);
     pthread_cond_destroy(&s->out_cond);
     kvr_tok_destroy(s->tok);
+    kvr_experts_client_destroy(s->experts);
     kvr_engine_destroy(s->engine);
 }
 
@@ -935,8 +942,11 @@ static int stage_init(struct stage *s, struct kvr_err *err)
                                     .kv_n_blocks = p->kv_blocks,
                                     .kv_type = p->kv_type,
                                     .n_threads = threads};
-    if ((rc = kvr_engine_create(&s->engine, s->gguf, &cfg, err)))
+    if ((rc = kvr_engine_create(&s->engine, s->gguf, &cfg, err)) ||
+        (rc = kvr_experts_client_create(&s->experts, p, s->index, &s->hp, s->name, err)))
         return rc;
+    if (s->experts) /* this stage's MoE layers send their experts' rows to agents */
+        kvr_engine_set_expert_dispatch(s->engine, kvr_experts_dispatch, s->experts);
     if (s->is_tail) {
         struct kvr_err tok_err = {0};
         if (kvr_tok_create(&s->tok, s->gguf, &tok_err))

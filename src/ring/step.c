@@ -67,7 +67,9 @@ int kvr_step_out_init(const struct kvr_step *st, struct kvr_step_out *o,
     o->ctrl = kvr_calloc(up->max_ctrl ? up->max_ctrl : 1, sizeof *o->ctrl);
     o->segs = kvr_calloc(up->max_segs, sizeof *o->segs);
     o->timings = kvr_calloc(st->n_stages + 1, sizeof *o->timings);
-    if (!o->ctrl || !o->segs || !o->timings)
+    o->agent_timings =
+        kvr_calloc((size_t)up->max_agent_timings + up->n_agents + 1, sizeof *o->agent_timings);
+    if (!o->ctrl || !o->segs || !o->timings || !o->agent_timings)
         goto nomem;
     if (st->is_tail) {
         if (!(o->results = kvr_calloc(up->max_segs, sizeof *o->results)))
@@ -90,6 +92,7 @@ void kvr_step_out_fini(struct kvr_step_out *o)
     kvr_free(o->ctrl);
     kvr_free(o->segs);
     kvr_free(o->timings);
+    kvr_free(o->agent_timings);
     kvr_free(o->results);
     kvr_free(o->rows);
     kvr_free(o->wire_rows);
@@ -247,6 +250,7 @@ int kvr_step_run(struct kvr_step *st, const struct kvr_wire_frame *in, struct kv
     memcpy(o->ctrl, in->ctrl, h->n_ctrl * sizeof *in->ctrl);
     memcpy(o->segs, in->segs, h->n_segs * sizeof *in->segs);
     memcpy(o->timings, in->timings, h->n_timings * sizeof *in->timings);
+    memcpy(o->agent_timings, in->agent_timings, in->n_agent_timings * sizeof *in->agent_timings);
     o->msg.type = st->is_tail ? KVR_WIRE_RESULT : KVR_WIRE_BATCH;
     o->msg.batch_id = h->batch_id;
     o->msg.ctrl = o->ctrl;
@@ -255,6 +259,8 @@ int kvr_step_run(struct kvr_step *st, const struct kvr_wire_frame *in, struct kv
     o->msg.n_segs = h->n_segs;
     o->msg.timings = o->timings;
     o->msg.n_timings = h->n_timings;
+    o->msg.agent_timings = o->agent_timings;
+    o->msg.n_agent_timings = in->n_agent_timings;
     if (h->n_segs == 0) { /* a control-only batch */
         o->msg.payload = st->is_tail ? KVR_WIRE_PAYLOAD_RESULTS : st->rows_payload;
         return KVR_OK;
@@ -294,4 +300,10 @@ void kvr_step_time(const struct kvr_step *st, struct kvr_step_out *o, uint64_t s
     struct kvr_wire_timing *t = &o->timings[o->msg.n_timings++];
     *t = (struct kvr_wire_timing){
         .stage = st->index, .held_ns = held_ns, .starved_ns = starved_ns, .blocked_ns = blocked_ns};
+}
+
+void kvr_step_time_agents(struct kvr_step_out *o, const struct kvr_wire_timing *t, uint32_t n)
+{
+    memcpy(&o->agent_timings[o->msg.n_agent_timings], t, n * sizeof *t);
+    o->msg.n_agent_timings += n;
 }

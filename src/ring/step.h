@@ -46,13 +46,14 @@ struct kvr_step {
 
 /* One frame to send on, built by kvr_step_run. */
 struct kvr_step_out {
-    struct kvr_wire_msg msg;         /* points at the arrays below */
-    struct kvr_wire_ctrl *ctrl;      /* [max_ctrl] */
-    struct kvr_seg *segs;            /* [max_segs] */
-    struct kvr_wire_timing *timings; /* [n_stages + 1] */
-    struct kvr_wire_result *results; /* tail: [max_segs] */
-    float *rows;                     /* non-tail: [row_width x n_embd] engine output */
-    void *wire_rows;                 /* non-tail, f16/bf16 wire: the rows narrowed */
+    struct kvr_wire_msg msg;               /* points at the arrays below */
+    struct kvr_wire_ctrl *ctrl;            /* [max_ctrl] */
+    struct kvr_seg *segs;                  /* [max_segs] */
+    struct kvr_wire_timing *timings;       /* [n_stages + 1] */
+    struct kvr_wire_timing *agent_timings; /* [upstream's agent records + the plan's agents] */
+    struct kvr_wire_result *results;       /* tail: [max_segs] */
+    float *rows;                           /* non-tail: [row_width x n_embd] engine output */
+    void *wire_rows;                       /* non-tail, f16/bf16 wire: the rows narrowed */
 };
 
 /* Set up the step of stage `index` of `plan` over `engine` (whose hparams give n_embd and
@@ -75,6 +76,10 @@ bool kvr_step_has_sequences(const struct kvr_step *st);
  * the batch and its sequences (stage.h). */
 int kvr_step_run(struct kvr_step *st, const struct kvr_wire_frame *in, struct kvr_step_out *o,
                  struct kvr_err *err);
+
+/* Append the expert agents' records (experts.h) for this batch to a built frame, after
+ * this stage's (at most the plan's n_agents per batch). */
+void kvr_step_time_agents(struct kvr_step_out *o, const struct kvr_wire_timing *t, uint32_t n);
 
 /* Append this stage's timing record to a built frame. */
 void kvr_step_time(const struct kvr_step *st, struct kvr_step_out *o, uint64_t starved_ns,

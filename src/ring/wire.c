@@ -7,9 +7,9 @@
  *   off size field          notes
  *     0   4  magic          "KVFR" (0x4b 0x56 0x46 0x52)
  *     4   1  type           enum kvr_wire_type: 1 BATCH, 2 RESULT, 3 HEARTBEAT, 4 GOODBYE,
- *                           5 RESET, 6 REPLAN
+ *                           5 RESET, 6 REPLAN, 7 EXPERT, 8 EXPERT_RESULT
  *     5   1  payload        enum kvr_wire_payload: 0 none, 1 tokens, 2 f32, 3 f16, 4 bf16,
- *                           5 results
+ *                           5 results, 6 expert (EXPERT, EXPERT_RESULT: ring/experts.h)
  *     6   2  arg            GOODBYE: reason; RESET: the stage that dropped its sequences
  *                           (upstream of the receiver); REPLAN: the new epoch; otherwise 0
  *     8   8  batch_id       HEARTBEAT: the sender's heartbeat counter; RESET: the batch the
@@ -91,15 +91,16 @@
 
 const char *kvr_wire_type_name(uint32_t type)
 {
-    static const char *const names[KVR_WIRE_TYPE_COUNT] = {
-        NULL, "BATCH", "RESULT", "HEARTBEAT", "GOODBYE", "RESET", "REPLAN"};
+    static const char *const names[KVR_WIRE_TYPE_COUNT] = {NULL,        "BATCH",   "RESULT",
+                                                           "HEARTBEAT", "GOODBYE", "RESET",
+                                                           "REPLAN",    "EXPERT",  "EXPERT_RESULT"};
     return type > 0 && type < KVR_WIRE_TYPE_COUNT ? names[type] : "unknown";
 }
 
 const char *kvr_wire_payload_name(uint32_t payload)
 {
-    static const char *const names[KVR_WIRE_PAYLOAD_COUNT] = {"none", "tokens", "f32",
-                                                              "f16",  "bf16",   "results"};
+    static const char *const names[KVR_WIRE_PAYLOAD_COUNT] = {"none", "tokens",  "f32",   "f16",
+                                                              "bf16", "results", "expert"};
     return payload < KVR_WIRE_PAYLOAD_COUNT ? names[payload] : "unknown";
 }
 
@@ -209,9 +210,11 @@ int kvr_wire_limits_init(struct kvr_wire_limits *lim, const struct kvr_plan *pla
         lim->min_timings = lim->max_timings = (uint32_t)receiver;
         payload = receiver == 0 ? token_bytes : row_bytes;
     }
+    lim->n_agents = plan->n_agents;
+    lim->max_agent_timings = plan->n_agents * (receiver >= 0 ? (uint32_t)receiver : plan->n_stages);
     uint64_t total = KVR_WIRE_HEADER_BYTES + (uint64_t)lim->max_ctrl * KVR_WIRE_CTRL_BYTES +
                      (uint64_t)lim->max_segs * KVR_WIRE_SEG_BYTES + payload +
-                     (uint64_t)lim->max_timings * KVR_WIRE_TIMING_BYTES;
+                     ((uint64_t)lim->max_timings + lim->max_agent_timings) * KVR_WIRE_TIMING_BYTES;
     if (total > KVR_WIRE_MAX_FRAME_BYTES)
         return kvr_err_set(err, KVR_ERANGE,
                            "wire: the plan's largest frame is %" PRIu64 " bytes (row_width %u "
@@ -227,7 +230,8 @@ size_t kvr_wire_scratch_bytes(const struct kvr_wire_limits *lim)
 {
     return KVR_WIRE_HEADER_BYTES + (size_t)lim->max_ctrl * KVR_WIRE_CTRL_BYTES +
            (size_t)lim->max_segs * (KVR_WIRE_SEG_BYTES + KVR_WIRE_RESULT_BYTES) +
-           ((size_t)lim->max_timings + 1) * KVR_WIRE_TIMING_BYTES;
+           ((size_t)lim->max_timings + 1 + lim->max_agent_timings + lim->n_agents) *
+               KVR_WIRE_TIMING_BYTES;
 }
 
 /* ---- Frames ---------------------------------------------------------------------------- */
@@ -245,8 +249,10 @@ int kvr_wire_frame_init(struct kvr_wire_frame *f, const struct kvr_wire_limits *
     f->segs = kvr_calloc((size_t)f->cap_segs + 1, sizeof *f->segs);
     f->results = kvr_calloc((size_t)f->cap_segs + 1, sizeof *f->results);
     f->timings = kvr_calloc((size_t)f->cap_timings, sizeof *f->timings);
+    f->cap_agent_timings = lim->max_agent_timings;
+    f->agent_timings = kvr_calloc((size_t)f->cap_agent_timings + 1, sizeof *f->agent_timings);
     f->seq_seen = kvr_calloc((size_t)f->cap_seqs / 64 + 1, sizeof *f->seq_seen);
-    if (!f->ctrl || !f->segs || !f->results || !f->timings || !f->seq_seen) {
+    if (!f->ctrl || !f->segs || !f->results || !f->timings || !f->agent_timings || !f->seq_seen) {
         kvr_wire_frame_fini(f);
         return kvr_err_set(err, KVR_ENOMEM, "wire: out of memory for frame records");
     }
@@ -259,6 +265,7 @@ void kvr_wire_frame_fini(struct kvr_wire_frame *f)
     kvr_free(f->segs);
     kvr_free(f->results);
     kvr_free(f->timings);
+    kvr_free(f->agent_timings);
     kvr_free(f->seq_seen);
     memset(f, 0, sizeof *f);
 }
@@ -284,6 +291,8 @@ void kvr_wire_msg_forward(struct kvr_wire_msg *msg, const struct kvr_wire_frame 
     msg->n_segs = f->hdr.n_segs;
     msg->timings = f->timings;
     msg->n_timings = f->hdr.n_timings;
+    msg->agent_timings = f->agent_timings;
+    msg->n_agent_timings = f->n_agent_timings;
 }
 
 /* ---- Header ---------------------------------------------------------------------------- */
@@ -305,6 +314,9 @@ static bool expected_payload(const struct kvr_wire_header *h, const struct kvr_w
         return true;
     case KVR_WIRE_PAYLOAD_RESULTS:
         *out = (uint64_t)h->n_results * KVR_WIRE_RESULT_BYTES;
+        return true;
+    case KVR_WIRE_PAYLOAD_EXPERT: /* its own layout: bounded by the frame size below */
+        *out = h->payload_bytes;
         return true;
     default:
         return kvr_mul_u64(h->n_rows, lim->n_embd, &n) &&
@@ -384,6 +396,12 @@ int kvr_wire_decode_header(const uint8_t *b, const struct kvr_wire_limits *lim,
         if (h->n_results)
             return PROTO("BATCH frame declares %u result records", h->n_results);
         break;
+    case KVR_WIRE_EXPERT:
+    case KVR_WIRE_EXPERT_RESULT:
+        if (h->payload != KVR_WIRE_PAYLOAD_EXPERT || h->n_rows || h->n_segs || h->n_ctrl ||
+            h->n_timings || h->n_results)
+            return PROTO("a %s frame carries one expert payload and no records", tn);
+        break;
     case KVR_WIRE_RESULT:
         if (h->payload != KVR_WIRE_PAYLOAD_RESULTS)
             return PROTO("RESULT frame carries %s, not results", kvr_wire_payload_name(h->payload));
@@ -404,7 +422,8 @@ int kvr_wire_decode_header(const uint8_t *b, const struct kvr_wire_limits *lim,
                      tn, h->n_segs, h->n_rows);
     if (h->n_ctrl > lim->max_ctrl)
         return PROTO("%s frame has %u control records; at most %u", tn, h->n_ctrl, lim->max_ctrl);
-    if (h->n_timings < lim->min_timings || h->n_timings > lim->max_timings) {
+    if (h->n_timings < lim->min_timings ||
+        h->n_timings > lim->max_timings + lim->max_agent_timings) {
         if (lim->min_timings == lim->max_timings)
             return PROTO("%s frame has %u timing records; one per upstream stage (%u) "
                          "expected here",
@@ -614,7 +633,7 @@ int kvr_wire_decode_body(struct kvr_wire_frame *f, const struct kvr_wire_header 
     if (len != h->body_bytes)
         return PROTO("frame body is %zu bytes; its header says %u", len, h->body_bytes);
     if (h->n_ctrl > f->cap_ctrl || h->n_segs > f->cap_segs || h->n_results > f->cap_segs ||
-        h->n_timings >= f->cap_timings || lim->max_seqs > f->cap_seqs)
+        h->n_timings >= f->cap_timings + f->cap_agent_timings || lim->max_seqs > f->cap_seqs)
         return kvr_err_set(err, KVR_EINVAL, "wire: frame records were sized for smaller limits");
     f->hdr = *h;
     f->payload = NULL;
@@ -684,17 +703,37 @@ int kvr_wire_decode_body(struct kvr_wire_frame *f, const struct kvr_wire_header 
     }
     p += h->payload_bytes;
 
+    /* The stages' records (record i from stage i), then the agents' (wire.h). */
+    uint32_t n_stage = 0, n_agent = 0;
     for (uint32_t i = 0; i < h->n_timings; i++, p += KVR_WIRE_TIMING_BYTES) {
-        struct kvr_wire_timing *t = &f->timings[i];
-        t->stage = kvr_ld32(p);
-        if (t->stage != i || kvr_ld32(p + 4) != 0)
-            return PROTO("timing record %u claims stage %u (record i comes from stage i, "
-                         "reserved field 0)",
-                         i, t->stage);
+        uint32_t who = kvr_ld32(p), reserved = kvr_ld32(p + 4);
+        struct kvr_wire_timing *t;
+        if (who & KVR_WIRE_TIMING_AGENT) {
+            if ((who & ~KVR_WIRE_TIMING_AGENT) >= lim->n_agents ||
+                n_agent >= f->cap_agent_timings || n_stage == 0)
+                return PROTO("timing record %u claims expert agent %u (the plan has %u; at "
+                             "most %u agent records, after a stage's)",
+                             i, who & ~KVR_WIRE_TIMING_AGENT, lim->n_agents, f->cap_agent_timings);
+            t = &f->agent_timings[n_agent++];
+            t->pairs = reserved;
+        } else {
+            if (who != n_stage || reserved != 0 || n_agent > 0 || n_stage >= lim->max_timings)
+                return PROTO("timing record %u claims stage %u (record i comes from stage i, "
+                             "reserved field 0, before the agents' records)",
+                             i, who);
+            t = &f->timings[n_stage++];
+            t->pairs = 0;
+        }
+        t->stage = who;
         t->held_ns = kvr_ld64(p + 8);
         t->starved_ns = kvr_ld64(p + 16);
         t->blocked_ns = kvr_ld64(p + 24);
     }
+    if ((h->type == KVR_WIRE_BATCH || h->type == KVR_WIRE_RESULT) && n_stage < lim->min_timings)
+        return PROTO("frame has %u stage timing records; %u expected here", n_stage,
+                     lim->min_timings);
+    f->hdr.n_timings = n_stage;
+    f->n_agent_timings = n_agent;
     return KVR_OK;
 }
 
@@ -749,11 +788,14 @@ int kvr_wire_encode(const struct kvr_wire_msg *m, uint8_t *scratch, size_t cap,
 {
     if (m->type == 0 || m->type >= KVR_WIRE_TYPE_COUNT)
         return INVAL("wire: cannot encode frame type %u", m->type);
-    bool data = m->type == KVR_WIRE_BATCH || m->type == KVR_WIRE_RESULT;
+    bool expert = m->type == KVR_WIRE_EXPERT || m->type == KVR_WIRE_EXPERT_RESULT;
+    bool data = m->type == KVR_WIRE_BATCH || m->type == KVR_WIRE_RESULT || expert;
     if (m->n_ctrl > KVR_WIRE_MAX_COUNT || m->n_segs > KVR_WIRE_MAX_COUNT ||
-        m->n_timings > KVR_WIRE_MAX_COUNT || m->n_results > KVR_WIRE_MAX_COUNT)
+        (uint64_t)m->n_timings + m->n_agent_timings > KVR_WIRE_MAX_COUNT ||
+        m->n_results > KVR_WIRE_MAX_COUNT)
         return INVAL("wire: a count exceeds the header's 16-bit field");
-    if (!data && (m->n_ctrl || m->n_segs || m->n_timings || m->n_results || m->payload_bytes))
+    if (!data && (m->n_ctrl || m->n_segs || m->n_timings || m->n_agent_timings || m->n_results ||
+                  m->payload_bytes))
         return INVAL("wire: a %s frame has no body", kvr_wire_type_name(m->type));
     uint64_t rows = 0;
     for (uint32_t i = 0; i < m->n_segs; i++)
@@ -765,6 +807,13 @@ int kvr_wire_encode(const struct kvr_wire_msg *m, uint8_t *scratch, size_t cap,
     uint64_t payload_bytes = m->payload_bytes;
     if (!data) {
         payload = KVR_WIRE_PAYLOAD_NONE;
+    } else if (expert) {
+        if (payload != KVR_WIRE_PAYLOAD_EXPERT || m->n_ctrl || m->n_segs || m->n_results ||
+            m->n_timings || m->n_agent_timings)
+            return INVAL("wire: a %s frame carries one expert payload and no records",
+                         kvr_wire_type_name(m->type));
+        if (payload_bytes && !m->payload_data)
+            return INVAL("wire: payload bytes without payload data");
     } else if (m->type == KVR_WIRE_RESULT) {
         if (payload != KVR_WIRE_PAYLOAD_RESULTS)
             return INVAL("wire: a RESULT frame carries results");
@@ -791,7 +840,7 @@ int kvr_wire_encode(const struct kvr_wire_msg *m, uint8_t *scratch, size_t cap,
     uint64_t records = KVR_WIRE_HEADER_BYTES + (uint64_t)m->n_ctrl * KVR_WIRE_CTRL_BYTES +
                        (uint64_t)m->n_segs * KVR_WIRE_SEG_BYTES;
     uint64_t results = m->type == KVR_WIRE_RESULT ? payload_bytes : 0;
-    uint64_t timings = (uint64_t)m->n_timings * KVR_WIRE_TIMING_BYTES;
+    uint64_t timings = ((uint64_t)m->n_timings + m->n_agent_timings) * KVR_WIRE_TIMING_BYTES;
     uint64_t body = records - KVR_WIRE_HEADER_BYTES + payload_bytes + timings;
     if (body > UINT32_MAX || payload_bytes > UINT32_MAX)
         return INVAL("wire: a frame body of %" PRIu64 " bytes is too large", body);
@@ -811,7 +860,7 @@ int kvr_wire_encode(const struct kvr_wire_msg *m, uint8_t *scratch, size_t cap,
     kvr_st32(p + 16, (uint32_t)rows);
     kvr_st16(p + 20, (uint16_t)m->n_segs);
     kvr_st16(p + 22, (uint16_t)m->n_ctrl);
-    kvr_st16(p + 24, (uint16_t)m->n_timings);
+    kvr_st16(p + 24, (uint16_t)(m->n_timings + m->n_agent_timings));
     kvr_st16(p + 26, (uint16_t)(m->type == KVR_WIRE_RESULT ? m->n_results : 0));
     kvr_st32(p + 28, (uint32_t)payload_bytes);
     kvr_st32(p + 32, (uint32_t)body);
@@ -833,18 +882,20 @@ int kvr_wire_encode(const struct kvr_wire_msg *m, uint8_t *scratch, size_t cap,
         kvr_st32(p + 12, m->results[i].flags);
     }
     uint8_t *tim = p;
-    for (uint32_t i = 0; i < m->n_timings; i++, p += KVR_WIRE_TIMING_BYTES) {
-        kvr_st32(p, m->timings[i].stage);
-        kvr_st32(p + 4, 0);
-        kvr_st64(p + 8, m->timings[i].held_ns);
-        kvr_st64(p + 16, m->timings[i].starved_ns);
-        kvr_st64(p + 24, m->timings[i].blocked_ns);
+    for (uint32_t i = 0; i < m->n_timings + m->n_agent_timings; i++, p += KVR_WIRE_TIMING_BYTES) {
+        const struct kvr_wire_timing *t =
+            i < m->n_timings ? &m->timings[i] : &m->agent_timings[i - m->n_timings];
+        kvr_st32(p, t->stage);
+        kvr_st32(p + 4, i < m->n_timings ? 0 : t->pairs);
+        kvr_st64(p + 8, t->held_ns);
+        kvr_st64(p + 16, t->starved_ns);
+        kvr_st64(p + 24, t->blocked_ns);
     }
 
     int n = 0;
     iov[n].iov_base = scratch;
     iov[n++].iov_len = (size_t)(tim - scratch);
-    if (m->type == KVR_WIRE_BATCH && payload_bytes) {
+    if ((m->type == KVR_WIRE_BATCH || expert) && payload_bytes) {
         iov[n].iov_base = (void *)m->payload_data;
         iov[n++].iov_len = (size_t)payload_bytes;
     }
@@ -871,7 +922,9 @@ int kvr_wire_encode_flat(const struct kvr_wire_msg *m, uint8_t *out, size_t cap,
     if (total > cap)
         return INVAL("wire: buffer of %zu bytes cannot hold a %zu-byte frame", cap, total);
     size_t at = iov[0].iov_len;
-    if (n_iov >= 2 && iov[1].iov_base == (void *)m->payload_data && m->type == KVR_WIRE_BATCH) {
+    if (n_iov >= 2 && iov[1].iov_base == (void *)m->payload_data &&
+        (m->type == KVR_WIRE_BATCH || m->type == KVR_WIRE_EXPERT ||
+         m->type == KVR_WIRE_EXPERT_RESULT)) {
         size_t pay = iov[1].iov_len, tim = n_iov == 3 ? iov[2].iov_len : 0;
         memmove(out + at + pay, out + at, tim);
         memcpy(out + at, m->payload_data, pay);

@@ -8,7 +8,7 @@
  *
  * A frame is a 40-byte header followed by a body:
  *     header | control records | segments | payload | timing records
- * and is one of five types:
+ * and is one of seven types:
  *   BATCH     bridge -> head -> ... -> tail: membership (segments), in-band control records
  *             (open/free/cancel a sequence), and the payload: token ids (to the head) or
  *             boundary rows n_rows x n_embd in the plan's wire dtype (between stages).
@@ -16,6 +16,8 @@
  *             record per segment flagged KVR_SEG_WANTS_TOKEN (its sampled token).
  *   HEARTBEAT sender -> receiver when idle, so a silent peer can be told from a dead one.
  *   GOODBYE   sender -> receiver before a deliberate close.
+ *   EXPERT, EXPERT_RESULT  a stage's rows to an expert agent and the agent's answer
+ *             (docs/EXPERTS.md; body layout in ring/experts.c): no records, one payload.
  *   RESET     a stage dropped every sequence (its upstream link was lost or replaced, or it
  *             could not run a batch); forwarded by every later stage to the bridge, which
  *             then holds and re-prefills the running sequences (DESIGN.md 8).
@@ -67,9 +69,11 @@ enum kvr_wire_type {
     KVR_WIRE_HEARTBEAT = 3,
     KVR_WIRE_GOODBYE = 4,
     KVR_WIRE_RESET = 5,
-    KVR_WIRE_REPLAN = 6, /* bridge -> a stage, on a control link only: arg = the new plan's
-                            epoch, batch_id = a mask of the old stages kept (propose.h) */
-    KVR_WIRE_TYPE_COUNT = 7
+    KVR_WIRE_REPLAN = 6,        /* bridge -> a stage, on a control link only: arg = the new plan's
+                                   epoch, batch_id = a mask of the old stages kept (propose.h) */
+    KVR_WIRE_EXPERT = 7,        /* owning stage -> expert agent: rows and their routing */
+    KVR_WIRE_EXPERT_RESULT = 8, /* expert agent -> stage: the held pairs' output rows */
+    KVR_WIRE_TYPE_COUNT = 9
 };
 
 /* RESET's batch_id when the stage's upstream link was lost or replaced (otherwise it is the
@@ -84,7 +88,9 @@ enum kvr_wire_payload {
     KVR_WIRE_PAYLOAD_F16 = 3,     /* ... IEEE half */
     KVR_WIRE_PAYLOAD_BF16 = 4,    /* ... bfloat16 */
     KVR_WIRE_PAYLOAD_RESULTS = 5, /* n_results result records (RESULT) */
-    KVR_WIRE_PAYLOAD_COUNT = 6
+    KVR_WIRE_PAYLOAD_EXPERT = 6,  /* an EXPERT / EXPERT_RESULT body, laid out and checked
+                                     by ring/experts.c; here only bounded by the frame size */
+    KVR_WIRE_PAYLOAD_COUNT = 7
 };
 
 /* GOODBYE's reason, carried in the header's `arg`. */
@@ -211,12 +217,18 @@ struct kvr_wire_result {
     uint32_t flags; /* enum kvr_wire_result_flag bits */
 };
 
-/* One stage's account of one batch (DESIGN.md 5). Record i always comes from stage i. */
+/* One stage's account of one batch (DESIGN.md 5). Record i always comes from stage i.
+ * After the stages' records come the expert agents' (ring/experts.h), one per agent a
+ * stage used for the batch, appended by that stage: stage = KVR_WIRE_TIMING_AGENT | agent
+ * index, the reserved field the pairs it computed; they are decoded into the frame's
+ * agent_timings, apart from the stages'. */
+#define KVR_WIRE_TIMING_AGENT 0x8000u
 struct kvr_wire_timing {
-    uint32_t stage;      /* stage index */
+    uint32_t stage;      /* stage index (or KVR_WIRE_TIMING_AGENT | agent index) */
     uint64_t held_ns;    /* computing this batch (apply control records + forward) */
     uint64_t starved_ns; /* idle before this batch arrived */
     uint64_t blocked_ns; /* waiting for the downstream to take the stage's previous frame */
+    uint32_t pairs;      /* agent records: pairs the agent computed; stages: 0 */
 };
 
 /* ---- Limits ---------------------------------------------------------------------------- */
@@ -232,6 +244,8 @@ struct kvr_wire_limits {
                              free-all probe, OPEN, REPLAY and MAP records */
     uint32_t min_timings; /* stage k receives exactly k timing records, the bridge n_stages */
     uint32_t max_timings;
+    uint32_t n_agents;           /* the plan's expert agents: agent records name one of them */
+    uint32_t max_agent_timings;  /* agent records a frame may carry (n_agents per stage) */
     uint32_t max_seqs;           /* seq ids are < max_seqs */
     uint32_t n_ctx;              /* pos0 + n_tokens <= n_ctx */
     uint32_t kv_blocks;          /* MAP block ids are < kv_blocks */
@@ -269,14 +283,17 @@ const char *kvr_wire_payload_name(uint32_t payload);
  * `payload` borrows the body buffer given to kvr_wire_decode_body. */
 struct kvr_wire_frame {
     struct kvr_wire_header hdr;
-    struct kvr_wire_ctrl *ctrl;      /* hdr.n_ctrl records (capacity max_ctrl) */
-    struct kvr_seg *segs;            /* hdr.n_segs records (capacity max_segs) */
-    const void *payload;             /* hdr.payload_bytes bytes in the body buffer: int32
-                                        tokens, or n_rows x n_embd rows in the wire dtype */
-    struct kvr_wire_result *results; /* hdr.n_results records (capacity max_segs) */
-    struct kvr_wire_timing *timings; /* hdr.n_timings records (capacity max_timings + 1, so
-                                        a stage can append its own) */
-    uint32_t n_logit_rows;           /* segments flagged WANTS_TOKEN */
+    struct kvr_wire_ctrl *ctrl;            /* hdr.n_ctrl records (capacity max_ctrl) */
+    struct kvr_seg *segs;                  /* hdr.n_segs records (capacity max_segs) */
+    const void *payload;                   /* hdr.payload_bytes bytes in the body buffer: int32
+                                              tokens, or n_rows x n_embd rows in the wire dtype */
+    struct kvr_wire_result *results;       /* hdr.n_results records (capacity max_segs) */
+    struct kvr_wire_timing *timings;       /* hdr.n_timings records (capacity max_timings + 1, so
+                                              a stage can append its own); hdr.n_timings counts
+                                              the stages' records only, once decoded */
+    struct kvr_wire_timing *agent_timings; /* n_agent_timings agent records */
+    uint32_t n_agent_timings, cap_agent_timings;
+    uint32_t n_logit_rows; /* segments flagged WANTS_TOKEN */
     uint32_t cap_ctrl, cap_segs, cap_timings;
     uint64_t *seq_seen; /* decoder scratch: one bit per seq slot */
     uint32_t cap_seqs;
@@ -333,6 +350,8 @@ struct kvr_wire_msg {
     uint32_t n_results;
     const struct kvr_wire_timing *timings;
     uint32_t n_timings;
+    const struct kvr_wire_timing *agent_timings; /* sent after the stages' records */
+    uint32_t n_agent_timings;
 };
 
 /* Encode `msg`: header and records into `scratch` (cap bytes; kvr_wire_scratch_bytes of the

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# Bit-identical tokens on mixture-of-experts models (DESIGN.md 7, 11; issue 11 acceptance 2
-# without expert agents): 12 concurrent sequences with mixed prompt lengths, 6 greedy and 6
-# sampled with seeds, give exactly the same tokens through the single-process engine (each
-# sequence alone, 1 thread), the single process running all 12 at once (continuous
-# batching, 2 threads), and a 2-stage ring, drained (1 micro-batch) and in flight (2), on
-# synthesized Mixtral-style (8 experts, top-2), Qwen3-MoE (16 experts, top-4) and Qwen2-MoE
-# (8 experts, top-2, a shared expert) models in Q8_0.
+# Bit-identical tokens on mixture-of-experts models (DESIGN.md 7, 11; issue 11 acceptance
+# 2): 12 concurrent sequences with mixed prompt lengths, 6 greedy and 6 sampled with seeds,
+# give exactly the same tokens through the single-process engine (each sequence alone, 1
+# thread), the single process running all 12 at once (continuous batching, 2 threads), a
+# 2-stage ring, and a 2-stage ring whose experts live on 2 expert agents (`kvasir plan
+# --experts 2`: each agent half of every layer's experts), each ring drained (1
+# micro-batch) and in flight (2), on synthesized Mixtral-style (8 experts, top-2),
+# Qwen3-MoE (16 experts, top-4) and Qwen2-MoE (8 experts, top-2, a shared expert) models in
+# Q8_0. On Qwen3-MoE also a partial placement: agent 0 holds experts 0-5 of layers 0-3,
+# agent 1 experts 8-15 of layers 2-5, the stages compute the rest themselves. Every agent
+# must have been linked to both stages before the run and have computed pairs in it, and
+# no stage may have lost an agent (else the stages computed those pairs themselves).
 set -euo pipefail
 source "$(dirname "$0")/lib.bash"
 
@@ -27,6 +32,75 @@ same() { # same REF OTHER WHAT
     fi
 }
 
+# start_agents N: start the expert agents of $RING_PLAN and wait (10 s at most) until each
+# has authenticated both stages.
+start_agents() {
+    local n=$1 j i
+    AGENT_PIDS=()
+    for ((j = 0; j < n; j++)); do
+        "$KVASIR" experts --plan "$RING_PLAN" --index "$j" >"$(dirname "$RING_PLAN")/agent$j.log" 2>&1 &
+        PIDS+=($!)
+        AGENT_PIDS+=($!)
+    done
+    for ((j = 0; j < n; j++)); do
+        for i in $(seq 100); do
+            [ "$(cat "$(dirname "$RING_PLAN")/agent$j.log" 2>/dev/null | grep -c linked)" -ge 2 ] &&
+                break
+            sleep 0.1
+        done
+        [ "$(cat "$(dirname "$RING_PLAN")/agent$j.log" 2>/dev/null | grep -c linked)" -ge 2 ] ||
+            { cat "$(dirname "$RING_PLAN")/agent$j.log"; fail "agent $j did not link both stages"; }
+    done
+}
+# stop_agents N WHAT: stop them; each must have computed pairs, no stage may have lost one.
+stop_agents() {
+    local n=$1 what=$2 j dir
+    dir=$(dirname "$RING_PLAN")
+    stop_ring
+    for p in "${AGENT_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${AGENT_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    for ((j = 0; j < n; j++)); do
+        local pairs
+        pairs=$(sed -n 's/.*stopping after [0-9]* frames, \([0-9]*\) pairs.*/\1/p' "$dir/agent$j.log")
+        [ -n "$pairs" ] && [ "$pairs" -gt 0 ] ||
+            { tail -5 "$dir/agent$j.log"; fail "$what: agent $j computed no pairs"; }
+        echo "   agent $j computed $pairs pairs"
+    done
+    ! grep -h "expert agent .* lost" "$dir"/stage*.log || fail "$what: a stage lost an agent"
+}
+
+# run_agents MODEL TAG MB PLACEMENT: the prompts through 2 stages + 2 agents.
+run_agents() {
+    local model=$1 tag=$2 mb=$3 placement=$4
+    start_ring "$model" 2 "$mb" "$tag-a$placement-$mb" --experts 2
+    if [ "$placement" = partial ]; then
+        stop_ring
+        python3 - "$RING_PLAN" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["experts"][0]["holds"] = [{"layers": [0, 3], "experts": [0, 5]}]
+p["experts"][1]["holds"] = [{"layers": [2, 5], "experts": [8, 15]}]
+json.dump(p, open(sys.argv[1], "w"))
+PY
+        local i
+        RING_PIDS=()
+        for i in 0 1; do
+            "$KVASIR" stage --plan "$RING_PLAN" --index "$i" \
+                >"$(dirname "$RING_PLAN")/stage$i.log" 2>&1 &
+            PIDS+=($!)
+            RING_PIDS+=($!)
+        done
+    fi
+    start_agents 2
+    timeout 120 "$KVASIR" run --plan "$RING_PLAN" --prompts "$TMP/prompts.jsonl" --json \
+        --ignore-eos >"$TMP/$tag.a$placement.$mb.jsonl" 2>"$TMP/$tag.a$placement.$mb.log" ||
+        { cat "$TMP/$tag.a$placement.$mb.log"; fail "$tag: 2 stages + 2 agents, $mb micro-batches"; }
+    stop_agents 2 "$tag: 2 stages + 2 agents ($placement), $mb micro-batches"
+    same "$TMP/$tag.ref.jsonl" "$TMP/$tag.a$placement.$mb.jsonl" \
+        "$tag: 2 stages + 2 agents ($placement), $mb micro-batches"
+    echo "ok: $tag, 2 stages + 2 expert agents ($placement), $mb micro-batches in flight: 12/12 sequences identical"
+}
+
 check_model() {
     local model=$1 tag=$2
     timeout 120 "$KVASIR" run -m "$model" --prompts "$TMP/prompts.jsonl" --json --ignore-eos \
@@ -46,6 +120,8 @@ check_model() {
         stop_ring
         same "$TMP/$tag.ref.jsonl" "$TMP/$tag.2.$mb.jsonl" "$tag: 2 stages, $mb micro-batches"
         echo "ok: $tag, 2 stages, $mb micro-batches in flight: 12/12 sequences identical"
+        run_agents "$model" "$tag" "$mb" halves
+        if [ "$tag" = qwen3moe ]; then run_agents "$model" "$tag" "$mb" partial; fi
     done
 }
 

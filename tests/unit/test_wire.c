@@ -476,7 +476,7 @@ static void test_header_rejections(void **state)
     CASE("type 0", buf[4] = 0, "unknown frame type 0");
     CASE("type 9", buf[4] = 9, "unknown frame type 9");
     CASE("type not accepted", buf[4] = KVR_WIRE_RESULT, "RESULT frame is not accepted");
-    CASE("payload unknown", buf[5] = 6, "unknown payload type 6");
+    CASE("payload unknown", buf[5] = 7, "unknown payload type 7");
     CASE("payload f32 on an f16 link", buf[5] = KVR_WIRE_PAYLOAD_F32,
          "carries f32; this link expects f16");
     CASE("tokens to stage 1", buf[5] = KVR_WIRE_PAYLOAD_TOKENS,
@@ -1106,7 +1106,7 @@ static void test_write_corpus(void **state)
         {.seq = 2, .token = 7, .logprob = -1.5f, .flags = KVR_WIRE_RESULT_LOGPROB},
         {.seq = 3, .token = 31, .flags = KVR_WIRE_RESULT_EOG},
     };
-    struct kvr_wire_timing tim[3] = {{0, 1, 2, 3}, {1, 4, 5, 6}, {2, 7, 8, 9}};
+    struct kvr_wire_timing tim[3] = {{0, 1, 2, 3, 0}, {1, 4, 5, 6, 0}, {2, 7, 8, 9, 0}};
 
     struct kvr_wire_msg m = {.type = KVR_WIRE_BATCH,
                              .batch_id = 1,
