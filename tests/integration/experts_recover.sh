@@ -28,7 +28,7 @@ linked() { grep -c "stage [01]: expert agent $1 linked" "$SERVE_LOG" || true; }
 
 complete() { # complete I TAG: a streamed completion; its text (from the SSE events) to a file
     curl -s -N -m 120 "$SERVE_URL/v1/completions" -H 'Content-Type: application/json' \
-        -d "{\"model\": \"moe\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": 200,
+        -d "{\"model\": \"moe\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": 400,
              \"temperature\": 0.9, \"seed\": $1, \"ignore_eos\": true, \"stream\": true,
              \"repetition_penalty\": 1.1, \"frequency_penalty\": 0.3, \"presence_penalty\": 0.2}" |
         python3 -c '
@@ -47,10 +47,10 @@ for tag in ref dis back; do
     pids=()
     for i in 1 2 3 4; do complete "$i" "$tag" & pids+=($!); done
     if [ $tag = dis ]; then
-        # Mid-stream: once the ring has passed 60 batches since the streams began.
+        # Mid-stream: once the ring has passed 40 batches since the streams began (of ~400).
         b0=$(metric ring_batches_total)
         for w in $(seq 1 600); do
-            [ "$(metric ring_batches_total)" -ge $((b0 + 60)) ] && break
+            [ "$(metric ring_batches_total)" -ge $((b0 + 40)) ] && break
             sleep 0.05
         done
         a1=$(pgrep -f "experts --plan $PLAN --index 1") || fail "serve: no expert agent 1"
