@@ -3,7 +3,10 @@
  * reduces in one fixed order: the same result for a row whatever else is in the batch. */
 #include "model/attn.h"
 
+#include "model/dtype.h"
+
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 typedef float v8f __attribute__((vector_size(32), aligned(4)));
@@ -54,6 +57,36 @@ static void mix_plain(float *out, const float *p, size_t stride, uint32_t group,
             axpy_plain(out + (size_t)g * hd, p[g * stride + j], v + j * v_step, hd);
 }
 
+void kvr_online_step(float *st, float p, float *rescale, float *weight)
+{
+    *rescale = 1.0f;
+    *weight = 1.0f;
+    if (p > st[0]) {
+        *rescale = expf(st[0] - p);
+        st[0] = p;
+    } else {
+        *weight = expf(p - st[0]);
+    }
+    st[1] = st[1] * *rescale + *weight;
+}
+
+static void mix_online_f16_plain(uint16_t *acc, float *st, const float *p, uint32_t hd,
+                                 const float *v, size_t v_step, uint32_t n)
+{
+    for (uint32_t j = 0; j < n; j++) {
+        float ms, vs;
+        bool grew = p[j] > st[0];
+        kvr_online_step(st, p[j], &ms, &vs);
+        const float *vj = v + j * v_step;
+        for (uint32_t i = 0; i < hd; i++) {
+            float a = kvr_f16_to_f32(acc[i]);
+            if (grew)
+                a = kvr_f16_to_f32(kvr_f32_to_f16(a * ms));
+            acc[i] = kvr_f32_to_f16(fmaf(vj[i], vs, a));
+        }
+    }
+}
+
 static void softmax_plain(float *x, uint32_t n)
 {
     float max = -INFINITY;
@@ -88,6 +121,7 @@ void kvr_geglu_plain(float *gate, const float *up, size_t n)
 
 const struct kvr_attn_ops kvr_attn_ops_plain = {.scores = scores_plain,
                                                 .mix = mix_plain,
+                                                .mix_online_f16 = mix_online_f16_plain,
                                                 .softmax = softmax_plain,
                                                 .swiglu = swiglu_plain,
                                                 .geglu = kvr_geglu_plain};

@@ -20,6 +20,15 @@ struct kvr_attn_ops {
     /* out[g * hd + i] += p[g * stride + j] * v[j * v_step + i], positions j in order. */
     void (*mix)(float *out, const float *p, size_t stride, uint32_t group, uint32_t hd,
                 const float *v, size_t v_step, uint32_t n);
+    /* The softmax-weighted sum of a half-precision cache, one position at a time with a
+     * running maximum st[0] and sum st[1] (start at -INFINITY and 0): at score p[j] above
+     * the maximum, acc[i] = half(acc[i] * exp(old max - p[j])) and the weight is 1, else
+     * the weight is exp(p[j] - max); then acc[i] = half(fma(v[j * v_step + i], weight,
+     * acc[i])) and sum = sum * rescale + weight. acc holds hd halves; the result is
+     * acc / sum. This is the rounding of llama.cpp's default attention over its f16 cache,
+     * which Kvasir's f16 cache copies (docs/QUANT.md). */
+    void (*mix_online_f16)(uint16_t *acc, float *st, const float *p, uint32_t hd, const float *v,
+                           size_t v_step, uint32_t n);
     /* x[t] = exp(x[t] - max x) / sum, in place. */
     void (*softmax)(float *x, uint32_t n);
     /* gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i]: SiLU(gate) times up. Each element
@@ -32,6 +41,8 @@ struct kvr_attn_ops {
 };
 
 void kvr_geglu_plain(float *gate, const float *up, size_t n);
+/* The running maximum, sum and rescale of one position for mix_online_f16 (both sets). */
+void kvr_online_step(float *st, float p, float *rescale, float *weight);
 
 extern const struct kvr_attn_ops kvr_attn_ops_plain;
 extern const struct kvr_attn_ops kvr_attn_ops_avx2;

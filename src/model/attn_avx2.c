@@ -10,8 +10,11 @@
  * fused multiply-add per element and position as one axpy at a time. */
 #include "model/attn.h"
 
+#include "model/dtype.h"
+
 #include <immintrin.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 static float dot_avx2(const float *a, const float *b, uint32_t n)
@@ -130,6 +133,34 @@ static void mix_avx2(float *out, const float *p, size_t stride, uint32_t group, 
     }
 }
 
+/* As the plain loop: F16C rounds to nearest even like kvr_f32_to_f16, the same fma. */
+static void mix_online_f16_avx2(uint16_t *acc, float *st, const float *p, uint32_t hd,
+                                const float *v, size_t v_step, uint32_t n)
+{
+    const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    for (uint32_t j = 0; j < n; j++) {
+        float ms, vs;
+        bool grew = p[j] > st[0];
+        kvr_online_step(st, p[j], &ms, &vs);
+        const float *vj = v + j * v_step;
+        __m256 vms = _mm256_set1_ps(ms), vvs = _mm256_set1_ps(vs);
+        uint32_t i = 0;
+        for (; i + 8 <= hd; i += 8) {
+            __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(acc + i)));
+            if (grew)
+                a = _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(a, vms), rne));
+            a = _mm256_fmadd_ps(_mm256_loadu_ps(vj + i), vvs, a);
+            _mm_storeu_si128((__m128i *)(void *)(acc + i), _mm256_cvtps_ph(a, rne));
+        }
+        for (; i < hd; i++) {
+            float a = kvr_f16_to_f32(acc[i]);
+            if (grew)
+                a = kvr_f16_to_f32(kvr_f32_to_f16(a * ms));
+            acc[i] = kvr_f32_to_f16(fmaf(vj[i], vs, a));
+        }
+    }
+}
+
 /* exp of 8 lanes: 2^n * e^r with n = round(x / ln 2) and r = x - n ln 2 (ln 2 in two parts,
  * so r is exact to a few ulp), e^r from its Taylor series to r^6 (|r| <= ln 2 / 2: the
  * first term left out is below 1.3e-7 of the result). x is clamped to [-87.3, 88] so 2^n
@@ -199,6 +230,7 @@ static void swiglu_avx2(float *gate, const float *up, size_t n)
 
 const struct kvr_attn_ops kvr_attn_ops_avx2 = {.scores = scores_avx2,
                                                .mix = mix_avx2,
+                                               .mix_online_f16 = mix_online_f16_avx2,
                                                .softmax = softmax_avx2,
                                                .swiglu = swiglu_avx2,
                                                .geglu = kvr_geglu_plain};

@@ -687,6 +687,31 @@ static const float *kv_head(const struct kvr_engine *e, const uint8_t *cache, si
     return dst;
 }
 
+/* out[0..hd) = the softmax of scores[lo..n_pos) weighting the values of KV head kvh, summed
+ * as llama.cpp sums its f16 cache (online, a half-precision accumulator: mix_online_f16). */
+static void online_f16(const struct kvr_engine *e, uint32_t layer, const uint32_t *table,
+                       uint32_t lo, uint32_t n_pos, uint32_t kvh, const float *scores, float *out,
+                       int ith)
+{
+    const struct kvr_kv *kv = &e->kv;
+    const uint32_t hd = e->hp.head_dim, bt = kv->block_tokens;
+    uint16_t acc[4096]; /* head_dim <= 4096 (arch.c) */
+    float st[2] = {-INFINITY, 0.0f};
+    memset(acc, 0, (size_t)hd * sizeof acc[0]);
+    for (uint32_t t0 = lo; t0 < n_pos;) {
+        uint32_t in_block = t0 % bt, n = bt - in_block;
+        size_t base = ((size_t)layer * kv->n_blocks + table[t0 / bt]) * bt + in_block;
+        n = n_pos - t0 < n ? n_pos - t0 : n;
+        size_t step;
+        const float *values = kv_head(e, kv->v, base, kvh, n, ith, &step);
+        e->attn.mix_online_f16(acc, st, scores + t0, hd, values, step, n);
+        t0 += n;
+    }
+    float inv = 1.0f / st[1];
+    for (uint32_t i = 0; i < hd; i++)
+        out[i] = kvr_f16_to_f32(acc[i]) * inv;
+}
+
 /* Each (row, KV head) pair is one unit of work: causal attention of the row's query heads
  * that share that KV head, against its own sequence's cached keys and values at positions
  * lo..pos (lo = 0, or pos + 1 - n_swa on a sliding layer: the cache keeps every position,
@@ -727,12 +752,18 @@ static void attention_worker(void *arg, int ith, int nth)
             e->attn.scores(scores + t0, stride, q0, group, hd, keys, step, n, hp->attn_scale);
             t0 += n;
         }
+        float *out0 = e->att + (size_t)r * hp->q_dim + (size_t)kvh * group * hd;
         for (uint32_t g = 0; g < group; g++) {
             if (hp->attn_softcap > 0.0f)
                 softcap(scores + g * stride + lo, n_pos - lo, hp->attn_softcap);
-            e->attn.softmax(scores + g * stride + lo, n_pos - lo);
+            if (kv->type == KVR_DTYPE_F16)
+                online_f16(e, job->layer, table, lo, n_pos, kvh, scores + g * stride,
+                           out0 + (size_t)g * hd, ith);
+            else
+                e->attn.softmax(scores + g * stride + lo, n_pos - lo);
         }
-        float *out0 = e->att + (size_t)r * hp->q_dim + (size_t)kvh * group * hd;
+        if (kv->type == KVR_DTYPE_F16)
+            continue;
         memset(out0, 0, (size_t)group * hd * sizeof(float));
         for (uint32_t t0 = lo; t0 < n_pos;) {
             uint32_t in_block = t0 % bt, n = bt - in_block;

@@ -126,6 +126,56 @@ static void check_mix(const struct kvr_attn_ops *ops, const char *set)
             }
 }
 
+/* mix_online_f16 over random scores and values (values rounded to half, as a cache holds
+ * them): a block gives what single positions give, and the result is the softmax-weighted sum
+ * to half precision. ref, if given, is a set whose accumulator bits must be equal. */
+static void check_online(const struct kvr_attn_ops *ops, const struct kvr_attn_ops *ref,
+                         const char *set)
+{
+    for (size_t a = 0; a < sizeof HDS / sizeof *HDS; a++)
+        for (size_t c = 0; c < sizeof NS / sizeof *NS; c++) {
+            uint32_t hd = HDS[a], n = NS[c];
+            size_t v_step = (size_t)hd * 2 + 4;
+            float *p = rand_floats(n), *v = rand_floats(n * v_step);
+            for (uint32_t j = 0; j < n; j++)
+                p[j] *= 6.0f;
+            for (size_t i = 0; i < n * v_step; i++)
+                v[i] = kvr_f16_to_f32(kvr_f32_to_f16(v[i]));
+            uint16_t block[128] = {0}, single[128] = {0}, other[128] = {0};
+            float st_b[2] = {-INFINITY, 0.0f}, st_s[2] = {-INFINITY, 0.0f};
+            float st_o[2] = {-INFINITY, 0.0f};
+            ops->mix_online_f16(block, st_b, p, hd, v, v_step, n);
+            for (uint32_t j = 0; j < n; j++)
+                ops->mix_online_f16(single, st_s, p + j, hd, v + j * v_step, v_step, 1);
+            if (memcmp(block, single, sizeof block) != 0 || memcmp(st_b, st_s, sizeof st_b))
+                fail_msg("%s online: hd %u n %u: a block differs from single positions", set, hd,
+                         n);
+            if (ref) {
+                ref->mix_online_f16(other, st_o, p, hd, v, v_step, n);
+                if (memcmp(block, other, sizeof block) != 0 || memcmp(st_b, st_o, sizeof st_b))
+                    fail_msg("%s online: hd %u n %u: differs from the plain set", set, hd, n);
+            }
+            double max = -INFINITY, sum = 0.0;
+            for (uint32_t j = 0; j < n; j++)
+                max = p[j] > max ? p[j] : max;
+            for (uint32_t j = 0; j < n; j++)
+                sum += exp(p[j] - max);
+            if (fabs(st_b[1] - sum) > 1e-5 * sum)
+                fail_msg("%s online: hd %u n %u: sum %g, want %g", set, hd, n, st_b[1], sum);
+            for (uint32_t i = 0; i < hd; i++) {
+                double want = 0.0;
+                for (uint32_t j = 0; j < n; j++)
+                    want += exp(p[j] - max) / sum * v[j * v_step + i];
+                double got = kvr_f16_to_f32(block[i]) / st_b[1];
+                if (fabs(got - want) > 2e-3 * (1 + 0.1 * n))
+                    fail_msg("%s online: hd %u n %u elem %u: %g, want %g", set, hd, n, i, got,
+                             want);
+            }
+            free(p);
+            free(v);
+        }
+}
+
 static void check_softmax(const struct kvr_attn_ops *ops, const char *set)
 {
     static const uint32_t lens[] = {1, 3, 8, 13, 64, 200};
@@ -189,6 +239,7 @@ static void test_plain(void **state)
     (void)state;
     check_scores(&kvr_attn_ops_plain, "plain");
     check_mix(&kvr_attn_ops_plain, "plain");
+    check_online(&kvr_attn_ops_plain, NULL, "plain");
     check_softmax(&kvr_attn_ops_plain, "plain");
     check_swiglu(&kvr_attn_ops_plain, "plain");
 }
@@ -203,6 +254,7 @@ static void test_avx2(void **state)
     }
     check_scores(&kvr_attn_ops_avx2, "avx2");
     check_mix(&kvr_attn_ops_avx2, "avx2");
+    check_online(&kvr_attn_ops_avx2, &kvr_attn_ops_plain, "avx2");
     check_softmax(&kvr_attn_ops_avx2, "avx2");
     check_swiglu(&kvr_attn_ops_avx2, "avx2");
 }
