@@ -1,12 +1,18 @@
 /* info.c - `kvasir info MODEL.gguf`: print a GGUF file's header, metadata and tensor table,
  * then the architecture as the engine reads it (or why it cannot) and the tensor bytes per
  * weight type. A file the reader rejects is reported with the reader's message and exit
- * status 1; a valid GGUF the engine cannot run is still described (exit 0). */
+ * status 1; a valid GGUF the engine cannot run is still described (exit 0).
+ * `kvasir info --plan PLAN` prints each stage's expected resident bytes instead
+ * (kvr_engine_expected_bytes, the numbers each stage logs beside its measured Rss). */
 #include "cli/cmd.h"
 
+#include "core/alloc.h"
 #include "model/arch.h"
 #include "model/dtype.h"
+#include "model/engine.h"
 #include "model/gguf.h"
+#include "ring/plan.h"
+#include "ring/stage.h"
 
 #include <inttypes.h>
 #include <stdio.h>
@@ -157,12 +163,55 @@ static void describe_arch(const struct kvr_gguf *g)
     printf(", output %s\n", kvr_gguf_find_tensor(g, "output.weight") ? "own" : "tied");
 }
 
+/* `kvasir info --plan PLAN`: each stage's expected resident bytes. */
+static int info_plan(const char *plan_path)
+{
+    struct kvr_err err = {0};
+    struct kvr_plan *plan = kvr_malloc(sizeof *plan);
+    struct kvr_gguf *g = NULL;
+    char path[KVR_PLAN_PATH_BYTES];
+    int rc = 1;
+    if (!plan) {
+        fprintf(stderr, "kvasir info: out of memory\n");
+        return 1;
+    }
+    if (kvr_plan_load(plan, plan_path, &err) || kvr_plan_validate(plan, 0, &err) ||
+        kvr_plan_path(plan, plan->model_path, path, sizeof path, &err) ||
+        kvr_gguf_open(&g, path, &err)) {
+        fprintf(stderr, "kvasir info: %s: %s\n", plan_path, err.msg);
+        goto out;
+    }
+    printf("%s: %u stages of %s; expected resident bytes (weights + KV + scratch):\n", plan_path,
+           plan->n_stages, path);
+    for (uint32_t i = 0; i < plan->n_stages; i++) {
+        struct kvr_engine_config cfg;
+        struct kvr_engine_bytes b;
+        kvr_stage_engine_config(plan, i, &cfg);
+        if (kvr_engine_expected_bytes(g, &cfg, &b, &err)) {
+            fprintf(stderr, "kvasir info: stage %u: %s\n", i, err.msg);
+            goto out;
+        }
+        printf("  stage %u: layers %u-%u: %zu bytes (weights %zu, kv %zu, scratch %zu)\n", i,
+               cfg.first_layer, cfg.last_layer, b.weights + b.kv + b.scratch, b.weights, b.kv,
+               b.scratch);
+    }
+    rc = 0;
+out:
+    kvr_gguf_close(g);
+    kvr_plan_wipe(plan);
+    kvr_free(plan);
+    return rc;
+}
+
 int kvr_cmd_info(int argc, char **argv)
 {
+    if (argc == 3 && !strcmp(argv[1], "--plan"))
+        return info_plan(argv[2]);
     if (argc != 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         fprintf(argc == 2 ? stdout : stderr,
-                "usage: kvasir info MODEL.gguf\n\n"
-                "Print a GGUF file's version, metadata and tensor table.\n");
+                "usage: kvasir info MODEL.gguf | kvasir info --plan PLAN\n\n"
+                "Print a GGUF file's version, metadata and tensor table; with --plan,\n"
+                "each stage's expected resident bytes (weights + KV + scratch).\n");
         return argc == 2 ? 0 : 2;
     }
     const char *path = argv[1];

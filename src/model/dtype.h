@@ -81,16 +81,16 @@ struct kvr_matrix {
 /* Bytes of the packed copy of w (see struct kvr_matrix.packed), or 0 if w's type has no
  * packed layout (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K and IQ4_XS have one) or the size overflows.
  * About the size of the weights (Q8_0: 288 bytes per 8 rows x 32 columns, Q4_0: 160; the
- * K-quants exactly their own size), rounded up to 64 bytes. Q8_0 and Q4_0 use it for the
- * GEMM only; the K-quants for every row count, so their mapped weights are not read once
- * packed (the engine gives those pages back, see kvr_gguf_release). */
+ * K-quants exactly their own size), rounded up to 64 bytes. The fast kernels use it for
+ * every row count, so the mapped weights are not read once packed (the engine gives those
+ * pages back, see kvr_gguf_release). */
 size_t kvr_matrix_pack_bytes(const struct kvr_matrix *w);
 /* Write the packed copy of w into dst (kvr_matrix_pack_bytes(w) bytes, 32-byte aligned),
  * then point w->packed at it to use it. Pure function of w's data; thread-safe on distinct
  * dst. */
 void kvr_matrix_pack(const struct kvr_matrix *w, void *dst);
 /* True if, once w->packed is set, the fast kernels never read w->data for slices starting
- * at a multiple of 8 rows, whatever the row count (the K-quants), so its pages may be
+ * at a multiple of 8 rows, whatever the row count (every packable type), so its pages may be
  * released. The reference kernels and kvr_matrix_get_row still read w->data. */
 bool kvr_matrix_packed_only(const struct kvr_matrix *w);
 

@@ -193,10 +193,8 @@ struct kvr_engine {
     uint32_t *row_pos;    /* [max_rows] position of each row */
     uint32_t *logit_rows; /* [max_rows] rows whose logits the tail computes */
     /* Packed copies (kvr_matrix_pack) of the slice's matmul weights; NULL with KVR_NO_PACK=1.
-     * Q8_0/Q4_0 copies serve the batched kernels only and cost their weight size again
-     * (x 1.06, x 1.11: decode still reads the mapped weights); the K-quants' serve every
-     * path, so their mapped pages are released (kvr_gguf_release) and the copy replaces
-     * them. */
+     * They serve every path, so the mapped pages are released (kvr_gguf_release) and the
+     * copy replaces them (Q8_0 x 1.06, Q4_0 x 1.11 of the file's bytes, K-quants x 1). */
     void *packed;
 };
 
@@ -252,11 +250,16 @@ void kvr_engine_destroy(struct kvr_engine *e)
     kvr_free(e);
 }
 
+static bool packing_on(void)
+{
+    const char *off = getenv("KVR_NO_PACK");
+    return !(off && strcmp(off, "1") == 0);
+}
+
 /* Give every packable matmul weight of the slice a packed copy, all in one buffer. */
 static int pack_weights(struct kvr_engine *e, const struct kvr_gguf *g, struct kvr_err *err)
 {
-    const char *off = getenv("KVR_NO_PACK");
-    if (off && strcmp(off, "1") == 0)
+    if (!packing_on())
         return KVR_OK;
     size_t total = 0;
     for (int pass = 0; pass < 2; pass++) { /* 0: sum the sizes, 1: pack */
@@ -305,8 +308,10 @@ static float *alloc_rows(uint32_t rows, uint32_t width, int *failed)
     return p;
 }
 
-int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
-                      const struct kvr_engine_config *cfg, struct kvr_err *err)
+/* The configuration checks and the views of the slice's tensors (no allocation beyond the
+ * engine struct and its layer table). */
+static int engine_views(struct kvr_engine **out, const struct kvr_gguf *g,
+                        const struct kvr_engine_config *cfg, struct kvr_err *err)
 {
     *out = NULL;
     struct kvr_engine *e = kvr_calloc(1, sizeof *e);
@@ -351,6 +356,38 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
         if ((rc = view_matrix(g, head, hp->n_embd, hp->n_vocab, &e->output, err)))
             goto fail;
     }
+    *out = e;
+    return KVR_OK;
+
+fail:
+    kvr_engine_destroy(e);
+    return rc;
+}
+
+/* Bytes of the activation scratch kvr_engine_create allocates (MoE work excluded). */
+static size_t scratch_bytes(const struct kvr_engine *e)
+{
+    const struct kvr_hparams *hp = &e->hp;
+    const struct kvr_engine_config *cfg = &e->cfg;
+    uint64_t R = cfg->max_rows, f = sizeof(float);
+    uint64_t n =
+        R * f * (3ull * hp->n_embd + 2ull * hp->q_dim + 2ull * hp->kv_dim + 2ull * hp->n_ff);
+    n += (uint64_t)cfg->n_threads * cfg->n_ctx * (hp->n_head / hp->n_head_kv) * f;
+    if (cfg->kv_type != KVR_DTYPE_F32)
+        n += (uint64_t)cfg->n_threads * cfg->kv_block_tokens * hp->head_dim * f;
+    n += R * max_act_row_bytes(e) + 3 * R * sizeof(uint32_t);
+    return (size_t)n;
+}
+
+int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
+                      const struct kvr_engine_config *cfg, struct kvr_err *err)
+{
+    *out = NULL;
+    struct kvr_engine *e;
+    int rc = engine_views(&e, g, cfg, err);
+    if (rc)
+        return rc;
+    const struct kvr_hparams *hp = &e->hp;
     if ((rc = pack_weights(e, g, err)))
         goto fail;
     if (hp->moe.n_expert) {
@@ -423,6 +460,62 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
 fail:
     kvr_engine_destroy(e);
     return rc;
+}
+
+int kvr_engine_expected_bytes(const struct kvr_gguf *g, const struct kvr_engine_config *cfg,
+                              struct kvr_engine_bytes *out, struct kvr_err *err)
+{
+    memset(out, 0, sizeof *out);
+    struct kvr_engine *e;
+    int rc = engine_views(&e, g, cfg, err);
+    if (rc)
+        return rc;
+    const struct kvr_hparams *hp = &e->hp;
+    /* The file's bytes the slice reads: the header (metadata, vocabulary) and every tensor
+     * of its layers, plus the embedding at the head and the final norm at the tail. */
+    uint64_t w = kvr_gguf_data_offset(g);
+    char prefix[32];
+    for (int64_t i = 0; i < kvr_gguf_n_tensors(g); i++) {
+        const struct kvr_gguf_tensor *t = kvr_gguf_tensor(g, i);
+        unsigned il;
+        int n = 0;
+        if (sscanf(t->name, "blk.%u.%n", &il, &n) == 1 && n > 0 && il >= cfg->first_layer &&
+            il <= cfg->last_layer) {
+            snprintf(prefix, sizeof prefix, "blk.%u.", il);
+            if (!strncmp(t->name, prefix, strlen(prefix)))
+                w += t->n_bytes;
+        }
+    }
+    if (kvr_engine_is_head(e))
+        w += (uint64_t)e->tok_embd.n_out * e->tok_embd.row_bytes;
+    if (kvr_engine_is_tail(e))
+        w += (uint64_t)hp->n_embd * sizeof(float);
+    /* A packed matrix's copy replaces its released file pages (pack_weights). */
+    bool pack = packing_on();
+    for (uint32_t i = 0; i <= e->n_local; i++) {
+        struct layer *l = &e->layers[i < e->n_local ? i : 0];
+        const struct kvr_matrix *layer_ms[] = {&l->wq,     &l->wk,   &l->wv,    &l->wo,
+                                               &l->w_gate, &l->w_up, &l->w_down};
+        const struct kvr_matrix *tail_ms[] = {&e->output};
+        const struct kvr_matrix **ms = i < e->n_local ? layer_ms : tail_ms;
+        size_t n = i < e->n_local ? 7 : kvr_engine_is_tail(e) ? 1 : 0;
+        for (size_t j = 0; j < n; j++) {
+            uint64_t raw = (uint64_t)ms[j]->n_out * ms[j]->row_bytes;
+            size_t b = pack ? kvr_matrix_pack_bytes(ms[j]) : 0;
+            if (i < e->n_local)
+                w = w - (b ? raw : 0) + b; /* raw is among the layer's tensors */
+            else
+                w += b ? b : raw;
+        }
+    }
+    out->weights = (size_t)w;
+    uint32_t per_seq = (cfg->n_ctx + cfg->kv_block_tokens - 1) / cfg->kv_block_tokens;
+    uint64_t n_blocks = cfg->kv_n_blocks ? cfg->kv_n_blocks : (uint64_t)per_seq * cfg->max_seqs;
+    out->kv = (size_t)(2ull * e->n_local * n_blocks * cfg->kv_block_tokens *
+                       kvr_kv_bytes(cfg->kv_type, hp->kv_dim));
+    out->scratch = scratch_bytes(e);
+    kvr_engine_destroy(e);
+    return KVR_OK;
 }
 
 void kvr_engine_seq_free(struct kvr_engine *e, uint32_t seq)

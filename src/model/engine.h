@@ -63,6 +63,19 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
                       const struct kvr_engine_config *cfg, struct kvr_err *err);
 void kvr_engine_destroy(struct kvr_engine *e);
 
+/* What an engine made with `cfg` on `g` holds resident once its KV cache and scratch have
+ * been touched: the slice's weights as the kernels read them (the file's header and layer
+ * tensors, the embedding at the head, the output head at the tail; packed copies in place
+ * of the file pages they replace), the KV cache, and the activation scratch (an MoE
+ * model's expert scratch is not counted). Computed from the views, without allocating. */
+struct kvr_engine_bytes {
+    size_t weights;
+    size_t kv;
+    size_t scratch;
+};
+int kvr_engine_expected_bytes(const struct kvr_gguf *g, const struct kvr_engine_config *cfg,
+                              struct kvr_engine_bytes *out, struct kvr_err *err);
+
 const struct kvr_hparams *kvr_engine_hparams(const struct kvr_engine *e);
 bool kvr_engine_is_head(const struct kvr_engine *e);
 bool kvr_engine_is_tail(const struct kvr_engine *e);

@@ -643,14 +643,22 @@ static uint64_t load64(const uint8_t *p)
 /* A multiply-rotate hash over 64-bit words in four independent lanes (so the CPU overlaps
  * the multiplies), folded together with the length and finished with a full avalanche.
  * Not cryptographic: it identifies a model file, it does not authenticate it. */
-static uint64_t hash_bytes(const uint8_t *p, size_t n)
+static uint64_t hash_bytes(const struct kvr_gguf *g, const uint8_t *p, size_t n)
 {
     const uint64_t m1 = 0x9e3779b97f4a7c15ull, m2 = 0xd6e8feb86659fd93ull;
+    /* Hashed in chunks whose pages are given back (kvr_gguf_release) once read, so a stage
+     * checking the file does not keep the other stages' weights resident. A multiple of 32,
+     * so the lanes see the same words as one pass would (the tail below refaults a page). */
+    const size_t chunk = (size_t)4 << 20;
     uint64_t lane[4] = {m1, m2, ~m1, ~m2};
     size_t i = 0;
-    for (; i + 32 <= n; i += 32)
-        for (int j = 0; j < 4; j++)
-            lane[j] = rotl64(lane[j] ^ (load64(p + i + 8 * j) * m2), 29) * m1;
+    for (size_t c0 = 0; c0 < n; c0 += chunk) {
+        size_t end = n - c0 < chunk ? n : c0 + chunk;
+        for (; i + 32 <= end; i += 32)
+            for (int j = 0; j < 4; j++)
+                lane[j] = rotl64(lane[j] ^ (load64(p + i + 8 * j) * m2), 29) * m1;
+        kvr_gguf_release(g, p + c0, end - c0);
+    }
     uint64_t h = (uint64_t)n * m1;
     for (int j = 0; j < 4; j++)
         h = rotl64(h ^ lane[j], 23) * m2 + m1;
@@ -672,7 +680,7 @@ uint64_t kvr_gguf_fingerprint(struct kvr_gguf *g)
      * benign; the flag is published with release order after the value. */
     if (__atomic_load_n(&g->fingerprint_done, __ATOMIC_ACQUIRE))
         return __atomic_load_n(&g->fingerprint, __ATOMIC_RELAXED);
-    uint64_t h = hash_bytes(g->data, g->size);
+    uint64_t h = hash_bytes(g, g->data, g->size);
     __atomic_store_n(&g->fingerprint, h, __ATOMIC_RELAXED);
     __atomic_store_n(&g->fingerprint_done, 1, __ATOMIC_RELEASE);
     return h;

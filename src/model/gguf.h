@@ -84,7 +84,8 @@ size_t kvr_gguf_alignment(const struct kvr_gguf *g);
 size_t kvr_gguf_file_bytes(const struct kvr_gguf *g);
 /* File offset of the data section (tensor offsets are relative to it). */
 size_t kvr_gguf_data_offset(const struct kvr_gguf *g);
-/* A 64-bit fingerprint of the whole file (computed lazily, cached). */
+/* A 64-bit fingerprint of the whole file (computed lazily, cached). Reading it releases
+ * the file's mapped pages as it goes (kvr_gguf_release): later reads fault them in again. */
 uint64_t kvr_gguf_fingerprint(struct kvr_gguf *g);
 
 /* Metadata. Keys are looked up by exact name. */

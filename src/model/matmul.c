@@ -279,7 +279,7 @@ size_t kvr_matrix_pack_bytes(const struct kvr_matrix *w)
 
 bool kvr_matrix_packed_only(const struct kvr_matrix *w)
 {
-    return kvr_matrix_pack_bytes(w) && w->type != KVR_DTYPE_Q8_0 && w->type != KVR_DTYPE_Q4_0;
+    return kvr_matrix_pack_bytes(w) != 0;
 }
 
 /* The Q8_0 / Q4_0 unit (kernels.h): widened scales, then the quants by dword. */

@@ -91,8 +91,9 @@ struct stage {
     struct kvr_engine *engine;
     struct kvr_experts_client *experts; /* NULL: no agent holds experts of this stage */
     struct kvr_hparams hp;
-    struct kvr_tok *tok;  /* tail: end-of-generation ids */
-    struct kvr_step step; /* compute thread only */
+    struct kvr_engine_config cfg; /* the engine's, for log_resident */
+    struct kvr_tok *tok;          /* tail: end-of-generation ids */
+    struct kvr_step step;         /* compute thread only */
 
     struct kvr_wire_limits up_limits;   /* what this stage accepts from upstream */
     struct kvr_wire_limits down_limits; /* what the downstream accepts from us */
@@ -924,6 +925,51 @@ static void stage_fini(struct stage *s)
     kvr_engine_destroy(s->engine);
 }
 
+/* The process's resident bytes (Rss of /proc/self/smaps_rollup), or 0 if unreadable. */
+static size_t resident_bytes(void)
+{
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "Rss: %llu kB", &kb) == 1)
+            break;
+    fclose(f);
+    return (size_t)kb * 1024;
+}
+
+/* One log line comparing the resident set with what the slice should hold (the numbers
+ * `kvasir info --plan` prints). */
+static void log_resident(const struct stage *s, const char *when)
+{
+    struct kvr_engine_bytes b;
+    struct kvr_err err = {0};
+    if (kvr_engine_expected_bytes(s->gguf, &s->cfg, &b, &err)) {
+        KVR_WARN("%s: expected resident bytes: %s", s->name, err.msg);
+        return;
+    }
+    KVR_INFO("%s: resident %zu bytes %s; expected %zu (weights %zu, kv %zu, scratch %zu)", s->name,
+             resident_bytes(), when, b.weights + b.kv + b.scratch, b.weights, b.kv, b.scratch);
+}
+
+void kvr_stage_engine_config(const struct kvr_plan *p, uint32_t index,
+                             struct kvr_engine_config *cfg)
+{
+    const struct kvr_plan_stage *st = &p->stages[index];
+    uint32_t threads = st->n_threads ? st->n_threads : p->n_threads ? p->n_threads : 1;
+    *cfg = (struct kvr_engine_config){.first_layer = st->first_layer,
+                                      .last_layer = st->last_layer,
+                                      .max_rows = p->row_width,
+                                      .max_seqs = p->max_seqs,
+                                      .n_ctx = p->n_ctx,
+                                      .kv_block_tokens = p->kv_block_tokens,
+                                      .kv_n_blocks = p->kv_blocks,
+                                      .kv_type = p->kv_type,
+                                      .n_threads = threads};
+}
+
 static int stage_init(struct stage *s, struct kvr_err *err)
 {
     const struct kvr_plan *p = s->plan;
@@ -932,16 +978,10 @@ static int stage_init(struct stage *s, struct kvr_err *err)
         (rc = kvr_plan_validate(p, s->hp.n_layer, err)))
         return rc;
     const struct kvr_plan_stage *st = &p->stages[s->index];
-    uint32_t threads = st->n_threads ? st->n_threads : p->n_threads ? p->n_threads : 1;
-    struct kvr_engine_config cfg = {.first_layer = st->first_layer,
-                                    .last_layer = st->last_layer,
-                                    .max_rows = p->row_width,
-                                    .max_seqs = p->max_seqs,
-                                    .n_ctx = p->n_ctx,
-                                    .kv_block_tokens = p->kv_block_tokens,
-                                    .kv_n_blocks = p->kv_blocks,
-                                    .kv_type = p->kv_type,
-                                    .n_threads = threads};
+    struct kvr_engine_config cfg;
+    kvr_stage_engine_config(p, s->index, &cfg);
+    uint32_t threads = cfg.n_threads;
+    s->cfg = cfg;
     if ((rc = kvr_engine_create(&s->engine, s->gguf, &cfg, err)) ||
         (rc = kvr_experts_client_create(&s->experts, p, s->index, &s->hp, s->name, err)))
         return rc;
@@ -992,6 +1032,7 @@ static int stage_init(struct stage *s, struct kvr_err *err)
         return rc;
     KVR_INFO("%s: layers %u-%u of %u, %u threads, listening on %s", s->name, st->first_layer,
              st->last_layer, s->hp.n_layer, threads, p->stages[s->index].addr);
+    log_resident(s, "at start");
     return KVR_OK;
 }
 
@@ -1033,6 +1074,7 @@ static int run_once(const struct kvr_plan *plan, uint32_t index, struct kvr_gguf
             if (*stop) /* a signal before the loop could hear it */
                 kvr_ev_wake(s->ev);
             compute_loop(s);
+            log_resident(s, "at stop");
         }
     }
     stage_fini(s);

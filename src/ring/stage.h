@@ -40,6 +40,7 @@
 #define KVR_RING_STAGE_H
 
 #include "core/err.h"
+#include "model/engine.h"
 #include "ring/plan.h"
 
 #include <stdatomic.h>
@@ -49,6 +50,11 @@ struct kvr_stage_options {
     uint32_t index;     /* which stage of the plan this process is */
     uint32_t n_threads; /* compute threads; 0 = from the plan (stage, then plan default, 1) */
 };
+
+/* The engine configuration stage `index` of `plan` runs with (its layers, the plan's rows,
+ * sequences, context and KV cache, its threads). */
+void kvr_stage_engine_config(const struct kvr_plan *plan, uint32_t index,
+                             struct kvr_engine_config *cfg);
 
 /* Run the stage (through any re-plans) until *stop becomes non-zero (set by a signal handler, which
  * then calls kvr_stage_signal_stop so the stage notices at once). The plan must be valid. Returns 0
