@@ -403,6 +403,7 @@ static void test_invariance_kv_types(void **state)
         assert_true(d > 0 && d <= 0.02f * (hi - lo));
         free(other);
     }
+    free(f32);
     kv_type = KVR_DTYPE_F32;
     kvr_gguf_close(g);
     remove(path);
