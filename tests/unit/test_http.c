@@ -1174,6 +1174,24 @@ static int post_async(uint16_t port, const char *body)
 /* A server stopped while generations run answers them 503 "shutting_down" (a stream: an
  * error event and [DONE], well-formed to the last chunk), cancels and releases them, and
  * returns promptly. */
+/* Waits (5 s at most) until what the server has sent on fd contains `needle`, without
+ * consuming it (MSG_PEEK), so read_resp still reads the whole response afterwards. */
+static void peek_until(int fd, const char *needle)
+{
+    static char buf[1 << 16];
+    uint64_t t0 = kvr_now_ns();
+    for (;;) {
+        ssize_t k = recv(fd, buf, sizeof buf - 1, MSG_PEEK | MSG_DONTWAIT);
+        if (k > 0) {
+            buf[k] = 0;
+            if (strstr(buf, needle))
+                return;
+        }
+        assert_true(kvr_now_ns() - t0 < 5000000000ull);
+        kvr_sleep_ns(5000000);
+    }
+}
+
 static void test_shutdown_with_stream(void **state)
 {
     struct fixture *fx = start(1u << 20);
@@ -1198,7 +1216,9 @@ static void test_shutdown_with_stream(void **state)
         assert_true(kvr_now_ns() - t0 < 2000000000ull);
         kvr_sleep_ns(5000000);
     }
-    kvr_sleep_ns(300000000);
+    /* The stream's first token has reached the client (waiting a fixed 300 ms instead
+     * failed under load: the server had not even sent the response head). */
+    peek_until(streaming, "\"text\":\" The\"");
 
     t0 = kvr_now_ns();
     kvr_http_destroy(fx->http);
