@@ -204,20 +204,25 @@ static void q8_0_to_float(const void *src, float *dst, int64_t n)
     }
 }
 
+/* One block of 32 activations to int8 with d = max|x| / 127 (the rule above), shared by
+ * Q8_0 and Q8_1; returns d in f32, before the caller stores it as fp16. */
+static float q8_block_quantize(const float *x, int8_t *qs)
+{
+    float amax = 0.0f;
+    for (int j = 0; j < KVR_QK; j++)
+        amax = fmaxf(amax, fabsf(x[j]));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < KVR_QK; j++)
+        qs[j] = (int8_t)nearbyintf(x[j] * id);
+    return d;
+}
+
 static void q8_0_from_float(const float *src, void *dst, int64_t n)
 {
     struct kvr_block_q8_0 *b = dst;
-    for (int64_t i = 0; i < n / KVR_QK; i++) {
-        const float *x = src + i * KVR_QK;
-        float amax = 0.0f;
-        for (int j = 0; j < KVR_QK; j++)
-            amax = fmaxf(amax, fabsf(x[j]));
-        float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        b[i].d = kvr_f32_to_f16(d);
-        for (int j = 0; j < KVR_QK; j++)
-            b[i].qs[j] = (int8_t)nearbyintf(x[j] * id);
-    }
+    for (int64_t i = 0; i < n / KVR_QK; i++)
+        b[i].d = kvr_f32_to_f16(q8_block_quantize(src + i * KVR_QK, b[i].qs));
 }
 
 static float q8_0_dot(int64_t n, const void *w, const void *x)
@@ -328,17 +333,10 @@ static void q8_1_from_float(const float *src, void *dst, int64_t n)
 {
     struct kvr_block_q8_1 *b = dst;
     for (int64_t i = 0; i < n / KVR_QK; i++) {
-        const float *x = src + i * KVR_QK;
-        float amax = 0.0f;
-        for (int j = 0; j < KVR_QK; j++)
-            amax = fmaxf(amax, fabsf(x[j]));
-        float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        float d = q8_block_quantize(src + i * KVR_QK, b[i].qs);
         int32_t sum = 0;
-        for (int j = 0; j < KVR_QK; j++) {
-            b[i].qs[j] = (int8_t)nearbyintf(x[j] * id);
+        for (int j = 0; j < KVR_QK; j++)
             sum += b[i].qs[j];
-        }
         b[i].d = kvr_f32_to_f16(d);
         b[i].s = kvr_f32_to_f16((float)sum * d);
     }
