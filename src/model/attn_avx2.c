@@ -133,11 +133,12 @@ static void mix_avx2(float *out, const float *p, size_t stride, uint32_t group, 
     }
 }
 
-/* As the plain loop: F16C rounds to nearest even like kvr_f32_to_f16, the same fma. */
+/* As the plain loop: F16C rounds to nearest even like kvr_f32_to_f16, the same fma.
+ * The rounding mode is a macro: clang wants an integer constant expression there. */
+#define KVR_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 static void mix_online_f16_avx2(uint16_t *acc, float *st, const float *p, uint32_t hd,
                                 const float *v, size_t v_step, uint32_t n)
 {
-    const int rne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     for (uint32_t j = 0; j < n; j++) {
         float ms, vs;
         bool grew = p[j] > st[0];
@@ -148,9 +149,9 @@ static void mix_online_f16_avx2(uint16_t *acc, float *st, const float *p, uint32
         for (; i + 8 <= hd; i += 8) {
             __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(acc + i)));
             if (grew)
-                a = _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(a, vms), rne));
+                a = _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(a, vms), KVR_RNE));
             a = _mm256_fmadd_ps(_mm256_loadu_ps(vj + i), vvs, a);
-            _mm_storeu_si128((__m128i *)(void *)(acc + i), _mm256_cvtps_ph(a, rne));
+            _mm_storeu_si128((__m128i *)(void *)(acc + i), _mm256_cvtps_ph(a, KVR_RNE));
         }
         for (; i < hd; i++) {
             float a = kvr_f16_to_f32(acc[i]);

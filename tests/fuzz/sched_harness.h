@@ -313,10 +313,9 @@ static inline int sh_deliver(struct sh *h)
     struct sh_batch *bt = &h->ring[h->ring_head];
     struct kvr_wire_result res[SH_MAX_ROWS];
     struct kvr_wire_timing tim[2];
-    uint32_t n_res = 0, row = 0;
+    uint32_t n_res = 0;
     for (uint32_t k = 0; k < bt->n_segs; k++) {
         const struct kvr_seg *g = &bt->segs[k];
-        row += g->n_tokens;
         if (g->flags & KVR_SEG_WANTS_TOKEN) {
             int32_t t = sh_model(h, g->seq, g->pos0 + g->n_tokens - 1);
             res[n_res++] = (struct kvr_wire_result){
