@@ -2,8 +2,9 @@
 # A dead expert agent costs time, never a lost or altered answer (issue 11 acceptance 4;
 # docs/EXPERTS.md "Recovery"). `kvasir serve --experts 2` on a synthesized Qwen3-MoE (16
 # experts, top-4, Q8_0): two stages, two agents each holding half of every layer's experts.
-# Four streamed completions (sampled, seeded, with penalties) run undisturbed; then the same
-# four again while agent 1 is killed with SIGKILL mid-generation: the stages compute its
+# Four streamed completions of 1200 tokens (sampled, seeded, with penalties) run undisturbed;
+# then the same four again while agent 1 is killed with SIGKILL mid-generation (once every
+# stream has delivered 20 tokens, and each must still be running): the stages compute its
 # experts themselves until serve has restarted it and it is linked again. Every stream must
 # be exactly the undisturbed one, a stage must have logged the loss during that run, serve
 # the restart; then a third run (agent 1 back, linked to both stages again) is identical too.
@@ -12,11 +13,11 @@ source "$(dirname "$0")/lib.bash"
 source "$(dirname "$0")/serve_lib.bash"
 
 "$KVASIR" synth --shape custom --layers 6 --dim 128 --ff 256 --heads 4 --kv-heads 2 \
-    --vocab-size 2048 --ctx 512 --type q8_0 --seed 9 --arch qwen3moe --experts 16 \
+    --vocab-size 2048 --ctx 2048 --type q8_0 --seed 9 --arch qwen3moe --experts 16 \
     --experts-used 4 --expert-ff 128 -o "$TMP/moe.gguf" >"$TMP/synth.log" 2>&1 ||
     { cat "$TMP/synth.log"; fail "synth qwen3moe"; }
 
-start_serve serve "$TMP/moe.gguf" --experts 2 --max-seqs 8 --ctx 512 --no-admission
+start_serve serve "$TMP/moe.gguf" --experts 2 --max-seqs 8 --ctx 2048 --no-admission
 PLAN=$TMP/serve-plan/plan.json
 
 # agent_metric NAME J: agent J's sample of kvasir:NAME in /metrics (empty if absent).
@@ -26,11 +27,12 @@ agent_metric() {
 # linked N: lines where a stage says an agent is linked (it takes a link at its next layer).
 linked() { grep -c "stage [01]: expert agent $1 linked" "$SERVE_LOG" || true; }
 
-complete() { # complete I TAG: a streamed completion; its text (from the SSE events) to a file
-    curl -s -N -m 120 "$SERVE_URL/v1/completions" -H 'Content-Type: application/json' \
-        -d "{\"model\": \"moe\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": 400,
+complete() { # complete I TAG: a streamed completion; its events to a file, its text to another
+    curl -s -N -m 180 "$SERVE_URL/v1/completions" -H 'Content-Type: application/json' \
+        -d "{\"model\": \"moe\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": 1200,
              \"temperature\": 0.9, \"seed\": $1, \"ignore_eos\": true, \"stream\": true,
              \"repetition_penalty\": 1.1, \"frequency_penalty\": 0.3, \"presence_penalty\": 0.2}" |
+        tee "$TMP/sse.$2.$1" |
         python3 -c '
 import json, sys
 text = []
@@ -47,14 +49,25 @@ for tag in ref dis back; do
     pids=()
     for i in 1 2 3 4; do complete "$i" "$tag" & pids+=($!); done
     if [ $tag = dis ]; then
-        # Mid-stream: once the ring has passed 40 batches since the streams began (of ~400).
-        b0=$(metric ring_batches_total)
-        for w in $(seq 1 600); do
-            [ "$(metric ring_batches_total)" -ge $((b0 + 40)) ] && break
+        # Mid-stream, on an observed event rather than after a guessed time: once every
+        # stream has delivered 20 of its 1200 tokens to its client (the rest takes the ring
+        # seconds, the kill milliseconds).
+        for w in $(seq 1 1200); do
+            n=0
+            for i in 1 2 3 4; do
+                c=$(grep -c "^data: {" "$TMP/sse.dis.$i" 2>/dev/null || true)
+                [ "${c:-0}" -ge 20 ] && n=$((n + 1))
+            done
+            [ $n -eq 4 ] && break
             sleep 0.05
         done
+        [ $n -eq 4 ] || fail "the streams did not start within 60 s"
         a1=$(pgrep -f "experts --plan $PLAN --index 1") || fail "serve: no expert agent 1"
         kill -9 "$a1"
+        for i in 1 2 3 4; do
+            ! grep -q '^data: \[DONE\]' "$TMP/sse.dis.$i" ||
+                fail "stream $i had ended before the kill: the run proves nothing"
+        done
     fi
     for p in "${pids[@]}"; do wait "$p" || fail "a $tag stream failed"; done
     case $tag in
