@@ -1,84 +1,27 @@
 /* stage.c - `kvasir stage --plan PLAN --index I`: run one stage agent of a ring until
- * SIGINT or SIGTERM. */
+ * SIGINT or SIGTERM (the runner is ringproc.h's). */
 #include "cli/cmd.h"
-#include "cli/common.h"
+#include "cli/ringproc.h"
 
-#include "core/alloc.h"
-#include "core/log.h"
-#include "ring/plan.h"
 #include "ring/stage.h"
 
-#include <stdatomic.h>
-#include <stdio.h>
-#include <string.h>
-
-static atomic_int stop_flag; /* lock-free, so the signal handler may store to it */
-
-static void on_signal(int sig)
+static int run(const struct kvr_plan *plan, uint32_t index, uint32_t n_threads, atomic_int *stop,
+               struct kvr_err *err)
 {
-    (void)sig;
-    stop_flag = 1;
-    kvr_stage_signal_stop();
-}
-
-static void usage(FILE *f)
-{
-    fprintf(f, "usage: kvasir stage --plan PLAN --index I [--threads N] [--secret-file FILE]\n"
-               "  Serve stage I of the ring described by PLAN (see docs/PLAN.md).\n"
-               "  --secret-file FILE   the cluster secret (mode 0600) instead of the plan's\n");
+    struct kvr_stage_options opt = {.index = index, .n_threads = n_threads};
+    return kvr_stage_run(plan, &opt, stop, err);
 }
 
 int kvr_cmd_stage(int argc, char **argv)
 {
-    const char *plan_path = NULL, *secret_file = NULL;
-    struct kvr_stage_options opt = {0};
-    bool have_index = false;
-    for (int i = 1; i < argc; i++) {
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--plan") && v) {
-            plan_path = v;
-            i++;
-        } else if (!strcmp(argv[i], "--index") && v) {
-            if (kvr_cli_u32("--index", v, 0, KVR_PLAN_MAX_STAGES - 1, &opt.index))
-                return 2;
-            have_index = true;
-            i++;
-        } else if (!strcmp(argv[i], "--secret-file") && v) {
-            secret_file = v;
-            i++;
-        } else if (!strcmp(argv[i], "--threads") && v) {
-            if (kvr_cli_u32("--threads", v, 1, 256, &opt.n_threads))
-                return 2;
-            i++;
-        } else {
-            fprintf(stderr, "kvasir stage: unknown or incomplete option '%s'\n", argv[i]);
-            usage(stderr);
-            return 2;
-        }
-    }
-    if (!plan_path || !have_index) {
-        usage(stderr);
-        return 2;
-    }
-    char tag[32];
-    snprintf(tag, sizeof tag, "stage%u", opt.index);
-    kvr_log_set_tag(tag);
-    struct kvr_err err = {0};
-    struct kvr_plan *plan = kvr_malloc(sizeof *plan);
-    if (!plan || kvr_plan_load_with_secret(plan, plan_path, secret_file, &err) ||
-        kvr_plan_validate(plan, 0, &err)) {
-        KVR_ERROR("plan %s: %s", plan_path, plan ? err.msg : "out of memory");
-        kvr_free(plan);
-        return 1;
-    }
-    kvr_cli_on_stop(on_signal);
-    int rc = kvr_stage_run(plan, &opt, &stop_flag, &err);
-    if (rc)
-        KVR_ERROR("%s", err.msg);
-    kvr_plan_wipe(plan);
-    kvr_free(plan);
-    return rc ? 1 : 0;
+    static const struct kvr_cli_ringproc rp = {
+        .cmd = "stage",
+        .usage = "usage: kvasir stage --plan PLAN --index I [--threads N] [--secret-file FILE]\n"
+                 "  Serve stage I of the ring described by PLAN (see docs/PLAN.md).\n"
+                 "  --secret-file FILE   the cluster secret (mode 0600) instead of the plan's\n",
+        .n_index = KVR_PLAN_MAX_STAGES,
+        .run = run,
+        .signal_stop = kvr_stage_signal_stop,
+    };
+    return kvr_cli_ringproc_main(&rp, argc, argv);
 }
