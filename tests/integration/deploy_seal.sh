@@ -27,7 +27,6 @@ run_ring() { # run_ring TAG: the prompts through the ring, tokens to $TMP/TAG.js
         --ignore-eos >"$TMP/$1.jsonl" 2>"$TMP/$1.log" || { cat "$TMP/$1.log"; fail "$1: ring run"; }
     [ "$(wc -l <"$TMP/$1.jsonl")" = 6 ] || fail "$1: expected 6 answers"
 }
-count() { grep -c -- "$1" "$2" || true; }
 
 start_ring "$TMP/tiny.gguf" 2 2 sealed
 grep -q '"encrypt": true' "$RING_PLAN" || fail "kvasir plan did not write \"encrypt\": true"

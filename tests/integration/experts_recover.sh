@@ -32,17 +32,7 @@ complete() { # complete I TAG: a streamed completion; its events to a file, its 
         -d "{\"model\": \"moe\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": 1200,
              \"temperature\": 0.9, \"seed\": $1, \"ignore_eos\": true, \"stream\": true,
              \"repetition_penalty\": 1.1, \"frequency_penalty\": 0.3, \"presence_penalty\": 0.2}" |
-        tee "$TMP/sse.$2.$1" |
-        python3 -c '
-import json, sys
-text = []
-for line in sys.stdin:
-    if line.startswith("data: {"):
-        d = json.loads(line[6:])
-        if "error" in d:
-            sys.exit("error event: %s" % d["error"])
-        text.append(d["choices"][0]["text"])
-print(json.dumps("".join(text)))' >"$TMP/http.$2.$1"
+        tee "$TMP/sse.$2.$1" | sse_text >"$TMP/http.$2.$1"
 }
 
 for tag in ref dis back; do

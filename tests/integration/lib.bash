@@ -14,6 +14,8 @@ cleanup() {
 trap cleanup EXIT
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# count PATTERN FILE: how many lines of FILE match so far (grep -c exits 1 on none).
+count() { grep -c -- "$1" "$2" || true; }
 
 # random_base_port: the first of a random range of listening ports, from 10000 up to 32000
 # so that a range of a few dozen stays below Linux's ephemeral range (32768-60999 by
@@ -71,4 +73,120 @@ stop_ring() {
     for p in "${RING_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${RING_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
     RING_PIDS=()
+}
+
+# mixed_prompts FILE: 12 prompts of different lengths (1 to 17 words) for `kvasir run
+# --prompts`; even ones greedy, odd ones sampled (top-k, top-p) with their own seed, each
+# with its own max_tokens (12 + i).
+mixed_prompts() {
+    local words=(Once upon a time there was a little girl who loved to play in the park with her dog)
+    local i n text
+    for i in $(seq 0 11); do
+        n=$(( (i * 5) % 17 + 1 ))
+        text="${words[*]:0:$n}"
+        if [ $((i % 2)) = 0 ]; then
+            echo "{\"prompt\": \"$text\", \"temperature\": 0, \"max_tokens\": $((12 + i))}"
+        else
+            echo "{\"prompt\": \"$text\", \"temperature\": 0.9, \"top_k\": 40, \"top_p\": 0.95, \"seed\": $((1000 + i)), \"max_tokens\": $((12 + i))}"
+        fi
+    done >"$1"
+}
+
+# sse_text: read a streamed completion's server-sent events on stdin and print its text as
+# one JSON string; fails on an error event or a stream without text.
+sse_text() {
+    python3 -c '
+import json, sys
+text = []
+for line in sys.stdin:
+    if line.startswith("data: {"):
+        d = json.loads(line[6:])
+        if "error" in d:
+            sys.exit("error event: %s" % d["error"])
+        text.append(d["choices"][0]["text"])
+if not text:
+    sys.exit("no text")
+print(json.dumps("".join(text)))'
+}
+
+# start_agents N: start the N expert agents of $RING_PLAN (logs agentJ.log beside it; pids
+# in PIDS and AGENT_PIDS) and wait (10 s at most) until each has authenticated both stages.
+start_agents() {
+    local n=$1 j i dir
+    dir=$(dirname "$RING_PLAN")
+    AGENT_PIDS=()
+    for ((j = 0; j < n; j++)); do
+        "$KVASIR" experts --plan "$RING_PLAN" --index "$j" >"$dir/agent$j.log" 2>&1 &
+        PIDS+=($!)
+        AGENT_PIDS+=($!)
+    done
+    for ((j = 0; j < n; j++)); do
+        for i in $(seq 100); do
+            [ "$(grep -c linked "$dir/agent$j.log" 2>/dev/null)" -ge 2 ] && break
+            sleep 0.1
+        done
+        [ "$(grep -c linked "$dir/agent$j.log" 2>/dev/null)" -ge 2 ] ||
+            { cat "$dir/agent$j.log"; fail "agent $j did not link both stages"; }
+    done
+}
+
+# stop_agents N WHAT: stop the ring and its N agents; each agent must have computed pairs,
+# and no stage may have lost one (else the stages computed those pairs themselves).
+stop_agents() {
+    local n=$1 what=$2 j dir pairs
+    dir=$(dirname "$RING_PLAN")
+    stop_ring
+    for p in "${AGENT_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${AGENT_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    for ((j = 0; j < n; j++)); do
+        pairs=$(sed -n 's/.*stopping after [0-9]* frames, \([0-9]*\) pairs.*/\1/p' "$dir/agent$j.log")
+        [ -n "$pairs" ] && [ "$pairs" -gt 0 ] ||
+            { tail -5 "$dir/agent$j.log"; fail "$what: agent $j computed no pairs"; }
+        echo "   agent $j computed $pairs pairs"
+    done
+    ! grep -h "expert agent .* lost" "$dir"/stage*.log || fail "$what: a stage lost an agent"
+}
+
+# run_prompts TAG: $TMP/prompts.jsonl through the ring of $RING_PLAN (60 s at most), the
+# answers to $TMP/TAG.jsonl.
+run_prompts() {
+    timeout 60 "$KVASIR" run --plan "$RING_PLAN" --prompts "$TMP/prompts.jsonl" --json \
+        --ignore-eos >"$TMP/$1.jsonl" 2>"$TMP/$1.log" || { cat "$TMP/$1.log"; fail "$1: ring run"; }
+}
+
+# start_silent_peers HOST:PORT: from now on a new connection to it every 200 ms, each held
+# open for 5 s without sending a byte (a would-be peer that never does its handshake), until
+# stop_silent_peers.
+start_silent_peers() {
+    local host=${1%:*} port=${1##*:}
+    rm -f "$TMP/stop-peers"
+    (
+        while [ ! -e "$TMP/stop-peers" ]; do
+            (exec 3<>"/dev/tcp/$host/$port" && sleep 5) 2>/dev/null &
+            sleep 0.2
+        done
+        wait
+    ) &
+    SILENT_PID=$!
+    PIDS+=("$SILENT_PID")
+}
+stop_silent_peers() {
+    touch "$TMP/stop-peers"
+    wait "$SILENT_PID" || true
+}
+
+# run_with_silent_peers HOST:PORT: the prompts again (run_prompts during) while silent peers
+# keep connecting to HOST:PORT (from a second before the run to its end); the answers must
+# be exactly those of run_prompts before. Prints how long the run took.
+run_with_silent_peers() {
+    start_silent_peers "$1"
+    sleep 1 # a few peers are waiting in handshakes before the run starts
+    local t0 ms
+    t0=$(date +%s%N)
+    run_prompts during
+    ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    stop_silent_peers
+    cmp -s "$TMP/before.jsonl" "$TMP/during.jsonl" ||
+        { diff "$TMP/before.jsonl" "$TMP/during.jsonl" | head; fail "tokens differ with silent peers"; }
+    echo "run with silent peers connecting to $1: $ms ms"
 }

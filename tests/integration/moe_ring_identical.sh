@@ -14,59 +14,13 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.bash"
 
-words=(Once upon a time there was a little girl who loved to play in the park with her dog)
-for i in $(seq 0 11); do
-    n=$(( (i * 5) % 17 + 1 ))
-    text="${words[*]:0:$n}"
-    if [ $((i % 2)) = 0 ]; then
-        echo "{\"prompt\": \"$text\", \"temperature\": 0, \"max_tokens\": $((12 + i))}"
-    else
-        echo "{\"prompt\": \"$text\", \"temperature\": 0.9, \"top_k\": 40, \"top_p\": 0.95, \"seed\": $((1000 + i)), \"max_tokens\": $((12 + i))}"
-    fi
-done >"$TMP/prompts.jsonl"
+mixed_prompts "$TMP/prompts.jsonl"
 
 same() { # same REF OTHER WHAT
     if ! cmp -s "$1" "$2"; then
         diff "$1" "$2" | head -20
         fail "$3 differs from the single process"
     fi
-}
-
-# start_agents N: start the expert agents of $RING_PLAN and wait (10 s at most) until each
-# has authenticated both stages.
-start_agents() {
-    local n=$1 j i
-    AGENT_PIDS=()
-    for ((j = 0; j < n; j++)); do
-        "$KVASIR" experts --plan "$RING_PLAN" --index "$j" >"$(dirname "$RING_PLAN")/agent$j.log" 2>&1 &
-        PIDS+=($!)
-        AGENT_PIDS+=($!)
-    done
-    for ((j = 0; j < n; j++)); do
-        for i in $(seq 100); do
-            [ "$(cat "$(dirname "$RING_PLAN")/agent$j.log" 2>/dev/null | grep -c linked)" -ge 2 ] &&
-                break
-            sleep 0.1
-        done
-        [ "$(cat "$(dirname "$RING_PLAN")/agent$j.log" 2>/dev/null | grep -c linked)" -ge 2 ] ||
-            { cat "$(dirname "$RING_PLAN")/agent$j.log"; fail "agent $j did not link both stages"; }
-    done
-}
-# stop_agents N WHAT: stop them; each must have computed pairs, no stage may have lost one.
-stop_agents() {
-    local n=$1 what=$2 j dir
-    dir=$(dirname "$RING_PLAN")
-    stop_ring
-    for p in "${AGENT_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${AGENT_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-    for ((j = 0; j < n; j++)); do
-        local pairs
-        pairs=$(sed -n 's/.*stopping after [0-9]* frames, \([0-9]*\) pairs.*/\1/p' "$dir/agent$j.log")
-        [ -n "$pairs" ] && [ "$pairs" -gt 0 ] ||
-            { tail -5 "$dir/agent$j.log"; fail "$what: agent $j computed no pairs"; }
-        echo "   agent $j computed $pairs pairs"
-    done
-    ! grep -h "expert agent .* lost" "$dir"/stage*.log || fail "$what: a stage lost an agent"
 }
 
 # run_agents MODEL TAG MB PLACEMENT: the prompts through 2 stages + 2 agents.

@@ -19,37 +19,12 @@ done >"$TMP/prompts.jsonl"
 start_ring "$TMP/tiny.gguf" 3 3 ring
 S1=$TMP/ring/stage1.log
 
-run_ring() { # run_ring TAG: the prompts through the ring, tokens to $TMP/TAG.jsonl
-    timeout 60 "$KVASIR" run --plan "$RING_PLAN" --prompts "$TMP/prompts.jsonl" --json \
-        --ignore-eos >"$TMP/$1.jsonl" 2>"$TMP/$1.log" || { cat "$TMP/$1.log"; fail "$1: ring run"; }
-}
-count() { grep -c -- "$1" "$2" || true; }
-
-run_ring before
+run_prompts before
 [ -s "$TMP/before.jsonl" ] || fail "no answers"
 addr=$(python3 -c "import json,sys;print(json.load(open(sys.argv[1]))['stages'][1]['addr'])" "$RING_PLAN")
-host=${addr%:*} port=${addr##*:}
 ups=$(count "upstream connected from" "$S1")
 
-# Silent peers, one every 200 ms, until told to stop.
-(
-    while [ ! -e "$TMP/stop-peers" ]; do
-        (exec 3<>"/dev/tcp/$host/$port" && sleep 5) 2>/dev/null &
-        sleep 0.2
-    done
-    wait
-) &
-PEERS=$!
-PIDS+=($PEERS)
-sleep 1 # a few peers are waiting in handshakes before the run starts
-t0=$(date +%s%N)
-run_ring during
-ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-touch "$TMP/stop-peers"
-wait "$PEERS" || true
-cmp -s "$TMP/before.jsonl" "$TMP/during.jsonl" ||
-    { diff "$TMP/before.jsonl" "$TMP/during.jsonl" | head; fail "tokens differ with silent peers"; }
-echo "run with silent peers connecting: $ms ms"
+run_with_silent_peers "$addr"
 for p in "${RING_PIDS[@]}"; do kill -0 "$p" 2>/dev/null || fail "a stage process died"; done
 [ "$(count "upstream connected from" "$S1")" = "$ups" ] ||
     fail "stage 1 took another upstream (a silent peer cannot authenticate)"

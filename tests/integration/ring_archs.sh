@@ -8,16 +8,7 @@
 set -euo pipefail
 source "$(dirname "$0")/lib.bash"
 
-words=(Once upon a time there was a little girl who loved to play in the park with her dog)
-for i in $(seq 0 11); do
-    n=$(( (i * 5) % 17 + 1 ))
-    text="${words[*]:0:$n}"
-    if [ $((i % 2)) = 0 ]; then
-        echo "{\"prompt\": \"$text\", \"temperature\": 0, \"max_tokens\": $((12 + i))}"
-    else
-        echo "{\"prompt\": \"$text\", \"temperature\": 0.9, \"top_k\": 40, \"top_p\": 0.95, \"seed\": $((1000 + i)), \"max_tokens\": $((12 + i))}"
-    fi
-done >"$TMP/prompts.jsonl"
+mixed_prompts "$TMP/prompts.jsonl"
 
 for spec in "llama|" "qwen2|--tied" "qwen3|--head-dim 32" "gemma2|--swa 8" \
     "gemma3|--swa 8 --layers 6" "phi3|"; do

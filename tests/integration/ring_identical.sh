@@ -11,17 +11,7 @@ stories=$(need_shared models/stories260K.gguf)
 "$KVASIR" synth --shape ring-45 --type q8_0 --seed 7 -o "$TMP/ring45.gguf" >/dev/null 2>&1 ||
     fail "synth ring-45"
 
-# 12 prompts of different lengths; even ones greedy, odd ones sampled with their own seed.
-words=(Once upon a time there was a little girl who loved to play in the park with her dog)
-for i in $(seq 0 11); do
-    n=$(( (i * 5) % 17 + 1 ))
-    text="${words[*]:0:$n}"
-    if [ $((i % 2)) = 0 ]; then
-        echo "{\"prompt\": \"$text\", \"temperature\": 0, \"max_tokens\": $((12 + i))}"
-    else
-        echo "{\"prompt\": \"$text\", \"temperature\": 0.9, \"top_k\": 40, \"top_p\": 0.95, \"seed\": $((1000 + i)), \"max_tokens\": $((12 + i))}"
-    fi
-done >"$TMP/prompts.jsonl"
+mixed_prompts "$TMP/prompts.jsonl"
 
 # check_model MODEL TAG KV_TYPE STAGES...
 check_model() {

@@ -163,17 +163,7 @@ complete() { # complete I TAG: a streamed completion; its text (from the SSE eve
     curl -s -N -m 120 "$SERVE_URL/v1/completions" -H 'Content-Type: application/json' \
         -d "{\"model\": \"ring45\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": 150,
              \"temperature\": 0.9, \"seed\": $1, \"ignore_eos\": true, \"stream\": true,
-             \"repetition_penalty\": 1.2, \"frequency_penalty\": 0.5, \"presence_penalty\": 0.3}" |
-        python3 -c '
-import json, sys
-text = []
-for line in sys.stdin:
-    if line.startswith("data: {"):
-        d = json.loads(line[6:])
-        if "error" in d:
-            sys.exit("error event: %s" % d["error"])
-        text.append(d["choices"][0]["text"])
-print(json.dumps("".join(text)))' >"$TMP/http.$2.$1"
+             \"repetition_penalty\": 1.2, \"frequency_penalty\": 0.5, \"presence_penalty\": 0.3}" | sse_text >"$TMP/http.$2.$1"
 }
 for tag in ref dis; do
     pids=()

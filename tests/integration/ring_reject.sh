@@ -45,8 +45,6 @@ same_tokens() {
     cmp -s "$TMP/before.jsonl" "$TMP/$1.jsonl" ||
         { diff "$TMP/before.jsonl" "$TMP/$1.jsonl" | head; fail "$1: tokens differ from before"; }
 }
-# count PATTERN FILE: matching lines so far (grep -c exits 1 on none).
-count() { grep -c -- "$1" "$2" || true; }
 # wait_for PATTERN FILE N TIMEOUT_S: until FILE has more than N lines matching; prints ms.
 wait_for() {
     local t0 now

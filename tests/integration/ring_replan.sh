@@ -58,19 +58,7 @@ complete() {
         sampling="\"temperature\": 0.9, \"seed\": $1, \"repetition_penalty\": 1.2, \"frequency_penalty\": 0.5"
     curl -s -N -m 300 "$URL/v1/completions" -H 'Content-Type: application/json' \
         -d "{\"model\": \"m\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": $N_TOKENS,
-             \"ignore_eos\": true, \"stream\": true, $sampling}" |
-        python3 -c '
-import json, sys
-text = []
-for line in sys.stdin:
-    if line.startswith("data: {"):
-        d = json.loads(line[6:])
-        if "error" in d:
-            sys.exit("error event: %s" % d["error"])
-        text.append(d["choices"][0]["text"])
-if not text:
-    sys.exit("no text")
-print(json.dumps("".join(text)))' >"$TMP/http.$2.$1"
+             \"ignore_eos\": true, \"stream\": true, $sampling}" | sse_text >"$TMP/http.$2.$1"
 }
 # pass TAG [I]: the four completions at once; with I, SIGKILL stage I mid-stream.
 pass() {
