@@ -34,8 +34,9 @@ static void usage(FILE *f)
         fprintf(f, "%s%s", i ? ", " : "", kvr_synth_shape_name(i));
     fprintf(f, ") or custom\n"
                "  -o, --out FILE     output file\n"
-               "  --type T           matrix type: f32, f16, bf16, q8_0, q4_0, q4_k, q6_k "
-               "(default q8_0)\n"
+               "  --type T           matrix type, any weight type by name: f32, f16, bf16,\n"
+               "                     q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k,\n"
+               "                     q6_k, iq4_nl, iq4_xs (default q8_0)\n"
                "  --seed N           PRNG seed (default 1); same seed, same bytes\n"
                "  --vocab FILE       copy the tokenizer (tokenizer.* keys) from another GGUF\n"
                "  --threads N        generator threads (default: online CPUs)\n"
@@ -56,22 +57,6 @@ static void usage(FILE *f)
                "                     a mixture of experts, each ff wide unless --expert-ff\n"
                "                     (llama: Mixtral-style). Defaults: mixtral and qwen2moe\n"
                "                     8 experts, top-2; qwen3moe 16, top-4\n");
-}
-
-static int parse_type(const char *s)
-{
-    static const struct {
-        const char *name;
-        int type;
-    } types[] = {
-        {"f32", KVR_DTYPE_F32},   {"f16", KVR_DTYPE_F16},   {"bf16", KVR_DTYPE_BF16},
-        {"q8_0", KVR_DTYPE_Q8_0}, {"q4_0", KVR_DTYPE_Q4_0}, {"q4_k", KVR_DTYPE_Q4_K},
-        {"q6_k", KVR_DTYPE_Q6_K},
-    };
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        if (!strcasecmp(s, types[i].name))
-            return types[i].type;
-    return -1;
 }
 
 static bool parse_int(const char *s, long lo, long hi, long *out)
@@ -177,7 +162,7 @@ int kvr_cmd_synth(int argc, char **argv)
             vocab_path = optarg;
             break;
         case OPT_TYPE:
-            if ((opts.type = parse_type(optarg)) < 0) {
+            if ((opts.type = kvr_dtype_by_name(optarg)) < 0) {
                 fprintf(stderr, "kvasir synth: unknown --type %s\n", optarg);
                 return 2;
             }

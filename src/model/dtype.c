@@ -26,6 +26,7 @@
 
 #include <math.h>
 #include <string.h>
+#include <strings.h>
 
 /* ---------------------------------------------------------------------------------------
  * fp16 and bf16
@@ -1322,96 +1323,52 @@ static float iq4_xs_dot(int64_t n, const void *w, const void *x)
  * The table.
  * --------------------------------------------------------------------------------------- */
 
-static const struct kvr_dtype_traits traits_f32 = {
-    "f32", 1, 4, KVR_DTYPE_F32, f32_to_float, f32_from_float, f32_dot};
-static const struct kvr_dtype_traits traits_f16 = {
-    "f16", 1, 2, KVR_DTYPE_F32, f16_to_float, f16_from_float, f16_dot};
-static const struct kvr_dtype_traits traits_bf16 = {
-    "bf16", 1, 2, KVR_DTYPE_F32, bf16_to_float, bf16_from_float, bf16_dot};
-static const struct kvr_dtype_traits traits_q8_0 = {
-    "q8_0",          KVR_QK,  sizeof(struct kvr_block_q8_0), KVR_DTYPE_Q8_0, q8_0_to_float,
-    q8_0_from_float, q8_0_dot};
-static const struct kvr_dtype_traits traits_q4_0 = {
-    "q4_0",          KVR_QK,  sizeof(struct kvr_block_q4_0), KVR_DTYPE_Q8_0, q4_0_to_float,
-    q4_0_from_float, q4_0_dot};
-static const struct kvr_dtype_traits traits_q4_k = {
-    "q4_K",          KVR_QK_K, sizeof(struct kvr_block_q4_k), KVR_DTYPE_Q8_K, q4_k_to_float,
-    q4_k_from_float, q4_k_dot};
-static const struct kvr_dtype_traits traits_q6_k = {
-    "q6_K",          KVR_QK_K, sizeof(struct kvr_block_q6_k), KVR_DTYPE_Q8_K, q6_k_to_float,
-    q6_k_from_float, q6_k_dot};
-static const struct kvr_dtype_traits traits_q4_1 = {
-    "q4_1",          KVR_QK,  sizeof(struct kvr_block_q4_1), KVR_DTYPE_Q8_1, q4_1_to_float,
-    q4_1_from_float, q4_1_dot};
-static const struct kvr_dtype_traits traits_q5_0 = {
-    "q5_0",          KVR_QK,  sizeof(struct kvr_block_q5_0), KVR_DTYPE_Q8_0, q5_0_to_float,
-    q5_0_from_float, q5_0_dot};
-static const struct kvr_dtype_traits traits_q5_1 = {
-    "q5_1",          KVR_QK,  sizeof(struct kvr_block_q5_1), KVR_DTYPE_Q8_1, q5_1_to_float,
-    q5_1_from_float, q5_1_dot};
-static const struct kvr_dtype_traits traits_iq4_nl = {
-    "iq4_nl",          KVR_QK,    sizeof(struct kvr_block_iq4_nl), KVR_DTYPE_Q8_0, iq4_nl_to_float,
-    iq4_nl_from_float, iq4_nl_dot};
-static const struct kvr_dtype_traits traits_q2_k = {
-    "q2_K",          KVR_QK_K, sizeof(struct kvr_block_q2_k), KVR_DTYPE_Q8_K, q2_k_to_float,
-    q2_k_from_float, q2_k_dot};
-static const struct kvr_dtype_traits traits_q3_k = {
-    "q3_K",          KVR_QK_K, sizeof(struct kvr_block_q3_k), KVR_DTYPE_Q8_K, q3_k_to_float,
-    q3_k_from_float, q3_k_dot};
-static const struct kvr_dtype_traits traits_q5_k = {
-    "q5_K",          KVR_QK_K, sizeof(struct kvr_block_q5_k), KVR_DTYPE_Q8_K, q5_k_to_float,
-    q5_k_from_float, q5_k_dot};
-static const struct kvr_dtype_traits traits_iq4_xs = {
-    "iq4_xs",          KVR_QK_K,  sizeof(struct kvr_block_iq4_xs), KVR_DTYPE_Q8_K, iq4_xs_to_float,
-    iq4_xs_from_float, iq4_xs_dot};
-/* Q8_1 and Q8_K are activation types: kvr_matmul refuses them as weight types. */
-static const struct kvr_dtype_traits traits_q8_1 = {
-    "q8_1",          KVR_QK,  sizeof(struct kvr_block_q8_1), KVR_DTYPE_Q8_1, q8_1_to_float,
-    q8_1_from_float, q8_1_dot};
-static const struct kvr_dtype_traits traits_q8_k = {
-    "q8_K",          KVR_QK_K, sizeof(struct kvr_block_q8_k), KVR_DTYPE_Q8_K, q8_k_to_float,
-    q8_k_from_float, q8_k_dot};
+/* One row per type: its name, block, dot type, reference kernels and llama_ftype. */
+/* clang-format off */
+#define PLAIN(ID, NAME, BYTES, FN, FTYPE) \
+    [KVR_DTYPE_##ID] = {NAME, 1, BYTES, KVR_DTYPE_F32, FN##_to_float, FN##_from_float, \
+                        FN##_dot, FTYPE}
+#define BLOCK(ID, NAME, QK, FN, DOT, FTYPE) \
+    [KVR_DTYPE_##ID] = {NAME, QK, sizeof(struct kvr_block_##FN), KVR_DTYPE_##DOT, \
+                        FN##_to_float, FN##_from_float, FN##_dot, FTYPE}
+/* clang-format on */
+
+static const struct kvr_dtype_traits table[KVR_DTYPE_COUNT] = {
+    PLAIN(F32, "f32", 4, f32, 0),
+    PLAIN(F16, "f16", 2, f16, 1),
+    PLAIN(BF16, "bf16", 2, bf16, 32),
+    BLOCK(Q4_0, "q4_0", KVR_QK, q4_0, Q8_0, 2),
+    BLOCK(Q4_1, "q4_1", KVR_QK, q4_1, Q8_1, 3),
+    BLOCK(Q5_0, "q5_0", KVR_QK, q5_0, Q8_0, 8),
+    BLOCK(Q5_1, "q5_1", KVR_QK, q5_1, Q8_1, 9),
+    BLOCK(Q8_0, "q8_0", KVR_QK, q8_0, Q8_0, 7),
+    BLOCK(IQ4_NL, "iq4_nl", KVR_QK, iq4_nl, Q8_0, 25),
+    /* the K-quants: the file type of their _S preset (every matrix this type) */
+    BLOCK(Q2_K, "q2_K", KVR_QK_K, q2_k, Q8_K, 10),
+    BLOCK(Q3_K, "q3_K", KVR_QK_K, q3_k, Q8_K, 11),
+    BLOCK(Q4_K, "q4_K", KVR_QK_K, q4_k, Q8_K, 14),
+    BLOCK(Q5_K, "q5_K", KVR_QK_K, q5_k, Q8_K, 16),
+    BLOCK(Q6_K, "q6_K", KVR_QK_K, q6_k, Q8_K, 18),
+    BLOCK(IQ4_XS, "iq4_xs", KVR_QK_K, iq4_xs, Q8_K, 30),
+    /* activation types: kvr_matmul refuses them as weight types; no file has them */
+    BLOCK(Q8_1, "q8_1", KVR_QK, q8_1, Q8_1, -1),
+    BLOCK(Q8_K, "q8_K", KVR_QK_K, q8_k, Q8_K, -1),
+};
+
+#undef PLAIN
+#undef BLOCK
 
 const struct kvr_dtype_traits *kvr_dtype_traits(int type)
 {
-    switch (type) {
-    case KVR_DTYPE_F32:
-        return &traits_f32;
-    case KVR_DTYPE_F16:
-        return &traits_f16;
-    case KVR_DTYPE_BF16:
-        return &traits_bf16;
-    case KVR_DTYPE_Q8_0:
-        return &traits_q8_0;
-    case KVR_DTYPE_Q4_0:
-        return &traits_q4_0;
-    case KVR_DTYPE_Q4_K:
-        return &traits_q4_k;
-    case KVR_DTYPE_Q6_K:
-        return &traits_q6_k;
-    case KVR_DTYPE_Q8_1:
-        return &traits_q8_1;
-    case KVR_DTYPE_Q8_K:
-        return &traits_q8_k;
-    case KVR_DTYPE_Q4_1:
-        return &traits_q4_1;
-    case KVR_DTYPE_Q5_0:
-        return &traits_q5_0;
-    case KVR_DTYPE_Q5_1:
-        return &traits_q5_1;
-    case KVR_DTYPE_IQ4_NL:
-        return &traits_iq4_nl;
-    case KVR_DTYPE_Q2_K:
-        return &traits_q2_k;
-    case KVR_DTYPE_Q3_K:
-        return &traits_q3_k;
-    case KVR_DTYPE_Q5_K:
-        return &traits_q5_k;
-    case KVR_DTYPE_IQ4_XS:
-        return &traits_iq4_xs;
-    default:
-        return NULL;
-    }
+    return type >= 0 && type < KVR_DTYPE_COUNT && table[type].name ? &table[type] : NULL;
+}
+
+int kvr_dtype_by_name(const char *name)
+{
+    for (int t = 0; t < KVR_DTYPE_COUNT; t++)
+        if (table[t].name && !strcasecmp(table[t].name, name))
+            return t;
+    return -1;
 }
 
 bool kvr_dtype_is_weight(int type)

@@ -54,10 +54,16 @@ struct kvr_dtype_traits {
     void (*from_float)(const float *src, void *dst, int64_t n); /* quantize; NULL if none */
     /* dot of one weight row (this type) with one activation row (dot_type), n elements */
     float (*dot)(int64_t n, const void *w, const void *x);
+    /* llama.cpp's general.file_type (llama_ftype) of a file whose matrices all have this
+     * type (the K-quants: their _S preset), or -1 for an activation-only type */
+    int file_type;
 };
 
 /* Traits of a type, or NULL for an unknown or unsupported id. */
 const struct kvr_dtype_traits *kvr_dtype_traits(int type);
+
+/* The type named `name` (the traits' name, any case: "q8_0", "Q4_K"), or -1. */
+int kvr_dtype_by_name(const char *name);
 
 /* True for a type a weight matrix may have: known, and not an activation-only type. */
 bool kvr_dtype_is_weight(int type);

@@ -587,36 +587,6 @@ static int copy_vocab(struct kvr_gguf_writer *w, const struct kvr_gguf *src, str
 
 /* ---- writing ----------------------------------------------------------------------- */
 
-/* llama.cpp's general.file_type (enum llama_ftype) for a model whose matrices are `type`. */
-static int file_type_of(int type, uint32_t *out)
-{
-    switch (type) {
-    case KVR_DTYPE_F32:
-        *out = 0;
-        return 0;
-    case KVR_DTYPE_F16:
-        *out = 1;
-        return 0;
-    case KVR_DTYPE_Q4_0:
-        *out = 2;
-        return 0;
-    case KVR_DTYPE_Q8_0:
-        *out = 7;
-        return 0;
-    case KVR_DTYPE_Q4_K:
-        *out = 14;
-        return 0; /* Q4_K_S: all matrices Q4_K */
-    case KVR_DTYPE_Q6_K:
-        *out = 18;
-        return 0;
-    case KVR_DTYPE_BF16:
-        *out = 32;
-        return 0;
-    default:
-        return KVR_ENOTSUP;
-    }
-}
-
 struct fill_job {
     const struct tspec *t;
     const struct kvr_dtype_traits *tr;
@@ -721,9 +691,10 @@ static void add_model_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts
 static int check_type(int type, uint32_t *file_type, struct kvr_err *err)
 {
     const struct kvr_dtype_traits *tr = kvr_dtype_traits(type);
-    if (!tr || !tr->from_float || type == KVR_DTYPE_Q8_K || file_type_of(type, file_type))
+    if (!tr || !tr->from_float || tr->file_type < 0)
         return kvr_err_set(err, KVR_ENOTSUP, "weight type %d (%s) cannot be synthesised", type,
                            tr ? tr->name : "unknown");
+    *file_type = (uint32_t)tr->file_type;
     return 0;
 }
 

@@ -10,6 +10,8 @@
 #include "core/log.h"
 #include "ring/addr.h"
 #include "ring/plan_int.h"
+#include "ring/wire.h"
+#include "model/kv.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -64,38 +66,23 @@ static int copy_str(char *dst, size_t cap, const char *src, const char *what, st
 
 int kvr_plan_kv_type_parse(const char *s, enum kvr_dtype *out)
 {
-    static const struct {
-        const char *name;
-        enum kvr_dtype type;
-    } types[] = {{"f32", KVR_DTYPE_F32}, {"f16", KVR_DTYPE_F16}, {"q8_0", KVR_DTYPE_Q8_0}};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        if (!strcmp(s, types[i].name)) {
-            *out = types[i].type;
-            return KVR_OK;
-        }
-    return KVR_EINVAL;
+    int t = kvr_dtype_by_name(s);
+    if (t < 0 || !kvr_kv_type_ok((enum kvr_dtype)t))
+        return KVR_EINVAL;
+    *out = (enum kvr_dtype)t;
+    return KVR_OK;
 }
 
 const char *kvr_plan_kv_type_name(enum kvr_dtype t)
 {
-    return t == KVR_DTYPE_F32    ? "f32"
-           : t == KVR_DTYPE_F16  ? "f16"
-           : t == KVR_DTYPE_Q8_0 ? "q8_0"
-                                 : NULL;
+    return kvr_kv_type_ok(t) ? kvr_dtype_traits(t)->name : NULL;
 }
 
+/* The name of a type hidden states may travel in between stages, or NULL. */
 static const char *dtype_name(enum kvr_dtype t)
 {
-    switch (t) {
-    case KVR_DTYPE_F32:
-        return "f32";
-    case KVR_DTYPE_F16:
-        return "f16";
-    case KVR_DTYPE_BF16:
-        return "bf16";
-    default:
-        return NULL;
-    }
+    return kvr_wire_payload_of_dtype(t) != KVR_WIRE_PAYLOAD_COUNT ? kvr_dtype_traits(t)->name
+                                                                  : NULL;
 }
 
 /* ---- Parsing --------------------------------------------------------------------------- */
@@ -291,13 +278,9 @@ static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
 
     p->wire_dtype = KVR_DTYPE_F32;
     if ((v = json_object_get(root, "wire_dtype"))) {
-        const char *s = json_is_string(v) ? json_string_value(v) : "";
-        if (!strcmp(s, "f32"))
-            p->wire_dtype = KVR_DTYPE_F32;
-        else if (!strcmp(s, "f16"))
-            p->wire_dtype = KVR_DTYPE_F16;
-        else if (!strcmp(s, "bf16"))
-            p->wire_dtype = KVR_DTYPE_BF16;
+        int t = kvr_dtype_by_name(json_is_string(v) ? json_string_value(v) : "");
+        if (t >= 0 && dtype_name((enum kvr_dtype)t))
+            p->wire_dtype = (enum kvr_dtype)t;
         else
             return kvr_err_set(err, KVR_EINVAL,
                                "plan: wire_dtype must be \"f32\", \"f16\" or \"bf16\"");

@@ -103,24 +103,25 @@ static void test_traits_table(void **state)
         int64_t block_elems;
         size_t block_bytes;
         int dot_type;
+        int file_type; /* llama_ftype of an all-this-type file (K-quants: _S), -1 none */
     } want[] = {
-        {KVR_DTYPE_F32, "f32", 1, 4, KVR_DTYPE_F32},
-        {KVR_DTYPE_F16, "f16", 1, 2, KVR_DTYPE_F32},
-        {KVR_DTYPE_BF16, "bf16", 1, 2, KVR_DTYPE_F32},
-        {KVR_DTYPE_Q8_0, "q8_0", 32, 34, KVR_DTYPE_Q8_0},
-        {KVR_DTYPE_Q4_0, "q4_0", 32, 18, KVR_DTYPE_Q8_0},
-        {KVR_DTYPE_Q4_K, "q4_K", 256, 144, KVR_DTYPE_Q8_K},
-        {KVR_DTYPE_Q6_K, "q6_K", 256, 210, KVR_DTYPE_Q8_K},
-        {KVR_DTYPE_Q8_K, "q8_K", 256, 292, KVR_DTYPE_Q8_K},
-        {KVR_DTYPE_Q4_1, "q4_1", 32, 20, KVR_DTYPE_Q8_1},
-        {KVR_DTYPE_Q5_0, "q5_0", 32, 22, KVR_DTYPE_Q8_0},
-        {KVR_DTYPE_Q5_1, "q5_1", 32, 24, KVR_DTYPE_Q8_1},
-        {KVR_DTYPE_Q8_1, "q8_1", 32, 36, KVR_DTYPE_Q8_1},
-        {KVR_DTYPE_IQ4_NL, "iq4_nl", 32, 18, KVR_DTYPE_Q8_0},
-        {KVR_DTYPE_Q2_K, "q2_K", 256, 84, KVR_DTYPE_Q8_K},
-        {KVR_DTYPE_Q3_K, "q3_K", 256, 110, KVR_DTYPE_Q8_K},
-        {KVR_DTYPE_Q5_K, "q5_K", 256, 176, KVR_DTYPE_Q8_K},
-        {KVR_DTYPE_IQ4_XS, "iq4_xs", 256, 136, KVR_DTYPE_Q8_K},
+        {KVR_DTYPE_F32, "f32", 1, 4, KVR_DTYPE_F32, 0},
+        {KVR_DTYPE_F16, "f16", 1, 2, KVR_DTYPE_F32, 1},
+        {KVR_DTYPE_BF16, "bf16", 1, 2, KVR_DTYPE_F32, 32},
+        {KVR_DTYPE_Q8_0, "q8_0", 32, 34, KVR_DTYPE_Q8_0, 7},
+        {KVR_DTYPE_Q4_0, "q4_0", 32, 18, KVR_DTYPE_Q8_0, 2},
+        {KVR_DTYPE_Q4_K, "q4_K", 256, 144, KVR_DTYPE_Q8_K, 14},
+        {KVR_DTYPE_Q6_K, "q6_K", 256, 210, KVR_DTYPE_Q8_K, 18},
+        {KVR_DTYPE_Q8_K, "q8_K", 256, 292, KVR_DTYPE_Q8_K, -1},
+        {KVR_DTYPE_Q4_1, "q4_1", 32, 20, KVR_DTYPE_Q8_1, 3},
+        {KVR_DTYPE_Q5_0, "q5_0", 32, 22, KVR_DTYPE_Q8_0, 8},
+        {KVR_DTYPE_Q5_1, "q5_1", 32, 24, KVR_DTYPE_Q8_1, 9},
+        {KVR_DTYPE_Q8_1, "q8_1", 32, 36, KVR_DTYPE_Q8_1, -1},
+        {KVR_DTYPE_IQ4_NL, "iq4_nl", 32, 18, KVR_DTYPE_Q8_0, 25},
+        {KVR_DTYPE_Q2_K, "q2_K", 256, 84, KVR_DTYPE_Q8_K, 10},
+        {KVR_DTYPE_Q3_K, "q3_K", 256, 110, KVR_DTYPE_Q8_K, 11},
+        {KVR_DTYPE_Q5_K, "q5_K", 256, 176, KVR_DTYPE_Q8_K, 16},
+        {KVR_DTYPE_IQ4_XS, "iq4_xs", 256, 136, KVR_DTYPE_Q8_K, 30},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const struct kvr_dtype_traits *t = kvr_dtype_traits(want[i].type);
@@ -129,10 +130,15 @@ static void test_traits_table(void **state)
         assert_int_equal(t->block_elems, want[i].block_elems);
         assert_int_equal(t->block_bytes, want[i].block_bytes);
         assert_int_equal(t->dot_type, want[i].dot_type);
+        assert_int_equal(t->file_type, want[i].file_type);
+        assert_int_equal(kvr_dtype_by_name(want[i].name), want[i].type);
         assert_non_null(t->to_float);
         assert_non_null(t->from_float);
         assert_non_null(t->dot);
     }
+    assert_int_equal(kvr_dtype_by_name("Q4_k"), KVR_DTYPE_Q4_K); /* any case */
+    assert_int_equal(kvr_dtype_by_name("q4_k_m"), -1);           /* a preset, not a type */
+    assert_int_equal(kvr_dtype_by_name(""), -1);
     int unknown[] = {-1, 4, 5, 16, 17, 18, 19, 21, 22, 24, 29, 31, 1000};
     for (size_t i = 0; i < sizeof unknown / sizeof unknown[0]; i++)
         assert_null(kvr_dtype_traits(unknown[i]));
