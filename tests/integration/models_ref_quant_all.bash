@@ -13,6 +13,11 @@
 # llama model passed every preset (first 4 steps' max-abs 0.0001-0.047; before, 0.034-0.053);
 # the other models were not re-run. What is left is one quant rounding the other way, which
 # moves logits by 0.02-0.05 (docs/QUANT.md has the measurements), so it may still fail.
+set -euo pipefail
+source "$(dirname "$0")/lib.bash"
+source "$(dirname "$0")/models_ref_lib.bash"
+need_peer
+
 # The presets whose every tensor type the engine reads (a preset writes a mix of types);
 # QUANT_PRESETS="Q5_0 Q2_K" (space-separated) runs only those, QUANT_ARCHS="llama qwen3"
 # only those models.
