@@ -6,6 +6,7 @@
 #include "core/ev.h"
 #include "core/log.h"
 #include "core/pool.h"
+#include "ring/accept.h"
 #include "ring/auth.h"
 #include "ring/dial.h"
 #include "ring/net.h"
@@ -20,9 +21,7 @@
 #define HANDSHAKE_MS 2000
 #define SEND_MS 5000
 #define BACKOFF_MAX_MS 500
-#define MAX_CONNS 8   /* stages one agent serves at once (the event loop's fds bound it) */
-#define N_ACCEPTING 4 /* handshakes under way at once (the oldest gives way to a new one) */
-#define MS_NS 1000000ull
+#define MAX_CONNS 8 /* stages one agent serves at once (the event loop's fds bound it) */
 
 /* ---- Shared ---------------------------------------------------------------------------- */
 
@@ -98,19 +97,6 @@ struct conn {
     struct kvr_link link;
 };
 
-/* A connection from a would-be stage whose handshake is under way: it runs in steps
- * (net.h kvr_link_hs_*) inside the agent's loop, so a peer that connects and stays silent
- * delays nobody (the same as a stage accepting its upstream). */
-struct accepting {
-    struct agent *agent;
-    bool used;
-    struct kvr_link link;
-    struct kvr_link_hs hs;
-    uint32_t seen;        /* hs.progress when the deadline was last set */
-    uint64_t deadline_ns; /* the next handshake message is due by then */
-    uint64_t since_ns;    /* accepted then */
-};
-
 struct agent {
     const struct kvr_plan *plan;
     const struct kvr_plan_agent *me;
@@ -127,8 +113,7 @@ struct agent {
     struct kvr_ev *ev;
     int listen_fd;
     struct conn conns[MAX_CONNS];
-    struct accepting acc[N_ACCEPTING];
-    int t_accept; /* the earliest handshake deadline of acc[] */
+    struct kvr_accept acc; /* stages in their handshakes (accept.h) */
     /* Per frame (sized for row_width rows). */
     uint32_t *ids;
     float *weights;
@@ -221,40 +206,32 @@ static int serve_frame(struct agent *a, const struct kvr_wire_frame *f, size_t *
 
 static void on_conn(struct kvr_ev *ev, int fd, uint32_t events, void *arg);
 
-static void arm_accept_timer(struct agent *a)
+static int begin_accept(void *ctx, struct kvr_link *link, struct kvr_link_hs *hs,
+                        struct kvr_err *err)
 {
-    uint64_t next = 0;
-    for (uint32_t i = 0; i < N_ACCEPTING; i++)
-        if (a->acc[i].used && (!next || a->acc[i].deadline_ns < next))
-            next = a->acc[i].deadline_ns;
-    kvr_ev_timer_at(a->ev, a->t_accept, next);
+    struct agent *a = ctx;
+    struct kvr_auth_id self = {KVR_AUTH_ROLE_AGENT, a->index};
+    struct kvr_auth_id any = {KVR_AUTH_ROLE_STAGE, KVR_AUTH_INDEX_ANY};
+    return kvr_link_hs_begin_ids(link, hs, a->plan, self, any, false, err);
 }
 
-static void drop_accepting(struct agent *a, struct accepting *p, const char *why)
+/* A stage passed its handshake (accept.h, in steps inside the loop: a peer that connects
+ * and says nothing delays no frame): its link moves to a free connection slot. */
+static void accepted(void *ctx, struct kvr_accept_slot *s)
 {
-    KVR_WARN("%s: refused connection from %s: %s", a->name, p->link.peer, why);
-    kvr_ev_unwatch(a->ev, p->link.fd);
-    kvr_link_hs_abort(&p->hs);
-    kvr_link_fini(&p->link);
-    p->used = false;
-}
-
-/* An authenticated stage: its link moves to a free connection slot. */
-static void adopt_conn(struct agent *a, struct accepting *p)
-{
-    kvr_ev_unwatch(a->ev, p->link.fd);
+    struct agent *a = ctx;
     struct conn *c = NULL;
     for (uint32_t i = 0; i < MAX_CONNS && !c; i++)
         if (!a->conns[i].used)
             c = &a->conns[i];
+    struct kvr_link fresh;
+    kvr_accept_take(&a->acc, s, &fresh);
     if (!c) {
-        KVR_WARN("%s: refused %s: already serving %d links", a->name, p->link.peer, MAX_CONNS);
-        kvr_link_fini(&p->link);
-        p->used = false;
+        KVR_WARN("%s: refused %s: already serving %d links", a->name, fresh.peer, MAX_CONNS);
+        kvr_link_fini(&fresh);
         return;
     }
-    c->link = p->link;
-    p->used = false;
+    c->link = fresh;
     if (kvr_ev_watch(a->ev, c->link.fd, KVR_EV_READ, on_conn, c)) {
         kvr_link_fini(&c->link);
         return;
@@ -263,88 +240,6 @@ static void adopt_conn(struct agent *a, struct accepting *p)
     c->used = true;
     KVR_INFO("%s: %s linked", a->name, c->link.peer);
     on_conn(a->ev, c->link.fd, KVR_EV_READ, c); /* a frame may have come with the handshake */
-}
-
-/* The would-be stage's socket is ready: take the handshake a step further. */
-static void on_accepting(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
-{
-    (void)events;
-    struct accepting *p = arg;
-    struct agent *a = p->agent;
-    struct kvr_err err = {0};
-    int rc = kvr_link_hs_step(&p->link, &p->hs, &err);
-    if (rc == KVR_EAGAIN) {
-        if (p->hs.progress != p->seen) {
-            p->seen = p->hs.progress;
-            p->deadline_ns = kvr_now_ns() + HANDSHAKE_MS * MS_NS;
-            arm_accept_timer(a);
-        }
-        kvr_ev_events(ev, fd, p->hs.want_write ? KVR_EV_WRITE : KVR_EV_READ);
-        return;
-    }
-    if (rc)
-        drop_accepting(a, p, err.msg);
-    else
-        adopt_conn(a, p);
-    arm_accept_timer(a);
-}
-
-/* A handshake message that did not come in time: that peer is refused. */
-static void on_accept_timer(struct kvr_ev *ev, void *arg)
-{
-    (void)ev;
-    struct agent *a = arg;
-    uint64_t now = kvr_now_ns();
-    char why[64];
-    snprintf(why, sizeof why, "no handshake message from the peer within %d ms", HANDSHAKE_MS);
-    for (uint32_t i = 0; i < N_ACCEPTING; i++)
-        if (a->acc[i].used && a->acc[i].deadline_ns <= now)
-            drop_accepting(a, &a->acc[i], why);
-    arm_accept_timer(a);
-}
-
-/* A stage connects: its handshake runs in steps (on_accepting); one that fails it, or does
- * not finish it in time, is refused. With N_ACCEPTING under way the oldest gives way. */
-static void on_agent_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
-{
-    (void)events;
-    struct agent *a = arg;
-    struct kvr_err err = {0};
-    int cfd;
-    char peer[KVR_NET_PEER_BYTES];
-    if (kvr_net_accept(fd, KVR_NET_NOW, &cfd, peer, sizeof peer, &err))
-        return;
-    struct accepting *p = NULL;
-    for (uint32_t i = 0; i < N_ACCEPTING; i++)
-        if (!a->acc[i].used)
-            p = &a->acc[i];
-        else if (!p || (p->used && a->acc[i].since_ns < p->since_ns))
-            p = &a->acc[i];
-    if (p->used)
-        drop_accepting(a, p, "more connections are being authenticated; this is the oldest");
-    struct kvr_auth_id self = {KVR_AUTH_ROLE_AGENT, a->index};
-    struct kvr_auth_id any = {KVR_AUTH_ROLE_STAGE, KVR_AUTH_INDEX_ANY};
-    p->link = (struct kvr_link){.fd = -1};
-    if (kvr_link_init(&p->link, cfd, peer, &a->limits, KVR_LINK_SEND | KVR_LINK_RECV, &err)) {
-        KVR_WARN("%s: cannot set up link from %s: %s", a->name, peer, err.msg);
-        return;
-    }
-    if (kvr_link_hs_begin_ids(&p->link, &p->hs, a->plan, self, any, false, &err)) {
-        KVR_WARN("%s: refused connection from %s: %s", a->name, peer, err.msg);
-        kvr_link_fini(&p->link);
-        return;
-    }
-    p->agent = a;
-    p->used = true;
-    p->seen = p->hs.progress;
-    p->since_ns = kvr_now_ns();
-    p->deadline_ns = p->since_ns + HANDSHAKE_MS * MS_NS;
-    if (kvr_ev_watch(ev, p->link.fd, KVR_EV_READ, on_accepting, p)) {
-        drop_accepting(a, p, "cannot watch its socket");
-        return;
-    }
-    arm_accept_timer(a);
-    on_accepting(ev, p->link.fd, KVR_EV_READ, p); /* its hello may be there already */
 }
 
 static void on_conn(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
@@ -411,13 +306,7 @@ static void on_agent_wake(struct kvr_ev *ev, void *arg)
 
 static void agent_fini(struct agent *a)
 {
-    for (uint32_t i = 0; i < N_ACCEPTING; i++)
-        if (a->acc[i].used) {
-            kvr_link_hs_abort(&a->acc[i].hs);
-            kvr_ev_unwatch(a->ev, a->acc[i].link.fd);
-            kvr_link_fini(&a->acc[i].link);
-            a->acc[i].used = false;
-        }
+    kvr_accept_fini(&a->acc);
     for (uint32_t i = 0; i < MAX_CONNS; i++)
         if (a->conns[i].used) {
             struct kvr_err err = {0};
@@ -494,10 +383,15 @@ static int agent_init(struct agent *a, struct kvr_err *err)
     if ((rc = kvr_ev_create(&a->ev, err)))
         return rc;
     kvr_ev_on_wake(a->ev, on_agent_wake, a);
-    if ((a->t_accept = kvr_ev_timer(a->ev, on_accept_timer, a)) < 0)
-        return kvr_err_set(err, KVR_ENOMEM, "%s: no timer left in the event loop", a->name);
+    struct kvr_accept_config ac = {.name = a->name,
+                                   .limits = &a->limits,
+                                   .dirs = KVR_LINK_SEND | KVR_LINK_RECV,
+                                   .handshake_ms = HANDSHAKE_MS,
+                                   .begin = begin_accept,
+                                   .done = accepted,
+                                   .ctx = a};
     if ((rc = kvr_net_listen(a->me->addr, 16, &a->listen_fd, NULL, err)) ||
-        (rc = kvr_ev_watch(a->ev, a->listen_fd, KVR_EV_READ, on_agent_listen, a)))
+        (rc = kvr_accept_start(&a->acc, a->ev, a->listen_fd, &ac, err)))
         return rc;
     KVR_INFO("%s: %u experts of %u layers (%u threads), listening on %s", a->name, n_held, n_mine,
              threads, a->me->addr);

@@ -6,7 +6,7 @@
  * shutdown.
  *
  * Two threads. The I/O thread runs the event loop (core/ev.h): it accepts and
- * authenticates the upstream (the handshake in steps, net.h kvr_link_hs_*, so a peer that
+ * authenticates the upstream (the handshake in steps, accept.h, so a peer that
  * is slow to answer never stalls the loop), reads frames straight into free input slots, takes the
  * downstream link from the dialler thread (dial.h), sends queued frames without blocking, reads
  * credits and acks, answers heartbeats and sends its own. The compute thread (the caller's) takes
@@ -30,6 +30,7 @@
 #include "model/engine.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
+#include "ring/accept.h"
 #include "ring/credit.h"
 #include "ring/dial.h"
 #include "ring/experts.h"
@@ -51,7 +52,6 @@ enum {
     N_IN_SLOTS = 2,                 /* one being computed, one received: the credits we grant */
     READY_CAP = 2 * N_IN_SLOTS + 2, /* input slots and RESET marks between them */
     RESET_MARK = -1, /* in the ready FIFO: the upstream changed, drop every sequence */
-    N_ACCEPTING = 4, /* upstream handshakes under way at once (the oldest gives way) */
 };
 
 #define MS_NS 1000000ull
@@ -66,19 +66,6 @@ struct in_slot {
 };
 
 struct stage;
-
-/* A connection from a would-be upstream whose handshake is under way (I/O thread only). */
-struct accepting {
-    struct stage *s;
-    bool used;
-    struct kvr_link link;
-    struct kvr_link_hs hs;
-    uint32_t seen;        /* hs.progress when the deadline was last set */
-    uint64_t deadline_ns; /* the next handshake message is due by then */
-    uint64_t since_ns;    /* accepted then (the oldest gives way to a new one) */
-    bool control;         /* the bridge's control link, authenticated: its frame is awaited */
-    char peer[KVR_NET_PEER_BYTES];
-};
 
 struct stage {
     const struct kvr_plan *plan;
@@ -103,8 +90,7 @@ struct stage {
     struct kvr_dialer *dialer; /* dials and authenticates the downstream (dial.h) */
     int t_heartbeat;
     int listen_fd;
-    struct accepting acc[N_ACCEPTING];
-    int t_accept; /* the earliest handshake deadline of acc[] */
+    struct kvr_accept acc; /* would-be upstreams and control links in their handshakes */
     struct kvr_link up;
     bool have_up;
     struct kvr_plan *next_plan; /* a REPLAN's plan (preallocated) */
@@ -567,24 +553,22 @@ static void on_control_frame(struct stage *s, struct kvr_link *ctl, const struct
     stop_stage(s);
 }
 
-/* A control link is authenticated: its one frame, when it has come (never waited for: the
- * handshake's deadline covers it too). */
-static void control_step(struct stage *s, struct accepting *a)
+/* A control link is authenticated (held by the acceptor): its one frame, when it has come
+ * (never waited for: the acceptor's deadline covers it too). */
+static void control_step(void *ctx, struct kvr_accept_slot *a)
 {
+    struct stage *s = ctx;
     const struct kvr_wire_frame *f;
     struct kvr_err err = {0};
     int rc = kvr_link_recv(&a->link, KVR_NET_NOW, &f, &err);
     if (rc == KVR_ETIMEDOUT)
         return;
-    kvr_ev_unwatch(s->ev, a->link.fd);
     if (rc)
         KVR_WARN("%s: control link from %s: %s", s->name, a->peer,
                  rc == KVR_ECLOSED ? "closed before a frame" : err.msg);
     else
         on_control_frame(s, &a->link, f);
-    kvr_link_fini(&a->link);
-    a->used = false;
-    a->control = false;
+    kvr_accept_release(&s->acc, a);
 }
 
 /* A new upstream replaces the old one (a restarted upstream reconnects). */
@@ -614,117 +598,25 @@ static void adopt_upstream(struct stage *s, struct kvr_link *fresh, const char *
     on_up(ev, s->up.fd, KVR_EV_READ, s);
 }
 
-static void arm_accept_timer(struct stage *s)
+static int begin_accept(void *ctx, struct kvr_link *link, struct kvr_link_hs *hs,
+                        struct kvr_err *err)
 {
-    uint64_t next = 0;
-    for (uint32_t i = 0; i < N_ACCEPTING; i++)
-        if (s->acc[i].used && (!next || s->acc[i].deadline_ns < next))
-            next = s->acc[i].deadline_ns;
-    kvr_ev_timer_at(s->ev, s->t_accept, next);
+    struct stage *s = ctx;
+    return kvr_link_hs_begin_accept(link, hs, s->plan, s->index, err);
 }
 
-static void drop_accepting(struct stage *s, struct accepting *a, const char *why)
+/* A would-be upstream passed its handshake (accept.h): it replaces the current link; a
+ * control link stays with the acceptor until its frame has come (control_step). */
+static void accepted(void *ctx, struct kvr_accept_slot *a)
 {
-    KVR_WARN("%s: refused connection from %s: %s", s->name, a->peer, why);
-    kvr_ev_unwatch(s->ev, a->link.fd);
-    kvr_link_hs_abort(&a->hs);
-    kvr_link_fini(&a->link);
-    a->used = false;
-}
-
-/* The would-be upstream's socket is ready: take the handshake a step further. */
-static void on_accepting(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
-{
-    (void)events;
-    struct accepting *a = arg;
-    struct stage *s = a->s;
-    struct kvr_err err = {0};
-    if (a->control) {
-        control_step(s, a);
-        arm_accept_timer(s);
+    struct stage *s = ctx;
+    if (a->hs.control)
         return;
-    }
-    int rc = kvr_link_hs_step(&a->link, &a->hs, &err);
-    if (rc == KVR_EAGAIN) {
-        if (a->hs.progress != a->seen) {
-            a->seen = a->hs.progress;
-            a->deadline_ns = kvr_now_ns() + HANDSHAKE_MS * MS_NS;
-            arm_accept_timer(s);
-        }
-        kvr_ev_events(ev, fd, a->hs.want_write ? KVR_EV_WRITE : KVR_EV_READ);
-        return;
-    }
-    if (rc) {
-        drop_accepting(s, a, err.msg);
-    } else if (a->hs.control) {
-        a->control = true;
-        a->deadline_ns = kvr_now_ns() + HANDSHAKE_MS * MS_NS;
-        kvr_ev_events(ev, fd, KVR_EV_READ);
-        control_step(s, a);
-    } else {
-        kvr_ev_unwatch(ev, fd);
-        struct kvr_link fresh = a->link;
-        a->used = false;
-        adopt_upstream(s, &fresh, a->peer);
-    }
-    arm_accept_timer(s);
-}
-
-/* A handshake message that did not come in time: that peer is refused. */
-static void on_accept_timer(struct kvr_ev *ev, void *arg)
-{
-    (void)ev;
-    struct stage *s = arg;
-    uint64_t now = kvr_now_ns();
-    char why[64];
-    snprintf(why, sizeof why, "no handshake message from the peer within %d ms", HANDSHAKE_MS);
-    for (uint32_t i = 0; i < N_ACCEPTING; i++)
-        if (s->acc[i].used && s->acc[i].deadline_ns <= now)
-            drop_accepting(s, &s->acc[i], why);
-    arm_accept_timer(s);
-}
-
-/* A would-be upstream connects: its handshake runs in steps (on_accepting), with the
- * current link untouched until it succeeds; a peer that fails it is refused. */
-static void on_listen(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
-{
-    (void)events;
-    struct stage *s = arg;
-    struct kvr_err err = {0};
-    int cfd;
+    struct kvr_link fresh;
     char peer[KVR_NET_PEER_BYTES];
-    if (kvr_net_accept(fd, KVR_NET_NOW, &cfd, peer, sizeof peer, &err))
-        return;
-    struct accepting *a = NULL;
-    for (uint32_t i = 0; i < N_ACCEPTING; i++)
-        if (!s->acc[i].used)
-            a = &s->acc[i];
-        else if (!a || (a->used && s->acc[i].since_ns < a->since_ns))
-            a = &s->acc[i];
-    if (a->used)
-        drop_accepting(s, a, "more connections are being authenticated; this is the oldest");
-    a->link = (struct kvr_link){.fd = -1};
-    snprintf(a->peer, sizeof a->peer, "%s", peer);
-    if (kvr_link_init(&a->link, cfd, peer, &s->up_limits, KVR_LINK_RECV, &err)) {
-        KVR_WARN("%s: cannot set up link from %s: %s", s->name, peer, err.msg);
-        return;
-    }
-    if (kvr_link_hs_begin_accept(&a->link, &a->hs, s->plan, s->index, &err)) {
-        KVR_WARN("%s: refused connection from %s: %s", s->name, peer, err.msg);
-        kvr_link_fini(&a->link);
-        return;
-    }
-    a->used = true;
-    a->control = false;
-    a->seen = a->hs.progress;
-    a->since_ns = kvr_now_ns();
-    a->deadline_ns = a->since_ns + HANDSHAKE_MS * MS_NS;
-    if (kvr_ev_watch(ev, a->link.fd, KVR_EV_READ, on_accepting, a)) {
-        drop_accepting(s, a, "cannot watch its socket");
-        return;
-    }
-    arm_accept_timer(s);
-    on_accepting(ev, a->link.fd, KVR_EV_READ, a); /* its hello may be there already */
+    snprintf(peer, sizeof peer, "%s", a->peer);
+    kvr_accept_take(&s->acc, a, &fresh);
+    adopt_upstream(s, &fresh, peer);
 }
 
 /* The compute thread asked for something (a frame queued, a slot freed, a link found
@@ -904,11 +796,7 @@ static void stage_fini(struct stage *s)
     }
     if (s->have_up)
         kvr_link_fini(&s->up);
-    for (uint32_t i = 0; i < N_ACCEPTING; i++)
-        if (s->acc[i].used) {
-            kvr_link_hs_abort(&s->acc[i].hs);
-            kvr_link_fini(&s->acc[i].link);
-        }
+    kvr_accept_fini(&s->acc);
     if (s->listen_fd >= 0)
         close(s->listen_fd);
     kvr_ev_destroy(s->ev);
@@ -1012,12 +900,17 @@ static int stage_init(struct stage *s, struct kvr_err *err)
     if ((rc = kvr_ev_create(&s->ev, err)))
         return rc;
     s->t_heartbeat = kvr_ev_timer(s->ev, on_heartbeat_timer, s);
-    s->t_accept = kvr_ev_timer(s->ev, on_accept_timer, s);
-    for (uint32_t i = 0; i < N_ACCEPTING; i++)
-        s->acc[i].s = s;
     kvr_ev_on_wake(s->ev, on_wake, s);
+    struct kvr_accept_config ac = {.name = s->name,
+                                   .limits = &s->up_limits,
+                                   .dirs = KVR_LINK_RECV,
+                                   .handshake_ms = HANDSHAKE_MS,
+                                   .begin = begin_accept,
+                                   .done = accepted,
+                                   .more = control_step,
+                                   .ctx = s};
     if ((rc = kvr_net_listen(p->stages[s->index].addr, 16, &s->listen_fd, NULL, err)) ||
-        (rc = kvr_ev_watch(s->ev, s->listen_fd, KVR_EV_READ, on_listen, s)))
+        (rc = kvr_accept_start(&s->acc, s->ev, s->listen_fd, &ac, err)))
         return rc;
     struct kvr_dialer_config dc = {.plan = p,
                                    .addr = downstream_addr(s),
