@@ -37,7 +37,7 @@ linked() { grep -c "stage [01]: expert agent $1 linked" "$SERVE_LOG" || true; }
 
 complete() { # complete I TAG: a streamed completion; its events to a file, its text to another
     curl -s -N -m 180 "$SERVE_URL/v1/completions" -H 'Content-Type: application/json' \
-        -d "{\"model\": \"moe\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": 1200,
+        -d "{\"model\": \"moe\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": $N_TOKENS,
              \"temperature\": 0.9, \"seed\": $1, \"ignore_eos\": true, \"stream\": true,
              \"repetition_penalty\": 1.1, \"frequency_penalty\": 0.3, \"presence_penalty\": 0.2}" |
         tee "$TMP/sse.$2.$1" | sse_text >"$TMP/http.$2.$1"
