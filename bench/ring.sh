@@ -22,12 +22,13 @@
 #                one ggml-rpc-server per stage (same cgroup, namespace and CPUs as that
 #                stage), a llama-server in this namespace with every layer on the RPC
 #                devices, split by layers, SEQS slots, the same prompts sent at once; then
-#                one sequence alone on each side for the per-token latency. The kit is
-#                KVR_PEER (default ../shared/peers/llama.cpp beside the source tree)
+#                one sequence alone on each side for the per-token latency. The peer starts
+#                once and serves every repeat. The kit is KVR_PEER (default
+#                ../shared/peers/llama.cpp beside the source tree)
 #
-# Each setting runs REPEATS times (default 3); the median is reported, with every run's
-# number, because this machine is shared and noisy. Everything runs on 127.0.0.1 (or in
-# namespaces this script makes and removes) and stops by itself.
+# The machines are bench/emu.bash's. Each setting runs REPEATS times (default 3); the median
+# is reported, with every run's number, because this machine is shared and noisy. Everything
+# runs on 127.0.0.1 (or in namespaces this script makes and removes) and stops by itself.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 KVASIR=${KVASIR:-$here/../build/kvasir}
@@ -58,62 +59,18 @@ done
 [ $crypto = 0 ] || mbs="$stages-plain $stages"
 [ -n "$mbs" ] || mbs="1 $stages"
 TMP=$(mktemp -d /tmp/kvr-bench.XXXXXX)
-PIDS=()
-NETNS_MADE=0
+# shellcheck source=bench/emu.bash
+. "$here/emu.bash"
+# KVR_BENCH_KEEP=DIR keeps every process's log there.
+trap 'emu_cleanup; [ -z "${KVR_BENCH_KEEP:-}" ] || cp -r "$TMP/." "$KVR_BENCH_KEEP/"; rm -rf "$TMP"' EXIT
 
-cleanup() {
-    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
-    if [ -n "$quota" ]; then
-        for ((i = 0; i < stages; i++)); do rmdir "/sys/fs/cgroup/cpu/kvr-bench-$i" 2>/dev/null || true; done
-    fi
-    if [ $NETNS_MADE = 1 ]; then
-        for ((i = 0; i < stages; i++)); do
-            ip netns del "kvr-b$i" 2>/dev/null || true
-            ip link del "kvr-h$i" 2>/dev/null || true
-        done
-        ip link del kvr-br 2>/dev/null || true
-    fi
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
-
-# ---- machines: cgroups and namespaces -------------------------------------------------------
-if [ -n "$quota" ]; then
-    for ((i = 0; i < stages; i++)); do
-        cg=/sys/fs/cgroup/cpu/kvr-bench-$i
-        mkdir -p "$cg"
-        # A short period (2 ms) makes the quota a steady half core: with the default 100 ms a
-        # stage that is idle most of the time (a drained ring) would burst at full speed.
-        # The kernel's smallest quota is 1 ms, so fractions under a half stretch the period.
-        period=$(awk -v q="$quota" 'BEGIN { p = 2000; if (q * p < 1000) p = int(1000 / q + 0.5); print p }')
-        echo "$period" >"$cg/cpu.cfs_period_us"
-        awk -v q="$quota" -v p="$period" 'BEGIN { printf "%d\n", q * p }' >"$cg/cpu.cfs_quota_us"
-    done
-fi
-hosts="127.0.0.1" bridge_addr=""
+# ---- machines: cgroups and namespaces (bench/emu.bash) --------------------------------------
+emu_setup "$stages" "$quota" "$netns" "$pin" "$threads"
+hosts=$EMU_HOSTS bridge_addr=""
 # Below the ephemeral range (32768-60999), where another connection's source port could
 # take a listener's port.
 base=$((10000 + RANDOM % 22000))
-if [ $netns = 1 ]; then
-    NETNS_MADE=1
-    ip link add kvr-br type bridge
-    ip addr add 10.78.0.254/24 dev kvr-br
-    ip link set kvr-br up
-    hosts=""
-    for ((i = 0; i < stages; i++)); do
-        ip netns add "kvr-b$i"
-        ip link add "kvr-h$i" type veth peer name "kvr-n$i"
-        ip link set "kvr-n$i" netns "kvr-b$i"
-        ip link set "kvr-h$i" master kvr-br
-        ip link set "kvr-h$i" up
-        ip -n "kvr-b$i" addr add "10.78.0.$((i + 1))/24" dev "kvr-n$i"
-        ip -n "kvr-b$i" link set "kvr-n$i" up
-        ip -n "kvr-b$i" link set lo up
-        hosts="$hosts${hosts:+,}10.78.0.$((i + 1))"
-    done
-    bridge_addr="10.78.0.254:$((base - 1))"
-fi
+[ $netns = 0 ] || bridge_addr="$EMU_BRIDGE_HOST:$((base - 1))"
 
 # ---- workload ---------------------------------------------------------------------------------
 for i in $(seq 0 $((seqs - 1))); do
@@ -124,25 +81,14 @@ head -1 "$TMP/prompts.jsonl" >"$TMP/prompt1.jsonl"
 start_stages() { # PLAN
     RING=()
     for ((i = 0; i < stages; i++)); do
-        local cmd=("$KVASIR" stage --plan "$1" --index "$i" --threads "$threads")
-        if [ $pin = 1 ]; then # stage i's THREADS CPUs, from CPU i x THREADS on, wrapping
-            local cpus="" k
-            for ((k = 0; k < threads; k++)); do cpus="$cpus${cpus:+,}$(((i * threads + k) % $(nproc)))"; done
-            cmd=(taskset -c "$cpus" "${cmd[@]}")
-        fi
-        if [ $netns = 1 ]; then cmd=(ip netns exec "kvr-b$i" "${cmd[@]}"); fi
-        "${cmd[@]}" >"$TMP/stage$i.log" 2>&1 &
-        local pid=$!
-        PIDS+=("$pid")
-        RING+=("$pid")
-        if [ -n "$quota" ]; then echo "$pid" >"/sys/fs/cgroup/cpu/kvr-bench-$i/cgroup.procs"; fi
+        emu_spawn "$i" "$TMP/stage$i.log" "$KVASIR" stage --plan "$1" --index "$i" --threads "$threads"
+        RING+=("$EMU_PID")
     done
+    # The stages load their slices first; that CPU time is not the run's.
+    for ((i = 0; i < stages; i++)); do emu_wait_log "listening on" "$TMP/stage$i.log" || exit 1; done
 }
 
-stop_stages() {
-    for p in "${RING[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${RING[@]}"; do wait "$p" 2>/dev/null || true; done
-}
+stop_stages() { emu_stop "${RING[@]}"; }
 
 # ---- the peer: llama.cpp's RPC backend on the same machines (--peer) -----------------------
 PEER=${KVR_PEER:-$here/../../shared/peers/llama.cpp}
@@ -161,37 +107,28 @@ if [ $peer = 1 ]; then
 fi
 
 # start_peer: one ggml-rpc-server per stage on that stage's machine, then llama-server here
-# with every layer on those devices, split by layers in order (as the ring's stages).
+# with every layer on those devices, split by layers in order (as the ring's stages). It
+# stays up over all repeats (an idle rpc-server waits in a socket read and uses no CPU), so
+# the weights cross the emulated network once.
 start_peer() {
-    RING=()
+    PEER_RPC=()
     local devs="" rpcs="" i h
     for ((i = 0; i < stages; i++)); do
-        h=$(echo "$hosts" | cut -d, -f$((i + 1)))
-        [ -n "$h" ] || h=127.0.0.1
-        local cmd=(env LD_LIBRARY_PATH="$PEER_LD" "$PEER/bin/ggml-rpc-server" -H "$h"
-            -p "$((base + 100 + i))" -t "$threads")
-        if [ $pin = 1 ]; then
-            local cpus="" k
-            for ((k = 0; k < threads; k++)); do cpus="$cpus${cpus:+,}$(((i * threads + k) % $(nproc)))"; done
-            cmd=(taskset -c "$cpus" "${cmd[@]}")
-        fi
-        if [ $netns = 1 ]; then cmd=(ip netns exec "kvr-b$i" "${cmd[@]}"); fi
-        "${cmd[@]}" >"$TMP/rpc$i.log" 2>&1 &
-        local pid=$!
-        PIDS+=("$pid")
-        RING+=("$pid")
-        if [ -n "$quota" ]; then echo "$pid" >"/sys/fs/cgroup/cpu/kvr-bench-$i/cgroup.procs"; fi
+        h=$(emu_host "$i")
+        emu_spawn "$i" "$TMP/rpc$i.log" env LD_LIBRARY_PATH="$PEER_LD" "$PEER/bin/ggml-rpc-server" \
+            -H "$h" -p "$((base + 100 + i))" -t "$threads"
+        PEER_RPC+=("$EMU_PID")
         rpcs="$rpcs${rpcs:+,}$h:$((base + 100 + i))"
         devs="$devs${devs:+,}RPC$i"
     done
-    sleep 1
+    for ((i = 0; i < stages; i++)); do emu_wait_port "$i" "$((base + 100 + i))" || exit 1; done
     env LD_LIBRARY_PATH="$PEER_LD" "$PEER/bin/llama-server" -m "$model" --rpc "$rpcs" \
         --device "$devs" -ngl 999 -sm layer -np "$seqs" -c "$((seqs * 256))" -t 2 \
         --host 127.0.0.1 --port "$((base + 200))" >"$TMP/peer-server.log" 2>&1 &
     PEER_SERVER=$!
     PIDS+=("$PEER_SERVER")
     local w
-    for ((w = 0; w < 1200; w++)); do
+    for ((w = 0; w < 3000; w++)); do
         curl -sf "http://127.0.0.1:$((base + 200))/health" >/dev/null 2>&1 && return 0
         kill -0 "$PEER_SERVER" 2>/dev/null || break
         sleep 0.1
@@ -201,25 +138,31 @@ start_peer() {
     exit 1
 }
 
-stop_peer() {
-    kill "$PEER_SERVER" 2>/dev/null || true
-    wait "$PEER_SERVER" 2>/dev/null || true
-    stop_stages
-}
+stop_peer() { emu_stop "$PEER_SERVER" "${PEER_RPC[@]}"; }
 
 # peer_run PROMPTS: send every prompt of the file at once (no prompt cache); prints the
-# aggregate "tokens/s seconds".
+# aggregate "tokens/s seconds ms_per_token", the last the median of llama-server's own
+# predicted_per_token_ms (decode only) over the requests.
 peer_run() {
     python3 - "$1" "http://127.0.0.1:$((base + 200))/completion" <<'PY'
-import json, sys, threading, time, urllib.request
+import json, statistics, sys, threading, time, urllib.error, urllib.request
 prompts = [json.loads(l) for l in open(sys.argv[1])]
-done = []
+done, per_tok = [], []
 def one(p):
+    # The byte pieces <0x00>..<0xFF> (ids 3-258 in SentencePiece vocabularies, the project's
+    # synthesized one too) are banned: a random model emits stray bytes that are not UTF-8,
+    # and llama-server then fails the request. Every token costs the same work.
     body = json.dumps({"prompt": p["prompt"], "n_predict": p["max_tokens"], "temperature": 0,
-                       "ignore_eos": True, "cache_prompt": False}).encode()
+                       "ignore_eos": True, "cache_prompt": False,
+                       "logit_bias": [[t, False] for t in range(3, 259)]}).encode()
     req = urllib.request.Request(sys.argv[2], body, {"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        done.append(json.load(r)["tokens_predicted"])
+    try:
+        with urllib.request.urlopen(req, timeout=600) as r:
+            a = json.load(r)
+            done.append(a["tokens_predicted"])
+            per_tok.append(a.get("timings", {}).get("predicted_per_token_ms", 0.0))
+    except urllib.error.HTTPError as e:
+        print(f"peer: HTTP {e.code}: {e.read()[:300]!r}", file=sys.stderr)
 t0 = time.monotonic()
 th = [threading.Thread(target=one, args=(p,)) for p in prompts]
 for t in th:
@@ -229,14 +172,9 @@ for t in th:
 secs = time.monotonic() - t0
 if len(done) != len(prompts):
     sys.exit(f"peer: {len(prompts) - len(done)} requests failed")
-print(f"{sum(done) / secs:.1f} {secs:.2f}")
+print(f"{sum(done) / secs:.2f} {secs:.2f} {statistics.median(per_tok):.2f}")
 PY
 }
-
-# CPU time (ns) every thread of process $1 has run: what the stage spent of its quota.
-cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ t += $1 } END { printf "%.0f\n", t }'; }
-
-median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
 
 echo "model $(basename "$model"), $stages stages x $threads thread(s), $seqs sequences x $tokens tokens," \
     "quota ${quota:-none}, netns $([ $netns = 1 ] && echo yes || echo no), $repeats runs each"
@@ -252,55 +190,64 @@ for mb in $mbs; do
     "$KVASIR" plan -m "$model" "${plan_args[@]}" -o "$TMP/plan.$mb.json" 2>/dev/null
     runs_of[$mb]=""
 done
+# run_ring PLAN PROMPTS: one run on a fresh ring; sets tps, and the per-stage lines (timing
+# records and CPU use) in $TMP/stages.
+run_ring() {
+    start_stages "$1"
+    local cpu0=() cpu1=() p i secs
+    for p in "${RING[@]}"; do cpu0+=("$(cpu_ns "$p")"); done
+    timeout 600 "$KVASIR" run --plan "$1" --prompts "$2" \
+        --ignore-eos -q --json >/dev/null 2>"$TMP/run.log" || { cat "$TMP/run.log"; exit 1; }
+    for p in "${RING[@]}"; do cpu1+=("$(cpu_ns "$p")"); done
+    stop_stages
+    tps=$(sed -n 's/^ring: .* \([0-9.]*\) tokens\/s.*/\1/p' "$TMP/run.log")
+    # Each stage's CPU time over the run, against the run's wall time (x quota, if set):
+    # a stage that held batches but used little CPU was throttled or preempted.
+    secs=$(sed -n 's/^ring: .* in \([0-9.]*\) s,.*/\1/p' "$TMP/run.log")
+    for ((i = 0; i < stages; i++)); do
+        awk -v a="${cpu0[$i]}" -v b="${cpu1[$i]}" -v s="$secs" -v q="${quota:-$threads}" \
+            'BEGIN { printf "cpu %5.1f%% of %s core(s)\n", 100 * (b - a) / 1e9 / s / q, q }'
+    done >"$TMP/cpu"
+    grep -E "^  stage" "$TMP/run.log" | paste -d' ' - "$TMP/cpu" >"$TMP/stages"
+}
+
+[ $peer = 0 ] || start_peer
+loads=""
 for ((r = 0; r < repeats; r++)); do
+    loads="$loads $(cut -d' ' -f1 /proc/loadavg)"
     for mb in $mbs; do
-        start_stages "$TMP/plan.$mb.json"
-        # The stages load their slices first; that CPU time is not the run's.
-        for ((i = 0, w = 0; i < stages && w < 600; w++)); do
-            if grep -q "listening on" "$TMP/stage$i.log"; then i=$((i + 1)); else sleep 0.1; fi
-        done
-        cpu0=()
-        for p in "${RING[@]}"; do cpu0+=("$(cpu_ns "$p")"); done
-        timeout 600 "$KVASIR" run --plan "$TMP/plan.$mb.json" --prompts "$TMP/prompts.jsonl" \
-            --ignore-eos -q --json >/dev/null 2>"$TMP/run.log" || { cat "$TMP/run.log"; exit 1; }
-        cpu1=()
-        for p in "${RING[@]}"; do cpu1+=("$(cpu_ns "$p")"); done
-        stop_stages
-        tps=$(sed -n 's/^ring: .* \([0-9.]*\) tokens\/s.*/\1/p' "$TMP/run.log")
+        run_ring "$TMP/plan.$mb.json" "$TMP/prompts.jsonl"
         runs_of[$mb]="${runs_of[$mb]} $tps"
-        # Each stage's CPU time over the run, against the run's wall time (x quota, if set):
-        # a stage that held batches but used little CPU was throttled or preempted.
-        secs=$(sed -n 's/^ring: .* in \([0-9.]*\) s,.*/\1/p' "$TMP/run.log")
-        for ((i = 0; i < stages; i++)); do
-            awk -v a="${cpu0[$i]}" -v b="${cpu1[$i]}" -v s="$secs" -v q="${quota:-$threads}" \
-                'BEGIN { printf "cpu %5.1f%% of %s core(s)\n", 100 * (b - a) / 1e9 / s / q, q }'
-        done >"$TMP/cpu"
-        grep -E "^  stage" "$TMP/run.log" | paste -d' ' - "$TMP/cpu" >"$TMP/stages.$mb"
+        cat "$TMP/stages" >>"$TMP/stages.$mb"
+        echo >>"$TMP/stages.$mb"
     done
     if [ $peer = 1 ]; then
-        # Kvasir with one sequence on the last setting's ring, then the peer both ways.
-        last_mb=${mbs##* }
-        start_stages "$TMP/plan.$last_mb.json"
-        for ((i = 0, w = 0; i < stages && w < 600; w++)); do
-            if grep -q "listening on" "$TMP/stage$i.log"; then i=$((i + 1)); else sleep 0.1; fi
-        done
-        timeout 600 "$KVASIR" run --plan "$TMP/plan.$last_mb.json" --prompts "$TMP/prompt1.jsonl" \
-            --ignore-eos -q --json >/dev/null 2>"$TMP/run.log" || { cat "$TMP/run.log"; exit 1; }
-        stop_stages
-        runs_of[ring1]="${runs_of[ring1]:-} $(sed -n 's/^ring: .* \([0-9.]*\) tokens\/s.*/\1/p' "$TMP/run.log")"
-        start_peer
-        read -r tps _ < <(peer_run "$TMP/prompts.jsonl") || exit 1
+        # The peer at SEQS sequences, Kvasir with one sequence on the last setting's ring,
+        # then the peer with one.
+        read -r tps _ _ < <(peer_run "$TMP/prompts.jsonl") || { tail -20 "$TMP/peer-server.log"; exit 1; }
         runs_of[peer]="${runs_of[peer]:-} $tps"
-        read -r tps _ < <(peer_run "$TMP/prompt1.jsonl") || exit 1
+        last_mb=${mbs##* }
+        run_ring "$TMP/plan.$last_mb.json" "$TMP/prompt1.jsonl"
+        runs_of[ring1]="${runs_of[ring1]:-} $tps"
+        read -r tps _ ms < <(peer_run "$TMP/prompt1.jsonl") || exit 1
         runs_of[peer1]="${runs_of[peer1]:-} $tps"
-        stop_peer
+        runs_of[peer1ms]="${runs_of[peer1ms]:-} $ms"
     fi
 done
+[ $peer = 0 ] || stop_peer
+echo "  load average (1 min) at the start of each repeat:$loads"
 for mb in $mbs; do
     med=$(printf '%s\n' ${runs_of[$mb]} | median)
     result[$mb]=$med
     printf '  micro-batches %-3s tokens/s median %8.1f   runs:%s\n' "$mb" "$med" "${runs_of[$mb]}"
-    sed 's/^/    /' "$TMP/stages.$mb"
+    sed -n '/./s/^/    /p' "$TMP/stages.$mb"
+    # Against the ring's own bound: a stage that needs C CPU seconds on a quota q needs C / q
+    # of wall time, so the busiest stage's CPU share of its quota is the share of that
+    # bound the run reached (the rest is that stage idle or waiting with quota in hand).
+    awk '/cpu/ { for (i = 1; i <= NF; i++) if ($i == "cpu") { v = $(i + 1); sub("%", "", v); if (v > m) m = v } }
+         /^$/ { if (m) l = l sprintf(" %.1f%%", m); m = 0 }
+         END { if (l) print "    busiest stage CPU / its quota (= share of the CPU bound reached), per run:" l }' \
+        "$TMP/stages.$mb"
 done
 set -- $mbs
 if [ $# -ge 2 ]; then
@@ -315,14 +262,19 @@ if [ $# -ge 2 ]; then
 fi
 if [ $peer = 1 ]; then
     last_mb=${mbs##* }
-    for k in peer ring1 peer1; do result[$k]=$(printf '%s\n' ${runs_of[$k]} | median); done
+    for k in peer ring1 peer1 peer1ms; do result[$k]=$(printf '%s\n' ${runs_of[$k]} | median); done
     printf '  llama.cpp RPC, %s slots: tokens/s median %8.1f   runs:%s\n' "$seqs" "${result[peer]}" "${runs_of[peer]}"
     awk -v a="${result[$last_mb]}" -v b="${result[peer]}" -v k="$seqs" -v m="$last_mb" \
         'BEGIN { printf "  aggregate at %d sequences, ring (%s micro-batches) / llama.cpp RPC: %.2fx\n", k, m, a / b }'
-    printf '  one sequence: ring tokens/s median %.1f (runs:%s), llama.cpp RPC %.1f (runs:%s)\n' \
+    paste <(printf '%s\n' ${runs_of[$last_mb]}) <(printf '%s\n' ${runs_of[peer]}) |
+        awk '{ printf "%.2f\n", $1 / $2 }' >"$TMP/ratios"
+    printf '    per repeat: %s -> median %.2fx\n' "$(tr '\n' ' ' <"$TMP/ratios")" "$(median <"$TMP/ratios")"
+    printf '  one sequence: ring tokens/s median %.2f (runs:%s), llama.cpp RPC %.2f (runs:%s)\n' \
         "${result[ring1]}" "${runs_of[ring1]}" "${result[peer1]}" "${runs_of[peer1]}"
     awk -v a="${result[ring1]}" -v b="${result[peer1]}" \
-        'BEGIN { printf "  latency per token, ring / llama.cpp RPC: %.2fx (%.1f ms vs %.1f ms)\n", b / a, 1000 / a, 1000 / b }'
+        'BEGIN { printf "  latency per token (wall time / tokens, prompt included), ring / llama.cpp RPC: %.2fx (%.1f ms vs %.1f ms)\n", b / a, 1000 / a, 1000 / b }'
+    printf '  llama.cpp RPC decode only (its predicted_per_token_ms): median %.1f ms (runs:%s)\n' \
+        "${result[peer1ms]}" "${runs_of[peer1ms]}"
 fi
 if [ $baseline = 1 ]; then
     runs=()

@@ -791,6 +791,17 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
                 100.0 * st.stage[i].held_ns / tot, 100.0 * st.stage[i].starved_ns / tot,
                 100.0 * st.stage[i].blocked_ns / tot);
     }
+    for (uint32_t j = 0; j < st.n_agents; j++) {
+        const struct kvr_sched_agent_stats *a = &st.agent[j];
+        double tot = (double)(a->held_ns + a->starved_ns + a->blocked_ns);
+        if (tot <= 0)
+            tot = 1;
+        fprintf(stderr,
+                "  agent %u: held %5.1f%%  starved %5.1f%%  blocked %5.1f%%  %llu pairs, held "
+                "%.3f s\n",
+                j, 100.0 * a->held_ns / tot, 100.0 * a->starved_ns / tot,
+                100.0 * a->blocked_ns / tot, (unsigned long long)a->pairs, a->held_ns / 1e9);
+    }
     rc = failed ? 1 : 0;
 out:
     for (uint32_t i = 0; streams && i < n_jobs; i++)
