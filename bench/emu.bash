@@ -112,10 +112,10 @@ emu_wait_log() { # PATTERN LOG...
 }
 
 emu_wait_port() { # I PORT
-    local ns=() w
-    [ "$EMU_NETNS" = 0 ] || ns=(ip netns exec "kvr-b$1")
+    local inns=() w
+    [ "$EMU_NETNS" = 0 ] || inns=(ip netns exec "kvr-b$1")
     for ((w = 0; w < 600; w++)); do
-        "${ns[@]}" ss -Hltn "sport = :$2" 2>/dev/null | grep -q . && return 0
+        "${inns[@]}" ss -Hltn "sport = :$2" 2>/dev/null | grep -q . && return 0
         sleep 0.1
     done
     echo "emu: nothing listens on port $2 of machine $1" >&2

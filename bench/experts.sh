@@ -106,14 +106,15 @@ run() {
         procs+=("$EMU_PID")
     done
     for ((i = 0; i < ns + na; i++)); do emu_wait_log "listening on" "$TMP/p$i.log" || exit 1; done
-    if [ "$na" -gt 0 ]; then # every stage has linked every agent before the clock starts
-        for ((i = 0; i < ns; i++)); do
-            for ((p = 0; p < 100; p++)); do
-                [ "$(grep -c "expert agent .* linked" "$TMP/p$i.log")" -ge "$na" ] && break
-                sleep 0.1
-            done
+    # Every agent has accepted every stage's link before the clock starts (a stage takes
+    # the link its dialler made at its first MoE layer).
+    for ((i = ns; i < ns + na; i++)); do
+        for ((p = 0; p < 100; p++)); do
+            [ "$(grep -c " linked" "$TMP/p$i.log")" -ge "$ns" ] && break
+            sleep 0.1
         done
-    fi
+        [ "$(grep -c " linked" "$TMP/p$i.log")" -ge "$ns" ] || { echo "experts.sh: agent $((i - ns)) not linked:" >&2; tail -5 "$TMP/p$i.log" >&2; exit 1; }
+    done
     local cpu0=() cpu1=()
     for p in "${procs[@]}"; do cpu0+=("$(cpu_ns "$p")"); done
     timeout 600 "$KVASIR" run --plan "$plan" --prompts "$4" --ignore-eos -q --json \
