@@ -443,46 +443,73 @@ static void on_heartbeat_timer(struct kvr_ev *ev, void *arg)
 
 /* ---- re-planning (DESIGN.md 8, docs/PLAN.md "Re-planning") ------------------------------ */
 
-/* A control link to stage i of p (connected and authenticated), or -1 with *why set. */
+/* The address of stage i of p, or of spare i - n_stages. */
+static const char *member_addr(const struct kvr_plan *p, uint32_t i)
+{
+    return i < p->n_stages ? p->stages[i].addr : p->spares[i - p->n_stages].addr;
+}
+
+/* A control link to stage i of p, or spare i - n_stages (connected and authenticated), or
+ * -1 with *why set. */
 static int control_link(struct kvr_bridge *b, const struct kvr_plan *p, uint32_t i,
                         struct kvr_link *l, struct kvr_err *why)
 {
     int fd;
-    int rc = kvr_net_connect(p->stages[i].addr, kvr_net_deadline(CONTROL_CONNECT_MS), &fd, why);
+    int rc = kvr_net_connect(member_addr(p, i), kvr_net_deadline(CONTROL_CONNECT_MS), &fd, why);
     if (rc)
         return rc;
     *l = (struct kvr_link){.fd = -1};
-    if ((rc = kvr_link_init(l, fd, p->stages[i].addr, &b->head_limits, KVR_LINK_SEND, why)))
+    if ((rc = kvr_link_init(l, fd, member_addr(p, i), &b->head_limits, KVR_LINK_SEND, why)))
         return rc;
     if ((rc = kvr_link_handshake_control(l, p, i, HANDSHAKE_MS, why)))
         kvr_link_fini(l);
     return rc;
 }
 
+/* Probe member i of p (stage, or spare i - n_stages): a control link, then GOODBYE. */
+static bool probe(struct kvr_bridge *b, const struct kvr_plan *p, uint32_t i)
+{
+    struct kvr_link l;
+    struct kvr_err why = {0};
+    if (control_link(b, p, i, &l, &why)) {
+        if (i < p->n_stages)
+            KVR_WARN("bridge: re-plan: stage %u (%s) does not answer: %s", i, member_addr(p, i),
+                     why.msg);
+        else
+            KVR_WARN("bridge: re-plan: spare %u (%s) does not answer: %s", i - p->n_stages,
+                     member_addr(p, i), why.msg);
+        return false;
+    }
+    kvr_link_send_goodbye(&l, KVR_WIRE_GOODBYE_SHUTDOWN, kvr_net_deadline(HANDSHAKE_MS), &why);
+    kvr_link_fini(&l);
+    return true;
+}
+
 /* The attempt, on a thread of its own (connects and handshakes block): probe every stage
- * of the plan (a control link, then GOODBYE); if some do not answer and at least two do,
- * send each of those a REPLAN (the next epoch, the mask of stages kept) and wait for its
- * ack. The stages that acknowledge now follow replan_new: the bridge must too, even if
- * one did not (that one is refused by the others from now on, and a later attempt finds
- * it gone). */
+ * of the plan (a control link, then GOODBYE); if some do not answer, probe the plan's
+ * spares, one for each stage lost, in order (docs/PLAN.md "Spare stages"): each that
+ * answers takes a lost stage's place. If at least two stages would be left, send each
+ * survivor and each spare taken a REPLAN (the next epoch, the mask of stages kept and
+ * spares taken) and wait for its ack. The stages that acknowledge now follow replan_new:
+ * the bridge must too, even if one did not (that one is refused by the others from now
+ * on, and a later attempt finds it gone). */
 static void *replan_main(void *arg)
 {
     struct kvr_bridge *b = arg;
     const struct kvr_plan *p = b->replan_old;
     uint64_t keep = 0;
-    uint32_t n_alive = 0;
+    uint32_t n_alive = 0, n_spares = 0;
     for (uint32_t i = 0; i < p->n_stages; i++) {
-        struct kvr_link l;
-        struct kvr_err why = {0};
-        if (control_link(b, p, i, &l, &why)) {
-            KVR_WARN("bridge: re-plan: stage %u (%s) does not answer: %s", i, p->stages[i].addr,
-                     why.msg);
+        if (!probe(b, p, i))
             continue;
-        }
-        kvr_link_send_goodbye(&l, KVR_WIRE_GOODBYE_SHUTDOWN, kvr_net_deadline(HANDSHAKE_MS), &why);
-        kvr_link_fini(&l);
         keep |= 1ull << i;
         n_alive++;
+    }
+    for (uint32_t j = 0; j < p->n_spares && n_alive + n_spares < p->n_stages; j++) {
+        if (!probe(b, p, p->n_stages + j))
+            continue;
+        keep |= 1ull << (p->n_stages + j);
+        n_spares++;
     }
     b->replan_ok = false;
     struct kvr_err err = {0};
@@ -493,7 +520,7 @@ static void *replan_main(void *arg)
                   err.msg);
     } else {
         uint32_t n_ack = 0;
-        for (uint32_t i = 0; i < p->n_stages; i++) {
+        for (uint32_t i = 0; i < p->n_stages + p->n_spares; i++) {
             if (!((keep >> i) & 1))
                 continue;
             struct kvr_link l;
@@ -512,14 +539,17 @@ static void *replan_main(void *arg)
                 kvr_link_fini(&l);
             }
             if (rc)
-                KVR_WARN("bridge: re-plan: stage %u (%s) did not take the new plan: %s", i,
-                         p->stages[i].addr, why.msg);
+                KVR_WARN("bridge: re-plan: %s %u (%s) did not take the new plan: %s",
+                         i < p->n_stages ? "stage" : "spare", i < p->n_stages ? i : i - p->n_stages,
+                         member_addr(p, i), why.msg);
             else
                 n_ack++;
         }
         b->replan_ok = n_ack > 0;
-        KVR_INFO("bridge: re-plan: epoch %u, %u of %u stages kept, %u acknowledged",
-                 b->replan_new->epoch, n_alive, p->n_stages, n_ack);
+        KVR_INFO("bridge: re-plan: epoch %u, %u of %u stages kept, %u spare%s taken, %u "
+                 "acknowledged",
+                 b->replan_new->epoch, n_alive, p->n_stages, n_spares, n_spares == 1 ? "" : "s",
+                 n_ack);
     }
     atomic_store(&b->replan_done, true);
     kvr_ev_wake(b->ev);

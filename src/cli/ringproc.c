@@ -23,7 +23,7 @@ int kvr_cli_ringproc_main(const struct kvr_cli_ringproc *rp, int argc, char **ar
 {
     const char *plan_path = NULL, *secret_file = NULL;
     uint32_t index = 0, n_threads = 0;
-    bool have_index = false;
+    bool have_index = false, spare = false;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -36,6 +36,11 @@ int kvr_cli_ringproc_main(const struct kvr_cli_ringproc *rp, int argc, char **ar
             if (kvr_cli_u32("--index", v, 0, rp->n_index - 1, &index))
                 return 2;
             have_index = true;
+            i++;
+        } else if (rp->run_spare && !strcmp(argv[i], "--spare") && v) {
+            if (kvr_cli_u32("--spare", v, 0, rp->n_spare - 1, &index))
+                return 2;
+            have_index = spare = true;
             i++;
         } else if (!strcmp(argv[i], "--secret-file") && v) {
             secret_file = v;
@@ -55,7 +60,7 @@ int kvr_cli_ringproc_main(const struct kvr_cli_ringproc *rp, int argc, char **ar
         return 2;
     }
     char tag[32];
-    snprintf(tag, sizeof tag, "%s%u", rp->cmd, index);
+    snprintf(tag, sizeof tag, "%s%u", spare ? "spare" : rp->cmd, index);
     kvr_log_set_tag(tag);
     struct kvr_err err = {0};
     struct kvr_plan *plan = kvr_malloc(sizeof *plan);
@@ -67,7 +72,7 @@ int kvr_cli_ringproc_main(const struct kvr_cli_ringproc *rp, int argc, char **ar
     }
     signal_stop = rp->signal_stop;
     kvr_cli_on_stop(on_signal);
-    int rc = rp->run(plan, index, n_threads, &stop_flag, &err);
+    int rc = (spare ? rp->run_spare : rp->run)(plan, index, n_threads, &stop_flag, &err);
     if (rc)
         KVR_ERROR("%s", err.msg);
     kvr_plan_wipe(plan);

@@ -19,6 +19,11 @@ struct kvr_cli_ringproc {
      * or a negative status with err set. n_threads: --threads, 0 when not given. */
     int (*run)(const struct kvr_plan *plan, uint32_t index, uint32_t n_threads, atomic_int *stop,
                struct kvr_err *err);
+    /* Optional: `--spare J` (J < n_spare) instead of --index runs run_spare (a stage's
+     * spare, docs/PLAN.md "Spare stages"); NULL = no such option. */
+    uint32_t n_spare;
+    int (*run_spare)(const struct kvr_plan *plan, uint32_t index, uint32_t n_threads,
+                     atomic_int *stop, struct kvr_err *err);
     void (*signal_stop)(void); /* async-signal-safe: wakes run's event loop */
 };
 

@@ -846,7 +846,7 @@ static int handshake(struct kvr_link *link, const struct kvr_plan *plan, enum kv
 int kvr_link_handshake_control(struct kvr_link *link, const struct kvr_plan *plan, uint32_t index,
                                int timeout_ms, struct kvr_err *err)
 {
-    if (index >= plan->n_stages)
+    if (index >= plan->n_stages + plan->n_spares)
         return kvr_err_set(err, KVR_EINVAL, "control link: the plan has no stage %u", index);
     struct kvr_link_hs hs;
     struct kvr_auth_id peer = {KVR_AUTH_ROLE_STAGE, index};

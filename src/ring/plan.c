@@ -201,11 +201,25 @@ static int parse_stage(json_t *v, uint32_t i, struct kvr_plan_stage *st, struct 
 
 static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
 {
-    static const char *const keys[] = {
-        "model",        "model_fingerprint", "stages", "bridge",          "row_width",
-        "microbatches", "max_seqs",          "n_ctx",  "kv_block_tokens", "kv_blocks",
-        "wire_dtype",   "threads",           "secret", "secret_file",     "encrypt",
-        "kv_type",      "experts",           NULL};
+    static const char *const keys[] = {"model",
+                                       "model_fingerprint",
+                                       "stages",
+                                       "bridge",
+                                       "row_width",
+                                       "microbatches",
+                                       "max_seqs",
+                                       "n_ctx",
+                                       "kv_block_tokens",
+                                       "kv_blocks",
+                                       "wire_dtype",
+                                       "threads",
+                                       "secret",
+                                       "secret_file",
+                                       "encrypt",
+                                       "kv_type",
+                                       "experts",
+                                       "spares",
+                                       NULL};
     int rc;
     if (!json_is_object(root))
         return kvr_err_set(err, KVR_EINVAL, "plan: the top level must be a JSON object");
@@ -318,7 +332,9 @@ static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
     if (secret_file &&
         (rc = get_str(secret_file, "secret_file", p->secret_file, sizeof p->secret_file, err)))
         return rc;
-    return kvr_plan_experts_parse(p, json_object_get(root, "experts"), err);
+    if ((rc = kvr_plan_experts_parse(p, json_object_get(root, "experts"), err)))
+        return rc;
+    return kvr_plan_spares_parse(p, json_object_get(root, "spares"), err);
 }
 
 int kvr_plan_parse(struct kvr_plan *plan, const char *json, size_t len, const char *dir,
@@ -707,7 +723,9 @@ int kvr_plan_validate(const struct kvr_plan *p, uint32_t n_layer, struct kvr_err
                            "(%d to %d hex digits)",
                            p->secret_bytes, KVR_PLAN_SECRET_MIN_BYTES, KVR_PLAN_SECRET_MAX_BYTES,
                            2 * KVR_PLAN_SECRET_MIN_BYTES, 2 * KVR_PLAN_SECRET_MAX_BYTES);
-    return kvr_plan_experts_validate(p, n_layer, err);
+    if ((rc = kvr_plan_experts_validate(p, n_layer, err)))
+        return rc;
+    return kvr_plan_spares_validate(p, err);
 }
 
 int kvr_plan_check_fingerprint(const struct kvr_plan *plan, uint64_t fingerprint,
@@ -737,6 +755,7 @@ int kvr_plan_check_fingerprint(const struct kvr_plan *plan, uint64_t fingerprint
  *   u32  epoch, only when it is not 0 (a re-planned ring, propose.h kvr_plan_replan)
  *   with expert agents only: u32 n_agents, per agent u32 addr length, addr bytes,
  *        u32 n_holds, per hold u32 first_layer, last_layer, first_expert, last_expert
+ *   with spare stages only: u32 n_spares, per spare u32 addr length, addr bytes
  *
  * Integers are little-endian. Lengths prefix strings so that no two plans serialize alike. */
 static void hash_u32(crypto_generichash_state *st, uint32_t v)
@@ -787,6 +806,7 @@ void kvr_plan_hash(const struct kvr_plan *p, uint8_t hash[KVR_PLAN_HASH_BYTES])
     if (p->epoch) /* plans as loaded (epoch 0) keep the hash they always had */
         hash_u32(&st, p->epoch);
     kvr_plan_experts_hash(p, &st);
+    kvr_plan_spares_hash(p, &st);
     crypto_generichash_final(&st, hash, KVR_PLAN_HASH_BYTES);
 }
 
@@ -857,6 +877,7 @@ int kvr_plan_to_json(const struct kvr_plan *p, char **out, struct kvr_err *err)
     ok = ok && !json_object_set_new(root, "threads", json_integer(p->n_threads));
     ok = ok && !json_object_set_new(root, "encrypt", json_boolean(p->encrypt));
     ok = ok && !kvr_plan_experts_to_json(p, root);
+    ok = ok && !kvr_plan_spares_to_json(p, root);
     if (p->secret_file[0]) {
         ok = ok && !json_object_set_new(root, "secret_file", json_string(p->secret_file));
     } else {

@@ -77,6 +77,16 @@ struct kvr_plan_agent {
     struct kvr_plan_hold holds[KVR_PLAN_MAX_HOLDS];
 };
 
+/* Spare stages ("spares", optional; docs/PLAN.md "Spare stages"): processes that hold no
+ * layers, wait on their address, and take the slice of a stage lost for good when the
+ * bridge re-plans (propose.h kvr_plan_replan). */
+#define KVR_PLAN_MAX_SPARES 8
+
+struct kvr_plan_spare {
+    char addr[KVR_PLAN_ADDR_BYTES]; /* "host:port" the spare listens on */
+    uint32_t n_threads;             /* compute threads once it is a stage; 0 = the plan's */
+};
+
 struct kvr_plan {
     /* Model. model_path is as written in the file; kvr_plan_path resolves it. */
     char model_path[KVR_PLAN_PATH_BYTES];
@@ -105,6 +115,10 @@ struct kvr_plan {
     /* Expert agents ("experts", optional; 0 = every stage computes its own experts). */
     uint32_t n_agents;
     struct kvr_plan_agent agents[KVR_PLAN_MAX_AGENTS];
+
+    /* Spare stages, in the order they are taken (n_stages + n_spares <= 64). */
+    uint32_t n_spares;
+    struct kvr_plan_spare spares[KVR_PLAN_MAX_SPARES];
 
     /* Cluster secret: exactly one of "secret" (hex) and "secret_file" appears in the JSON.
      * secret_file is kept as written; kvr_plan_load (or kvr_plan_read_secret) fills

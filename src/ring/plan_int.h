@@ -1,4 +1,5 @@
-/* plan_int.h - what plan.c shares with plan_experts.c (the "experts" key): the JSON
+/* plan_int.h - what plan.c shares with plan_experts.c (the "experts" key) and
+ * plan_spares.c (the "spares" key): the JSON
  * helpers and the four steps of the expert placement. Private to the plan module.
  * Threads: reentrant, like plan.h. */
 #ifndef KVR_RING_PLAN_INT_H
@@ -25,5 +26,12 @@ int kvr_plan_experts_parse(struct kvr_plan *p, json_t *v, struct kvr_err *err);
 int kvr_plan_experts_validate(const struct kvr_plan *p, uint32_t n_layer, struct kvr_err *err);
 void kvr_plan_experts_hash(const struct kvr_plan *p, crypto_generichash_state *st);
 int kvr_plan_experts_to_json(const struct kvr_plan *p, json_t *root);
+
+/* plan_spares.c: the same four steps for "spares" (nothing hashed or written when the plan
+ * has none). */
+int kvr_plan_spares_parse(struct kvr_plan *p, json_t *v, struct kvr_err *err);
+int kvr_plan_spares_validate(const struct kvr_plan *p, struct kvr_err *err);
+void kvr_plan_spares_hash(const struct kvr_plan *p, crypto_generichash_state *st);
+int kvr_plan_spares_to_json(const struct kvr_plan *p, json_t *root);
 
 #endif

@@ -186,6 +186,60 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
     return kvr_plan_validate(plan, hp.n_layer, err);
 }
 
+/* The stages of the re-planned ring, in order: src[k] = the old stage it is (< n_stages)
+ * or n_stages + j for spare j, which takes the lost stage's place; *n_out of them;
+ * *dropped = some lost stage had no spare to take its place (the layers are re-balanced). */
+static int replan_slots(const struct kvr_plan *old, uint64_t keep, uint32_t src[64],
+                        uint32_t *n_out, bool *dropped, struct kvr_err *err)
+{
+    uint32_t ns = old->n_stages, nsp = old->n_spares;
+    if (ns > 64 || ns + nsp > 64)
+        return kvr_err_set(err, KVR_EINVAL, "re-plan: %u stages and %u spares", ns, nsp);
+    if (ns + nsp < 64 && keep >> (ns + nsp))
+        return kvr_err_set(err, KVR_EINVAL,
+                           "re-plan: stage mask 0x%llx names stages beyond the "
+                           "plan's %u (and %u spares)",
+                           (unsigned long long)keep, ns, nsp);
+    uint32_t n_dead = 0, n_taken = 0;
+    for (uint32_t i = 0; i < ns; i++)
+        n_dead += !((keep >> i) & 1);
+    for (uint32_t j = 0; j < nsp; j++)
+        n_taken += (keep >> (ns + j)) & 1;
+    if (n_taken > n_dead)
+        return kvr_err_set(err, KVR_EINVAL,
+                           "re-plan: mask 0x%llx takes %u spares for %u lost stages",
+                           (unsigned long long)keep, n_taken, n_dead);
+    uint32_t n = 0, j = 0;
+    *dropped = false;
+    for (uint32_t i = 0; i < ns; i++) {
+        if ((keep >> i) & 1) {
+            src[n++] = i;
+            continue;
+        }
+        while (j < nsp && !((keep >> (ns + j)) & 1))
+            j++;
+        if (j < nsp)
+            src[n++] = ns + j++; /* the next spare taken steps in */
+        else
+            *dropped = true;
+    }
+    *n_out = n;
+    return KVR_OK;
+}
+
+int kvr_plan_replan_index(const struct kvr_plan *old, uint64_t keep, uint32_t who)
+{
+    uint32_t src[64], n;
+    bool dropped;
+    struct kvr_err e = {0};
+    if (replan_slots(old, keep, src, &n, &dropped, &e))
+        return -1;
+    for (uint32_t k = 0; k < n; k++)
+        if (src[k] == who)
+            return (int)k;
+    return -1;
+}
+
 int kvr_plan_replan(const struct kvr_plan *old, const struct kvr_gguf *g, uint64_t keep,
                     struct kvr_plan *out, struct kvr_err *err)
 {
@@ -193,14 +247,10 @@ int kvr_plan_replan(const struct kvr_plan *old, const struct kvr_gguf *g, uint64
     int rc = kvr_hparams_read(&hp, g, err);
     if (rc)
         return rc;
-    uint32_t n = 0;
-    for (uint32_t i = 0; i < old->n_stages && i < 64; i++)
-        n += (keep >> i) & 1;
-    if (old->n_stages < 64 && keep >> old->n_stages)
-        return kvr_err_set(err, KVR_EINVAL,
-                           "re-plan: stage mask 0x%llx names stages beyond the "
-                           "plan's %u",
-                           (unsigned long long)keep, old->n_stages);
+    uint32_t src[64], n;
+    bool dropped;
+    if ((rc = replan_slots(old, keep, src, &n, &dropped, err)))
+        return rc;
     if (n < 2)
         return kvr_err_set(err, KVR_EINVAL,
                            "re-plan: %u stage%s left; a ring needs at least two (head and tail)", n,
@@ -209,31 +259,55 @@ int kvr_plan_replan(const struct kvr_plan *old, const struct kvr_gguf *g, uint64
         return kvr_err_set(err, KVR_EINVAL, "re-plan: %u stages for %u layers", n, hp.n_layer);
     if (old->epoch == UINT16_MAX) /* the epoch travels in a REPLAN frame's 16-bit arg */
         return kvr_err_set(err, KVR_ERANGE, "re-plan: epoch %u is the last one", old->epoch);
-    double *cost = NULL, head_cost, tail_cost;
-    if ((rc = model_costs(g, &hp, &cost, &head_cost, &tail_cost, err)))
-        return rc;
-    struct kvr_balance_input in = {.n_layer = hp.n_layer,
-                                   .n_stages = n,
-                                   .layer_cost = cost,
-                                   .head_cost = head_cost,
-                                   .tail_cost = tail_cost};
     struct kvr_balance_result res;
-    rc = kvr_plan_balance(&in, &res, err);
-    kvr_free(cost);
-    if (rc)
-        return rc;
+    if (dropped) {
+        double *cost = NULL, head_cost, tail_cost;
+        if ((rc = model_costs(g, &hp, &cost, &head_cost, &tail_cost, err)))
+            return rc;
+        struct kvr_balance_input in = {.n_layer = hp.n_layer,
+                                       .n_stages = n,
+                                       .layer_cost = cost,
+                                       .head_cost = head_cost,
+                                       .tail_cost = tail_cost};
+        rc = kvr_plan_balance(&in, &res, err);
+        kvr_free(cost);
+        if (rc)
+            return rc;
+    }
+    uint32_t ns = old->n_stages;
     *out = *old;
     out->epoch = old->epoch + 1;
     out->n_stages = n;
-    for (uint32_t i = 0, k = 0; i < old->n_stages; i++) {
-        if (!((keep >> i) & 1))
-            continue;
-        out->stages[k] = old->stages[i];
-        out->stages[k].first_layer = res.first_layer[k];
-        out->stages[k].last_layer = res.last_layer[k];
-        k++;
+    uint32_t i_prev = 0; /* the old stage whose place slot k takes */
+    for (uint32_t k = 0; k < n; k++) {
+        struct kvr_plan_stage *st = &out->stages[k];
+        if (src[k] < ns) {
+            *st = old->stages[src[k]];
+            i_prev = src[k];
+        } else { /* a spare in the first lost place after the previous slot's */
+            const struct kvr_plan_spare *sp = &old->spares[src[k] - ns];
+            uint32_t i = k == 0 ? 0 : i_prev + 1;
+            while (i < ns && ((keep >> i) & 1))
+                i++;
+            memset(st, 0, sizeof *st);
+            snprintf(st->addr, sizeof st->addr, "%s", sp->addr);
+            st->n_threads = sp->n_threads;
+            st->first_layer = old->stages[i].first_layer;
+            st->last_layer = old->stages[i].last_layer;
+            i_prev = i;
+        }
+        if (dropped) {
+            st->first_layer = res.first_layer[k];
+            st->last_layer = res.last_layer[k];
+        }
     }
     for (uint32_t k = n; k < KVR_PLAN_MAX_STAGES; k++)
         memset(&out->stages[k], 0, sizeof out->stages[k]);
+    out->n_spares = 0; /* the spares not taken stay spares */
+    for (uint32_t j = 0; j < old->n_spares; j++)
+        if (!((keep >> (ns + j)) & 1))
+            out->spares[out->n_spares++] = old->spares[j];
+    for (uint32_t j = out->n_spares; j < KVR_PLAN_MAX_SPARES; j++)
+        memset(&out->spares[j], 0, sizeof out->spares[j]);
     return kvr_plan_validate(out, hp.n_layer, err);
 }

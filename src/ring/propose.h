@@ -42,14 +42,24 @@ struct kvr_plan_spec {
 int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
                      const struct kvr_plan_spec *spec, struct kvr_err *err);
 
-/* A re-planned ring (DESIGN.md 8, docs/PLAN.md "Re-planning"): `old` without the stages
- * whose bit in `keep` is clear (bit i = old stage i), the survivors in their old order with
- * the model's layers balanced over them as kvr_plan_propose does (uniform speeds, costs
- * from the file), every other field kept, and epoch old->epoch + 1, so its hash differs
- * from every earlier plan's and old links are refused. Deterministic: every process holding
- * the same model file computes the same plan from the same (old, keep). KVR_EINVAL if fewer
- * than two stages are kept or keep names stages the plan does not have. */
+/* A re-planned ring (DESIGN.md 8, docs/PLAN.md "Re-planning" and "Spare stages"). `keep`
+ * has a bit per stage and per spare: bit i (< n_stages) = old stage i is kept, bit
+ * n_stages + j = spare j steps in. The new ring has, in the old order, every kept stage and,
+ * in the place of each stage not kept, the next spare taken (in spare order), with that
+ * stage's layers, its own address and threads; spares not taken stay spares. When a lost
+ * stage has no spare to take its place (fewer spares taken than stages lost), it is left
+ * out and the model's layers are balanced over the stages left as kvr_plan_propose does
+ * (uniform speeds, costs from the file); otherwise every layer range stays as it was.
+ * Every other field is kept, and epoch = old->epoch + 1, so its hash differs from every
+ * earlier plan's and old links are refused. Deterministic: every process holding the same
+ * model file computes the same plan from the same (old, keep). KVR_EINVAL if fewer than
+ * two stages are left, keep names stages or spares the plan does not have, or takes more
+ * spares than stages are lost. */
 int kvr_plan_replan(const struct kvr_plan *old, const struct kvr_gguf *g, uint64_t keep,
                     struct kvr_plan *out, struct kvr_err *err);
+
+/* The index in kvr_plan_replan(old, keep)'s plan of `who`: old stage who (< n_stages) or
+ * spare who - n_stages; -1 when it is not in the new ring (or keep is invalid). */
+int kvr_plan_replan_index(const struct kvr_plan *old, uint64_t keep, uint32_t who);
 
 #endif

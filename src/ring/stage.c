@@ -526,20 +526,19 @@ static void on_control_frame(struct stage *s, struct kvr_link *ctl, const struct
     uint32_t epoch = f->hdr.arg;
     const struct kvr_plan *p = s->plan;
     struct kvr_err err = {0};
-    if (epoch != p->epoch + 1 || s->index >= 64 || !((keep >> s->index) & 1)) {
+    int at = kvr_plan_replan_index(p, keep, s->index);
+    if (epoch != p->epoch + 1 || at < 0) {
         KVR_WARN("%s: refused a re-plan to epoch %u keeping stages 0x%llx: this stage is at "
                  "epoch %u%s",
                  s->name, epoch, (unsigned long long)keep, p->epoch,
-                 (keep >> (s->index & 63)) & 1 ? "" : " and is not kept");
+                 at >= 0 ? "" : " and is not kept");
         return;
     }
     if (kvr_plan_replan(p, s->gguf, keep, s->next_plan, &err)) {
         KVR_WARN("%s: refused a re-plan to epoch %u: %s", s->name, epoch, err.msg);
         return;
     }
-    uint32_t index = 0;
-    for (uint32_t i = 0; i < s->index; i++)
-        index += (keep >> i) & 1;
+    uint32_t index = (uint32_t)at;
     if (kvr_credit_ack(ctl->fd)) {
         KVR_WARN("%s: the bridge went away before the re-plan was acknowledged", s->name);
         return;
@@ -977,12 +976,92 @@ static int run_once(const struct kvr_plan *plan, uint32_t index, struct kvr_gguf
     return rc;
 }
 
+/* A spare (docs/PLAN.md "Spare stages"): listen on its address for the bridge's control
+ * links until one brings a REPLAN that takes it into the ring, then acknowledge it (*index
+ * = its place in `next`). Probes (GOODBYE) and re-plans without it are answered by closing
+ * the link. Blocking, on the caller's thread: nothing else runs yet; *stop is looked at
+ * every SPARE_POLL_MS. */
+enum { SPARE_POLL_MS = 200, SPARE_HANDSHAKE_MS = 3000 };
+
+static int spare_wait(const struct kvr_plan *plan, uint32_t j, struct kvr_gguf *gguf,
+                      struct kvr_plan *next, atomic_int *stop, uint32_t *index, struct kvr_err *err)
+{
+    const char *addr = plan->spares[j].addr;
+    uint32_t self_index = plan->n_stages + j;
+    struct kvr_wire_limits limits;
+    int listen_fd = -1;
+    int rc = kvr_wire_limits_init(&limits, plan, 1, 1, 0, err);
+    if (rc == 0)
+        rc = kvr_net_listen(addr, 8, &listen_fd, NULL, err);
+    if (rc)
+        return rc;
+    KVR_INFO("spare %u: listening on %s; it takes the layers of a stage lost for good", j, addr);
+    const struct kvr_auth_id self = {KVR_AUTH_ROLE_STAGE, self_index};
+    const struct kvr_auth_id bridge = {KVR_AUTH_ROLE_BRIDGE, KVR_AUTH_INDEX_CONTROL};
+    rc = KVR_ECLOSED;
+    while (!*stop) {
+        int fd;
+        char peer[KVR_NET_PEER_BYTES];
+        struct kvr_err e = {0};
+        int r =
+            kvr_net_accept(listen_fd, kvr_net_deadline(SPARE_POLL_MS), &fd, peer, sizeof peer, &e);
+        if (r == KVR_ETIMEDOUT)
+            continue;
+        if (r) {
+            rc = kvr_err_set(err, r, "spare %u: %s", j, e.msg);
+            break;
+        }
+        struct kvr_link l;
+        if (kvr_link_init(&l, fd, peer, &limits, KVR_LINK_RECV, &e)) {
+            close(fd);
+            KVR_WARN("spare %u: %s", j, e.msg);
+            continue;
+        }
+        const struct kvr_wire_frame *f = NULL;
+        r = kvr_link_handshake_ids(&l, plan, self, bridge, false, SPARE_HANDSHAKE_MS, &e);
+        if (r == 0)
+            r = kvr_link_recv(&l, kvr_net_deadline(SPARE_HANDSHAKE_MS), &f, &e);
+        if (r) {
+            KVR_WARN("spare %u: control link from %s: %s", j, peer, e.msg);
+        } else if (f->hdr.type != KVR_WIRE_REPLAN) {
+            KVR_DEBUG("spare %u: the bridge probed this spare", j);
+        } else {
+            uint64_t keep = f->hdr.batch_id;
+            int at = kvr_plan_replan_index(plan, keep, self_index);
+            if (f->hdr.arg != plan->epoch + 1 || at < 0)
+                KVR_INFO("spare %u: a re-plan to epoch %u (mask 0x%llx) does not take it", j,
+                         f->hdr.arg, (unsigned long long)keep);
+            else if (kvr_plan_replan(plan, gguf, keep, next, &e))
+                KVR_WARN("spare %u: refused a re-plan to epoch %u: %s", j, f->hdr.arg, e.msg);
+            else if (kvr_credit_ack(l.fd))
+                KVR_WARN("spare %u: the bridge went away before the re-plan was acknowledged", j);
+            else {
+                const struct kvr_plan_stage *st = &next->stages[at];
+                KVR_INFO("spare %u: taken into the ring by the bridge: epoch %u, %u stages, "
+                         "this one is stage %u with layers %u-%u",
+                         j, next->epoch, next->n_stages, (unsigned)at, st->first_layer,
+                         st->last_layer);
+                *index = (uint32_t)at;
+                rc = KVR_OK;
+                kvr_link_fini(&l);
+                break;
+            }
+        }
+        kvr_link_fini(&l);
+    }
+    close(listen_fd);
+    if (rc == KVR_ECLOSED && *stop)
+        return kvr_err_set(err, KVR_ECLOSED, "spare %u: stopped before it was needed", j);
+    return rc;
+}
+
 int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *opt,
                   atomic_int *stop, struct kvr_err *err)
 {
-    if (opt->index >= plan->n_stages)
-        return kvr_err_set(err, KVR_EINVAL, "stage index %u: the plan has %u stages", opt->index,
-                           plan->n_stages);
+    if (opt->spare ? opt->index >= plan->n_spares : opt->index >= plan->n_stages)
+        return kvr_err_set(err, KVR_EINVAL, "%s index %u: the plan has %u",
+                           opt->spare ? "spare" : "stage", opt->index,
+                           opt->spare ? plan->n_spares : plan->n_stages);
     struct kvr_plan *local = kvr_malloc(sizeof *local);
     struct kvr_plan *next = kvr_malloc(sizeof *next);
     if (!local || !next) {
@@ -991,8 +1070,10 @@ int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *o
         return kvr_err_set(err, KVR_ENOMEM, "stage: out of memory");
     }
     *local = *plan;
-    if (opt->n_threads)
+    if (opt->n_threads && !opt->spare)
         local->stages[opt->index].n_threads = opt->n_threads;
+    if (opt->n_threads && opt->spare)
+        local->spares[opt->index].n_threads = opt->n_threads;
     /* The model file is opened and checked once: a re-plan loads other layers of it. */
     struct kvr_gguf *gguf = NULL;
     char path[KVR_PLAN_PATH_BYTES];
@@ -1001,7 +1082,15 @@ int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *o
         (rc = kvr_gguf_open(&gguf, path, err)) == 0 && local->model_fingerprint)
         rc = kvr_plan_check_fingerprint(local, kvr_gguf_fingerprint(gguf), err);
     uint32_t index = opt->index;
-    while (rc == 0) {
+    if (rc == 0 && opt->spare) {
+        if ((rc = spare_wait(local, opt->index, gguf, next, stop, &index, err)) == 0) {
+            kvr_plan_wipe(local);
+            *local = *next;
+        } else if (*stop) {
+            rc = KVR_OK; /* an orderly stop of a spare never needed */
+        }
+    }
+    while (rc == 0 && !*stop) {
         bool replanned = false;
         uint32_t next_index = 0;
         rc = run_once(local, index, gguf, next, stop, &replanned, &next_index, err);

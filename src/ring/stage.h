@@ -35,7 +35,12 @@
  * frame (the next epoch and the stages kept); a stage kept by a valid one acknowledges it,
  * stops both threads and starts again inside kvr_stage_run under the new plan (propose.h
  * kvr_plan_replan), at its new index, with its new layers from the model file it keeps
- * open. Each life has one plan, which does not change while it runs. */
+ * open. Each life has one plan, which does not change while it runs.
+ *
+ * A spare (options.spare, docs/PLAN.md "Spare stages") holds no layers: it listens on its
+ * spare address for the bridge's control links only, answers probes, and when a REPLAN
+ * takes it into the ring in a lost stage's place, acknowledges it and starts its first life
+ * as that stage of the new plan (the lost stage's layers, loaded from its own model file). */
 #ifndef KVR_RING_STAGE_H
 #define KVR_RING_STAGE_H
 
@@ -44,10 +49,12 @@
 #include "ring/plan.h"
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 struct kvr_stage_options {
-    uint32_t index;     /* which stage of the plan this process is */
+    uint32_t index;     /* which stage of the plan this process is (with spare: which spare) */
+    bool spare;         /* a spare stage: waits until a re-plan gives it a slice (below) */
     uint32_t n_threads; /* compute threads; 0 = from the plan (stage, then plan default, 1) */
 };
 

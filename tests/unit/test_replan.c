@@ -9,6 +9,7 @@
 
 #include "testutil.h"
 
+#include "core/alloc.h"
 #include "model/gguf.h"
 #include "model/synth.h"
 #include "ring/plan.h"
@@ -130,6 +131,110 @@ static void test_replan_refusals(void **state)
     unmake();
 }
 
+/* Spares (docs/PLAN.md "Spare stages"): a spare taken steps into the lost stage's place
+ * with exactly its layers, the survivors keep theirs, the spares not taken stay spares; a
+ * lost stage with no spare left is dropped and the layers balanced again. The plan with
+ * spares survives JSON, and a spare may not share an address. */
+static void test_replan_spares(void **state)
+{
+    (void)state;
+    static struct kvr_plan old, out, back;
+    make(&old, 3);
+    uint8_t h_plain[KVR_PLAN_HASH_BYTES], h[KVR_PLAN_HASH_BYTES];
+    kvr_plan_hash(&old, h_plain);
+    old.n_spares = 2;
+    snprintf(old.spares[0].addr, sizeof old.spares[0].addr, "127.0.0.1:7010");
+    old.spares[0].n_threads = 4;
+    snprintf(old.spares[1].addr, sizeof old.spares[1].addr, "127.0.0.1:7011");
+    struct kvr_err err = {0};
+    if (kvr_plan_validate(&old, 12, &err))
+        fail_msg("validate: %s", err.msg);
+    kvr_plan_hash(&old, h);
+    assert_memory_not_equal(h, h_plain, sizeof h); /* the spares are part of the plan */
+
+    uint64_t keep = 0x5 | 1ull << 3; /* stage 1 lost, spare 0 steps in */
+    if (kvr_plan_replan(&old, model, keep, &out, &err))
+        fail_msg("replan: %s", err.msg);
+    assert_int_equal(out.n_stages, 3);
+    assert_int_equal(out.epoch, 1);
+    for (uint32_t i = 0; i < 3; i++) {
+        assert_int_equal(out.stages[i].first_layer, old.stages[i].first_layer);
+        assert_int_equal(out.stages[i].last_layer, old.stages[i].last_layer);
+    }
+    assert_string_equal(out.stages[0].addr, old.stages[0].addr);
+    assert_string_equal(out.stages[1].addr, "127.0.0.1:7010");
+    assert_int_equal(out.stages[1].n_threads, 4);
+    assert_string_equal(out.stages[2].addr, old.stages[2].addr);
+    assert_int_equal(out.n_spares, 1);
+    assert_string_equal(out.spares[0].addr, "127.0.0.1:7011");
+    assert_int_equal(kvr_plan_replan_index(&old, keep, 0), 0);
+    assert_int_equal(kvr_plan_replan_index(&old, keep, 1), -1);
+    assert_int_equal(kvr_plan_replan_index(&old, keep, 2), 2);
+    assert_int_equal(kvr_plan_replan_index(&old, keep, 3), 1);
+    assert_int_equal(kvr_plan_replan_index(&old, keep, 4), -1);
+
+    /* The first spare did not answer: the second one steps in; the first stays a spare. */
+    keep = 0x5 | 1ull << 4;
+    assert_int_equal(kvr_plan_replan(&old, model, keep, &out, &err), 0);
+    assert_string_equal(out.stages[1].addr, "127.0.0.1:7011");
+    assert_int_equal(out.stages[1].first_layer, old.stages[1].first_layer);
+    assert_int_equal(out.n_spares, 1);
+    assert_string_equal(out.spares[0].addr, "127.0.0.1:7010");
+    assert_int_equal(kvr_plan_replan_index(&old, keep, 4), 1);
+
+    /* The head lost: the spare becomes the head, with the head's layers. */
+    keep = 0x6 | 1ull << 3;
+    assert_int_equal(kvr_plan_replan(&old, model, keep, &out, &err), 0);
+    assert_string_equal(out.stages[0].addr, "127.0.0.1:7010");
+    assert_int_equal(out.stages[0].first_layer, 0);
+    assert_int_equal(out.stages[0].last_layer, old.stages[0].last_layer);
+    assert_int_equal(kvr_plan_replan_index(&old, keep, 3), 0);
+
+    /* Two lost, one spare: stage 1's place goes to the spare, stage 2 is left out, and the
+     * 12 layers are balanced over the two stages left. */
+    keep = 0x1 | 1ull << 3;
+    assert_int_equal(kvr_plan_replan(&old, model, keep, &out, &err), 0);
+    assert_int_equal(out.n_stages, 2);
+    assert_string_equal(out.stages[1].addr, "127.0.0.1:7010");
+    assert_int_equal(out.stages[0].first_layer, 0);
+    assert_int_equal(out.stages[1].last_layer, 11);
+    assert_int_equal(out.stages[0].last_layer + 1, out.stages[1].first_layer);
+    assert_int_equal(out.n_spares, 1);
+
+    /* Two spares for one lost stage, or a bit beyond the spares: refused. */
+    assert_int_equal(kvr_plan_replan(&old, model, 0x5 | 3ull << 3, &out, &err), KVR_EINVAL);
+    assert_non_null(strstr(err.msg, "takes 2 spares for 1 lost"));
+    assert_int_equal(kvr_plan_replan(&old, model, 0x5 | 1ull << 5, &out, &err), KVR_EINVAL);
+    assert_int_equal(kvr_plan_replan_index(&old, 0x5 | 1ull << 5, 0), -1);
+
+    /* JSON: written and read back the same (the hash says so). */
+    char *json = NULL;
+    assert_int_equal(kvr_plan_to_json(&old, &json, &err), 0);
+    assert_non_null(strstr(json, "\"spares\""));
+    assert_int_equal(kvr_plan_parse(&back, json, strlen(json), NULL, &err), 0);
+    assert_int_equal(back.n_spares, 2);
+    assert_int_equal(back.spares[0].n_threads, 4);
+    uint8_t h_back[KVR_PLAN_HASH_BYTES];
+    kvr_plan_hash(&back, h_back);
+    assert_memory_equal(h, h_back, sizeof h);
+    /* A spare has no layers of its own: the key is refused. */
+    static char bad[16384];
+    const char *at = strstr(json, "\"127.0.0.1:7011\"");
+    assert_non_null(at);
+    int n = snprintf(bad, sizeof bad, "%.*s\"127.0.0.1:7011\", \"layers\": [0, 1]%s",
+                     (int)(at - json), json, at + strlen("\"127.0.0.1:7011\""));
+    assert_true(n > 0 && (size_t)n < sizeof bad);
+    kvr_free(json);
+    assert_int_equal(kvr_plan_parse(&back, bad, (size_t)n, NULL, &err), KVR_EINVAL);
+    assert_non_null(strstr(err.msg, "spares[1]"));
+
+    /* A spare on a stage's address is refused. */
+    snprintf(old.spares[1].addr, sizeof old.spares[1].addr, "%s", old.stages[2].addr);
+    assert_int_equal(kvr_plan_validate(&old, 12, &err), KVR_EINVAL);
+    assert_non_null(strstr(err.msg, "spares[1] and stage 2"));
+    unmake();
+}
+
 /* REPLAN: header only, the epoch in arg and the mask in batch_id; every stage accepts it
  * (stage.c acts on it only over a control link), the bridge does not; a zero epoch or
  * mask is refused. */
@@ -168,6 +273,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replan_drops_a_stage),
         cmocka_unit_test(test_replan_refusals),
+        cmocka_unit_test(test_replan_spares),
         cmocka_unit_test(test_replan_frame),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# A spare stage takes the slice of a stage that never comes back (issue 13; docs/PLAN.md
+# "Spare stages"). A 3-stage ring whose plan names one spare, with `kvasir bridge
+# --replan-after 2` in front, answers four streamed completions (two greedy, two sampled
+# with seeds and penalties) undisturbed; then the same four again while the middle stage is
+# killed with SIGKILL mid-stream and never started again. Within the grace period plus 10 s
+# the ring runs on 3 stages again: the spare in the lost stage's place with exactly its
+# layers (loaded from its own copy of the model), the survivors with the layers they had;
+# every stream completes with exactly the undisturbed text, and new requests are answered
+# identically too. A spare never needed is probed and left alone (the bridge's first
+# attempt, while every stage answers, takes no spare).
+set -euo pipefail
+source "$(dirname "$0")/lib.bash"
+
+GRACE_S=2
+N_TOKENS=300  # per stream
+KILL_AFTER=40 # batches into the disturbed pass
+if grep -q "__tsan_init" "$KVASIR" 2>/dev/null; then
+    N_TOKENS=40 # ThreadSanitizer slows the kernels 10-50x (see ring_replan.sh)
+    KILL_AFTER=8
+fi
+"$KVASIR" synth --shape custom --layers 12 --dim 256 --ff 768 --heads 8 --kv-heads 4 \
+    --type q8_0 --seed 7 -o "$TMP/m.gguf" >/dev/null 2>&1 || fail "synth"
+
+# The ring: a plan of 3 stages plus a spare on the port after them; every process started.
+D=$TMP/ring
+mkdir -p "$D"
+for attempt in 1 2 3 4 5; do
+    base=$(random_base_port)
+    "$KVASIR" plan -m "$TMP/m.gguf" --stages 3 --microbatches 3 --base-port "$base" \
+        --max-seqs 8 --ctx 512 -o "$D/plan.json" 2>/dev/null || fail "kvasir plan failed"
+    python3 - "$D/plan.json" "127.0.0.1:$((base + 3))" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["spares"] = [{"addr": sys.argv[2]}]
+json.dump(p, open(sys.argv[1], "w"), indent=2)
+PY
+    RING_PIDS=()
+    for i in 0 1 2; do
+        "$KVASIR" stage --plan "$D/plan.json" --index "$i" >"$D/stage$i.log" 2>&1 &
+        PIDS+=($!)
+        RING_PIDS+=($!)
+    done
+    "$KVASIR" stage --plan "$D/plan.json" --spare 0 >"$D/spare0.log" 2>&1 &
+    SPARE=$!
+    PIDS+=($SPARE)
+    sleep 0.3
+    ok=1
+    for p in "${RING_PIDS[@]}" $SPARE; do kill -0 "$p" 2>/dev/null || ok=0; done
+    [ $ok = 1 ] && break
+    for p in "${RING_PIDS[@]}" $SPARE; do kill "$p" 2>/dev/null || true; done
+    for p in "${RING_PIDS[@]}" $SPARE; do wait "$p" 2>/dev/null || true; done
+    [ $attempt = 5 ] && fail "could not start the ring and its spare"
+done
+for i in $(seq 1 100); do
+    grep -q "spare 0: listening on 127.0.0.1:$((base + 3))" "$D/spare0.log" && break
+    sleep 0.1
+done
+grep -q "spare 0: listening on" "$D/spare0.log" || { cat "$D/spare0.log"; fail "the spare is not listening"; }
+layers() { python3 -c "import json; s = json.load(open('$D/plan.json'))['stages'][$1]['layers']; print('%d-%d' % tuple(s))"; }
+L0=$(layers 0) L1=$(layers 1) L2=$(layers 2)
+
+"$KVASIR" bridge --plan "$D/plan.json" --port 0 --replan-after "$GRACE_S" --no-admission \
+    >"$TMP/bridge.out" 2>"$TMP/bridge.log" &
+BRIDGE=$!
+PIDS+=($BRIDGE)
+URL=""
+for i in $(seq 1 600); do
+    URL=$(sed -n 's/^kvasir: ready on //p' "$TMP/bridge.out" | head -1)
+    [ -n "$URL" ] && break
+    kill -0 "$BRIDGE" 2>/dev/null || { tail "$TMP/bridge.log"; fail "the bridge exited"; }
+    sleep 0.1
+done
+[ -n "$URL" ] || fail "the bridge was not ready within 60 s"
+
+mono() { python3 -c 'import time; print(time.monotonic())'; }
+ts() { sed -n 's/^\[ *\([0-9.]*\) .*/\1/p' <<<"$1"; }
+metric() { curl -s -m 2 "$URL/metrics" | awk -v n="kvasir:$1" '$1 == n {print $2}'; }
+complete() { # complete I TAG: a streamed completion; its text to $TMP/http.TAG.I
+    local sampling='"temperature": 0'
+    [ $(($1 % 2)) = 1 ] &&
+        sampling="\"temperature\": 0.9, \"seed\": $1, \"repetition_penalty\": 1.2, \"frequency_penalty\": 0.5"
+    curl -s -N -m 300 "$URL/v1/completions" -H 'Content-Type: application/json' \
+        -d "{\"model\": \"m\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": $N_TOKENS,
+             \"ignore_eos\": true, \"stream\": true, $sampling}" |
+        python3 -c '
+import json, sys
+text = []
+for line in sys.stdin:
+    if line.startswith("data: {"):
+        d = json.loads(line[6:])
+        if "error" in d:
+            sys.exit("error event: %s" % d["error"])
+        text.append(d["choices"][0]["text"])
+if not text:
+    sys.exit("no text")
+print(json.dumps("".join(text)))' >"$TMP/http.$2.$1"
+}
+pass() { # pass TAG [I]: the four completions at once; with I, SIGKILL stage I mid-stream
+    local pids=() i p b0
+    for i in 0 1 2 3; do complete "$i" "$1" & pids+=($!); done
+    if [ -n "${2:-}" ]; then
+        b0=$(metric ring_batches_total)
+        for i in $(seq 1 600); do
+            [ "$(metric ring_batches_total)" -ge $((b0 + KILL_AFTER)) ] && break
+            sleep 0.05
+        done
+        T_KILL=$(mono)
+        kill -9 "${RING_PIDS[$2]}"
+        wait "${RING_PIDS[$2]}" 2>/dev/null || true
+    fi
+    for p in "${pids[@]}"; do wait "$p" || { tail -20 "$TMP/bridge.log"; fail "$1: a stream failed"; }; done
+}
+same() { # same TAG: every text equal to the undisturbed one
+    local i
+    for i in 0 1 2 3; do
+        cmp -s "$TMP/http.ref.$i" "$TMP/http.$1.$i" ||
+            { cat "$TMP/http.ref.$i" "$TMP/http.$1.$i"; fail "$1: stream $i differs from the undisturbed run"; }
+    done
+}
+
+pass ref
+for i in 0 1 2 3; do
+    [ "$(wc -c <"$TMP/http.ref.$i")" -gt $((N_TOKENS / 2)) ] || fail "ref: stream $i carried almost no text"
+done
+cmp -s "$TMP/http.ref.0" "$TMP/http.ref.2" && fail "ref: two prompts gave the same text"
+echo "ok: undisturbed: 4 streams recorded (layers $L0, $L1, $L2; one spare waiting)"
+
+pass dis 1
+same dis
+grep -q "holding [1-9][0-9]* sequences" "$TMP/bridge.log" ||
+    fail "dis: the bridge never held a sequence (was the kill after the streams?)"
+grep -q "1 spare taken" "$TMP/bridge.log" ||
+    { tail -30 "$TMP/bridge.log"; fail "dis: the bridge did not take the spare"; }
+grep -q "re-planned the ring: epoch 1, 3 stages" "$TMP/bridge.log" ||
+    { tail -30 "$TMP/bridge.log"; fail "dis: the bridge did not re-plan the ring onto 3 stages"; }
+whole=$(grep "ring whole again" "$TMP/bridge.log" | tail -1) || fail "dis: no recovery logged"
+echo "  $(grep -m1 "spare taken" "$TMP/bridge.log")"
+echo "  $whole"
+awk -v a="$T_KILL" -v b="$(ts "$whole")" -v g="$GRACE_S" 'BEGIN {
+    d = b - a; printf "ok: dis: 4/4 streams identical; the ring ran on 3 stages with the spare %.1f s after the kill (grace %d s + 10 s allowed)\n", d, g
+    exit !(d > 0 && d <= g + 10) }' || fail "dis: the ring was not whole within the grace period + 10 s"
+grep -q "taken into the ring by the bridge: epoch 1, 3 stages, this one is stage 1 with layers $L1\$" "$D/spare0.log" ||
+    { cat "$D/spare0.log"; fail "the spare did not take stage 1's layers $L1"; }
+grep -q "re-planned by the bridge: epoch 1, 3 stages, this one is stage 0 with layers $L0;" "$D/stage0.log" ||
+    fail "stage 0 did not keep its layers $L0"
+grep -q "re-planned by the bridge: epoch 1, 3 stages, this one is stage 2 with layers $L2;" "$D/stage2.log" ||
+    fail "stage 2 did not keep its layers $L2"
+curl -s -m 5 "$URL/health" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+assert d["ring"] == "up", d
+st = d["stages"]
+want = ["'"$L0"'", "'"$L1"'", "'"$L2"'"]
+assert len(st) == 3 and all(s["up"] for s in st), st
+assert ["%d-%d" % tuple(s["layers"]) for s in st] == want, st
+print("ok: /health: 3 stages up with the layers of the first plan")' || fail "/health after the spare stepped in"
+
+pass new
+same new
+echo "ok: new: 4/4 new requests on the ring with the spare identical to the undisturbed run"
+echo PASS
