@@ -487,12 +487,12 @@ static bool probe(struct kvr_bridge *b, const struct kvr_plan *p, uint32_t i)
 
 /* The attempt, on a thread of its own (connects and handshakes block): probe every stage
  * of the plan (a control link, then GOODBYE); if some do not answer, probe the plan's
- * spares, one for each stage lost, in order (docs/PLAN.md "Spare stages"): each that
- * answers takes a lost stage's place. If at least two stages would be left, send each
- * survivor and each spare taken a REPLAN (the next epoch, the mask of stages kept and
- * spares taken) and wait for its ack. The stages that acknowledge now follow replan_new:
- * the bridge must too, even if one did not (that one is refused by the others from now
- * on, and a later attempt finds it gone). */
+ * spares (docs/PLAN.md "Spare stages"): the first that answer, one for each stage lost,
+ * take the lost stages' places. If at least two stages would be left, send each survivor
+ * and each spare that answered a REPLAN (the next epoch, the mask of stages kept and
+ * spares taken; a spare not taken follows it as a spare) and wait for its ack. The stages that
+ * acknowledge now follow replan_new: the bridge must too, even if one did not (that one is refused
+ * by the others from now on, and a later attempt finds it gone). */
 static void *replan_main(void *arg)
 {
     struct kvr_bridge *b = arg;
@@ -505,11 +505,16 @@ static void *replan_main(void *arg)
         keep |= 1ull << i;
         n_alive++;
     }
-    for (uint32_t j = 0; j < p->n_spares && n_alive + n_spares < p->n_stages; j++) {
+    /* Spares that answer but are not needed get the REPLAN too and follow it as spares. */
+    uint64_t spares_alive = 0;
+    for (uint32_t j = 0; j < p->n_spares && n_alive < p->n_stages; j++) {
         if (!probe(b, p, p->n_stages + j))
             continue;
-        keep |= 1ull << (p->n_stages + j);
-        n_spares++;
+        spares_alive |= 1ull << (p->n_stages + j);
+        if (n_alive + n_spares < p->n_stages) {
+            keep |= 1ull << (p->n_stages + j);
+            n_spares++;
+        }
     }
     b->replan_ok = false;
     struct kvr_err err = {0};
@@ -521,7 +526,7 @@ static void *replan_main(void *arg)
     } else {
         uint32_t n_ack = 0;
         for (uint32_t i = 0; i < p->n_stages + p->n_spares; i++) {
-            if (!((keep >> i) & 1))
+            if (!(((keep | spares_alive) >> i) & 1))
                 continue;
             struct kvr_link l;
             struct kvr_err why = {0};

@@ -978,16 +978,17 @@ static int run_once(const struct kvr_plan *plan, uint32_t index, struct kvr_gguf
 
 /* A spare (docs/PLAN.md "Spare stages"): listen on its address for the bridge's control
  * links until one brings a REPLAN that takes it into the ring, then acknowledge it (*index
- * = its place in `next`). Probes (GOODBYE) and re-plans without it are answered by closing
- * the link. Blocking, on the caller's thread: nothing else runs yet; *stop is looked at
- * every SPARE_POLL_MS. */
+ * = its place in `next`). A REPLAN that leaves it a spare is acknowledged and followed
+ * (*plan becomes the new plan, *j its index among the new plan's spares), so a later loss
+ * can still take it. Probes (GOODBYE) are answered by closing the link. Blocking, on the
+ * caller's thread: nothing else runs yet; *stop is looked at every SPARE_POLL_MS. */
 enum { SPARE_POLL_MS = 200, SPARE_HANDSHAKE_MS = 3000 };
 
-static int spare_wait(const struct kvr_plan *plan, uint32_t j, struct kvr_gguf *gguf,
+static int spare_wait(struct kvr_plan *plan, uint32_t *j, struct kvr_gguf *gguf,
                       struct kvr_plan *next, atomic_int *stop, uint32_t *index, struct kvr_err *err)
 {
-    const char *addr = plan->spares[j].addr;
-    uint32_t self_index = plan->n_stages + j;
+    char addr[KVR_PLAN_ADDR_BYTES];
+    snprintf(addr, sizeof addr, "%s", plan->spares[*j].addr);
     struct kvr_wire_limits limits;
     int listen_fd = -1;
     int rc = kvr_wire_limits_init(&limits, plan, 1, 1, 0, err);
@@ -995,8 +996,7 @@ static int spare_wait(const struct kvr_plan *plan, uint32_t j, struct kvr_gguf *
         rc = kvr_net_listen(addr, 8, &listen_fd, NULL, err);
     if (rc)
         return rc;
-    KVR_INFO("spare %u: listening on %s; it takes the layers of a stage lost for good", j, addr);
-    const struct kvr_auth_id self = {KVR_AUTH_ROLE_STAGE, self_index};
+    KVR_INFO("spare %u: listening on %s; it takes the layers of a stage lost for good", *j, addr);
     const struct kvr_auth_id bridge = {KVR_AUTH_ROLE_BRIDGE, KVR_AUTH_INDEX_CONTROL};
     rc = KVR_ECLOSED;
     while (!*stop) {
@@ -1008,50 +1008,64 @@ static int spare_wait(const struct kvr_plan *plan, uint32_t j, struct kvr_gguf *
         if (r == KVR_ETIMEDOUT)
             continue;
         if (r) {
-            rc = kvr_err_set(err, r, "spare %u: %s", j, e.msg);
+            rc = kvr_err_set(err, r, "spare %u: %s", *j, e.msg);
             break;
         }
         struct kvr_link l;
         if (kvr_link_init(&l, fd, peer, &limits, KVR_LINK_RECV, &e)) {
             close(fd);
-            KVR_WARN("spare %u: %s", j, e.msg);
+            KVR_WARN("spare %u: %s", *j, e.msg);
             continue;
         }
+        uint32_t self_index = plan->n_stages + *j;
+        const struct kvr_auth_id self = {KVR_AUTH_ROLE_STAGE, self_index};
         const struct kvr_wire_frame *f = NULL;
         r = kvr_link_handshake_ids(&l, plan, self, bridge, false, SPARE_HANDSHAKE_MS, &e);
         if (r == 0)
             r = kvr_link_recv(&l, kvr_net_deadline(SPARE_HANDSHAKE_MS), &f, &e);
+        bool taken = false;
         if (r) {
-            KVR_WARN("spare %u: control link from %s: %s", j, peer, e.msg);
+            KVR_WARN("spare %u: control link from %s: %s", *j, peer, e.msg);
         } else if (f->hdr.type != KVR_WIRE_REPLAN) {
-            KVR_DEBUG("spare %u: the bridge probed this spare", j);
+            KVR_DEBUG("spare %u: the bridge probed this spare", *j);
         } else {
             uint64_t keep = f->hdr.batch_id;
             int at = kvr_plan_replan_index(plan, keep, self_index);
-            if (f->hdr.arg != plan->epoch + 1 || at < 0)
-                KVR_INFO("spare %u: a re-plan to epoch %u (mask 0x%llx) does not take it", j,
-                         f->hdr.arg, (unsigned long long)keep);
+            if (f->hdr.arg != plan->epoch + 1)
+                KVR_WARN("spare %u: refused a re-plan to epoch %u: this spare is at epoch %u", *j,
+                         f->hdr.arg, plan->epoch);
             else if (kvr_plan_replan(plan, gguf, keep, next, &e))
-                KVR_WARN("spare %u: refused a re-plan to epoch %u: %s", j, f->hdr.arg, e.msg);
+                KVR_WARN("spare %u: refused a re-plan to epoch %u: %s", *j, f->hdr.arg, e.msg);
             else if (kvr_credit_ack(l.fd))
-                KVR_WARN("spare %u: the bridge went away before the re-plan was acknowledged", j);
-            else {
+                KVR_WARN("spare %u: the bridge went away before the re-plan was acknowledged", *j);
+            else if (at >= 0) {
                 const struct kvr_plan_stage *st = &next->stages[at];
                 KVR_INFO("spare %u: taken into the ring by the bridge: epoch %u, %u stages, "
                          "this one is stage %u with layers %u-%u",
-                         j, next->epoch, next->n_stages, (unsigned)at, st->first_layer,
+                         *j, next->epoch, next->n_stages, (unsigned)at, st->first_layer,
                          st->last_layer);
                 *index = (uint32_t)at;
-                rc = KVR_OK;
-                kvr_link_fini(&l);
-                break;
+                taken = true;
+            } else { /* still a spare: the spares not taken keep their order */
+                uint32_t nj = 0;
+                for (uint32_t k = 0; k < *j; k++)
+                    nj += !((keep >> (plan->n_stages + k)) & 1);
+                KVR_INFO("spare %u: follows the re-plan to epoch %u (%u stages) as spare %u", *j,
+                         next->epoch, next->n_stages, nj);
+                kvr_plan_wipe(plan);
+                *plan = *next;
+                *j = nj;
             }
         }
         kvr_link_fini(&l);
+        if (taken) {
+            rc = KVR_OK;
+            break;
+        }
     }
     close(listen_fd);
     if (rc == KVR_ECLOSED && *stop)
-        return kvr_err_set(err, KVR_ECLOSED, "spare %u: stopped before it was needed", j);
+        return kvr_err_set(err, KVR_ECLOSED, "spare %u: stopped before it was needed", *j);
     return rc;
 }
 
@@ -1083,7 +1097,8 @@ int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *o
         rc = kvr_plan_check_fingerprint(local, kvr_gguf_fingerprint(gguf), err);
     uint32_t index = opt->index;
     if (rc == 0 && opt->spare) {
-        if ((rc = spare_wait(local, opt->index, gguf, next, stop, &index, err)) == 0) {
+        uint32_t j = opt->index;
+        if ((rc = spare_wait(local, &j, gguf, next, stop, &index, err)) == 0) {
             kvr_plan_wipe(local);
             *local = *next;
         } else if (*stop) {
