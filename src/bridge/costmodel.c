@@ -126,6 +126,12 @@ void kvr_calib_observe(struct kvr_calib *c, double ratio)
     double d = ratio - c->mean;
     c->mean += a * d;
     c->var = (1 - a) * (c->var + a * d * d);
+    if (c->n == 0) {
+        c->hi = c->mid = ratio;
+    } else {
+        c->hi *= ratio > c->hi ? exp(0.1 * 0.95) : exp(-0.1 * 0.05);
+        c->mid *= ratio > c->mid ? exp(0.06) : exp(-0.06);
+    }
     c->n++;
 }
 
@@ -133,6 +139,5 @@ double kvr_calib_factor(const struct kvr_calib *c, double floor)
 {
     if (c->n < 5)
         return floor > 1.3 ? floor : 1.3; /* too few to know: be careful */
-    double f = c->mean + 3 * sqrt(c->var);
-    return f > floor ? f : floor;
+    return c->hi > floor ? c->hi : floor;
 }

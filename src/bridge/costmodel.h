@@ -65,12 +65,16 @@ double kvr_cost_period_ms(const struct kvr_cost_model *m, double n_decode, doubl
                           struct kvr_cost_shape prefill);
 
 /* Calibration: how far reality is from the model. Each observation is actual / predicted
- * (of a first-token time, or of a gap between tokens); the factor is a high quantile of
- * that ratio (mean + 3 standard deviations, moving), never below `floor`. Predictions are
- * multiplied by it before they are compared with a budget, so the model's own bias and
- * the machine's noise are both paid for. */
+ * (of a first-token time, a gap between tokens, a whole answer); the factor is a high
+ * quantile of that ratio, never below `floor`: the 95th percentile, tracked by stochastic
+ * approximation (up 10% x 0.95 at a ratio above it, down 10% x 0.05 otherwise, so about 5%
+ * stay above; one outlier moves it by a step, not by its size, as a mean + k standard
+ * deviations did). Predictions are multiplied by it before they are compared with a
+ * budget, so the model's own bias and the machine's noise are both paid for. */
 struct kvr_calib {
     double mean, var; /* exponentially weighted */
+    double hi;        /* the tracked 95th percentile */
+    double mid;       /* the tracked median (steps of 6%) */
     uint64_t n;
 };
 

@@ -118,6 +118,9 @@ struct kvr_sched {
     struct kvr_calib calib_period; /* actual / predicted gap between tokens */
     struct kvr_calib calib_mixed;  /* actual / predicted time of batches with prefill
                                       added to decode rows: keeps chunking honest */
+    struct kvr_calib calib_total;  /* actual / estimated time of whole answers */
+    double mix_rows, mix_pairs;    /* prefill rows (and their attention pairs) that batches
+                                      with decode rows carried lately (moving averages) */
     double *admit_scratch;         /* [max_seqs] admission's working memory */
     uint32_t *pick_scratch;        /* [max_seqs + 1] the decode picker's */
 };
@@ -434,6 +437,23 @@ static double mean_context(const struct kvr_sched *s)
     return n ? sum / n : 0;
 }
 
+/* The safety factor on the rest of an answer, a sum of many gaps between tokens: how far
+ * whole answers were from their raw estimate (the median), with the margin. One gap's own
+ * error is no guide: a gap that met a prefill chunk is many times the mean one. */
+static double gap_factor(const struct kvr_sched *s)
+{
+    double mid = s->calib_total.n >= 5 ? s->calib_total.mid : 1.0;
+    return ADMIT_MARGIN * (mid > 1 ? mid : 1);
+}
+
+/* The gap between tokens of one sequence when n sequences decode: the cost model's, with
+ * every batch carrying the prefill rows that batches with decodes carried lately (a
+ * stream shares its batches with the prompts that arrive while it decodes). */
+static double expected_period(const struct kvr_sched *s, double n, double ctx)
+{
+    return kvr_cost_period_ms(&s->cost, n, ctx, (struct kvr_cost_shape){s->mix_rows, s->mix_pairs});
+}
+
 /* The most prefill rows (at most `max_n`, starting at position pos0) that a batch of shape
  * `cur` may take while the cost model predicts it stays within limit_ms; at least
  * MIN_PREFILL_ROWS so prompts always progress. limit_ms <= 0 means no limit. */
@@ -461,14 +481,40 @@ static uint32_t prefill_fit(const struct kvr_sched *s, struct kvr_cost_shape cur
     return lo;
 }
 
-/* The time a batch that carries `decode` may take once prefill rows are added to it: within
- * PREFILL_SLOWDOWN of its decode-only time. 0 (no limit) without decode rows or before the
- * model has data. */
-static double prefill_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape decode)
+/* The time a batch that carries `decode` may take once prefill rows are added to it. Each
+ * decoding sequence allows PREFILL_SLOWDOWN x the decode-only time, or, if it has a total
+ * budget, as much as keeps it on time: what is left of its budget over the tokens it still
+ * has to make is the gap between tokens it can afford, a gap is about one batch per stage
+ * or micro-batch (the slowest stage passes one at a time), and the calibration's high
+ * quantile of the gaps' error is kept in hand. The batch takes the least of the allowances,
+ * so a stream with a tight budget keeps short chunks while roomy ones let a prompt through
+ * in full batches (with PREFILL_SLOWDOWN alone a single decoding stream held every prompt
+ * behind it to 1-3 rows a batch). 0 (no limit) without decode rows or before the model has
+ * data. */
+static double prefill_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape decode,
+                               uint64_t now)
 {
     if (decode.rows <= 0 || !kvr_cost_ready(&s->cost))
         return 0;
-    return PREFILL_SLOWDOWN * kvr_cost_batch_ms(&s->cost, decode);
+    const struct kvr_plan *p = s->plan;
+    double base = PREFILL_SLOWDOWN * kvr_cost_batch_ms(&s->cost, decode);
+    double f = ADMIT_MARGIN;
+    double per_gap = p->microbatches > p->n_stages ? p->microbatches : p->n_stages;
+    double limit = INFINITY;
+    for (uint32_t i = 0; i < p->max_seqs; i++) {
+        const struct seq *q = &s->seqs[i];
+        if (q->state == SEQ_FREE || q->state == SEQ_ENDING)
+            continue; /* a prefilling one decodes soon: admission counts it among the rows */
+        const struct kvr_sched_req *r = q->r;
+        double allow = base;
+        if (r->req.total_ms && r->n_generated < r->req.max_tokens) {
+            double left_ms = (r->deadline_ns > now ? r->deadline_ns - now : 0) / 1e6;
+            double gap = left_ms / (r->req.max_tokens - r->n_generated) / f;
+            allow = gap / per_gap > base ? gap / per_gap : base;
+        }
+        limit = allow < limit ? allow : limit;
+    }
+    return limit < INFINITY ? limit : base;
 }
 
 /* Rows from..from+n of a sequence's prefill: its prompt, then (after a recovery) the
@@ -600,7 +646,8 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
     /* 3. Prefill chunks in what is left of the row width, earliest deadline first, but no
      * more rows than keep this batch within PREFILL_SLOWDOWN of its decode-only cost, so
      * a long prompt never stalls the streams that are decoding (chunked prefill). */
-    double limit_ms = prefill_limit_ms(s, (struct kvr_cost_shape){bt->n_rows, bt->pairs});
+    double dec_pairs = bt->pairs;
+    double limit_ms = prefill_limit_ms(s, (struct kvr_cost_shape){bt->n_rows, bt->pairs}, now);
     bool full = false;
     while (bt->n_rows < p->row_width && !full) {
         int best = -1;
@@ -650,6 +697,10 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
         prefix_publish(s, (uint32_t)best, q->n_prefilled);
         if (last)
             q->state = SEQ_WAIT;
+    }
+    if (n_dec > 0) {
+        s->mix_rows = 0.995 * s->mix_rows + 0.005 * (bt->n_rows - n_dec);
+        s->mix_pairs = 0.995 * s->mix_pairs + 0.005 * (bt->pairs - dec_pairs);
     }
     return bt->n_ctrl > 0 || bt->n_segs > 0;
 }
@@ -735,6 +786,8 @@ static void observe_estimate(struct kvr_sched *s, struct kvr_sched_req *r, bool 
     if (last) {
         double pred = r->est_first_ms + (r->n_generated - 1) * r->est_period_ms;
         observe_ratio(s->stats.total_ratio_hist, pred / (actual > 0 ? actual : 1e-3));
+        double raw = r->est_first_ms + (r->n_generated - 1) * r->pred_period_ms;
+        kvr_calib_observe(&s->calib_total, actual / raw);
     }
 }
 
@@ -841,8 +894,7 @@ int kvr_sched_result(struct kvr_sched *s, const struct kvr_wire_frame *f, uint64
                            (unsigned long long)f->hdr.batch_id, (unsigned long long)bt->id);
     double period_now = 0;
     if (kvr_cost_ready(&s->cost))
-        period_now = kvr_cost_period_ms(&s->cost, s->n_running, mean_context(s),
-                                        (struct kvr_cost_shape){0, 0});
+        period_now = expected_period(s, s->n_running, mean_context(s));
     uint32_t k = 0;
     for (uint32_t i = 0; i < bt->n_segs; i++) {
         const struct kvr_seg *sg = &bt->segs[i];
@@ -991,7 +1043,7 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     const struct kvr_gen_request *req = &r->req;
     double *pred_first_ms = &r->pred_first_ms;
     uint32_t *n_cached = &r->n_cached;
-    *pred_first_ms = r->est_first_ms = r->est_period_ms = 0;
+    *pred_first_ms = r->pred_period_ms = r->est_first_ms = r->est_period_ms = 0;
     *n_cached = 0;
     const struct kvr_plan *p = s->plan;
     if ((uint64_t)req->n_prompt + req->max_tokens > p->n_ctx)
@@ -1019,7 +1071,7 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
         n_after = p->max_seqs;
     double ctx = mean_context(s);
     const struct kvr_cost_shape none = {0, 0};
-    double period = kvr_cost_period_ms(m, n_after, ctx, none);
+    double period = expected_period(s, n_after, ctx);
 
     /* Prompt rows ahead: the unsent prefill of running and waiting requests, and ours. They
      * go in the rows each batch may add to its decode rows (prefill_fit), taken here at the
@@ -1035,11 +1087,25 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     double per = n_before / W;
     struct kvr_cost_shape decode = {per, per * (ctx + 1)};
     uint32_t width = p->row_width > (uint32_t)per + 1 ? p->row_width - (uint32_t)per : 1;
-    double room = prefill_fit(s, decode, req->n_prompt / 2.0, width, prefill_limit_ms(s, decode));
+    double room =
+        prefill_fit(s, decode, req->n_prompt / 2.0, width, prefill_limit_ms(s, decode, now));
     struct kvr_cost_shape full = {decode.rows + room,
                                   decode.pairs + kvr_cost_pairs(req->n_prompt / 2.0, room)};
     double n_prefill_batches = (double)(uint64_t)((rows_ahead + room - 1) / room);
     double t_full = kvr_cost_batch_ms(m, full);
+    /* With the window full, a batch goes out each time one comes back: batches follow each
+     * other at the slowest stage's pace, or at a trip over the window if the hops and the
+     * other stages cannot keep it busy. */
+    double t_step = kvr_cost_trip_ms(m, full) / W;
+    t_step = t_step > t_full ? t_step : t_full;
+    /* The batch with our last chunk goes all the way round; its rows are what is left. */
+    double last_rows = rows_ahead - (n_prefill_batches - 1) * room;
+    struct kvr_cost_shape last = {decode.rows + last_rows,
+                                  decode.pairs +
+                                      kvr_cost_pairs(req->n_prompt - last_rows, last_rows)};
+    /* A busy ring has its window full: the first chunk waits for a batch to come back,
+     * half a step on average. */
+    double credit_ms = s->n_inflight >= p->microbatches ? t_step / 2 : 0;
 
     /* No free slot or KV: the requests waiting before us take the first slots that free
      * up, so we wait for the (waiting + 1)-th running request to end. */
@@ -1063,17 +1129,28 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
         }
     }
     double f_first = kvr_calib_factor(&s->calib_first, ADMIT_MARGIN);
-    double f_period = kvr_calib_factor(&s->calib_period, ADMIT_MARGIN);
-    double raw_first = wait_ms + n_prefill_batches * t_full + kvr_cost_trip_ms(m, full);
+    double f_period = gap_factor(s);
+    double f_total = kvr_calib_factor(&s->calib_total, ADMIT_MARGIN);
+    double raw_first =
+        wait_ms + credit_ms + (n_prefill_batches - 1) * t_step + kvr_cost_trip_ms(m, last);
     *pred_first_ms = raw_first;
     /* The estimate itself (exported, checked against the outcome): the model corrected by
-     * its mean error so far. The budgets are checked against a high quantile instead. */
+     * its mean error so far. The budgets are checked against a high quantile of the
+     * estimates' error instead (kvr_calib_factor): the first token's for the first-token
+     * budget, the whole answers' for the total. */
     r->est_first_ms = raw_first * (s->calib_first.n >= 5 ? s->calib_first.mean : 1.0);
-    r->est_period_ms = period * (s->calib_period.n >= 5 ? s->calib_period.mean : 1.0);
+    /* The whole answer: the first token, then the gaps at the load it adds, corrected by how
+     * far whole answers were from that lately (the prompts that arrive while it decodes
+     * share its batches: at a steady load that is a steady factor). */
+    r->pred_period_ms = period;
+    double f_answer = s->calib_total.n >= 5 ? s->calib_total.mid : 1.0;
+    double est_total = (r->est_first_ms + (req->max_tokens - 1) * period) * f_answer;
+    r->est_period_ms =
+        req->max_tokens > 1 ? (est_total - r->est_first_ms) / (req->max_tokens - 1) : period;
     /* The client sees its first text one token late when that token is part of a
      * character (streams never split UTF-8): budget one more period. */
-    double first_ms = f_first * raw_first + f_period * period;
-    double total_ms = first_ms + f_period * (req->max_tokens - 1) * period;
+    double first_ms = f_first * raw_first + r->est_period_ms;
+    double total_ms = f_total * est_total;
     if (s->n_running == 0 && s->wq_count == 0) {
         /* An idle ring risks nobody, and a model that has never seen a batch of this shape
          * extrapolates pessimistically: refuse only what cannot be met even by an empty
@@ -1095,7 +1172,7 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
 
     /* Running requests: our prompt's batches delay them, and every later token comes at
      * the slower period. Refuse if that makes one that is on time late. */
-    double period_before = kvr_cost_period_ms(m, n_before > 0 ? n_before : 1, ctx, none);
+    double period_before = expected_period(s, n_before > 0 ? n_before : 1, ctx);
     double delay = req->n_prompt / room * (t_full - kvr_cost_batch_ms(m, decode));
     for (uint32_t i = 0; i < p->max_seqs; i++) {
         const struct seq *q = &s->seqs[i];

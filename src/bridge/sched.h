@@ -23,11 +23,12 @@
  * A batch carries control records first (FREE/CANCEL for sequences that ended and have
  * nothing in flight, OPEN for new ones, REPLAY after a recovery), then one decode row per
  * ready sequence, earliest deadline first and spread evenly over the window, then prefill
- * chunks in the rest of the row width, no more than keep a batch with decodes within
- * PREFILL_SLOWDOWN of its decode-only cost. A sequence's decode row is never in two
- * in-flight batches; its non-final prefill chunks may be, because stages keep order. A
- * slot is reused only after its FREE has gone into a batch, so every stage sees FREE
- * before the slot's next OPEN.
+ * chunks in the rest of the row width, no more than keep a batch with decodes within what
+ * its decoding sequences allow (PREFILL_SLOWDOWN of its decode-only cost, or more for a
+ * sequence whose total budget leaves room: sched.c prefill_limit_ms). A sequence's decode
+ * row is never in two in-flight batches; its non-final prefill chunks may be, because
+ * stages keep order. A slot is reused only after its FREE has gone into a batch, so every
+ * stage sees FREE before the slot's next OPEN.
  *
  * Ring state. The ring is up only once a batch has come back through every stage after
  * the links came up (kvr_sched_link_up sends a free-all probe first). A RESET, a dropped
@@ -70,13 +71,16 @@ struct kvr_sched_req {
     uint64_t submit_ns;
     uint64_t deadline_ns; /* earliest-deadline-first key; UINT64_MAX: none */
     uint64_t last_token_ns;
-    double pred_first_ms; /* admission's raw first-token estimate (0: none) */
-    double est_first_ms;  /* its estimate of the first token's time from submit,
-                             corrected by the model's mean error (0: none) */
-    double est_period_ms; /* ... and of the time between tokens */
-    bool held_once;       /* a ring failure held it: its times say nothing */
-    uint32_t n_cached;    /* prompt positions found in the prefix cache (admission's
-                             estimate, then what its slot got) */
+    double pred_first_ms;  /* admission's raw first-token estimate (0: none) */
+    double pred_period_ms; /* ... and its raw time between tokens */
+    double est_first_ms;   /* its estimate of the first token's time from submit,
+                              corrected by the model's mean error (0: none) */
+    double est_period_ms;  /* ... and of the time between tokens, such that est_first_ms +
+                              (n - 1) x est_period_ms is the estimate for n tokens,
+                              corrected by the whole answers' mean error */
+    bool held_once;        /* a ring failure held it: its times say nothing */
+    uint32_t n_cached;     /* prompt positions found in the prefix cache (admission's
+                              estimate, then what its slot got) */
     uint32_t n_generated;
     int seq;      /* slot, or -1 while waiting / once it ended */
     bool waiting; /* in the wait queue */

@@ -75,12 +75,20 @@ static void test_calibration(void **state)
     for (int i = 0; i < 200; i++)
         kvr_calib_observe(&c, 1.0);
     assert_true(close_to(kvr_calib_factor(&c, 1.1), 1.1)); /* exact model: the floor */
-    for (int i = 0; i < 200; i++)
-        kvr_calib_observe(&c, i % 2 ? 1.4 : 1.6); /* late by 50% +- 10% */
+    /* Ratios spread evenly over [1, 2]: the factor is their 95th percentile, the median
+     * their middle, and one outlier moves the factor by a step, not by its size. */
+    for (int i = 0; i < 2000; i++)
+        kvr_calib_observe(&c, 1.0 + fmod(i * 0.6180339887, 1.0));
     double f = kvr_calib_factor(&c, 1.1);
-    assert_true(f > 1.7 && f < 1.9); /* mean 1.5 + 3 sd of 0.1 */
-    kvr_calib_observe(&c, NAN);      /* ignored */
-    assert_true(close_to(kvr_calib_factor(&c, 1.1), f));
+    assert_true(f > 1.85 && f < 2.2);
+    assert_true(c.mid > 1.35 && c.mid < 1.65);
+    assert_true(c.mean > 1.45 && c.mean < 1.55);
+    kvr_calib_observe(&c, 100.0);
+    assert_true(kvr_calib_factor(&c, 1.1) < 1.25 * f);
+    kvr_calib_observe(&c, NAN); /* ignored */
+    double g = kvr_calib_factor(&c, 1.1);
+    kvr_calib_observe(&c, NAN);
+    assert_true(close_to(kvr_calib_factor(&c, 1.1), g));
 }
 
 int main(void)
