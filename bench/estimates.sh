@@ -18,6 +18,7 @@
 #    whole answer (kvasir:estimate_first_token_ratio, kvasir:estimate_total_ratio), and the
 #    p90 of |ratio - 1| read from the histogram's buckets (an upper bound: a bucket counts
 #    at its far edge). Acceptance: p90 <= 0.25 at every level, no refusal at <= 0.5x.
+# SERVE_FLAGS adds serve options (bench/README.md's numbers: SERVE_FLAGS=--budget-chunks).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 KVASIR=${KVASIR:-$here/../build/kvasir}
@@ -45,7 +46,8 @@ if [ -z "$model" ]; then
     model=$TMP/ring45.gguf
     "$KVASIR" synth --shape ring-45 --type q8_0 -o "$model" >/dev/null 2>&1
 fi
-"$KVASIR" serve -m "$model" --stages "$stages" --port 0 --max-seqs "$seqs" --ctx 1024 \
+# shellcheck disable=SC2086 # SERVE_FLAGS: extra serve options, word-split on purpose
+"$KVASIR" serve -m "$model" --stages "$stages" --port 0 --max-seqs "$seqs" --ctx 1024 ${SERVE_FLAGS:-} \
     >"$TMP/serve.log" 2>&1 &
 SERVER=$!
 for _ in $(seq 150); do

@@ -8,7 +8,8 @@
 # Prints the runs and the ratios of later turns' TTFT p50 and of prompt tokens computed.
 # With cache or nocache only that run is made and its report kept in DIR (default
 # /tmp/kvr-multiturn-out), so the two can be separate benchmark calls; the ratios are
-# printed once both reports are there.
+# printed once both reports are there. SERVE_FLAGS adds serve options to both runs (the
+# numbers in bench/README.md were taken with SERVE_FLAGS=--budget-chunks).
 set -euo pipefail
 KVASIR=${1:-build/kvasir}
 MODE=${2:-both}
@@ -24,7 +25,7 @@ run() { # run TAG [serve options]
     local tag=$1
     shift
     setsid "$KVASIR" serve -m "$TMP/ring45.gguf" --stages 2 --port 0 --plan-dir "$TMP/$tag" \
-        --no-admission --ttft-ms 600000 --total-ms 600000 "$@" >"$TMP/$tag.out" 2>"$TMP/$tag.log" &
+        --no-admission --ttft-ms 600000 --total-ms 600000 ${SERVE_FLAGS:-} "$@" >"$TMP/$tag.out" 2>"$TMP/$tag.log" &
     pgid=$!
     for _ in $(seq 300); do grep -q '^kvasir: ready on ' "$TMP/$tag.out" && break; sleep 0.1; done
     local url

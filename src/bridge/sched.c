@@ -481,16 +481,17 @@ static uint32_t prefill_fit(const struct kvr_sched *s, struct kvr_cost_shape cur
     return lo;
 }
 
-/* The time a batch that carries `decode` may take once prefill rows are added to it. Each
- * decoding sequence allows PREFILL_SLOWDOWN x the decode-only time, or, if it has a total
- * budget, as much as keeps it on time: what is left of its budget over the tokens it still
- * has to make is the gap between tokens it can afford, a gap is about one batch per stage
- * or micro-batch (the slowest stage passes one at a time), and the calibration's high
- * quantile of the gaps' error is kept in hand. The batch takes the least of the allowances,
- * so a stream with a tight budget keeps short chunks while roomy ones let a prompt through
- * in full batches (with PREFILL_SLOWDOWN alone a single decoding stream held every prompt
- * behind it to 1-3 rows a batch). 0 (no limit) without decode rows or before the model has
- * data. */
+/* The time a batch that carries `decode` may take once prefill rows are added to it:
+ * PREFILL_SLOWDOWN x its decode-only time, so a prompt never stretches the gaps between
+ * the decoding streams' tokens past that (chunked prefill). With budget_chunks, a decoding
+ * sequence with a total budget allows as much as keeps it on time instead: what is left of
+ * its budget over the tokens it still has to make is the gap between tokens it can afford,
+ * a gap is about one batch per stage or micro-batch (the slowest stage passes one at a
+ * time), and the calibration's high quantile of the gaps' error is kept in hand. The batch
+ * takes the least of the allowances (never under PREFILL_SLOWDOWN's), so a stream with a
+ * tight budget keeps short chunks while roomy ones let a prompt through in full batches:
+ * faster first tokens, longer gaps. 0 (no limit) without decode rows or before the model
+ * has data. */
 static double prefill_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape decode,
                                uint64_t now)
 {
@@ -498,6 +499,8 @@ static double prefill_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape 
         return 0;
     const struct kvr_plan *p = s->plan;
     double base = PREFILL_SLOWDOWN * kvr_cost_batch_ms(&s->cost, decode);
+    if (!s->cfg.budget_chunks)
+        return base;
     double f = ADMIT_MARGIN;
     double per_gap = p->microbatches > p->n_stages ? p->microbatches : p->n_stages;
     double limit = INFINITY;

@@ -169,6 +169,9 @@ struct kvr_sched_config {
     uint32_t max_waiting;        /* bounded wait queue; 0 = 4 * max_seqs */
     bool admission;              /* refuse requests that would miss their budget */
     bool prefix_cache;           /* reuse the KV blocks of earlier prompts (DESIGN.md 12) */
+    bool budget_chunks;          /* size prefill chunks by the decoding streams' total budgets
+                                    (faster first tokens, longer gaps between tokens while a
+                                    prompt prefills); off: PREFILL_SLOWDOWN of decode-only */
     kvr_sched_event_fn event;    /* stream events; called inside the call that causes them */
     void *event_ctx;
 };

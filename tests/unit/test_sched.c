@@ -851,6 +851,9 @@ static void sim_init(struct sim *m, uint64_t seed)
                                    .max_waiting = 64,
                                    .admission = true,
                                    .prefix_cache = true,
+                                   /* the mode the thresholds below were set in; with the
+                                    * default chunking 26% are refused at <= 0.5x */
+                                   .budget_chunks = true,
                                    .event = sim_event,
                                    .event_ctx = m};
     struct kvr_err err = {0};
