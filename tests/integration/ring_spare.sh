@@ -78,51 +78,7 @@ for i in $(seq 1 600); do
 done
 [ -n "$URL" ] || fail "the bridge was not ready within 60 s"
 
-mono() { python3 -c 'import time; print(time.monotonic())'; }
-ts() { sed -n 's/^\[ *\([0-9.]*\) .*/\1/p' <<<"$1"; }
-metric() { curl -s -m 2 "$URL/metrics" | awk -v n="kvasir:$1" '$1 == n {print $2}'; }
-complete() { # complete I TAG: a streamed completion; its text to $TMP/http.TAG.I
-    local sampling='"temperature": 0'
-    [ $(($1 % 2)) = 1 ] &&
-        sampling="\"temperature\": 0.9, \"seed\": $1, \"repetition_penalty\": 1.2, \"frequency_penalty\": 0.5"
-    curl -s -N -m 300 "$URL/v1/completions" -H 'Content-Type: application/json' \
-        -d "{\"model\": \"m\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": $N_TOKENS,
-             \"ignore_eos\": true, \"stream\": true, $sampling}" |
-        python3 -c '
-import json, sys
-text = []
-for line in sys.stdin:
-    if line.startswith("data: {"):
-        d = json.loads(line[6:])
-        if "error" in d:
-            sys.exit("error event: %s" % d["error"])
-        text.append(d["choices"][0]["text"])
-if not text:
-    sys.exit("no text")
-print(json.dumps("".join(text)))' >"$TMP/http.$2.$1"
-}
-pass() { # pass TAG [I]: the four completions at once; with I, SIGKILL stage I mid-stream
-    local pids=() i p b0
-    for i in 0 1 2 3; do complete "$i" "$1" & pids+=($!); done
-    if [ -n "${2:-}" ]; then
-        b0=$(metric ring_batches_total)
-        for i in $(seq 1 600); do
-            [ "$(metric ring_batches_total)" -ge $((b0 + KILL_AFTER)) ] && break
-            sleep 0.05
-        done
-        T_KILL=$(mono)
-        kill -9 "${RING_PIDS[$2]}"
-        wait "${RING_PIDS[$2]}" 2>/dev/null || true
-    fi
-    for p in "${pids[@]}"; do wait "$p" || { tail -20 "$TMP/bridge.log"; fail "$1: a stream failed"; }; done
-}
-same() { # same TAG: every text equal to the undisturbed one
-    local i
-    for i in 0 1 2 3; do
-        cmp -s "$TMP/http.ref.$i" "$TMP/http.$1.$i" ||
-            { cat "$TMP/http.ref.$i" "$TMP/http.$1.$i"; fail "$1: stream $i differs from the undisturbed run"; }
-    done
-}
+source "$(dirname "$0")/replan_lib.bash"
 
 pass ref
 for i in 0 1 2 3; do
