@@ -15,8 +15,8 @@ set -euo pipefail
 source "$(dirname "$0")/lib.bash"
 
 GRACE_S=2
-N_TOKENS=300   # per stream
-KILL_AFTER=40  # batches into the disturbed pass
+N_TOKENS=300 # per stream
+KILL_AT=20   # tokens every stream has delivered when the stage is killed
 TSAN=0
 if grep -q "__tsan_init" "$KVASIR" 2>/dev/null; then
     # ThreadSanitizer slows the kernels 10-50x (a pass of 4 x 80 tokens took 1-2 minutes
@@ -24,7 +24,7 @@ if grep -q "__tsan_init" "$KVASIR" 2>/dev/null; then
     # (the re-plan's threads all run there); the rest runs uninstrumented in CI's first step.
     TSAN=1
     N_TOKENS=40
-    KILL_AFTER=8
+    KILL_AT=5
 fi
 # A small model: the test stays seconds long under ThreadSanitizer too.
 "$KVASIR" synth --shape custom --layers 12 --dim 256 --ff 768 --heads 8 --kv-heads 4 \

@@ -13,11 +13,11 @@ set -euo pipefail
 source "$(dirname "$0")/lib.bash"
 
 GRACE_S=2
-N_TOKENS=300  # per stream
-KILL_AFTER=40 # batches into the disturbed pass
+N_TOKENS=300 # per stream
+KILL_AT=20   # tokens every stream has delivered when the stage is killed
 if grep -q "__tsan_init" "$KVASIR" 2>/dev/null; then
     N_TOKENS=40 # ThreadSanitizer slows the kernels 10-50x (see ring_replan.sh)
-    KILL_AFTER=8
+    KILL_AT=5
 fi
 "$KVASIR" synth --shape custom --layers 12 --dim 256 --ff 768 --heads 8 --kv-heads 4 \
     --type q8_0 --seed 7 -o "$TMP/m.gguf" >/dev/null 2>&1 || fail "synth"
