@@ -1,9 +1,27 @@
 # replan_lib.bash - the four-stream harness that ring_replan.sh and ring_spare.sh share:
 # four streamed completions (greedy and sampled with penalties) at once, optionally with a
 # stage SIGKILLed mid-stream, and the check that every text equals the undisturbed one.
-# The caller sets URL (the bridge), N_TOKENS (per stream), KILL_AT (tokens every stream has
-# delivered before the kill; far fewer than N_TOKENS), RING_PIDS (lib.bash start_ring) and
-# TMP; the bridge logs to $TMP/bridge.log.
+# The caller sets GRACE_S, RING_PLAN and RING_PIDS (lib.bash start_ring), N_TOKENS (per
+# stream) and KILL_AT (tokens every stream has delivered before the kill; far fewer than
+# N_TOKENS); start_bridge sets URL; the bridge logs to $TMP/bridge.log.
+
+# start_bridge: `kvasir bridge --replan-after $GRACE_S` for $RING_PLAN, ready within 60 s.
+start_bridge() {
+    : >"$TMP/bridge.out" # before the bridge opens it: a sed of a missing file fails the test
+    "$KVASIR" bridge --plan "$RING_PLAN" --port 0 --replan-after "$GRACE_S" --no-admission \
+        >"$TMP/bridge.out" 2>"$TMP/bridge.log" &
+    BRIDGE=$!
+    PIDS+=("$BRIDGE")
+    URL=""
+    local i
+    for i in $(seq 1 600); do
+        URL=$(sed -n 's/^kvasir: ready on //p' "$TMP/bridge.out" | head -1)
+        [ -n "$URL" ] && break
+        kill -0 "$BRIDGE" 2>/dev/null || { tail "$TMP/bridge.log"; fail "the bridge exited"; }
+        sleep 0.1
+    done
+    [ -n "$URL" ] || { tail "$TMP/bridge.log"; fail "the bridge was not ready within 60 s"; }
+}
 
 ts() { sed -n 's/^\[ *\([0-9.]*\) .*/\1/p' <<<"$1"; }
 # complete I TAG: a streamed completion; its events to a file, its text to another.
@@ -21,11 +39,16 @@ complete() {
 # KILL_AT of its N_TOKENS tokens to its client (kill_mid_stream.py; it fails if a stream
 # had ended by then). Sets T_KILL (the kill's time on the bridge log's clock).
 pass() {
-    local pids=() i p out
+    local pids=() i p out watcher
+    if [ -n "${2:-}" ]; then # the watcher first: python's start-up took 1 s at load 20
+        python3 "$(dirname "${BASH_SOURCE[0]}")/kill_mid_stream.py" "$KILL_AT" \
+            "${RING_PIDS[$2]}" "$TMP/sse.$1".{0,1,2,3} >"$TMP/kill.$1" &
+        watcher=$!
+    fi
     for i in 0 1 2 3; do complete "$i" "$1" & pids+=($!); done
     if [ -n "${2:-}" ]; then
-        out=$(python3 "$(dirname "${BASH_SOURCE[0]}")/kill_mid_stream.py" "$KILL_AT" \
-            "${RING_PIDS[$2]}" "$TMP/sse.$1".{0,1,2,3}) || fail "$1: no kill mid-stream"
+        wait "$watcher" || fail "$1: no kill mid-stream"
+        out=$(cat "$TMP/kill.$1")
         T_KILL=${out%% *}
         wait "${RING_PIDS[$2]}" 2>/dev/null || true
         echo "  $1: stage $2 SIGKILLed with the streams at ${out#* } of $N_TOKENS tokens"

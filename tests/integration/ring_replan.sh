@@ -29,26 +29,9 @@ fi
 # A small model: the test stays seconds long under ThreadSanitizer too.
 "$KVASIR" synth --shape custom --layers 12 --dim 256 --ff 768 --heads 8 --kv-heads 4 \
     --type q8_0 --seed 7 -o "$TMP/m.gguf" >/dev/null 2>&1 || fail "synth"
-# start_bridge: `kvasir bridge` for $RING_PLAN, logging to $TMP/bridge.log; sets URL.
-start_bridge() {
-    "$KVASIR" bridge --plan "$RING_PLAN" --port 0 --replan-after "$GRACE_S" --no-admission \
-        >"$TMP/bridge.out" 2>"$TMP/bridge.log" &
-    BRIDGE=$!
-    PIDS+=($BRIDGE)
-    URL=""
-    local i
-    for i in $(seq 1 600); do
-        URL=$(sed -n 's/^kvasir: ready on //p' "$TMP/bridge.out" | head -1)
-        [ -n "$URL" ] && break
-        kill -0 "$BRIDGE" 2>/dev/null || { tail "$TMP/bridge.log"; fail "the bridge exited"; }
-        sleep 0.1
-    done
-    [ -n "$URL" ] || { tail "$TMP/bridge.log"; fail "the bridge was not ready within 60 s"; }
-}
+source "$(dirname "$0")/replan_lib.bash"
 start_ring "$TMP/m.gguf" 3 3 ring --max-seqs 8 --ctx 512
 start_bridge
-
-source "$(dirname "$0")/replan_lib.bash"
 
 pass ref
 for i in 0 1 2 3; do

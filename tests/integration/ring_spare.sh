@@ -11,6 +11,7 @@
 # later loss could take it).
 set -euo pipefail
 source "$(dirname "$0")/lib.bash"
+source "$(dirname "$0")/replan_lib.bash"
 
 GRACE_S=2
 N_TOKENS=300 # per stream
@@ -65,20 +66,8 @@ done
 layers() { python3 -c "import json; s = json.load(open('$D/plan.json'))['stages'][$1]['layers']; print('%d-%d' % tuple(s))"; }
 L0=$(layers 0) L1=$(layers 1) L2=$(layers 2)
 
-"$KVASIR" bridge --plan "$D/plan.json" --port 0 --replan-after "$GRACE_S" --no-admission \
-    >"$TMP/bridge.out" 2>"$TMP/bridge.log" &
-BRIDGE=$!
-PIDS+=($BRIDGE)
-URL=""
-for i in $(seq 1 600); do
-    URL=$(sed -n 's/^kvasir: ready on //p' "$TMP/bridge.out" | head -1)
-    [ -n "$URL" ] && break
-    kill -0 "$BRIDGE" 2>/dev/null || { tail "$TMP/bridge.log"; fail "the bridge exited"; }
-    sleep 0.1
-done
-[ -n "$URL" ] || fail "the bridge was not ready within 60 s"
-
-source "$(dirname "$0")/replan_lib.bash"
+RING_PLAN=$D/plan.json
+start_bridge
 
 pass ref
 for i in 0 1 2 3; do
