@@ -55,9 +55,10 @@ for r in $(seq "$reps"); do
     "$KVASIR" bench "${decode[@]}" --json "$TMP/b$r.json" >/dev/null &
     bg=$!
     sleep 2
-    # Three long prompts, 3 s apart, while the streams decode.
+    # Three long prompts, 3 s apart, while the streams decode; new ones each run (a seed of
+    # its own): the same prompts again would come from the prefix cache in a few batches.
     "$KVASIR" bench --url "$URL" -m "$model" --rate 0.33 --num-requests 3 --prompt-len "$long" \
-        --output-len 1 --quiet --json "$TMP/long$r.json" >/dev/null
+        --output-len 1 --seed "$((100 + r))" --quiet --json "$TMP/long$r.json" >/dev/null
     wait $bg
 done
 

@@ -2,7 +2,7 @@
 # bench/estimates.sh - how honest admission's estimates are (issue 15, acceptance 4).
 #
 #   /work/bin/kbench bench/estimates.sh [-m MODEL] [--stages 2] [--requests 40]
-#       [--levels "0.2 0.35 0.5"] [--capacity REQ_PER_S]
+#       [--levels "0.2 0.35 0.5"] [--capacity REQ_PER_S] [--log FILE]
 #
 # 1. `kvasir serve` (admission on) on a ring-45 Q8_0 (or MODEL); capacity = completed
 #    requests/s of a closed loop of 8 clients for 30 s (first send to last answer) with the
@@ -18,11 +18,13 @@
 #    whole answer (kvasir:estimate_first_token_ratio, kvasir:estimate_total_ratio), and the
 #    p90 of |ratio - 1| read from the histogram's buckets (an upper bound: a bucket counts
 #    at its far edge). Acceptance: p90 <= 0.25 at every level, no refusal at <= 0.5x.
-# SERVE_FLAGS adds serve options (bench/README.md's numbers: SERVE_FLAGS=--budget-chunks).
+# 4. --log FILE keeps the server's debug log: a line per request at admission ("bridge:
+#    estimate ID: prompt ...") and one when it ends ("bridge: estimate ID done: ..."), each
+#    estimate beside what happened. SERVE_FLAGS adds serve options.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 KVASIR=${KVASIR:-$here/../build/kvasir}
-model="" stages=2 requests=40 seqs=32 levels="0.2 0.35 0.5 0.75 1.0 1.2" capacity=""
+model="" stages=2 requests=40 seqs=32 levels="0.2 0.35 0.5 0.75 1.0 1.2" capacity="" log=""
 while [ $# -gt 0 ]; do
     case $1 in
     -m) model=$2; shift ;;
@@ -30,7 +32,8 @@ while [ $# -gt 0 ]; do
     --requests) requests=$2; shift ;;
     --levels) levels=$2; shift ;;
     --capacity) capacity=$2; shift ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --log) log=$2; shift ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "estimates.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -39,6 +42,7 @@ TMP=$(mktemp -d /tmp/kvr-estimates.XXXXXX)
 SERVER=""
 cleanup() {
     [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null && wait "$SERVER" 2>/dev/null
+    [ -n "$log" ] && cp "$TMP/serve.log" "$log"
     rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -47,8 +51,8 @@ if [ -z "$model" ]; then
     "$KVASIR" synth --shape ring-45 --type q8_0 -o "$model" >/dev/null 2>&1
 fi
 # shellcheck disable=SC2086 # SERVE_FLAGS: extra serve options, word-split on purpose
-"$KVASIR" serve -m "$model" --stages "$stages" --port 0 --max-seqs "$seqs" --ctx 1024 ${SERVE_FLAGS:-} \
-    >"$TMP/serve.log" 2>&1 &
+KVR_LOG=${log:+debug} "$KVASIR" serve -m "$model" --stages "$stages" --port 0 --max-seqs "$seqs" \
+    --ctx 1024 ${SERVE_FLAGS:-} >"$TMP/serve.log" 2>&1 &
 SERVER=$!
 for _ in $(seq 150); do
     URL=$(sed -n 's/^kvasir: ready on \(http:[^ ]*\)$/\1/p' "$TMP/serve.log" 2>/dev/null)

@@ -8,8 +8,7 @@
 # Prints the runs and the ratios of later turns' TTFT p50 and of prompt tokens computed.
 # With cache or nocache only that run is made and its report kept in DIR (default
 # /tmp/kvr-multiturn-out), so the two can be separate benchmark calls; the ratios are
-# printed once both reports are there. SERVE_FLAGS adds serve options to both runs (the
-# numbers in bench/README.md were taken with SERVE_FLAGS=--budget-chunks).
+# printed once both reports are there. SERVE_FLAGS adds serve options to both runs.
 set -euo pipefail
 KVASIR=${1:-build/kvasir}
 MODE=${2:-both}

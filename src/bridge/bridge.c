@@ -786,7 +786,6 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
                                   .max_waiting = cfg->max_waiting,
                                   .admission = cfg->admission,
                                   .prefix_cache = !cfg->no_prefix_cache,
-                                  .budget_chunks = cfg->budget_chunks,
                                   .event = on_event,
                                   .event_ctx = b};
     if ((rc = kvr_sched_create(&b->sched, &sc, err)))

@@ -34,7 +34,6 @@ struct kvr_bridge_config {
     uint32_t max_waiting; /* bounded wait queue; 0 = 4 * max_seqs */
     bool admission;       /* refuse requests that would miss their budget */
     bool no_prefix_cache; /* compute every prompt whole (sched.h prefix_cache) */
-    bool budget_chunks;   /* sched.h budget_chunks */
     /* Re-planning (DESIGN.md 8, docs/PLAN.md "Re-planning"): once the ring has been up, a
      * ring broken for replan_after_ms makes the bridge probe every stage over a control
      * link and, if some do not answer, re-plan the ring over those that do (each loads its

@@ -25,9 +25,9 @@ enum {
 #define WINDOW_NS 2000000000ull /* telemetry fractions are over this window */
 #define MS_NS 1000000ull
 
-/* A batch that carries decode rows may take at most this factor longer because of the
- * prefill rows added to it. */
-#define PREFILL_SLOWDOWN 1.8
+/* Prefill rows added to batches that carry decode rows may make the decoding streams' time
+ * between tokens at most this factor longer (prefill_limit_ms). */
+#define ITL_SLOWDOWN 1.8
 
 /* The least safety factor on a prediction: a late answer is worse than a refused one. */
 #define ADMIT_MARGIN 1.1
@@ -122,6 +122,7 @@ struct kvr_sched {
     double mix_rows, mix_pairs;    /* prefill rows (and their attention pairs) that batches
                                       with decode rows carried lately (moving averages) */
     double *admit_scratch;         /* [max_seqs] admission's working memory */
+    double *ends_scratch;          /* [max_seqs + max_waiting] ... and prefill_eta's */
     uint32_t *pick_scratch;        /* [max_seqs + 1] the decode picker's */
 };
 
@@ -454,26 +455,48 @@ static double expected_period(const struct kvr_sched *s, double n, double ctx)
     return kvr_cost_period_ms(&s->cost, n, ctx, (struct kvr_cost_shape){s->mix_rows, s->mix_pairs});
 }
 
+/* The time between two tokens of a decoding stream if every batch in the window had shape
+ * b (a long prompt's chunks go into each of them): a batch goes round the ring (trip), and
+ * the slowest stage passes the window's batches one at a time. The stages' times are
+ * multiplied by f (what mixed batches really took against the model), the hops are not. */
+static double window_period_ms(const struct kvr_sched *s, struct kvr_cost_shape b, double f)
+{
+    double trip = s->cost.hop_ms, worst = 0;
+    for (uint32_t i = 0; i < s->cost.n_stages; i++) {
+        double t = f * kvr_cost_stage_ms(&s->cost, i, b);
+        trip += t;
+        worst = t > worst ? t : worst;
+    }
+    double pipe = s->plan->microbatches * worst;
+    return trip > pipe ? trip : pipe;
+}
+
+/* The safety factor on a mixed batch's predicted time: what such batches really took
+ * against what the model said, its mean and 1.5 standard deviations. A higher quantile
+ * starves prefill (at 3 sd a closed-loop load of short prompts fell from 10 to 2.8 req/s);
+ * the mean alone let a 1,500-token prompt raise the decoding streams' p99 gap 2.7x. */
+static double mixed_factor(const struct kvr_sched *s)
+{
+    double sd = sqrt(s->calib_mixed.var);
+    double f = s->calib_mixed.n >= 5 ? s->calib_mixed.mean + 1.5 * sd : 1.0;
+    return f > 1.0 ? f : 1.0;
+}
+
 /* The most prefill rows (at most `max_n`, starting at position pos0) that a batch of shape
- * `cur` may take while the cost model predicts it stays within limit_ms; at least
- * MIN_PREFILL_ROWS so prompts always progress. limit_ms <= 0 means no limit. */
+ * `cur` may take while the decoding streams' predicted time between tokens stays within
+ * limit_ms (prefill_limit_ms); at least MIN_PREFILL_ROWS so prompts always progress.
+ * limit_ms <= 0 means no limit. */
 static uint32_t prefill_fit(const struct kvr_sched *s, struct kvr_cost_shape cur, double pos0,
                             uint32_t max_n, double limit_ms)
 {
     if (limit_ms <= 0 || max_n <= MIN_PREFILL_ROWS)
         return max_n;
-    /* What such batches really took against what the model said: its mean and 1.5
-     * standard deviations. A higher quantile starves prefill (at 3 sd a closed-loop load
-     * of short prompts fell from 10 to 2.8 req/s); the mean alone let a 1,500-token prompt
-     * raise the decoding streams' p99 gap 2.7x. 1.5 sd kept it at 1.4x for 5.7 req/s. */
-    double sd = sqrt(s->calib_mixed.var);
-    double f = s->calib_mixed.n >= 5 ? s->calib_mixed.mean + 1.5 * sd : 1.0;
-    f = f > 1.0 ? f : 1.0;
+    double f = mixed_factor(s);
     uint32_t lo = MIN_PREFILL_ROWS, hi = max_n;
-    while (lo < hi) { /* the largest n whose predicted time fits */
+    while (lo < hi) { /* the largest n whose predicted period fits */
         uint32_t mid = lo + (hi - lo + 1) / 2;
         struct kvr_cost_shape t = {cur.rows + mid, cur.pairs + kvr_cost_pairs(pos0, mid)};
-        if (kvr_cost_batch_ms(&s->cost, t) * f <= limit_ms)
+        if (window_period_ms(s, t, f) <= limit_ms)
             lo = mid;
         else
             hi = mid - 1;
@@ -481,43 +504,104 @@ static uint32_t prefill_fit(const struct kvr_sched *s, struct kvr_cost_shape cur
     return lo;
 }
 
-/* The time a batch that carries `decode` may take once prefill rows are added to it:
- * PREFILL_SLOWDOWN x its decode-only time, so a prompt never stretches the gaps between
- * the decoding streams' tokens past that (chunked prefill). With budget_chunks, a decoding
- * sequence with a total budget allows as much as keeps it on time instead: what is left of
- * its budget over the tokens it still has to make is the gap between tokens it can afford,
- * a gap is about one batch per stage or micro-batch (the slowest stage passes one at a
- * time), and the calibration's high quantile of the gaps' error is kept in hand. The batch
- * takes the least of the allowances (never under PREFILL_SLOWDOWN's), so a stream with a
- * tight budget keeps short chunks while roomy ones let a prompt through in full batches:
- * faster first tokens, longer gaps. 0 (no limit) without decode rows or before the model
- * has data. */
-static double prefill_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape decode,
-                               uint64_t now)
+/* The least time between tokens that the decoding streams can afford and still be on time:
+ * for each with a total budget, what is left of it over the tokens it has to make, less
+ * ADMIT_MARGIN. A stream that is late even with nothing beside it (it affords less than
+ * `alone`, its decode-only gap) sets no limit: holding every prompt back would not save it.
+ * INFINITY if none has a budget. */
+static double affordable_gap_ms(const struct kvr_sched *s, double alone, uint64_t now)
+{
+    double limit = INFINITY;
+    for (uint32_t i = 0; i < s->plan->max_seqs; i++) {
+        const struct seq *q = &s->seqs[i];
+        if (q->state == SEQ_FREE || q->state == SEQ_ENDING || !q->decoding)
+            continue;
+        const struct kvr_sched_req *r = q->r;
+        if (!r->req.total_ms || r->n_generated >= r->req.max_tokens)
+            continue;
+        double left_ms = (r->deadline_ns > now ? r->deadline_ns - now : 0) / 1e6;
+        double gap = left_ms / (r->req.max_tokens - r->n_generated) / ADMIT_MARGIN;
+        if (gap >= alone && gap < limit)
+            limit = gap;
+    }
+    return limit;
+}
+
+/* Prefill rows per ms that batches carrying `decode` get when each takes as many as keep
+ * the streams' time between tokens within limit_ms. */
+static double prefill_rate(const struct kvr_sched *s, struct kvr_cost_shape decode, double pos0,
+                           double limit_ms)
+{
+    uint32_t width =
+        s->plan->row_width > decode.rows + 1 ? s->plan->row_width - (uint32_t)decode.rows : 1;
+    uint32_t n = prefill_fit(s, decode, pos0, width, limit_ms);
+    struct kvr_cost_shape b = {decode.rows + n, decode.pairs + kvr_cost_pairs(pos0, n)};
+    return s->plan->microbatches * n / window_period_ms(s, b, mixed_factor(s));
+}
+
+/* Whether a sequence still prefilling would miss its first-token budget at `rate` prefill
+ * rows per ms but not at full batches (`full_rate`): the rows of the prompts ahead of it
+ * (earliest deadline first) and its own, then the last batch's trip, against the time it
+ * has left. A prompt that is late even at full batches is not worth stalling the streams. */
+static bool prefill_urgent(const struct kvr_sched *s, double rate, double full_rate, double trip,
+                           uint64_t now)
+{
+    for (uint32_t i = 0; i < s->plan->max_seqs; i++) {
+        const struct seq *q = &s->seqs[i];
+        if (q->state != SEQ_PREFILL || !q->r->req.first_token_ms)
+            continue;
+        double rows = 0;
+        for (uint32_t j = 0; j < s->plan->max_seqs; j++) {
+            const struct seq *o = &s->seqs[j];
+            if (o->state == SEQ_PREFILL && seq_deadline(o) <= seq_deadline(q))
+                rows += o->r->req.n_prompt + o->n_replay - o->n_prefilled;
+        }
+        uint64_t due = q->r->submit_ns + q->r->req.first_token_ms * MS_NS;
+        double left_ms = (due > now ? due - now : 0) / 1e6 / ADMIT_MARGIN - trip;
+        if (rows / rate > left_ms && rows / full_rate <= left_ms)
+            return true;
+    }
+    return false;
+}
+
+/* The time between tokens that the decoding streams of a batch carrying `decode` may have
+ * once prefill rows are added to it (chunked prefill): ITL_SLOWDOWN x their decode-only
+ * time between tokens, times the number of requests waiting for their first token over the
+ * number decoding if that is more than 1 (a prompt's delay counts as much as a stream's:
+ * one long prompt beside eight streams gets thin chunks, thirty prompts beside four streams
+ * nearly full batches), and never more than the streams' budgets afford
+ * (affordable_gap_ms). Only a prompt that would miss its first-token budget at that pace
+ * (prefill_urgent) may take more, up to what the budgets afford: a request's first-token
+ * budget is as much a promise as the streams' totals. So a long prompt without a pressing
+ * budget never stretches the gaps by more than the factor, and a tight budget on a
+ * decoding stream keeps chunks shorter still. Admission asks for a request not yet
+ * counted (`one_more`), and whether it would be urgent (`urgent_too`). 0 (no limit)
+ * without decode rows or before the model has data. */
+static double chunk_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape decode, bool one_more,
+                             bool urgent_too, uint64_t now)
 {
     if (decode.rows <= 0 || !kvr_cost_ready(&s->cost))
         return 0;
-    const struct kvr_plan *p = s->plan;
-    double base = PREFILL_SLOWDOWN * kvr_cost_batch_ms(&s->cost, decode);
-    if (!s->cfg.budget_chunks)
-        return base;
-    double f = ADMIT_MARGIN;
-    double per_gap = p->microbatches > p->n_stages ? p->microbatches : p->n_stages;
-    double limit = INFINITY;
-    for (uint32_t i = 0; i < p->max_seqs; i++) {
+    double alone = window_period_ms(s, decode, 1.0);
+    double afford = affordable_gap_ms(s, alone, now);
+    uint32_t n_first = s->wq_count + one_more, n_dec = 0;
+    for (uint32_t i = 0; i < s->plan->max_seqs; i++) {
         const struct seq *q = &s->seqs[i];
-        if (q->state == SEQ_FREE || q->state == SEQ_ENDING)
-            continue; /* a prefilling one decodes soon: admission counts it among the rows */
-        const struct kvr_sched_req *r = q->r;
-        double allow = base;
-        if (r->req.total_ms && r->n_generated < r->req.max_tokens) {
-            double left_ms = (r->deadline_ns > now ? r->deadline_ns - now : 0) / 1e6;
-            double gap = left_ms / (r->req.max_tokens - r->n_generated) / f;
-            allow = gap / per_gap > base ? gap / per_gap : base;
-        }
-        limit = allow < limit ? allow : limit;
+        n_first += q->state == SEQ_PREFILL;
+        n_dec += q->decoding && (q->state == SEQ_READY || q->state == SEQ_WAIT);
     }
-    return limit < INFINITY ? limit : base;
+    double share = n_dec > 0 && n_first > n_dec ? (double)n_first / n_dec : 1.0;
+    double cap = ITL_SLOWDOWN * share * alone;
+    if (afford <= cap || urgent_too)
+        return afford;
+    double rate = prefill_rate(s, decode, 0, cap), full = prefill_rate(s, decode, 0, afford);
+    return prefill_urgent(s, rate, full, alone, now) ? afford : cap;
+}
+
+static double prefill_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape decode,
+                               uint64_t now)
+{
+    return chunk_limit_ms(s, decode, false, false, now);
 }
 
 /* Rows from..from+n of a sequence's prefill: its prompt, then (after a recovery) the
@@ -647,8 +731,8 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
     }
 
     /* 3. Prefill chunks in what is left of the row width, earliest deadline first, but no
-     * more rows than keep this batch within PREFILL_SLOWDOWN of its decode-only cost, so
-     * a long prompt never stalls the streams that are decoding (chunked prefill). */
+     * more rows than keep the decoding streams' time between tokens within what
+     * prefill_limit_ms allows, so a long prompt never stalls them (chunked prefill). */
     double dec_pairs = bt->pairs;
     double limit_ms = prefill_limit_ms(s, (struct kvr_cost_shape){bt->n_rows, bt->pairs}, now);
     bool full = false;
@@ -789,6 +873,10 @@ static void observe_estimate(struct kvr_sched *s, struct kvr_sched_req *r, bool 
     if (last) {
         double pred = r->est_first_ms + (r->n_generated - 1) * r->est_period_ms;
         observe_ratio(s->stats.total_ratio_hist, pred / (actual > 0 ? actual : 1e-3));
+        KVR_DEBUG("bridge: estimate %llu done: %u tokens, first token %.0f ms (estimated %.0f), "
+                  "whole %.0f ms (estimated %.0f)",
+                  (unsigned long long)r->submit_ns, r->n_generated,
+                  (r->first_token_ns - r->submit_ns) / 1e6, r->est_first_ms, actual, pred);
         double raw = r->est_first_ms + (r->n_generated - 1) * r->pred_period_ms;
         kvr_calib_observe(&s->calib_total, actual / raw);
     }
@@ -813,6 +901,8 @@ static void take_token(struct kvr_sched *s, uint32_t slot, const struct kvr_wire
         kvr_calib_observe(&s->calib_period, (now - r->last_token_ns) / 1e6 / period_now);
     r->held_once = r->held_once || was_held;
     r->last_token_ns = now;
+    if (r->n_generated == 1)
+        r->first_token_ns = now;
     s->stats.generated_tokens++;
     s->win_tokens++;
     emit_token(s, r, res->token, res->logprob, eog, now);
@@ -1035,6 +1125,73 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* When the prompt rows ahead of a new request (its own included, rows_ahead) will have gone
+ * through, if batches carrying `decode` take prefill chunks within limit_ms
+ * (chunk_limit_ms): in batches of `room` rows, one after another at the window's pace, the
+ * last one all the way round. The decode rows are those of n_ends sequences, which stop
+ * decoding ends[k] ms from now (ascending): each that ends takes 1/W of a row out of every
+ * batch, a lighter batch takes more prefill rows (the limit is a factor of the decode-only
+ * time between tokens), and once none decodes the batches are full. */
+struct prefill_eta {
+    double room, batches; /* prefill rows a batch now, batches until ours is done */
+    double full_ms;       /* the slowest stage's time for such a batch now */
+    double step_ms;       /* one batch after another with the window full, now */
+    double first_ms;      /* from now until the last chunk's token is back */
+};
+
+static struct prefill_eta prefill_eta(const struct kvr_sched *s, struct kvr_cost_shape decode,
+                                      uint32_t n_prompt, double rows_ahead, double limit_ms,
+                                      const double *ends, uint32_t n_ends)
+{
+    const struct kvr_plan *p = s->plan;
+    const struct kvr_cost_model *m = &s->cost;
+    double W = p->microbatches;
+    double alone0 = decode.rows > 0 ? window_period_ms(s, decode, 1.0) : 0;
+    struct prefill_eta e = {0};
+    double t = 0, left = rows_ahead;
+    for (uint32_t k = 0;; k++) {
+        double rows = k < n_ends ? decode.rows * (n_ends - k) / n_ends : 0;
+        struct kvr_cost_shape dk = {rows, decode.rows > 0 ? decode.pairs * rows / decode.rows : 0};
+        double lim = 0;
+        if (rows > 0 && limit_ms > 0)
+            lim = isinf(limit_ms) ? limit_ms : limit_ms * window_period_ms(s, dk, 1.0) / alone0;
+        uint32_t width = p->row_width > (uint32_t)rows + 1 ? p->row_width - (uint32_t)rows : 1;
+        double room = prefill_fit(s, dk, n_prompt / 2.0, width, lim);
+        struct kvr_cost_shape full = {dk.rows + room,
+                                      dk.pairs + kvr_cost_pairs(n_prompt / 2.0, room)};
+        double full_ms = kvr_cost_batch_ms(m, full);
+        /* With the window full, a batch goes out each time one comes back: batches follow
+         * each other at the slowest stage's pace, or at a trip over the window if the hops
+         * and the other stages cannot keep it busy. */
+        double step = kvr_cost_trip_ms(m, full) / W;
+        step = step > full_ms ? step : full_ms;
+        if (k == 0) {
+            e.room = room;
+            e.full_ms = full_ms;
+            e.step_ms = step;
+            /* A busy ring has its window full: the first chunk waits for a batch to come
+             * back, half a step on average. */
+            t = s->n_inflight >= p->microbatches ? step / 2 : 0;
+        }
+        double n_b = (double)(uint64_t)((left + room - 1) / room);
+        /* The batch with our last chunk goes all the way round; its rows are what is left. */
+        double last_rows = left - (n_b - 1) * room;
+        struct kvr_cost_shape last = {dk.rows + last_rows,
+                                      dk.pairs + kvr_cost_pairs(n_prompt - last_rows, last_rows)};
+        double done = t + (n_b - 1) * step + kvr_cost_trip_ms(m, last);
+        if (k >= n_ends || done <= ends[k]) {
+            e.batches += n_b;
+            e.first_ms = done;
+            return e;
+        }
+        double fit = ends[k] > t ? (double)(uint64_t)((ends[k] - t) / step) : 0;
+        fit = fit < n_b - 1 ? fit : n_b - 1;
+        left -= fit * room;
+        t += fit * step;
+        e.batches += fit;
+    }
+}
+
 /* Admission (DESIGN.md 6). From the cost model: the new request's first token comes after
  * the prompt rows queued ahead of it (its own included) have gone through in batches of the
  * row width, less the decode rows every batch carries; its last token comes max_tokens - 1
@@ -1089,27 +1246,34 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     }
     double per = n_before / W;
     struct kvr_cost_shape decode = {per, per * (ctx + 1)};
-    uint32_t width = p->row_width > (uint32_t)per + 1 ? p->row_width - (uint32_t)per : 1;
-    double room =
-        prefill_fit(s, decode, req->n_prompt / 2.0, width, prefill_limit_ms(s, decode, now));
-    struct kvr_cost_shape full = {decode.rows + room,
-                                  decode.pairs + kvr_cost_pairs(req->n_prompt / 2.0, room)};
-    double n_prefill_batches = (double)(uint64_t)((rows_ahead + room - 1) / room);
-    double t_full = kvr_cost_batch_ms(m, full);
-    /* With the window full, a batch goes out each time one comes back: batches follow each
-     * other at the slowest stage's pace, or at a trip over the window if the hops and the
-     * other stages cannot keep it busy. */
-    double t_step = kvr_cost_trip_ms(m, full) / W;
-    t_step = t_step > t_full ? t_step : t_full;
-    /* The batch with our last chunk goes all the way round; its rows are what is left. */
-    double last_rows = rows_ahead - (n_prefill_batches - 1) * room;
-    struct kvr_cost_shape last = {decode.rows + last_rows,
-                                  decode.pairs +
-                                      kvr_cost_pairs(req->n_prompt - last_rows, last_rows)};
-    /* A busy ring has its window full: the first chunk waits for a batch to come back,
-     * half a step on average. */
-    double credit_ms = s->n_inflight >= p->microbatches ? t_step / 2 : 0;
-
+    /* When the sequences ahead stop decoding: the running ones after the tokens they have
+     * to go, the others (prefilling, waiting) as if they started now. */
+    double *ends = s->ends_scratch;
+    uint32_t n_ends = 0;
+    for (uint32_t i = 0; i < p->max_seqs; i++) {
+        const struct seq *q = &s->seqs[i];
+        if (q->state != SEQ_FREE)
+            ends[n_ends++] = q->state == SEQ_ENDING
+                                 ? 0
+                                 : ((double)q->r->req.max_tokens - q->r->n_generated) * period;
+    }
+    for (uint32_t k = 0; k < s->wq_count; k++)
+        ends[n_ends++] = s->waitq[(s->wq_head + k) % s->max_waiting]->req.max_tokens * period;
+    qsort(ends, n_ends, sizeof *ends, cmp_double);
+    struct prefill_eta eta = prefill_eta(s, decode, req->n_prompt, rows_ahead,
+                                         chunk_limit_ms(s, decode, true, false, now), ends, n_ends);
+    double f_first = kvr_calib_factor(&s->calib_first, ADMIT_MARGIN);
+    if (req->first_token_ms && f_first * eta.first_ms + period > req->first_token_ms) {
+        /* Too slow at the streams' pace: the chunking rule gives an urgent prompt what the
+         * decoding streams' budgets afford (chunk_limit_ms). */
+        struct prefill_eta fast =
+            prefill_eta(s, decode, req->n_prompt, rows_ahead,
+                        chunk_limit_ms(s, decode, true, true, now), ends, n_ends);
+        if (fast.first_ms < eta.first_ms)
+            eta = fast;
+    }
+    double room = eta.room, n_prefill_batches = eta.batches, t_step = eta.step_ms;
+    double t_full = eta.full_ms;
     /* No free slot or KV: the requests waiting before us take the first slots that free
      * up, so we wait for the (waiting + 1)-th running request to end. */
     double wait_ms = 0;
@@ -1131,11 +1295,9 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
             wait_ms = k < n ? left[k] : left[n - 1] + (double)(k - n + 1) / p->max_seqs * answer_ms;
         }
     }
-    double f_first = kvr_calib_factor(&s->calib_first, ADMIT_MARGIN);
     double f_period = gap_factor(s);
     double f_total = kvr_calib_factor(&s->calib_total, ADMIT_MARGIN);
-    double raw_first =
-        wait_ms + credit_ms + (n_prefill_batches - 1) * t_step + kvr_cost_trip_ms(m, last);
+    double raw_first = wait_ms + eta.first_ms;
     *pred_first_ms = raw_first;
     /* The estimate itself (exported, checked against the outcome): the model corrected by
      * its mean error so far. The budgets are checked against a high quantile of the
@@ -1153,7 +1315,9 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     /* The client sees its first text one token late when that token is part of a
      * character (streams never split UTF-8): budget one more period. */
     double first_ms = f_first * raw_first + r->est_period_ms;
-    double total_ms = f_total * est_total;
+    /* The whole answers' high quantile is of actual / raw (observe_estimate): it applies to
+     * the raw estimate, not to one already corrected by their median. */
+    double total_ms = f_total * (r->est_first_ms + (req->max_tokens - 1) * period);
     if (s->n_running == 0 && s->wq_count == 0) {
         /* An idle ring risks nobody, and a model that has never seen a batch of this shape
          * extrapolates pessimistically: refuse only what cannot be met even by an empty
@@ -1161,6 +1325,12 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
         first_ms = kvr_cost_trip_ms(m, none);
         total_ms = first_ms + (req->max_tokens - 1) * kvr_cost_period_ms(m, 1, 0, none);
     }
+    KVR_DEBUG("bridge: estimate %llu: prompt %u (%u to compute, %.0f rows ahead in %.0f batches "
+              "of %.0f), %u running, %u waiting, slot wait %.0f ms, step %.0f ms, period %.1f "
+              "ms; first token %.0f ms (raw %.0f, checked %.0f), whole %.0f ms (checked %.0f)",
+              (unsigned long long)now, req->n_prompt, n_compute, rows_ahead, n_prefill_batches,
+              room, s->n_running, s->wq_count, wait_ms, t_step, period, r->est_first_ms, raw_first,
+              first_ms, est_total, total_ms);
     if (!s->cfg.admission) /* estimated (and exported) all the same, never refused */
         return KVR_OK;
     if (req->first_token_ms && first_ms > req->first_token_ms)
@@ -1210,7 +1380,7 @@ int kvr_sched_submit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     r->seq = -1;
     r->waiting = r->ended = false;
     r->n_generated = 0;
-    r->last_token_ns = 0;
+    r->last_token_ns = r->first_token_ns = 0;
     r->held_once = false;
     r->submit_ns = now;
     r->deadline_ns = req->total_ms         ? now + req->total_ms * MS_NS
@@ -1477,6 +1647,7 @@ void kvr_sched_destroy(struct kvr_sched *s)
     kvr_free(s->found_scratch);
     kvr_free(s->tok_scratch);
     kvr_free(s->admit_scratch);
+    kvr_free(s->ends_scratch);
     kvr_free(s->pick_scratch);
     kvr_free(s->seqs);
     kvr_free(s->waitq);
@@ -1506,13 +1677,14 @@ int kvr_sched_create(struct kvr_sched **out, const struct kvr_sched_config *cfg,
     s->waitq = kvr_calloc(s->max_waiting, sizeof *s->waitq);
     s->batches = kvr_calloc(p->microbatches, sizeof *s->batches);
     s->admit_scratch = kvr_calloc(p->max_seqs, sizeof *s->admit_scratch);
+    s->ends_scratch = kvr_calloc((size_t)p->max_seqs + s->max_waiting, sizeof *s->ends_scratch);
     s->pick_scratch = kvr_calloc(p->max_seqs + 1, sizeof *s->pick_scratch);
     s->max_blocks_per_seq = max_blocks;
     s->tables = kvr_calloc((size_t)p->max_seqs * max_blocks, sizeof *s->tables);
     s->found_scratch = kvr_calloc(max_blocks, sizeof *s->found_scratch);
     s->tok_scratch = kvr_calloc(p->kv_block_tokens, sizeof *s->tok_scratch);
-    if (!s->seqs || !s->waitq || !s->batches || !s->admit_scratch || !s->pick_scratch ||
-        !s->tables || !s->found_scratch || !s->tok_scratch)
+    if (!s->seqs || !s->waitq || !s->batches || !s->admit_scratch || !s->ends_scratch ||
+        !s->pick_scratch || !s->tables || !s->found_scratch || !s->tok_scratch)
         goto nomem;
     int rc = kvr_kv_pool_init(&s->pool, p->kv_blocks, p->kv_block_tokens, err);
     if (rc) {

@@ -23,9 +23,11 @@
  * A batch carries control records first (FREE/CANCEL for sequences that ended and have
  * nothing in flight, OPEN for new ones, REPLAY after a recovery), then one decode row per
  * ready sequence, earliest deadline first and spread evenly over the window, then prefill
- * chunks in the rest of the row width, no more than keep a batch with decodes within what
- * its decoding sequences allow (PREFILL_SLOWDOWN of its decode-only cost, or more for a
- * sequence whose total budget leaves room: sched.c prefill_limit_ms). A sequence's decode
+ * chunks in the rest of the row width, no more than keep the decoding streams' predicted
+ * time between tokens within 1.8x of what it is without prefill (times the requests
+ * waiting for a first token over the streams decoding, when that is more; more for a
+ * prompt that would miss its first-token budget) and within what each stream's total
+ * budget can afford (sched.c chunk_limit_ms). A sequence's decode
  * row is never in two in-flight batches; its non-final prefill chunks may be, because
  * stages keep order. A slot is reused only after its FREE has gone into a batch, so every
  * stage sees FREE before the slot's next OPEN.
@@ -70,6 +72,7 @@ struct kvr_sched_req {
     /* The scheduler's; the caller may read them inside the event callback. */
     uint64_t submit_ns;
     uint64_t deadline_ns; /* earliest-deadline-first key; UINT64_MAX: none */
+    uint64_t first_token_ns;
     uint64_t last_token_ns;
     double pred_first_ms;  /* admission's raw first-token estimate (0: none) */
     double pred_period_ms; /* ... and its raw time between tokens */
@@ -169,9 +172,6 @@ struct kvr_sched_config {
     uint32_t max_waiting;        /* bounded wait queue; 0 = 4 * max_seqs */
     bool admission;              /* refuse requests that would miss their budget */
     bool prefix_cache;           /* reuse the KV blocks of earlier prompts (DESIGN.md 12) */
-    bool budget_chunks;          /* size prefill chunks by the decoding streams' total budgets
-                                    (faster first tokens, longer gaps between tokens while a
-                                    prompt prefills); off: PREFILL_SLOWDOWN of decode-only */
     kvr_sched_event_fn event;    /* stream events; called inside the call that causes them */
     void *event_ctx;
 };

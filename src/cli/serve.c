@@ -49,7 +49,7 @@ struct serve_opts {
     uint32_t port, stages, threads, ttft_ms, total_ms, max_waiting;
     uint32_t replan_after_s; /* bridge: re-plan a ring broken this long; 0 = never */
     bool no_admission;
-    bool no_prefix_cache, budget_chunks;
+    bool no_prefix_cache;
     struct kvr_plan_spec spec;
     char tmp_dir[512]; /* the plan directory serve made itself (removed at exit), or "" */
 };
@@ -83,11 +83,6 @@ static void usage(FILE *f, bool serve)
                "                        (default 600000)\n"
                "  --no-admission        admit everything that fits (no budget check)\n"
                "  --no-prefix-cache     compute every prompt whole (no KV reuse)\n"
-               "  --budget-chunks       size prefill chunks by the decoding streams' total\n"
-               "                        budgets: faster first tokens, longer gaps between\n"
-               "                        tokens while a prompt prefills (default: a batch\n"
-               "                        with decodes stays within 1.8x of its decode-only\n"
-               "                        time)\n"
                "  --max-waiting N       bounded wait queue (default 4 x max-seqs)\n"
                "  --name NAME           model name in the API (default: the file name)\n"
                "  --chat-template NAME|FILE  format chats with a built-in template (chatml,\n"
@@ -127,10 +122,6 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
         }
         if (!strcmp(a, "--no-prefix-cache")) {
             o->no_prefix_cache = true;
-            continue;
-        }
-        if (!strcmp(a, "--budget-chunks")) {
-            o->budget_chunks = true;
             continue;
         }
         if (!strcmp(a, "--no-admission")) {
@@ -418,7 +409,6 @@ static int serve_main(int argc, char **argv, bool serve)
                                    .max_waiting = o.max_waiting,
                                    .admission = !o.no_admission,
                                    .no_prefix_cache = o.no_prefix_cache,
-                                   .budget_chunks = o.budget_chunks,
                                    .replan_after_ms = o.replan_after_s * 1000,
                                    .gguf = g};
     if (kvr_bridge_create(&bridge, &bc, &err)) {

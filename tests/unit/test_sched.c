@@ -196,24 +196,44 @@ static void test_kv_exhaustion_and_wait_queue(void **state)
     done(h);
 }
 
-static void test_chunked_prefill_beside_decodes(void **state)
+/* The largest prefill chunk the chunking rule (sched.c prefill_limit_ms) allows beside one
+ * decode row on the harness's ring (one micro-batch, two stages holding 1 + 0.1 x rows ms,
+ * a round trip of both plus 0.5 ms): the decoding stream's time between tokens, 2 x (1 +
+ * 0.1 x rows) + 0.5 ms, may grow to 1.8x its decode-only 2.7 ms, and no further than its
+ * total budget affords (time left / tokens to go / 1.1) unless that is below 2.7 ms. */
+static uint32_t rule_max_chunk(double left_ms, uint32_t togo, bool budget)
 {
-    (void)state;
+    double limit = 1.8 * 2.7, gap = budget ? left_ms / togo / 1.1 : 0;
+    if (budget && gap >= 2.7 && gap < limit)
+        limit = gap;
+    uint32_t n = 0;
+    while (2 * (1 + 0.1 * (1 + n + 1)) + 0.5 <= limit + 1e-9)
+        n++;
+    return n;
+}
+
+/* One stream decodes (total budget total_ms, 0: none) while a 200-token prompt goes in:
+ * every batch carries its decode row and a chunk of at most rule_max_chunk rows, and at
+ * least that less one (the cost model has learnt the ring, the chunks are not smaller than
+ * the rule asks). Returns the number of chunks. */
+static uint32_t chunks_beside_decodes(uint32_t total_ms)
+{
     struct sh *h = new_sh(1, 64, 4, 64, false);
     ring_up(h);
     warm_up(h, 1);
     struct kvr_refusal why;
-    assert_int_equal(sh_submit(h, 3, 4, 60, 0, 1, 0, 0, &why), 0); /* decodes */
+    assert_int_equal(sh_submit(h, 3, 4, 60, 0, 1, 0, total_ms, &why), 0); /* decodes */
     sh_run(h, 3);
     assert_true(h->reqs[3].n_seen >= 2);
     assert_int_equal(sh_submit(h, 5, 200, 4, 0, 1, 0, 0, &why), 0); /* a long prompt */
-    /* Every batch while the prompt goes in carries the decode row and a prefill chunk
-     * kept small enough that the batch stays within 1.8x of the decode-only batch
-     * (1.1 ms): 1 + 0.1 x rows <= 1.98, so at most 8 prompt rows. */
     uint32_t chunks = 0, prefilled = 0;
     while (prefilled < 200 && chunks < 100) {
         const struct sh_batch *bt = &h->ring[h->ring_head];
+        const struct kvr_sched_req *dr = &h->reqs[3].r;
         assert_int_equal(h->n_ring, 1);
+        /* The batch was built at this `now`, with this many tokens generated. */
+        double left_ms = (dr->deadline_ns - h->now) / 1e6;
+        uint32_t max = rule_max_chunk(left_ms, dr->req.max_tokens - dr->n_generated, total_ms);
         bool has_decode = false;
         for (uint32_t k = 0; k < bt->n_segs; k++) {
             const struct kvr_seg *g = &bt->segs[k];
@@ -221,7 +241,9 @@ static void test_chunked_prefill_beside_decodes(void **state)
                 has_decode = g->flags & KVR_SEG_DECODE;
             if (g->seq == (uint32_t)h->reqs[5].r.seq && (g->flags & KVR_SEG_PREFILL)) {
                 assert_int_equal(g->pos0, prefilled);
-                assert_true(g->n_tokens >= 1 && g->n_tokens <= 8);
+                if (g->n_tokens > max || (g->n_tokens + 1 < max && prefilled + g->n_tokens < 200))
+                    fail_msg("chunk %u at %u: %u rows, the rule allows %u (%.1f ms left)", chunks,
+                             prefilled, g->n_tokens, max, left_ms);
                 prefilled += g->n_tokens;
                 chunks++;
             }
@@ -234,12 +256,27 @@ static void test_chunked_prefill_beside_decodes(void **state)
         OK(h);
     }
     assert_int_equal(prefilled, 200);
-    assert_true(chunks >= 25);
     sh_run(h, 500);
     OK(h);
     assert_stream(&h->reqs[3], h->reqs[3].n_seen);
     assert_stream(&h->reqs[5], h->reqs[5].n_seen);
     done(h);
+    return chunks;
+}
+
+static void test_chunked_prefill_beside_decodes(void **state)
+{
+    (void)state;
+    /* No budget: the 1.8x factor binds, 9-10 rows a chunk (1.8x of the batch's own
+     * decode-only time, the rule before, allowed 8). */
+    uint32_t free_chunks = chunks_beside_decodes(0);
+    assert_true(free_chunks >= 20 && free_chunks <= 23);
+    /* A budget of 4 ms a token (60 tokens in 264 ms): about 4 rows a chunk, so the stream
+     * stays on time; a roomy one (60 s) changes nothing, the factor still binds. */
+    uint32_t tight_chunks = chunks_beside_decodes(264);
+    print_message("chunks: %u without a budget, %u with 4 ms a token\n", free_chunks, tight_chunks);
+    assert_true(tight_chunks >= free_chunks + 5);
+    assert_int_equal(chunks_beside_decodes(60000), free_chunks);
 }
 
 static void test_prefill_takes_the_row_width_before_costs_are_known(void **state)
@@ -851,9 +888,6 @@ static void sim_init(struct sim *m, uint64_t seed)
                                    .max_waiting = 64,
                                    .admission = true,
                                    .prefix_cache = true,
-                                   /* the mode the thresholds below were set in; with the
-                                    * default chunking 26% are refused at <= 0.5x */
-                                   .budget_chunks = true,
                                    .event = sim_event,
                                    .event_ctx = m};
     struct kvr_err err = {0};
@@ -933,7 +967,7 @@ static void test_estimates_on_a_pipelined_ring(void **state)
     sim_drain(m);
     print_message("capacity %.2f req/s\n", capacity);
     static const double levels[] = {0.2, 0.35, 0.5, 0.75, 1.0, 1.2};
-    double worst_first = 1, worst_total = 1;
+    double worst_first = 1, worst_first_light = 1, worst_total = 1;
     uint32_t refused_light = 0, sent_light = 0;
     for (uint32_t l = 0; l < sizeof levels / sizeof levels[0]; l++) {
         struct kvr_sched_stats a, b;
@@ -955,6 +989,7 @@ static void test_estimates_on_a_pipelined_ring(void **state)
         if (levels[l] <= 0.5) {
             refused_light += refused;
             sent_light += sent;
+            worst_first_light = sf < worst_first_light ? sf : worst_first_light;
         }
         if (getenv("KVR_TEST_VERBOSE"))
             for (uint32_t i = 0; i <= KVR_SCHED_RATIO_BUCKETS; i++)
@@ -965,15 +1000,21 @@ static void test_estimates_on_a_pipelined_ring(void **state)
         worst_first = sf < worst_first ? sf : worst_first;
         worst_total = stot < worst_total ? stot : worst_total;
     }
-    /* What this ring shows (issue 15 point 4 wants no refusal at <= 0.5x and 90% within
-     * +-25% for both): about 10% refused at <= 0.5x (two long prompts close together
-     * really take more than 2 s here), first tokens 92-97% within, whole answers 40-66%
-     * (a stream shares its batches with the prompts that arrive while it decodes, which
-     * admission cannot know). Before: 28% refused at 0.2x, 88% and 97% there. */
-    if (refused_light * 5 > sent_light || worst_first < 0.85 || worst_total < 0.3)
-        fail_msg("refused %u of %u at <= 0.5x, within 25%%: first token %.2f, whole %.2f at "
-                 "the worst level",
-                 refused_light, sent_light, worst_first, worst_total);
+    /* What this ring shows with the default chunking rule (chunk_limit_ms; before it the
+     * test ran with the budget rule, since removed, and asked for 85% of first tokens at
+     * every level): refused 13/175, 17/150, 43/164 at 0.2x, 0.35x, 0.5x (long prompts
+     * beside decoding streams, or several close together, really take more than 2 s
+     * here); first tokens 85-87% within +-25% at <= 0.5x, 72-77% above (overload:
+     * the prompts ahead turn into decoding streams, which the estimate counts as decoding
+     * from the start); whole answers 55-68% (a stream shares its batches with the prompts
+     * that arrive while it decodes, and an urgent one may take its slack). The bounds
+     * below are those levels with a little room, a guard against regressions, not issue
+     * 15 point 4 (no refusal at <= 0.5x, 90% within +-25%), which this does not meet. */
+    if (refused_light * 5 > sent_light || worst_first_light < 0.8 || worst_first < 0.65 ||
+        worst_total < 0.5)
+        fail_msg("refused %u of %u at <= 0.5x, within 25%%: first token %.2f (%.2f at <= "
+                 "0.5x), whole %.2f at the worst level",
+                 refused_light, sent_light, worst_first, worst_first_light, worst_total);
     kvr_sched_shutdown(m->s, "test over", m->now);
     kvr_sched_destroy(m->s);
     free(m);
