@@ -13,12 +13,16 @@
  * the core pool and split output rows with kvr_matmul_split. Usage:
  *   bench_kernels [--types q8_0,q4_0,...] [--shapes 2048x2048,5632x2048] [--threads 2]
  *                 [--rows 128] [--reps 7] [--gemv-mib 512] [--reference] [--pack 0|1|2]
+ *                 [--huge 0|1]
  * --pack 1 (Q8_0 and Q4_0) also times the GEMM on packed copies of the matrices
  * (kvr_matrix_pack, as the engine makes them), each repeat right after a plain one, and
  * prints the packed GOP/s and the median of the per-repeat speed-ups (plain time / packed
  * time: both sides of a pair see the same load). The GEMV reads the plain weights, unless
  * --pack 2: then every matrix of every pass is packed first, as the engine does (the
  * K-quants' GEMV and GEMM both read the packed copy; Q8_0 and Q4_0 only their GEMM).
+ * --huge 1 puts the weights, their packed copies and the bandwidth probe's buffer in
+ * transparent huge pages (2 MiB aligned, MADV_HUGEPAGE before the first touch, as the
+ * engine's packed copy); "thp" is the process's AnonHugePages, to see the kernel gave them.
  * Activation quantization is not timed (the forward pass does it once per matmul input).
  * With --threads 1 the caller runs the kernels itself, so the process CPU time of a call is
  * the kernel's own cost, whatever else the machine runs: "cpu" gives the least of the
@@ -33,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #define MAX_COPIES 4096
@@ -94,6 +99,36 @@ static int parse_type(const char *s)
     return -1;
 }
 
+static int g_huge; /* --huge */
+
+/* A buffer for weights: 2 MiB aligned and advised MADV_HUGEPAGE before its first touch with
+ * --huge 1 (as the engine's packed copy), else 64-byte aligned. */
+static void *wmalloc(size_t bytes)
+{
+    if (!g_huge)
+        return kvr_aligned_alloc(64, bytes);
+    size_t huge = (size_t)2 << 20;
+    void *p = kvr_aligned_alloc(huge, (bytes + huge - 1) & ~(huge - 1));
+    if (p)
+        madvise(p, (bytes + huge - 1) & ~(huge - 1), MADV_HUGEPAGE);
+    return p;
+}
+
+/* AnonHugePages of /proc/self/smaps_rollup in MiB (-1 if unreadable): whether --huge got
+ * huge pages from the kernel. */
+static long anon_huge_mib(void)
+{
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "AnonHugePages: %ld kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kb < 0 ? -1 : kb / 1024;
+}
+
 static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_in,
                      int64_t gemm_rows, int reps, size_t gemv_bytes, struct bw_job *bw, int pack)
 {
@@ -108,7 +143,7 @@ static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_i
     int n_copies = (int)((gemv_bytes + mat_bytes - 1) / mat_bytes);
     n_copies = n_copies < 1 ? 1 : n_copies > MAX_COPIES ? MAX_COPIES : n_copies;
 
-    uint8_t *wbuf = kvr_aligned_alloc(64, mat_bytes * (size_t)n_copies);
+    uint8_t *wbuf = wmalloc(mat_bytes * (size_t)n_copies);
     struct kvr_matrix *mats = kvr_calloc((size_t)n_copies, sizeof *mats);
     float *xf = kvr_malloc(sizeof(float) * (size_t)(n_in * gemm_rows));
     size_t x_stride = kvr_act_row_bytes(type, n_in);
@@ -135,7 +170,7 @@ static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_i
             (struct kvr_matrix){type, n_in, n_out, row_bytes, wbuf + (size_t)c * mat_bytes, NULL};
     }
     size_t all_bytes = pack == 2 ? kvr_matrix_pack_bytes(&mats[0]) : 0;
-    uint8_t *allbuf = all_bytes ? kvr_aligned_alloc(64, all_bytes * (size_t)n_copies) : NULL;
+    uint8_t *allbuf = all_bytes ? wmalloc(all_bytes * (size_t)n_copies) : NULL;
     if (all_bytes && !allbuf) {
         fprintf(stderr, "out of memory\n");
         return -1;
@@ -227,10 +262,10 @@ static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_i
                  median(ratio, reps));
 
     printf("%-5s %5lldx%-5lld  gemv %6.2f GB/s (%5.1f%% of bw %5.2f GB/s; %6.1f us)  hot %6.2f GB/s"
-           "  gemm[%lld] %6.1f GOP/s (%7.1f us)%s  cpu: hot %.1f us, gemm %.1f us\n",
+           "  gemm[%lld] %6.1f GOP/s (%7.1f us)%s  cpu: hot %.1f us, gemm %.1f us  thp %ld MiB\n",
            tr->name, (long long)n_out, (long long)n_in, gemv_gbs, 100.0 * gemv_ratio, bandwidth,
            gemv_ns / 1e3, hot_gbs, (long long)gemm_rows, gops, gemm_ns / 1e3, packed_msg,
-           hot_cpu / 1e3, gemm_cpu / 1e3);
+           hot_cpu / 1e3, gemm_cpu / 1e3, anon_huge_mib());
     fflush(stdout);
     kvr_free(tp);
     kvr_free(pmats);
@@ -275,6 +310,8 @@ int main(int argc, char **argv)
             gemv_mib = atol(v);
         else if (!strcmp(a, "--pack"))
             pack = atol(v);
+        else if (!strcmp(a, "--huge"))
+            g_huge = atoi(v) != 0;
         else
             goto usage;
         i++;
@@ -288,7 +325,7 @@ int main(int argc, char **argv)
     kernels = kvr_kernels_name();
     struct kvr_pool *pool = kvr_pool_create((int)n_threads);
     size_t gemv_bytes = (size_t)gemv_mib << 20;
-    uint8_t *bwbuf = kvr_aligned_alloc(4096, gemv_bytes);
+    uint8_t *bwbuf = wmalloc(gemv_bytes);
     if (!pool || !bwbuf) {
         fprintf(stderr, "out of memory\n");
         return 1;
@@ -334,7 +371,7 @@ usage:
     fprintf(stderr,
             "usage: %s [--types q8_0,q4_0,q4_K,q6_K,iq4_xs,f16,...] [--shapes OUTxIN,...]\n"
             "          [--threads N] [--rows N] [--reps N>=5] [--gemv-mib N] [--reference]\n"
-            "          [--pack 0|1]\n",
+            "          [--pack 0|1|2] [--huge 0|1]\n",
             argv[0]);
     return 2;
 }
