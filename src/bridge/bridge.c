@@ -60,7 +60,7 @@ struct token_event {
     uint64_t t_ns;
 };
 
-struct kvr_bridge_stream {
+struct kvr_gen_stream {
     struct kvr_sched_req r; /* r.req.prompt points at `prompt` */
     struct kvr_bridge *b;
     int32_t *prompt; /* [n_prompt], owned */
@@ -124,7 +124,7 @@ static void wake(struct kvr_bridge *b)
     kvr_ev_wake(b->ev);
 }
 
-static void stream_free(struct kvr_bridge_stream *s)
+static void stream_free(struct kvr_gen_stream *s)
 {
     pthread_cond_destroy(&s->cond);
     kvr_free(s->events);
@@ -137,7 +137,7 @@ static void stream_free(struct kvr_bridge_stream *s)
 static void on_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched_event *ev)
 {
     struct kvr_bridge *b = ctx;
-    struct kvr_bridge_stream *s = r->user;
+    struct kvr_gen_stream *s = r->user;
     switch (ev->type) {
     case KVR_SCHED_EV_TOKEN: {
         uint32_t cap = s->r.req.max_tokens;
@@ -865,7 +865,7 @@ bool kvr_bridge_wait_up(struct kvr_bridge *b, int timeout_ms)
 }
 
 int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_gen_request *req,
-                      struct kvr_bridge_stream **stream, struct kvr_refusal *why)
+                      struct kvr_gen_stream **stream, struct kvr_refusal *why)
 {
     *stream = NULL;
     memset(why, 0, sizeof *why);
@@ -874,9 +874,9 @@ int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_gen_request *req,
         snprintf(why->message, sizeof why->message, "empty prompt or max_tokens of 0");
         return KVR_EINVAL;
     }
-    struct kvr_bridge_stream *s = kvr_calloc(1, sizeof *s);
+    struct kvr_gen_stream *s = kvr_calloc(1, sizeof *s);
     if (!s)
-        return KVR_ENOMEM;
+        goto nomem;
     s->prompt = kvr_malloc((size_t)req->n_prompt * sizeof(int32_t));
     s->events = kvr_calloc(req->max_tokens, sizeof *s->events);
     s->r.generated = kvr_calloc(req->max_tokens, sizeof *s->r.generated);
@@ -885,7 +885,7 @@ int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_gen_request *req,
         kvr_free(s->events);
         kvr_free(s->r.generated);
         kvr_free(s);
-        return KVR_ENOMEM;
+        goto nomem;
     }
     memcpy(s->prompt, req->prompt, (size_t)req->n_prompt * sizeof(int32_t));
     s->b = b;
@@ -904,6 +904,10 @@ int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_gen_request *req,
     wake(b);
     *stream = s;
     return KVR_OK;
+nomem:
+    why->reason = KVR_REFUSE_INTERNAL;
+    snprintf(why->message, sizeof why->message, "out of memory");
+    return KVR_ENOMEM;
 }
 
 void kvr_bridge_wait_any(struct kvr_bridge *b, uint64_t *seen, int timeout_ms)
@@ -919,20 +923,23 @@ void kvr_bridge_wait_any(struct kvr_bridge *b, uint64_t *seen, int timeout_ms)
     pthread_mutex_unlock(&b->lock);
 }
 
-int kvr_bridge_next(struct kvr_bridge_stream *s, struct kvr_gen_event *ev, int timeout_ms)
+int kvr_bridge_next(struct kvr_gen_stream *s, struct kvr_gen_event *ev, uint32_t timeout_ms)
 {
     struct kvr_bridge *b = s->b;
-    struct timespec ts = kvr_deadline_after_ms(timeout_ms > 0 ? (uint32_t)timeout_ms : 0);
+    struct timespec ts = kvr_deadline_after_ms(timeout_ms);
     memset(ev, 0, sizeof *ev);
     ev->token = -1;
     pthread_mutex_lock(&b->lock);
-    while (timeout_ms > 0 && s->ev_count == 0 &&
-           (s->finish == KVR_GEN_FINISH_NONE || s->finish_delivered))
+    if (s->finish_delivered) {
+        pthread_mutex_unlock(&b->lock);
+        return KVR_ECLOSED;
+    }
+    while (timeout_ms > 0 && s->ev_count == 0 && s->finish == KVR_GEN_FINISH_NONE)
         if (pthread_cond_timedwait(&s->cond, &b->lock, &ts) == ETIMEDOUT)
             break;
     int rc = KVR_OK;
-    /* LENGTH and EOS come with the last token; ERROR and CANCELLED as an event of their
-     * own, after the tokens that came before them. */
+    /* LENGTH and EOS come with the last token; ERROR as an event of its own, after the
+     * tokens that came before it; CANCELLED as KVR_ECLOSED, after them too. */
     bool with_token = s->finish == KVR_GEN_FINISH_LENGTH || s->finish == KVR_GEN_FINISH_EOS;
     if (s->ev_count > 0) {
         const struct token_event *e = &s->events[s->ev_head];
@@ -946,7 +953,10 @@ int kvr_bridge_next(struct kvr_bridge_stream *s, struct kvr_gen_event *ev, int t
             ev->finish = s->finish;
             s->finish_delivered = true;
         }
-    } else if (s->finish != KVR_GEN_FINISH_NONE && !s->finish_delivered) {
+    } else if (s->finish == KVR_GEN_FINISH_CANCELLED) {
+        s->finish_delivered = true;
+        rc = KVR_ECLOSED;
+    } else if (s->finish != KVR_GEN_FINISH_NONE) {
         ev->finish = s->finish;
         ev->t_ns = kvr_now_ns();
         if (s->finish == KVR_GEN_FINISH_ERROR) {
@@ -961,7 +971,7 @@ int kvr_bridge_next(struct kvr_bridge_stream *s, struct kvr_gen_event *ev, int t
     return rc;
 }
 
-void kvr_bridge_cancel(struct kvr_bridge_stream *s)
+void kvr_bridge_cancel(struct kvr_gen_stream *s)
 {
     struct kvr_bridge *b = s->b;
     pthread_mutex_lock(&b->lock);
@@ -971,7 +981,7 @@ void kvr_bridge_cancel(struct kvr_bridge_stream *s)
     wake(b);
 }
 
-void kvr_bridge_release(struct kvr_bridge_stream *s)
+void kvr_bridge_release(struct kvr_gen_stream *s)
 {
     if (!s)
         return;

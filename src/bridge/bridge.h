@@ -9,6 +9,10 @@
  * A ring broken for longer than the configured grace period is re-planned over the stages
  * that still answer (replan_after_ms below): the bridge's plan is then the new one.
  *
+ * Its streams are the HTTP layer's (service.h): struct kvr_gen_stream, with next, cancel
+ * and release as service.h's ops describe them, so service_ring.c hands them over as they
+ * are.
+ *
  * Threads: every public function is thread-safe (one mutex guards the scheduler and the
  * streams). A stream is used by one consumer thread (next/cancel/release) while the ring
  * thread produces into it. */
@@ -25,7 +29,7 @@
 #include <stdint.h>
 
 struct kvr_bridge;
-struct kvr_bridge_stream;
+struct kvr_gen_stream; /* a request's stream (service.h), owned by the bridge */
 
 struct kvr_bridge_config {
     const struct kvr_plan *plan; /* copied */
@@ -82,23 +86,24 @@ const char *kvr_stage_state_name(enum kvr_stage_state state);
 /* out[0 .. n) for the n stages of the current plan (a re-plan changes it); returns n. */
 uint32_t kvr_bridge_stage_states(struct kvr_bridge *b, struct kvr_bridge_stage_state *out);
 
-/* Admit a request (0, *stream set) or refuse it (KVR_EAGAIN, *why filled). */
+/* Admit a request (0, *stream set) or refuse it (a negative status, *why filled: KVR_EAGAIN
+ * for the scheduler's refusals). */
 int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_gen_request *req,
-                      struct kvr_bridge_stream **stream, struct kvr_refusal *why);
+                      struct kvr_gen_stream **stream, struct kvr_refusal *why);
 /* Next event of a stream: 0 with *ev filled, or KVR_ETIMEDOUT (at once if timeout_ms is
- * 0). After an event with finish != NONE there are no more; a stream that ends with
- * ERROR (error_status 503, `error` says why) or CANCELLED ends with an event of its own
- * (token -1). */
-int kvr_bridge_next(struct kvr_bridge_stream *s, struct kvr_gen_event *ev, int timeout_ms);
+ * 0), or KVR_ECLOSED once the event carrying a finish was returned, or once the scheduler
+ * has ended a cancelled stream (no event for that). A stream that fails ends with an ERROR
+ * event of its own (token -1, error_status 503, `error` says why). */
+int kvr_bridge_next(struct kvr_gen_stream *s, struct kvr_gen_event *ev, uint32_t timeout_ms);
 /* For a caller that follows many streams from one thread: wait until any stream has had an
  * event since *seen (a count the call keeps; start it at 0), or the timeout passes, then
  * set *seen to the current count. Drain the streams with timeout 0 after each return. */
 void kvr_bridge_wait_any(struct kvr_bridge *b, uint64_t *seen, int timeout_ms);
 /* Stop generating (the client went away or a stop string was hit): the sequence is
  * cancelled in the whole ring and its KV freed. Idempotent. */
-void kvr_bridge_cancel(struct kvr_bridge_stream *s);
+void kvr_bridge_cancel(struct kvr_gen_stream *s);
 /* Free a stream (cancels it if still running). */
-void kvr_bridge_release(struct kvr_bridge_stream *s);
+void kvr_bridge_release(struct kvr_gen_stream *s);
 
 /* Telemetry (sched.h). */
 void kvr_bridge_stats(struct kvr_bridge *b, struct kvr_sched_stats *out);

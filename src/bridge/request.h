@@ -59,16 +59,15 @@ enum kvr_gen_finish {
     KVR_GEN_FINISH_EOS,       /* the token is an end-of-generation token (kvr_tok_is_eog); it
                                  is counted but not shown */
     KVR_GEN_FINISH_ERROR,     /* no token; the request failed (the event's message says why) */
-    KVR_GEN_FINISH_CANCELLED, /* the consumer cancelled it (the bridge only: the service
-                                 ends a cancelled stream with KVR_ECLOSED instead) */
+    KVR_GEN_FINISH_CANCELLED, /* the consumer cancelled it (the scheduler's: a stream's
+                                 next() ends a cancelled stream with KVR_ECLOSED instead) */
     KVR_GEN_FINISH_COUNT
 };
 
 /* One event of a stream: a token, the end, or both (the last token carries LENGTH or
  * EOS). */
 struct kvr_gen_event {
-    int32_t token; /* the generated token id; -1 when the event carries none (ERROR,
-                      CANCELLED) */
+    int32_t token; /* the generated token id; -1 when the event carries none (ERROR) */
     float logprob; /* natural log of the token's probability under the distribution it
                       was sampled from; set only when the request asked for logprobs */
     bool eog;      /* the token ends generation in the model's vocabulary */

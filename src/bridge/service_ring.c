@@ -1,64 +1,19 @@
 #include "bridge/service_ring.h"
 
-#include "core/alloc.h"
 #include "core/clock.h"
 
-#include <stdio.h>
-#include <string.h>
-
-struct kvr_gen_stream {
-    struct kvr_bridge_stream *bs;
-    bool done; /* the event carrying a finish was returned */
-};
-
+/* The bridge's streams are the service's (bridge.h): only the server's default budgets are
+ * added here; next, cancel and release are the bridge's own. */
 static int ring_submit(void *ctx, const struct kvr_gen_request *req, struct kvr_gen_stream **out,
                        struct kvr_refusal *refusal)
 {
-    struct kvr_ring_service *rs = ctx;
-    memset(refusal, 0, sizeof *refusal);
-    struct kvr_gen_stream *gs = kvr_calloc(1, sizeof *gs);
-    if (!gs) {
-        refusal->reason = KVR_REFUSE_INTERNAL;
-        snprintf(refusal->message, sizeof refusal->message, "out of memory");
-        return KVR_ENOMEM;
-    }
+    const struct kvr_ring_service *rs = ctx;
     struct kvr_gen_request br = *req;
     if (!br.first_token_ms)
         br.first_token_ms = rs->default_first_token_ms;
     if (!br.total_ms)
         br.total_ms = rs->default_total_ms;
-    int rc = kvr_bridge_submit(rs->bridge, &br, &gs->bs, refusal);
-    if (rc == 0) {
-        *out = gs;
-        return 0;
-    }
-    kvr_free(gs);
-    return rc;
-}
-
-static int ring_next(struct kvr_gen_stream *s, struct kvr_gen_event *ev, uint32_t timeout_ms)
-{
-    memset(ev, 0, sizeof *ev);
-    if (s->done)
-        return KVR_ECLOSED;
-    int rc = kvr_bridge_next(s->bs, ev, (int)timeout_ms);
-    if (rc)
-        return rc;
-    if (ev->finish == KVR_GEN_FINISH_NONE)
-        return 0;
-    s->done = true;
-    return ev->finish == KVR_GEN_FINISH_CANCELLED ? KVR_ECLOSED : 0;
-}
-
-static void ring_cancel(struct kvr_gen_stream *s)
-{
-    kvr_bridge_cancel(s->bs);
-}
-
-static void ring_release(struct kvr_gen_stream *s)
-{
-    kvr_bridge_release(s->bs);
-    kvr_free(s);
+    return kvr_bridge_submit(rs->bridge, &br, out, refusal);
 }
 
 /* GET /health and /readyz: the ring's state and each stage's, as the bridge sees it. */
@@ -248,9 +203,9 @@ static void ring_metrics(void *ctx, struct kvr_sbuf *out)
 }
 
 const struct kvr_service_ops kvr_ring_service_ops = {.submit = ring_submit,
-                                                     .next = ring_next,
-                                                     .cancel = ring_cancel,
-                                                     .release = ring_release,
+                                                     .next = kvr_bridge_next,
+                                                     .cancel = kvr_bridge_cancel,
+                                                     .release = kvr_bridge_release,
                                                      .health = ring_health,
                                                      .metrics = ring_metrics,
                                                      .reset_prefix_cache = ring_reset_prefix_cache};

@@ -1,5 +1,6 @@
-/* service_ring.h - the HTTP layer's service (service.h) backed by the bridge core: maps
- * requests, refusals and events between the two, and exports the scheduler's metrics.
+/* service_ring.h - the HTTP layer's service (service.h) backed by the bridge core: the
+ * bridge's requests, refusals, events and streams are the service's (request.h, bridge.h);
+ * this adds the server's default budgets, /health's stage list and the scheduler's metrics.
  *
  * Ownership: the struct borrows the bridge and the plan; both must outlive it. Thread-safe
  * as the bridge is. */

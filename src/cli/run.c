@@ -718,7 +718,7 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
         return 1;
     }
     int rc = 1;
-    struct kvr_bridge_stream **streams = kvr_calloc(n_jobs, sizeof *streams);
+    struct kvr_gen_stream **streams = kvr_calloc(n_jobs, sizeof *streams);
     if (!streams)
         goto out;
     if (!kvr_bridge_wait_up(b, 30000)) {
