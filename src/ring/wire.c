@@ -77,6 +77,7 @@
 #include "ring/wire.h"
 
 #include "core/alloc.h"
+#include "model/dtype.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -104,40 +105,38 @@ const char *kvr_wire_payload_name(uint32_t payload)
     return payload < KVR_WIRE_PAYLOAD_COUNT ? names[payload] : "unknown";
 }
 
+/* The boundary-row payloads and the dtype each carries (its element size is the dtype
+ * traits'); -1 for the payloads that are not rows. */
+static const int row_dtype[KVR_WIRE_PAYLOAD_COUNT] = {
+    [KVR_WIRE_PAYLOAD_NONE] = -1,
+    [KVR_WIRE_PAYLOAD_TOKENS] = -1,
+    [KVR_WIRE_PAYLOAD_F32] = KVR_DTYPE_F32,
+    [KVR_WIRE_PAYLOAD_F16] = KVR_DTYPE_F16,
+    [KVR_WIRE_PAYLOAD_BF16] = KVR_DTYPE_BF16,
+    [KVR_WIRE_PAYLOAD_RESULTS] = -1,
+    [KVR_WIRE_PAYLOAD_EXPERT] = -1,
+};
+
+static bool is_rows(uint32_t payload)
+{
+    return payload < KVR_WIRE_PAYLOAD_COUNT && row_dtype[payload] >= 0;
+}
+
 size_t kvr_wire_payload_elem_bytes(uint32_t payload)
 {
-    switch (payload) {
-    case KVR_WIRE_PAYLOAD_TOKENS:
-    case KVR_WIRE_PAYLOAD_F32:
-        return 4;
-    case KVR_WIRE_PAYLOAD_F16:
-    case KVR_WIRE_PAYLOAD_BF16:
-        return 2;
-    case KVR_WIRE_PAYLOAD_RESULTS:
-        return KVR_WIRE_RESULT_BYTES;
-    default:
-        return 0;
-    }
+    if (is_rows(payload))
+        return kvr_dtype_traits(row_dtype[payload])->block_bytes; /* one element a block */
+    if (payload == KVR_WIRE_PAYLOAD_TOKENS)
+        return sizeof(int32_t);
+    return payload == KVR_WIRE_PAYLOAD_RESULTS ? KVR_WIRE_RESULT_BYTES : 0;
 }
 
 uint32_t kvr_wire_payload_of_dtype(enum kvr_dtype dtype)
 {
-    switch (dtype) {
-    case KVR_DTYPE_F32:
-        return KVR_WIRE_PAYLOAD_F32;
-    case KVR_DTYPE_F16:
-        return KVR_WIRE_PAYLOAD_F16;
-    case KVR_DTYPE_BF16:
-        return KVR_WIRE_PAYLOAD_BF16;
-    default:
-        return KVR_WIRE_PAYLOAD_COUNT;
-    }
-}
-
-static bool is_rows(uint32_t payload)
-{
-    return payload == KVR_WIRE_PAYLOAD_F32 || payload == KVR_WIRE_PAYLOAD_F16 ||
-           payload == KVR_WIRE_PAYLOAD_BF16;
+    for (uint32_t p = 0; p < KVR_WIRE_PAYLOAD_COUNT; p++)
+        if (row_dtype[p] == (int)dtype)
+            return p;
+    return KVR_WIRE_PAYLOAD_COUNT;
 }
 
 /* Bitwise CRC-32C (reflected polynomial 0x82F63B78). The header is 36 bytes, so a table
