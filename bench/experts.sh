@@ -10,9 +10,12 @@
 #
 #   -s STAGES        stages with agents (default 2); -e K agents (default 2)
 #   --ring RING      stages of the plain ring (default STAGES + K)
-#   --stage-experts E  leave the last E experts of every layer to the stage that owns it and
-#                    split the others into K equal blocks (default 0: all experts on the
-#                    agents in equal blocks, the placement `kvasir serve --experts K` makes)
+#   --stage-experts "P1 P2 .."  the expert placements to run, each against the same ring
+#                    runs, in turns within every repeat: "auto" is the placement `kvasir
+#                    plan`/`serve --experts K` make (each stage keeps the share of its layers'
+#                    experts that balances its work with the agents'); a number E is
+#                    `kvasir plan --stage-experts E` (every stage keeps the last E experts of
+#                    its layers, the agents split the rest; 0 = all on the agents). Default auto
 #   --quota F, --netns, --pin   the emulated machines of bench/ring.sh (bench/emu.bash):
 #                    machine i holds stage i of the ring, and stage i or agent i - STAGES
 #                    of the expert plan
@@ -23,7 +26,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 KVASIR=${KVASIR:-$here/../build/kvasir}
-model="" stages=2 agents=2 ring="" seqs=16 tokens=64 repeats=3 quota="" netns=0 pin=0 sexp=0
+model="" stages=2 agents=2 ring="" seqs=16 tokens=64 repeats=3 quota="" netns=0 pin=0 sexp=auto
 while [ $# -gt 0 ]; do
     case $1 in
     -m) model=$2; shift ;;
@@ -64,28 +67,25 @@ hosts_of() { # FIRST COUNT: the machines' addresses, comma-separated
 common=(--max-seqs "$seqs" --ctx 256 --row-width 64 --base-port "$base" "${bridge[@]}")
 "$KVASIR" plan -m "$model" --stages "$ring" --microbatches "$ring" --hosts "$(hosts_of 0 "$ring")" \
     "${common[@]}" -o "$TMP/ring.json" 2>/dev/null
-"$KVASIR" plan -m "$model" --stages "$stages" --microbatches "$stages" --experts "$agents" \
-    --hosts "$(hosts_of 0 "$stages")" "${common[@]}" -o "$TMP/experts.json" 2>/dev/null
-# kvasir plan puts every agent on the first host: move agent j to machine STAGES + j, and
-# with --stage-experts E keep the last E experts of each layer off the agents.
-python3 - "$TMP/experts.json" "$(hosts_of "$stages" "$agents")" "$sexp" <<'PY'
+# One expert plan per placement; kvasir plan puts every agent on the first host: agent j
+# moves to machine STAGES + j.
+placements=$(tr ',' ' ' <<<"$sexp")
+for pl in $placements; do
+    keep=()
+    [ "$pl" = auto ] || keep=(--stage-experts "$pl")
+    "$KVASIR" plan -m "$model" --stages "$stages" --microbatches "$stages" --experts "$agents" \
+        "${keep[@]}" --hosts "$(hosts_of 0 "$stages")" "${common[@]}" -o "$TMP/experts-$pl.json" \
+        2>"$TMP/plan.log" || { cat "$TMP/plan.log" >&2; exit 1; }
+    echo "placement $pl: $(sed -n 's/^kvasir plan: experts: //p' "$TMP/plan.log")"
+    python3 - "$TMP/experts-$pl.json" "$(hosts_of "$stages" "$agents")" <<'PY'
 import json, sys
-path, hosts, keep = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
+path, hosts = sys.argv[1], sys.argv[2].split(",")
 plan = json.load(open(path))
-ag = plan["experts"]
-n_exp = ag[-1]["holds"][0]["experts"][1] + 1
-share = n_exp - keep
-if share < len(ag):
-    sys.exit(f"experts.sh: {n_exp} experts, {keep} left to the stages: too few for {len(ag)} agents")
-for j, a in enumerate(ag):
+for j, a in enumerate(plan["experts"]):
     a["addr"] = f"{hosts[j]}:{a['addr'].rsplit(':', 1)[1]}"
-    a["holds"][0]["experts"] = [j * share // len(ag), (j + 1) * share // len(ag) - 1]
 json.dump(plan, open(path, "w"), indent=2)
-print("expert plan: " + "; ".join(
-    f"agent {j} on {a['addr']} holds experts {a['holds'][0]['experts']} of layers "
-    f"{a['holds'][0]['layers']}" for j, a in enumerate(ag)) +
-    (f"; the stages compute experts {share}-{n_exp - 1} of their layers" if keep else ""))
 PY
+done
 
 for i in $(seq 0 $((seqs - 1))); do
     echo "{\"prompt\": \"Once upon a time there was a little robot number $i who\", \"max_tokens\": $tokens, \"temperature\": 0}"
@@ -147,26 +147,32 @@ for ((r = 0; r < repeats; r++)); do
         run "$TMP/ring.json" "$ring" 0 "$prompts"
         runs_of[ring$k]="${runs_of[ring$k]:-} $tps"
         { echo "run $r, ring, $k sequence(s), $tps tok/s"; cat "$TMP/procs"; } >>"$TMP/detail"
-        run "$TMP/experts.json" "$stages" "$agents" "$prompts"
-        runs_of[exp$k]="${runs_of[exp$k]:-} $tps"
-        { echo "run $r, experts, $k sequence(s), $tps tok/s"; cat "$TMP/procs"; } >>"$TMP/detail"
+        for pl in $placements; do
+            run "$TMP/experts-$pl.json" "$stages" "$agents" "$prompts"
+            runs_of[exp$pl.$k]="${runs_of[exp$pl.$k]:-} $tps"
+            { echo "run $r, experts ($pl), $k sequence(s), $tps tok/s"; cat "$TMP/procs"; } >>"$TMP/detail"
+        done
     done
 done
 echo "  load average (1 min) at the start of each repeat:$loads"
 sed 's/^/  /' "$TMP/detail"
 declare -A med
 for key in "${!runs_of[@]}"; do med[$key]=$(printf '%s\n' ${runs_of[$key]} | median); done
-printf '  one sequence: ring %.2f tok/s (%.1f ms/token; runs:%s), experts %.2f tok/s (%.1f ms/token; runs:%s)\n' \
-    "${med[ring1]}" "$(awk -v t="${med[ring1]}" 'BEGIN { print 1000 / t }')" "${runs_of[ring1]}" \
-    "${med[exp1]}" "$(awk -v t="${med[exp1]}" 'BEGIN { print 1000 / t }')" "${runs_of[exp1]}"
 ratios() { paste <(printf '%s\n' ${runs_of[$1]}) <(printf '%s\n' ${runs_of[$2]}) | awk "{ printf \"%.3f\\n\", $3 }"; }
-ratios ring1 exp1 '$1 / $2' >"$TMP/r1"
-printf '  latency per token, experts / ring: %.3fx (ratio of medians); per repeat %s-> median %.3fx\n' \
-    "$(awk -v a="${med[ring1]}" -v b="${med[exp1]}" 'BEGIN { print a / b }')" "$(tr '\n' ' ' <"$TMP/r1")" \
-    "$(median <"$TMP/r1")"
-printf '  %s sequences: ring %.1f tok/s (runs:%s), experts %.1f tok/s (runs:%s)\n' "$seqs" \
-    "${med[ring$seqs]}" "${runs_of[ring$seqs]}" "${med[exp$seqs]}" "${runs_of[exp$seqs]}"
-ratios "exp$seqs" "ring$seqs" '$1 / $2' >"$TMP/rk"
-printf '  aggregate tokens/s, experts / ring: %.3fx (ratio of medians); per repeat %s-> median %.3fx\n' \
-    "$(awk -v a="${med[exp$seqs]}" -v b="${med[ring$seqs]}" 'BEGIN { print a / b }')" \
-    "$(tr '\n' ' ' <"$TMP/rk")" "$(median <"$TMP/rk")"
+printf '  one sequence: ring %.2f tok/s (%.1f ms/token; runs:%s)\n' "${med[ring1]}" \
+    "$(awk -v t="${med[ring1]}" 'BEGIN { print 1000 / t }')" "${runs_of[ring1]}"
+printf '  %s sequences: ring %.1f tok/s (runs:%s)\n' "$seqs" "${med[ring$seqs]}" "${runs_of[ring$seqs]}"
+for pl in $placements; do
+    printf '  placement %s, one sequence: experts %.2f tok/s (%.1f ms/token; runs:%s)\n' "$pl" \
+        "${med[exp$pl.1]}" "$(awk -v t="${med[exp$pl.1]}" 'BEGIN { print 1000 / t }')" "${runs_of[exp$pl.1]}"
+    ratios ring1 "exp$pl.1" '$1 / $2' >"$TMP/r1"
+    printf '  placement %s, latency per token, experts / ring: %.3fx (ratio of medians); per repeat %s-> median %.3fx\n' \
+        "$pl" "$(awk -v a="${med[ring1]}" -v b="${med[exp$pl.1]}" 'BEGIN { print a / b }')" \
+        "$(tr '\n' ' ' <"$TMP/r1")" "$(median <"$TMP/r1")"
+    printf '  placement %s, %s sequences: experts %.1f tok/s (runs:%s)\n' "$pl" "$seqs" \
+        "${med[exp$pl.$seqs]}" "${runs_of[exp$pl.$seqs]}"
+    ratios "exp$pl.$seqs" "ring$seqs" '$1 / $2' >"$TMP/rk"
+    printf '  placement %s, aggregate tokens/s, experts / ring: %.3fx (ratio of medians); per repeat %s-> median %.3fx\n' \
+        "$pl" "$(awk -v a="${med[exp$pl.$seqs]}" -v b="${med[ring$seqs]}" 'BEGIN { print a / b }')" \
+        "$(tr '\n' ' ' <"$TMP/rk")" "$(median <"$TMP/rk")"
+done

@@ -26,7 +26,11 @@ static void usage(FILE *f)
             "  --bridge HOST:PORT   where the bridge listens for the tail (default host 1, P-1)\n"
             "  --speeds S1,S2,...   relative stage speeds (default all equal)\n"
             "  --experts K          MoE models: K expert agents on the first host, ports\n"
-            "                       P+N.., each holding an equal block of every layer's experts\n"
+            "                       P+N..; each stage keeps the share of its layers' experts\n"
+            "                       that balances its work with the agents' (docs/PLAN.md)\n"
+            "  --expert-speeds S1,..  relative agent speeds, in --speeds' unit (default 1)\n"
+            "  --stage-experts E    every stage keeps E experts of each of its layers instead\n"
+            "                       (0: all on the agents)\n"
             "  --layers A-B,C-D,... set the split by hand instead (inclusive ranges)\n"
             "  --row-width N        token rows per micro-batch (default 64)\n"
             "  --microbatches N     micro-batches in flight (default N stages)\n"
@@ -119,9 +123,31 @@ static int setup_secret(struct kvr_plan *plan, const char *key_path, const char 
     return 0;
 }
 
+/* "S1,S2,...": n positive numbers. */
+static int parse_speeds(const char *opt, const char *v, uint32_t n, double *out)
+{
+    const char *p = v;
+    for (uint32_t i = 0; i < n; i++) {
+        char *end;
+        out[i] = strtod(p, &end);
+        if (end == p || !(out[i] > 0) || (*end != ',' && *end != 0) ||
+            (i + 1 < n) != (*end == ',')) {
+            fprintf(stderr, "kvasir plan: %s wants %u positive numbers\n", opt, n);
+            return 2;
+        }
+        p = *end ? end + 1 : end;
+    }
+    if (n == 0) {
+        fprintf(stderr, "kvasir plan: %s needs --experts K first\n", opt);
+        return 2;
+    }
+    return 0;
+}
+
 int kvr_cmd_plan(int argc, char **argv)
 {
     const char *model = NULL, *out = NULL, *speeds = NULL, *layers = NULL, *key = NULL;
+    const char *agent_speeds = NULL;
     const char *emit = NULL, *emit_dir = NULL;
     bool fingerprint = true;
     struct kvr_plan_spec spec = {0};
@@ -156,7 +182,12 @@ int kvr_cmd_plan(int argc, char **argv)
             spec.bridge_addr = v;
         else if (!strcmp(a, "--speeds"))
             speeds = v;
-        else if (!strcmp(a, "--layers"))
+        else if (!strcmp(a, "--expert-speeds"))
+            agent_speeds = v;
+        else if (!strcmp(a, "--stage-experts")) {
+            num = &spec.keep, lo = 0;
+            spec.keep_fixed = true;
+        } else if (!strcmp(a, "--layers"))
             layers = v;
         else if (!strcmp(a, "--secret-file"))
             key = v;
@@ -241,19 +272,16 @@ int kvr_cmd_plan(int argc, char **argv)
         snprintf(key_buf, sizeof key_buf, "%.*s.key", (int)n, out);
         key = key_buf;
     }
-    double speed[KVR_PLAN_MAX_STAGES];
+    double speed[KVR_PLAN_MAX_STAGES], agent_speed[KVR_PLAN_MAX_AGENTS];
     if (speeds) {
-        const char *p = speeds;
-        for (uint32_t i = 0; i < spec.n_stages; i++) {
-            char *end;
-            speed[i] = strtod(p, &end);
-            if (end == p || speed[i] <= 0 || (*end != ',' && *end != 0)) {
-                fprintf(stderr, "kvasir plan: --speeds wants %u positive numbers\n", spec.n_stages);
-                return 2;
-            }
-            p = *end ? end + 1 : end;
-        }
+        if (parse_speeds("--speeds", speeds, spec.n_stages, speed))
+            return 2;
         spec.stage_speed = speed;
+    }
+    if (agent_speeds) {
+        if (parse_speeds("--expert-speeds", agent_speeds, spec.n_agents, agent_speed))
+            return 2;
+        spec.agent_speed = agent_speed;
     }
     spec.model_path = model;
     struct kvr_err err = {0};
@@ -287,6 +315,12 @@ int kvr_cmd_plan(int argc, char **argv)
         for (uint32_t i = 0; i < plan->n_stages; i++)
             fprintf(stderr, " %u-%u", plan->stages[i].first_layer, plan->stages[i].last_layer);
         fprintf(stderr, ")\n");
+        struct kvr_hparams hp;
+        char line[2048];
+        if (plan->n_agents && !kvr_hparams_read(&hp, g, &err)) {
+            kvr_plan_experts_describe(plan, hp.moe.n_expert, line, sizeof line);
+            fprintf(stderr, "kvasir plan: experts: %s\n", line);
+        }
         if (emit && kvr_cli_emit(plan, out, emit, emit_dir, &err)) {
             fprintf(stderr, "kvasir plan: --emit %s %s: %s\n", emit, emit_dir, err.msg);
             goto done;

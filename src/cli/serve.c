@@ -62,8 +62,11 @@ static void usage(FILE *f, bool serve)
                    "  the OpenAI-compatible API.\n"
                    "  --stages N            stages (default 2; a ring needs at least 2)\n"
                    "  --threads N           compute threads per stage (default 1)\n"
-                   "  --experts K           MoE models: K expert agents, each holding an equal\n"
-                   "                        block of every layer's experts (docs/EXPERTS.md)\n"
+                   "  --experts K           MoE models: K expert agents; each stage keeps the\n"
+                   "                        share of its layers' experts that balances its work\n"
+                   "                        with the agents' (docs/PLAN.md, docs/EXPERTS.md)\n"
+                   "  --stage-experts E     every stage keeps E experts of each of its layers\n"
+                   "                        instead (0: all on the agents)\n"
                    "  --plan-dir DIR        where to write plan.json (default: a new /tmp dir)\n"
                    "  --base-port P         stage i listens on P+i, the bridge on P-1 (default:\n"
                    "                        free ports)\n"
@@ -172,7 +175,10 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
             num = &o->stages, lo = 0, hi = KVR_PLAN_MAX_STAGES;
         else if (serve && !strcmp(a, "--experts"))
             num = &o->spec.n_agents, lo = 0, hi = KVR_PLAN_MAX_AGENTS;
-        else if (serve && !strcmp(a, "--threads"))
+        else if (serve && !strcmp(a, "--stage-experts")) {
+            num = &o->spec.keep, lo = 0;
+            o->spec.keep_fixed = true;
+        } else if (serve && !strcmp(a, "--threads"))
             num = &o->threads, hi = 256;
         else if (serve && !strcmp(a, "--base-port"))
             num = &o->spec.base_port, lo = 2, hi = 65535;
@@ -306,6 +312,12 @@ static int write_plan(struct serve_opts *o, struct kvr_gguf *g, struct kvr_plan 
     if (kvr_plan_propose(plan, g, &o->spec, &err)) {
         fprintf(stderr, "kvasir serve: %s\n", err.msg);
         return -1;
+    }
+    struct kvr_hparams hp;
+    if (plan->n_agents && !kvr_hparams_read(&hp, g, &err)) {
+        char line[2048];
+        kvr_plan_experts_describe(plan, hp.moe.n_expert, line, sizeof line);
+        KVR_INFO("experts: %s", line);
     }
     /* The secret goes to its own file (mode 0600), which the plan names; one left by an
      * earlier run in --plan-dir is used again. */

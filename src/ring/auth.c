@@ -10,7 +10,8 @@
  *                        for the bridge's control link to a stage (re-planning)
  *    10   2  status      VERDICT: enum kvr_auth_status; otherwise 0
  *    12   4  reserved    0
- *    16  32  plan_hash   the sender's kvr_plan_hash
+ *    16  32  plan_hash   the sender's kvr_plan_hash (kvr_plan_experts_link_hash on a link
+ *                        to or from an expert agent)
  *    48  32  nonce       HELLO, CHALLENGE: 32 fresh random bytes; otherwise 0
  *    80  32  kx          HELLO, CHALLENGE: the sender's ephemeral X25519 public key
  *                        (crypto_kx); otherwise 0
@@ -109,7 +110,10 @@ int kvr_auth_init(struct kvr_auth *a, const struct kvr_plan *plan, bool is_clien
     a->expect = is_client ? KVR_AUTH_CHALLENGE : KVR_AUTH_HELLO;
     crypto_generichash(a->key, sizeof a->key, (const unsigned char *)label, sizeof label - 1,
                        plan->secret, plan->secret_bytes);
-    kvr_plan_hash(plan, a->plan_hash);
+    if (self.role == KVR_AUTH_ROLE_AGENT || peer.role == KVR_AUTH_ROLE_AGENT)
+        kvr_plan_experts_link_hash(plan, a->plan_hash); /* survives a re-plan (plan.h) */
+    else
+        kvr_plan_hash(plan, a->plan_hash);
     a->n_stages = plan->n_stages;
     randombytes_buf(a->nonce, sizeof a->nonce);
     crypto_kx_keypair(a->kx_pk, a->kx_sk);

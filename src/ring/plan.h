@@ -191,6 +191,13 @@ int kvr_plan_check_fingerprint(const struct kvr_plan *plan, uint64_t fingerprint
  * model path, the thread counts and the folder, which may differ between machines. */
 void kvr_plan_hash(const struct kvr_plan *plan, uint8_t hash[KVR_PLAN_HASH_BYTES]);
 
+/* The identity an expert link (stage <-> agent) is bound to instead (docs/PLAN.md "Plan
+ * hash"): the model fingerprint, row_width, encrypt and the whole expert placement, not the
+ * stages, spares, epoch or bridge. A re-plan (kvr_plan_replan) keeps the placement, so the
+ * stages of the new epoch link the agents started with the old plan; a placement that
+ * differs is still refused at the handshake. */
+void kvr_plan_experts_link_hash(const struct kvr_plan *plan, uint8_t hash[KVR_PLAN_HASH_BYTES]);
+
 /* The first `n_bytes` (1..32) of a hash as lowercase hex, for log and error messages. */
 void kvr_plan_hash_hex(const uint8_t hash[KVR_PLAN_HASH_BYTES], size_t n_bytes, char *out,
                        size_t out_cap);
@@ -221,6 +228,22 @@ bool kvr_plan_agent_holds_layer(const struct kvr_plan_agent *a, uint32_t il);
 int kvr_plan_place_experts(struct kvr_plan *plan, uint32_t n_agents, uint32_t n_layer,
                            uint32_t n_expert, const char *host, uint32_t port0,
                            struct kvr_err *err);
+
+/* The same with a share kept by each stage (docs/PLAN.md "Expert placement"): for the
+ * layers of stage s (plan->stages must be set), the last keep[s] experts are computed by
+ * the stage itself and experts [0, n_expert - keep[s]) go to the agents in contiguous
+ * blocks sized by agent_speed (NULL: equal), each agent at least one. Runs of stages that
+ * keep the same count share one hold. KVR_EINVAL if a stage keeps more than n_expert -
+ * n_agents or a speed is not positive, KVR_ERANGE if an agent would need more than
+ * KVR_PLAN_MAX_HOLDS holds. */
+int kvr_plan_place_experts_kept(struct kvr_plan *plan, uint32_t n_agents, uint32_t n_expert,
+                                const uint32_t *keep, const double *agent_speed, const char *host,
+                                uint32_t port0, struct kvr_err *err);
+
+/* One line for logs: what each stage computes of its layers' experts (n_expert of them)
+ * and each agent's holds. Truncated to cap. */
+void kvr_plan_experts_describe(const struct kvr_plan *plan, uint32_t n_expert, char *out,
+                               size_t cap);
 
 /* Overwrite the secret in memory. */
 void kvr_plan_wipe(struct kvr_plan *plan);

@@ -195,6 +195,21 @@ void kvr_plan_experts_hash(const struct kvr_plan *p, crypto_generichash_state *s
     }
 }
 
+void kvr_plan_experts_link_hash(const struct kvr_plan *p, uint8_t hash[KVR_PLAN_HASH_BYTES])
+{
+    static const char domain[] = "kvasir-experts-link-1";
+    crypto_generichash_state st;
+    crypto_generichash_init(&st, NULL, 0, KVR_PLAN_HASH_BYTES);
+    crypto_generichash_update(&st, (const unsigned char *)domain, sizeof domain - 1);
+    kvr_plan_hash_u32(&st, (uint32_t)p->model_fingerprint);
+    kvr_plan_hash_u32(&st, (uint32_t)(p->model_fingerprint >> 32));
+    kvr_plan_hash_u32(&st, p->row_width);
+    kvr_plan_hash_u32(&st, p->encrypt ? 1 : 0);
+    kvr_plan_hash_u32(&st, p->n_agents); /* 0 too: kvr_plan_experts_hash skips it then */
+    kvr_plan_experts_hash(p, &st);
+    crypto_generichash_final(&st, hash, KVR_PLAN_HASH_BYTES);
+}
+
 int kvr_plan_experts_to_json(const struct kvr_plan *p, json_t *root)
 {
     if (p->n_agents == 0)
@@ -269,4 +284,94 @@ int kvr_plan_place_experts(struct kvr_plan *plan, uint32_t n_agents, uint32_t n_
                                              (j + 1) * n_expert / n_agents - 1};
     }
     return KVR_OK;
+}
+
+int kvr_plan_place_experts_kept(struct kvr_plan *plan, uint32_t n_agents, uint32_t n_expert,
+                                const uint32_t *keep, const double *agent_speed, const char *host,
+                                uint32_t port0, struct kvr_err *err)
+{
+    uint32_t ns = plan->n_stages;
+    if (ns == 0 || ns > KVR_PLAN_MAX_STAGES)
+        return kvr_err_set(err, KVR_EINVAL, "expert placement: the plan has %u stages", ns);
+    int rc = kvr_plan_place_experts(plan, n_agents, plan->stages[ns - 1].last_layer + 1, n_expert,
+                                    host, port0, err);
+    if (rc)
+        return rc;
+    double total = 0;
+    for (uint32_t j = 0; j < n_agents; j++) {
+        double u = agent_speed ? agent_speed[j] : 1.0;
+        if (!(u > 0) || u > 1e9)
+            return kvr_err_set(err, KVR_EINVAL, "expert agent %u has speed %g: want > 0", j, u);
+        total += u;
+    }
+    for (uint32_t s = 0; s < ns; s++)
+        if (keep[s] + n_agents > n_expert)
+            return kvr_err_set(err, KVR_EINVAL,
+                               "stage %u keeps %u of %u experts: that leaves fewer than one "
+                               "for each of %u agents",
+                               s, keep[s], n_expert, n_agents);
+    for (uint32_t j = 0; j < n_agents; j++)
+        plan->agents[j].n_holds = 0;
+    /* Stage s's layers: experts [0, n_expert - keep[s]) in blocks proportional to the
+     * agents' speeds (each at least one expert), the last keep[s] computed by the stage. */
+    for (uint32_t s = 0; s < ns; s++) {
+        uint32_t m = n_expert - keep[s], lo = 0;
+        double cum = 0;
+        for (uint32_t j = 0; j < n_agents; j++) {
+            cum += agent_speed ? agent_speed[j] : 1.0;
+            uint32_t hi = j + 1 == n_agents ? m : (uint32_t)(cum / total * m + 0.5);
+            if (hi < lo + 1)
+                hi = lo + 1; /* at least one expert... */
+            if (hi > m - (n_agents - 1 - j))
+                hi = m - (n_agents - 1 - j); /* ...and one left for every agent after it */
+            struct kvr_plan_agent *a = &plan->agents[j];
+            struct kvr_plan_hold h = {plan->stages[s].first_layer, plan->stages[s].last_layer, lo,
+                                      hi - 1};
+            struct kvr_plan_hold *prev = a->n_holds ? &a->holds[a->n_holds - 1] : NULL;
+            if (prev && prev->first_expert == h.first_expert &&
+                prev->last_expert == h.last_expert && prev->last_layer + 1 == h.first_layer)
+                prev->last_layer = h.last_layer;
+            else if (a->n_holds < KVR_PLAN_MAX_HOLDS)
+                a->holds[a->n_holds++] = h;
+            else
+                return kvr_err_set(err, KVR_ERANGE,
+                                   "expert placement: agent %u would need more than %d holds "
+                                   "(one per run of stages keeping the same experts)",
+                                   j, KVR_PLAN_MAX_HOLDS);
+            lo = hi;
+        }
+    }
+    return KVR_OK;
+}
+
+void kvr_plan_experts_describe(const struct kvr_plan *plan, uint32_t n_expert, char *out,
+                               size_t cap)
+{
+    size_t o = 0;
+    out[0] = 0;
+    for (uint32_t s = 0; s < plan->n_stages && s < KVR_PLAN_MAX_STAGES && o < cap; s++) {
+        const struct kvr_plan_stage *st = &plan->stages[s];
+        uint32_t held = 0; /* of the stage's first layer: the holds are per run of stages */
+        for (uint32_t e = 0; e < n_expert; e++)
+            for (uint32_t j = 0; j < plan->n_agents && j < KVR_PLAN_MAX_AGENTS; j++)
+                if (kvr_plan_agent_holds(&plan->agents[j], st->first_layer, e)) {
+                    held++;
+                    break;
+                }
+        int n =
+            snprintf(out + o, cap - o, "%sstage %u computes %u of %u experts of layers %u-%u",
+                     s ? "; " : "", s, n_expert - held, n_expert, st->first_layer, st->last_layer);
+        o = n < 0 ? cap : o + (size_t)n;
+    }
+    for (uint32_t j = 0; j < plan->n_agents && j < KVR_PLAN_MAX_AGENTS && o < cap; j++) {
+        const struct kvr_plan_agent *a = &plan->agents[j];
+        int n = snprintf(out + o, cap - o, "; agent %u", j);
+        o = n < 0 ? cap : o + (size_t)n;
+        for (uint32_t h = 0; h < a->n_holds && h < KVR_PLAN_MAX_HOLDS && o < cap; h++) {
+            const struct kvr_plan_hold *hd = &a->holds[h];
+            n = snprintf(out + o, cap - o, "%s experts %u-%u of layers %u-%u", h ? "," : "",
+                         hd->first_expert, hd->last_expert, hd->first_layer, hd->last_layer);
+            o = n < 0 ? cap : o + (size_t)n;
+        }
+    }
 }

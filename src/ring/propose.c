@@ -11,6 +11,9 @@
 
 /* A layer's time per weight byte, relative to a bare matmul's (see kvr_plan_propose). */
 #define LAYER_NON_MATMUL 2.0
+/* The same for the routed experts' share of a MoE layer, on the owning stage or an agent
+ * (expert_keep). */
+#define EXPERT_NON_MATMUL 2.0
 
 static double tensor_bytes(const struct kvr_gguf *g, const char *name)
 {
@@ -21,9 +24,12 @@ static double tensor_bytes(const struct kvr_gguf *g, const char *name)
 /* Bytes of layer il's tensors a token reads, named by the architecture table (a fused QKV
  * or gate/up tensor counts once, under its own name). A mixture-of-experts layer counts
  * its router, expert_used_count experts and any shared expert, not all its experts: that
- * is what a decode step reads. A layer whose tensors do not view counts 0 here; the engine
- * refuses the file with the reason when a stage loads it. */
-static double layer_bytes(const struct kvr_gguf *g, const struct kvr_hparams *hp, uint32_t il)
+ * is what a decode step reads. *routed (may be NULL) gets the part of it in the routed
+ * experts, which expert agents can take over; the rest stays with the owning stage. A
+ * layer whose tensors do not view counts 0 here; the engine refuses the file with the
+ * reason when a stage loads it. */
+static double layer_bytes(const struct kvr_gguf *g, const struct kvr_hparams *hp, uint32_t il,
+                          double *routed)
 {
     double sum = 0;
     char name[96];
@@ -34,8 +40,14 @@ static double layer_bytes(const struct kvr_gguf *g, const struct kvr_hparams *hp
         sum += tensor_bytes(g, name);
     }
     struct kvr_moe_layer moe;
-    if (hp->moe.n_expert && !kvr_moe_layer_view(&moe, g, il, hp->n_embd, &hp->moe, NULL))
+    if (routed)
+        *routed = 0;
+    if (hp->moe.n_expert && !kvr_moe_layer_view(&moe, g, il, hp->n_embd, &hp->moe, NULL)) {
         sum += kvr_moe_layer_bytes_per_token(&moe, &hp->moe);
+        if (routed)
+            *routed = (double)hp->moe.n_used *
+                      ((double)moe.gate_stride + (double)moe.up_stride + (double)moe.down_stride);
+    }
     return sum;
 }
 
@@ -52,13 +64,51 @@ static int model_costs(const struct kvr_gguf *g, const struct kvr_hparams *hp, d
     if (!*cost)
         return kvr_err_set(err, KVR_ENOMEM, "out of memory");
     for (uint32_t i = 0; i < hp->n_layer; i++)
-        (*cost)[i] = LAYER_NON_MATMUL * layer_bytes(g, hp, i);
+        (*cost)[i] = LAYER_NON_MATMUL * layer_bytes(g, hp, i, NULL);
     const struct kvr_gguf_tensor *emb = kvr_gguf_find_tensor(g, "token_embd.weight");
     *head_cost = emb && emb->ne[1] ? (double)emb->n_bytes / (double)emb->ne[1] : 0;
     *tail_cost = tensor_bytes(g, "output_norm.weight") +
                  (kvr_gguf_find_tensor(g, "output.weight") ? tensor_bytes(g, "output.weight")
                                                            : tensor_bytes(g, "token_embd.weight"));
     return KVR_OK;
+}
+
+/* How many experts of its layers each stage keeps (docs/PLAN.md "Expert placement"): the
+ * share that makes every machine's work per token, over its speed, the same. Stage s has
+ * A_s (its layers without their routed experts, the head's or tail's extra) and E_s (the
+ * routed experts of its layers a token uses); the agents, of total speed U, share what the
+ * stages leave. With T = sum(A_s + E_s) / (sum v_s + U), stage s keeps the fraction
+ * f_s = (T v_s - A_s) / E_s of its experts (0 .. 1 - K/n: each agent keeps at least one),
+ * rounded to whole experts. Costs are the balancer's (model_costs): the routed experts'
+ * bytes count EXPERT_NON_MATMUL times, like a layer's. */
+static void expert_keep(const struct kvr_gguf *g, const struct kvr_hparams *hp,
+                        const struct kvr_plan *plan, const struct kvr_plan_spec *spec,
+                        double head_cost, double tail_cost, uint32_t *keep)
+{
+    uint32_t ns = plan->n_stages, n = hp->moe.n_expert, k = spec->n_agents;
+    double a[KVR_PLAN_MAX_STAGES], e[KVR_PLAN_MAX_STAGES], work = 0, speed = 0;
+    for (uint32_t s = 0; s < ns; s++) {
+        a[s] = (s == 0 ? head_cost : 0) + (s + 1 == ns ? tail_cost : 0);
+        e[s] = 0;
+        for (uint32_t il = plan->stages[s].first_layer; il <= plan->stages[s].last_layer; il++) {
+            double routed, all = layer_bytes(g, hp, il, &routed);
+            a[s] += LAYER_NON_MATMUL * (all - routed);
+            e[s] += EXPERT_NON_MATMUL * routed;
+        }
+        work += a[s] + e[s];
+        speed += spec->stage_speed ? spec->stage_speed[s] : 1.0;
+    }
+    for (uint32_t j = 0; j < k; j++)
+        speed += spec->agent_speed ? spec->agent_speed[j] : 1.0;
+    double t = work / speed, most = (double)(n - k) / n;
+    for (uint32_t s = 0; s < ns; s++) {
+        double v = spec->stage_speed ? spec->stage_speed[s] : 1.0;
+        double f = e[s] > 0 ? (t * v - a[s]) / e[s] : 0;
+        f = f < 0 ? 0 : f > most ? most : f;
+        keep[s] = (uint32_t)(f * n + 0.5);
+        if (keep[s] + k > n)
+            keep[s] = n - k;
+    }
 }
 
 /* The i-th comma-separated host of `hosts` (the last one repeats). */
@@ -179,8 +229,26 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
     randombytes_buf(plan->secret, plan->secret_bytes);
     if (spec->n_agents) {
         nth_host(hosts, 0, host, sizeof host);
-        if ((rc = kvr_plan_place_experts(plan, spec->n_agents, hp.n_layer, hp.moe.n_expert, host,
-                                         port + spec->n_stages, err)))
+        uint32_t keep[KVR_PLAN_MAX_STAGES];
+        if (spec->keep_fixed) {
+            for (uint32_t s = 0; s < plan->n_stages; s++)
+                keep[s] = spec->keep;
+        } else {
+            expert_keep(g, &hp, plan, spec, head_cost, tail_cost, keep);
+        }
+        rc = kvr_plan_place_experts_kept(plan, spec->n_agents, hp.moe.n_expert, keep,
+                                         spec->agent_speed, host, port + spec->n_stages, err);
+        if (rc == KVR_ERANGE && !spec->keep_fixed) {
+            /* more runs of different shares than an agent has holds: one share for all */
+            double sum = 0;
+            for (uint32_t s = 0; s < plan->n_stages; s++)
+                sum += keep[s];
+            for (uint32_t s = 0; s < plan->n_stages; s++)
+                keep[s] = (uint32_t)(sum / plan->n_stages + 0.5);
+            rc = kvr_plan_place_experts_kept(plan, spec->n_agents, hp.moe.n_expert, keep,
+                                             spec->agent_speed, host, port + spec->n_stages, err);
+        }
+        if (rc)
             return rc;
     }
     return kvr_plan_validate(plan, hp.n_layer, err);

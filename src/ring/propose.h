@@ -33,9 +33,15 @@ struct kvr_plan_spec {
     uint32_t n_threads;        /* per stage; 0 = 1 */
     bool no_encrypt;           /* plain frames ("encrypt": false); default sealed */
     uint64_t fingerprint;      /* the model's kvr_gguf_fingerprint, or 0 (no check) */
-    uint32_t n_agents;         /* expert agents (MoE models): the experts of every layer in
-                                  equal blocks, agent j on the first host, port base_port +
-                                  n_stages + j; 0 = none */
+    uint32_t n_agents;         /* expert agents (MoE models), agent j on the first host,
+                                  port base_port + n_stages + j; 0 = none. Each stage keeps
+                                  the share of its layers' experts that balances its work
+                                  with the agents' (kvr_plan_propose), the agents split the
+                                  rest in blocks sized by agent_speed */
+    const double *agent_speed; /* n_agents relative speeds (stage_speed's unit), or NULL */
+    bool keep_fixed;           /* every stage keeps `keep` experts of each of its layers
+                                  instead of the balanced share (0: all on the agents) */
+    uint32_t keep;
 };
 
 /* Fill `plan` (with a fresh random secret) and validate it against the model. */

@@ -240,6 +240,42 @@ static void test_different_plan(void **state)
     assert_memory_equal(hc, hs, 32);
 }
 
+/* An expert link is bound to the placement, not the ring's epoch (plan.h
+ * kvr_plan_experts_link_hash): a stage of a re-planned ring (epoch 1, fewer stages,
+ * other layers) links an agent still on the plan it started with; a ring link between
+ * the two plans is refused, and so is an expert link once the placements differ. */
+static void test_expert_link_epoch(void **state)
+{
+    (void)state;
+    static const struct kvr_auth_id AGENT0 = {KVR_AUTH_ROLE_AGENT, 0};
+    static const struct kvr_auth_id ANY = {KVR_AUTH_ROLE_STAGE, KVR_AUTH_INDEX_ANY};
+    setup_plans();
+    for (int k = 0; k < 2; k++) {
+        struct kvr_plan *p = k ? &plan_s : &plan_c;
+        p->n_agents = 1;
+        snprintf(p->agents[0].addr, sizeof p->agents[0].addr, "127.0.0.1:7101");
+        p->agents[0].n_holds = 1;
+        p->agents[0].holds[0] = (struct kvr_plan_hold){0, 2, 0, 3};
+    }
+    plan_c.epoch = 1; /* the stage's plan: stage 1 of the old three lost, stage 2 now 1 */
+    plan_c.n_stages = 2;
+    plan_c.stages[0].last_layer = 1;
+    plan_c.stages[1] = plan_s.stages[2];
+    plan_c.stages[1].first_layer = 2;
+    memset(&plan_c.stages[2], 0, sizeof plan_c.stages[2]);
+    struct run r;
+    run_handshake(&r, STAGE1, AGENT0, AGENT0, ANY);
+    assert_int_equal(r.rc_client, 0);
+    assert_int_equal(r.rc_server, 0);
+    assert_memory_equal(r.keys_c, r.keys_s, sizeof r.keys_c);
+    run_handshake(&r, STAGE0, STAGE1, STAGE1, STAGE0); /* a ring link: different plans */
+    expect(r.rc_server, &r.err_server, KVR_EINVAL, "peer has plan hash", "server");
+    plan_s.agents[0].holds[0].last_expert = 2; /* the agent holds other experts */
+    run_handshake(&r, STAGE1, AGENT0, AGENT0, ANY);
+    expect(r.rc_server, &r.err_server, KVR_EINVAL, "peer has plan hash", "server");
+    expect(r.rc_client, &r.err_client, KVR_EINVAL, "different plan hash", "client");
+}
+
 static void test_wrong_peer(void **state)
 {
     (void)state;
@@ -493,11 +529,12 @@ static void test_topology(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_success),      cmocka_unit_test(test_session_keys),
-        cmocka_unit_test(test_wrong_secret), cmocka_unit_test(test_different_plan),
-        cmocka_unit_test(test_wrong_peer),   cmocka_unit_test(test_bad_messages),
-        cmocka_unit_test(test_replay),       cmocka_unit_test(test_tampering),
-        cmocka_unit_test(test_topology),     cmocka_unit_test(test_control),
+        cmocka_unit_test(test_success),           cmocka_unit_test(test_session_keys),
+        cmocka_unit_test(test_wrong_secret),      cmocka_unit_test(test_different_plan),
+        cmocka_unit_test(test_wrong_peer),        cmocka_unit_test(test_bad_messages),
+        cmocka_unit_test(test_expert_link_epoch), cmocka_unit_test(test_replay),
+        cmocka_unit_test(test_tampering),         cmocka_unit_test(test_topology),
+        cmocka_unit_test(test_control),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

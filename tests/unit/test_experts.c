@@ -181,6 +181,78 @@ static void test_place(void **state)
     assert_int_equal(kvr_plan_place_experts(&plan_a, 0, 6, 8, "127.0.0.1", 7101, &err), KVR_EINVAL);
 }
 
+/* Every (layer, expert) on at most one agent; stage s's layers have 8 - keep[s] held,
+ * the last keep[s] experts not. */
+static void check_kept(const struct kvr_plan *p, const uint32_t *keep)
+{
+    for (uint32_t s = 0; s < p->n_stages; s++)
+        for (uint32_t il = p->stages[s].first_layer; il <= p->stages[s].last_layer; il++)
+            for (uint32_t e = 0; e < 8; e++) {
+                uint32_t n = 0;
+                for (uint32_t j = 0; j < p->n_agents; j++)
+                    n += kvr_plan_agent_holds(&p->agents[j], il, e);
+                assert_int_equal(n, e < 8 - keep[s] ? 1 : 0);
+            }
+}
+
+/* Stages that keep a share (propose.c's balanced placement writes it this way). */
+static void test_place_kept(void **state)
+{
+    (void)state;
+    struct kvr_err err = {0};
+    assert_int_equal(load(&plan_a, NULL, &err), 0);
+    const uint32_t same[2] = {3, 3}, differ[2] = {2, 4}, none[2] = {0, 0}, most[2] = {6, 6};
+    /* The same share: one hold per agent, experts 0-4 in blocks of 2 and 3. */
+    assert_int_equal(
+        kvr_plan_place_experts_kept(&plan_a, 2, 8, same, NULL, "127.0.0.1", 7101, &err), 0);
+    assert_int_equal(kvr_plan_validate(&plan_a, 6, &err), 0);
+    check_kept(&plan_a, same);
+    assert_int_equal(plan_a.agents[0].n_holds, 1);
+    assert_int_equal(plan_a.agents[0].holds[0].last_layer, 5);
+    assert_int_equal(plan_a.agents[1].holds[0].first_expert, 3);
+    assert_int_equal(plan_a.agents[1].holds[0].last_expert, 4);
+    /* Different shares: a hold per stage. */
+    assert_int_equal(
+        kvr_plan_place_experts_kept(&plan_a, 2, 8, differ, NULL, "127.0.0.1", 7101, &err), 0);
+    assert_int_equal(kvr_plan_validate(&plan_a, 6, &err), 0);
+    check_kept(&plan_a, differ);
+    assert_int_equal(plan_a.agents[1].n_holds, 2);
+    assert_int_equal(plan_a.agents[1].holds[1].first_layer, 3);
+    assert_int_equal(plan_a.agents[1].holds[1].last_expert, 3);
+    /* Nothing kept: the equal blocks of kvr_plan_place_experts. */
+    assert_int_equal(
+        kvr_plan_place_experts_kept(&plan_a, 2, 8, none, NULL, "127.0.0.1", 7101, &err), 0);
+    check_kept(&plan_a, none);
+    assert_int_equal(plan_a.agents[0].holds[0].last_expert, 3);
+    /* Speeds size the blocks: agent 0 three times as fast holds 6 of 8... */
+    const double fast0[2] = {3, 1}, lopsided[2] = {1000, 1};
+    assert_int_equal(
+        kvr_plan_place_experts_kept(&plan_a, 2, 8, none, fast0, "127.0.0.1", 7101, &err), 0);
+    assert_int_equal(plan_a.agents[0].holds[0].last_expert, 5);
+    /* ...and however slow an agent is, it keeps one. */
+    assert_int_equal(
+        kvr_plan_place_experts_kept(&plan_a, 2, 8, most, lopsided, "127.0.0.1", 7101, &err), 0);
+    check_kept(&plan_a, most);
+    assert_int_equal(plan_a.agents[1].holds[0].first_expert, 1);
+    assert_int_equal(plan_a.agents[1].holds[0].last_expert, 1);
+    /* A stage cannot keep so many that an agent has none; speeds must be positive. */
+    const uint32_t too_many[2] = {0, 7};
+    const double zero[2] = {1, 0};
+    assert_int_equal(
+        kvr_plan_place_experts_kept(&plan_a, 2, 8, too_many, NULL, "127.0.0.1", 7101, &err),
+        KVR_EINVAL);
+    assert_non_null(strstr(err.msg, "stage 1 keeps 7 of 8 experts"));
+    assert_int_equal(
+        kvr_plan_place_experts_kept(&plan_a, 2, 8, same, zero, "127.0.0.1", 7101, &err),
+        KVR_EINVAL);
+    char line[512];
+    assert_int_equal(
+        kvr_plan_place_experts_kept(&plan_a, 2, 8, differ, NULL, "127.0.0.1", 7101, &err), 0);
+    kvr_plan_experts_describe(&plan_a, 8, line, sizeof line);
+    assert_non_null(strstr(line, "stage 0 computes 2 of 8 experts of layers 0-2; stage 1 "
+                                 "computes 4 of 8 experts of layers 3-5; agent 0 experts 0-2"));
+}
+
 /* A model of 6 layers, n_embd 16, 8 experts, top-2, for the limits. */
 static struct kvr_hparams small_model(void)
 {
@@ -411,9 +483,10 @@ static void test_agent_auth(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_plan_experts),  cmocka_unit_test(test_plan_rules),
-        cmocka_unit_test(test_place),         cmocka_unit_test(test_expert_frames),
-        cmocka_unit_test(test_agent_timings), cmocka_unit_test(test_agent_auth),
+        cmocka_unit_test(test_plan_experts), cmocka_unit_test(test_plan_rules),
+        cmocka_unit_test(test_place),        cmocka_unit_test(test_expert_frames),
+        cmocka_unit_test(test_place_kept),   cmocka_unit_test(test_agent_timings),
+        cmocka_unit_test(test_agent_auth),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

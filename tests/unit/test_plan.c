@@ -13,7 +13,9 @@
 #include "testutil.h"
 
 #include "core/alloc.h"
+#include "model/arch.h"
 #include "model/gguf.h"
+#include "model/synth.h"
 #include "ring/plan.h"
 #include "ring/propose.h"
 
@@ -988,6 +990,100 @@ static void test_propose_kv_type(void **state)
     kvr_gguf_close(g);
 }
 
+/* ---- Proposing a plan with expert agents: the balanced placement ------------------------ */
+
+/* A qwen3moe model in memory: 4 layers, dim 64, 8 experts of width 128, top 2 (the used
+ * experts read 4x the attention's weights), a 2048-token output head. */
+static struct kvr_gguf *moe_model(char **buf)
+{
+    struct kvr_synth_opts o = {.type = KVR_DTYPE_F32, .seed = 3, .n_threads = 1};
+    o.arch = kvr_arch_find("qwen3moe", strlen("qwen3moe"));
+    assert_non_null(o.arch);
+    o.shape = (struct kvr_synth_shape){.name = "moe",
+                                       .n_layers = 4,
+                                       .dim = 64,
+                                       .ff = 128,
+                                       .n_heads = 4,
+                                       .n_kv_heads = 4,
+                                       .vocab_size = 2048,
+                                       .ctx = 64,
+                                       .rope_base = 10000.0f,
+                                       .rms_eps = 1e-5f,
+                                       .n_expert = 8,
+                                       .n_expert_used = 2,
+                                       .expert_ff = 128};
+    size_t len = 0;
+    FILE *f = open_memstream(buf, &len);
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_synth_write(&o, f, NULL, &err), 0);
+    assert_int_equal(fclose(f), 0);
+    struct kvr_gguf *g = NULL;
+    assert_int_equal(kvr_gguf_open_mem(&g, *buf, len, &err), 0);
+    return g;
+}
+
+/* Experts the stage owning layer il computes: those no agent holds. */
+static uint32_t kept(const struct kvr_plan *p, uint32_t il)
+{
+    uint32_t n = 0;
+    for (uint32_t e = 0; e < 8; e++) {
+        bool held = false;
+        for (uint32_t j = 0; j < p->n_agents; j++)
+            held = held || kvr_plan_agent_holds(&p->agents[j], il, e);
+        n += !held;
+    }
+    return n;
+}
+
+/* Each stage keeps the share that balances it with the agents (docs/PLAN.md "Expert
+ * placement"): some experts when they dominate, fewer on the tail (it also pays for the
+ * output head), none when the agents are far faster, all but one per agent when the
+ * stages are; --stage-experts E keeps E everywhere. */
+static void test_propose_experts(void **state)
+{
+    (void)state;
+    char *buf = NULL;
+    struct kvr_gguf *g = moe_model(&buf);
+    struct kvr_err err = {0};
+    struct kvr_plan_spec spec = {.n_stages = 2, .model_path = "m.gguf", .n_agents = 2};
+    if (kvr_plan_propose(&plan_a, g, &spec, &err))
+        fail_msg("propose: %s", err.msg);
+    assert_int_equal(plan_a.n_agents, 2);
+    uint32_t head = kept(&plan_a, 0), tail = kept(&plan_a, 3);
+    assert_true(head >= 1 && head <= 6);
+    assert_true(tail <= head);
+    for (uint32_t il = 0; il < 4; il++) /* the same share over a stage's layers */
+        assert_int_equal(kept(&plan_a, il), il <= plan_a.stages[0].last_layer ? head : tail);
+    const double fast[2] = {1000, 1000};
+    spec.agent_speed = fast;
+    assert_int_equal(kvr_plan_propose(&plan_a, g, &spec, &err), 0);
+    assert_int_equal(kept(&plan_a, 0) + kept(&plan_a, 3), 0);
+    spec.agent_speed = NULL;
+    spec.stage_speed = fast;
+    assert_int_equal(kvr_plan_propose(&plan_a, g, &spec, &err), 0);
+    assert_int_equal(kept(&plan_a, 0), 6);
+    assert_int_equal(kept(&plan_a, 3), 6);
+    /* A faster agent holds the bigger block. */
+    const double agents[2] = {3, 1};
+    spec.stage_speed = NULL;
+    spec.agent_speed = agents;
+    assert_int_equal(kvr_plan_propose(&plan_a, g, &spec, &err), 0);
+    assert_true(
+        plan_a.agents[0].holds[0].last_expert + 1 >
+        2 * (plan_a.agents[1].holds[0].last_expert - plan_a.agents[0].holds[0].last_expert));
+    spec.agent_speed = NULL;
+    spec.keep_fixed = true;
+    spec.keep = 3;
+    assert_int_equal(kvr_plan_propose(&plan_a, g, &spec, &err), 0);
+    assert_int_equal(kept(&plan_a, 0), 3);
+    assert_int_equal(kept(&plan_a, 3), 3);
+    assert_int_equal(plan_a.agents[0].n_holds, 1);
+    spec.keep = 7; /* leaves one expert for two agents */
+    assert_int_equal(kvr_plan_propose(&plan_a, g, &spec, &err), KVR_EINVAL);
+    kvr_gguf_close(g);
+    free(buf);
+}
+
 /* ---- Seed corpus for fuzz_plan --------------------------------------------------------- */
 
 static void test_write_corpus(void **state)
@@ -1029,6 +1125,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_base),
         cmocka_unit_test(test_propose_kv_type),
+        cmocka_unit_test(test_propose_experts),
         cmocka_unit_test(test_defaults),
         cmocka_unit_test(test_parse_rejections),
         cmocka_unit_test(test_too_many_stages),

@@ -115,6 +115,38 @@ static void test_replan_drops_a_stage(void **state)
     unmake();
 }
 
+/* A re-plan keeps the expert placement, so the expert links' hash (plan.h) is the same
+ * before and after: agents started with the old plan serve the new ring's stages. With a
+ * spare taking the lost stage's place too. */
+static void test_replan_keeps_expert_links(void **state)
+{
+    (void)state;
+    static struct kvr_plan old, out;
+    make(&old, 3);
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_plan_place_experts(&old, 2, 12, 8, "127.0.0.1", 7101, &err), 0);
+    snprintf(old.spares[0].addr, sizeof old.spares[0].addr, "127.0.0.1:7201");
+    old.n_spares = 1;
+    uint8_t h_old[KVR_PLAN_HASH_BYTES], h_new[KVR_PLAN_HASH_BYTES];
+    kvr_plan_experts_link_hash(&old, h_old);
+    const uint64_t masks[] = {0x5 /* stage 1 lost */, 0xd /* the spare takes its place */};
+    for (int k = 0; k < 2; k++) {
+        if (kvr_plan_replan(&old, model, masks[k], &out, &err))
+            fail_msg("replan: %s", err.msg);
+        assert_int_equal(out.n_agents, 2);
+        kvr_plan_experts_link_hash(&out, h_new);
+        assert_memory_equal(h_old, h_new, sizeof h_old);
+        kvr_plan_hash(&out, h_new);
+        kvr_plan_hash(&old, h_old);
+        assert_memory_not_equal(h_old, h_new, sizeof h_old); /* the ring's links differ */
+        kvr_plan_experts_link_hash(&old, h_old);
+    }
+    out.agents[1].holds[0].first_expert++; /* another placement: refused */
+    kvr_plan_experts_link_hash(&out, h_new);
+    assert_memory_not_equal(h_old, h_new, sizeof h_old);
+    unmake();
+}
+
 static void test_replan_refusals(void **state)
 {
     (void)state;
@@ -273,6 +305,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_replan_drops_a_stage),
         cmocka_unit_test(test_replan_refusals),
+        cmocka_unit_test(test_replan_keeps_expert_links),
         cmocka_unit_test(test_replan_spares),
         cmocka_unit_test(test_replan_frame),
     };
