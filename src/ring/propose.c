@@ -78,15 +78,16 @@ static int model_costs(const struct kvr_gguf *g, const struct kvr_hparams *hp, d
  * A_s (its layers without their routed experts, the head's or tail's extra) and E_s (the
  * routed experts of its layers a token uses); the agents, of total speed U, share what the
  * stages leave. With T = sum(A_s + E_s) / (sum v_s + U), stage s keeps the fraction
- * f_s = (T v_s - A_s) / E_s of its experts (0 .. 1 - K/n: each agent keeps at least one),
- * rounded to whole experts. Costs are the balancer's (model_costs): the routed experts'
+ * f_s = (T v_s - A_s) / E_s of its experts, rounded to whole experts. A share outside
+ * 0 .. 1 - K/n (each agent keeps at least one) is held at the bound and T found again for
+ * the other stages. Costs are the balancer's (model_costs): the routed experts'
  * bytes count EXPERT_NON_MATMUL times, like a layer's. */
 static void expert_keep(const struct kvr_gguf *g, const struct kvr_hparams *hp,
                         const struct kvr_plan *plan, const struct kvr_plan_spec *spec,
                         double head_cost, double tail_cost, uint32_t *keep)
 {
     uint32_t ns = plan->n_stages, n = hp->moe.n_expert, k = spec->n_agents;
-    double a[KVR_PLAN_MAX_STAGES], e[KVR_PLAN_MAX_STAGES], work = 0, speed = 0;
+    double a[KVR_PLAN_MAX_STAGES], e[KVR_PLAN_MAX_STAGES];
     for (uint32_t s = 0; s < ns; s++) {
         a[s] = (s == 0 ? head_cost : 0) + (s + 1 == ns ? tail_cost : 0);
         e[s] = 0;
@@ -95,17 +96,38 @@ static void expert_keep(const struct kvr_gguf *g, const struct kvr_hparams *hp,
             a[s] += LAYER_NON_MATMUL * (all - routed);
             e[s] += EXPERT_NON_MATMUL * routed;
         }
-        work += a[s] + e[s];
-        speed += spec->stage_speed ? spec->stage_speed[s] : 1.0;
     }
+    double agents = 0, most = (double)(n - k) / n, f[KVR_PLAN_MAX_STAGES];
     for (uint32_t j = 0; j < k; j++)
-        speed += spec->agent_speed ? spec->agent_speed[j] : 1.0;
-    double t = work / speed, most = (double)(n - k) / n;
+        agents += spec->agent_speed ? spec->agent_speed[j] : 1.0;
+    bool fixed[KVR_PLAN_MAX_STAGES] = {false};
+    /* A stage whose share falls outside 0 .. most keeps the bound, and T is found again
+     * for the others: the agents take what the fixed stages leave (at most ns rounds). */
+    for (bool again = true; again;) {
+        again = false;
+        double work = 0, speed = agents;
+        for (uint32_t s = 0; s < ns; s++) {
+            if (fixed[s]) {
+                work += (1 - f[s]) * e[s];
+            } else {
+                work += a[s] + e[s];
+                speed += spec->stage_speed ? spec->stage_speed[s] : 1.0;
+            }
+        }
+        double t = work / speed;
+        for (uint32_t s = 0; s < ns; s++) {
+            if (fixed[s])
+                continue;
+            double v = spec->stage_speed ? spec->stage_speed[s] : 1.0;
+            f[s] = e[s] > 0 ? (t * v - a[s]) / e[s] : 0;
+            if (f[s] < 0 || f[s] > most || e[s] <= 0) {
+                f[s] = f[s] < 0 || e[s] <= 0 ? 0 : most;
+                fixed[s] = again = true;
+            }
+        }
+    }
     for (uint32_t s = 0; s < ns; s++) {
-        double v = spec->stage_speed ? spec->stage_speed[s] : 1.0;
-        double f = e[s] > 0 ? (t * v - a[s]) / e[s] : 0;
-        f = f < 0 ? 0 : f > most ? most : f;
-        keep[s] = (uint32_t)(f * n + 0.5);
+        keep[s] = (uint32_t)(f[s] * n + 0.5);
         if (keep[s] + k > n)
             keep[s] = n - k;
     }
