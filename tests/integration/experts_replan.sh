@@ -12,13 +12,14 @@
 # stream ends with exactly the undisturbed text, and four new requests do too.
 set -euo pipefail
 source "$(dirname "$0")/lib.bash"
+source "$(dirname "$0")/replan_lib.bash"
 
 GRACE_S=2
-N_TOKENS=800 # per stream (a pass of 4 takes ~5 s)
-KILL_AFTER=30 # ring batches into the disturbed pass
+N_TOKENS=300 # per stream
+KILL_AT=20   # tokens every stream has delivered when the stage is killed
 if grep -q "__tsan_init" "$KVASIR" 2>/dev/null; then
     N_TOKENS=40 # ThreadSanitizer slows the kernels 10-50x
-    KILL_AFTER=8
+    KILL_AT=5
 fi
 "$KVASIR" synth --shape custom --arch qwen3moe --experts 16 --experts-used 4 --expert-ff 128 \
     --layers 6 --dim 128 --ff 256 --heads 4 --kv-heads 2 --vocab-size 2048 --ctx 1024 \
@@ -34,20 +35,7 @@ for j in 0 1; do # start_agents waits for two links; this ring has three stages
     done
     [ "$(grep -c linked "$dir/agent$j.log")" -ge 3 ] || { cat "$dir/agent$j.log"; fail "agent $j did not link all three stages"; }
 done
-"$KVASIR" bridge --plan "$RING_PLAN" --port 0 --replan-after "$GRACE_S" --no-admission \
-    >"$TMP/bridge.out" 2>"$TMP/bridge.log" &
-BRIDGE=$!
-PIDS+=($BRIDGE)
-URL=""
-for i in $(seq 1 600); do
-    URL=$(sed -n 's/^kvasir: ready on //p' "$TMP/bridge.out" | head -1)
-    [ -n "$URL" ] && break
-    kill -0 "$BRIDGE" 2>/dev/null || { tail "$TMP/bridge.log"; fail "the bridge exited"; }
-    sleep 0.1
-done
-[ -n "$URL" ] || { tail "$TMP/bridge.log"; fail "the bridge was not ready within 60 s"; }
-
-source "$(dirname "$0")/replan_lib.bash"
+start_bridge
 pairs() { # the pairs agent J computed, as the bridge counts them
     curl -s -m 2 "$URL/metrics" | awk -v n="kvasir:expert_pairs_total{agent=\"$1\"}" '$1 == n {print $2}'
 }
