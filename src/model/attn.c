@@ -110,13 +110,22 @@ static void swiglu_plain(float *gate, const float *up, size_t n)
     }
 }
 
-void kvr_geglu_plain(float *gate, const float *up, size_t n)
+float kvr_gelu_half(float g)
 {
     const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i];
-        gate[i] = 0.5f * g * (1.0f + tanhf(c * (g + 0.044715f * g * g * g))) * up[i];
-    }
+    if (g <= -10.0f)
+        return 0.0f;
+    if (g >= 10.0f)
+        return g;
+    float h = kvr_f16_to_f32(kvr_f32_to_f16(g));
+    float y = 0.5f * h * (1.0f + tanhf(c * h * (1.0f + 0.044715f * h * h)));
+    return kvr_f16_to_f32(kvr_f32_to_f16(y));
+}
+
+void kvr_geglu_plain(float *gate, const float *up, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        gate[i] = kvr_gelu_half(gate[i]) * up[i];
 }
 
 const struct kvr_attn_ops kvr_attn_ops_plain = {.scores = scores_plain,

@@ -34,12 +34,16 @@ struct kvr_attn_ops {
     /* gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i]: SiLU(gate) times up. Each element
      * gives the same bits wherever it falls in the range (threads split it anywhere). */
     void (*swiglu)(float *gate, const float *up, size_t n);
-    /* gate[i] = gelu(gate[i]) * up[i] with the tanh form of GELU,
-     * 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))): GeGLU (gemma). Both sets use the
-     * plain loop (tanhf per element), so it is the same bits everywhere. */
+    /* gate[i] = kvr_gelu_half(gate[i]) * up[i]: GeGLU (gemma). Both sets use the plain
+     * loop (tanhf per element), so it is the same bits everywhere. */
     void (*geglu)(float *gate, const float *up, size_t n);
 };
 
+/* The tanh form of GELU, 0.5 h (1 + tanh(sqrt(2/pi) h (1 + 0.044715 h^2))), at half
+ * precision: the input rounded to half (h), the formula in f32, the result rounded to half;
+ * g itself at g >= 10 and 0 at g <= -10. That is what llama.cpp's GELU gives (a table
+ * of halves); docs/QUANT.md has the measurements. */
+float kvr_gelu_half(float g);
 void kvr_geglu_plain(float *gate, const float *up, size_t n);
 /* The running maximum, sum and rescale of one position for mix_online_f16 (both sets). */
 void kvr_online_step(float *st, float p, float *rescale, float *weight);

@@ -8,7 +8,11 @@
  *    group size; so where a sequence's blocks begin never changes a bit (batch invariance);
  *  - softmax and SwiGLU agree with double precision to a few ulp (the AVX2 set has its own
  *    exp), also at the clamped extremes, and SwiGLU gives the same bits however the range
- *    is cut (threads split it anywhere).
+ *    is cut (threads split it anywhere);
+ *  - GeGLU's GELU at half precision: over every half in (-10, 10) the result is a half,
+ *    depends only on the input's half rounding, and is within a half-ulp (and the f32
+ *    formula's cancellation near -1) of the double-precision tanh GELU; g itself from 10 up,
+ *    0 from -10 down; both sets give the same bits.
  * The AVX2 set is checked only when the CPU has it (the kernel set says "avx2"). */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -234,6 +238,46 @@ static void check_swiglu(const struct kvr_attn_ops *ops, const char *set)
         fail_msg("%s swiglu: results depend on how the range is cut", set);
 }
 
+static void check_geglu(const struct kvr_attn_ops *ops, const char *set)
+{
+    for (uint32_t b = 0; b < 65536; b++) {
+        float h = kvr_f16_to_f32((uint16_t)b);
+        if (!(fabsf(h) < 10.0f))
+            continue;
+        float y = kvr_gelu_half(h);
+        if (kvr_f16_to_f32(kvr_f32_to_f16(y)) != y)
+            fail_msg("gelu_half(%.9g) = %.9g is not a half", h, y);
+        double x = h,
+               exact = 0.5 * x * (1.0 + tanh(0.7978845608028654 * x * (1.0 + 0.044715 * x * x)));
+        /* within one half-ulp of the nearest half, plus the f32 formula's cancellation in
+         * 1 + tanh near -1 (a few ulp of 1, times h / 2) */
+        uint16_t want = kvr_f32_to_f16((float)exact);
+        double ulp = fabs(kvr_f16_to_f32((uint16_t)((want & 0x7fff) + 1)) -
+                          kvr_f16_to_f32((uint16_t)(want & 0x7fff)));
+        if (fabs(y - exact) > ulp + fabs(x) * 0x1p-21)
+            fail_msg("gelu_half(%.9g) = %.9g, the nearest half is %.9g", h, y,
+                     kvr_f16_to_f32(want));
+        /* inputs that round to this half give its result */
+        float up = nextafterf(h, INFINITY);
+        if (kvr_f32_to_f16(up) == b && kvr_gelu_half(up) != y)
+            fail_msg("gelu_half(%.9g) differs from gelu_half(%.9g)", up, h);
+    }
+    if (kvr_gelu_half(10.3f) != 10.3f || kvr_gelu_half(-10.5f) != 0.0f ||
+        kvr_gelu_half(1e6f) != 1e6f)
+        fail_msg("gelu_half: the saturated ends");
+    enum { N = 203 };
+    float gate[N], up[N], a[N], want[N];
+    for (int i = 0; i < N; i++) {
+        gate[i] = frand() * 12.0f;
+        up[i] = frand();
+        want[i] = kvr_gelu_half(gate[i]) * up[i];
+    }
+    memcpy(a, gate, sizeof a);
+    ops->geglu(a, up, N);
+    if (memcmp(a, want, sizeof a) != 0)
+        fail_msg("%s geglu differs from gelu_half(gate) * up", set);
+}
+
 static void test_plain(void **state)
 {
     (void)state;
@@ -242,6 +286,7 @@ static void test_plain(void **state)
     check_online(&kvr_attn_ops_plain, NULL, "plain");
     check_softmax(&kvr_attn_ops_plain, "plain");
     check_swiglu(&kvr_attn_ops_plain, "plain");
+    check_geglu(&kvr_attn_ops_plain, "plain");
 }
 
 static void test_avx2(void **state)
@@ -257,6 +302,7 @@ static void test_avx2(void **state)
     check_online(&kvr_attn_ops_avx2, &kvr_attn_ops_plain, "avx2");
     check_softmax(&kvr_attn_ops_avx2, "avx2");
     check_swiglu(&kvr_attn_ops_avx2, "avx2");
+    check_geglu(&kvr_attn_ops_avx2, "avx2");
 }
 
 int main(void)
