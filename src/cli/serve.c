@@ -27,6 +27,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <sodium.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,7 +70,7 @@ static void usage(FILE *f, bool serve)
                    "                        instead (0: all on the agents)\n"
                    "  --plan-dir DIR        where to write plan.json (default: a new /tmp dir)\n"
                    "  --base-port P         stage i listens on P+i, the bridge on P-1 (default:\n"
-                   "                        free ports)\n"
+                   "                        a random free range below the ephemeral ports)\n"
                    "  --row-width N --microbatches N --max-seqs N --ctx N --kv-blocks N\n"
                    "  --kv-mem MIB (KV per stage, instead of --kv-blocks) --kv-type f32|f16|q8_0\n"
                    "  --wire f32|f16        --no-encrypt: plain frames on the ring's links\n");
@@ -254,16 +255,28 @@ static pid_t spawn_stage(const char *self, const char *plan_path, uint32_t i, ui
     _exit(127);
 }
 
-/* A free TCP port on 127.0.0.1, found by binding port 0. */
-static uint32_t free_port(void)
+/* A random base for `span` consecutive listening ports, below the kernel's ephemeral range
+ * (ip_local_port_range; 32768 if unreadable) and from 10000 up. A port inside the
+ * ephemeral range (what binding port 0 returns) can be taken, between the check and the
+ * stage's own bind, as the source port of any outgoing connection on the machine:
+ * experts_recover's stage 0 failed that way under a loaded ctest ("Address already in
+ * use"). 0 if the range below is too small. */
+static uint32_t random_base_port(uint32_t span)
 {
-    int fd;
-    uint16_t port = 0;
-    struct kvr_err err = {0};
-    if (kvr_net_listen("127.0.0.1:0", 1, &fd, &port, &err) != 0)
+    uint32_t lo = 32768;
+    FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+    if (f) {
+        unsigned a = 0, b = 0;
+        if (fscanf(f, "%u %u", &a, &b) == 2 && a > 0 && a <= 65535)
+            lo = a;
+        fclose(f);
+    }
+    const uint32_t first = 10001; /* base - 1 (the bridge) >= 10000 */
+    if (lo <= first + span + 1)
         return 0;
-    close(fd);
-    return port;
+    uint32_t r;
+    randombytes_buf(&r, sizeof r);
+    return first + r % (lo - first - span - 1);
 }
 
 static int write_plan(struct serve_opts *o, struct kvr_gguf *g, struct kvr_plan *plan,
@@ -293,9 +306,9 @@ static int write_plan(struct serve_opts *o, struct kvr_gguf *g, struct kvr_plan 
     /* Consecutive free ports: try a few random bases. */
     if (!o->spec.base_port) {
         for (int attempt = 0; attempt < 20 && !o->spec.base_port; attempt++) {
-            uint32_t base = free_port();
-            if (base < 2 || base + o->stages + o->spec.n_agents > 65535)
-                continue;
+            uint32_t base = random_base_port(o->stages + o->spec.n_agents + 1);
+            if (!base)
+                break;
             bool ok = true;
             for (uint32_t i = 0; i <= o->stages + o->spec.n_agents && ok; i++) {
                 int fd;

@@ -191,12 +191,23 @@ static void run_timers(struct kvr_ev *ev)
     ssize_t n = read(ev->timerfd, &buf, sizeof buf);
     (void)n;
     uint64_t now = kvr_now_ns();
-    for (int i = 0; i < KVR_EV_MAX_TIMERS; i++) {
-        struct timer *t = &ev->timers[i];
-        if (!t->deadline_ns || t->deadline_ns > now)
-            continue;
-        t->deadline_ns = 0; /* one-shot: the callback may arm it again */
-        t->fn(ev, t->arg);
+    /* Expired timers fire in deadline order, however late the turn: a callback that re-arms
+     * a timer for a deadline that has passed too sees it fire in its place in this pass.
+     * At most 4 x KVR_EV_MAX_TIMERS callbacks a pass; the rest wait for the next turn (the
+     * timerfd then points into the past and fires at once), so a callback re-arming in the
+     * past cannot hold the loop. */
+    for (int fired = 0; fired < 4 * KVR_EV_MAX_TIMERS; fired++) {
+        struct timer *next = NULL;
+        for (int i = 0; i < KVR_EV_MAX_TIMERS; i++) {
+            struct timer *t = &ev->timers[i];
+            if (t->deadline_ns && t->deadline_ns <= now &&
+                (!next || t->deadline_ns < next->deadline_ns))
+                next = t;
+        }
+        if (!next)
+            break;
+        next->deadline_ns = 0; /* one-shot: the callback may arm it again */
+        next->fn(ev, next->arg);
     }
     ev->armed_ns = UINT64_MAX; /* the timerfd fired: force rearm() to set it again */
     rearm(ev);

@@ -1,7 +1,11 @@
 /* test_ev.c - the event loop's timers: a timer disarmed with 0 or UINT64_MAX never fires
  * (a stage's disarmed handshake timer once fired at every turn: 8,600 turns a second), a
  * past deadline fires once at the next turn, timers fire in deadline order, a callback may
- * re-arm its own timer, and a wake-up from another thread runs the wake callback. */
+ * re-arm its own timer, and a wake-up from another thread runs the wake callback. Every
+ * deadline is fixed from one reading of the clock, so the order asserted is the deadlines'
+ * however late the loop's turns come (a re-arm at "now + 1 ms" came after the 20 ms timer
+ * when the test was descheduled at load 10, and the loop fired a late turn's timers in
+ * slot order). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -22,6 +26,7 @@ struct rec {
     int order[8], n;
     int fired[4];
     int id_self, rearms;
+    uint64_t base; /* the deadlines are base + N ms */
 };
 
 static struct rec rec;
@@ -45,7 +50,7 @@ static void self_rearm(struct kvr_ev *ev, void *arg)
 {
     mark(ev, arg);
     if (++rec.rearms < 3)
-        kvr_ev_timer_at(ev, rec.id_self, kvr_now_ns() + MS_NS);
+        kvr_ev_timer_at(ev, rec.id_self, rec.base + (5 + (uint64_t)rec.rearms) * MS_NS);
 }
 
 static void test_timers(void **state)
@@ -61,6 +66,7 @@ static void test_timers(void **state)
     assert_true(t0 >= 0 && t1 >= 0 && t2 >= 0 && t3 >= 0 && stop >= 0);
     rec.id_self = t2;
     uint64_t now = kvr_now_ns();
+    rec.base = now;
     kvr_ev_timer_at(ev, t0, now + 20 * MS_NS);
     kvr_ev_timer_at(ev, t1, 1); /* long past: the next turn */
     kvr_ev_timer_at(ev, t2, now + 5 * MS_NS);
@@ -86,6 +92,31 @@ static void test_timers(void **state)
     kvr_ev_timer_at(ev, stop, kvr_now_ns() + 30 * MS_NS);
     assert_int_equal(kvr_ev_run(ev), 0);
     assert_int_equal(rec.fired[0], 0);
+    kvr_ev_destroy(ev);
+}
+
+/* A turn that comes late fires every expired timer in deadline order, not slot order, and a
+ * callback's re-arm into the past fires in its place in the same pass. */
+static void test_late_turn_order(void **state)
+{
+    (void)state;
+    struct kvr_ev *ev;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_ev_create(&ev, &err), 0);
+    memset(&rec, 0, sizeof rec);
+    int t0 = kvr_ev_timer(ev, mark, (void *)0), t1 = kvr_ev_timer(ev, mark, (void *)1);
+    int t2 = kvr_ev_timer(ev, self_rearm, (void *)2), stop = kvr_ev_timer(ev, stop_fn, NULL);
+    rec.id_self = t2;
+    rec.base = 1000; /* long past: t2 re-arms for 6 and 7 ms after it, still in the past */
+    kvr_ev_timer_at(ev, t0, rec.base + 30 * MS_NS);
+    kvr_ev_timer_at(ev, t1, rec.base + 2 * MS_NS);
+    kvr_ev_timer_at(ev, t2, rec.base + 5 * MS_NS);
+    kvr_ev_timer_at(ev, stop, rec.base + 40 * MS_NS);
+    assert_int_equal(kvr_ev_run(ev), 0);
+    int want[] = {1, 2, 2, 2, 0};
+    assert_int_equal(rec.n, 5);
+    for (int i = 0; i < 5; i++)
+        assert_int_equal(rec.order[i], want[i]);
     kvr_ev_destroy(ev);
 }
 
@@ -121,6 +152,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_timers),
+        cmocka_unit_test(test_late_turn_order),
         cmocka_unit_test(test_wake),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
