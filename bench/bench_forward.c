@@ -18,6 +18,7 @@
 #include "model/dtype.h"
 #include "model/engine.h"
 #include "model/gguf.h"
+#include "smaps.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,16 +149,9 @@ int main(int argc, char **argv)
                r + 1, n_prompt, prefill[r], n_decode, decode[r]);
         fflush(stdout);
     }
-    FILE *smaps = fopen("/proc/self/smaps_rollup", "r"); /* did the packed copy get THP? */
-    char line[256];
-    long huge_kb = -1;
-    while (smaps && fgets(line, sizeof line, smaps))
-        if (sscanf(line, "AnonHugePages: %ld kB", &huge_kb) == 1)
-            break;
-    if (smaps)
-        fclose(smaps);
-    if (huge_kb >= 0)
-        printf("anonymous memory in huge pages: %ld MiB\n", huge_kb / 1024);
+    long huge_mib = anon_huge_mib(); /* did the packed copy get huge pages? */
+    if (huge_mib >= 0)
+        printf("anonymous memory in huge pages: %ld MiB\n", huge_mib);
     double mp = median(prefill, (int)reps), md = median(decode, (int)reps);
     printf("median: prefill %.1f tokens/s, decode %.2f tokens/s (%.1f GB/s of weights)\n", mp, md,
            md * bpt / 1e9);

@@ -33,6 +33,7 @@
 #include "model/dtype.h"
 
 #include "bw_probe.h"
+#include "smaps.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,21 +113,6 @@ static void *wmalloc(size_t bytes)
     if (p)
         madvise(p, (bytes + huge - 1) & ~(huge - 1), MADV_HUGEPAGE);
     return p;
-}
-
-/* AnonHugePages of /proc/self/smaps_rollup in MiB (-1 if unreadable): whether --huge got
- * huge pages from the kernel. */
-static long anon_huge_mib(void)
-{
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
-    char line[256];
-    long kb = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "AnonHugePages: %ld kB", &kb) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return kb < 0 ? -1 : kb / 1024;
 }
 
 static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_in,

@@ -1,9 +1,30 @@
 # replan_lib.bash - the four-stream harness that ring_replan.sh and ring_spare.sh share:
 # four streamed completions (greedy and sampled with penalties) at once, optionally with a
 # stage SIGKILLed mid-stream, and the check that every text equals the undisturbed one.
-# The caller sets GRACE_S, RING_PLAN and RING_PIDS (lib.bash start_ring), N_TOKENS (per
-# stream) and KILL_AT (tokens every stream has delivered before the kill; far fewer than
-# N_TOKENS); start_bridge sets URL; the bridge logs to $TMP/bridge.log.
+# The caller sets RING_PLAN and RING_PIDS (lib.bash start_ring); start_bridge sets URL; the
+# bridge logs to $TMP/bridge.log. Sourced after lib.bash (it needs KVASIR).
+
+# The re-plan grace, the streams' length and the kill's mark: every stream has delivered
+# KILL_AT of its N_TOKENS tokens when the stage is killed. ThreadSanitizer slows the kernels
+# 10-50x (a pass of 4 x 80 tokens took 1-2 minutes at load 10): shorter streams (TSAN=1).
+GRACE_S=2
+N_TOKENS=300
+KILL_AT=20
+TSAN=0
+if grep -q "__tsan_init" "$KVASIR" 2>/dev/null; then
+    TSAN=1
+    N_TOKENS=40
+    KILL_AT=5
+fi
+
+# held_and_replanned TAG N: the bridge held sequences at the kill (the streams were in
+# flight) and re-planned the ring onto N stages at epoch 1.
+held_and_replanned() {
+    grep -q "holding [1-9][0-9]* sequences" "$TMP/bridge.log" ||
+        fail "$1: the bridge never held a sequence (was the kill after the streams?)"
+    grep -q "re-planned the ring: epoch 1, $2 stages" "$TMP/bridge.log" ||
+        { tail -30 "$TMP/bridge.log"; fail "$1: the bridge did not re-plan the ring onto $2 stages"; }
+}
 
 # start_bridge: `kvasir bridge --replan-after $GRACE_S` for $RING_PLAN, ready within 60 s.
 start_bridge() {

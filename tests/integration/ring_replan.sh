@@ -13,23 +13,14 @@
 # end with exactly the undisturbed text.
 set -euo pipefail
 source "$(dirname "$0")/lib.bash"
+source "$(dirname "$0")/replan_lib.bash"
 
-GRACE_S=2
-N_TOKENS=300 # per stream
-KILL_AT=20   # tokens every stream has delivered when the stage is killed
-TSAN=0
-if grep -q "__tsan_init" "$KVASIR" 2>/dev/null; then
-    # ThreadSanitizer slows the kernels 10-50x (a pass of 4 x 80 tokens took 1-2 minutes
-    # at load 10): shorter streams, and only the middle stage's loss and the new requests
-    # (the re-plan's threads all run there); the rest runs uninstrumented in CI's first step.
-    TSAN=1
-    N_TOKENS=40
-    KILL_AT=5
-fi
+# Under ThreadSanitizer (replan_lib.bash's TSAN=1) only the middle stage's loss and the new
+# requests run (the re-plan's threads all run there); the rest runs uninstrumented in CI's
+# first step.
 # A small model: the test stays seconds long under ThreadSanitizer too.
 "$KVASIR" synth --shape custom --layers 12 --dim 256 --ff 768 --heads 8 --kv-heads 4 \
     --type q8_0 --seed 7 -o "$TMP/m.gguf" >/dev/null 2>&1 || fail "synth"
-source "$(dirname "$0")/replan_lib.bash"
 start_ring "$TMP/m.gguf" 3 3 ring --max-seqs 8 --ctx 512
 start_bridge
 
@@ -43,10 +34,7 @@ echo "ok: undisturbed: 4 streams recorded"
 pass dis 1
 same dis
 # The streams finished after the kill, so they were in flight when it came.
-grep -q "holding [1-9][0-9]* sequences" "$TMP/bridge.log" ||
-    fail "dis: the bridge never held a sequence (was the kill after the streams?)"
-grep -q "re-planned the ring: epoch 1, 2 stages" "$TMP/bridge.log" ||
-    { tail -30 "$TMP/bridge.log"; fail "dis: the bridge did not re-plan the ring"; }
+held_and_replanned dis 2
 whole=$(grep "ring whole again" "$TMP/bridge.log" | tail -1) || fail "dis: no recovery logged"
 echo "  $(grep -m1 "probing every stage" "$TMP/bridge.log")"
 echo "  $(grep -m1 "re-planned the ring" "$TMP/bridge.log")"
