@@ -6,10 +6,12 @@
 # bridge kvr-br (10.78.0.254) in this namespace (--netns), and with --pin a fixed set of
 # CPUs. Everything made here is removed by emu_cleanup (the callers trap EXIT with it).
 #
-#   emu_setup N QUOTA NETNS PIN THREADS   make N machines (QUOTA "" = no cgroup, NETNS and
-#                                         PIN 0 or 1); sets EMU_HOSTS "h0,h1,..." and
-#                                         EMU_BRIDGE_HOST (the address the machines reach
-#                                         this namespace on)
+#   emu_setup N QUOTA NETNS PIN THREADS [PERIOD_US]
+#                                         make N machines (QUOTA "" = no cgroup, NETNS and
+#                                         PIN 0 or 1, PERIOD_US the CFS period, "" = 2 ms or
+#                                         what a 1 ms quota needs); sets EMU_HOSTS
+#                                         "h0,h1,..." and EMU_BRIDGE_HOST (the address the
+#                                         machines reach this namespace on)
 #   emu_host I                            machine I's address
 #   emu_spawn I LOG CMD...                run CMD on machine I in the background (stdout and
 #                                         stderr to LOG), move it into I's cgroup; its pid
@@ -19,6 +21,11 @@
 #   emu_wait_port I PORT                  wait (60 s at most) until machine I listens on PORT
 #   emu_cleanup                           kill PIDS, remove cgroups, namespaces and links
 #   cpu_ns PID                            CPU time (ns) every thread of PID has run
+#   cg_stat I                             machine I's cgroup cpu.stat: "nr_periods
+#                                         nr_throttled throttled_time_ns" (0 0 0 without one)
+#   cpu_stat                              per CPU "cpuN busy idle softirq steal" in ticks
+#                                         from /proc/stat (busy: user, nice, system, irq,
+#                                         softirq; idle: idle and iowait)
 #   median                                the median of the numbers on stdin
 #
 # Needs root and iproute2 for --quota and --netns. Nothing listens outside 127.0.0.1 or the
@@ -28,8 +35,9 @@ PIDS=()
 EMU_N=0 EMU_QUOTA="" EMU_NETNS=0 EMU_PIN=0 EMU_THREADS=1 EMU_MADE_NETNS=0 EMU_MADE_CG=0
 EMU_HOSTS="127.0.0.1" EMU_BRIDGE_HOST=127.0.0.1
 
-emu_setup() { # N QUOTA NETNS PIN THREADS
+emu_setup() { # N QUOTA NETNS PIN THREADS [PERIOD_US]
     EMU_N=$1 EMU_QUOTA=$2 EMU_NETNS=$3 EMU_PIN=$4 EMU_THREADS=$5
+    local want_period=${6:-}
     local i cg period
     if [ -n "$EMU_QUOTA" ]; then
         EMU_MADE_CG=1
@@ -39,8 +47,9 @@ emu_setup() { # N QUOTA NETNS PIN THREADS
             # A short period (2 ms) makes the quota a steady half core: with the default
             # 100 ms a machine that is idle most of the time (a drained ring) would burst at
             # full speed. The kernel's smallest quota is 1 ms, so fractions under a half
-            # stretch the period.
-            period=$(awk -v q="$EMU_QUOTA" 'BEGIN { p = 2000; if (q * p < 1000) p = int(1000 / q + 0.5); print p }')
+            # stretch the period. PERIOD_US sets it (to see what the period does).
+            period=$(awk -v q="$EMU_QUOTA" -v w="$want_period" \
+                'BEGIN { p = w ? w : 2000; if (q * p < 1000) p = int(1000 / q + 0.5); print p }')
             echo "$period" >"$cg/cpu.cfs_period_us"
             awk -v q="$EMU_QUOTA" -v p="$period" 'BEGIN { printf "%d\n", q * p }' >"$cg/cpu.cfs_quota_us"
         done
@@ -139,5 +148,17 @@ emu_cleanup() {
 }
 
 cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ t += $1 } END { printf "%.0f\n", t }'; }
+
+cg_stat() { # I
+    local f=/sys/fs/cgroup/cpu/kvr-bench-$1/cpu.stat
+    if [ -n "$EMU_QUOTA" ] && [ -r "$f" ]; then
+        awk '$1 == "nr_periods" { p = $2 } $1 == "nr_throttled" { n = $2 }
+             $1 == "throttled_time" { t = $2 } END { print p + 0, n + 0, t + 0 }' "$f"
+    else
+        echo 0 0 0
+    fi
+}
+
+cpu_stat() { awk '/^cpu[0-9]/ { print $1, $2 + $3 + $4 + $7 + $8, $5 + $6, $8, $9 }' /proc/stat; }
 
 median() { sort -g | awk '{ a[NR] = $1 } END { print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }

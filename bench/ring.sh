@@ -3,15 +3,20 @@
 # and per-stage held/starved/blocked fractions and CPU use; compare in flight with drained.
 #
 #   bench/ring.sh -m MODEL [-s STAGES] [-k SEQS] [-n TOKENS] [-r REPEATS] [-t THREADS]
-#                 [--quota FRACTION] [--netns] [--pin] [--baseline] [--layers "0-10,11-44"]
+#                 [--quota FRACTION] [--period US] [--netns] [--pin] [--baseline]
+#                 [--layers "0-10,11-44"] [--trace]
 #
 #   --quota F    run each stage in its own cgroup (v1 cpu controller) limited to F of one
 #                core (cpu.cfs_quota_us = F x cpu.cfs_period_us, period 2 ms, or longer
 #                when F x 2 ms is under the kernel's 1 ms minimum); needs root
+#   --period US  the CFS period of --quota instead (the quota stays F of it)
 #   --netns      run each stage in its own network namespace, joined to this one by a veth
 #                pair on a Linux bridge (10.78.0.0/24); needs root and iproute2
 #   --pin        put stage i on CPU (i mod nproc) with taskset (with -t T: T CPUs from
 #                i x T on): a stage's threads share its CPU, as on a machine of its own
+#   --trace      log every batch's trip (KVR_LOG=debug in the bridge) and print, per
+#                setting, the round trip, each stage's held time and the bridge's
+#                turnaround (a result in to the next batch out), p10/p50/p90
 #   --baseline   also run the single-process engine (--batched, 2 threads) on the same
 #                sequences, the "no ring tax" comparison
 #   --mb "1 4"   micro-batch settings to compare (default: "1 STAGES": drained, in flight);
@@ -33,7 +38,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 KVASIR=${KVASIR:-$here/../build/kvasir}
 model="" stages=2 seqs=32 tokens=64 repeats=3 threads=1 quota="" netns=0 baseline=0 pin=0
-mbs="" layers="" crypto=0 peer=0
+mbs="" layers="" crypto=0 peer=0 period="" trace=0
 while [ $# -gt 0 ]; do
     case $1 in
     -m) model=$2; shift ;;
@@ -43,6 +48,8 @@ while [ $# -gt 0 ]; do
     -r) repeats=$2; shift ;;
     -t) threads=$2; shift ;;
     --quota) quota=$2; shift ;;
+    --period) period=$2; shift ;;
+    --trace) trace=1 ;;
     --netns) netns=1 ;;
     --pin) pin=1 ;;
     --baseline) baseline=1 ;;
@@ -65,7 +72,7 @@ TMP=$(mktemp -d /tmp/kvr-bench.XXXXXX)
 trap 'emu_cleanup; [ -z "${KVR_BENCH_KEEP:-}" ] || cp -r "$TMP/." "$KVR_BENCH_KEEP/"; rm -rf "$TMP"' EXIT
 
 # ---- machines: cgroups and namespaces (bench/emu.bash) --------------------------------------
-emu_setup "$stages" "$quota" "$netns" "$pin" "$threads"
+emu_setup "$stages" "$quota" "$netns" "$pin" "$threads" "$period"
 hosts=$EMU_HOSTS bridge_addr=""
 # Below the ephemeral range (32768-60999), where another connection's source port could
 # take a listener's port.
@@ -191,24 +198,113 @@ for mb in $mbs; do
     runs_of[$mb]=""
 done
 # run_ring PLAN PROMPTS: one run on a fresh ring; sets tps, and the per-stage lines (timing
-# records and CPU use) in $TMP/stages.
+# records, CPU use, quota throttling) and a machine line (the bridge's CPU, each CPU's
+# busy / idle / softirq / steal share of the run) in $TMP/stages.
 run_ring() {
     start_stages "$1"
-    local cpu0=() cpu1=() p i secs
+    local cpu0=() cpu1=() cg0=() cg1=() p i secs st0 st1 log_env=()
+    [ $trace = 0 ] || log_env=(env KVR_LOG=debug)
     for p in "${RING[@]}"; do cpu0+=("$(cpu_ns "$p")"); done
-    timeout 600 "$KVASIR" run --plan "$1" --prompts "$2" \
-        --ignore-eos -q --json >/dev/null 2>"$TMP/run.log" || { cat "$TMP/run.log"; exit 1; }
+    for ((i = 0; i < stages; i++)); do cg0+=("$(cg_stat "$i")"); done
+    st0=$(cpu_stat)
+    # bash's time: the bridge's (kvasir run's) user and system CPU seconds, all its threads.
+    local TIMEFORMAT='%U %S'
+    { time timeout 600 "${log_env[@]}" "$KVASIR" run --plan "$1" --prompts "$2" \
+        --ignore-eos -q --json >/dev/null 2>"$TMP/run.log"; } 2>"$TMP/bridge.time" ||
+        { cat "$TMP/run.log"; exit 1; }
+    st1=$(cpu_stat)
+    for ((i = 0; i < stages; i++)); do cg1+=("$(cg_stat "$i")"); done
     for p in "${RING[@]}"; do cpu1+=("$(cpu_ns "$p")"); done
     stop_stages
     tps=$(sed -n 's/^ring: .* \([0-9.]*\) tokens\/s.*/\1/p' "$TMP/run.log")
     # Each stage's CPU time over the run, against the run's wall time (x quota, if set):
-    # a stage that held batches but used little CPU was throttled or preempted.
+    # a stage that held batches but used little CPU was throttled or preempted. "throttled"
+    # is the share of its quota periods the kernel throttled it in, and the wall time it
+    # spent throttled per second of the run (cgroup cpu.stat).
     secs=$(sed -n 's/^ring: .* in \([0-9.]*\) s,.*/\1/p' "$TMP/run.log")
     for ((i = 0; i < stages; i++)); do
         awk -v a="${cpu0[$i]}" -v b="${cpu1[$i]}" -v s="$secs" -v q="${quota:-$threads}" \
-            'BEGIN { printf "cpu %5.1f%% of %s core(s)\n", 100 * (b - a) / 1e9 / s / q, q }'
+            -v c0="${cg0[$i]}" -v c1="${cg1[$i]}" 'BEGIN {
+                printf "cpu %5.1f%% of %s core(s)", 100 * (b - a) / 1e9 / s / q, q
+                split(c0, x, " "); split(c1, y, " ")
+                if (y[1] > x[1])
+                    printf "  throttled %4.1f%% of periods, %3.0f ms/s", 100 * (y[2] - x[2]) / (y[1] - x[1]),
+                        (y[3] - x[3]) / 1e6 / s
+                printf "\n" }'
     done >"$TMP/cpu"
     grep -E "^  stage" "$TMP/run.log" | paste -d' ' - "$TMP/cpu" >"$TMP/stages"
+    # "others": the CPUs' busy time less the stages' and the bridge's, i.e. the kernel's
+    # work outside those processes (softirqs are mostly inside them) and any other process:
+    # a run where it is large was not taken on a quiet machine. /proc/stat is sampled at the
+    # tick on a kernel with tick CPU accounting, and a stage throttled at the tick was seen
+    # running by it, so under a short quota period the busy shares (and "others") read high;
+    # the stages' own CPU times (schedstat) are exact.
+    local ours=0
+    for ((i = 0; i < stages; i++)); do ours=$((ours + ${cpu1[$i]} - ${cpu0[$i]})); done
+    paste -d' ' <(echo "$st0") <(echo "$st1") |
+        awk -v s="$secs" -v t="$(cat "$TMP/bridge.time")" -v o="$ours" -v hz="$(getconf CLK_TCK)" '
+            BEGIN { split(t, u, " "); printf "  bridge %.1f%% of a core;", 100 * (u[1] + u[2]) / s }
+            { n = ($7 - $2) + ($8 - $3) + ($10 - $5); if (n <= 0) n = 1
+              busy += $7 - $2; all += n
+              printf " %s busy %.1f%% idle %.1f%% (softirq %.1f%%, steal %.1f%%);", $1,
+                  100 * ($7 - $2) / n, 100 * ($8 - $3) / n, 100 * ($9 - $4) / n, 100 * ($10 - $5) / n }
+            END { w = all / NR / hz; printf " others %.1f%% of a core\n",
+                  100 * (busy / hz - o / 1e9 - u[1] - u[2]) / w }' >>"$TMP/stages"
+    # Pinned without quotas, a CPU is the machine its stages share, so its bound is that CPU:
+    # the stages' CPU on the busiest one over the wall time is the share of it reached.
+    if [ $pin = 1 ] && [ -z "$quota" ]; then
+        for ((i = 0; i < stages; i++)); do
+            echo "$(((i * threads) % $(nproc))) $((${cpu1[$i]} - ${cpu0[$i]}))"
+        done | awk -v s="$secs" -v t="$threads" '{ c[$1] += $2 } END {
+            l = ""; m = 0
+            for (k in c) { v = 100 * c[k] / 1e9 / s / t; l = l sprintf(" cpu%s %.1f%%", k, v); if (v > m) m = v }
+            printf "  stages per pinned CPU:%s (busiest %.1f%%)\n", l, m }' >>"$TMP/stages"
+    fi
+    [ $trace = 0 ] || cp "$TMP/run.log" "$TMP/trace.$(basename "$1").$(date +%s%N)"
+}
+
+# trace_summary LOG...: the bridge's per-batch trips (KVR_LOG=debug) of every run of one
+# setting. "in flight" is the batches the ring held on average over the run (the sum of
+# round trips over the span from the first send to the last result: Little's law), so it
+# shows the ramp and the bridge's turnaround at once; the quantiles are over the batches of
+# the most common size (the steady state's).
+trace_summary() {
+    python3 - "$@" <<'PY'
+import re, sys
+pat = re.compile(r"^\[\s*([0-9.]+) .*bridge: batch (\d+), (\d+) rows, round trip ([0-9.]+) ms;"
+                 r" per stage starved/blocked/held ms:(.*)$")
+def q(v, f):
+    v = sorted(v)
+    return v[min(len(v) - 1, int(f * len(v)))] if v else 0.0
+for path in sys.argv[1:]:
+    trips = []
+    for line in open(path):
+        m = pat.match(line)
+        if m:
+            st = [tuple(float(x) for x in t.split("/")) for t in m.group(5).split()]
+            trips.append((float(m.group(1)) * 1e3, int(m.group(3)), float(m.group(4)), st))
+    if not trips:
+        print("    trace: no batch trips logged")
+        continue
+    span = max(t for t, _, _, _ in trips) - min(t - rt for t, _, rt, _ in trips)
+    counts = {}
+    for _, r, _, _ in trips:
+        counts[r] = counts.get(r, 0) + 1
+    rows = max(counts, key=lambda r: (counts[r], r))  # the steady state's batch
+    full = [x for x in trips if x[1] == rows]
+    rt = [x[2] for x in full]
+    print(f"    trace: {len(trips)} batches, {len(full)} of {rows} rows; in flight "
+          f"{sum(x[2] for x in trips) / span:.2f} on average; round trip of a {rows}-row batch "
+          f"p10/p50/p90 {q(rt, .1):.1f}/{q(rt, .5):.1f}/{q(rt, .9):.1f} ms")
+    for i in range(len(full[0][3])):
+        h = [x[3][i][2] for x in full]
+        w = [x[3][i][0] for x in full]
+        print(f"      stage {i}: held p10/p50/p90 {q(h, .1):.2f}/{q(h, .5):.2f}/{q(h, .9):.2f} ms,"
+              f" mean {sum(h) / len(h):.2f}; starved before it mean {sum(w) / len(w):.2f} ms")
+    sh = [sum(s[2] for s in x[3]) for x in full]
+    print(f"      sum of held per trip mean {sum(sh) / len(sh):.1f} ms: the rest of the round trip"
+          f" ({sum(rt) / len(rt) - sum(sh) / len(sh):.1f} ms) is queueing, blocked and the hops")
+PY
 }
 
 [ $peer = 0 ] || start_peer
@@ -248,6 +344,9 @@ for mb in $mbs; do
          /^$/ { if (m) l = l sprintf(" %.1f%%", m); m = 0 }
          END { if (l) print "    busiest stage CPU / its quota (= share of the CPU bound reached), per run:" l }' \
         "$TMP/stages.$mb"
+    grep -q 'stages per pinned CPU' "$TMP/stages.$mb" && sed -n 's/.*(busiest \(.*\))/\1/p' "$TMP/stages.$mb" |
+        tr '\n' ' ' | sed 's/^/    busiest pinned CPU, its stages CPU \/ the CPU, per run: /; s/$/\n/'
+    [ $trace = 0 ] || trace_summary "$TMP"/trace.plan."$mb".json.*
 done
 set -- $mbs
 if [ $# -ge 2 ]; then
