@@ -15,8 +15,9 @@
 #   --pin        put stage i on CPU (i mod nproc) with taskset (with -t T: T CPUs from
 #                i x T on): a stage's threads share its CPU, as on a machine of its own
 #   --trace      log every batch's trip (KVR_LOG=debug in the bridge) and print, per
-#                setting, the round trip, each stage's held time and the bridge's
-#                turnaround (a result in to the next batch out), p10/p50/p90
+#                run, the batches in flight on average (so the bridge's turnaround), the
+#                round trip and each stage's held time (p10/p50/p90), and what a loop of
+#                that many batches with those held times would reach (a model, no hops)
 #   --baseline   also run the single-process engine (--batched, 2 threads) on the same
 #                sequences, the "no ring tax" comparison
 #   --mb "1 4"   micro-batch settings to compare (default: "1 STAGES": drained, in flight);
@@ -270,7 +271,7 @@ run_ring() {
 # the most common size (the steady state's).
 trace_summary() {
     python3 - "$@" <<'PY'
-import re, sys
+import random, re, sys
 pat = re.compile(r"^\[\s*([0-9.]+) .*bridge: batch (\d+), (\d+) rows, round trip ([0-9.]+) ms;"
                  r" per stage starved/blocked/held ms:(.*)$")
 def q(v, f):
@@ -301,6 +302,29 @@ for path in sys.argv[1:]:
         w = [x[3][i][0] for x in full]
         print(f"      stage {i}: held p10/p50/p90 {q(h, .1):.2f}/{q(h, .5):.2f}/{q(h, .9):.2f} ms,"
               f" mean {sum(h) / len(h):.2f}; starved before it mean {sum(w) / len(w):.2f} ms")
+    # The same loop in a model: W batches go round stations that keep them in order, each
+    # batch holding stage k for a time drawn from stage k's own held times (no hops, no
+    # bridge), against the slowest stage's mean. With every hold at its stage's mean it
+    # reaches the bound when the loop has room; the gap between the two is what the spread
+    # of held times alone costs a closed loop of W batches.
+    W = round(sum(x[2] for x in trips) / span)
+    K = len(full[0][3])
+    held = [[x[3][k][2] for x in full] for k in range(K)]
+    bound = max(sum(h) / len(h) for h in held)
+    def loop(draw, n=20000):
+        rng = random.Random(1)
+        d = [[0.0] * n for _ in range(K)]
+        for i in range(n):
+            for k in range(K):
+                came = d[k - 1][i] if k else (d[K - 1][i - W] if i >= W else 0.0)
+                free = d[k][i - 1] if i else 0.0
+                d[k][i] = max(came, free) + draw(rng, k)
+        return (n / 2) / (d[K - 1][n - 1] - d[K - 1][n // 2 - 1]) * bound
+    spread = loop(lambda r, k: r.choice(held[k]))
+    steady = loop(lambda r, k: sum(held[k]) / len(held[k]))
+    print(f"      a model of {W} batches in a loop of these stages (hops left out): held times "
+          f"drawn from the trace {100 * spread:.1f}% of the slowest stage's pace, every hold "
+          f"at its mean {100 * steady:.1f}%")
     sh = [sum(s[2] for s in x[3]) for x in full]
     print(f"      sum of held per trip mean {sum(sh) / len(sh):.1f} ms: the rest of the round trip"
           f" ({sum(rt) / len(rt) - sum(sh) / len(sh):.1f} ms) is queueing, blocked and the hops")
