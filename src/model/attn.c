@@ -49,6 +49,19 @@ static void scores_plain(float *scores, size_t stride, const float *q, uint32_t 
             scores[g * stride + j] = dot_plain(q + (size_t)g * hd, k + j * k_step, hd) * scale;
 }
 
+/* The keys converted one position at a time, then dotted as scores_plain dots them. */
+static void scores_f16_plain(float *scores, size_t stride, const float *q, uint32_t group,
+                             uint32_t hd, const uint16_t *k, size_t k_step, uint32_t n, float scale)
+{
+    float kf[4096]; /* head_dim <= 4096 (arch.c) */
+    for (uint32_t j = 0; j < n; j++) {
+        for (uint32_t i = 0; i < hd; i++)
+            kf[i] = kvr_f16_to_f32(k[j * k_step + i]);
+        for (uint32_t g = 0; g < group; g++)
+            scores[g * stride + j] = dot_plain(q + (size_t)g * hd, kf, hd) * scale;
+    }
+}
+
 static void mix_plain(float *out, const float *p, size_t stride, uint32_t group, uint32_t hd,
                       const float *v, size_t v_step, uint32_t n)
 {
@@ -70,21 +83,31 @@ void kvr_online_step(float *st, float p, float *rescale, float *weight)
     st[1] = st[1] * *rescale + *weight;
 }
 
-static void mix_online_f16_plain(uint16_t *acc, float *st, const float *p, uint32_t hd,
-                                 const float *v, size_t v_step, uint32_t n)
+static void mix_online_f16_plain(uint16_t *acc, float *st, const float *p, size_t stride,
+                                 uint32_t group, uint32_t hd, const uint16_t *v, size_t v_step,
+                                 uint32_t n)
 {
-    for (uint32_t j = 0; j < n; j++) {
-        float ms, vs;
-        bool grew = p[j] > st[0];
-        kvr_online_step(st, p[j], &ms, &vs);
-        const float *vj = v + j * v_step;
-        for (uint32_t i = 0; i < hd; i++) {
-            float a = kvr_f16_to_f32(acc[i]);
-            if (grew)
-                a = kvr_f16_to_f32(kvr_f32_to_f16(a * ms));
-            acc[i] = kvr_f32_to_f16(fmaf(vj[i], vs, a));
+    for (uint32_t g = 0; g < group; g++) {
+        uint16_t *ag = acc + (size_t)g * hd;
+        for (uint32_t j = 0; j < n; j++) {
+            float ms, vs, pj = p[g * stride + j];
+            bool grew = pj > st[2 * g];
+            kvr_online_step(st + 2 * g, pj, &ms, &vs);
+            const uint16_t *vj = v + j * v_step;
+            for (uint32_t i = 0; i < hd; i++) {
+                float a = kvr_f16_to_f32(ag[i]);
+                if (grew)
+                    a = kvr_f16_to_f32(kvr_f32_to_f16(a * ms));
+                ag[i] = kvr_f32_to_f16(fmaf(kvr_f16_to_f32(vj[i]), vs, a));
+            }
         }
     }
+}
+
+static void round_half_plain(float *x, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = kvr_f16_to_f32(kvr_f32_to_f16(x[i]));
 }
 
 static void softmax_plain(float *x, uint32_t n)
@@ -130,7 +153,9 @@ void kvr_geglu_plain(float *gate, const float *up, size_t n)
 
 const struct kvr_attn_ops kvr_attn_ops_plain = {.scores = scores_plain,
                                                 .mix = mix_plain,
+                                                .scores_f16 = scores_f16_plain,
                                                 .mix_online_f16 = mix_online_f16_plain,
+                                                .round_half = round_half_plain,
                                                 .softmax = softmax_plain,
                                                 .swiglu = swiglu_plain,
                                                 .geglu = kvr_geglu_plain};

@@ -20,15 +20,24 @@ struct kvr_attn_ops {
     /* out[g * hd + i] += p[g * stride + j] * v[j * v_step + i], positions j in order. */
     void (*mix)(float *out, const float *p, size_t stride, uint32_t group, uint32_t hd,
                 const float *v, size_t v_step, uint32_t n);
-    /* The softmax-weighted sum of a half-precision cache, one position at a time with a
-     * running maximum st[0] and sum st[1] (start at -INFINITY and 0): at score p[j] above
-     * the maximum, acc[i] = half(acc[i] * exp(old max - p[j])) and the weight is 1, else
-     * the weight is exp(p[j] - max); then acc[i] = half(fma(v[j * v_step + i], weight,
-     * acc[i])) and sum = sum * rescale + weight. acc holds hd halves; the result is
-     * acc / sum. This is the rounding of llama.cpp's default attention over its f16 cache,
-     * which Kvasir's f16 cache copies (docs/QUANT.md). */
-    void (*mix_online_f16)(uint16_t *acc, float *st, const float *p, uint32_t hd, const float *v,
-                           size_t v_step, uint32_t n);
+    /* scores over the keys of a half-precision cache (k holds halves, k_step halves
+     * apart): the same bits as scores over the keys converted to floats (the conversion is
+     * exact), without the copy. */
+    void (*scores_f16)(float *scores, size_t stride, const float *q, uint32_t group, uint32_t hd,
+                       const uint16_t *k, size_t k_step, uint32_t n, float scale);
+    /* The softmax-weighted sum of a half-precision cache for the group's query heads g <
+     * group, one position at a time with a running maximum st[2g] and sum st[2g + 1]
+     * (start at -INFINITY and 0): at score p[g * stride + j] above the maximum,
+     * acc[g * hd + i] = half(acc[g * hd + i] * exp(old max - p)) and the weight is 1, else
+     * the weight is exp(p - max); then acc[g * hd + i] = half(fma(v[j * v_step + i], weight,
+     * acc[g * hd + i])) and sum = sum * rescale + weight (kvr_online_step). v holds halves;
+     * acc holds group x hd halves; the result is acc / sum. Each head's bits are those of a
+     * call for that head alone. This is the rounding of llama.cpp's default attention over
+     * its f16 cache, which Kvasir's f16 cache copies (docs/QUANT.md). */
+    void (*mix_online_f16)(uint16_t *acc, float *st, const float *p, size_t stride, uint32_t group,
+                           uint32_t hd, const uint16_t *v, size_t v_step, uint32_t n);
+    /* x[i] = x[i] rounded to half (to nearest even) and back: the query of an f16 cache. */
+    void (*round_half)(float *x, size_t n);
     /* x[t] = exp(x[t] - max x) / sum, in place. */
     void (*softmax)(float *x, uint32_t n);
     /* gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i]: SiLU(gate) times up. Each element

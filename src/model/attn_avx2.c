@@ -49,22 +49,16 @@ static inline __m256 halves(__m256 a, __m256 b)
     return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
 }
 
-/* The dots of eight positions (hd a multiple of 8), each reduced as dot_avx2 reduces. */
-static inline __m256 dot8(const float *q, const float *k, size_t k_step, uint32_t hd)
+/* Eight lanes of halves as floats (exact). */
+static inline __m256 load_f16(const uint16_t *p)
 {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    for (uint32_t i = 0; i < hd; i += 8) {
-        __m256 qv = _mm256_loadu_ps(q + i);
-        const float *kp = k + i;
-        a0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp), a0);
-        a1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp + k_step), a1);
-        a2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp + 2 * k_step), a2);
-        a3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp + 3 * k_step), a3);
-        a4 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp + 4 * k_step), a4);
-        a5 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp + 5 * k_step), a5);
-        a6 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp + 6 * k_step), a6);
-        a7 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp + 7 * k_step), a7);
-    }
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)p));
+}
+
+/* The lane accumulators of eight positions reduced each as dot_avx2 reduces, in order. */
+static inline __m256 reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5,
+                             __m256 a6, __m256 a7)
+{
     /* s_p[l] = a_p[l] + a_p[l+4]; two positions per register. */
     __m256 s01 = halves(a0, a1), s23 = halves(a2, a3), s45 = halves(a4, a5), s67 = halves(a6, a7);
     /* t_p = (s_p[0] + s_p[2], s_p[1] + s_p[3]). */
@@ -76,6 +70,46 @@ static inline __m256 dot8(const float *q, const float *k, size_t k_step, uint32_
     __m256 d = _mm256_add_ps(_mm256_shuffle_ps(t0123, t4567, _MM_SHUFFLE(2, 0, 2, 0)),
                              _mm256_shuffle_ps(t0123, t4567, _MM_SHUFFLE(3, 1, 3, 1)));
     return _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+/* The dots of eight positions (hd a multiple of 8), each reduced as dot_avx2 reduces.
+ * KEYS is float or uint16_t, LOAD the matching load_f32 or load_f16. */
+#define DOT8(NAME, KEYS, LOAD)                                                                     \
+    static inline __m256 NAME(const float *q, const KEYS *k, size_t k_step, uint32_t hd)           \
+    {                                                                                              \
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,     \
+               a7 = a0;                                                                            \
+        for (uint32_t i = 0; i < hd; i += 8) {                                                     \
+            __m256 qv = _mm256_loadu_ps(q + i);                                                    \
+            const KEYS *kp = k + i;                                                                \
+            a0 = _mm256_fmadd_ps(qv, LOAD(kp), a0);                                                \
+            a1 = _mm256_fmadd_ps(qv, LOAD(kp + k_step), a1);                                       \
+            a2 = _mm256_fmadd_ps(qv, LOAD(kp + 2 * k_step), a2);                                   \
+            a3 = _mm256_fmadd_ps(qv, LOAD(kp + 3 * k_step), a3);                                   \
+            a4 = _mm256_fmadd_ps(qv, LOAD(kp + 4 * k_step), a4);                                   \
+            a5 = _mm256_fmadd_ps(qv, LOAD(kp + 5 * k_step), a5);                                   \
+            a6 = _mm256_fmadd_ps(qv, LOAD(kp + 6 * k_step), a6);                                   \
+            a7 = _mm256_fmadd_ps(qv, LOAD(kp + 7 * k_step), a7);                                   \
+        }                                                                                          \
+        return reduce8(a0, a1, a2, a3, a4, a5, a6, a7);                                            \
+    }
+DOT8(dot8, float, _mm256_loadu_ps)
+DOT8(dot8_f16, uint16_t, load_f16)
+
+/* dot_avx2 over halves: the same lanes, tree and tail. */
+static float dot_f16_avx2(const float *a, const uint16_t *b, uint32_t n)
+{
+    __m256 acc = _mm256_setzero_ps();
+    uint32_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_f16(b + i), acc);
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    float sum = _mm_cvtss_f32(s);
+    for (; i < n; i++)
+        sum += a[i] * kvr_f16_to_f32(b[i]);
+    return sum;
 }
 
 static void scores_avx2(float *scores, size_t stride, const float *q, uint32_t group, uint32_t hd,
@@ -93,6 +127,23 @@ static void scores_avx2(float *scores, size_t stride, const float *q, uint32_t g
     for (; j < n; j++)
         for (uint32_t g = 0; g < group; g++)
             scores[g * stride + j] = dot_avx2(q + (size_t)g * hd, k + j * k_step, hd) * scale;
+}
+
+static void scores_f16_avx2(float *scores, size_t stride, const float *q, uint32_t group,
+                            uint32_t hd, const uint16_t *k, size_t k_step, uint32_t n, float scale)
+{
+    uint32_t j = 0;
+    if (hd % 8 == 0) {
+        __m256 vs = _mm256_set1_ps(scale);
+        for (; j + 8 <= n; j += 8)
+            for (uint32_t g = 0; g < group; g++)
+                _mm256_storeu_ps(
+                    scores + g * stride + j,
+                    _mm256_mul_ps(dot8_f16(q + (size_t)g * hd, k + j * k_step, k_step, hd), vs));
+    }
+    for (; j < n; j++)
+        for (uint32_t g = 0; g < group; g++)
+            scores[g * stride + j] = dot_f16_avx2(q + (size_t)g * hd, k + j * k_step, hd) * scale;
 }
 
 static void mix_avx2(float *out, const float *p, size_t stride, uint32_t group, uint32_t hd,
@@ -136,30 +187,97 @@ static void mix_avx2(float *out, const float *p, size_t stride, uint32_t group, 
 /* As the plain loop: F16C rounds to nearest even like kvr_f32_to_f16, the same fma.
  * The rounding mode is a macro: clang wants an integer constant expression there. */
 #define KVR_RNE (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-static void mix_online_f16_avx2(uint16_t *acc, float *st, const float *p, uint32_t hd,
-                                const float *v, size_t v_step, uint32_t n)
+
+/* x rounded to half and back, kept in a register: the accumulator's value as a float. */
+static inline __m256 round_half8(__m256 x)
 {
-    for (uint32_t j = 0; j < n; j++) {
-        float ms, vs;
-        bool grew = p[j] > st[0];
-        kvr_online_step(st, p[j], &ms, &vs);
-        const float *vj = v + j * v_step;
-        __m256 vms = _mm256_set1_ps(ms), vvs = _mm256_set1_ps(vs);
-        uint32_t i = 0;
-        for (; i + 8 <= hd; i += 8) {
-            __m256 a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(acc + i)));
-            if (grew)
-                a = _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_mul_ps(a, vms), KVR_RNE));
-            a = _mm256_fmadd_ps(_mm256_loadu_ps(vj + i), vvs, a);
-            _mm_storeu_si128((__m128i *)(void *)(acc + i), _mm256_cvtps_ph(a, KVR_RNE));
-        }
-        for (; i < hd; i++) {
-            float a = kvr_f16_to_f32(acc[i]);
-            if (grew)
-                a = kvr_f16_to_f32(kvr_f32_to_f16(a * ms));
-            acc[i] = kvr_f32_to_f16(fmaf(vj[i], vs, a));
+    return _mm256_cvtph_ps(_mm256_cvtps_ph(x, KVR_RNE));
+}
+
+static inline void store_f16(uint16_t *p, __m256 x)
+{
+    _mm_storeu_si128((__m128i *)(void *)p, _mm256_cvtps_ph(x, KVR_RNE));
+}
+
+/* Positions whose weights are computed ahead of the sums (the exps do not wait on them). */
+#define ONLINE_CHUNK 64
+
+/* Per head and chunk of positions: first each position's rescale and weight (the same
+ * kvr_online_step calls in the same order), then the sums with up to four vectors of the
+ * accumulator held in registers as floats that are exact halves (rounded after every step,
+ * as the memory round trip of the plain loop rounds them). */
+static void mix_online_f16_avx2(uint16_t *acc, float *st, const float *p, size_t stride,
+                                uint32_t group, uint32_t hd, const uint16_t *v, size_t v_step,
+                                uint32_t n)
+{
+    float ms[ONLINE_CHUNK], vs[ONLINE_CHUNK];
+    bool grew[ONLINE_CHUNK];
+    for (uint32_t g = 0; g < group; g++) {
+        uint16_t *ag = acc + (size_t)g * hd;
+        const float *pg = p + g * stride;
+        float *sg = st + 2 * g;
+        for (uint32_t j0 = 0; j0 < n; j0 += ONLINE_CHUNK) {
+            uint32_t m = n - j0 < ONLINE_CHUNK ? n - j0 : ONLINE_CHUNK;
+            for (uint32_t j = 0; j < m; j++) {
+                grew[j] = pg[j0 + j] > sg[0];
+                kvr_online_step(sg, pg[j0 + j], &ms[j], &vs[j]);
+            }
+            const uint16_t *vb = v + j0 * v_step;
+            uint32_t i = 0;
+            for (; i + 32 <= hd; i += 32) {
+                __m256 a0 = load_f16(ag + i), a1 = load_f16(ag + i + 8);
+                __m256 a2 = load_f16(ag + i + 16), a3 = load_f16(ag + i + 24);
+                for (uint32_t j = 0; j < m; j++) {
+                    if (grew[j]) {
+                        __m256 r = _mm256_set1_ps(ms[j]);
+                        a0 = round_half8(_mm256_mul_ps(a0, r));
+                        a1 = round_half8(_mm256_mul_ps(a1, r));
+                        a2 = round_half8(_mm256_mul_ps(a2, r));
+                        a3 = round_half8(_mm256_mul_ps(a3, r));
+                    }
+                    __m256 w = _mm256_set1_ps(vs[j]);
+                    const uint16_t *x = vb + j * v_step + i;
+                    a0 = round_half8(_mm256_fmadd_ps(load_f16(x), w, a0));
+                    a1 = round_half8(_mm256_fmadd_ps(load_f16(x + 8), w, a1));
+                    a2 = round_half8(_mm256_fmadd_ps(load_f16(x + 16), w, a2));
+                    a3 = round_half8(_mm256_fmadd_ps(load_f16(x + 24), w, a3));
+                }
+                store_f16(ag + i, a0);
+                store_f16(ag + i + 8, a1);
+                store_f16(ag + i + 16, a2);
+                store_f16(ag + i + 24, a3);
+            }
+            for (; i + 8 <= hd; i += 8) {
+                __m256 a = load_f16(ag + i);
+                for (uint32_t j = 0; j < m; j++) {
+                    if (grew[j])
+                        a = round_half8(_mm256_mul_ps(a, _mm256_set1_ps(ms[j])));
+                    a = round_half8(
+                        _mm256_fmadd_ps(load_f16(vb + j * v_step + i), _mm256_set1_ps(vs[j]), a));
+                }
+                store_f16(ag + i, a);
+            }
+            for (; i < hd; i++) {
+                float a = kvr_f16_to_f32(ag[i]);
+                for (uint32_t j = 0; j < m; j++) {
+                    if (grew[j])
+                        a = kvr_f16_to_f32(kvr_f32_to_f16(a * ms[j]));
+                    a = kvr_f16_to_f32(
+                        kvr_f32_to_f16(fmaf(kvr_f16_to_f32(vb[j * v_step + i]), vs[j], a)));
+                }
+                ag[i] = kvr_f32_to_f16(a);
+            }
         }
     }
+}
+
+static void round_half_avx2(float *x, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, round_half8(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++)
+        x[i] = kvr_f16_to_f32(kvr_f32_to_f16(x[i]));
 }
 
 /* exp of 8 lanes: 2^n * e^r with n = round(x / ln 2) and r = x - n ln 2 (ln 2 in two parts,
@@ -231,7 +349,9 @@ static void swiglu_avx2(float *gate, const float *up, size_t n)
 
 const struct kvr_attn_ops kvr_attn_ops_avx2 = {.scores = scores_avx2,
                                                .mix = mix_avx2,
+                                               .scores_f16 = scores_f16_avx2,
                                                .mix_online_f16 = mix_online_f16_avx2,
+                                               .round_half = round_half_avx2,
                                                .softmax = softmax_avx2,
                                                .swiglu = swiglu_avx2,
                                                .geglu = kvr_geglu_plain};

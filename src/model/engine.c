@@ -189,7 +189,7 @@ struct kvr_engine {
     void *xq;             /* activation rows converted for the weights' dot type */
     float *scores;        /* per thread: n_ctx attention scores */
     float *kv_f32;        /* per thread: block_tokens x head_dim values of one KV head read
-                           * back from a f16 or q8_0 cache (NULL for f32) */
+                           * back from a q8_0 cache (NULL for f32 and f16, read in place) */
     uint32_t *row_seq;    /* [max_rows] sequence of each row */
     uint32_t *row_pos;    /* [max_rows] position of each row */
     uint32_t *logit_rows; /* [max_rows] rows whose logits the tail computes */
@@ -454,7 +454,7 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
     e->up = alloc_rows(R, hp->n_ff, &failed);
     e->proj = alloc_rows(R, hp->n_embd, &failed);
     e->scores = alloc_rows(cfg->n_threads, cfg->n_ctx * (hp->n_head / hp->n_head_kv), &failed);
-    if (cfg->kv_type != KVR_DTYPE_F32)
+    if (cfg->kv_type != KVR_DTYPE_F32 && cfg->kv_type != KVR_DTYPE_F16)
         e->kv_f32 = alloc_rows(cfg->n_threads, cfg->kv_block_tokens * hp->head_dim, &failed);
     size_t xq_bytes;
     if (!kvr_mul_size(R, max_act_row_bytes(e), &xq_bytes) ||
@@ -779,9 +779,9 @@ static void qk_store_worker(void *arg, int ith, int nth)
 }
 
 /* KV head `kvh` of n positions of the cache from row `base` (of layer x block x position),
- * as floats with `*step` between positions: the cache itself for f32, else converted into
- * thread ith's scratch. The conversion of a value depends on nothing else, so attention
- * keeps its bits whatever the batch. */
+ * as floats with `*step` between positions: the cache itself for f32, else (q8_0) converted
+ * into thread ith's scratch. The conversion of a value depends on nothing else, so
+ * attention keeps its bits whatever the batch. An f16 cache is read in place (kv_head_f16). */
 static const float *kv_head(const struct kvr_engine *e, const uint8_t *cache, size_t base,
                             uint32_t kvh, uint32_t n, int ith, size_t *step)
 {
@@ -800,29 +800,52 @@ static const float *kv_head(const struct kvr_engine *e, const uint8_t *cache, si
     return dst;
 }
 
-/* out[0..hd) = the softmax of scores[lo..n_pos) weighting the values of KV head kvh, summed
- * as llama.cpp sums its f16 cache (online, a half-precision accumulator: mix_online_f16). */
+/* KV head `kvh` of the f16 cache from row `base`: halves, kv_dim of them between positions. */
+static const uint16_t *kv_head_f16(const struct kvr_engine *e, const uint8_t *cache, size_t base,
+                                   uint32_t kvh)
+{
+    const struct kvr_kv *kv = &e->kv;
+    return (const uint16_t *)(const void *)(cache + base * kv->row_bytes) +
+           (size_t)kvh * e->hp.head_dim;
+}
+
+/* Heads whose half-precision accumulators online_f16 holds at once (on its stack). */
+#define ONLINE_ACC_HALVES 4096
+
+/* out[g * hd + i] = the softmax of scores[g * stride + lo..n_pos) weighting the values of KV
+ * head kvh, for the group's heads g < group, summed as llama.cpp sums its f16 cache
+ * (online, a half-precision accumulator: mix_online_f16), block by block. */
 static void online_f16(const struct kvr_engine *e, uint32_t layer, const uint32_t *table,
-                       uint32_t lo, uint32_t n_pos, uint32_t kvh, const float *scores, float *out,
-                       int ith)
+                       uint32_t lo, uint32_t n_pos, uint32_t kvh, const float *scores,
+                       size_t stride, uint32_t group, float *out)
 {
     const struct kvr_kv *kv = &e->kv;
     const uint32_t hd = e->hp.head_dim, bt = kv->block_tokens;
-    uint16_t acc[4096]; /* head_dim <= 4096 (arch.c) */
-    float st[2] = {-INFINITY, 0.0f};
-    memset(acc, 0, (size_t)hd * sizeof acc[0]);
-    for (uint32_t t0 = lo; t0 < n_pos;) {
-        uint32_t in_block = t0 % bt, n = bt - in_block;
-        size_t base = ((size_t)layer * kv->n_blocks + table[t0 / bt]) * bt + in_block;
-        n = n_pos - t0 < n ? n_pos - t0 : n;
-        size_t step;
-        const float *values = kv_head(e, kv->v, base, kvh, n, ith, &step);
-        e->attn.mix_online_f16(acc, st, scores + t0, hd, values, step, n);
-        t0 += n;
+    const uint32_t per_call = ONLINE_ACC_HALVES / hd < 64 ? ONLINE_ACC_HALVES / hd : 64;
+    uint16_t acc[ONLINE_ACC_HALVES]; /* head_dim <= 4096 (arch.c) */
+    float st[2 * 64];
+    for (uint32_t g0 = 0; g0 < group; g0 += per_call) {
+        uint32_t ng = group - g0 < per_call ? group - g0 : per_call;
+        memset(acc, 0, (size_t)ng * hd * sizeof acc[0]);
+        for (uint32_t g = 0; g < ng; g++) {
+            st[2 * g] = -INFINITY;
+            st[2 * g + 1] = 0.0f;
+        }
+        for (uint32_t t0 = lo; t0 < n_pos;) {
+            uint32_t in_block = t0 % bt, n = bt - in_block;
+            size_t base = ((size_t)layer * kv->n_blocks + table[t0 / bt]) * bt + in_block;
+            n = n_pos - t0 < n ? n_pos - t0 : n;
+            e->attn.mix_online_f16(acc, st, scores + g0 * stride + t0, stride, ng, hd,
+                                   kv_head_f16(e, kv->v, base, kvh), kv->kv_dim, n);
+            t0 += n;
+        }
+        for (uint32_t g = 0; g < ng; g++) {
+            float *o = out + (size_t)(g0 + g) * hd, inv = 1.0f / st[2 * g + 1];
+            kvr_kv_load(KVR_DTYPE_F16, o, acc + (size_t)g * hd, hd);
+            for (uint32_t i = 0; i < hd; i++)
+                o[i] *= inv;
+        }
     }
-    float inv = 1.0f / st[1];
-    for (uint32_t i = 0; i < hd; i++)
-        out[i] = kvr_f16_to_f32(acc[i]) * inv;
 }
 
 /* Each (row, KV head) pair is one unit of work: causal attention of the row's query heads
@@ -853,30 +876,34 @@ static void attention_worker(void *arg, int ith, int nth)
         /* A half-precision cache dots half-precision keys with a query rounded to half
          * (f32 sums): llama.cpp's f16 cache does so, and its greedy tokens are kept best
          * this way (bench/README.md). The slice is this unit's own; q is not read again. */
-        if (kv->type == KVR_DTYPE_F16)
-            for (uint32_t i = 0; i < group * hd; i++)
-                q0[i] = kvr_f16_to_f32(kvr_f32_to_f16(q0[i]));
+        const bool f16 = kv->type == KVR_DTYPE_F16;
+        if (f16)
+            e->attn.round_half(q0, (size_t)group * hd);
         for (uint32_t t0 = lo; t0 < n_pos;) {
             uint32_t in_block = t0 % bt, n = bt - in_block;
             size_t base = ((size_t)job->layer * kv->n_blocks + table[t0 / bt]) * bt + in_block;
             n = n_pos - t0 < n ? n_pos - t0 : n;
-            size_t step;
-            const float *keys = kv_head(e, kv->k, base, kvh, n, ith, &step);
-            e->attn.scores(scores + t0, stride, q0, group, hd, keys, step, n, hp->attn_scale);
+            if (f16) {
+                e->attn.scores_f16(scores + t0, stride, q0, group, hd,
+                                   kv_head_f16(e, kv->k, base, kvh), kv->kv_dim, n, hp->attn_scale);
+            } else {
+                size_t step;
+                const float *keys = kv_head(e, kv->k, base, kvh, n, ith, &step);
+                e->attn.scores(scores + t0, stride, q0, group, hd, keys, step, n, hp->attn_scale);
+            }
             t0 += n;
         }
         float *out0 = e->att + (size_t)r * hp->q_dim + (size_t)kvh * group * hd;
         for (uint32_t g = 0; g < group; g++) {
             if (hp->attn_softcap > 0.0f)
                 softcap(scores + g * stride + lo, n_pos - lo, hp->attn_softcap);
-            if (kv->type == KVR_DTYPE_F16)
-                online_f16(e, job->layer, table, lo, n_pos, kvh, scores + g * stride,
-                           out0 + (size_t)g * hd, ith);
-            else
+            if (!f16)
                 e->attn.softmax(scores + g * stride + lo, n_pos - lo);
         }
-        if (kv->type == KVR_DTYPE_F16)
+        if (f16) {
+            online_f16(e, job->layer, table, lo, n_pos, kvh, scores, stride, group, out0);
             continue;
+        }
         memset(out0, 0, (size_t)group * hd * sizeof(float));
         for (uint32_t t0 = lo; t0 < n_pos;) {
             uint32_t in_block = t0 % bt, n = bt - in_block;

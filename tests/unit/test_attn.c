@@ -6,6 +6,11 @@
  *    (the eight-at-a-time AVX2 dot and its transposed reduction do the same additions as
  *    the single dot), for head sizes that are and are not a multiple of 8, and for every
  *    group size; so where a sequence's blocks begin never changes a bit (batch invariance);
+ *  - over an f16 cache: scores over halves give the bits of scores over the same keys as
+ *    floats; the online half-precision sum gives, per head, the same bits for a block or
+ *    single positions, a group or each head alone, and the AVX2 set the plain set's bits,
+ *    over blocks longer than the AVX2 set's chunk of precomputed weights; rounding the
+ *    query to half gives kvr_f32_to_f16's bits;
  *  - softmax and SwiGLU agree with double precision to a few ulp (the AVX2 set has its own
  *    exp), also at the clamped extremes, and SwiGLU gives the same bits however the range
  *    is cut (threads split it anywhere);
@@ -130,54 +135,147 @@ static void check_mix(const struct kvr_attn_ops *ops, const char *set)
             }
 }
 
-/* mix_online_f16 over random scores and values (values rounded to half, as a cache holds
- * them): a block gives what single positions give, and the result is the softmax-weighted sum
- * to half precision. ref, if given, is a set whose accumulator bits must be equal. */
+/* scores_f16 over keys held as halves gives the bits of scores over the same keys as
+ * floats, block or single positions alike. */
+static void check_scores_f16(const struct kvr_attn_ops *ops, const char *set)
+{
+    for (size_t a = 0; a < sizeof HDS / sizeof *HDS; a++)
+        for (size_t b = 0; b < sizeof GROUPS / sizeof *GROUPS; b++)
+            for (size_t c = 0; c < sizeof NS / sizeof *NS; c++) {
+                uint32_t hd = HDS[a], group = GROUPS[b], n = NS[c];
+                size_t k_step = (size_t)hd * 3 + 8, stride = n + 2;
+                float *q = rand_floats((size_t)group * hd), *kf = rand_floats(n * k_step);
+                uint16_t *kh = malloc(n * k_step * sizeof *kh);
+                float *want = calloc(group * stride, sizeof *want);
+                float *block = calloc(group * stride, sizeof *block);
+                float *single = calloc(group * stride, sizeof *single);
+                assert_non_null(kh);
+                assert_non_null(want);
+                assert_non_null(block);
+                assert_non_null(single);
+                for (size_t i = 0; i < n * k_step; i++) {
+                    kh[i] = kvr_f32_to_f16(kf[i] * 4.0f);
+                    kf[i] = kvr_f16_to_f32(kh[i]);
+                }
+                float scale = 1.0f / sqrtf((float)hd);
+                ops->scores(want, stride, q, group, hd, kf, k_step, n, scale);
+                ops->scores_f16(block, stride, q, group, hd, kh, k_step, n, scale);
+                for (uint32_t j = 0; j < n; j++)
+                    ops->scores_f16(single + j, stride, q, group, hd, kh + j * k_step, k_step, 1,
+                                    scale);
+                if (memcmp(block, want, group * stride * sizeof *block) != 0)
+                    fail_msg("%s scores_f16: hd %u group %u n %u: differs from scores over the "
+                             "keys as floats",
+                             set, hd, group, n);
+                if (memcmp(block, single, group * stride * sizeof *block) != 0)
+                    fail_msg("%s scores_f16: hd %u group %u n %u: a block differs from single "
+                             "positions",
+                             set, hd, group, n);
+                free(q);
+                free(kf);
+                free(kh);
+                free(want);
+                free(block);
+                free(single);
+            }
+}
+
+/* mix_online_f16 over random scores and half values, for every head size, group size and
+ * block length: a block gives what single positions give, a group gives what each of its
+ * heads alone gives, and the result is the softmax-weighted sum to half precision. ref, if
+ * given, is a set whose accumulator and state bits must be equal. */
 static void check_online(const struct kvr_attn_ops *ops, const struct kvr_attn_ops *ref,
                          const char *set)
 {
+    enum { MAX_G = 4, MAX_HD = 128 };
+    static const uint32_t ns[] = {1, 5, 8, 9, 16, 19, 33, 64, 65, 150};
     for (size_t a = 0; a < sizeof HDS / sizeof *HDS; a++)
-        for (size_t c = 0; c < sizeof NS / sizeof *NS; c++) {
-            uint32_t hd = HDS[a], n = NS[c];
-            size_t v_step = (size_t)hd * 2 + 4;
-            float *p = rand_floats(n), *v = rand_floats(n * v_step);
-            for (uint32_t j = 0; j < n; j++)
-                p[j] *= 6.0f;
-            for (size_t i = 0; i < n * v_step; i++)
-                v[i] = kvr_f16_to_f32(kvr_f32_to_f16(v[i]));
-            uint16_t block[128] = {0}, single[128] = {0}, other[128] = {0};
-            float st_b[2] = {-INFINITY, 0.0f}, st_s[2] = {-INFINITY, 0.0f};
-            float st_o[2] = {-INFINITY, 0.0f};
-            ops->mix_online_f16(block, st_b, p, hd, v, v_step, n);
-            for (uint32_t j = 0; j < n; j++)
-                ops->mix_online_f16(single, st_s, p + j, hd, v + j * v_step, v_step, 1);
-            if (memcmp(block, single, sizeof block) != 0 || memcmp(st_b, st_s, sizeof st_b))
-                fail_msg("%s online: hd %u n %u: a block differs from single positions", set, hd,
-                         n);
-            if (ref) {
-                ref->mix_online_f16(other, st_o, p, hd, v, v_step, n);
-                if (memcmp(block, other, sizeof block) != 0 || memcmp(st_b, st_o, sizeof st_b))
-                    fail_msg("%s online: hd %u n %u: differs from the plain set", set, hd, n);
-            }
-            double max = -INFINITY, sum = 0.0;
-            for (uint32_t j = 0; j < n; j++)
-                max = p[j] > max ? p[j] : max;
-            for (uint32_t j = 0; j < n; j++)
-                sum += exp(p[j] - max);
-            if (fabs(st_b[1] - sum) > 1e-5 * sum)
-                fail_msg("%s online: hd %u n %u: sum %g, want %g", set, hd, n, st_b[1], sum);
-            for (uint32_t i = 0; i < hd; i++) {
-                double want = 0.0;
+        for (size_t b = 0; b < sizeof GROUPS / sizeof *GROUPS; b++)
+            for (size_t c = 0; c < sizeof ns / sizeof *ns; c++) {
+                uint32_t hd = HDS[a], group = GROUPS[b], n = ns[c];
+                size_t v_step = (size_t)hd * 2 + 4, stride = n + 3;
+                float *p = rand_floats(group * stride), *vf = rand_floats(n * v_step);
+                uint16_t *v = malloc(n * v_step * sizeof *v);
+                assert_non_null(v);
+                for (size_t i = 0; i < group * stride; i++)
+                    p[i] *= 6.0f;
+                for (size_t i = 0; i < n * v_step; i++)
+                    v[i] = kvr_f32_to_f16(vf[i]);
+                uint16_t block[MAX_G * MAX_HD] = {0}, single[MAX_G * MAX_HD] = {0};
+                uint16_t alone[MAX_G * MAX_HD] = {0}, other[MAX_G * MAX_HD] = {0};
+                float st_b[2 * MAX_G], st_s[2 * MAX_G], st_a[2 * MAX_G], st_o[2 * MAX_G];
+                for (uint32_t g = 0; g < MAX_G; g++) {
+                    st_b[2 * g] = st_s[2 * g] = st_a[2 * g] = st_o[2 * g] = -INFINITY;
+                    st_b[2 * g + 1] = st_s[2 * g + 1] = st_a[2 * g + 1] = st_o[2 * g + 1] = 0.0f;
+                }
+                ops->mix_online_f16(block, st_b, p, stride, group, hd, v, v_step, n);
                 for (uint32_t j = 0; j < n; j++)
-                    want += exp(p[j] - max) / sum * v[j * v_step + i];
-                double got = kvr_f16_to_f32(block[i]) / st_b[1];
-                if (fabs(got - want) > 2e-3 * (1 + 0.1 * n))
-                    fail_msg("%s online: hd %u n %u elem %u: %g, want %g", set, hd, n, i, got,
-                             want);
+                    ops->mix_online_f16(single, st_s, p + j, stride, group, hd, v + j * v_step,
+                                        v_step, 1);
+                for (uint32_t g = 0; g < group; g++)
+                    ops->mix_online_f16(alone + g * hd, st_a + 2 * g, p + g * stride, stride, 1, hd,
+                                        v, v_step, n);
+                if (memcmp(block, single, sizeof block) != 0 || memcmp(st_b, st_s, sizeof st_b))
+                    fail_msg("%s online: hd %u group %u n %u: a block differs from single "
+                             "positions",
+                             set, hd, group, n);
+                if (memcmp(block, alone, sizeof block) != 0 || memcmp(st_b, st_a, sizeof st_b))
+                    fail_msg("%s online: hd %u group %u n %u: a group differs from its heads "
+                             "alone",
+                             set, hd, group, n);
+                if (ref) {
+                    ref->mix_online_f16(other, st_o, p, stride, group, hd, v, v_step, n);
+                    if (memcmp(block, other, sizeof block) != 0 || memcmp(st_b, st_o, sizeof st_b))
+                        fail_msg("%s online: hd %u group %u n %u: differs from the plain set", set,
+                                 hd, group, n);
+                }
+                for (uint32_t g = 0; g < group; g++) {
+                    const float *pg = p + g * stride;
+                    double max = -INFINITY, sum = 0.0;
+                    for (uint32_t j = 0; j < n; j++)
+                        max = pg[j] > max ? pg[j] : max;
+                    for (uint32_t j = 0; j < n; j++)
+                        sum += exp(pg[j] - max);
+                    if (fabs(st_b[2 * g + 1] - sum) > 1e-5 * sum)
+                        fail_msg("%s online: hd %u n %u head %u: sum %g, want %g", set, hd, n, g,
+                                 st_b[2 * g + 1], sum);
+                    for (uint32_t i = 0; i < hd; i++) {
+                        double want = 0.0;
+                        for (uint32_t j = 0; j < n; j++)
+                            want += exp(pg[j] - max) / sum * kvr_f16_to_f32(v[j * v_step + i]);
+                        double got = kvr_f16_to_f32(block[g * hd + i]) / st_b[2 * g + 1];
+                        if (fabs(got - want) > 2e-3 * (1 + 0.1 * n))
+                            fail_msg("%s online: hd %u n %u head %u elem %u: %g, want %g", set, hd,
+                                     n, g, i, got, want);
+                    }
+                }
+                free(p);
+                free(vf);
+                free(v);
             }
-            free(p);
-            free(v);
-        }
+}
+
+/* round_half gives kvr_f32_to_f16's rounding read back, over bit patterns of the whole
+ * range (NaNs only as NaNs). */
+static void check_round_half(const struct kvr_attn_ops *ops, const char *set)
+{
+    enum { N = 1 << 16 };
+    static float x[N + 3];
+    for (uint32_t i = 0; i < N + 3; i++) {
+        uint32_t bits = i * 65539u + (i >> 3);
+        memcpy(&x[i], &bits, sizeof bits);
+    }
+    x[0] = 1.0f + 0x1p-11f; /* a tie: to even, 1 */
+    x[1] = 65520.0f;        /* past the largest half: infinity */
+    x[2] = 0x1p-25f;        /* a tie at the bottom: 0 */
+    static float y[N + 3];
+    memcpy(y, x, sizeof y);
+    ops->round_half(y, N + 3); /* a tail past the vectors */
+    for (uint32_t i = 0; i < N + 3; i++) {
+        float want = kvr_f16_to_f32(kvr_f32_to_f16(x[i]));
+        if (isnan(want) ? !isnan(y[i]) : memcmp(&y[i], &want, sizeof want) != 0)
+            fail_msg("%s round_half(%a) = %a, want %a", set, x[i], y[i], want);
+    }
 }
 
 static void check_softmax(const struct kvr_attn_ops *ops, const char *set)
@@ -283,7 +381,9 @@ static void test_plain(void **state)
     (void)state;
     check_scores(&kvr_attn_ops_plain, "plain");
     check_mix(&kvr_attn_ops_plain, "plain");
+    check_scores_f16(&kvr_attn_ops_plain, "plain");
     check_online(&kvr_attn_ops_plain, NULL, "plain");
+    check_round_half(&kvr_attn_ops_plain, "plain");
     check_softmax(&kvr_attn_ops_plain, "plain");
     check_swiglu(&kvr_attn_ops_plain, "plain");
     check_geglu(&kvr_attn_ops_plain, "plain");
@@ -299,7 +399,9 @@ static void test_avx2(void **state)
     }
     check_scores(&kvr_attn_ops_avx2, "avx2");
     check_mix(&kvr_attn_ops_avx2, "avx2");
+    check_scores_f16(&kvr_attn_ops_avx2, "avx2");
     check_online(&kvr_attn_ops_avx2, &kvr_attn_ops_plain, "avx2");
+    check_round_half(&kvr_attn_ops_avx2, "avx2");
     check_softmax(&kvr_attn_ops_avx2, "avx2");
     check_swiglu(&kvr_attn_ops_avx2, "avx2");
     check_geglu(&kvr_attn_ops_avx2, "avx2");

@@ -292,6 +292,27 @@ static void test_kv_conversions(void **state)
                          plain ? "plain" : kvr_kernels_name());
         }
     }
+    /* Every float stored as a half gives kvr_f32_to_f16's bits, on both paths: a million
+     * bit patterns spread over the whole range (normals, subnormals, the overflow edge,
+     * infinities and NaNs), and the edges themselves. */
+    enum { N_STORE = 1 << 20 };
+    static float floats[N_STORE];
+    static uint16_t stored[N_STORE];
+    static const uint32_t edges[] = {0x00000000, 0x80000000, 0x33000000, 0x33000001, 0x387fe000,
+                                     0x387ff000, 0x38800000, 0x477fe000, 0x477fefff, 0x477ff000,
+                                     0x7f800000, 0xff800000, 0x7fc00000, 0x7f800001, 0xffa00001};
+    for (uint32_t i = 0; i < N_STORE; i++) {
+        uint32_t bits = i < sizeof edges / sizeof *edges ? edges[i] : i * 4099u + (i >> 7);
+        memcpy(&floats[i], &bits, sizeof bits);
+    }
+    for (int plain = 0; plain < 2; plain++) {
+        kvr_kernels_force_reference(plain);
+        kvr_kv_store(KVR_DTYPE_F16, stored, floats, N_STORE);
+        for (uint32_t i = 0; i < N_STORE; i++)
+            if (stored[i] != kvr_f32_to_f16(floats[i]))
+                fail_msg("float %a: stored 0x%04x, want 0x%04x (%s)", floats[i], stored[i],
+                         kvr_f32_to_f16(floats[i]), plain ? "plain" : kvr_kernels_name());
+    }
     kvr_kernels_force_reference(false);
     float ties[4] = {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, -2.0f, 65504.0f};
     const float want[4] = {1.0f, 1.0f + 0x1p-9f, -2.0f, 65504.0f};
