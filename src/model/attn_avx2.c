@@ -202,71 +202,124 @@ static inline void store_f16(uint16_t *p, __m256 x)
 /* Positions whose weights are computed ahead of the sums (the exps do not wait on them). */
 #define ONLINE_CHUNK 64
 
-/* Per head and chunk of positions: first each position's rescale and weight (the same
- * kvr_online_step calls in the same order), then the sums with up to four vectors of the
- * accumulator held in registers as floats that are exact halves (rounded after every step,
- * as the memory round trip of the plain loop rounds them). */
+/* The rescale ms[j] and weight vs[j] of positions j < m of one head, and whether its
+ * maximum grew there: the kvr_online_step calls of the plain loop, in the same order. */
+struct online_w {
+    float ms[ONLINE_CHUNK], vs[ONLINE_CHUNK];
+    bool grew[ONLINE_CHUNK];
+};
+
+/* kvr_online_step for positions j < m. */
+static void online_weights(struct online_w *w, float *st, const float *p, uint32_t m)
+{
+    for (uint32_t j = 0; j < m; j++) {
+        w->grew[j] = p[j] > st[0];
+        kvr_online_step(st, p[j], &w->ms[j], &w->vs[j]);
+    }
+}
+
+/* The sums of nh heads (1 or 2) over m positions of v, whose accumulators are acc and
+ * acc + hd: per position, where a head's maximum grew its accumulator is rescaled, then the
+ * weighted value added, each rounded to half. Two heads share each value's load and give
+ * the conversions' latency two independent chains per vector; a head's lanes see the same
+ * operations either way. The loops over heads and vectors unroll fully, so the
+ * accumulators stay in registers (without the pragmas GCC keeps them on the stack). */
+static inline __attribute__((always_inline)) void online_sums(uint16_t *acc,
+                                                              const struct online_w *w, uint32_t nh,
+                                                              uint32_t hd, const uint16_t *v,
+                                                              size_t v_step, uint32_t m)
+{
+    uint32_t i = 0;
+    for (; i + 32 <= hd; i += 32) {
+        __m256 a[2][4];
+#pragma GCC unroll 2
+        for (uint32_t h = 0; h < nh; h++)
+#pragma GCC unroll 4
+            for (uint32_t k = 0; k < 4; k++)
+                a[h][k] = load_f16(acc + (size_t)h * hd + i + 8 * k);
+        for (uint32_t j = 0; j < m; j++) {
+#pragma GCC unroll 2
+            for (uint32_t h = 0; h < nh; h++)
+                if (w[h].grew[j]) { /* the maximum grew: rescale */
+                    __m256 r = _mm256_set1_ps(w[h].ms[j]);
+#pragma GCC unroll 4
+                    for (uint32_t k = 0; k < 4; k++)
+                        a[h][k] = round_half8(_mm256_mul_ps(a[h][k], r));
+                }
+            const uint16_t *x = v + j * v_step + i;
+            __m256 wv[2];
+#pragma GCC unroll 2
+            for (uint32_t h = 0; h < nh; h++)
+                wv[h] = _mm256_set1_ps(w[h].vs[j]);
+#pragma GCC unroll 4
+            for (uint32_t k = 0; k < 4; k++) {
+                __m256 xk = load_f16(x + 8 * k);
+#pragma GCC unroll 2
+                for (uint32_t h = 0; h < nh; h++)
+                    a[h][k] = round_half8(_mm256_fmadd_ps(xk, wv[h], a[h][k]));
+            }
+        }
+#pragma GCC unroll 2
+        for (uint32_t h = 0; h < nh; h++)
+#pragma GCC unroll 4
+            for (uint32_t k = 0; k < 4; k++)
+                store_f16(acc + (size_t)h * hd + i + 8 * k, a[h][k]);
+    }
+    for (; i + 8 <= hd; i += 8) {
+        __m256 a[2][1];
+#pragma GCC unroll 2
+        for (uint32_t h = 0; h < nh; h++)
+            a[h][0] = load_f16(acc + (size_t)h * hd + i);
+        for (uint32_t j = 0; j < m; j++) {
+#pragma GCC unroll 2
+            for (uint32_t h = 0; h < nh; h++)
+                if (w[h].grew[j]) { /* the maximum grew: rescale */
+                    __m256 r = _mm256_set1_ps(w[h].ms[j]);
+#pragma GCC unroll 4
+                    for (uint32_t k = 0; k < 1; k++)
+                        a[h][k] = round_half8(_mm256_mul_ps(a[h][k], r));
+                }
+            __m256 x = load_f16(v + j * v_step + i);
+#pragma GCC unroll 2
+            for (uint32_t h = 0; h < nh; h++)
+                a[h][0] = round_half8(_mm256_fmadd_ps(x, _mm256_set1_ps(w[h].vs[j]), a[h][0]));
+        }
+#pragma GCC unroll 2
+        for (uint32_t h = 0; h < nh; h++)
+            store_f16(acc + (size_t)h * hd + i, a[h][0]);
+    }
+    for (; i < hd; i++)
+        for (uint32_t h = 0; h < nh; h++) {
+            const struct online_w *wh = &w[h];
+            float a = kvr_f16_to_f32(acc[(size_t)h * hd + i]);
+            for (uint32_t j = 0; j < m; j++) {
+                if (wh->grew[j])
+                    a = kvr_f16_to_f32(kvr_f32_to_f16(a * wh->ms[j]));
+                a = kvr_f16_to_f32(
+                    kvr_f32_to_f16(fmaf(kvr_f16_to_f32(v[j * v_step + i]), wh->vs[j], a)));
+            }
+            acc[(size_t)h * hd + i] = kvr_f32_to_f16(a);
+        }
+}
+
+/* Heads two at a time (the last alone when the group is odd), positions in chunks: first
+ * the chunk's weights, then the sums with the accumulators held in registers as floats that
+ * are exact halves (rounded after every step, as the plain loop's halves in memory are). */
 static void mix_online_f16_avx2(uint16_t *acc, float *st, const float *p, size_t stride,
                                 uint32_t group, uint32_t hd, const uint16_t *v, size_t v_step,
                                 uint32_t n)
 {
-    float ms[ONLINE_CHUNK], vs[ONLINE_CHUNK];
-    bool grew[ONLINE_CHUNK];
-    for (uint32_t g = 0; g < group; g++) {
-        uint16_t *ag = acc + (size_t)g * hd;
-        const float *pg = p + g * stride;
-        float *sg = st + 2 * g;
+    struct online_w w[2];
+    for (uint32_t g = 0; g < group; g += 2) {
+        uint32_t nh = group - g < 2 ? 1 : 2;
         for (uint32_t j0 = 0; j0 < n; j0 += ONLINE_CHUNK) {
             uint32_t m = n - j0 < ONLINE_CHUNK ? n - j0 : ONLINE_CHUNK;
-            for (uint32_t j = 0; j < m; j++) {
-                grew[j] = pg[j0 + j] > sg[0];
-                kvr_online_step(sg, pg[j0 + j], &ms[j], &vs[j]);
-            }
-            const uint16_t *vb = v + j0 * v_step;
-            uint32_t i = 0;
-            for (; i + 32 <= hd; i += 32) {
-                __m256 a0 = load_f16(ag + i), a1 = load_f16(ag + i + 8);
-                __m256 a2 = load_f16(ag + i + 16), a3 = load_f16(ag + i + 24);
-                for (uint32_t j = 0; j < m; j++) {
-                    if (grew[j]) {
-                        __m256 r = _mm256_set1_ps(ms[j]);
-                        a0 = round_half8(_mm256_mul_ps(a0, r));
-                        a1 = round_half8(_mm256_mul_ps(a1, r));
-                        a2 = round_half8(_mm256_mul_ps(a2, r));
-                        a3 = round_half8(_mm256_mul_ps(a3, r));
-                    }
-                    __m256 w = _mm256_set1_ps(vs[j]);
-                    const uint16_t *x = vb + j * v_step + i;
-                    a0 = round_half8(_mm256_fmadd_ps(load_f16(x), w, a0));
-                    a1 = round_half8(_mm256_fmadd_ps(load_f16(x + 8), w, a1));
-                    a2 = round_half8(_mm256_fmadd_ps(load_f16(x + 16), w, a2));
-                    a3 = round_half8(_mm256_fmadd_ps(load_f16(x + 24), w, a3));
-                }
-                store_f16(ag + i, a0);
-                store_f16(ag + i + 8, a1);
-                store_f16(ag + i + 16, a2);
-                store_f16(ag + i + 24, a3);
-            }
-            for (; i + 8 <= hd; i += 8) {
-                __m256 a = load_f16(ag + i);
-                for (uint32_t j = 0; j < m; j++) {
-                    if (grew[j])
-                        a = round_half8(_mm256_mul_ps(a, _mm256_set1_ps(ms[j])));
-                    a = round_half8(
-                        _mm256_fmadd_ps(load_f16(vb + j * v_step + i), _mm256_set1_ps(vs[j]), a));
-                }
-                store_f16(ag + i, a);
-            }
-            for (; i < hd; i++) {
-                float a = kvr_f16_to_f32(ag[i]);
-                for (uint32_t j = 0; j < m; j++) {
-                    if (grew[j])
-                        a = kvr_f16_to_f32(kvr_f32_to_f16(a * ms[j]));
-                    a = kvr_f16_to_f32(
-                        kvr_f32_to_f16(fmaf(kvr_f16_to_f32(vb[j * v_step + i]), vs[j], a)));
-                }
-                ag[i] = kvr_f32_to_f16(a);
-            }
+            for (uint32_t h = 0; h < nh; h++)
+                online_weights(&w[h], st + 2 * (g + h), p + (g + h) * stride + j0, m);
+            if (nh == 2)
+                online_sums(acc + (size_t)g * hd, w, 2, hd, v + j0 * v_step, v_step, m);
+            else
+                online_sums(acc + (size_t)g * hd, w, 1, hd, v + j0 * v_step, v_step, m);
         }
     }
 }
