@@ -29,6 +29,10 @@ enum {
  * between tokens at most this factor longer (prefill_limit_ms). */
 #define ITL_SLOWDOWN 1.8
 
+/* Whole answers measured before their time per token replaces the cost model's period in
+ * the whole-answer estimate (admit). */
+#define TPOT_MIN 5
+
 /* The least safety factor on a prediction: a late answer is worse than a refused one. */
 #define ADMIT_MARGIN 1.1
 
@@ -121,9 +125,14 @@ struct kvr_sched {
     struct kvr_calib calib_total;  /* actual / estimated time of whole answers */
     double mix_rows, mix_pairs;    /* prefill rows (and their attention pairs) that batches
                                       with decode rows carried lately (moving averages) */
-    double *admit_scratch;         /* [max_seqs] admission's working memory */
-    double *ends_scratch;          /* [max_seqs + max_waiting] ... and prefill_eta's */
-    uint32_t *pick_scratch;        /* [max_seqs + 1] the decode picker's */
+    double arrival_gap_ms;         /* mean time between submits lately (moving average) */
+    double tpot_ms;                /* time per token after the first of recent whole
+                                      answers (moving average; tpot_n of them) */
+    uint64_t tpot_n;
+    uint64_t last_arrival_ns; /* the last submit's now; 0 before the first */
+    double *admit_scratch;    /* [max_seqs] admission's working memory */
+    double *ends_scratch;     /* [max_seqs + max_waiting] ... and prefill_eta's */
+    uint32_t *pick_scratch;   /* [max_seqs + 1] the decode picker's */
 };
 
 const double kvr_sched_queue_bounds[KVR_SCHED_QUEUE_BUCKETS] = {0.001, 0.005, 0.01, 0.025, 0.05,
@@ -575,22 +584,24 @@ static bool prefill_urgent(const struct kvr_sched *s, double rate, double full_r
  * budget is as much a promise as the streams' totals. So a long prompt without a pressing
  * budget never stretches the gaps by more than the factor, and a tight budget on a
  * decoding stream keeps chunks shorter still. Admission asks for a request not yet
- * counted (`one_more`), and whether it would be urgent (`urgent_too`). 0 (no limit)
- * without decode rows or before the model has data. */
-static double chunk_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape decode, bool one_more,
+ * counted and the ones expected to arrive while it prefills (`extra`: requests waiting for
+ * a first token beyond those there now), and whether it would be urgent (`urgent_too`). 0 (no
+ * limit) without decode rows or before the model has data. */
+static double chunk_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape decode, double extra,
                              bool urgent_too, uint64_t now)
 {
     if (decode.rows <= 0 || !kvr_cost_ready(&s->cost))
         return 0;
     double alone = window_period_ms(s, decode, 1.0);
     double afford = affordable_gap_ms(s, alone, now);
-    uint32_t n_first = s->wq_count + one_more, n_dec = 0;
+    double n_first = s->wq_count + extra;
+    uint32_t n_dec = 0;
     for (uint32_t i = 0; i < s->plan->max_seqs; i++) {
         const struct seq *q = &s->seqs[i];
         n_first += q->state == SEQ_PREFILL;
         n_dec += q->decoding && (q->state == SEQ_READY || q->state == SEQ_WAIT);
     }
-    double share = n_dec > 0 && n_first > n_dec ? (double)n_first / n_dec : 1.0;
+    double share = n_dec > 0 && n_first > n_dec ? n_first / n_dec : 1.0;
     double cap = ITL_SLOWDOWN * share * alone;
     if (afford <= cap || urgent_too)
         return afford;
@@ -601,7 +612,7 @@ static double chunk_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape de
 static double prefill_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape decode,
                                uint64_t now)
 {
-    return chunk_limit_ms(s, decode, false, false, now);
+    return chunk_limit_ms(s, decode, 0, false, now);
 }
 
 /* Rows from..from+n of a sequence's prefill: its prompt, then (after a recovery) the
@@ -710,9 +721,14 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
 
     /* 2. Decode rows, spread evenly over the batches in flight. */
     uint32_t n_decoding = 0;
+    double dec_ctx = 0; /* their mean context */
     for (uint32_t i = 0; i < p->max_seqs; i++)
-        if (s->seqs[i].decoding && (s->seqs[i].state == SEQ_READY || s->seqs[i].state == SEQ_WAIT))
+        if (s->seqs[i].decoding &&
+            (s->seqs[i].state == SEQ_READY || s->seqs[i].state == SEQ_WAIT)) {
             n_decoding++;
+            dec_ctx += s->seqs[i].r->req.n_prompt + s->seqs[i].r->n_generated;
+        }
+    dec_ctx = n_decoding ? dec_ctx / n_decoding : 0;
     uint32_t quota = (n_decoding + p->microbatches - 1) / p->microbatches;
     quota = quota < p->row_width ? quota : p->row_width;
     uint32_t *order = s->pick_scratch;
@@ -734,7 +750,14 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
      * more rows than keep the decoding streams' time between tokens within what
      * prefill_limit_ms allows, so a long prompt never stalls them (chunked prefill). */
     double dec_pairs = bt->pairs;
-    double limit_ms = prefill_limit_ms(s, (struct kvr_cost_shape){bt->n_rows, bt->pairs}, now);
+    /* A batch without decode rows while streams decode (fewer of them than batches in the
+     * window, or all their rows in flight) delays them as much as one with their rows: the
+     * streams' next batches queue behind it at every stage. It is limited as if it carried
+     * their share of rows. */
+    struct kvr_cost_shape dec_shape = {bt->n_rows, bt->pairs};
+    if (n_dec == 0 && n_decoding > 0)
+        dec_shape = (struct kvr_cost_shape){quota, quota * dec_ctx};
+    double limit_ms = prefill_limit_ms(s, dec_shape, now);
     bool full = false;
     while (bt->n_rows < p->row_width && !full) {
         int best = -1;
@@ -879,6 +902,11 @@ static void observe_estimate(struct kvr_sched *s, struct kvr_sched_req *r, bool 
                   (r->first_token_ns - r->submit_ns) / 1e6, r->est_first_ms, actual, pred);
         double raw = r->est_first_ms + (r->n_generated - 1) * r->pred_period_ms;
         kvr_calib_observe(&s->calib_total, actual / raw);
+        if (r->n_generated > 1) {
+            double tpot = (now - r->first_token_ns) / 1e6 / (r->n_generated - 1);
+            s->tpot_ms = s->tpot_n ? 0.9 * s->tpot_ms + 0.1 * tpot : tpot;
+            s->tpot_n++;
+        }
     }
 }
 
@@ -1127,17 +1155,43 @@ static int cmp_double(const void *a, const void *b)
 
 /* When the prompt rows ahead of a new request (its own included, rows_ahead) will have gone
  * through, if batches carrying `decode` take prefill chunks within limit_ms
- * (chunk_limit_ms): in batches of `room` rows, one after another at the window's pace, the
- * last one all the way round. The decode rows are those of n_ends sequences, which stop
- * decoding ends[k] ms from now (ascending): each that ends takes 1/W of a row out of every
- * batch, a lighter batch takes more prefill rows (the limit is a factor of the decode-only
- * time between tokens), and once none decodes the batches are full. */
+ * (chunk_limit_ms): in batches one after another at the window's pace, the last one all
+ * the way round. The decode rows are those of n_ends sequences, which stop decoding
+ * ends[k] ms from now (ascending): each that ends takes 1/W of a row out of every batch, a
+ * lighter batch takes more prefill rows (the limit is a factor of the decode-only time
+ * between tokens), and once none decodes the batches are full. With fewer sequences
+ * decoding than batches in the window, only that many batches carry a decode row (a
+ * stream's row is in one batch at a time): of every W batches, n carry one decode row and
+ * its chunk, W - n only a chunk, which build_batch limits as if it carried the row. */
 struct prefill_eta {
-    double room, batches; /* prefill rows a batch now, batches until ours is done */
-    double full_ms;       /* the slowest stage's time for such a batch now */
-    double step_ms;       /* one batch after another with the window full, now */
+    double room, batches; /* prefill rows a batch now (mean), batches until ours is done */
+    double full_ms;       /* the slowest stage's time for such a batch now (mean) */
+    double step_ms;       /* one batch after another with the window full, now (mean) */
     double first_ms;      /* from now until the last chunk's token is back */
 };
+
+/* One kind of batch in a phase of prefill_eta: its prefill room, the slowest stage's time
+ * and the pace at which such batches follow each other with the window full. */
+struct eta_batch {
+    double room, full_ms, step_ms;
+};
+
+static struct eta_batch eta_batch(const struct kvr_sched *s, struct kvr_cost_shape dk, double pos,
+                                  double lim)
+{
+    const struct kvr_plan *p = s->plan;
+    uint32_t width = p->row_width > (uint32_t)dk.rows + 1 ? p->row_width - (uint32_t)dk.rows : 1;
+    struct eta_batch b;
+    b.room = prefill_fit(s, dk, pos, width, lim);
+    struct kvr_cost_shape full = {dk.rows + b.room, dk.pairs + kvr_cost_pairs(pos, b.room)};
+    b.full_ms = kvr_cost_batch_ms(&s->cost, full);
+    /* With the window full, a batch goes out each time one comes back: batches follow each
+     * other at the slowest stage's pace, or at a trip over the window if the hops and the
+     * other stages cannot keep it busy. */
+    double step = kvr_cost_trip_ms(&s->cost, full) / p->microbatches;
+    b.step_ms = step > b.full_ms ? step : b.full_ms;
+    return b;
+}
 
 static struct prefill_eta prefill_eta(const struct kvr_sched *s, struct kvr_cost_shape decode,
                                       uint32_t n_prompt, double rows_ahead, double limit_ms,
@@ -1147,35 +1201,37 @@ static struct prefill_eta prefill_eta(const struct kvr_sched *s, struct kvr_cost
     const struct kvr_cost_model *m = &s->cost;
     double W = p->microbatches;
     double alone0 = decode.rows > 0 ? window_period_ms(s, decode, 1.0) : 0;
+    double pair_per_row = decode.rows > 0 ? decode.pairs / decode.rows : 0;
     struct prefill_eta e = {0};
     double t = 0, left = rows_ahead;
     for (uint32_t k = 0;; k++) {
-        double rows = k < n_ends ? decode.rows * (n_ends - k) / n_ends : 0;
-        struct kvr_cost_shape dk = {rows, decode.rows > 0 ? decode.pairs * rows / decode.rows : 0};
+        /* Sequences decoding in this phase, and the decode rows of a batch that has any. */
+        double n_dec = k < n_ends ? decode.rows * W * (n_ends - k) / n_ends : 0;
+        double b_dec = n_dec < W ? ceil(n_dec - 1e-9) : W; /* batches with decode rows */
+        double rows = b_dec > 0 ? (n_dec < W ? 1.0 : n_dec / W) : 0;
+        struct kvr_cost_shape dk = {rows, rows * pair_per_row};
         double lim = 0;
         if (rows > 0 && limit_ms > 0)
             lim = isinf(limit_ms) ? limit_ms : limit_ms * window_period_ms(s, dk, 1.0) / alone0;
-        uint32_t width = p->row_width > (uint32_t)rows + 1 ? p->row_width - (uint32_t)rows : 1;
-        double room = prefill_fit(s, dk, n_prompt / 2.0, width, lim);
-        struct kvr_cost_shape full = {dk.rows + room,
-                                      dk.pairs + kvr_cost_pairs(n_prompt / 2.0, room)};
-        double full_ms = kvr_cost_batch_ms(m, full);
-        /* With the window full, a batch goes out each time one comes back: batches follow
-         * each other at the slowest stage's pace, or at a trip over the window if the hops
-         * and the other stages cannot keep it busy. */
-        double step = kvr_cost_trip_ms(m, full) / W;
-        step = step > full_ms ? step : full_ms;
+        struct eta_batch with = eta_batch(s, dk, n_prompt / 2.0, lim);
+        struct eta_batch without = with;
+        if (b_dec < W)
+            without = eta_batch(s, (struct kvr_cost_shape){0, 0}, n_prompt / 2.0, lim);
+        double room = (b_dec * with.room + (W - b_dec) * without.room) / W;
+        double step = (b_dec * with.step_ms + (W - b_dec) * without.step_ms) / W;
         if (k == 0) {
             e.room = room;
-            e.full_ms = full_ms;
+            e.full_ms = (b_dec * with.full_ms + (W - b_dec) * without.full_ms) / W;
             e.step_ms = step;
             /* A busy ring has its window full: the first chunk waits for a batch to come
              * back, half a step on average. */
             t = s->n_inflight >= p->microbatches ? step / 2 : 0;
         }
-        double n_b = (double)(uint64_t)((left + room - 1) / room);
+        double n_b = ceil(left / room - 1e-9);
+        n_b = n_b > 1 ? n_b : 1;
         /* The batch with our last chunk goes all the way round; its rows are what is left. */
         double last_rows = left - (n_b - 1) * room;
+        last_rows = last_rows > 0 ? last_rows : 1;
         struct kvr_cost_shape last = {dk.rows + last_rows,
                                       dk.pairs + kvr_cost_pairs(n_prompt - last_rows, last_rows)};
         double done = t + (n_b - 1) * step + kvr_cost_trip_ms(m, last);
@@ -1184,7 +1240,7 @@ static struct prefill_eta prefill_eta(const struct kvr_sched *s, struct kvr_cost
             e.first_ms = done;
             return e;
         }
-        double fit = ends[k] > t ? (double)(uint64_t)((ends[k] - t) / step) : 0;
+        double fit = ends[k] > t ? floor((ends[k] - t) / step) : 0;
         fit = fit < n_b - 1 ? fit : n_b - 1;
         left -= fit * room;
         t += fit * step;
@@ -1260,15 +1316,31 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     for (uint32_t k = 0; k < s->wq_count; k++)
         ends[n_ends++] = s->waitq[(s->wq_head + k) % s->max_waiting]->req.max_tokens * period;
     qsort(ends, n_ends, sizeof *ends, cmp_double);
-    struct prefill_eta eta = prefill_eta(s, decode, req->n_prompt, rows_ahead,
-                                         chunk_limit_ms(s, decode, true, false, now), ends, n_ends);
+    /* Requests waiting for a first token set how thick chunks beside the streams are
+     * (chunk_limit_ms): while the prompts ahead go through, their number falls from all of
+     * them and ours to ours alone, and the requests that arrive meanwhile (at the recent
+     * rate) add to it. Taken at its mean over our wait: 1 + (prompts ahead) x (their share
+     * of the rows) / 2 + (arrivals during the wait) / 2, the wait first estimated without
+     * arrivals. */
+    double n_ahead = s->wq_count;
+    for (uint32_t i = 0; i < p->max_seqs; i++)
+        n_ahead += s->seqs[i].state == SEQ_PREFILL;
+    double extra = 1 + n_ahead * ((rows_ahead - n_compute) / rows_ahead / 2 - 1);
+    struct prefill_eta eta =
+        prefill_eta(s, decode, req->n_prompt, rows_ahead,
+                    chunk_limit_ms(s, decode, extra, false, now), ends, n_ends);
+    if (s->arrival_gap_ms > 0) {
+        extra += eta.first_ms / s->arrival_gap_ms / 2;
+        eta = prefill_eta(s, decode, req->n_prompt, rows_ahead,
+                          chunk_limit_ms(s, decode, extra, false, now), ends, n_ends);
+    }
     double f_first = kvr_calib_factor(&s->calib_first, ADMIT_MARGIN);
     if (req->first_token_ms && f_first * eta.first_ms + period > req->first_token_ms) {
         /* Too slow at the streams' pace: the chunking rule gives an urgent prompt what the
          * decoding streams' budgets afford (chunk_limit_ms). */
         struct prefill_eta fast =
             prefill_eta(s, decode, req->n_prompt, rows_ahead,
-                        chunk_limit_ms(s, decode, true, true, now), ends, n_ends);
+                        chunk_limit_ms(s, decode, extra, true, now), ends, n_ends);
         if (fast.first_ms < eta.first_ms)
             eta = fast;
     }
@@ -1307,17 +1379,21 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     /* The whole answer: the first token, then the gaps at the load it adds, corrected by how
      * far whole answers were from that lately (the prompts that arrive while it decodes
      * share its batches: at a steady load that is a steady factor). */
-    r->pred_period_ms = period;
-    double f_answer = s->calib_total.n >= 5 ? s->calib_total.mid : 1.0;
-    double est_total = (r->est_first_ms + (req->max_tokens - 1) * period) * f_answer;
+    /* The gaps of a stream depend less on the load when it starts than on the prompts that
+     * arrive while it decodes (they share its batches): at a steady load the streams that
+     * just ended are the better guide. */
+    double gap_ms = s->tpot_n >= TPOT_MIN ? s->tpot_ms : period;
+    r->pred_period_ms = gap_ms;
+    double f_answer = s->calib_total.n >= 5 && gap_ms == period ? s->calib_total.mid : 1.0;
+    double est_total = (r->est_first_ms + (req->max_tokens - 1) * gap_ms) * f_answer;
     r->est_period_ms =
-        req->max_tokens > 1 ? (est_total - r->est_first_ms) / (req->max_tokens - 1) : period;
+        req->max_tokens > 1 ? (est_total - r->est_first_ms) / (req->max_tokens - 1) : gap_ms;
     /* The client sees its first text one token late when that token is part of a
      * character (streams never split UTF-8): budget one more period. */
     double first_ms = f_first * raw_first + r->est_period_ms;
     /* The whole answers' high quantile is of actual / raw (observe_estimate): it applies to
      * the raw estimate, not to one already corrected by their median. */
-    double total_ms = f_total * (r->est_first_ms + (req->max_tokens - 1) * period);
+    double total_ms = f_total * (r->est_first_ms + (req->max_tokens - 1) * gap_ms);
     if (s->n_running == 0 && s->wq_count == 0) {
         /* An idle ring risks nobody, and a model that has never seen a batch of this shape
          * extrapolates pessimistically: refuse only what cannot be met even by an empty
@@ -1383,6 +1459,11 @@ int kvr_sched_submit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     r->last_token_ns = r->first_token_ns = 0;
     r->held_once = false;
     r->submit_ns = now;
+    if (s->last_arrival_ns && now > s->last_arrival_ns) {
+        double gap = (now - s->last_arrival_ns) / 1e6;
+        s->arrival_gap_ms = s->arrival_gap_ms > 0 ? 0.9 * s->arrival_gap_ms + 0.1 * gap : gap;
+    }
+    s->last_arrival_ns = now;
     r->deadline_ns = req->total_ms         ? now + req->total_ms * MS_NS
                      : req->first_token_ms ? now + req->first_token_ms * MS_NS
                                            : UINT64_MAX;

@@ -27,7 +27,9 @@
  * time between tokens within 1.8x of what it is without prefill (times the requests
  * waiting for a first token over the streams decoding, when that is more; more for a
  * prompt that would miss its first-token budget) and within what each stream's total
- * budget can afford (sched.c chunk_limit_ms). A sequence's decode
+ * budget can afford (sched.c chunk_limit_ms); a batch without decode rows while streams
+ * decode (fewer of them than batches in the window) is limited as if it carried their
+ * share, since their next batches queue behind it. A sequence's decode
  * row is never in two in-flight batches; its non-final prefill chunks may be, because
  * stages keep order. A slot is reused only after its FREE has gone into a batch, so every
  * stage sees FREE before the slot's next OPEN.
@@ -75,12 +77,15 @@ struct kvr_sched_req {
     uint64_t first_token_ns;
     uint64_t last_token_ns;
     double pred_first_ms;  /* admission's raw first-token estimate (0: none) */
-    double pred_period_ms; /* ... and its raw time between tokens */
+    double pred_period_ms; /* ... and its raw time between tokens: the time per token of
+                              the whole answers that ended lately (once 5 have), else the
+                              cost model's period at the load it adds */
     double est_first_ms;   /* its estimate of the first token's time from submit,
                               corrected by the model's mean error (0: none) */
     double est_period_ms;  /* ... and of the time between tokens, such that est_first_ms +
-                              (n - 1) x est_period_ms is the estimate for n tokens,
-                              corrected by the whole answers' mean error */
+                              (n - 1) x est_period_ms is the estimate for n tokens (the
+                              cost model's period is corrected by the whole answers' median
+                              error, a measured time per token is not) */
     bool held_once;        /* a ring failure held it: its times say nothing */
     uint32_t n_cached;     /* prompt positions found in the prefix cache (admission's
                               estimate, then what its slot got) */

@@ -279,6 +279,59 @@ static void test_chunked_prefill_beside_decodes(void **state)
     assert_int_equal(chunks_beside_decodes(60000), free_chunks);
 }
 
+/* Two micro-batches and one decoding stream: its row is in one batch at a time, so every
+ * other batch has no decode row. Such a batch delays the stream as much as one with its row
+ * (its next batch queues behind it), so it takes a chunk of the same rule, not the row
+ * width (it took 64 rows, and the stream's gaps were a full batch's). */
+static void test_chunks_beside_a_stream_in_every_batch(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 64, 4, 64, false);
+    ring_up(h);
+    warm_up(h, 1);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 3, 4, 60, 0, 1, 0, 0, &why), 0); /* decodes */
+    sh_run(h, 4);
+    assert_true(h->reqs[3].n_seen >= 2);
+    assert_int_equal(sh_submit(h, 5, 200, 4, 0, 1, 0, 0, &why), 0); /* a long prompt */
+    uint32_t prefilled = 0, n_with = 0, n_without = 0, max_with = 0, max_without = 0;
+    for (uint32_t guard = 0; prefilled < 200 && guard < 400; guard++) {
+        const struct sh_batch *bt = &h->ring[h->ring_head];
+        bool has_decode = false;
+        uint32_t chunk = 0;
+        for (uint32_t k = 0; k < bt->n_segs; k++) {
+            const struct kvr_seg *g = &bt->segs[k];
+            has_decode = has_decode || (g->flags & KVR_SEG_DECODE);
+            if (g->seq == (uint32_t)h->reqs[5].r.seq && (g->flags & KVR_SEG_PREFILL))
+                chunk = g->n_tokens;
+        }
+        prefilled += chunk;
+        if (chunk && prefilled < 200) { /* the last chunk is what was left */
+            uint32_t *n = has_decode ? &n_with : &n_without;
+            uint32_t *mx = has_decode ? &max_with : &max_without;
+            (*n)++;
+            *mx = chunk > *mx ? chunk : *mx;
+        }
+        assert_int_equal(sh_deliver(h), 0);
+        sh_pump(h);
+        OK(h);
+    }
+    assert_int_equal(prefilled, 200);
+    print_message("chunks beside the stream's row: %u, at most %u rows; in the other batch: %u, "
+                  "at most %u rows\n",
+                  n_with, max_with, n_without, max_without);
+    assert_true(n_with >= 5 && n_without >= 5);
+    /* The cost model is still learning the ring (the limit grows from ~5 to ~13 ms over
+     * the prompt), so the two kinds are not compared chunk by chunk: both stay far from the
+     * row width. */
+    assert_true(max_with < 32 && max_without < 32);
+    sh_run(h, 500);
+    OK(h);
+    assert_stream(&h->reqs[3], h->reqs[3].n_seen);
+    assert_stream(&h->reqs[5], h->reqs[5].n_seen);
+    done(h);
+}
+
 static void test_prefill_takes_the_row_width_before_costs_are_known(void **state)
 {
     (void)state;
@@ -717,15 +770,21 @@ static void test_result_mismatch(void **state)
  * closed loop of 32 clients measures on the same ring. */
 
 #define SIM_SEQS 32
-#define SIM_REQS 256 /* request slots, reused once detached */
-#define SIM_PROMPT 768
+#define SIM_REQS 256         /* request slots, reused once detached */
+#define SIM_PROMPT 768       /* the longest prompt of the long-prompt case */
+#define SIM_PROMPT_BENCH 384 /* ... and of bench/estimates.sh's mix */
 #define SIM_GEN 96
 #define SIM_BT 16
 #define SIM_CTX 1024
+/* kvasir serve's default budgets, which the capacity probe's requests get (no budget of
+ * their own): they make the earliest-deadline-first order the order of arrival. */
+#define SIM_SERVE_FIRST_MS 60000
+#define SIM_SERVE_TOTAL_MS 600000
 #define SIM_MAX_CTRL ((3 + (SIM_CTX / SIM_BT + KVR_WIRE_MAP_IDS - 1) / KVR_WIRE_MAP_IDS) * SIM_SEQS)
 
 struct sim_req {
     struct kvr_sched_req r;
+    bool measured; /* a request of the level being measured (not the capacity probe's) */
     int32_t prompt[SIM_PROMPT];
     int32_t gen[SIM_GEN];
     bool busy; /* submitted and not yet detached */
@@ -749,6 +808,10 @@ struct sim {
     uint64_t stage_free[2];
     uint64_t rng;
     uint32_t completed, resubmit; /* closed loop: requests to send again */
+    uint32_t prompt_max;          /* prompts of 32..prompt_max tokens */
+    /* |estimate / actual - 1| of the measured requests that ended, first token and whole */
+    double err_first[SIM_REQS * 8], err_total[SIM_REQS * 8];
+    uint32_t n_err;
 };
 
 static uint64_t sim_rand(struct sim *m)
@@ -768,6 +831,15 @@ static void sim_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched
     struct sim_req *q = r->user;
     if (ev->type == KVR_SCHED_EV_END)
         m->completed += ev->finish == KVR_GEN_FINISH_LENGTH;
+    if (ev->type == KVR_SCHED_EV_END && q->measured && ev->finish == KVR_GEN_FINISH_LENGTH &&
+        r->est_first_ms > 0 && !r->held_once && m->n_err < SIM_REQS * 8) {
+        double first = (r->first_token_ns - r->submit_ns) / 1e6;
+        double total = (ev->t_ns - r->submit_ns) / 1e6;
+        double est_total = r->est_first_ms + (r->n_generated - 1) * r->est_period_ms;
+        m->err_first[m->n_err] = fabs(r->est_first_ms / first - 1);
+        m->err_total[m->n_err] = fabs(est_total / total - 1);
+        m->n_err++;
+    }
     if (ev->type == KVR_SCHED_EV_DETACH) {
         q->busy = false;
         m->resubmit += q->closed_loop;
@@ -846,7 +918,7 @@ static bool sim_submit(struct sim *m, bool closed_loop, uint32_t first_ms, uint3
     if (!q)
         return false;
     memset(&q->r, 0, sizeof q->r);
-    uint32_t n_prompt = 32 + (uint32_t)(sim_rand(m) % (SIM_PROMPT - 32 + 1));
+    uint32_t n_prompt = 32 + (uint32_t)(sim_rand(m) % (m->prompt_max - 32 + 1));
     for (uint32_t k = 0; k < n_prompt; k++)
         q->prompt[k] = (int32_t)(3 + sim_rand(m) % 500); /* no two prompts share a block */
     q->r.req = (struct kvr_gen_request){.prompt = q->prompt,
@@ -859,6 +931,7 @@ static bool sim_submit(struct sim *m, bool closed_loop, uint32_t first_ms, uint3
     q->r.generated = q->gen;
     q->r.user = q;
     q->closed_loop = closed_loop;
+    q->measured = !closed_loop;
     struct kvr_refusal why;
     if (kvr_sched_submit(m->s, &q->r, m->now, &why)) {
         if (getenv("KVR_TEST_VERBOSE"))
@@ -870,9 +943,10 @@ static bool sim_submit(struct sim *m, bool closed_loop, uint32_t first_ms, uint3
     return true;
 }
 
-static void sim_init(struct sim *m, uint64_t seed)
+static void sim_init(struct sim *m, uint64_t seed, uint32_t prompt_max)
 {
     memset(m, 0, sizeof *m);
+    m->prompt_max = prompt_max;
     struct kvr_plan *p = &m->plan;
     p->n_stages = 2;
     p->microbatches = 2;
@@ -908,7 +982,7 @@ static void sim_run(struct sim *m, double rate, uint64_t until, uint32_t first_m
     while (m->now < until) {
         while (m->resubmit > 0) {
             m->resubmit--;
-            sim_submit(m, true, 0, 0);
+            sim_submit(m, true, SIM_SERVE_FIRST_MS, SIM_SERVE_TOTAL_MS);
         }
         uint64_t done = m->n_ring ? m->ring[m->head].done_ns : UINT64_MAX;
         if (next <= done && next < until) {
@@ -930,6 +1004,12 @@ static void sim_drain(struct sim *m)
         sim_deliver(m);
 }
 
+static int cmp_err(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
 /* Share of a ratio histogram's counts (difference b - a) within [0.75, 1.25]. */
 static double sim_share(const uint64_t *a, const uint64_t *b, uint64_t *n_out)
 {
@@ -946,16 +1026,34 @@ static double sim_share(const uint64_t *a, const uint64_t *b, uint64_t *n_out)
     return n ? (double)in / (double)n : 0;
 }
 
-static void test_estimates_on_a_pipelined_ring(void **state)
+/* The 90th percentile of errs[0..n) (sorts them). */
+static double sim_p90(double *errs, uint32_t n)
 {
-    (void)state;
-    struct sim *m = calloc(1, sizeof *m);
-    assert_non_null(m);
-    sim_init(m, 42);
-    /* Capacity: a closed loop of 32 clients, no budgets, over 120 s after 30 s of start. */
+    if (n == 0)
+        return 0;
+    qsort(errs, n, sizeof *errs, cmp_err);
+    uint32_t k = (uint32_t)ceil(0.9 * n);
+    return errs[k > 0 ? k - 1 : 0];
+}
+
+#define SIM_LEVELS 6
+static const double sim_levels[SIM_LEVELS] = {0.2, 0.35, 0.5, 0.75, 1.0, 1.2};
+
+struct sim_level {
+    uint32_t sent, refused, n;
+    double p90_first, p90_total;     /* of |estimate / actual - 1| over the level's answers */
+    double share_first, share_total; /* of the histograms' counts within +-25% */
+};
+
+/* The sweep of bench/estimates.sh on the fake ring: capacity from a closed loop of 32
+ * clients (no budgets, 120 s after 30 s of start), then Poisson arrivals at each level with
+ * 2 s / 6 s budgets, 150 s of mean arrivals each, 5 s idle between levels. */
+static double sim_sweep(struct sim *m, uint32_t prompt_max, struct sim_level *out)
+{
+    sim_init(m, 42, prompt_max);
     uint32_t sent = 0, refused = 0;
     for (uint32_t i = 0; i < SIM_SEQS; i++)
-        assert_true(sim_submit(m, true, 0, 0));
+        assert_true(sim_submit(m, true, SIM_SERVE_FIRST_MS, SIM_SERVE_TOTAL_MS));
     sim_run(m, 0, m->now + 30000 * SH_MS, 0, 0, &sent, &refused);
     uint32_t c0 = m->completed;
     uint64_t t0 = m->now;
@@ -965,58 +1063,102 @@ static void test_estimates_on_a_pipelined_ring(void **state)
         m->req[i].closed_loop = false;
     m->resubmit = 0;
     sim_drain(m);
-    print_message("capacity %.2f req/s\n", capacity);
-    static const double levels[] = {0.2, 0.35, 0.5, 0.75, 1.0, 1.2};
-    double worst_first = 1, worst_first_light = 1, worst_total = 1;
-    uint32_t refused_light = 0, sent_light = 0;
-    for (uint32_t l = 0; l < sizeof levels / sizeof levels[0]; l++) {
+    print_message("prompts 32-%u: capacity %.2f req/s\n", prompt_max, capacity);
+    for (uint32_t l = 0; l < SIM_LEVELS; l++) {
+        struct sim_level *o = &out[l];
         struct kvr_sched_stats a, b;
-        m->now += 5000 * SH_MS; /* idle between levels */
+        m->now += 5000 * SH_MS;
         kvr_sched_tick(m->s, m->now);
         kvr_sched_stats(m->s, &a);
-        double rate = capacity * levels[l];
-        sent = refused = 0;
-        sim_run(m, rate, m->now + (uint64_t)(150 / rate * 1e9), 2000, 6000, &sent, &refused);
+        double rate = capacity * sim_levels[l];
+        m->n_err = 0;
+        o->sent = o->refused = 0;
+        sim_run(m, rate, m->now + (uint64_t)(150 / rate * 1e9), 2000, 6000, &o->sent, &o->refused);
         sim_drain(m);
         kvr_sched_stats(m->s, &b);
         uint64_t nf, nt;
-        double sf = sim_share(a.first_ratio_hist, b.first_ratio_hist, &nf);
-        double stot = sim_share(a.total_ratio_hist, b.total_ratio_hist, &nt);
-        print_message("%.2fx (%.2f req/s): %u/%u refused; first token %.0f%% of %llu within 25%%, "
-                      "whole answer %.0f%% of %llu\n",
-                      levels[l], rate, refused, sent, 100 * sf, (unsigned long long)nf, 100 * stot,
-                      (unsigned long long)nt);
-        if (levels[l] <= 0.5) {
-            refused_light += refused;
-            sent_light += sent;
-            worst_first_light = sf < worst_first_light ? sf : worst_first_light;
-        }
+        o->share_first = sim_share(a.first_ratio_hist, b.first_ratio_hist, &nf);
+        o->share_total = sim_share(a.total_ratio_hist, b.total_ratio_hist, &nt);
+        o->n = m->n_err;
+        o->p90_first = sim_p90(m->err_first, m->n_err);
+        o->p90_total = sim_p90(m->err_total, m->n_err);
+        print_message("%.2fx (%.2f req/s): %u/%u refused; %u answers, p90 |est/actual - 1| "
+                      "first token %.2f, whole %.2f; within 25%%: %.0f%%, %.0f%%\n",
+                      sim_levels[l], rate, o->refused, o->sent, o->n, o->p90_first, o->p90_total,
+                      100 * o->share_first, 100 * o->share_total);
         if (getenv("KVR_TEST_VERBOSE"))
             for (uint32_t i = 0; i <= KVR_SCHED_RATIO_BUCKETS; i++)
                 print_message("  <= %.2f: first %llu, total %llu\n",
                               i < KVR_SCHED_RATIO_BUCKETS ? kvr_sched_ratio_bounds[i] : 99.0,
                               (unsigned long long)(b.first_ratio_hist[i] - a.first_ratio_hist[i]),
                               (unsigned long long)(b.total_ratio_hist[i] - a.total_ratio_hist[i]));
-        worst_first = sf < worst_first ? sf : worst_first;
-        worst_total = stot < worst_total ? stot : worst_total;
     }
-    /* What this ring shows with the default chunking rule (chunk_limit_ms; before it the
-     * test ran with the budget rule, since removed, and asked for 85% of first tokens at
-     * every level): refused 13/175, 17/150, 43/164 at 0.2x, 0.35x, 0.5x (long prompts
-     * beside decoding streams, or several close together, really take more than 2 s
-     * here); first tokens 85-87% within +-25% at <= 0.5x, 72-77% above (overload:
-     * the prompts ahead turn into decoding streams, which the estimate counts as decoding
-     * from the start); whole answers 55-68% (a stream shares its batches with the prompts
-     * that arrive while it decodes, and an urgent one may take its slack). The bounds
-     * below are those levels with a little room, a guard against regressions, not issue
-     * 15 point 4 (no refusal at <= 0.5x, 90% within +-25%), which this does not meet. */
-    if (refused_light * 5 > sent_light || worst_first_light < 0.8 || worst_first < 0.65 ||
-        worst_total < 0.5)
+    kvr_sched_shutdown(m->s, "test over", m->now);
+    kvr_sched_destroy(m->s);
+    return capacity;
+}
+
+/* bench/estimates.sh's mix (prompts of 32-384 tokens, each well within the 2 s budget on an
+ * idle ring). Issue 15 point 4 asks for no refusal at <= 0.5x and p90 |estimate / actual -
+ * 1| <= 0.25 at every level; this ring shows (seed 42): refused 0/140, 0/159, 5/164 at
+ * 0.2x, 0.35x, 0.5x; p90 first token 0.32-0.37 (71-87% within +-25%), whole answer
+ * 0.28-0.46 (58-88%). The estimates before (3209632) gave 1/136, 7/169, 11/149 refused and
+ * p90 0.36-0.52 / 0.40-0.63 in the same sweep. The bounds are those numbers with a little room, a
+ * guard against regressions, not point 4, which this does not meet: the spread left is the
+ * prompts that arrive while a request waits or decodes (they share its batches). */
+static void test_estimates_on_a_pipelined_ring(void **state)
+{
+    (void)state;
+    struct sim *m = calloc(1, sizeof *m);
+    assert_non_null(m);
+    struct sim_level lv[SIM_LEVELS];
+    sim_sweep(m, SIM_PROMPT_BENCH, lv);
+    uint32_t sent_light = 0, refused_light = 0;
+    for (uint32_t l = 0; l < SIM_LEVELS; l++) {
+        if (sim_levels[l] <= 0.5) {
+            sent_light += lv[l].sent;
+            refused_light += lv[l].refused;
+        }
+        if (lv[l].p90_first > 0.5 || lv[l].p90_total > 0.5 || lv[l].share_first < 0.65 ||
+            lv[l].share_total < 0.55)
+            fail_msg("%.2fx: p90 |estimate / actual - 1| first token %.2f, whole %.2f; within "
+                     "25%%: %.2f, %.2f",
+                     sim_levels[l], lv[l].p90_first, lv[l].p90_total, lv[l].share_first,
+                     lv[l].share_total);
+    }
+    if (refused_light * 50 > sent_light)
+        fail_msg("%u of %u refused at <= 0.5x", refused_light, sent_light);
+    free(m);
+}
+
+/* The mix before (prompts of 32-768 tokens: the longest need ~0.9 s alone on this ring, and
+ * beside decoding streams or other long prompts really take more than 2 s). Shows (seed
+ * 42): refused 2/142, 8/154, 17/155 at <= 0.5x; first tokens 71-91% within +-25% (p90
+ * 0.23-0.38), whole answers 62-80% (p90 0.31-0.70). The bounds were 80% of first tokens at
+ * <= 0.5x, 65% at every level and 50% of whole answers; now 70% and 60%. */
+static void test_estimates_with_long_prompts(void **state)
+{
+    (void)state;
+    struct sim *m = calloc(1, sizeof *m);
+    assert_non_null(m);
+    struct sim_level lv[SIM_LEVELS];
+    sim_sweep(m, SIM_PROMPT, lv);
+    uint32_t sent_light = 0, refused_light = 0;
+    double worst_first = 1, worst_first_light = 1, worst_total = 1;
+    for (uint32_t l = 0; l < SIM_LEVELS; l++) {
+        if (sim_levels[l] <= 0.5) {
+            sent_light += lv[l].sent;
+            refused_light += lv[l].refused;
+            worst_first_light = fmin(worst_first_light, lv[l].share_first);
+        }
+        worst_first = fmin(worst_first, lv[l].share_first);
+        worst_total = fmin(worst_total, lv[l].share_total);
+    }
+    if (refused_light * 5 > sent_light || worst_first_light < 0.8 || worst_first < 0.7 ||
+        worst_total < 0.6)
         fail_msg("refused %u of %u at <= 0.5x, within 25%%: first token %.2f (%.2f at <= "
                  "0.5x), whole %.2f at the worst level",
                  refused_light, sent_light, worst_first, worst_first_light, worst_total);
-    kvr_sched_shutdown(m->s, "test over", m->now);
-    kvr_sched_destroy(m->s);
     free(m);
 }
 
@@ -1028,6 +1170,7 @@ int main(void)
         cmocka_unit_test(test_admission_at_and_over_budget),
         cmocka_unit_test(test_kv_exhaustion_and_wait_queue),
         cmocka_unit_test(test_chunked_prefill_beside_decodes),
+        cmocka_unit_test(test_chunks_beside_a_stream_in_every_batch),
         cmocka_unit_test(test_prefill_takes_the_row_width_before_costs_are_known),
         cmocka_unit_test(test_cancel_mid_prefill),
         cmocka_unit_test(test_cancel_while_waiting),
@@ -1039,6 +1182,7 @@ int main(void)
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_prefix_eviction_under_pressure),
         cmocka_unit_test(test_estimates_on_a_pipelined_ring),
+        cmocka_unit_test(test_estimates_with_long_prompts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
