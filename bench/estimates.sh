@@ -17,10 +17,10 @@
 #    Why 384: "no refusal at <= 0.5x" asks that every prompt of the mix can meet the 2 s
 #    budget beside a light load, with the margin admission keeps for its own error. On
 #    ring-45 Q8_0 with 2 single-thread stages a 768-token prompt alone took 2.0-2.4 s to
-#    its first token (2026-12-02, f16 KV; 1.3-1.5 s with f32), more beside decoding
-#    streams: refusing those is honest, so the 32-768 mix could not meet point 4 by any
-#    estimate. A 384-token prompt alone takes 0.64-0.78 s, a third of the budget (step 1
-#    prints what it took). The long prompts are measured separately: --prompt-len 32:768.
+#    its first token (2026-12-02, f16 KV before 6cfc9cd; 1.3-1.5 s f32), more beside
+#    decoding streams: refusing those is honest, so the 32-768 mix could not meet point 4
+#    by any estimate. A 384-token prompt alone took 0.64-0.78 s, a third of the budget (step
+#    1 prints what it takes). The long prompts are measured separately: --prompt-len 32:768.
 # 3. Per level: requests refused, and from /metrics (the difference over the level) the
 #    share of estimate / outcome ratios within [0.75, 1.25] for the first token and for the
 #    whole answer (kvasir:estimate_first_token_ratio, kvasir:estimate_total_ratio), and the
