@@ -83,6 +83,14 @@ void kvr_online_step(float *st, float p, float *rescale, float *weight)
     st[1] = st[1] * *rescale + *weight;
 }
 
+void kvr_online_steps(float *st, const float *p, uint32_t m, float *ms, float *vs, bool *grew)
+{
+    for (uint32_t j = 0; j < m; j++) {
+        grew[j] = p[j] > st[0];
+        kvr_online_step(st, p[j], &ms[j], &vs[j]);
+    }
+}
+
 static void mix_online_f16_plain(uint16_t *acc, float *st, const float *p, size_t stride,
                                  uint32_t group, uint32_t hd, const uint16_t *v, size_t v_step,
                                  uint32_t n)

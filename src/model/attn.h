@@ -9,6 +9,7 @@
 #ifndef KVR_MODEL_ATTN_H
 #define KVR_MODEL_ATTN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -56,6 +57,9 @@ float kvr_gelu_half(float g);
 void kvr_geglu_plain(float *gate, const float *up, size_t n);
 /* The running maximum, sum and rescale of one position for mix_online_f16 (both sets). */
 void kvr_online_step(float *st, float p, float *rescale, float *weight);
+/* kvr_online_step over positions j < m (rescale ms[j], weight vs[j]), and whether the
+ * maximum grew there (grew[j]): one call per block instead of one per position. */
+void kvr_online_steps(float *st, const float *p, uint32_t m, float *ms, float *vs, bool *grew);
 
 extern const struct kvr_attn_ops kvr_attn_ops_plain;
 extern const struct kvr_attn_ops kvr_attn_ops_avx2;

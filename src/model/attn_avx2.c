@@ -209,15 +209,6 @@ struct online_w {
     bool grew[ONLINE_CHUNK];
 };
 
-/* kvr_online_step for positions j < m. */
-static void online_weights(struct online_w *w, float *st, const float *p, uint32_t m)
-{
-    for (uint32_t j = 0; j < m; j++) {
-        w->grew[j] = p[j] > st[0];
-        kvr_online_step(st, p[j], &w->ms[j], &w->vs[j]);
-    }
-}
-
 /* The sums of nh heads (1 or 2) over m positions of v, whose accumulators are acc and
  * acc + hd: per position, where a head's maximum grew its accumulator is rescaled, then the
  * weighted value added, each rounded to half. Two heads share each value's load and give
@@ -315,7 +306,8 @@ static void mix_online_f16_avx2(uint16_t *acc, float *st, const float *p, size_t
         for (uint32_t j0 = 0; j0 < n; j0 += ONLINE_CHUNK) {
             uint32_t m = n - j0 < ONLINE_CHUNK ? n - j0 : ONLINE_CHUNK;
             for (uint32_t h = 0; h < nh; h++)
-                online_weights(&w[h], st + 2 * (g + h), p + (g + h) * stride + j0, m);
+                kvr_online_steps(st + 2 * (g + h), p + (g + h) * stride + j0, m, w[h].ms, w[h].vs,
+                                 w[h].grew);
             if (nh == 2)
                 online_sums(acc + (size_t)g * hd, w, 2, hd, v + j0 * v_step, v_step, m);
             else
