@@ -13,7 +13,7 @@
  * the core pool and split output rows with kvr_matmul_split. Usage:
  *   bench_kernels [--types q8_0,q4_0,...] [--shapes 2048x2048,5632x2048] [--threads 2]
  *                 [--rows 128] [--reps 7] [--gemv-mib 512] [--reference] [--pack 0|1|2]
- *                 [--huge 0|1]
+ *                 [--huge 0|1] [--dispatch N]
  * --pack 1 (Q8_0 and Q4_0) also times the GEMM on packed copies of the matrices
  * (kvr_matrix_pack, as the engine makes them), each repeat right after a plain one, and
  * prints the packed GOP/s and the median of the per-repeat speed-ups (plain time / packed
@@ -23,6 +23,9 @@
  * --huge 1 puts the weights, their packed copies and the bandwidth probe's buffer in
  * transparent huge pages (2 MiB aligned, MADV_HUGEPAGE before the first touch, as the
  * engine's packed copy); "thp" is the process's AnonHugePages, to see the kernel gave them.
+ * --dispatch N runs the GEMV as a decode step does: one pool job per matrix, split into N
+ * chunks per thread of whole 16-row groups (the engine uses 4), a barrier after each; by
+ * default one job covers all the matrices and each thread streams its share of every one.
  * Activation quantization is not timed (the forward pass does it once per matmul input).
  * With --threads 1 the caller runs the kernels itself, so the process CPU time of a call is
  * the kernel's own cost, whatever else the machine runs: "cpu" gives the least of the
@@ -80,6 +83,36 @@ static void mm_run(void *arg, int ith, int nth)
         kvr_matmul_split(job->w[m].n_out, ith, nth, &b, &e);
         if (b < e)
             kvr_matmul(&job->w[m], job->xq, job->n_rows, job->y, job->w[m].n_out, b, e);
+    }
+}
+
+/* One matrix split into chunks of whole 16-row groups, as the engine's decode dispatch. */
+static void mm_chunk(void *arg, int c, int n)
+{
+    struct mm_job *job = arg;
+    long groups = (long)((job->w->n_out + 15) / 16), b, e;
+    kvr_split_range(groups, c, n, &b, &e);
+    int64_t ob = (int64_t)b * 16, oe = (int64_t)e * 16 < job->w->n_out ? e * 16 : job->w->n_out;
+    if (ob < oe)
+        kvr_matmul(job->w, job->xq, job->n_rows, job->y, job->w->n_out, ob, oe);
+}
+
+static int g_dispatch; /* --dispatch */
+
+/* The GEMV over all of job's matrices: one pool job for all (each thread's share of every
+ * matrix, no barrier in between), or with --dispatch N one per matrix in N chunks per
+ * thread, as a forward pass runs them (a barrier after each). */
+static void gemv_pass(struct kvr_pool *pool, struct mm_job *job)
+{
+    if (!g_dispatch) {
+        kvr_pool_run(pool, mm_run, job);
+        return;
+    }
+    for (int m = 0; m < job->n_mats; m++) {
+        struct mm_job one = *job;
+        one.w = &job->w[m];
+        one.n_mats = 1;
+        kvr_pool_run_chunks(pool, mm_chunk, &one, g_dispatch * kvr_pool_size(pool));
     }
 }
 
@@ -173,12 +206,12 @@ static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_i
      * pass right before it, so the ratio compares two measurements taken under the same
      * load (the machine is shared and its bandwidth drifts). */
     struct mm_job job = {mats, n_copies, xq, 1, y};
-    kvr_pool_run(pool, mm_run, &job);
+    gemv_pass(pool, &job);
     bandwidth_once(pool, bw);
     for (int r = 0; r < reps; r++) {
         bws[r] = bandwidth_once(pool, bw);
         uint64_t t0 = kvr_now_ns();
-        kvr_pool_run(pool, mm_run, &job);
+        gemv_pass(pool, &job);
         t[r] = (double)(kvr_now_ns() - t0);
         ratio[r] = (double)mat_bytes * n_copies / t[r] / bws[r];
     }
@@ -298,12 +331,15 @@ int main(int argc, char **argv)
             pack = atol(v);
         else if (!strcmp(a, "--huge"))
             g_huge = atoi(v) != 0;
+        else if (!strcmp(a, "--dispatch"))
+            g_dispatch = atoi(v);
         else
             goto usage;
         i++;
     }
     if (n_threads < 1 || n_threads > 256 || rows < 1 || rows > 4096 || reps < 5 || reps > 1000 ||
-        gemv_mib < 1 || gemv_mib > (1 << 16) || pack < 0 || pack > 2)
+        gemv_mib < 1 || gemv_mib > (1 << 16) || pack < 0 || pack > 2 || g_dispatch < 0 ||
+        g_dispatch > 64)
         goto usage;
 
     const char *kernels = kvr_kernels_init();
@@ -357,7 +393,7 @@ usage:
     fprintf(stderr,
             "usage: %s [--types q8_0,q4_0,q4_K,q6_K,iq4_xs,f16,...] [--shapes OUTxIN,...]\n"
             "          [--threads N] [--rows N] [--reps N>=5] [--gemv-mib N] [--reference]\n"
-            "          [--pack 0|1|2] [--huge 0|1]\n",
+            "          [--pack 0|1|2] [--huge 0|1] [--dispatch N]\n",
             argv[0]);
     return 2;
 }

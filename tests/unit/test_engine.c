@@ -356,6 +356,46 @@ static void test_invariance_archs(void **state)
     }
 }
 
+/* Decode matmuls large enough to run on the pool go through engine.c's shares and steals
+ * (the tiny shapes above stay on one thread): in a packed 4-bit type, a K-quant and Q8_0,
+ * a sequence's logits are the same bits alone on 1, 2 and 3 threads and batched. */
+static void test_invariance_shares(void **state)
+{
+    (void)state;
+    const enum kvr_dtype types[] = {KVR_DTYPE_Q4_0, KVR_DTYPE_Q6_K, KVR_DTYPE_Q8_0};
+    for (int t = 0; t < 3; t++) {
+        struct kvr_synth_opts o = {
+            .type = types[t], .seed = 7 + (uint64_t)t, .n_threads = 2, .logit_scale = 4};
+        assert_int_equal(kvr_synth_shape_by_name("tiny", &o.shape), 0);
+        o.shape.n_layers = 2;
+        o.shape.dim = 512; /* 512 x 512 and up: over engine.c's SMALL_WORK at one row */
+        o.shape.ff = 1024;
+        o.shape.n_heads = 8;
+        o.shape.vocab_size = 2048;
+        char path[256];
+        snprintf(path, sizeof path, "/tmp/kvr_test_engine_%d_shares.gguf", (int)getpid());
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        struct kvr_err err = {0};
+        if (kvr_synth_write(&o, f, NULL, &err))
+            fail_msg("synth: %s", err.msg);
+        assert_int_equal(fclose(f), 0);
+        check_invariance(path);
+        struct kvr_gguf *g = NULL;
+        assert_int_equal(kvr_gguf_open(&g, path, &err), 0);
+        struct kvr_hparams hp;
+        assert_int_equal(kvr_hparams_read(&hp, g, &err), 0);
+        float *one = run_alone(g, 1, hp.n_layer, 0), *three = run_alone(g, 3, hp.n_layer, 0);
+        size_t n = (size_t)N_SEQ * (N_DECODE + 1) * hp.n_vocab * sizeof(float);
+        if (memcmp(one, three, n) != 0)
+            fail_msg("type %d: logits on 3 threads differ from 1 thread", (int)types[t]);
+        free(one);
+        free(three);
+        kvr_gguf_close(g);
+        remove(path);
+    }
+}
+
 /* f16 and q8_0 KV caches: a sequence's logits are the same bits alone, batched, chunked,
  * on 1 or 2 threads, as with f32 (llama, head width 32 so q8_0's blocks fit a head); they
  * differ from f32's (the values are rounded), by at most 2% of the logits' range; a q8_0
@@ -461,6 +501,7 @@ int main(void)
         cmocka_unit_test(test_invariance_stories260k),
         cmocka_unit_test(test_invariance_synth),
         cmocka_unit_test(test_invariance_archs),
+        cmocka_unit_test(test_invariance_shares),
         cmocka_unit_test(test_invariance_kv_types),
         cmocka_unit_test(test_unknown_arch),
     };
