@@ -9,6 +9,9 @@ load 16). Fails (exit status 1, a message on stderr) when a stream has ended bef
 kill, at the mark or just after it (the run would prove nothing), or when the mark is not
 reached within 300 s (curl's own limit in the tests). Prints the kill's time
 (time.monotonic(), the clock of the bridge's log) and each stream's token count then.
+With KILL_READY=PATH in the environment it creates PATH once it watches, so a caller can
+start the streams only then (python's start-up outlasted a whole 150-token stream on a
+loaded machine).
 """
 import os
 import signal
@@ -32,6 +35,8 @@ def main():
                 for d in seen]
 
     deadline = time.monotonic() + 300
+    if os.environ.get("KILL_READY"):
+        open(os.environ["KILL_READY"], "w").close()
     while True:
         st = look()
         if any(end for _, end in st):
