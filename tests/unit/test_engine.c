@@ -322,6 +322,18 @@ static void test_kv_blocks(void **state)
     kvr_kv_fini(&kv);
 }
 
+/* Write the synthesized model o to path (/tmp/kvr_test_engine_PID_TAG.gguf). */
+static void write_synth(const struct kvr_synth_opts *o, const char *tag, char *path, size_t cap)
+{
+    snprintf(path, cap, "/tmp/kvr_test_engine_%d_%s.gguf", (int)getpid(), tag);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    struct kvr_err err = {0};
+    if (kvr_synth_write(o, f, NULL, &err))
+        fail_msg("synth %s: %s", tag, err.msg);
+    assert_int_equal(fclose(f), 0);
+}
+
 /* Every architecture of the table (its biases, q/k norms, post-norms, fused tensors,
  * sliding window of 8 over prompts of up to 19 tokens, GeGLU, experts), in Q8_0 through the SIMD
  * kernels: a sequence's logits are the same bits alone, batched, chunked, on 1 or 2
@@ -343,13 +355,7 @@ static void test_invariance_archs(void **state)
             o.shape.n_expert_used = 2;
         }
         char path[256];
-        snprintf(path, sizeof path, "/tmp/kvr_test_engine_%d_%s.gguf", (int)getpid(), a->name);
-        FILE *f = fopen(path, "wb");
-        assert_non_null(f);
-        struct kvr_err err = {0};
-        if (kvr_synth_write(&o, f, NULL, &err))
-            fail_msg("synth %s: %s", a->name, err.msg);
-        assert_int_equal(fclose(f), 0);
+        write_synth(&o, a->name, path, sizeof path);
         check_invariance(path);
         print_message("%s: invariant alone/batched/chunked, 1/2 threads\n", a->name);
         remove(path);
@@ -373,13 +379,8 @@ static void test_invariance_shares(void **state)
         o.shape.n_heads = 8;
         o.shape.vocab_size = 2048;
         char path[256];
-        snprintf(path, sizeof path, "/tmp/kvr_test_engine_%d_shares.gguf", (int)getpid());
-        FILE *f = fopen(path, "wb");
-        assert_non_null(f);
+        write_synth(&o, "shares", path, sizeof path);
         struct kvr_err err = {0};
-        if (kvr_synth_write(&o, f, NULL, &err))
-            fail_msg("synth: %s", err.msg);
-        assert_int_equal(fclose(f), 0);
         check_invariance(path);
         struct kvr_gguf *g = NULL;
         assert_int_equal(kvr_gguf_open(&g, path, &err), 0);
@@ -412,13 +413,8 @@ static void test_invariance_kv_types(void **state)
     assert_int_equal(kvr_synth_shape_by_name("tiny", &o.shape), 0);
     o.shape.head_dim = 32;
     char path[256];
-    snprintf(path, sizeof path, "/tmp/kvr_test_engine_%d_kvtypes.gguf", (int)getpid());
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
+    write_synth(&o, "kvtypes", path, sizeof path);
     struct kvr_err err = {0};
-    if (kvr_synth_write(&o, f, NULL, &err))
-        fail_msg("synth: %s", err.msg);
-    assert_int_equal(fclose(f), 0);
     struct kvr_gguf *g = NULL;
     assert_int_equal(kvr_gguf_open(&g, path, &err), 0);
     struct kvr_hparams hp;
