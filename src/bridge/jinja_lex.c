@@ -289,7 +289,9 @@ static void lex_number(struct lexer *L)
     bool after_dot = L->pos > 0 && L->s[L->pos - 1] == '.';
     if (!after_dot && i + 1 < L->len && L->s[i] == '.' && is_digit(L->s[i + 1])) {
         is_float = true;
-        buf[n++] = L->s[i++];
+        if (n < sizeof buf - 1)
+            buf[n++] = L->s[i];
+        i++;
         while (i < L->len && (is_digit(L->s[i]) || L->s[i] == '_'))
             if (L->s[i++] != '_' && n < sizeof buf - 1)
                 buf[n++] = L->s[i - 1];

@@ -243,6 +243,11 @@ static void test_errors(void **state)
                  "'c' is undefined");
     expect_error("{{ 1 is eq(1, 2) }}", NULL, NULL, KVR_EFORMAT, "expected 1 argument(s)");
     expect_error("{{ 1 is odd(1) }}", NULL, NULL, KVR_EFORMAT, "expected 0 argument(s)");
+    /* 127 digits fill the lexer's buffer; the '.' after them once wrote past its end. */
+    char big[160] = "{{ ";
+    memset(big + 3, '1', 127);
+    strcpy(big + 130, ".5 }}");
+    expect_error(big, NULL, NULL, KVR_EFORMAT, "number literal too long");
     char *out;
     struct kvr_err err = {0};
     assert_int_equal(render("x", "[1]", NULL, &out, &err), KVR_EINVAL);
