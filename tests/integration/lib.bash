@@ -75,6 +75,21 @@ stop_ring() {
     RING_PIDS=()
 }
 
+# mid_run TAG: wait until the background run RUN_PID, started with KVR_LOG=debug and logging
+# to $TMP/TAG.log, has had MID_BATCHES batches back (default 60; its sequences are all
+# decoding, a long way from their ends): a failure is caused at an observed point of the
+# run, not after a time that a loaded machine would stretch or a fast one shrink (the
+# bridge logs every batch that comes back at debug level).
+mid_run() {
+    local i mid=${MID_BATCHES:-60}
+    for i in $(seq 1 600); do
+        [ "$(grep -c "bridge: batch" "$TMP/$1.log" 2>/dev/null)" -ge "$mid" ] && return 0
+        kill -0 "$RUN_PID" 2>/dev/null || fail "$1: the run ended before $mid batches"
+        sleep 0.05
+    done
+    fail "$1: fewer than $mid batches in 30 s"
+}
+
 # mixed_prompts FILE: 12 prompts of different lengths (1 to 17 words) for `kvasir run
 # --prompts`; even ones greedy, odd ones sampled (top-k, top-p) with their own seed, each
 # with its own max_tokens (12 + i).

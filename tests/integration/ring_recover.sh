@@ -54,19 +54,6 @@ run_ring() {
 wait_run() { # wait_run TAG: the run must succeed
     wait "$RUN_PID" || { grep -v "handshake done" "$TMP/$1.log" | tail -20; fail "$1: run failed"; }
 }
-# mid_run TAG: wait until the run has had MID_BATCHES batches back (its sequences are all
-# decoding, a long way from their ends): the failure comes at an observed point of the
-# run, not after a time that a loaded machine would stretch or shrink.
-MID_BATCHES=60
-mid_run() {
-    local i
-    for i in $(seq 1 600); do
-        [ "$(grep -c "bridge: batch" "$TMP/$1.log" 2>/dev/null)" -ge "$MID_BATCHES" ] && return 0
-        kill -0 "$RUN_PID" 2>/dev/null || fail "$1: the run ended before $MID_BATCHES batches"
-        sleep 0.05
-    done
-    fail "$1: fewer than $MID_BATCHES batches in 30 s"
-}
 restart_stage() { # restart_stage I: start stage I again (its old process is gone)
     "$KVASIR" stage --plan "$RING_PLAN" --index "$1" >>"$TMP/ring/stage$1.log" 2>&1 &
     RING_PIDS[$1]=$!
@@ -96,7 +83,7 @@ run_ring ref
 wait_run ref
 t1=$(now)
 N_BATCHES=$(grep -c "bridge: batch" "$TMP/ref.log")
-[ "$N_BATCHES" -ge $((4 * MID_BATCHES)) ] ||
+[ "$N_BATCHES" -ge $((4 * ${MID_BATCHES:-60})) ] ||
     fail "the undisturbed run took $N_BATCHES batches: too few to fail one in the middle"
 run_ring refpen --repeat-penalty 1.3
 wait_run refpen

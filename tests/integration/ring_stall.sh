@@ -71,34 +71,31 @@ fi
 kill "$BRIDGE"
 wait "$BRIDGE" 2>/dev/null || true
 
-# run TAG: the prompts through the ring (a bridge of its own) in the background.
+# run TAG: the prompts through the ring (a bridge of its own) in the background; at debug
+# level its bridge logs every batch that comes back, which mid_run (lib.bash) counts.
 run() {
-    timeout 150 "$KVASIR" run --plan "$RING_PLAN" --prompts "$TMP/prompts.jsonl" --json \
-        --ignore-eos >"$TMP/$1.jsonl" 2>"$TMP/$1.log" &
+    KVR_LOG=debug timeout 150 "$KVASIR" run --plan "$RING_PLAN" --prompts "$TMP/prompts.jsonl" \
+        --json --ignore-eos >"$TMP/$1.jsonl" 2>"$TMP/$1.log" &
     RUN_PID=$!
 }
 mono() { python3 -c 'import time; print(time.monotonic())'; }
 ts() { sed -n 's/^\[ *\([0-9.]*\) .*/\1/p' <<<"$1"; }
-wait_up() { # wait_up TAG: the run's ring is up and has been generating for a while
-    local i
-    for i in $(seq 1 300); do
-        grep -q "ring up" "$TMP/$1.log" 2>/dev/null && break
-        sleep 0.05
-    done
-    grep -q "ring up" "$TMP/$1.log" || fail "$1: the ring did not come up"
-    sleep 0.5
-}
 
 run ref
 wait "$RUN_PID" || { tail "$TMP/ref.log"; fail "ref: run failed"; }
 [ "$(wc -l <"$TMP/ref.jsonl")" = 6 ] || fail "ref: expected 6 answers"
+# The stall must come mid-run: it waits for MID_BATCHES (60) batches of a run of several
+# times that many (a run takes about a second on an AVX-512 machine, so a stall timed by
+# the clock, half a second after the ring was up, came after the run had ended).
+n_batches=$(grep -c "bridge: batch" "$TMP/ref.log")
+[ "$n_batches" -ge 240 ] || fail "the undisturbed run took $n_batches batches: too few to stall one mid-run"
 
 # stall TAG INDEX LOGFILE PATTERN: SIGSTOP stage INDEX mid-run, wait for PATTERN in LOGFILE
 # (its upstream declaring it dead), SIGCONT it; the run must still give the reference.
 stall() {
     local tag=$1 idx=$2 log=$3 pattern=$4 line t_stop t_dead i
     run "$tag"
-    wait_up "$tag"
+    mid_run "$tag"
     t_stop=$(mono)
     kill -STOP "${RING_PIDS[$idx]}"
     for i in $(seq 1 100); do
