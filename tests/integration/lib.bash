@@ -75,6 +75,16 @@ stop_ring() {
     RING_PIDS=()
 }
 
+# mono_now VAR: set VAR to the seconds of the clock kvasir's log lines carry (CLOCK_MONOTONIC,
+# which equals the boot-time clock /proc/uptime shows on a machine that never suspends), read
+# without starting a process: python's start-up took over a second under a loaded ctest, so
+# a kill stamped by it came after the run it was meant to interrupt had ended.
+mono_now() {
+    local up _
+    read -r up _ </proc/uptime
+    printf -v "$1" %s "$up"
+}
+
 # mid_run TAG: wait until the background run RUN_PID, started with KVR_LOG=debug and logging
 # to $TMP/TAG.log, has had MID_BATCHES batches back (default 60; its sequences are all
 # decoding, a long way from their ends): a failure is caused at an observed point of the

@@ -38,7 +38,6 @@ done >"$TMP/prompts.jsonl"
 
 start_ring "$TMP/ring45.gguf" 3 3 ring --max-seqs 8 --ctx 256
 
-now() { python3 -c 'import time; print(time.monotonic())'; }
 # ts LINE: the monotonic seconds stamp of a kvasir log line ("[  1234.567 tag level] ...").
 ts() { sed -n 's/^\[ *\([0-9.]*\) .*/\1/p' <<<"$1"; }
 
@@ -78,10 +77,10 @@ check() {
 }
 
 # Undisturbed references, and how long a run takes (to aim the failures mid-run).
-t0=$(now)
+mono_now t0
 run_ring ref
 wait_run ref
-t1=$(now)
+mono_now t1
 N_BATCHES=$(grep -c "bridge: batch" "$TMP/ref.log")
 [ "$N_BATCHES" -ge $((4 * ${MID_BATCHES:-60})) ] ||
     fail "the undisturbed run took $N_BATCHES batches: too few to fail one in the middle"
@@ -94,7 +93,7 @@ echo "ok: undisturbed runs recorded ($(awk -v a="$t0" -v b="$t1" 'BEGIN { printf
 # 1. SIGKILL the middle stage mid-generation, restart it.
 run_ring kill1
 mid_run kill1
-t_kill=$(now)
+mono_now t_kill
 kill_stage 1
 restart_stage 1
 wait_run kill1
@@ -103,7 +102,7 @@ check kill1 ref "$t_kill"
 # 2. The same with a repetition penalty on every sequence.
 run_ring kill1pen --repeat-penalty 1.3
 mid_run kill1pen
-t_kill=$(now)
+mono_now t_kill
 kill_stage 1
 restart_stage 1
 wait_run kill1pen
@@ -112,7 +111,7 @@ check kill1pen refpen "$t_kill"
 # 3. SIGKILL the tail (the bridge's own link drops).
 run_ring kill2pen --repeat-penalty 1.3
 mid_run kill2pen
-t_kill=$(now)
+mono_now t_kill
 kill_stage 2
 restart_stage 2
 wait_run kill2pen
@@ -121,7 +120,7 @@ check kill2pen refpen "$t_kill"
 # 4. A rogue takes stage 1's upstream and sends an oversized frame.
 run_ring rogue --repeat-penalty 1.3
 mid_run rogue
-t_kill=$(now)
+mono_now t_kill
 set +e; "$ROGUE" --plan "$RING_PLAN" --as 0 --send oversized >"$TMP/rogue.out" 2>&1; rc=$?; set -e
 [ $rc = 0 ] || { cat "$TMP/rogue.out"; fail "rogue: exit $rc"; }
 wait_run rogue

@@ -78,7 +78,6 @@ run() {
         --json --ignore-eos >"$TMP/$1.jsonl" 2>"$TMP/$1.log" &
     RUN_PID=$!
 }
-mono() { python3 -c 'import time; print(time.monotonic())'; }
 ts() { sed -n 's/^\[ *\([0-9.]*\) .*/\1/p' <<<"$1"; }
 
 run ref
@@ -96,7 +95,7 @@ stall() {
     local tag=$1 idx=$2 log=$3 pattern=$4 line t_stop t_dead i
     run "$tag"
     mid_run "$tag"
-    t_stop=$(mono)
+    mono_now t_stop
     kill -STOP "${RING_PIDS[$idx]}"
     for i in $(seq 1 100); do
         line=$(grep -m1 "$pattern" "$log" 2>/dev/null || true)
