@@ -53,20 +53,11 @@ for tag in ref dis back; do
         # ctest -j4: the kill landed as the streams ended, no batch used the agent after
         # it, and "no stage noticed" failed (2 of 3 runs beside two ring tests).
         a1=$(pgrep -f "experts --plan $PLAN --index 1") || fail "serve: no expert agent 1"
-        rm -f "$TMP/kill.ready"
-        KILL_READY=$TMP/kill.ready python3 "$(dirname "$0")/kill_mid_stream.py" 20 "$a1" \
-            "$TMP"/sse.dis.{1,2,3,4} >"$TMP/kill.out" &
-        watcher=$!
-        for _ in $(seq 1 600); do # until it watches (python's start-up: up to 1 s at load 20)
-            [ -e "$TMP/kill.ready" ] && break
-            kill -0 "$watcher" 2>/dev/null || fail "the kill watcher exited"
-            sleep 0.05
-        done
-        [ -e "$TMP/kill.ready" ] || fail "the kill watcher did not start within 30 s"
+        watch_and_kill 20 "$a1" "$TMP"/sse.dis.{1,2,3,4}
     fi
     for i in 1 2 3 4; do complete "$i" "$tag" & pids+=($!); done
     if [ $tag = dis ]; then
-        wait "$watcher" || fail "no kill mid-stream"
+        wait "$WATCHER" || fail "no kill mid-stream"
         read -r _ at <"$TMP/kill.out"
         echo "  agent 1 SIGKILLed with the streams at $at of $N_TOKENS tokens"
         for n in $at; do

@@ -100,6 +100,27 @@ mid_run() {
     fail "$1: fewer than $mid batches in 30 s"
 }
 
+# watch_and_kill KILL_AT PID FILE...: start kill_mid_stream.py (SIGKILL PID once every
+# streamed FILE has delivered KILL_AT tokens; it fails if a stream ended first) in the
+# background and return once it watches, so the caller starts the streams only then:
+# python's start-up took over a second under a loaded ctest, and a 256-token stream had
+# ended before a watcher started beside it could look. Sets WATCHER (its pid; wait for it)
+# and writes its report (the kill's time and each stream's token count) to $TMP/kill.out.
+watch_and_kill() {
+    local kill_at=$1 pid=$2 i
+    shift 2
+    rm -f "$TMP/kill.ready"
+    KILL_READY=$TMP/kill.ready python3 "$(dirname "${BASH_SOURCE[0]}")/kill_mid_stream.py" \
+        "$kill_at" "$pid" "$@" >"$TMP/kill.out" &
+    WATCHER=$!
+    for i in $(seq 1 600); do
+        [ -e "$TMP/kill.ready" ] && return 0
+        kill -0 "$WATCHER" 2>/dev/null || fail "the kill watcher exited before it watched"
+        sleep 0.05
+    done
+    fail "the kill watcher did not start within 30 s"
+}
+
 # mixed_prompts FILE: 12 prompts of different lengths (1 to 17 words) for `kvasir run
 # --prompts`; even ones greedy, odd ones sampled (top-k, top-p) with their own seed, each
 # with its own max_tokens (12 + i).

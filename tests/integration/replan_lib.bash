@@ -60,16 +60,13 @@ complete() {
 # KILL_AT of its N_TOKENS tokens to its client (kill_mid_stream.py; it fails if a stream
 # had ended by then). Sets T_KILL (the kill's time on the bridge log's clock).
 pass() {
-    local pids=() i p out watcher
-    if [ -n "${2:-}" ]; then # the watcher first: python's start-up took 1 s at load 20
-        python3 "$(dirname "${BASH_SOURCE[0]}")/kill_mid_stream.py" "$KILL_AT" \
-            "${RING_PIDS[$2]}" "$TMP/sse.$1".{0,1,2,3} >"$TMP/kill.$1" &
-        watcher=$!
-    fi
+    local pids=() i p out
+    # The watcher first, watching before any stream starts (lib.bash).
+    [ -z "${2:-}" ] || watch_and_kill "$KILL_AT" "${RING_PIDS[$2]}" "$TMP/sse.$1".{0,1,2,3}
     for i in 0 1 2 3; do complete "$i" "$1" & pids+=($!); done
     if [ -n "${2:-}" ]; then
-        wait "$watcher" || fail "$1: no kill mid-stream"
-        out=$(cat "$TMP/kill.$1")
+        wait "$WATCHER" || fail "$1: no kill mid-stream"
+        out=$(cat "$TMP/kill.out")
         T_KILL=${out%% *}
         wait "${RING_PIDS[$2]}" 2>/dev/null || true
         echo "  $1: stage $2 SIGKILLed with the streams at ${out#* } of $N_TOKENS tokens"

@@ -161,20 +161,12 @@ for tag in ref dis; do
         # ctest -j4 a read timed out, the count started from nothing, and the kill came
         # before the streams were admitted (no sequence held, no recovery to see).
         s1=$(pgrep -f "stage --plan $TMP/serve-plan/plan.json --index 1") || fail "serve: no stage 1"
-        KILL_READY=$TMP/kill.ready python3 "$(dirname "$0")/kill_mid_stream.py" 40 "$s1" \
-            "$TMP"/sse.dis.{1,2,3} >"$TMP/kill.serve" &
-        watcher=$!
-        for _ in $(seq 1 600); do # until it watches (python's start-up: up to 1 s at load 20)
-            [ -e "$TMP/kill.ready" ] && break
-            kill -0 "$watcher" 2>/dev/null || fail "serve: the kill watcher exited"
-            sleep 0.05
-        done
-        [ -e "$TMP/kill.ready" ] || fail "serve: the kill watcher did not start within 30 s"
+        watch_and_kill 40 "$s1" "$TMP"/sse.dis.{1,2,3}
     fi
     for i in 1 2 3; do complete "$i" "$tag" & pids+=($!); done
     if [ $tag = dis ]; then
-        wait "$watcher" || fail "serve: no kill mid-stream"
-        echo "  serve: stage 1 SIGKILLed with the streams at $(cut -d' ' -f2- "$TMP/kill.serve") of 150 tokens"
+        wait "$WATCHER" || fail "serve: no kill mid-stream"
+        echo "  serve: stage 1 SIGKILLed with the streams at $(cut -d' ' -f2- "$TMP/kill.out") of 150 tokens"
     fi
     for p in "${pids[@]}"; do wait "$p" || fail "serve: a $tag stream failed"; done
 done
