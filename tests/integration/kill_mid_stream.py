@@ -2,7 +2,7 @@
 """kill_mid_stream.py KILL_AT PID FILE... - SIGKILL PID mid-stream, on an observed event.
 
 Each FILE is a streamed completion's server-sent events as its client receives them (curl
--N | tee). Once every stream has delivered KILL_AT token events, PID gets SIGKILL; the
+-N -o FILE). Once every stream has delivered KILL_AT token events, PID gets SIGKILL; the
 files are read every 10 ms by this one process, so the kill lands within a few tokens of
 the mark even on a loaded machine (a shell loop forking greps lagged by 50-100 tokens at
 load 16). Fails (exit status 1, a message on stderr) when a stream has ended before the

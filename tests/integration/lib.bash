@@ -121,6 +121,35 @@ watch_and_kill() {
     fail "the kill watcher did not start within 30 s"
 }
 
+# start_streams TAG FN I...: run `FN I TAG` in the background for each I (their pids in
+# STREAM_PIDS) and send their requests at once. FN writes its request body to $TMP/req.TAG.I
+# and then runs a curl that reads it from the FIFO $TMP/body.TAG.I (-d @FILE: curl reads its
+# body before it connects). Once every curl has its FIFO open (opening one for writing waits
+# for that), each gets its body, and then all of them its end. Streams started one after
+# another began seconds apart under a loaded ctest -j4 (a fork and exec of curl, tee and
+# python each): one had ended before another had its 40th token, and a kill mid-stream
+# could not find a point where all were running.
+start_streams() {
+    local tag=$1 fn=$2 i fd body fds=()
+    shift 2
+    STREAM_PIDS=()
+    for i; do
+        rm -f "$TMP/body.$tag.$i" "$TMP/req.$tag.$i"
+        mkfifo "$TMP/body.$tag.$i"
+    done
+    for i; do
+        "$fn" "$i" "$tag" &
+        STREAM_PIDS+=($!)
+    done
+    for i; do
+        exec {fd}>"$TMP/body.$tag.$i"
+        IFS= read -r -d '' body <"$TMP/req.$tag.$i" || true
+        printf '%s' "$body" >&"$fd"
+        fds+=("$fd")
+    done
+    for fd in "${fds[@]}"; do exec {fd}>&-; done
+}
+
 # mixed_prompts FILE: 12 prompts of different lengths (1 to 17 words) for `kvasir run
 # --prompts`; even ones greedy, odd ones sampled (top-k, top-p) with their own seed, each
 # with its own max_tokens (12 + i).
