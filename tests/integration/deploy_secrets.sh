@@ -18,7 +18,7 @@ set +e; out=$("$KVASIR" plan -m "$TMP/model.gguf" --stages 2 2>&1); rc=$?; set -
 echo "ok: no plan without a secret file: $out"
 
 mkdir -p "$TMP/a"
-base=$(random_base_port)
+base=$(reserve_base_port)
 "$KVASIR" plan -m "$TMP/model.gguf" --stages 2 --base-port "$base" -o "$TMP/a/plan.json" \
     2>"$TMP/plan.log" || { cat "$TMP/plan.log"; fail "kvasir plan"; }
 [ "$(stat -c %a "$TMP/a/plan.key")" = 600 ] || fail "plan.key is not mode 600"

@@ -9,6 +9,7 @@ PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    release_ports
     if [ "${KEEP_TMP:-}" = 1 ]; then echo "kept $TMP"; else rm -rf "$TMP"; fi
 }
 trap cleanup EXIT
@@ -17,13 +18,43 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 # count PATTERN FILE: how many lines of FILE match so far (grep -c exits 1 on none).
 count() { grep -c -- "$1" "$2" || true; }
 
-# random_base_port: the first of a random range of listening ports, from 10000 up to 32000
-# so that a range of a few dozen stays below Linux's ephemeral range (32768-60999 by
-# default). A listener inside the ephemeral range can find its port taken by the source port
-# of another test's outgoing connection: ring_archs failed that way under ctest -j4
-# ("cannot listen on 127.0.0.1:35686: Address already in use").
-random_base_port() {
-    echo $((10000 + RANDOM % 22000))
+# reserve_base_port: the first port of a block of 31 listening ports that this test holds
+# until it exits (the block's port below it too: `kvasir serve --base-port` puts its bridge
+# there). Blocks of 32 from 10000 up to 32000, below Linux's ephemeral range (32768-60999 by
+# default): a listener inside it can find its port taken by the source port of another
+# test's outgoing connection (ring_archs failed that way under ctest -j4: "cannot listen on
+# 127.0.0.1:35686: Address already in use"). A block is taken by making its directory under
+# PORT_LOCKS (mkdir is atomic), so no two tests running at once share a port, not even while
+# one restarts a stage on its plan's port: random ranges alone met under ctest -j4 (a
+# 3-stage ring of ring_identical found ring_recover's restarted stage 2 on its head's port,
+# "different plan hash"). A block whose test died without its exit trap (SIGKILL) is freed
+# once it is 10 minutes old.
+PORT_LOCKS=${KVR_PORT_LOCKS:-/tmp/kvr-test-ports}
+reserve_base_port() {
+    local i block lock owner
+    mkdir -p "$PORT_LOCKS"
+    for lock in $(find "$PORT_LOCKS" -mindepth 1 -maxdepth 1 -mmin +10 2>/dev/null); do
+        read -r owner <"$lock/pid" 2>/dev/null || continue
+        kill -0 "$owner" 2>/dev/null || rm -rf "$lock"
+    done
+    for i in $(seq 1 500); do
+        block=$((10000 + 32 * (RANDOM % 688)))
+        lock=$PORT_LOCKS/$block
+        if mkdir "$lock" 2>/dev/null; then
+            echo $$ >"$lock/pid" # the test's own shell, also from a $(...) subshell
+            echo $((block + 1))
+            return 0
+        fi
+    done
+    fail "no free block of ports under $PORT_LOCKS"
+}
+release_ports() { # the blocks this test holds (cleanup)
+    local lock owner
+    for lock in "$PORT_LOCKS"/*; do
+        read -r owner <"$lock/pid" 2>/dev/null || continue
+        [ "$owner" = $$ ] && rm -rf "$lock"
+    done
+    return 0
 }
 
 # need_shared FILE: the path of a shared test file; skip (exit 77) or, under CI, fail.
@@ -48,7 +79,7 @@ start_ring() {
     local attempt
     for attempt in 1 2 3 4 5; do
         local base
-        base=$(random_base_port)
+        base=$(reserve_base_port)
         "$KVASIR" plan -m "$model" --stages "$n" --microbatches "$mb" --base-port "$base" \
             -o "$dir/plan.json" "$@" 2>/dev/null || fail "kvasir plan failed"
         RING_PIDS=()

@@ -10,7 +10,7 @@ source "$(dirname "$0")/lib.bash"
 "$KVASIR" synth --shape tiny --seed 3 -o "$TMP/tiny.gguf" >/dev/null 2>&1 || fail "synth tiny"
 dir=$TMP/ring
 mkdir -p "$dir"
-base=$(random_base_port)
+base=$(reserve_base_port)
 "$KVASIR" plan -m "$TMP/tiny.gguf" --stages 3 --microbatches 3 --base-port "$base" \
     -o "$dir/plan.json" 2>/dev/null || fail "kvasir plan"
 

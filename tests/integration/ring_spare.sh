@@ -20,7 +20,7 @@ source "$(dirname "$0")/replan_lib.bash"
 D=$TMP/ring
 mkdir -p "$D"
 for attempt in 1 2 3 4 5; do
-    base=$(random_base_port)
+    base=$(reserve_base_port)
     "$KVASIR" plan -m "$TMP/m.gguf" --stages 3 --microbatches 3 --base-port "$base" \
         --max-seqs 8 --ctx 512 -o "$D/plan.json" 2>/dev/null || fail "kvasir plan failed"
     python3 - "$D/plan.json" "127.0.0.1:$((base + 3))" "127.0.0.1:$((base + 4))" <<'PY'

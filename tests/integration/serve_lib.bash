@@ -38,8 +38,11 @@ start_serve() {
     done
     # setsid: a new process group whose id is the server's pid (the server's stages
     # inherit it). The outer timeout bounds the server's whole life.
+    # Its stages (and expert agents) listen in a block of ports this test holds (lib.bash).
+    local base
+    base=$(reserve_base_port)
     setsid timeout -k 5 600 "$KVASIR" serve -m "$model" --port 0 --plan-dir "$TMP/$name-plan" \
-        "$@" >"$out" 2>"$SERVE_LOG" &
+        --base-port "$base" "$@" >"$out" 2>"$SERVE_LOG" &
     SERVE_PGID=$!
     local i
     for i in $(seq 600); do
