@@ -14,7 +14,10 @@
 #include "../fuzz/sched_harness.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 static struct sh *new_sh(uint32_t mb, uint32_t rows, uint32_t seqs, uint32_t blocks, bool admission)
 {
@@ -812,6 +815,12 @@ struct sim {
     /* |estimate / actual - 1| of the measured requests that ended, first token and whole */
     double err_first[SIM_REQS * 8], err_total[SIM_REQS * 8];
     uint32_t n_err;
+    /* The futures experiment (sim_futures): where outcomes go, the request last submitted,
+     * and in a child, the request it follows and the pipe its outcome goes to. */
+    FILE *futures;
+    uint32_t n_futures_req;
+    struct sim_req *last, *target;
+    int target_fd;
 };
 
 static uint64_t sim_rand(struct sim *m)
@@ -839,6 +848,14 @@ static void sim_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched
         m->err_first[m->n_err] = fabs(r->est_first_ms / first - 1);
         m->err_total[m->n_err] = fabs(est_total / total - 1);
         m->n_err++;
+    }
+    if (ev->type == KVR_SCHED_EV_END && q == m->target) { /* a future's child: report, end */
+        char line[160];
+        int n =
+            snprintf(line, sizeof line, "%.1f %.1f %.1f %.1f\n",
+                     (r->first_token_ns - r->submit_ns) / 1e6, (ev->t_ns - r->submit_ns) / 1e6,
+                     r->est_first_ms, r->est_first_ms + (r->n_generated - 1) * r->est_period_ms);
+        _exit(write(m->target_fd, line, (size_t)n) == n ? 0 : 1);
     }
     if (ev->type == KVR_SCHED_EV_DETACH) {
         q->busy = false;
@@ -939,6 +956,7 @@ static bool sim_submit(struct sim *m, bool closed_loop, uint32_t first_ms, uint3
         return false;
     }
     q->busy = true;
+    m->last = q;
     sim_pump(m);
     return true;
 }
@@ -973,6 +991,50 @@ static void sim_init(struct sim *m, uint64_t seed, uint32_t prompt_max)
     assert_true(kvr_sched_ring_up(m->s));
 }
 
+static void sim_run(struct sim *m, double rate, uint64_t until, uint32_t first_ms,
+                    uint32_t total_ms, uint32_t *n_sent, uint32_t *n_refused);
+
+#define SIM_FUTURES 16
+
+/* The futures experiment (KVR_SIM_FUTURES=FILE): how well could any estimate made at
+ * admission do? The request just admitted is followed through SIM_FUTURES futures, each a
+ * fork of the whole simulation at this instant with its own random stream from here on (the
+ * arrivals, prompts and stage-time jitter to come), so everything known at admission is the
+ * same in all of them. A line per future (appended): the mix's longest prompt, the level's
+ * rate, the request's number, its prompt, the future's number, then its first-token and
+ * whole-answer times (ms) and the estimates of both. bench/estimate_floor.py reads them: the spread
+ * of one request's outcomes over its futures is error that no estimate made at admission can avoid.
+ */
+static void sim_futures(struct sim *m, double rate, uint32_t first_ms, uint32_t total_ms)
+{
+    m->n_futures_req++;
+    for (uint32_t f = 0; f < SIM_FUTURES; f++) {
+        int pfd[2];
+        assert_int_equal(pipe(pfd), 0);
+        fflush(NULL);
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            close(pfd[0]);
+            m->target = m->last;
+            m->target_fd = pfd[1];
+            m->rng ^= 0x9e3779b97f4a7c15ull * (f + 1);
+            uint32_t sent = 0, refused = 0;
+            sim_run(m, rate, m->now + 600000 * SH_MS, first_ms, total_ms, &sent, &refused);
+            _exit(2); /* the request did not end within 10 minutes (sim_event ends the child) */
+        }
+        close(pfd[1]);
+        char buf[160] = {0};
+        ssize_t got = read(pfd[0], buf, sizeof buf - 1);
+        close(pfd[0]);
+        int status;
+        assert_int_equal(waitpid(pid, &status, 0), pid);
+        assert_true(got > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
+        fprintf(m->futures, "%u %.2f %u %u %u %s", m->prompt_max, rate, m->n_futures_req,
+                m->last->r.req.n_prompt, f, buf);
+    }
+}
+
 /* Run until `until` ns: Poisson arrivals at `rate` per second (0: none), the closed loop's
  * requests sent again as soon as they end. */
 static void sim_run(struct sim *m, double rate, uint64_t until, uint32_t first_ms,
@@ -988,7 +1050,10 @@ static void sim_run(struct sim *m, double rate, uint64_t until, uint32_t first_m
         if (next <= done && next < until) {
             m->now = next;
             (*n_sent)++;
-            *n_refused += !sim_submit(m, false, first_ms, total_ms);
+            bool admitted = sim_submit(m, false, first_ms, total_ms);
+            *n_refused += !admitted;
+            if (admitted && m->futures && !m->target)
+                sim_futures(m, rate, first_ms, total_ms);
             next = m->now + (uint64_t)(-log(1 - sim_unif(m)) / rate * 1e9);
         } else if (done < until) {
             sim_deliver(m);
@@ -1051,6 +1116,8 @@ struct sim_level {
 static double sim_sweep(struct sim *m, uint32_t prompt_max, struct sim_level *out)
 {
     sim_init(m, 42, prompt_max);
+    if (getenv("KVR_SIM_FUTURES")) /* appends: both sweeps go to one file */
+        assert_non_null(m->futures = fopen(getenv("KVR_SIM_FUTURES"), "a"));
     uint32_t sent = 0, refused = 0;
     for (uint32_t i = 0; i < SIM_SEQS; i++)
         assert_true(sim_submit(m, true, SIM_SERVE_FIRST_MS, SIM_SERVE_TOTAL_MS));
@@ -1095,6 +1162,8 @@ static double sim_sweep(struct sim *m, uint32_t prompt_max, struct sim_level *ou
     }
     kvr_sched_shutdown(m->s, "test over", m->now);
     kvr_sched_destroy(m->s);
+    if (m->futures)
+        fclose(m->futures);
     return capacity;
 }
 
