@@ -196,6 +196,9 @@ static void sync_up(struct kvr_bridge *b)
     bool up = kvr_sched_ring_up(b->sched);
     if (up != atomic_load(&b->ring_up)) {
         atomic_store(&b->ring_up, up);
+        if (up && !b->ever_up) /* what the start-up waited for was no failure */
+            for (uint32_t i = 0; i < b->plan.n_stages; i++)
+                b->stages[i].last_error[0] = 0;
         if (up)
             b->ever_up = true;
         else
@@ -307,12 +310,18 @@ static void on_tail(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
         pthread_mutex_lock(&b->lock);
         uint64_t now = kvr_now_ns();
         if (type == KVR_WIRE_RESET) {
+            /* Every stage resets when its upstream link comes up, the first time too: with
+             * no sequence held that drops nothing, and /health shows no error for it. */
+            struct kvr_sched_stats held;
+            kvr_sched_stats(b->sched, &held);
+            const char *why = NULL;
+            if (f->hdr.batch_id != KVR_WIRE_RESET_LINK)
+                why = "dropped its sequences: it could not run a batch";
+            else if (held.running + held.waiting > 0)
+                why = "dropped its sequences: its upstream link changed";
             kvr_sched_reset(b->sched, f->hdr.arg, f->hdr.batch_id, now);
             if (f->hdr.arg < b->plan.n_stages)
-                stage_set(b, f->hdr.arg, KVR_STAGE_DOWN,
-                          f->hdr.batch_id == KVR_WIRE_RESET_LINK
-                              ? "dropped its sequences: its upstream link changed"
-                              : "dropped its sequences: it could not run a batch");
+                stage_set(b, f->hdr.arg, KVR_STAGE_DOWN, why);
         } else if (type == KVR_WIRE_RESULT)
             rc = kvr_sched_result(b->sched, f, now, &err);
         sync_up(b);

@@ -54,6 +54,10 @@ grep -q "^kvasir: ready on" "$TMP/bridge.out" || { tail "$TMP/bridge.log"; fail 
 [ "$(code /health)" = 200 ] || fail "/health with the ring up: expected 200"
 [ "$(field 'd["status"]')" = ok ] || fail "/health: status not ok"
 [ "$(field '",".join(s["state"] for s in d["stages"])')" = up,up,up ] || fail "/health: not every stage up"
+# What the start-up waited for (stage 0 refused connections, every stage reset its link)
+# was no failure: a ring that came up cleanly shows no error.
+[ "$(field 'sum("last_error" in s for s in d["stages"])')" = 0 ] ||
+    fail "/health: a stage of a clean start shows an error: $(curl -s "$url/health")"
 [ "$(code /readyz)" = 200 ] || fail "/readyz with the ring up: expected 200"
 echo "ok: the ring up: /health and /readyz 200, stages up,up,up"
 
