@@ -62,12 +62,7 @@ echo "all $N_CLIENTS clients streaming: $running requests running, $used KV bloc
 python3 "$(dirname "$0")/poll_freed.py" "$SERVE_URL" "$TMP/t0" "$TMP/poll.ready" >"$TMP/freed" &
 poller=$!
 PIDS+=($poller)
-for _ in $(seq 1 600); do
-    [ -e "$TMP/poll.ready" ] && break
-    kill -0 "$poller" 2>/dev/null || fail "the /metrics poller exited before it polled"
-    sleep 0.05
-done
-[ -e "$TMP/poll.ready" ] || fail "the /metrics poller did not start within 30 s"
+wait_ready "$TMP/poll.ready" "$poller" "the /metrics poller"
 
 # Kill every client; the clock starts when the last one is gone.
 exec 3>&2 2>/dev/null # bash's "Killed" job notices are expected noise

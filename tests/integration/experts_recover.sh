@@ -35,13 +35,10 @@ agent_metric() {
 # linked N: lines where a stage says an agent is linked (it takes a link at its next layer).
 linked() { grep -c "stage [01]: expert agent $1 linked" "$SERVE_LOG" || true; }
 
-complete() { # complete I TAG: a streamed completion (start_streams); its events to a file, its text to another
+body() { # body I: a streamed completion's request (start_streams)
     printf '%s' "{\"model\": \"moe\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": $N_TOKENS,
              \"temperature\": 0.9, \"seed\": $1, \"ignore_eos\": true, \"stream\": true,
-             \"repetition_penalty\": 1.1, \"frequency_penalty\": 0.3, \"presence_penalty\": 0.2}" \
-        >"$TMP/req.$2.$1"
-    curl -s -N -m 180 "$SERVE_URL/v1/completions" -H 'Content-Type: application/json' \
-        -d @"$TMP/body.$2.$1" -o "$TMP/sse.$2.$1" && sse_text <"$TMP/sse.$2.$1" >"$TMP/http.$2.$1"
+             \"repetition_penalty\": 1.1, \"frequency_penalty\": 0.3, \"presence_penalty\": 0.2}"
 }
 
 for tag in ref dis back; do
@@ -56,7 +53,7 @@ for tag in ref dis back; do
         a1=$(pgrep -f "experts --plan $PLAN --index 1") || fail "serve: no expert agent 1"
         watch_and_kill 20 "$a1" "$TMP"/sse.dis.{1,2,3,4}
     fi
-    start_streams "$tag" complete 1 2 3 4
+    start_streams "$tag" "$SERVE_URL" 180 body 1 2 3 4
     pids=("${STREAM_PIDS[@]}")
     if [ $tag = dis ]; then
         wait "$WATCHER" || fail "no kill mid-stream"

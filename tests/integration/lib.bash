@@ -131,6 +131,18 @@ mid_run() {
     fail "$1: fewer than $mid batches in 30 s"
 }
 
+# wait_ready FILE PID WHAT: wait (at most 30 s) until the helper PID, started in the
+# background, has created FILE to say it is running; fail if it exits first.
+wait_ready() {
+    local i
+    for i in $(seq 1 600); do
+        [ -e "$1" ] && return 0
+        kill -0 "$2" 2>/dev/null || fail "$3 exited before it was ready"
+        sleep 0.05
+    done
+    fail "$3 was not ready within 30 s"
+}
+
 # watch_and_kill KILL_AT PID FILE...: start kill_mid_stream.py (SIGKILL PID once every
 # streamed FILE has delivered KILL_AT tokens; it fails if a stream ended first) in the
 # background and return once it watches, so the caller starts the streams only then:
@@ -138,44 +150,43 @@ mid_run() {
 # ended before a watcher started beside it could look. Sets WATCHER (its pid; wait for it)
 # and writes its report (the kill's time and each stream's token count) to $TMP/kill.out.
 watch_and_kill() {
-    local kill_at=$1 pid=$2 i
+    local kill_at=$1 pid=$2
     shift 2
     rm -f "$TMP/kill.ready"
     KILL_READY=$TMP/kill.ready python3 "$(dirname "${BASH_SOURCE[0]}")/kill_mid_stream.py" \
         "$kill_at" "$pid" "$@" >"$TMP/kill.out" &
     WATCHER=$!
-    for i in $(seq 1 600); do
-        [ -e "$TMP/kill.ready" ] && return 0
-        kill -0 "$WATCHER" 2>/dev/null || fail "the kill watcher exited before it watched"
-        sleep 0.05
-    done
-    fail "the kill watcher did not start within 30 s"
+    wait_ready "$TMP/kill.ready" "$WATCHER" "the kill watcher"
 }
 
-# start_streams TAG FN I...: run `FN I TAG` in the background for each I (their pids in
-# STREAM_PIDS) and send their requests at once. FN writes its request body to $TMP/req.TAG.I
-# and then runs a curl that reads it from the FIFO $TMP/body.TAG.I (-d @FILE: curl reads its
-# body before it connects). Once every curl has its FIFO open (opening one for writing waits
-# for that), each gets its body, and then all of them its end. Streams started one after
-# another began seconds apart under a loaded ctest -j4 (a fork and exec of curl, tee and
-# python each): one had ended before another had its 40th token, and a kill mid-stream
-# could not find a point where all were running.
+# start_streams TAG URL MAX_S BODY_FN I...: one streamed completion per I, sent at once,
+# each a curl (at most MAX_S seconds) whose request is `BODY_FN I` (a JSON body on stdout):
+# its events go to $TMP/sse.TAG.I, its text (sse_text) to $TMP/http.TAG.I; their pids are in
+# STREAM_PIDS. Each curl reads its body from a FIFO (-d @FILE: curl reads its body before it
+# connects); once every curl has its FIFO open (opening one for writing waits for that),
+# each gets its body, and then all of them its end. Streams started one after another
+# began seconds apart under a loaded ctest -j4 (a fork and exec of curl, tee and python
+# each): one had ended before another had its 40th token, and a kill mid-stream could not
+# find a point where all were running.
 start_streams() {
-    local tag=$1 fn=$2 i fd body fds=()
-    shift 2
+    local tag=$1 url=$2 max_s=$3 fn=$4 i fd fds=()
+    local -A body
+    shift 4
     STREAM_PIDS=()
     for i; do
-        rm -f "$TMP/body.$tag.$i" "$TMP/req.$tag.$i"
+        body[$i]=$("$fn" "$i")
+        rm -f "$TMP/body.$tag.$i"
         mkfifo "$TMP/body.$tag.$i"
     done
     for i; do
-        "$fn" "$i" "$tag" &
+        curl -s -N -m "$max_s" "$url/v1/completions" -H 'Content-Type: application/json' \
+            -d @"$TMP/body.$tag.$i" -o "$TMP/sse.$tag.$i" &&
+            sse_text <"$TMP/sse.$tag.$i" >"$TMP/http.$tag.$i" &
         STREAM_PIDS+=($!)
     done
     for i; do
         exec {fd}>"$TMP/body.$tag.$i"
-        IFS= read -r -d '' body <"$TMP/req.$tag.$i" || true
-        printf '%s' "$body" >&"$fd"
+        printf '%s' "${body[$i]}" >&"$fd"
         fds+=("$fd")
     done
     for fd in "${fds[@]}"; do exec {fd}>&-; done

@@ -45,15 +45,13 @@ start_bridge() {
 }
 
 ts() { sed -n 's/^\[ *\([0-9.]*\) .*/\1/p' <<<"$1"; }
-# complete I TAG: a streamed completion (start_streams, lib.bash); its events to a file, its text to another.
-complete() {
+# body I: a streamed completion's request (start_streams, lib.bash); odd ones sampled.
+body() {
     local sampling='"temperature": 0'
     [ $(($1 % 2)) = 1 ] &&
         sampling="\"temperature\": 0.9, \"seed\": $1, \"repetition_penalty\": 1.2, \"frequency_penalty\": 0.5"
     printf '%s' "{\"model\": \"m\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": $N_TOKENS,
-             \"ignore_eos\": true, \"stream\": true, $sampling}" >"$TMP/req.$2.$1"
-    curl -s -N -m 300 "$URL/v1/completions" -H 'Content-Type: application/json' \
-        -d @"$TMP/body.$2.$1" -o "$TMP/sse.$2.$1" && sse_text <"$TMP/sse.$2.$1" >"$TMP/http.$2.$1"
+             \"ignore_eos\": true, \"stream\": true, $sampling}"
 }
 # pass TAG [I]: the four completions at once; with I, SIGKILL stage I mid-stream: on an
 # observed event, not after a guessed time or batch count (either can outlast the streams
@@ -64,7 +62,7 @@ pass() {
     local pids=() i p out
     # The watcher first, watching before any stream starts (lib.bash).
     [ -z "${2:-}" ] || watch_and_kill "$KILL_AT" "${RING_PIDS[$2]}" "$TMP/sse.$1".{0,1,2,3}
-    start_streams "$1" complete 0 1 2 3
+    start_streams "$1" "$URL" 300 body 0 1 2 3
     pids=("${STREAM_PIDS[@]}")
     if [ -n "${2:-}" ]; then
         wait "$WATCHER" || fail "$1: no kill mid-stream"

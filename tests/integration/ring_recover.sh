@@ -145,13 +145,10 @@ stop_ring
 
 # 6. Under kvasir serve: it restarts the killed stage; the streams only pause.
 start_serve serve "$TMP/ring45.gguf" --stages 3 --max-seqs 8 --ctx 256 --no-admission
-complete() { # complete I TAG: a streamed completion (start_streams); its events to a file, its text to another
+body() { # body I: a streamed completion's request (start_streams)
     printf '%s' "{\"model\": \"ring45\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": 150,
              \"temperature\": 0.9, \"seed\": $1, \"ignore_eos\": true, \"stream\": true,
-             \"repetition_penalty\": 1.2, \"frequency_penalty\": 0.5, \"presence_penalty\": 0.3}" \
-        >"$TMP/req.$2.$1"
-    curl -s -N -m 120 "$SERVE_URL/v1/completions" -H 'Content-Type: application/json' \
-        -d @"$TMP/body.$2.$1" -o "$TMP/sse.$2.$1" && sse_text <"$TMP/sse.$2.$1" >"$TMP/http.$2.$1"
+             \"repetition_penalty\": 1.2, \"frequency_penalty\": 0.5, \"presence_penalty\": 0.3}"
 }
 for tag in ref dis; do
     pids=()
@@ -164,7 +161,7 @@ for tag in ref dis; do
         s1=$(pgrep -f "stage --plan $TMP/serve-plan/plan.json --index 1") || fail "serve: no stage 1"
         watch_and_kill 40 "$s1" "$TMP"/sse.dis.{1,2,3}
     fi
-    start_streams "$tag" complete 1 2 3
+    start_streams "$tag" "$SERVE_URL" 120 body 1 2 3
     pids=("${STREAM_PIDS[@]}")
     if [ $tag = dis ]; then
         wait "$WATCHER" || fail "serve: no kill mid-stream"
