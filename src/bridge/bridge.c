@@ -176,8 +176,9 @@ static void stage_set(struct kvr_bridge *b, uint32_t i, enum kvr_stage_state sta
         st->since_ns = kvr_now_ns();
     }
     if (why) { /* cut to fit: the start of a message says the most */
-        size_t n = strnlen(why, sizeof st->last_error - 1);
-        memcpy(st->last_error, why, n);
+        size_t n = 0;
+        for (; n + 1 < sizeof st->last_error && why[n]; n++)
+            st->last_error[n] = why[n];
         st->last_error[n] = 0;
     }
 }

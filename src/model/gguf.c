@@ -302,7 +302,7 @@ static int parse_array(struct cursor *c, struct kv *kv)
 
 static int parse_kv(struct cursor *c, struct kv *kv, int64_t i)
 {
-    struct kvr_gguf_str key;
+    struct kvr_gguf_str key = {0};
     uint32_t type;
     int rc = read_str(c, &key, "key");
     if (rc || (rc = copy_name(c, &key, &kv->key, "kv", i)))
@@ -347,7 +347,7 @@ static int find_alignment(struct kvr_gguf *g, struct kvr_err *err)
 
 static int parse_tensor(struct cursor *c, struct kvr_gguf_tensor *t, size_t alignment, int64_t i)
 {
-    struct kvr_gguf_str name;
+    struct kvr_gguf_str name = {0};
     char *copy = NULL;
     uint32_t n_dims, type;
     int rc = read_str(c, &name, "tensor name");

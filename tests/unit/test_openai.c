@@ -450,7 +450,7 @@ static void test_utf8(void **state)
 static bool run_text(const char *const *stop, uint32_t n_stop, const char *extra,
                      const char *const *pieces, size_t n_pieces, bool flush, char *out, size_t cap)
 {
-    size_t lens[KVR_OPENAI_MAX_STOP];
+    size_t lens[KVR_OPENAI_MAX_STOP] = {0};
     for (uint32_t i = 0; i < n_stop; i++)
         lens[i] = strlen(stop[i]);
     struct kvr_openai_text t;
