@@ -3,12 +3,14 @@
  *
  * Every struct below mirrors a GGUF block byte for byte; the byte tables are in dtype.c.
  * The blocks are read in place from the mmapped file, where rows are only 2-byte aligned,
- * so kernels load them with unaligned loads. Pure data: no globals, no I/O. */
+ * so kernels load them with unaligned loads. No I/O; one global, the prefetch distance below. */
 #ifndef KVR_MODEL_KERNELS_H
 #define KVR_MODEL_KERNELS_H
 
 #include "model/dtype.h"
 
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #define KVR_QK 32    /* elements per Q8_0 / Q4_0 block */
@@ -227,6 +229,13 @@ struct kvr_kernel_set {
     kvr_matmul_fn matmul[KVR_DTYPE_COUNT];             /* indexed by weight type */
     int o_tile; /* output rows per tile: slices starting at multiples of it run fastest */
 };
+
+/* How far ahead of the unit it computes a kernel on a packed copy prefetches (bytes; 0 =
+ * none): the K-quant and IQ4_XS kernels (kvr_prefetch_kquant) and the Q4_0 / Q8_0 ones
+ * (kvr_prefetch_q0). Set by kvr_kernels_init for the CPU (KVR_PREFETCH=BYTES sets both);
+ * every writer stores the same values. Only a speed: the bits of every result are the same
+ * whatever they are. */
+extern _Atomic size_t kvr_prefetch_kquant, kvr_prefetch_q0;
 
 extern const struct kvr_kernel_set kvr_kernels_avx2;
 extern const struct kvr_kernel_set kvr_kernels_avx512;

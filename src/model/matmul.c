@@ -31,6 +31,8 @@ static atomic_bool g_force_reference;
 
 static const struct kvr_kernel_set kernels_reference = {.name = "reference", .o_tile = 1};
 
+_Atomic size_t kvr_prefetch_kquant = 24 * 1024, kvr_prefetch_q0 = 0;
+
 /* F16C is read from CPUID directly: clang 14's __builtin_cpu_supports does not know it. The
  * builtin's "avx2" check already covers the OS saving ymm state (XGETBV). */
 static bool cpu_has_avx2(void)
@@ -110,12 +112,54 @@ static int requested(const struct kvr_kernel_set **out, struct kvr_err *err)
     return KVR_OK;
 }
 
+static bool cpu_is_amd(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned eax, ebx, ecx, edx;
+    /* the vendor string is ebx, edx, ecx: "Auth" "enti" "cAMD" */
+    return __get_cpuid(0, &eax, &ebx, &ecx, &edx) && ebx == 0x68747541u && edx == 0x69746e65u &&
+           ecx == 0x444d4163u;
+#else
+    return false;
+#endif
+}
+
+/* The packed-copy kernels' prefetch distances (kernels.h): KVR_PREFETCH for both if it is
+ * set, else what was measured best on the CPU's vendor (bench/README.md): on Intel 24 KiB
+ * for the K-quants and none for Q4_0 / Q8_0, on AMD Zen 4 8 KiB for both. An error if
+ * KVR_PREFETCH is not a byte count up to 1 MiB. */
+static int prefetch_distances(size_t *kquant, size_t *q0, struct kvr_err *err)
+{
+    bool amd = cpu_is_amd();
+    *kquant = amd ? 8 * 1024 : 24 * 1024;
+    *q0 = amd ? 8 * 1024 : 0;
+    const char *env = getenv("KVR_PREFETCH");
+    if (!env || !*env)
+        return KVR_OK;
+    char *end;
+    unsigned long long v = strtoull(env, &end, 10);
+    if (*end || env[0] == '-' || v > 1024 * 1024)
+        return kvr_err_set(err, KVR_EINVAL,
+                           "KVR_PREFETCH=%s: not a prefetch distance in bytes (0 to 1048576)",
+                           env);
+    *kquant = *q0 = (size_t)v;
+    return KVR_OK;
+}
+
+static void set_prefetch(size_t kquant, size_t q0)
+{
+    atomic_store_explicit(&kvr_prefetch_kquant, kquant, memory_order_relaxed);
+    atomic_store_explicit(&kvr_prefetch_q0, q0, memory_order_relaxed);
+}
+
 int kvr_kernels_setup(struct kvr_err *err)
 {
     const struct kvr_kernel_set *k;
+    size_t kquant, q0;
     int rc = requested(&k, err);
-    if (rc)
+    if (rc || (rc = prefetch_distances(&kquant, &q0, err)))
         return rc;
+    set_prefetch(kquant, q0);
     atomic_store_explicit(&g_best, k, memory_order_relaxed);
     return KVR_OK;
 }
@@ -125,6 +169,9 @@ const char *kvr_kernels_init(void)
     if (!atomic_load_explicit(&g_best, memory_order_relaxed)) {
         const struct kvr_kernel_set *k;
         requested(&k, NULL); /* a bad KVR_ISA leaves k at the best set; setup reports it */
+        size_t kquant, q0;
+        if (prefetch_distances(&kquant, &q0, NULL) == KVR_OK) /* ... and a bad KVR_PREFETCH */
+            set_prefetch(kquant, q0);
         atomic_store_explicit(&g_best, k, memory_order_relaxed);
     }
     return kvr_kernels_name();

@@ -18,8 +18,11 @@
 #include "core/alloc.h"
 #include "core/rng.h"
 #include "model/dtype.h"
+#include "model/kernels.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static uint64_t rng_state = 0x243F6A8885A308D3ull; /* kvr_splitmix64 stream */
@@ -245,6 +248,34 @@ static void test_packed_k_quants(void **state)
     check_packed_equals_reference(KVR_DTYPE_IQ4_XS);
 }
 
+/* The prefetch distance is only a speed: every distance (none, one line, the two chosen by
+ * CPU vendor) gives the reference's bits; KVR_PREFETCH that is not a byte count up to
+ * 1 MiB is refused. */
+static void test_prefetch_distances(void **state)
+{
+    (void)state;
+    static const char *const good[] = {"0", "64", "8192", "24576"};
+    static const char *const bad[] = {"x", "12k", "-64", "1048577", "99999999999999999999"};
+    struct kvr_err err;
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("KVR_PREFETCH", bad[i], 1);
+        assert_int_equal(kvr_kernels_setup(&err), KVR_EINVAL);
+        assert_non_null(strstr(err.msg, "KVR_PREFETCH"));
+    }
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        setenv("KVR_PREFETCH", good[i], 1);
+        assert_int_equal(kvr_kernels_setup(&err), KVR_OK);
+        assert_int_equal(atomic_load(&kvr_prefetch_kquant), strtoul(good[i], NULL, 10));
+        assert_int_equal(atomic_load(&kvr_prefetch_q0), strtoul(good[i], NULL, 10));
+        check_packed_equals_reference(KVR_DTYPE_Q8_0);
+        check_packed_equals_reference(KVR_DTYPE_Q4_0);
+        check_packed_equals_reference(KVR_DTYPE_Q4_K);
+        check_packed_equals_reference(KVR_DTYPE_Q6_K);
+    }
+    unsetenv("KVR_PREFETCH");
+    assert_int_equal(kvr_kernels_setup(&err), KVR_OK);
+}
+
 int main(void)
 {
     kvr_kernels_init();
@@ -252,6 +283,7 @@ int main(void)
         cmocka_unit_test(test_pack_bytes),    cmocka_unit_test(test_pack_layout_q8_0),
         cmocka_unit_test(test_packed_q8_0),   cmocka_unit_test(test_packed_q4_0),
         cmocka_unit_test(test_pack_layout_k), cmocka_unit_test(test_packed_k_quants),
+        cmocka_unit_test(test_prefetch_distances),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
