@@ -140,8 +140,7 @@ static int prefetch_distances(size_t *kquant, size_t *q0, struct kvr_err *err)
     unsigned long long v = strtoull(env, &end, 10);
     if (*end || env[0] == '-' || v > 1024 * 1024)
         return kvr_err_set(err, KVR_EINVAL,
-                           "KVR_PREFETCH=%s: not a prefetch distance in bytes (0 to 1048576)",
-                           env);
+                           "KVR_PREFETCH=%s: not a prefetch distance in bytes (0 to 1048576)", env);
     *kquant = *q0 = (size_t)v;
     return KVR_OK;
 }

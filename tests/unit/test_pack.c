@@ -280,9 +280,9 @@ int main(void)
 {
     kvr_kernels_init();
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_pack_bytes),    cmocka_unit_test(test_pack_layout_q8_0),
-        cmocka_unit_test(test_packed_q8_0),   cmocka_unit_test(test_packed_q4_0),
-        cmocka_unit_test(test_pack_layout_k), cmocka_unit_test(test_packed_k_quants),
+        cmocka_unit_test(test_pack_bytes),         cmocka_unit_test(test_pack_layout_q8_0),
+        cmocka_unit_test(test_packed_q8_0),        cmocka_unit_test(test_packed_q4_0),
+        cmocka_unit_test(test_pack_layout_k),      cmocka_unit_test(test_packed_k_quants),
         cmocka_unit_test(test_prefetch_distances),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
