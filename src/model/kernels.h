@@ -3,7 +3,8 @@
  *
  * Every struct below mirrors a GGUF block byte for byte; the byte tables are in dtype.c.
  * The blocks are read in place from the mmapped file, where rows are only 2-byte aligned,
- * so kernels load them with unaligned loads. No I/O; one global, the prefetch distance below. */
+ * so kernels load them with unaligned loads. No I/O; two globals, the prefetch distances
+ * below. */
 #ifndef KVR_MODEL_KERNELS_H
 #define KVR_MODEL_KERNELS_H
 
