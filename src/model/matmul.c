@@ -127,7 +127,7 @@ static bool cpu_is_amd(void)
 /* The packed-copy kernels' prefetch distances (kernels.h): KVR_PREFETCH for both if it is
  * set, else what was measured best on the CPU's vendor (bench/README.md): on Intel 24 KiB
  * for the K-quants and none for Q4_0 / Q8_0, on AMD Zen 4 8 KiB for both. An error if
- * KVR_PREFETCH is not a byte count up to 1 MiB. */
+ * KVR_PREFETCH is not a byte count up to 1 MiB, with the vendor's distances in the outputs. */
 static int prefetch_distances(size_t *kquant, size_t *q0, struct kvr_err *err)
 {
     bool amd = cpu_is_amd();
@@ -168,9 +168,9 @@ const char *kvr_kernels_init(void)
     if (!atomic_load_explicit(&g_best, memory_order_relaxed)) {
         const struct kvr_kernel_set *k;
         requested(&k, NULL); /* a bad KVR_ISA leaves k at the best set; setup reports it */
-        size_t kquant, q0;
-        if (prefetch_distances(&kquant, &q0, NULL) == KVR_OK) /* ... and a bad KVR_PREFETCH */
-            set_prefetch(kquant, q0);
+        size_t kquant, q0;   /* a bad KVR_PREFETCH leaves the vendor's distances; setup says so */
+        (void)prefetch_distances(&kquant, &q0, NULL);
+        set_prefetch(kquant, q0);
         atomic_store_explicit(&g_best, k, memory_order_relaxed);
     }
     return kvr_kernels_name();
