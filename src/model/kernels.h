@@ -148,17 +148,19 @@ static inline size_t kvr_q8_0_ext_offset(int64_t n_blocks)
  * is one `unit` at byte b * unit:
  *
  *   offset  size       field
- *   0       32         d     8 x f32: lane i = row i's fp16 block scale, widened (exact)
- *   32      32 * n_g   q     n_g vectors of 8 dwords: vector g, dword i = bytes 4g..4g+3
+ *   0       16         d     8 x fp16: lane i = row i's block scale, as in the file
+ *   16      32 * n_g   q     n_g vectors of 8 dwords: vector g, dword i = bytes 4g..4g+3
  *                            of row i's qs (Q8_0: n_g = 8, signed quants; Q4_0: n_g = 4,
  *                            the raw nibble bytes, so vector g's low nibbles are elements
  *                            4g..4g+3 and its high nibbles elements 4g+16..4g+19)
  *
- * unit = 288 bytes for Q8_0 (vs 8 x 34 = 272 in the file), 160 for Q4_0 (vs 144). Units are
- * multiples of 32 bytes, so a 32-byte aligned buffer keeps every vector aligned. */
+ * unit = 272 bytes for Q8_0 and 144 for Q4_0, exactly 8 blocks of the file: decode streams
+ * the copy once per token, so every byte more in it is time (with f32 scales the units were
+ * 288 and 160, and Q4_0 decode read 11 % more than the file). Units are multiples of 16
+ * bytes, not 32, so kernels load them unaligned. */
 #define KVR_PACK_ROWS 8
-#define KVR_PACK_UNIT_Q8_0 288
-#define KVR_PACK_UNIT_Q4_0 160
+#define KVR_PACK_UNIT_Q8_0 272
+#define KVR_PACK_UNIT_Q4_0 144
 
 /* Packed K-quants (Q4_K, Q5_K, Q6_K, IQ4_XS), read by their GEMV and GEMM alike: the same
  * tiles of KVR_PACK_ROWS rows, and within a tile super-block s is one unit of exactly 8 x

@@ -328,7 +328,7 @@ bool kvr_matrix_packed_only(const struct kvr_matrix *w)
     return kvr_matrix_pack_bytes(w) != 0;
 }
 
-/* The Q8_0 / Q4_0 unit (kernels.h): widened scales, then the quants by dword. */
+/* The Q8_0 / Q4_0 unit (kernels.h): the fp16 scales, then the quants by dword. */
 static void pack_unit_q(const struct kvr_matrix *w, const uint8_t *const rows[KVR_PACK_ROWS],
                         int64_t b, uint8_t *out)
 {
@@ -337,12 +337,9 @@ static void pack_unit_q(const struct kvr_matrix *w, const uint8_t *const rows[KV
     int n_g = w->type == KVR_DTYPE_Q8_0 ? 8 : 4;
     for (int i = 0; i < KVR_PACK_ROWS; i++) {
         const uint8_t *blk = rows[i] + (size_t)b * wb;
-        uint16_t dh;
-        memcpy(&dh, blk, sizeof dh); /* both block types start with the fp16 d */
-        float d = kvr_f16_to_f32(dh);
-        memcpy(out + 4 * i, &d, sizeof d);
+        memcpy(out + 2 * i, blk, 2); /* both block types start with the fp16 d */
         for (int g = 0; g < n_g; g++)
-            memcpy(out + 32 + 32 * g + 4 * i, blk + 2 + 4 * g, 4);
+            memcpy(out + 16 + 32 * g + 4 * i, blk + 2 + 4 * g, 4);
     }
 }
 

@@ -44,10 +44,14 @@ static void test_pack_bytes(void **state)
 {
     (void)state;
     struct kvr_matrix w = {KVR_DTYPE_Q8_0, 64, 9, 68, NULL, NULL};
-    assert_int_equal(kvr_matrix_pack_bytes(&w), 2 * 2 * 288); /* 2 tiles x 2 blocks */
+    assert_int_equal(kvr_matrix_pack_bytes(&w), 1088); /* 2 tiles x 2 blocks x 272 */
     w.type = KVR_DTYPE_Q4_0;
     w.row_bytes = 36;
-    assert_int_equal(kvr_matrix_pack_bytes(&w), 2 * 2 * 160);
+    assert_int_equal(kvr_matrix_pack_bytes(&w), 576); /* 2 x 2 x 144 */
+    w.n_in = 96; /* 2 x 3 x 144 = 864, rounded up to 64-byte lines */
+    w.row_bytes = 54;
+    assert_int_equal(kvr_matrix_pack_bytes(&w), 896);
+    w.n_in = 64;
     w.type = KVR_DTYPE_F32;
     assert_int_equal(kvr_matrix_pack_bytes(&w), 0);
     w.type = KVR_DTYPE_Q4_K;
@@ -123,20 +127,20 @@ static void test_pack_layout_q8_0(void **state)
     }
     struct kvr_matrix w = {KVR_DTYPE_Q8_0, 32, N_OUT, BLK, data, NULL};
     size_t n = kvr_matrix_pack_bytes(&w);
-    assert_int_equal(n, 2 * 288);
-    uint8_t *p = kvr_aligned_alloc(32, n);
+    assert_int_equal(n, 576); /* 2 x 272, rounded up to 64-byte lines */
+    uint8_t *p = kvr_aligned_alloc(64, n);
     assert_non_null(p);
     kvr_matrix_pack(&w, p);
     for (int t = 0; t < 2; t++) {
-        const uint8_t *u = p + t * 288;
+        const uint8_t *u = p + t * 272;
         for (int i = 0; i < 8; i++) {
             int o = 8 * t + i < N_OUT ? 8 * t + i : N_OUT - 1; /* last row repeated */
-            float d;
-            memcpy(&d, u + 4 * i, 4);
-            assert_true(d == (float)(o + 1));
+            uint16_t d;
+            memcpy(&d, u + 2 * i, 2);
+            assert_true(kvr_f16_to_f32(d) == (float)(o + 1));
             for (int g = 0; g < 8; g++)
                 for (int k = 0; k < 4; k++)
-                    assert_int_equal(u[32 + 32 * g + 4 * i + k],
+                    assert_int_equal(u[16 + 32 * g + 4 * i + k],
                                      (uint8_t)(o * 10 + 4 * g + k - 100));
         }
     }
