@@ -9,9 +9,12 @@
 # `llama-bench -p 128 -n 64 -r 1 -o json` (its pp128 and tg64). Each pair prints prefill and
 # decode tokens/s of both, the ratios (ours / theirs), and the fraction of the bandwidth bound
 # decode reaches (weight bytes per decoded token, from bench_forward, times tokens/s, over
-# the read bandwidth bench_bandwidth measures once per thread count: the higher of its 4 KiB
-# page and transparent-huge-page readings, since the engine's packed copy asks for huge
-# pages and the peer's mapped file has 4 KiB ones).
+# the read bandwidth bench_bandwidth measures right before that pair, column `bw`: the
+# higher of its 4 KiB page and transparent-huge-page readings, since the engine's packed
+# copy asks for huge pages and the peer's mapped file has 4 KiB ones). The bound is taken
+# per pair because a shared machine's bandwidth moves by a factor of two within minutes;
+# one reading per run made the fractions of later pairs meaningless. The summary adds the
+# median fraction of the quiet pairs.
 #
 # Each pair records the 1-minute load average before and after it, and what the rest of
 # the machine used while it ran: the CPU time /proc/stat counts as busy (user, nice,
@@ -36,7 +39,7 @@ while [ $# -gt 0 ]; do
     --threads) threads_list=$2; shift 2 ;;
     --pairs) pairs=$2; shift 2 ;;
     --busy) busy=$2; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
     *) break ;;
     esac
 done
@@ -76,15 +79,18 @@ median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "-"; else if (NR % 
 echo "kvasir: $BUILD (kernels ${KVR_ISA:-best}), peer: $PEER/bin/llama-bench"
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) CPUs"
 IFS=, read -r -a tlist <<< "$threads_list"
-declare -A bw
-declare -a b
-for t in "${tlist[@]}"; do
+# The read bandwidth on $1 threads now: the higher of the 4 KiB and 2 MiB page medians.
+probe() {
+    local h r best=0
     for h in 0 1; do
-        b[$h]=$("$BUILD/bench_bandwidth" --threads "$t" --reps 5 --mib 512 --huge $h |
-                sed -n 's/.*median[^0-9]*\([0-9.]*\) GB\/s.*/\1/p')
+        r=$("$BUILD/bench_bandwidth" --threads "$1" --reps "$2" --mib 512 --huge $h |
+            sed -n 's/.*median[^0-9]*\([0-9.]*\) GB\/s.*/\1/p')
+        best=$(awk -v a="$best" -v b="$r" 'BEGIN {print (a > b ? a : b)}')
     done
-    bw[$t]=$(awk -v a="${b[0]}" -v b="${b[1]}" 'BEGIN {print (a > b ? a : b)}')
-    echo "read bandwidth, $t threads: ${b[0]} GB/s with 4 KiB pages, ${b[1]} GB/s with 2 MiB pages (medians of 5); bound from ${bw[$t]}"
+    echo "$best"
+}
+for t in "${tlist[@]}"; do
+    echo "read bandwidth, $t threads: $(probe "$t" 5) GB/s (the better of 4 KiB and 2 MiB pages, medians of 5); each pair below is bounded by its own reading (medians of 3)"
 done
 
 tmp=$(mktemp -d)
@@ -93,10 +99,11 @@ for m in "$@"; do
     for t in "${tlist[@]}"; do
         echo
         echo "$(basename "$m"), $t threads"
-        printf '%-5s %-11s %5s %9s %9s %6s %8s %8s %6s %6s %6s  %s\n' pair load other pp.ours \
-            pp.peer ratio tg.ours tg.peer ratio bw.our bw.peer note
+        printf '%-5s %-11s %5s %9s %9s %6s %8s %8s %6s %5s %6s %6s  %s\n' pair load other pp.ours \
+            pp.peer ratio tg.ours tg.peer ratio bw bw.our bw.peer note
         : > "$tmp/quiet"
         for p in $(seq 1 "$pairs"); do
+            bwp=$(probe "$t" 3)
             times > "$tmp/times"
             l0=$(load1) s0=$(stat_busy) c0=$(cpu_of "$tmp/times") w0=$(date +%s.%N)
             "$BUILD/bench_forward" "$m" --threads "$t" --prompt 128 --decode 64 --reps 1 > "$tmp/ours"
@@ -120,12 +127,12 @@ print(pp, tg)' "$tmp/peer")
             if awk -v o="$other" -v x="$busy" 'BEGIN {exit !(o > x)}'; then
                 note=busy
             else
-                echo "$opp $tpp $otg $ttg" >> "$tmp/quiet"
+                echo "$opp $tpp $otg $ttg $mb $bwp" >> "$tmp/quiet"
             fi
             awk -v p="$p" -v l0="$l0" -v l1="$l1" -v other="$other" -v opp="$opp" -v tpp="$tpp" -v otg="$otg" \
-                -v ttg="$ttg" -v mb="$mb" -v bw="${bw[$t]}" -v note="$note" 'BEGIN {
-                printf "%-5s %-11s %5s %9.1f %9.1f %6.2f %8.2f %8.2f %6.2f %5.0f%% %5.0f%%  %s\n",
-                    p, l0 "-" l1, other, opp, tpp, opp / tpp, otg, ttg, otg / ttg,
+                -v ttg="$ttg" -v mb="$mb" -v bw="$bwp" -v note="$note" 'BEGIN {
+                printf "%-5s %-11s %5s %9.1f %9.1f %6.2f %8.2f %8.2f %6.2f %5.1f %5.0f%% %5.0f%%  %s\n",
+                    p, l0 "-" l1, other, opp, tpp, opp / tpp, otg, ttg, otg / ttg, bw,
                     100 * otg * mb / 1000 / bw, 100 * ttg * mb / 1000 / bw, note }'
         done
         n=$(wc -l < "$tmp/quiet")
@@ -134,7 +141,8 @@ print(pp, tg)' "$tmp/peer")
         else
             ppr=$(awk '{print $1 / $2}' "$tmp/quiet" | median)
             tgr=$(awk '{print $3 / $4}' "$tmp/quiet" | median)
-            echo "summary ($n quiet of $pairs pairs, medians of the per-pair ratios): pp128 ${ppr}x, tg64 ${tgr}x"
+            fr=$(awk '{printf "%.0f\n", 100 * $3 * $5 / 1000 / $6}' "$tmp/quiet" | median)
+            echo "summary ($n quiet of $pairs pairs, medians of the per-pair ratios): pp128 ${ppr}x, tg64 ${tgr}x; ours' decode ${fr}% of the bound"
         fi
     done
 done
