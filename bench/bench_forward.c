@@ -2,11 +2,14 @@
  * file, and the fraction of the memory-bandwidth bound that decode reaches.
  *
  *   bench_forward MODEL [--threads 2] [--prompt 128] [--decode 64] [--reps 3]
- *                       [--bandwidth GBPS]
+ *                       [--bandwidth GBPS] [--fresh-decode 0|1]
  *
  * Each repeat prefills a fresh sequence of `prompt` tokens in one forward pass (one
  * 128-row batch, the blocked matrix-matrix path) and then decodes `decode` tokens one at a
- * time (greedy). The median of the repeats is reported, with every repeat's number.
+ * time (greedy). The median of the repeats is reported, with every repeat's number. With
+ * --fresh-decode 1 the decode starts a new sequence at position 0 (from the prefill's
+ * greedy token), as llama-bench's tg test does: its attention then covers 1..decode
+ * positions instead of prompt+1..prompt+decode.
  *
  * Decode reads every weight once per token, so tokens/s <= bandwidth / bytes per token.
  * Bytes per token = every tensor of the model except the token embedding, of which only
@@ -54,12 +57,13 @@ int main(int argc, char **argv)
 {
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: bench_forward MODEL [--threads N] [--prompt N] [--decode N] "
-                        "[--reps N] [--bandwidth GBPS]\n");
+                        "[--reps N] [--bandwidth GBPS] [--fresh-decode 0|1]\n");
         return 2;
     }
     const char *path = argv[1];
     long threads = 2, n_prompt = 128, n_decode = 64, reps = 3;
     double bandwidth = 0;
+    long fresh = 0;
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--threads"))
             threads = atol(argv[i + 1]);
@@ -71,13 +75,15 @@ int main(int argc, char **argv)
             reps = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--bandwidth"))
             bandwidth = atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--fresh-decode"))
+            fresh = atol(argv[i + 1]);
         else {
             fprintf(stderr, "bench_forward: unknown option %s\n", argv[i]);
             return 2;
         }
     }
     if (threads < 1 || n_prompt < 1 || n_decode < 1 || reps < 1 || reps > 100 || n_prompt > 4096 ||
-        n_decode > 4096) {
+        n_decode > 4096 || fresh < 0 || fresh > 1) {
         fprintf(stderr, "bench_forward: bad option value\n");
         return 2;
     }
@@ -127,12 +133,17 @@ int main(int argc, char **argv)
             return 1;
         }
         uint64_t t1 = kvr_now_ns();
+        uint32_t pos0 = (uint32_t)n_prompt;
+        if (fresh) { /* inside the timed span, as llama-bench clears its cache before tg */
+            kvr_engine_seq_free(e, 0);
+            pos0 = 0;
+        }
         for (long k = 0; k < n_decode; k++) {
             int32_t best = 0;
             for (uint32_t v = 1; v < hp.n_vocab; v++)
                 if (logits[v] > logits[best])
                     best = (int32_t)v;
-            struct kvr_seg d = {0, (uint32_t)(n_prompt + k), 1,
+            struct kvr_seg d = {0, pos0 + (uint32_t)k, 1,
                                 KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
             if (kvr_engine_forward(e, &d, 1, &best, NULL, logits, &err)) {
                 fprintf(stderr, "bench_forward: %s\n", err.msg);

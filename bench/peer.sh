@@ -5,15 +5,17 @@
 #
 # For every model and thread count it runs pairs, ours then theirs, --pairs times in a row
 # (ours, theirs, ours, theirs, ...): ours is bench_forward (one 128-token prefill in one
-# pass, then 64 greedy decode steps; one warm-up pass first), theirs is
+# pass, then 64 greedy decode steps in a new sequence, from an empty context as llama-bench's
+# tg test; one warm-up pass first), theirs is
 # `llama-bench -p 128 -n 64 -r 1 -o json` (its pp128 and tg64). Each pair prints prefill and
 # decode tokens/s of both, the ratios (ours / theirs), and the fraction of the bandwidth bound
 # decode reaches (weight bytes per decoded token, from bench_forward, times tokens/s, over
-# the read bandwidth bench_bandwidth measures right before that pair, column `bw`: the
-# higher of its 4 KiB page and transparent-huge-page readings, since the engine's packed
-# copy asks for huge pages and the peer's mapped file has 4 KiB ones). The bound is taken
-# per pair because a shared machine's bandwidth moves by a factor of two within minutes;
-# one reading per run made the fractions of later pairs meaningless. The summary adds the
+# the read bandwidth bench_bandwidth measures right before and right after that pair,
+# column `bw`: the highest of the 4 KiB page and transparent-huge-page readings of both
+# moments, since the engine's packed copy asks for huge pages and the peer's mapped file
+# has 4 KiB ones). The bound is taken per pair because a shared machine's bandwidth moves by
+# a factor of two within minutes: one reading per run made the fractions of later pairs
+# meaningless, and one reading per pair could catch a dip (a fraction over 100 %). The summary adds the
 # median fraction of the quiet pairs.
 #
 # Each pair records the 1-minute load average before and after it, and what the rest of
@@ -106,11 +108,13 @@ for m in "$@"; do
             bwp=$(probe "$t" 3)
             times > "$tmp/times"
             l0=$(load1) s0=$(stat_busy) c0=$(cpu_of "$tmp/times") w0=$(date +%s.%N)
-            "$BUILD/bench_forward" "$m" --threads "$t" --prompt 128 --decode 64 --reps 1 > "$tmp/ours"
+            "$BUILD/bench_forward" "$m" --threads "$t" --prompt 128 --decode 64 --reps 1 \
+                --fresh-decode 1 > "$tmp/ours"
             "$PEER/bin/llama-bench" -m "$m" -p 128 -n 64 -r 1 -t "$t" -o json > "$tmp/peer" 2> "$tmp/peer.err" || {
                 echo "peer.sh: llama-bench failed:" >&2; tail -3 "$tmp/peer.err" >&2; exit 1; }
             times > "$tmp/times"
             l1=$(load1) s1=$(stat_busy) c1=$(cpu_of "$tmp/times") w1=$(date +%s.%N)
+            bwp=$(awk -v a="$bwp" -v b="$(probe "$t" 3)" 'BEGIN {print (a > b ? a : b)}')
             other=$(awk -v s0="$s0" -v s1="$s1" -v c0="$c0" -v c1="$c1" -v w0="$w0" -v w1="$w1" \
                 -v hz="$hz" 'BEGIN {o = ((s1 - s0) / hz - (c1 - c0)) / (w1 - w0);
                 printf "%.2f", o < 0 ? 0 : o}')

@@ -633,7 +633,9 @@ static void mm_worker(void *arg, int ith, int nth)
 
 /* Decode (at most STEAL_MAX_ROWS activation rows): the job's 16-row groups, counted over its
  * matrices in order, start as one contiguous share per thread. A thread takes its own share
- * from the front one group at a time and, when it is empty, takes the back half of the
+ * from the front a quarter of what is left at a time (at least one group; a quarter cuts the
+ * kernel calls and compare-and-swaps about fourfold against one group at a time, and leaves
+ * a thief the half it looks for) and, when it is empty, takes the back half of the
  * largest share left. The matrices of a job are consecutive in the packed copy, so a share
  * is one ascending address stream (the kernels' prefetch runs on ahead along it), and a
  * dispatch ends within about a group of its last row. (Equal chunks claimed in turn made
@@ -680,10 +682,11 @@ static void steal_worker(void *arg, int own, int n_shares)
     for (;;) {
         uint64_t v = atomic_load_explicit(mine, memory_order_relaxed);
         uint32_t next = (uint32_t)v, end = (uint32_t)(v >> 32);
-        if (next < end) {
-            if (atomic_compare_exchange_weak_explicit(mine, &v, share_word(next + 1, end),
+        if (next < end) { /* a quarter of what is left, so a thief still finds half */
+            uint32_t take = (end - next) / 4 ? (end - next) / 4 : 1;
+            if (atomic_compare_exchange_weak_explicit(mine, &v, share_word(next + take, end),
                                                       memory_order_relaxed, memory_order_relaxed))
-                run_groups(job, next, (int64_t)next + 1);
+                run_groups(job, next, (int64_t)next + take);
             continue;
         }
         int victim = -1;
@@ -755,7 +758,7 @@ static void matmuls(struct kvr_engine *e, const float *x, uint32_t n_rows, int n
         work += (double)w[i]->n_in * w[i]->n_out * n_rows;
     }
     /* Waking the pool costs microseconds; a small product is cheaper on one thread. */
-    if (work < SMALL_WORK)
+    if (work < SMALL_WORK || kvr_pool_size(e->pool) == 1)
         mm_worker(&job, 0, 1);
     else if (n_rows <= STEAL_MAX_ROWS && kvr_pool_size(e->pool) <= STEAL_MAX_THREADS)
         run_stealing(e, &job);
