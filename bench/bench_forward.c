@@ -143,8 +143,7 @@ int main(int argc, char **argv)
             for (uint32_t v = 1; v < hp.n_vocab; v++)
                 if (logits[v] > logits[best])
                     best = (int32_t)v;
-            struct kvr_seg d = {0, pos0 + (uint32_t)k, 1,
-                                KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
+            struct kvr_seg d = {0, pos0 + (uint32_t)k, 1, KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
             if (kvr_engine_forward(e, &d, 1, &best, NULL, logits, &err)) {
                 fprintf(stderr, "bench_forward: %s\n", err.msg);
                 return 1;

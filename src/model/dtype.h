@@ -87,9 +87,9 @@ struct kvr_matrix {
 /* Bytes of the packed copy of w (see struct kvr_matrix.packed), or 0 if w's type has no
  * packed layout (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K and IQ4_XS have one) or the size overflows.
  * Exactly the size of the weights (Q8_0: 272 bytes per 8 rows x 32 columns, Q4_0: 144; the
- * K-quants their blocks' bytes), the last tile padded to 8 rows, rounded up to 64 bytes. The fast kernels use it for
- * every row count, so the mapped weights are not read once packed (the engine gives those
- * pages back, see kvr_gguf_release). */
+ * K-quants their blocks' bytes), the last tile padded to 8 rows, rounded up to 64 bytes. The fast
+ * kernels use it for every row count, so the mapped weights are not read once packed (the engine
+ * gives those pages back, see kvr_gguf_release). */
 size_t kvr_matrix_pack_bytes(const struct kvr_matrix *w);
 /* Write the packed copy of w into dst (kvr_matrix_pack_bytes(w) bytes, 32-byte aligned),
  * then point w->packed at it to use it. Pure function of w's data; thread-safe on distinct
