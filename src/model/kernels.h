@@ -144,8 +144,8 @@ static inline size_t kvr_q8_0_ext_offset(int64_t n_blocks)
 /* Packed weights (struct kvr_matrix.packed) for the GEMM path of Q8_0 and Q4_0: the layout
  * the AVX2 GEMM used to build in an L1 buffer on every call, built once instead. Output rows
  * go in tiles of KVR_PACK_ROWS (the last tile repeats the matrix's last row); tile t holds
- * rows 8t..8t+7 and starts at byte t * n_blocks * unit. Within a tile, block b (32 columns)
- * is one `unit` at byte b * unit:
+ * rows 8t..8t+7. Within a tile, block b (32 columns) is one `unit`, at the byte
+ * kvr_pack_unit_at (below) gives:
  *
  *   offset  size       field
  *   0       16         d     8 x fp16: lane i = row i's block scale, as in the file
@@ -162,9 +162,19 @@ static inline size_t kvr_q8_0_ext_offset(int64_t n_blocks)
 #define KVR_PACK_UNIT_Q8_0 272
 #define KVR_PACK_UNIT_Q4_0 144
 
+/* Both layouts store tiles in pairs: the units of tiles 2p and 2p + 1 alternate (unit b of
+ * tile 2p, then unit b of tile 2p + 1, for every b), so a kernel computing both tiles of a
+ * pair at once (the AVX-512 ones, 16 rows per vector) reads one ascending stream. The tile
+ * count is rounded up to even (the padding rows repeat the matrix's last row). Tile t's
+ * unit b of n_b units per row starts at byte: */
+static inline size_t kvr_pack_unit_at(int64_t t, int64_t b, int64_t n_b, size_t unit)
+{
+    return ((size_t)(t / 2) * 2 * (size_t)n_b + 2 * (size_t)b + (size_t)(t % 2)) * unit;
+}
+
 /* Packed K-quants (Q4_K, Q5_K, Q6_K, IQ4_XS), read by their GEMV and GEMM alike: the same
  * tiles of KVR_PACK_ROWS rows, and within a tile super-block s is one unit of exactly 8 x
- * the block's bytes at byte s * unit (so the copy is as large as the weights). A unit holds
+ * the block's bytes at kvr_pack_unit_at (so the copy is as large as the weights). A unit holds
  * the block's fields in the block's order, each interleaved across the 8 rows: a 2-byte
  * field as 8 consecutive u16 (row i at 2i), a field of 4n bytes as n vectors of 8 dwords
  * (vector g, dword i = bytes 4g..4g+3 of row i's field). So one dword lane is one output

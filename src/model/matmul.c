@@ -316,7 +316,7 @@ size_t kvr_matrix_pack_bytes(const struct kvr_matrix *w)
     const struct kvr_dtype_traits *t = kvr_dtype_traits(w->type);
     if (!unit || w->n_in <= 0 || w->n_out <= 0 || w->n_in % t->block_elems != 0)
         return 0;
-    int64_t n_tiles = (w->n_out + KVR_PACK_ROWS - 1) / KVR_PACK_ROWS;
+    int64_t n_tiles = (w->n_out + 2 * KVR_PACK_ROWS - 1) / (2 * KVR_PACK_ROWS) * 2; /* pairs */
     if (!kvr_mul_size((size_t)n_tiles, (size_t)(w->n_in / t->block_elems), &bytes) ||
         !kvr_mul_size(bytes, unit, &bytes) || !kvr_add_size(bytes, 63, &bytes))
         return 0;
@@ -373,21 +373,24 @@ void kvr_matrix_pack(const struct kvr_matrix *w, void *dst)
         abort(); /* callers check kvr_matrix_pack_bytes first */
     int is_q = w->type == KVR_DTYPE_Q8_0 || w->type == KVR_DTYPE_Q4_0;
     int64_t nb = w->n_in / kvr_dtype_traits(w->type)->block_elems;
+    int64_t n_tiles = (w->n_out + 2 * KVR_PACK_ROWS - 1) / (2 * KVR_PACK_ROWS) * 2;
     uint8_t *out = dst;
-    for (int64_t o0 = 0; o0 < w->n_out; o0 += KVR_PACK_ROWS) {
+    for (int64_t t = 0; t < n_tiles; t++) {
         const uint8_t *rows[KVR_PACK_ROWS];
         for (int i = 0; i < KVR_PACK_ROWS; i++) {
-            int64_t o = o0 + i < w->n_out ? o0 + i : w->n_out - 1;
+            int64_t o = t * KVR_PACK_ROWS + i < w->n_out ? t * KVR_PACK_ROWS + i : w->n_out - 1;
             rows[i] = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
         }
-        for (int64_t b = 0; b < nb; b++, out += unit) {
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *u = out + kvr_pack_unit_at(t, b, nb, unit);
             if (is_q)
-                pack_unit_q(w, rows, b, out);
+                pack_unit_q(w, rows, b, u);
             else
-                pack_unit_k(w, rows, b, out);
+                pack_unit_k(w, rows, b, u);
         }
     }
-    memset(out, 0, (size_t)((uint8_t *)dst + kvr_matrix_pack_bytes(w) - out));
+    size_t used = (size_t)n_tiles * (size_t)nb * unit;
+    memset(out + used, 0, kvr_matrix_pack_bytes(w) - used);
 }
 
 void kvr_matrix_get_row(const struct kvr_matrix *w, int64_t row, float *dst)

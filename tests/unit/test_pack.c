@@ -52,6 +52,10 @@ static void test_pack_bytes(void **state)
     w.row_bytes = 54;
     assert_int_equal(kvr_matrix_pack_bytes(&w), 896);
     w.n_in = 64;
+    w.row_bytes = 36;
+    w.n_out = 17; /* 3 tiles, stored as 2 pairs: 4 x 2 x 144 */
+    assert_int_equal(kvr_matrix_pack_bytes(&w), 1152);
+    w.n_out = 9;
     w.type = KVR_DTYPE_F32;
     assert_int_equal(kvr_matrix_pack_bytes(&w), 0);
     w.type = KVR_DTYPE_Q4_K;
@@ -91,7 +95,7 @@ static void test_pack_layout_k(void **state)
         kvr_matrix_pack(&w, p);
         for (int tile = 0; tile < 2; tile++)
             for (int sb = 0; sb < NSB; sb++) {
-                const uint8_t *u = p + (size_t)(tile * NSB + sb) * 8 * bb;
+                const uint8_t *u = p + kvr_pack_unit_at(tile, sb, NSB, 8 * bb);
                 size_t at = 0;
                 for (int f = 0; f < types[t].n_fields; f++) {
                     int sz = types[t].size[f], step = sz == 2 ? 2 : 4;
@@ -132,7 +136,7 @@ static void test_pack_layout_q8_0(void **state)
     assert_non_null(p);
     kvr_matrix_pack(&w, p);
     for (int t = 0; t < 2; t++) {
-        const uint8_t *u = p + t * 272;
+        const uint8_t *u = p + kvr_pack_unit_at(t, 0, 1, 272);
         for (int i = 0; i < 8; i++) {
             int o = 8 * t + i < N_OUT ? 8 * t + i : N_OUT - 1; /* last row repeated */
             uint16_t d;
