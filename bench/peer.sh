@@ -15,8 +15,8 @@
 # moments, since the engine's packed copy asks for huge pages and the peer's mapped file
 # has 4 KiB ones). The bound is taken per pair because a shared machine's bandwidth moves by
 # a factor of two within minutes: one reading per run made the fractions of later pairs
-# meaningless, and one reading per pair could catch a dip (a fraction over 100 %). The summary adds the
-# median fraction of the quiet pairs.
+# meaningless, and one reading per pair could catch a dip (a fraction over 100 %). The
+# summary adds the median fraction of the quiet pairs.
 #
 # Each pair records the 1-minute load average before and after it, and what the rest of
 # the machine used while it ran: the CPU time /proc/stat counts as busy (user, nice,
@@ -41,7 +41,7 @@ while [ $# -gt 0 ]; do
     --threads) threads_list=$2; shift 2 ;;
     --pairs) pairs=$2; shift 2 ;;
     --busy) busy=$2; shift 2 ;;
-    -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) break ;;
     esac
 done

@@ -310,13 +310,19 @@ static size_t pack_unit(enum kvr_dtype type)
     }
 }
 
+/* Tiles of a packed copy: whole pairs (kernels.h), the padding rows repeating the last. */
+static int64_t pack_tiles(int64_t n_out)
+{
+    return (n_out + 2 * KVR_PACK_ROWS - 1) / (2 * KVR_PACK_ROWS) * 2;
+}
+
 size_t kvr_matrix_pack_bytes(const struct kvr_matrix *w)
 {
     size_t unit = pack_unit(w->type), bytes = 0;
     const struct kvr_dtype_traits *t = kvr_dtype_traits(w->type);
     if (!unit || w->n_in <= 0 || w->n_out <= 0 || w->n_in % t->block_elems != 0)
         return 0;
-    int64_t n_tiles = (w->n_out + 2 * KVR_PACK_ROWS - 1) / (2 * KVR_PACK_ROWS) * 2; /* pairs */
+    int64_t n_tiles = pack_tiles(w->n_out);
     if (!kvr_mul_size((size_t)n_tiles, (size_t)(w->n_in / t->block_elems), &bytes) ||
         !kvr_mul_size(bytes, unit, &bytes) || !kvr_add_size(bytes, 63, &bytes))
         return 0;
@@ -373,7 +379,7 @@ void kvr_matrix_pack(const struct kvr_matrix *w, void *dst)
         abort(); /* callers check kvr_matrix_pack_bytes first */
     int is_q = w->type == KVR_DTYPE_Q8_0 || w->type == KVR_DTYPE_Q4_0;
     int64_t nb = w->n_in / kvr_dtype_traits(w->type)->block_elems;
-    int64_t n_tiles = (w->n_out + 2 * KVR_PACK_ROWS - 1) / (2 * KVR_PACK_ROWS) * 2;
+    int64_t n_tiles = pack_tiles(w->n_out);
     uint8_t *out = dst;
     for (int64_t t = 0; t < n_tiles; t++) {
         const uint8_t *rows[KVR_PACK_ROWS];
