@@ -114,7 +114,8 @@ int main(int argc, char **argv)
     float *logits = kvr_malloc((size_t)hp.n_vocab * sizeof(float));
     double *prefill = kvr_calloc((size_t)reps, sizeof(double));
     double *decode = kvr_calloc((size_t)reps, sizeof(double));
-    if (!tokens || !logits || !prefill || !decode)
+    double *step_ms = kvr_calloc((size_t)(reps * n_decode), sizeof(double)); /* every token */
+    if (!tokens || !logits || !prefill || !decode || !step_ms)
         return 1;
     double bpt = bytes_per_token(g);
     printf("model %s: %u layers, dim %u, vocab %u, %.1f MB read per decoded token, %s "
@@ -144,10 +145,13 @@ int main(int argc, char **argv)
                 if (logits[v] > logits[best])
                     best = (int32_t)v;
             struct kvr_seg d = {0, pos0 + (uint32_t)k, 1, KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
+            uint64_t ts = kvr_now_ns();
             if (kvr_engine_forward(e, &d, 1, &best, NULL, logits, &err)) {
                 fprintf(stderr, "bench_forward: %s\n", err.msg);
                 return 1;
             }
+            if (r >= 0)
+                step_ms[r * n_decode + k] = (double)(kvr_now_ns() - ts) / 1e6;
         }
         uint64_t t2 = kvr_now_ns();
         kvr_engine_seq_free(e, 0);
@@ -165,6 +169,12 @@ int main(int argc, char **argv)
     double mp = median(prefill, (int)reps), md = median(decode, (int)reps);
     printf("median: prefill %.1f tokens/s, decode %.2f tokens/s (%.1f GB/s of weights)\n", mp, md,
            md * bpt / 1e9);
+    /* Per token, over every repeat: on a machine whose speed moves from second to second,
+     * the 10th percentile is the steadiest figure for comparing two builds. */
+    size_t n_steps = (size_t)(reps * n_decode);
+    qsort(step_ms, n_steps, sizeof *step_ms, cmp_double);
+    printf("decode per token: p10 %.3f ms, p50 %.3f ms, p90 %.3f ms (%zu tokens)\n",
+           step_ms[n_steps / 10], step_ms[n_steps / 2], step_ms[n_steps * 9 / 10], n_steps);
     if (bandwidth > 0)
         printf("bandwidth bound %.2f tokens/s at %.1f GB/s: decode reaches %.0f%%\n",
                bandwidth * 1e9 / bpt, bandwidth, 100.0 * md * bpt / (bandwidth * 1e9));
