@@ -31,7 +31,7 @@ static atomic_bool g_force_reference;
 
 static const struct kvr_kernel_set kernels_reference = {.name = "reference", .o_tile = 1};
 
-_Atomic size_t kvr_prefetch_kquant = 24 * 1024, kvr_prefetch_q0 = 0;
+_Atomic size_t kvr_prefetch_kquant = 24 * 1024, kvr_prefetch_q4_0 = 0, kvr_prefetch_q8_0 = 0;
 
 /* F16C is read from CPUID directly: clang 14's __builtin_cpu_supports does not know it. The
  * builtin's "avx2" check already covers the OS saving ymm state (XGETBV). */
@@ -124,15 +124,20 @@ static bool cpu_is_amd(void)
 #endif
 }
 
-/* The packed-copy kernels' prefetch distances (kernels.h): KVR_PREFETCH for both if it is
- * set, else what was measured best on the CPU's vendor (bench/README.md): on Intel 24 KiB
- * for the K-quants and none for Q4_0 / Q8_0, on AMD Zen 4 8 KiB for both. An error if
- * KVR_PREFETCH is not a byte count up to 1 MiB, with the vendor's distances in the outputs. */
-static int prefetch_distances(size_t *kquant, size_t *q0, struct kvr_err *err)
+/* The packed-copy kernels' prefetch distances (kernels.h). */
+struct prefetch {
+    size_t kquant, q4_0, q8_0;
+};
+
+/* KVR_PREFETCH for all three if it is set, else what was measured best on the CPU's vendor
+ * (bench/README.md): on Intel 24 KiB for the K-quants and none for Q4_0 / Q8_0; on AMD Zen 4
+ * 8 KiB for the K-quants and Q4_0, none for Q8_0 (TinyLlama Q8_0 decode 27 % faster at one
+ * thread without it, 2-37 % at two, 8 of 8 rounds). An error if KVR_PREFETCH is not a byte
+ * count up to 1 MiB, with the vendor's distances in *pf. */
+static int prefetch_distances(struct prefetch *pf, struct kvr_err *err)
 {
     bool amd = cpu_is_amd();
-    *kquant = amd ? 8 * 1024 : 24 * 1024;
-    *q0 = amd ? 8 * 1024 : 0;
+    *pf = (struct prefetch){.kquant = amd ? 8 * 1024 : 24 * 1024, .q4_0 = amd ? 8 * 1024 : 0};
     const char *env = getenv("KVR_PREFETCH");
     if (!env || !*env)
         return KVR_OK;
@@ -141,24 +146,25 @@ static int prefetch_distances(size_t *kquant, size_t *q0, struct kvr_err *err)
     if (*end || env[0] == '-' || v > 1024 * 1024)
         return kvr_err_set(err, KVR_EINVAL,
                            "KVR_PREFETCH=%s: not a prefetch distance in bytes (0 to 1048576)", env);
-    *kquant = *q0 = (size_t)v;
+    pf->kquant = pf->q4_0 = pf->q8_0 = (size_t)v;
     return KVR_OK;
 }
 
-static void set_prefetch(size_t kquant, size_t q0)
+static void set_prefetch(const struct prefetch *pf)
 {
-    atomic_store_explicit(&kvr_prefetch_kquant, kquant, memory_order_relaxed);
-    atomic_store_explicit(&kvr_prefetch_q0, q0, memory_order_relaxed);
+    atomic_store_explicit(&kvr_prefetch_kquant, pf->kquant, memory_order_relaxed);
+    atomic_store_explicit(&kvr_prefetch_q4_0, pf->q4_0, memory_order_relaxed);
+    atomic_store_explicit(&kvr_prefetch_q8_0, pf->q8_0, memory_order_relaxed);
 }
 
 int kvr_kernels_setup(struct kvr_err *err)
 {
     const struct kvr_kernel_set *k;
-    size_t kquant, q0;
+    struct prefetch pf;
     int rc = requested(&k, err);
-    if (rc || (rc = prefetch_distances(&kquant, &q0, err)))
+    if (rc || (rc = prefetch_distances(&pf, err)))
         return rc;
-    set_prefetch(kquant, q0);
+    set_prefetch(&pf);
     atomic_store_explicit(&g_best, k, memory_order_relaxed);
     return KVR_OK;
 }
@@ -168,9 +174,9 @@ const char *kvr_kernels_init(void)
     if (!atomic_load_explicit(&g_best, memory_order_relaxed)) {
         const struct kvr_kernel_set *k;
         requested(&k, NULL); /* a bad KVR_ISA leaves k at the best set; setup reports it */
-        size_t kquant, q0;   /* a bad KVR_PREFETCH leaves the vendor's distances; setup says so */
-        (void)prefetch_distances(&kquant, &q0, NULL);
-        set_prefetch(kquant, q0);
+        struct prefetch pf; /* a bad KVR_PREFETCH leaves the vendor's distances; setup says so */
+        (void)prefetch_distances(&pf, NULL);
+        set_prefetch(&pf);
         atomic_store_explicit(&g_best, k, memory_order_relaxed);
     }
     return kvr_kernels_name();
