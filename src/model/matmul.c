@@ -174,7 +174,7 @@ const char *kvr_kernels_init(void)
     if (!atomic_load_explicit(&g_best, memory_order_relaxed)) {
         const struct kvr_kernel_set *k;
         requested(&k, NULL); /* a bad KVR_ISA leaves k at the best set; setup reports it */
-        struct prefetch pf; /* a bad KVR_PREFETCH leaves the vendor's distances; setup says so */
+        struct prefetch pf;  /* a bad KVR_PREFETCH leaves the vendor's distances; setup says so */
         (void)prefetch_distances(&pf, NULL);
         set_prefetch(&pf);
         atomic_store_explicit(&g_best, k, memory_order_relaxed);
