@@ -30,22 +30,25 @@
 #
 # The peer is $KVR_PEER (default ../shared/peers/llama.cpp beside the source tree). If its
 # library symlinks were flattened into small text files by a copy, a repaired copy is made
-# under ${TMPDIR:-/tmp}/kvr-peer-kit and used instead.
+# under ${TMPDIR:-/tmp}/kvr-peer-kit and used instead. --peer-cpu NAME (e.g. haswell, the
+# peer's AVX2 build) runs the peer from a copy holding only libggml-cpu-NAME.so of its CPU
+# backends, to compare like with like beside KVR_ISA=avx2.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 BUILD=${KVR_BUILD:-$here/../build}
 PEER=${KVR_PEER:-$here/../../shared/peers/llama.cpp}
-threads_list=2 pairs=3 busy=0.25
+threads_list=2 pairs=3 busy=0.25 peer_cpu=
 while [ $# -gt 0 ]; do
     case $1 in
     --threads) threads_list=$2; shift 2 ;;
     --pairs) pairs=$2; shift 2 ;;
     --busy) busy=$2; shift 2 ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    --peer-cpu) peer_cpu=$2; shift 2 ;;
+    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
     *) break ;;
     esac
 done
-[ $# -gt 0 ] || { echo "usage: bench/peer.sh [--threads 2,1] [--pairs N] [--busy LOAD] MODEL.gguf..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/peer.sh [--threads 2,1] [--pairs N] [--busy LOAD] [--peer-cpu NAME] MODEL.gguf..." >&2; exit 2; }
 [ "$pairs" -ge 1 ] || { echo "peer.sh: --pairs must be >= 1" >&2; exit 2; }
 for tool in bench_forward bench_bandwidth; do
     [ -x "$BUILD/$tool" ] || { echo "peer.sh: $BUILD/$tool not built" >&2; exit 2; }
@@ -68,6 +71,24 @@ if [ -f "$PEER/lib/libllama.so.0" ] && [ "$(stat -c %s "$PEER/lib/libllama.so.0"
     PEER=$kit
 fi
 
+# Only one of the peer's CPU backends: ggml loads the best one the CPU can run, so the
+# others are left out of a copy.
+if [ -n "$peer_cpu" ]; then
+    case $peer_cpu in *[!a-z0-9_]*) echo "peer.sh: --peer-cpu $peer_cpu: not a backend name" >&2; exit 2 ;; esac
+    [ -e "$PEER/bin/libggml-cpu-$peer_cpu.so" ] || [ -e "$PEER/lib/libggml-cpu-$peer_cpu.so" ] ||
+        { echo "peer.sh: no libggml-cpu-$peer_cpu.so in $PEER/bin or $PEER/lib" >&2; exit 2; }
+    one=${TMPDIR:-/tmp}/kvr-peer-kit-$peer_cpu
+    rm -rf "$one"
+    cp -a "$PEER" "$one"
+    chmod -R u+w "$one"
+    for f in "$one"/bin/libggml-cpu-*.so "$one"/lib/libggml-cpu-*.so; do
+        if [ -e "$f" ] && [ "$(basename "$f")" != "libggml-cpu-$peer_cpu.so" ]; then
+            rm -f "$f"
+        fi
+    done
+    PEER=$one
+fi
+
 load1() { cut -d' ' -f1 /proc/loadavg; }
 # busy jiffies of the whole machine (user nice system irq softirq steal)
 stat_busy() { awk '/^cpu / {print $2 + $3 + $4 + $7 + $8 + $9; exit}' /proc/stat; }
@@ -78,7 +99,7 @@ cpu_of() { awk 'NR == 2 {n = 0; for (i = 1; i <= 2; i++) {
 hz=$(getconf CLK_TCK)
 median() { sort -g | awk '{v[NR]=$1} END {if (NR == 0) print "-"; else if (NR % 2) print v[(NR+1)/2]; else print (v[NR/2]+v[NR/2+1])/2}'; }
 
-echo "kvasir: $BUILD (kernels ${KVR_ISA:-best}), peer: $PEER/bin/llama-bench"
+echo "kvasir: $BUILD (kernels ${KVR_ISA:-best}), peer: $PEER/bin/llama-bench (CPU backend ${peer_cpu:-best})"
 echo "machine: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) CPUs"
 IFS=, read -r -a tlist <<< "$threads_list"
 # The read bandwidth on $1 threads now: the higher of the 4 KiB and 2 MiB page medians.
