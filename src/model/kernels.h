@@ -164,9 +164,10 @@ static inline size_t kvr_q8_0_ext_offset(int64_t n_blocks)
 
 /* Both layouts store tiles in pairs: the units of tiles 2p and 2p + 1 alternate (unit b of
  * tile 2p, then unit b of tile 2p + 1, for every b), so a kernel computing both tiles of a
- * pair at once (the AVX-512 ones, 16 rows per vector) reads one ascending stream. The tile
- * count is rounded up to even (the padding rows repeat the matrix's last row). Tile t's
- * unit b of n_b units per row starts at byte: */
+ * pair at once (the AVX-512 ones, 16 rows per vector) reads one ascending stream (the
+ * K-quants interleave the two units of a super-block further, below). The tile count is
+ * rounded up to even (the padding rows repeat the matrix's last row). Tile t's unit b of n_b
+ * units per row starts at byte (for the K-quants: t even, the pair's chunk): */
 static inline size_t kvr_pack_unit_at(int64_t t, int64_t b, int64_t n_b, size_t unit)
 {
     return ((size_t)(t / 2) * 2 * (size_t)n_b + 2 * (size_t)b + (size_t)(t % 2)) * unit;
@@ -174,23 +175,50 @@ static inline size_t kvr_pack_unit_at(int64_t t, int64_t b, int64_t n_b, size_t 
 
 /* Packed K-quants (Q4_K, Q5_K, Q6_K, IQ4_XS), read by their GEMV and GEMM alike: the same
  * tiles of KVR_PACK_ROWS rows, and within a tile super-block s is one unit of exactly 8 x
- * the block's bytes at kvr_pack_unit_at (so the copy is as large as the weights). A unit holds
- * the block's fields in the block's order, each interleaved across the 8 rows: a 2-byte
- * field as 8 consecutive u16 (row i at 2i), a field of 4n bytes as n vectors of 8 dwords
- * (vector g, dword i = bytes 4g..4g+3 of row i's field). So one dword lane is one output
- * row everywhere, and one vpdpbusd with 4 broadcast activation bytes serves 8 rows:
+ * the block's bytes (so the copy is as large as the weights). A unit holds the block's
+ * fields, each interleaved across the 8 rows: a 2-byte field as 8 consecutive u16 (row i at
+ * 2i), a field of 4n bytes as n vectors of 8 dwords (vector g, dword i = bytes 4g..4g+3 of
+ * row i's field). So one dword lane is one output row everywhere, and one vpdpbusd with 4
+ * broadcast activation bytes serves 8 rows. Offsets in the unit:
  *
  *   type    unit   fields (offset in the unit)
  *   Q4_K    1152   d 0, dmin 16, scales 32 (3 vectors), qs 128 (32 vectors)
  *   Q5_K    1408   d 0, dmin 16, scales 32 (3), qh 128 (8), qs 384 (32)
- *   Q6_K    1680   ql 0 (32), qh 1024 (16), scales 1536 (4), d 1664
+ *   Q6_K    1680   quants 0 (48 vectors, in the order the kernels read them: for h = 0, 1
+ *                  and g = 0..7, ql vector 16h + g, ql vector 16h + 8 + g, qh vector
+ *                  8h + g; kvr_pack_q6_k_slot), scales 1536 (4), d 1664
  *   IQ4_XS  1088   d 0, scales_h 16, scales_l 32 (1), qs 64 (32)
  *
- * Units are not all multiples of 32 bytes (Q6_K's), so kernels load them unaligned. */
+ * The two units of super-block s of a tile pair (2p, 2p + 1) form one chunk of 2 x unit bytes
+ * at kvr_pack_unit_at(2p, s, ...), interleaved by 32-byte slot: bytes 32j..32j+31 of tile
+ * 2p + k's unit sit at 64j + 32k of the chunk (kvr_pack_kq_at), and a unit's last half slot
+ * (Q6_K's d) at 64j + 16k. So a 64-byte load is the same vector of both tiles (the AVX-512
+ * kernels compute 16 rows at once), and a kernel reading its unit front to back reads the
+ * chunk front to back: one ascending stream, which the hardware prefetchers follow (the
+ * Q6_K units in their block order had three streams in each of the two units, and decode
+ * read DRAM at 60-80 % of the bandwidth with a software prefetch, against 80-100 % in this
+ * order; bench/README.md). One-tile kernels read their tile's slots 64 bytes apart. */
+#define KVR_PACK_UNIT_Q4_K (8 * 144)
 #define KVR_PACK_UNIT_Q4_K (8 * 144)
 #define KVR_PACK_UNIT_Q5_K (8 * 176)
 #define KVR_PACK_UNIT_Q6_K (8 * 210)
 #define KVR_PACK_UNIT_IQ4_XS (8 * 136)
+
+/* Where byte `off` of tile 2p + k's unit (unit bytes) sits in its packed K-quant chunk. */
+static inline size_t kvr_pack_kq_at(size_t unit, int k, size_t off)
+{
+    size_t full = unit & ~(size_t)31;
+    return 2 * (off & ~(size_t)31) + (off & 31) + (size_t)k * (off < full ? 32 : 16);
+}
+
+/* The slot (32-byte vector) of a Q6_K unit that holds ql vector v (0..31) of the block's
+ * field order, or qh vector 32 + w (w 0..15): the reading order of kernels.h. */
+static inline int kvr_pack_q6_k_slot(int v)
+{
+    if (v < 32)
+        return 3 * (8 * (v / 16) + v % 8) + (v % 16) / 8;
+    return 3 * (v - 32) + 2;
+}
 
 /* Unpack the 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block. */
 static inline void kvr_q4_k_scale_min(const uint8_t *scales, int j, int *sc, int *mn)

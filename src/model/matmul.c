@@ -355,8 +355,8 @@ static void pack_unit_q(const struct kvr_matrix *w, const uint8_t *const rows[KV
     }
 }
 
-/* The K-quant unit (kernels.h): every field of the block, in order, interleaved by row. */
-static void pack_unit_k(const struct kvr_matrix *w, const uint8_t *const rows[KVR_PACK_ROWS],
+/* A K-quant unit in the block's field order, each field interleaved by row. */
+static void fill_unit_k(const struct kvr_matrix *w, const uint8_t *const rows[KVR_PACK_ROWS],
                         int64_t b, uint8_t *out)
 {
     static const uint8_t q4_k[] = {2, 2, 12, 128}, q5_k[] = {2, 2, 12, 32, 128},
@@ -377,6 +377,24 @@ static void pack_unit_k(const struct kvr_matrix *w, const uint8_t *const rows[KV
     }
 }
 
+/* The K-quant unit (kernels.h) of tile 2p + k into its pair's chunk: every field of the
+ * block, in order, interleaved by row (into `lu`), then each 32-byte slot to its place in the
+ * chunk (Q6_K's quant slots in reading order first). */
+static void pack_unit_k(const struct kvr_matrix *w, const uint8_t *const rows[KVR_PACK_ROWS],
+                        int64_t b, int k, uint8_t *chunk)
+{
+    uint8_t lu[KVR_PACK_UNIT_Q6_K]; /* the largest unit */
+    size_t unit = pack_unit(w->type);
+    fill_unit_k(w, rows, b, lu);
+    for (size_t off = 0; off < unit; off += 32) {
+        size_t to = off;
+        if (w->type == KVR_DTYPE_Q6_K && off < 48 * 32)
+            to = 32 * (size_t)kvr_pack_q6_k_slot((int)(off / 32));
+        size_t n = unit - off < 32 ? unit - off : 32;
+        memcpy(chunk + kvr_pack_kq_at(unit, k, to), lu + off, n);
+    }
+}
+
 /* Plain C: packing runs once per matrix, and the layout (kernels.h) is kernel-independent. */
 void kvr_matrix_pack(const struct kvr_matrix *w, void *dst)
 {
@@ -394,11 +412,11 @@ void kvr_matrix_pack(const struct kvr_matrix *w, void *dst)
             rows[i] = (const uint8_t *)w->data + (size_t)o * w->row_bytes;
         }
         for (int64_t b = 0; b < nb; b++) {
-            uint8_t *u = out + kvr_pack_unit_at(t, b, nb, unit);
             if (is_q)
-                pack_unit_q(w, rows, b, u);
+                pack_unit_q(w, rows, b, out + kvr_pack_unit_at(t, b, nb, unit));
             else
-                pack_unit_k(w, rows, b, u);
+                pack_unit_k(w, rows, b, (int)(t % 2),
+                            out + kvr_pack_unit_at(t - t % 2, b, nb, unit));
         }
     }
     size_t used = (size_t)n_tiles * (size_t)nb * unit;
