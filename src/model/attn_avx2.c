@@ -27,8 +27,9 @@ static float dot_avx2(const float *a, const float *b, uint32_t n)
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     float sum = _mm_cvtss_f32(s);
-    for (; i < n; i++)
-        sum += a[i] * b[i];
+    for (; i < n; i++) /* fused as written: a compiler left to contract may vectorise this
+                        * loop as products then in-order sums, and give other bits */
+        sum = fmaf(a[i], b[i], sum);
     return sum;
 }
 
@@ -40,7 +41,7 @@ static void axpy_avx2(float *y, float a, const float *x, uint32_t n)
         _mm256_storeu_ps(y + i,
                          _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++)
-        y[i] += a * x[i];
+        y[i] = fmaf(a, x[i], y[i]);
 }
 
 /* Lane sums of two accumulators: [a.lo + a.hi | b.lo + b.hi], the first step of the tree. */
@@ -108,7 +109,7 @@ static float dot_f16_avx2(const float *a, const uint16_t *b, uint32_t n)
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     float sum = _mm_cvtss_f32(s);
     for (; i < n; i++)
-        sum += a[i] * kvr_f16_to_f32(b[i]);
+        sum = fmaf(a[i], kvr_f16_to_f32(b[i]), sum);
     return sum;
 }
 
