@@ -199,7 +199,6 @@ static inline size_t kvr_pack_unit_at(int64_t t, int64_t b, int64_t n_b, size_t 
  * read DRAM at 60-80 % of the bandwidth with a software prefetch, against 80-100 % in this
  * order; bench/README.md). One-tile kernels read their tile's slots 64 bytes apart. */
 #define KVR_PACK_UNIT_Q4_K (8 * 144)
-#define KVR_PACK_UNIT_Q4_K (8 * 144)
 #define KVR_PACK_UNIT_Q5_K (8 * 176)
 #define KVR_PACK_UNIT_Q6_K (8 * 210)
 #define KVR_PACK_UNIT_IQ4_XS (8 * 136)
