@@ -197,7 +197,8 @@ static inline size_t kvr_pack_unit_at(int64_t t, int64_t b, int64_t n_b, size_t 
  * chunk front to back: one ascending stream, which the hardware prefetchers follow (the
  * Q6_K units in their block order had three streams in each of the two units, and its
  * decode kernel read DRAM at 59-89 % of the bandwidth with a software prefetch, against
- * 73-110 % in this order; bench/README.md). One-tile kernels read their tile's slots 64 bytes apart. */
+ * 73-110 % in this order; bench/README.md). One-tile kernels read their tile's slots 64 bytes
+ * apart. */
 #define KVR_PACK_UNIT_Q4_K (8 * 144)
 #define KVR_PACK_UNIT_Q5_K (8 * 176)
 #define KVR_PACK_UNIT_Q6_K (8 * 210)
