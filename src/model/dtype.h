@@ -106,8 +106,10 @@ bool kvr_matrix_packed_only(const struct kvr_matrix *w);
  * cannot run is ignored here: callers that can report errors use kvr_kernels_setup. */
 const char *kvr_kernels_init(void);
 /* Choose the kernel set as kvr_kernels_init does, but fail with KVR_EINVAL (unknown name)
- * or KVR_ENOTSUP (a set this CPU or OS cannot run) and a message if KVR_ISA asks for one. */
-int kvr_kernels_setup(struct kvr_err *err);
+ * or KVR_ENOTSUP (a set this CPU or OS cannot run) and a message if KVR_ISA asks for one.
+ * The packed kernels' prefetch distances are chosen for n_threads compute threads (0: not
+ * known), unless KVR_PREFETCH sets them (KVR_EINVAL if it is not a byte count up to 1 MiB). */
+int kvr_kernels_setup(int n_threads, struct kvr_err *err);
 /* True if the active kernel set needs (so the CPU has) AVX2, FMA and F16C. */
 bool kvr_kernels_avx2_ok(void);
 /* Tests: use the scalar reference kernels (true) or the best ones (false). Every kernel set

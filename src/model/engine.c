@@ -468,7 +468,7 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
         rc = kvr_err_set(err, KVR_ENOMEM, "engine: cannot allocate scratch for %u rows", R);
         goto fail;
     }
-    if ((rc = kvr_kernels_setup(err)))
+    if ((rc = kvr_kernels_setup((int)cfg->n_threads, err)))
         goto fail;
     e->attn = kvr_kernels_avx2_ok() ? kvr_attn_ops_avx2 : kvr_attn_ops_plain;
     if (!(e->pool = kvr_pool_create((int)cfg->n_threads))) {

@@ -130,14 +130,18 @@ struct prefetch {
 };
 
 /* KVR_PREFETCH for all three if it is set, else what was measured best on the CPU's vendor
- * (bench/README.md): on Intel 24 KiB for the K-quants and none for Q4_0 / Q8_0; on AMD Zen 4
- * 8 KiB for the K-quants and Q4_0, none for Q8_0 (TinyLlama Q8_0 decode 27 % faster at one
- * thread without it, 2-37 % at two, 8 of 8 rounds). An error if KVR_PREFETCH is not a byte
+ * for n_threads compute threads (0: not known; bench/README.md): on Intel 24 KiB for the
+ * K-quants and none for Q4_0 / Q8_0; on AMD Zen 4 8 KiB for Q4_0, none for Q8_0 (TinyLlama
+ * Q8_0 decode 27 % faster at one thread without it, 2-37 % at two, 8 of 8 rounds), and for
+ * the K-quants, whose chunks are read front to back, none at one thread (Q6_K, Q4_K_M and
+ * IQ4_XS decode 4-14 % faster, 10 of 10 rounds) and 8 KiB at more (Q4_K_M faster with it in
+ * 7 of 8 rounds at two threads, Q6_K either way). An error if KVR_PREFETCH is not a byte
  * count up to 1 MiB, with the vendor's distances in *pf. */
-static int prefetch_distances(struct prefetch *pf, struct kvr_err *err)
+static int prefetch_distances(struct prefetch *pf, int n_threads, struct kvr_err *err)
 {
     bool amd = cpu_is_amd();
-    *pf = (struct prefetch){.kquant = amd ? 8 * 1024 : 24 * 1024, .q4_0 = amd ? 8 * 1024 : 0};
+    size_t kq_amd = n_threads == 1 ? 0 : 8 * 1024;
+    *pf = (struct prefetch){.kquant = amd ? kq_amd : 24 * 1024, .q4_0 = amd ? 8 * 1024 : 0};
     const char *env = getenv("KVR_PREFETCH");
     if (!env || !*env)
         return KVR_OK;
@@ -157,12 +161,12 @@ static void set_prefetch(const struct prefetch *pf)
     atomic_store_explicit(&kvr_prefetch_q8_0, pf->q8_0, memory_order_relaxed);
 }
 
-int kvr_kernels_setup(struct kvr_err *err)
+int kvr_kernels_setup(int n_threads, struct kvr_err *err)
 {
     const struct kvr_kernel_set *k;
     struct prefetch pf;
     int rc = requested(&k, err);
-    if (rc || (rc = prefetch_distances(&pf, err)))
+    if (rc || (rc = prefetch_distances(&pf, n_threads, err)))
         return rc;
     set_prefetch(&pf);
     atomic_store_explicit(&g_best, k, memory_order_relaxed);
@@ -175,7 +179,7 @@ const char *kvr_kernels_init(void)
         const struct kvr_kernel_set *k;
         requested(&k, NULL); /* a bad KVR_ISA leaves k at the best set; setup reports it */
         struct prefetch pf;  /* a bad KVR_PREFETCH leaves the vendor's distances; setup says so */
-        (void)prefetch_distances(&pf, NULL);
+        (void)prefetch_distances(&pf, 0, NULL);
         set_prefetch(&pf);
         atomic_store_explicit(&g_best, k, memory_order_relaxed);
     }

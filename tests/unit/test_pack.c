@@ -278,7 +278,7 @@ static void test_packed_k_quants(void **state)
 
 /* The prefetch distance is only a speed: every distance (none, one line, the two chosen by
  * CPU vendor) gives the reference's bits; KVR_PREFETCH that is not a byte count up to
- * 1 MiB is refused. */
+ * 1 MiB is refused, and one that is overrides the per-thread-count defaults. */
 static void test_prefetch_distances(void **state)
 {
     (void)state;
@@ -287,12 +287,12 @@ static void test_prefetch_distances(void **state)
     struct kvr_err err;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         setenv("KVR_PREFETCH", bad[i], 1);
-        assert_int_equal(kvr_kernels_setup(&err), KVR_EINVAL);
+        assert_int_equal(kvr_kernels_setup(2, &err), KVR_EINVAL);
         assert_non_null(strstr(err.msg, "KVR_PREFETCH"));
     }
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         setenv("KVR_PREFETCH", good[i], 1);
-        assert_int_equal(kvr_kernels_setup(&err), KVR_OK);
+        assert_int_equal(kvr_kernels_setup(2, &err), KVR_OK);
         assert_int_equal(atomic_load(&kvr_prefetch_kquant), strtoul(good[i], NULL, 10));
         assert_int_equal(atomic_load(&kvr_prefetch_q4_0), strtoul(good[i], NULL, 10));
         assert_int_equal(atomic_load(&kvr_prefetch_q8_0), strtoul(good[i], NULL, 10));
@@ -302,7 +302,18 @@ static void test_prefetch_distances(void **state)
         check_packed_equals_reference(KVR_DTYPE_Q6_K);
     }
     unsetenv("KVR_PREFETCH");
-    assert_int_equal(kvr_kernels_setup(&err), KVR_OK);
+    /* the vendor's distances: one compute thread never prefetches the K-quants further
+     * than several do, and KVR_PREFETCH, when set, wins whatever the thread count */
+    assert_int_equal(kvr_kernels_setup(1, &err), KVR_OK);
+    size_t one = atomic_load(&kvr_prefetch_kquant);
+    check_packed_equals_reference(KVR_DTYPE_Q6_K);
+    assert_int_equal(kvr_kernels_setup(2, &err), KVR_OK);
+    assert_true(one <= atomic_load(&kvr_prefetch_kquant));
+    setenv("KVR_PREFETCH", "4096", 1);
+    assert_int_equal(kvr_kernels_setup(1, &err), KVR_OK);
+    assert_int_equal(atomic_load(&kvr_prefetch_kquant), 4096);
+    unsetenv("KVR_PREFETCH");
+    assert_int_equal(kvr_kernels_setup(2, &err), KVR_OK);
 }
 
 int main(void)
