@@ -342,9 +342,15 @@ int main(int argc, char **argv)
         g_dispatch > 64)
         goto usage;
 
-    const char *kernels = kvr_kernels_init();
+    /* as the engine chooses them: the kernel set, and the prefetch distances for this many
+     * compute threads */
+    struct kvr_err err;
+    if (kvr_kernels_setup((int)n_threads, &err)) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 2;
+    }
     kvr_kernels_force_reference(reference);
-    kernels = kvr_kernels_name();
+    const char *kernels = kvr_kernels_name();
     struct kvr_pool *pool = kvr_pool_create((int)n_threads);
     size_t gemv_bytes = (size_t)gemv_mib << 20;
     uint8_t *bwbuf = wmalloc(gemv_bytes);

@@ -204,11 +204,18 @@ static inline size_t kvr_pack_unit_at(int64_t t, int64_t b, int64_t n_b, size_t 
 #define KVR_PACK_UNIT_Q6_K (8 * 210)
 #define KVR_PACK_UNIT_IQ4_XS (8 * 136)
 
+/* Where byte `off` of tile 2p's unit sits in its packed K-quant chunk; tile 2p + 1's is 32
+ * bytes on in a whole slot, 16 in the last half slot (kvr_pack_kq_at). */
+static inline size_t kvr_pack_kq_slot(size_t off)
+{
+    return 2 * (off & ~(size_t)31) + (off & 31);
+}
+
 /* Where byte `off` of tile 2p + k's unit (unit bytes) sits in its packed K-quant chunk. */
 static inline size_t kvr_pack_kq_at(size_t unit, int k, size_t off)
 {
     size_t full = unit & ~(size_t)31;
-    return 2 * (off & ~(size_t)31) + (off & 31) + (size_t)k * (off < full ? 32 : 16);
+    return kvr_pack_kq_slot(off) + (size_t)k * (off < full ? 32 : 16);
 }
 
 /* The slot (32-byte vector) of a Q6_K unit that holds ql vector v (0..31) of the block's

@@ -387,7 +387,11 @@ static void fill_unit_k(const struct kvr_matrix *w, const uint8_t *const rows[KV
 static void pack_unit_k(const struct kvr_matrix *w, const uint8_t *const rows[KVR_PACK_ROWS],
                         int64_t b, int k, uint8_t *chunk)
 {
-    uint8_t lu[KVR_PACK_UNIT_Q6_K]; /* the largest unit */
+    _Static_assert(KVR_PACK_UNIT_Q6_K >= KVR_PACK_UNIT_Q5_K &&
+                       KVR_PACK_UNIT_Q6_K >= KVR_PACK_UNIT_Q4_K &&
+                       KVR_PACK_UNIT_Q6_K >= KVR_PACK_UNIT_IQ4_XS,
+                   "lu holds the largest K-quant unit");
+    uint8_t lu[KVR_PACK_UNIT_Q6_K];
     size_t unit = pack_unit(w->type);
     fill_unit_k(w, rows, b, lu);
     for (size_t off = 0; off < unit; off += 32) {
