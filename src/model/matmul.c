@@ -131,8 +131,10 @@ struct prefetch {
 
 /* KVR_PREFETCH for all three if it is set, else what was measured best on the CPU's vendor
  * for n_threads compute threads (0: not known; bench/README.md): on Intel 24 KiB for the
- * K-quants and none for Q4_0 / Q8_0; on AMD Zen 4 8 KiB for Q4_0, none for Q8_0 (TinyLlama
- * Q8_0 decode 27 % faster at one thread without it, 2-37 % at two, 8 of 8 rounds), and for
+ * K-quants and none for Q4_0 / Q8_0; on AMD Zen 4 none for Q8_0 (TinyLlama Q8_0 decode 27 %
+ * faster at one thread without it, 2-37 % at two, 8 of 8 rounds) and none for Q4_0 (since
+ * b59201f's kernel: decode 20-22 % faster at one thread, 4 of 4 rounds, and faster at two in
+ * 13 of 18; the twelfth session had found 8 KiB 10 % faster at two), and for
  * the K-quants, whose chunks are read front to back, none at one thread (Q6_K, Q4_K_M and
  * IQ4_XS decode 4-14 % faster, 10 of 10 rounds) and 8 KiB at more (Q4_K_M faster with it in
  * 7 of 8 rounds at two threads, Q6_K either way). An error if KVR_PREFETCH is not a byte
@@ -141,7 +143,7 @@ static int prefetch_distances(struct prefetch *pf, int n_threads, struct kvr_err
 {
     bool amd = cpu_is_amd();
     size_t kq_amd = n_threads == 1 ? 0 : 8 * 1024;
-    *pf = (struct prefetch){.kquant = amd ? kq_amd : 24 * 1024, .q4_0 = amd ? 8 * 1024 : 0};
+    *pf = (struct prefetch){.kquant = amd ? kq_amd : 24 * 1024};
     const char *env = getenv("KVR_PREFETCH");
     if (!env || !*env)
         return KVR_OK;
