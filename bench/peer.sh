@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # bench/peer.sh - Kvasir's engine side by side with llama.cpp's llama-bench on the same files.
 #
-#   flock /work/bench.lock bench/peer.sh [--threads 2,1] [--pairs 3] [--busy LOAD] MODEL.gguf...
+#   flock /work/bench.lock bench/peer.sh [--threads 2,1] [--pairs 3] [--reps 3] [--busy LOAD] MODEL.gguf...
 #
 # For every model and thread count it runs pairs, ours then theirs, --pairs times in a row
 # (ours, theirs, ours, theirs, ...): ours is bench_forward (one 128-token prefill in one
 # pass, then 64 greedy decode steps in a new sequence, from an empty context as llama-bench's
-# tg test; one warm-up pass first), theirs is
-# `llama-bench -p 128 -n 64 -r 1 -o json` (its pp128 and tg64). Each pair prints prefill and
+# tg test; one warm-up pass first, then --reps repeats), theirs is
+# `llama-bench -p 128 -n 64 -r REPS -o json` (its pp128 and tg64, each repeated). A side's
+# figure in a pair is the best of its repeats (llama-bench's `samples_ts`, ours' runs): this
+# machine's host slows memory and CPU in spells of seconds (per-token times of one decode
+# run moved between 33 and 110 ms), and a mean then measures the spells as much as the
+# code; the best repeat of each side is the least disturbed one, taken minutes apart at
+# most. --reps 1 gives the single-run comparison of before. Each pair prints prefill and
 # decode tokens/s of both, the ratios (ours / theirs), and the fraction of the bandwidth bound
 # decode reaches (weight bytes per decoded token, from bench_forward, times tokens/s, over
 # the read bandwidth bench_bandwidth measures right before and right after that pair,
@@ -37,19 +42,21 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 BUILD=${KVR_BUILD:-$here/../build}
 PEER=${KVR_PEER:-$here/../../shared/peers/llama.cpp}
-threads_list=2 pairs=3 busy=0.25 peer_cpu=
+threads_list=2 pairs=3 reps=3 busy=0.25 peer_cpu=
 while [ $# -gt 0 ]; do
     case $1 in
     --threads) threads_list=$2; shift 2 ;;
     --pairs) pairs=$2; shift 2 ;;
+    --reps) reps=$2; shift 2 ;;
     --busy) busy=$2; shift 2 ;;
     --peer-cpu) peer_cpu=$2; shift 2 ;;
-    -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) break ;;
     esac
 done
-[ $# -gt 0 ] || { echo "usage: bench/peer.sh [--threads 2,1] [--pairs N] [--busy LOAD] [--peer-cpu NAME] MODEL.gguf..." >&2; exit 2; }
+[ $# -gt 0 ] || { echo "usage: bench/peer.sh [--threads 2,1] [--pairs N] [--reps N] [--busy LOAD] [--peer-cpu NAME] MODEL.gguf..." >&2; exit 2; }
 [ "$pairs" -ge 1 ] || { echo "peer.sh: --pairs must be >= 1" >&2; exit 2; }
+case $reps in ''|*[!0-9]*|0) echo "peer.sh: --reps must be a whole number >= 1" >&2; exit 2 ;; esac
 for tool in bench_forward bench_bandwidth; do
     [ -x "$BUILD/$tool" ] || { echo "peer.sh: $BUILD/$tool not built" >&2; exit 2; }
 done
@@ -129,9 +136,9 @@ for m in "$@"; do
             bwp=$(probe "$t" 3)
             times > "$tmp/times"
             l0=$(load1) s0=$(stat_busy) c0=$(cpu_of "$tmp/times") w0=$(date +%s.%N)
-            "$BUILD/bench_forward" "$m" --threads "$t" --prompt 128 --decode 64 --reps 1 \
+            "$BUILD/bench_forward" "$m" --threads "$t" --prompt 128 --decode 64 --reps "$reps" \
                 --fresh-decode 1 > "$tmp/ours"
-            "$PEER/bin/llama-bench" -m "$m" -p 128 -n 64 -r 1 -t "$t" -o json > "$tmp/peer" 2> "$tmp/peer.err" || {
+            "$PEER/bin/llama-bench" -m "$m" -p 128 -n 64 -r "$reps" -t "$t" -o json > "$tmp/peer" 2> "$tmp/peer.err" || {
                 echo "peer.sh: llama-bench failed:" >&2; tail -3 "$tmp/peer.err" >&2; exit 1; }
             times > "$tmp/times"
             l1=$(load1) s1=$(stat_busy) c1=$(cpu_of "$tmp/times") w1=$(date +%s.%N)
@@ -140,13 +147,15 @@ for m in "$@"; do
                 -v hz="$hz" 'BEGIN {o = ((s1 - s0) / hz - (c1 - c0)) / (w1 - w0);
                 printf "%.2f", o < 0 ? 0 : o}')
             mb=$(sed -n 's/.* \([0-9.]*\) MB read per decoded token.*/\1/p' "$tmp/ours")
-            read -r opp otg < <(sed -n 's/^median: prefill \([0-9.]*\) tokens\/s, decode \([0-9.]*\) tokens\/s.*/\1 \2/p' "$tmp/ours")
+            read -r opp otg < <(sed -n 's/^  run [0-9]*: prefill [0-9]* tokens \([0-9.]*\) tokens\/s, decode [0-9]* tokens \([0-9.]*\) tokens\/s.*/\1 \2/p' "$tmp/ours" |
+                awk '$1 > p {p = $1} $2 > d {d = $2} END {print p, d}')
             read -r tpp ttg < <(python3 -c '
 import json, sys
 pp = tg = 0.0
 for r in json.load(open(sys.argv[1])):
-    if r["n_prompt"] == 128 and r["n_gen"] == 0: pp = r["avg_ts"]
-    if r["n_prompt"] == 0 and r["n_gen"] == 64: tg = r["avg_ts"]
+    best = max(r.get("samples_ts") or [r["avg_ts"]])
+    if r["n_prompt"] == 128 and r["n_gen"] == 0: pp = best
+    if r["n_prompt"] == 0 and r["n_gen"] == 64: tg = best
 print(pp, tg)' "$tmp/peer")
             note=""
             if awk -v o="$other" -v x="$busy" 'BEGIN {exit !(o > x)}'; then
@@ -167,7 +176,7 @@ print(pp, tg)' "$tmp/peer")
             ppr=$(awk '{print $1 / $2}' "$tmp/quiet" | median)
             tgr=$(awk '{print $3 / $4}' "$tmp/quiet" | median)
             fr=$(awk '{printf "%.0f\n", 100 * $3 * $5 / 1000 / $6}' "$tmp/quiet" | median)
-            echo "summary ($n quiet of $pairs pairs, medians of the per-pair ratios): pp128 ${ppr}x, tg64 ${tgr}x; ours' decode ${fr}% of the bound"
+            echo "summary ($n quiet of $pairs pairs, each side the best of $reps repeats a pair, medians of the per-pair ratios): pp128 ${ppr}x, tg64 ${tgr}x; ours' decode ${fr}% of the bound"
         fi
     done
 done
