@@ -279,11 +279,11 @@ struct kvr_kernel_set {
 };
 
 /* How far ahead of the unit it computes a kernel on a packed copy prefetches (bytes; 0 =
- * none): the K-quant and IQ4_XS kernels (kvr_prefetch_kquant), the Q4_0 ones
- * (kvr_prefetch_q4_0) and the Q8_0 ones (kvr_prefetch_q8_0). Set by kvr_kernels_init for the
- * CPU (KVR_PREFETCH=BYTES sets all three); every writer stores the same values. Only a
- * speed: the bits of every result are the same whatever they are. */
-extern _Atomic size_t kvr_prefetch_kquant, kvr_prefetch_q4_0, kvr_prefetch_q8_0;
+ * none): the K-quant and IQ4_XS kernels (kvr_prefetch_kquant) and the Q4_0 / Q8_0 ones
+ * (kvr_prefetch_legacy). Set by kvr_kernels_init for the CPU (KVR_PREFETCH=BYTES sets both); every
+ * writer stores the same values. Only a speed: the bits of every result are the same whatever they
+ * are. */
+extern _Atomic size_t kvr_prefetch_kquant, kvr_prefetch_legacy;
 
 extern const struct kvr_kernel_set kvr_kernels_avx2;
 extern const struct kvr_kernel_set kvr_kernels_avx512;

@@ -31,7 +31,7 @@ static atomic_bool g_force_reference;
 
 static const struct kvr_kernel_set kernels_reference = {.name = "reference", .o_tile = 1};
 
-_Atomic size_t kvr_prefetch_kquant = 24 * 1024, kvr_prefetch_q4_0 = 0, kvr_prefetch_q8_0 = 0;
+_Atomic size_t kvr_prefetch_kquant = 24 * 1024, kvr_prefetch_legacy = 0;
 
 /* F16C is read from CPUID directly: clang 14's __builtin_cpu_supports does not know it. The
  * builtin's "avx2" check already covers the OS saving ymm state (XGETBV). */
@@ -126,10 +126,10 @@ static bool cpu_is_amd(void)
 
 /* The packed-copy kernels' prefetch distances (kernels.h). */
 struct prefetch {
-    size_t kquant, q4_0, q8_0;
+    size_t kquant, legacy; /* legacy: Q4_0 and Q8_0 */
 };
 
-/* KVR_PREFETCH for all three if it is set, else what was measured best on the CPU's vendor
+/* KVR_PREFETCH for both if it is set, else what was measured best on the CPU's vendor
  * for n_threads compute threads (0: not known; bench/README.md): on Intel 24 KiB for the
  * K-quants and none for Q4_0 / Q8_0; on AMD Zen 4 none for Q8_0 (TinyLlama Q8_0 decode 27 %
  * faster at one thread without it, 2-37 % at two, 8 of 8 rounds) and none for Q4_0 (since
@@ -152,15 +152,14 @@ static int prefetch_distances(struct prefetch *pf, int n_threads, struct kvr_err
     if (*end || env[0] == '-' || v > 1024 * 1024)
         return kvr_err_set(err, KVR_EINVAL,
                            "KVR_PREFETCH=%s: not a prefetch distance in bytes (0 to 1048576)", env);
-    pf->kquant = pf->q4_0 = pf->q8_0 = (size_t)v;
+    pf->kquant = pf->legacy = (size_t)v;
     return KVR_OK;
 }
 
 static void set_prefetch(const struct prefetch *pf)
 {
     atomic_store_explicit(&kvr_prefetch_kquant, pf->kquant, memory_order_relaxed);
-    atomic_store_explicit(&kvr_prefetch_q4_0, pf->q4_0, memory_order_relaxed);
-    atomic_store_explicit(&kvr_prefetch_q8_0, pf->q8_0, memory_order_relaxed);
+    atomic_store_explicit(&kvr_prefetch_legacy, pf->legacy, memory_order_relaxed);
 }
 
 int kvr_kernels_setup(int n_threads, struct kvr_err *err)

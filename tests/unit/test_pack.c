@@ -294,8 +294,7 @@ static void test_prefetch_distances(void **state)
         setenv("KVR_PREFETCH", good[i], 1);
         assert_int_equal(kvr_kernels_setup(2, &err), KVR_OK);
         assert_int_equal(atomic_load(&kvr_prefetch_kquant), strtoul(good[i], NULL, 10));
-        assert_int_equal(atomic_load(&kvr_prefetch_q4_0), strtoul(good[i], NULL, 10));
-        assert_int_equal(atomic_load(&kvr_prefetch_q8_0), strtoul(good[i], NULL, 10));
+        assert_int_equal(atomic_load(&kvr_prefetch_legacy), strtoul(good[i], NULL, 10));
         check_packed_equals_reference(KVR_DTYPE_Q8_0);
         check_packed_equals_reference(KVR_DTYPE_Q4_0);
         check_packed_equals_reference(KVR_DTYPE_Q4_K);
