@@ -186,7 +186,7 @@ static inline size_t kvr_pack_unit_at(int64_t t, int64_t b, int64_t n_b, size_t 
  *   Q5_K    1408   d 0, dmin 16, scales 32 (3), qh 128 (8), qs 384 (32)
  *   Q6_K    1680   quants 0 (48 vectors, in the order the kernels read them: for h = 0, 1
  *                  and g = 0..7, ql vector 16h + g, ql vector 16h + 8 + g, qh vector
- *                  8h + g; kvr_pack_q6_k_slot), scales 1536 (4), d 1664
+ *                  8h + g, kvr_pack_q6_k_slot; recoded, below), scales 1536 (4), d 1664
  *   IQ4_XS  1088   d 0, scales_h 16, scales_l 32 (1), qs 64 (32)
  *
  * The two units of super-block s of a tile pair (2p, 2p + 1) form one chunk of 2 x unit bytes
@@ -198,7 +198,15 @@ static inline size_t kvr_pack_unit_at(int64_t t, int64_t b, int64_t n_b, size_t 
  * Q6_K units in their block order had three streams in each of the two units, and its
  * decode kernel read DRAM at 59-89 % of the bandwidth with a software prefetch, against
  * 73-110 % in this order; bench/README.md). One-tile kernels read their tile's slots 64 bytes
- * apart. */
+ * apart.
+ *
+ * Q6_K's quants are recoded as they are packed. Byte l of the three vectors of step (h, g)
+ * names the same four quants q0..q3 (0..63) of element groups 0..3 of the half (elements
+ * 128h + 32k + 4g + l % 4 of the row, k = 0..3): the block keeps them as ql nibbles and qh bit
+ * pairs, the packed copy as A = q0 | (q3 & 3) << 6, B = q1 | (q3 >> 2 & 3) << 6 and C = q2 |
+ * (q3 >> 4) << 6 (same size). Three of the four are then one mask each, and the fourth two
+ * bit selects: TinyLlama Q6_K decode at one thread took 8-18 % less time per token than
+ * with the block's nibbles (bench/README.md). */
 #define KVR_PACK_UNIT_Q4_K (8 * 144)
 #define KVR_PACK_UNIT_Q5_K (8 * 176)
 #define KVR_PACK_UNIT_Q6_K (8 * 210)

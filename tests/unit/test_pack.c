@@ -85,6 +85,25 @@ static size_t chunk_offset(int type, size_t unit, int k, size_t at)
     return 64 * slot + 16 * (size_t)k + at % 32;
 }
 
+/* What kernels.h says byte b of Q6_K's field f (0: ql, 1: qh) becomes in the packed unit:
+ * the byte's position l in a half h (64 ql bytes, then 32 qh bytes a half) names four
+ * quants, q_k = element 128h + 32k + l', l' = l mod 32, and the byte is A = q0 + 64 (q3 & 3)
+ * for the first 32 ql bytes of the half, B = q1 + 64 (q3 >> 2 & 3) for the next 32, C = q2 +
+ * 64 (q3 >> 4) for qh. Worked out from the block format, not from the packer. */
+static int q6_k_packed_byte(const uint8_t *blk, int f, int b)
+{
+    const uint8_t *ql = blk, *qh = blk + 128;
+    int h = f == 0 ? b / 64 : b / 32, l = b % 32;
+    int q[4];
+    for (int k = 0; k < 4; k++) {
+        int lo = ql[64 * h + 32 * (k % 2) + l], hi = qh[32 * h + l];
+        q[k] = (k < 2 ? lo & 15 : lo >> 4) | (hi >> (2 * k) & 3) << 4;
+    }
+    if (f == 1)
+        return q[2] + 64 * (q[3] >> 4);
+    return b % 64 < 32 ? q[0] + 64 * (q[3] & 3) : q[1] + 64 * (q[3] >> 2 & 3);
+}
+
 /* Every field of a K-quant block lands where the table in model/kernels.h puts it: rows
  * filled with a byte pattern unique to (row, byte), packed, and each byte looked up. */
 static void test_pack_layout_k(void **state)
@@ -124,7 +143,11 @@ static void test_pack_layout_k(void **state)
                                              (size_t)i * step + (size_t)(b % step);
                             size_t got = chunk_offset(types[t].type, 8 * bb, tile, in_unit);
                             assert_true(got < 2 * 8 * bb);
-                            assert_int_equal(c[got], data[(size_t)o * row + sb * bb + at + b]);
+                            const uint8_t *blk = data + (size_t)o * row + sb * bb;
+                            int want = types[t].type == KVR_DTYPE_Q6_K && f < 2
+                                           ? q6_k_packed_byte(blk, f, b)
+                                           : blk[at + b];
+                            assert_int_equal(c[got], want);
                         }
                     }
                     at += (size_t)sz;
