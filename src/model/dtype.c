@@ -896,26 +896,12 @@ static float q4_k_dot(int64_t n, const void *w, const void *x)
  * q = low | high << 4 in 0..63; element k = d * scales[k / 16] * (q - 32).
  * --------------------------------------------------------------------------------------- */
 
-static void q6_k_unpack(const struct kvr_block_q6_k *b, int8_t q[KVR_QK_K])
-{
-    for (int h = 0; h < 2; h++) {
-        const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
-        int8_t *y = q + 128 * h;
-        for (int l = 0; l < 32; l++) {
-            y[l] = (int8_t)(((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32);
-            y[l + 32] = (int8_t)(((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32);
-            y[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
-            y[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
-        }
-    }
-}
-
 static void q6_k_to_float(const void *src, float *dst, int64_t n)
 {
     const struct kvr_block_q6_k *b = src;
     for (int64_t i = 0; i < n / KVR_QK_K; i++) {
         int8_t q[KVR_QK_K];
-        q6_k_unpack(&b[i], q);
+        kvr_q6_k_unpack(&b[i], q);
         float d = kvr_f16_to_f32(b[i].d);
         for (int k = 0; k < KVR_QK_K; k++)
             dst[i * KVR_QK_K + k] = d * (float)b[i].scales[k / 16] * (float)q[k];
@@ -990,7 +976,7 @@ static float q6_k_dot(int64_t n, const void *w, const void *x)
     float sum = 0.0f;
     for (int64_t i = 0; i < n / KVR_QK_K; i++) {
         int8_t q[KVR_QK_K];
-        q6_k_unpack(&a[i], q);
+        kvr_q6_k_unpack(&a[i], q);
         int32_t isum = 0;
         for (int j = 0; j < 16; j++) {
             int32_t dot = 0;

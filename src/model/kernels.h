@@ -235,6 +235,22 @@ static inline int kvr_pack_q6_k_slot(int v)
     return 3 * (v - 32) + 2;
 }
 
+/* The 256 quants of a Q6_K super-block, less 32 (-32..31), in element order (dtype.c has
+ * the bit layout). */
+static inline void kvr_q6_k_unpack(const struct kvr_block_q6_k *b, int8_t q[KVR_QK_K])
+{
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+        int8_t *y = q + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            y[l] = (int8_t)(((ql[l] & 0x0F) | (((qh[l] >> 0) & 3) << 4)) - 32);
+            y[l + 32] = (int8_t)(((ql[l + 32] & 0x0F) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            y[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            y[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+    }
+}
+
 /* Unpack the 6-bit scale and min of sub-block j (0..7) of a Q4_K super-block. */
 static inline void kvr_q4_k_scale_min(const uint8_t *scales, int j, int *sc, int *mn)
 {

@@ -382,26 +382,28 @@ static void fill_unit_k(const struct kvr_matrix *w, const uint8_t *const rows[KV
     }
 }
 
-/* Q6_K's quant bytes as kernels.h stores them: for each half h and dword group g, the ql
- * vectors 16h + g and 16h + 8 + g and the qh vector 8h + g of a unit in field order (`lu`)
- * hold, byte for byte, the four 6-bit quants q0..q3 of element groups 0..3; they become A =
- * q0 | q3 bits 0-1 at bits 6-7, B = q1 | q3 bits 2-3 there, C = q2 | q3 bits 4-5, in place. */
-static void q6_k_abc(uint8_t *lu)
+/* Q6_K's quant vectors of block b's unit as kernels.h stores them (over those fill_unit_k
+ * copied in field order into `lu`): for half h and dword group g, byte j of row i names
+ * the quants q0..q3 of elements 128h + 32k + 4g + j (k = 0..3), and the ql vectors 16h + g,
+ * 16h + 8 + g and the qh vector 8h + g hold A = q0 | (q3 & 3) << 6, B = q1 | (q3 >> 2 & 3)
+ * << 6 and C = q2 | (q3 >> 4) << 6 there. */
+static void q6_k_abc(const uint8_t *const rows[KVR_PACK_ROWS], int64_t b, uint8_t *lu)
 {
-    for (int h = 0; h < 2; h++)
-        for (int g = 0; g < 8; g++) {
-            uint8_t *l0 = lu + 32 * (16 * h + g), *l1 = lu + 32 * (16 * h + 8 + g);
-            uint8_t *qh = lu + 32 * (32 + 8 * h + g);
-            for (int i = 0; i < 32; i++) {
-                unsigned q0 = (l0[i] & 15u) | (qh[i] & 3u) << 4;
-                unsigned q1 = (l1[i] & 15u) | (qh[i] >> 2 & 3u) << 4;
-                unsigned q2 = (unsigned)(l0[i] >> 4) | (qh[i] >> 4 & 3u) << 4;
-                unsigned q3 = (unsigned)(l1[i] >> 4) | (unsigned)(qh[i] >> 6) << 4;
-                l0[i] = (uint8_t)(q0 | (q3 & 3u) << 6);
-                l1[i] = (uint8_t)(q1 | (q3 >> 2 & 3u) << 6);
-                qh[i] = (uint8_t)(q2 | (q3 >> 4) << 6);
-            }
-        }
+    for (int i = 0; i < KVR_PACK_ROWS; i++) {
+        int8_t q[KVR_QK_K];
+        kvr_q6_k_unpack((const struct kvr_block_q6_k *)(const void *)rows[i] + b, q);
+        for (int h = 0; h < 2; h++)
+            for (int g = 0; g < 8; g++)
+                for (int j = 0; j < 4; j++) {
+                    const int8_t *e = q + 128 * h + 4 * g + j;
+                    unsigned q0 = (unsigned)(e[0] + 32), q1 = (unsigned)(e[32] + 32);
+                    unsigned q2 = (unsigned)(e[64] + 32), q3 = (unsigned)(e[96] + 32);
+                    size_t at = 4 * (size_t)i + (size_t)j;
+                    lu[32 * (16 * h + g) + at] = (uint8_t)(q0 | (q3 & 3u) << 6);
+                    lu[32 * (16 * h + 8 + g) + at] = (uint8_t)(q1 | (q3 >> 2 & 3u) << 6);
+                    lu[32 * (32 + 8 * h + g) + at] = (uint8_t)(q2 | (q3 >> 4) << 6);
+                }
+    }
 }
 
 /* The K-quant unit (kernels.h) of tile 2p + k into its pair's chunk: every field of the
@@ -418,7 +420,7 @@ static void pack_unit_k(const struct kvr_matrix *w, const uint8_t *const rows[KV
     size_t unit = pack_unit(w->type);
     fill_unit_k(w, rows, b, lu);
     if (w->type == KVR_DTYPE_Q6_K)
-        q6_k_abc(lu);
+        q6_k_abc(rows, b, lu);
     for (size_t off = 0; off < unit; off += 32) {
         size_t to = off;
         if (w->type == KVR_DTYPE_Q6_K && off < 48 * 32)
