@@ -29,9 +29,11 @@ enum {
  * between tokens at most this factor longer (prefill_limit_ms). */
 #define ITL_SLOWDOWN 1.8
 
-/* Whole answers measured before their time per token replaces the cost model's period in
- * the whole-answer estimate (admit). */
-#define TPOT_MIN 5
+/* The whole-answer estimate's time between tokens is the decoding streams' own lately:
+ * every gap as it comes back, weighted by exp(-age / GAP_TAU_MS), once that weight is at
+ * least GAP_MIN_WEIGHT (gaps); before, the cost model's period (admit). */
+#define GAP_TAU_MS 2000.0
+#define GAP_MIN_WEIGHT 5.0
 
 /* The least safety factor on a prediction: a late answer is worse than a refused one. */
 #define ADMIT_MARGIN 1.1
@@ -126,9 +128,9 @@ struct kvr_sched {
     double mix_rows, mix_pairs;    /* prefill rows (and their attention pairs) that batches
                                       with decode rows carried lately (moving averages) */
     double arrival_gap_ms;         /* mean time between submits lately (moving average) */
-    double tpot_ms;                /* time per token after the first of recent whole
-                                      answers (moving average; tpot_n of them) */
-    uint64_t tpot_n;
+    double gap_sum, gap_weight;    /* decayed sums of the streams' recent gaps between
+                                      tokens (ms) and of their weights, as of gap_ns */
+    uint64_t gap_ns;
     uint64_t last_arrival_ns; /* the last submit's now; 0 before the first */
     double *admit_scratch;    /* [max_seqs] admission's working memory */
     double *ends_scratch;     /* [max_seqs + max_waiting] ... and prefill_eta's */
@@ -902,12 +904,25 @@ static void observe_estimate(struct kvr_sched *s, struct kvr_sched_req *r, bool 
                   (r->first_token_ns - r->submit_ns) / 1e6, r->est_first_ms, actual, pred);
         double raw = r->est_first_ms + (r->n_generated - 1) * r->pred_period_ms;
         kvr_calib_observe(&s->calib_total, actual / raw);
-        if (r->n_generated > 1) {
-            double tpot = (now - r->first_token_ns) / 1e6 / (r->n_generated - 1);
-            s->tpot_ms = s->tpot_n ? 0.9 * s->tpot_ms + 0.1 * tpot : tpot;
-            s->tpot_n++;
-        }
     }
+}
+
+/* The weight that the recent gaps between tokens keep at `now` (GAP_TAU_MS). */
+static double gap_decay(const struct kvr_sched *s, uint64_t now)
+{
+    return now > s->gap_ns ? exp(-(double)(now - s->gap_ns) / 1e6 / GAP_TAU_MS) : 1.0;
+}
+
+/* A stream's gap between two tokens: into the decayed mean the whole-answer estimate uses.
+ * Every gap as it happens, not whole answers when they end: those describe the load of
+ * seconds ago (after a saturated spell the first answers of a light one were estimated at
+ * its gaps, 1.3-2.3x too long). */
+static void observe_gap(struct kvr_sched *s, double gap_ms, uint64_t now)
+{
+    double w = gap_decay(s, now);
+    s->gap_sum = s->gap_sum * w + gap_ms;
+    s->gap_weight = s->gap_weight * w + 1;
+    s->gap_ns = now;
 }
 
 /* One token came back for the sequence in `slot` (state SEQ_WAIT). */
@@ -925,8 +940,12 @@ static void take_token(struct kvr_sched *s, uint32_t slot, const struct kvr_wire
     r->n_generated++;
     if (!was_held && r->n_generated == 1 && r->pred_first_ms > 0)
         kvr_calib_observe(&s->calib_first, (now - r->submit_ns) / 1e6 / r->pred_first_ms);
-    else if (!was_held && r->n_generated > 1 && period_now > 0)
-        kvr_calib_observe(&s->calib_period, (now - r->last_token_ns) / 1e6 / period_now);
+    else if (!was_held && r->n_generated > 1) {
+        double gap = (now - r->last_token_ns) / 1e6;
+        observe_gap(s, gap, now);
+        if (period_now > 0)
+            kvr_calib_observe(&s->calib_period, gap / period_now);
+    }
     r->held_once = r->held_once || was_held;
     r->last_token_ns = now;
     if (r->n_generated == 1)
@@ -1193,6 +1212,26 @@ static struct eta_batch eta_batch(const struct kvr_sched *s, struct kvr_cost_sha
     return b;
 }
 
+/* How long a batch of shape b takes to reach the stage that is slowest for shape `ref`: the
+ * stages ahead of that one, and their hops. */
+static double before_slowest_ms(const struct kvr_cost_model *m, struct kvr_cost_shape ref,
+                                struct kvr_cost_shape b)
+{
+    uint32_t k = 0;
+    double worst = -1;
+    for (uint32_t j = 0; j < m->n_stages; j++) {
+        double t = kvr_cost_stage_ms(m, j, ref);
+        if (t > worst) {
+            worst = t;
+            k = j;
+        }
+    }
+    double sum = k * m->hop_ms / (m->n_stages + 1);
+    for (uint32_t j = 0; j < k; j++)
+        sum += kvr_cost_stage_ms(m, j, b);
+    return sum;
+}
+
 static struct prefill_eta prefill_eta(const struct kvr_sched *s, struct kvr_cost_shape decode,
                                       uint32_t n_prompt, double rows_ahead, double limit_ms,
                                       const double *ends, uint32_t n_ends)
@@ -1235,6 +1274,14 @@ static struct prefill_eta prefill_eta(const struct kvr_sched *s, struct kvr_cost
         struct kvr_cost_shape last = {dk.rows + last_rows,
                                       dk.pairs + kvr_cost_pairs(n_prompt - last_rows, last_rows)};
         double done = t + (n_b - 1) * step + kvr_cost_trip_ms(m, last);
+        if (n_b >= 2 && with.step_ms <= with.full_ms) {
+            /* The slowest stage sets the pace, but it starts only when the first full batch
+             * has come through the stages before it, and the last batch queues behind the
+             * others there instead of passing those stages on its own time. */
+            struct kvr_cost_shape full = {dk.rows + with.room,
+                                          dk.pairs + kvr_cost_pairs(n_prompt / 2.0, with.room)};
+            done += before_slowest_ms(m, full, full) - before_slowest_ms(m, full, last);
+        }
         if (k >= n_ends || done <= ends[k]) {
             e.batches += n_b;
             e.first_ms = done;
@@ -1376,13 +1423,12 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
      * estimates' error instead (kvr_calib_factor): the first token's for the first-token
      * budget, the whole answers' for the total. */
     r->est_first_ms = raw_first * (s->calib_first.n >= 5 ? s->calib_first.mean : 1.0);
-    /* The whole answer: the first token, then the gaps at the load it adds, corrected by how
-     * far whole answers were from that lately (the prompts that arrive while it decodes
-     * share its batches: at a steady load that is a steady factor). */
-    /* The gaps of a stream depend less on the load when it starts than on the prompts that
-     * arrive while it decodes (they share its batches): at a steady load the streams that
-     * just ended are the better guide. */
-    double gap_ms = s->tpot_n >= TPOT_MIN ? s->tpot_ms : period;
+    /* The whole answer: the first token, then the gaps. A stream's gaps depend less on the
+     * load when it starts than on the prompts that arrive while it decodes (they share its
+     * batches): at a steady load the streams' recent gaps are the better guide. Without
+     * them, the cost model's period, corrected by how far whole answers were from it. */
+    double w_gap = s->gap_weight * gap_decay(s, now);
+    double gap_ms = w_gap >= GAP_MIN_WEIGHT ? s->gap_sum / s->gap_weight : period;
     r->pred_period_ms = gap_ms;
     double f_answer = s->calib_total.n >= 5 && gap_ms == period ? s->calib_total.mid : 1.0;
     double est_total = (r->est_first_ms + (req->max_tokens - 1) * gap_ms) * f_answer;

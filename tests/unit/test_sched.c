@@ -1113,9 +1113,10 @@ struct sim_level {
 /* The sweep of bench/estimates.sh on the fake ring: capacity from a closed loop of 32
  * clients (no budgets, 120 s after 30 s of start), then Poisson arrivals at each level with
  * 2 s / 6 s budgets, 150 s of mean arrivals each, 5 s idle between levels. */
-static double sim_sweep(struct sim *m, uint32_t prompt_max, struct sim_level *out)
+static double sim_sweep(struct sim *m, uint64_t seed, uint32_t prompt_max, struct sim_level *out)
 {
-    sim_init(m, 42, prompt_max);
+    sim_init(m, seed, prompt_max);
+    print_message("seed %llu, ", (unsigned long long)seed);
     if (getenv("KVR_SIM_FUTURES")) /* appends: both sweeps go to one file */
         assert_non_null(m->futures = fopen(getenv("KVR_SIM_FUTURES"), "a"));
     uint32_t sent = 0, refused = 0;
@@ -1167,21 +1168,58 @@ static double sim_sweep(struct sim *m, uint32_t prompt_max, struct sim_level *ou
     return capacity;
 }
 
+/* The sweep over several seeds, so that a bound guards the scheduler and not one
+ * trajectory's luck (with seed 42 alone, bounds that it met failed for 7 of 8 other seeds):
+ * per level, the requests and refusals summed, the p90s and shares their means over the
+ * seeds. KVR_SIM_SEED=N runs seed N alone; the futures experiment runs seed 42 alone. */
+static void sim_sweeps(uint32_t prompt_max, struct sim_level *out)
+{
+    static const uint64_t seeds[] = {42, 1, 2, 3, 4, 5};
+    uint32_t n_seeds = sizeof seeds / sizeof seeds[0];
+    uint64_t one = 42;
+    const char *env = getenv("KVR_SIM_SEED");
+    if (env || getenv("KVR_SIM_FUTURES")) {
+        one = env ? strtoull(env, NULL, 10) : 42;
+        n_seeds = 1;
+    }
+    struct sim *m = calloc(1, sizeof *m);
+    assert_non_null(m);
+    memset(out, 0, SIM_LEVELS * sizeof *out);
+    for (uint32_t k = 0; k < n_seeds; k++) {
+        struct sim_level lv[SIM_LEVELS];
+        sim_sweep(m, n_seeds == 1 ? one : seeds[k], prompt_max, lv);
+        for (uint32_t l = 0; l < SIM_LEVELS; l++) {
+            out[l].sent += lv[l].sent;
+            out[l].refused += lv[l].refused;
+            out[l].n += lv[l].n;
+            out[l].p90_first += lv[l].p90_first / n_seeds;
+            out[l].p90_total += lv[l].p90_total / n_seeds;
+            out[l].share_first += lv[l].share_first / n_seeds;
+            out[l].share_total += lv[l].share_total / n_seeds;
+        }
+    }
+    for (uint32_t l = 0; l < SIM_LEVELS; l++)
+        print_message("%u seeds, %.2fx: %u/%u refused; mean p90 first token %.2f, whole %.2f; "
+                      "within 25%%: %.0f%%, %.0f%%\n",
+                      n_seeds, sim_levels[l], out[l].refused, out[l].sent, out[l].p90_first,
+                      out[l].p90_total, 100 * out[l].share_first, 100 * out[l].share_total);
+    free(m);
+}
+
 /* bench/estimates.sh's mix (prompts of 32-384 tokens, each well within the 2 s budget on an
  * idle ring). Issue 15 point 4 asks for no refusal at <= 0.5x and p90 |estimate / actual -
- * 1| <= 0.25 at every level; this ring shows (seed 42): refused 0/140, 0/159, 5/164 at
- * 0.2x, 0.35x, 0.5x; p90 first token 0.32-0.37 (71-87% within +-25%), whole answer
- * 0.28-0.46 (58-88%). The estimates before (3209632) gave 1/136, 7/169, 11/149 refused and
- * p90 0.36-0.52 / 0.40-0.63 in the same sweep. The bounds are those numbers with a little room, a
- * guard against regressions, not point 4, which this does not meet: the spread left is the
- * prompts that arrive while a request waits or decodes (they share its batches). */
+ * 1| <= 0.25 at every level; this ring shows (six seeds, means of the p90s): refused 0/878,
+ * 2/870, 19/941 at 0.2x, 0.35x, 0.5x; p90 first token 0.21-0.44 (67-93% within +-25%),
+ * whole answer 0.25-0.35 (72-89%). Without the pipeline's fill in prefill_eta and with the
+ * gaps taken from whole answers (04efbc7): 0/878, 3/885, 25/978 refused, p90 0.29-0.42 /
+ * 0.28-0.40. The bounds are those numbers with a little room, a guard against regressions,
+ * not point 4, which this does not meet: the spread left is the prompts that arrive while a
+ * request waits or decodes (they share its batches). */
 static void test_estimates_on_a_pipelined_ring(void **state)
 {
     (void)state;
-    struct sim *m = calloc(1, sizeof *m);
-    assert_non_null(m);
     struct sim_level lv[SIM_LEVELS];
-    sim_sweep(m, SIM_PROMPT_BENCH, lv);
+    sim_sweeps(SIM_PROMPT_BENCH, lv);
     uint32_t sent_light = 0, refused_light = 0;
     for (uint32_t l = 0; l < SIM_LEVELS; l++) {
         if (sim_levels[l] <= 0.5) {
@@ -1197,21 +1235,20 @@ static void test_estimates_on_a_pipelined_ring(void **state)
     }
     if (refused_light * 50 > sent_light)
         fail_msg("%u of %u refused at <= 0.5x", refused_light, sent_light);
-    free(m);
 }
 
 /* The mix before (prompts of 32-768 tokens: the longest need ~0.9 s alone on this ring, and
- * beside decoding streams or other long prompts really take more than 2 s). Shows (seed
- * 42): refused 2/142, 8/154, 17/155 at <= 0.5x; first tokens 71-91% within +-25% (p90
- * 0.23-0.38), whole answers 62-80% (p90 0.31-0.70). The bounds were 80% of first tokens at
- * <= 0.5x, 65% at every level and 50% of whole answers; now 70% and 60%. */
+ * beside decoding streams or other long prompts really take more than 2 s). Shows (six
+ * seeds): refused 8/906, 38/870, 97/894 at <= 0.5x; first tokens 76-92% within +-25% (p90
+ * 0.21-0.35), whole answers 69-80% (p90 0.36-0.41; 04efbc7: 0.36-0.61, 0.61 at 0.2x where
+ * the gaps of the capacity probe's saturated ring were still the estimate's). The bounds
+ * were 80% of first tokens at <= 0.5x, 65% at every level and 50% of whole answers; now 70%
+ * and 60%. */
 static void test_estimates_with_long_prompts(void **state)
 {
     (void)state;
-    struct sim *m = calloc(1, sizeof *m);
-    assert_non_null(m);
     struct sim_level lv[SIM_LEVELS];
-    sim_sweep(m, SIM_PROMPT, lv);
+    sim_sweeps(SIM_PROMPT, lv);
     uint32_t sent_light = 0, refused_light = 0;
     double worst_first = 1, worst_first_light = 1, worst_total = 1;
     for (uint32_t l = 0; l < SIM_LEVELS; l++) {
@@ -1228,7 +1265,6 @@ static void test_estimates_with_long_prompts(void **state)
         fail_msg("refused %u of %u at <= 0.5x, within 25%%: first token %.2f (%.2f at <= "
                  "0.5x), whole %.2f at the worst level",
                  refused_light, sent_light, worst_first, worst_first_light, worst_total);
-    free(m);
 }
 
 int main(void)
