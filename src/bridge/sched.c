@@ -35,6 +35,12 @@ enum {
 #define GAP_TAU_MS 2000.0
 #define GAP_MIN_WEIGHT 5.0
 
+/* First-token estimates are corrected by the mean error of those made with as many prompts
+ * ahead (0, 1, 2, 3 or more), once AHEAD_MIN of them have ended; before, by all estimates'
+ * mean error. The refusal's safety factor stays the high quantile over all of them. */
+#define AHEAD_CLASSES 4
+#define AHEAD_MIN 20
+
 /* The least safety factor on a prediction: a late answer is worse than a refused one. */
 #define ADMIT_MARGIN 1.1
 
@@ -119,8 +125,12 @@ struct kvr_sched {
     uint64_t win_start_ns;
     uint64_t win_held[KVR_PLAN_MAX_STAGES], win_starved[KVR_PLAN_MAX_STAGES],
         win_blocked[KVR_PLAN_MAX_STAGES], win_tokens;
-    struct kvr_cost_model cost;    /* batch costs learnt from timing records */
-    struct kvr_calib calib_first;  /* actual / predicted first-token time */
+    struct kvr_cost_model cost;   /* batch costs learnt from timing records */
+    struct kvr_calib calib_first; /* actual / predicted first-token time */
+    /* ... by the number of prompts ahead at admission (AHEAD_CLASSES): the raw estimate's
+     * bias depends on it (on the fake ring its outcome / estimate medians ran from 0.99
+     * with none ahead to 1.4-1.6 with three or more) */
+    struct kvr_calib calib_first_ahead[AHEAD_CLASSES];
     struct kvr_calib calib_period; /* actual / predicted gap between tokens */
     struct kvr_calib calib_mixed;  /* actual / predicted time of batches with prefill
                                       added to decode rows: keeps chunking honest */
@@ -938,9 +948,11 @@ static void take_token(struct kvr_sched *s, uint32_t slot, const struct kvr_wire
     q->held_since = 0;
     r->generated[r->n_generated] = res->token; /* n_generated < max_tokens while running */
     r->n_generated++;
-    if (!was_held && r->n_generated == 1 && r->pred_first_ms > 0)
-        kvr_calib_observe(&s->calib_first, (now - r->submit_ns) / 1e6 / r->pred_first_ms);
-    else if (!was_held && r->n_generated > 1) {
+    if (!was_held && r->n_generated == 1 && r->pred_first_ms > 0) {
+        double ratio = (now - r->submit_ns) / 1e6 / r->pred_first_ms;
+        kvr_calib_observe(&s->calib_first, ratio);
+        kvr_calib_observe(&s->calib_first_ahead[r->n_ahead_class], ratio);
+    } else if (!was_held && r->n_generated > 1) {
         double gap = (now - r->last_token_ns) / 1e6;
         observe_gap(s, gap, now);
         if (period_now > 0)
@@ -1419,10 +1431,14 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     double raw_first = wait_ms + eta.first_ms;
     *pred_first_ms = raw_first;
     /* The estimate itself (exported, checked against the outcome): the model corrected by
-     * its mean error so far. The budgets are checked against a high quantile of the
-     * estimates' error instead (kvr_calib_factor): the first token's for the first-token
-     * budget, the whole answers' for the total. */
-    r->est_first_ms = raw_first * (s->calib_first.n >= 5 ? s->calib_first.mean : 1.0);
+     * the mean error of the estimates made with as many prompts ahead. The budgets are checked
+     * against a high quantile of the estimates' error instead (kvr_calib_factor): the first token's
+     * for the first-token budget, the whole answers' for the total. */
+    r->n_ahead_class = n_ahead < AHEAD_CLASSES - 1 ? (uint8_t)n_ahead : AHEAD_CLASSES - 1;
+    const struct kvr_calib *cf = &s->calib_first_ahead[r->n_ahead_class];
+    if (cf->n < AHEAD_MIN)
+        cf = &s->calib_first;
+    r->est_first_ms = raw_first * (cf->n >= 5 ? cf->mean : 1.0);
     /* The whole answer: the first token, then the gaps. A stream's gaps depend less on the
      * load when it starts than on the prompts that arrive while it decodes (they share its
      * batches): at a steady load the streams' recent gaps are the better guide. Without

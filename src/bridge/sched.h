@@ -77,9 +77,9 @@ struct kvr_sched_req {
     uint64_t first_token_ns;
     uint64_t last_token_ns;
     double pred_first_ms;  /* admission's raw first-token estimate (0: none) */
-    double pred_period_ms; /* ... and its raw time between tokens: the time per token of
-                              the whole answers that ended lately (once 5 have), else the
-                              cost model's period at the load it adds */
+    double pred_period_ms; /* ... and its raw time between tokens: the streams' recent
+                              gaps between tokens (decayed over seconds), else the cost
+                              model's period at the load it adds */
     double est_first_ms;   /* its estimate of the first token's time from submit,
                               corrected by the model's mean error (0: none) */
     double est_period_ms;  /* ... and of the time between tokens, such that est_first_ms +
@@ -87,6 +87,8 @@ struct kvr_sched_req {
                               cost model's period is corrected by the whole answers' median
                               error, a measured time per token is not) */
     bool held_once;        /* a ring failure held it: its times say nothing */
+    uint8_t n_ahead_class; /* prompts ahead of it at admission (3: three or more): which
+                              first-token calibration its outcome feeds */
     uint32_t n_cached;     /* prompt positions found in the prefix cache (admission's
                               estimate, then what its slot got) */
     uint32_t n_generated;
