@@ -35,11 +35,12 @@ enum {
 #define GAP_TAU_MS 2000.0
 #define GAP_MIN_WEIGHT 5.0
 
-/* First-token estimates are corrected by the mean error of those made with as many prompts
- * ahead (0, 1, 2, 3 or more), once AHEAD_MIN of them have ended; before, by all estimates'
- * mean error. The refusal's safety factor stays the high quantile over all of them. */
-#define AHEAD_CLASSES 4
-#define AHEAD_MIN 20
+/* First-token estimates are corrected by the mean error of those that expected about as
+ * many batches before the first token (eta_class), once ETA_CLASS_MIN of them have ended;
+ * before, by all estimates' mean error. The refusal's safety factor stays the high
+ * quantile over all of them. */
+#define ETA_CLASSES 4
+#define ETA_CLASS_MIN 20
 
 /* The least safety factor on a prediction: a late answer is worse than a refused one. */
 #define ADMIT_MARGIN 1.1
@@ -127,10 +128,10 @@ struct kvr_sched {
         win_blocked[KVR_PLAN_MAX_STAGES], win_tokens;
     struct kvr_cost_model cost;   /* batch costs learnt from timing records */
     struct kvr_calib calib_first; /* actual / predicted first-token time */
-    /* ... by the number of prompts ahead at admission (AHEAD_CLASSES): the raw estimate's
-     * bias depends on it (on the fake ring its outcome / estimate medians ran from 0.99
-     * with none ahead to 1.4-1.6 with three or more) */
-    struct kvr_calib calib_first_ahead[AHEAD_CLASSES];
+    /* ... by how many batches the estimate expected (eta_class): its bias depends on them
+     * (fake ring, outcome / estimate: median 0.98 under 10 batches, 1.09-1.12 at 10-39,
+     * 0.85 at 60 or more, where the thin chunks it assumed thicken as prompts arrive) */
+    struct kvr_calib calib_first_eta[ETA_CLASSES];
     struct kvr_calib calib_period; /* actual / predicted gap between tokens */
     struct kvr_calib calib_mixed;  /* actual / predicted time of batches with prefill
                                       added to decode rows: keeps chunking honest */
@@ -951,7 +952,7 @@ static void take_token(struct kvr_sched *s, uint32_t slot, const struct kvr_wire
     if (!was_held && r->n_generated == 1 && r->pred_first_ms > 0) {
         double ratio = (now - r->submit_ns) / 1e6 / r->pred_first_ms;
         kvr_calib_observe(&s->calib_first, ratio);
-        kvr_calib_observe(&s->calib_first_ahead[r->n_ahead_class], ratio);
+        kvr_calib_observe(&s->calib_first_eta[r->eta_class], ratio);
     } else if (!was_held && r->n_generated > 1) {
         double gap = (now - r->last_token_ns) / 1e6;
         observe_gap(s, gap, now);
@@ -1307,6 +1308,13 @@ static struct prefill_eta prefill_eta(const struct kvr_sched *s, struct kvr_cost
     }
 }
 
+/* The calibration class of a first-token estimate that expects `batches` batches before
+ * the first token: a few (the trip, nearly), tens, and the long waits in thin chunks. */
+static uint8_t eta_class(double batches)
+{
+    return batches < 10 ? 0 : batches < 40 ? 1 : batches < 60 ? 2 : 3;
+}
+
 /* Admission (DESIGN.md 6). From the cost model: the new request's first token comes after
  * the prompt rows queued ahead of it (its own included) have gone through in batches of the
  * row width, less the decode rows every batch carries; its last token comes max_tokens - 1
@@ -1431,12 +1439,12 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     double raw_first = wait_ms + eta.first_ms;
     *pred_first_ms = raw_first;
     /* The estimate itself (exported, checked against the outcome): the model corrected by
-     * the mean error of the estimates made with as many prompts ahead. The budgets are checked
-     * against a high quantile of the estimates' error instead (kvr_calib_factor): the first token's
-     * for the first-token budget, the whole answers' for the total. */
-    r->n_ahead_class = n_ahead < AHEAD_CLASSES - 1 ? (uint8_t)n_ahead : AHEAD_CLASSES - 1;
-    const struct kvr_calib *cf = &s->calib_first_ahead[r->n_ahead_class];
-    if (cf->n < AHEAD_MIN)
+     * the mean error of the estimates that expected about as many batches. The budgets are
+     * checked against a high quantile of the estimates' error instead (kvr_calib_factor):
+     * the first token's for the first-token budget, the whole answers' for the total. */
+    r->eta_class = eta_class(eta.batches);
+    const struct kvr_calib *cf = &s->calib_first_eta[r->eta_class];
+    if (cf->n < ETA_CLASS_MIN)
         cf = &s->calib_first;
     r->est_first_ms = raw_first * (cf->n >= 5 ? cf->mean : 1.0);
     /* The whole answer: the first token, then the gaps. A stream's gaps depend less on the

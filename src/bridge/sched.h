@@ -87,8 +87,8 @@ struct kvr_sched_req {
                               cost model's period is corrected by the whole answers' median
                               error, a measured time per token is not) */
     bool held_once;        /* a ring failure held it: its times say nothing */
-    uint8_t n_ahead_class; /* prompts ahead of it at admission (3: three or more): which
-                              first-token calibration its outcome feeds */
+    uint8_t eta_class;     /* which first-token calibration its outcome feeds: by the
+                              batches admission expected before its first token */
     uint32_t n_cached;     /* prompt positions found in the prefix cache (admission's
                               estimate, then what its slot got) */
     uint32_t n_generated;
