@@ -141,3 +141,26 @@ double kvr_calib_factor(const struct kvr_calib *c, double floor)
         return floor > 1.3 ? floor : 1.3; /* too few to know: be careful */
     return c->hi > floor ? c->hi : floor;
 }
+
+static double recent_decay(const struct kvr_recent *r, uint64_t now, double tau_ms)
+{
+    return now > r->t_ns ? exp(-(double)(now - r->t_ns) / 1e6 / tau_ms) : 1.0;
+}
+
+void kvr_recent_add(struct kvr_recent *r, double x, uint64_t now, double tau_ms)
+{
+    if (!isfinite(x))
+        return;
+    double w = recent_decay(r, now, tau_ms);
+    r->sum = r->sum * w + x;
+    r->weight = r->weight * w + 1;
+    r->t_ns = now > r->t_ns ? now : r->t_ns;
+}
+
+double kvr_recent_mean(const struct kvr_recent *r, uint64_t now, double tau_ms, double prior,
+                       double prior_weight)
+{
+    double w = recent_decay(r, now, tau_ms);
+    double den = r->weight * w + prior_weight;
+    return den > 0 ? (r->sum * w + prior * prior_weight) / den : prior;
+}

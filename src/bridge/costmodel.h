@@ -81,4 +81,16 @@ struct kvr_calib {
 void kvr_calib_observe(struct kvr_calib *c, double ratio);
 double kvr_calib_factor(const struct kvr_calib *c, double floor);
 
+/* A mean of recent observations: each weighted by exp(-age / tau_ms), blended with a prior
+ * worth prior_weight observations, so that it follows a change of load within seconds and
+ * falls back to the prior when nothing was seen lately. */
+struct kvr_recent {
+    double sum, weight; /* decayed sums of the observations and of their weights */
+    uint64_t t_ns;      /* ... as of this time */
+};
+
+void kvr_recent_add(struct kvr_recent *r, double x, uint64_t now, double tau_ms);
+double kvr_recent_mean(const struct kvr_recent *r, uint64_t now, double tau_ms, double prior,
+                       double prior_weight);
+
 #endif

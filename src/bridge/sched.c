@@ -30,17 +30,19 @@ enum {
 #define ITL_SLOWDOWN 1.8
 
 /* The whole-answer estimate's time between tokens is the decoding streams' own lately:
- * every gap as it comes back, weighted by exp(-age / GAP_TAU_MS), once that weight is at
- * least GAP_MIN_WEIGHT (gaps); before, the cost model's period (admit). */
+ * every gap as it comes back, weighted by exp(-age / GAP_TAU_MS), and the cost model's
+ * period worth GAP_PRIOR gaps (admit). */
 #define GAP_TAU_MS 2000.0
-#define GAP_MIN_WEIGHT 5.0
+#define GAP_PRIOR 5.0
 
-/* First-token estimates are corrected by the mean error of those that expected about as
- * many batches before the first token (eta_class), once ETA_CLASS_MIN of them have ended;
- * before, by all estimates' mean error. The refusal's safety factor stays the high
- * quantile over all of them. */
+/* First-token estimates are corrected by the recent mean error (outcome / estimate) of those
+ * that expected about as many batches before the first token (eta_class): each weighted by
+ * exp(-age / ETA_TAU_MS), beside no correction worth ETA_PRIOR of them, so that the errors of
+ * a saturated spell do not follow into a light one. The refusal's safety factor stays the
+ * high quantile over all estimates (calib_first). */
 #define ETA_CLASSES 4
-#define ETA_CLASS_MIN 20
+#define ETA_TAU_MS 10000.0
+#define ETA_PRIOR 3.0
 
 /* The least safety factor on a prediction: a late answer is worse than a refused one. */
 #define ADMIT_MARGIN 1.1
@@ -128,10 +130,11 @@ struct kvr_sched {
         win_blocked[KVR_PLAN_MAX_STAGES], win_tokens;
     struct kvr_cost_model cost;   /* batch costs learnt from timing records */
     struct kvr_calib calib_first; /* actual / predicted first-token time */
-    /* ... by how many batches the estimate expected (eta_class): its bias depends on them
-     * (fake ring, outcome / estimate: median 0.98 under 10 batches, 1.09-1.12 at 10-39,
-     * 0.85 at 60 or more, where the thin chunks it assumed thicken as prompts arrive) */
-    struct kvr_calib calib_first_eta[ETA_CLASSES];
+    /* ... by how many batches the estimate expected (eta_class), lately: its bias depends on
+     * them (fake ring, outcome / estimate: median 0.98 under 10 batches, 1.09-1.12 at
+     * 10-39, 0.85 at 60 or more, where the thin chunks it assumed thicken as prompts
+     * arrive) and on the load, which the decay follows */
+    struct kvr_recent first_eta[ETA_CLASSES];
     struct kvr_calib calib_period; /* actual / predicted gap between tokens */
     struct kvr_calib calib_mixed;  /* actual / predicted time of batches with prefill
                                       added to decode rows: keeps chunking honest */
@@ -139,13 +142,11 @@ struct kvr_sched {
     double mix_rows, mix_pairs;    /* prefill rows (and their attention pairs) that batches
                                       with decode rows carried lately (moving averages) */
     double arrival_gap_ms;         /* mean time between submits lately (moving average) */
-    double gap_sum, gap_weight;    /* decayed sums of the streams' recent gaps between
-                                      tokens (ms) and of their weights, as of gap_ns */
-    uint64_t gap_ns;
-    uint64_t last_arrival_ns; /* the last submit's now; 0 before the first */
-    double *admit_scratch;    /* [max_seqs] admission's working memory */
-    double *ends_scratch;     /* [max_seqs + max_waiting] ... and prefill_eta's */
-    uint32_t *pick_scratch;   /* [max_seqs + 1] the decode picker's */
+    struct kvr_recent gaps;        /* the streams' recent gaps between tokens, ms */
+    uint64_t last_arrival_ns;      /* the last submit's now; 0 before the first */
+    double *admit_scratch;         /* [max_seqs] admission's working memory */
+    double *ends_scratch;          /* [max_seqs + max_waiting] ... and prefill_eta's */
+    uint32_t *pick_scratch;        /* [max_seqs + 1] the decode picker's */
 };
 
 const double kvr_sched_queue_bounds[KVR_SCHED_QUEUE_BUCKETS] = {0.001, 0.005, 0.01, 0.025, 0.05,
@@ -918,24 +919,6 @@ static void observe_estimate(struct kvr_sched *s, struct kvr_sched_req *r, bool 
     }
 }
 
-/* The weight that the recent gaps between tokens keep at `now` (GAP_TAU_MS). */
-static double gap_decay(const struct kvr_sched *s, uint64_t now)
-{
-    return now > s->gap_ns ? exp(-(double)(now - s->gap_ns) / 1e6 / GAP_TAU_MS) : 1.0;
-}
-
-/* A stream's gap between two tokens: into the decayed mean the whole-answer estimate uses.
- * Every gap as it happens, not whole answers when they end: those describe the load of
- * seconds ago (after a saturated spell the first answers of a light one were estimated at
- * its gaps, 1.3-2.3x too long). */
-static void observe_gap(struct kvr_sched *s, double gap_ms, uint64_t now)
-{
-    double w = gap_decay(s, now);
-    s->gap_sum = s->gap_sum * w + gap_ms;
-    s->gap_weight = s->gap_weight * w + 1;
-    s->gap_ns = now;
-}
-
 /* One token came back for the sequence in `slot` (state SEQ_WAIT). */
 static void take_token(struct kvr_sched *s, uint32_t slot, const struct kvr_wire_result *res,
                        double period_now, uint64_t now)
@@ -952,10 +935,13 @@ static void take_token(struct kvr_sched *s, uint32_t slot, const struct kvr_wire
     if (!was_held && r->n_generated == 1 && r->pred_first_ms > 0) {
         double ratio = (now - r->submit_ns) / 1e6 / r->pred_first_ms;
         kvr_calib_observe(&s->calib_first, ratio);
-        kvr_calib_observe(&s->calib_first_eta[r->eta_class], ratio);
+        kvr_recent_add(&s->first_eta[r->eta_class], ratio, now, ETA_TAU_MS);
     } else if (!was_held && r->n_generated > 1) {
         double gap = (now - r->last_token_ns) / 1e6;
-        observe_gap(s, gap, now);
+        /* Every gap as it happens, not whole answers when they end: those describe the load
+         * of seconds ago (after a saturated spell the first answers of a light one were
+         * estimated at its gaps, 1.3-2.3x too long). */
+        kvr_recent_add(&s->gaps, gap, now, GAP_TAU_MS);
         if (period_now > 0)
             kvr_calib_observe(&s->calib_period, gap / period_now);
     }
@@ -1443,16 +1429,13 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
      * checked against a high quantile of the estimates' error instead (kvr_calib_factor):
      * the first token's for the first-token budget, the whole answers' for the total. */
     r->eta_class = eta_class(eta.batches);
-    const struct kvr_calib *cf = &s->calib_first_eta[r->eta_class];
-    if (cf->n < ETA_CLASS_MIN)
-        cf = &s->calib_first;
-    r->est_first_ms = raw_first * (cf->n >= 5 ? cf->mean : 1.0);
+    r->est_first_ms =
+        raw_first * kvr_recent_mean(&s->first_eta[r->eta_class], now, ETA_TAU_MS, 1.0, ETA_PRIOR);
     /* The whole answer: the first token, then the gaps. A stream's gaps depend less on the
      * load when it starts than on the prompts that arrive while it decodes (they share its
      * batches): at a steady load the streams' recent gaps are the better guide. Without
      * them, the cost model's period, corrected by how far whole answers were from it. */
-    double w_gap = s->gap_weight * gap_decay(s, now);
-    double gap_ms = w_gap >= GAP_MIN_WEIGHT ? s->gap_sum / s->gap_weight : period;
+    double gap_ms = kvr_recent_mean(&s->gaps, now, GAP_TAU_MS, period, GAP_PRIOR);
     r->pred_period_ms = gap_ms;
     double f_answer = s->calib_total.n >= 5 && gap_ms == period ? s->calib_total.mid : 1.0;
     double est_total = (r->est_first_ms + (req->max_tokens - 1) * gap_ms) * f_answer;

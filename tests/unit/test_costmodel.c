@@ -91,12 +91,38 @@ static void test_calibration(void **state)
     assert_true(close_to(kvr_calib_factor(&c, 1.1), g));
 }
 
+/* The recent mean: the prior alone before anything is seen and again long after; at one
+ * observation a second, it follows a new level within a few tau instead of remembering the
+ * old one. */
+static void test_recent_mean(void **state)
+{
+    (void)state;
+    const uint64_t S = 1000000000ull; /* 1 s in ns */
+    struct kvr_recent r = {0};
+    assert_true(close_to(kvr_recent_mean(&r, 5 * S, 2000, 7.0, 5), 7.0));
+    for (uint64_t t = 1; t <= 60; t++) /* a saturated spell: gaps of 100 ms */
+        kvr_recent_add(&r, 100.0, t * S, 2000);
+    double m = kvr_recent_mean(&r, 60 * S, 2000, 10.0, 5);
+    /* weight of the 60 observations: sum of exp(-k / 2) = 1 / (1 - exp(-0.5)) = 2.54 */
+    double w = 1 / (1 - exp(-0.5));
+    assert_true(close_to(m, (100.0 * w + 10.0 * 5) / (w + 5)));
+    assert_true(close_to(kvr_recent_mean(&r, 600 * S, 2000, 10.0, 5), 10.0)); /* forgotten */
+    for (uint64_t t = 61; t <= 70; t++) /* a light spell: gaps of 10 ms */
+        kvr_recent_add(&r, 10.0, t * S, 2000);
+    assert_true(kvr_recent_mean(&r, 70 * S, 2000, 10.0, 0) < 10.0 + 90.0 * exp(-5.0) * 3);
+    kvr_recent_add(&r, NAN, 71 * S, 2000); /* ignored */
+    assert_true(isfinite(kvr_recent_mean(&r, 71 * S, 2000, 10.0, 0)));
+    /* a time before the last observation (clocks are monotonic; never a weight above 1) */
+    assert_true(isfinite(kvr_recent_mean(&r, 1 * S, 2000, 10.0, 0)));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fits_rows_and_attention),
         cmocka_unit_test(test_no_spread_is_pessimistic),
         cmocka_unit_test(test_calibration),
+        cmocka_unit_test(test_recent_mean),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
