@@ -1433,8 +1433,9 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
         raw_first * kvr_recent_mean(&s->first_eta[r->eta_class], now, ETA_TAU_MS, 1.0, ETA_PRIOR);
     /* The whole answer: the first token, then the gaps. A stream's gaps depend less on the
      * load when it starts than on the prompts that arrive while it decodes (they share its
-     * batches): at a steady load the streams' recent gaps are the better guide. Without
-     * them, the cost model's period, corrected by how far whole answers were from it. */
+     * batches): at a steady load the streams' recent gaps are the better guide, beside the
+     * cost model's period worth GAP_PRIOR of them; with none at all, that period corrected
+     * by how far whole answers were from it. */
     double gap_ms = kvr_recent_mean(&s->gaps, now, GAP_TAU_MS, period, GAP_PRIOR);
     r->pred_period_ms = gap_ms;
     double f_answer = s->calib_total.n >= 5 && gap_ms == period ? s->calib_total.mid : 1.0;

@@ -81,7 +81,8 @@ struct kvr_sched_req {
                               gaps between tokens (decayed over seconds), else the cost
                               model's period at the load it adds */
     double est_first_ms;   /* its estimate of the first token's time from submit,
-                              corrected by the model's mean error (0: none) */
+                              corrected by the recent mean error of estimates of its
+                              eta_class (0: none) */
     double est_period_ms;  /* ... and of the time between tokens, such that est_first_ms +
                               (n - 1) x est_period_ms is the estimate for n tokens (the
                               cost model's period is corrected by the whole answers' median
