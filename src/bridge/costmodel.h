@@ -65,7 +65,7 @@ double kvr_cost_period_ms(const struct kvr_cost_model *m, double n_decode, doubl
                           struct kvr_cost_shape prefill);
 
 /* Calibration: how far reality is from the model. Each observation is actual / predicted
- * (of a first-token time, a gap between tokens, a whole answer); the factor is a high
+ * (of a first-token time, a mixed batch's time, a whole answer); the factor is a high
  * quantile of that ratio, never below `floor`: the 95th percentile, tracked by stochastic
  * approximation (up 10% x 0.95 at a ratio above it, down 10% x 0.05 otherwise, so about 5%
  * stay above; one outlier moves it by a step, not by its size, as a mean + k standard

@@ -135,18 +135,17 @@ struct kvr_sched {
      * 10-39, 0.85 at 60 or more, where the thin chunks it assumed thicken as prompts
      * arrive) and on the load, which the decay follows */
     struct kvr_recent first_eta[ETA_CLASSES];
-    struct kvr_calib calib_period; /* actual / predicted gap between tokens */
-    struct kvr_calib calib_mixed;  /* actual / predicted time of batches with prefill
-                                      added to decode rows: keeps chunking honest */
-    struct kvr_calib calib_total;  /* actual / estimated time of whole answers */
-    double mix_rows, mix_pairs;    /* prefill rows (and their attention pairs) that batches
-                                      with decode rows carried lately (moving averages) */
-    double arrival_gap_ms;         /* mean time between submits lately (moving average) */
-    struct kvr_recent gaps;        /* the streams' recent gaps between tokens, ms */
-    uint64_t last_arrival_ns;      /* the last submit's now; 0 before the first */
-    double *admit_scratch;         /* [max_seqs] admission's working memory */
-    double *ends_scratch;          /* [max_seqs + max_waiting] ... and prefill_eta's */
-    uint32_t *pick_scratch;        /* [max_seqs + 1] the decode picker's */
+    struct kvr_calib calib_mixed; /* actual / predicted time of batches with prefill
+                                     added to decode rows: keeps chunking honest */
+    struct kvr_calib calib_total; /* actual / estimated time of whole answers */
+    double mix_rows, mix_pairs;   /* prefill rows (and their attention pairs) that batches
+                                     with decode rows carried lately (moving averages) */
+    double arrival_gap_ms;        /* mean time between submits lately (moving average) */
+    struct kvr_recent gaps;       /* the streams' recent gaps between tokens, ms */
+    uint64_t last_arrival_ns;     /* the last submit's now; 0 before the first */
+    double *admit_scratch;        /* [max_seqs] admission's working memory */
+    double *ends_scratch;         /* [max_seqs + max_waiting] ... and prefill_eta's */
+    uint32_t *pick_scratch;       /* [max_seqs + 1] the decode picker's */
 };
 
 const double kvr_sched_queue_bounds[KVR_SCHED_QUEUE_BUCKETS] = {0.001, 0.005, 0.01, 0.025, 0.05,
@@ -921,7 +920,7 @@ static void observe_estimate(struct kvr_sched *s, struct kvr_sched_req *r, bool 
 
 /* One token came back for the sequence in `slot` (state SEQ_WAIT). */
 static void take_token(struct kvr_sched *s, uint32_t slot, const struct kvr_wire_result *res,
-                       double period_now, uint64_t now)
+                       uint64_t now)
 {
     struct seq *q = &s->seqs[slot];
     struct kvr_sched_req *r = q->r;
@@ -937,13 +936,10 @@ static void take_token(struct kvr_sched *s, uint32_t slot, const struct kvr_wire
         kvr_calib_observe(&s->calib_first, ratio);
         kvr_recent_add(&s->first_eta[r->eta_class], ratio, now, ETA_TAU_MS);
     } else if (!was_held && r->n_generated > 1) {
-        double gap = (now - r->last_token_ns) / 1e6;
         /* Every gap as it happens, not whole answers when they end: those describe the load
          * of seconds ago (after a saturated spell the first answers of a light one were
          * estimated at its gaps, 1.3-2.3x too long). */
-        kvr_recent_add(&s->gaps, gap, now, GAP_TAU_MS);
-        if (period_now > 0)
-            kvr_calib_observe(&s->calib_period, gap / period_now);
+        kvr_recent_add(&s->gaps, (now - r->last_token_ns) / 1e6, now, GAP_TAU_MS);
     }
     r->held_once = r->held_once || was_held;
     r->last_token_ns = now;
@@ -1031,9 +1027,6 @@ int kvr_sched_result(struct kvr_sched *s, const struct kvr_wire_frame *f, uint64
     if (f->hdr.batch_id != bt->id || f->hdr.n_segs != bt->n_segs)
         return kvr_err_set(err, KVR_EPROTO, "result for batch %llu, expected batch %llu",
                            (unsigned long long)f->hdr.batch_id, (unsigned long long)bt->id);
-    double period_now = 0;
-    if (kvr_cost_ready(&s->cost))
-        period_now = expected_period(s, s->n_running, mean_context(s));
     uint32_t k = 0;
     for (uint32_t i = 0; i < bt->n_segs; i++) {
         const struct kvr_seg *sg = &bt->segs[i];
@@ -1045,7 +1038,7 @@ int kvr_sched_result(struct kvr_sched *s, const struct kvr_wire_frame *f, uint64
             continue;
         const struct kvr_wire_result *res = &f->results[k++];
         if (q->state == SEQ_WAIT)
-            take_token(s, sg->seq, res, period_now, now);
+            take_token(s, sg->seq, res, now);
         /* else it ended while in flight: the token is dropped */
     }
     observe_batch(s, bt, f, now);
@@ -1211,20 +1204,24 @@ static struct eta_batch eta_batch(const struct kvr_sched *s, struct kvr_cost_sha
     return b;
 }
 
-/* How long a batch of shape b takes to reach the stage that is slowest for shape `ref`: the
- * stages ahead of that one, and their hops. */
-static double before_slowest_ms(const struct kvr_cost_model *m, struct kvr_cost_shape ref,
-                                struct kvr_cost_shape b)
+/* The stage that is slowest for a batch of shape b. */
+static uint32_t slowest_stage(const struct kvr_cost_model *m, struct kvr_cost_shape b)
 {
     uint32_t k = 0;
     double worst = -1;
     for (uint32_t j = 0; j < m->n_stages; j++) {
-        double t = kvr_cost_stage_ms(m, j, ref);
+        double t = kvr_cost_stage_ms(m, j, b);
         if (t > worst) {
             worst = t;
             k = j;
         }
     }
+    return k;
+}
+
+/* How long a batch of shape b takes to reach stage k: the stages before it, and their hops. */
+static double before_stage_ms(const struct kvr_cost_model *m, uint32_t k, struct kvr_cost_shape b)
+{
     double sum = k * m->hop_ms / (m->n_stages + 1);
     for (uint32_t j = 0; j < k; j++)
         sum += kvr_cost_stage_ms(m, j, b);
@@ -1279,7 +1276,8 @@ static struct prefill_eta prefill_eta(const struct kvr_sched *s, struct kvr_cost
              * others there instead of passing those stages on its own time. */
             struct kvr_cost_shape full = {dk.rows + with.room,
                                           dk.pairs + kvr_cost_pairs(n_prompt / 2.0, with.room)};
-            done += before_slowest_ms(m, full, full) - before_slowest_ms(m, full, last);
+            uint32_t slow = slowest_stage(m, full);
+            done += before_stage_ms(m, slow, full) - before_stage_ms(m, slow, last);
         }
         if (k >= n_ends || done <= ends[k]) {
             e.batches += n_b;
