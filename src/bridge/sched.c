@@ -28,6 +28,13 @@ enum {
 /* Prefill rows added to batches that carry decode rows may make the decoding streams' time
  * between tokens at most this factor longer (prefill_limit_ms). */
 #define ITL_SLOWDOWN 1.8
+/* The waiting share that scales it is a mean over the recent batches, not the count of the
+ * moment: a request's chunks, and the gaps of the streams beside them, then follow the load
+ * of the last several seconds, which admission knows, instead of the requests that happen
+ * to arrive after it, which it cannot (fake ring, six seeds: the best any estimate made at
+ * admission could do for first tokens went from 0.11-0.16 to 0.06-0.10, capacity the same;
+ * bench/README "Ninth pass"). */
+#define SHARE_TAU_MS 10000.0
 
 /* The whole-answer estimate's time between tokens is the decoding streams' own lately:
  * every gap as it comes back, weighted by exp(-age / GAP_TAU_MS), and the cost model's
@@ -140,9 +147,8 @@ struct kvr_sched {
     struct kvr_calib calib_total; /* actual / estimated time of whole answers */
     double mix_rows, mix_pairs;   /* prefill rows (and their attention pairs) that batches
                                      with decode rows carried lately (moving averages) */
-    double arrival_gap_ms;        /* mean time between submits lately (moving average) */
     struct kvr_recent gaps;       /* the streams' recent gaps between tokens, ms */
-    uint64_t last_arrival_ns;     /* the last submit's now; 0 before the first */
+    struct kvr_recent share;      /* the waiting share (waiting_share) of recent batches */
     double *admit_scratch;        /* [max_seqs] admission's working memory */
     double *ends_scratch;         /* [max_seqs + max_waiting] ... and prefill_eta's */
     uint32_t *pick_scratch;       /* [max_seqs + 1] the decode picker's */
@@ -586,35 +592,39 @@ static bool prefill_urgent(const struct kvr_sched *s, double rate, double full_r
     return false;
 }
 
-/* The time between tokens that the decoding streams of a batch carrying `decode` may have
- * once prefill rows are added to it (chunked prefill): ITL_SLOWDOWN x their decode-only
- * time between tokens, times the number of requests waiting for their first token over the
- * number decoding if that is more than 1 (a prompt's delay counts as much as a stream's:
- * one long prompt beside eight streams gets thin chunks, thirty prompts beside four streams
- * nearly full batches), and never more than the streams' budgets afford
- * (affordable_gap_ms). Only a prompt that would miss its first-token budget at that pace
- * (prefill_urgent) may take more, up to what the budgets afford: a request's first-token
- * budget is as much a promise as the streams' totals. So a long prompt without a pressing
- * budget never stretches the gaps by more than the factor, and a tight budget on a
- * decoding stream keeps chunks shorter still. Admission asks for a request not yet
- * counted and the ones expected to arrive while it prefills (`extra`: requests waiting for
- * a first token beyond those there now), and whether it would be urgent (`urgent_too`). 0 (no
- * limit) without decode rows or before the model has data. */
-static double chunk_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape decode, double extra,
-                             bool urgent_too, uint64_t now)
+/* Requests waiting for a first token over those decoding, when that is more than 1: a
+ * prompt's delay counts as much as a stream's, so one long prompt beside eight streams gets
+ * thin chunks, thirty prompts beside four streams nearly full batches. */
+static double waiting_share(const struct kvr_sched *s)
 {
-    if (decode.rows <= 0 || !kvr_cost_ready(&s->cost))
-        return 0;
-    double alone = window_period_ms(s, decode, 1.0);
-    double afford = affordable_gap_ms(s, alone, now);
-    double n_first = s->wq_count + extra;
+    double n_first = s->wq_count;
     uint32_t n_dec = 0;
     for (uint32_t i = 0; i < s->plan->max_seqs; i++) {
         const struct seq *q = &s->seqs[i];
         n_first += q->state == SEQ_PREFILL;
         n_dec += q->decoding && (q->state == SEQ_READY || q->state == SEQ_WAIT);
     }
-    double share = n_dec > 0 && n_first > n_dec ? n_first / n_dec : 1.0;
+    return n_dec > 0 && n_first > n_dec ? n_first / n_dec : 1.0;
+}
+
+/* The time between tokens that the decoding streams of a batch carrying `decode` may have
+ * once prefill rows are added to it (chunked prefill): ITL_SLOWDOWN x their decode-only
+ * time between tokens, times the waiting share of the recent batches (SHARE_TAU_MS), and
+ * never more than the streams' budgets afford (affordable_gap_ms). Only a prompt that would
+ * miss its first-token budget at that pace (prefill_urgent) may take more, up to what the
+ * budgets afford: a request's first-token budget is as much a promise as the streams'
+ * totals. So a long prompt without a pressing budget never stretches the gaps by more than
+ * the factor, and a tight budget on a decoding stream keeps chunks shorter still. Admission
+ * asks whether a request not yet counted would be urgent (`urgent_too`). 0 (no limit)
+ * without decode rows or before the model has data. */
+static double chunk_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape decode,
+                             bool urgent_too, uint64_t now)
+{
+    if (decode.rows <= 0 || !kvr_cost_ready(&s->cost))
+        return 0;
+    double alone = window_period_ms(s, decode, 1.0);
+    double afford = affordable_gap_ms(s, alone, now);
+    double share = kvr_recent_mean(&s->share, now, SHARE_TAU_MS, 1.0, 1.0);
     double cap = ITL_SLOWDOWN * share * alone;
     if (afford <= cap || urgent_too)
         return afford;
@@ -625,7 +635,7 @@ static double chunk_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape de
 static double prefill_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape decode,
                                uint64_t now)
 {
-    return chunk_limit_ms(s, decode, 0, false, now);
+    return chunk_limit_ms(s, decode, false, now);
 }
 
 /* Rows from..from+n of a sequence's prefill: its prompt, then (after a recovery) the
@@ -770,6 +780,8 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
     struct kvr_cost_shape dec_shape = {bt->n_rows, bt->pairs};
     if (n_dec == 0 && n_decoding > 0)
         dec_shape = (struct kvr_cost_shape){quota, quota * dec_ctx};
+    if (n_decoding > 0)
+        kvr_recent_add(&s->share, waiting_share(s), now, SHARE_TAU_MS);
     double limit_ms = prefill_limit_ms(s, dec_shape, now);
     bool full = false;
     while (bt->n_rows < p->row_width && !full) {
@@ -1367,31 +1379,16 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     for (uint32_t k = 0; k < s->wq_count; k++)
         ends[n_ends++] = s->waitq[(s->wq_head + k) % s->max_waiting]->req.max_tokens * period;
     qsort(ends, n_ends, sizeof *ends, cmp_double);
-    /* Requests waiting for a first token set how thick chunks beside the streams are
-     * (chunk_limit_ms): while the prompts ahead go through, their number falls from all of
-     * them and ours to ours alone, and the requests that arrive meanwhile (at the recent
-     * rate) add to it. Taken at its mean over our wait: 1 + (prompts ahead) x (their share
-     * of the rows) / 2 + (arrivals during the wait) / 2, the wait first estimated without
-     * arrivals. */
-    double n_ahead = s->wq_count;
-    for (uint32_t i = 0; i < p->max_seqs; i++)
-        n_ahead += s->seqs[i].state == SEQ_PREFILL;
-    double extra = 1 + n_ahead * ((rows_ahead - n_compute) / rows_ahead / 2 - 1);
-    struct prefill_eta eta =
-        prefill_eta(s, decode, req->n_prompt, rows_ahead,
-                    chunk_limit_ms(s, decode, extra, false, now), ends, n_ends);
-    if (s->arrival_gap_ms > 0) {
-        extra += eta.first_ms / s->arrival_gap_ms / 2;
-        eta = prefill_eta(s, decode, req->n_prompt, rows_ahead,
-                          chunk_limit_ms(s, decode, extra, false, now), ends, n_ends);
-    }
+    /* The chunks beside the streams follow the recent waiting share (chunk_limit_ms), which
+     * the requests that arrive while ours waits hardly move. */
+    struct prefill_eta eta = prefill_eta(s, decode, req->n_prompt, rows_ahead,
+                                         chunk_limit_ms(s, decode, false, now), ends, n_ends);
     double f_first = kvr_calib_factor(&s->calib_first, ADMIT_MARGIN);
     if (req->first_token_ms && f_first * eta.first_ms + period > req->first_token_ms) {
         /* Too slow at the streams' pace: the chunking rule gives an urgent prompt what the
          * decoding streams' budgets afford (chunk_limit_ms). */
-        struct prefill_eta fast =
-            prefill_eta(s, decode, req->n_prompt, rows_ahead,
-                        chunk_limit_ms(s, decode, extra, true, now), ends, n_ends);
+        struct prefill_eta fast = prefill_eta(s, decode, req->n_prompt, rows_ahead,
+                                              chunk_limit_ms(s, decode, true, now), ends, n_ends);
         if (fast.first_ms < eta.first_ms)
             eta = fast;
     }
@@ -1511,11 +1508,6 @@ int kvr_sched_submit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     r->last_token_ns = r->first_token_ns = 0;
     r->held_once = false;
     r->submit_ns = now;
-    if (s->last_arrival_ns && now > s->last_arrival_ns) {
-        double gap = (now - s->last_arrival_ns) / 1e6;
-        s->arrival_gap_ms = s->arrival_gap_ms > 0 ? 0.9 * s->arrival_gap_ms + 0.1 * gap : gap;
-    }
-    s->last_arrival_ns = now;
     r->deadline_ns = req->total_ms         ? now + req->total_ms * MS_NS
                      : req->first_token_ms ? now + req->first_token_ms * MS_NS
                                            : UINT64_MAX;
