@@ -19,13 +19,18 @@ void kvr_cost_init(struct kvr_cost_model *m, uint32_t n_stages, uint32_t microba
  * proportional to it, which overestimates larger batches: the safe side for admission. */
 static void fit(struct kvr_cost_stage *st)
 {
-    double w = st->s1;
+    struct kvr_cost_sums a = st->by_size[0], b = st->by_size[1],
+                         t = {a.s1 + b.s1,       a.sx1 + b.sx1,     a.sx2 + b.sx2,
+                              a.sy + b.sy,       a.sx1x1 + b.sx1x1, a.sx1x2 + b.sx1x2,
+                              a.sx2x2 + b.sx2x2, a.sx1y + b.sx1y,   a.sx2y + b.sx2y};
+    const struct kvr_cost_sums *sm = &t;
+    double w = sm->s1;
     if (w <= 0)
         return;
-    double m1 = st->sx1 / w, m2 = st->sx2 / w, my = st->sy / w;
-    double v11 = st->sx1x1 / w - m1 * m1, v22 = st->sx2x2 / w - m2 * m2;
-    double v12 = st->sx1x2 / w - m1 * m2;
-    double c1y = st->sx1y / w - m1 * my, c2y = st->sx2y / w - m2 * my;
+    double m1 = sm->sx1 / w, m2 = sm->sx2 / w, my = sm->sy / w;
+    double v11 = sm->sx1x1 / w - m1 * m1, v22 = sm->sx2x2 / w - m2 * m2;
+    double v12 = sm->sx1x2 / w - m1 * m2;
+    double c1y = sm->sx1y / w - m1 * my, c2y = sm->sx2y / w - m2 * my;
     double c1 = 0, c2 = 0;
     bool spread1 = v11 > 0.25, spread2 = v22 > 0.25 * (m2 * m2 > 1 ? m2 * m2 * 1e-4 : 1);
     double det = v11 * v22 - v12 * v12;
@@ -53,7 +58,8 @@ void kvr_cost_observe(struct kvr_cost_model *m, struct kvr_cost_shape shape, con
 {
     double x1 = shape.rows, x2 = shape.pairs, held_sum = 0, d = m->decay;
     for (uint32_t s = 0; s < m->n_stages; s++) {
-        struct kvr_cost_stage *st = &m->stage[s];
+        struct kvr_cost_stage *stage = &m->stage[s];
+        struct kvr_cost_sums *st = &stage->by_size[x1 >= KVR_COST_BIG_ROWS];
         double y = held_ms[s];
         st->s1 = d * st->s1 + 1;
         st->sx1 = d * st->sx1 + x1;
@@ -64,7 +70,7 @@ void kvr_cost_observe(struct kvr_cost_model *m, struct kvr_cost_shape shape, con
         st->sx2x2 = d * st->sx2x2 + x2 * x2;
         st->sx1y = d * st->sx1y + x1 * y;
         st->sx2y = d * st->sx2y + x2 * y;
-        fit(st);
+        fit(stage);
         held_sum += y;
     }
     double hop = round_trip_ms - held_sum;

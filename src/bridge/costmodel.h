@@ -32,10 +32,21 @@ static inline double kvr_cost_pairs(double pos0, double n)
     return n * pos0 + n * (n + 1) / 2;
 }
 
-struct kvr_cost_stage {
-    /* Decayed sums of 1, x1 = rows, x2 = pairs, y = held ms, and their products. */
+/* Decayed sums of 1, x1 = rows, x2 = pairs, y = held ms, and their products. */
+struct kvr_cost_sums {
     double s1, sx1, sx2, sy, sx1x1, sx1x2, sx2x2, sx1y, sx2y;
-    double c0, c1, c2; /* the fit, refreshed at each observation */
+};
+
+/* Small batches (decode rows, thin chunks) and large ones (prefill) keep separate memories,
+ * each forgetting only when a batch of its own kind comes back, and the fit reads both: at a
+ * light load dozens of decode batches pass between two prompts, and one shared memory forgot
+ * what a full batch costs between them (live, the same 160-token prompt on an idle ring was
+ * estimated at 92-148 ms from one request to the next). */
+enum { KVR_COST_BIG_ROWS = 16 };
+
+struct kvr_cost_stage {
+    struct kvr_cost_sums by_size[2]; /* rows < KVR_COST_BIG_ROWS, and the rest */
+    double c0, c1, c2;               /* the fit, refreshed at each observation */
 };
 
 struct kvr_cost_model {

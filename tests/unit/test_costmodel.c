@@ -67,6 +67,29 @@ static void test_no_spread_is_pessimistic(void **state)
     assert_true(kvr_cost_stage_ms(&m, 0, (struct kvr_cost_shape){0, 0}) >= 0);
 }
 
+/* A light load: a prompt's full batches, then hundreds of decode batches of 1-4 rows whose
+ * time hardly depends on their rows (streaming the weights costs the same for 1 row or 4).
+ * What a full batch costs must not be forgotten meanwhile: with one shared memory (0.98 a
+ * batch) the fit had only the decode batches left and put a 64-row batch at ~5 ms. */
+static void test_full_batches_remembered_between_prompts(void **state)
+{
+    (void)state;
+    struct kvr_cost_model m;
+    kvr_cost_init(&m, 1, 2);
+    for (int i = 0; i < 6; i++) {
+        double held = 40; /* 64 rows of prefill */
+        kvr_cost_observe(&m, (struct kvr_cost_shape){64, 64 * 100}, &held, held + 1);
+    }
+    for (int i = 0; i < 400; i++) {
+        double rows = 1 + i % 4, held = 5 + 0.01 * rows;
+        kvr_cost_observe(&m, (struct kvr_cost_shape){rows, rows * 150}, &held, held + 1);
+    }
+    double full = kvr_cost_stage_ms(&m, 0, (struct kvr_cost_shape){64, 64 * 100});
+    double one = kvr_cost_stage_ms(&m, 0, (struct kvr_cost_shape){1, 150});
+    assert_true(full > 30 && full < 50);
+    assert_true(one > 3 && one < 8);
+}
+
 static void test_calibration(void **state)
 {
     (void)state;
@@ -121,6 +144,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fits_rows_and_attention),
         cmocka_unit_test(test_no_spread_is_pessimistic),
+        cmocka_unit_test(test_full_batches_remembered_between_prompts),
         cmocka_unit_test(test_calibration),
         cmocka_unit_test(test_recent_mean),
     };
