@@ -13,24 +13,21 @@ void kvr_cost_init(struct kvr_cost_model *m, uint32_t n_stages, uint32_t microba
     m->decay = 0.98;
 }
 
-/* Least squares of y on (x1, x2) from the decayed sums, with the coefficients kept >= 0:
- * time never falls when a batch grows. A regressor with no spread (every batch seen had
+/* Least squares of y on (x1, x2) from the decayed sums of both memories (small and large
+ * batches, costmodel.h), with the coefficients kept >= 0: time never falls when a batch
+ * grows. A regressor with no spread (every batch seen had
  * the same row count, say) cannot be separated from the constant; then time is taken as
  * proportional to it, which overestimates larger batches: the safe side for admission. */
 static void fit(struct kvr_cost_stage *st)
 {
-    struct kvr_cost_sums a = st->by_size[0], b = st->by_size[1],
-                         t = {a.s1 + b.s1,       a.sx1 + b.sx1,     a.sx2 + b.sx2,
-                              a.sy + b.sy,       a.sx1x1 + b.sx1x1, a.sx1x2 + b.sx1x2,
-                              a.sx2x2 + b.sx2x2, a.sx1y + b.sx1y,   a.sx2y + b.sx2y};
-    const struct kvr_cost_sums *sm = &t;
-    double w = sm->s1;
+    const struct kvr_cost_sums *a = &st->by_size[0], *b = &st->by_size[1];
+    double w = a->s1 + b->s1;
     if (w <= 0)
         return;
-    double m1 = sm->sx1 / w, m2 = sm->sx2 / w, my = sm->sy / w;
-    double v11 = sm->sx1x1 / w - m1 * m1, v22 = sm->sx2x2 / w - m2 * m2;
-    double v12 = sm->sx1x2 / w - m1 * m2;
-    double c1y = sm->sx1y / w - m1 * my, c2y = sm->sx2y / w - m2 * my;
+    double m1 = (a->sx1 + b->sx1) / w, m2 = (a->sx2 + b->sx2) / w, my = (a->sy + b->sy) / w;
+    double v11 = (a->sx1x1 + b->sx1x1) / w - m1 * m1, v22 = (a->sx2x2 + b->sx2x2) / w - m2 * m2;
+    double v12 = (a->sx1x2 + b->sx1x2) / w - m1 * m2;
+    double c1y = (a->sx1y + b->sx1y) / w - m1 * my, c2y = (a->sx2y + b->sx2y) / w - m2 * my;
     double c1 = 0, c2 = 0;
     bool spread1 = v11 > 0.25, spread2 = v22 > 0.25 * (m2 * m2 > 1 ? m2 * m2 * 1e-4 : 1);
     double det = v11 * v22 - v12 * v12;
