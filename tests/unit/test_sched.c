@@ -282,6 +282,53 @@ static void test_chunked_prefill_beside_decodes(void **state)
     assert_int_equal(chunks_beside_decodes(60000), free_chunks);
 }
 
+/* The waiting share that widens chunks beside streams is a mean over the recent batches:
+ * four prompts arriving at once beside one stream first get the chunk one prompt would
+ * (with the share of the moment, 4 waiting over 1 decoding, the first chunk was ~4x that),
+ * and the chunks widen as the queue stays. */
+static void test_chunks_follow_the_recent_share(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(1, 64, 8, 128, false);
+    ring_up(h);
+    warm_up(h, 1);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 3, 4, 64, 0, 1, 0, 0, &why), 0); /* decodes */
+    sh_run(h, 20);
+    assert_true(h->reqs[3].n_seen >= 10);
+    for (uint32_t i = 4; i < 8; i++)
+        assert_int_equal(sh_submit(h, i, 200, 4, 0, 1, 0, 0, &why), 0);
+    uint32_t first = 0, widest = 0;
+    for (uint32_t b = 0; b < 40 && h->n_ring; b++) {
+        const struct sh_batch *bt = &h->ring[h->ring_head];
+        bool has_decode = false;
+        uint32_t rows = 0;
+        for (uint32_t k = 0; k < bt->n_segs; k++) {
+            has_decode = has_decode || (bt->segs[k].flags & KVR_SEG_DECODE);
+            if (bt->segs[k].flags & KVR_SEG_PREFILL)
+                rows += bt->segs[k].n_tokens;
+        }
+        if (!has_decode)
+            break; /* the stream ended: the rule no longer applies */
+        if (rows && !first)
+            first = rows;
+        widest = rows > widest ? rows : widest;
+        assert_int_equal(sh_deliver(h), 0);
+        sh_pump(h);
+        OK(h);
+    }
+    print_message("prefill rows beside the stream: first batch %u, widest %u\n", first, widest);
+    /* One prompt's chunk is 9-10 rows here (test_chunked_prefill_beside_decodes); this batch's
+     * own share counts once beside the ~20 before it (12 rows); the share of the moment: 63. */
+    assert_true(first >= 4 && first <= 16);
+    assert_true(widest >= 2 * first);
+    sh_run(h, 2000);
+    OK(h);
+    for (uint32_t i = 3; i < 8; i++)
+        assert_stream(&h->reqs[i], h->reqs[i].n_seen);
+    done(h);
+}
+
 /* Two micro-batches and one decoding stream: its row is in one batch at a time, so every
  * other batch has no decode row. Such a batch delays the stream as much as one with its row
  * (its next batch queues behind it), so it takes a chunk of the same rule, not the row
@@ -1283,6 +1330,7 @@ int main(void)
         cmocka_unit_test(test_kv_exhaustion_and_wait_queue),
         cmocka_unit_test(test_chunked_prefill_beside_decodes),
         cmocka_unit_test(test_chunks_beside_a_stream_in_every_batch),
+        cmocka_unit_test(test_chunks_follow_the_recent_share),
         cmocka_unit_test(test_prefill_takes_the_row_width_before_costs_are_known),
         cmocka_unit_test(test_cancel_mid_prefill),
         cmocka_unit_test(test_cancel_while_waiting),
