@@ -1433,7 +1433,7 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
      * by how far whole answers were from it. */
     double gap_ms = kvr_recent_mean(&s->gaps, now, GAP_TAU_MS, period, GAP_PRIOR);
     r->pred_period_ms = gap_ms;
-    double f_answer = s->calib_total.n >= 5 && gap_ms == period ? s->calib_total.mid : 1.0;
+    double f_answer = s->calib_total.n >= 5 && s->gaps.weight <= 0 ? s->calib_total.mid : 1.0;
     double est_total = (r->est_first_ms + (req->max_tokens - 1) * gap_ms) * f_answer;
     r->est_period_ms =
         req->max_tokens > 1 ? (est_total - r->est_first_ms) / (req->max_tokens - 1) : gap_ms;

@@ -78,8 +78,8 @@ struct kvr_sched_req {
     uint64_t last_token_ns;
     double pred_first_ms;  /* admission's raw first-token estimate (0: none) */
     double pred_period_ms; /* ... and its raw time between tokens: the streams' recent
-                              gaps between tokens (decayed over seconds), else the cost
-                              model's period at the load it adds */
+                              gaps between tokens (decayed over seconds) beside the cost
+                              model's period at the load it adds, worth a few gaps */
     double est_first_ms;   /* its estimate of the first token's time from submit,
                               corrected by the recent mean error of estimates of its
                               eta_class (0: none) */

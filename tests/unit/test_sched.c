@@ -282,6 +282,22 @@ static void test_chunked_prefill_beside_decodes(void **state)
     assert_int_equal(chunks_beside_decodes(60000), free_chunks);
 }
 
+/* The batch at the head of the fake ring: its prefill rows (of sequence `seq`, or of every
+ * sequence when seq < 0), and whether it carries a decode row. */
+static uint32_t head_prefill_rows(const struct sh *h, int seq, bool *has_decode)
+{
+    const struct sh_batch *bt = &h->ring[h->ring_head];
+    uint32_t rows = 0;
+    *has_decode = false;
+    for (uint32_t k = 0; k < bt->n_segs; k++) {
+        const struct kvr_seg *g = &bt->segs[k];
+        *has_decode = *has_decode || (g->flags & KVR_SEG_DECODE);
+        if ((seq < 0 || g->seq == (uint32_t)seq) && (g->flags & KVR_SEG_PREFILL))
+            rows += g->n_tokens;
+    }
+    return rows;
+}
+
 /* The waiting share that widens chunks beside streams is a mean over the recent batches:
  * four prompts arriving at once beside one stream first get the chunk one prompt would
  * (with the share of the moment, 4 waiting over 1 decoding, the first chunk was ~4x that),
@@ -300,14 +316,8 @@ static void test_chunks_follow_the_recent_share(void **state)
         assert_int_equal(sh_submit(h, i, 200, 4, 0, 1, 0, 0, &why), 0);
     uint32_t first = 0, widest = 0;
     for (uint32_t b = 0; b < 40 && h->n_ring; b++) {
-        const struct sh_batch *bt = &h->ring[h->ring_head];
-        bool has_decode = false;
-        uint32_t rows = 0;
-        for (uint32_t k = 0; k < bt->n_segs; k++) {
-            has_decode = has_decode || (bt->segs[k].flags & KVR_SEG_DECODE);
-            if (bt->segs[k].flags & KVR_SEG_PREFILL)
-                rows += bt->segs[k].n_tokens;
-        }
+        bool has_decode;
+        uint32_t rows = head_prefill_rows(h, -1, &has_decode);
         if (!has_decode)
             break; /* the stream ended: the rule no longer applies */
         if (rows && !first)
@@ -346,15 +356,8 @@ static void test_chunks_beside_a_stream_in_every_batch(void **state)
     assert_int_equal(sh_submit(h, 5, 200, 4, 0, 1, 0, 0, &why), 0); /* a long prompt */
     uint32_t prefilled = 0, n_with = 0, n_without = 0, max_with = 0, max_without = 0;
     for (uint32_t guard = 0; prefilled < 200 && guard < 400; guard++) {
-        const struct sh_batch *bt = &h->ring[h->ring_head];
-        bool has_decode = false;
-        uint32_t chunk = 0;
-        for (uint32_t k = 0; k < bt->n_segs; k++) {
-            const struct kvr_seg *g = &bt->segs[k];
-            has_decode = has_decode || (g->flags & KVR_SEG_DECODE);
-            if (g->seq == (uint32_t)h->reqs[5].r.seq && (g->flags & KVR_SEG_PREFILL))
-                chunk = g->n_tokens;
-        }
+        bool has_decode;
+        uint32_t chunk = head_prefill_rows(h, h->reqs[5].r.seq, &has_decode);
         prefilled += chunk;
         if (chunk && prefilled < 200) { /* the last chunk is what was left */
             uint32_t *n = has_decode ? &n_with : &n_without;
