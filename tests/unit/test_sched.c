@@ -215,19 +215,30 @@ static uint32_t rule_max_chunk(double left_ms, uint32_t togo, bool budget)
     return n;
 }
 
+/* A fake ring (`mb` micro-batches, 64 rows, `seqs` slots, `blocks` KV blocks) whose request
+ * slot 3 decodes: a stream of `max_tokens` (within `total_ms` if not 0), run for `batches`
+ * batches, by then `seen` tokens at least. */
+static struct sh *beside_a_stream(uint32_t mb, uint32_t seqs, uint32_t blocks, uint32_t max_tokens,
+                                  uint32_t total_ms, uint32_t batches, uint32_t seen)
+{
+    struct sh *h = new_sh(mb, 64, seqs, blocks, false);
+    ring_up(h);
+    warm_up(h, 1);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 3, 4, max_tokens, 0, 1, 0, total_ms, &why), 0);
+    sh_run(h, batches);
+    assert_true(h->reqs[3].n_seen >= seen);
+    return h;
+}
+
 /* One stream decodes (total budget total_ms, 0: none) while a 200-token prompt goes in:
  * every batch carries its decode row and a chunk of at most rule_max_chunk rows, and at
  * least that less one (the cost model has learnt the ring, the chunks are not smaller than
  * the rule asks). Returns the number of chunks. */
 static uint32_t chunks_beside_decodes(uint32_t total_ms)
 {
-    struct sh *h = new_sh(1, 64, 4, 64, false);
-    ring_up(h);
-    warm_up(h, 1);
+    struct sh *h = beside_a_stream(1, 4, 64, 60, total_ms, 3, 2);
     struct kvr_refusal why;
-    assert_int_equal(sh_submit(h, 3, 4, 60, 0, 1, 0, total_ms, &why), 0); /* decodes */
-    sh_run(h, 3);
-    assert_true(h->reqs[3].n_seen >= 2);
     assert_int_equal(sh_submit(h, 5, 200, 4, 0, 1, 0, 0, &why), 0); /* a long prompt */
     uint32_t chunks = 0, prefilled = 0;
     while (prefilled < 200 && chunks < 100) {
@@ -305,13 +316,8 @@ static uint32_t head_prefill_rows(const struct sh *h, int seq, bool *has_decode)
 static void test_chunks_follow_the_recent_share(void **state)
 {
     (void)state;
-    struct sh *h = new_sh(1, 64, 8, 128, false);
-    ring_up(h);
-    warm_up(h, 1);
+    struct sh *h = beside_a_stream(1, 8, 128, 64, 0, 20, 10);
     struct kvr_refusal why;
-    assert_int_equal(sh_submit(h, 3, 4, 64, 0, 1, 0, 0, &why), 0); /* decodes */
-    sh_run(h, 20);
-    assert_true(h->reqs[3].n_seen >= 10);
     for (uint32_t i = 4; i < 8; i++)
         assert_int_equal(sh_submit(h, i, 200, 4, 0, 1, 0, 0, &why), 0);
     uint32_t first = 0, widest = 0;
@@ -346,13 +352,8 @@ static void test_chunks_follow_the_recent_share(void **state)
 static void test_chunks_beside_a_stream_in_every_batch(void **state)
 {
     (void)state;
-    struct sh *h = new_sh(2, 64, 4, 64, false);
-    ring_up(h);
-    warm_up(h, 1);
+    struct sh *h = beside_a_stream(2, 4, 64, 60, 0, 4, 2);
     struct kvr_refusal why;
-    assert_int_equal(sh_submit(h, 3, 4, 60, 0, 1, 0, 0, &why), 0); /* decodes */
-    sh_run(h, 4);
-    assert_true(h->reqs[3].n_seen >= 2);
     assert_int_equal(sh_submit(h, 5, 200, 4, 0, 1, 0, 0, &why), 0); /* a long prompt */
     uint32_t prefilled = 0, n_with = 0, n_without = 0, max_with = 0, max_without = 0;
     for (uint32_t guard = 0; prefilled < 200 && guard < 400; guard++) {
