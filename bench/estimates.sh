@@ -49,28 +49,19 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+# shellcheck source=bench/serve.bash
+. "$here/serve.bash"
 TMP=$(mktemp -d /tmp/kvr-estimates.XXXXXX)
-SERVER=""
 cleanup() {
-    [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null && wait "$SERVER" 2>/dev/null
+    serve_stop
     [ -n "$log" ] && cp "$TMP/serve.log" "$log"
     rm -rf "$TMP"
 }
 trap cleanup EXIT
-if [ -z "$model" ]; then
-    model=$TMP/ring45.gguf
-    "$KVASIR" synth --shape ring-45 --type q8_0 -o "$model" >/dev/null 2>&1
-fi
+[ -n "$model" ] || { model=$TMP/ring45.gguf; ring45 "$model"; }
 # shellcheck disable=SC2086 # SERVE_FLAGS: extra serve options, word-split on purpose
-KVR_LOG=${log:+debug} "$KVASIR" serve -m "$model" --stages "$stages" --port 0 --max-seqs "$seqs" \
-    --ctx 1024 ${SERVE_FLAGS:-} >"$TMP/serve.log" 2>&1 &
-SERVER=$!
-for _ in $(seq 150); do
-    URL=$(sed -n 's/^kvasir: ready on \(http:[^ ]*\)$/\1/p' "$TMP/serve.log" 2>/dev/null)
-    [ -n "$URL" ] && break
-    sleep 0.2
-done
-[ -n "$URL" ] || { cat "$TMP/serve.log"; exit 1; }
+KVR_LOG=${log:+debug} serve_start "$TMP/serve.log" -m "$model" --stages "$stages" \
+    --max-seqs "$seqs" --ctx 1024 ${SERVE_FLAGS:-}
 hist() { # hist NAME: "le count" lines of a histogram in /metrics
     curl -s "$URL/metrics" | sed -n "s/^kvasir:$1_bucket{le=\"\([^\"]*\)\"} \([0-9]*\)$/\1 \2/p"
 }

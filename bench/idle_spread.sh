@@ -30,28 +30,17 @@ while [ $# -gt 0 ]; do
     shift
 done
 [ "$requests" -gt 20 ] || { echo "idle_spread.sh: --requests must be above 20" >&2; exit 2; }
+# shellcheck source=bench/serve.bash
+. "$here/serve.bash"
 TMP=$(mktemp -d /tmp/kvr-idle.XXXXXX)
-SERVER=""
 cleanup() {
-    [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null && wait "$SERVER" 2>/dev/null
+    serve_stop
     [ -n "$log" ] && cp "$TMP/serve.log" "$log"
     rm -rf "$TMP"
 }
 trap cleanup EXIT
-if [ -z "$model" ]; then
-    model=$TMP/ring45.gguf
-    "$KVASIR" synth --shape ring-45 --type q8_0 -o "$model" >/dev/null 2>&1
-fi
-KVR_LOG=debug "$KVASIR" serve -m "$model" --stages "$stages" --port 0 --max-seqs 32 --ctx 1024 \
-    >"$TMP/serve.log" 2>&1 &
-SERVER=$!
-URL=""
-for _ in $(seq 150); do
-    URL=$(sed -n 's/^kvasir: ready on \(http:[^ ]*\)$/\1/p' "$TMP/serve.log" 2>/dev/null)
-    [ -n "$URL" ] && break
-    sleep 0.2
-done
-[ -n "$URL" ] || { cat "$TMP/serve.log"; exit 1; }
+[ -n "$model" ] || { model=$TMP/ring45.gguf; ring45 "$model"; }
+KVR_LOG=debug serve_start "$TMP/serve.log" -m "$model" --stages "$stages" --max-seqs 32 --ctx 1024
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$KVASIR" bench --url "$URL" -m "$model" --prompt-len "$prompt" --output-len "$output" \
     --concurrency 1 --num-requests "$requests" --quiet >"$TMP/bench.txt"

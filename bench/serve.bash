@@ -1,0 +1,36 @@
+# bench/serve.bash - sourced by the serving benchmarks that start a `kvasir serve` of their
+# own ($KVASIR): the default model and the server's start and stop.
+#
+#   ring45 FILE                 synthesize the default model (ring-45, Q8_0) into FILE
+#   serve_start LOG [ARG...]    `kvasir serve --port 0 ARG...` in the background, its output in
+#                               LOG; waits up to 30 s for "ready on" and sets URL and SERVER
+#                               (prints LOG and fails if it never comes)
+#   serve_stop                  stops it, if it runs (for the script's EXIT trap)
+# Environment set on the call (KVR_LOG=debug serve_start ...) reaches the server.
+
+ring45() {
+    "$KVASIR" synth --shape ring-45 --type q8_0 -o "$1" >/dev/null 2>&1
+}
+
+serve_start() {
+    local log=$1
+    shift
+    "$KVASIR" serve --port 0 "$@" >"$log" 2>&1 &
+    SERVER=$!
+    URL=""
+    for _ in $(seq 150); do
+        URL=$(sed -n 's/^kvasir: ready on \(http:[^ ]*\)$/\1/p' "$log" 2>/dev/null)
+        [ -n "$URL" ] && return 0
+        sleep 0.2
+    done
+    cat "$log"
+    return 1
+}
+
+serve_stop() {
+    if [ -n "${SERVER:-}" ]; then
+        kill "$SERVER" 2>/dev/null || true
+        wait "$SERVER" 2>/dev/null || true
+    fi
+    SERVER=""
+}
