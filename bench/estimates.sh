@@ -51,13 +51,7 @@ while [ $# -gt 0 ]; do
 done
 # shellcheck source=bench/serve.bash
 . "$here/serve.bash"
-TMP=$(mktemp -d /tmp/kvr-estimates.XXXXXX)
-cleanup() {
-    serve_stop
-    [ -n "$log" ] && cp "$TMP/serve.log" "$log"
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
+serve_tmp kvr-estimates "$log"
 [ -n "$model" ] || { model=$TMP/ring45.gguf; ring45 "$model"; }
 # shellcheck disable=SC2086 # SERVE_FLAGS: extra serve options, word-split on purpose
 KVR_LOG=${log:+debug} serve_start "$TMP/serve.log" -m "$model" --stages "$stages" \

@@ -32,13 +32,7 @@ done
 [ "$requests" -gt 20 ] || { echo "idle_spread.sh: --requests must be above 20" >&2; exit 2; }
 # shellcheck source=bench/serve.bash
 . "$here/serve.bash"
-TMP=$(mktemp -d /tmp/kvr-idle.XXXXXX)
-cleanup() {
-    serve_stop
-    [ -n "$log" ] && cp "$TMP/serve.log" "$log"
-    rm -rf "$TMP"
-}
-trap cleanup EXIT
+serve_tmp kvr-idle "$log"
 [ -n "$model" ] || { model=$TMP/ring45.gguf; ring45 "$model"; }
 KVR_LOG=debug serve_start "$TMP/serve.log" -m "$model" --stages "$stages" --max-seqs 32 --ctx 1024
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"

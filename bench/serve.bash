@@ -1,12 +1,29 @@
 # bench/serve.bash - sourced by the serving benchmarks that start a `kvasir serve` of their
 # own ($KVASIR): the default model and the server's start and stop.
 #
+#   serve_tmp NAME [KEEP]       a temporary directory, TMP, removed when the script exits,
+#                               after the server is stopped and its log (TMP/serve.log)
+#                               copied to KEEP if that is not empty
 #   ring45 FILE                 synthesize the default model (ring-45, Q8_0) into FILE
 #   serve_start LOG [ARG...]    `kvasir serve --port 0 ARG...` in the background, its output in
 #                               LOG; waits up to 30 s for "ready on" and sets URL and SERVER
 #                               (prints LOG and fails if it never comes)
 #   serve_stop                  stops it, if it runs (for the script's EXIT trap)
 # Environment set on the call (KVR_LOG=debug serve_start ...) reaches the server.
+
+serve_tmp() {
+    TMP=$(mktemp -d "/tmp/$1.XXXXXX")
+    SERVE_KEEP=${2:-}
+    trap serve_exit EXIT
+}
+
+serve_exit() {
+    serve_stop
+    if [ -n "$SERVE_KEEP" ] && [ -f "$TMP/serve.log" ]; then
+        cp "$TMP/serve.log" "$SERVE_KEEP"
+    fi
+    rm -rf "$TMP"
+}
 
 ring45() {
     "$KVASIR" synth --shape ring-45 --type q8_0 -o "$1" >/dev/null 2>&1
