@@ -80,6 +80,10 @@ struct kvr_sched_req {
     double pred_period_ms; /* ... and its raw time between tokens: the streams' recent
                               gaps between tokens (decayed over seconds) beside the cost
                               model's period at the load it adds, worth a few gaps */
+    double check_first_ms; /* the raw first-token estimate the budget was checked at: at
+                              the urgent pace if its error could make it late at the
+                              streams' (the scheduler rescues such a prompt); calib_first
+                              learns its error */
     double est_first_ms;   /* its estimate of the first token's time from submit,
                               corrected by the recent mean error of estimates of its
                               eta_class (0: none) */

@@ -1266,13 +1266,16 @@ static void sim_sweeps(uint32_t prompt_max, struct sim_level *out)
 
 /* bench/estimates.sh's mix (prompts of 32-384 tokens, each well within the 2 s budget on an
  * idle ring). Issue 15 point 4 asks for no refusal at <= 0.5x and p90 |estimate / actual -
- * 1| <= 0.25 at every level; this ring shows (six seeds, means of the p90s): refused 0/878,
- * 2/870, 16/904 at 0.2x, 0.35x, 0.5x; p90 first token 0.19-0.31 (82-94% within +-25%),
- * whole answer 0.28-0.36 (72-88%). Without the pipeline's fill in prefill_eta and with the
- * gaps taken from whole answers (04efbc7): 0/878, 3/885, 25/978 refused, p90 0.29-0.42 /
- * 0.28-0.40. The bounds are those numbers with a little room, a guard against regressions,
- * not point 4, which this does not meet: the spread left is the prompts that arrive while a
- * request waits or decodes (they share its batches). */
+ * 1| <= 0.25 at every level; this ring shows (six seeds, means of the p90s): refused 0/854,
+ * 1/896, 22/939 at 0.2x, 0.35x, 0.5x; p90 first token 0.14-0.18 (95-97% within +-25%),
+ * whole answer 0.21-0.40 (73-94%). Before the first-token estimate followed the scheduler's
+ * own rule for urgent prompts (89b0d4b: a prompt whose estimate with its error could miss
+ * the budget was estimated at the urgent pace, which the scheduler gives it only if it is
+ * late at the streams' pace) first tokens were at 0.15-0.29 (83-96%); without the pipeline's
+ * fill in prefill_eta and with the gaps taken from whole answers (04efbc7) 0.29-0.42. The
+ * first-token bound is point 4's; the others are guards against regressions, not point 4,
+ * which whole answers do not meet: their spread is the prompts that arrive while a request
+ * decodes (they share its batches). */
 static void test_estimates_on_a_pipelined_ring(void **state)
 {
     (void)state;
@@ -1284,7 +1287,7 @@ static void test_estimates_on_a_pipelined_ring(void **state)
             sent_light += lv[l].sent;
             refused_light += lv[l].refused;
         }
-        if (lv[l].p90_first > 0.5 || lv[l].p90_total > 0.5 || lv[l].share_first < 0.65 ||
+        if (lv[l].p90_first > 0.25 || lv[l].p90_total > 0.5 || lv[l].share_first < 0.85 ||
             lv[l].share_total < 0.55)
             fail_msg("%.2fx: p90 |estimate / actual - 1| first token %.2f, whole %.2f; within "
                      "25%%: %.2f, %.2f",
@@ -1297,11 +1300,11 @@ static void test_estimates_on_a_pipelined_ring(void **state)
 
 /* The mix before (prompts of 32-768 tokens: the longest need ~0.9 s alone on this ring, and
  * beside decoding streams or other long prompts really take more than 2 s). Shows (six
- * seeds): refused 8/897, 37/879, 100/914 at <= 0.5x; first tokens 77-92% within +-25% (p90
- * 0.21-0.31), whole answers 70-80% (p90 0.33-0.39; 04efbc7: 0.36-0.61, 0.61 at 0.2x where
- * the gaps of the capacity probe's saturated ring were still the estimate's). The bounds
- * were 80% of first tokens at <= 0.5x, 65% at every level and 50% of whole answers; now 70%
- * and 60%. */
+ * seeds): refused 13/919, 65/896, 94/887 at <= 0.5x; first tokens 93-96% within +-25% (p90
+ * 0.16-0.20; 89b0d4b: 81-93%, 0.20-0.31), whole answers 75-83% (p90 0.30-0.36; 04efbc7:
+ * 0.36-0.61, 0.61 at 0.2x where the gaps of the capacity probe's saturated ring were still
+ * the estimate's). The bounds were 80% of first tokens at <= 0.5x, 65% at every level and
+ * 50% of whole answers; then 70% and 60%; now 88% of first tokens at every level. */
 static void test_estimates_with_long_prompts(void **state)
 {
     (void)state;
@@ -1318,7 +1321,7 @@ static void test_estimates_with_long_prompts(void **state)
         worst_first = fmin(worst_first, lv[l].share_first);
         worst_total = fmin(worst_total, lv[l].share_total);
     }
-    if (refused_light * 5 > sent_light || worst_first_light < 0.8 || worst_first < 0.7 ||
+    if (refused_light * 5 > sent_light || worst_first_light < 0.88 || worst_first < 0.88 ||
         worst_total < 0.6)
         fail_msg("refused %u of %u at <= 0.5x, within 25%%: first token %.2f (%.2f at <= "
                  "0.5x), whole %.2f at the worst level",
