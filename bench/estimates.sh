@@ -82,7 +82,7 @@ mix=(-m "$model" --prompt-len "$prompt_len" --output-len 32:96 --quiet)
 # exact LINE0: from the serve log's lines after LINE0, the p90 of |estimate / actual - 1|
 # over the answers that ended ("bridge: estimate ID done: ...")
 exact() {
-    tail -n +"$(($1 + 1))" "$TMP/serve.log" | sed -n 's/.*estimate [0-9]* done: [0-9]* tokens, first token \([0-9]*\) ms (estimated \([0-9]*\)), whole \([0-9]*\) ms (estimated \([0-9]*\)).*/\1 \2 \3 \4/p' |
+    tail -n +"$(($1 + 1))" "$TMP/serve.log" | estimate_outcomes |
         awk '$1 > 0 && $3 > 0 { n++; f[n] = $2 / $1 - 1; w[n] = $4 / $3 - 1; if (f[n] < 0) f[n] = -f[n]; if (w[n] < 0) w[n] = -w[n] }
             function p90(a,   i, j, t, k) {
                 for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }

@@ -39,8 +39,7 @@ echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$KVASIR" bench --url "$URL" -m "$model" --prompt-len "$prompt" --output-len "$output" \
     --concurrency 1 --num-requests "$requests" --quiet >"$TMP/bench.txt"
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
-sed -n 's/.*estimate [0-9]* done: [0-9]* tokens, first token \([0-9]*\) ms (estimated \([0-9]*\)), whole \([0-9]*\) ms (estimated \([0-9]*\)).*/\1 \2 \3 \4/p' \
-    "$TMP/serve.log" | tail -n +11 >"$TMP/out.txt"
+estimate_outcomes <"$TMP/serve.log" | tail -n +11 >"$TMP/out.txt"
 echo "$requests requests of $prompt + $output tokens one at a time; the first 10 left out:"
 # spread COL_ACTUAL COL_ESTIMATE NAME
 spread() {

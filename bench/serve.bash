@@ -9,6 +9,8 @@
 #                               LOG; waits up to 30 s for "ready on" and sets URL and SERVER
 #                               (prints LOG and fails if it never comes)
 #   serve_stop                  stops it, if it runs (for the script's EXIT trap)
+#   estimate_outcomes           from a debug serve log on stdin, a line per answer that
+#                               ended: first token ms, its estimate, whole ms, its estimate
 # Environment set on the call (KVR_LOG=debug serve_start ...) reaches the server.
 
 serve_tmp() {
@@ -50,4 +52,8 @@ serve_stop() {
         wait "$SERVER" 2>/dev/null || true
     fi
     SERVER=""
+}
+
+estimate_outcomes() {
+    sed -n 's/.*estimate [0-9]* done: [0-9]* tokens, first token \([0-9]*\) ms (estimated \([0-9]*\)), whole \([0-9]*\) ms (estimated \([0-9]*\)).*/\1 \2 \3 \4/p'
 }

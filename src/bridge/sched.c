@@ -26,7 +26,7 @@ enum {
 #define MS_NS 1000000ull
 
 /* Prefill rows added to batches that carry decode rows may make the decoding streams' time
- * between tokens at most this factor longer (prefill_limit_ms). */
+ * between tokens at most this factor longer (chunk_limit_ms). */
 #define ITL_SLOWDOWN 1.8
 /* The waiting share that scales it is a mean over the recent batches, not the count of the
  * moment: a request's chunks, and the gaps of the streams beside them, then follow the load
@@ -512,7 +512,7 @@ static double mixed_factor(const struct kvr_sched *s)
 
 /* The most prefill rows (at most `max_n`, starting at position pos0) that a batch of shape
  * `cur` may take while the decoding streams' predicted time between tokens stays within
- * limit_ms (prefill_limit_ms); at least MIN_PREFILL_ROWS so prompts always progress.
+ * limit_ms (chunk_limit_ms); at least MIN_PREFILL_ROWS so prompts always progress.
  * limit_ms <= 0 means no limit. */
 static uint32_t prefill_fit(const struct kvr_sched *s, struct kvr_cost_shape cur, double pos0,
                             uint32_t max_n, double limit_ms)
@@ -630,12 +630,6 @@ static double chunk_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape de
         return afford;
     double rate = prefill_rate(s, decode, 0, cap), full = prefill_rate(s, decode, 0, afford);
     return prefill_urgent(s, rate, full, alone, now) ? afford : cap;
-}
-
-static double prefill_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape decode,
-                               uint64_t now)
-{
-    return chunk_limit_ms(s, decode, false, now);
 }
 
 /* Rows from..from+n of a sequence's prefill: its prompt, then (after a recovery) the
@@ -771,7 +765,7 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
 
     /* 3. Prefill chunks in what is left of the row width, earliest deadline first, but no
      * more rows than keep the decoding streams' time between tokens within what
-     * prefill_limit_ms allows, so a long prompt never stalls them (chunked prefill). */
+     * chunk_limit_ms allows, so a long prompt never stalls them (chunked prefill). */
     double dec_pairs = bt->pairs;
     /* A batch without decode rows while streams decode (fewer of them than batches in the
      * window, or all their rows in flight) delays them as much as one with their rows: the
@@ -782,7 +776,7 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
         dec_shape = (struct kvr_cost_shape){quota, quota * dec_ctx};
     if (n_decoding > 0)
         kvr_recent_add(&s->share, waiting_share(s), now, SHARE_TAU_MS);
-    double limit_ms = prefill_limit_ms(s, dec_shape, now);
+    double limit_ms = chunk_limit_ms(s, dec_shape, false, now);
     bool full = false;
     while (bt->n_rows < p->row_width && !full) {
         int best = -1;
