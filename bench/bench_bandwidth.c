@@ -3,9 +3,11 @@
  * Fills a buffer much larger than the last-level cache, then has every pool thread sum its
  * contiguous share with 256-bit loads (4 independent accumulators), and reports the median
  * over the repeats of bytes read / wall time. Usage:
- *   bench_bandwidth [--mib 1024] [--threads 2] [--reps 7] [--huge 0|1]
- * Prints one line per repeat and a final "median" line; the kernel benchmark compares its
- * GEMV against this number. */
+ *   bench_bandwidth [--mib 1024] [--threads 2] [--reps 7] [--huge 0|1] [--kernel avx2|all]
+ * Prints one line per repeat and a final "median" line; the kernel benchmark and peer.sh
+ * compare decode against this number. `--kernel all` checks that it is the roof: every
+ * repeat runs the three read kernels of bw_probe.h in turn (256-bit loads, 512-bit loads,
+ * 512-bit loads with a software prefetch), and a median line per kernel follows. */
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/pool.h"
@@ -27,6 +29,7 @@ static int cmp_double(const void *a, const void *b)
 int main(int argc, char **argv)
 {
     long mib = 1024, n_threads = 2, reps = 7, huge = 0;
+    int n_kernels = 1;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--mib"))
             mib = atol(argv[i + 1]);
@@ -36,8 +39,15 @@ int main(int argc, char **argv)
             huge = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--reps"))
             reps = atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--kernel") && !strcmp(argv[i + 1], "avx2"))
+            n_kernels = 1;
+        else if (!strcmp(argv[i], "--kernel") && !strcmp(argv[i + 1], "all"))
+            n_kernels = BW_N_KERNELS;
         else {
-            fprintf(stderr, "usage: %s [--mib N] [--threads N] [--reps N] [--huge 0|1]\n", argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--mib N] [--threads N] [--reps N] [--huge 0|1] [--kernel avx2|all]\n",
+                argv[0]);
             return 2;
         }
     }
@@ -49,9 +59,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "skipped: no avx2\n");
         return 0;
     }
+    if (n_kernels > 1 && !__builtin_cpu_supports("avx512f")) {
+        fprintf(stderr, "no avx512f: only the avx2 read kernel\n");
+        n_kernels = 1;
+    }
     size_t n_bytes = (size_t)mib << 20;
     uint8_t *buf = kvr_aligned_alloc(4096, n_bytes);
-    double *gbs = kvr_calloc((size_t)reps, sizeof *gbs);
+    double *gbs = kvr_calloc((size_t)(reps * n_kernels), sizeof *gbs);
     struct kvr_pool *pool = kvr_pool_create((int)n_threads);
     if (!buf || !gbs || !pool) {
         fprintf(stderr, "out of memory\n");
@@ -67,15 +81,24 @@ int main(int argc, char **argv)
     }
     job->buf = buf;
     job->n_bytes = n_bytes;
+    static const char *const names[BW_N_KERNELS] = {"avx2", "avx512", "avx512+prefetch"};
     bandwidth_once(pool, job); /* warm-up */
     for (long r = 0; r < reps; r++) {
-        gbs[r] = bandwidth_once(pool, job);
-        printf("rep %ld: %.2f GB/s\n", r, gbs[r]);
+        for (int k = 0; k < n_kernels; k++) { /* kernel k's repeats at gbs[k * reps ...] */
+            job->kernel = (enum bw_kernel)k;
+            gbs[k * reps + r] = bandwidth_once(pool, job);
+            printf("rep %ld: %.2f GB/s%s%s\n", r, gbs[k * reps + r], n_kernels > 1 ? " " : "",
+                   n_kernels > 1 ? names[k] : "");
+        }
     }
-    qsort(gbs, (size_t)reps, sizeof *gbs, cmp_double);
-    printf("median read bandwidth: %.2f GB/s (%ld MiB, %ld threads, %ld reps, huge %ld; min %.2f "
-           "max %.2f)\n",
-           gbs[reps / 2], mib, n_threads, reps, huge, gbs[0], gbs[reps - 1]);
+    for (int k = 0; k < n_kernels; k++) {
+        double *g = gbs + k * reps;
+        qsort(g, (size_t)reps, sizeof *g, cmp_double);
+        printf("median read bandwidth%s%s: %.2f GB/s (%ld MiB, %ld threads, %ld reps, huge %ld; "
+               "min %.2f max %.2f)\n",
+               n_kernels > 1 ? ", " : "", n_kernels > 1 ? names[k] : "", g[reps / 2], mib,
+               n_threads, reps, huge, g[0], g[reps - 1]);
+    }
     kvr_pool_destroy(pool);
     kvr_free(job);
     kvr_free(gbs);
