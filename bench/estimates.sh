@@ -83,11 +83,7 @@ mix=(-m "$model" --prompt-len "$prompt_len" --output-len 32:96 --quiet)
 # over the answers that ended ("bridge: estimate ID done: ...")
 exact() {
     tail -n +"$(($1 + 1))" "$TMP/serve.log" | estimate_outcomes |
-        awk '$1 > 0 && $3 > 0 { n++; f[n] = $2 / $1 - 1; w[n] = $4 / $3 - 1; if (f[n] < 0) f[n] = -f[n]; if (w[n] < 0) w[n] = -w[n] }
-            function p90(a,   i, j, t, k) {
-                for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
-                k = int(0.9 * n + 0.999); return a[k < 1 ? 1 : k]
-            }
+        awk "$P90_AWK"'$1 > 0 && $3 > 0 { n++; f[n] = $2 / $1 - 1; w[n] = $4 / $3 - 1; if (f[n] < 0) f[n] = -f[n]; if (w[n] < 0) w[n] = -w[n] }
             END { if (n) printf "  exact (log): %d answers, p90 |estimate / actual - 1| first token %.2f, whole answer %.2f\n", n, p90(f), p90(w) }'
 }
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -43,10 +43,8 @@ estimate_outcomes <"$TMP/serve.log" | tail -n +11 >"$TMP/out.txt"
 echo "$requests requests of $prompt + $output tokens one at a time; the first 10 left out:"
 # spread COL_ACTUAL COL_ESTIMATE NAME
 spread() {
-    awk -v a="$1" -v e="$2" -v name="$3" '
+    awk -v a="$1" -v e="$2" -v name="$3" "$P90_AWK"'
         { n++; x[n] = $a; r[n] = $e / $a - 1; if (r[n] < 0) r[n] = -r[n] }
-        function sort(v,   i, j, t) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t } }
-        function p90(v,   k) { sort(v); k = int(0.9 * n + 0.999); return v[k < 1 ? 1 : k] }
         END {
             if (n < 5) { print "  " name ": too few answers"; exit 1 }
             for (i = 1; i <= n; i++) s[i] = x[i]

@@ -11,6 +11,9 @@
 #   serve_stop                  stops it, if it runs (for the script's EXIT trap)
 #   estimate_outcomes           from a debug serve log on stdin, a line per answer that
 #                               ended: first token ms, its estimate, whole ms, its estimate
+#   P90_AWK                     awk functions for a script's program (n: the count of
+#                               values): sort(v) sorts v[1..n], p90(v) sorts and returns
+#                               its 90th percentile
 # Environment set on the call (KVR_LOG=debug serve_start ...) reaches the server.
 
 serve_tmp() {
@@ -57,3 +60,9 @@ serve_stop() {
 estimate_outcomes() {
     sed -n 's/.*estimate [0-9]* done: [0-9]* tokens, first token \([0-9]*\) ms (estimated \([0-9]*\)), whole \([0-9]*\) ms (estimated \([0-9]*\)).*/\1 \2 \3 \4/p'
 }
+
+# shellcheck disable=SC2034 # used by the scripts that source this file
+P90_AWK='
+function sort(v,   i, j, t) { for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (v[j] < v[i]) { t = v[i]; v[i] = v[j]; v[j] = t } }
+function p90(v,   k) { sort(v); k = int(0.9 * n + 0.999); return v[k < 1 ? 1 : k] }
+'

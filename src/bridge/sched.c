@@ -1378,7 +1378,7 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
      * the requests that arrive while ours waits hardly move. */
     struct prefill_eta eta = prefill_eta(s, decode, req->n_prompt, rows_ahead,
                                          chunk_limit_ms(s, decode, false, now), ends, n_ends);
-    struct prefill_eta check = eta; /* what the budget is checked against */
+    double check_ms = eta.first_ms; /* what the budget is checked against */
     double f_first = kvr_calib_factor(&s->calib_first, ADMIT_MARGIN);
     if (req->first_token_ms && f_first * eta.first_ms + period > req->first_token_ms) {
         /* Too slow at the streams' pace, with the estimates' error: the chunking rule gives
@@ -1390,7 +1390,7 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
         struct prefill_eta fast = prefill_eta(s, decode, req->n_prompt, rows_ahead,
                                               chunk_limit_ms(s, decode, true, now), ends, n_ends);
         if (fast.first_ms < eta.first_ms) {
-            check = fast;
+            check_ms = fast.first_ms;
             if (eta.first_ms > req->first_token_ms / ADMIT_MARGIN)
                 eta = fast;
         }
@@ -1422,7 +1422,7 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
     double f_total = kvr_calib_factor(&s->calib_total, ADMIT_MARGIN);
     double raw_first = wait_ms + eta.first_ms;
     *pred_first_ms = raw_first;
-    double checked_first = wait_ms + check.first_ms;
+    double checked_first = wait_ms + check_ms;
     r->check_first_ms = checked_first;
     /* The estimate itself (exported, checked against the outcome): the model corrected by
      * the mean error of the estimates that expected about as many batches. The budgets are

@@ -1321,8 +1321,7 @@ static void test_estimates_with_long_prompts(void **state)
         worst_first = fmin(worst_first, lv[l].share_first);
         worst_total = fmin(worst_total, lv[l].share_total);
     }
-    if (refused_light * 5 > sent_light || worst_first_light < 0.88 || worst_first < 0.88 ||
-        worst_total < 0.6)
+    if (refused_light * 5 > sent_light || worst_first < 0.88 || worst_total < 0.6)
         fail_msg("refused %u of %u at <= 0.5x, within 25%%: first token %.2f (%.2f at <= "
                  "0.5x), whole %.2f at the worst level",
                  refused_light, sent_light, worst_first, worst_first_light, worst_total);

@@ -769,16 +769,14 @@ static void linear_pair(const struct kvr_tok *t, struct kvr_tok_scratch *s, cons
             q[i] += encode_cpu_ms(t, s, part, part_len, -1) / 4;
         excess[i] = f[i] - 8.0 * q[i];
     }
-    int median = 0;
-    for (int i = 0; i < pairs; i++) { /* the pair with as many excesses below as above it */
-        int below = 0, above = 0;
-        for (int j = 0; j < pairs; j++) {
-            below += excess[j] < excess[i] || (excess[j] == excess[i] && j < i);
-            above += excess[j] > excess[i] || (excess[j] == excess[i] && j > i);
-        }
-        if (below == pairs / 2 && above == pairs - 1 - pairs / 2)
-            median = i;
+    int order[MAX_PAIRS]; /* the pairs by excess (insertion sort) */
+    for (int i = 0; i < pairs; i++) {
+        int j = i;
+        for (; j > 0 && excess[order[j - 1]] > excess[i]; j--)
+            order[j] = order[j - 1];
+        order[j] = i;
     }
+    int median = order[pairs / 2];
     *full_ms = f[median];
     *part_ms = q[median];
 }
