@@ -1484,9 +1484,9 @@ static int admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t now,
         const struct seq *q = &s->seqs[i];
         if (q->state == SEQ_FREE || q->state == SEQ_ENDING || !q->r->req.total_ms)
             continue;
-        const struct kvr_sched_req *r = q->r;
-        double left_ms = (r->deadline_ns > now ? r->deadline_ns - now : 0) / 1e6;
-        double togo = (double)r->req.max_tokens - r->n_generated;
+        const struct kvr_sched_req *other = q->r;
+        double left_ms = (other->deadline_ns > now ? other->deadline_ns - now : 0) / 1e6;
+        double togo = (double)other->req.max_tokens - other->n_generated;
         double on_time = f_period * togo * period_before;
         double with_us = f_period * (delay + togo * period);
         if (on_time <= left_ms && with_us > left_ms)

@@ -683,9 +683,9 @@ static void test_load_with_secret_file(void **state)
     for (size_t i = 0; i < sizeof open_modes / sizeof open_modes[0]; i++) {
         assert_int_equal(chmod(key, open_modes[i]), 0);
         assert_int_equal(kvr_plan_load(&plan_b, path, &err), KVR_EINVAL);
-        char want[32];
-        snprintf(want, sizeof want, "has mode %04o", (unsigned)open_modes[i]);
-        assert_non_null(strstr(err.msg, want));
+        char mode_msg[32];
+        snprintf(mode_msg, sizeof mode_msg, "has mode %04o", (unsigned)open_modes[i]);
+        assert_non_null(strstr(err.msg, mode_msg));
         assert_non_null(strstr(err.msg, "chmod 600"));
         assert_int_equal(plan_b.secret_bytes, 0);
     }
