@@ -5,8 +5,8 @@
  * it) and always ends by opening the assistant's turn. */
 #include "bridge/chat.h"
 
-#include "bridge/jinja.h"
-#include "bridge/sbuf.h"
+#include "jinja/jinja.h"
+#include "core/sbuf.h"
 #include "core/alloc.h"
 
 #include <jansson.h>

@@ -19,7 +19,7 @@
 
 #include "bridge/chat.h"
 #include "bridge/openai.h"
-#include "bridge/sbuf.h"
+#include "core/sbuf.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"

@@ -19,7 +19,7 @@
 #define KVR_BRIDGE_OPENAI_H
 
 #include "bridge/chat.h"
-#include "bridge/sbuf.h"
+#include "core/sbuf.h"
 #include "model/sampler.h"
 
 #include <jansson.h>

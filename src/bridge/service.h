@@ -36,7 +36,7 @@
 #define KVR_BRIDGE_SERVICE_H
 
 #include "bridge/request.h"
-#include "bridge/sbuf.h"
+#include "core/sbuf.h"
 #include "core/err.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"

@@ -26,7 +26,7 @@
 
 #include "client/httpc.h"
 #include "client/loadgen.h"
-#include "bridge/sbuf.h"
+#include "core/sbuf.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "model/gguf.h"

@@ -7,7 +7,7 @@
  * from sending to the first SSE chunk with text. Conversations start together. */
 #include "cli/bench_multiturn.h"
 
-#include "bridge/sbuf.h"
+#include "core/sbuf.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 

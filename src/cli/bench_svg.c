@@ -1,7 +1,7 @@
 /* bench_svg.c - the sweep plot of `kvasir bench` (see bench_svg.h). */
 #include "cli/bench_svg.h"
 
-#include "bridge/sbuf.h"
+#include "core/sbuf.h"
 #include "client/svg.h"
 #include "core/alloc.h"
 

@@ -15,7 +15,7 @@
 #include "client/httpc.h"
 #include "client/promtext.h"
 #include "client/topview.h"
-#include "bridge/sbuf.h"
+#include "core/sbuf.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 

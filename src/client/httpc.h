@@ -18,7 +18,7 @@
 #ifndef KVR_CLIENT_HTTPC_H
 #define KVR_CLIENT_HTTPC_H
 
-#include "bridge/sbuf.h"
+#include "core/sbuf.h"
 #include "core/err.h"
 
 #include <stdbool.h>

@@ -9,7 +9,7 @@
 #ifndef KVR_CLIENT_SVG_H
 #define KVR_CLIENT_SVG_H
 
-#include "bridge/sbuf.h"
+#include "core/sbuf.h"
 
 #include <stdbool.h>
 #include <stddef.h>

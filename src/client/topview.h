@@ -17,7 +17,7 @@
 #ifndef KVR_CLIENT_TOPVIEW_H
 #define KVR_CLIENT_TOPVIEW_H
 
-#include "bridge/sbuf.h"
+#include "core/sbuf.h"
 #include "client/promtext.h"
 #include "core/err.h"
 

@@ -10,7 +10,7 @@
  * parser gets the bytes up to the first NUL. A violated invariant traps. */
 #include "client/httpc.h"
 #include "client/promtext.h"
-#include "bridge/sbuf.h"
+#include "core/sbuf.h"
 
 #include <stdbool.h>
 #include <stddef.h>

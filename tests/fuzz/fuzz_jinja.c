@@ -6,7 +6,7 @@
  * render end with 0 or one of the documented statuses and a message; a render never
  * exceeds the output limit, its length matches the string, and rendering again gives the
  * same bytes or the same error. ASan/UBSan catch the rest. */
-#include "bridge/jinja.h"
+#include "jinja/jinja.h"
 #include "core/alloc.h"
 
 #include <jansson.h>

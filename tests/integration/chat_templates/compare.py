@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Render the chat templates of real models with jinja2 the way Hugging Face transformers
-does, and with Kvasir's interpreter (tests/tools/kvr_jinja), over the same deterministic
+does, and with Kvasir's interpreter (tests/tools/kvr_render), over the same deterministic
 conversations; every render must be byte-identical, and a template that raises for a
 conversation must raise in both.
 
@@ -126,7 +126,7 @@ def main():
                 json.dump(cases, f)
             run = subprocess.run([binary, tpath, cpath], capture_output=True, timeout=60)
         if run.returncode != 0:
-            print("FAIL %s: kvr_jinja exited %d: %s" % (pkg, run.returncode,
+            print("FAIL %s: kvr_render exited %d: %s" % (pkg, run.returncode,
                                                         run.stderr.decode(errors="replace")))
             failures += 1
             continue

@@ -3,7 +3,7 @@
  * Values behave as Python's: str() and repr() print them as Python does (floats in their
  * shortest round-trip form, strings quoted the way repr chooses), equality compares
  * numbers across int/float/bool, and tojson is json.dumps(ensure_ascii=False). */
-#include "bridge/jinja_int.h"
+#include "jinja/jinja_int.h"
 
 #include "core/alloc.h"
 

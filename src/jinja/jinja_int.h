@@ -9,10 +9,10 @@
  * Every allocation of a parse or of a render comes from one struct jarena. A failure
  * anywhere (syntax, runtime, limit, memory) records its message and longjmps to the
  * entry point through the arena's struct jfail, which then frees the arena. */
-#ifndef KVR_BRIDGE_JINJA_INT_H
-#define KVR_BRIDGE_JINJA_INT_H
+#ifndef KVR_JINJA_JINJA_INT_H
+#define KVR_JINJA_JINJA_INT_H
 
-#include "bridge/jinja.h"
+#include "jinja/jinja.h"
 
 #include <setjmp.h>
 #include <stdbool.h>

@@ -10,7 +10,7 @@
  * Inside a tag the expression is cut into names, numbers, strings and operators; an end
  * tag inside open brackets is not an end ("{{ {'a': {'b': 1}} }}"). Comments vanish and
  * {% raw %}...{% endraw %} becomes text. */
-#include "bridge/jinja_int.h"
+#include "jinja/jinja_int.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -4,7 +4,7 @@
  * `set` writes the innermost scope, so a value set inside a loop is gone after it (which
  * is why templates use namespace()). A macro sees its parameters and the template's
  * top-level names. Every node evaluated and every loop iteration is one step. */
-#include "bridge/jinja_int.h"
+#include "jinja/jinja_int.h"
 
 #include "core/alloc.h"
 

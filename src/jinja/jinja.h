@@ -44,8 +44,8 @@
  * and its AST and is immutable, so any number of threads may render it at once; each
  * render allocates its own arena and frees it before returning. Pure module: no I/O,
  * no globals, no clock (the caller passes the time for strftime_now). */
-#ifndef KVR_BRIDGE_JINJA_H
-#define KVR_BRIDGE_JINJA_H
+#ifndef KVR_JINJA_JINJA_H
+#define KVR_JINJA_JINJA_H
 
 #include "core/err.h"
 

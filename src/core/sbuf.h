@@ -4,8 +4,8 @@
  * later appends become no-ops, and the owner checks `failed` once at the end. The data is
  * always NUL-terminated when non-NULL and not failed. Caller-owned struct (init/fini);
  * memory through core/alloc.h. Not thread-safe; one owner at a time. */
-#ifndef KVR_BRIDGE_SBUF_H
-#define KVR_BRIDGE_SBUF_H
+#ifndef KVR_CORE_SBUF_H
+#define KVR_CORE_SBUF_H
 
 #include <stdbool.h>
 #include <stddef.h>

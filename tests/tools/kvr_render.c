@@ -1,14 +1,14 @@
-/* kvr_jinja.c - render one Jinja template over many variable sets, for
+/* kvr_render.c - render one Jinja template over many variable sets, for
  * tests/integration/chat_template_jinja2.sh (which renders the same with jinja2).
  *
- *   kvr_jinja TEMPLATE_FILE CASES_JSON
+ *   kvr_render TEMPLATE_FILE CASES_JSON
  *
  * CASES_JSON is a JSON array of objects (the variables of each render). The output, on
  * stdout, is a JSON array with one entry per case: {"ok": true, "text": "..."} or
  * {"ok": false, "error": "...", "status": "..."}. strftime_now formats the fixed time
  * 2024-07-26 12:00:00 so that both renderers agree. Exit status 0 unless the files
  * cannot be read or the template does not parse (then 2, with the message on stderr). */
-#include "bridge/jinja.h"
+#include "jinja/jinja.h"
 #include "core/alloc.h"
 
 #include <jansson.h>

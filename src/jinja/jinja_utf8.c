@@ -1,7 +1,7 @@
 /* jinja_utf8.c - code points for the Jinja interpreter: decoding, Python's isspace, and
  * case mapping for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic (other scripts
  * are left unchanged; see jinja.h). */
-#include "bridge/jinja_int.h"
+#include "jinja/jinja_int.h"
 
 size_t ju_decode(const char *str, size_t len, size_t i, uint32_t *cp)
 {

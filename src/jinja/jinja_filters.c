@@ -12,7 +12,7 @@
  *        capitalize replace find rfind count join isdigit isalpha isspace isalnum islower
  *        isupper removeprefix removesuffix
  *   dict: items keys values get */
-#include "bridge/jinja_int.h"
+#include "jinja/jinja_int.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -6,7 +6,7 @@
  * Note that ** is left-associative and binds looser than unary minus (-2**2 == 4), as in
  * Jinja and unlike Python. Recursion is bounded by limits.max_depth and the node count by
  * limits.max_nodes. */
-#include "bridge/jinja_int.h"
+#include "jinja/jinja_int.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,5 +1,5 @@
 /* sbuf.c - growable byte string (see sbuf.h). */
-#include "bridge/sbuf.h"
+#include "core/sbuf.h"
 
 #include "core/alloc.h"
 
