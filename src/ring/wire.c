@@ -37,9 +37,9 @@
  *     8   4  temperature    f32  \
  *    12   4  top_k          i32   |
  *    16   4  top_p          f32   |
- *    20   4  min_p          f32   |  OPEN only (struct kvr_wire_sampling);
- *    24   4  repeat_penalty f32   |  all zero for FREE and CANCEL
- *    28   4  freq_penalty   f32   |
+ *    20   4  min_p          f32   |  OPEN only (struct kvr_sample_params,
+ *    24   4  repeat_penalty f32   |  but its biases: BIAS carries those);
+ *    28   4  freq_penalty   f32   |  all zero for FREE and CANCEL
  *    32   4  pres_penalty   f32   |
  *    36   4  repeat_last_n  i32   |
  *    40   8  seed           u64  /
@@ -553,7 +553,7 @@ static int decode_ctrl(const uint8_t *p, uint32_t i, const struct kvr_wire_limit
     }
     if (c->flags & ~((1u << KVR_WIRE_OPEN_FLAG_COUNT) - 1))
         return PROTO("control record %u (OPEN seq %u) has unknown flags 0x%x", i, c->seq, c->flags);
-    struct kvr_wire_sampling *s = &c->sampling;
+    struct kvr_sample_params *s = &c->sampling;
     s->temperature = kvr_ldf32(p + 8);
     s->top_k = (int32_t)kvr_ld32(p + 12);
     s->top_p = kvr_ldf32(p + 16);
@@ -747,7 +747,7 @@ static uint8_t *put_ctrl(uint8_t *p, const struct kvr_wire_ctrl *c)
     kvr_st16(p + 2, (uint16_t)c->flags);
     kvr_st32(p + 4, c->seq);
     if (c->type == KVR_WIRE_CTRL_OPEN) {
-        const struct kvr_wire_sampling *s = &c->sampling;
+        const struct kvr_sample_params *s = &c->sampling;
         kvr_stf32(p + 8, s->temperature);
         kvr_st32(p + 12, (uint32_t)s->top_k);
         kvr_stf32(p + 16, s->top_p);
