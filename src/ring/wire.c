@@ -565,10 +565,10 @@ static int decode_bias(const uint8_t *p, uint32_t i, const struct kvr_wire_limit
     for (uint32_t k = 0; k < KVR_WIRE_BIAS_PAIRS; k++) {
         b->ids[k] = (int32_t)kvr_ld32(p + 12 + 4 * k);
         b->bias[k] = kvr_ldf32(p + 28 + 4 * k);
-        bool ok = k >= b->n ? b->ids[k] == 0 && kvr_ld32(p + 28 + 4 * k) == 0
-                            : b->ids[k] >= 0 &&
-                                  (!lim->n_vocab || (uint32_t)b->ids[k] < lim->n_vocab) &&
-                                  in_range(b->bias[k], -100.0f, 100.0f);
+        bool ok = k >= b->n
+                      ? b->ids[k] == 0 && kvr_ld32(p + 28 + 4 * k) == 0
+                      : b->ids[k] >= 0 && (!lim->n_vocab || (uint32_t)b->ids[k] < lim->n_vocab) &&
+                            in_range(b->bias[k], -100.0f, 100.0f);
         if (!ok)
             return PROTO("control record %u (BIAS seq %u): pair %u (token %d, %g) is %s", i, c->seq,
                          k, b->ids[k], (double)b->bias[k],
@@ -614,7 +614,6 @@ static int decode_open(const uint8_t *p, uint32_t i, const struct kvr_wire_limit
         return PROTO("control record %u (OPEN seq %u): %s out of range", i, c->seq, bad);
     return KVR_OK;
 }
-
 
 static int decode_ctrl(const uint8_t *p, uint32_t i, const struct kvr_wire_limits *lim,
                        struct kvr_wire_ctrl *c, struct kvr_err *err)
@@ -730,8 +729,8 @@ static int decode_results(struct kvr_wire_frame *f, const uint8_t *p,
 {
     const struct kvr_wire_header *h = &f->hdr;
     if (h->n_results != f->n_logit_rows)
-        return PROTO("RESULT frame has %u results for %u segments that want a token",
-                     h->n_results, f->n_logit_rows);
+        return PROTO("RESULT frame has %u results for %u segments that want a token", h->n_results,
+                     f->n_logit_rows);
     uint32_t k = 0;
     for (uint32_t i = 0; i < h->n_segs; i++) {
         if (!(f->segs[i].flags & KVR_SEG_WANTS_TOKEN))
