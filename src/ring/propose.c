@@ -348,17 +348,20 @@ static int replan_slots(const struct kvr_plan *old, uint64_t keep, uint32_t src[
     return KVR_OK;
 }
 
-int kvr_plan_replan_index(const struct kvr_plan *old, uint64_t keep, uint32_t who)
+bool kvr_plan_replan_index(const struct kvr_plan *old, uint64_t keep, uint32_t who, uint32_t *index)
 {
     uint32_t src[64], n;
     bool dropped;
     struct kvr_err e = {0};
     if (replan_slots(old, keep, src, &n, &dropped, &e))
-        return -1;
-    for (uint32_t k = 0; k < n; k++)
-        if (src[k] == who)
-            return (int)k;
-    return -1;
+        return false;
+    for (uint32_t k = 0; k < n; k++) {
+        if (src[k] == who) {
+            *index = k;
+            return true;
+        }
+    }
+    return false;
 }
 
 int kvr_plan_replan(const struct kvr_plan *old, const struct kvr_gguf *g, uint64_t keep,
