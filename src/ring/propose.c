@@ -1,3 +1,6 @@
+/* propose.c - plans from a model file (see propose.h). Reading order: the costs the
+ * balancer weighs (per layer, head and tail, the experts' share), the proposal itself, then
+ * re-planning after a lost stage. */
 #include "ring/propose.h"
 
 #include "core/alloc.h"
@@ -9,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-/* A layer's time per weight byte, relative to a bare matmul's (see kvr_plan_propose). */
+/* A layer's time per weight byte, relative to a bare matmul's (see model_costs). */
 #define LAYER_NON_MATMUL 2.0
 /* The same for the routed experts' share of a MoE layer, on the owning stage or an agent
  * (expert_keep). */
@@ -55,8 +58,8 @@ static double layer_bytes(const struct kvr_gguf *g, const struct kvr_hparams *hp
  * computes the same ones): *cost (n_layer values, the caller frees it with kvr_free), the
  * head's and the tail's extra cost. Costs are in weight bytes read per step. A layer spends
  * about as long again on what is not a matmul (attention over the KV cache, norms, RoPE,
- * SwiGLU): on ring-45 Q8_0 decode, the matmuls are ~50% of a stage's profile (perf,
- * 2026-11-29). The output head is a matmul alone, and the embedding a row copy per token. */
+ * SwiGLU), so its bytes weigh LAYER_NON_MATMUL times a bare matmul's. The output head is a
+ * matmul alone, and the embedding a row copy per token. */
 static int model_costs(const struct kvr_gguf *g, const struct kvr_hparams *hp, double **cost,
                        double *head_cost, double *tail_cost, struct kvr_err *err)
 {

@@ -5,12 +5,12 @@
  * heartbeats), the upstream link (receiving into slots), the compute loop, start-up and
  * shutdown.
  *
- * Two threads. The I/O thread runs the event loop (core/ev.h): it accepts and
- * authenticates the upstream (the handshake in steps, accept.h, so a peer that
- * is slow to answer never stalls the loop), reads frames straight into free input slots, takes the
- * downstream link from the dialler thread (dial.h), sends queued frames without blocking, reads
- * credits and acks, answers heartbeats and sends its own. The compute thread (the caller's) takes
- * the next input slot (the wait is "starved"), a free output slot ("blocked"), runs the step
+ * Two threads. The I/O thread runs the event loop (core/ev.h): it accepts and authenticates
+ * the upstream (the handshake in steps, accept.h, so a peer that is slow to answer never
+ * stalls the loop), reads frames straight into free input slots, takes the downstream link
+ * from the dialler thread (dial.h), sends queued frames without blocking, reads credits and
+ * acks, answers heartbeats and sends its own. The compute thread (the caller's) takes the
+ * next input slot (the wait is "starved"), a free output slot ("blocked"), runs the step
  * ("held") and hands the frame off: it sends it itself, without blocking, when nothing is
  * queued ahead of it and the downstream has a credit (try-write-first), else queues it for
  * the I/O thread. Sending inline saves a thread wake-up per batch, which on a stage with a
@@ -76,8 +76,6 @@ struct in_slot {
     struct kvr_link_rx rx; /* the frame, decoded where it was received */
     uint64_t gen;          /* upstream link generation it came from */
 };
-
-struct stage;
 
 struct stage {
     const struct kvr_plan *plan;
