@@ -53,6 +53,8 @@ struct kvr_logit_bias {
     float bias; /* finite, [-100, 100] */
 };
 
+/* A sequence's sampling parameters: the one type from the API request to the sampler (a
+ * ring's OPEN record carries it to the tail, all but the biases, which follow it). */
 struct kvr_sample_params {
     float temperature;       /* <= 0: greedy */
     int32_t top_k;           /* <= 0: off */

@@ -224,54 +224,65 @@ static int reject(struct kvr_auth *a, uint32_t status, uint8_t *out, bool *send,
     return rc;
 }
 
-int kvr_auth_recv(struct kvr_auth *a, const uint8_t in[KVR_AUTH_MSG_BYTES],
-                  uint8_t out[KVR_AUTH_MSG_BYTES], bool *send, struct kvr_err *err)
+/* The status code a refusal carries to the caller: a malformed message is a protocol
+ * error, a different plan or peer a configuration error, a bad MAC an authentication one. */
+static int status_rc(uint32_t status)
 {
-    *send = false;
-    if (a->failed || a->done)
-        return kvr_err_set(err, KVR_EINVAL, "auth: the handshake is already over");
-    char want[48], got_id[48];
-    kvr_auth_id_str(a->peer, want, sizeof want);
+    return status == KVR_AUTH_BAD_MAC                                   ? KVR_EAUTH
+           : status == KVR_AUTH_BAD_PLAN || status == KVR_AUTH_BAD_PEER ? KVR_EINVAL
+                                                                        : KVR_EPROTO;
+}
 
+/* A message from a Kvasir peer of our protocol version, or the status to refuse it with. */
+static uint32_t check_magic(const uint8_t *in, struct kvr_err *err)
+{
     uint32_t magic = kvr_ld32(in);
     if (magic != KVR_AUTH_MAGIC) {
         kvr_err_set(err, KVR_EPROTO,
                     "peer sent bytes %02x %02x %02x %02x, not a Kvasir handshake (magic "
                     "\"KVSR\")",
                     in[0], in[1], in[2], in[3]);
-        return reject(a, KVR_AUTH_BAD_MESSAGE, out, send, KVR_EPROTO);
+        return KVR_AUTH_BAD_MESSAGE;
     }
     uint32_t version = kvr_ld16(in + 4);
     if (version != KVR_AUTH_VERSION) {
         kvr_err_set(err, KVR_EPROTO, "peer speaks protocol version %u, we speak %u", version,
                     KVR_AUTH_VERSION);
-        return reject(a, KVR_AUTH_BAD_MESSAGE, out, send, KVR_EPROTO);
+        return KVR_AUTH_BAD_MESSAGE;
     }
+    return KVR_AUTH_ACCEPTED;
+}
+
+/* The peer rejected us. Not authenticated (it may not share our key): report it as the
+ * peer's claim, and send nothing back. */
+static int peer_rejected(struct kvr_auth *a, const uint8_t *in, uint32_t status, const char *got_id,
+                         struct kvr_err *err)
+{
+    a->failed = true;
+    int rc = status_rc(status);
+    if (status == KVR_AUTH_BAD_PLAN) {
+        char theirs[20], ours[20];
+        kvr_plan_hash_hex(in + 16, 8, theirs, sizeof theirs);
+        kvr_plan_hash_hex(a->plan_hash, 8, ours, sizeof ours);
+        return kvr_err_set(err, rc,
+                           "%s rejected the handshake: different plan hash (it has %s, "
+                           "we have %s)",
+                           got_id, theirs, ours);
+    }
+    return kvr_err_set(err, rc, "%s rejected the handshake: %s", got_id, status_reason(status));
+}
+
+/* The message is the step we expect, from the peer we expect, under our plan, with a live
+ * nonce where it carries one; or the status to refuse it with. A server whose peer may be
+ * one of two (or any stage) learns here which one it talks to. */
+static uint32_t check_claims(struct kvr_auth *a, const uint8_t *in, struct kvr_auth_id id,
+                             const char *got_id, struct kvr_err *err)
+{
     uint32_t step = in[6], status = kvr_ld16(in + 10);
-    struct kvr_auth_id id = {in[7], kvr_ld16(in + 8)};
-    kvr_auth_id_str(id, got_id, sizeof got_id);
-    if (step == KVR_AUTH_VERDICT && status != KVR_AUTH_ACCEPTED) {
-        /* The peer rejected us. Not authenticated (it may not share our key): report it as
-         * the peer's claim, and send nothing back. */
-        a->failed = true;
-        int rc = status == KVR_AUTH_BAD_MAC                                   ? KVR_EAUTH
-                 : status == KVR_AUTH_BAD_PLAN || status == KVR_AUTH_BAD_PEER ? KVR_EINVAL
-                                                                              : KVR_EPROTO;
-        if (status == KVR_AUTH_BAD_PLAN) {
-            char theirs[20], ours[20];
-            kvr_plan_hash_hex(in + 16, 8, theirs, sizeof theirs);
-            kvr_plan_hash_hex(a->plan_hash, 8, ours, sizeof ours);
-            return kvr_err_set(err, rc,
-                               "%s rejected the handshake: different plan hash (it has %s, "
-                               "we have %s)",
-                               got_id, theirs, ours);
-        }
-        return kvr_err_set(err, rc, "%s rejected the handshake: %s", got_id, status_reason(status));
-    }
     if (step != a->expect || kvr_ld32(in + 12) != 0 || status != 0) {
         kvr_err_set(err, KVR_EPROTO, "peer sent handshake step %u (status %u), expected step %u",
                     step, status, a->expect);
-        return reject(a, KVR_AUTH_BAD_MESSAGE, out, send, KVR_EPROTO);
+        return KVR_AUTH_BAD_MESSAGE;
     }
     if (step == KVR_AUTH_HELLO || step == KVR_AUTH_CHALLENGE) {
         memcpy(a->peer_plan_hash, in + 16, KVR_PLAN_HASH_BYTES);
@@ -283,12 +294,14 @@ int kvr_auth_recv(struct kvr_auth *a, const uint8_t in[KVR_AUTH_MSG_BYTES],
                         "peer has plan hash %s, we have %s: the two processes loaded "
                         "different plans",
                         theirs, ours);
-            return reject(a, KVR_AUTH_BAD_PLAN, out, send, KVR_EINVAL);
+            return KVR_AUTH_BAD_PLAN;
         }
     } else if (sodium_memcmp(in + 16, a->plan_hash, KVR_PLAN_HASH_BYTES) != 0) {
         kvr_err_set(err, KVR_EPROTO, "peer changed its plan hash during the handshake");
-        return reject(a, KVR_AUTH_BAD_MESSAGE, out, send, KVR_EPROTO);
+        return KVR_AUTH_BAD_MESSAGE;
     }
+    char want[48];
+    kvr_auth_id_str(a->peer, want, sizeof want);
     bool is_alt = a->has_alt && id.role == a->alt_peer.role && id.index == a->alt_peer.index;
     if (is_alt && step == KVR_AUTH_HELLO) { /* the server learns which one it talks to */
         a->peer = a->alt_peer;
@@ -301,18 +314,24 @@ int kvr_auth_recv(struct kvr_auth *a, const uint8_t in[KVR_AUTH_MSG_BYTES],
     if (id.role != a->peer.role || id.index != a->peer.index) {
         kvr_err_set(err, KVR_EINVAL, "expected %s on this link, but the peer says it is %s", want,
                     got_id);
-        return reject(a, KVR_AUTH_BAD_PEER, out, send, KVR_EINVAL);
+        return KVR_AUTH_BAD_PEER;
     }
     if (step == KVR_AUTH_HELLO || step == KVR_AUTH_CHALLENGE) {
         /* A nonce of all zeros means a broken peer RNG: refuse it. */
         static const uint8_t zero[KVR_AUTH_NONCE_BYTES];
         if (sodium_memcmp(in + 48, zero, sizeof zero) == 0) {
             kvr_err_set(err, KVR_EPROTO, "peer sent an all-zero nonce");
-            return reject(a, KVR_AUTH_BAD_MESSAGE, out, send, KVR_EPROTO);
+            return KVR_AUTH_BAD_MESSAGE;
         }
     }
+    return KVR_AUTH_ACCEPTED;
+}
 
-    /* Verify the MAC of what we received, store it, and answer. */
+/* Verify the MAC of what we received (HELLO has none), store it, and answer. */
+static int answer(struct kvr_auth *a, const uint8_t *in, uint8_t *out, bool *send,
+                  const char *got_id, struct kvr_err *err)
+{
+    uint32_t step = in[6];
     uint8_t mac[KVR_AUTH_MAC_BYTES];
     switch (step) {
     case KVR_AUTH_HELLO: /* server */
@@ -358,4 +377,24 @@ int kvr_auth_recv(struct kvr_auth *a, const uint8_t in[KVR_AUTH_MSG_BYTES],
         a->done = true;
         return KVR_OK;
     }
+}
+
+int kvr_auth_recv(struct kvr_auth *a, const uint8_t in[KVR_AUTH_MSG_BYTES],
+                  uint8_t out[KVR_AUTH_MSG_BYTES], bool *send, struct kvr_err *err)
+{
+    *send = false;
+    if (a->failed || a->done)
+        return kvr_err_set(err, KVR_EINVAL, "auth: the handshake is already over");
+    uint32_t refuse = check_magic(in, err);
+    if (refuse)
+        return reject(a, refuse, out, send, status_rc(refuse));
+    uint32_t step = in[6], status = kvr_ld16(in + 10);
+    struct kvr_auth_id id = {in[7], kvr_ld16(in + 8)};
+    char got_id[48];
+    kvr_auth_id_str(id, got_id, sizeof got_id);
+    if (step == KVR_AUTH_VERDICT && status != KVR_AUTH_ACCEPTED)
+        return peer_rejected(a, in, status, got_id, err);
+    if ((refuse = check_claims(a, in, id, got_id, err)))
+        return reject(a, refuse, out, send, status_rc(refuse));
+    return answer(a, in, out, send, got_id, err);
 }

@@ -1,3 +1,4 @@
+/* credit.c - credit and ack bytes on a link's socket (see credit.h). */
 #include "ring/credit.h"
 
 #include "core/err.h"

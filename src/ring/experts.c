@@ -468,9 +468,12 @@ struct kvr_experts_client {
     struct kvr_wire_limits limits; /* what the stage accepts (EXPERT_RESULT) */
     uint32_t n_remote;
     struct remote *remote; /* [n_remote], in agent order */
-    int16_t *owner;        /* [n_local x n_expert]: remote index, -1 = this stage */
+    int16_t *owner;        /* [n_local x n_expert]: remote index, or OWNER_SELF */
     uint8_t *local;        /* [n_expert] mask of the pairs computed here */
 };
+
+/* The owner of an expert that none of this stage's agents holds: the stage computes it. */
+#define OWNER_SELF ((int16_t)-1)
 
 static void remote_lose(struct kvr_experts_client *c, struct remote *r, const char *why)
 {
@@ -550,8 +553,8 @@ int kvr_experts_client_create(struct kvr_experts_client **out, const struct kvr_
     c->n_remote = n;
     for (uint32_t il = 0; il < n_local; il++)
         for (uint32_t e = 0; e < c->n_expert; e++) {
-            int16_t o = -1;
-            for (uint32_t i = 0; i < n && o < 0; i++)
+            int16_t o = OWNER_SELF;
+            for (uint32_t i = 0; i < n && o == OWNER_SELF; i++)
                 if (kvr_plan_agent_holds(&plan->agents[used[i]], st->first_layer + il, e))
                     o = (int16_t)i;
             c->owner[(size_t)il * c->n_expert + e] = o;
@@ -746,7 +749,7 @@ void kvr_experts_dispatch(void *ctx, uint32_t layer, struct kvr_moe_work *w,
     }
     /* 2. Here, while the agents work: every pair no agent took. */
     for (uint32_t e = 0; e < c->n_expert; e++)
-        c->local[e] = owner[e] < 0 || !c->remote[owner[e]].sent;
+        c->local[e] = owner[e] == OWNER_SELF || !c->remote[owner[e]].sent;
     for (uint32_t i = 0; i < c->n_remote; i++)
         if (!c->remote[i].sent)
             atomic_fetch_add(&c->remote[i].fallback_pairs,

@@ -199,33 +199,10 @@ static int parse_stage(json_t *v, uint32_t i, struct kvr_plan_stage *st, struct 
     return KVR_OK;
 }
 
-static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
+/* Where the ring is: the model file, its stages and the bridge. */
+static int parse_places(struct kvr_plan *p, json_t *root, struct kvr_err *err)
 {
-    static const char *const keys[] = {"model",
-                                       "model_fingerprint",
-                                       "stages",
-                                       "bridge",
-                                       "row_width",
-                                       "microbatches",
-                                       "max_seqs",
-                                       "n_ctx",
-                                       "kv_block_tokens",
-                                       "kv_blocks",
-                                       "wire_dtype",
-                                       "threads",
-                                       "secret",
-                                       "secret_file",
-                                       "encrypt",
-                                       "kv_type",
-                                       "experts",
-                                       "spares",
-                                       NULL};
     int rc;
-    if (!json_is_object(root))
-        return kvr_err_set(err, KVR_EINVAL, "plan: the top level must be a JSON object");
-    if ((rc = check_keys(root, keys, "the plan", err)))
-        return rc;
-
     json_t *v = json_object_get(root, "model");
     if (!v)
         return kvr_err_set(err, KVR_EINVAL, "plan: \"model\" (the GGUF file's path) is missing");
@@ -254,7 +231,14 @@ static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
                            "plan: \"bridge\" (the address the bridge listens on) is missing");
     if ((rc = get_str(v, "bridge", p->bridge_addr, sizeof p->bridge_addr, err)))
         return rc;
+    return KVR_OK;
+}
 
+/* The sizes: row width, microbatches, sequence slots, context, KV blocks, threads. */
+static int parse_sizes(struct kvr_plan *p, json_t *root, struct kvr_err *err)
+{
+    int rc;
+    json_t *v;
     struct {
         const char *key;
         uint32_t *dst;
@@ -289,7 +273,13 @@ static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
         uint64_t blocks = per_seq * p->max_seqs;
         p->kv_blocks = blocks > UINT32_MAX ? UINT32_MAX : (uint32_t)blocks;
     }
+    return KVR_OK;
+}
 
+/* The wire and KV number types, and whether frames are sealed. */
+static int parse_types(struct kvr_plan *p, json_t *root, struct kvr_err *err)
+{
+    json_t *v;
     p->wire_dtype = KVR_DTYPE_F32;
     if ((v = json_object_get(root, "wire_dtype"))) {
         int t = kvr_dtype_by_name(json_is_string(v) ? json_string_value(v) : "");
@@ -311,7 +301,12 @@ static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
             return kvr_err_set(err, KVR_EINVAL, "plan: encrypt must be true or false");
         p->encrypt = json_is_true(v);
     }
+    return KVR_OK;
+}
 
+/* The ring's shared secret: inline hex digits or a file's path, not both. */
+static int parse_secret(struct kvr_plan *p, json_t *root, struct kvr_err *err)
+{
     json_t *secret = json_object_get(root, "secret");
     json_t *secret_file = json_object_get(root, "secret_file");
     if (secret && secret_file)
@@ -329,10 +324,39 @@ static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
         p->secret_bytes = (uint32_t)nb;
         p->secret_inline = true;
     }
-    if (secret_file &&
-        (rc = get_str(secret_file, "secret_file", p->secret_file, sizeof p->secret_file, err)))
-        return rc;
-    if ((rc = kvr_plan_experts_parse(p, json_object_get(root, "experts"), err)))
+    if (secret_file)
+        return get_str(secret_file, "secret_file", p->secret_file, sizeof p->secret_file, err);
+    return KVR_OK;
+}
+
+static int parse_root(struct kvr_plan *p, json_t *root, struct kvr_err *err)
+{
+    static const char *const keys[] = {"model",
+                                       "model_fingerprint",
+                                       "stages",
+                                       "bridge",
+                                       "row_width",
+                                       "microbatches",
+                                       "max_seqs",
+                                       "n_ctx",
+                                       "kv_block_tokens",
+                                       "kv_blocks",
+                                       "wire_dtype",
+                                       "threads",
+                                       "secret",
+                                       "secret_file",
+                                       "encrypt",
+                                       "kv_type",
+                                       "experts",
+                                       "spares",
+                                       NULL};
+    int rc;
+    if (!json_is_object(root))
+        return kvr_err_set(err, KVR_EINVAL, "plan: the top level must be a JSON object");
+    if ((rc = check_keys(root, keys, "the plan", err)) || (rc = parse_places(p, root, err)) ||
+        (rc = parse_sizes(p, root, err)) || (rc = parse_types(p, root, err)) ||
+        (rc = parse_secret(p, root, err)) ||
+        (rc = kvr_plan_experts_parse(p, json_object_get(root, "experts"), err)))
         return rc;
     return kvr_plan_spares_parse(p, json_object_get(root, "spares"), err);
 }
@@ -625,24 +649,10 @@ static int check_width(uint32_t v, uint32_t max, const char *name, const char *w
     return KVR_OK;
 }
 
-int kvr_plan_validate(const struct kvr_plan *p, uint32_t n_layer, struct kvr_err *err)
+/* Addresses: well-formed and pairwise distinct, the bridge's included. */
+static int check_addrs(const struct kvr_plan *p, struct kvr_err *err)
 {
     int rc;
-    if (!p->model_path[0])
-        return kvr_err_set(err, KVR_EINVAL, "plan: no model file (\"model\")");
-    if (p->n_stages < 2)
-        return kvr_err_set(err, KVR_EINVAL,
-                           "plan has %u stage%s: a pipeline needs at least two stages: head "
-                           "and tail are different roles (the head embeds tokens, the tail "
-                           "samples them); for one process use `kvasir run`",
-                           p->n_stages, p->n_stages == 1 ? "" : "s");
-    if (p->n_stages > KVR_PLAN_MAX_STAGES)
-        return kvr_err_set(err, KVR_ERANGE, "plan: %u stages; at most %d are supported",
-                           p->n_stages, KVR_PLAN_MAX_STAGES);
-    if ((rc = check_ranges(p, n_layer, err)))
-        return rc;
-
-    /* Addresses: well-formed and pairwise distinct, the bridge's included. */
     char who[32];
     for (uint32_t i = 0; i < p->n_stages; i++) {
         snprintf(who, sizeof who, "stage %u", i);
@@ -664,7 +674,13 @@ int kvr_plan_validate(const struct kvr_plan *p, uint32_t n_layer, struct kvr_err
                                    "listens on its own address",
                                    j, i, p->stages[i].addr);
     }
+    return KVR_OK;
+}
 
+/* Every size nonzero and within its sane bound, and the KV cache holds one full context. */
+static int check_sizes(const struct kvr_plan *p, struct kvr_err *err)
+{
+    int rc;
     if ((rc = check_width(p->row_width, KVR_PLAN_MAX_ROW_WIDTH, "row_width",
                           "a micro-batch must carry at least one row", err)) ||
         (rc = check_width(p->microbatches, KVR_PLAN_MAX_MICROBATCHES, "microbatches",
@@ -692,6 +708,12 @@ int kvr_plan_validate(const struct kvr_plan *p, uint32_t n_layer, struct kvr_err
                            " tokens per layer, beyond the bound of %llu",
                            p->kv_blocks, p->kv_block_tokens, kv_tokens,
                            (unsigned long long)KVR_PLAN_MAX_KV_TOKENS);
+    return KVR_OK;
+}
+
+/* Number types known, thread counts within bound. */
+static int check_types(const struct kvr_plan *p, struct kvr_err *err)
+{
     if (!dtype_name(p->wire_dtype))
         return kvr_err_set(err, KVR_EINVAL, "plan: wire_dtype %d is not f32, f16 or bf16",
                            (int)p->wire_dtype);
@@ -706,7 +728,12 @@ int kvr_plan_validate(const struct kvr_plan *p, uint32_t n_layer, struct kvr_err
             return kvr_err_set(err, KVR_ERANGE,
                                "plan: stage %u has threads %u, beyond the bound of %d", i,
                                p->stages[i].n_threads, KVR_PLAN_MAX_THREADS);
+    return KVR_OK;
+}
 
+/* The cluster secret was given (or read from its file) and has a usable length. */
+static int check_secret(const struct kvr_plan *p, struct kvr_err *err)
+{
     if (p->secret_bytes == 0 && p->secret_file[0])
         return kvr_err_set(err, KVR_EINVAL,
                            "plan: secret_file \"%s\" has not been read (kvr_plan_load reads "
@@ -723,7 +750,26 @@ int kvr_plan_validate(const struct kvr_plan *p, uint32_t n_layer, struct kvr_err
                            "(%d to %d hex digits)",
                            p->secret_bytes, KVR_PLAN_SECRET_MIN_BYTES, KVR_PLAN_SECRET_MAX_BYTES,
                            2 * KVR_PLAN_SECRET_MIN_BYTES, 2 * KVR_PLAN_SECRET_MAX_BYTES);
-    if ((rc = kvr_plan_experts_validate(p, n_layer, err)))
+    return KVR_OK;
+}
+
+int kvr_plan_validate(const struct kvr_plan *p, uint32_t n_layer, struct kvr_err *err)
+{
+    int rc;
+    if (!p->model_path[0])
+        return kvr_err_set(err, KVR_EINVAL, "plan: no model file (\"model\")");
+    if (p->n_stages < 2)
+        return kvr_err_set(err, KVR_EINVAL,
+                           "plan has %u stage%s: a pipeline needs at least two stages: head "
+                           "and tail are different roles (the head embeds tokens, the tail "
+                           "samples them); for one process use `kvasir run`",
+                           p->n_stages, p->n_stages == 1 ? "" : "s");
+    if (p->n_stages > KVR_PLAN_MAX_STAGES)
+        return kvr_err_set(err, KVR_ERANGE, "plan: %u stages; at most %d are supported",
+                           p->n_stages, KVR_PLAN_MAX_STAGES);
+    if ((rc = check_ranges(p, n_layer, err)) || (rc = check_addrs(p, err)) ||
+        (rc = check_sizes(p, err)) || (rc = check_types(p, err)) || (rc = check_secret(p, err)) ||
+        (rc = kvr_plan_experts_validate(p, n_layer, err)))
         return rc;
     return kvr_plan_spares_validate(p, err);
 }

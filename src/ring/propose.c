@@ -1,3 +1,6 @@
+/* propose.c - plans from a model file (see propose.h). Reading order: the costs the
+ * balancer weighs (per layer, head and tail, the experts' share), the proposal itself, then
+ * re-planning after a lost stage. */
 #include "ring/propose.h"
 
 #include "core/alloc.h"
@@ -9,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-/* A layer's time per weight byte, relative to a bare matmul's (see kvr_plan_propose). */
+/* A layer's time per weight byte, relative to a bare matmul's (see model_costs). */
 #define LAYER_NON_MATMUL 2.0
 /* The same for the routed experts' share of a MoE layer, on the owning stage or an agent
  * (expert_keep). */
@@ -55,8 +58,8 @@ static double layer_bytes(const struct kvr_gguf *g, const struct kvr_hparams *hp
  * computes the same ones): *cost (n_layer values, the caller frees it with kvr_free), the
  * head's and the tail's extra cost. Costs are in weight bytes read per step. A layer spends
  * about as long again on what is not a matmul (attention over the KV cache, norms, RoPE,
- * SwiGLU): on ring-45 Q8_0 decode, the matmuls are ~50% of a stage's profile (perf,
- * 2026-11-29). The output head is a matmul alone, and the embedding a row copy per token. */
+ * SwiGLU), so its bytes weigh LAYER_NON_MATMUL times a bare matmul's. The output head is a
+ * matmul alone, and the embedding a row copy per token. */
 static int model_costs(const struct kvr_gguf *g, const struct kvr_hparams *hp, double **cost,
                        double *head_cost, double *tail_cost, struct kvr_err *err)
 {
@@ -147,6 +150,102 @@ static void nth_host(const char *hosts, uint32_t i, char *out, size_t cap)
     snprintf(out, cap, "%.*s", (int)(n < cap ? n : cap - 1), p);
 }
 
+/* Stage i listens on host i (or the only host) at base port + i; the bridge, unless
+ * given, on the first host one port below. */
+static int place_stages(struct kvr_plan *plan, const struct kvr_plan_spec *spec, const char *hosts,
+                        uint32_t port, const struct kvr_balance_result *res, struct kvr_err *err)
+{
+    char host[KVR_PLAN_ADDR_BYTES - 8];
+    for (uint32_t i = 0; i < spec->n_stages; i++) {
+        nth_host(hosts, i, host, sizeof host);
+        int n =
+            snprintf(plan->stages[i].addr, sizeof plan->stages[i].addr, "%s:%u", host, port + i);
+        if (n < 0 || (size_t)n >= sizeof plan->stages[i].addr)
+            return kvr_err_set(err, KVR_ERANGE, "host name too long: %s", host);
+        plan->stages[i].first_layer = res->first_layer[i];
+        plan->stages[i].last_layer = res->last_layer[i];
+    }
+    if (spec->bridge_addr) {
+        snprintf(plan->bridge_addr, sizeof plan->bridge_addr, "%s", spec->bridge_addr);
+    } else {
+        nth_host(hosts, 0, host, sizeof host);
+        int n = snprintf(plan->bridge_addr, sizeof plan->bridge_addr, "%s:%u", host, port - 1);
+        if (n < 0 || (size_t)n >= sizeof plan->bridge_addr)
+            return kvr_err_set(err, KVR_ERANGE, "host name too long: %s", host);
+    }
+    return KVR_OK;
+}
+
+/* The KV cache: its number type, and its blocks given, or as many as kv_mib holds in the
+ * stage with the most layers, or by default a full context for every slot. */
+static int size_kv(struct kvr_plan *plan, const struct kvr_plan_spec *spec,
+                   const struct kvr_hparams *hp, const struct kvr_balance_result *res,
+                   struct kvr_err *err)
+{
+    uint64_t per_seq = (plan->n_ctx + plan->kv_block_tokens - 1) / plan->kv_block_tokens;
+    plan->kv_type = KVR_PLAN_DEFAULT_KV_TYPE;
+    if (spec->kv_type && kvr_plan_kv_type_parse(spec->kv_type, &plan->kv_type))
+        return kvr_err_set(err, KVR_EINVAL, "KV type '%s' is not f32, f16 or q8_0", spec->kv_type);
+    if (plan->kv_type == KVR_DTYPE_Q8_0 && hp->head_dim % 32)
+        return kvr_err_set(err, KVR_EINVAL,
+                           "a q8_0 KV cache needs a head width that is a multiple of 32 (this "
+                           "model's is %u); use f16 or f32",
+                           hp->head_dim);
+    uint64_t blocks = spec->kv_blocks ? spec->kv_blocks : per_seq * plan->max_seqs;
+    if (spec->kv_mib && spec->kv_blocks)
+        return kvr_err_set(err, KVR_EINVAL, "give the KV cache in blocks or in MiB, not both");
+    if (spec->kv_mib) {
+        /* A block holds block_tokens rows of K and of V in every layer of a stage. */
+        uint32_t most = 0;
+        for (uint32_t i = 0; i < spec->n_stages; i++) {
+            uint32_t n = res->last_layer[i] - res->first_layer[i] + 1;
+            most = n > most ? n : most;
+        }
+        uint64_t block_bytes =
+            2ull * most * plan->kv_block_tokens * kvr_kv_bytes(plan->kv_type, hp->kv_dim);
+        if (!block_bytes)
+            return kvr_err_set(err, KVR_EINVAL, "KV type %s cannot hold rows of %u values",
+                               kvr_plan_kv_type_name(plan->kv_type), hp->kv_dim);
+        blocks = ((uint64_t)spec->kv_mib << 20) / block_bytes;
+    }
+    if (blocks > UINT32_MAX)
+        return kvr_err_set(err, KVR_ERANGE, "too many KV blocks (%llu)",
+                           (unsigned long long)blocks);
+    plan->kv_blocks = (uint32_t)blocks;
+    return KVR_OK;
+}
+
+/* Expert agents on the first host, after the stages' ports: each stage keeps the share of
+ * its experts that balances its work with the agents' (or the share the spec fixes). */
+static int place_agents(struct kvr_plan *plan, const struct kvr_gguf *g,
+                        const struct kvr_hparams *hp, const struct kvr_plan_spec *spec,
+                        const char *hosts, uint32_t port, double head_cost, double tail_cost,
+                        struct kvr_err *err)
+{
+    char host[KVR_PLAN_ADDR_BYTES - 8];
+    nth_host(hosts, 0, host, sizeof host);
+    uint32_t keep[KVR_PLAN_MAX_STAGES];
+    if (spec->keep_fixed) {
+        for (uint32_t s = 0; s < plan->n_stages; s++)
+            keep[s] = spec->keep;
+    } else {
+        expert_keep(g, hp, plan, spec, head_cost, tail_cost, keep);
+    }
+    int rc = kvr_plan_place_experts_kept(plan, spec->n_agents, hp->moe.n_expert, keep,
+                                         spec->agent_speed, host, port + spec->n_stages, err);
+    if (rc == KVR_ERANGE && !spec->keep_fixed) {
+        /* more runs of different shares than an agent has holds: one share for all */
+        double sum = 0;
+        for (uint32_t s = 0; s < plan->n_stages; s++)
+            sum += keep[s];
+        for (uint32_t s = 0; s < plan->n_stages; s++)
+            keep[s] = (uint32_t)(sum / plan->n_stages + 0.5);
+        rc = kvr_plan_place_experts_kept(plan, spec->n_agents, hp->moe.n_expert, keep,
+                                         spec->agent_speed, host, port + spec->n_stages, err);
+    }
+    return rc;
+}
+
 int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
                      const struct kvr_plan_spec *spec, struct kvr_err *err)
 {
@@ -187,60 +286,16 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
                            spec->n_stages);
     snprintf(plan->model_path, sizeof plan->model_path, "%s", spec->model_path);
     plan->n_stages = spec->n_stages;
-    char host[KVR_PLAN_ADDR_BYTES - 8];
-    for (uint32_t i = 0; i < spec->n_stages; i++) {
-        nth_host(hosts, i, host, sizeof host);
-        int n =
-            snprintf(plan->stages[i].addr, sizeof plan->stages[i].addr, "%s:%u", host, port + i);
-        if (n < 0 || (size_t)n >= sizeof plan->stages[i].addr)
-            return kvr_err_set(err, KVR_ERANGE, "host name too long: %s", host);
-        plan->stages[i].first_layer = res.first_layer[i];
-        plan->stages[i].last_layer = res.last_layer[i];
-    }
-    if (spec->bridge_addr) {
-        snprintf(plan->bridge_addr, sizeof plan->bridge_addr, "%s", spec->bridge_addr);
-    } else {
-        nth_host(hosts, 0, host, sizeof host);
-        int n = snprintf(plan->bridge_addr, sizeof plan->bridge_addr, "%s:%u", host, port - 1);
-        if (n < 0 || (size_t)n >= sizeof plan->bridge_addr)
-            return kvr_err_set(err, KVR_ERANGE, "host name too long: %s", host);
-    }
+    if ((rc = place_stages(plan, spec, hosts, port, &res, err)))
+        return rc;
     plan->row_width = spec->row_width ? spec->row_width : 64;
     plan->microbatches = spec->microbatches ? spec->microbatches : spec->n_stages;
     plan->max_seqs = spec->max_seqs ? spec->max_seqs : 32;
     plan->n_ctx = spec->n_ctx ? spec->n_ctx : (hp.n_ctx_train < 2048 ? hp.n_ctx_train : 2048);
     plan->kv_block_tokens =
         spec->kv_block_tokens ? spec->kv_block_tokens : KVR_PLAN_DEFAULT_KV_BLOCK_TOKENS;
-    uint64_t per_seq = (plan->n_ctx + plan->kv_block_tokens - 1) / plan->kv_block_tokens;
-    plan->kv_type = KVR_PLAN_DEFAULT_KV_TYPE;
-    if (spec->kv_type && kvr_plan_kv_type_parse(spec->kv_type, &plan->kv_type))
-        return kvr_err_set(err, KVR_EINVAL, "KV type '%s' is not f32, f16 or q8_0", spec->kv_type);
-    if (plan->kv_type == KVR_DTYPE_Q8_0 && hp.head_dim % 32)
-        return kvr_err_set(err, KVR_EINVAL,
-                           "a q8_0 KV cache needs a head width that is a multiple of 32 (this "
-                           "model's is %u); use f16 or f32",
-                           hp.head_dim);
-    uint64_t blocks = spec->kv_blocks ? spec->kv_blocks : per_seq * plan->max_seqs;
-    if (spec->kv_mib && spec->kv_blocks)
-        return kvr_err_set(err, KVR_EINVAL, "give the KV cache in blocks or in MiB, not both");
-    if (spec->kv_mib) {
-        /* A block holds block_tokens rows of K and of V in every layer of a stage. */
-        uint32_t most = 0;
-        for (uint32_t i = 0; i < spec->n_stages; i++) {
-            uint32_t n = res.last_layer[i] - res.first_layer[i] + 1;
-            most = n > most ? n : most;
-        }
-        uint64_t block_bytes =
-            2ull * most * plan->kv_block_tokens * kvr_kv_bytes(plan->kv_type, hp.kv_dim);
-        if (!block_bytes)
-            return kvr_err_set(err, KVR_EINVAL, "KV type %s cannot hold rows of %u values",
-                               kvr_plan_kv_type_name(plan->kv_type), hp.kv_dim);
-        blocks = ((uint64_t)spec->kv_mib << 20) / block_bytes;
-    }
-    if (blocks > UINT32_MAX)
-        return kvr_err_set(err, KVR_ERANGE, "too many KV blocks (%llu)",
-                           (unsigned long long)blocks);
-    plan->kv_blocks = (uint32_t)blocks;
+    if ((rc = size_kv(plan, spec, &hp, &res, err)))
+        return rc;
     plan->wire_dtype = spec->wire_dtype;
     plan->n_threads = spec->n_threads ? spec->n_threads : 1;
     plan->encrypt = !spec->no_encrypt;
@@ -249,30 +304,9 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
         return kvr_err_set(err, KVR_EIO, "libsodium failed to initialise");
     plan->secret_bytes = 32;
     randombytes_buf(plan->secret, plan->secret_bytes);
-    if (spec->n_agents) {
-        nth_host(hosts, 0, host, sizeof host);
-        uint32_t keep[KVR_PLAN_MAX_STAGES];
-        if (spec->keep_fixed) {
-            for (uint32_t s = 0; s < plan->n_stages; s++)
-                keep[s] = spec->keep;
-        } else {
-            expert_keep(g, &hp, plan, spec, head_cost, tail_cost, keep);
-        }
-        rc = kvr_plan_place_experts_kept(plan, spec->n_agents, hp.moe.n_expert, keep,
-                                         spec->agent_speed, host, port + spec->n_stages, err);
-        if (rc == KVR_ERANGE && !spec->keep_fixed) {
-            /* more runs of different shares than an agent has holds: one share for all */
-            double sum = 0;
-            for (uint32_t s = 0; s < plan->n_stages; s++)
-                sum += keep[s];
-            for (uint32_t s = 0; s < plan->n_stages; s++)
-                keep[s] = (uint32_t)(sum / plan->n_stages + 0.5);
-            rc = kvr_plan_place_experts_kept(plan, spec->n_agents, hp.moe.n_expert, keep,
-                                             spec->agent_speed, host, port + spec->n_stages, err);
-        }
-        if (rc)
-            return rc;
-    }
+    if (spec->n_agents &&
+        (rc = place_agents(plan, g, &hp, spec, hosts, port, head_cost, tail_cost, err)))
+        return rc;
     return kvr_plan_validate(plan, hp.n_layer, err);
 }
 
@@ -317,17 +351,20 @@ static int replan_slots(const struct kvr_plan *old, uint64_t keep, uint32_t src[
     return KVR_OK;
 }
 
-int kvr_plan_replan_index(const struct kvr_plan *old, uint64_t keep, uint32_t who)
+bool kvr_plan_replan_index(const struct kvr_plan *old, uint64_t keep, uint32_t who, uint32_t *index)
 {
     uint32_t src[64], n;
     bool dropped;
     struct kvr_err e = {0};
     if (replan_slots(old, keep, src, &n, &dropped, &e))
-        return -1;
-    for (uint32_t k = 0; k < n; k++)
-        if (src[k] == who)
-            return (int)k;
-    return -1;
+        return false;
+    for (uint32_t k = 0; k < n; k++) {
+        if (src[k] == who) {
+            *index = k;
+            return true;
+        }
+    }
+    return false;
 }
 
 int kvr_plan_replan(const struct kvr_plan *old, const struct kvr_gguf *g, uint64_t keep,

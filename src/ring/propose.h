@@ -64,8 +64,10 @@ int kvr_plan_propose(struct kvr_plan *plan, const struct kvr_gguf *g,
 int kvr_plan_replan(const struct kvr_plan *old, const struct kvr_gguf *g, uint64_t keep,
                     struct kvr_plan *out, struct kvr_err *err);
 
-/* The index in kvr_plan_replan(old, keep)'s plan of `who`: old stage who (< n_stages) or
- * spare who - n_stages; -1 when it is not in the new ring (or keep is invalid). */
-int kvr_plan_replan_index(const struct kvr_plan *old, uint64_t keep, uint32_t who);
+/* Where `who` (old stage who < n_stages, or spare who - n_stages) is in kvr_plan_replan(old,
+ * keep)'s plan: true with *index its stage index there, false when it is not in the new
+ * ring (or keep is invalid). */
+bool kvr_plan_replan_index(const struct kvr_plan *old, uint64_t keep, uint32_t who,
+                           uint32_t *index);
 
 #endif

@@ -5,12 +5,12 @@
  * heartbeats), the upstream link (receiving into slots), the compute loop, start-up and
  * shutdown.
  *
- * Two threads. The I/O thread runs the event loop (core/ev.h): it accepts and
- * authenticates the upstream (the handshake in steps, accept.h, so a peer that
- * is slow to answer never stalls the loop), reads frames straight into free input slots, takes the
- * downstream link from the dialler thread (dial.h), sends queued frames without blocking, reads
- * credits and acks, answers heartbeats and sends its own. The compute thread (the caller's) takes
- * the next input slot (the wait is "starved"), a free output slot ("blocked"), runs the step
+ * Two threads. The I/O thread runs the event loop (core/ev.h): it accepts and authenticates
+ * the upstream (the handshake in steps, accept.h, so a peer that is slow to answer never
+ * stalls the loop), reads frames straight into free input slots, takes the downstream link
+ * from the dialler thread (dial.h), sends queued frames without blocking, reads credits and
+ * acks, answers heartbeats and sends its own. The compute thread (the caller's) takes the
+ * next input slot (the wait is "starved"), a free output slot ("blocked"), runs the step
  * ("held") and hands the frame off: it sends it itself, without blocking, when nothing is
  * queued ahead of it and the downstream has a credit (try-write-first), else queues it for
  * the I/O thread. Sending inline saves a thread wake-up per batch, which on a stage with a
@@ -51,21 +51,31 @@ enum {
     N_OUT_SLOTS = 2,                /* one being sent, one being filled */
     N_IN_SLOTS = 2,                 /* one being computed, one received: the credits we grant */
     READY_CAP = 2 * N_IN_SLOTS + 2, /* input slots and RESET marks between them */
-    RESET_MARK = -1, /* in the ready FIFO: the upstream changed, drop every sequence */
 };
 
 #define MS_NS 1000000ull
 
-/* What the downstream link is writing (tx_what): nothing, a heartbeat, a RESET, or the
- * output slot of that index. */
-enum { TX_NONE = -1, TX_HEARTBEAT = -2, TX_NOTICE = -3 };
+/* What the downstream link is writing: nothing, a heartbeat, a RESET, or an output slot
+ * (which goes back to the free list once written or dropped). */
+enum tx_kind { TX_NONE, TX_HEARTBEAT, TX_NOTICE, TX_OUT_SLOT, TX_COUNT };
+struct tx {
+    enum tx_kind kind;
+    uint32_t slot; /* TX_OUT_SLOT: its index in out[] */
+};
+static const struct tx tx_none = {TX_NONE, 0};
+
+/* An entry of the ready FIFO: an input slot to run, or a mark that the upstream changed
+ * there (every sequence before it is stale). */
+enum ready_kind { READY_INPUT, READY_RESET, READY_COUNT };
+struct ready {
+    enum ready_kind kind;
+    uint32_t slot; /* READY_INPUT: its index in in[] */
+};
 
 struct in_slot {
     struct kvr_link_rx rx; /* the frame, decoded where it was received */
     uint64_t gen;          /* upstream link generation it came from */
 };
-
-struct stage;
 
 struct stage {
     const struct kvr_plan *plan;
@@ -104,11 +114,11 @@ struct stage {
     pthread_cond_t out_cond; /* compute: an output slot is free */
     bool stopping;
 
-    /* Input slots. A slot is free, being received into (rx_slot), or ready. */
+    /* Input slots. A slot is free, being received into (rx_into), or ready. */
     struct in_slot in[N_IN_SLOTS];
     uint32_t in_free[N_IN_SLOTS], n_in_free;
-    int rx_slot;          /* the slot a frame body is being read into, or -1 */
-    int ready[READY_CAP]; /* FIFO of slot indexes and RESET_MARKs */
+    struct in_slot *rx_into;       /* the slot a frame body is being read into, or NULL */
+    struct ready ready[READY_CAP]; /* FIFO of ready slots and RESET marks */
     uint32_t ready_head, n_ready;
     int up_fd;          /* for the compute thread's credits; -1: none */
     uint64_t up_gen;    /* bumped whenever the upstream changes */
@@ -133,7 +143,7 @@ struct stage {
     bool want_write;   /* the compute thread left a frame half-written */
     uint64_t down_gen; /* bumped whenever the link is dropped */
     uint32_t down_credits;
-    int tx_what;           /* TX_* or an output slot being written */
+    struct tx tx;          /* what is being written */
     uint64_t last_send_ns; /* when a frame or heartbeat last went out */
     uint64_t await_ns;     /* something sent that the downstream has not answered */
     uint64_t n_heartbeats;
@@ -198,12 +208,12 @@ static void drop_down(struct stage *s)
     s->down_gen++;
     s->down_credits = 0;
     s->await_ns = 0;
-    if (s->tx_what >= 0) {
+    if (s->tx.kind == TX_OUT_SLOT) {
         KVR_WARN("%s: downstream lost, batch %llu dropped", s->name,
-                 (unsigned long long)s->out[s->tx_what].msg.batch_id);
-        give_out(s, (uint32_t)s->tx_what);
+                 (unsigned long long)s->out[s->tx.slot].msg.batch_id);
+        give_out(s, s->tx.slot);
     }
-    s->tx_what = TX_NONE;
+    s->tx = tx_none;
     kvr_ev_timer_at(s->ev, s->t_heartbeat, 0);
     kvr_dialer_redial(s->dialer);
 }
@@ -216,23 +226,23 @@ static void sent(struct stage *s)
 }
 
 /* Start writing a frame; returns false if the link broke (dropped). */
-static bool begin_send(struct stage *s, const struct kvr_wire_msg *m, int what)
+static bool begin_send(struct stage *s, const struct kvr_wire_msg *m, struct tx what)
 {
     struct kvr_err err = {0};
     int rc = kvr_link_send_begin(&s->down, m, &err);
     if (rc && rc != KVR_EAGAIN) {
         KVR_WARN("%s: downstream lost: %s", s->name, err.msg);
-        if (what >= 0)
-            s->tx_what = what; /* drop_down reports and frees it */
+        if (what.kind == TX_OUT_SLOT)
+            s->tx = what; /* drop_down reports and frees it */
         drop_down(s);
         return false;
     }
     sent(s);
     if (rc == KVR_EAGAIN) {
-        s->tx_what = what;
+        s->tx = what;
         kvr_ev_events(s->ev, s->down.fd, KVR_EV_READ | KVR_EV_WRITE);
-    } else if (what >= 0) {
-        give_out(s, (uint32_t)what);
+    } else if (what.kind == TX_OUT_SLOT) {
+        give_out(s, what.slot);
     }
     return true;
 }
@@ -252,16 +262,16 @@ static void kick_send(struct stage *s)
         }
         return;
     }
-    if (s->want_write && s->tx_what != TX_NONE)
+    if (s->want_write && s->tx.kind != TX_NONE)
         kvr_ev_events(s->ev, s->down.fd, KVR_EV_READ | KVR_EV_WRITE);
     s->want_write = false;
-    if (s->tx_what != TX_NONE)
+    if (s->tx.kind != TX_NONE)
         return;
     if (s->notice_pending) {
         s->notice_pending = false;
         struct kvr_wire_msg m = {
             .type = KVR_WIRE_RESET, .arg = s->notice_stage, .batch_id = s->notice_batch};
-        if (!begin_send(s, &m, TX_NOTICE) || s->tx_what != TX_NONE)
+        if (!begin_send(s, &m, (struct tx){TX_NOTICE, 0}) || s->tx.kind != TX_NONE)
             return;
     }
     while (s->n_out_q > 0) {
@@ -283,11 +293,11 @@ static void kick_send(struct stage *s)
         s->out_q_head = (s->out_q_head + 1) % N_OUT_SLOTS;
         s->n_out_q--;
         s->down_credits--;
-        if (!begin_send(s, &s->out[id].msg, (int)id)) {
+        if (!begin_send(s, &s->out[id].msg, (struct tx){TX_OUT_SLOT, id})) {
             kick_send(s);
             return;
         }
-        if (s->tx_what != TX_NONE)
+        if (s->tx.kind != TX_NONE)
             return;
     }
 }
@@ -297,12 +307,12 @@ static void on_down(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
     struct stage *s = arg;
     pthread_mutex_lock(&s->lock);
     struct kvr_err err = {0};
-    if (s->have_down && (events & KVR_EV_WRITE) && s->tx_what != TX_NONE) {
+    if (s->have_down && (events & KVR_EV_WRITE) && s->tx.kind != TX_NONE) {
         int rc = kvr_link_send_resume(&s->down, &err);
         if (rc == 0) {
-            if (s->tx_what >= 0)
-                give_out(s, (uint32_t)s->tx_what);
-            s->tx_what = TX_NONE;
+            if (s->tx.kind == TX_OUT_SLOT)
+                give_out(s, s->tx.slot);
+            s->tx = tx_none;
             kvr_ev_events(ev, fd, KVR_EV_READ);
         } else if (rc != KVR_EAGAIN) {
             KVR_WARN("%s: downstream lost: %s", s->name, err.msg);
@@ -336,7 +346,7 @@ static void install_down(struct stage *s, struct kvr_link *fresh)
     s->down = *fresh;
     s->have_down = true;
     s->down_credits = 0;
-    s->tx_what = TX_NONE;
+    s->tx = tx_none;
     s->last_send_ns = kvr_now_ns();
     s->await_ns = 0;
     if (kvr_ev_watch(s->ev, s->down.fd, KVR_EV_READ, on_down, s))
@@ -361,13 +371,13 @@ static void on_heartbeat_timer(struct kvr_ev *ev, void *arg)
         KVR_WARN("%s: downstream %s stopped reading: nothing back for %d ms%s; closing the "
                  "link",
                  s->name, s->down.peer, KVR_CREDIT_DEAD_MS,
-                 s->tx_what != TX_NONE ? " (a frame half written)" : "");
+                 s->tx.kind != TX_NONE ? " (a frame half written)" : "");
         drop_down(s);
         kick_send(s);
     } else if (s->have_down && !s->down_dead) {
-        if (now - s->last_send_ns >= KVR_CREDIT_HEARTBEAT_MS * MS_NS && s->tx_what == TX_NONE) {
+        if (now - s->last_send_ns >= KVR_CREDIT_HEARTBEAT_MS * MS_NS && s->tx.kind == TX_NONE) {
             struct kvr_wire_msg m = {.type = KVR_WIRE_HEARTBEAT, .batch_id = ++s->n_heartbeats};
-            begin_send(s, &m, TX_HEARTBEAT);
+            begin_send(s, &m, (struct tx){TX_HEARTBEAT, 0});
         }
         if (s->have_down) {
             uint64_t next = s->last_send_ns + KVR_CREDIT_HEARTBEAT_MS * MS_NS;
@@ -384,9 +394,10 @@ static void on_heartbeat_timer(struct kvr_ev *ev, void *arg)
 /* Queue a RESET mark for the compute thread, unless one is last already. Lock held. */
 static void push_reset(struct stage *s)
 {
-    if (s->n_ready > 0 && s->ready[(s->ready_head + s->n_ready - 1) % READY_CAP] == RESET_MARK)
+    if (s->n_ready > 0 &&
+        s->ready[(s->ready_head + s->n_ready - 1) % READY_CAP].kind == READY_RESET)
         return;
-    s->ready[(s->ready_head + s->n_ready++) % READY_CAP] = RESET_MARK;
+    s->ready[(s->ready_head + s->n_ready++) % READY_CAP] = (struct ready){READY_RESET, 0};
     pthread_cond_signal(&s->in_cond);
 }
 
@@ -404,9 +415,9 @@ static void try_grant(struct stage *s)
 /* The upstream changed (a new link, or none): every sequence is stale. Lock held. */
 static void set_upstream(struct stage *s, int fd)
 {
-    if (s->rx_slot >= 0) { /* a frame half read from the old link */
-        s->in_free[s->n_in_free++] = (uint32_t)s->rx_slot;
-        s->rx_slot = -1;
+    if (s->rx_into) { /* a frame half read from the old link */
+        s->in_free[s->n_in_free++] = (uint32_t)(s->rx_into - s->in);
+        s->rx_into = NULL;
     }
     s->up_fd = fd;
     s->up_gen++;
@@ -435,7 +446,7 @@ static void on_up(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
     struct stage *s = arg;
     while (s->have_up) {
         pthread_mutex_lock(&s->lock);
-        struct in_slot *slot = s->rx_slot >= 0 ? &s->in[s->rx_slot] : NULL;
+        struct in_slot *slot = s->rx_into;
         pthread_mutex_unlock(&s->lock);
         const struct kvr_wire_frame *f;
         struct kvr_err err = {0};
@@ -446,7 +457,7 @@ static void on_up(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
             pthread_mutex_lock(&s->lock);
             bool got = s->n_in_free > 0;
             if (got)
-                s->rx_slot = (int)s->in_free[--s->n_in_free];
+                s->rx_into = &s->in[s->in_free[--s->n_in_free]];
             else /* the upstream sent beyond its credits: compute wakes us for a free slot */
                 s->up_paused = true;
             pthread_mutex_unlock(&s->lock);
@@ -467,9 +478,10 @@ static void on_up(struct kvr_ev *ev, int fd, uint32_t events, void *arg)
         switch (f->hdr.type) {
         case KVR_WIRE_BATCH:
             pthread_mutex_lock(&s->lock);
-            s->in[s->rx_slot].gen = s->up_gen;
-            s->ready[(s->ready_head + s->n_ready++) % READY_CAP] = s->rx_slot;
-            s->rx_slot = -1;
+            s->rx_into->gen = s->up_gen;
+            s->ready[(s->ready_head + s->n_ready++) % READY_CAP] =
+                (struct ready){READY_INPUT, (uint32_t)(s->rx_into - s->in)};
+            s->rx_into = NULL;
             pthread_cond_signal(&s->in_cond);
             pthread_mutex_unlock(&s->lock);
             break;
@@ -526,19 +538,19 @@ static void on_control_frame(struct stage *s, struct kvr_link *ctl, const struct
     uint32_t epoch = f->hdr.arg;
     const struct kvr_plan *p = s->plan;
     struct kvr_err err = {0};
-    int at = kvr_plan_replan_index(p, keep, s->index);
-    if (epoch != p->epoch + 1 || at < 0) {
+    uint32_t index = 0;
+    bool kept = kvr_plan_replan_index(p, keep, s->index, &index);
+    if (epoch != p->epoch + 1 || !kept) {
         KVR_WARN("%s: refused a re-plan to epoch %u keeping stages 0x%llx: this stage is at "
                  "epoch %u%s",
                  s->name, epoch, (unsigned long long)keep, p->epoch,
-                 at >= 0 ? "" : " and is not kept");
+                 kept ? "" : " and is not kept");
         return;
     }
     if (kvr_plan_replan(p, s->gguf, keep, s->next_plan, &err)) {
         KVR_WARN("%s: refused a re-plan to epoch %u: %s", s->name, epoch, err.msg);
         return;
     }
-    uint32_t index = (uint32_t)at;
     if (kvr_credit_ack(ctl->fd)) {
         KVR_WARN("%s: the bridge went away before the re-plan was acknowledged", s->name);
         return;
@@ -668,7 +680,7 @@ static void release_input(struct stage *s, uint32_t id)
  * order. Lock held. */
 static void hand_off(struct stage *s, uint32_t id)
 {
-    if (s->have_down && !s->down_dead && s->n_out_q == 0 && s->tx_what == TX_NONE &&
+    if (s->have_down && !s->down_dead && s->n_out_q == 0 && s->tx.kind == TX_NONE &&
         !s->notice_pending) {
         if (s->down_credits == 0) {
             bool heard = false;
@@ -687,7 +699,7 @@ static void hand_off(struct stage *s, uint32_t id)
                     give_out(s, id);
                     return;
                 }
-                s->tx_what = (int)id; /* the I/O thread writes the rest */
+                s->tx = (struct tx){TX_OUT_SLOT, id}; /* the I/O thread writes the rest */
                 s->want_write = true;
                 kvr_ev_wake(s->ev);
                 return;
@@ -713,10 +725,10 @@ static void compute_loop(struct stage *s)
             pthread_cond_wait(&s->in_cond, &s->lock);
         if (s->stopping)
             break;
-        int in_id = s->ready[s->ready_head];
+        struct ready next = s->ready[s->ready_head];
         s->ready_head = (s->ready_head + 1) % READY_CAP;
         s->n_ready--;
-        if (in_id == RESET_MARK) {
+        if (next.kind == READY_RESET) {
             pthread_mutex_unlock(&s->lock);
             if (kvr_step_has_sequences(&s->step))
                 KVR_INFO("%s: upstream changed: dropping every sequence", s->name);
@@ -738,6 +750,7 @@ static void compute_loop(struct stage *s)
         pthread_mutex_unlock(&s->lock);
 
         uint64_t t_start = kvr_now_ns();
+        uint32_t in_id = next.slot;
         struct kvr_step_out *o = &s->out[out_id];
         const struct kvr_wire_frame *f = &s->in[in_id].rx.frame;
         struct kvr_err err = {0};
@@ -755,7 +768,7 @@ static void compute_loop(struct stage *s)
             pthread_mutex_lock(&s->lock);
             raise_notice(s, s->index, f->hdr.batch_id);
             give_out(s, out_id);
-            release_input(s, (uint32_t)in_id);
+            release_input(s, in_id);
             kvr_ev_wake(s->ev);
             idle_since = t_done;
             continue;
@@ -772,7 +785,7 @@ static void compute_loop(struct stage *s)
          * gets throttled, holding the batch. */
         pthread_mutex_lock(&s->lock);
         hand_off(s, out_id);
-        release_input(s, (uint32_t)in_id);
+        release_input(s, in_id);
         idle_since = t_done;
     }
     pthread_mutex_unlock(&s->lock);
@@ -947,8 +960,7 @@ static int run_once(const struct kvr_plan *plan, uint32_t index, struct kvr_gguf
     s->stop = stop;
     s->listen_fd = -1;
     s->up_fd = -1;
-    s->rx_slot = -1;
-    s->tx_what = TX_NONE;
+    s->tx = tx_none;
     s->down.fd = -1;
     s->up.fd = -1;
     pthread_mutex_init(&s->lock, NULL);
@@ -1030,7 +1042,8 @@ static int spare_wait(struct kvr_plan *plan, uint32_t *j, struct kvr_gguf *gguf,
             KVR_DEBUG("spare %u: the bridge probed this spare", *j);
         } else {
             uint64_t keep = f->hdr.batch_id;
-            int at = kvr_plan_replan_index(plan, keep, self_index);
+            uint32_t at = 0;
+            bool kept = kvr_plan_replan_index(plan, keep, self_index, &at);
             if (f->hdr.arg != plan->epoch + 1)
                 KVR_WARN("spare %u: refused a re-plan to epoch %u: this spare is at epoch %u", *j,
                          f->hdr.arg, plan->epoch);
@@ -1038,13 +1051,12 @@ static int spare_wait(struct kvr_plan *plan, uint32_t *j, struct kvr_gguf *gguf,
                 KVR_WARN("spare %u: refused a re-plan to epoch %u: %s", *j, f->hdr.arg, e.msg);
             else if (kvr_credit_ack(l.fd))
                 KVR_WARN("spare %u: the bridge went away before the re-plan was acknowledged", *j);
-            else if (at >= 0) {
+            else if (kept) {
                 const struct kvr_plan_stage *st = &next->stages[at];
                 KVR_INFO("spare %u: taken into the ring by the bridge: epoch %u, %u stages, "
                          "this one is stage %u with layers %u-%u",
-                         *j, next->epoch, next->n_stages, (unsigned)at, st->first_layer,
-                         st->last_layer);
-                *index = (uint32_t)at;
+                         *j, next->epoch, next->n_stages, at, st->first_layer, st->last_layer);
+                *index = at;
                 taken = true;
             } else { /* still a spare: the spares not taken keep their order */
                 uint32_t nj = 0;

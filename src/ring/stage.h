@@ -27,8 +27,9 @@
  * re-opens and re-prefills what it still needs): the stage frees all KV and sampling
  * state and sends a RESET frame downstream, ahead of any frame it computes afterwards;
  * later stages pass it on, so the bridge learns at once (DESIGN.md 8). A batch the stage
- * cannot run (a sequence it no longer has) is dropped the same way, with a RESET naming
- * it. At the tail, REPLAY records restore a re-opened sequence's sampler.
+ * cannot run (a sequence it no longer has, or at the tail a logits row with no token to
+ * sample: step.h) is dropped the same way, with a RESET naming it. At the tail, REPLAY
+ * records restore a re-opened sequence's sampler.
  *
  * Re-planning (DESIGN.md 8, docs/PROTOCOL.md 6a): the listening socket also accepts the
  * bridge's control link. Over it the bridge probes the stage (GOODBYE) or sends a REPLAN

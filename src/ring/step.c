@@ -123,20 +123,6 @@ bool kvr_step_has_sequences(const struct kvr_step *st)
     return used > 0;
 }
 
-static void sampling_params(const struct kvr_wire_sampling *w, struct kvr_sample_params *p)
-{
-    kvr_sample_params_default(p);
-    p->temperature = w->temperature;
-    p->top_k = w->top_k;
-    p->top_p = w->top_p;
-    p->min_p = w->min_p;
-    p->repeat_penalty = w->repeat_penalty;
-    p->frequency_penalty = w->frequency_penalty;
-    p->presence_penalty = w->presence_penalty;
-    p->repeat_last_n = w->repeat_last_n;
-    p->seed = w->seed;
-}
-
 /* Tail: put a re-opened sequence's sampler back where it was (wire.h, REPLAY): the draws
  * its earlier samples made, then its recent tokens into the penalty window. */
 static void replay_seq(struct kvr_step *st, const struct kvr_wire_ctrl *c)
@@ -186,10 +172,8 @@ static void apply_control(struct kvr_step *st, const struct kvr_wire_frame *in)
         }
         close_seq(st, c->seq);
         if (c->type == KVR_WIRE_CTRL_OPEN && st->is_tail) {
-            struct kvr_sample_params p;
-            sampling_params(&c->sampling, &p);
             struct kvr_err err = {0};
-            if (kvr_sampler_init(&st->samplers[c->seq], &p, &err)) {
+            if (kvr_sampler_init(&st->samplers[c->seq], &c->sampling, &err)) {
                 /* The codec checked the ranges, so this is a disagreement between codec and
                  * sampler; the sequence stays closed and its first result fails loudly. */
                 KVR_ERROR("stage %u: sequence %u: %s", st->index, c->seq, err.msg);
@@ -222,6 +206,11 @@ static int sample_results(struct kvr_step *st, const struct kvr_wire_frame *in,
         bool lp = st->want_logprobs[seg->seq];
         int32_t tok = kvr_sampler_sample(&st->samplers[seg->seq], logits, (int32_t)st->n_vocab,
                                          st->scratch, lp ? &logprob : NULL);
+        if (tok < 0) /* no token to send: fail the batch rather than send an invalid id */
+            return kvr_err_set(err, KVR_EINVAL,
+                               "batch %llu: sequence %u: its logits row has no finite value "
+                               "to sample from",
+                               (unsigned long long)in->hdr.batch_id, seg->seq);
         kvr_sampler_accept(&st->samplers[seg->seq], tok);
         o->results[n] = (struct kvr_wire_result){
             .seq = seg->seq,

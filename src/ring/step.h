@@ -71,9 +71,14 @@ void kvr_step_reset(struct kvr_step *st);
 /* Whether any sequence holds KV blocks. */
 bool kvr_step_has_sequences(const struct kvr_step *st);
 
-/* Run one received BATCH frame into *o. On failure (a segment the engine refuses, a token
- * wanted from a sequence never opened) nothing is built and err says why: the caller drops
- * the batch and its sequences (stage.h). */
+/* Run one received BATCH frame into *o. On failure nothing is built and err says why; the
+ * caller drops the batch and its sequences and sends a RESET naming the batch (stage.h).
+ * The failures: a segment the engine refuses, a token wanted from a sequence never opened,
+ * and a logits row with no finite value (all NaN or -inf), where the sampler has no token
+ * to choose (KVR_EINVAL). The last is not sent as a result: no token id would be true, and
+ * the bridge treats an id outside the vocabulary as a broken peer and drops the link. The
+ * RESET keeps the links up; the bridge holds and re-prefills the batch's sequences, and one
+ * that keeps failing ends with an error once its hold runs out. */
 int kvr_step_run(struct kvr_step *st, const struct kvr_wire_frame *in, struct kvr_step_out *o,
                  struct kvr_err *err);
 

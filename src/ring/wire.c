@@ -37,9 +37,9 @@
  *     8   4  temperature    f32  \
  *    12   4  top_k          i32   |
  *    16   4  top_p          f32   |
- *    20   4  min_p          f32   |  OPEN only (struct kvr_wire_sampling);
- *    24   4  repeat_penalty f32   |  all zero for FREE and CANCEL
- *    28   4  freq_penalty   f32   |
+ *    20   4  min_p          f32   |  OPEN only (struct kvr_sample_params,
+ *    24   4  repeat_penalty f32   |  but its biases: BIAS carries those);
+ *    28   4  freq_penalty   f32   |  all zero for FREE and CANCEL
  *    32   4  pres_penalty   f32   |
  *    36   4  repeat_last_n  i32   |
  *    40   8  seed           u64  /
@@ -323,8 +323,8 @@ static bool expected_payload(const struct kvr_wire_header *h, const struct kvr_w
     }
 }
 
-int kvr_wire_decode_header(const uint8_t *b, const struct kvr_wire_limits *lim,
-                           struct kvr_wire_header *h, struct kvr_err *err)
+/* The header's fields, after its magic and checksum. */
+static int read_header(const uint8_t *b, struct kvr_wire_header *h, struct kvr_err *err)
 {
     uint32_t magic = kvr_ld32(b);
     if (magic != KVR_WIRE_FRAME_MAGIC)
@@ -348,41 +348,41 @@ int kvr_wire_decode_header(const uint8_t *b, const struct kvr_wire_limits *lim,
     h->n_results = kvr_ld16(b + 26);
     h->payload_bytes = kvr_ld32(b + 28);
     h->body_bytes = kvr_ld32(b + 32);
+    return KVR_OK;
+}
 
-    if (h->type == 0 || h->type >= KVR_WIRE_TYPE_COUNT)
-        return PROTO("unknown frame type %u", h->type);
-    if (!(lim->accept_types & 1u << h->type))
-        return PROTO("a %s frame is not accepted on this link", kvr_wire_type_name(h->type));
-    if (h->payload >= KVR_WIRE_PAYLOAD_COUNT)
-        return PROTO("unknown payload type %u", h->payload);
-    const char *tn = kvr_wire_type_name(h->type);
-
-    switch (h->type) {
-    case KVR_WIRE_HEARTBEAT:
-    case KVR_WIRE_GOODBYE:
-    case KVR_WIRE_RESET:
-    case KVR_WIRE_REPLAN:
-        if (h->payload != KVR_WIRE_PAYLOAD_NONE || h->n_rows || h->n_segs || h->n_ctrl ||
-            h->n_timings || h->n_results || h->payload_bytes || h->body_bytes)
-            return PROTO("a %s frame has no body, but this one declares counts or bytes", tn);
-        if (h->type == KVR_WIRE_RESET) {
-            /* Stages upstream of this receiver are the ones that append timing records. */
-            if (h->arg >= lim->max_timings)
-                return PROTO("RESET frame names stage %u, which is not upstream of this "
-                             "receiver",
-                             h->arg);
-            return KVR_OK;
-        }
-        if (h->type == KVR_WIRE_REPLAN) {
-            if (h->arg == 0 || h->batch_id == 0)
-                return PROTO("REPLAN frame with epoch %u and stage mask 0x%" PRIx64
-                             ": both must be nonzero",
-                             h->arg, h->batch_id);
-            return KVR_OK;
-        }
-        if (h->type == KVR_WIRE_HEARTBEAT ? h->arg != 0 : h->arg >= KVR_WIRE_GOODBYE_COUNT)
-            return PROTO("%s frame with unknown argument %u", tn, h->arg);
+/* HEARTBEAT, GOODBYE, RESET and REPLAN: no body, only their argument and batch id. */
+static int check_bodyless(const struct kvr_wire_header *h, const struct kvr_wire_limits *lim,
+                          const char *tn, struct kvr_err *err)
+{
+    if (h->payload != KVR_WIRE_PAYLOAD_NONE || h->n_rows || h->n_segs || h->n_ctrl ||
+        h->n_timings || h->n_results || h->payload_bytes || h->body_bytes)
+        return PROTO("a %s frame has no body, but this one declares counts or bytes", tn);
+    if (h->type == KVR_WIRE_RESET) {
+        /* Stages upstream of this receiver are the ones that append timing records. */
+        if (h->arg >= lim->max_timings)
+            return PROTO("RESET frame names stage %u, which is not upstream of this "
+                         "receiver",
+                         h->arg);
         return KVR_OK;
+    }
+    if (h->type == KVR_WIRE_REPLAN) {
+        if (h->arg == 0 || h->batch_id == 0)
+            return PROTO("REPLAN frame with epoch %u and stage mask 0x%" PRIx64
+                         ": both must be nonzero",
+                         h->arg, h->batch_id);
+        return KVR_OK;
+    }
+    if (h->type == KVR_WIRE_HEARTBEAT ? h->arg != 0 : h->arg >= KVR_WIRE_GOODBYE_COUNT)
+        return PROTO("%s frame with unknown argument %u", tn, h->arg);
+    return KVR_OK;
+}
+
+/* BATCH, RESULT, EXPERT and EXPERT_RESULT: the payload each may carry. */
+static int check_data_kind(const struct kvr_wire_header *h, const struct kvr_wire_limits *lim,
+                           const char *tn, struct kvr_err *err)
+{
+    switch (h->type) {
     case KVR_WIRE_BATCH:
         if (lim->batch_payload < KVR_WIRE_PAYLOAD_COUNT
                 ? h->payload != lim->batch_payload
@@ -408,6 +408,14 @@ int kvr_wire_decode_header(const uint8_t *b, const struct kvr_wire_limits *lim,
             return PROTO("RESULT frame has %u results for %u segments", h->n_results, h->n_segs);
         break;
     }
+    return KVR_OK;
+}
+
+/* Every count within its limit, the payload and body lengths exactly what the counts
+ * imply, the frame within the plan's largest. */
+static int check_counts(const struct kvr_wire_header *h, const struct kvr_wire_limits *lim,
+                        const char *tn, struct kvr_err *err)
+{
     if (h->arg)
         return PROTO("%s frame with nonzero argument %u", tn, h->arg);
     if (h->n_rows > lim->max_rows)
@@ -448,6 +456,33 @@ int kvr_wire_decode_header(const uint8_t *b, const struct kvr_wire_limits *lim,
     return KVR_OK;
 }
 
+int kvr_wire_decode_header(const uint8_t *b, const struct kvr_wire_limits *lim,
+                           struct kvr_wire_header *h, struct kvr_err *err)
+{
+    int rc = read_header(b, h, err);
+    if (rc)
+        return rc;
+    if (h->type == 0 || h->type >= KVR_WIRE_TYPE_COUNT)
+        return PROTO("unknown frame type %u", h->type);
+    if (!(lim->accept_types & 1u << h->type))
+        return PROTO("a %s frame is not accepted on this link", kvr_wire_type_name(h->type));
+    if (h->payload >= KVR_WIRE_PAYLOAD_COUNT)
+        return PROTO("unknown payload type %u", h->payload);
+    const char *tn = kvr_wire_type_name(h->type);
+
+    switch (h->type) {
+    case KVR_WIRE_HEARTBEAT:
+    case KVR_WIRE_GOODBYE:
+    case KVR_WIRE_RESET:
+    case KVR_WIRE_REPLAN:
+        return check_bodyless(h, lim, tn, err);
+    default:
+        if ((rc = check_data_kind(h, lim, tn, err)))
+            return rc;
+        return check_counts(h, lim, tn, err);
+    }
+}
+
 /* ---- Body ------------------------------------------------------------------------------ */
 
 static bool all_zero(const uint8_t *p, size_t n)
@@ -463,97 +498,92 @@ static bool in_range(float x, float lo, float hi)
     return isfinite(x) && x >= lo && x <= hi;
 }
 
-static int decode_ctrl(const uint8_t *p, uint32_t i, const struct kvr_wire_limits *lim,
+/* Each record kind after its common part (type, flags, seq): read it into its member of
+ * the union and check it. */
+static int decode_replay(const uint8_t *p, uint32_t i, const struct kvr_wire_limits *lim,
+                         struct kvr_wire_ctrl *c, struct kvr_err *err)
+{
+    struct kvr_wire_replay *r = &c->replay;
+    r->n_draws = kvr_ld32(p + 8);
+    r->n_ids = kvr_ld32(p + 12);
+    if (c->flags)
+        return PROTO("control record %u (REPLAY seq %u) has flags 0x%x", i, c->seq, c->flags);
+    if (r->n_draws > lim->n_ctx)
+        return PROTO("control record %u (REPLAY seq %u): %u draws, but a sequence samples "
+                     "at most n_ctx (%u) tokens",
+                     i, c->seq, r->n_draws, lim->n_ctx);
+    if (r->n_ids > KVR_WIRE_REPLAY_IDS)
+        return PROTO("control record %u (REPLAY seq %u): %u token ids, at most %d", i, c->seq,
+                     r->n_ids, KVR_WIRE_REPLAY_IDS);
+    for (uint32_t k = 0; k < KVR_WIRE_REPLAY_IDS; k++) {
+        r->ids[k] = (int32_t)kvr_ld32(p + 16 + 4 * k);
+        if (k >= r->n_ids ? r->ids[k] != 0
+                          : r->ids[k] < 0 || (lim->n_vocab && (uint32_t)r->ids[k] >= lim->n_vocab))
+            return PROTO("control record %u (REPLAY seq %u): token id %d at %u is %s", i, c->seq,
+                         r->ids[k], k,
+                         k >= r->n_ids ? "past n_ids and not 0" : "outside the vocabulary");
+    }
+    return KVR_OK;
+}
+
+static int decode_map(const uint8_t *p, uint32_t i, const struct kvr_wire_limits *lim,
+                      struct kvr_wire_ctrl *c, struct kvr_err *err)
+{
+    struct kvr_wire_map *m = &c->map;
+    m->n_cached = kvr_ld32(p + 8);
+    m->first = kvr_ld32(p + 12);
+    m->n_ids = kvr_ld32(p + 16);
+    if (c->flags)
+        return PROTO("control record %u (MAP seq %u) has flags 0x%x", i, c->seq, c->flags);
+    if (m->n_ids == 0 || m->n_ids > KVR_WIRE_MAP_IDS || m->first >= lim->max_blocks_per_seq ||
+        m->n_ids > lim->max_blocks_per_seq - m->first)
+        return PROTO("control record %u (MAP seq %u): entries %u + %u, a sequence has at "
+                     "most %u blocks",
+                     i, c->seq, m->first, m->n_ids, lim->max_blocks_per_seq);
+    if (m->n_cached % lim->kv_block_tokens ||
+        m->n_cached / lim->kv_block_tokens > lim->max_blocks_per_seq)
+        return PROTO("control record %u (MAP seq %u): %u cached positions, a sequence "
+                     "has at most %u blocks of %u",
+                     i, c->seq, m->n_cached, lim->max_blocks_per_seq, lim->kv_block_tokens);
+    for (uint32_t k = 0; k < KVR_WIRE_MAP_IDS; k++) {
+        m->ids[k] = kvr_ld32(p + 20 + 4 * k);
+        if (k >= m->n_ids ? m->ids[k] != 0 : m->ids[k] >= lim->kv_blocks)
+            return PROTO("control record %u (MAP seq %u): block id %u at %u is %s", i, c->seq,
+                         m->ids[k], k, k >= m->n_ids ? "past n_ids and not 0" : "beyond kv_blocks");
+    }
+    return KVR_OK;
+}
+
+static int decode_bias(const uint8_t *p, uint32_t i, const struct kvr_wire_limits *lim,
                        struct kvr_wire_ctrl *c, struct kvr_err *err)
 {
-    memset(c, 0, sizeof *c);
-    c->type = kvr_ld16(p);
-    c->flags = kvr_ld16(p + 2);
-    c->seq = kvr_ld32(p + 4);
-    if (c->type == 0 || c->type >= KVR_WIRE_CTRL_TYPE_COUNT)
-        return PROTO("control record %u has unknown type %u", i, c->type);
-    if (c->seq >= lim->max_seqs)
-        return PROTO("control record %u names seq %u; the plan has %u sequence slots", i, c->seq,
-                     lim->max_seqs);
-    if (c->type == KVR_WIRE_CTRL_REPLAY) {
-        struct kvr_wire_replay *r = &c->replay;
-        r->n_draws = kvr_ld32(p + 8);
-        r->n_ids = kvr_ld32(p + 12);
-        if (c->flags)
-            return PROTO("control record %u (REPLAY seq %u) has flags 0x%x", i, c->seq, c->flags);
-        if (r->n_draws > lim->n_ctx)
-            return PROTO("control record %u (REPLAY seq %u): %u draws, but a sequence samples "
-                         "at most n_ctx (%u) tokens",
-                         i, c->seq, r->n_draws, lim->n_ctx);
-        if (r->n_ids > KVR_WIRE_REPLAY_IDS)
-            return PROTO("control record %u (REPLAY seq %u): %u token ids, at most %d", i, c->seq,
-                         r->n_ids, KVR_WIRE_REPLAY_IDS);
-        for (uint32_t k = 0; k < KVR_WIRE_REPLAY_IDS; k++) {
-            r->ids[k] = (int32_t)kvr_ld32(p + 16 + 4 * k);
-            if (k >= r->n_ids
-                    ? r->ids[k] != 0
-                    : r->ids[k] < 0 || (lim->n_vocab && (uint32_t)r->ids[k] >= lim->n_vocab))
-                return PROTO("control record %u (REPLAY seq %u): token id %d at %u is %s", i,
-                             c->seq, r->ids[k], k,
-                             k >= r->n_ids ? "past n_ids and not 0" : "outside the vocabulary");
-        }
-        return KVR_OK;
+    struct kvr_wire_bias *b = &c->bias;
+    b->n = kvr_ld32(p + 8);
+    if (c->flags || b->n < 1 || b->n > KVR_WIRE_BIAS_PAIRS || !all_zero(p + 44, 4))
+        return PROTO("control record %u (BIAS seq %u): flags 0x%x, %u pairs (1..%d)", i, c->seq,
+                     c->flags, b->n, KVR_WIRE_BIAS_PAIRS);
+    for (uint32_t k = 0; k < KVR_WIRE_BIAS_PAIRS; k++) {
+        b->ids[k] = (int32_t)kvr_ld32(p + 12 + 4 * k);
+        b->bias[k] = kvr_ldf32(p + 28 + 4 * k);
+        bool ok = k >= b->n
+                      ? b->ids[k] == 0 && kvr_ld32(p + 28 + 4 * k) == 0
+                      : b->ids[k] >= 0 && (!lim->n_vocab || (uint32_t)b->ids[k] < lim->n_vocab) &&
+                            in_range(b->bias[k], -100.0f, 100.0f);
+        if (!ok)
+            return PROTO("control record %u (BIAS seq %u): pair %u (token %d, %g) is %s", i, c->seq,
+                         k, b->ids[k], (double)b->bias[k],
+                         k >= b->n ? "past n and not 0" : "out of range");
     }
-    if (c->type == KVR_WIRE_CTRL_MAP) {
-        struct kvr_wire_map *m = &c->map;
-        m->n_cached = kvr_ld32(p + 8);
-        m->first = kvr_ld32(p + 12);
-        m->n_ids = kvr_ld32(p + 16);
-        if (c->flags)
-            return PROTO("control record %u (MAP seq %u) has flags 0x%x", i, c->seq, c->flags);
-        if (m->n_ids == 0 || m->n_ids > KVR_WIRE_MAP_IDS || m->first >= lim->max_blocks_per_seq ||
-            m->n_ids > lim->max_blocks_per_seq - m->first)
-            return PROTO("control record %u (MAP seq %u): entries %u + %u, a sequence has at "
-                         "most %u blocks",
-                         i, c->seq, m->first, m->n_ids, lim->max_blocks_per_seq);
-        if (m->n_cached % lim->kv_block_tokens ||
-            m->n_cached / lim->kv_block_tokens > lim->max_blocks_per_seq)
-            return PROTO("control record %u (MAP seq %u): %u cached positions, a sequence "
-                         "has at most %u blocks of %u",
-                         i, c->seq, m->n_cached, lim->max_blocks_per_seq, lim->kv_block_tokens);
-        for (uint32_t k = 0; k < KVR_WIRE_MAP_IDS; k++) {
-            m->ids[k] = kvr_ld32(p + 20 + 4 * k);
-            if (k >= m->n_ids ? m->ids[k] != 0 : m->ids[k] >= lim->kv_blocks)
-                return PROTO("control record %u (MAP seq %u): block id %u at %u is %s", i, c->seq,
-                             m->ids[k], k,
-                             k >= m->n_ids ? "past n_ids and not 0" : "beyond kv_blocks");
-        }
-        return KVR_OK;
-    }
-    if (c->type == KVR_WIRE_CTRL_BIAS) {
-        struct kvr_wire_bias *b = &c->bias;
-        b->n = kvr_ld32(p + 8);
-        if (c->flags || b->n < 1 || b->n > KVR_WIRE_BIAS_PAIRS || !all_zero(p + 44, 4))
-            return PROTO("control record %u (BIAS seq %u): flags 0x%x, %u pairs (1..%d)", i, c->seq,
-                         c->flags, b->n, KVR_WIRE_BIAS_PAIRS);
-        for (uint32_t k = 0; k < KVR_WIRE_BIAS_PAIRS; k++) {
-            b->ids[k] = (int32_t)kvr_ld32(p + 12 + 4 * k);
-            b->bias[k] = kvr_ldf32(p + 28 + 4 * k);
-            bool ok = k >= b->n ? b->ids[k] == 0 && kvr_ld32(p + 28 + 4 * k) == 0
-                                : b->ids[k] >= 0 &&
-                                      (!lim->n_vocab || (uint32_t)b->ids[k] < lim->n_vocab) &&
-                                      in_range(b->bias[k], -100.0f, 100.0f);
-            if (!ok)
-                return PROTO("control record %u (BIAS seq %u): pair %u (token %d, %g) is %s", i,
-                             c->seq, k, b->ids[k], (double)b->bias[k],
-                             k >= b->n ? "past n and not 0" : "out of range");
-        }
-        return KVR_OK;
-    }
-    if (c->type != KVR_WIRE_CTRL_OPEN) {
-        if (c->flags || !all_zero(p + 8, KVR_WIRE_CTRL_BYTES - 8))
-            return PROTO("control record %u (%s seq %u) has nonzero unused fields", i,
-                         c->type == KVR_WIRE_CTRL_FREE ? "FREE" : "CANCEL", c->seq);
-        return KVR_OK;
-    }
+    return KVR_OK;
+}
+
+/* OPEN: the sampling parameters, in the ranges wire.h gives (n_bias stays 0). */
+static int decode_open(const uint8_t *p, uint32_t i, const struct kvr_wire_limits *lim,
+                       struct kvr_wire_ctrl *c, struct kvr_err *err)
+{
     if (c->flags & ~((1u << KVR_WIRE_OPEN_FLAG_COUNT) - 1))
         return PROTO("control record %u (OPEN seq %u) has unknown flags 0x%x", i, c->seq, c->flags);
-    struct kvr_wire_sampling *s = &c->sampling;
+    struct kvr_sample_params *s = &c->sampling;
     s->temperature = kvr_ldf32(p + 8);
     s->top_k = (int32_t)kvr_ld32(p + 12);
     s->top_p = kvr_ldf32(p + 16);
@@ -583,6 +613,35 @@ static int decode_ctrl(const uint8_t *p, uint32_t i, const struct kvr_wire_limit
     if (bad)
         return PROTO("control record %u (OPEN seq %u): %s out of range", i, c->seq, bad);
     return KVR_OK;
+}
+
+static int decode_ctrl(const uint8_t *p, uint32_t i, const struct kvr_wire_limits *lim,
+                       struct kvr_wire_ctrl *c, struct kvr_err *err)
+{
+    memset(c, 0, sizeof *c);
+    c->type = kvr_ld16(p);
+    c->flags = kvr_ld16(p + 2);
+    c->seq = kvr_ld32(p + 4);
+    if (c->type == 0 || c->type >= KVR_WIRE_CTRL_TYPE_COUNT)
+        return PROTO("control record %u has unknown type %u", i, c->type);
+    if (c->seq >= lim->max_seqs)
+        return PROTO("control record %u names seq %u; the plan has %u sequence slots", i, c->seq,
+                     lim->max_seqs);
+    switch (c->type) {
+    case KVR_WIRE_CTRL_REPLAY:
+        return decode_replay(p, i, lim, c, err);
+    case KVR_WIRE_CTRL_MAP:
+        return decode_map(p, i, lim, c, err);
+    case KVR_WIRE_CTRL_BIAS:
+        return decode_bias(p, i, lim, c, err);
+    case KVR_WIRE_CTRL_OPEN:
+        return decode_open(p, i, lim, c, err);
+    default: /* FREE, CANCEL: nothing but the seq */
+        if (c->flags || !all_zero(p + 8, KVR_WIRE_CTRL_BYTES - 8))
+            return PROTO("control record %u (%s seq %u) has nonzero unused fields", i,
+                         c->type == KVR_WIRE_CTRL_FREE ? "FREE" : "CANCEL", c->seq);
+        return KVR_OK;
+    }
 }
 
 #define SEG_KNOWN ((1u << KVR_SEG_FLAG_COUNT) - 1)
@@ -625,25 +684,12 @@ static int decode_seg(const uint8_t *p, uint32_t i, const struct kvr_wire_limits
     return KVR_OK;
 }
 
-int kvr_wire_decode_body(struct kvr_wire_frame *f, const struct kvr_wire_header *h,
-                         const uint8_t *body, size_t len, const struct kvr_wire_limits *lim,
-                         struct kvr_err *err)
+/* The segments, each checked alone, then their rows against the header's. */
+static int decode_segs(struct kvr_wire_frame *f, const uint8_t *p,
+                       const struct kvr_wire_limits *lim, struct kvr_err *err)
 {
-    if (len != h->body_bytes)
-        return PROTO("frame body is %zu bytes; its header says %u", len, h->body_bytes);
-    if (h->n_ctrl > f->cap_ctrl || h->n_segs > f->cap_segs || h->n_results > f->cap_segs ||
-        h->n_timings >= f->cap_timings + f->cap_agent_timings || lim->max_seqs > f->cap_seqs)
-        return kvr_err_set(err, KVR_EINVAL, "wire: frame records were sized for smaller limits");
-    f->hdr = *h;
-    f->payload = NULL;
-    f->n_logit_rows = 0;
-    const uint8_t *p = body;
+    const struct kvr_wire_header *h = &f->hdr;
     int rc = KVR_OK;
-
-    for (uint32_t i = 0; i < h->n_ctrl; i++, p += KVR_WIRE_CTRL_BYTES)
-        if ((rc = decode_ctrl(p, i, lim, &f->ctrl[i], err)))
-            return rc;
-
     uint64_t rows = 0;
     uint32_t i_seg = 0;
     for (; i_seg < h->n_segs; i_seg++, p += KVR_WIRE_SEG_BYTES) {
@@ -659,50 +705,66 @@ int kvr_wire_decode_body(struct kvr_wire_frame *f, const struct kvr_wire_header 
         return rc;
     if (rows != h->n_rows)
         return PROTO("segments hold %" PRIu64 " rows; the header says %u", rows, h->n_rows);
+    return KVR_OK;
+}
 
-    f->payload = h->payload_bytes ? p : NULL;
-    if (h->payload == KVR_WIRE_PAYLOAD_TOKENS && lim->n_vocab) {
-        for (uint32_t r = 0; r < h->n_rows; r++) {
-            int32_t t = (int32_t)kvr_ld32(p + 4 * (size_t)r);
-            if (t < 0 || (uint32_t)t >= lim->n_vocab)
-                return PROTO("row %u has token id %d; the vocabulary has %u tokens", r, t,
-                             lim->n_vocab);
-        }
+/* Token ids, when the receiver knows the vocabulary. */
+static int check_tokens(const struct kvr_wire_header *h, const uint8_t *p,
+                        const struct kvr_wire_limits *lim, struct kvr_err *err)
+{
+    if (h->payload != KVR_WIRE_PAYLOAD_TOKENS || !lim->n_vocab)
+        return KVR_OK;
+    for (uint32_t r = 0; r < h->n_rows; r++) {
+        int32_t t = (int32_t)kvr_ld32(p + 4 * (size_t)r);
+        if (t < 0 || (uint32_t)t >= lim->n_vocab)
+            return PROTO("row %u has token id %d; the vocabulary has %u tokens", r, t,
+                         lim->n_vocab);
     }
-    if (h->type == KVR_WIRE_RESULT) {
-        if (h->n_results != f->n_logit_rows)
-            return PROTO("RESULT frame has %u results for %u segments that want a token",
-                         h->n_results, f->n_logit_rows);
-        uint32_t k = 0;
-        for (uint32_t i = 0; i < h->n_segs; i++) {
-            if (!(f->segs[i].flags & KVR_SEG_WANTS_TOKEN))
-                continue;
-            const uint8_t *q = p + (size_t)k * KVR_WIRE_RESULT_BYTES;
-            struct kvr_wire_result *r = &f->results[k];
-            r->seq = kvr_ld32(q);
-            r->token = (int32_t)kvr_ld32(q + 4);
-            r->logprob = kvr_ldf32(q + 8);
-            r->flags = kvr_ld32(q + 12);
-            if (r->seq != f->segs[i].seq)
-                return PROTO("result %u is for seq %u; segment %u (the %u-th wanting a "
-                             "token) is seq %u",
-                             k, r->seq, i, k, f->segs[i].seq);
-            if (r->token < 0 || (lim->n_vocab && (uint32_t)r->token >= lim->n_vocab))
-                return PROTO("result %u (seq %u) has token id %d outside the vocabulary", k, r->seq,
-                             r->token);
-            if (r->flags & ~((1u << KVR_WIRE_RESULT_FLAG_COUNT) - 1))
-                return PROTO("result %u (seq %u) has unknown flags 0x%x", k, r->seq, r->flags);
-            bool has = r->flags & KVR_WIRE_RESULT_LOGPROB;
-            /* A log-probability is <= 0 (-inf allowed: underflow); NaN fails the test. */
-            if (has ? !(r->logprob <= 0.0f) : kvr_ld32(q + 8) != 0)
-                return PROTO("result %u (seq %u) has logprob %g with flags 0x%x", k, r->seq,
-                             (double)r->logprob, r->flags);
-            k++;
-        }
-    }
-    p += h->payload_bytes;
+    return KVR_OK;
+}
 
-    /* The stages' records (record i from stage i), then the agents' (wire.h). */
+/* RESULT: one record per segment that wants a token, in the segments' order. */
+static int decode_results(struct kvr_wire_frame *f, const uint8_t *p,
+                          const struct kvr_wire_limits *lim, struct kvr_err *err)
+{
+    const struct kvr_wire_header *h = &f->hdr;
+    if (h->n_results != f->n_logit_rows)
+        return PROTO("RESULT frame has %u results for %u segments that want a token", h->n_results,
+                     f->n_logit_rows);
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < h->n_segs; i++) {
+        if (!(f->segs[i].flags & KVR_SEG_WANTS_TOKEN))
+            continue;
+        const uint8_t *q = p + (size_t)k * KVR_WIRE_RESULT_BYTES;
+        struct kvr_wire_result *r = &f->results[k];
+        r->seq = kvr_ld32(q);
+        r->token = (int32_t)kvr_ld32(q + 4);
+        r->logprob = kvr_ldf32(q + 8);
+        r->flags = kvr_ld32(q + 12);
+        if (r->seq != f->segs[i].seq)
+            return PROTO("result %u is for seq %u; segment %u (the %u-th wanting a "
+                         "token) is seq %u",
+                         k, r->seq, i, k, f->segs[i].seq);
+        if (r->token < 0 || (lim->n_vocab && (uint32_t)r->token >= lim->n_vocab))
+            return PROTO("result %u (seq %u) has token id %d outside the vocabulary", k, r->seq,
+                         r->token);
+        if (r->flags & ~((1u << KVR_WIRE_RESULT_FLAG_COUNT) - 1))
+            return PROTO("result %u (seq %u) has unknown flags 0x%x", k, r->seq, r->flags);
+        bool has = r->flags & KVR_WIRE_RESULT_LOGPROB;
+        /* A log-probability is <= 0 (-inf allowed: underflow); NaN fails the test. */
+        if (has ? !(r->logprob <= 0.0f) : kvr_ld32(q + 8) != 0)
+            return PROTO("result %u (seq %u) has logprob %g with flags 0x%x", k, r->seq,
+                         (double)r->logprob, r->flags);
+        k++;
+    }
+    return KVR_OK;
+}
+
+/* The stages' records (record i from stage i), then the agents' (wire.h). */
+static int decode_timings(struct kvr_wire_frame *f, const uint8_t *p,
+                          const struct kvr_wire_limits *lim, struct kvr_err *err)
+{
+    const struct kvr_wire_header *h = &f->hdr;
     uint32_t n_stage = 0, n_agent = 0;
     for (uint32_t i = 0; i < h->n_timings; i++, p += KVR_WIRE_TIMING_BYTES) {
         uint32_t who = kvr_ld32(p), reserved = kvr_ld32(p + 4);
@@ -736,6 +798,34 @@ int kvr_wire_decode_body(struct kvr_wire_frame *f, const struct kvr_wire_header 
     return KVR_OK;
 }
 
+int kvr_wire_decode_body(struct kvr_wire_frame *f, const struct kvr_wire_header *h,
+                         const uint8_t *body, size_t len, const struct kvr_wire_limits *lim,
+                         struct kvr_err *err)
+{
+    if (len != h->body_bytes)
+        return PROTO("frame body is %zu bytes; its header says %u", len, h->body_bytes);
+    if (h->n_ctrl > f->cap_ctrl || h->n_segs > f->cap_segs || h->n_results > f->cap_segs ||
+        h->n_timings >= f->cap_timings + f->cap_agent_timings || lim->max_seqs > f->cap_seqs)
+        return kvr_err_set(err, KVR_EINVAL, "wire: frame records were sized for smaller limits");
+    f->hdr = *h;
+    f->payload = NULL;
+    f->n_logit_rows = 0;
+    const uint8_t *p = body;
+    int rc = KVR_OK;
+    for (uint32_t i = 0; i < h->n_ctrl; i++, p += KVR_WIRE_CTRL_BYTES)
+        if ((rc = decode_ctrl(p, i, lim, &f->ctrl[i], err)))
+            return rc;
+    if ((rc = decode_segs(f, p, lim, err)))
+        return rc;
+    p += (size_t)h->n_segs * KVR_WIRE_SEG_BYTES;
+    f->payload = h->payload_bytes ? p : NULL;
+    if ((rc = check_tokens(h, p, lim, err)))
+        return rc;
+    if (h->type == KVR_WIRE_RESULT && (rc = decode_results(f, p, lim, err)))
+        return rc;
+    return decode_timings(f, p + h->payload_bytes, lim, err);
+}
+
 /* ---- Encoding -------------------------------------------------------------------------- */
 
 #define INVAL(...) kvr_err_set(err, KVR_EINVAL, __VA_ARGS__)
@@ -747,7 +837,7 @@ static uint8_t *put_ctrl(uint8_t *p, const struct kvr_wire_ctrl *c)
     kvr_st16(p + 2, (uint16_t)c->flags);
     kvr_st32(p + 4, c->seq);
     if (c->type == KVR_WIRE_CTRL_OPEN) {
-        const struct kvr_wire_sampling *s = &c->sampling;
+        const struct kvr_sample_params *s = &c->sampling;
         kvr_stf32(p + 8, s->temperature);
         kvr_st32(p + 12, (uint32_t)s->top_k);
         kvr_stf32(p + 16, s->top_p);
@@ -781,9 +871,10 @@ static uint8_t *put_ctrl(uint8_t *p, const struct kvr_wire_ctrl *c)
     return p + KVR_WIRE_CTRL_BYTES;
 }
 
-int kvr_wire_encode(const struct kvr_wire_msg *m, uint8_t *scratch, size_t cap,
-                    struct iovec iov[KVR_WIRE_MAX_IOV], int *n_iov, size_t *frame_bytes,
-                    struct kvr_err *err)
+/* What the encoder can check without limits (wire.h); gives the frame's row count, its
+ * payload type (NONE for frames without a body) and payload length. */
+static int check_msg(const struct kvr_wire_msg *m, uint64_t *rows_out, uint32_t *payload_out,
+                     uint64_t *payload_bytes_out, struct kvr_err *err)
 {
     if (m->type == 0 || m->type >= KVR_WIRE_TYPE_COUNT)
         return INVAL("wire: cannot encode frame type %u", m->type);
@@ -804,6 +895,7 @@ int kvr_wire_encode(const struct kvr_wire_msg *m, uint8_t *scratch, size_t cap,
 
     uint32_t payload = m->payload;
     uint64_t payload_bytes = m->payload_bytes;
+    *rows_out = rows;
     if (!data) {
         payload = KVR_WIRE_PAYLOAD_NONE;
     } else if (expert) {
@@ -836,18 +928,14 @@ int kvr_wire_encode(const struct kvr_wire_msg *m, uint8_t *scratch, size_t cap,
         if (payload_bytes && !m->payload_data)
             return INVAL("wire: payload bytes without payload data");
     }
-    uint64_t records = KVR_WIRE_HEADER_BYTES + (uint64_t)m->n_ctrl * KVR_WIRE_CTRL_BYTES +
-                       (uint64_t)m->n_segs * KVR_WIRE_SEG_BYTES;
-    uint64_t results = m->type == KVR_WIRE_RESULT ? payload_bytes : 0;
-    uint64_t timings = ((uint64_t)m->n_timings + m->n_agent_timings) * KVR_WIRE_TIMING_BYTES;
-    uint64_t body = records - KVR_WIRE_HEADER_BYTES + payload_bytes + timings;
-    if (body > UINT32_MAX || payload_bytes > UINT32_MAX)
-        return INVAL("wire: a frame body of %" PRIu64 " bytes is too large", body);
-    if (records + results + timings > cap)
-        return INVAL("wire: scratch of %zu bytes cannot hold %" PRIu64 " bytes of records", cap,
-                     records + results + timings);
+    *payload_out = payload;
+    *payload_bytes_out = payload_bytes;
+    return KVR_OK;
+}
 
-    uint8_t *p = scratch;
+static void put_header(uint8_t *p, const struct kvr_wire_msg *m, uint64_t rows, uint32_t payload,
+                       uint64_t payload_bytes, uint64_t body)
+{
     kvr_st32(p, KVR_WIRE_FRAME_MAGIC);
     p[4] = (uint8_t)m->type;
     p[5] = (uint8_t)payload;
@@ -864,6 +952,45 @@ int kvr_wire_encode(const struct kvr_wire_msg *m, uint8_t *scratch, size_t cap,
     kvr_st32(p + 28, (uint32_t)payload_bytes);
     kvr_st32(p + 32, (uint32_t)body);
     kvr_st32(p + 36, kvr_crc32c(p, 36));
+}
+
+/* The timing records: the stages', then the agents' (their reserved field the pairs). */
+static void put_timings(uint8_t *p, const struct kvr_wire_msg *m)
+{
+    for (uint32_t i = 0; i < m->n_timings + m->n_agent_timings; i++, p += KVR_WIRE_TIMING_BYTES) {
+        const struct kvr_wire_timing *t =
+            i < m->n_timings ? &m->timings[i] : &m->agent_timings[i - m->n_timings];
+        kvr_st32(p, t->stage);
+        kvr_st32(p + 4, i < m->n_timings ? 0 : t->pairs);
+        kvr_st64(p + 8, t->held_ns);
+        kvr_st64(p + 16, t->starved_ns);
+        kvr_st64(p + 24, t->blocked_ns);
+    }
+}
+
+int kvr_wire_encode(const struct kvr_wire_msg *m, uint8_t *scratch, size_t cap,
+                    struct iovec iov[KVR_WIRE_MAX_IOV], int *n_iov, size_t *frame_bytes,
+                    struct kvr_err *err)
+{
+    uint64_t rows = 0, payload_bytes = 0;
+    uint32_t payload = KVR_WIRE_PAYLOAD_NONE;
+    int rc = check_msg(m, &rows, &payload, &payload_bytes, err);
+    if (rc)
+        return rc;
+    bool expert = m->type == KVR_WIRE_EXPERT || m->type == KVR_WIRE_EXPERT_RESULT;
+    uint64_t records = KVR_WIRE_HEADER_BYTES + (uint64_t)m->n_ctrl * KVR_WIRE_CTRL_BYTES +
+                       (uint64_t)m->n_segs * KVR_WIRE_SEG_BYTES;
+    uint64_t results = m->type == KVR_WIRE_RESULT ? payload_bytes : 0;
+    uint64_t timings = ((uint64_t)m->n_timings + m->n_agent_timings) * KVR_WIRE_TIMING_BYTES;
+    uint64_t body = records - KVR_WIRE_HEADER_BYTES + payload_bytes + timings;
+    if (body > UINT32_MAX || payload_bytes > UINT32_MAX)
+        return INVAL("wire: a frame body of %" PRIu64 " bytes is too large", body);
+    if (records + results + timings > cap)
+        return INVAL("wire: scratch of %zu bytes cannot hold %" PRIu64 " bytes of records", cap,
+                     records + results + timings);
+
+    uint8_t *p = scratch;
+    put_header(p, m, rows, payload, payload_bytes, body);
     p += KVR_WIRE_HEADER_BYTES;
     for (uint32_t i = 0; i < m->n_ctrl; i++)
         p = put_ctrl(p, &m->ctrl[i]);
@@ -881,15 +1008,7 @@ int kvr_wire_encode(const struct kvr_wire_msg *m, uint8_t *scratch, size_t cap,
         kvr_st32(p + 12, m->results[i].flags);
     }
     uint8_t *tim = p;
-    for (uint32_t i = 0; i < m->n_timings + m->n_agent_timings; i++, p += KVR_WIRE_TIMING_BYTES) {
-        const struct kvr_wire_timing *t =
-            i < m->n_timings ? &m->timings[i] : &m->agent_timings[i - m->n_timings];
-        kvr_st32(p, t->stage);
-        kvr_st32(p + 4, i < m->n_timings ? 0 : t->pairs);
-        kvr_st64(p + 8, t->held_ns);
-        kvr_st64(p + 16, t->starved_ns);
-        kvr_st64(p + 24, t->blocked_ns);
-    }
+    put_timings(tim, m);
 
     int n = 0;
     iov[n].iov_base = scratch;

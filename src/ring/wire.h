@@ -45,6 +45,7 @@
 
 #include "core/err.h"
 #include "model/engine.h"
+#include "model/sampler.h"
 #include "ring/plan.h"
 
 #include <stdbool.h>
@@ -140,18 +141,12 @@ enum kvr_wire_open_flag {
     KVR_WIRE_OPEN_FLAG_COUNT = 1
 };
 
-/* Sampling parameters of a sequence, as the bridge sends them in OPEN (DESIGN.md 7). */
-struct kvr_wire_sampling {
-    float temperature;       /* >= 0; 0 = greedy */
-    int32_t top_k;           /* >= 0; 0 = off */
-    float top_p;             /* [0, 1]; 1 = off */
-    float min_p;             /* [0, 1]; 0 = off */
-    float repeat_penalty;    /* > 0; 1 = off */
-    float frequency_penalty; /* [-100, 100]; 0 = off */
-    float presence_penalty;  /* [-100, 100]; 0 = off */
-    int32_t repeat_last_n;   /* tokens the penalties look back over, <= n_ctx; -1 = all */
-    uint64_t seed;           /* the sequence's RNG seed */
-};
+/* An OPEN record carries the sequence's struct kvr_sample_params (model/sampler.h), all but
+ * the logit biases, which follow in BIAS records: the decoder leaves n_bias 0. On the wire
+ * the codec accepts only these ranges (tighter than the sampler's own check):
+ *   temperature [0, 100] (0 = greedy), top_k >= 0 (0 = off), top_p and min_p [0, 1],
+ *   repeat_penalty (0, 100], frequency_penalty and presence_penalty [-100, 100],
+ *   repeat_last_n -1 ..= n_ctx (-1 = the sampler's whole window), any seed. */
 
 /* A sequence re-prefilled after a ring failure continues exactly where it stopped only if
  * the tail's sampler is where it was (DESIGN.md 8): the generator must have made the same
@@ -196,7 +191,7 @@ struct kvr_wire_ctrl {
     uint32_t flags; /* OPEN: enum kvr_wire_open_flag bits; else 0 */
     uint32_t seq;   /* < max_seqs */
     union {
-        struct kvr_wire_sampling sampling; /* OPEN; all zero for FREE and CANCEL */
+        struct kvr_sample_params sampling; /* OPEN (n_bias 0); all zero for FREE and CANCEL */
         struct kvr_wire_replay replay;     /* REPLAY */
         struct kvr_wire_map map;           /* MAP */
         struct kvr_wire_bias bias;         /* BIAS */

@@ -48,6 +48,15 @@ static void make(struct kvr_plan *plan, uint32_t n_stages)
         fail_msg("propose: %s", err.msg);
 }
 
+/* kvr_plan_replan_index as one number: the index in the new ring, or -1 when not in it. */
+static int replan_index(const struct kvr_plan *old, uint64_t keep, uint32_t who)
+{
+    uint32_t index = UINT32_MAX;
+    if (!kvr_plan_replan_index(old, keep, who, &index))
+        return -1;
+    return (int)index;
+}
+
 static void unmake(void)
 {
     kvr_gguf_close(model);
@@ -199,11 +208,11 @@ static void test_replan_spares(void **state)
     assert_string_equal(out.stages[2].addr, old.stages[2].addr);
     assert_int_equal(out.n_spares, 1);
     assert_string_equal(out.spares[0].addr, "127.0.0.1:7011");
-    assert_int_equal(kvr_plan_replan_index(&old, keep, 0), 0);
-    assert_int_equal(kvr_plan_replan_index(&old, keep, 1), -1);
-    assert_int_equal(kvr_plan_replan_index(&old, keep, 2), 2);
-    assert_int_equal(kvr_plan_replan_index(&old, keep, 3), 1);
-    assert_int_equal(kvr_plan_replan_index(&old, keep, 4), -1);
+    assert_int_equal(replan_index(&old, keep, 0), 0);
+    assert_int_equal(replan_index(&old, keep, 1), -1);
+    assert_int_equal(replan_index(&old, keep, 2), 2);
+    assert_int_equal(replan_index(&old, keep, 3), 1);
+    assert_int_equal(replan_index(&old, keep, 4), -1);
 
     /* The first spare did not answer: the second one steps in; the first stays a spare. */
     keep = 0x5 | 1ull << 4;
@@ -212,7 +221,7 @@ static void test_replan_spares(void **state)
     assert_int_equal(out.stages[1].first_layer, old.stages[1].first_layer);
     assert_int_equal(out.n_spares, 1);
     assert_string_equal(out.spares[0].addr, "127.0.0.1:7010");
-    assert_int_equal(kvr_plan_replan_index(&old, keep, 4), 1);
+    assert_int_equal(replan_index(&old, keep, 4), 1);
 
     /* The head lost: the spare becomes the head, with the head's layers. */
     keep = 0x6 | 1ull << 3;
@@ -220,7 +229,7 @@ static void test_replan_spares(void **state)
     assert_string_equal(out.stages[0].addr, "127.0.0.1:7010");
     assert_int_equal(out.stages[0].first_layer, 0);
     assert_int_equal(out.stages[0].last_layer, old.stages[0].last_layer);
-    assert_int_equal(kvr_plan_replan_index(&old, keep, 3), 0);
+    assert_int_equal(replan_index(&old, keep, 3), 0);
 
     /* Two lost, one spare: stage 1's place goes to the spare, stage 2 is left out, and the
      * 12 layers are balanced over the two stages left. */
@@ -237,7 +246,7 @@ static void test_replan_spares(void **state)
     assert_int_equal(kvr_plan_replan(&old, model, 0x5 | 3ull << 3, &out, &err), KVR_EINVAL);
     assert_non_null(strstr(err.msg, "takes 2 spares for 1 lost"));
     assert_int_equal(kvr_plan_replan(&old, model, 0x5 | 1ull << 5, &out, &err), KVR_EINVAL);
-    assert_int_equal(kvr_plan_replan_index(&old, 0x5 | 1ull << 5, 0), -1);
+    assert_int_equal(replan_index(&old, 0x5 | 1ull << 5, 0), -1);
 
     /* JSON: written and read back the same (the hash says so). */
     char *json = NULL;

@@ -85,6 +85,17 @@ static void test_greedy(void **state)
     const float none[3] = {-INFINITY, NAN, -INFINITY};
     assert_int_equal(kvr_sampler_sample(&s, none, 3, sc, NULL), KVR_EINVAL);
     assert_int_equal(kvr_sampler_sample(&s, big, 7, sc, NULL), KVR_EINVAL);
+    /* A row all NaN or all -inf (what a ring's tail must not turn into a token), greedy
+     * and sampled, with and without a logprob. */
+    const float all_nan[3] = {NAN, NAN, NAN};
+    const float all_ninf[3] = {-INFINITY, -INFINITY, -INFINITY};
+    float lp_none = 0.0f;
+    for (int k = 0; k < 2; k++) {
+        p.temperature = k ? 0.8f : 0.0f;
+        assert_int_equal(kvr_sampler_init(&s, &p, NULL), 0);
+        assert_int_equal(kvr_sampler_sample(&s, all_nan, 3, sc, NULL), KVR_EINVAL);
+        assert_int_equal(kvr_sampler_sample(&s, all_ninf, 3, sc, &lp_none), KVR_EINVAL);
+    }
     kvr_sample_scratch_destroy(sc);
     kvr_sample_scratch_destroy(sc2);
 }

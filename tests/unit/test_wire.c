@@ -695,7 +695,7 @@ static void test_ctrl_rejections(void **state)
     expect_reject(len, &lim, "cancel with flags", "CANCEL seq 1) has nonzero unused fields");
     /* The boundaries themselves are accepted. */
     c = open;
-    c.sampling = (struct kvr_wire_sampling){.temperature = 0.0f,
+    c.sampling = (struct kvr_sample_params){.temperature = 0.0f,
                                             .top_k = 0,
                                             .top_p = 1.0f,
                                             .min_p = 0.0f,

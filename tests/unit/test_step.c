@@ -1,0 +1,201 @@
+/* test_step.c - a stage's batch step (ring/step.h) at the tail of a 2-stage ring on a tiny
+ * synthetic model: a BATCH frame is encoded and decoded as the link would, then run.
+ *
+ * The regression it guards: a logits row with no finite value (here from NaN boundary
+ * rows) has no token to sample. The step must fail the batch with a message, never build a
+ * RESULT with token -1 (which the bridge's decoder refuses, dropping the link), and the
+ * step must run the next batch once the stage has dropped its sequences. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "model/arch.h"
+#include "model/engine.h"
+#include "model/gguf.h"
+#include "model/synth.h"
+#include "ring/propose.h"
+#include "ring/stage.h"
+#include "ring/step.h"
+#include "ring/wire.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define N_TOKENS 3
+
+struct rig {
+    char *buf;
+    size_t len;
+    struct kvr_gguf *g;
+    struct kvr_hparams hp;
+    struct kvr_plan plan;
+    struct kvr_engine *engine;
+    struct kvr_step step;
+    struct kvr_step_out out;
+    struct kvr_wire_limits lim;
+    struct kvr_wire_frame frame;
+    uint8_t *wire;   /* one encoded frame */
+    size_t wire_cap; /* bytes */
+};
+
+static void rig_init(struct rig *r)
+{
+    memset(r, 0, sizeof *r);
+    struct kvr_synth_opts o = {
+        .arch = kvr_arch_find("llama", 5), .type = KVR_DTYPE_F32, .seed = 5, .n_threads = 1};
+    o.shape = (struct kvr_synth_shape){.name = "step-test",
+                                       .n_layers = 2,
+                                       .dim = 64,
+                                       .ff = 96,
+                                       .n_heads = 4,
+                                       .n_kv_heads = 2,
+                                       .vocab_size = 300,
+                                       .ctx = 64,
+                                       .rope_base = 10000.0f,
+                                       .rms_eps = 1e-5f};
+    assert_non_null(o.arch);
+    FILE *f = open_memstream(&r->buf, &r->len);
+    struct kvr_err err = {0};
+    if (kvr_synth_write(&o, f, NULL, &err))
+        fail_msg("synth: %s", err.msg);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(kvr_gguf_open_mem(&r->g, r->buf, r->len, &err), 0);
+    if (kvr_hparams_read(&r->hp, r->g, &err))
+        fail_msg("hparams: %s", err.msg);
+    struct kvr_plan_spec spec = {
+        .n_stages = 2, .model_path = "x.gguf", .row_width = 16, .max_seqs = 4, .n_ctx = 64};
+    if (kvr_plan_propose(&r->plan, r->g, &spec, &err))
+        fail_msg("propose: %s", err.msg);
+    struct kvr_engine_config cfg;
+    kvr_stage_engine_config(&r->plan, 1, &cfg);
+    if (kvr_engine_create(&r->engine, r->g, &cfg, &err))
+        fail_msg("engine: %s", err.msg);
+    if (kvr_step_init(&r->step, &r->plan, 1, r->engine, &r->hp, NULL, &err))
+        fail_msg("step: %s", err.msg);
+    assert_true(r->step.is_tail);
+    if (kvr_wire_limits_init(&r->lim, &r->plan, r->hp.n_embd, r->hp.n_vocab, 1, &err) ||
+        kvr_step_out_init(&r->step, &r->out, &r->lim, &err) ||
+        kvr_wire_frame_init(&r->frame, &r->lim, &err))
+        fail_msg("limits: %s", err.msg);
+    r->wire_cap = r->lim.max_frame_bytes;
+    r->wire = aligned_alloc(16, (r->wire_cap + 15) / 16 * 16);
+    assert_non_null(r->wire);
+}
+
+static void rig_fini(struct rig *r)
+{
+    free(r->wire);
+    kvr_wire_frame_fini(&r->frame);
+    kvr_step_out_fini(&r->out);
+    kvr_step_fini(&r->step);
+    kvr_engine_destroy(r->engine);
+    kvr_gguf_close(r->g);
+    free(r->buf);
+}
+
+/* Run a BATCH that opens sequence `seq` (greedy, or at temperature 0.8 with logprobs) on
+ * KV block `block` and prefills N_TOKENS boundary rows, every value `x`, wanting a token.
+ * Returns kvr_step_run's status; err says why on failure. */
+static int run_batch(struct rig *r, uint64_t batch_id, uint32_t seq, uint32_t block, bool greedy,
+                     float x, struct kvr_err *err)
+{
+    struct kvr_sample_params sp;
+    kvr_sample_params_default(&sp);
+    sp.temperature = greedy ? 0.0f : 0.8f;
+    sp.seed = 11;
+    struct kvr_wire_ctrl ctrl[2] = {
+        {.type = KVR_WIRE_CTRL_OPEN,
+         .seq = seq,
+         .flags = greedy ? 0 : KVR_WIRE_OPEN_LOGPROBS,
+         .sampling = sp},
+        {.type = KVR_WIRE_CTRL_MAP, .seq = seq, .map = {.n_ids = 1, .ids = {block}}},
+    };
+    struct kvr_seg seg = {.seq = seq,
+                          .pos0 = 0,
+                          .n_tokens = N_TOKENS,
+                          .flags = KVR_SEG_PREFILL | KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN};
+    size_t n = (size_t)N_TOKENS * r->hp.n_embd;
+    float *rows = malloc(n * sizeof *rows);
+    uint8_t *payload = malloc(n * sizeof *rows);
+    assert_true(rows && payload);
+    for (size_t i = 0; i < n; i++)
+        rows[i] = x;
+    kvr_wire_rows_from_f32(r->lim.rows_payload, rows, n, payload);
+    struct kvr_wire_timing t0 = {.stage = 0, .held_ns = 1};
+    struct kvr_wire_msg m = {.type = KVR_WIRE_BATCH,
+                             .batch_id = batch_id,
+                             .ctrl = ctrl,
+                             .n_ctrl = 2,
+                             .segs = &seg,
+                             .n_segs = 1,
+                             .payload = r->lim.rows_payload,
+                             .payload_data = payload,
+                             .payload_bytes = n * kvr_wire_payload_elem_bytes(r->lim.rows_payload),
+                             .timings = &t0,
+                             .n_timings = 1};
+    size_t len = 0;
+    struct kvr_err e = {0};
+    if (kvr_wire_encode_flat(&m, r->wire, r->wire_cap, &len, &e))
+        fail_msg("encode: %s", e.msg);
+    struct kvr_wire_header h;
+    if (kvr_wire_decode_header(r->wire, &r->lim, &h, &e) ||
+        kvr_wire_decode_body(&r->frame, &h, r->wire + KVR_WIRE_HEADER_BYTES,
+                             len - KVR_WIRE_HEADER_BYTES, &r->lim, &e))
+        fail_msg("decode: %s", e.msg);
+    free(rows);
+    free(payload);
+    return kvr_step_run(&r->step, &r->frame, &r->out, err);
+}
+
+/* A finite batch gives one result with a token inside the vocabulary. */
+static void expect_token(struct rig *r, uint64_t batch_id, uint32_t seq, uint32_t block,
+                         bool greedy)
+{
+    struct kvr_err err = {0};
+    if (run_batch(r, batch_id, seq, block, greedy, 0.25f, &err))
+        fail_msg("batch %llu: %s", (unsigned long long)batch_id, err.msg);
+    assert_int_equal(r->out.msg.type, KVR_WIRE_RESULT);
+    assert_int_equal(r->out.msg.n_results, 1);
+    assert_int_equal(r->out.results[0].seq, seq);
+    assert_true(r->out.results[0].token >= 0);
+    assert_true((uint32_t)r->out.results[0].token < r->hp.n_vocab);
+}
+
+/* A NaN logits row fails the batch (greedy and sampled), with a message naming the
+ * sequence; after the stage drops its sequences, as stage.c does on any failed batch, the
+ * step runs the next batch. */
+static void test_degenerate_logits_fail_the_batch(void **state)
+{
+    (void)state;
+    struct rig r;
+    rig_init(&r);
+    expect_token(&r, 1, 0, 0, true);
+    kvr_step_reset(&r.step);
+    for (int greedy = 1; greedy >= 0; greedy--) {
+        struct kvr_err err = {0};
+        int rc = run_batch(&r, 2, 1, 1, greedy, NAN, &err);
+        if (rc != KVR_EINVAL)
+            fail_msg("%s: a NaN logits row gave status %d and %u results (token %d)",
+                     greedy ? "greedy" : "sampled", rc, r.out.msg.n_results,
+                     r.out.msg.n_results ? r.out.results[0].token : 0);
+        assert_non_null(strstr(err.msg, "sequence 1"));
+        assert_non_null(strstr(err.msg, "no finite value"));
+        kvr_step_reset(&r.step);
+        expect_token(&r, 3, 2, 2, greedy);
+        kvr_step_reset(&r.step);
+    }
+    rig_fini(&r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_degenerate_logits_fail_the_batch),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
