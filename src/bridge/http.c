@@ -157,7 +157,7 @@ static enum MHD_Result reply_simple_error(struct kvr_http *h, struct request *rq
     return reply_error(h, rq, c, &e, headers);
 }
 
-/* ---- small helpers ------------------------------------------------------------------ */
+/* ---- the client: its socket and its key --------------------------------------------- */
 
 /* Has the client closed or reset its socket? A peer that sent FIN shows as POLLRDHUP, a
  * reset or our own shutdown (at server stop) as POLLHUP/POLLERR. */
