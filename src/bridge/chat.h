@@ -15,7 +15,7 @@
  *
  * The built-in renderers (kvr_chat_render) never include the leading BOS token: the
  * tokenizer adds it. A Jinja template usually writes bos_token itself; the caller strips it
- * before tokenizing with add_special (see http.c) so that the prompt has exactly one BOS.
+ * before tokenizing with add_special (generation.c) so that the prompt has exactly one BOS.
  * Control tokens inside the text ("<|im_start|>", "[INST]", "</s>", ...) are written as
  * their text and become single tokens because the caller tokenizes the result with
  * special-token parsing on. A consequence worth knowing: control-token text inside a

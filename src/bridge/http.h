@@ -5,8 +5,10 @@
  *   GET  /v1/models                                    the one model
  *   GET  /health                                       200 when the ring can serve, else 503
  *   GET  /metrics                                      Prometheus text
- * Requests are validated by openai.c, chat prompts rendered by chat.c, prompts tokenized
- * with the service's tokenizer, and generation delegated to a struct kvr_service.
+ * http.c is the transport: routes, API key, bodies, responses and SSE. A generation request
+ * goes to generation.c, which parses it (openai.c), renders a chat (chat.c), tokenizes the
+ * prompt with the service's tokenizer, submits it to a struct kvr_service and turns its
+ * events into text; http_metrics.c keeps the metrics.
  *
  * Threading: libmicrohttpd runs one listening thread plus one thread per connection
  * (MHD_USE_THREAD_PER_CONNECTION), so a request's thread may block: it waits on the

@@ -303,26 +303,37 @@ static int get_num(const json_t *obj, const char *key, double lo, bool lo_open, 
     return KVR_OK;
 }
 
+/* The sampling fields into the sampler's own struct, with OpenAI's defaults (see openai.h):
+ * no top-k, top-p or min-p cut and temperature 1, unlike the sampler's defaults. */
 static int parse_sampling(struct kvr_openai_req *r, struct kvr_openai_error *e)
 {
-    struct kvr_openai_sampling *s = &r->sampling;
+    struct kvr_sample_params *s = &r->sampling;
     const json_t *o = r->root;
     int rc;
-    *s = (struct kvr_openai_sampling){
-        .temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f};
+    memset(s, 0, sizeof *s);
+    s->temperature = 1.0f;
+    s->top_p = 1.0f;
+    s->repeat_penalty = 1.0f;
+    s->repeat_last_n = -1; /* the sampler's whole window: the closest to the completion */
     if ((rc = get_num(o, "temperature", 0, false, 2, &s->temperature, e)) ||
         (rc = get_num(o, "top_p", 0, false, 1, &s->top_p, e)) ||
         (rc = get_num(o, "min_p", 0, false, 1, &s->min_p, e)) ||
-        (rc = get_num(o, "repetition_penalty", 0, true, 10, &s->repetition_penalty, e)) ||
+        (rc = get_num(o, "repetition_penalty", 0, true, 10, &s->repeat_penalty, e)) ||
         (rc = get_num(o, "frequency_penalty", -2, false, 2, &s->frequency_penalty, e)) ||
         (rc = get_num(o, "presence_penalty", -2, false, 2, &s->presence_penalty, e)))
         return rc;
+    if (s->top_p <= 0.0f) {
+        /* "Keep the smallest set reaching 0" is the single most likely token; the sampler
+         * takes top_p only in (0, 1]. */
+        s->temperature = 0.0f;
+        s->top_p = 1.0f;
+    }
     long long k = 0;
     if ((rc = get_int(o, "top_k", -1, INT32_MAX, &k, NULL, e)))
         return rc;
     s->top_k = k < 0 ? 0 : (int32_t)k;
     long long seed = 0;
-    if ((rc = get_int(o, "seed", LLONG_MIN, LLONG_MAX, &seed, &s->has_seed, e)))
+    if ((rc = get_int(o, "seed", LLONG_MIN, LLONG_MAX, &seed, &r->has_seed, e)))
         return rc;
     s->seed = (uint64_t)seed;
     return KVR_OK;
@@ -342,7 +353,7 @@ static int parse_logit_bias(struct kvr_openai_req *r, const struct kvr_openai_li
         return bad_request(e, "logit_bias", "invalid_value",
                            "'logit_bias' has %zu entries; at most %d are supported",
                            json_object_size(v), KVR_SAMPLER_MAX_BIAS);
-    struct kvr_openai_sampling *s = &r->sampling;
+    struct kvr_sample_params *s = &r->sampling;
     const char *key;
     json_t *b;
     json_object_foreach(v, key, b)

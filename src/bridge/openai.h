@@ -64,22 +64,6 @@ char *kvr_openai_error_json(const struct kvr_openai_error *e, size_t *out_len);
 #define KVR_OPENAI_MAX_STOP_BYTES 256    /* longest stop string */
 #define KVR_OPENAI_MAX_BUDGET_MS 3600000 /* longest latency budget: one hour */
 
-/* Sampling as the client asked for it, with OpenAI's defaults filled in for absent fields.
- * Ranges are checked by the parser. */
-struct kvr_openai_sampling {
-    float temperature;        /* [0, 2]; 0 = greedy; default 1 */
-    float top_p;              /* [0, 1]; default 1 (off) */
-    int32_t top_k;            /* >= 0; 0 = off (-1 is accepted as off) */
-    float min_p;              /* [0, 1]; default 0 (off) */
-    float repetition_penalty; /* (0, 10]; default 1 (off); "repetition_penalty" */
-    float frequency_penalty;  /* [-2, 2]; default 0 */
-    float presence_penalty;   /* [-2, 2]; default 0 */
-    bool has_seed;            /* false: the server picks a seed */
-    uint64_t seed;            /* any JSON integer, negative ones taken modulo 2^64 */
-    uint32_t n_bias;          /* "logit_bias": token id -> [-100, 100], distinct ids */
-    struct kvr_logit_bias bias[KVR_SAMPLER_MAX_BIAS];
-};
-
 /* The limits a request is checked against. */
 struct kvr_openai_limits {
     uint32_t n_ctx;   /* the model's context: max_tokens may not exceed it */
@@ -108,7 +92,20 @@ struct kvr_openai_req {
     bool has_max_tokens; /* false: the server's default applies */
     uint32_t max_tokens; /* 1 .. limits.n_ctx; chat also reads max_completion_tokens */
 
-    struct kvr_openai_sampling sampling;
+    /* The sampler's parameters (model/sampler.h), filled by the parser with OpenAI's
+     * meaning and defaults rather than the sampler's own (kvr_sample_params_default):
+     *   temperature         [0, 2], default 1; 0 = greedy
+     *   top_p               [0, 1], default 1 (off); 0 = greedy (temperature 0, top_p 1)
+     *   top_k               >= -1, default 0; -1 and 0 = off (stored as 0)
+     *   min_p               [0, 1], default 0 (off)
+     *   repeat_penalty      "repetition_penalty", (0, 10], default 1 (off)
+     *   frequency_penalty   [-2, 2], default 0; presence_penalty likewise
+     *   repeat_last_n       -1: penalties look at the whole completion, as OpenAI's do
+     *   seed                the client's (negative ones taken modulo 2^64) when has_seed,
+     *                       else 0: the HTTP layer draws one
+     *   bias                "logit_bias": token id -> [-100, 100], distinct ids */
+    struct kvr_sample_params sampling;
+    bool has_seed; /* the client gave a seed */
 
     const char *stop[KVR_OPENAI_MAX_STOP]; /* non-empty strings, valid UTF-8 */
     size_t stop_len[KVR_OPENAI_MAX_STOP];

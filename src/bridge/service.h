@@ -1,15 +1,14 @@
-/* service.h - the contract between the HTTP API (http.c) and whatever generates tokens:
- * the bridge's scheduler in production, a fake in tests/unit/test_http.c.
+/* service.h - the contract between the HTTP API (http.c, generation.c) and whatever
+ * generates tokens: the bridge's scheduler in production, a fake in tests/unit/test_http.c.
  *
  * The HTTP layer validates and tokenizes a request, then hands the service prompt ids, a
  * token budget, sampling parameters and a latency budget (submit). The service either
  * admits the request at once and returns a stream, or refuses it at once with a reason, a
  * message and a retry hint (the HTTP layer picks the status): it never queues work it
- * expects to be late. The HTTP
- * layer then pulls one event per generated token (next) and turns them into text, stop
- * strings, SSE chunks and metrics. A client that goes away, or a stop string that appears
- * in the text, ends the stream early (cancel). Every admitted stream is released exactly
- * once (release).
+ * expects to be late. The HTTP layer then pulls one event per generated token (next) and
+ * turns them into text, stop strings, SSE chunks and metrics. A client that goes away, or
+ * a stop string that appears in the text, ends the stream early (cancel). Every admitted
+ * stream is released exactly once (release).
  *
  * Sequence of calls for one request (all from one HTTP connection thread):
  *

@@ -255,10 +255,10 @@ static void test_good_completion(void **state)
     assert_true(r.sampling.top_p == 0.9f);
     assert_int_equal(r.sampling.top_k, 40);
     assert_true(r.sampling.min_p == 0.05f);
-    assert_true(r.sampling.repetition_penalty == 1.1f);
+    assert_true(r.sampling.repeat_penalty == 1.1f);
     assert_true(r.sampling.frequency_penalty == 0.5f);
     assert_true(r.sampling.presence_penalty == -0.5f);
-    assert_true(r.sampling.has_seed);
+    assert_true(r.has_seed);
     assert_true(r.sampling.seed == UINT64_MAX);
     assert_int_equal(r.n_stop, 2);
     assert_string_equal(r.stop[0], "\n");
@@ -277,8 +277,8 @@ static void test_good_completion(void **state)
     assert_true(r.sampling.temperature == 1.0f);
     assert_true(r.sampling.top_p == 1.0f);
     assert_int_equal(r.sampling.top_k, 0);
-    assert_true(r.sampling.repetition_penalty == 1.0f);
-    assert_false(r.sampling.has_seed);
+    assert_true(r.sampling.repeat_penalty == 1.0f);
+    assert_false(r.has_seed);
     assert_int_equal(r.n_stop, 1);
     assert_false(r.stream);
     assert_false(r.logprobs);

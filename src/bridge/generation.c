@@ -1,0 +1,582 @@
+/* generation.c - one text generation, from request body to answer bytes (see generation.h).
+ *
+ * Sections follow the request: prepare (parse, template, tokenize, length, sampling, text
+ * pipeline), submit (admission or refusal), events (pump: detokenize, stop strings,
+ * logprobs, metrics), answers (one JSON body, or SSE chunks), and the end (destroy). */
+#include "bridge/generation.h"
+
+#include "core/alloc.h"
+#include "core/clock.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/random.h>
+#include <time.h>
+
+/* One generation: the parsed request, the service's stream, and the text pipeline
+ * (detokenizer -> stop-string cutter -> text or SSE). */
+struct kvr_generation {
+    const struct kvr_generation_env *env;
+    enum kvr_openai_api api;
+    struct kvr_openai_req req;   /* keeps the stop strings alive for `cut` */
+    struct kvr_gen_request greq; /* built by prepare, handed to the service by submit */
+    int32_t *prompt_ids;         /* greq.prompt (n_prompt ids), owned until submit */
+    struct kvr_gen_stream *stream;
+    char id[48]; /* "cmpl-..." / "chatcmpl-..." */
+    struct kvr_openai_meta meta;
+    uint32_t n_prompt;
+    uint32_t max_tokens;
+    uint32_t n_gen; /* tokens received, EOS included */
+
+    struct kvr_detok detok;
+    char *piece; /* detokenizer output for one token */
+    size_t piece_cap;
+    size_t text_bytes; /* detokenized bytes so far: logprobs' text_offset */
+    struct kvr_openai_text cut;
+    struct kvr_sbuf text; /* released text: all of it (JSON) or the next chunk's (SSE) */
+    json_t *lp;           /* logprobs not yet sent, or NULL when not asked for */
+
+    uint64_t t_start_ns; /* the request's arrival */
+    uint64_t t_prev_ns;  /* the previous token's arrival */
+    uint64_t t_event_ns; /* the last event (or submit): the stall timer's start */
+
+    bool done;         /* finished, failed or abandoned: no more events wanted */
+    bool svc_finished; /* the service sent its last event; no cancel needed */
+    bool released;
+    enum kvr_openai_finish finish;
+    enum kvr_http_outcome outcome;
+    struct kvr_openai_error fail; /* when outcome == KVR_HTTP_OUTCOME_ERROR */
+
+    /* Streaming only. */
+    struct kvr_sbuf sse; /* bytes produced but not yet read */
+    size_t sse_pos;
+    bool sse_first; /* the next chunk is the first (chat: carries the role) */
+    bool sse_ended; /* [DONE] has been produced */
+};
+
+static uint64_t random_u64(void)
+{
+    uint64_t x = 0;
+    if (getrandom(&x, sizeof x, 0) != (ssize_t)sizeof x) {
+        /* No entropy source: fall back to the clocks, which still differ per request. */
+        x = kvr_now_ns() * 0x9E3779B97F4A7C15ull ^ kvr_wall_ms();
+    }
+    return x;
+}
+
+static void make_id(char *out, size_t cap, const char *prefix)
+{
+    uint64_t a = random_u64(), b = random_u64();
+    snprintf(out, cap, "%s%016llx%08llx", prefix, (unsigned long long)a,
+             (unsigned long long)(b & 0xffffffffu));
+}
+
+struct kvr_generation *kvr_generation_create(const struct kvr_generation_env *env,
+                                             enum kvr_openai_api api, uint64_t t_start_ns)
+{
+    struct kvr_generation *g = kvr_calloc(1, sizeof *g);
+    if (!g)
+        return NULL;
+    g->env = env;
+    g->api = api;
+    g->t_start_ns = t_start_ns;
+    kvr_sbuf_init(&g->text);
+    kvr_sbuf_init(&g->sse);
+    kvr_openai_text_init(&g->cut, NULL, NULL, 0, NULL);
+    return g;
+}
+
+/* ---- prepare -------------------------------------------------------------------------- */
+
+/* The body, then the X-Latency-Budget-Ms header: a total budget the body did not give. */
+static int parse_request(struct kvr_generation *g, const char *body, size_t len,
+                         const char *budget_header, struct kvr_openai_error *e)
+{
+    const struct kvr_generation_env *env = g->env;
+    struct kvr_openai_limits lim = {.n_ctx = env->svc->n_ctx, .n_vocab = (uint32_t)env->n_vocab};
+    int rc = kvr_openai_parse(&g->req, g->api, body, len, &lim, e);
+    if (rc || !budget_header)
+        return rc;
+    uint32_t ms = 0;
+    if ((rc = kvr_openai_parse_budget_header(budget_header, &ms, e)))
+        return rc;
+    if (!g->req.total_ms)
+        g->req.total_ms = ms;
+    if (g->req.first_token_ms > g->req.total_ms)
+        return kvr_openai_error_set(e, 400, "invalid_request_error", "X-Latency-Budget-Ms",
+                                    "invalid_value",
+                                    "'latency_budget.first_token_ms' (%u ms) exceeds the "
+                                    "X-Latency-Budget-Ms total (%u ms)",
+                                    g->req.first_token_ms, g->req.total_ms);
+    return KVR_OK;
+}
+
+int kvr_generation_render_chat(const struct kvr_generation_env *env,
+                               const struct kvr_chat_msg *msgs, size_t n_msgs, char **out,
+                               size_t *out_len, struct kvr_openai_error *e)
+{
+    struct kvr_err err = {0};
+    time_t now_s = time(NULL);
+    struct tm now;
+    int rc = kvr_chat_apply(env->chat, msgs, n_msgs, true, localtime_r(&now_s, &now), out, out_len,
+                            &err);
+    if (rc == KVR_ENOMEM)
+        return kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (rc == KVR_EINVAL)
+        return kvr_openai_error_set(
+            e, 400, "invalid_request_error", "messages", "chat_template_refused",
+            "the model's chat template refused the conversation: %s", err.msg);
+    if (rc)
+        return kvr_openai_error_set(
+            e, 400, "invalid_request_error", "messages", "chat_template_error",
+            "the chat template failed on this conversation: %s (%s)", err.msg, kvr_strerror(rc));
+    return KVR_OK;
+}
+
+static int out_of_memory(struct kvr_openai_error *e)
+{
+    kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    return KVR_ENOMEM;
+}
+
+/* Tokenize `len` bytes of prompt text into g->prompt_ids. Completion prompts are plain
+ * text: "<s>" typed by a user is not BOS. Chat templates write control tokens as text, so
+ * a rendered chat is parsed for them. */
+static int encode_text(struct kvr_generation *g, const char *text, size_t len,
+                       struct kvr_openai_error *e)
+{
+    const struct kvr_generation_env *env = g->env;
+    const struct kvr_tok *tok = env->svc->tok;
+    bool chat = g->api == KVR_OPENAI_CHAT;
+    /* Each token stands for at most max_piece_bytes of text, so a text this long cannot
+     * fit the context whatever it says; refuse before spending memory on tokenizing it. */
+    size_t at_least = len / env->max_piece_bytes;
+    if (at_least > (size_t)env->svc->n_ctx + 2)
+        return kvr_openai_error_set(e, 400, "invalid_request_error", chat ? "messages" : "prompt",
+                                    "context_length_exceeded",
+                                    "This model's maximum context length is %u tokens, but the "
+                                    "prompt (%zu bytes) is at least %zu tokens",
+                                    env->svc->n_ctx, len, at_least);
+    /* Enough room for any tokenization: at most one token per byte, plus BOS, EOS and
+     * SentencePiece's added space. */
+    size_t cap = len + 4;
+    struct kvr_tok_scratch *scratch = NULL;
+    g->prompt_ids = kvr_malloc(cap * sizeof *g->prompt_ids);
+    if (!g->prompt_ids || kvr_tok_scratch_create(&scratch, tok, len ? len : 1) != 0)
+        return out_of_memory(e);
+    int n = kvr_tok_encode(tok, scratch, text, len, true, chat, g->prompt_ids, cap);
+    kvr_tok_scratch_destroy(scratch);
+    if (n < 0)
+        return kvr_openai_error_set(e, 400, "invalid_request_error", chat ? "messages" : "prompt",
+                                    "invalid_value", "the prompt cannot be tokenized: %s",
+                                    kvr_strerror(n));
+    g->n_prompt = (uint32_t)n;
+    return KVR_OK;
+}
+
+/* The prompt's token ids: given directly, or the prompt text (a chat rendered with the
+ * template first) tokenized. */
+static int tokenize_prompt(struct kvr_generation *g, struct kvr_openai_error *e)
+{
+    const struct kvr_openai_req *r = &g->req;
+    if (g->api != KVR_OPENAI_CHAT && r->prompt_ids) {
+        g->prompt_ids = kvr_malloc((size_t)r->n_prompt_ids * sizeof *g->prompt_ids);
+        if (!g->prompt_ids)
+            return out_of_memory(e);
+        memcpy(g->prompt_ids, r->prompt_ids, (size_t)r->n_prompt_ids * sizeof *g->prompt_ids);
+        g->n_prompt = r->n_prompt_ids;
+        return KVR_OK;
+    }
+    if (g->api != KVR_OPENAI_CHAT)
+        return encode_text(g, r->prompt, r->prompt_len, e);
+    char *rendered = NULL;
+    size_t len = 0;
+    int rc = kvr_generation_render_chat(g->env, r->msgs, r->n_msgs, &rendered, &len, e);
+    if (rc)
+        return rc;
+    /* A template that writes bos_token itself gets it from the text, not twice. */
+    size_t skip =
+        kvr_chat_bos_skip(rendered, len, g->env->bos_text, kvr_tok_add_bos(g->env->svc->tok));
+    rc = encode_text(g, rendered + skip, len - skip, e);
+    kvr_free(rendered);
+    return rc;
+}
+
+/* The service's request. The sampling parameters come from the parser as they are; only a
+ * seed the client did not give is drawn here, so two such requests differ. */
+static int build_request(struct kvr_generation *g, struct kvr_openai_error *e)
+{
+    g->greq = (struct kvr_gen_request){
+        .prompt = g->prompt_ids,
+        .n_prompt = g->n_prompt,
+        .max_tokens = g->max_tokens,
+        .sampling = g->req.sampling,
+        .logprobs = g->req.logprobs,
+        .ignore_eos = g->req.ignore_eos,
+        .first_token_ms = g->req.first_token_ms,
+        .total_ms = g->req.total_ms,
+    };
+    if (!g->req.has_seed)
+        g->greq.sampling.seed = random_u64();
+    struct kvr_err serr = {0};
+    if (kvr_sample_params_check(&g->greq.sampling, &serr))
+        return kvr_openai_error_set(e, 400, "invalid_request_error", NULL, "invalid_value", "%s",
+                                    serr.msg);
+    return KVR_OK;
+}
+
+/* The text pipeline, before submit so that nothing can fail once the stream exists. A chat
+ * also stops at the template's end-of-turn text. */
+static int start_text(struct kvr_generation *g, struct kvr_openai_error *e)
+{
+    const struct kvr_generation_env *env = g->env;
+    g->piece_cap = kvr_detok_max_bytes(env->svc->tok);
+    g->piece = kvr_malloc(g->piece_cap);
+    if (g->req.logprobs)
+        g->lp = kvr_openai_logprobs_new(g->api);
+    if (!g->piece || (g->req.logprobs && !g->lp))
+        return out_of_memory(e);
+    bool chat = g->api == KVR_OPENAI_CHAT;
+    kvr_openai_text_fini(&g->cut);
+    kvr_openai_text_init(&g->cut, g->req.stop, g->req.stop_len, g->req.n_stop,
+                         chat ? kvr_chat_end_of_turn(env->chat) : NULL);
+    kvr_detok_init(&g->detok, false, false);
+    make_id(g->id, sizeof g->id, chat ? "chatcmpl-" : "cmpl-");
+    g->meta = (struct kvr_openai_meta){.api = g->api,
+                                       .id = g->id,
+                                       .created = (int64_t)(kvr_wall_ms() / 1000),
+                                       .model = env->svc->model_name,
+                                       .include_usage = g->req.include_usage};
+    return KVR_OK;
+}
+
+int kvr_generation_prepare(struct kvr_generation *g, const char *body, size_t len,
+                           const char *budget_header, struct kvr_openai_error *e)
+{
+    const struct kvr_generation_env *env = g->env;
+    int rc;
+    if ((rc = parse_request(g, body, len, budget_header, e)) || (rc = tokenize_prompt(g, e)) ||
+        (rc = kvr_openai_check_length(&g->req, g->n_prompt, env->svc->n_ctx,
+                                      env->default_max_tokens, &g->max_tokens, e)) ||
+        (rc = build_request(g, e)) || (rc = start_text(g, e))) {
+        if (e->status == 0)
+            kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "internal error");
+        return rc;
+    }
+    return KVR_OK;
+}
+
+/* ---- submit --------------------------------------------------------------------------- */
+
+/* What the client is told of a refusal (request.h): the HTTP status and the error code,
+ * which is also the metric's reason label. A KV-full refusal always says when to try
+ * again (1 s at least), because the blocks free up as other requests finish. */
+static const struct {
+    int status;
+    enum kvr_http_refused code;
+    uint32_t min_retry_s;
+} refusal_answers[KVR_REFUSE_REASON_COUNT] = {
+    [KVR_REFUSE_NONE] = {500, KVR_HTTP_REFUSED_INTERNAL, 0},
+    [KVR_REFUSE_FIRST_TOKEN_BUDGET] = {429, KVR_HTTP_REFUSED_OVER_BUDGET, 0},
+    [KVR_REFUSE_TOTAL_BUDGET] = {429, KVR_HTTP_REFUSED_OVER_BUDGET, 0},
+    [KVR_REFUSE_KV_FULL] = {429, KVR_HTTP_REFUSED_KV_FULL, 1},
+    [KVR_REFUSE_QUEUE_FULL] = {503, KVR_HTTP_REFUSED_QUEUE_FULL, 0},
+    [KVR_REFUSE_RING_DOWN] = {503, KVR_HTTP_REFUSED_RING_DOWN, 0},
+    [KVR_REFUSE_TOO_LONG] = {400, KVR_HTTP_REFUSED_INVALID, 0},
+    [KVR_REFUSE_INTERNAL] = {500, KVR_HTTP_REFUSED_INTERNAL, 0},
+};
+
+static void refused(struct kvr_generation *g, struct kvr_refusal *refusal,
+                    struct kvr_openai_error *e, uint32_t *retry_after_s)
+{
+    refusal->message[sizeof refusal->message - 1] = 0;
+    unsigned why =
+        (unsigned)refusal->reason < KVR_REFUSE_REASON_COUNT ? refusal->reason : KVR_REFUSE_INTERNAL;
+    int status = refusal_answers[why].status;
+    kvr_http_metrics_refused(g->env->metrics, refusal_answers[why].code);
+    const char *type = status == 429   ? "rate_limit_error"
+                       : status == 400 ? "invalid_request_error"
+                                       : "server_error";
+    kvr_openai_error_set(e, status, type, NULL, kvr_http_refused_name(refusal_answers[why].code),
+                         "%s", refusal->message[0] ? refusal->message : "the request was refused");
+    uint32_t retry_s = (uint32_t)(((uint64_t)refusal->retry_after_ms + 999) / 1000);
+    if (retry_s < refusal_answers[why].min_retry_s)
+        retry_s = refusal_answers[why].min_retry_s;
+    *retry_after_s = retry_s;
+}
+
+int kvr_generation_submit(struct kvr_generation *g, struct kvr_openai_error *e,
+                          uint32_t *retry_after_s)
+{
+    const struct kvr_service *svc = g->env->svc;
+    struct kvr_refusal refusal;
+    memset(&refusal, 0, sizeof refusal);
+    *retry_after_s = 0;
+    int rc = svc->ops->submit(svc->ctx, &g->greq, &g->stream, &refusal);
+    /* The service copied what it keeps of the prompt. */
+    kvr_free(g->prompt_ids);
+    g->prompt_ids = NULL;
+    g->greq.prompt = NULL;
+    if (rc != 0) {
+        g->stream = NULL;
+        refused(g, &refusal, e, retry_after_s);
+        return rc;
+    }
+    g->t_event_ns = kvr_now_ns();
+    kvr_http_metrics_admitted(g->env->metrics, g->n_prompt);
+    if (g->req.stream) {
+        g->sse_first = true;
+        if (g->api == KVR_OPENAI_CHAT) {
+            /* The role chunk goes out at once, as OpenAI's does. */
+            kvr_openai_sse_chunk(&g->sse, &g->meta, true, "", 0, KVR_OPENAI_FINISH_NONE, NULL);
+            g->sse_first = false;
+        }
+    }
+    return KVR_OK;
+}
+
+bool kvr_generation_streams(const struct kvr_generation *g)
+{
+    return g->req.stream;
+}
+
+bool kvr_generation_done(const struct kvr_generation *g)
+{
+    return g->done;
+}
+
+/* ---- events --------------------------------------------------------------------------- */
+
+/* Tell the service we want no more tokens (stop string, client gone, failure). */
+static void cancel(struct kvr_generation *g)
+{
+    if (g->stream && !g->released && !g->svc_finished) {
+        g->env->svc->ops->cancel(g->stream);
+        g->svc_finished = true;
+    }
+}
+
+static void fail(struct kvr_generation *g, int status, const char *code, const char *msg)
+{
+    g->done = true;
+    g->outcome = KVR_HTTP_OUTCOME_ERROR;
+    kvr_openai_error_set(&g->fail, status ? status : 500,
+                         status == 504 ? "timeout_error" : "server_error", NULL, code, "%s", msg);
+    cancel(g);
+}
+
+static void finish(struct kvr_generation *g, enum kvr_openai_finish f)
+{
+    g->done = true;
+    g->finish = f;
+    g->outcome = f == KVR_OPENAI_FINISH_LENGTH ? KVR_HTTP_OUTCOME_LENGTH : KVR_HTTP_OUTCOME_STOP;
+}
+
+/* Text of one token into the cutter; logprobs recorded. Returns false on a bad token. */
+static bool take_token(struct kvr_generation *g, const struct kvr_gen_event *ev)
+{
+    const struct kvr_tok *tok = g->env->svc->tok;
+    int n = kvr_detok_push(tok, &g->detok, ev->token, g->piece, g->piece_cap);
+    if (n < 0)
+        return false;
+    if (g->lp) {
+        const char *p = NULL;
+        size_t len = 0;
+        if (kvr_tok_decode_piece(tok, ev->token, false, &p, &len) == 0)
+            kvr_openai_logprobs_add(g->lp, g->api, p, len, ev->logprob, g->text_bytes);
+    }
+    g->text_bytes += (size_t)n;
+    if (kvr_openai_text_push(&g->cut, g->piece, (size_t)n, &g->text)) {
+        finish(g, KVR_OPENAI_FINISH_STOP);
+        cancel(g); /* a stop string: the rest of the ring's work is wasted */
+    }
+    return true;
+}
+
+/* The last token came: release the text the detokenizer and the cutter still hold, unless
+ * it completes a stop string. */
+static void finish_text(struct kvr_generation *g, enum kvr_gen_finish why)
+{
+    int n = kvr_detok_flush(&g->detok, g->piece, g->piece_cap);
+    if (n > 0 && kvr_openai_text_push(&g->cut, g->piece, (size_t)n, &g->text)) {
+        finish(g, KVR_OPENAI_FINISH_STOP);
+    } else {
+        kvr_openai_text_flush(&g->cut, &g->text);
+        finish(g, why == KVR_GEN_FINISH_EOS ? KVR_OPENAI_FINISH_STOP : KVR_OPENAI_FINISH_LENGTH);
+    }
+    cancel(g); /* only does something if the service would send more */
+}
+
+/* Nothing came in time: fail once no event has come for stall_timeout_ms. */
+static bool check_stall(struct kvr_generation *g, uint64_t now)
+{
+    uint32_t stall_ms = g->env->stall_timeout_ms;
+    if (!stall_ms || now - g->t_event_ns <= (uint64_t)stall_ms * 1000000)
+        return false;
+    char msg[128];
+    snprintf(msg, sizeof msg, "no token for %u ms; the generation was cancelled", stall_ms);
+    fail(g, 504, "stalled", msg);
+    return true;
+}
+
+/* Wait up to timeout_ms for one event and run it through the pipeline. Returns true when
+ * something happened (an event, or the generation ended), false on a quiet timeout. */
+static bool pump_event(struct kvr_generation *g, uint32_t timeout_ms)
+{
+    const struct kvr_generation_env *env = g->env;
+    struct kvr_gen_event ev;
+    memset(&ev, 0, sizeof ev);
+    int rc = env->svc->ops->next(g->stream, &ev, timeout_ms);
+    uint64_t now = kvr_now_ns();
+    if (rc == KVR_ETIMEDOUT)
+        return check_stall(g, now);
+    if (rc != 0) {
+        g->svc_finished = true;
+        fail(g, 500, "stream_closed", "the generation ended without a finish reason");
+        return true;
+    }
+    g->t_event_ns = now;
+    if (ev.finish != KVR_GEN_FINISH_NONE)
+        g->svc_finished = true;
+    if (ev.finish == KVR_GEN_FINISH_ERROR) {
+        ev.error[sizeof ev.error - 1] = 0;
+        fail(g, ev.error_status, "generation_failed",
+             ev.error[0] ? ev.error : "the generation failed");
+        return true;
+    }
+    if (ev.token < 0 || ev.token >= env->n_vocab || ev.finish >= KVR_GEN_FINISH_COUNT) {
+        fail(g, 500, "bad_token", "the service returned an invalid token");
+        return true;
+    }
+
+    g->n_gen++;
+    bool first = g->n_gen == 1;
+    kvr_http_metrics_token(env->metrics, first,
+                           (double)(now - (first ? g->t_start_ns : g->t_prev_ns)) * 1e-9);
+    g->t_prev_ns = now;
+
+    /* The end-of-generation token is counted but has no text. */
+    if (ev.finish != KVR_GEN_FINISH_EOS && !take_token(g, &ev)) {
+        fail(g, 500, "bad_token", "the service returned an invalid token");
+        return true;
+    }
+    if (g->done)
+        return true; /* a stop string */
+    if (ev.finish == KVR_GEN_FINISH_LENGTH || ev.finish == KVR_GEN_FINISH_EOS ||
+        g->n_gen >= g->max_tokens)
+        finish_text(g, ev.finish);
+    return true;
+}
+
+/* ---- answers -------------------------------------------------------------------------- */
+
+/* Turn whatever the last pump produced into SSE bytes: a chunk of text (with its logprobs),
+ * the finish, the usage and [DONE]; or an error event and [DONE]. */
+static void sse_emit(struct kvr_generation *g)
+{
+    if (g->done && g->outcome == KVR_HTTP_OUTCOME_ERROR) {
+        kvr_openai_sse_error(&g->sse, &g->fail);
+        kvr_openai_sse_done(&g->sse);
+        g->sse_ended = true;
+        return;
+    }
+    if (g->text.len > 0 || g->done) {
+        enum kvr_openai_finish f = g->done ? g->finish : KVR_OPENAI_FINISH_NONE;
+        kvr_openai_sse_chunk(&g->sse, &g->meta, g->sse_first, g->text.data ? g->text.data : "",
+                             g->text.len, f, g->lp);
+        g->sse_first = false;
+        kvr_sbuf_clear(&g->text);
+        if (g->lp) {
+            json_decref(g->lp);
+            g->lp = kvr_openai_logprobs_new(g->api);
+        }
+    }
+    if (g->done) {
+        if (g->meta.include_usage)
+            kvr_openai_sse_usage(&g->sse, &g->meta, g->n_prompt, g->n_gen);
+        kvr_openai_sse_done(&g->sse);
+        g->sse_ended = true;
+    }
+}
+
+void kvr_generation_pump(struct kvr_generation *g, uint32_t timeout_ms)
+{
+    if (pump_event(g, timeout_ms) && g->req.stream)
+        sse_emit(g);
+}
+
+void kvr_generation_shut_down(struct kvr_generation *g)
+{
+    fail(g, 503, "shutting_down", "the server is shutting down");
+    if (g->req.stream)
+        sse_emit(g); /* end the stream properly: an error event and [DONE] */
+}
+
+void kvr_generation_abandon(struct kvr_generation *g)
+{
+    g->done = true;
+    g->outcome = KVR_HTTP_OUTCOME_CLIENT_GONE;
+    cancel(g);
+}
+
+const struct kvr_openai_error *kvr_generation_error(const struct kvr_generation *g)
+{
+    return g->outcome == KVR_HTTP_OUTCOME_ERROR ? &g->fail : NULL;
+}
+
+char *kvr_generation_json(const struct kvr_generation *g, size_t *out_len)
+{
+    return kvr_openai_response_json(&g->meta, g->text.data ? g->text.data : "", g->text.len,
+                                    g->finish, g->n_prompt, g->n_gen, g->lp, out_len);
+}
+
+enum kvr_generation_sse kvr_generation_sse_read(struct kvr_generation *g, char *buf, size_t max,
+                                                size_t *out_n)
+{
+    *out_n = 0;
+    if (g->sse.failed)
+        return KVR_GENERATION_SSE_BROKEN;
+    if (g->sse_pos < g->sse.len) {
+        size_t n = g->sse.len - g->sse_pos;
+        if (n > max)
+            n = max;
+        memcpy(buf, g->sse.data + g->sse_pos, n);
+        g->sse_pos += n;
+        if (g->sse_pos == g->sse.len) {
+            kvr_sbuf_clear(&g->sse);
+            g->sse_pos = 0;
+        }
+        *out_n = n;
+        return KVR_GENERATION_SSE_BYTES;
+    }
+    return g->sse_ended ? KVR_GENERATION_SSE_END : KVR_GENERATION_SSE_EMPTY;
+}
+
+/* ---- the end -------------------------------------------------------------------------- */
+
+void kvr_generation_destroy(struct kvr_generation *g)
+{
+    if (!g)
+        return;
+    if (g->stream) {
+        if (!g->done) {
+            g->done = true;
+            g->outcome = KVR_HTTP_OUTCOME_CLIENT_GONE;
+        }
+        if (!g->released) {
+            cancel(g);
+            g->env->svc->ops->release(g->stream);
+            g->released = true;
+        }
+        kvr_http_metrics_ended(g->env->metrics, g->outcome,
+                               (double)(kvr_now_ns() - g->t_start_ns) * 1e-9);
+    }
+    kvr_openai_text_fini(&g->cut);
+    kvr_sbuf_fini(&g->text);
+    kvr_sbuf_fini(&g->sse);
+    json_decref(g->lp);
+    kvr_free(g->piece);
+    kvr_free(g->prompt_ids);
+    kvr_openai_req_fini(&g->req);
+    kvr_free(g);
+}
