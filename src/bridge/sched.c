@@ -5,9 +5,10 @@
  * outputs. Every function takes the current time from its caller. */
 #include "bridge/sched.h"
 
+#include "bridge/kvpool.h"
+
 #include "core/alloc.h"
 #include "core/log.h"
-#include "model/kv.h"
 
 #include <math.h>
 #include <stdarg.h>
