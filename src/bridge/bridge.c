@@ -143,14 +143,14 @@ static void on_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched_
         uint32_t cap = s->r.req.max_tokens;
         if (s->ev_count < cap) {
             s->events[(s->ev_head + s->ev_count) % cap] =
-                (struct token_event){ev->token, ev->logprob, ev->eog, ev->t_ns};
+                (struct token_event){ev->gen.token, ev->gen.logprob, ev->gen.eog, ev->gen.t_ns};
             s->ev_count++;
         }
         break;
     }
     case KVR_SCHED_EV_END:
-        s->finish = ev->finish;
-        snprintf(s->message, sizeof s->message, "%s", ev->message);
+        s->finish = ev->gen.finish;
+        snprintf(s->message, sizeof s->message, "%s", ev->gen.error);
         break;
     case KVR_SCHED_EV_DETACH:
         s->detached = true;

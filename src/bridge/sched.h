@@ -65,6 +65,22 @@ struct kvr_sched;
 
 /* ---- requests and their streams ------------------------------------------------------- */
 
+/* Admission's estimates of one request (admission.h), made at submit and checked against
+ * the outcome. All 0 when the cost model was not ready (no estimate). */
+struct kvr_estimate {
+    double raw_first_ms;     /* the cost model's first-token time from submit (0: none) */
+    double raw_period_ms;    /* the streams' recent gap between tokens beside the cost
+                                model's period at the load it adds, worth a few gaps */
+    double checked_first_ms; /* the raw first-token time the budget was checked at: the
+                                urgent pace if that rescues a late prompt (pacing.h) */
+    double first_ms;         /* the first token's time from submit, corrected by the recent
+                                mean error of estimates of its eta_class */
+    double period_ms;        /* such that first_ms + (n - 1) x period_ms is the estimate
+                                for n tokens */
+    uint8_t eta_class;       /* which first-token calibration its outcome feeds: by the
+                                batches admission expected before the first token */
+};
+
 struct kvr_sched_req {
     /* Set by the caller before submit, read-only afterwards. */
     struct kvr_gen_request req; /* req.prompt must outlive the DETACH */
@@ -76,26 +92,10 @@ struct kvr_sched_req {
     uint64_t deadline_ns; /* earliest-deadline-first key; UINT64_MAX: none */
     uint64_t first_token_ns;
     uint64_t last_token_ns;
-    double pred_first_ms;  /* admission's raw first-token estimate (0: none) */
-    double pred_period_ms; /* ... and its raw time between tokens: the streams' recent
-                              gaps between tokens (decayed over seconds) beside the cost
-                              model's period at the load it adds, worth a few gaps */
-    double check_first_ms; /* the raw first-token estimate the budget was checked at: at
-                              the urgent pace if its error could make it late at the
-                              streams' (the scheduler rescues such a prompt); calib_first
-                              learns its error */
-    double est_first_ms;   /* its estimate of the first token's time from submit,
-                              corrected by the recent mean error of estimates of its
-                              eta_class (0: none) */
-    double est_period_ms;  /* ... and of the time between tokens, such that est_first_ms +
-                              (n - 1) x est_period_ms is the estimate for n tokens (the
-                              cost model's period is corrected by the whole answers' median
-                              error, a measured time per token is not) */
-    bool held_once;        /* a ring failure held it: its times say nothing */
-    uint8_t eta_class;     /* which first-token calibration its outcome feeds: by the
-                              batches admission expected before its first token */
-    uint32_t n_cached;     /* prompt positions found in the prefix cache (admission's
-                              estimate, then what its slot got) */
+    struct kvr_estimate est; /* admission's estimates (admission.h) */
+    bool held_once;          /* a ring failure held it: its times say nothing */
+    uint32_t n_cached;       /* prompt positions found in the prefix cache (admission's
+                                estimate, then what its slot got) */
     uint32_t n_generated;
     int seq;      /* slot, or -1 while waiting / once it ended */
     bool waiting; /* in the wait queue */
@@ -109,14 +109,15 @@ enum kvr_sched_event_type {
     KVR_SCHED_EV_TYPE_COUNT
 };
 
+/* TOKEN and END carry the stream's one event type, struct kvr_gen_event (request.h):
+ *   TOKEN  gen.token, gen.logprob (when asked for), gen.eog, gen.t_ns; gen.finish is NONE
+ *          (the END that follows the last token says why it was the last);
+ *   END    gen.finish (LENGTH, EOS, CANCELLED or ERROR), gen.error (why, for ERROR),
+ *          gen.t_ns; gen.token is -1 and gen.error_status 0 (the shell chooses it).
+ * DETACH is the scheduler's own notice and carries only gen.t_ns. */
 struct kvr_sched_event {
     enum kvr_sched_event_type type;
-    int32_t token; /* TOKEN */
-    float logprob;
-    bool eog;                   /* the token ends generation in the model's vocabulary */
-    enum kvr_gen_finish finish; /* END: LENGTH, EOS, CANCELLED or ERROR */
-    const char *message;        /* END with ERROR: why (valid during the callback) */
-    uint64_t t_ns;              /* the `now` of the call that produced it */
+    struct kvr_gen_event gen;
 };
 
 typedef void (*kvr_sched_event_fn)(void *ctx, struct kvr_sched_req *r,

@@ -54,7 +54,7 @@ struct sh_req {
     bool used; /* submitted and admitted */
     bool ended, detached;
     enum kvr_gen_finish finish;
-    char message[128];
+    char message[KVR_GEN_MSG_BYTES];
 };
 
 struct sh_batch {
@@ -110,14 +110,14 @@ static inline void sh_on_event(void *ctx, struct kvr_sched_req *r, const struct 
         else if (q->n_seen >= r->req.max_tokens)
             sh_failf(h, "more tokens than max_tokens");
         else
-            q->seen[q->n_seen++] = ev->token;
+            q->seen[q->n_seen++] = ev->gen.token;
         break;
     case KVR_SCHED_EV_END:
         if (q->ended)
             sh_failf(h, "a second end");
         q->ended = true;
-        q->finish = ev->finish;
-        snprintf(q->message, sizeof q->message, "%s", ev->message ? ev->message : "");
+        q->finish = ev->gen.finish;
+        snprintf(q->message, sizeof q->message, "%s", ev->gen.error);
         break;
     case KVR_SCHED_EV_DETACH:
         if (!q->ended)

@@ -814,7 +814,7 @@ static void test_result_mismatch(void **state)
 }
 
 /* ---- estimate accuracy on a pipelined fake ring ------------------------------------------
- * Admission's estimates (kvr_sched_req est_first_ms, est_period_ms, exported as the ratio
+ * Admission's estimates (kvr_sched_req est.first_ms, est.period_ms, exported as the ratio
  * histograms) against what happens on a ring that behaves like the real one: each of two
  * stages holds a batch for c0 + c1 x rows + c2 x pairs ms (stage 1 a little slower, +-8%
  * deterministic jitter), a stage takes one batch at a time, batches pass through the stages
@@ -890,28 +890,28 @@ static void sim_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched
     struct sim *m = ctx;
     struct sim_req *q = r->user;
     if (ev->type == KVR_SCHED_EV_END)
-        m->completed += ev->finish == KVR_GEN_FINISH_LENGTH;
-    if (ev->type == KVR_SCHED_EV_END && q->measured && ev->finish == KVR_GEN_FINISH_LENGTH &&
-        r->est_first_ms > 0 && !r->held_once && m->n_err < SIM_REQS * 8) {
+        m->completed += ev->gen.finish == KVR_GEN_FINISH_LENGTH;
+    if (ev->type == KVR_SCHED_EV_END && q->measured && ev->gen.finish == KVR_GEN_FINISH_LENGTH &&
+        r->est.first_ms > 0 && !r->held_once && m->n_err < SIM_REQS * 8) {
         double first = (r->first_token_ns - r->submit_ns) / 1e6;
-        double total = (ev->t_ns - r->submit_ns) / 1e6;
-        double est_total = r->est_first_ms + (r->n_generated - 1) * r->est_period_ms;
-        m->err_first[m->n_err] = fabs(r->est_first_ms / first - 1);
+        double total = (ev->gen.t_ns - r->submit_ns) / 1e6;
+        double est_total = r->est.first_ms + (r->n_generated - 1) * r->est.period_ms;
+        m->err_first[m->n_err] = fabs(r->est.first_ms / first - 1);
         m->err_total[m->n_err] = fabs(est_total / total - 1);
         m->n_err++;
         if (getenv("KVR_SIM_DUMP")) /* one line per measured answer, for a closer look */
             fprintf(stderr,
                     "answer: prompt %u class %u tokens %u first %.1f ms (estimated %.1f, raw "
                     "%.1f) whole %.1f ms (estimated %.1f)\n",
-                    r->req.n_prompt, r->eta_class, r->n_generated, first, r->est_first_ms,
-                    r->pred_first_ms, total, est_total);
+                    r->req.n_prompt, r->est.eta_class, r->n_generated, first, r->est.first_ms,
+                    r->est.raw_first_ms, total, est_total);
     }
     if (ev->type == KVR_SCHED_EV_END && q == m->target) { /* a future's child: report, end */
         char line[160];
         int n =
             snprintf(line, sizeof line, "%.1f %.1f %.1f %.1f\n",
-                     (r->first_token_ns - r->submit_ns) / 1e6, (ev->t_ns - r->submit_ns) / 1e6,
-                     r->est_first_ms, r->est_first_ms + (r->n_generated - 1) * r->est_period_ms);
+                     (r->first_token_ns - r->submit_ns) / 1e6, (ev->gen.t_ns - r->submit_ns) / 1e6,
+                     r->est.first_ms, r->est.first_ms + (r->n_generated - 1) * r->est.period_ms);
         _exit(write(m->target_fd, line, (size_t)n) == n ? 0 : 1);
     }
     if (ev->type == KVR_SCHED_EV_DETACH) {
