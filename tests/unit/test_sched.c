@@ -1,5 +1,5 @@
 /* test_sched.c - the bridge's scheduler (sched.h) driven with a fake clock and a fake ring
- * (tests/fuzz/sched_harness.h): admission at and over budget, KV exhaustion and the wait
+ * (tests/support/fake_ring.h): admission at and over budget, KV exhaustion and the wait
  * queue, chunked prefill next to decodes, cancellation mid-prefill, a RESET mid-batch, a
  * lost link with recovery and replay, a lost probe, and held requests that expire. Every
  * step also checks the harness's invariants (stream events, the stages' view of FREE and
@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "../fuzz/sched_harness.h"
+#include "../support/fake_ring.h"
 
 #include <math.h>
 #include <stdio.h>
