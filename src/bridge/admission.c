@@ -19,9 +19,9 @@
 #define GAP_PRIOR 5.0
 
 /* First-token estimates are corrected by the recent mean error (outcome / estimate) of
- * those in the same eta_class: each weighted by exp(-age / ETA_TAU_MS), beside no
- * correction worth ETA_PRIOR of them. So the errors of a saturated spell do not follow into
- * a light one. */
+ * those in the same eta_class. Each error is weighted by exp(-age / ETA_TAU_MS), and no
+ * correction counts as ETA_PRIOR of them. So the errors of a saturated spell do not follow
+ * into a light one. */
 #define ETA_TAU_MS 10000.0
 #define ETA_PRIOR 3.0
 
@@ -89,16 +89,16 @@ static double gap_factor(const struct kvr_sched *s)
     return ADMIT_MARGIN * (mid > 1 ? mid : 1);
 }
 
-/* When the prompt rows ahead of a new request (its own included, rows_ahead) will have gone
- * through, if batches carrying `decode` take prefill chunks within limit_ms
- * (kvr_pacing_chunk_limit_ms): in batches one after another at the window's pace, the last one all
- * the way round. The decode rows are those of n_ends sequences, which stop decoding
- * ends[k] ms from now (ascending): each that ends takes 1/W of a row out of every batch, a
- * lighter batch takes more prefill rows (the limit is a factor of the decode-only time
- * between tokens), and once none decodes the batches are full. With fewer sequences
- * decoding than batches in the window, only that many batches carry a decode row (a
- * stream's row is in one batch at a time): of every W batches, n carry one decode row and
- * its chunk, W - n only a chunk, which build_batch limits as if it carried the row. */
+/* prefill_eta: when the prompt rows ahead of a new request (its own included) will have
+ * gone through. Batches carrying `decode` take prefill chunks within limit_ms (pacing.h).
+ * They follow one another at the window's pace, and the last one goes all the way round.
+ *
+ * The decode rows are those of n_ends sequences, which stop decoding ends[k] ms from now
+ * (ascending). Each one that ends takes 1/W of a row out of every batch. A lighter batch
+ * takes more prefill rows, since the limit is a factor of the decode-only gap. Once none
+ * decodes, the batches are full. A stream's row is in one batch at a time: with n streams
+ * fewer than W batches, n of every W batches carry a decode row and its chunk. The other
+ * W - n carry only a chunk, which the batch builder limits as if it carried the row. */
 struct prefill_eta {
     double room, batches; /* prefill rows a batch now (mean), batches until ours is done */
     double full_ms;       /* the slowest stage's time for such a batch now (mean) */
@@ -121,9 +121,8 @@ static struct eta_batch eta_batch(const struct kvr_sched *s, struct kvr_cost_sha
     b.room = kvr_pacing_prefill_fit(s, dk, pos, width, lim);
     struct kvr_cost_shape full = {dk.rows + b.room, dk.pairs + kvr_cost_pairs(pos, b.room)};
     b.full_ms = kvr_cost_batch_ms(&s->cost, full);
-    /* With the window full, a batch goes out each time one comes back: batches follow each
-     * other at the slowest stage's pace, or at a trip over the window if the hops and the
-     * other stages cannot keep it busy. */
+    /* With the window full, a batch goes out each time one comes back. Batches follow each
+     * other at the slowest stage's pace, or at a trip over the window if that is longer. */
     double step = kvr_cost_trip_ms(&s->cost, full) / p->microbatches;
     b.step_ms = step > b.full_ms ? step : b.full_ms;
     return b;
@@ -196,9 +195,9 @@ static struct prefill_eta prefill_eta(const struct kvr_sched *s, struct kvr_cost
                                       dk.pairs + kvr_cost_pairs(n_prompt - last_rows, last_rows)};
         double done = t + (n_b - 1) * step + kvr_cost_trip_ms(m, last);
         if (n_b >= 2 && with.step_ms <= with.full_ms) {
-            /* The slowest stage sets the pace, but it starts only when the first full batch
-             * has come through the stages before it, and the last batch queues behind the
-             * others there instead of passing those stages on its own time. */
+            /* The slowest stage sets the pace. It starts only once the first full batch has
+             * come through the stages before it. The last batch queues behind the others
+             * there, instead of passing those stages on its own time. */
             struct kvr_cost_shape full = {dk.rows + with.room,
                                           dk.pairs + kvr_cost_pairs(n_prompt / 2.0, with.room)};
             uint32_t slow = slowest_stage(m, full);
@@ -365,8 +364,8 @@ static double slot_wait_ms(struct kvr_sched *s, const struct kvr_gen_request *re
  * estimate is the model corrected by the recent mean error of its eta_class. The budgets
  * use a high quantile of the error instead: the first tokens' for the first-token budget,
  * the whole answers' for the total. The gaps are the streams' recent ones, beside the cost
- * model's period worth GAP_PRIOR gaps: a stream's gaps depend on the prompts that arrive
- * while it decodes more than on the load when it starts. */
+ * model's period worth GAP_PRIOR gaps. A stream's gaps depend more on the prompts that
+ * arrive while it decodes than on the load when it starts. */
 static struct promise estimate_answer(struct kvr_sched *s, struct kvr_sched_req *r,
                                       const struct load *ld, double raw_first, double checked_first,
                                       const struct prefill_eta *eta, uint64_t now)

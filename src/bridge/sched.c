@@ -77,8 +77,8 @@ static uint32_t req_blocks(const struct kvr_sched *s, const struct kvr_sched_req
 
 /* ---- the prefix cache -------------------------------------------------------------------- */
 
-/* Blocks of a prompt found in the cache, into found[]: whole blocks only, and never the
- * whole prompt, so at least one token is computed and the last one has logits to sample. */
+/* Blocks of a prompt found in the cache, into found[]. Only whole blocks count, and never
+ * the whole prompt: the last token must be computed to have logits to sample. */
 static uint32_t prefix_lookup(const struct kvr_sched *s, const int32_t *prompt, uint32_t n,
                               uint32_t *found)
 {
@@ -145,9 +145,9 @@ static void prefix_drop(struct kvr_sched *s, uint32_t slot)
 
 static void prefill_tokens(const struct seq *q, uint32_t from, uint32_t n, int32_t *out);
 
-/* The stages will have written positions [0, n_written) of the sequence in `slot` once the
- * batch being built has gone through: name its blocks that are now whole, so that a later
- * OPEN (in this batch or a later one: stages keep order) can map them. */
+/* Once the batch being built has gone through, the stages hold positions [0, n_written)
+ * of the sequence in `slot`. Name its blocks that are now whole, so a later OPEN can map
+ * them: in this batch or a later one, since stages keep order. */
 static void prefix_publish(struct kvr_sched *s, uint32_t slot, uint32_t n_written)
 {
     struct seq *q = &s->seqs[slot];
@@ -258,8 +258,8 @@ static void seq_end(struct kvr_sched *s, uint32_t slot, enum kvr_gen_finish fini
     end_req(s, q->r, finish, message, now);
 }
 
-/* The slot's FREE record has been built into a batch (or the stages dropped everything):
- * the slot may be reused at once, as the stages see that FREE before any later OPEN. */
+/* The slot's FREE record is in a batch, or the stages dropped everything. The slot may be
+ * reused at once: the stages see that FREE before any later OPEN. */
 static void seq_release(struct kvr_sched *s, uint32_t slot, uint64_t now)
 {
     struct seq *q = &s->seqs[slot];
@@ -324,7 +324,8 @@ static void prefill_tokens(const struct seq *q, uint32_t from, uint32_t n, int32
 }
 
 /* How many of a recovering sequence's generated tokens the tail's penalty window must hold
- * again: the last ones, as many as the window keeps, if a penalty is on at all. */
+ * again. These are the last ones, as many as the window keeps, and none without a
+ * penalty. */
 static uint32_t replay_window(const struct seq *q)
 {
     const struct kvr_sample_params *p = &q->r->req.sampling;
@@ -563,9 +564,9 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
 
 /* ---- results ------------------------------------------------------------------------------ */
 
-/* The gauges of recent activity (utilisation, tokens/s) cover the last whole window. A
- * window is closed by the first result or tick after it ends, so with nothing coming back
- * (an idle ring) they fall to 0 within two windows instead of keeping their last value. */
+/* The gauges of recent activity (utilisation, tokens/s) cover the last whole window. The
+ * first result or tick after a window ends closes it. So on an idle ring they fall to 0
+ * within two windows instead of keeping their last value. */
 static void roll_window(struct kvr_sched *s, uint64_t now)
 {
     if (now - s->win_start_ns < WINDOW_NS)
@@ -751,12 +752,12 @@ static void empty_window(struct kvr_sched *s)
     s->free_all = true;
 }
 
-/* The ring lost state (a link dropped, a stage dropped its sequences, or a batch never
- * came back): hold every running sequence and start it over once the ring is whole again,
- * from its prompt plus the tokens it had already produced (DESIGN.md 8). Batch invariance
- * makes that prefill compute what the lost decodes would have, and REPLAY records put the
- * tail's sampler back, so the continuation is exactly the text it would have been. The
- * window is emptied, and until a free-all probe comes back only probes go out. */
+/* The ring lost state: a link dropped, a stage dropped its sequences, or a batch never
+ * came back. Hold every running sequence and start it over once the ring is whole again,
+ * from its prompt plus the tokens it had produced (DESIGN.md 8). Batch invariance makes
+ * that prefill compute what the lost decodes would have. REPLAY records put the tail's
+ * sampler back, so the continuation is exactly the text it would have been. The window is
+ * emptied, and only probes go out until a free-all probe comes back. */
 static void recover(struct kvr_sched *s, const char *why, uint64_t now)
 {
     uint32_t n_held = 0;
@@ -1114,9 +1115,9 @@ int kvr_sched_create(struct kvr_sched **out, const struct kvr_sched_config *cfg,
 {
     *out = NULL;
     const struct kvr_plan *p = cfg->plan;
-    /* A batch carries a free-all probe (max_seqs records), or FREE records for every slot
-     * and then the OPEN and MAP records of one sequence as long as its context; OPEN
-     * records need room beside REPLAY records (emit_replay keeps max_seqs free). */
+    /* A batch must fit a free-all probe (max_seqs records), or a FREE for every slot and
+     * then the OPEN and MAP records of one sequence as long as the context. emit_replay
+     * and emit_bias keep max_seqs records free for them. */
     uint32_t max_blocks = (p->n_ctx + p->kv_block_tokens - 1) / p->kv_block_tokens;
     uint32_t open_ctrl = 1 + (max_blocks + KVR_WIRE_MAP_IDS - 1) / KVR_WIRE_MAP_IDS;
     if (cfg->max_ctrl < p->max_seqs + open_ctrl)

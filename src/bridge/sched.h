@@ -1,12 +1,19 @@
 /* sched.h - the bridge's scheduler as a pure state machine (DESIGN.md 6 and 8).
  *
- * It owns the request table (sequence slots, the bounded wait queue), KV block accounting,
- * admission against latency budgets (with the cost model of costmodel.h), the window of
- * micro-batches in flight, the batch builder, result handling and recovery. It does no
- * I/O, takes no lock, starts no thread and reads no clock: time comes in as `now` (ns on
- * any monotonic clock), sockets stay in the shell (bridge.c), which feeds it events and
- * sends what it builds. So every decision can be driven, replayed and fuzzed with a fake
- * clock (tests/unit/test_sched.c, tests/fuzz/fuzz_sched.c). It only logs.
+ * It does no I/O, takes no lock, starts no thread and reads no clock: time comes in as
+ * `now` (ns on any monotonic clock). The shell (bridge.c) owns the sockets, feeds it events
+ * and sends what it builds. So every decision can be driven, replayed and fuzzed with a
+ * fake clock (tests/unit/test_sched.c, tests/fuzz/fuzz_sched.c). It only logs.
+ *
+ * Three rooms:
+ *   sched.c      the request table (slots, the bounded wait queue, KV blocks and the prefix
+ *                cache of kvpool.h), the window of batches in flight, the batch builder,
+ *                result handling and recovery;
+ *   admission.h  whether a request comes in: its estimates (struct kvr_estimate below) and
+ *                the refusal rules;
+ *   pacing.h     how many prefill rows a batch may carry beside the decoding streams
+ *                (chunked prefill), with the cost model of costmodel.h.
+ * Their shared state is in sched_state.h, which only those three files include.
  *
  * Inputs                                  Outputs
  *   kvr_sched_submit   a request            a refusal (at once), or later:
@@ -16,38 +23,32 @@
  *   kvr_sched_link_up / _down               kvr_sched_tick: when to call tick again
  *   kvr_sched_tick     time passes
  *
- * The window. Up to `microbatches` batches are in flight; the shell asks for the next one
- * (kvr_sched_next_batch) whenever the head has a credit, and sends it as returned (a
- * struct kvr_wire_msg whose arrays live in the window slot until its result comes back or
- * the window is emptied by a recovery; the shell sends before it calls anything else).
- * A batch carries control records first (FREE/CANCEL for sequences that ended and have
- * nothing in flight, OPEN for new ones, REPLAY after a recovery), then one decode row per
- * ready sequence, earliest deadline first and spread evenly over the window, then prefill
- * chunks in the rest of the row width, no more than keep the decoding streams' predicted
- * time between tokens within 1.8x of what it is without prefill (times the requests
- * waiting for a first token over the streams decoding, when that is more; more for a
- * prompt that would miss its first-token budget) and within what each stream's total
- * budget can afford (sched.c chunk_limit_ms); a batch without decode rows while streams
- * decode (fewer of them than batches in the window) is limited as if it carried their
- * share, since their next batches queue behind it. A sequence's decode
- * row is never in two in-flight batches; its non-final prefill chunks may be, because
- * stages keep order. A slot is reused only after its FREE has gone into a batch, so every
- * stage sees FREE before the slot's next OPEN.
+ * The window. Up to `microbatches` batches are in flight. The shell asks for the next one
+ * (kvr_sched_next_batch) whenever the head has a credit, and sends it before it calls
+ * anything else. A batch carries, in order:
+ *   - control records: FREE or CANCEL for sequences that ended and have nothing in
+ *     flight, OPEN (with MAP and BIAS) for new ones, REPLAY after a recovery;
+ *   - one decode row per ready sequence, earliest deadline first, spread evenly over the
+ *     window;
+ *   - prefill chunks in the rest of the row width, as many rows as pacing allows.
+ * A sequence's decode row is never in two batches in flight. Its non-final prefill chunks
+ * may be, because stages keep order. A slot is reused only after its FREE has gone into a
+ * batch, so every stage sees FREE before the slot's next OPEN.
  *
  * Ring state. The ring is up only once a batch has come back through every stage after
- * the links came up (kvr_sched_link_up sends a free-all probe first). A RESET, a dropped
- * link, a result that does not match the oldest batch in flight, or a batch that has not
- * come back in time (tick) makes it recover: the running sequences are held and, once a
- * probe has gone round again, re-prefilled from prompt + generated tokens with REPLAY
- * records restoring the tail's sampler, so their streams only pause. A held request ends
- * with KVR_GEN_FINISH_ERROR when its total budget runs out or after 30 s.
+ * the links came up: kvr_sched_link_up sends a free-all probe first. The ring recovers on
+ * a RESET, a dropped link, a result that does not match the oldest batch in flight, or a
+ * batch that has not come back in time (tick). Recovery holds the running sequences. Once
+ * a probe has gone round again, they are re-prefilled from prompt + generated tokens, and
+ * REPLAY records restore the tail's sampler, so their streams only pause. A held request
+ * ends with KVR_GEN_FINISH_ERROR when its total budget runs out or after 30 s.
  *
  * Requests and ownership. The caller allocates a struct kvr_sched_req, fills its request
  * (the prompt must stay valid) and `generated` ([max_tokens] ids of storage), and submits
- * it; the scheduler keeps a pointer until it reports KVR_SCHED_EV_DETACH, after which the
- * caller may free it. A refused request is never referenced after submit returns.
+ * it. The scheduler keeps a pointer until it reports KVR_SCHED_EV_DETACH; then the caller
+ * may free it. A refused request is never referenced after submit returns.
  *
- * Threads: none of its own; the caller serialises every call (bridge.c holds one mutex),
+ * Threads: none of its own. The caller serialises every call (bridge.c holds one mutex),
  * and the event callback runs inside the call that caused it. */
 #ifndef KVR_BRIDGE_SCHED_H
 #define KVR_BRIDGE_SCHED_H
