@@ -460,8 +460,8 @@ static const char *member_addr(const struct kvr_plan *p, uint32_t i)
     return i < p->n_stages ? p->stages[i].addr : p->spares[i - p->n_stages].addr;
 }
 
-/* A control link to stage i of p, or spare i - n_stages (connected and authenticated), or
- * -1 with *why set. */
+/* A control link to stage i of p, or spare i - n_stages, connected and authenticated (0),
+ * or a negative status with *why set. */
 static int control_link(struct kvr_bridge *b, const struct kvr_plan *p, uint32_t i,
                         struct kvr_link *l, struct kvr_err *why)
 {

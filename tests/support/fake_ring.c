@@ -223,7 +223,7 @@ int32_t sh_model(const struct sh *h, uint32_t seq, uint32_t pos)
 int sh_deliver(struct sh *h)
 {
     if (h->n_ring == 0)
-        return -1;
+        return KVR_EINVAL;
     struct sh_batch *bt = &h->ring[h->ring_head];
     struct kvr_wire_result res[SH_MAX_ROWS];
     struct kvr_wire_timing tim[2];

@@ -99,7 +99,8 @@ int32_t sh_model_out(uint32_t x);
 int32_t sh_model_tokens(const int32_t *tokens, uint32_t n);
 /* ... as the stages compute it: through seq's blocks, positions 0..pos. */
 int32_t sh_model(const struct sh *h, uint32_t seq, uint32_t pos);
-/* The oldest batch in the ring comes back as a RESULT. */
+/* The oldest batch in the ring comes back as a RESULT: kvr_sched_result's status, or
+ * KVR_EINVAL when the ring holds no batch. */
 int sh_deliver(struct sh *h);
 /* The oldest batch is lost in the ring without a word. */
 void sh_drop(struct sh *h);
