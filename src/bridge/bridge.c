@@ -54,6 +54,9 @@ enum {
 
 /* ---- streams ---------------------------------------------------------------------------- */
 
+/* A queued TOKEN event: the token fields of its struct kvr_gen_event, which next() copies
+ * back into one. Not the whole event: a stream queues up to max_tokens of them, and each
+ * kvr_gen_event carries a KVR_GEN_MSG_BYTES error string that only the end uses. */
 struct token_event {
     int32_t token;
     float logprob;
