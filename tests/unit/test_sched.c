@@ -199,11 +199,11 @@ static void test_kv_exhaustion_and_wait_queue(void **state)
     done(h);
 }
 
-/* The largest prefill chunk the chunking rule (sched.c chunk_limit_ms) allows beside one
- * decode row on the harness's ring (one micro-batch, two stages holding 1 + 0.1 x rows ms,
- * a round trip of both plus 0.5 ms): the decoding stream's time between tokens, 2 x (1 +
- * 0.1 x rows) + 0.5 ms, may grow to 1.8x its decode-only 2.7 ms, and no further than its
- * total budget affords (time left / tokens to go / 1.1) unless that is below 2.7 ms. */
+/* The largest prefill chunk the chunking rule (pacing.c kvr_pacing_chunk_limit_ms) allows beside
+ * one decode row on the harness's ring (one micro-batch, two stages holding 1 + 0.1 x rows ms, a
+ * round trip of both plus 0.5 ms): the decoding stream's time between tokens, 2 x (1 + 0.1 x rows)
+ * + 0.5 ms, may grow to 1.8x its decode-only 2.7 ms, and no further than its total budget affords
+ * (time left / tokens to go / 1.1) unless that is below 2.7 ms. */
 static uint32_t rule_max_chunk(double left_ms, uint32_t togo, bool budget)
 {
     double limit = 1.8 * 2.7, gap = budget ? left_ms / togo / 1.1 : 0;
