@@ -6,20 +6,21 @@
  * One mutex (b->lock) guards the scheduler and every stream's queue. The ring thread holds
  * it while the scheduler builds a batch or applies a result, never while it does I/O.
  *
- * The ring thread is one event loop (core/ev.h) owning every socket: the listening socket
- * (the tail dials in), the head link (batches out, credits and acks back) and the tail link
- * (results, RESETs and heartbeats in). Sends never block: a batch the socket does not take
- * at once goes on when it is writable. The head is dialled and authenticated by a dialler
+ * The ring thread is one event loop (core/ev.h) owning every socket. They are the
+ * listening socket (the tail dials in), the head link (batches out, credits and acks back)
+ * and the tail link (results, RESETs and heartbeats in). Sends never block: a batch the socket does
+ * not take at once goes on when it is writable. The head is dialled and authenticated by a dialler
  * thread (ring/dial.h), so the loop never waits in a handshake. Timers replace every poll:
  * the head's heartbeat and liveness (credit.h: dead when it answers nothing for
  * KVR_CREDIT_DEAD_MS), and the scheduler's own deadlines (kvr_sched_tick). An idle ring
  * wakes the thread only for heartbeats.
  *
- * Re-planning (docs/PROTOCOL.md 6a): a timer at the end of the grace period starts an
- * attempt on a thread of its own, which reads only a copy of the plan and the head's
- * limits and writes only the next plan and its verdict before it says it is done; the
- * ring thread joins it and, if stages took the new plan, follows it (drops its links,
- * replaces the plan under the lock with the dialler stopped, dials the new head). */
+ * Re-planning (docs/PROTOCOL.md 6a). A timer at the end of the grace period starts an
+ * attempt on a thread of its own. That thread reads only a copy of the plan and the head's
+ * limits, and writes only the next plan and its verdict before it says it is done. The
+ * ring thread joins it. If stages took the new plan, the ring thread follows it: it drops
+ * its links, replaces the plan under the lock with the dialler stopped, and dials the new
+ * head. */
 #include "bridge/bridge.h"
 
 #include "core/alloc.h"
@@ -53,6 +54,9 @@ enum {
 
 /* ---- streams ---------------------------------------------------------------------------- */
 
+/* A queued TOKEN event: the token fields of its struct kvr_gen_event, which next() copies
+ * back into one. Not the whole event: a stream queues up to max_tokens of them, and each
+ * kvr_gen_event carries a KVR_GEN_MSG_BYTES error string that only the end uses. */
 struct token_event {
     int32_t token;
     float logprob;
@@ -143,14 +147,14 @@ static void on_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched_
         uint32_t cap = s->r.req.max_tokens;
         if (s->ev_count < cap) {
             s->events[(s->ev_head + s->ev_count) % cap] =
-                (struct token_event){ev->token, ev->logprob, ev->eog, ev->t_ns};
+                (struct token_event){ev->gen.token, ev->gen.logprob, ev->gen.eog, ev->gen.t_ns};
             s->ev_count++;
         }
         break;
     }
     case KVR_SCHED_EV_END:
-        s->finish = ev->finish;
-        snprintf(s->message, sizeof s->message, "%s", ev->message);
+        s->finish = ev->gen.finish;
+        snprintf(s->message, sizeof s->message, "%s", ev->gen.error);
         break;
     case KVR_SCHED_EV_DETACH:
         s->detached = true;
@@ -417,9 +421,9 @@ static void check_dialer(struct kvr_bridge *b)
     }
 }
 
-/* Liveness of the head (credit.h): a heartbeat after a second without a frame; dead when
- * it has answered nothing for KVR_CREDIT_DEAD_MS since something was sent to it, which is
- * also the deadline of a frame it does not take off the socket. */
+/* Liveness of the head (credit.h). A heartbeat goes out after a second without a frame.
+ * The head is dead when it has answered nothing for KVR_CREDIT_DEAD_MS since something was
+ * sent to it. That is also the deadline of a frame it does not take off the socket. */
 static void on_heartbeat_timer(struct kvr_ev *ev, void *arg)
 {
     struct kvr_bridge *b = arg;
@@ -459,8 +463,8 @@ static const char *member_addr(const struct kvr_plan *p, uint32_t i)
     return i < p->n_stages ? p->stages[i].addr : p->spares[i - p->n_stages].addr;
 }
 
-/* A control link to stage i of p, or spare i - n_stages (connected and authenticated), or
- * -1 with *why set. */
+/* A control link to stage i of p, or spare i - n_stages, connected and authenticated (0),
+ * or a negative status with *why set. */
 static int control_link(struct kvr_bridge *b, const struct kvr_plan *p, uint32_t i,
                         struct kvr_link *l, struct kvr_err *why)
 {
@@ -495,14 +499,15 @@ static bool probe(struct kvr_bridge *b, const struct kvr_plan *p, uint32_t i)
     return true;
 }
 
-/* The attempt, on a thread of its own (connects and handshakes block): probe every stage
- * of the plan (a control link, then GOODBYE); if some do not answer, probe the plan's
- * spares (docs/PLAN.md "Spare stages"): the first that answer, one for each stage lost,
- * take the lost stages' places. If at least two stages would be left, send each survivor
- * and each spare that answered a REPLAN (the next epoch, the mask of stages kept and
- * spares taken; a spare not taken follows it as a spare) and wait for its ack. The stages that
- * acknowledge now follow replan_new: the bridge must too, even if one did not (that one is refused
- * by the others from now on, and a later attempt finds it gone). */
+/* The attempt, on a thread of its own, since connects and handshakes block.
+ *   1. Probe every stage of the plan (a control link, then GOODBYE).
+ *   2. If some do not answer, probe the plan's spares (docs/PLAN.md "Spare stages"): the
+ *      first that answer, one for each stage lost, take the lost stages' places.
+ *   3. If at least two stages would be left, send each survivor and each spare that
+ *      answered a REPLAN, and wait for its ack. The REPLAN holds the next epoch and the mask
+ *      of stages kept and spares taken; a spare not taken follows it as a spare.
+ * The stages that acknowledge now follow replan_new, so the bridge must too, even if one
+ * did not. The others refuse that one from now on, and a later attempt finds it gone. */
 static void *replan_main(void *arg)
 {
     struct kvr_bridge *b = arg;

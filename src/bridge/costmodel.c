@@ -14,10 +14,10 @@ void kvr_cost_init(struct kvr_cost_model *m, uint32_t n_stages, uint32_t microba
 }
 
 /* Least squares of y on (x1, x2) from the decayed sums of both memories (small and large
- * batches, costmodel.h), with the coefficients kept >= 0: time never falls when a batch
- * grows. A regressor with no spread (every batch seen had the same row count, say) cannot
- * be separated from the constant; then time is taken as proportional to it, which
- * overestimates larger batches: the safe side for admission. */
+ * batches). The coefficients are kept >= 0: time never falls when a batch grows. A
+ * regressor with no spread (say every batch had the same row count) cannot be separated
+ * from the constant. Then time is taken as proportional to it, which overestimates larger
+ * batches: the safe side for admission. */
 static void fit(struct kvr_cost_stage *st)
 {
     const struct kvr_cost_sums *a = &st->by_size[0], *b = &st->by_size[1];

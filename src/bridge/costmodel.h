@@ -38,10 +38,9 @@ struct kvr_cost_sums {
 };
 
 /* Small batches (decode rows, thin chunks) and large ones (prefill) keep separate memories,
- * each forgetting only when a batch of its own kind comes back, and the fit reads both: at a
- * light load dozens of decode batches pass between two prompts, and one shared memory forgot
- * what a full batch costs between them (live, the same 160-token prompt on an idle ring was
- * estimated at 92-148 ms from one request to the next). */
+ * each forgetting only when a batch of its own kind comes back, and the fit reads both. At a
+ * light load dozens of decode batches pass between two prompts: one shared memory would
+ * forget what a full batch costs between them. */
 enum { KVR_COST_BIG_ROWS = 16 };
 
 struct kvr_cost_stage {
@@ -75,13 +74,13 @@ double kvr_cost_trip_ms(const struct kvr_cost_model *m, struct kvr_cost_shape b)
 double kvr_cost_period_ms(const struct kvr_cost_model *m, double n_decode, double ctx,
                           struct kvr_cost_shape prefill);
 
-/* Calibration: how far reality is from the model. Each observation is actual / predicted
- * (of a first-token time, a mixed batch's time, a whole answer); the factor is a high
- * quantile of that ratio, never below `floor`: the 95th percentile, tracked by stochastic
- * approximation (up 10% x 0.95 at a ratio above it, down 10% x 0.05 otherwise, so about 5%
- * stay above; one outlier moves it by a step, not by its size, as a mean + k standard
- * deviations did). Predictions are multiplied by it before they are compared with a
- * budget, so the model's own bias and the machine's noise are both paid for. */
+/* Calibration: how far reality is from the model. Each observation is actual / predicted:
+ * of a first-token time, a mixed batch's time, or a whole answer. The factor is the 95th
+ * percentile of that ratio, never below `floor`. It is tracked by stochastic
+ * approximation: up 10% x 0.95 at a ratio above it, down 10% x 0.05 otherwise, so about 5%
+ * stay above. One outlier moves it by a step, not by its size. Predictions are multiplied
+ * by it before they are compared with a budget, so the model's own bias and the machine's
+ * noise are both paid for. */
 struct kvr_calib {
     double mean, var; /* exponentially weighted */
     double hi;        /* the tracked 95th percentile */
@@ -92,9 +91,9 @@ struct kvr_calib {
 void kvr_calib_observe(struct kvr_calib *c, double ratio);
 double kvr_calib_factor(const struct kvr_calib *c, double floor);
 
-/* A mean of recent observations: each weighted by exp(-age / tau_ms), blended with a prior
- * worth prior_weight observations, so that it follows a change of load within seconds and
- * falls back to the prior when nothing was seen lately. */
+/* A mean of recent observations, each weighted by exp(-age / tau_ms), blended with a prior
+ * worth prior_weight observations. It follows a change of load within seconds and falls
+ * back to the prior when nothing was seen lately. */
 struct kvr_recent {
     double sum, weight; /* decayed sums of the observations and of their weights */
     uint64_t t_ns;      /* ... as of this time */

@@ -1,12 +1,19 @@
 /* sched.h - the bridge's scheduler as a pure state machine (DESIGN.md 6 and 8).
  *
- * It owns the request table (sequence slots, the bounded wait queue), KV block accounting,
- * admission against latency budgets (with the cost model of costmodel.h), the window of
- * micro-batches in flight, the batch builder, result handling and recovery. It does no
- * I/O, takes no lock, starts no thread and reads no clock: time comes in as `now` (ns on
- * any monotonic clock), sockets stay in the shell (bridge.c), which feeds it events and
- * sends what it builds. So every decision can be driven, replayed and fuzzed with a fake
- * clock (tests/unit/test_sched.c, tests/fuzz/fuzz_sched.c). It only logs.
+ * It does no I/O, takes no lock, starts no thread and reads no clock: time comes in as
+ * `now` (ns on any monotonic clock). The shell (bridge.c) owns the sockets, feeds it events
+ * and sends what it builds. So every decision can be driven, replayed and fuzzed with a
+ * fake clock (tests/unit/test_sched.c, tests/fuzz/fuzz_sched.c). It only logs.
+ *
+ * Three rooms:
+ *   sched.c      the request table (slots, the bounded wait queue, KV blocks and the prefix
+ *                cache of kvpool.h), the window of batches in flight, the batch builder,
+ *                result handling and recovery;
+ *   admission.h  whether a request comes in: its estimates (struct kvr_estimate below) and
+ *                the refusal rules;
+ *   pacing.h     how many prefill rows a batch may carry beside the decoding streams
+ *                (chunked prefill), with the cost model of costmodel.h.
+ * Their shared state is in sched_state.h, which only those three files include.
  *
  * Inputs                                  Outputs
  *   kvr_sched_submit   a request            a refusal (at once), or later:
@@ -16,38 +23,32 @@
  *   kvr_sched_link_up / _down               kvr_sched_tick: when to call tick again
  *   kvr_sched_tick     time passes
  *
- * The window. Up to `microbatches` batches are in flight; the shell asks for the next one
- * (kvr_sched_next_batch) whenever the head has a credit, and sends it as returned (a
- * struct kvr_wire_msg whose arrays live in the window slot until its result comes back or
- * the window is emptied by a recovery; the shell sends before it calls anything else).
- * A batch carries control records first (FREE/CANCEL for sequences that ended and have
- * nothing in flight, OPEN for new ones, REPLAY after a recovery), then one decode row per
- * ready sequence, earliest deadline first and spread evenly over the window, then prefill
- * chunks in the rest of the row width, no more than keep the decoding streams' predicted
- * time between tokens within 1.8x of what it is without prefill (times the requests
- * waiting for a first token over the streams decoding, when that is more; more for a
- * prompt that would miss its first-token budget) and within what each stream's total
- * budget can afford (sched.c chunk_limit_ms); a batch without decode rows while streams
- * decode (fewer of them than batches in the window) is limited as if it carried their
- * share, since their next batches queue behind it. A sequence's decode
- * row is never in two in-flight batches; its non-final prefill chunks may be, because
- * stages keep order. A slot is reused only after its FREE has gone into a batch, so every
- * stage sees FREE before the slot's next OPEN.
+ * The window. Up to `microbatches` batches are in flight. The shell asks for the next one
+ * (kvr_sched_next_batch) whenever the head has a credit, and sends it before it calls
+ * anything else. A batch carries, in order:
+ *   - control records: FREE or CANCEL for sequences that ended and have nothing in
+ *     flight, OPEN (with MAP and BIAS) for new ones, REPLAY after a recovery;
+ *   - one decode row per ready sequence, earliest deadline first, spread evenly over the
+ *     window;
+ *   - prefill chunks in the rest of the row width, as many rows as pacing allows.
+ * A sequence's decode row is never in two batches in flight. Its non-final prefill chunks
+ * may be, because stages keep order. A slot is reused only after its FREE has gone into a
+ * batch, so every stage sees FREE before the slot's next OPEN.
  *
  * Ring state. The ring is up only once a batch has come back through every stage after
- * the links came up (kvr_sched_link_up sends a free-all probe first). A RESET, a dropped
- * link, a result that does not match the oldest batch in flight, or a batch that has not
- * come back in time (tick) makes it recover: the running sequences are held and, once a
- * probe has gone round again, re-prefilled from prompt + generated tokens with REPLAY
- * records restoring the tail's sampler, so their streams only pause. A held request ends
- * with KVR_GEN_FINISH_ERROR when its total budget runs out or after 30 s.
+ * the links came up: kvr_sched_link_up sends a free-all probe first. The ring recovers on
+ * a RESET, a dropped link, a result that does not match the oldest batch in flight, or a
+ * batch that has not come back in time (tick). Recovery holds the running sequences. Once
+ * a probe has gone round again, they are re-prefilled from prompt + generated tokens, and
+ * REPLAY records restore the tail's sampler, so their streams only pause. A held request
+ * ends with KVR_GEN_FINISH_ERROR when its total budget runs out or after 30 s.
  *
  * Requests and ownership. The caller allocates a struct kvr_sched_req, fills its request
  * (the prompt must stay valid) and `generated` ([max_tokens] ids of storage), and submits
- * it; the scheduler keeps a pointer until it reports KVR_SCHED_EV_DETACH, after which the
- * caller may free it. A refused request is never referenced after submit returns.
+ * it. The scheduler keeps a pointer until it reports KVR_SCHED_EV_DETACH; then the caller
+ * may free it. A refused request is never referenced after submit returns.
  *
- * Threads: none of its own; the caller serialises every call (bridge.c holds one mutex),
+ * Threads: none of its own. The caller serialises every call (bridge.c holds one mutex),
  * and the event callback runs inside the call that caused it. */
 #ifndef KVR_BRIDGE_SCHED_H
 #define KVR_BRIDGE_SCHED_H
@@ -65,6 +66,22 @@ struct kvr_sched;
 
 /* ---- requests and their streams ------------------------------------------------------- */
 
+/* Admission's estimates of one request (admission.h), made at submit and checked against
+ * the outcome. All 0 when the cost model was not ready (no estimate). */
+struct kvr_estimate {
+    double raw_first_ms;     /* the cost model's first-token time from submit (0: none) */
+    double raw_period_ms;    /* the streams' recent gap between tokens beside the cost
+                                model's period at the load it adds, worth a few gaps */
+    double checked_first_ms; /* the raw first-token time the budget was checked at: the
+                                urgent pace if that rescues a late prompt (pacing.h) */
+    double first_ms;         /* the first token's time from submit, corrected by the recent
+                                mean error of estimates of its eta_class */
+    double period_ms;        /* such that first_ms + (n - 1) x period_ms is the estimate
+                                for n tokens */
+    uint8_t eta_class;       /* which first-token calibration its outcome feeds: by the
+                                batches admission expected before the first token */
+};
+
 struct kvr_sched_req {
     /* Set by the caller before submit, read-only afterwards. */
     struct kvr_gen_request req; /* req.prompt must outlive the DETACH */
@@ -76,26 +93,10 @@ struct kvr_sched_req {
     uint64_t deadline_ns; /* earliest-deadline-first key; UINT64_MAX: none */
     uint64_t first_token_ns;
     uint64_t last_token_ns;
-    double pred_first_ms;  /* admission's raw first-token estimate (0: none) */
-    double pred_period_ms; /* ... and its raw time between tokens: the streams' recent
-                              gaps between tokens (decayed over seconds) beside the cost
-                              model's period at the load it adds, worth a few gaps */
-    double check_first_ms; /* the raw first-token estimate the budget was checked at: at
-                              the urgent pace if its error could make it late at the
-                              streams' (the scheduler rescues such a prompt); calib_first
-                              learns its error */
-    double est_first_ms;   /* its estimate of the first token's time from submit,
-                              corrected by the recent mean error of estimates of its
-                              eta_class (0: none) */
-    double est_period_ms;  /* ... and of the time between tokens, such that est_first_ms +
-                              (n - 1) x est_period_ms is the estimate for n tokens (the
-                              cost model's period is corrected by the whole answers' median
-                              error, a measured time per token is not) */
-    bool held_once;        /* a ring failure held it: its times say nothing */
-    uint8_t eta_class;     /* which first-token calibration its outcome feeds: by the
-                              batches admission expected before its first token */
-    uint32_t n_cached;     /* prompt positions found in the prefix cache (admission's
-                              estimate, then what its slot got) */
+    struct kvr_estimate est; /* admission's estimates (admission.h) */
+    bool held_once;          /* a ring failure held it: its times say nothing */
+    uint32_t n_cached;       /* prompt positions found in the prefix cache (admission's
+                                estimate, then what its slot got) */
     uint32_t n_generated;
     int seq;      /* slot, or -1 while waiting / once it ended */
     bool waiting; /* in the wait queue */
@@ -109,14 +110,15 @@ enum kvr_sched_event_type {
     KVR_SCHED_EV_TYPE_COUNT
 };
 
+/* TOKEN and END carry the stream's one event type, struct kvr_gen_event (request.h):
+ *   TOKEN  gen.token, gen.logprob (when asked for), gen.eog, gen.t_ns; gen.finish is NONE
+ *          (the END that follows the last token says why it was the last);
+ *   END    gen.finish (LENGTH, EOS, CANCELLED or ERROR), gen.error (why, for ERROR),
+ *          gen.t_ns; gen.token is -1 and gen.error_status 0 (the shell chooses it).
+ * DETACH is the scheduler's own notice and carries only gen.t_ns. */
 struct kvr_sched_event {
     enum kvr_sched_event_type type;
-    int32_t token; /* TOKEN */
-    float logprob;
-    bool eog;                   /* the token ends generation in the model's vocabulary */
-    enum kvr_gen_finish finish; /* END: LENGTH, EOS, CANCELLED or ERROR */
-    const char *message;        /* END with ERROR: why (valid during the callback) */
-    uint64_t t_ns;              /* the `now` of the call that produced it */
+    struct kvr_gen_event gen;
 };
 
 typedef void (*kvr_sched_event_fn)(void *ctx, struct kvr_sched_req *r,

@@ -1,5 +1,5 @@
-/* kv.h - the paged KV cache of one layer slice, and the block pool with the prefix cache
- * that names its blocks (DESIGN.md 6, 12).
+/* kv.h - the paged KV cache of one layer slice (DESIGN.md 6). The bridge's block pool,
+ * which names the blocks a ring stage maps, is bridge/kvpool.h.
  *
  * struct kvr_kv (one per engine): keys and values live in fixed-size blocks of
  * `block_tokens` positions. Each sequence slot has a block table mapping its position p
@@ -8,7 +8,7 @@
  *   - lazily (kvr_kv_prepare takes them from the cache's own free list): the single
  *     process engine (`kvasir run`, tests);
  *   - named by the caller (kvr_kv_map): a ring stage, whose bridge decides every block a
- *     sequence uses (struct kvr_kv_pool below) and sends the ids in-band, so every stage
+ *     sequence uses (bridge/kvpool.h) and sends the ids in-band, so every stage
  *     maps the same blocks in the same order. A mapped block may be in several tables
  *     (a shared prefix); the cache counts references only to report use.
  *
@@ -23,15 +23,7 @@
  * bits read back depend only on the value written, never on the batch. Single-threaded
  * mutation (the engine's driving thread); reads of
  * k/v rows from the compute pool during a forward pass are safe because the tables are not
- * changed while it runs.
- *
- * struct kvr_kv_pool (the bridge's): which block ids are free, which hold a named full
- * block of some earlier sequence (the prefix cache), and how many sequences use each. A
- * full block is named by kvr_kv_block_hash: a hash of its tokens and of the name of the
- * block before it (the first block's "before" is a seed made of the model and the plan),
- * so a name stands for the whole prefix up to the block's end. Named blocks nobody uses
- * stay cached and are evicted least recently used when an allocation needs room. Pure
- * bookkeeping, no KV memory: one thread (the scheduler's caller) uses it. */
+ * changed while it runs. */
 #ifndef KVR_MODEL_KV_H
 #define KVR_MODEL_KV_H
 
@@ -118,74 +110,5 @@ static inline uint8_t *kvr_kv_row(const struct kvr_kv *kv, uint8_t *base, uint32
 void kvr_kv_free_seq(struct kvr_kv *kv, uint32_t seq);
 /* Blocks holding some sequence's KV. */
 uint32_t kvr_kv_used(const struct kvr_kv *kv);
-
-/* ---- the block pool and prefix cache (the bridge's) ------------------------------------- */
-
-/* The name of a full block: its tokens after the name of the block before it (`prev`; for
- * the first block, the seed). */
-uint64_t kvr_kv_block_hash(uint64_t prev, const int32_t *tokens, uint32_t block_tokens);
-
-enum kvr_kv_block_state {
-    KVR_KV_BLOCK_FREE,   /* unnamed, unused: on the free stack */
-    KVR_KV_BLOCK_CACHED, /* named, unused: on the LRU list, evictable */
-    KVR_KV_BLOCK_USED,   /* used by refs[] > 0 sequences (named or not) */
-    KVR_KV_BLOCK_STATE_COUNT
-};
-
-struct kvr_kv_pool {
-    uint32_t n_blocks, block_tokens;
-    uint8_t *state;                /* [n_blocks] enum kvr_kv_block_state */
-    uint32_t *refs;                /* [n_blocks] sequences using the block */
-    bool *named;                   /* [n_blocks] in the name index */
-    uint64_t *name;                /* [n_blocks] kvr_kv_block_hash, if named */
-    uint64_t *prev;                /* [n_blocks] the name before it (checked on lookup) */
-    int32_t *tokens;               /* [n_blocks][block_tokens] its tokens (checked on lookup) */
-    uint32_t *bucket;              /* [n_buckets] first block of each name chain, or UINT32_MAX */
-    uint32_t *chain;               /* [n_blocks] next block in the same bucket */
-    uint32_t n_buckets;            /* a power of two >= 2 * n_blocks */
-    uint32_t *lru_prev, *lru_next; /* [n_blocks] the CACHED list, oldest at lru_head */
-    uint32_t lru_head, lru_tail;
-    uint32_t *free_ids; /* stack of FREE blocks, n_free valid */
-    uint32_t n_free, n_cached, n_used;
-    uint64_t n_evicted; /* named blocks evicted to make room, ever */
-};
-
-int kvr_kv_pool_init(struct kvr_kv_pool *p, uint32_t n_blocks, uint32_t block_tokens,
-                     struct kvr_err *err);
-void kvr_kv_pool_fini(struct kvr_kv_pool *p);
-
-/* The longest run of named blocks that starts `tokens` (n_tokens of them; only whole blocks
- * count, at most max_blocks), names chained from `seed`: their ids into out[] (capacity
- * max_blocks). Returns the number of blocks found. Changes nothing. */
-uint32_t kvr_kv_pool_lookup(const struct kvr_kv_pool *p, uint64_t seed, const int32_t *tokens,
-                            uint32_t n_tokens, uint32_t max_blocks, uint32_t *out);
-
-/* A sequence starts using blocks found by lookup (they leave the LRU list if unused). */
-void kvr_kv_pool_acquire(struct kvr_kv_pool *p, const uint32_t *ids, uint32_t n);
-/* Take n blocks for a sequence, all or none: free ones first, then the least recently used
- * cached ones (their names are forgotten). KVR_EFULL if fewer than n are free or cached. */
-int kvr_kv_pool_alloc(struct kvr_kv_pool *p, uint32_t *out, uint32_t n);
-/* Name a used block once its tokens are all written: later lookups find it. A block whose
- * name another block already has stays unnamed (a duplicate, private to its sequence).
- * Returns whether the block was named. */
-bool kvr_kv_pool_publish(struct kvr_kv_pool *p, uint32_t id, uint64_t prev, uint64_t name,
-                         const int32_t *tokens);
-/* A sequence stops using n blocks, released last first, so that a prefix's first block is
- * the most recently used and a chain is evicted from its end. Unused named blocks become
- * cached; unnamed ones free. */
-void kvr_kv_pool_release(struct kvr_kv_pool *p, const uint32_t *ids, uint32_t n);
-/* Forget every cached block (they become free); blocks in use keep their names. Returns
- * how many were cached. */
-uint32_t kvr_kv_pool_flush(struct kvr_kv_pool *p);
-/* Forget every name and use: every block is free (the stages lost their KV). */
-void kvr_kv_pool_reset(struct kvr_kv_pool *p);
-/* Blocks an allocation could take now: free + cached. */
-static inline uint32_t kvr_kv_pool_available(const struct kvr_kv_pool *p)
-{
-    return p->n_free + p->n_cached;
-}
-/* Check the pool's invariants (tests): counts agree with the states, the lists and the
- * index. KVR_EINVAL with a message naming the first broken one. */
-int kvr_kv_pool_check(const struct kvr_kv_pool *p, struct kvr_err *err);
 
 #endif

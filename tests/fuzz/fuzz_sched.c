@@ -1,5 +1,5 @@
 /* fuzz_sched.c - random event sequences through the bridge's scheduler (sched.h), with the
- * invariants of tests/fuzz/sched_harness.h checked after every event: KV accounting
+ * invariants of tests/support/fake_ring.h checked after every event: KV accounting
  * balances, a sequence wants a token from at most one in-flight batch, FREE precedes any
  * re-OPEN of a slot (and segments run only on open slots), no stream event after a
  * stream's end, every request detached by the end. A broken invariant aborts.
@@ -11,7 +11,7 @@
  *   3-5 the oldest batch comes back   6 it is lost   7 RESET (a link, or a batch id)
  *   8 link down   9 link up   10-11 time passes (up to 16 s)   12 drain the ring
  * Shared with nothing else; tests/fuzz/corpus/fuzz_sched/ holds seeds. */
-#include "sched_harness.h"
+#include "../support/fake_ring.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -1,9 +1,10 @@
 /* test_sched.c - the bridge's scheduler (sched.h) driven with a fake clock and a fake ring
- * (tests/fuzz/sched_harness.h): admission at and over budget, KV exhaustion and the wait
+ * (tests/support/fake_ring.h): admission at and over budget, KV exhaustion and the wait
  * queue, chunked prefill next to decodes, cancellation mid-prefill, a RESET mid-batch, a
  * lost link with recovery and replay, a lost probe, and held requests that expire. Every
  * step also checks the harness's invariants (stream events, the stages' view of FREE and
- * OPEN, one token-wanting batch per sequence, kvr_sched_check). */
+ * OPEN, one token-wanting batch per sequence, kvr_sched_check). The estimate tests run a
+ * pipelined fake ring (tests/support/sim_ring.h). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,13 +12,12 @@
 
 #include <cmocka.h>
 
-#include "../fuzz/sched_harness.h"
+#include "../support/fake_ring.h"
+#include "../support/sim_ring.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 static struct sh *new_sh(uint32_t mb, uint32_t rows, uint32_t seqs, uint32_t blocks, bool admission)
 {
@@ -199,11 +199,11 @@ static void test_kv_exhaustion_and_wait_queue(void **state)
     done(h);
 }
 
-/* The largest prefill chunk the chunking rule (sched.c chunk_limit_ms) allows beside one
- * decode row on the harness's ring (one micro-batch, two stages holding 1 + 0.1 x rows ms,
- * a round trip of both plus 0.5 ms): the decoding stream's time between tokens, 2 x (1 +
- * 0.1 x rows) + 0.5 ms, may grow to 1.8x its decode-only 2.7 ms, and no further than its
- * total budget affords (time left / tokens to go / 1.1) unless that is below 2.7 ms. */
+/* The largest prefill chunk the chunking rule (pacing.c kvr_pacing_chunk_limit_ms) allows beside
+ * one decode row on the harness's ring (one micro-batch, two stages holding 1 + 0.1 x rows ms, a
+ * round trip of both plus 0.5 ms): the decoding stream's time between tokens, 2 x (1 + 0.1 x rows)
+ * + 0.5 ms, may grow to 1.8x its decode-only 2.7 ms, and no further than its total budget affords
+ * (time left / tokens to go / 1.1) unless that is below 2.7 ms. */
 static uint32_t rule_max_chunk(double left_ms, uint32_t togo, bool budget)
 {
     double limit = 1.8 * 2.7, gap = budget ? left_ms / togo / 1.1 : 0;
@@ -813,318 +813,7 @@ static void test_result_mismatch(void **state)
     done(h);
 }
 
-/* ---- estimate accuracy on a pipelined fake ring ------------------------------------------
- * Admission's estimates (kvr_sched_req est_first_ms, est_period_ms, exported as the ratio
- * histograms) against what happens on a ring that behaves like the real one: each of two
- * stages holds a batch for c0 + c1 x rows + c2 x pairs ms (stage 1 a little slower, +-8%
- * deterministic jitter), a stage takes one batch at a time, batches pass through the stages
- * in order with a hop between them and to and from the bridge, and the bridge keeps its
- * window of micro-batches full. Poisson arrivals of prompts of 32-768 tokens and answers of
- * 32-96 (bench/estimates.sh's mix), 2 s / 6 s budgets, at fractions of the capacity that a
- * closed loop of 32 clients measures on the same ring. */
-
-#define SIM_SEQS 32
-#define SIM_REQS 256         /* request slots, reused once detached */
-#define SIM_PROMPT 768       /* the longest prompt of the long-prompt case */
-#define SIM_PROMPT_BENCH 384 /* ... and of bench/estimates.sh's mix */
-#define SIM_GEN 96
-#define SIM_BT 16
-#define SIM_CTX 1024
-/* kvasir serve's default budgets, which the capacity probe's requests get (no budget of
- * their own): they make the earliest-deadline-first order the order of arrival. */
-#define SIM_SERVE_FIRST_MS 60000
-#define SIM_SERVE_TOTAL_MS 600000
-#define SIM_MAX_CTRL ((3 + (SIM_CTX / SIM_BT + KVR_WIRE_MAP_IDS - 1) / KVR_WIRE_MAP_IDS) * SIM_SEQS)
-
-struct sim_req {
-    struct kvr_sched_req r;
-    bool measured; /* a request of the level being measured (not the capacity probe's) */
-    int32_t prompt[SIM_PROMPT];
-    int32_t gen[SIM_GEN];
-    bool busy; /* submitted and not yet detached */
-    bool closed_loop;
-};
-
-struct sim_batch {
-    uint64_t id, done_ns;
-    uint32_t n_segs;
-    struct kvr_seg segs[64];
-    double held_ms[2];
-};
-
-struct sim {
-    struct kvr_plan plan;
-    struct kvr_sched *s;
-    uint64_t now;
-    struct sim_req req[SIM_REQS];
-    struct sim_batch ring[4];
-    uint32_t head, n_ring;
-    uint64_t stage_free[2];
-    uint64_t rng;
-    uint32_t completed, resubmit; /* closed loop: requests to send again */
-    uint32_t prompt_max;          /* prompts of 32..prompt_max tokens */
-    /* |estimate / actual - 1| of the measured requests that ended, first token and whole */
-    double err_first[SIM_REQS * 8], err_total[SIM_REQS * 8];
-    uint32_t n_err;
-    /* The futures experiment (sim_futures): where outcomes go, the request last submitted,
-     * and in a child, the request it follows and the pipe its outcome goes to. */
-    FILE *futures;
-    uint32_t n_futures_req;
-    struct sim_req *last, *target;
-    int target_fd;
-};
-
-static uint64_t sim_rand(struct sim *m)
-{
-    m->rng = m->rng * 6364136223846793005ull + 1442695040888963407ull;
-    return m->rng >> 33;
-}
-
-static double sim_unif(struct sim *m)
-{
-    return (double)(sim_rand(m) & 0xffffff) / 16777216.0;
-}
-
-static void sim_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched_event *ev)
-{
-    struct sim *m = ctx;
-    struct sim_req *q = r->user;
-    if (ev->type == KVR_SCHED_EV_END)
-        m->completed += ev->finish == KVR_GEN_FINISH_LENGTH;
-    if (ev->type == KVR_SCHED_EV_END && q->measured && ev->finish == KVR_GEN_FINISH_LENGTH &&
-        r->est_first_ms > 0 && !r->held_once && m->n_err < SIM_REQS * 8) {
-        double first = (r->first_token_ns - r->submit_ns) / 1e6;
-        double total = (ev->t_ns - r->submit_ns) / 1e6;
-        double est_total = r->est_first_ms + (r->n_generated - 1) * r->est_period_ms;
-        m->err_first[m->n_err] = fabs(r->est_first_ms / first - 1);
-        m->err_total[m->n_err] = fabs(est_total / total - 1);
-        m->n_err++;
-        if (getenv("KVR_SIM_DUMP")) /* one line per measured answer, for a closer look */
-            fprintf(stderr,
-                    "answer: prompt %u class %u tokens %u first %.1f ms (estimated %.1f, raw "
-                    "%.1f) whole %.1f ms (estimated %.1f)\n",
-                    r->req.n_prompt, r->eta_class, r->n_generated, first, r->est_first_ms,
-                    r->pred_first_ms, total, est_total);
-    }
-    if (ev->type == KVR_SCHED_EV_END && q == m->target) { /* a future's child: report, end */
-        char line[160];
-        int n =
-            snprintf(line, sizeof line, "%.1f %.1f %.1f %.1f\n",
-                     (r->first_token_ns - r->submit_ns) / 1e6, (ev->t_ns - r->submit_ns) / 1e6,
-                     r->est_first_ms, r->est_first_ms + (r->n_generated - 1) * r->est_period_ms);
-        _exit(write(m->target_fd, line, (size_t)n) == n ? 0 : 1);
-    }
-    if (ev->type == KVR_SCHED_EV_DETACH) {
-        q->busy = false;
-        m->resubmit += q->closed_loop;
-    }
-}
-
-static double sim_stage_ms(uint32_t stage, double rows, double pairs, double jitter)
-{
-    double t = 3.0 + 0.9 * rows + 0.0004 * pairs;
-    return (stage ? 1.1 * t : t) * jitter;
-}
-
-#define SIM_HOP_NS 300000ull
-
-static void sim_pump(struct sim *m)
-{
-    const struct kvr_wire_msg *msg;
-    while (m->n_ring < 4 && (msg = kvr_sched_next_batch(m->s, m->now)) != NULL) {
-        struct sim_batch *b = &m->ring[(m->head + m->n_ring++) % 4];
-        b->id = msg->batch_id;
-        b->n_segs = msg->n_segs;
-        memcpy(b->segs, msg->segs, msg->n_segs * sizeof *b->segs);
-        double rows = 0, pairs = 0;
-        for (uint32_t k = 0; k < msg->n_segs; k++) {
-            rows += msg->segs[k].n_tokens;
-            pairs += kvr_cost_pairs(msg->segs[k].pos0, msg->segs[k].n_tokens);
-        }
-        uint64_t t = m->now + SIM_HOP_NS;
-        for (uint32_t st = 0; st < 2; st++) {
-            double ms = sim_stage_ms(st, rows, pairs, 0.92 + 0.16 * sim_unif(m));
-            uint64_t start = t > m->stage_free[st] ? t : m->stage_free[st];
-            b->held_ms[st] = ms;
-            m->stage_free[st] = start + (uint64_t)(ms * 1e6);
-            t = m->stage_free[st] + SIM_HOP_NS;
-        }
-        b->done_ns = t;
-    }
-}
-
-static void sim_deliver(struct sim *m)
-{
-    struct sim_batch *b = &m->ring[m->head];
-    struct kvr_wire_result res[64];
-    struct kvr_wire_timing tim[2];
-    uint32_t n_res = 0;
-    for (uint32_t k = 0; k < b->n_segs; k++)
-        if (b->segs[k].flags & KVR_SEG_WANTS_TOKEN)
-            res[n_res++] = (struct kvr_wire_result){.seq = b->segs[k].seq, .token = 7};
-    for (uint32_t st = 0; st < 2; st++)
-        tim[st] =
-            (struct kvr_wire_timing){.stage = st, .held_ns = (uint64_t)(b->held_ms[st] * 1e6)};
-    m->now = b->done_ns > m->now ? b->done_ns : m->now;
-    struct kvr_wire_frame f = {.hdr = {.type = KVR_WIRE_RESULT,
-                                       .payload = KVR_WIRE_PAYLOAD_RESULTS,
-                                       .batch_id = b->id,
-                                       .n_segs = b->n_segs,
-                                       .n_timings = 2,
-                                       .n_results = n_res},
-                               .segs = b->segs,
-                               .results = res,
-                               .timings = tim};
-    m->head = (m->head + 1) % 4;
-    m->n_ring--;
-    struct kvr_err err = {0};
-    assert_int_equal(kvr_sched_result(m->s, &f, m->now, &err), 0);
-    sim_pump(m);
-}
-
-/* Submit a request of the mix; false if it was refused (or no request slot was free). */
-static bool sim_submit(struct sim *m, bool closed_loop, uint32_t first_ms, uint32_t total_ms)
-{
-    struct sim_req *q = NULL;
-    for (uint32_t i = 0; i < SIM_REQS && !q; i++)
-        if (!m->req[i].busy)
-            q = &m->req[i];
-    if (!q)
-        return false;
-    memset(&q->r, 0, sizeof q->r);
-    uint32_t n_prompt = 32 + (uint32_t)(sim_rand(m) % (m->prompt_max - 32 + 1));
-    for (uint32_t k = 0; k < n_prompt; k++)
-        q->prompt[k] = (int32_t)(3 + sim_rand(m) % 500); /* no two prompts share a block */
-    q->r.req = (struct kvr_gen_request){.prompt = q->prompt,
-                                        .n_prompt = n_prompt,
-                                        .max_tokens = 32 + (uint32_t)(sim_rand(m) % 65),
-                                        .first_token_ms = first_ms,
-                                        .total_ms = total_ms,
-                                        .ignore_eos = true};
-    kvr_sample_params_default(&q->r.req.sampling);
-    q->r.generated = q->gen;
-    q->r.user = q;
-    q->closed_loop = closed_loop;
-    q->measured = !closed_loop;
-    struct kvr_refusal why;
-    if (kvr_sched_submit(m->s, &q->r, m->now, &why)) {
-        if (getenv("KVR_TEST_VERBOSE"))
-            print_message("refused (prompt %u): %s\n", n_prompt, why.message);
-        return false;
-    }
-    q->busy = true;
-    m->last = q;
-    sim_pump(m);
-    return true;
-}
-
-static void sim_init(struct sim *m, uint64_t seed, uint32_t prompt_max)
-{
-    memset(m, 0, sizeof *m);
-    m->prompt_max = prompt_max;
-    struct kvr_plan *p = &m->plan;
-    p->n_stages = 2;
-    p->microbatches = 2;
-    p->row_width = 64;
-    p->max_seqs = SIM_SEQS;
-    p->n_ctx = SIM_CTX;
-    p->kv_block_tokens = SIM_BT;
-    p->kv_blocks = SIM_SEQS * SIM_CTX / SIM_BT;
-    m->rng = seed;
-    m->now = 1000 * SH_MS;
-    struct kvr_sched_config cfg = {.plan = p,
-                                   .max_ctrl = SIM_MAX_CTRL,
-                                   .max_waiting = 64,
-                                   .admission = true,
-                                   .prefix_cache = true,
-                                   .event = sim_event,
-                                   .event_ctx = m};
-    struct kvr_err err = {0};
-    assert_int_equal(kvr_sched_create(&m->s, &cfg, &err), 0);
-    kvr_sched_link_up(m->s, m->now);
-    sim_pump(m);
-    while (m->n_ring)
-        sim_deliver(m);
-    assert_true(kvr_sched_ring_up(m->s));
-}
-
-static void sim_run(struct sim *m, double rate, uint64_t until, uint32_t first_ms,
-                    uint32_t total_ms, uint32_t *n_sent, uint32_t *n_refused);
-
-#define SIM_FUTURES 16
-
-/* The futures experiment (KVR_SIM_FUTURES=FILE): how well could any estimate made at
- * admission do? The request just admitted is followed through SIM_FUTURES futures, each a
- * fork of the whole simulation at this instant with its own random stream from here on (the
- * arrivals, prompts and stage-time jitter to come), so everything known at admission is the
- * same in all of them. A line per future (appended): the mix's longest prompt, the level's
- * rate, the request's number, its prompt, the future's number, then its first-token and
- * whole-answer times (ms) and the estimates of both. bench/estimate_floor.py reads them: the spread
- * of one request's outcomes over its futures is error that no estimate made at admission can avoid.
- */
-static void sim_futures(struct sim *m, double rate, uint32_t first_ms, uint32_t total_ms)
-{
-    m->n_futures_req++;
-    for (uint32_t f = 0; f < SIM_FUTURES; f++) {
-        int pfd[2];
-        assert_int_equal(pipe(pfd), 0);
-        fflush(NULL);
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-            close(pfd[0]);
-            m->target = m->last;
-            m->target_fd = pfd[1];
-            m->rng ^= 0x9e3779b97f4a7c15ull * (f + 1);
-            uint32_t sent = 0, refused = 0;
-            sim_run(m, rate, m->now + 600000 * SH_MS, first_ms, total_ms, &sent, &refused);
-            _exit(2); /* the request did not end within 10 minutes (sim_event ends the child) */
-        }
-        close(pfd[1]);
-        char buf[160] = {0};
-        ssize_t got = read(pfd[0], buf, sizeof buf - 1);
-        close(pfd[0]);
-        int status;
-        assert_int_equal(waitpid(pid, &status, 0), pid);
-        assert_true(got > 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0);
-        fprintf(m->futures, "%u %.2f %u %u %u %s", m->prompt_max, rate, m->n_futures_req,
-                m->last->r.req.n_prompt, f, buf);
-    }
-}
-
-/* Run until `until` ns: Poisson arrivals at `rate` per second (0: none), the closed loop's
- * requests sent again as soon as they end. */
-static void sim_run(struct sim *m, double rate, uint64_t until, uint32_t first_ms,
-                    uint32_t total_ms, uint32_t *n_sent, uint32_t *n_refused)
-{
-    uint64_t next = rate > 0 ? m->now + (uint64_t)(-log(1 - sim_unif(m)) / rate * 1e9) : UINT64_MAX;
-    while (m->now < until) {
-        while (m->resubmit > 0) {
-            m->resubmit--;
-            sim_submit(m, true, SIM_SERVE_FIRST_MS, SIM_SERVE_TOTAL_MS);
-        }
-        uint64_t done = m->n_ring ? m->ring[m->head].done_ns : UINT64_MAX;
-        if (next <= done && next < until) {
-            m->now = next;
-            (*n_sent)++;
-            bool admitted = sim_submit(m, false, first_ms, total_ms);
-            *n_refused += !admitted;
-            if (admitted && m->futures && !m->target)
-                sim_futures(m, rate, first_ms, total_ms);
-            next = m->now + (uint64_t)(-log(1 - sim_unif(m)) / rate * 1e9);
-        } else if (done < until) {
-            sim_deliver(m);
-        } else {
-            m->now = until;
-        }
-    }
-}
-
-static void sim_drain(struct sim *m)
-{
-    while (m->n_ring)
-        sim_deliver(m);
-}
+/* ---- estimate accuracy on a pipelined fake ring (tests/support/sim_ring.h) ------------ */
 
 static int cmp_err(const void *a, const void *b)
 {

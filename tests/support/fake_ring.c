@@ -1,91 +1,11 @@
-/* sched_harness.h - a fake ring and a stream recorder around the scheduler (sched.h),
- * shared by tests/unit/test_sched.c and tests/fuzz/fuzz_sched.c.
- *
- * The fake ring carries copies of the batches the scheduler builds, in order, and answers
- * the oldest with a RESULT frame. The stages' KV is modelled: MAP records set each
- * sequence's block table, every row writes its token into its block, and a segment that
- * wants a token gets token = mix(every token in its sequence's blocks up to its last
- * position), read through the table. So a sequence's continuation depends only on its own
- * tokens, as with batch invariance, a re-prefill after a recovery must give the tokens the
- * lost decodes would have, and a prefix-cache hit gives the same tokens as computing the
- * prefix only if the blocks it maps hold exactly that prefix. Each stage is said to have held the
- * batch for 1 ms + 0.1 ms per row; the clock is the harness's own (`now`), advanced by the caller.
- *
- * Checked on every step, into h->fail (first failure wins):
- *   - no stream event after a stream's end, exactly one END before the DETACH, none after;
- *   - the stages' view (FREE, OPEN and segments in the order they were sent): OPEN only on
- *     a slot that is not open (FREE precedes any re-OPEN), segments and REPLAY only on an
- *     open slot;
- *   - a sequence wants a token from at most one live batch in the ring;
- *   - KV: a segment continues its sequence (pos0 == positions it has), within its mapped
- *     blocks, and never writes a block another open sequence maps;
- *   - kvr_sched_check (KV accounting, in-flight counts, slots and wait queue). */
-#ifndef KVR_SCHED_HARNESS_H
-#define KVR_SCHED_HARNESS_H
-
-#include "bridge/sched.h"
-#include "core/err.h"
+/* fake_ring.c - the fake ring and stream recorder of fake_ring.h. */
+#include "fake_ring.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#define SH_MAX_SEQS 8
-#define SH_MAX_ROWS 64
-#define SH_MAX_MB 4
-#define SH_RING_CAP 8 /* batches the fake ring holds: the window and stale ones after a RESET */
-#define SH_MAX_REQS 32
-#define SH_MAX_PROMPT 200
-#define SH_MAX_GEN 64
-#define SH_BT 16                        /* KV block size of the plans */
-#define SH_MAX_BLOCKS_SEQ (256 / SH_BT) /* n_ctx 256 */
-#define SH_MAX_CTRL ((3 + (SH_MAX_BLOCKS_SEQ + 6) / 7) * SH_MAX_SEQS)
-#define SH_MAX_KV 512 /* KV blocks a plan may have */
-#define SH_VOCAB 512
-#define SH_EOG 2 /* the fake model's end-of-generation token */
-#define SH_MS 1000000ull
-
-struct sh_req {
-    struct kvr_sched_req r;
-    int32_t prompt[SH_MAX_PROMPT];
-    int32_t gen[SH_MAX_GEN];
-    int32_t seen[SH_MAX_GEN]; /* tokens the stream delivered, in order */
-    uint32_t n_seen;
-    bool used; /* submitted and admitted */
-    bool ended, detached;
-    enum kvr_gen_finish finish;
-    char message[128];
-};
-
-struct sh_batch {
-    uint64_t id;
-    uint32_t n_ctrl, n_segs, n_rows;
-    struct kvr_wire_ctrl ctrl[SH_MAX_CTRL];
-    struct kvr_seg segs[SH_MAX_ROWS];
-    int32_t tokens[SH_MAX_ROWS];
-};
-
-struct sh {
-    struct kvr_plan plan;
-    struct kvr_sched *s;
-    uint64_t now;
-    struct sh_req reqs[SH_MAX_REQS];
-    struct sh_batch ring[SH_RING_CAP]; /* batches in the fake ring, oldest at ring_head */
-    uint32_t ring_head, n_ring;
-    bool links_up;
-    bool open[SH_MAX_SEQS]; /* the stages' view */
-    uint32_t table[SH_MAX_SEQS][SH_MAX_BLOCKS_SEQ], n_mapped[SH_MAX_SEQS], n_pos[SH_MAX_SEQS];
-    int32_t kv[SH_MAX_KV][SH_BT]; /* the token each block position holds */
-    uint32_t shared_prefix;       /* sh_submit: prompt tokens every request shares */
-    uint64_t n_batches_sent, n_results;
-    struct sh_batch last; /* the last batch sent */
-    char fail[256];
-};
-
-static inline void sh_failf(struct sh *h, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-
-static inline void sh_failf(struct sh *h, const char *fmt, ...)
+void sh_failf(struct sh *h, const char *fmt, ...)
 {
     if (h->fail[0])
         return;
@@ -95,7 +15,7 @@ static inline void sh_failf(struct sh *h, const char *fmt, ...)
     va_end(ap);
 }
 
-static inline void sh_on_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched_event *ev)
+void sh_on_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched_event *ev)
 {
     struct sh *h = ctx;
     struct sh_req *q = r->user;
@@ -110,14 +30,14 @@ static inline void sh_on_event(void *ctx, struct kvr_sched_req *r, const struct 
         else if (q->n_seen >= r->req.max_tokens)
             sh_failf(h, "more tokens than max_tokens");
         else
-            q->seen[q->n_seen++] = ev->token;
+            q->seen[q->n_seen++] = ev->gen.token;
         break;
     case KVR_SCHED_EV_END:
         if (q->ended)
             sh_failf(h, "a second end");
         q->ended = true;
-        q->finish = ev->finish;
-        snprintf(q->message, sizeof q->message, "%s", ev->message ? ev->message : "");
+        q->finish = ev->gen.finish;
+        snprintf(q->message, sizeof q->message, "%s", ev->gen.error);
         break;
     case KVR_SCHED_EV_DETACH:
         if (!q->ended)
@@ -129,9 +49,8 @@ static inline void sh_on_event(void *ctx, struct kvr_sched_req *r, const struct 
     }
 }
 
-/* A plan of `mb` micro-batches, `rows` row width, `seqs` slots, `blocks` KV blocks of 16. */
-static inline int sh_init(struct sh *h, uint32_t mb, uint32_t rows, uint32_t seqs, uint32_t blocks,
-                          bool admission)
+int sh_init(struct sh *h, uint32_t mb, uint32_t rows, uint32_t seqs, uint32_t blocks,
+            bool admission)
 {
     memset(h, 0, sizeof *h);
     struct kvr_plan *p = &h->plan;
@@ -154,7 +73,7 @@ static inline int sh_init(struct sh *h, uint32_t mb, uint32_t rows, uint32_t seq
     return kvr_sched_create(&h->s, &cfg, &err);
 }
 
-static inline void sh_check(struct sh *h)
+void sh_check(struct sh *h)
 {
     struct kvr_err err = {0};
     if (kvr_sched_check(h->s, &err))
@@ -173,8 +92,7 @@ static inline void sh_check(struct sh *h)
     }
 }
 
-/* The stages see a batch: check it against their view and apply its records. */
-static inline void sh_stage_view(struct sh *h, const struct sh_batch *bt)
+void sh_stage_view(struct sh *h, const struct sh_batch *bt)
 {
     for (uint32_t i = 0; i < bt->n_ctrl; i++) {
         const struct kvr_wire_ctrl *c = &bt->ctrl[i];
@@ -250,8 +168,7 @@ static inline void sh_stage_view(struct sh *h, const struct sh_batch *bt)
         sh_failf(h, "batch rows %u, segments %u, width %u", bt->n_rows, rows, h->plan.row_width);
 }
 
-/* Take every batch the scheduler has to send (the head always has a credit). */
-static inline void sh_pump(struct sh *h)
+void sh_pump(struct sh *h)
 {
     if (!h->links_up)
         return;
@@ -276,19 +193,18 @@ static inline void sh_pump(struct sh *h)
     sh_check(h);
 }
 
-/* The fake model: a token from a sequence's tokens at positions 0..n-1. */
-static inline uint32_t sh_mix(uint32_t x, int32_t token, uint32_t pos)
+uint32_t sh_mix(uint32_t x, int32_t token, uint32_t pos)
 {
     return (x ^ ((uint32_t)token * 2654435761u ^ (pos + 1))) * 16777619u;
 }
 
-static inline int32_t sh_model_out(uint32_t x)
+int32_t sh_model_out(uint32_t x)
 {
     x ^= x >> 13;
     return (int32_t)(x % SH_VOCAB);
 }
 
-static inline int32_t sh_model_tokens(const int32_t *tokens, uint32_t n)
+int32_t sh_model_tokens(const int32_t *tokens, uint32_t n)
 {
     uint32_t x = 2166136261u;
     for (uint32_t p = 0; p < n; p++)
@@ -296,8 +212,7 @@ static inline int32_t sh_model_tokens(const int32_t *tokens, uint32_t n)
     return sh_model_out(x);
 }
 
-/* ... as the stages compute it: through seq's blocks, positions 0..pos. */
-static inline int32_t sh_model(const struct sh *h, uint32_t seq, uint32_t pos)
+int32_t sh_model(const struct sh *h, uint32_t seq, uint32_t pos)
 {
     uint32_t x = 2166136261u;
     for (uint32_t p = 0; p <= pos; p++)
@@ -305,11 +220,10 @@ static inline int32_t sh_model(const struct sh *h, uint32_t seq, uint32_t pos)
     return sh_model_out(x);
 }
 
-/* The oldest batch in the ring comes back as a RESULT. */
-static inline int sh_deliver(struct sh *h)
+int sh_deliver(struct sh *h)
 {
     if (h->n_ring == 0)
-        return -1;
+        return KVR_EINVAL;
     struct sh_batch *bt = &h->ring[h->ring_head];
     struct kvr_wire_result res[SH_MAX_ROWS];
     struct kvr_wire_timing tim[2];
@@ -347,8 +261,7 @@ static inline int sh_deliver(struct sh *h)
     return rc;
 }
 
-/* The oldest batch is lost in the ring without a word. */
-static inline void sh_drop(struct sh *h)
+void sh_drop(struct sh *h)
 {
     if (h->n_ring == 0)
         return;
@@ -356,7 +269,7 @@ static inline void sh_drop(struct sh *h)
     h->n_ring--;
 }
 
-static inline void sh_link_up(struct sh *h)
+void sh_link_up(struct sh *h)
 {
     if (h->links_up)
         return;
@@ -365,7 +278,7 @@ static inline void sh_link_up(struct sh *h)
     sh_pump(h);
 }
 
-static inline void sh_link_down(struct sh *h, const char *why)
+void sh_link_down(struct sh *h, const char *why)
 {
     h->n_ring = 0;
     h->links_up = false;
@@ -374,7 +287,7 @@ static inline void sh_link_down(struct sh *h, const char *why)
     sh_check(h);
 }
 
-static inline void sh_tick(struct sh *h, uint64_t advance_ns)
+void sh_tick(struct sh *h, uint64_t advance_ns)
 {
     h->now += advance_ns;
     kvr_sched_tick(h->s, h->now);
@@ -382,11 +295,8 @@ static inline void sh_tick(struct sh *h, uint64_t advance_ns)
     sh_pump(h);
 }
 
-/* Submit request slot i: `n_prompt` tokens derived from i, `max_tokens`. Returns what
- * kvr_sched_submit returned. */
-static inline int sh_submit(struct sh *h, uint32_t i, uint32_t n_prompt, uint32_t max_tokens,
-                            float temperature, float repeat_penalty, uint32_t first_ms,
-                            uint32_t total_ms, struct kvr_refusal *why)
+int sh_submit(struct sh *h, uint32_t i, uint32_t n_prompt, uint32_t max_tokens, float temperature,
+              float repeat_penalty, uint32_t first_ms, uint32_t total_ms, struct kvr_refusal *why)
 {
     struct sh_req *q = &h->reqs[i];
     memset(q, 0, sizeof *q);
@@ -414,7 +324,7 @@ static inline int sh_submit(struct sh *h, uint32_t i, uint32_t n_prompt, uint32_
     return rc;
 }
 
-static inline void sh_cancel(struct sh *h, uint32_t i)
+void sh_cancel(struct sh *h, uint32_t i)
 {
     struct sh_req *q = &h->reqs[i];
     if (!q->used || q->detached)
@@ -424,8 +334,7 @@ static inline void sh_cancel(struct sh *h, uint32_t i)
     sh_pump(h);
 }
 
-/* Deliver results until the ring is empty and nothing more goes out (at most `max`). */
-static inline void sh_run(struct sh *h, uint32_t max)
+void sh_run(struct sh *h, uint32_t max)
 {
     for (uint32_t i = 0; i < max && h->n_ring > 0 && !h->fail[0]; i++) {
         if (sh_deliver(h))
@@ -434,7 +343,7 @@ static inline void sh_run(struct sh *h, uint32_t max)
     }
 }
 
-static inline void sh_fini(struct sh *h)
+void sh_fini(struct sh *h)
 {
     kvr_sched_shutdown(h->s, "test over", h->now);
     for (uint32_t i = 0; i < SH_MAX_REQS; i++)
@@ -448,5 +357,3 @@ static inline void sh_fini(struct sh *h)
     kvr_sched_destroy(h->s);
     h->s = NULL;
 }
-
-#endif
