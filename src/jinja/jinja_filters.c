@@ -87,7 +87,7 @@ static struct jval map_case(struct jctx *c, const struct jstr *s, enum casing ho
             jbuf_put(c, &b, how == CASE_UPPER ? "SS" : "Ss", 2);
         } else {
             uint32_t m = up ? ju_upper(cp) : ju_lower(cp);
-            jbuf_put(c, &b, enc, ju_encode(m, enc));
+            jbuf_put(c, &b, enc, kvr_utf8_encode(m, enc));
         }
         i += n;
     }
@@ -106,7 +106,7 @@ static struct jval jinja_title(struct jctx *c, const struct jstr *s)
         bool sep = ju_isspace(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
         char enc[8];
         uint32_t m = sep ? cp : start ? ju_upper(cp) : ju_lower(cp);
-        jbuf_put(c, &b, enc, ju_encode(m, enc));
+        jbuf_put(c, &b, enc, kvr_utf8_encode(m, enc));
         start = sep;
         i += n;
     }

@@ -5,6 +5,7 @@
  *   jinja_value.c    the arena, values, conversions (str, repr, tojson), comparisons
  *   jinja_eval.c     statements and expressions, scopes, calls, the public API
  *   jinja_filters.c  filters, tests, and the methods of str and dict
+ *   jinja_chars.c    code points: counting, isspace, case mapping
  *
  * Every allocation of a parse or of a render comes from one struct jarena. A failure
  * anywhere (syntax, runtime, limit, memory) records its message and longjmps to the
@@ -13,6 +14,8 @@
 #define KVR_JINJA_JINJA_INT_H
 
 #include "jinja/jinja.h"
+
+#include "core/utf8.h"
 
 #include <setjmp.h>
 #include <stdbool.h>
@@ -295,9 +298,15 @@ int64_t jv_len(struct jctx *c, struct jval v);
  * Fails (type error) for values that cannot be iterated. */
 struct jlist *jv_iter(struct jctx *c, struct jval v, uint32_t line);
 
-/* UTF-8 helpers */
-size_t ju_decode(const char *s, size_t len, size_t i, uint32_t *cp);
-size_t ju_encode(uint32_t cp, char *out);
+/* ---- code points (jinja_chars.c) ---------------------------------------------------- */
+
+/* The code point at s[i..len) (i < len) and its length in bytes. Strings are Python str:
+ * a byte that is not part of a well-formed character reads as U+FFFD on its own. */
+static inline size_t ju_decode(const char *s, size_t len, size_t i, uint32_t *cp)
+{
+    return kvr_utf8_decode(s + i, len - i, cp, KVR_UTF8_REPLACE_BYTE);
+}
+/* Code points in s[0..len), by ju_decode. */
 size_t ju_count(const char *s, size_t len);
 bool ju_isspace(uint32_t cp);
 uint32_t ju_upper(uint32_t cp);
