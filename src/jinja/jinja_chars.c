@@ -88,6 +88,11 @@ uint32_t ju_upper(uint32_t cp)
     return cp;
 }
 
+bool ju_iscased(uint32_t cp)
+{
+    return ju_upper(cp) != cp || ju_lower(cp) != cp;
+}
+
 bool ju_isalnum(uint32_t cp)
 {
     if (cp < 0x80)

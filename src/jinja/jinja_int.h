@@ -5,6 +5,7 @@
  *   jinja_value.c    the arena, values, conversions (str, repr, tojson), comparisons
  *   jinja_eval.c     statements and expressions, scopes, calls, the public API
  *   jinja_filters.c  filters, tests, and the methods of str and dict
+ *   jinja_strings.c  string operations filters and methods share (case, strip, split...)
  *   jinja_chars.c    code points: counting, isspace, case mapping
  *
  * Every allocation of a parse or of a render comes from one struct jarena. A failure
@@ -311,6 +312,8 @@ size_t ju_count(const char *s, size_t len);
 bool ju_isspace(uint32_t cp);
 uint32_t ju_upper(uint32_t cp);
 uint32_t ju_lower(uint32_t cp);
+/* Has a case (upper or lower maps it to another code point). */
+bool ju_iscased(uint32_t cp);
 bool ju_isalnum(uint32_t cp);
 
 /* ---- the render (jinja_eval.c) ------------------------------------------------------ */
@@ -348,6 +351,41 @@ struct jval jcall(struct jctx *c, struct jval fn, const struct jargs *args, uint
  * item lookup (x[key]) tries items first. */
 struct jval jget_attr(struct jctx *c, struct jval obj, const struct jstr *name, uint32_t line);
 struct jval jget_item(struct jctx *c, struct jval obj, struct jval key, uint32_t line);
+
+/* An empty output buffer, bounded by the render's output limit; its text as a value. */
+static inline struct jbuf jbuf_new(struct jctx *c)
+{
+    return (struct jbuf){.max = c->t->lim.max_output_bytes};
+}
+static inline struct jval jv_buf(struct jctx *c, const struct jbuf *b)
+{
+    return jv_str(&c->ar, b->p ? b->p : "", b->len);
+}
+static inline struct jval jv_list(struct jlist *l)
+{
+    return (struct jval){.t = JT_LIST, .u.l = l};
+}
+
+/* ---- string operations (jinja_strings.c) -------------------------------------------- */
+
+/* PYTITLE is Python's str.title (after any uncased character); jinja2's title filter is
+ * js_title (after whitespace, '-' and opening brackets). */
+enum jcasing { JCASE_UPPER, JCASE_LOWER, JCASE_CAPITALIZE, JCASE_PYTITLE };
+
+struct jval js_case(struct jctx *c, const struct jstr *s, enum jcasing how);
+struct jval js_title(struct jctx *c, const struct jstr *s);
+/* Strip the code points in `chars` (NULL: whitespace) from the chosen ends. */
+struct jval js_strip(struct jctx *c, const struct jstr *s, const struct jstr *chars, bool left,
+                     bool right);
+/* The first x[0..xn) in h[0..hn), or NULL; an empty x is found at h. */
+const char *js_find(const char *h, size_t hn, const char *x, size_t xn);
+/* Python's str.replace (count < 0: every occurrence). */
+struct jval js_replace(struct jctx *c, const struct jstr *s, const struct jstr *old,
+                       const struct jstr *new, int64_t count);
+/* Python's str.split (sep NULL: runs of whitespace; maxsplit < 0: no limit). */
+struct jval js_split(struct jctx *c, const struct jstr *s, const struct jstr *sep,
+                     int64_t maxsplit, uint32_t line);
+struct jlist *js_splitlines(struct jctx *c, const struct jstr *s, bool keepends);
 
 /* ---- filters, tests, methods (jinja_filters.c) -------------------------------------- */
 
