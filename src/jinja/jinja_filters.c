@@ -355,7 +355,6 @@ static struct jlist *sorted(struct jctx *c, struct jlist *items, const struct so
 
 /* ---- filters ------------------------------------------------------------------------------- */
 
-
 static const struct jstr *need_str(struct jctx *c, struct jval v)
 {
     return str_of(c, v).u.s;
@@ -601,8 +600,7 @@ static struct jval f_lower(struct jctx *c, struct jval v, const struct jargs *a,
     return js_case(c, need_str(c, v), JCASE_LOWER);
 }
 
-static struct jval f_capitalize(struct jctx *c, struct jval v, const struct jargs *a,
-                                uint32_t line)
+static struct jval f_capitalize(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
 {
     (void)a, (void)line;
     return js_case(c, need_str(c, v), JCASE_CAPITALIZE);
@@ -758,14 +756,12 @@ static struct jval f_reject(struct jctx *c, struct jval v, const struct jargs *a
     return select_items(c, v, a, false, false, line);
 }
 
-static struct jval f_selectattr(struct jctx *c, struct jval v, const struct jargs *a,
-                                uint32_t line)
+static struct jval f_selectattr(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
 {
     return select_items(c, v, a, true, true, line);
 }
 
-static struct jval f_rejectattr(struct jctx *c, struct jval v, const struct jargs *a,
-                                uint32_t line)
+static struct jval f_rejectattr(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
 {
     return select_items(c, v, a, true, false, line);
 }

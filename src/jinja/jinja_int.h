@@ -383,8 +383,8 @@ const char *js_find(const char *h, size_t hn, const char *x, size_t xn);
 struct jval js_replace(struct jctx *c, const struct jstr *s, const struct jstr *old,
                        const struct jstr *new, int64_t count);
 /* Python's str.split (sep NULL: runs of whitespace; maxsplit < 0: no limit). */
-struct jval js_split(struct jctx *c, const struct jstr *s, const struct jstr *sep,
-                     int64_t maxsplit, uint32_t line);
+struct jval js_split(struct jctx *c, const struct jstr *s, const struct jstr *sep, int64_t maxsplit,
+                     uint32_t line);
 struct jlist *js_splitlines(struct jctx *c, const struct jstr *s, bool keepends);
 
 /* ---- filters, tests, methods (jinja_filters.c) -------------------------------------- */

@@ -62,7 +62,7 @@ static bool in_set(uint32_t cp, const struct jstr *chars)
 }
 
 struct jval js_strip(struct jctx *c, const struct jstr *s, const struct jstr *chars, bool left,
-                         bool right)
+                     bool right)
 {
     size_t a = 0, b = s->len;
     jcharge(c, s->len / 64, 0);
@@ -97,7 +97,7 @@ const char *js_find(const char *h, size_t hn, const char *x, size_t xn)
 }
 
 struct jval js_replace(struct jctx *c, const struct jstr *s, const struct jstr *old,
-                           const struct jstr *new, int64_t count)
+                       const struct jstr *new, int64_t count)
 {
     struct jbuf b = jbuf_new(c);
     size_t i = 0;
@@ -132,8 +132,8 @@ struct jval js_replace(struct jctx *c, const struct jstr *s, const struct jstr *
     return jv_buf(c, &b);
 }
 
-struct jval js_split(struct jctx *c, const struct jstr *s, const struct jstr *sep,
-                         int64_t maxsplit, uint32_t line)
+struct jval js_split(struct jctx *c, const struct jstr *s, const struct jstr *sep, int64_t maxsplit,
+                     uint32_t line)
 {
     struct jlist *l = jlist_new(&c->ar, 8);
     jcharge(c, s->len / 64, line);
@@ -202,4 +202,3 @@ struct jlist *js_splitlines(struct jctx *c, const struct jstr *s, bool keepends)
         jlist_push(&c->ar, l, jv_str(&c->ar, s->s + st, s->len - st));
     return l;
 }
-

@@ -356,8 +356,7 @@ static size_t random_span(uint64_t *r, unsigned char *s, size_t cap)
                                           0xEF, 0xF0, 0xF1, 0xF4, 0xF5, 0xF8, 0xFF};
     size_t n = next_u32(r) % (cap + 1);
     for (size_t i = 0; i < n; i++)
-        s[i] = (next_u32(r) & 3) ? bytes[next_u32(r) % sizeof bytes]
-                                    : (unsigned char)next_u32(r);
+        s[i] = (next_u32(r) & 3) ? bytes[next_u32(r) % sizeof bytes] : (unsigned char)next_u32(r);
     return n;
 }
 
