@@ -370,7 +370,7 @@ static inline struct jval jv_list(struct jlist *l)
 
 /* PYTITLE is Python's str.title (after any uncased character); jinja2's title filter is
  * js_title (after whitespace, '-' and opening brackets). */
-enum jcasing { JCASE_UPPER, JCASE_LOWER, JCASE_CAPITALIZE, JCASE_PYTITLE };
+enum jcasing { JCASE_UPPER, JCASE_LOWER, JCASE_CAPITALIZE, JCASE_PYTITLE, JCASE_COUNT };
 
 struct jval js_case(struct jctx *c, const struct jstr *s, enum jcasing how);
 struct jval js_title(struct jctx *c, const struct jstr *s);
