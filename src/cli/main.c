@@ -1,7 +1,10 @@
 /* main.c - `kvasir SUBCOMMAND ...`: dispatch to one file per subcommand. */
 #include "cli/cmd.h"
 
+#include "core/log.h"
+
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 struct subcommand {
@@ -34,6 +37,7 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    kvr_log_set_level(kvr_log_level_from_name(getenv("KVR_LOG")));
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -6,25 +6,22 @@
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static char log_tag[32] = "kvasir";
-/* -1: not yet read from the environment. Atomic because any thread may be the first to log
- * (and so to read KVR_LOG) while another logs or sets the level. */
-static atomic_int log_level = -1;
+/* Atomic because one thread may set the level while others log. */
+static atomic_int log_level = KVR_LOG_INFO;
 
-static int level_from_env(void)
+enum kvr_log_level kvr_log_level_from_name(const char *name)
 {
-    const char *v = getenv("KVR_LOG");
-    if (!v)
+    if (!name)
         return KVR_LOG_INFO;
-    if (!strcmp(v, "error"))
+    if (!strcmp(name, "error"))
         return KVR_LOG_ERROR;
-    if (!strcmp(v, "warn"))
+    if (!strcmp(name, "warn"))
         return KVR_LOG_WARN;
-    if (!strcmp(v, "debug"))
+    if (!strcmp(name, "debug"))
         return KVR_LOG_DEBUG;
     return KVR_LOG_INFO;
 }
@@ -43,16 +40,7 @@ void kvr_log_set_level(enum kvr_log_level level)
 
 int kvr_log_enabled(enum kvr_log_level level)
 {
-    int cur = atomic_load_explicit(&log_level, memory_order_relaxed);
-    if (cur < 0) {
-        /* First use: read the environment once. If kvr_log_set_level (or another thread's
-         * first use) got there first, the compare-exchange fails and keeps its value. */
-        int from_env = level_from_env();
-        if (atomic_compare_exchange_strong_explicit(&log_level, &cur, from_env,
-                                                    memory_order_relaxed, memory_order_relaxed))
-            cur = from_env;
-    }
-    return (int)level <= cur;
+    return (int)level <= atomic_load_explicit(&log_level, memory_order_relaxed);
 }
 
 void kvr_log(enum kvr_log_level level, const char *fmt, ...)

@@ -1,6 +1,7 @@
 /* log.h - leveled logging to stderr, one line per call, with a monotonic timestamp and the
- * process's role tag (set once at start-up, e.g. "stage1"). Thread-safe. The level comes
- * from the KVR_LOG environment variable (error, warn, info, debug; default info). */
+ * process's role tag (set once at start-up, e.g. "stage1"). Thread-safe. The level is info
+ * until kvr_log_set_level changes it; the program reads it from the KVR_LOG environment
+ * variable once, at the start of main (cli/main.c), so this module reads no environment. */
 #ifndef KVR_CORE_LOG_H
 #define KVR_CORE_LOG_H
 
@@ -14,6 +15,9 @@ enum kvr_log_level {
 
 void kvr_log_set_tag(const char *tag);
 void kvr_log_set_level(enum kvr_log_level level);
+/* The level a name stands for: "error", "warn", "info", "debug"; info for NULL or any
+ * other name. */
+enum kvr_log_level kvr_log_level_from_name(const char *name);
 int kvr_log_enabled(enum kvr_log_level level);
 void kvr_log(enum kvr_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -5,8 +5,8 @@
  * lstrip_blocks on, the loop-controls extension (break/continue), `raise_exception(msg)`,
  * `strftime_now(fmt)` and a `tojson` that keeps non-ASCII text and uses Python's
  * json.dumps separators. This module renders the same programs to the same bytes.
- * It was written from the Jinja documentation and checked against jinja2 by
- * tests/integration/chat_template_jinja2.sh; no other implementation was consulted.
+ * It follows the Jinja documentation (no other implementation's code), and
+ * tests/integration/chat_template_jinja2.sh compares its output with jinja2's.
  *
  * What is supported:
  *   {{ }}, {% %}, {# #}, the whitespace controls `-` and `+`, trim_blocks, lstrip_blocks,
@@ -18,7 +18,8 @@
  *   operators (+ - * / // % ** ~, comparisons incl. chains, in / not in, and/or/not,
  *   is / is not, inline if-else), literals (strings, numbers, lists, tuples, dicts,
  *   true/false/none), attribute and item access, slices with steps, calls with keyword
- *   arguments; the filters, tests, globals and str/dict methods listed in jinja.c.
+ *   arguments; the globals range, namespace, dict, raise_exception and strftime_now;
+ *   the filters, tests and str/dict methods listed at the top of jinja_filters.c.
  * Values behave as in Python: strings are indexed, sliced and measured in code points;
  * integers are 64-bit (overflow is an error, not a big integer); undefined names behave
  * as jinja2's default Undefined (print as "", iterate as empty, are false, and raise

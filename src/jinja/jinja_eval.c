@@ -351,6 +351,91 @@ static struct jval repeat(struct jctx *c, struct jval seq, int64_t times, uint32
     return (struct jval){.t = JT_LIST, .u.l = l};
 }
 
+/* Python's integer arithmetic on 64-bit integers: overflow is an error, / gives a float,
+ * // and % round toward negative infinity. */
+static struct jval arith_int(struct jctx *c, enum jop op, int64_t x, int64_t y, uint32_t line)
+{
+    int64_t r = 0;
+    bool ovf = false;
+    switch (op) {
+    case OP_ADD:
+        ovf = __builtin_add_overflow(x, y, &r);
+        break;
+    case OP_SUB:
+        ovf = __builtin_sub_overflow(x, y, &r);
+        break;
+    case OP_MUL:
+        ovf = __builtin_mul_overflow(x, y, &r);
+        break;
+    case OP_DIV:
+        if (!y)
+            jerr(c, KVR_EFORMAT, line, "division by zero");
+        return jv_float((double)x / (double)y);
+    case OP_FLOORDIV:
+    case OP_MOD:
+        if (!y)
+            jerr(c, KVR_EFORMAT, line, "integer division or modulo by zero");
+        if (x == INT64_MIN && y == -1) {
+            ovf = op == OP_FLOORDIV;
+            break;
+        }
+        r = op == OP_FLOORDIV ? x / y : x % y;
+        if ((x % y != 0) && ((x < 0) != (y < 0)))
+            r = op == OP_FLOORDIV ? r - 1 : r + y;
+        break;
+    case OP_POW:
+        if (y < 0)
+            return jv_float(pow((double)x, (double)y));
+        r = 1;
+        for (int64_t i = 0; i < y && !ovf; i++) {
+            jcharge(c, 1, line);
+            ovf = __builtin_mul_overflow(r, x, &r);
+            if (r == 0 || r == 1)
+                break;
+        }
+        if (x == -1)
+            r = (y % 2) ? -1 : 1;
+        break;
+    default:
+        break;
+    }
+    if (ovf)
+        jerr(c, KVR_ERANGE, line, "integer overflow (integers are 64-bit)");
+    return jv_int(r);
+}
+
+/* Python's float arithmetic (a or b is a float); a and b name the operands in errors. */
+static struct jval arith_float(struct jctx *c, enum jop op, struct jval a, struct jval b,
+                               uint32_t line)
+{
+    double x = as_f(a), y = as_f(b);
+    switch (op) {
+    case OP_ADD:
+        return jv_float(x + y);
+    case OP_SUB:
+        return jv_float(x - y);
+    case OP_MUL:
+        return jv_float(x * y);
+    case OP_DIV:
+        if (y == 0)
+            jerr(c, KVR_EFORMAT, line, "float division by zero");
+        return jv_float(x / y);
+    case OP_FLOORDIV:
+    case OP_MOD: {
+        if (y == 0)
+            jerr(c, KVR_EFORMAT, line, "float modulo or division by zero");
+        double m = fmod(x, y);
+        if (m != 0 && ((m < 0) != (y < 0)))
+            m += y;
+        return jv_float(op == OP_MOD ? m : floor((x - m) / y + 0.5));
+    }
+    case OP_POW:
+        return jv_float(pow(x, y));
+    default:
+        type_error(c, "?", a, b, line);
+    }
+}
+
 static struct jval arith(struct jctx *c, enum jop op, struct jval a, struct jval b, uint32_t line)
 {
     static const char *const names[OP_COUNT] = {
@@ -380,81 +465,9 @@ static struct jval arith(struct jctx *c, enum jop op, struct jval a, struct jval
         return repeat(c, b, as_i(a), line);
     if (!is_num(a) || !is_num(b))
         type_error(c, names[op] ? names[op] : "?", a, b, line);
-    if (a.t != JT_FLOAT && b.t != JT_FLOAT) {
-        int64_t x = as_i(a), y = as_i(b), r = 0;
-        bool ovf = false;
-        switch (op) {
-        case OP_ADD:
-            ovf = __builtin_add_overflow(x, y, &r);
-            break;
-        case OP_SUB:
-            ovf = __builtin_sub_overflow(x, y, &r);
-            break;
-        case OP_MUL:
-            ovf = __builtin_mul_overflow(x, y, &r);
-            break;
-        case OP_DIV:
-            if (!y)
-                jerr(c, KVR_EFORMAT, line, "division by zero");
-            return jv_float((double)x / (double)y);
-        case OP_FLOORDIV:
-        case OP_MOD:
-            if (!y)
-                jerr(c, KVR_EFORMAT, line, "integer division or modulo by zero");
-            if (x == INT64_MIN && y == -1) {
-                ovf = op == OP_FLOORDIV;
-                break;
-            }
-            r = op == OP_FLOORDIV ? x / y : x % y;
-            if ((x % y != 0) && ((x < 0) != (y < 0)))
-                r = op == OP_FLOORDIV ? r - 1 : r + y;
-            break;
-        case OP_POW:
-            if (y < 0)
-                return jv_float(pow((double)x, (double)y));
-            r = 1;
-            for (int64_t i = 0; i < y && !ovf; i++) {
-                jcharge(c, 1, line);
-                ovf = __builtin_mul_overflow(r, x, &r);
-                if (r == 0 || r == 1)
-                    break;
-            }
-            if (x == -1)
-                r = (y % 2) ? -1 : 1;
-            break;
-        default:
-            break;
-        }
-        if (ovf)
-            jerr(c, KVR_ERANGE, line, "integer overflow (integers are 64-bit)");
-        return jv_int(r);
-    }
-    double x = as_f(a), y = as_f(b);
-    switch (op) {
-    case OP_ADD:
-        return jv_float(x + y);
-    case OP_SUB:
-        return jv_float(x - y);
-    case OP_MUL:
-        return jv_float(x * y);
-    case OP_DIV:
-        if (y == 0)
-            jerr(c, KVR_EFORMAT, line, "float division by zero");
-        return jv_float(x / y);
-    case OP_FLOORDIV:
-    case OP_MOD: {
-        if (y == 0)
-            jerr(c, KVR_EFORMAT, line, "float modulo or division by zero");
-        double m = fmod(x, y);
-        if (m != 0 && ((m < 0) != (y < 0)))
-            m += y;
-        return jv_float(op == OP_MOD ? m : floor((x - m) / y + 0.5));
-    }
-    case OP_POW:
-        return jv_float(pow(x, y));
-    default:
-        type_error(c, "?", a, b, line);
-    }
+    if (a.t != JT_FLOAT && b.t != JT_FLOAT)
+        return arith_int(c, op, as_i(a), as_i(b), line);
+    return arith_float(c, op, a, b, line);
 }
 
 static bool contains(struct jctx *c, struct jval hay, struct jval needle, uint32_t line)
@@ -680,6 +693,55 @@ static struct jval eval_list(struct jctx *c, const struct jnode *n, bool tuple)
     return (struct jval){.t = JT_LIST, .u.l = l};
 }
 
+/* Unary - and +: numbers only, a bool counts as 0 or 1. */
+static struct jval eval_sign(struct jctx *c, const struct jnode *n)
+{
+    struct jval r = eval(c, n->a);
+    need_defined(c, r, n->line);
+    if (!is_num(r))
+        jerr(c, KVR_EFORMAT, n->line, "bad operand type for unary %c: '%s'",
+             n->kind == N_NEG ? '-' : '+', jv_type_name(r));
+    if (r.t == JT_BOOL)
+        r = jv_int(r.u.b);
+    if (n->kind == N_NEG) {
+        if (r.t == JT_FLOAT)
+            r.u.f = -r.u.f;
+        else if (r.u.i == INT64_MIN)
+            jerr(c, KVR_ERANGE, n->line, "integer overflow (integers are 64-bit)");
+        else
+            r.u.i = -r.u.i;
+    }
+    return r;
+}
+
+/* A chain a < b < c: each operand evaluated once, stopping at the first false link. */
+static struct jval eval_compare(struct jctx *c, const struct jnode *n)
+{
+    struct jval left = eval(c, n->a);
+    for (uint32_t i = 0; i < n->n_kids; i++) {
+        struct jval right = eval(c, n->kids[i]->a);
+        if (!compare(c, (enum jop)n->kids[i]->op, left, right, n->kids[i]->line))
+            return jv_bool(false);
+        left = right;
+    }
+    return jv_bool(true);
+}
+
+/* A dict literal: keys and values in source order; lists and dicts cannot be keys. */
+static struct jval eval_dict(struct jctx *c, const struct jnode *n)
+{
+    struct jdict *d = jdict_new(&c->ar, n->n_kids + 1);
+    for (uint32_t i = 0; i < n->n_kids; i++) {
+        struct jval k = eval(c, n->kids[i]->a);
+        if (k.t == JT_LIST && !k.u.l->tuple)
+            jerr(c, KVR_EFORMAT, n->line, "unhashable type: 'list'");
+        if (k.t == JT_DICT)
+            jerr(c, KVR_EFORMAT, n->line, "unhashable type: 'dict'");
+        jdict_set(c, d, k, eval(c, n->kids[i]->b));
+    }
+    return (struct jval){.t = JT_DICT, .u.d = d};
+}
+
 static struct jval eval(struct jctx *c, const struct jnode *n)
 {
     jcharge(c, 1, n->line);
@@ -730,21 +792,7 @@ static struct jval eval(struct jctx *c, const struct jnode *n)
     }
     case N_NEG:
     case N_POS:
-        r = eval(c, n->a);
-        need_defined(c, r, n->line);
-        if (!is_num(r))
-            jerr(c, KVR_EFORMAT, n->line, "bad operand type for unary %c: '%s'",
-                 n->kind == N_NEG ? '-' : '+', jv_type_name(r));
-        if (r.t == JT_BOOL)
-            r = jv_int(r.u.b);
-        if (n->kind == N_NEG) {
-            if (r.t == JT_FLOAT)
-                r.u.f = -r.u.f;
-            else if (r.u.i == INT64_MIN)
-                jerr(c, KVR_ERANGE, n->line, "integer overflow (integers are 64-bit)");
-            else
-                r.u.i = -r.u.i;
-        }
+        r = eval_sign(c, n);
         break;
     case N_NOT:
         r = jv_bool(!jv_truthy(c, eval(c, n->a)));
@@ -759,19 +807,9 @@ static struct jval eval(struct jctx *c, const struct jnode *n)
         if (!jv_truthy(c, r))
             r = eval(c, n->b);
         break;
-    case N_CMP: {
-        struct jval left = eval(c, n->a);
-        r = jv_bool(true);
-        for (uint32_t i = 0; i < n->n_kids; i++) {
-            struct jval right = eval(c, n->kids[i]->a);
-            if (!compare(c, (enum jop)n->kids[i]->op, left, right, n->kids[i]->line)) {
-                r = jv_bool(false);
-                break;
-            }
-            left = right;
-        }
+    case N_CMP:
+        r = eval_compare(c, n);
         break;
-    }
     case N_COND:
         if (jv_truthy(c, eval(c, n->a)))
             r = eval(c, n->b);
@@ -784,24 +822,14 @@ static struct jval eval(struct jctx *c, const struct jnode *n)
     case N_TUPLE:
         r = eval_list(c, n, true);
         break;
-    case N_DICT: {
-        struct jdict *d = jdict_new(&c->ar, n->n_kids + 1);
-        for (uint32_t i = 0; i < n->n_kids; i++) {
-            struct jval k = eval(c, n->kids[i]->a);
-            if (k.t == JT_LIST && !k.u.l->tuple)
-                jerr(c, KVR_EFORMAT, n->line, "unhashable type: 'list'");
-            if (k.t == JT_DICT)
-                jerr(c, KVR_EFORMAT, n->line, "unhashable type: 'dict'");
-            jdict_set(c, d, k, eval(c, n->kids[i]->b));
-        }
-        r = (struct jval){.t = JT_DICT, .u.d = d};
+    case N_DICT:
+        r = eval_dict(c, n);
         break;
-    }
     case N_CONCAT: {
-        struct jbuf b = {.max = c->t->lim.max_output_bytes};
+        struct jbuf b = jbuf_new(c);
         for (uint32_t i = 0; i < n->n_kids; i++)
             jv_write_str(c, &b, eval(c, n->kids[i]));
-        r = jv_str(&c->ar, b.p ? b.p : "", b.len);
+        r = jv_buf(c, &b);
         break;
     }
     default:

@@ -19,21 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static struct jbuf newbuf(struct jctx *c)
-{
-    return (struct jbuf){.max = c->t->lim.max_output_bytes};
-}
-
-static struct jval buf_str(struct jctx *c, const struct jbuf *b)
-{
-    return jv_str(&c->ar, b->p ? b->p : "", b->len);
-}
-
-static struct jval list_val(struct jlist *l)
-{
-    return (struct jval){.t = JT_LIST, .u.l = l};
-}
-
 static const struct jval *arg(const struct jargs *a, int i, const char *name)
 {
     return jargs_get(a, i, name);
@@ -60,212 +45,6 @@ static const struct jstr *arg_str(struct jctx *c, const struct jargs *a, int i, 
 static struct jval str_of(struct jctx *c, struct jval v)
 {
     return jv_to_str(c, v);
-}
-
-/* ---- case and whitespace ---------------------------------------------------------------- */
-
-enum casing { CASE_UPPER, CASE_LOWER, CASE_CAPITALIZE, CASE_PYTITLE };
-
-static bool is_cased(uint32_t cp)
-{
-    return ju_upper(cp) != cp || ju_lower(cp) != cp;
-}
-
-static struct jval map_case(struct jctx *c, const struct jstr *s, enum casing how)
-{
-    struct jbuf b = newbuf(c);
-    bool prev_cased = false;
-    jcharge(c, s->len / 64, 0);
-    for (size_t i = 0, k = 0; i < s->len; k++) {
-        uint32_t cp;
-        size_t n = ju_decode(s->s, s->len, i, &cp);
-        bool up = how == CASE_UPPER || (how == CASE_CAPITALIZE && k == 0) ||
-                  (how == CASE_PYTITLE && !prev_cased);
-        prev_cased = is_cased(cp);
-        char enc[8];
-        if (up && cp == 0xdf) {
-            jbuf_put(c, &b, how == CASE_UPPER ? "SS" : "Ss", 2);
-        } else {
-            uint32_t m = up ? ju_upper(cp) : ju_lower(cp);
-            jbuf_put(c, &b, enc, ju_encode(m, enc));
-        }
-        i += n;
-    }
-    return buf_str(c, &b);
-}
-
-/* jinja2's title: every word (after '-', whitespace or an opening bracket) gets an upper
- * first letter and lower-case rest. */
-static struct jval jinja_title(struct jctx *c, const struct jstr *s)
-{
-    struct jbuf b = newbuf(c);
-    bool start = true;
-    for (size_t i = 0; i < s->len;) {
-        uint32_t cp;
-        size_t n = ju_decode(s->s, s->len, i, &cp);
-        bool sep = ju_isspace(cp) || cp == '-' || cp == '(' || cp == '{' || cp == '[' || cp == '<';
-        char enc[8];
-        uint32_t m = sep ? cp : start ? ju_upper(cp) : ju_lower(cp);
-        jbuf_put(c, &b, enc, ju_encode(m, enc));
-        start = sep;
-        i += n;
-    }
-    return buf_str(c, &b);
-}
-
-static bool in_set(uint32_t cp, const struct jstr *chars)
-{
-    if (!chars)
-        return ju_isspace(cp);
-    for (size_t i = 0; i < chars->len;) {
-        uint32_t x;
-        i += ju_decode(chars->s, chars->len, i, &x);
-        if (x == cp)
-            return true;
-    }
-    return false;
-}
-
-static struct jval strip(struct jctx *c, const struct jstr *s, const struct jstr *chars, bool left,
-                         bool right)
-{
-    size_t a = 0, b = s->len;
-    jcharge(c, s->len / 64, 0);
-    while (left && a < b) {
-        uint32_t cp;
-        size_t n = ju_decode(s->s, s->len, a, &cp);
-        if (!in_set(cp, chars))
-            break;
-        a += n;
-    }
-    while (right && b > a) {
-        size_t st = b - 1;
-        while (st > a && ((unsigned char)s->s[st] & 0xc0) == 0x80)
-            st--;
-        uint32_t cp;
-        ju_decode(s->s, b, st, &cp);
-        if (!in_set(cp, chars))
-            break;
-        b = st;
-    }
-    return jv_str(&c->ar, s->s + a, b - a);
-}
-
-static const char *find_bytes(const char *h, size_t hn, const char *x, size_t xn)
-{
-    if (!xn)
-        return h;
-    for (size_t i = 0; i + xn <= hn; i++)
-        if (!memcmp(h + i, x, xn))
-            return h + i;
-    return NULL;
-}
-
-static struct jval replace(struct jctx *c, const struct jstr *s, const struct jstr *old,
-                           const struct jstr *new, int64_t count)
-{
-    struct jbuf b = newbuf(c);
-    size_t i = 0;
-    int64_t done = 0;
-    jcharge(c, s->len / 64, 0);
-    if (!old->len) {
-        for (;;) {
-            if (count < 0 || done < count) {
-                jbuf_put(c, &b, new->s, new->len);
-                done++;
-            }
-            if (i >= s->len)
-                break;
-            uint32_t cp;
-            size_t n = ju_decode(s->s, s->len, i, &cp);
-            jbuf_put(c, &b, s->s + i, n);
-            i += n;
-        }
-        return buf_str(c, &b);
-    }
-    while (count < 0 || done < count) {
-        const char *hit = find_bytes(s->s + i, s->len - i, old->s, old->len);
-        if (!hit)
-            break;
-        size_t at = (size_t)(hit - s->s);
-        jbuf_put(c, &b, s->s + i, at - i);
-        jbuf_put(c, &b, new->s, new->len);
-        i = at + old->len;
-        done++;
-    }
-    jbuf_put(c, &b, s->s + i, s->len - i);
-    return buf_str(c, &b);
-}
-
-static struct jval split(struct jctx *c, const struct jstr *s, const struct jstr *sep,
-                         int64_t maxsplit, uint32_t line)
-{
-    struct jlist *l = jlist_new(&c->ar, 8);
-    jcharge(c, s->len / 64, line);
-    if (sep && !sep->len)
-        jerr(c, KVR_EFORMAT, line, "empty separator");
-    size_t i = 0;
-    if (sep) {
-        for (;;) {
-            const char *hit = maxsplit < 0 || (int64_t)l->n < maxsplit
-                                  ? find_bytes(s->s + i, s->len - i, sep->s, sep->len)
-                                  : NULL;
-            if (!hit) {
-                jlist_push(&c->ar, l, jv_str(&c->ar, s->s + i, s->len - i));
-                break;
-            }
-            size_t at = (size_t)(hit - s->s);
-            jlist_push(&c->ar, l, jv_str(&c->ar, s->s + i, at - i));
-            i = at + sep->len;
-        }
-        return list_val(l);
-    }
-    for (;;) {
-        uint32_t cp;
-        size_t n;
-        while (i < s->len && (n = ju_decode(s->s, s->len, i, &cp), ju_isspace(cp)))
-            i += n;
-        if (i >= s->len)
-            break;
-        if (maxsplit >= 0 && (int64_t)l->n >= maxsplit) {
-            jlist_push(&c->ar, l, jv_str(&c->ar, s->s + i, s->len - i));
-            break;
-        }
-        size_t st = i;
-        while (i < s->len && (n = ju_decode(s->s, s->len, i, &cp), !ju_isspace(cp)))
-            i += n;
-        jlist_push(&c->ar, l, jv_str(&c->ar, s->s + st, i - st));
-    }
-    return list_val(l);
-}
-
-static bool is_line_break(uint32_t cp)
-{
-    return cp == '\n' || cp == '\r' || cp == 0x0b || cp == 0x0c || cp == 0x1c || cp == 0x1d ||
-           cp == 0x1e || cp == 0x85 || cp == 0x2028 || cp == 0x2029;
-}
-
-static struct jlist *splitlines(struct jctx *c, const struct jstr *s, bool keepends)
-{
-    struct jlist *l = jlist_new(&c->ar, 8);
-    size_t st = 0, i = 0;
-    while (i < s->len) {
-        uint32_t cp;
-        size_t n = ju_decode(s->s, s->len, i, &cp);
-        if (!is_line_break(cp)) {
-            i += n;
-            continue;
-        }
-        size_t end = i;
-        i += n;
-        if (cp == '\r' && i < s->len && s->s[i] == '\n')
-            i++;
-        jlist_push(&c->ar, l, jv_str(&c->ar, s->s + st, (keepends ? i : end) - st));
-        st = i;
-    }
-    if (st < s->len)
-        jlist_push(&c->ar, l, jv_str(&c->ar, s->s + st, s->len - st));
-    return l;
 }
 
 /* ---- methods ------------------------------------------------------------------------------ */
@@ -303,7 +82,7 @@ static struct jlist *dict_items(struct jctx *c, const struct jdict *d)
         pair->tuple = true;
         jlist_push(&c->ar, pair, d->k[i]);
         jlist_push(&c->ar, pair, d->v[i]);
-        jlist_push(&c->ar, l, list_val(pair));
+        jlist_push(&c->ar, l, jv_list(pair));
     }
     return l;
 }
@@ -333,7 +112,7 @@ static bool all_chars(const struct jstr *s, int kind)
         uint32_t cp;
         i += ju_decode(s->s, s->len, i, &cp);
         bool digit = cp >= '0' && cp <= '9';
-        bool alpha = is_cased(cp) || (cp > 0x7f && !ju_isspace(cp) && cp >= 0xc0);
+        bool alpha = ju_iscased(cp) || (cp > 0x7f && !ju_isspace(cp) && cp >= 0xc0);
         switch (kind) {
         case 0:
             if (!digit)
@@ -383,15 +162,15 @@ static struct jval str_method(struct jctx *c, const struct jstr *s, const char *
                               const struct jargs *a, uint32_t line)
 {
     if (!strcmp(m, "strip") || !strcmp(m, "lstrip") || !strcmp(m, "rstrip"))
-        return strip(c, s, arg_str(c, a, 0, "chars", line), m[0] != 'r', m[0] != 'l');
+        return js_strip(c, s, arg_str(c, a, 0, "chars", line), m[0] != 'r', m[0] != 'l');
     if (!strcmp(m, "split") || !strcmp(m, "rsplit")) {
         int64_t max = arg_int(c, a, 1, "maxsplit", -1, line);
         if (m[0] == 'r' && max >= 0)
             jerr(c, KVR_ENOTSUP, line, "rsplit with maxsplit is not supported");
-        return split(c, s, arg_str(c, a, 0, "sep", line), max, line);
+        return js_split(c, s, arg_str(c, a, 0, "sep", line), max, line);
     }
     if (!strcmp(m, "splitlines"))
-        return list_val(splitlines(c, s, arg_bool(c, a, 0, "keepends", false)));
+        return jv_list(js_splitlines(c, s, arg_bool(c, a, 0, "keepends", false)));
     if (!strcmp(m, "startswith") || !strcmp(m, "endswith")) {
         const struct jval *x = arg(a, 0, NULL);
         if (!x)
@@ -399,19 +178,19 @@ static struct jval str_method(struct jctx *c, const struct jstr *s, const char *
         return jv_bool(affix(c, s, *x, m[0] == 'e', line));
     }
     if (!strcmp(m, "upper"))
-        return map_case(c, s, CASE_UPPER);
+        return js_case(c, s, JCASE_UPPER);
     if (!strcmp(m, "lower"))
-        return map_case(c, s, CASE_LOWER);
+        return js_case(c, s, JCASE_LOWER);
     if (!strcmp(m, "title"))
-        return map_case(c, s, CASE_PYTITLE);
+        return js_case(c, s, JCASE_PYTITLE);
     if (!strcmp(m, "capitalize"))
-        return map_case(c, s, CASE_CAPITALIZE);
+        return js_case(c, s, JCASE_CAPITALIZE);
     if (!strcmp(m, "replace")) {
         const struct jstr *old = arg_str(c, a, 0, "old", line),
                           *new = arg_str(c, a, 1, "new", line);
         if (!old || !new)
             jerr(c, KVR_EFORMAT, line, "replace takes two strings");
-        return replace(c, s, old, new, arg_int(c, a, 2, "count", -1, line));
+        return js_replace(c, s, old, new, arg_int(c, a, 2, "count", -1, line));
     }
     if (!strcmp(m, "find") || !strcmp(m, "rfind") || !strcmp(m, "count")) {
         const struct jstr *x = arg_str(c, a, 0, "sub", line);
@@ -441,7 +220,7 @@ static struct jval str_method(struct jctx *c, const struct jstr *s, const char *
         if (!x)
             jerr(c, KVR_EFORMAT, line, "join takes one argument");
         struct jlist *items = jv_iter(c, *x, line);
-        struct jbuf b = newbuf(c);
+        struct jbuf b = jbuf_new(c);
         for (uint32_t i = 0; i < items->n; i++) {
             if (items->v[i].t != JT_STR)
                 jerr(c, KVR_EFORMAT, line, "sequence item %u: expected str instance, %s found",
@@ -450,7 +229,7 @@ static struct jval str_method(struct jctx *c, const struct jstr *s, const char *
                 jbuf_put(c, &b, s->s, s->len);
             jbuf_put(c, &b, items->v[i].u.s->s, items->v[i].u.s->len);
         }
-        return buf_str(c, &b);
+        return jv_buf(c, &b);
     }
     if (!strcmp(m, "removeprefix") || !strcmp(m, "removesuffix")) {
         const struct jstr *x = arg_str(c, a, 0, "affix", line);
@@ -477,12 +256,12 @@ struct jval jmethod_call(struct jctx *c, struct jval self, const struct jstr *na
         return str_method(c, self.u.s, name->s, a, line);
     const struct jdict *d = self.u.d;
     if (!strcmp(name->s, "items"))
-        return list_val(dict_items(c, d));
+        return jv_list(dict_items(c, d));
     if (!strcmp(name->s, "keys") || !strcmp(name->s, "values")) {
         struct jlist *l = jlist_new(&c->ar, d->n + 1);
         memcpy(l->v, name->s[0] == 'k' ? d->k : d->v, d->n * sizeof *l->v);
         l->n = d->n;
-        return list_val(l);
+        return jv_list(l);
     }
     const struct jval *k = arg(a, 0, NULL);
     if (!k)
@@ -527,7 +306,7 @@ static struct jval sort_value(struct jctx *c, struct jval v, const struct sort_k
     if (k->attr)
         v = attr_path(c, v, k->attr, line);
     if (k->fold && v.t == JT_STR)
-        v = map_case(c, v.u.s, CASE_LOWER);
+        v = js_case(c, v.u.s, JCASE_LOWER);
     return v;
 }
 
@@ -576,20 +355,6 @@ static struct jlist *sorted(struct jctx *c, struct jlist *items, const struct so
 
 /* ---- filters ------------------------------------------------------------------------------- */
 
-static const char *const filter_names[] = {
-    "abs",       "capitalize", "count", "default", "d",      "dictsort",   "first",
-    "float",     "indent",     "int",   "items",   "join",   "last",       "length",
-    "list",      "lower",      "map",   "max",     "min",    "reject",     "rejectattr",
-    "replace",   "reverse",    "round", "safe",    "select", "selectattr", "sort",
-    "string",    "sum",        "title", "tojson",  "trim",   "unique",     "upper",
-    "wordcount", NULL,
-};
-
-bool jfilter_exists(const char *name)
-{
-    return in_list(filter_names, name);
-}
-
 static const struct jstr *need_str(struct jctx *c, struct jval v)
 {
     return str_of(c, v).u.s;
@@ -599,7 +364,7 @@ static const struct jstr *need_str(struct jctx *c, struct jval v)
  * so surrogate pairs above U+FFFF). Non-ASCII only ever occurs inside JSON strings. */
 static struct jval ascii_json(struct jctx *c, const struct jbuf *in)
 {
-    struct jbuf b = newbuf(c);
+    struct jbuf b = jbuf_new(c);
     for (size_t i = 0; i < in->len;) {
         uint32_t cp;
         size_t n = ju_decode(in->p, in->len, i, &cp);
@@ -617,7 +382,7 @@ static struct jval ascii_json(struct jctx *c, const struct jbuf *in)
         }
         i += n;
     }
-    return buf_str(c, &b);
+    return jv_buf(c, &b);
 }
 
 /* select/reject/selectattr/rejectattr: keep the items whose test (or truth) is `keep`. */
@@ -652,7 +417,7 @@ static struct jval select_items(struct jctx *c, struct jval v, const struct jarg
         if (r == keep)
             jlist_push(&c->ar, out, items->v[i]);
     }
-    return list_val(out);
+    return jv_list(out);
 }
 
 static struct jval map_items(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
@@ -689,13 +454,13 @@ static struct jval map_items(struct jctx *c, struct jval v, const struct jargs *
         }
         jlist_push(&c->ar, out, x);
     }
-    return list_val(out);
+    return jv_list(out);
 }
 
 static struct jval indent(struct jctx *c, const struct jstr *s, const struct jargs *a,
                           uint32_t line)
 {
-    struct jbuf pad = newbuf(c);
+    struct jbuf pad = jbuf_new(c);
     const struct jval *w = arg(a, 0, "width");
     if (w && w->t == JT_STR) {
         jbuf_put(c, &pad, w->u.s->s, w->u.s->len);
@@ -705,11 +470,11 @@ static struct jval indent(struct jctx *c, const struct jstr *s, const struct jar
             jbuf_putc(c, &pad, ' ');
     }
     bool first = arg_bool(c, a, 1, "first", false), blank = arg_bool(c, a, 2, "blank", false);
-    struct jbuf tmp = newbuf(c);
+    struct jbuf tmp = jbuf_new(c);
     jbuf_put(c, &tmp, s->s, s->len);
     jbuf_putc(c, &tmp, '\n');
-    struct jlist *lines = splitlines(c, buf_str(c, &tmp).u.s, false);
-    struct jbuf b = newbuf(c);
+    struct jlist *lines = js_splitlines(c, jv_buf(c, &tmp).u.s, false);
+    struct jbuf b = jbuf_new(c);
     if (first)
         jbuf_put(c, &b, pad.p, pad.len);
     for (uint32_t i = 0; i < lines->n; i++) {
@@ -721,7 +486,7 @@ static struct jval indent(struct jctx *c, const struct jstr *s, const struct jar
         }
         jbuf_put(c, &b, ln->s, ln->len);
     }
-    return buf_str(c, &b);
+    return jv_buf(c, &b);
 }
 
 static struct jval to_number(struct jctx *c, struct jval v, const struct jargs *a, bool flt)
@@ -740,7 +505,7 @@ static struct jval to_number(struct jctx *c, struct jval v, const struct jargs *
             return d;
         return jv_int((int64_t)v.u.f);
     case JT_STR: {
-        struct jval t = strip(c, v.u.s, NULL, true, true);
+        struct jval t = js_strip(c, v.u.s, NULL, true, true);
         const char *s = t.u.s->s;
         char *end;
         if (!*s)
@@ -785,46 +550,401 @@ static struct jval minmax(struct jctx *c, struct jval v, const struct jargs *a, 
     return items->v[best];
 }
 
-/* The parameters of each filter after its value, in order, as jinja2 (and Hugging Face,
- * for tojson) declare them; map/select/reject and their attr forms take any arguments. */
-static const struct {
+/* ---- the filters, one function each ----------------------------------------------------- */
+
+static struct jval f_default(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)line;
+    const struct jval *def = arg(a, 0, "default_value");
+    bool boolean = arg_bool(c, a, 1, "boolean", false);
+    if (v.t == JT_UNDEF || (boolean && !jv_truthy(c, v)))
+        return def ? *def : jv_str(&c->ar, "", 0);
+    return v;
+}
+
+static struct jval f_length(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)a;
+    int64_t n = jv_len(c, v);
+    if (n < 0)
+        jerr(c, KVR_EFORMAT, line, "object of type '%s' has no len()", jv_type_name(v));
+    return jv_int(n);
+}
+
+static struct jval f_safe(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)c, (void)a, (void)line;
+    return v;
+}
+
+static struct jval f_string(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)a, (void)line;
+    return str_of(c, v);
+}
+
+static struct jval f_trim(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    return js_strip(c, need_str(c, v), arg_str(c, a, 0, "chars", line), true, true);
+}
+
+static struct jval f_upper(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)a, (void)line;
+    return js_case(c, need_str(c, v), JCASE_UPPER);
+}
+
+static struct jval f_lower(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)a, (void)line;
+    return js_case(c, need_str(c, v), JCASE_LOWER);
+}
+
+static struct jval f_capitalize(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)a, (void)line;
+    return js_case(c, need_str(c, v), JCASE_CAPITALIZE);
+}
+
+static struct jval f_title(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)a, (void)line;
+    return js_title(c, need_str(c, v));
+}
+
+/* Hugging Face's tojson(x, ensure_ascii=False, indent=None, separators=None,
+ * sort_keys=False), which is json.dumps. */
+static struct jval f_tojson(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    const struct jval *ind = arg(a, 1, "indent");
+    int indent = -1;
+    if (ind && ind->t != JT_NONE) {
+        if (ind->t != JT_INT || ind->u.i < 0 || ind->u.i > 64)
+            jerr(c, KVR_ENOTSUP, line, "tojson indent must be an integer 0..64");
+        indent = (int)ind->u.i;
+    }
+    const struct jval *sep = arg(a, 2, "separators");
+    if (sep && sep->t != JT_NONE)
+        jerr(c, KVR_ENOTSUP, line, "tojson: separators are not supported");
+    struct jbuf b = jbuf_new(c);
+    jv_write_json(c, &b, v, indent, arg_bool(c, a, 3, "sort_keys", false), 0, line);
+    if (arg_bool(c, a, 0, "ensure_ascii", false))
+        return ascii_json(c, &b);
+    return jv_buf(c, &b);
+}
+
+static struct jval f_replace(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    const struct jstr *old = arg_str(c, a, 0, "old", line), *new = arg_str(c, a, 1, "new", line);
+    if (!old || !new)
+        jerr(c, KVR_EFORMAT, line, "replace takes two strings");
+    return js_replace(c, need_str(c, v), old, new, arg_int(c, a, 2, "count", -1, line));
+}
+
+static struct jval f_join(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    const struct jstr *sep = arg_str(c, a, 0, "d", line);
+    const struct jstr *attr = arg_str(c, a, 1, "attribute", line);
+    struct jlist *items = jv_iter(c, v, line);
+    struct jbuf b = jbuf_new(c);
+    for (uint32_t i = 0; i < items->n; i++) {
+        if (i && sep)
+            jbuf_put(c, &b, sep->s, sep->len);
+        jv_write_str(c, &b, attr ? attr_path(c, items->v[i], attr, line) : items->v[i]);
+    }
+    return jv_buf(c, &b);
+}
+
+static struct jval f_first(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)a;
+    struct jlist *items = jv_iter(c, v, line);
+    return items->n ? items->v[0] : jv_undef(NULL);
+}
+
+static struct jval f_last(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)a;
+    struct jlist *items = jv_iter(c, v, line);
+    return items->n ? items->v[items->n - 1] : jv_undef(NULL);
+}
+
+static struct jval f_list(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)a;
+    struct jlist *items = jv_iter(c, v, line);
+    struct jlist *l = jlist_new(&c->ar, items->n + 1);
+    memcpy(l->v, items->v, items->n * sizeof *l->v);
+    l->n = items->n;
+    return jv_list(l);
+}
+
+static struct jval f_reverse(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)a;
+    if (v.t == JT_STR) {
+        struct jlist *chars = jv_iter(c, v, line);
+        struct jbuf b = jbuf_new(c);
+        for (uint32_t i = chars->n; i-- > 0;)
+            jbuf_put(c, &b, chars->v[i].u.s->s, chars->v[i].u.s->len);
+        return jv_buf(c, &b);
+    }
+    struct jlist *items = jv_iter(c, v, line);
+    struct jlist *l = jlist_new(&c->ar, items->n + 1);
+    for (uint32_t i = items->n; i-- > 0;)
+        jlist_push(&c->ar, l, items->v[i]);
+    return jv_list(l);
+}
+
+static struct jval f_items(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)a;
+    if (v.t == JT_UNDEF)
+        return jv_list(jlist_new(&c->ar, 1));
+    if (v.t != JT_DICT || v.u.d->ns)
+        jerr(c, KVR_EFORMAT, line, "can only get item pairs from a mapping");
+    return jv_list(dict_items(c, v.u.d));
+}
+
+static struct jval f_dictsort(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    if (v.t != JT_DICT || v.u.d->ns)
+        jerr(c, KVR_EFORMAT, line, "dictsort needs a mapping");
+    const struct jstr *by = arg_str(c, a, 1, "by", line);
+    struct sort_key k = {.fold = !arg_bool(c, a, 0, "case_sensitive", false),
+                         .reverse = arg_bool(c, a, 2, "reverse", false)};
+    k.attr = jstr_new(&c->ar, by && !strcmp(by->s, "value") ? "1" : "0", 1);
+    return jv_list(sorted(c, dict_items(c, v.u.d), &k, line));
+}
+
+static struct jval f_sort(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    struct sort_key k = {.reverse = arg_bool(c, a, 0, "reverse", false),
+                         .fold = !arg_bool(c, a, 1, "case_sensitive", false),
+                         .attr = arg_str(c, a, 2, "attribute", line)};
+    return jv_list(sorted(c, jv_iter(c, v, line), &k, line));
+}
+
+static struct jval f_unique(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    struct sort_key k = {.fold = !arg_bool(c, a, 0, "case_sensitive", false),
+                         .attr = arg_str(c, a, 1, "attribute", line)};
+    struct jlist *items = jv_iter(c, v, line), *seen = jlist_new(&c->ar, items->n + 1);
+    struct jlist *out = jlist_new(&c->ar, items->n + 1);
+    for (uint32_t i = 0; i < items->n; i++) {
+        struct jval key = sort_value(c, items->v[i], &k, line);
+        bool dup = false;
+        for (uint32_t j = 0; j < seen->n && !dup; j++) {
+            jcharge(c, 1, line);
+            dup = jv_equal(c, seen->v[j], key);
+        }
+        if (!dup) {
+            jlist_push(&c->ar, seen, key);
+            jlist_push(&c->ar, out, items->v[i]);
+        }
+    }
+    return jv_list(out);
+}
+
+static struct jval f_select(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    return select_items(c, v, a, false, true, line);
+}
+
+static struct jval f_reject(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    return select_items(c, v, a, false, false, line);
+}
+
+static struct jval f_selectattr(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    return select_items(c, v, a, true, true, line);
+}
+
+static struct jval f_rejectattr(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    return select_items(c, v, a, true, false, line);
+}
+
+static struct jval f_int(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)line;
+    return to_number(c, v, a, false);
+}
+
+static struct jval f_float(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)line;
+    return to_number(c, v, a, true);
+}
+
+static struct jval f_abs(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)a;
+    if (v.t == JT_INT && v.u.i != INT64_MIN)
+        return jv_int(v.u.i < 0 ? -v.u.i : v.u.i);
+    if (v.t == JT_FLOAT)
+        return jv_float(fabs(v.u.f));
+    if (v.t == JT_BOOL)
+        return jv_int(v.u.b);
+    jerr(c, KVR_EFORMAT, line, "bad operand type for abs(): '%s'", jv_type_name(v));
+}
+
+static struct jval f_round(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    int64_t prec = arg_int(c, a, 0, "precision", 0, line);
+    const struct jstr *method = arg_str(c, a, 1, "method", line);
+    if (v.t != JT_INT && v.t != JT_FLOAT && v.t != JT_BOOL)
+        jerr(c, KVR_EFORMAT, line, "round needs a number");
+    double x = v.t == JT_FLOAT ? v.u.f : v.t == JT_INT ? (double)v.u.i : v.u.b;
+    if (prec < -300 || prec > 300)
+        jerr(c, KVR_ERANGE, line, "round precision out of range");
+    double m = pow(10, (double)prec), y = x * m;
+    if (!method || !strcmp(method->s, "common"))
+        y = round(y);
+    else if (!strcmp(method->s, "ceil"))
+        y = ceil(y);
+    else if (!strcmp(method->s, "floor"))
+        y = floor(y);
+    else
+        jerr(c, KVR_EFORMAT, line, "method must be common, ceil or floor");
+    return jv_float(y / m);
+}
+
+static bool is_number(struct jval x)
+{
+    return x.t == JT_INT || x.t == JT_FLOAT || x.t == JT_BOOL;
+}
+
+static double as_double(struct jval x)
+{
+    return x.t == JT_FLOAT ? x.u.f : x.t == JT_INT ? (double)x.u.i : x.u.b;
+}
+
+static struct jval f_sum(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    const struct jstr *attr = arg_str(c, a, 0, "attribute", line);
+    const struct jval *start = arg(a, 1, "start");
+    struct jval acc = start ? *start : jv_int(0);
+    struct jlist *items = jv_iter(c, v, line);
+    for (uint32_t i = 0; i < items->n; i++) {
+        struct jval x = attr ? attr_path(c, items->v[i], attr, line) : items->v[i];
+        if (!(is_number(acc) && is_number(x)))
+            jerr(c, KVR_EFORMAT, line, "sum needs numbers");
+        if (acc.t == JT_FLOAT || x.t == JT_FLOAT) {
+            acc = jv_float(as_double(acc) + as_double(x));
+        } else {
+            int64_t s;
+            if (__builtin_add_overflow(acc.t == JT_INT ? acc.u.i : acc.u.b,
+                                       x.t == JT_INT ? x.u.i : x.u.b, &s))
+                jerr(c, KVR_ERANGE, line, "integer overflow (integers are 64-bit)");
+            acc = jv_int(s);
+        }
+    }
+    return acc;
+}
+
+static struct jval f_max(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    return minmax(c, v, a, true, line);
+}
+
+static struct jval f_min(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    return minmax(c, v, a, false, line);
+}
+
+static struct jval f_indent(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    if (v.t == JT_UNDEF) /* jinja2 appends to the value itself */
+        jerr(c, KVR_EFORMAT, line, "'%.100s' is undefined", v.u.s ? v.u.s->s : "value");
+    return indent(c, need_str(c, v), a, line);
+}
+
+static struct jval f_wordcount(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    (void)a, (void)line;
+    const struct jstr *s = need_str(c, v);
+    int64_t n = 0;
+    bool in = false;
+    for (size_t i = 0; i < s->len;) {
+        uint32_t cp;
+        i += ju_decode(s->s, s->len, i, &cp);
+        bool w = ju_isalnum(cp) || cp == '_' || (cp >= 0xc0 && !ju_isspace(cp));
+        n += w && !in;
+        in = w;
+    }
+    return jv_int(n);
+}
+
+/* ---- the filter table -------------------------------------------------------------------- */
+
+/* Each filter with the parameters it takes after its value, in order, as jinja2 (and Hugging
+ * Face, for tojson) declare them; map/select/reject and their attr forms take any. */
+static const struct filter {
     const char *name;
+    struct jval (*fn)(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line);
     const char *params[4];
     bool variadic;
-} filter_params[] = {
-    {"default", {"default_value", "boolean"}, false},
-    {"d", {"default_value", "boolean"}, false},
-    {"dictsort", {"case_sensitive", "by", "reverse"}, false},
-    {"float", {"default"}, false},
-    {"int", {"default", "base"}, false},
-    {"indent", {"width", "first", "blank"}, false},
-    {"join", {"d", "attribute"}, false},
-    {"max", {"case_sensitive", "attribute"}, false},
-    {"min", {"case_sensitive", "attribute"}, false},
-    {"replace", {"old", "new", "count"}, false},
-    {"round", {"precision", "method"}, false},
-    {"sort", {"reverse", "case_sensitive", "attribute"}, false},
-    {"sum", {"attribute", "start"}, false},
-    {"tojson", {"ensure_ascii", "indent", "separators", "sort_keys"}, false},
-    {"trim", {"chars"}, false},
-    {"unique", {"case_sensitive", "attribute"}, false},
-    {"map", {NULL}, true},
-    {"select", {NULL}, true},
-    {"reject", {NULL}, true},
-    {"selectattr", {NULL}, true},
-    {"rejectattr", {NULL}, true},
+} filters[] = {
+    {"abs", f_abs, {NULL}, false},
+    {"capitalize", f_capitalize, {NULL}, false},
+    {"count", f_length, {NULL}, false},
+    {"default", f_default, {"default_value", "boolean"}, false},
+    {"d", f_default, {"default_value", "boolean"}, false},
+    {"dictsort", f_dictsort, {"case_sensitive", "by", "reverse"}, false},
+    {"first", f_first, {NULL}, false},
+    {"float", f_float, {"default"}, false},
+    {"indent", f_indent, {"width", "first", "blank"}, false},
+    {"int", f_int, {"default", "base"}, false},
+    {"items", f_items, {NULL}, false},
+    {"join", f_join, {"d", "attribute"}, false},
+    {"last", f_last, {NULL}, false},
+    {"length", f_length, {NULL}, false},
+    {"list", f_list, {NULL}, false},
+    {"lower", f_lower, {NULL}, false},
+    {"map", map_items, {NULL}, true},
+    {"max", f_max, {"case_sensitive", "attribute"}, false},
+    {"min", f_min, {"case_sensitive", "attribute"}, false},
+    {"reject", f_reject, {NULL}, true},
+    {"rejectattr", f_rejectattr, {NULL}, true},
+    {"replace", f_replace, {"old", "new", "count"}, false},
+    {"reverse", f_reverse, {NULL}, false},
+    {"round", f_round, {"precision", "method"}, false},
+    {"safe", f_safe, {NULL}, false},
+    {"select", f_select, {NULL}, true},
+    {"selectattr", f_selectattr, {NULL}, true},
+    {"sort", f_sort, {"reverse", "case_sensitive", "attribute"}, false},
+    {"string", f_string, {NULL}, false},
+    {"sum", f_sum, {"attribute", "start"}, false},
+    {"title", f_title, {NULL}, false},
+    {"tojson", f_tojson, {"ensure_ascii", "indent", "separators", "sort_keys"}, false},
+    {"trim", f_trim, {"chars"}, false},
+    {"unique", f_unique, {"case_sensitive", "attribute"}, false},
+    {"upper", f_upper, {NULL}, false},
+    {"wordcount", f_wordcount, {NULL}, false},
 };
 
-/* Python's TypeError for arguments a filter does not take. */
-static void check_filter_args(struct jctx *c, const char *f, const struct jargs *a, uint32_t line)
+static const struct filter *find_filter(const char *name)
 {
-    const char *const *params = NULL;
-    for (size_t i = 0; i < sizeof filter_params / sizeof *filter_params; i++)
-        if (!strcmp(filter_params[i].name, f)) {
-            if (filter_params[i].variadic)
-                return;
-            params = filter_params[i].params;
-        }
+    for (size_t i = 0; i < sizeof filters / sizeof *filters; i++)
+        if (!strcmp(filters[i].name, name))
+            return &filters[i];
+    return NULL;
+}
+
+bool jfilter_exists(const char *name)
+{
+    return find_filter(name) != NULL;
+}
+
+/* Python's TypeError for arguments a filter does not take. */
+static void check_filter_args(struct jctx *c, const char *f, const struct filter *flt,
+                              const struct jargs *a, uint32_t line)
+{
+    if (flt && flt->variadic)
+        return;
+    const char *const *params = flt ? flt->params : NULL;
     uint32_t n_params = 0;
     while (params && n_params < 4 && params[n_params])
         n_params++;
@@ -847,229 +967,12 @@ static void check_filter_args(struct jctx *c, const char *f, const struct jargs 
 struct jval jfilter(struct jctx *c, const struct jstr *name, struct jval v, const struct jargs *a,
                     uint32_t line)
 {
-    const char *f = name->s;
+    const struct filter *flt = find_filter(name->s);
     jcharge(c, 1, line);
-    check_filter_args(c, f, a, line);
-    if (!strcmp(f, "default") || !strcmp(f, "d")) {
-        const struct jval *def = arg(a, 0, "default_value");
-        bool boolean = arg_bool(c, a, 1, "boolean", false);
-        if (v.t == JT_UNDEF || (boolean && !jv_truthy(c, v)))
-            return def ? *def : jv_str(&c->ar, "", 0);
-        return v;
-    }
-    if (!strcmp(f, "length") || !strcmp(f, "count")) {
-        int64_t n = jv_len(c, v);
-        if (n < 0)
-            jerr(c, KVR_EFORMAT, line, "object of type '%s' has no len()", jv_type_name(v));
-        return jv_int(n);
-    }
-    if (!strcmp(f, "safe"))
-        return v;
-    if (!strcmp(f, "string"))
-        return str_of(c, v);
-    if (!strcmp(f, "trim"))
-        return strip(c, need_str(c, v), arg_str(c, a, 0, "chars", line), true, true);
-    if (!strcmp(f, "upper"))
-        return map_case(c, need_str(c, v), CASE_UPPER);
-    if (!strcmp(f, "lower"))
-        return map_case(c, need_str(c, v), CASE_LOWER);
-    if (!strcmp(f, "capitalize"))
-        return map_case(c, need_str(c, v), CASE_CAPITALIZE);
-    if (!strcmp(f, "title"))
-        return jinja_title(c, need_str(c, v));
-    if (!strcmp(f, "tojson")) {
-        /* Hugging Face's tojson(x, ensure_ascii=False, indent=None, separators=None,
-         * sort_keys=False), which is json.dumps. */
-        const struct jval *ind = arg(a, 1, "indent");
-        int indent = -1;
-        if (ind && ind->t != JT_NONE) {
-            if (ind->t != JT_INT || ind->u.i < 0 || ind->u.i > 64)
-                jerr(c, KVR_ENOTSUP, line, "tojson indent must be an integer 0..64");
-            indent = (int)ind->u.i;
-        }
-        const struct jval *sep = arg(a, 2, "separators");
-        if (sep && sep->t != JT_NONE)
-            jerr(c, KVR_ENOTSUP, line, "tojson: separators are not supported");
-        struct jbuf b = newbuf(c);
-        jv_write_json(c, &b, v, indent, arg_bool(c, a, 3, "sort_keys", false), 0, line);
-        if (arg_bool(c, a, 0, "ensure_ascii", false))
-            return ascii_json(c, &b);
-        return buf_str(c, &b);
-    }
-    if (!strcmp(f, "replace")) {
-        const struct jstr *old = arg_str(c, a, 0, "old", line),
-                          *new = arg_str(c, a, 1, "new", line);
-        if (!old || !new)
-            jerr(c, KVR_EFORMAT, line, "replace takes two strings");
-        return replace(c, need_str(c, v), old, new, arg_int(c, a, 2, "count", -1, line));
-    }
-    if (!strcmp(f, "join")) {
-        const struct jstr *sep = arg_str(c, a, 0, "d", line);
-        const struct jstr *attr = arg_str(c, a, 1, "attribute", line);
-        struct jlist *items = jv_iter(c, v, line);
-        struct jbuf b = newbuf(c);
-        for (uint32_t i = 0; i < items->n; i++) {
-            if (i && sep)
-                jbuf_put(c, &b, sep->s, sep->len);
-            jv_write_str(c, &b, attr ? attr_path(c, items->v[i], attr, line) : items->v[i]);
-        }
-        return buf_str(c, &b);
-    }
-    if (!strcmp(f, "first") || !strcmp(f, "last")) {
-        struct jlist *items = jv_iter(c, v, line);
-        if (!items->n)
-            return jv_undef(NULL);
-        return items->v[f[0] == 'f' ? 0 : items->n - 1];
-    }
-    if (!strcmp(f, "list")) {
-        struct jlist *items = jv_iter(c, v, line);
-        struct jlist *l = jlist_new(&c->ar, items->n + 1);
-        memcpy(l->v, items->v, items->n * sizeof *l->v);
-        l->n = items->n;
-        return list_val(l);
-    }
-    if (!strcmp(f, "reverse")) {
-        if (v.t == JT_STR) {
-            struct jlist *chars = jv_iter(c, v, line);
-            struct jbuf b = newbuf(c);
-            for (uint32_t i = chars->n; i-- > 0;)
-                jbuf_put(c, &b, chars->v[i].u.s->s, chars->v[i].u.s->len);
-            return buf_str(c, &b);
-        }
-        struct jlist *items = jv_iter(c, v, line);
-        struct jlist *l = jlist_new(&c->ar, items->n + 1);
-        for (uint32_t i = items->n; i-- > 0;)
-            jlist_push(&c->ar, l, items->v[i]);
-        return list_val(l);
-    }
-    if (!strcmp(f, "items")) {
-        if (v.t == JT_UNDEF)
-            return list_val(jlist_new(&c->ar, 1));
-        if (v.t != JT_DICT || v.u.d->ns)
-            jerr(c, KVR_EFORMAT, line, "can only get item pairs from a mapping");
-        return list_val(dict_items(c, v.u.d));
-    }
-    if (!strcmp(f, "dictsort")) {
-        if (v.t != JT_DICT || v.u.d->ns)
-            jerr(c, KVR_EFORMAT, line, "dictsort needs a mapping");
-        const struct jstr *by = arg_str(c, a, 1, "by", line);
-        struct sort_key k = {.fold = !arg_bool(c, a, 0, "case_sensitive", false),
-                             .reverse = arg_bool(c, a, 2, "reverse", false)};
-        k.attr = jstr_new(&c->ar, by && !strcmp(by->s, "value") ? "1" : "0", 1);
-        return list_val(sorted(c, dict_items(c, v.u.d), &k, line));
-    }
-    if (!strcmp(f, "sort")) {
-        struct sort_key k = {.reverse = arg_bool(c, a, 0, "reverse", false),
-                             .fold = !arg_bool(c, a, 1, "case_sensitive", false),
-                             .attr = arg_str(c, a, 2, "attribute", line)};
-        return list_val(sorted(c, jv_iter(c, v, line), &k, line));
-    }
-    if (!strcmp(f, "unique")) {
-        struct sort_key k = {.fold = !arg_bool(c, a, 0, "case_sensitive", false),
-                             .attr = arg_str(c, a, 1, "attribute", line)};
-        struct jlist *items = jv_iter(c, v, line), *seen = jlist_new(&c->ar, items->n + 1);
-        struct jlist *out = jlist_new(&c->ar, items->n + 1);
-        for (uint32_t i = 0; i < items->n; i++) {
-            struct jval key = sort_value(c, items->v[i], &k, line);
-            bool dup = false;
-            for (uint32_t j = 0; j < seen->n && !dup; j++) {
-                jcharge(c, 1, line);
-                dup = jv_equal(c, seen->v[j], key);
-            }
-            if (!dup) {
-                jlist_push(&c->ar, seen, key);
-                jlist_push(&c->ar, out, items->v[i]);
-            }
-        }
-        return list_val(out);
-    }
-    if (!strcmp(f, "map"))
-        return map_items(c, v, a, line);
-    if (!strcmp(f, "select") || !strcmp(f, "reject"))
-        return select_items(c, v, a, false, f[0] == 's', line);
-    if (!strcmp(f, "selectattr") || !strcmp(f, "rejectattr"))
-        return select_items(c, v, a, true, f[0] == 's', line);
-    if (!strcmp(f, "int") || !strcmp(f, "float"))
-        return to_number(c, v, a, f[0] == 'f');
-    if (!strcmp(f, "abs")) {
-        if (v.t == JT_INT && v.u.i != INT64_MIN)
-            return jv_int(v.u.i < 0 ? -v.u.i : v.u.i);
-        if (v.t == JT_FLOAT)
-            return jv_float(fabs(v.u.f));
-        if (v.t == JT_BOOL)
-            return jv_int(v.u.b);
-        jerr(c, KVR_EFORMAT, line, "bad operand type for abs(): '%s'", jv_type_name(v));
-    }
-    if (!strcmp(f, "round")) {
-        int64_t prec = arg_int(c, a, 0, "precision", 0, line);
-        const struct jstr *method = arg_str(c, a, 1, "method", line);
-        if (v.t != JT_INT && v.t != JT_FLOAT && v.t != JT_BOOL)
-            jerr(c, KVR_EFORMAT, line, "round needs a number");
-        double x = v.t == JT_FLOAT ? v.u.f : v.t == JT_INT ? (double)v.u.i : v.u.b;
-        if (prec < -300 || prec > 300)
-            jerr(c, KVR_ERANGE, line, "round precision out of range");
-        double m = pow(10, (double)prec), y = x * m;
-        if (!method || !strcmp(method->s, "common"))
-            y = round(y);
-        else if (!strcmp(method->s, "ceil"))
-            y = ceil(y);
-        else if (!strcmp(method->s, "floor"))
-            y = floor(y);
-        else
-            jerr(c, KVR_EFORMAT, line, "method must be common, ceil or floor");
-        return jv_float(y / m);
-    }
-    if (!strcmp(f, "sum")) {
-        const struct jstr *attr = arg_str(c, a, 0, "attribute", line);
-        const struct jval *start = arg(a, 1, "start");
-        struct jval acc = start ? *start : jv_int(0);
-        struct jlist *items = jv_iter(c, v, line);
-        for (uint32_t i = 0; i < items->n; i++) {
-            struct jval x = attr ? attr_path(c, items->v[i], attr, line) : items->v[i];
-            struct jargs none = {0};
-            (void)none;
-            if (!((acc.t == JT_INT || acc.t == JT_FLOAT || acc.t == JT_BOOL) &&
-                  (x.t == JT_INT || x.t == JT_FLOAT || x.t == JT_BOOL)))
-                jerr(c, KVR_EFORMAT, line, "sum needs numbers");
-            if (acc.t == JT_FLOAT || x.t == JT_FLOAT) {
-                double s = (acc.t == JT_FLOAT ? acc.u.f
-                            : acc.t == JT_INT ? (double)acc.u.i
-                                              : acc.u.b) +
-                           (x.t == JT_FLOAT ? x.u.f
-                            : x.t == JT_INT ? (double)x.u.i
-                                            : x.u.b);
-                acc = jv_float(s);
-            } else {
-                int64_t s;
-                if (__builtin_add_overflow(acc.t == JT_INT ? acc.u.i : acc.u.b,
-                                           x.t == JT_INT ? x.u.i : x.u.b, &s))
-                    jerr(c, KVR_ERANGE, line, "integer overflow (integers are 64-bit)");
-                acc = jv_int(s);
-            }
-        }
-        return acc;
-    }
-    if (!strcmp(f, "max") || !strcmp(f, "min"))
-        return minmax(c, v, a, f[1] == 'a', line);
-    if (!strcmp(f, "indent")) {
-        if (v.t == JT_UNDEF) /* jinja2 appends to the value itself */
-            jerr(c, KVR_EFORMAT, line, "'%.100s' is undefined", v.u.s ? v.u.s->s : "value");
-        return indent(c, need_str(c, v), a, line);
-    }
-    if (!strcmp(f, "wordcount")) {
-        const struct jstr *s = need_str(c, v);
-        int64_t n = 0;
-        bool in = false;
-        for (size_t i = 0; i < s->len;) {
-            uint32_t cp;
-            i += ju_decode(s->s, s->len, i, &cp);
-            bool w = ju_isalnum(cp) || cp == '_' || (cp >= 0xc0 && !ju_isspace(cp));
-            n += w && !in;
-            in = w;
-        }
-        return jv_int(n);
-    }
-    jerr(c, KVR_EFORMAT, line, "no filter named '%s'", f);
+    check_filter_args(c, name->s, flt, a, line);
+    if (!flt)
+        jerr(c, KVR_EFORMAT, line, "no filter named '%s'", name->s);
+    return flt->fn(c, v, a, line);
 }
 
 /* ---- tests --------------------------------------------------------------------------------- */
@@ -1156,7 +1059,7 @@ bool jtest(struct jctx *c, const struct jstr *name, struct jval v, const struct 
         if (x->t == JT_STR) {
             if (v.t != JT_STR)
                 jerr(c, KVR_EFORMAT, line, "'in <string>' requires string as left operand");
-            return find_bytes(x->u.s->s, x->u.s->len, v.u.s->s, v.u.s->len) != NULL;
+            return js_find(x->u.s->s, x->u.s->len, v.u.s->s, v.u.s->len) != NULL;
         }
         items = jv_iter(c, *x, line);
         for (uint32_t i = 0; i < items->n; i++)

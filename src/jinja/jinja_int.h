@@ -5,6 +5,8 @@
  *   jinja_value.c    the arena, values, conversions (str, repr, tojson), comparisons
  *   jinja_eval.c     statements and expressions, scopes, calls, the public API
  *   jinja_filters.c  filters, tests, and the methods of str and dict
+ *   jinja_strings.c  string operations filters and methods share (case, strip, split...)
+ *   jinja_chars.c    code points: counting, isspace, case mapping
  *
  * Every allocation of a parse or of a render comes from one struct jarena. A failure
  * anywhere (syntax, runtime, limit, memory) records its message and longjmps to the
@@ -13,6 +15,8 @@
 #define KVR_JINJA_JINJA_INT_H
 
 #include "jinja/jinja.h"
+
+#include "core/utf8.h"
 
 #include <setjmp.h>
 #include <stdbool.h>
@@ -295,13 +299,21 @@ int64_t jv_len(struct jctx *c, struct jval v);
  * Fails (type error) for values that cannot be iterated. */
 struct jlist *jv_iter(struct jctx *c, struct jval v, uint32_t line);
 
-/* UTF-8 helpers */
-size_t ju_decode(const char *s, size_t len, size_t i, uint32_t *cp);
-size_t ju_encode(uint32_t cp, char *out);
+/* ---- code points (jinja_chars.c) ---------------------------------------------------- */
+
+/* The code point at s[i..len) (i < len) and its length in bytes. Strings are Python str:
+ * a byte that is not part of a well-formed character reads as U+FFFD on its own. */
+static inline size_t ju_decode(const char *s, size_t len, size_t i, uint32_t *cp)
+{
+    return kvr_utf8_decode(s + i, len - i, cp, KVR_UTF8_REPLACE_BYTE);
+}
+/* Code points in s[0..len), by ju_decode. */
 size_t ju_count(const char *s, size_t len);
 bool ju_isspace(uint32_t cp);
 uint32_t ju_upper(uint32_t cp);
 uint32_t ju_lower(uint32_t cp);
+/* Has a case (upper or lower maps it to another code point). */
+bool ju_iscased(uint32_t cp);
 bool ju_isalnum(uint32_t cp);
 
 /* ---- the render (jinja_eval.c) ------------------------------------------------------ */
@@ -339,6 +351,41 @@ struct jval jcall(struct jctx *c, struct jval fn, const struct jargs *args, uint
  * item lookup (x[key]) tries items first. */
 struct jval jget_attr(struct jctx *c, struct jval obj, const struct jstr *name, uint32_t line);
 struct jval jget_item(struct jctx *c, struct jval obj, struct jval key, uint32_t line);
+
+/* An empty output buffer, bounded by the render's output limit; its text as a value. */
+static inline struct jbuf jbuf_new(struct jctx *c)
+{
+    return (struct jbuf){.max = c->t->lim.max_output_bytes};
+}
+static inline struct jval jv_buf(struct jctx *c, const struct jbuf *b)
+{
+    return jv_str(&c->ar, b->p ? b->p : "", b->len);
+}
+static inline struct jval jv_list(struct jlist *l)
+{
+    return (struct jval){.t = JT_LIST, .u.l = l};
+}
+
+/* ---- string operations (jinja_strings.c) -------------------------------------------- */
+
+/* PYTITLE is Python's str.title (after any uncased character); jinja2's title filter is
+ * js_title (after whitespace, '-' and opening brackets). */
+enum jcasing { JCASE_UPPER, JCASE_LOWER, JCASE_CAPITALIZE, JCASE_PYTITLE, JCASE_COUNT };
+
+struct jval js_case(struct jctx *c, const struct jstr *s, enum jcasing how);
+struct jval js_title(struct jctx *c, const struct jstr *s);
+/* Strip the code points in `chars` (NULL: whitespace) from the chosen ends. */
+struct jval js_strip(struct jctx *c, const struct jstr *s, const struct jstr *chars, bool left,
+                     bool right);
+/* The first x[0..xn) in h[0..hn), or NULL; an empty x is found at h. */
+const char *js_find(const char *h, size_t hn, const char *x, size_t xn);
+/* Python's str.replace (count < 0: every occurrence). */
+struct jval js_replace(struct jctx *c, const struct jstr *s, const struct jstr *old,
+                       const struct jstr *new, int64_t count);
+/* Python's str.split (sep NULL: runs of whitespace; maxsplit < 0: no limit). */
+struct jval js_split(struct jctx *c, const struct jstr *s, const struct jstr *sep, int64_t maxsplit,
+                     uint32_t line);
+struct jlist *js_splitlines(struct jctx *c, const struct jstr *s, bool keepends);
 
 /* ---- filters, tests, methods (jinja_filters.c) -------------------------------------- */
 

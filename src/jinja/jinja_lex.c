@@ -238,7 +238,7 @@ static void lex_string(struct lexer *L)
                 uint32_t v = (uint32_t)(e - '0');
                 for (int k = 0; k < 2 && i < L->len && L->s[i] >= '0' && L->s[i] <= '7'; k++)
                     v = v * 8 + (uint32_t)(L->s[i++] - '0');
-                out.n += ju_encode(v, out.p + out.n);
+                out.n += kvr_utf8_encode(v, out.p + out.n);
             } else {
                 out.p[out.n++] = '\\';
                 out.p[out.n++] = e;
@@ -257,7 +257,7 @@ static void lex_string(struct lexer *L)
             }
             if (v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff))
                 lfail(L, "escape is not a Unicode scalar value");
-            out.n += ju_encode(v, out.p + out.n);
+            out.n += kvr_utf8_encode(v, out.p + out.n);
         }
     }
     struct jtoken *t = push(L, T_STR);

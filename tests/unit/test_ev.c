@@ -1,11 +1,9 @@
 /* test_ev.c - the event loop's timers: a timer disarmed with 0 or UINT64_MAX never fires
- * (a stage's disarmed handshake timer once fired at every turn: 8,600 turns a second), a
- * past deadline fires once at the next turn, timers fire in deadline order, a callback may
- * re-arm its own timer, and a wake-up from another thread runs the wake callback. Every
- * deadline is fixed from one reading of the clock, so the order asserted is the deadlines'
- * however late the loop's turns come (a re-arm at "now + 1 ms" came after the 20 ms timer
- * when the test was descheduled at load 10, and the loop fired a late turn's timers in
- * slot order). */
+ * (a disarmed timer that fired at every turn would spin the loop), a past deadline fires
+ * once at the next turn, timers fire in deadline order, a callback may re-arm its own
+ * timer, and a wake-up from another thread runs the wake callback. Every deadline is fixed
+ * from one reading of the clock, so the order asserted is the deadlines' however late a
+ * descheduled test's turns come. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

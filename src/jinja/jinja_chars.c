@@ -1,59 +1,7 @@
-/* jinja_utf8.c - code points for the Jinja interpreter: decoding, Python's isspace, and
+/* jinja_chars.c - code points for the Jinja interpreter: counting, Python's isspace, and
  * case mapping for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic (other scripts
- * are left unchanged; see jinja.h). */
+ * are left unchanged; see jinja.h). Decoding and encoding are core/utf8.h's. */
 #include "jinja/jinja_int.h"
-
-size_t ju_decode(const char *str, size_t len, size_t i, uint32_t *cp)
-{
-    const unsigned char *s = (const unsigned char *)str;
-    unsigned char c0 = s[i];
-    if (c0 < 0x80) {
-        *cp = c0;
-        return 1;
-    }
-    size_t n = c0 >= 0xf0 ? 4 : c0 >= 0xe0 ? 3 : c0 >= 0xc0 ? 2 : 0;
-    if (!n || c0 > 0xf4 || i + n > len)
-        goto bad;
-    uint32_t v = c0 & (0x7f >> n);
-    for (size_t k = 1; k < n; k++) {
-        if ((s[i + k] & 0xc0) != 0x80)
-            goto bad;
-        v = (v << 6) | (s[i + k] & 0x3f);
-    }
-    static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (v < min[n] || v > 0x10ffff || (v >= 0xd800 && v <= 0xdfff))
-        goto bad;
-    *cp = v;
-    return n;
-bad:
-    *cp = 0xfffd;
-    return 1;
-}
-
-size_t ju_encode(uint32_t cp, char *out)
-{
-    unsigned char *o = (unsigned char *)out;
-    if (cp < 0x80) {
-        o[0] = (unsigned char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        o[0] = (unsigned char)(0xc0 | (cp >> 6));
-        o[1] = (unsigned char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        o[0] = (unsigned char)(0xe0 | (cp >> 12));
-        o[1] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f));
-        o[2] = (unsigned char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    o[0] = (unsigned char)(0xf0 | (cp >> 18));
-    o[1] = (unsigned char)(0x80 | ((cp >> 12) & 0x3f));
-    o[2] = (unsigned char)(0x80 | ((cp >> 6) & 0x3f));
-    o[3] = (unsigned char)(0x80 | (cp & 0x3f));
-    return 4;
-}
 
 size_t ju_count(const char *s, size_t len)
 {
@@ -138,6 +86,11 @@ uint32_t ju_upper(uint32_t cp)
         if (cp >= pair_ranges[i].lo && cp <= pair_ranges[i].hi)
             return ((cp & 1) != pair_ranges[i].odd_upper) ? cp - 1 : cp;
     return cp;
+}
+
+bool ju_iscased(uint32_t cp)
+{
+    return ju_upper(cp) != cp || ju_lower(cp) != cp;
 }
 
 bool ju_isalnum(uint32_t cp)
