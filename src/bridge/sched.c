@@ -272,21 +272,18 @@ static void seq_release(struct kvr_sched *s, uint32_t slot, uint64_t now)
 
 /* ---- the batch builder ---------------------------------------------------------------------- */
 
+/* OPEN carries the request's sampling parameters as they are, with greedy and "off" in the
+ * wire's one spelling (0); the logit bias follows in BIAS records, not in the OPEN. */
 static void open_record(struct kvr_wire_ctrl *c, uint32_t slot, const struct kvr_gen_request *r)
 {
-    const struct kvr_sample_params *p = &r->sampling;
     *c = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_OPEN,
                                 .seq = slot,
                                 .flags = r->logprobs ? KVR_WIRE_OPEN_LOGPROBS : 0,
-                                .sampling = {.temperature = p->temperature > 0 ? p->temperature : 0,
-                                             .top_k = p->top_k > 0 ? p->top_k : 0,
-                                             .top_p = p->top_p,
-                                             .min_p = p->min_p,
-                                             .repeat_penalty = p->repeat_penalty,
-                                             .frequency_penalty = p->frequency_penalty,
-                                             .presence_penalty = p->presence_penalty,
-                                             .repeat_last_n = p->repeat_last_n,
-                                             .seed = p->seed}};
+                                .sampling = r->sampling};
+    struct kvr_sample_params *p = &c->sampling;
+    p->temperature = p->temperature > 0 ? p->temperature : 0;
+    p->top_k = p->top_k > 0 ? p->top_k : 0;
+    p->n_bias = 0;
 }
 
 /* Pick up to `quota` READY sequences, earliest deadline first, into order[]. */

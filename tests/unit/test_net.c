@@ -733,7 +733,7 @@ static void test_send_to_vanished_peer(void **state)
 
 int main(void)
 {
-    /* Fix the level before any thread logs: core/log.c reads KVR_LOG lazily on first use. */
+    /* Fix the level before any thread logs. */
     kvr_log_set_level(KVR_LOG_INFO);
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_addr),

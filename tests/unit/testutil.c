@@ -7,10 +7,19 @@
 
 #include "testutil.h"
 
+#include "core/log.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+
+/* A test binary is a program like kvasir: it reads KVR_LOG once, before main, as
+ * cli/main.c does (the library never reads the environment). */
+__attribute__((constructor)) static void log_level_from_env(void)
+{
+    kvr_log_set_level(kvr_log_level_from_name(getenv("KVR_LOG")));
+}
 
 const char *kvr_test_shared(const char *rel_path)
 {
