@@ -29,6 +29,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "model/engine.h"
+#include "model/generate.h"
 #include "model/gguf.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
@@ -484,6 +485,39 @@ static void print_end(struct printer *p)
 
 /* ---- single process --------------------------------------------------------------------- */
 
+static void on_token(void *ud, uint32_t seq, int32_t id)
+{
+    (void)seq;
+    print_token(ud, id);
+}
+
+/* The jobs as model/generate.h sequences (sharing their ids and out arrays); NULL when out
+ * of memory. */
+static struct kvr_generate_seq *gen_seqs(const struct job *jobs, uint32_t n_jobs)
+{
+    struct kvr_generate_seq *seqs = kvr_calloc(n_jobs, sizeof *seqs);
+    for (uint32_t i = 0; seqs && i < n_jobs; i++)
+        seqs[i] = (struct kvr_generate_seq){.ids = jobs[i].ids,
+                                       .n_ids = jobs[i].n_ids,
+                                       .max_tokens = jobs[i].max_tokens,
+                                       .sp = jobs[i].sp,
+                                       .out = jobs[i].out};
+    return seqs;
+}
+
+/* Copy what generation filled back into the jobs. */
+static void gen_results(struct job *jobs, const struct kvr_generate_seq *seqs, uint32_t n_jobs)
+{
+    for (uint32_t i = 0; i < n_jobs; i++) {
+        jobs[i].n_out = seqs[i].n_out;
+        jobs[i].finish = seqs[i].finish == KVR_GENERATE_STOP     ? "stop"
+                         : seqs[i].finish == KVR_GENERATE_LENGTH ? "length"
+                                                            : NULL;
+    }
+}
+
+/* One prompt after another, each alone (kvr_generate); streams the text of a single
+ * prompt, then prompt and decode speeds. */
 static int run_local(const struct run_opts *o, struct kvr_gguf *g, const struct kvr_tok *tok,
                      struct job *jobs, uint32_t n_jobs, struct printer *pr)
 {
@@ -503,92 +537,35 @@ static int run_local(const struct run_opts *o, struct kvr_gguf *g, const struct 
                 o->n_predict, need, ctx);
         return 1;
     }
-    struct kvr_engine_config cfg = {.first_layer = 0,
-                                    .last_layer = hp.n_layer - 1,
-                                    .max_rows = 512,
-                                    .max_seqs = 1,
-                                    .n_ctx = ctx,
-                                    .kv_block_tokens = 16,
-                                    .kv_n_blocks = 0,
-                                    .kv_type = o->kv_type,
-                                    .n_threads = o->threads};
-    struct kvr_engine *e = NULL;
-    struct kvr_sample_scratch *sc = NULL;
-    float *logits = kvr_malloc((size_t)hp.n_vocab * sizeof(float));
-    int rc = 1;
-    if (!logits || kvr_engine_create(&e, g, &cfg, &err) ||
-        kvr_sample_scratch_create(&sc, (int32_t)hp.n_vocab)) {
+    struct kvr_generate_config cfg = {.n_ctx = ctx,
+                                 .row_width = 512,
+                                 .kv_type = o->kv_type,
+                                 .n_threads = o->threads,
+                                 .ignore_eos = o->ignore_eos};
+    struct kvr_generate_stats st;
+    struct kvr_generate_seq *seqs = gen_seqs(jobs, n_jobs);
+    int rc = seqs ? kvr_generate(g, &hp, tok, &cfg, seqs, n_jobs, on_token, pr, &st, &err)
+                  : KVR_ENOMEM;
+    if (seqs)
+        gen_results(jobs, seqs, n_jobs);
+    kvr_free(seqs);
+    if (rc) {
         fprintf(stderr, "kvasir run: %s\n", err.msg[0] ? err.msg : "out of memory");
-        goto out;
-    }
-    uint64_t prefill_ns = 0, decode_ns = 0, n_prefill = 0, n_decode = 0;
-    for (uint32_t ji = 0; ji < n_jobs; ji++) {
-        struct job *j = &jobs[ji];
-        struct kvr_sampler smp;
-        if (kvr_sampler_init(&smp, &j->sp, &err)) {
-            fprintf(stderr, "kvasir run: %s\n", err.msg);
-            goto out;
-        }
-        /* Prefill in chunks of the row width; the last chunk wants a token. */
-        uint64_t t0 = kvr_now_ns();
-        for (uint32_t pos = 0; pos < j->n_ids;) {
-            uint32_t n = j->n_ids - pos < cfg.max_rows ? j->n_ids - pos : cfg.max_rows;
-            bool last = pos + n == j->n_ids;
-            struct kvr_seg seg = {
-                0, pos, n, KVR_SEG_PREFILL | (last ? KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN : 0)};
-            if (kvr_engine_forward(e, &seg, 1, j->ids + pos, NULL, logits, &err)) {
-                fprintf(stderr, "kvasir run: %s\n", err.msg);
-                kvr_sampler_fini(&smp);
-                goto out;
-            }
-            pos += n;
-        }
-        uint64_t t1 = kvr_now_ns();
-        prefill_ns += t1 - t0;
-        n_prefill += j->n_ids;
-        j->finish = "length";
-        for (uint32_t k = 0; k < j->max_tokens; k++) {
-            int32_t tok_id = kvr_sampler_sample(&smp, logits, (int32_t)hp.n_vocab, sc, NULL);
-            kvr_sampler_accept(&smp, tok_id);
-            j->out[j->n_out++] = tok_id;
-            print_token(pr, tok_id);
-            if (!o->ignore_eos && kvr_tok_is_eog(tok, tok_id)) {
-                j->finish = "stop";
-                break;
-            }
-            if (k + 1 == j->max_tokens)
-                break;
-            struct kvr_seg seg = {0, j->n_ids + k, 1, KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
-            uint64_t td = kvr_now_ns();
-            if (kvr_engine_forward(e, &seg, 1, &tok_id, NULL, logits, &err)) {
-                fprintf(stderr, "kvasir run: %s\n", err.msg);
-                kvr_sampler_fini(&smp);
-                goto out;
-            }
-            decode_ns += kvr_now_ns() - td;
-            n_decode++;
-        }
-        kvr_sampler_fini(&smp);
-        kvr_engine_seq_free(e, 0);
+        return 1;
     }
     print_end(pr);
     fprintf(stderr, "prompt: %llu tokens in %.1f ms, %.1f tokens/s\n",
-            (unsigned long long)n_prefill, prefill_ns / 1e6,
-            prefill_ns ? n_prefill / (prefill_ns / 1e9) : 0.0);
+            (unsigned long long)st.n_prefill, st.prefill_ns / 1e6,
+            st.prefill_ns ? st.n_prefill / (st.prefill_ns / 1e9) : 0.0);
     fprintf(stderr, "decode: %llu tokens in %.1f ms, %.2f tokens/s (%u threads, %s kernels)\n",
-            (unsigned long long)n_decode, decode_ns / 1e6,
-            decode_ns ? n_decode / (decode_ns / 1e9) : 0.0, o->threads, kvr_kernels_name());
-    rc = 0;
-out:
-    kvr_free(logits);
-    kvr_sample_scratch_destroy(sc);
-    kvr_engine_destroy(e);
-    return rc;
+            (unsigned long long)st.n_decode, st.decode_ns / 1e6,
+            st.decode_ns ? st.n_decode / (st.decode_ns / 1e9) : 0.0, o->threads,
+            kvr_kernels_name());
+    return 0;
 }
 
-/* All prompts at once in one engine: each forward pass carries one decode row per running
- * sequence and fills the rest of the row width with prefill chunks (the bridge's packing
- * with a single micro-batch). The throughput baseline a ring is compared against. */
+/* All prompts at once in one engine (kvr_generate_batched): the throughput baseline a ring
+ * is compared against. */
 static int run_local_batched(const struct run_opts *o, struct kvr_gguf *g,
                              const struct kvr_tok *tok, struct job *jobs, uint32_t n_jobs)
 {
@@ -602,102 +579,29 @@ static int run_local_batched(const struct run_opts *o, struct kvr_gguf *g,
     for (uint32_t i = 0; i < n_jobs; i++)
         if (jobs[i].n_ids + jobs[i].max_tokens > need)
             need = jobs[i].n_ids + jobs[i].max_tokens;
-    struct kvr_engine_config cfg = {.first_layer = 0,
-                                    .last_layer = hp.n_layer - 1,
-                                    .max_rows = o->row_width,
-                                    .max_seqs = n_jobs,
-                                    .n_ctx = o->ctx ? o->ctx : need,
-                                    .kv_block_tokens = 16,
-                                    .kv_type = o->kv_type,
-                                    .n_threads = o->threads};
-    struct kvr_engine *e = NULL;
-    struct kvr_sample_scratch *sc = NULL;
-    struct kvr_sampler *smp = kvr_calloc(n_jobs, sizeof *smp);
-    uint32_t *prefilled = kvr_calloc(n_jobs, sizeof *prefilled);
-    struct kvr_seg *segs = kvr_calloc(o->row_width, sizeof *segs);
-    int32_t *toks = kvr_calloc(o->row_width, sizeof *toks);
-    float *logits = kvr_malloc((size_t)o->row_width * hp.n_vocab * sizeof(float));
-    int rc = 1;
-    if (!smp || !prefilled || !segs || !toks || !logits || kvr_engine_create(&e, g, &cfg, &err) ||
-        kvr_sample_scratch_create(&sc, (int32_t)hp.n_vocab)) {
+    struct kvr_generate_config cfg = {.n_ctx = o->ctx ? o->ctx : need,
+                                 .row_width = o->row_width,
+                                 .kv_type = o->kv_type,
+                                 .n_threads = o->threads,
+                                 .ignore_eos = o->ignore_eos};
+    struct kvr_generate_stats st;
+    struct kvr_generate_seq *seqs = gen_seqs(jobs, n_jobs);
+    int rc = seqs ? kvr_generate_batched(g, &hp, tok, &cfg, seqs, n_jobs, NULL, NULL, &st, &err)
+                  : KVR_ENOMEM;
+    if (seqs)
+        gen_results(jobs, seqs, n_jobs);
+    kvr_free(seqs);
+    if (rc) {
         fprintf(stderr, "kvasir run: %s\n", err.msg[0] ? err.msg : "out of memory");
-        goto out;
+        return 1;
     }
-    for (uint32_t i = 0; i < n_jobs; i++)
-        if (kvr_sampler_init(&smp[i], &jobs[i].sp, &err)) {
-            fprintf(stderr, "kvasir run: %s\n", err.msg);
-            goto out;
-        }
-    uint64_t t0 = kvr_now_ns(), n_tokens = 0, n_passes = 0;
-    uint32_t n_done = 0;
-    while (n_done < n_jobs) {
-        uint32_t n_segs = 0, n_rows = 0;
-        for (uint32_t i = 0; i < n_jobs && n_rows < o->row_width; i++) {
-            struct job *j = &jobs[i];
-            if (j->finish || prefilled[i] < j->n_ids || j->n_out == 0)
-                continue;
-            segs[n_segs++] = (struct kvr_seg){i, j->n_ids + j->n_out - 1, 1,
-                                              KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
-            toks[n_rows++] = j->out[j->n_out - 1];
-        }
-        for (uint32_t i = 0; i < n_jobs && n_rows < o->row_width; i++) {
-            struct job *j = &jobs[i];
-            if (prefilled[i] >= j->n_ids)
-                continue;
-            uint32_t n = j->n_ids - prefilled[i];
-            n = n < o->row_width - n_rows ? n : o->row_width - n_rows;
-            bool last = prefilled[i] + n == j->n_ids;
-            segs[n_segs++] = (struct kvr_seg){
-                i, prefilled[i], n,
-                KVR_SEG_PREFILL | (last ? KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN : 0)};
-            memcpy(toks + n_rows, j->ids + prefilled[i], n * sizeof *toks);
-            n_rows += n;
-            prefilled[i] += n;
-        }
-        if (kvr_engine_forward(e, segs, n_segs, toks, NULL, logits, &err)) {
-            fprintf(stderr, "kvasir run: %s\n", err.msg);
-            goto out;
-        }
-        n_passes++;
-        uint32_t r = 0;
-        for (uint32_t k = 0; k < n_segs; k++) {
-            if (!(segs[k].flags & KVR_SEG_WANTS_TOKEN))
-                continue;
-            uint32_t i = segs[k].seq;
-            struct job *j = &jobs[i];
-            int32_t t = kvr_sampler_sample(&smp[i], logits + (size_t)r++ * hp.n_vocab,
-                                           (int32_t)hp.n_vocab, sc, NULL);
-            kvr_sampler_accept(&smp[i], t);
-            j->out[j->n_out++] = t;
-            n_tokens++;
-            if (!o->ignore_eos && kvr_tok_is_eog(tok, t))
-                j->finish = "stop";
-            else if (j->n_out == j->max_tokens)
-                j->finish = "length";
-            if (j->finish) {
-                kvr_engine_seq_free(e, i);
-                n_done++;
-            }
-        }
-    }
-    double secs = (kvr_now_ns() - t0) / 1e9;
+    double secs = st.wall_ns / 1e9;
     fprintf(stderr,
             "batched: %u sequences, %llu tokens in %.2f s, %.1f tokens/s, %llu passes "
             "(%u threads)\n",
-            n_jobs, (unsigned long long)n_tokens, secs, n_tokens / secs,
-            (unsigned long long)n_passes, o->threads);
-    rc = 0;
-out:
-    for (uint32_t i = 0; smp && i < n_jobs; i++)
-        kvr_sampler_fini(&smp[i]);
-    kvr_free(smp);
-    kvr_free(prefilled);
-    kvr_free(segs);
-    kvr_free(toks);
-    kvr_free(logits);
-    kvr_sample_scratch_destroy(sc);
-    kvr_engine_destroy(e);
-    return rc;
+            n_jobs, (unsigned long long)st.n_tokens, secs, st.n_tokens / secs,
+            (unsigned long long)st.n_passes, o->threads);
+    return 0;
 }
 
 /* ---- through a ring ---------------------------------------------------------------------- */
