@@ -383,7 +383,7 @@ struct env {
     const struct opts *o;
     struct kvr_httpc_url url;
     const char *model;
-    const struct kvr_tok *tok;          /* -m: exact prompt token counts; or NULL */
+    const struct kvr_tok *tok;           /* -m: exact prompt token counts; or NULL */
     struct kvr_bench_tokenizer tok_hook; /* over tok */
     const char *path;
     bool tty;
@@ -425,7 +425,8 @@ static int run_level(const struct env *env, struct kvr_bench_level *lv, const ch
 
 /* ---- reporting ------------------------------------------------------------------------------- */
 
-static void describe_load(char *buf, size_t cap, const struct opts *o, const struct kvr_bench_level *lv)
+static void describe_load(char *buf, size_t cap, const struct opts *o,
+                          const struct kvr_bench_level *lv)
 {
     char limit[96] = "";
     if (o->num_requests && o->duration_s > 0)
@@ -872,10 +873,10 @@ int kvr_cmd_bench(int argc, char **argv)
     int rc = parse_opts(argc, argv, &o);
     if (rc)
         return rc == 1 ? 0 : rc;
-    struct env env = {
-        .o = &o,
-        .tty = isatty(STDERR_FILENO) != 0,
-        .path = o.endpoint == KVR_BENCH_CHAT ? "/v1/chat/completions" : "/v1/completions"};
+    struct env env = {.o = &o,
+                      .tty = isatty(STDERR_FILENO) != 0,
+                      .path = o.endpoint == KVR_BENCH_CHAT ? "/v1/chat/completions"
+                                                           : "/v1/completions"};
     struct kvr_err err = {0};
     if (kvr_httpc_url_parse(&env.url, o.url, &err)) {
         fprintf(stderr, "kvasir bench: --url: %s\n", err.msg);

@@ -100,131 +100,119 @@ static void usage(FILE *f)
             "  -q, --quiet            no streamed text\n");
 }
 
-static int parse_args(int argc, char **argv, struct run_opts *o)
-{
-    memset(o, 0, sizeof *o);
-    o->n_predict = 64;
-    o->threads = 2;
-    o->row_width = 64;
-    o->n_top = 5;
-    o->kv_type = KVR_PLAN_DEFAULT_KV_TYPE;
-    kvr_sample_params_default(&o->sp);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ARG(s, l) (!strcmp(a, s) || !strcmp(a, l))
-#define NEED_V()                                                                                   \
-    do {                                                                                           \
-        if (!v) {                                                                                  \
-            fprintf(stderr, "kvasir run: %s needs a value\n", a);                                  \
-            return 2;                                                                              \
-        }                                                                                          \
-        i++;                                                                                       \
-    } while (0)
-        if (ARG("-h", "--help")) {
-            usage(stdout);
-            return 1;
-        } else if (ARG("--no-prefix-cache", "--no-prefix-cache")) {
-            o->no_prefix_cache = true;
-        } else if (ARG("-m", "--model")) {
-            NEED_V();
-            o->model = v;
-        } else if (ARG("--plan", "--plan")) {
-            NEED_V();
-            o->plan = v;
-        } else if (ARG("-p", "--prompt")) {
-            NEED_V();
-            o->prompt = v;
-        } else if (ARG("--prompts", "--prompts")) {
-            NEED_V();
-            o->prompts_file = v;
-        } else if (ARG("-n", "--n-predict")) {
-            NEED_V();
-            if (kvr_cli_u32(a, v, 1, 1u << 20, &o->n_predict))
-                return 2;
-        } else if (ARG("-t", "--threads")) {
-            NEED_V();
-            if (kvr_cli_u32(a, v, 1, 256, &o->threads))
-                return 2;
-        } else if (ARG("-c", "--ctx")) {
-            NEED_V();
-            if (kvr_cli_u32(a, v, 1, 1u << 20, &o->ctx))
-                return 2;
-        } else if (ARG("--temp", "--temperature")) {
-            NEED_V();
-            if (kvr_cli_float(a, v, 0, 100, &o->sp.temperature))
-                return 2;
-        } else if (ARG("--top-k", "--top-k")) {
-            NEED_V();
-            uint32_t k;
-            if (kvr_cli_u32(a, v, 0, 1u << 24, &k))
-                return 2;
-            o->sp.top_k = (int32_t)k;
-        } else if (ARG("--top-p", "--top-p")) {
-            NEED_V();
-            if (kvr_cli_float(a, v, 0, 1, &o->sp.top_p))
-                return 2;
-        } else if (ARG("--min-p", "--min-p")) {
-            NEED_V();
-            if (kvr_cli_float(a, v, 0, 1, &o->sp.min_p))
-                return 2;
-        } else if (ARG("--repeat-penalty", "--repeat-penalty")) {
-            NEED_V();
-            if (kvr_cli_float(a, v, 0.01f, 100, &o->sp.repeat_penalty))
-                return 2;
-        } else if (ARG("--seed", "--seed")) {
-            NEED_V();
-            char *end;
-            o->sp.seed = strtoull(v, &end, 10);
-            if (*end) {
-                fprintf(stderr, "kvasir run: --seed wants a number, not '%s'\n", v);
-                return 2;
-            }
-        } else if (ARG("--chat", "--chat")) {
-            o->chat = true;
-        } else if (ARG("--chat-template", "--chat-template")) {
-            NEED_V();
-            o->chat = true;
-            o->chat_template = v;
-        } else if (ARG("--ignore-eos", "--ignore-eos")) {
-            o->ignore_eos = true;
-        } else if (ARG("--ids", "--ids")) {
-            o->print_ids = true;
-        } else if (ARG("--json", "--json")) {
-            o->json = true;
-        } else if (ARG("--batched", "--batched")) {
-            o->batched = true;
-        } else if (ARG("--row-width", "--row-width")) {
-            NEED_V();
-            if (kvr_cli_u32(a, v, 1, 16384, &o->row_width))
-                return 2;
-        } else if (ARG("--kv-type", "--kv-type")) {
-            NEED_V();
-            if (kvr_plan_kv_type_parse(v, &o->kv_type)) {
-                fprintf(stderr, "kvasir run: --kv-type is f32, f16 or q8_0, not '%s'\n", v);
-                return 2;
-            }
-        } else if (ARG("--force-ids", "--force-ids")) {
-            NEED_V();
-            o->force_ids = v;
-        } else if (ARG("--top", "--top")) {
-            NEED_V();
-            if (kvr_cli_u32(a, v, 1, 1000, &o->n_top))
-                return 2;
-        } else if (ARG("--logits", "--logits")) {
-            NEED_V();
-            if (kvr_cli_u32(a, v, 0, 1u << 20, &o->n_logits))
-                return 2;
-        } else if (ARG("-q", "--quiet")) {
-            o->quiet = true;
-        } else {
-            fprintf(stderr, "kvasir run: unknown option '%s'\n", a);
-            usage(stderr);
+
+/* An option without a value; false when `a` is not one. */
+static bool parse_flag(struct run_opts *o, const char *a)
+{
+    if (ARG("--no-prefix-cache", "--no-prefix-cache"))
+        o->no_prefix_cache = true;
+    else if (ARG("--chat", "--chat"))
+        o->chat = true;
+    else if (ARG("--ignore-eos", "--ignore-eos"))
+        o->ignore_eos = true;
+    else if (ARG("--ids", "--ids"))
+        o->print_ids = true;
+    else if (ARG("--json", "--json"))
+        o->json = true;
+    else if (ARG("--batched", "--batched"))
+        o->batched = true;
+    else if (ARG("-q", "--quiet"))
+        o->quiet = true;
+    else
+        return false;
+    return true;
+}
+
+/* Sampling options with their value. Returns 0, 2 after printing why the value is wrong,
+ * or 1 when `a` is not one of them. */
+static int parse_sampling(struct run_opts *o, const char *a, const char *v)
+{
+    uint32_t k;
+    char *end;
+    if (ARG("--temp", "--temperature"))
+        return kvr_cli_float(a, v, 0, 100, &o->sp.temperature) ? 2 : 0;
+    if (ARG("--top-k", "--top-k")) {
+        if (kvr_cli_u32(a, v, 0, 1u << 24, &k))
+            return 2;
+        o->sp.top_k = (int32_t)k;
+        return 0;
+    }
+    if (ARG("--top-p", "--top-p"))
+        return kvr_cli_float(a, v, 0, 1, &o->sp.top_p) ? 2 : 0;
+    if (ARG("--min-p", "--min-p"))
+        return kvr_cli_float(a, v, 0, 1, &o->sp.min_p) ? 2 : 0;
+    if (ARG("--repeat-penalty", "--repeat-penalty"))
+        return kvr_cli_float(a, v, 0.01f, 100, &o->sp.repeat_penalty) ? 2 : 0;
+    if (ARG("--seed", "--seed")) {
+        o->sp.seed = strtoull(v, &end, 10);
+        if (*end) {
+            fprintf(stderr, "kvasir run: --seed wants a number, not '%s'\n", v);
             return 2;
         }
-#undef ARG
-#undef NEED_V
+        return 0;
     }
+    return 1;
+}
+
+/* Every other option with a value. Returns as parse_sampling. */
+static int parse_value(struct run_opts *o, const char *a, const char *v)
+{
+    if (ARG("-m", "--model"))
+        o->model = v;
+    else if (ARG("--plan", "--plan"))
+        o->plan = v;
+    else if (ARG("-p", "--prompt"))
+        o->prompt = v;
+    else if (ARG("--prompts", "--prompts"))
+        o->prompts_file = v;
+    else if (ARG("-n", "--n-predict"))
+        return kvr_cli_u32(a, v, 1, 1u << 20, &o->n_predict) ? 2 : 0;
+    else if (ARG("-t", "--threads"))
+        return kvr_cli_u32(a, v, 1, 256, &o->threads) ? 2 : 0;
+    else if (ARG("-c", "--ctx"))
+        return kvr_cli_u32(a, v, 1, 1u << 20, &o->ctx) ? 2 : 0;
+    else if (ARG("--chat-template", "--chat-template")) {
+        o->chat = true;
+        o->chat_template = v;
+    } else if (ARG("--row-width", "--row-width"))
+        return kvr_cli_u32(a, v, 1, 16384, &o->row_width) ? 2 : 0;
+    else if (ARG("--kv-type", "--kv-type")) {
+        if (kvr_plan_kv_type_parse(v, &o->kv_type)) {
+            fprintf(stderr, "kvasir run: --kv-type is f32, f16 or q8_0, not '%s'\n", v);
+            return 2;
+        }
+    } else if (ARG("--force-ids", "--force-ids"))
+        o->force_ids = v;
+    else if (ARG("--top", "--top"))
+        return kvr_cli_u32(a, v, 1, 1000, &o->n_top) ? 2 : 0;
+    else if (ARG("--logits", "--logits"))
+        return kvr_cli_u32(a, v, 0, 1u << 20, &o->n_logits) ? 2 : 0;
+    else
+        return parse_sampling(o, a, v);
+    return 0;
+}
+
+#undef ARG
+
+/* The options parse_value and parse_sampling take, each followed by its value. */
+static bool takes_value(const char *a)
+{
+    static const char *const names[] = {
+        "-m",      "--model",         "--plan",      "-p",        "--prompt",    "--prompts",
+        "-n",      "--n-predict",     "-t",          "--threads", "-c",          "--ctx",
+        "--temp",  "--temperature",   "--top-k",     "--top-p",   "--min-p",     "--repeat-penalty",
+        "--seed",  "--chat-template", "--row-width", "--kv-type", "--force-ids", "--top",
+        "--logits"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(a, names[i]))
+            return true;
+    return false;
+}
+
+/* The options that only make sense together. Returns 0 or 2 after printing why. */
+static int validate_args(const struct run_opts *o)
+{
     if (!o->model == !o->plan) {
         fprintf(stderr, "kvasir run: give exactly one of -m MODEL and --plan PLAN\n");
         return 2;
@@ -238,6 +226,41 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         return 2;
     }
     return 0;
+}
+
+/* Returns 0, 1 after --help, or 2 after printing what is wrong. */
+static int parse_args(int argc, char **argv, struct run_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->n_predict = 64;
+    o->threads = 2;
+    o->row_width = 64;
+    o->n_top = 5;
+    o->kv_type = KVR_PLAN_DEFAULT_KV_TYPE;
+    kvr_sample_params_default(&o->sp);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 1;
+        }
+        if (parse_flag(o, a))
+            continue;
+        if (!takes_value(a)) {
+            fprintf(stderr, "kvasir run: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (!v) {
+            fprintf(stderr, "kvasir run: %s needs a value\n", a);
+            return 2;
+        }
+        i++;
+        if (parse_value(o, a, v))
+            return 2;
+    }
+    return validate_args(o);
 }
 
 /* ---- jobs ------------------------------------------------------------------------------- */
@@ -498,10 +521,10 @@ static struct kvr_generate_seq *gen_seqs(const struct job *jobs, uint32_t n_jobs
     struct kvr_generate_seq *seqs = kvr_calloc(n_jobs, sizeof *seqs);
     for (uint32_t i = 0; seqs && i < n_jobs; i++)
         seqs[i] = (struct kvr_generate_seq){.ids = jobs[i].ids,
-                                       .n_ids = jobs[i].n_ids,
-                                       .max_tokens = jobs[i].max_tokens,
-                                       .sp = jobs[i].sp,
-                                       .out = jobs[i].out};
+                                            .n_ids = jobs[i].n_ids,
+                                            .max_tokens = jobs[i].max_tokens,
+                                            .sp = jobs[i].sp,
+                                            .out = jobs[i].out};
     return seqs;
 }
 
@@ -512,7 +535,7 @@ static void gen_results(struct job *jobs, const struct kvr_generate_seq *seqs, u
         jobs[i].n_out = seqs[i].n_out;
         jobs[i].finish = seqs[i].finish == KVR_GENERATE_STOP     ? "stop"
                          : seqs[i].finish == KVR_GENERATE_LENGTH ? "length"
-                                                            : NULL;
+                                                                 : NULL;
     }
 }
 
@@ -538,14 +561,14 @@ static int run_local(const struct run_opts *o, struct kvr_gguf *g, const struct 
         return 1;
     }
     struct kvr_generate_config cfg = {.n_ctx = ctx,
-                                 .row_width = 512,
-                                 .kv_type = o->kv_type,
-                                 .n_threads = o->threads,
-                                 .ignore_eos = o->ignore_eos};
+                                      .row_width = 512,
+                                      .kv_type = o->kv_type,
+                                      .n_threads = o->threads,
+                                      .ignore_eos = o->ignore_eos};
     struct kvr_generate_stats st;
     struct kvr_generate_seq *seqs = gen_seqs(jobs, n_jobs);
-    int rc = seqs ? kvr_generate(g, &hp, tok, &cfg, seqs, n_jobs, on_token, pr, &st, &err)
-                  : KVR_ENOMEM;
+    int rc =
+        seqs ? kvr_generate(g, &hp, tok, &cfg, seqs, n_jobs, on_token, pr, &st, &err) : KVR_ENOMEM;
     if (seqs)
         gen_results(jobs, seqs, n_jobs);
     kvr_free(seqs);
@@ -580,10 +603,10 @@ static int run_local_batched(const struct run_opts *o, struct kvr_gguf *g,
         if (jobs[i].n_ids + jobs[i].max_tokens > need)
             need = jobs[i].n_ids + jobs[i].max_tokens;
     struct kvr_generate_config cfg = {.n_ctx = o->ctx ? o->ctx : need,
-                                 .row_width = o->row_width,
-                                 .kv_type = o->kv_type,
-                                 .n_threads = o->threads,
-                                 .ignore_eos = o->ignore_eos};
+                                      .row_width = o->row_width,
+                                      .kv_type = o->kv_type,
+                                      .n_threads = o->threads,
+                                      .ignore_eos = o->ignore_eos};
     struct kvr_generate_stats st;
     struct kvr_generate_seq *seqs = gen_seqs(jobs, n_jobs);
     int rc = seqs ? kvr_generate_batched(g, &hp, tok, &cfg, seqs, n_jobs, NULL, NULL, &st, &err)

@@ -237,8 +237,8 @@ static int parse_one(int c, struct synth_args *a)
         return 0;
     case OPT_ARCH:
         a->mixtral = !strcmp(optarg, "mixtral");
-        if (!(a->opts.arch = kvr_arch_find(a->mixtral ? "llama" : optarg,
-                                           a->mixtral ? 5 : strlen(optarg)))) {
+        if (!(a->opts.arch =
+                  kvr_arch_find(a->mixtral ? "llama" : optarg, a->mixtral ? 5 : strlen(optarg)))) {
             fprintf(stderr, "kvasir synth: unknown --arch %s (supported: %s)\n", optarg,
                     kvr_arch_list());
             return 2;

@@ -488,7 +488,8 @@ static void do_request(struct run *r, size_t index, double scheduled_s)
     rec->max_tokens = kvr_lg_range_draw(&s->output_len, &rng);
     struct prompt p = {0};
     kvr_sbuf_init(&p.text);
-    struct stream st = {.chat = s->endpoint == KVR_BENCH_CHAT, .usage_prompt = -1, .usage_completion = -1};
+    struct stream st = {
+        .chat = s->endpoint == KVR_BENCH_CHAT, .usage_prompt = -1, .usage_completion = -1};
     struct kvr_httpc_resp resp = {0};
     struct kvr_err err = {0};
     char *body = NULL;

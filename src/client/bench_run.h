@@ -60,11 +60,11 @@ struct kvr_bench_spec {
     const char *api_key; /* bearer key, or NULL */
     const char *model;   /* the "model" field sent */
     enum kvr_bench_endpoint endpoint;
-    const struct kvr_bench_tokenizer *tok; /* NULL: one word per token */
-    double burstiness;                     /* gamma shape of the open loop's gaps */
-    uint32_t max_concurrency;              /* open loop cap on requests in flight; 0 = none */
-    double duration_s;                     /* send for this long; 0 = no time limit */
-    uint32_t num_requests;                 /* send at most this many; 0 = no count limit */
+    const struct kvr_bench_tokenizer *tok;      /* NULL: one word per token */
+    double burstiness;                          /* gamma shape of the open loop's gaps */
+    uint32_t max_concurrency;                   /* open loop cap on requests in flight; 0 = none */
+    double duration_s;                          /* send for this long; 0 = no time limit */
+    uint32_t num_requests;                      /* send at most this many; 0 = no count limit */
     struct kvr_lg_range prompt_len, output_len; /* tokens */
     double temperature;                         /* NAN: not sent (the server's default) */
     uint32_t ttft_budget_ms, total_budget_ms;   /* 0: not sent, not checked */
@@ -79,9 +79,9 @@ struct kvr_bench_spec {
 
 /* One load level: the caller sets rate or concurrency; the runner fills the rest. */
 struct kvr_bench_level {
-    double rate;          /* offered rate in requests/s (open loop; INFINITY = all at
-                             once), or 0 */
-    uint32_t concurrency; /* closed loop: requests kept in flight, or 0 */
+    double rate;               /* offered rate in requests/s (open loop; INFINITY = all at
+                                  once), or 0 */
+    uint32_t concurrency;      /* closed loop: requests kept in flight, or 0 */
     struct kvr_lg_record *rec; /* every request sent, in index order; owned by the level */
     size_t n_rec;
     struct kvr_lg_result res;

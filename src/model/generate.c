@@ -9,8 +9,8 @@
 
 #define KV_BLOCK_TOKENS 16
 
-static struct kvr_engine_config engine_config(const struct kvr_hparams *hp,
-                                              const struct kvr_generate_config *cfg, uint32_t n_seqs)
+static struct kvr_engine_config
+engine_config(const struct kvr_hparams *hp, const struct kvr_generate_config *cfg, uint32_t n_seqs)
 {
     return (struct kvr_engine_config){.first_layer = 0,
                                       .last_layer = hp->n_layer - 1,
@@ -74,9 +74,9 @@ static int decode(struct kvr_engine *e, const struct kvr_hparams *hp, const stru
     return 0;
 }
 
-int kvr_generate(const struct kvr_gguf *g, const struct kvr_hparams *hp,
-                 const struct kvr_tok *tok, const struct kvr_generate_config *cfg,
-                 struct kvr_generate_seq *seqs, uint32_t n_seqs, kvr_generate_token_fn on_token, void *ud,
+int kvr_generate(const struct kvr_gguf *g, const struct kvr_hparams *hp, const struct kvr_tok *tok,
+                 const struct kvr_generate_config *cfg, struct kvr_generate_seq *seqs,
+                 uint32_t n_seqs, kvr_generate_token_fn on_token, void *ud,
                  struct kvr_generate_stats *stats, struct kvr_err *err)
 {
     memset(stats, 0, sizeof *stats);
@@ -185,8 +185,9 @@ static uint32_t take_tokens(struct batch *b, struct kvr_engine *e, uint32_t n_se
 
 int kvr_generate_batched(const struct kvr_gguf *g, const struct kvr_hparams *hp,
                          const struct kvr_tok *tok, const struct kvr_generate_config *cfg,
-                         struct kvr_generate_seq *seqs, uint32_t n_seqs, kvr_generate_token_fn on_token,
-                         void *ud, struct kvr_generate_stats *stats, struct kvr_err *err)
+                         struct kvr_generate_seq *seqs, uint32_t n_seqs,
+                         kvr_generate_token_fn on_token, void *ud, struct kvr_generate_stats *stats,
+                         struct kvr_err *err)
 {
     memset(stats, 0, sizeof *stats);
     struct kvr_engine_config ec = engine_config(hp, cfg, n_seqs);

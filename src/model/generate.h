@@ -41,7 +41,7 @@ enum kvr_generate_end {
 struct kvr_generate_seq {
     const int32_t *ids; /* prompt token ids, n_ids >= 1 */
     uint32_t n_ids;
-    uint32_t max_tokens;      /* tokens to generate, >= 1 */
+    uint32_t max_tokens; /* tokens to generate, >= 1 */
     struct kvr_sample_params sp;
     int32_t *out; /* room for max_tokens ids */
     uint32_t n_out;
@@ -71,15 +71,16 @@ typedef void (*kvr_generate_token_fn)(void *ud, uint32_t seq, int32_t id);
 
 /* hp is kvr_hparams_read of g; tok says which tokens end generation. Returns 0 or a
  * negative status with err filled (an allocation failure may leave err->msg empty). */
-int kvr_generate(const struct kvr_gguf *g, const struct kvr_hparams *hp,
-                 const struct kvr_tok *tok, const struct kvr_generate_config *cfg,
-                 struct kvr_generate_seq *seqs, uint32_t n_seqs, kvr_generate_token_fn on_token, void *ud,
+int kvr_generate(const struct kvr_gguf *g, const struct kvr_hparams *hp, const struct kvr_tok *tok,
+                 const struct kvr_generate_config *cfg, struct kvr_generate_seq *seqs,
+                 uint32_t n_seqs, kvr_generate_token_fn on_token, void *ud,
                  struct kvr_generate_stats *stats, struct kvr_err *err);
 
 /* As kvr_generate, all sequences at once (one engine slot each). */
 int kvr_generate_batched(const struct kvr_gguf *g, const struct kvr_hparams *hp,
                          const struct kvr_tok *tok, const struct kvr_generate_config *cfg,
-                         struct kvr_generate_seq *seqs, uint32_t n_seqs, kvr_generate_token_fn on_token,
-                         void *ud, struct kvr_generate_stats *stats, struct kvr_err *err);
+                         struct kvr_generate_seq *seqs, uint32_t n_seqs,
+                         kvr_generate_token_fn on_token, void *ud, struct kvr_generate_stats *stats,
+                         struct kvr_err *err);
 
 #endif
