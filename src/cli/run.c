@@ -629,6 +629,82 @@ static int run_local_batched(const struct run_opts *o, struct kvr_gguf *g,
 
 /* ---- through a ring ---------------------------------------------------------------------- */
 
+/* Drain every stream until each has finished; tokens go to the jobs (and the printer).
+ * Returns true when some prompt failed. */
+static bool collect(struct kvr_bridge *b, struct kvr_gen_stream **streams, struct job *jobs,
+                    uint32_t n_jobs, struct printer *pr, uint64_t *n_tokens_out)
+{
+    uint32_t n_done = 0;
+    uint64_t n_tokens = 0, seen = 0;
+    bool failed = false;
+    while (n_done < n_jobs) {
+        /* Sleep until some stream has news, then drain them all without waiting: polling
+         * each stream in turn would wake this thread (and take the bridge's lock) a
+         * thousand times a second on machines whose cores the stages need. */
+        kvr_bridge_wait_any(b, &seen, 100);
+        for (uint32_t i = 0; i < n_jobs; i++) {
+            struct job *j = &jobs[i];
+            if (j->finish)
+                continue;
+            struct kvr_gen_event ev;
+            while (kvr_bridge_next(streams[i], &ev, 0) == 0) {
+                if (ev.token >= 0 && j->n_out < j->max_tokens) {
+                    j->out[j->n_out++] = ev.token;
+                    n_tokens++;
+                    print_token(pr, ev.token);
+                }
+                if (ev.finish != KVR_GEN_FINISH_NONE) {
+                    j->finish = ev.finish == KVR_GEN_FINISH_LENGTH ? "length"
+                                : ev.finish == KVR_GEN_FINISH_EOS  ? "stop"
+                                                                   : "error";
+                    if (ev.finish == KVR_GEN_FINISH_ERROR) {
+                        fprintf(stderr, "kvasir run: prompt %u failed: %s\n", i, ev.error);
+                        failed = true;
+                    }
+                    n_done++;
+                    break;
+                }
+            }
+        }
+    }
+    *n_tokens_out = n_tokens;
+    return failed;
+}
+
+/* The ring's summary on stderr: throughput, prefix cache, and each stage's and expert
+ * agent's share of time held, starved and blocked. */
+static void print_ring_stats(struct kvr_bridge *b, uint32_t n_jobs, uint64_t n_tokens, double secs)
+{
+    struct kvr_sched_stats st;
+    kvr_bridge_stats(b, &st);
+    fprintf(stderr, "ring: %u sequences, %llu tokens in %.2f s, %.1f tokens/s, %llu batches\n",
+            n_jobs, (unsigned long long)n_tokens, secs, n_tokens / secs,
+            (unsigned long long)st.batches);
+    fprintf(stderr, "  prefix cache: %llu of %llu prompt tokens reused, %llu computed\n",
+            (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_queries,
+            (unsigned long long)st.prompt_tokens);
+    for (uint32_t i = 0; i < st.n_stages; i++) {
+        double tot =
+            (double)(st.stage[i].held_ns + st.stage[i].starved_ns + st.stage[i].blocked_ns);
+        if (tot <= 0)
+            tot = 1;
+        fprintf(stderr, "  stage %u: held %5.1f%%  starved %5.1f%%  blocked %5.1f%%\n", i,
+                100.0 * st.stage[i].held_ns / tot, 100.0 * st.stage[i].starved_ns / tot,
+                100.0 * st.stage[i].blocked_ns / tot);
+    }
+    for (uint32_t j = 0; j < st.n_agents; j++) {
+        const struct kvr_sched_agent_stats *a = &st.agent[j];
+        double tot = (double)(a->held_ns + a->starved_ns + a->blocked_ns);
+        if (tot <= 0)
+            tot = 1;
+        fprintf(stderr,
+                "  agent %u: held %5.1f%%  starved %5.1f%%  blocked %5.1f%%  %llu pairs, held "
+                "%.3f s\n",
+                j, 100.0 * a->held_ns / tot, 100.0 * a->starved_ns / tot,
+                100.0 * a->blocked_ns / tot, (unsigned long long)a->pairs, a->held_ns / 1e9);
+    }
+}
+
 static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
                     const struct kvr_hparams *hp, struct job *jobs, uint32_t n_jobs,
                     struct printer *pr)
@@ -666,69 +742,11 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
             goto out;
         }
     }
-    uint32_t n_done = 0;
-    uint64_t n_tokens = 0, seen = 0;
-    bool failed = false;
-    while (n_done < n_jobs) {
-        /* Sleep until some stream has news, then drain them all without waiting: polling
-         * each stream in turn would wake this thread (and take the bridge's lock) a
-         * thousand times a second on machines whose cores the stages need. */
-        kvr_bridge_wait_any(b, &seen, 100);
-        for (uint32_t i = 0; i < n_jobs; i++) {
-            struct job *j = &jobs[i];
-            if (j->finish)
-                continue;
-            struct kvr_gen_event ev;
-            while (kvr_bridge_next(streams[i], &ev, 0) == 0) {
-                if (ev.token >= 0 && j->n_out < j->max_tokens) {
-                    j->out[j->n_out++] = ev.token;
-                    n_tokens++;
-                    print_token(pr, ev.token);
-                }
-                if (ev.finish != KVR_GEN_FINISH_NONE) {
-                    j->finish = ev.finish == KVR_GEN_FINISH_LENGTH ? "length"
-                                : ev.finish == KVR_GEN_FINISH_EOS  ? "stop"
-                                                                   : "error";
-                    if (ev.finish == KVR_GEN_FINISH_ERROR) {
-                        fprintf(stderr, "kvasir run: prompt %u failed: %s\n", i, ev.error);
-                        failed = true;
-                    }
-                    n_done++;
-                    break;
-                }
-            }
-        }
-    }
+    uint64_t n_tokens = 0;
+    bool failed = collect(b, streams, jobs, n_jobs, pr, &n_tokens);
     double secs = (kvr_now_ns() - t0) / 1e9;
     print_end(pr);
-    struct kvr_sched_stats st;
-    kvr_bridge_stats(b, &st);
-    fprintf(stderr, "ring: %u sequences, %llu tokens in %.2f s, %.1f tokens/s, %llu batches\n",
-            n_jobs, (unsigned long long)n_tokens, secs, n_tokens / secs,
-            (unsigned long long)st.batches);
-    fprintf(stderr, "  prefix cache: %llu of %llu prompt tokens reused, %llu computed\n",
-            (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_queries,
-            (unsigned long long)st.prompt_tokens);
-    for (uint32_t i = 0; i < st.n_stages; i++) {
-        double tot =
-            (double)(st.stage[i].held_ns + st.stage[i].starved_ns + st.stage[i].blocked_ns);
-        if (tot <= 0)
-            tot = 1;
-        fprintf(stderr, "  stage %u: held %5.1f%%  starved %5.1f%%  blocked %5.1f%%\n", i,
-                100.0 * st.stage[i].held_ns / tot, 100.0 * st.stage[i].starved_ns / tot,
-                100.0 * st.stage[i].blocked_ns / tot);
-    }
-    for (uint32_t j = 0; j < st.n_agents; j++) {
-        const struct kvr_sched_agent_stats *a = &st.agent[j];
-        double tot = (double)(a->held_ns + a->starved_ns + a->blocked_ns);
-        if (tot <= 0)
-            tot = 1;
-        fprintf(stderr,
-                "  agent %u: held %5.1f%%  starved %5.1f%%  blocked %5.1f%%  %llu pairs, held "
-                "%.3f s\n",
-                j, 100.0 * a->held_ns / tot, 100.0 * a->starved_ns / tot,
-                100.0 * a->blocked_ns / tot, (unsigned long long)a->pairs, a->held_ns / 1e9);
-    }
+    print_ring_stats(b, n_jobs, n_tokens, secs);
     rc = failed ? 1 : 0;
 out:
     for (uint32_t i = 0; streams && i < n_jobs; i++)
