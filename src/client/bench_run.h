@@ -18,8 +18,8 @@
  * Ownership: the spec and everything it points to belong to the caller and must outlive the
  * call; a level's records are allocated here and freed by kvr_bench_level_fini. Threads: one
  * caller thread per level; the runner starts its own workers and joins them before it
- * returns. The tokenizer hook and the progress hook may be called from any worker thread
- * (progress only from the caller's thread). Nothing here prints. */
+ * returns. The tokenizer hook is called from the workers, several at once; the progress
+ * hook only from the caller's thread. Nothing here prints. */
 #ifndef KVR_CLIENT_BENCH_RUN_H
 #define KVR_CLIENT_BENCH_RUN_H
 
