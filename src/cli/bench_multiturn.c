@@ -1,148 +1,20 @@
-/* bench_multiturn.c - `kvasir bench --multi-turn` (see bench_multiturn.h).
- *
- * Every conversation is one thread. Turn t sends, as a completion prompt, the shared system
- * prompt, then every earlier user turn and the answer it got, then a new user turn; so each
- * prompt starts with the previous one, and a server with a prefix cache computes only what
- * is new. Words are drawn from the seed (the same run on every machine). TTFT is the time
- * from sending to the first SSE chunk with text. Conversations start together. */
+/* bench_multiturn.c - `kvasir bench --multi-turn` (see bench_multiturn.h): runs the
+ * conversations of client/multiturn.h and prints TTFT per turn and the prompt tokens the
+ * server computed. */
 #include "cli/bench_multiturn.h"
 
-#include "core/sbuf.h"
+#include "client/multiturn.h"
 #include "core/alloc.h"
-#include "core/clock.h"
 
-#include <jansson.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
-static const char *const mt_words[] = {
-    "story",  "river",  "light",  "friend", "garden", "little",   "morning", "happy",
-    "bright", "forest", "window", "music",  "stone",  "dream",    "green",   "quiet",
-    "walk",   "bird",   "table",  "summer", "winter", "road",     "house",   "apple",
-    "cloud",  "paper",  "child",  "sea",    "song",   "mountain", "yellow",  "warm",
-    "old",    "new",    "city",   "book",   "door",   "night",    "star",    "water",
-    "fire",   "bread",  "horse",  "boat",   "letter", "market",   "teacher", "rain",
-};
-#define MT_N_WORDS (sizeof mt_words / sizeof mt_words[0])
-
-struct conv {
-    const struct kvr_multiturn_spec *spec;
-    uint32_t index;
-    double *ttft_s;          /* [n_turns] */
-    uint32_t *prompt_tokens; /* [n_turns] as the server counted them */
-    int failed;
-};
-
-struct sse {
-    uint64_t t_start;
-    double ttft_s;
-    bool got_text, done;
-    struct kvr_sbuf *answer;
-    int64_t usage_prompt;
-};
-
-static uint64_t mt_next(uint64_t *s)
+static void on_failure(void *ud, int status, const char *msg, const char *body)
 {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static void add_words(struct kvr_sbuf *b, uint64_t *rng, uint32_t n)
-{
-    for (uint32_t i = 0; i < n; i++) {
-        kvr_sbuf_append(b, " ", 1);
-        kvr_sbuf_puts(b, mt_words[mt_next(rng) % MT_N_WORDS]);
-    }
-}
-
-static int on_event(void *ud, const char *data, size_t len, uint64_t t_ns)
-{
-    struct sse *st = ud;
-    if (len == 6 && !memcmp(data, "[DONE]", 6)) {
-        st->done = true;
-        return 0;
-    }
-    json_t *j = json_loadb(data, len, JSON_ALLOW_NUL, NULL);
-    json_t *t = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "text");
-    if (json_is_string(t) && json_string_length(t) > 0) {
-        if (!st->got_text) {
-            st->got_text = true;
-            st->ttft_s = (double)(t_ns - st->t_start) / 1e9;
-        }
-        kvr_sbuf_append(st->answer, json_string_value(t), json_string_length(t));
-    }
-    json_t *pt = json_object_get(json_object_get(j, "usage"), "prompt_tokens");
-    if (json_is_integer(pt))
-        st->usage_prompt = json_integer_value(pt);
-    json_decref(j);
-    return 0;
-}
-
-/* One completion: the answer's text is appended to `answer`. */
-static int ask(const struct kvr_multiturn_spec *sp, const char *prompt, uint32_t seed,
-               struct kvr_sbuf *answer, double *ttft_s, uint32_t *prompt_tokens)
-{
-    json_t *b =
-        json_pack("{s:s, s:s, s:i, s:b, s:b, s:{s:b}, s:i, s:f}", "model", sp->model, "prompt",
-                  prompt, "max_tokens", (int)sp->output_tokens, "stream", 1, "ignore_eos", 1,
-                  "stream_options", "include_usage", 1, "seed", (int)seed, "temperature", 0.0);
-    char *body = b ? json_dumps(b, JSON_COMPACT) : NULL;
-    json_decref(b);
-    if (!body)
-        return -1;
-    struct sse st = {.t_start = kvr_now_ns(), .answer = answer, .usage_prompt = -1};
-    struct kvr_httpc_req req = {.method = "POST",
-                                .path = "/v1/completions",
-                                .api_key = sp->api_key,
-                                .body = body,
-                                .body_len = strlen(body),
-                                .io_timeout_ms = sp->timeout_s * 1000u,
-                                .deadline_ns = st.t_start + sp->timeout_s * 1000000000ull,
-                                .on_event = on_event,
-                                .ud = &st};
-    struct kvr_httpc_resp resp = {0};
-    struct kvr_err err = {0};
-    int rc = kvr_httpc_do(sp->url, &req, &resp, &err);
-    int status = resp.status;
-    free(body);
-    if (rc || status != 200 || !st.done || !st.got_text) {
-        fprintf(stderr, "kvasir bench: multi-turn request failed: HTTP %d %s%.200s\n", status,
-                rc ? err.msg : "", resp.body ? resp.body : "");
-        kvr_httpc_resp_fini(&resp);
-        return -1;
-    }
-    kvr_httpc_resp_fini(&resp);
-    *ttft_s = st.ttft_s;
-    *prompt_tokens = st.usage_prompt > 0 ? (uint32_t)st.usage_prompt : 0;
-    return 0;
-}
-
-static void *conversation(void *arg)
-{
-    struct conv *c = arg;
-    const struct kvr_multiturn_spec *sp = c->spec;
-    struct kvr_sbuf prompt;
-    kvr_sbuf_init(&prompt);
-    uint64_t sys_rng = sp->seed; /* the same system prompt for every conversation */
-    kvr_sbuf_puts(&prompt, "System:");
-    add_words(&prompt, &sys_rng, sp->system_words);
-    uint64_t rng = sp->seed * 1000003u + c->index + 1;
-    for (uint32_t t = 0; t < sp->n_turns && !c->failed; t++) {
-        kvr_sbuf_puts(&prompt, "\nUser:");
-        add_words(&prompt, &rng,
-                  sp->turn_lo + (uint32_t)(mt_next(&rng) % (sp->turn_hi - sp->turn_lo + 1)));
-        kvr_sbuf_puts(&prompt, "\nAssistant:");
-        if (prompt.failed ||
-            ask(sp, prompt.data, c->index * 100 + t, &prompt, &c->ttft_s[t], &c->prompt_tokens[t]))
-            c->failed = 1;
-    }
-    kvr_sbuf_fini(&prompt);
-    return NULL;
+    (void)ud;
+    fprintf(stderr, "kvasir bench: multi-turn request failed: HTTP %d %s%.200s\n", status, msg,
+            body);
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -160,79 +32,54 @@ static double quantile(double *v, size_t n, double q)
     return v[i < n ? i : n - 1];
 }
 
-/* kvasir:prompt_tokens_computed_total from /metrics, or -1. */
-static double computed_tokens(const struct kvr_multiturn_spec *sp)
+/* Per turn, TTFT p50/p90 over the conversations that did not fail and their mean prompt
+ * tokens; returns the prompt tokens sent in all. */
+static uint64_t print_turns(const struct kvr_multiturn_result *res, uint32_t nt, double *all,
+                            bool *failed)
 {
-    struct kvr_httpc_resp resp;
-    struct kvr_err err = {0};
-    double v = -1;
-    if (kvr_httpc_get(sp->url, "/metrics", sp->api_key, 5000, &resp, &err) == 0 && resp.body) {
-        const char *k = strstr(resp.body, "\nkvasir:prompt_tokens_computed_total ");
-        if (k)
-            v = strtod(k + strlen("\nkvasir:prompt_tokens_computed_total "), NULL);
-    }
-    kvr_httpc_resp_fini(&resp);
-    return v;
-}
-
-int kvr_bench_multiturn(const struct kvr_multiturn_spec *sp)
-{
-    uint32_t nc = sp->n_conversations, nt = sp->n_turns;
-    struct conv *cv = kvr_calloc(nc, sizeof *cv);
-    pthread_t *th = kvr_calloc(nc, sizeof *th);
-    double *all = kvr_calloc((size_t)nc * nt, sizeof *all);
-    if (!cv || !th || !all) {
-        kvr_free(cv);
-        kvr_free(th);
-        kvr_free(all);
-        return 1;
-    }
-    double before = computed_tokens(sp);
-    uint64_t t0 = kvr_now_ns();
-    uint32_t started = 0;
-    for (uint32_t i = 0; i < nc; i++) {
-        cv[i] = (struct conv){.spec = sp,
-                              .index = i,
-                              .ttft_s = kvr_calloc(nt, sizeof(double)),
-                              .prompt_tokens = kvr_calloc(nt, sizeof(uint32_t))};
-        if (!cv[i].ttft_s || !cv[i].prompt_tokens ||
-            pthread_create(&th[i], NULL, conversation, &cv[i]))
-            break;
-        started++;
-    }
-    for (uint32_t i = 0; i < started; i++)
-        pthread_join(th[i], NULL);
-    double secs = (kvr_now_ns() - t0) / 1e9;
-    double after = computed_tokens(sp);
-    int failed = started < nc;
-    uint64_t sent = 0, sent_later = 0;
-    printf("multi-turn: %u conversations x %u turns, system prompt %u words, turns %u-%u "
-           "words, %u tokens per answer, %.1f s\n",
-           nc, nt, sp->system_words, sp->turn_lo, sp->turn_hi, sp->output_tokens, secs);
+    uint64_t sent = 0;
     printf("turn  TTFT p50 ms  TTFT p90 ms  prompt tokens (mean)\n");
     for (uint32_t t = 0; t < nt; t++) {
         size_t n = 0;
         uint64_t tok = 0;
-        for (uint32_t i = 0; i < started; i++) {
-            failed |= cv[i].failed;
-            if (cv[i].failed)
+        for (uint32_t i = 0; i < res->n_started; i++) {
+            *failed |= res->conv[i].failed;
+            if (res->conv[i].failed)
                 continue;
-            all[n++] = cv[i].ttft_s[t];
-            tok += cv[i].prompt_tokens[t];
+            all[n++] = res->conv[i].ttft_s[t];
+            tok += res->conv[i].prompt_tokens[t];
         }
         sent += tok;
-        if (t > 0)
-            sent_later += tok;
         double p50 = quantile(all, n, 0.5), p90 = quantile(all, n, 0.9);
         printf("%4u  %11.1f  %11.1f  %8.0f\n", t + 1, p50 * 1e3, p90 * 1e3,
                n ? (double)tok / n : 0.0);
     }
+    return sent;
+}
+
+int kvr_bench_multiturn(const struct kvr_multiturn_spec *spec)
+{
+    struct kvr_multiturn_spec sp = *spec;
+    sp.on_failure = on_failure;
+    uint32_t nc = sp.n_conversations, nt = sp.n_turns;
+    double *all = kvr_calloc((size_t)nc * nt, sizeof *all);
+    struct kvr_multiturn_result res;
+    if (!all || kvr_multiturn_run(&sp, &res)) {
+        kvr_free(all);
+        return 1;
+    }
+    bool failed = res.n_started < nc;
+    printf("multi-turn: %u conversations x %u turns, system prompt %u words, turns %u-%u "
+           "words, %u tokens per answer, %.1f s\n",
+           nc, nt, sp.system_words, sp.turn_lo, sp.turn_hi, sp.output_tokens, res.wall_s);
+    uint64_t sent = print_turns(&res, nt, all, &failed);
     size_t n = 0;
-    for (uint32_t i = 0; i < started; i++)
-        for (uint32_t t = 1; t < nt && !cv[i].failed; t++)
-            all[n++] = cv[i].ttft_s[t];
+    for (uint32_t i = 0; i < res.n_started; i++)
+        for (uint32_t t = 1; t < nt && !res.conv[i].failed; t++)
+            all[n++] = res.conv[i].ttft_s[t];
     printf("later turns (2-%u): TTFT p50 %.1f ms, p90 %.1f ms\n", nt, quantile(all, n, 0.5) * 1e3,
            quantile(all, n, 0.9) * 1e3);
+    double before = res.computed_before, after = res.computed_after;
     if (before >= 0 && after >= 0)
         printf("prompt tokens: %llu sent, %.0f computed by the server (%.1f%%)\n",
                (unsigned long long)sent, after - before,
@@ -241,13 +88,7 @@ int kvr_bench_multiturn(const struct kvr_multiturn_spec *sp)
         printf("prompt tokens: %llu sent (the server exports no "
                "kvasir:prompt_tokens_computed_total)\n",
                (unsigned long long)sent);
-    (void)sent_later;
-    for (uint32_t i = 0; i < nc; i++) {
-        kvr_free(cv[i].ttft_s);
-        kvr_free(cv[i].prompt_tokens);
-    }
-    kvr_free(cv);
-    kvr_free(th);
+    kvr_multiturn_result_fini(&res, nc);
     kvr_free(all);
     return failed ? 1 : 0;
 }

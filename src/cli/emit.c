@@ -226,30 +226,25 @@ static void print_indented(FILE *f, const char *text, int spaces)
     }
 }
 
-static int emit_kubernetes(const struct kvr_plan *plan, const struct paths *p, const char *dir,
-                           struct kvr_err *err)
+/* The plan as the pods see it: each stage at its pod's stable name (the headless Service
+ * resolves it to the pod's own address, which it can listen on), the model and secret where
+ * the pod mounts them. *kp is the caller's to wipe and free. */
+static int pod_plan(const struct kvr_plan *plan, const struct paths *p, struct kvr_plan *kp,
+                    struct kvr_err *err)
 {
-    /* The plan as the pods see it: each stage at its pod's stable name (the headless
-     * Service resolves it to the pod's own address, which it can listen on), the model and
-     * secret where the pod mounts them. */
-    struct kvr_plan *kp = kvr_malloc(sizeof *kp);
-    char *json = NULL, path[PATH_BYTES], host[KVR_ADDR_HOST_BYTES];
+    char host[KVR_ADDR_HOST_BYTES];
     uint16_t port;
-    int rc = KVR_ENOMEM;
-    if (!kp)
-        return kvr_err_set(err, rc, "out of memory");
     *kp = *plan;
     int nb = snprintf(kp->model_path, sizeof kp->model_path, "/models/%.1000s", p->model_base);
-    if (nb < 0 || (size_t)nb >= sizeof kp->model_path) {
-        rc = kvr_err_set(err, KVR_ERANGE, "model file name too long: %s", p->model_base);
-        goto out;
-    }
+    if (nb < 0 || (size_t)nb >= sizeof kp->model_path)
+        return kvr_err_set(err, KVR_ERANGE, "model file name too long: %s", p->model_base);
     snprintf(kp->secret_file, sizeof kp->secret_file, "/etc/kvasir-secret/cluster.key");
     kp->dir[0] = 0;
     for (uint32_t i = 0; i <= plan->n_stages; i++) {
         const char *addr = i < plan->n_stages ? plan->stages[i].addr : plan->bridge_addr;
-        if ((rc = kvr_addr_parse(addr, host, sizeof host, &port, false, err)))
-            goto out;
+        int rc = kvr_addr_parse(addr, host, sizeof host, &port, false, err);
+        if (rc)
+            return rc;
         if (i < plan->n_stages)
             snprintf(kp->stages[i].addr, sizeof kp->stages[i].addr, "%s-%u.%s:%u", K8S_STAGE, i,
                      K8S_STAGE, port);
@@ -257,21 +252,22 @@ static int emit_kubernetes(const struct kvr_plan *plan, const struct paths *p, c
             snprintf(kp->bridge_addr, sizeof kp->bridge_addr, "%s-0.%s:%u", K8S_BRIDGE, K8S_BRIDGE,
                      port);
     }
-    if ((rc = kvr_plan_to_json(kp, &json, err)))
-        goto out;
-    FILE *f = create(dir, "kvasir.yaml", 0600, path, err);
-    if (!f) {
-        rc = KVR_EIO;
-        goto out;
-    }
+    return KVR_OK;
+}
+
+/* The manifest's head: the plan as a ConfigMap and the secret (hex) as a Secret. */
+static void write_plan_and_secret(FILE *f, const struct kvr_plan *plan, const struct paths *p,
+                                  const char *json)
+{
     char hex[2 * KVR_PLAN_SECRET_MAX_BYTES + 1];
     static const char digits[] = "0123456789abcdef";
-    for (uint32_t i = 0; i < plan->secret_bytes && i < KVR_PLAN_SECRET_MAX_BYTES; i++) {
+    uint32_t n = plan->secret_bytes < KVR_PLAN_SECRET_MAX_BYTES ? plan->secret_bytes
+                                                                : KVR_PLAN_SECRET_MAX_BYTES;
+    for (uint32_t i = 0; i < n; i++) {
         hex[2 * i] = digits[plan->secret[i] >> 4];
         hex[2 * i + 1] = digits[plan->secret[i] & 15];
     }
-    hex[2 * (plan->secret_bytes < KVR_PLAN_SECRET_MAX_BYTES ? plan->secret_bytes
-                                                            : KVR_PLAN_SECRET_MAX_BYTES)] = 0;
+    hex[2 * n] = 0;
     fprintf(f,
             "# The Kvasir ring of %s on Kubernetes (written by `kvasir plan --emit\n"
             "# kubernetes`; it holds the cluster secret: keep it private). Every pod needs the\n"
@@ -297,94 +293,124 @@ static int emit_kubernetes(const struct kvr_plan *plan, const struct paths *p, c
             "  cluster.key: \"%s\"\n",
             hex);
     memset(hex, 0, sizeof hex);
-    for (int b = 0; b < 2; b++) {
-        const char *name = b ? K8S_BRIDGE : K8S_STAGE;
-        uint32_t replicas = b ? 1 : plan->n_stages;
-        char ports[256];
-        if (b) {
-            if ((rc = kvr_addr_parse(plan->bridge_addr, host, sizeof host, &port, false, err)))
-                goto close;
-            snprintf(ports, sizeof ports,
-                     "    - {name: ring, port: %u}\n"
-                     "    - {name: http, port: %d}\n",
-                     port, HTTP_PORT);
-        } else {
-            int n = 0;
-            ports[0] = 0;
-            for (uint32_t i = 0; i < plan->n_stages && n < (int)sizeof ports - 64; i++) {
-                if ((rc = kvr_addr_parse(plan->stages[i].addr, host, sizeof host, &port, false,
-                                         err)))
-                    goto close;
-                n += snprintf(ports + n, sizeof ports - (size_t)n,
-                              "    - {name: ring-%u, port: %u}\n", i, port);
-            }
+}
+
+/* A headless Service and a StatefulSet of one role. Arguments, in order: the name twice,
+ * the ports lines, the name twice, the replica count, the name twice, the container name,
+ * its shell command, the model's host folder. */
+static const char k8s_workload[] =
+    "---\n"
+    "apiVersion: v1\n"
+    "kind: Service\n"
+    "metadata:\n"
+    "  name: %s\n"
+    "spec:\n"
+    "  clusterIP: None\n"
+    "  publishNotReadyAddresses: true\n"
+    "  selector: {app: %s}\n"
+    "  ports:\n"
+    "%s"
+    "---\n"
+    "apiVersion: apps/v1\n"
+    "kind: StatefulSet\n"
+    "metadata:\n"
+    "  name: %s\n"
+    "spec:\n"
+    "  serviceName: %s\n"
+    "  replicas: %u\n"
+    "  podManagementPolicy: Parallel\n"
+    "  selector:\n"
+    "    matchLabels: {app: %s}\n"
+    "  template:\n"
+    "    metadata:\n"
+    "      labels: {app: %s}\n"
+    "    spec:\n"
+    "      containers:\n"
+    "        - name: %s\n"
+    "          image: kvasir:latest\n"
+    "          command: [\"/bin/sh\", \"-c\", \"%s\"]\n"
+    "          volumeMounts:\n"
+    "            - {name: plan, mountPath: /etc/kvasir, readOnly: true}\n"
+    "            - {name: secret, mountPath: /etc/kvasir-secret, readOnly: true}\n"
+    "            - {name: model, mountPath: /models, readOnly: true}\n"
+    "      volumes:\n"
+    "        - name: plan\n"
+    "          configMap: {name: kvasir-plan}\n"
+    "        - name: secret\n"
+    "          secret: {secretName: kvasir-secret, defaultMode: 256}\n"
+    "        - name: model\n"
+    "          hostPath: {path: \"%s\", type: Directory}\n";
+
+/* The stages' (bridge false) or the bridge's Service and StatefulSet. */
+static int write_workload(FILE *f, const struct kvr_plan *plan, const struct paths *p, bool bridge,
+                          struct kvr_err *err)
+{
+    char host[KVR_ADDR_HOST_BYTES], ports[256];
+    uint16_t port;
+    int rc;
+    const char *name = bridge ? K8S_BRIDGE : K8S_STAGE;
+    if (bridge) {
+        if ((rc = kvr_addr_parse(plan->bridge_addr, host, sizeof host, &port, false, err)))
+            return rc;
+        snprintf(ports, sizeof ports,
+                 "    - {name: ring, port: %u}\n"
+                 "    - {name: http, port: %d}\n",
+                 port, HTTP_PORT);
+    } else {
+        int n = 0;
+        ports[0] = 0;
+        for (uint32_t i = 0; i < plan->n_stages && n < (int)sizeof ports - 64; i++) {
+            if ((rc = kvr_addr_parse(plan->stages[i].addr, host, sizeof host, &port, false, err)))
+                return rc;
+            n += snprintf(ports + n, sizeof ports - (size_t)n, "    - {name: ring-%u, port: %u}\n",
+                          i, port);
         }
+    }
+    fprintf(f, k8s_workload, name, name, ports, name, name, bridge ? 1 : plan->n_stages, name, name,
+            bridge ? "bridge" : "stage",
+            bridge ? "exec /usr/local/bin/kvasir bridge --plan /etc/kvasir/plan.json --host "
+                     "0.0.0.0 --port 8080"
+                   : "exec /usr/local/bin/kvasir stage --plan /etc/kvasir/plan.json --index "
+                     "${HOSTNAME##*-}",
+            p->model_dir);
+    return KVR_OK;
+}
+
+static int emit_kubernetes(const struct kvr_plan *plan, const struct paths *p, const char *dir,
+                           struct kvr_err *err)
+{
+    struct kvr_plan *kp = kvr_malloc(sizeof *kp);
+    char *json = NULL, path[PATH_BYTES];
+    if (!kp)
+        return kvr_err_set(err, KVR_ENOMEM, "out of memory");
+    int rc = pod_plan(plan, p, kp, err);
+    if (rc == KVR_OK)
+        rc = kvr_plan_to_json(kp, &json, err);
+    FILE *f = rc == KVR_OK ? create(dir, "kvasir.yaml", 0600, path, err) : NULL;
+    if (rc == KVR_OK && !f)
+        rc = KVR_EIO;
+    if (rc == KVR_OK) {
+        write_plan_and_secret(f, plan, p, json);
+        rc = write_workload(f, plan, p, false, err);
+    }
+    if (rc == KVR_OK)
+        rc = write_workload(f, plan, p, true, err);
+    if (rc == KVR_OK) {
         fprintf(f,
                 "---\n"
                 "apiVersion: v1\n"
                 "kind: Service\n"
                 "metadata:\n"
-                "  name: %s\n"
+                "  name: kvasir-api\n"
                 "spec:\n"
-                "  clusterIP: None\n"
-                "  publishNotReadyAddresses: true\n"
                 "  selector: {app: %s}\n"
                 "  ports:\n"
-                "%s"
-                "---\n"
-                "apiVersion: apps/v1\n"
-                "kind: StatefulSet\n"
-                "metadata:\n"
-                "  name: %s\n"
-                "spec:\n"
-                "  serviceName: %s\n"
-                "  replicas: %u\n"
-                "  podManagementPolicy: Parallel\n"
-                "  selector:\n"
-                "    matchLabels: {app: %s}\n"
-                "  template:\n"
-                "    metadata:\n"
-                "      labels: {app: %s}\n"
-                "    spec:\n"
-                "      containers:\n"
-                "        - name: %s\n"
-                "          image: kvasir:latest\n"
-                "          command: [\"/bin/sh\", \"-c\", \"%s\"]\n"
-                "          volumeMounts:\n"
-                "            - {name: plan, mountPath: /etc/kvasir, readOnly: true}\n"
-                "            - {name: secret, mountPath: /etc/kvasir-secret, readOnly: true}\n"
-                "            - {name: model, mountPath: /models, readOnly: true}\n"
-                "      volumes:\n"
-                "        - name: plan\n"
-                "          configMap: {name: kvasir-plan}\n"
-                "        - name: secret\n"
-                "          secret: {secretName: kvasir-secret, defaultMode: 256}\n"
-                "        - name: model\n"
-                "          hostPath: {path: \"%s\", type: Directory}\n",
-                name, name, ports, name, name, replicas, name, name, b ? "bridge" : "stage",
-                b ? "exec /usr/local/bin/kvasir bridge --plan /etc/kvasir/plan.json --host "
-                    "0.0.0.0 --port 8080"
-                  : "exec /usr/local/bin/kvasir stage --plan /etc/kvasir/plan.json --index "
-                    "${HOSTNAME##*-}",
-                p->model_dir);
-    }
-    fprintf(f,
-            "---\n"
-            "apiVersion: v1\n"
-            "kind: Service\n"
-            "metadata:\n"
-            "  name: kvasir-api\n"
-            "spec:\n"
-            "  selector: {app: %s}\n"
-            "  ports:\n"
-            "    - {name: http, port: %d, targetPort: %d}\n",
-            K8S_BRIDGE, HTTP_PORT, HTTP_PORT);
-    rc = finish(f, path, err);
-    f = NULL;
-close:
-    if (f)
+                "    - {name: http, port: %d, targetPort: %d}\n",
+                K8S_BRIDGE, HTTP_PORT, HTTP_PORT);
+        rc = finish(f, path, err);
+    } else if (f) {
         fclose(f);
-out:
+    }
     if (json) {
         memset(json, 0, strlen(json));
         kvr_free(json);

@@ -144,27 +144,122 @@ static int parse_speeds(const char *opt, const char *v, uint32_t n, double *out)
     return 0;
 }
 
-int kvr_cmd_plan(int argc, char **argv)
+/* What the command line asked for. */
+struct plan_args {
+    const char *model, *out, *speeds, *layers, *key, *agent_speeds, *emit, *emit_dir;
+    bool fingerprint;
+    struct kvr_plan_spec spec; /* points into speed[], agent_speed[] once validated */
+    char key_buf[4096];        /* the secret file's path when derived from -o */
+    double speed[KVR_PLAN_MAX_STAGES], agent_speed[KVR_PLAN_MAX_AGENTS];
+};
+
+/* A numeric option: where its value goes and its bounds [*lo, *hi] (preset to 1 and
+ * 2^30); NULL when `a` is not one. */
+static uint32_t *num_opt(struct kvr_plan_spec *spec, const char *a, uint32_t *lo, uint32_t *hi)
 {
-    const char *model = NULL, *out = NULL, *speeds = NULL, *layers = NULL, *key = NULL;
-    const char *agent_speeds = NULL;
-    const char *emit = NULL, *emit_dir = NULL;
-    bool fingerprint = true;
-    struct kvr_plan_spec spec = {0};
+    if (!strcmp(a, "--stage-experts")) {
+        spec->keep_fixed = true;
+        return *lo = 0, &spec->keep;
+    }
+    if (!strcmp(a, "--stages"))
+        return *lo = 0, *hi = KVR_PLAN_MAX_STAGES, &spec->n_stages;
+    if (!strcmp(a, "--experts"))
+        return *lo = 0, *hi = KVR_PLAN_MAX_AGENTS, &spec->n_agents;
+    if (!strcmp(a, "--base-port"))
+        return *hi = 65535, &spec->base_port;
+    if (!strcmp(a, "--row-width"))
+        return &spec->row_width;
+    if (!strcmp(a, "--microbatches"))
+        return &spec->microbatches;
+    if (!strcmp(a, "--max-seqs"))
+        return &spec->max_seqs;
+    if (!strcmp(a, "--ctx"))
+        return &spec->n_ctx;
+    if (!strcmp(a, "--kv-block"))
+        return &spec->kv_block_tokens;
+    if (!strcmp(a, "--kv-blocks"))
+        return &spec->kv_blocks;
+    if (!strcmp(a, "--kv-mem"))
+        return &spec->kv_mib;
+    if (!strcmp(a, "--threads"))
+        return &spec->n_threads;
+    return NULL;
+}
+
+/* --emit KIND DIR: argv[*i] is KIND; DIR is taken from the next argument. Returns 0 or 2. */
+static int parse_emit(struct plan_args *pa, int argc, char **argv, int *i)
+{
+    pa->emit = argv[*i];
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "kvasir plan: --emit needs a kind and a folder\n");
+        return 2;
+    }
+    pa->emit_dir = argv[++*i];
+    if (strcmp(pa->emit, "systemd") && strcmp(pa->emit, "compose") &&
+        strcmp(pa->emit, "kubernetes")) {
+        fprintf(stderr, "kvasir plan: --emit is systemd, compose or kubernetes, not '%s'\n",
+                pa->emit);
+        return 2;
+    }
+    return 0;
+}
+
+/* An option with its value argv[*i] (--emit takes one more). Returns 0, 2 after printing
+ * why, or 1 when `a` is no option of plan's. */
+static int parse_text_opt(struct plan_args *pa, const char *a, int argc, char **argv, int *i)
+{
+    const char *v = argv[*i];
+    if (!strcmp(a, "-m") || !strcmp(a, "--model"))
+        pa->model = v;
+    else if (!strcmp(a, "-o"))
+        pa->out = v;
+    else if (!strcmp(a, "--hosts"))
+        pa->spec.hosts = v;
+    else if (!strcmp(a, "--bridge"))
+        pa->spec.bridge_addr = v;
+    else if (!strcmp(a, "--speeds"))
+        pa->speeds = v;
+    else if (!strcmp(a, "--expert-speeds"))
+        pa->agent_speeds = v;
+    else if (!strcmp(a, "--layers"))
+        pa->layers = v;
+    else if (!strcmp(a, "--secret-file"))
+        pa->key = v;
+    else if (!strcmp(a, "--kv-type"))
+        pa->spec.kv_type = v;
+    else if (!strcmp(a, "--emit"))
+        return parse_emit(pa, argc, argv, i);
+    else if (!strcmp(a, "--wire")) {
+        if (!strcmp(v, "f32"))
+            pa->spec.wire_dtype = KVR_DTYPE_F32;
+        else if (!strcmp(v, "f16"))
+            pa->spec.wire_dtype = KVR_DTYPE_F16;
+        else {
+            fprintf(stderr, "kvasir plan: --wire is f32 or f16, not '%s'\n", v);
+            return 2;
+        }
+    } else
+        return 1;
+    return 0;
+}
+
+/* Returns 0, 1 after --help, or 2 after printing what is wrong. */
+static int parse(int argc, char **argv, struct plan_args *pa)
+{
+    memset(pa, 0, sizeof *pa);
+    pa->fingerprint = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        uint32_t *num = NULL;
-        uint32_t lo = 1, hi = 1u << 30;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
-            return 0;
+            return 1;
         }
         if (!strcmp(a, "--no-encrypt")) {
-            spec.no_encrypt = true;
+            pa->spec.no_encrypt = true;
             continue;
         }
         if (!strcmp(a, "--no-fingerprint")) {
-            fingerprint = false;
+            pa->fingerprint = false;
             continue;
         }
         if (!v) {
@@ -172,174 +267,142 @@ int kvr_cmd_plan(int argc, char **argv)
             return 2;
         }
         i++;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model"))
-            model = v;
-        else if (!strcmp(a, "-o"))
-            out = v;
-        else if (!strcmp(a, "--hosts"))
-            spec.hosts = v;
-        else if (!strcmp(a, "--bridge"))
-            spec.bridge_addr = v;
-        else if (!strcmp(a, "--speeds"))
-            speeds = v;
-        else if (!strcmp(a, "--expert-speeds"))
-            agent_speeds = v;
-        else if (!strcmp(a, "--stage-experts")) {
-            num = &spec.keep, lo = 0;
-            spec.keep_fixed = true;
-        } else if (!strcmp(a, "--layers"))
-            layers = v;
-        else if (!strcmp(a, "--secret-file"))
-            key = v;
-        else if (!strcmp(a, "--emit")) {
-            emit = v;
-            if (i + 1 >= argc) {
-                fprintf(stderr, "kvasir plan: --emit needs a kind and a folder\n");
-                return 2;
-            }
-            emit_dir = argv[++i];
-            if (strcmp(emit, "systemd") && strcmp(emit, "compose") && strcmp(emit, "kubernetes")) {
-                fprintf(stderr,
-                        "kvasir plan: --emit is systemd, compose or kubernetes, not "
-                        "'%s'\n",
-                        emit);
-                return 2;
-            }
-        } else if (!strcmp(a, "--wire")) {
-            if (!strcmp(v, "f32"))
-                spec.wire_dtype = KVR_DTYPE_F32;
-            else if (!strcmp(v, "f16"))
-                spec.wire_dtype = KVR_DTYPE_F16;
-            else {
-                fprintf(stderr, "kvasir plan: --wire is f32 or f16, not '%s'\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--stages"))
-            num = &spec.n_stages, lo = 0, hi = KVR_PLAN_MAX_STAGES;
-        else if (!strcmp(a, "--experts"))
-            num = &spec.n_agents, lo = 0, hi = KVR_PLAN_MAX_AGENTS;
-        else if (!strcmp(a, "--base-port"))
-            num = &spec.base_port, hi = 65535;
-        else if (!strcmp(a, "--row-width"))
-            num = &spec.row_width;
-        else if (!strcmp(a, "--microbatches"))
-            num = &spec.microbatches;
-        else if (!strcmp(a, "--max-seqs"))
-            num = &spec.max_seqs;
-        else if (!strcmp(a, "--ctx"))
-            num = &spec.n_ctx;
-        else if (!strcmp(a, "--kv-block"))
-            num = &spec.kv_block_tokens;
-        else if (!strcmp(a, "--kv-blocks"))
-            num = &spec.kv_blocks;
-        else if (!strcmp(a, "--kv-mem"))
-            num = &spec.kv_mib;
-        else if (!strcmp(a, "--kv-type"))
-            spec.kv_type = v;
-        else if (!strcmp(a, "--threads"))
-            num = &spec.n_threads;
-        else {
+        uint32_t lo = 1, hi = 1u << 30;
+        uint32_t *num = num_opt(&pa->spec, a, &lo, &hi);
+        int rc = num ? 0 : parse_text_opt(pa, a, argc, argv, &i);
+        if (rc == 1) {
             fprintf(stderr, "kvasir plan: unknown option '%s'\n", a);
             usage(stderr);
             return 2;
         }
-        if (num && kvr_cli_u32(a, v, lo, hi, num))
+        if (rc || (num && kvr_cli_u32(a, v, lo, hi, num)))
             return 2;
     }
-    if (!model || !spec.n_stages) {
+    return 0;
+}
+
+/* The options that only make sense together; derives the secret file's path from -o and
+ * reads the speeds. Returns 0 or 2 after printing why. */
+static int validate(struct plan_args *pa)
+{
+    if (!pa->model || !pa->spec.n_stages) {
         usage(stderr);
         return 2;
     }
-    if (!out && !key) {
+    if (!pa->out && !pa->key) {
         fprintf(stderr, "kvasir plan: give -o PLAN.json (the secret goes to PLAN.key beside it) "
                         "or --secret-file FILE: the cluster secret is never written into the "
                         "plan\n");
         return 2;
     }
-    if (emit && !out) {
+    if (pa->emit && !pa->out) {
         fprintf(stderr, "kvasir plan: --emit needs -o PLAN.json (the files refer to it)\n");
         return 2;
     }
-    char key_buf[4096];
-    if (!key) {
-        size_t n = strlen(out);
-        if (n > 5 && !strcmp(out + n - 5, ".json"))
+    if (!pa->key) {
+        size_t n = strlen(pa->out);
+        if (n > 5 && !strcmp(pa->out + n - 5, ".json"))
             n -= 5;
-        if (n + 5 > sizeof key_buf) {
-            fprintf(stderr, "kvasir plan: %s: path too long\n", out);
+        if (n + 5 > sizeof pa->key_buf) {
+            fprintf(stderr, "kvasir plan: %s: path too long\n", pa->out);
             return 2;
         }
-        snprintf(key_buf, sizeof key_buf, "%.*s.key", (int)n, out);
-        key = key_buf;
+        snprintf(pa->key_buf, sizeof pa->key_buf, "%.*s.key", (int)n, pa->out);
+        pa->key = pa->key_buf;
     }
-    double speed[KVR_PLAN_MAX_STAGES], agent_speed[KVR_PLAN_MAX_AGENTS];
-    if (speeds) {
-        if (parse_speeds("--speeds", speeds, spec.n_stages, speed))
+    if (pa->speeds) {
+        if (parse_speeds("--speeds", pa->speeds, pa->spec.n_stages, pa->speed))
             return 2;
-        spec.stage_speed = speed;
+        pa->spec.stage_speed = pa->speed;
     }
-    if (agent_speeds) {
-        if (parse_speeds("--expert-speeds", agent_speeds, spec.n_agents, agent_speed))
+    if (pa->agent_speeds) {
+        if (parse_speeds("--expert-speeds", pa->agent_speeds, pa->spec.n_agents, pa->agent_speed))
             return 2;
-        spec.agent_speed = agent_speed;
+        pa->spec.agent_speed = pa->agent_speed;
     }
-    spec.model_path = model;
+    pa->spec.model_path = pa->model;
+    return 0;
+}
+
+/* Write the plan to -o (then say what it holds, and --emit), or print it. Returns 0 or -1
+ * after printing why. */
+static int output(const struct plan_args *pa, const struct kvr_plan *plan, const struct kvr_gguf *g)
+{
     struct kvr_err err = {0};
-    struct kvr_gguf *g = NULL;
-    if (kvr_gguf_open(&g, model, &err)) {
-        fprintf(stderr, "kvasir plan: %s: %s\n", model, err.msg);
-        return 1;
-    }
-    if (fingerprint)
-        spec.fingerprint = kvr_gguf_fingerprint(g);
-    struct kvr_plan *plan = kvr_malloc(sizeof *plan);
-    int rc = 1;
-    if (!plan || kvr_plan_propose(plan, g, &spec, &err)) {
-        fprintf(stderr, "kvasir plan: %s\n", plan ? err.msg : "out of memory");
-        goto done;
-    }
-    if (layers && set_layers(plan, layers, g, &err)) {
-        fprintf(stderr, "kvasir plan: --layers %s: %s\n", layers, err.msg);
-        goto done;
-    }
-    if (setup_secret(plan, key, out, &err)) {
-        fprintf(stderr, "kvasir plan: %s\n", err.msg);
-        goto done;
-    }
-    if (out) {
-        if (kvr_plan_write(plan, out, &err)) {
-            fprintf(stderr, "kvasir plan: %s\n", err.msg);
-            goto done;
-        }
-        fprintf(stderr, "kvasir plan: wrote %s (%u stages:", out, plan->n_stages);
-        for (uint32_t i = 0; i < plan->n_stages; i++)
-            fprintf(stderr, " %u-%u", plan->stages[i].first_layer, plan->stages[i].last_layer);
-        fprintf(stderr, ")\n");
-        struct kvr_hparams hp;
-        char line[2048];
-        if (plan->n_agents && !kvr_hparams_read(&hp, g, &err)) {
-            kvr_plan_experts_describe(plan, hp.moe.n_expert, line, sizeof line);
-            fprintf(stderr, "kvasir plan: experts: %s\n", line);
-        }
-        if (emit && kvr_cli_emit(plan, out, emit, emit_dir, &err)) {
-            fprintf(stderr, "kvasir plan: --emit %s %s: %s\n", emit, emit_dir, err.msg);
-            goto done;
-        }
-    } else {
+    if (!pa->out) {
         char *json = NULL;
         if (kvr_plan_to_json(plan, &json, &err)) {
             fprintf(stderr, "kvasir plan: %s\n", err.msg);
-            goto done;
+            return -1;
         }
         fputs(json, stdout);
         kvr_free(json);
+        return 0;
     }
-    rc = 0;
+    if (kvr_plan_write(plan, pa->out, &err)) {
+        fprintf(stderr, "kvasir plan: %s\n", err.msg);
+        return -1;
+    }
+    fprintf(stderr, "kvasir plan: wrote %s (%u stages:", pa->out, plan->n_stages);
+    for (uint32_t i = 0; i < plan->n_stages; i++)
+        fprintf(stderr, " %u-%u", plan->stages[i].first_layer, plan->stages[i].last_layer);
+    fprintf(stderr, ")\n");
+    struct kvr_hparams hp;
+    char line[2048];
+    if (plan->n_agents && !kvr_hparams_read(&hp, g, &err)) {
+        kvr_plan_experts_describe(plan, hp.moe.n_expert, line, sizeof line);
+        fprintf(stderr, "kvasir plan: experts: %s\n", line);
+    }
+    if (pa->emit && kvr_cli_emit(plan, pa->out, pa->emit, pa->emit_dir, &err)) {
+        fprintf(stderr, "kvasir plan: --emit %s %s: %s\n", pa->emit, pa->emit_dir, err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+int kvr_cmd_plan(int argc, char **argv)
+{
+    struct plan_args *pa = kvr_malloc(sizeof *pa);
+    if (!pa)
+        return 1;
+    int rc = parse(argc, argv, pa);
+    if (rc == 0)
+        rc = validate(pa);
+    if (rc) {
+        kvr_free(pa);
+        return rc == 1 ? 0 : rc;
+    }
+    struct kvr_err err = {0};
+    struct kvr_gguf *g = NULL;
+    struct kvr_plan *plan = NULL;
+    rc = 1;
+    if (kvr_gguf_open(&g, pa->model, &err)) {
+        fprintf(stderr, "kvasir plan: %s: %s\n", pa->model, err.msg);
+        goto done;
+    }
+    if (pa->fingerprint)
+        pa->spec.fingerprint = kvr_gguf_fingerprint(g);
+    plan = kvr_malloc(sizeof *plan);
+    if (!plan || kvr_plan_propose(plan, g, &pa->spec, &err)) {
+        fprintf(stderr, "kvasir plan: %s\n", plan ? err.msg : "out of memory");
+        goto done;
+    }
+    if (pa->layers && set_layers(plan, pa->layers, g, &err)) {
+        fprintf(stderr, "kvasir plan: --layers %s: %s\n", pa->layers, err.msg);
+        goto done;
+    }
+    if (setup_secret(plan, pa->key, pa->out, &err)) {
+        fprintf(stderr, "kvasir plan: %s\n", err.msg);
+        goto done;
+    }
+    if (output(pa, plan, g) == 0)
+        rc = 0;
 done:
     if (plan) {
         kvr_plan_wipe(plan);
         kvr_free(plan);
     }
     kvr_gguf_close(g);
+    kvr_free(pa);
     return rc;
 }

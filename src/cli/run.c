@@ -29,6 +29,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "model/engine.h"
+#include "model/generate.h"
 #include "model/gguf.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
@@ -99,131 +100,119 @@ static void usage(FILE *f)
             "  -q, --quiet            no streamed text\n");
 }
 
-static int parse_args(int argc, char **argv, struct run_opts *o)
-{
-    memset(o, 0, sizeof *o);
-    o->n_predict = 64;
-    o->threads = 2;
-    o->row_width = 64;
-    o->n_top = 5;
-    o->kv_type = KVR_PLAN_DEFAULT_KV_TYPE;
-    kvr_sample_params_default(&o->sp);
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define ARG(s, l) (!strcmp(a, s) || !strcmp(a, l))
-#define NEED_V()                                                                                   \
-    do {                                                                                           \
-        if (!v) {                                                                                  \
-            fprintf(stderr, "kvasir run: %s needs a value\n", a);                                  \
-            return 2;                                                                              \
-        }                                                                                          \
-        i++;                                                                                       \
-    } while (0)
-        if (ARG("-h", "--help")) {
-            usage(stdout);
-            return 1;
-        } else if (ARG("--no-prefix-cache", "--no-prefix-cache")) {
-            o->no_prefix_cache = true;
-        } else if (ARG("-m", "--model")) {
-            NEED_V();
-            o->model = v;
-        } else if (ARG("--plan", "--plan")) {
-            NEED_V();
-            o->plan = v;
-        } else if (ARG("-p", "--prompt")) {
-            NEED_V();
-            o->prompt = v;
-        } else if (ARG("--prompts", "--prompts")) {
-            NEED_V();
-            o->prompts_file = v;
-        } else if (ARG("-n", "--n-predict")) {
-            NEED_V();
-            if (kvr_cli_u32(a, v, 1, 1u << 20, &o->n_predict))
-                return 2;
-        } else if (ARG("-t", "--threads")) {
-            NEED_V();
-            if (kvr_cli_u32(a, v, 1, 256, &o->threads))
-                return 2;
-        } else if (ARG("-c", "--ctx")) {
-            NEED_V();
-            if (kvr_cli_u32(a, v, 1, 1u << 20, &o->ctx))
-                return 2;
-        } else if (ARG("--temp", "--temperature")) {
-            NEED_V();
-            if (kvr_cli_float(a, v, 0, 100, &o->sp.temperature))
-                return 2;
-        } else if (ARG("--top-k", "--top-k")) {
-            NEED_V();
-            uint32_t k;
-            if (kvr_cli_u32(a, v, 0, 1u << 24, &k))
-                return 2;
-            o->sp.top_k = (int32_t)k;
-        } else if (ARG("--top-p", "--top-p")) {
-            NEED_V();
-            if (kvr_cli_float(a, v, 0, 1, &o->sp.top_p))
-                return 2;
-        } else if (ARG("--min-p", "--min-p")) {
-            NEED_V();
-            if (kvr_cli_float(a, v, 0, 1, &o->sp.min_p))
-                return 2;
-        } else if (ARG("--repeat-penalty", "--repeat-penalty")) {
-            NEED_V();
-            if (kvr_cli_float(a, v, 0.01f, 100, &o->sp.repeat_penalty))
-                return 2;
-        } else if (ARG("--seed", "--seed")) {
-            NEED_V();
-            char *end;
-            o->sp.seed = strtoull(v, &end, 10);
-            if (*end) {
-                fprintf(stderr, "kvasir run: --seed wants a number, not '%s'\n", v);
-                return 2;
-            }
-        } else if (ARG("--chat", "--chat")) {
-            o->chat = true;
-        } else if (ARG("--chat-template", "--chat-template")) {
-            NEED_V();
-            o->chat = true;
-            o->chat_template = v;
-        } else if (ARG("--ignore-eos", "--ignore-eos")) {
-            o->ignore_eos = true;
-        } else if (ARG("--ids", "--ids")) {
-            o->print_ids = true;
-        } else if (ARG("--json", "--json")) {
-            o->json = true;
-        } else if (ARG("--batched", "--batched")) {
-            o->batched = true;
-        } else if (ARG("--row-width", "--row-width")) {
-            NEED_V();
-            if (kvr_cli_u32(a, v, 1, 16384, &o->row_width))
-                return 2;
-        } else if (ARG("--kv-type", "--kv-type")) {
-            NEED_V();
-            if (kvr_plan_kv_type_parse(v, &o->kv_type)) {
-                fprintf(stderr, "kvasir run: --kv-type is f32, f16 or q8_0, not '%s'\n", v);
-                return 2;
-            }
-        } else if (ARG("--force-ids", "--force-ids")) {
-            NEED_V();
-            o->force_ids = v;
-        } else if (ARG("--top", "--top")) {
-            NEED_V();
-            if (kvr_cli_u32(a, v, 1, 1000, &o->n_top))
-                return 2;
-        } else if (ARG("--logits", "--logits")) {
-            NEED_V();
-            if (kvr_cli_u32(a, v, 0, 1u << 20, &o->n_logits))
-                return 2;
-        } else if (ARG("-q", "--quiet")) {
-            o->quiet = true;
-        } else {
-            fprintf(stderr, "kvasir run: unknown option '%s'\n", a);
-            usage(stderr);
+
+/* An option without a value; false when `a` is not one. */
+static bool parse_flag(struct run_opts *o, const char *a)
+{
+    if (ARG("--no-prefix-cache", "--no-prefix-cache"))
+        o->no_prefix_cache = true;
+    else if (ARG("--chat", "--chat"))
+        o->chat = true;
+    else if (ARG("--ignore-eos", "--ignore-eos"))
+        o->ignore_eos = true;
+    else if (ARG("--ids", "--ids"))
+        o->print_ids = true;
+    else if (ARG("--json", "--json"))
+        o->json = true;
+    else if (ARG("--batched", "--batched"))
+        o->batched = true;
+    else if (ARG("-q", "--quiet"))
+        o->quiet = true;
+    else
+        return false;
+    return true;
+}
+
+/* Sampling options with their value. Returns 0, 2 after printing why the value is wrong,
+ * or 1 when `a` is not one of them. */
+static int parse_sampling(struct run_opts *o, const char *a, const char *v)
+{
+    uint32_t k;
+    char *end;
+    if (ARG("--temp", "--temperature"))
+        return kvr_cli_float(a, v, 0, 100, &o->sp.temperature) ? 2 : 0;
+    if (ARG("--top-k", "--top-k")) {
+        if (kvr_cli_u32(a, v, 0, 1u << 24, &k))
+            return 2;
+        o->sp.top_k = (int32_t)k;
+        return 0;
+    }
+    if (ARG("--top-p", "--top-p"))
+        return kvr_cli_float(a, v, 0, 1, &o->sp.top_p) ? 2 : 0;
+    if (ARG("--min-p", "--min-p"))
+        return kvr_cli_float(a, v, 0, 1, &o->sp.min_p) ? 2 : 0;
+    if (ARG("--repeat-penalty", "--repeat-penalty"))
+        return kvr_cli_float(a, v, 0.01f, 100, &o->sp.repeat_penalty) ? 2 : 0;
+    if (ARG("--seed", "--seed")) {
+        o->sp.seed = strtoull(v, &end, 10);
+        if (*end) {
+            fprintf(stderr, "kvasir run: --seed wants a number, not '%s'\n", v);
             return 2;
         }
-#undef ARG
-#undef NEED_V
+        return 0;
     }
+    return 1;
+}
+
+/* Every other option with a value. Returns as parse_sampling. */
+static int parse_value(struct run_opts *o, const char *a, const char *v)
+{
+    if (ARG("-m", "--model"))
+        o->model = v;
+    else if (ARG("--plan", "--plan"))
+        o->plan = v;
+    else if (ARG("-p", "--prompt"))
+        o->prompt = v;
+    else if (ARG("--prompts", "--prompts"))
+        o->prompts_file = v;
+    else if (ARG("-n", "--n-predict"))
+        return kvr_cli_u32(a, v, 1, 1u << 20, &o->n_predict) ? 2 : 0;
+    else if (ARG("-t", "--threads"))
+        return kvr_cli_u32(a, v, 1, 256, &o->threads) ? 2 : 0;
+    else if (ARG("-c", "--ctx"))
+        return kvr_cli_u32(a, v, 1, 1u << 20, &o->ctx) ? 2 : 0;
+    else if (ARG("--chat-template", "--chat-template")) {
+        o->chat = true;
+        o->chat_template = v;
+    } else if (ARG("--row-width", "--row-width"))
+        return kvr_cli_u32(a, v, 1, 16384, &o->row_width) ? 2 : 0;
+    else if (ARG("--kv-type", "--kv-type")) {
+        if (kvr_plan_kv_type_parse(v, &o->kv_type)) {
+            fprintf(stderr, "kvasir run: --kv-type is f32, f16 or q8_0, not '%s'\n", v);
+            return 2;
+        }
+    } else if (ARG("--force-ids", "--force-ids"))
+        o->force_ids = v;
+    else if (ARG("--top", "--top"))
+        return kvr_cli_u32(a, v, 1, 1000, &o->n_top) ? 2 : 0;
+    else if (ARG("--logits", "--logits"))
+        return kvr_cli_u32(a, v, 0, 1u << 20, &o->n_logits) ? 2 : 0;
+    else
+        return parse_sampling(o, a, v);
+    return 0;
+}
+
+#undef ARG
+
+/* The options parse_value and parse_sampling take, each followed by its value. */
+static bool takes_value(const char *a)
+{
+    static const char *const names[] = {
+        "-m",      "--model",         "--plan",      "-p",        "--prompt",    "--prompts",
+        "-n",      "--n-predict",     "-t",          "--threads", "-c",          "--ctx",
+        "--temp",  "--temperature",   "--top-k",     "--top-p",   "--min-p",     "--repeat-penalty",
+        "--seed",  "--chat-template", "--row-width", "--kv-type", "--force-ids", "--top",
+        "--logits"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (!strcmp(a, names[i]))
+            return true;
+    return false;
+}
+
+/* The options that only make sense together. Returns 0 or 2 after printing why. */
+static int validate_args(const struct run_opts *o)
+{
     if (!o->model == !o->plan) {
         fprintf(stderr, "kvasir run: give exactly one of -m MODEL and --plan PLAN\n");
         return 2;
@@ -237,6 +226,41 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
         return 2;
     }
     return 0;
+}
+
+/* Returns 0, 1 after --help, or 2 after printing what is wrong. */
+static int parse_args(int argc, char **argv, struct run_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->n_predict = 64;
+    o->threads = 2;
+    o->row_width = 64;
+    o->n_top = 5;
+    o->kv_type = KVR_PLAN_DEFAULT_KV_TYPE;
+    kvr_sample_params_default(&o->sp);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 1;
+        }
+        if (parse_flag(o, a))
+            continue;
+        if (!takes_value(a)) {
+            fprintf(stderr, "kvasir run: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (!v) {
+            fprintf(stderr, "kvasir run: %s needs a value\n", a);
+            return 2;
+        }
+        i++;
+        if (parse_value(o, a, v))
+            return 2;
+    }
+    return validate_args(o);
 }
 
 /* ---- jobs ------------------------------------------------------------------------------- */
@@ -484,6 +508,39 @@ static void print_end(struct printer *p)
 
 /* ---- single process --------------------------------------------------------------------- */
 
+static void on_token(void *ud, uint32_t seq, int32_t id)
+{
+    (void)seq;
+    print_token(ud, id);
+}
+
+/* The jobs as model/generate.h sequences (sharing their ids and out arrays); NULL when out
+ * of memory. */
+static struct kvr_generate_seq *gen_seqs(const struct job *jobs, uint32_t n_jobs)
+{
+    struct kvr_generate_seq *seqs = kvr_calloc(n_jobs, sizeof *seqs);
+    for (uint32_t i = 0; seqs && i < n_jobs; i++)
+        seqs[i] = (struct kvr_generate_seq){.ids = jobs[i].ids,
+                                            .n_ids = jobs[i].n_ids,
+                                            .max_tokens = jobs[i].max_tokens,
+                                            .sp = jobs[i].sp,
+                                            .out = jobs[i].out};
+    return seqs;
+}
+
+/* Copy what generation filled back into the jobs. */
+static void gen_results(struct job *jobs, const struct kvr_generate_seq *seqs, uint32_t n_jobs)
+{
+    for (uint32_t i = 0; i < n_jobs; i++) {
+        jobs[i].n_out = seqs[i].n_out;
+        jobs[i].finish = seqs[i].finish == KVR_GENERATE_STOP     ? "stop"
+                         : seqs[i].finish == KVR_GENERATE_LENGTH ? "length"
+                                                                 : NULL;
+    }
+}
+
+/* One prompt after another, each alone (kvr_generate); streams the text of a single
+ * prompt, then prompt and decode speeds. */
 static int run_local(const struct run_opts *o, struct kvr_gguf *g, const struct kvr_tok *tok,
                      struct job *jobs, uint32_t n_jobs, struct printer *pr)
 {
@@ -503,92 +560,35 @@ static int run_local(const struct run_opts *o, struct kvr_gguf *g, const struct 
                 o->n_predict, need, ctx);
         return 1;
     }
-    struct kvr_engine_config cfg = {.first_layer = 0,
-                                    .last_layer = hp.n_layer - 1,
-                                    .max_rows = 512,
-                                    .max_seqs = 1,
-                                    .n_ctx = ctx,
-                                    .kv_block_tokens = 16,
-                                    .kv_n_blocks = 0,
-                                    .kv_type = o->kv_type,
-                                    .n_threads = o->threads};
-    struct kvr_engine *e = NULL;
-    struct kvr_sample_scratch *sc = NULL;
-    float *logits = kvr_malloc((size_t)hp.n_vocab * sizeof(float));
-    int rc = 1;
-    if (!logits || kvr_engine_create(&e, g, &cfg, &err) ||
-        kvr_sample_scratch_create(&sc, (int32_t)hp.n_vocab)) {
+    struct kvr_generate_config cfg = {.n_ctx = ctx,
+                                      .row_width = 512,
+                                      .kv_type = o->kv_type,
+                                      .n_threads = o->threads,
+                                      .ignore_eos = o->ignore_eos};
+    struct kvr_generate_stats st;
+    struct kvr_generate_seq *seqs = gen_seqs(jobs, n_jobs);
+    int rc =
+        seqs ? kvr_generate(g, &hp, tok, &cfg, seqs, n_jobs, on_token, pr, &st, &err) : KVR_ENOMEM;
+    if (seqs)
+        gen_results(jobs, seqs, n_jobs);
+    kvr_free(seqs);
+    if (rc) {
         fprintf(stderr, "kvasir run: %s\n", err.msg[0] ? err.msg : "out of memory");
-        goto out;
-    }
-    uint64_t prefill_ns = 0, decode_ns = 0, n_prefill = 0, n_decode = 0;
-    for (uint32_t ji = 0; ji < n_jobs; ji++) {
-        struct job *j = &jobs[ji];
-        struct kvr_sampler smp;
-        if (kvr_sampler_init(&smp, &j->sp, &err)) {
-            fprintf(stderr, "kvasir run: %s\n", err.msg);
-            goto out;
-        }
-        /* Prefill in chunks of the row width; the last chunk wants a token. */
-        uint64_t t0 = kvr_now_ns();
-        for (uint32_t pos = 0; pos < j->n_ids;) {
-            uint32_t n = j->n_ids - pos < cfg.max_rows ? j->n_ids - pos : cfg.max_rows;
-            bool last = pos + n == j->n_ids;
-            struct kvr_seg seg = {
-                0, pos, n, KVR_SEG_PREFILL | (last ? KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN : 0)};
-            if (kvr_engine_forward(e, &seg, 1, j->ids + pos, NULL, logits, &err)) {
-                fprintf(stderr, "kvasir run: %s\n", err.msg);
-                kvr_sampler_fini(&smp);
-                goto out;
-            }
-            pos += n;
-        }
-        uint64_t t1 = kvr_now_ns();
-        prefill_ns += t1 - t0;
-        n_prefill += j->n_ids;
-        j->finish = "length";
-        for (uint32_t k = 0; k < j->max_tokens; k++) {
-            int32_t tok_id = kvr_sampler_sample(&smp, logits, (int32_t)hp.n_vocab, sc, NULL);
-            kvr_sampler_accept(&smp, tok_id);
-            j->out[j->n_out++] = tok_id;
-            print_token(pr, tok_id);
-            if (!o->ignore_eos && kvr_tok_is_eog(tok, tok_id)) {
-                j->finish = "stop";
-                break;
-            }
-            if (k + 1 == j->max_tokens)
-                break;
-            struct kvr_seg seg = {0, j->n_ids + k, 1, KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
-            uint64_t td = kvr_now_ns();
-            if (kvr_engine_forward(e, &seg, 1, &tok_id, NULL, logits, &err)) {
-                fprintf(stderr, "kvasir run: %s\n", err.msg);
-                kvr_sampler_fini(&smp);
-                goto out;
-            }
-            decode_ns += kvr_now_ns() - td;
-            n_decode++;
-        }
-        kvr_sampler_fini(&smp);
-        kvr_engine_seq_free(e, 0);
+        return 1;
     }
     print_end(pr);
     fprintf(stderr, "prompt: %llu tokens in %.1f ms, %.1f tokens/s\n",
-            (unsigned long long)n_prefill, prefill_ns / 1e6,
-            prefill_ns ? n_prefill / (prefill_ns / 1e9) : 0.0);
+            (unsigned long long)st.n_prefill, st.prefill_ns / 1e6,
+            st.prefill_ns ? st.n_prefill / (st.prefill_ns / 1e9) : 0.0);
     fprintf(stderr, "decode: %llu tokens in %.1f ms, %.2f tokens/s (%u threads, %s kernels)\n",
-            (unsigned long long)n_decode, decode_ns / 1e6,
-            decode_ns ? n_decode / (decode_ns / 1e9) : 0.0, o->threads, kvr_kernels_name());
-    rc = 0;
-out:
-    kvr_free(logits);
-    kvr_sample_scratch_destroy(sc);
-    kvr_engine_destroy(e);
-    return rc;
+            (unsigned long long)st.n_decode, st.decode_ns / 1e6,
+            st.decode_ns ? st.n_decode / (st.decode_ns / 1e9) : 0.0, o->threads,
+            kvr_kernels_name());
+    return 0;
 }
 
-/* All prompts at once in one engine: each forward pass carries one decode row per running
- * sequence and fills the rest of the row width with prefill chunks (the bridge's packing
- * with a single micro-batch). The throughput baseline a ring is compared against. */
+/* All prompts at once in one engine (kvr_generate_batched): the throughput baseline a ring
+ * is compared against. */
 static int run_local_batched(const struct run_opts *o, struct kvr_gguf *g,
                              const struct kvr_tok *tok, struct job *jobs, uint32_t n_jobs)
 {
@@ -602,105 +602,108 @@ static int run_local_batched(const struct run_opts *o, struct kvr_gguf *g,
     for (uint32_t i = 0; i < n_jobs; i++)
         if (jobs[i].n_ids + jobs[i].max_tokens > need)
             need = jobs[i].n_ids + jobs[i].max_tokens;
-    struct kvr_engine_config cfg = {.first_layer = 0,
-                                    .last_layer = hp.n_layer - 1,
-                                    .max_rows = o->row_width,
-                                    .max_seqs = n_jobs,
-                                    .n_ctx = o->ctx ? o->ctx : need,
-                                    .kv_block_tokens = 16,
-                                    .kv_type = o->kv_type,
-                                    .n_threads = o->threads};
-    struct kvr_engine *e = NULL;
-    struct kvr_sample_scratch *sc = NULL;
-    struct kvr_sampler *smp = kvr_calloc(n_jobs, sizeof *smp);
-    uint32_t *prefilled = kvr_calloc(n_jobs, sizeof *prefilled);
-    struct kvr_seg *segs = kvr_calloc(o->row_width, sizeof *segs);
-    int32_t *toks = kvr_calloc(o->row_width, sizeof *toks);
-    float *logits = kvr_malloc((size_t)o->row_width * hp.n_vocab * sizeof(float));
-    int rc = 1;
-    if (!smp || !prefilled || !segs || !toks || !logits || kvr_engine_create(&e, g, &cfg, &err) ||
-        kvr_sample_scratch_create(&sc, (int32_t)hp.n_vocab)) {
+    struct kvr_generate_config cfg = {.n_ctx = o->ctx ? o->ctx : need,
+                                      .row_width = o->row_width,
+                                      .kv_type = o->kv_type,
+                                      .n_threads = o->threads,
+                                      .ignore_eos = o->ignore_eos};
+    struct kvr_generate_stats st;
+    struct kvr_generate_seq *seqs = gen_seqs(jobs, n_jobs);
+    int rc = seqs ? kvr_generate_batched(g, &hp, tok, &cfg, seqs, n_jobs, NULL, NULL, &st, &err)
+                  : KVR_ENOMEM;
+    if (seqs)
+        gen_results(jobs, seqs, n_jobs);
+    kvr_free(seqs);
+    if (rc) {
         fprintf(stderr, "kvasir run: %s\n", err.msg[0] ? err.msg : "out of memory");
-        goto out;
+        return 1;
     }
-    for (uint32_t i = 0; i < n_jobs; i++)
-        if (kvr_sampler_init(&smp[i], &jobs[i].sp, &err)) {
-            fprintf(stderr, "kvasir run: %s\n", err.msg);
-            goto out;
-        }
-    uint64_t t0 = kvr_now_ns(), n_tokens = 0, n_passes = 0;
-    uint32_t n_done = 0;
-    while (n_done < n_jobs) {
-        uint32_t n_segs = 0, n_rows = 0;
-        for (uint32_t i = 0; i < n_jobs && n_rows < o->row_width; i++) {
-            struct job *j = &jobs[i];
-            if (j->finish || prefilled[i] < j->n_ids || j->n_out == 0)
-                continue;
-            segs[n_segs++] = (struct kvr_seg){i, j->n_ids + j->n_out - 1, 1,
-                                              KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
-            toks[n_rows++] = j->out[j->n_out - 1];
-        }
-        for (uint32_t i = 0; i < n_jobs && n_rows < o->row_width; i++) {
-            struct job *j = &jobs[i];
-            if (prefilled[i] >= j->n_ids)
-                continue;
-            uint32_t n = j->n_ids - prefilled[i];
-            n = n < o->row_width - n_rows ? n : o->row_width - n_rows;
-            bool last = prefilled[i] + n == j->n_ids;
-            segs[n_segs++] = (struct kvr_seg){
-                i, prefilled[i], n,
-                KVR_SEG_PREFILL | (last ? KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN : 0)};
-            memcpy(toks + n_rows, j->ids + prefilled[i], n * sizeof *toks);
-            n_rows += n;
-            prefilled[i] += n;
-        }
-        if (kvr_engine_forward(e, segs, n_segs, toks, NULL, logits, &err)) {
-            fprintf(stderr, "kvasir run: %s\n", err.msg);
-            goto out;
-        }
-        n_passes++;
-        uint32_t r = 0;
-        for (uint32_t k = 0; k < n_segs; k++) {
-            if (!(segs[k].flags & KVR_SEG_WANTS_TOKEN))
-                continue;
-            uint32_t i = segs[k].seq;
-            struct job *j = &jobs[i];
-            int32_t t = kvr_sampler_sample(&smp[i], logits + (size_t)r++ * hp.n_vocab,
-                                           (int32_t)hp.n_vocab, sc, NULL);
-            kvr_sampler_accept(&smp[i], t);
-            j->out[j->n_out++] = t;
-            n_tokens++;
-            if (!o->ignore_eos && kvr_tok_is_eog(tok, t))
-                j->finish = "stop";
-            else if (j->n_out == j->max_tokens)
-                j->finish = "length";
-            if (j->finish) {
-                kvr_engine_seq_free(e, i);
-                n_done++;
-            }
-        }
-    }
-    double secs = (kvr_now_ns() - t0) / 1e9;
+    double secs = st.wall_ns / 1e9;
     fprintf(stderr,
             "batched: %u sequences, %llu tokens in %.2f s, %.1f tokens/s, %llu passes "
             "(%u threads)\n",
-            n_jobs, (unsigned long long)n_tokens, secs, n_tokens / secs,
-            (unsigned long long)n_passes, o->threads);
-    rc = 0;
-out:
-    for (uint32_t i = 0; smp && i < n_jobs; i++)
-        kvr_sampler_fini(&smp[i]);
-    kvr_free(smp);
-    kvr_free(prefilled);
-    kvr_free(segs);
-    kvr_free(toks);
-    kvr_free(logits);
-    kvr_sample_scratch_destroy(sc);
-    kvr_engine_destroy(e);
-    return rc;
+            n_jobs, (unsigned long long)st.n_tokens, secs, st.n_tokens / secs,
+            (unsigned long long)st.n_passes, o->threads);
+    return 0;
 }
 
 /* ---- through a ring ---------------------------------------------------------------------- */
+
+/* Drain every stream until each has finished; tokens go to the jobs (and the printer).
+ * Returns true when some prompt failed. */
+static bool collect(struct kvr_bridge *b, struct kvr_gen_stream **streams, struct job *jobs,
+                    uint32_t n_jobs, struct printer *pr, uint64_t *n_tokens_out)
+{
+    uint32_t n_done = 0;
+    uint64_t n_tokens = 0, seen = 0;
+    bool failed = false;
+    while (n_done < n_jobs) {
+        /* Sleep until some stream has news, then drain them all without waiting: polling
+         * each stream in turn would wake this thread (and take the bridge's lock) a
+         * thousand times a second on machines whose cores the stages need. */
+        kvr_bridge_wait_any(b, &seen, 100);
+        for (uint32_t i = 0; i < n_jobs; i++) {
+            struct job *j = &jobs[i];
+            if (j->finish)
+                continue;
+            struct kvr_gen_event ev;
+            while (kvr_bridge_next(streams[i], &ev, 0) == 0) {
+                if (ev.token >= 0 && j->n_out < j->max_tokens) {
+                    j->out[j->n_out++] = ev.token;
+                    n_tokens++;
+                    print_token(pr, ev.token);
+                }
+                if (ev.finish != KVR_GEN_FINISH_NONE) {
+                    j->finish = ev.finish == KVR_GEN_FINISH_LENGTH ? "length"
+                                : ev.finish == KVR_GEN_FINISH_EOS  ? "stop"
+                                                                   : "error";
+                    if (ev.finish == KVR_GEN_FINISH_ERROR) {
+                        fprintf(stderr, "kvasir run: prompt %u failed: %s\n", i, ev.error);
+                        failed = true;
+                    }
+                    n_done++;
+                    break;
+                }
+            }
+        }
+    }
+    *n_tokens_out = n_tokens;
+    return failed;
+}
+
+/* The ring's summary on stderr: throughput, prefix cache, and each stage's and expert
+ * agent's share of time held, starved and blocked. */
+static void print_ring_stats(struct kvr_bridge *b, uint32_t n_jobs, uint64_t n_tokens, double secs)
+{
+    struct kvr_sched_stats st;
+    kvr_bridge_stats(b, &st);
+    fprintf(stderr, "ring: %u sequences, %llu tokens in %.2f s, %.1f tokens/s, %llu batches\n",
+            n_jobs, (unsigned long long)n_tokens, secs, n_tokens / secs,
+            (unsigned long long)st.batches);
+    fprintf(stderr, "  prefix cache: %llu of %llu prompt tokens reused, %llu computed\n",
+            (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_queries,
+            (unsigned long long)st.prompt_tokens);
+    for (uint32_t i = 0; i < st.n_stages; i++) {
+        double tot =
+            (double)(st.stage[i].held_ns + st.stage[i].starved_ns + st.stage[i].blocked_ns);
+        if (tot <= 0)
+            tot = 1;
+        fprintf(stderr, "  stage %u: held %5.1f%%  starved %5.1f%%  blocked %5.1f%%\n", i,
+                100.0 * st.stage[i].held_ns / tot, 100.0 * st.stage[i].starved_ns / tot,
+                100.0 * st.stage[i].blocked_ns / tot);
+    }
+    for (uint32_t j = 0; j < st.n_agents; j++) {
+        const struct kvr_sched_agent_stats *a = &st.agent[j];
+        double tot = (double)(a->held_ns + a->starved_ns + a->blocked_ns);
+        if (tot <= 0)
+            tot = 1;
+        fprintf(stderr,
+                "  agent %u: held %5.1f%%  starved %5.1f%%  blocked %5.1f%%  %llu pairs, held "
+                "%.3f s\n",
+                j, 100.0 * a->held_ns / tot, 100.0 * a->starved_ns / tot,
+                100.0 * a->blocked_ns / tot, (unsigned long long)a->pairs, a->held_ns / 1e9);
+    }
+}
 
 static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
                     const struct kvr_hparams *hp, struct job *jobs, uint32_t n_jobs,
@@ -739,69 +742,11 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
             goto out;
         }
     }
-    uint32_t n_done = 0;
-    uint64_t n_tokens = 0, seen = 0;
-    bool failed = false;
-    while (n_done < n_jobs) {
-        /* Sleep until some stream has news, then drain them all without waiting: polling
-         * each stream in turn would wake this thread (and take the bridge's lock) a
-         * thousand times a second on machines whose cores the stages need. */
-        kvr_bridge_wait_any(b, &seen, 100);
-        for (uint32_t i = 0; i < n_jobs; i++) {
-            struct job *j = &jobs[i];
-            if (j->finish)
-                continue;
-            struct kvr_gen_event ev;
-            while (kvr_bridge_next(streams[i], &ev, 0) == 0) {
-                if (ev.token >= 0 && j->n_out < j->max_tokens) {
-                    j->out[j->n_out++] = ev.token;
-                    n_tokens++;
-                    print_token(pr, ev.token);
-                }
-                if (ev.finish != KVR_GEN_FINISH_NONE) {
-                    j->finish = ev.finish == KVR_GEN_FINISH_LENGTH ? "length"
-                                : ev.finish == KVR_GEN_FINISH_EOS  ? "stop"
-                                                                   : "error";
-                    if (ev.finish == KVR_GEN_FINISH_ERROR) {
-                        fprintf(stderr, "kvasir run: prompt %u failed: %s\n", i, ev.error);
-                        failed = true;
-                    }
-                    n_done++;
-                    break;
-                }
-            }
-        }
-    }
+    uint64_t n_tokens = 0;
+    bool failed = collect(b, streams, jobs, n_jobs, pr, &n_tokens);
     double secs = (kvr_now_ns() - t0) / 1e9;
     print_end(pr);
-    struct kvr_sched_stats st;
-    kvr_bridge_stats(b, &st);
-    fprintf(stderr, "ring: %u sequences, %llu tokens in %.2f s, %.1f tokens/s, %llu batches\n",
-            n_jobs, (unsigned long long)n_tokens, secs, n_tokens / secs,
-            (unsigned long long)st.batches);
-    fprintf(stderr, "  prefix cache: %llu of %llu prompt tokens reused, %llu computed\n",
-            (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_queries,
-            (unsigned long long)st.prompt_tokens);
-    for (uint32_t i = 0; i < st.n_stages; i++) {
-        double tot =
-            (double)(st.stage[i].held_ns + st.stage[i].starved_ns + st.stage[i].blocked_ns);
-        if (tot <= 0)
-            tot = 1;
-        fprintf(stderr, "  stage %u: held %5.1f%%  starved %5.1f%%  blocked %5.1f%%\n", i,
-                100.0 * st.stage[i].held_ns / tot, 100.0 * st.stage[i].starved_ns / tot,
-                100.0 * st.stage[i].blocked_ns / tot);
-    }
-    for (uint32_t j = 0; j < st.n_agents; j++) {
-        const struct kvr_sched_agent_stats *a = &st.agent[j];
-        double tot = (double)(a->held_ns + a->starved_ns + a->blocked_ns);
-        if (tot <= 0)
-            tot = 1;
-        fprintf(stderr,
-                "  agent %u: held %5.1f%%  starved %5.1f%%  blocked %5.1f%%  %llu pairs, held "
-                "%.3f s\n",
-                j, 100.0 * a->held_ns / tot, 100.0 * a->starved_ns / tot,
-                100.0 * a->blocked_ns / tot, (unsigned long long)a->pairs, a->held_ns / 1e9);
-    }
+    print_ring_stats(b, n_jobs, n_tokens, secs);
     rc = failed ? 1 : 0;
 out:
     for (uint32_t i = 0; streams && i < n_jobs; i++)

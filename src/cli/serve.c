@@ -102,7 +102,102 @@ static void usage(FILE *f, bool serve)
                    "                        requests fail after 30 s)\n");
 }
 
-static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
+/* An option whose value is kept as text (--wire is checked). Returns 0, 2 after printing
+ * why the value is wrong, or 1 when `a` is not one of them. */
+static int parse_text_opt(struct serve_opts *o, bool serve, const char *a, const char *v)
+{
+    if (serve && (!strcmp(a, "-m") || !strcmp(a, "--model")))
+        o->model = v;
+    else if (!serve && !strcmp(a, "--plan"))
+        o->plan_path = v;
+    else if (!strcmp(a, "--host"))
+        o->host = v;
+    else if (!strcmp(a, "--api-key"))
+        o->api_key = v;
+    else if (!strcmp(a, "--name"))
+        o->name = v;
+    else if (!strcmp(a, "--chat-template"))
+        o->chat_template = v;
+    else if (!serve && !strcmp(a, "--secret-file"))
+        o->secret_file = v;
+    else if (!strcmp(a, "--tls-cert"))
+        o->tls_cert = v;
+    else if (!strcmp(a, "--tls-key"))
+        o->tls_key = v;
+    else if (serve && !strcmp(a, "--plan-dir"))
+        o->plan_dir = v;
+    else if (serve && !strcmp(a, "--kv-type"))
+        o->spec.kv_type = v;
+    else if (serve && !strcmp(a, "--wire")) {
+        if (strcmp(v, "f32") && strcmp(v, "f16")) {
+            fprintf(stderr, "kvasir serve: --wire is f32 or f16\n");
+            return 2;
+        }
+        o->spec.wire_dtype = strcmp(v, "f16") ? KVR_DTYPE_F32 : KVR_DTYPE_F16;
+    } else
+        return 1;
+    return 0;
+}
+
+/* A numeric option: where its value goes and its bounds [*lo, *hi] (preset to 1 and
+ * 2^30); NULL when `a` is not one. */
+static uint32_t *num_opt(struct serve_opts *o, bool serve, const char *a, uint32_t *lo,
+                         uint32_t *hi)
+{
+    if (!strcmp(a, "--port"))
+        return *lo = 0, *hi = 65535, &o->port;
+    if (!strcmp(a, "--ttft-ms"))
+        return *lo = 0, &o->ttft_ms;
+    if (!strcmp(a, "--total-ms"))
+        return *lo = 0, &o->total_ms;
+    if (!strcmp(a, "--max-waiting"))
+        return &o->max_waiting;
+    if (!serve && !strcmp(a, "--replan-after"))
+        return *lo = 0, *hi = 3600, &o->replan_after_s;
+    if (!serve)
+        return NULL;
+    if (!strcmp(a, "--stages"))
+        return *lo = 0, *hi = KVR_PLAN_MAX_STAGES, &o->stages;
+    if (!strcmp(a, "--experts"))
+        return *lo = 0, *hi = KVR_PLAN_MAX_AGENTS, &o->spec.n_agents;
+    if (!strcmp(a, "--stage-experts")) {
+        o->spec.keep_fixed = true;
+        return *lo = 0, &o->spec.keep;
+    }
+    if (!strcmp(a, "--threads"))
+        return *hi = 256, &o->threads;
+    if (!strcmp(a, "--base-port"))
+        return *lo = 2, *hi = 65535, &o->spec.base_port;
+    if (!strcmp(a, "--row-width"))
+        return &o->spec.row_width;
+    if (!strcmp(a, "--microbatches"))
+        return &o->spec.microbatches;
+    if (!strcmp(a, "--max-seqs"))
+        return &o->spec.max_seqs;
+    if (!strcmp(a, "--ctx"))
+        return &o->spec.n_ctx;
+    if (!strcmp(a, "--kv-blocks"))
+        return &o->spec.kv_blocks;
+    if (!strcmp(a, "--kv-mem"))
+        return &o->spec.kv_mib;
+    return NULL;
+}
+
+/* An option without a value; false when `a` is not one. */
+static bool parse_flag(struct serve_opts *o, bool serve, const char *a)
+{
+    if (!strcmp(a, "--no-prefix-cache"))
+        o->no_prefix_cache = true;
+    else if (!strcmp(a, "--no-admission"))
+        o->no_admission = true;
+    else if (serve && !strcmp(a, "--no-encrypt")) /* plain frames on the ring's links */
+        o->spec.no_encrypt = true;
+    else
+        return false;
+    return true;
+}
+
+static void set_defaults(struct serve_opts *o, bool serve)
 {
     memset(o, 0, sizeof *o);
     o->host = "127.0.0.1";
@@ -110,100 +205,38 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
     o->stages = 2;
     o->threads = 1;
     /* Defaults for clients that send no budget: generous, so that a CPU ring under
-     * ordinary load serves them (a 16-client load on TinyLlama-1.1B Q4_0 waits ~10 s for a
-     * first token here); clients that care send their own. */
+     * ordinary load serves them; clients that care send their own. */
     o->ttft_ms = 60000;
     o->total_ms = 600000;
     /* A restarted stage is back within a few seconds; a host gone for 10 s is taken for
      * gone, which leaves held requests (30 s, sched.h) most of their time to finish. serve
      * restarts its own stages, so it never re-plans. */
     o->replan_after_s = serve ? 0 : 10;
+}
+
+/* Returns 0, 1 after --help, or 2 after printing what is wrong. */
+static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
+{
+    set_defaults(o, serve);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout, serve);
             return 1;
         }
-        if (!strcmp(a, "--no-prefix-cache")) {
-            o->no_prefix_cache = true;
+        if (parse_flag(o, serve, a))
             continue;
-        }
-        if (!strcmp(a, "--no-admission")) {
-            o->no_admission = true;
-            continue;
-        }
-        if (serve && !strcmp(a, "--no-encrypt")) { /* plain frames on the ring's links */
-            o->spec.no_encrypt = true;
-            continue;
-        }
         if (!v) {
             fprintf(stderr, "kvasir: %s needs a value\n", a);
             return 2;
         }
         i++;
-        uint32_t *num = NULL, lo = 1, hi = 1u << 30;
-        if (serve && (!strcmp(a, "-m") || !strcmp(a, "--model")))
-            o->model = v;
-        else if (!serve && !strcmp(a, "--plan"))
-            o->plan_path = v;
-        else if (!strcmp(a, "--host"))
-            o->host = v;
-        else if (!strcmp(a, "--api-key"))
-            o->api_key = v;
-        else if (!strcmp(a, "--name"))
-            o->name = v;
-        else if (!strcmp(a, "--chat-template"))
-            o->chat_template = v;
-        else if (!serve && !strcmp(a, "--secret-file"))
-            o->secret_file = v;
-        else if (!strcmp(a, "--tls-cert"))
-            o->tls_cert = v;
-        else if (!strcmp(a, "--tls-key"))
-            o->tls_key = v;
-        else if (serve && !strcmp(a, "--plan-dir"))
-            o->plan_dir = v;
-        else if (!strcmp(a, "--port"))
-            num = &o->port, lo = 0, hi = 65535;
-        else if (!strcmp(a, "--ttft-ms"))
-            num = &o->ttft_ms, lo = 0;
-        else if (!strcmp(a, "--total-ms"))
-            num = &o->total_ms, lo = 0;
-        else if (!strcmp(a, "--max-waiting"))
-            num = &o->max_waiting;
-        else if (!serve && !strcmp(a, "--replan-after"))
-            num = &o->replan_after_s, lo = 0, hi = 3600;
-        else if (serve && !strcmp(a, "--stages"))
-            num = &o->stages, lo = 0, hi = KVR_PLAN_MAX_STAGES;
-        else if (serve && !strcmp(a, "--experts"))
-            num = &o->spec.n_agents, lo = 0, hi = KVR_PLAN_MAX_AGENTS;
-        else if (serve && !strcmp(a, "--stage-experts")) {
-            num = &o->spec.keep, lo = 0;
-            o->spec.keep_fixed = true;
-        } else if (serve && !strcmp(a, "--threads"))
-            num = &o->threads, hi = 256;
-        else if (serve && !strcmp(a, "--base-port"))
-            num = &o->spec.base_port, lo = 2, hi = 65535;
-        else if (serve && !strcmp(a, "--row-width"))
-            num = &o->spec.row_width;
-        else if (serve && !strcmp(a, "--microbatches"))
-            num = &o->spec.microbatches;
-        else if (serve && !strcmp(a, "--max-seqs"))
-            num = &o->spec.max_seqs;
-        else if (serve && !strcmp(a, "--ctx"))
-            num = &o->spec.n_ctx;
-        else if (serve && !strcmp(a, "--kv-blocks"))
-            num = &o->spec.kv_blocks;
-        else if (serve && !strcmp(a, "--kv-mem"))
-            num = &o->spec.kv_mib;
-        else if (serve && !strcmp(a, "--kv-type"))
-            o->spec.kv_type = v;
-        else if (serve && !strcmp(a, "--wire")) {
-            if (strcmp(v, "f32") && strcmp(v, "f16")) {
-                fprintf(stderr, "kvasir serve: --wire is f32 or f16\n");
-                return 2;
-            }
-            o->spec.wire_dtype = strcmp(v, "f16") ? KVR_DTYPE_F32 : KVR_DTYPE_F16;
-        } else {
+        uint32_t lo = 1, hi = 1u << 30;
+        int rc = parse_text_opt(o, serve, a, v);
+        if (rc == 2)
+            return 2;
+        uint32_t *num = rc == 1 ? num_opt(o, serve, a, &lo, &hi) : NULL;
+        if (rc == 1 && !num) {
             fprintf(stderr, "kvasir: unknown option '%s'\n", a);
             usage(stderr, serve);
             return 2;
@@ -258,9 +291,9 @@ static pid_t spawn_stage(const char *self, const char *plan_path, uint32_t i, ui
 /* A random base for `span` consecutive listening ports, below the kernel's ephemeral range
  * (ip_local_port_range; 32768 if unreadable) and from 10000 up. A port inside the
  * ephemeral range (what binding port 0 returns) can be taken, between the check and the
- * stage's own bind, as the source port of any outgoing connection on the machine:
- * experts_recover's stage 0 failed that way under a loaded ctest ("Address already in
- * use"). 0 if the range below is too small. */
+ * stage's own bind, as the source port of any outgoing connection on the machine, and
+ * the stage then fails with "Address already in use". 0 if the range below is too
+ * small. */
 static uint32_t random_base_port(uint32_t span)
 {
     uint32_t lo = 32768;
@@ -354,144 +387,194 @@ static int write_plan(struct serve_opts *o, struct kvr_gguf *g, struct kvr_plan 
 
 /* ---- the common part ------------------------------------------------------------------------ */
 
-static int serve_main(int argc, char **argv, bool serve)
-{
+/* Everything one `serve` or `bridge` run holds; released by shut_down in reverse order. */
+struct server {
     struct serve_opts o;
-    int rc = parse(argc, argv, serve, &o);
-    if (rc)
-        return rc == 1 ? 0 : rc;
-    kvr_log_set_tag(serve ? "serve" : "bridge");
-    struct kvr_err err = {0};
-    struct kvr_plan *plan = kvr_calloc(1, sizeof *plan);
-    struct kvr_gguf *g = NULL;
-    struct kvr_tok *tok = NULL;
-    struct kvr_bridge *bridge = NULL;
-    struct kvr_http *http = NULL;
-    char *chat_src = NULL;
-    pid_t *pids = NULL;
-    uint32_t n_procs = 0; /* stages, then expert agents */
-    char plan_path[1024] = "";
-    char model_path[KVR_PLAN_PATH_BYTES];
-    rc = 1;
-    if (!plan)
-        goto out;
-    if (serve) {
-        snprintf(model_path, sizeof model_path, "%s", o.model);
-    } else if (kvr_plan_load_with_secret(plan, o.plan_path, o.secret_file, &err) ||
-               kvr_plan_validate(plan, 0, &err) ||
-               kvr_plan_path(plan, plan->model_path, model_path, sizeof model_path, &err)) {
-        KVR_ERROR("plan %s: %s", o.plan_path, err.msg);
-        goto out;
-    }
-    if (kvr_gguf_open(&g, model_path, &err)) {
-        KVR_ERROR("%s: %s", model_path, err.msg);
-        goto out;
-    }
+    bool serve; /* serve (stages of its own) or bridge */
+    struct kvr_plan *plan;
+    struct kvr_gguf *g;
     struct kvr_hparams hp;
-    if (kvr_hparams_read(&hp, g, &err) || kvr_tok_create(&tok, g, &err)) {
-        KVR_ERROR("%s: %s", model_path, err.msg);
-        goto out;
-    }
-    if (serve && write_plan(&o, g, plan, plan_path, sizeof plan_path))
-        goto out;
-    if (!serve && kvr_plan_validate(plan, hp.n_layer, &err)) {
-        KVR_ERROR("plan %s: %s", o.plan_path, err.msg);
-        goto out;
-    }
+    struct kvr_tok *tok;
+    struct kvr_bridge *bridge;
+    struct kvr_ring_service rs; /* the HTTP layer's view of the bridge */
+    struct kvr_service svc;
+    struct kvr_http *http;
+    char *chat_src;
+    pid_t *pids; /* serve: stages, then expert agents; 0 = not running */
+    uint32_t n_procs;
+    sigset_t sigs; /* taken synchronously: SIGINT, SIGTERM, SIGCHLD */
+    char plan_path[1024];
+    char model_path[KVR_PLAN_PATH_BYTES];
+};
 
-    /* Signals are taken synchronously by this thread (sigtimedwait), never by a handler:
-     * SIGINT and SIGTERM stop, SIGCHLD says a stage died. Blocked before any thread
-     * starts, so every thread inherits the mask and none of them is interrupted. */
+/* The plan (bridge: load it; serve: propose and write one), the model and its tokenizer.
+ * Returns 0 or -1 after logging why. */
+static int load(struct server *sv)
+{
+    struct kvr_err err = {0};
+    struct serve_opts *o = &sv->o;
+    if (sv->serve) {
+        snprintf(sv->model_path, sizeof sv->model_path, "%s", o->model);
+    } else if (kvr_plan_load_with_secret(sv->plan, o->plan_path, o->secret_file, &err) ||
+               kvr_plan_validate(sv->plan, 0, &err) ||
+               kvr_plan_path(sv->plan, sv->plan->model_path, sv->model_path, sizeof sv->model_path,
+                             &err)) {
+        KVR_ERROR("plan %s: %s", o->plan_path, err.msg);
+        return -1;
+    }
+    if (kvr_gguf_open(&sv->g, sv->model_path, &err)) {
+        KVR_ERROR("%s: %s", sv->model_path, err.msg);
+        return -1;
+    }
+    if (kvr_hparams_read(&sv->hp, sv->g, &err) || kvr_tok_create(&sv->tok, sv->g, &err)) {
+        KVR_ERROR("%s: %s", sv->model_path, err.msg);
+        return -1;
+    }
+    if (sv->serve && write_plan(o, sv->g, sv->plan, sv->plan_path, sizeof sv->plan_path))
+        return -1;
+    if (!sv->serve && kvr_plan_validate(sv->plan, sv->hp.n_layer, &err)) {
+        KVR_ERROR("plan %s: %s", o->plan_path, err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* Signals are taken synchronously by this thread (sigtimedwait), never by a handler:
+ * SIGINT and SIGTERM stop, SIGCHLD says a stage died. Blocked before any thread starts,
+ * so every thread inherits the mask and none of them is interrupted. */
+static void block_signals(struct server *sv)
+{
     kvr_cli_on_stop(on_signal);
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &sigs, &run_mask);
+    sigemptyset(&sv->sigs);
+    sigaddset(&sv->sigs, SIGINT);
+    sigaddset(&sv->sigs, SIGTERM);
+    sigaddset(&sv->sigs, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &sv->sigs, &run_mask);
+}
 
-    if (serve) {
-        char self[4096];
-        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-        if (n <= 0) {
-            KVR_ERROR("cannot find my own executable");
-            goto out;
-        }
-        self[n] = 0;
-        n_procs = plan->n_stages + plan->n_agents;
-        pids = kvr_calloc(n_procs, sizeof *pids);
-        if (!pids)
-            goto out;
-        for (uint32_t i = 0; i < n_procs; i++)
-            pids[i] = spawn_stage(self, plan_path, i, plan->n_stages);
-        KVR_INFO("plan %s: %u stages and %u expert agents started", plan_path, plan->n_stages,
-                 plan->n_agents);
+/* serve: one process per stage and per expert agent. Returns 0 or -1. */
+static int start_procs(struct server *sv)
+{
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        KVR_ERROR("cannot find my own executable");
+        return -1;
     }
+    self[n] = 0;
+    sv->n_procs = sv->plan->n_stages + sv->plan->n_agents;
+    sv->pids = kvr_calloc(sv->n_procs, sizeof *sv->pids);
+    if (!sv->pids)
+        return -1;
+    for (uint32_t i = 0; i < sv->n_procs; i++)
+        sv->pids[i] = spawn_stage(self, sv->plan_path, i, sv->plan->n_stages);
+    KVR_INFO("plan %s: %u stages and %u expert agents started", sv->plan_path, sv->plan->n_stages,
+             sv->plan->n_agents);
+    return 0;
+}
 
-    struct kvr_bridge_config bc = {.plan = plan,
-                                   .n_embd = hp.n_embd,
-                                   .n_vocab = hp.n_vocab,
-                                   .max_waiting = o.max_waiting,
-                                   .admission = !o.no_admission,
-                                   .no_prefix_cache = o.no_prefix_cache,
-                                   .replan_after_ms = o.replan_after_s * 1000,
-                                   .gguf = g};
-    if (kvr_bridge_create(&bridge, &bc, &err)) {
+/* The bridge, then the HTTP API over it. HTTP listens at once: while the ring forms (or
+ * whenever it is broken) /health and /readyz answer 503 with each stage's state, and
+ * requests are refused (ring_down). Returns 0 or -1 after logging why. */
+static int start_front(struct server *sv)
+{
+    struct kvr_err err = {0};
+    const struct serve_opts *o = &sv->o;
+    struct kvr_bridge_config bc = {.plan = sv->plan,
+                                   .n_embd = sv->hp.n_embd,
+                                   .n_vocab = sv->hp.n_vocab,
+                                   .max_waiting = o->max_waiting,
+                                   .admission = !o->no_admission,
+                                   .no_prefix_cache = o->no_prefix_cache,
+                                   .replan_after_ms = o->replan_after_s * 1000,
+                                   .gguf = sv->g};
+    if (kvr_bridge_create(&sv->bridge, &bc, &err)) {
         KVR_ERROR("bridge: %s", err.msg);
-        goto out;
+        return -1;
     }
-
-    /* HTTP listens at once: while the ring forms (or whenever it is broken) /health and
-     * /readyz answer 503 with each stage's state, and requests are refused (ring_down). */
-    struct kvr_ring_service rs = {.bridge = bridge,
-                                  .plan = plan,
-                                  .default_first_token_ms = o.ttft_ms,
-                                  .default_total_ms = o.total_ms};
-    const char *base = strrchr(model_path, '/');
+    sv->rs = (struct kvr_ring_service){.bridge = sv->bridge,
+                                       .plan = sv->plan,
+                                       .default_first_token_ms = o->ttft_ms,
+                                       .default_total_ms = o->total_ms};
+    const char *base = strrchr(sv->model_path, '/');
     struct kvr_gguf_str tmpl = {0};
-    if (kvr_gguf_get_str(g, "tokenizer.chat_template", &tmpl, NULL) != 0)
+    if (kvr_gguf_get_str(sv->g, "tokenizer.chat_template", &tmpl, NULL) != 0)
         tmpl.ptr = NULL, tmpl.len = 0;
-    struct kvr_service svc = {.ops = &kvr_ring_service_ops,
-                              .ctx = &rs,
-                              .model_name = o.name ? o.name
-                                            : base ? base + 1
-                                                   : model_path,
-                              .n_ctx = plan->n_ctx,
-                              .tok = tok,
-                              .chat_template = tmpl.ptr,
-                              .chat_template_len = (size_t)tmpl.len};
+    sv->svc = (struct kvr_service){.ops = &kvr_ring_service_ops,
+                                   .ctx = &sv->rs,
+                                   .model_name = o->name ? o->name
+                                                 : base  ? base + 1
+                                                         : sv->model_path,
+                                   .n_ctx = sv->plan->n_ctx,
+                                   .tok = sv->tok,
+                                   .chat_template = tmpl.ptr,
+                                   .chat_template_len = (size_t)tmpl.len};
     struct kvr_http_config hc;
     kvr_http_config_init(&hc);
-    hc.host = o.host;
-    hc.port = (uint16_t)o.port;
+    hc.host = o->host;
+    hc.port = (uint16_t)o->port;
     /* A stream sends nothing until its first token: the connection must outlive the
      * first-token budget (libmicrohttpd closes one that is quiet for idle_timeout_s). */
-    if (o.ttft_ms / 1000 + 5 > hc.idle_timeout_s)
-        hc.idle_timeout_s = o.ttft_ms / 1000 + 5;
-    if (o.api_key)
-        hc.api_key = o.api_key;
-    hc.tls_cert_file = o.tls_cert;
-    hc.tls_key_file = o.tls_key;
-    if (o.chat_template && kvr_cli_chat_template(o.chat_template, &hc.chat_template, &chat_src,
-                                                 &hc.chat_template_src_len))
-        goto out;
-    hc.chat_template_src = chat_src;
-    if (kvr_http_create(&http, &hc, &svc, &err)) {
+    if (o->ttft_ms / 1000 + 5 > hc.idle_timeout_s)
+        hc.idle_timeout_s = o->ttft_ms / 1000 + 5;
+    if (o->api_key)
+        hc.api_key = o->api_key;
+    hc.tls_cert_file = o->tls_cert;
+    hc.tls_key_file = o->tls_key;
+    if (o->chat_template && kvr_cli_chat_template(o->chat_template, &hc.chat_template,
+                                                  &sv->chat_src, &hc.chat_template_src_len))
+        return -1;
+    hc.chat_template_src = sv->chat_src;
+    if (kvr_http_create(&sv->http, &hc, &sv->svc, &err)) {
         KVR_ERROR("http: %s", err.msg);
-        goto out;
+        return -1;
     }
-    const char *scheme = o.tls_cert ? "https" : "http";
+    return 0;
+}
+
+/* serve: start again a stage or agent that died; before the ring was ever up, a death
+ * stops serve instead (the plan or the machine is wrong, not the process). */
+static void restart_dead(struct server *sv, bool ever_up)
+{
+    const struct kvr_plan *plan = sv->plan;
+    for (uint32_t i = 0; sv->pids && i < sv->n_procs && !stop_flag; i++) {
+        int status;
+        if (sv->pids[i] <= 0 || waitpid(sv->pids[i], &status, WNOHANG) != sv->pids[i])
+            continue;
+        const char *what = i < plan->n_stages ? "stage" : "expert agent";
+        uint32_t idx = i < plan->n_stages ? i : i - plan->n_stages;
+        if (!ever_up) {
+            KVR_ERROR("%s %u exited before the ring came up (status %d)", what, idx, status);
+            sv->pids[i] = 0;
+            stop_flag = 1;
+            break;
+        }
+        KVR_WARN("%s %u died (status %d): starting it again", what, idx, status);
+        char self[4096];
+        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        if (n > 0) {
+            self[n] = 0;
+            sv->pids[i] = spawn_stage(self, sv->plan_path, i, plan->n_stages);
+        }
+    }
+}
+
+/* Say "ready" once the ring is first up, then wait for signals until told to stop. */
+static void watch(struct server *sv)
+{
+    const struct serve_opts *o = &sv->o;
+    const char *scheme = o->tls_cert ? "https" : "http";
     KVR_INFO("listening on %s://%s:%u; waiting for the ring to come up (/health says which "
              "stage is missing)",
-             scheme, o.host, kvr_http_port(http));
-
+             scheme, o->host, kvr_http_port(sv->http));
     bool ready = false, ever_up = false;
     while (!stop_flag) {
-        if (!ready && kvr_bridge_ring_up(bridge)) {
+        if (!ready && kvr_bridge_ring_up(sv->bridge)) {
             ready = ever_up = true;
-            KVR_INFO("serving %s on %s://%s:%u (%u stages, admission %s)", svc.model_name, scheme,
-                     o.host, kvr_http_port(http), plan->n_stages, o.no_admission ? "off" : "on");
-            printf("kvasir: ready on %s://%s:%u\n", scheme, o.host, kvr_http_port(http));
+            KVR_INFO("serving %s on %s://%s:%u (%u stages, admission %s)", sv->svc.model_name,
+                     scheme, o->host, kvr_http_port(sv->http), sv->plan->n_stages,
+                     o->no_admission ? "off" : "on");
+            printf("kvasir: ready on %s://%s:%u\n", scheme, o->host, kvr_http_port(sv->http));
             fflush(stdout);
         }
         /* Until the ring is first up, look again every second (kvr_bridge_wait_up would
@@ -499,65 +582,73 @@ static int serve_main(int argc, char **argv, bool serve)
         int sig;
         if (!ready) {
             struct timespec ts = {1, 0};
-            sig = sigtimedwait(&sigs, NULL, &ts);
+            sig = sigtimedwait(&sv->sigs, NULL, &ts);
         } else {
-            sig = sigwaitinfo(&sigs, NULL);
+            sig = sigwaitinfo(&sv->sigs, NULL);
         }
         if (sig == SIGINT || sig == SIGTERM)
             stop_flag = 1;
-        for (uint32_t i = 0; pids && i < n_procs && !stop_flag; i++) {
-            int status;
-            if (pids[i] <= 0 || waitpid(pids[i], &status, WNOHANG) != pids[i])
-                continue;
-            const char *what = i < plan->n_stages ? "stage" : "expert agent";
-            uint32_t idx = i < plan->n_stages ? i : i - plan->n_stages;
-            if (!ever_up) {
-                KVR_ERROR("%s %u exited before the ring came up (status %d)", what, idx, status);
-                pids[i] = 0;
-                stop_flag = 1;
-                break;
-            }
-            KVR_WARN("%s %u died (status %d): starting it again", what, idx, status);
-            char self[4096];
-            ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-            if (n > 0) {
-                self[n] = 0;
-                pids[i] = spawn_stage(self, plan_path, i, plan->n_stages);
-            }
-        }
+        restart_dead(sv, ever_up);
     }
     KVR_INFO("stopping");
-    rc = 0;
-out:
-    /* Front to back: no new requests; the bridge stops sending but keeps its links (so it
-     * does not take the ring going down for a failure to recover from, nor the tail its
-     * bridge's going for a lost link); then the stages from the head on, each gone before
-     * the next is told, so each sees its upstream say goodbye. */
-    kvr_http_destroy(http);
-    kvr_free(chat_src);
-    kvr_bridge_stop(bridge);
-    for (uint32_t i = 0; pids && i < n_procs; i++)
-        if (pids[i] > 0) {
-            kill(pids[i], SIGTERM);
-            waitpid(pids[i], NULL, 0);
+}
+
+/* Front to back: no new requests; the bridge stops sending but keeps its links (so it does
+ * not take the ring going down for a failure to recover from, nor the tail its bridge's
+ * going for a lost link); then the stages from the head on, each gone before the next is
+ * told, so each sees its upstream say goodbye. */
+static void shut_down(struct server *sv)
+{
+    kvr_http_destroy(sv->http);
+    kvr_free(sv->chat_src);
+    kvr_bridge_stop(sv->bridge);
+    for (uint32_t i = 0; sv->pids && i < sv->n_procs; i++)
+        if (sv->pids[i] > 0) {
+            kill(sv->pids[i], SIGTERM);
+            waitpid(sv->pids[i], NULL, 0);
         }
     /* The plan holds the ring's secret: do not leave it behind in /tmp. */
-    if (serve && o.tmp_dir[0]) {
+    if (sv->serve && sv->o.tmp_dir[0]) {
         char key_path[600];
-        snprintf(key_path, sizeof key_path, "%s/plan.key", o.tmp_dir);
+        snprintf(key_path, sizeof key_path, "%s/plan.key", sv->o.tmp_dir);
         unlink(key_path);
-        if (plan_path[0])
-            unlink(plan_path);
-        rmdir(o.tmp_dir);
+        if (sv->plan_path[0])
+            unlink(sv->plan_path);
+        rmdir(sv->o.tmp_dir);
     }
-    kvr_bridge_destroy(bridge);
-    kvr_free(pids);
-    kvr_tok_destroy(tok);
-    kvr_gguf_close(g);
-    if (plan) {
-        kvr_plan_wipe(plan);
-        kvr_free(plan);
+    kvr_bridge_destroy(sv->bridge);
+    kvr_free(sv->pids);
+    kvr_tok_destroy(sv->tok);
+    kvr_gguf_close(sv->g);
+    if (sv->plan) {
+        kvr_plan_wipe(sv->plan);
+        kvr_free(sv->plan);
     }
+}
+
+static int serve_main(int argc, char **argv, bool serve)
+{
+    struct server *sv = kvr_calloc(1, sizeof *sv);
+    if (!sv)
+        return 1;
+    int rc = parse(argc, argv, serve, &sv->o);
+    if (rc) {
+        kvr_free(sv);
+        return rc == 1 ? 0 : rc;
+    }
+    sv->serve = serve;
+    kvr_log_set_tag(serve ? "serve" : "bridge");
+    sv->plan = kvr_calloc(1, sizeof *sv->plan);
+    rc = 1;
+    if (sv->plan && load(sv) == 0) {
+        block_signals(sv);
+        if ((!serve || start_procs(sv) == 0) && start_front(sv) == 0) {
+            watch(sv);
+            rc = 0;
+        }
+    }
+    shut_down(sv);
+    kvr_free(sv);
     return rc;
 }
 

@@ -109,155 +109,194 @@ enum {
 #define N_FIELDS 9
 enum { OPT_MOE = 512, N_MOE = 4 }; /* --experts, --experts-used, --expert-ff, --shared-ff */
 
-int kvr_cmd_synth(int argc, char **argv)
-{
-    static const struct option long_opts[] = {
-        {"shape", required_argument, NULL, OPT_SHAPE},
-        {"out", required_argument, NULL, 'o'},
-        {"type", required_argument, NULL, OPT_TYPE},
-        {"seed", required_argument, NULL, OPT_SEED},
-        {"vocab", required_argument, NULL, OPT_VOCAB},
-        {"threads", required_argument, NULL, OPT_THREADS},
-        {"layers", required_argument, NULL, OPT_FIELD + 0},
-        {"dim", required_argument, NULL, OPT_FIELD + 1},
-        {"ff", required_argument, NULL, OPT_FIELD + 2},
-        {"heads", required_argument, NULL, OPT_FIELD + 3},
-        {"kv-heads", required_argument, NULL, OPT_FIELD + 4},
-        {"vocab-size", required_argument, NULL, OPT_FIELD + 5},
-        {"ctx", required_argument, NULL, OPT_FIELD + 6},
-        {"head-dim", required_argument, NULL, OPT_FIELD + 7},
-        {"swa", required_argument, NULL, OPT_FIELD + 8},
-        {"arch", required_argument, NULL, OPT_ARCH},
-        {"logit-scale", required_argument, NULL, OPT_LOGIT},
-        {"tied", no_argument, NULL, OPT_TIED},
-        {"rope-freqs", no_argument, NULL, OPT_ROPE_FREQS},
-        {"rope-scale", required_argument, NULL, OPT_ROPE_SCALE},
-        {"rope-base", required_argument, NULL, OPT_ROPE_BASE},
-        {"experts", required_argument, NULL, OPT_MOE + 0},
-        {"experts-used", required_argument, NULL, OPT_MOE + 1},
-        {"expert-ff", required_argument, NULL, OPT_MOE + 2},
-        {"shared-ff", required_argument, NULL, OPT_MOE + 3},
-        {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
-    };
-    const char *shape_name = NULL, *out = NULL, *vocab_path = NULL;
-    long fields[N_FIELDS] = {0}, moe[N_MOE] = {0}, v;
-    bool mixtral = false;
-    double rope_base = 0;
-    struct kvr_synth_opts opts = {.type = KVR_DTYPE_Q8_0, .seed = 1};
-    long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
-    opts.n_threads = n_cpus > 0 ? (int)(n_cpus < 64 ? n_cpus : 64) : 1;
+static const struct option long_opts[] = {
+    {"shape", required_argument, NULL, OPT_SHAPE},
+    {"out", required_argument, NULL, 'o'},
+    {"type", required_argument, NULL, OPT_TYPE},
+    {"seed", required_argument, NULL, OPT_SEED},
+    {"vocab", required_argument, NULL, OPT_VOCAB},
+    {"threads", required_argument, NULL, OPT_THREADS},
+    {"layers", required_argument, NULL, OPT_FIELD + 0},
+    {"dim", required_argument, NULL, OPT_FIELD + 1},
+    {"ff", required_argument, NULL, OPT_FIELD + 2},
+    {"heads", required_argument, NULL, OPT_FIELD + 3},
+    {"kv-heads", required_argument, NULL, OPT_FIELD + 4},
+    {"vocab-size", required_argument, NULL, OPT_FIELD + 5},
+    {"ctx", required_argument, NULL, OPT_FIELD + 6},
+    {"head-dim", required_argument, NULL, OPT_FIELD + 7},
+    {"swa", required_argument, NULL, OPT_FIELD + 8},
+    {"arch", required_argument, NULL, OPT_ARCH},
+    {"logit-scale", required_argument, NULL, OPT_LOGIT},
+    {"tied", no_argument, NULL, OPT_TIED},
+    {"rope-freqs", no_argument, NULL, OPT_ROPE_FREQS},
+    {"rope-scale", required_argument, NULL, OPT_ROPE_SCALE},
+    {"rope-base", required_argument, NULL, OPT_ROPE_BASE},
+    {"experts", required_argument, NULL, OPT_MOE + 0},
+    {"experts-used", required_argument, NULL, OPT_MOE + 1},
+    {"expert-ff", required_argument, NULL, OPT_MOE + 2},
+    {"shared-ff", required_argument, NULL, OPT_MOE + 3},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
 
-    optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, "o:h", long_opts, NULL)) != -1) {
-        switch (c) {
-        case OPT_SHAPE:
-            shape_name = optarg;
-            break;
-        case 'o':
-            out = optarg;
-            break;
-        case OPT_VOCAB:
-            vocab_path = optarg;
-            break;
-        case OPT_TYPE:
-            if ((opts.type = kvr_dtype_by_name(optarg)) < 0) {
-                fprintf(stderr, "kvasir synth: unknown --type %s\n", optarg);
-                return 2;
-            }
-            break;
-        case OPT_SEED: {
-            char *end;
-            errno = 0;
-            opts.seed = strtoull(optarg, &end, 0);
-            if (errno || end == optarg || *end) {
-                fprintf(stderr, "kvasir synth: bad --seed %s\n", optarg);
-                return 2;
-            }
-            break;
+/* What the command line asked for; the shape is built from it after parsing. */
+struct synth_args {
+    const char *shape_name, *out, *vocab_path;
+    long fields[N_FIELDS]; /* --layers ... --swa in long_opts order; 0 = not given */
+    long moe[N_MOE];       /* --experts, --experts-used, --expert-ff, --shared-ff */
+    bool mixtral;          /* --arch mixtral: a llama file with experts */
+    double rope_base;      /* 0 = the shape's */
+    struct kvr_synth_opts opts;
+};
+
+/* A number option: --logit-scale, --rope-scale or --rope-base. Returns 0 or 2. */
+static int parse_real(int c, struct synth_args *a)
+{
+    char *end;
+    errno = 0;
+    double d = strtod(optarg, &end);
+    if (c == OPT_ROPE_BASE) {
+        a->rope_base = d;
+        if (errno || end == optarg || *end || !(d >= 1.0) || d > 1e9) {
+            fprintf(stderr, "kvasir synth: --rope-base wants a number in [1, 1e9]\n");
+            return 2;
         }
-        case OPT_THREADS:
-            if (!parse_int(optarg, 1, 256, &v)) {
-                fprintf(stderr, "kvasir synth: --threads must be 1..256\n");
-                return 2;
-            }
-            opts.n_threads = (int)v;
-            break;
-        case OPT_ARCH:
-            mixtral = !strcmp(optarg, "mixtral"); /* a llama file with experts */
-            if (!(opts.arch =
-                      kvr_arch_find(mixtral ? "llama" : optarg, mixtral ? 5 : strlen(optarg)))) {
-                fprintf(stderr, "kvasir synth: unknown --arch %s (supported: %s)\n", optarg,
-                        kvr_arch_list());
-                return 2;
-            }
-            break;
-        case OPT_LOGIT:
-        case OPT_ROPE_SCALE: {
-            char *end;
-            errno = 0;
-            double d = strtod(optarg, &end);
-            if (errno || end == optarg || *end || !(d > 0.0) || d > 1e4) {
-                fprintf(stderr, "kvasir synth: --%s wants a number in (0, 10000]\n",
-                        c == OPT_LOGIT ? "logit-scale" : "rope-scale");
-                return 2;
-            }
-            *(c == OPT_LOGIT ? &opts.logit_scale : &opts.rope_scale) = (float)d;
-            break;
+        return 0;
+    }
+    if (errno || end == optarg || *end || !(d > 0.0) || d > 1e4) {
+        fprintf(stderr, "kvasir synth: --%s wants a number in (0, 10000]\n",
+                c == OPT_LOGIT ? "logit-scale" : "rope-scale");
+        return 2;
+    }
+    *(c == OPT_LOGIT ? &a->opts.logit_scale : &a->opts.rope_scale) = (float)d;
+    return 0;
+}
+
+/* A shape field or MoE count (--layers ... --shared-ff). Returns 0, 2, or 1 when c is
+ * none of them. */
+static int parse_count(int c, struct synth_args *a)
+{
+    if (c >= OPT_MOE && c < OPT_MOE + N_MOE) {
+        if (!parse_int(optarg, 1, 1L << 18, &a->moe[c - OPT_MOE])) {
+            fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
+                    c == OPT_MOE       ? "experts"
+                    : c == OPT_MOE + 1 ? "experts-used"
+                    : c == OPT_MOE + 2 ? "expert-ff"
+                                       : "shared-ff");
+            return 2;
         }
-        case OPT_ROPE_BASE: {
-            char *end;
-            errno = 0;
-            rope_base = strtod(optarg, &end);
-            if (errno || end == optarg || *end || !(rope_base >= 1.0) || rope_base > 1e9) {
-                fprintf(stderr, "kvasir synth: --rope-base wants a number in [1, 1e9]\n");
-                return 2;
-            }
-            break;
+        return 0;
+    }
+    if (c >= OPT_FIELD && c < OPT_FIELD + N_FIELDS) {
+        if (!parse_int(optarg, 1, 1L << 24, &a->fields[c - OPT_FIELD])) {
+            fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
+                    long_opts[6 + c - OPT_FIELD].name);
+            return 2;
         }
-        case OPT_TIED:
-            opts.tied = true;
-            break;
-        case OPT_ROPE_FREQS:
-            opts.rope_freqs = true;
-            break;
-        case 'h':
-            usage(stdout);
-            return 0;
-        default:
-            if (c >= OPT_MOE && c < OPT_MOE + N_MOE) {
-                if (!parse_int(optarg, 1, 1L << 18, &moe[c - OPT_MOE])) {
-                    fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
-                            c == OPT_MOE       ? "experts"
-                            : c == OPT_MOE + 1 ? "experts-used"
-                            : c == OPT_MOE + 2 ? "expert-ff"
-                                               : "shared-ff");
-                    return 2;
-                }
-                break;
-            }
-            if (c >= OPT_FIELD && c < OPT_FIELD + N_FIELDS) {
-                if (!parse_int(optarg, 1, 1L << 24, &fields[c - OPT_FIELD])) {
-                    fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
-                            long_opts[6 + c - OPT_FIELD].name);
-                    return 2;
-                }
-                break;
-            }
+        return 0;
+    }
+    return 1;
+}
+
+/* One option from getopt_long. Returns 0, 1 after --help, or 2 after printing why not. */
+static int parse_one(int c, struct synth_args *a)
+{
+    long v;
+    switch (c) {
+    case OPT_SHAPE:
+        a->shape_name = optarg;
+        return 0;
+    case 'o':
+        a->out = optarg;
+        return 0;
+    case OPT_VOCAB:
+        a->vocab_path = optarg;
+        return 0;
+    case OPT_TYPE:
+        if ((a->opts.type = kvr_dtype_by_name(optarg)) < 0) {
+            fprintf(stderr, "kvasir synth: unknown --type %s\n", optarg);
+            return 2;
+        }
+        return 0;
+    case OPT_SEED: {
+        char *end;
+        errno = 0;
+        a->opts.seed = strtoull(optarg, &end, 0);
+        if (errno || end == optarg || *end) {
+            fprintf(stderr, "kvasir synth: bad --seed %s\n", optarg);
+            return 2;
+        }
+        return 0;
+    }
+    case OPT_THREADS:
+        if (!parse_int(optarg, 1, 256, &v)) {
+            fprintf(stderr, "kvasir synth: --threads must be 1..256\n");
+            return 2;
+        }
+        a->opts.n_threads = (int)v;
+        return 0;
+    case OPT_ARCH:
+        a->mixtral = !strcmp(optarg, "mixtral");
+        if (!(a->opts.arch =
+                  kvr_arch_find(a->mixtral ? "llama" : optarg, a->mixtral ? 5 : strlen(optarg)))) {
+            fprintf(stderr, "kvasir synth: unknown --arch %s (supported: %s)\n", optarg,
+                    kvr_arch_list());
+            return 2;
+        }
+        return 0;
+    case OPT_LOGIT:
+    case OPT_ROPE_SCALE:
+    case OPT_ROPE_BASE:
+        return parse_real(c, a);
+    case OPT_TIED:
+        a->opts.tied = true;
+        return 0;
+    case OPT_ROPE_FREQS:
+        a->opts.rope_freqs = true;
+        return 0;
+    case 'h':
+        usage(stdout);
+        return 1;
+    default: {
+        int rc = parse_count(c, a);
+        if (rc == 1) {
             usage(stderr);
             return 2;
         }
+        return rc;
     }
-    if (optind < argc || !shape_name || !out) {
+    }
+}
+
+/* Returns 0, 1 after --help, or 2 after printing what is wrong. */
+static int parse(int argc, char **argv, struct synth_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->opts = (struct kvr_synth_opts){.type = KVR_DTYPE_Q8_0, .seed = 1};
+    long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    a->opts.n_threads = n_cpus > 0 ? (int)(n_cpus < 64 ? n_cpus : 64) : 1;
+    optind = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "o:h", long_opts, NULL)) != -1) {
+        int rc = parse_one(c, a);
+        if (rc)
+            return rc;
+    }
+    if (optind < argc || !a->shape_name || !a->out) {
         fprintf(stderr, "kvasir synth: %s\n\n",
                 optind < argc ? "unexpected argument" : "--shape and -o are required");
         usage(stderr);
         return 2;
     }
+    return 0;
+}
 
-    struct kvr_synth_shape *s = &opts.shape;
-    if (!strcmp(shape_name, "custom")) {
+/* The named (or custom) shape with the command line's overrides. Returns 0 or 2. */
+static int build_shape(struct synth_args *a)
+{
+    struct kvr_synth_shape *s = &a->opts.shape;
+    const long *fields = a->fields, *moe = a->moe;
+    if (!strcmp(a->shape_name, "custom")) {
         if (!fields[0] || !fields[1] || !fields[2] || !fields[3]) {
             fprintf(stderr, "kvasir synth: custom needs --layers, --dim, --ff and --heads\n");
             return 2;
@@ -268,8 +307,8 @@ int kvr_cmd_synth(int argc, char **argv)
                                       .rope_base = 10000.0f,
                                       .rms_eps = 1e-5f};
         s->n_kv_heads = (int)fields[3];
-    } else if (kvr_synth_shape_by_name(shape_name, s)) {
-        fprintf(stderr, "kvasir synth: unknown shape %s\n", shape_name);
+    } else if (kvr_synth_shape_by_name(a->shape_name, s)) {
+        fprintf(stderr, "kvasir synth: unknown shape %s\n", a->shape_name);
         return 2;
     }
     int *targets[N_FIELDS] = {&s->n_layers,   &s->dim, &s->ff,       &s->n_heads, &s->n_kv_heads,
@@ -277,43 +316,37 @@ int kvr_cmd_synth(int argc, char **argv)
     for (int i = 0; i < N_FIELDS; i++)
         if (fields[i])
             *targets[i] = (int)fields[i];
-    if (rope_base > 0)
-        s->rope_base = (float)rope_base;
-    bool wide = opts.arch && !strcmp(opts.arch->name, "qwen3moe");
-    if (moe[0] || moe[1] || mixtral || (opts.arch && opts.arch->moe_always)) {
+    if (a->rope_base > 0)
+        s->rope_base = (float)a->rope_base;
+    const struct kvr_synth_opts *o = &a->opts;
+    bool wide = o->arch && !strcmp(o->arch->name, "qwen3moe");
+    if (moe[0] || moe[1] || a->mixtral || (o->arch && o->arch->moe_always)) {
         s->n_expert = moe[0] ? (int)moe[0] : wide ? 16 : 8;
         s->n_expert_used = moe[1] ? (int)moe[1] : wide ? 4 : 2;
     }
     s->expert_ff = (int)moe[2];
     s->shared_ff = (int)moe[3];
+    return 0;
+}
 
+/* Write OUT.part, then rename it to OUT. Returns 0 or 1 after printing why not. */
+static int write_model(struct kvr_synth_opts *opts, const char *out, double t0)
+{
     struct kvr_err err = {0};
-    struct kvr_gguf *vocab = NULL;
-    if (vocab_path && kvr_gguf_open(&vocab, vocab_path, &err)) {
-        fprintf(stderr, "kvasir synth: --vocab %s: %s\n", vocab_path, err.msg);
-        return 1;
-    }
-    opts.vocab = vocab;
-
-    struct progress prog = {now_s(), -1};
-    if (isatty(STDERR_FILENO)) {
-        opts.progress = show_progress;
-        opts.progress_ctx = &prog;
-    }
     size_t path_len = strlen(out) + 6;
     char *tmp = kvr_malloc(path_len);
-    FILE *f = NULL;
-    int rc = 1;
     if (!tmp)
-        goto close_vocab;
+        return 1;
     snprintf(tmp, path_len, "%s.part", out);
-    if (!(f = fopen(tmp, "wb"))) {
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
         fprintf(stderr, "kvasir synth: cannot create %s: %s\n", tmp, strerror(errno));
-        goto free_tmp;
+        kvr_free(tmp);
+        return 1;
     }
     setvbuf(f, NULL, _IOFBF, 1 << 20);
     struct kvr_synth_stats stats;
-    int wrc = kvr_synth_write(&opts, f, &stats, &err);
+    int wrc = kvr_synth_write(opts, f, &stats, &err);
     if (fclose(f) != 0 && !wrc)
         wrc = kvr_err_set(&err, KVR_EIO, "closing %s: %s", tmp, strerror(errno));
     if (!wrc && rename(tmp, out) != 0)
@@ -321,17 +354,40 @@ int kvr_cmd_synth(int argc, char **argv)
     if (wrc) {
         fprintf(stderr, "kvasir synth: %s\n", err.msg);
         remove(tmp);
-        goto free_tmp;
+        kvr_free(tmp);
+        return 1;
     }
+    const struct kvr_synth_shape *s = &opts->shape;
     printf("synth: wrote %s: %s, shape %s, %s, %d layers, vocab %d, %" PRIu64 " tensors, %" PRIu64
            " params, %" PRIu64 " bytes in %.1f s\n",
-           out, opts.arch ? opts.arch->name : "llama", s->name, kvr_dtype_traits(opts.type)->name,
-           s->n_layers, stats.vocab_size, stats.n_tensors, stats.n_params, stats.file_bytes,
-           now_s() - prog.t0);
-    rc = 0;
-free_tmp:
+           out, opts->arch ? opts->arch->name : "llama", s->name,
+           kvr_dtype_traits(opts->type)->name, s->n_layers, stats.vocab_size, stats.n_tensors,
+           stats.n_params, stats.file_bytes, now_s() - t0);
     kvr_free(tmp);
-close_vocab:
+    return 0;
+}
+
+int kvr_cmd_synth(int argc, char **argv)
+{
+    struct synth_args a;
+    int rc = parse(argc, argv, &a);
+    if (rc)
+        return rc == 1 ? 0 : rc;
+    if ((rc = build_shape(&a)) != 0)
+        return rc;
+    struct kvr_err err = {0};
+    struct kvr_gguf *vocab = NULL;
+    if (a.vocab_path && kvr_gguf_open(&vocab, a.vocab_path, &err)) {
+        fprintf(stderr, "kvasir synth: --vocab %s: %s\n", a.vocab_path, err.msg);
+        return 1;
+    }
+    a.opts.vocab = vocab;
+    struct progress prog = {now_s(), -1};
+    if (isatty(STDERR_FILENO)) {
+        a.opts.progress = show_progress;
+        a.opts.progress_ctx = &prog;
+    }
+    rc = write_model(&a.opts, a.out, prog.t0);
     kvr_gguf_close(vocab);
     return rc;
 }

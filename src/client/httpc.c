@@ -128,51 +128,93 @@ static void chunk_after_size(struct kvr_chunked *c)
     c->line_bytes = 0;
 }
 
+/* One byte of a size line: the hex size, its extensions, its line end. */
+static int size_byte(struct kvr_chunked *c, char ch)
+{
+    switch (c->state) {
+    case CH_SIZE: {
+        int h = hexval(ch);
+        if (h >= 0) {
+            /* 15 hex digits is already 1 EiB: more is nonsense or an attack. */
+            if (c->n_digits >= 15)
+                return KVR_EPROTO;
+            c->remaining = c->remaining * 16 + (uint64_t)h;
+            c->n_digits++;
+        } else if (c->n_digits == 0) {
+            return KVR_EPROTO;
+        } else if (ch == ';' || ch == ' ' || ch == '\t') {
+            c->state = CH_EXT;
+        } else if (ch == '\r') {
+            c->state = CH_SIZE_LF;
+        } else if (ch == '\n') {
+            chunk_after_size(c);
+        } else {
+            return KVR_EPROTO;
+        }
+        return 0;
+    }
+    case CH_EXT:
+        if (ch == '\r')
+            c->state = CH_SIZE_LF;
+        else if (ch == '\n')
+            chunk_after_size(c);
+        else if (++c->line_bytes > CHUNK_LINE_MAX)
+            return KVR_EPROTO;
+        return 0;
+    default: /* CH_SIZE_LF */
+        if (ch != '\n')
+            return KVR_EPROTO;
+        chunk_after_size(c);
+        return 0;
+    }
+}
+
+/* One byte after the data: the chunk's line end, or the trailer and the final line. */
+static int after_data_byte(struct kvr_chunked *c, char ch)
+{
+    switch (c->state) {
+    case CH_DATA_END:
+    case CH_DATA_LF:
+        if (ch == '\r' && c->state == CH_DATA_END) {
+            c->state = CH_DATA_LF;
+        } else if (ch == '\n') {
+            c->state = CH_SIZE;
+            c->n_digits = 0;
+            c->line_bytes = 0;
+        } else {
+            return KVR_EPROTO;
+        }
+        return 0;
+    case CH_TRAILER_BOL:
+        if (ch == '\r')
+            c->state = CH_FINAL_LF;
+        else if (ch == '\n')
+            c->state = CH_DONE;
+        else
+            c->state = CH_TRAILER_LINE;
+        return 0;
+    case CH_TRAILER_LINE:
+        if (ch == '\n')
+            c->state = CH_TRAILER_BOL;
+        else if (++c->line_bytes > CHUNK_LINE_MAX)
+            return KVR_EPROTO;
+        return 0;
+    case CH_FINAL_LF:
+        if (ch != '\n')
+            return KVR_EPROTO;
+        c->state = CH_DONE;
+        return 0;
+    default:
+        return KVR_EPROTO;
+    }
+}
+
 int kvr_chunked_feed(struct kvr_chunked *c, const char *in, size_t n, size_t *consumed,
                      int (*sink)(void *ud, const char *p, size_t n), void *ud)
 {
     size_t i = 0;
     while (i < n && c->state != CH_DONE) {
-        char ch = in[i];
-        switch (c->state) {
-        case CH_SIZE: {
-            int h = hexval(ch);
-            if (h >= 0) {
-                /* 15 hex digits is already 1 EiB: more is nonsense or an attack. */
-                if (c->n_digits >= 15)
-                    return KVR_EPROTO;
-                c->remaining = c->remaining * 16 + (uint64_t)h;
-                c->n_digits++;
-            } else if (c->n_digits == 0) {
-                return KVR_EPROTO;
-            } else if (ch == ';' || ch == ' ' || ch == '\t') {
-                c->state = CH_EXT;
-            } else if (ch == '\r') {
-                c->state = CH_SIZE_LF;
-            } else if (ch == '\n') {
-                chunk_after_size(c);
-            } else {
-                return KVR_EPROTO;
-            }
-            i++;
-            break;
-        }
-        case CH_EXT:
-            if (ch == '\r')
-                c->state = CH_SIZE_LF;
-            else if (ch == '\n')
-                chunk_after_size(c);
-            else if (++c->line_bytes > CHUNK_LINE_MAX)
-                return KVR_EPROTO;
-            i++;
-            break;
-        case CH_SIZE_LF:
-            if (ch != '\n')
-                return KVR_EPROTO;
-            chunk_after_size(c);
-            i++;
-            break;
-        case CH_DATA: {
+        if (c->state == CH_DATA) {
             size_t take = n - i;
             if (take > c->remaining)
                 take = (size_t)c->remaining;
@@ -187,46 +229,13 @@ int kvr_chunked_feed(struct kvr_chunked *c, const char *in, size_t n, size_t *co
             c->remaining -= take;
             if (c->remaining == 0)
                 c->state = CH_DATA_END;
-            break;
+            continue;
         }
-        case CH_DATA_END:
-        case CH_DATA_LF:
-            if (ch == '\r' && c->state == CH_DATA_END) {
-                c->state = CH_DATA_LF;
-            } else if (ch == '\n') {
-                c->state = CH_SIZE;
-                c->n_digits = 0;
-                c->line_bytes = 0;
-            } else {
-                return KVR_EPROTO;
-            }
-            i++;
-            break;
-        case CH_TRAILER_BOL:
-            if (ch == '\r')
-                c->state = CH_FINAL_LF;
-            else if (ch == '\n')
-                c->state = CH_DONE;
-            else
-                c->state = CH_TRAILER_LINE;
-            i++;
-            break;
-        case CH_TRAILER_LINE:
-            if (ch == '\n')
-                c->state = CH_TRAILER_BOL;
-            else if (++c->line_bytes > CHUNK_LINE_MAX)
-                return KVR_EPROTO;
-            i++;
-            break;
-        case CH_FINAL_LF:
-            if (ch != '\n')
-                return KVR_EPROTO;
-            c->state = CH_DONE;
-            i++;
-            break;
-        default:
-            return KVR_EPROTO;
-        }
+        bool in_size = c->state == CH_SIZE || c->state == CH_EXT || c->state == CH_SIZE_LF;
+        int rc = in_size ? size_byte(c, in[i]) : after_data_byte(c, in[i]);
+        if (rc)
+            return rc;
+        i++;
     }
     c->done = c->state == CH_DONE;
     *consumed = i;
@@ -622,6 +631,141 @@ static bool has_header_injection(const char *s)
     return s && strpbrk(s, "\r\n") != NULL;
 }
 
+/* Read until the blank line that ends the response head. head gets every byte read so
+ * far (the body's first bytes too); *body_off is where the body starts, *head_len the head's
+ * length without the blank line. */
+static int read_head(struct conn *c, struct kvr_sbuf *head, char *buf, size_t cap,
+                     struct body_ctx *b, size_t *body_off, size_t *head_len, struct kvr_err *err)
+{
+    for (;;) {
+        long r = recv_some(c, buf, cap, err);
+        if (r < 0)
+            return (int)r;
+        if (r == 0)
+            return kvr_err_set(err, KVR_ECLOSED, "the server closed the connection %s",
+                               head->len ? "inside the response head" : "without answering");
+        b->t_ns = kvr_now_ns();
+        size_t scan_from = head->len > 3 ? head->len - 3 : 0;
+        kvr_sbuf_append(head, buf, (size_t)r);
+        if (head->failed)
+            return kvr_err_set(err, KVR_ENOMEM, "out of memory");
+        size_t hl = 0;
+        size_t off = head_end(head->data + scan_from, head->len - scan_from, &hl);
+        if (off) {
+            *body_off = off + scan_from;
+            *head_len = hl + scan_from;
+            return 0;
+        }
+        if (head->len > HEAD_MAX_BYTES)
+            return kvr_err_set(err, KVR_ERANGE, "response head over %u bytes", HEAD_MAX_BYTES);
+    }
+}
+
+/* Decode body bytes p[0..n) (chunked or by length) into the sink. Sets *done when the body
+ * is complete. Returns 0, 1 when on_event asked to stop, or a negative status. */
+static int feed_body(const struct head *h, struct kvr_chunked *ch, uint64_t *left,
+                     struct body_ctx *b, const char *p, size_t n, bool *done, struct kvr_err *err)
+{
+    int rc;
+    if (h->chunked) {
+        size_t used = 0;
+        rc = kvr_chunked_feed(ch, p, n, &used, body_sink, b);
+        if (rc == KVR_EPROTO)
+            return kvr_err_set(err, rc, "malformed chunked body");
+        *done = ch->done;
+    } else {
+        size_t take = n;
+        if (h->has_length && take > *left)
+            take = (size_t)*left;
+        rc = body_sink(b, p, take);
+        *left -= h->has_length ? take : 0;
+        *done = h->has_length && *left == 0;
+    }
+    if (rc > 0)
+        return 1;
+    if (rc)
+        kvr_err_set(err, rc, "%s",
+                    rc == KVR_ERANGE ? "response body or event too large" : "out of memory");
+    return rc;
+}
+
+/* The body: the bytes already read after the head (p[0..n)), then more reads until it
+ * ends. Returns as feed_body. */
+static int read_body(struct conn *c, const struct head *h, bool no_body, struct body_ctx *b,
+                     const char *p, size_t n, char *buf, size_t cap, struct kvr_err *err)
+{
+    struct kvr_chunked ch;
+    kvr_chunked_init(&ch);
+    uint64_t left = h->length;
+    bool done = no_body || (!h->chunked && h->has_length && h->length == 0);
+    for (;;) {
+        if (!done && n > 0) {
+            int rc = feed_body(h, &ch, &left, b, p, n, &done, err);
+            if (rc)
+                return rc;
+        }
+        if (done)
+            return 0;
+        long r = recv_some(c, buf, cap, err);
+        if (r < 0)
+            return (int)r;
+        b->t_ns = kvr_now_ns();
+        if (r == 0) {
+            if (h->chunked || h->has_length)
+                return kvr_err_set(err, KVR_ECLOSED,
+                                   "the server closed the connection inside "
+                                   "the response body");
+            return 0; /* body delimited by the end of the connection */
+        }
+        p = buf;
+        n = (size_t)r;
+    }
+}
+
+/* Connect, send the request, read the head and the body. */
+static int exchange(struct conn *c, const struct kvr_httpc_url *u, const struct kvr_httpc_req *req,
+                    struct kvr_httpc_resp *resp, struct body_ctx *b, struct kvr_sbuf *head,
+                    struct kvr_err *err)
+{
+    char buf[16384];
+    int rc = build_request(head, u, req);
+    if (rc)
+        return kvr_err_set(err, rc, "out of memory");
+    if ((rc = connect_any(c, u, err)) != 0)
+        return rc;
+    if ((rc = send_all(c, head->data, head->len, err)) != 0 ||
+        (req->body && (rc = send_all(c, req->body, req->body_len, err)) != 0))
+        return rc;
+    resp->t_sent_ns = kvr_now_ns();
+    kvr_sbuf_clear(head);
+    size_t body_off = 0, head_len = 0;
+    if ((rc = read_head(c, head, buf, sizeof buf, b, &body_off, &head_len, err)) != 0)
+        return rc;
+    resp->t_head_ns = b->t_ns;
+    struct head h = {0};
+    if ((rc = parse_head(head->data, head_len, resp, &h, err)) != 0)
+        return rc;
+    bool no_body = !strcmp(req->method, "HEAD") || resp->status < 200 || resp->status == 204 ||
+                   resp->status == 304;
+    resp->is_sse = req->on_event && resp->status >= 200 && resp->status < 300 &&
+                   !strncasecmp(resp->content_type, "text/event-stream", 17);
+    if (!resp->is_sse && h.has_length && h.length > b->max_body)
+        return kvr_err_set(err, KVR_ERANGE, "response body of %llu bytes is over the %zu allowed",
+                           (unsigned long long)h.length, b->max_body);
+    rc = read_body(c, &h, no_body, b, head->data + body_off, head->len - body_off, buf, sizeof buf,
+                   err);
+    if (rc)
+        return rc > 0 ? 0 : rc; /* rc > 0: on_event asked to stop */
+    /* An event not terminated by a blank line before the end of the body is dropped, as the
+     * event-stream format says. */
+    if (!resp->is_sse && b->buf.len) {
+        resp->body = kvr_sbuf_take(&b->buf, &resp->body_len);
+        if (!resp->body)
+            return kvr_err_set(err, KVR_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
 int kvr_httpc_do(const struct kvr_httpc_url *u, const struct kvr_httpc_req *req,
                  struct kvr_httpc_resp *resp, struct kvr_err *err)
 {
@@ -640,131 +784,7 @@ int kvr_httpc_do(const struct kvr_httpc_url *u, const struct kvr_httpc_req *req,
     kvr_sbuf_init(&b.buf);
     struct kvr_sbuf head;
     kvr_sbuf_init(&head);
-    char buf[16384];
-    int rc = build_request(&head, u, req);
-    if (rc) {
-        kvr_err_set(err, rc, "out of memory");
-        goto out;
-    }
-    if ((rc = connect_any(&c, u, err)) != 0)
-        goto out;
-    if ((rc = send_all(&c, head.data, head.len, err)) != 0 ||
-        (req->body && (rc = send_all(&c, req->body, req->body_len, err)) != 0))
-        goto out;
-    resp->t_sent_ns = kvr_now_ns();
-
-    /* Head. */
-    kvr_sbuf_clear(&head);
-    size_t body_off = 0, head_len = 0;
-    for (;;) {
-        long r = recv_some(&c, buf, sizeof buf, err);
-        if (r < 0) {
-            rc = (int)r;
-            goto out;
-        }
-        if (r == 0) {
-            rc = kvr_err_set(err, KVR_ECLOSED, "the server closed the connection %s",
-                             head.len ? "inside the response head" : "without answering");
-            goto out;
-        }
-        b.t_ns = kvr_now_ns();
-        size_t scan_from = head.len > 3 ? head.len - 3 : 0;
-        kvr_sbuf_append(&head, buf, (size_t)r);
-        if (head.failed) {
-            rc = kvr_err_set(err, KVR_ENOMEM, "out of memory");
-            goto out;
-        }
-        size_t hl = 0;
-        body_off = head_end(head.data + scan_from, head.len - scan_from, &hl);
-        if (body_off) {
-            body_off += scan_from;
-            head_len = hl + scan_from;
-            break;
-        }
-        if (head.len > HEAD_MAX_BYTES) {
-            rc = kvr_err_set(err, KVR_ERANGE, "response head over %u bytes", HEAD_MAX_BYTES);
-            goto out;
-        }
-    }
-    resp->t_head_ns = b.t_ns;
-    struct head h = {0};
-    if ((rc = parse_head(head.data, head_len, resp, &h, err)) != 0)
-        goto out;
-    bool no_body = !strcmp(req->method, "HEAD") || resp->status < 200 || resp->status == 204 ||
-                   resp->status == 304;
-    resp->is_sse = req->on_event && resp->status >= 200 && resp->status < 300 &&
-                   !strncasecmp(resp->content_type, "text/event-stream", 17);
-    if (!resp->is_sse && h.has_length && h.length > b.max_body) {
-        rc = kvr_err_set(err, KVR_ERANGE, "response body of %llu bytes is over the %zu allowed",
-                         (unsigned long long)h.length, b.max_body);
-        goto out;
-    }
-
-    /* Body: the bytes already read after the head, then more reads. */
-    struct kvr_chunked ch;
-    kvr_chunked_init(&ch);
-    uint64_t left = h.length;
-    const char *p = head.data + body_off;
-    size_t n = head.len - body_off;
-    bool done = no_body || (!h.chunked && h.has_length && h.length == 0);
-    for (;;) {
-        if (!done && n > 0) {
-            if (h.chunked) {
-                size_t used = 0;
-                rc = kvr_chunked_feed(&ch, p, n, &used, body_sink, &b);
-                if (rc == KVR_EPROTO) {
-                    kvr_err_set(err, rc, "malformed chunked body");
-                    goto out;
-                }
-                done = ch.done;
-            } else {
-                size_t take = n;
-                if (h.has_length && take > left)
-                    take = (size_t)left;
-                rc = body_sink(&b, p, take);
-                left -= h.has_length ? take : 0;
-                done = h.has_length && left == 0;
-            }
-            if (rc > 0) { /* on_event asked to stop */
-                rc = 0;
-                goto out;
-            }
-            if (rc) {
-                kvr_err_set(err, rc, "%s",
-                            rc == KVR_ERANGE ? "response body or event too large"
-                                             : "out of memory");
-                goto out;
-            }
-        }
-        if (done)
-            break;
-        long r = recv_some(&c, buf, sizeof buf, err);
-        if (r < 0) {
-            rc = (int)r;
-            goto out;
-        }
-        b.t_ns = kvr_now_ns();
-        if (r == 0) {
-            if (h.chunked || h.has_length) {
-                rc = kvr_err_set(err, KVR_ECLOSED,
-                                 "the server closed the connection inside "
-                                 "the response body");
-                goto out;
-            }
-            break; /* body delimited by the end of the connection */
-        }
-        p = buf;
-        n = (size_t)r;
-    }
-    /* An event not terminated by a blank line before the end of the body is dropped, as the
-     * event-stream format says. */
-    rc = 0;
-    if (!resp->is_sse && b.buf.len) {
-        resp->body = kvr_sbuf_take(&b.buf, &resp->body_len);
-        if (!resp->body)
-            rc = kvr_err_set(err, KVR_ENOMEM, "out of memory");
-    }
-out:
+    int rc = exchange(&c, u, req, resp, &b, &head, err);
     resp->t_end_ns = kvr_now_ns();
     if (c.fd >= 0)
         close(c.fd);

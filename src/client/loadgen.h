@@ -3,8 +3,8 @@
  * throughput and goodput (the sweep plot's SVG writer is client/svg.h).
  *
  * Nothing here does I/O, reads a clock or keeps a global, so every number `kvasir bench`
- * prints can be reproduced in a unit test from the same inputs (src/cli/bench.c is the
- * thin shell that sends the requests and fills the records).
+ * prints can be reproduced in a unit test from the same inputs (client/bench_run.h sends
+ * the requests and fills the records).
  *
  * Definitions (docs/BENCH.md explains how to read them):
  *   TTFT   send of the request to the first SSE chunk that carries text

@@ -142,11 +142,9 @@ static void fmt_tick(char *buf, size_t cap, double v)
         snprintf(buf, cap, "%.6g", v);
 }
 
-static void write_panel(struct kvr_sbuf *out, const struct kvr_svg_panel *p, double top)
+/* Fit both axes to the panel's drawable points and place them on its plot area. */
+static void fit_axes(const struct kvr_svg_panel *p, double top, struct axis *ax, struct axis *ay)
 {
-    double x0 = MARGIN_LEFT, x1 = SVG_WIDTH - MARGIN_RIGHT;
-    double y0 = top + PANEL_HEIGHT - MARGIN_BOTTOM, y1 = top + MARGIN_TOP;
-    struct axis ax = {0}, ay = {0};
     double xlo = INFINITY, xhi = -INFINITY, ylo = INFINITY, yhi = -INFINITY;
     for (size_t s = 0; s < p->n_series; s++) {
         const struct kvr_svg_series *se = &p->series[s];
@@ -159,29 +157,34 @@ static void write_panel(struct kvr_sbuf *out, const struct kvr_svg_panel *p, dou
             yhi = fmax(yhi, se->y[i]);
         }
     }
-    axis_fit(&ax, xlo, xhi, false, true);
-    axis_fit(&ay, ylo, yhi, p->log_y, true);
-    ax.px0 = x0, ax.px1 = x1;
-    ay.px0 = y0, ay.px1 = y1;
+    axis_fit(ax, xlo, xhi, false, true);
+    axis_fit(ay, ylo, yhi, p->log_y, true);
+    ax->px0 = MARGIN_LEFT, ax->px1 = SVG_WIDTH - MARGIN_RIGHT;
+    ay->px0 = top + PANEL_HEIGHT - MARGIN_BOTTOM, ay->px1 = top + MARGIN_TOP;
+}
 
+/* The panel's title, grid lines, ticks and their labels, frame and axis labels. */
+static void write_frame(struct kvr_sbuf *out, const struct kvr_svg_panel *p, double top,
+                        const struct axis *ax, const struct axis *ay)
+{
+    double x0 = ax->px0, x1 = ax->px1, y0 = ay->px0, y1 = ay->px1;
     kvr_sbuf_printf(out, "<g class=\"panel\">\n<text x=\"%.1f\" y=\"%.1f\" class=\"ptitle\">",
                     (x0 + x1) / 2, top + 20);
     put_escaped(out, p->title);
     kvr_sbuf_puts(out, "</text>\n");
-    /* Grid and ticks. */
     char label[32];
-    for (size_t i = 0; i < ax.n_ticks; i++) {
-        double x = axis_map(&ax, ax.ticks[i]);
-        fmt_tick(label, sizeof label, ax.ticks[i]);
+    for (size_t i = 0; i < ax->n_ticks; i++) {
+        double x = axis_map(ax, ax->ticks[i]);
+        fmt_tick(label, sizeof label, ax->ticks[i]);
         kvr_sbuf_printf(out,
                         "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" class=\"grid\"/>"
                         "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" class=\"axis\"/>"
                         "<text x=\"%.1f\" y=\"%.1f\" class=\"xtick\">%s</text>\n",
                         x, y0, x, y1, x, y0, x, y0 + 5, x, y0 + 18, label);
     }
-    for (size_t i = 0; i < ay.n_ticks; i++) {
-        double y = axis_map(&ay, ay.ticks[i]);
-        fmt_tick(label, sizeof label, ay.ticks[i]);
+    for (size_t i = 0; i < ay->n_ticks; i++) {
+        double y = axis_map(ay, ay->ticks[i]);
+        fmt_tick(label, sizeof label, ay->ticks[i]);
         kvr_sbuf_printf(out,
                         "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" class=\"grid\"/>"
                         "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" class=\"axis\"/>"
@@ -199,42 +202,51 @@ static void write_panel(struct kvr_sbuf *out, const struct kvr_svg_panel *p, dou
                     x0 - 58, (y0 + y1) / 2, x0 - 58, (y0 + y1) / 2);
     put_escaped(out, p->y_label);
     kvr_sbuf_puts(out, "</text>\n");
+}
 
-    /* Series: a polyline per unbroken run of points, a marker on every point. */
-    for (size_t s = 0; s < p->n_series; s++) {
-        const struct kvr_svg_series *se = &p->series[s];
-        kvr_sbuf_puts(out, "<g class=\"series\" data-name=\"");
-        put_escaped(out, se->name);
-        kvr_sbuf_puts(out, "\">\n");
-        bool open = false;
-        for (size_t i = 0; i < se->n; i++) {
-            bool ok = isfinite(se->x[i]) && usable(&ay, se->y[i]);
-            if (!ok) {
-                if (open)
-                    kvr_sbuf_puts(out, "\"/>\n");
-                open = false;
-                continue;
-            }
-            if (!open)
-                kvr_sbuf_printf(out,
-                                "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s "
-                                "points=\"",
-                                se->color, se->dashed ? " stroke-dasharray=\"6 4\"" : "");
-            kvr_sbuf_printf(out, "%s%.1f,%.1f", open ? " " : "", axis_map(&ax, se->x[i]),
-                            axis_map(&ay, se->y[i]));
-            open = true;
+/* One series: a polyline per unbroken run of points, a marker on every point. */
+static void write_series(struct kvr_sbuf *out, const struct kvr_svg_series *se,
+                         const struct axis *ax, const struct axis *ay)
+{
+    kvr_sbuf_puts(out, "<g class=\"series\" data-name=\"");
+    put_escaped(out, se->name);
+    kvr_sbuf_puts(out, "\">\n");
+    bool open = false;
+    for (size_t i = 0; i < se->n; i++) {
+        bool ok = isfinite(se->x[i]) && usable(ay, se->y[i]);
+        if (!ok) {
+            if (open)
+                kvr_sbuf_puts(out, "\"/>\n");
+            open = false;
+            continue;
         }
-        if (open)
-            kvr_sbuf_puts(out, "\"/>\n");
-        for (size_t i = 0; i < se->n; i++)
-            if (isfinite(se->x[i]) && usable(&ay, se->y[i]))
-                kvr_sbuf_printf(out, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n",
-                                axis_map(&ax, se->x[i]), axis_map(&ay, se->y[i]), se->color);
-        kvr_sbuf_puts(out, "</g>\n");
+        if (!open)
+            kvr_sbuf_printf(out,
+                            "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s "
+                            "points=\"",
+                            se->color, se->dashed ? " stroke-dasharray=\"6 4\"" : "");
+        kvr_sbuf_printf(out, "%s%.1f,%.1f", open ? " " : "", axis_map(ax, se->x[i]),
+                        axis_map(ay, se->y[i]));
+        open = true;
     }
+    if (open)
+        kvr_sbuf_puts(out, "\"/>\n");
+    for (size_t i = 0; i < se->n; i++)
+        if (isfinite(se->x[i]) && usable(ay, se->y[i]))
+            kvr_sbuf_printf(out, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3\" fill=\"%s\"/>\n",
+                            axis_map(ax, se->x[i]), axis_map(ay, se->y[i]), se->color);
+    kvr_sbuf_puts(out, "</g>\n");
+}
 
+static void write_panel(struct kvr_sbuf *out, const struct kvr_svg_panel *p, double top)
+{
+    struct axis ax = {0}, ay = {0};
+    fit_axes(p, top, &ax, &ay);
+    write_frame(out, p, top, &ax, &ay);
+    for (size_t s = 0; s < p->n_series; s++)
+        write_series(out, &p->series[s], &ax, &ay);
     /* Legend, right of the plot area. */
-    double lx = x1 + 16, ly = y1 + 8;
+    double lx = ax.px1 + 16, ly = ay.px1 + 8;
     for (size_t s = 0; s < p->n_series; s++, ly += 20) {
         const struct kvr_svg_series *se = &p->series[s];
         kvr_sbuf_printf(out,
