@@ -53,6 +53,8 @@ static int decode(struct kvr_engine *e, const struct kvr_hparams *hp, const stru
     s->finish = KVR_GENERATE_LENGTH;
     for (uint32_t k = 0; k < s->max_tokens; k++) {
         int32_t id = kvr_sampler_sample(smp, logits, (int32_t)hp->n_vocab, sc, NULL);
+        if (id < 0) /* no finite logit: a broken model or weights, never a token id */
+            return kvr_err_set(err, id, "sequence %u: no finite logit at token %u", index, k);
         kvr_sampler_accept(smp, id);
         s->out[s->n_out++] = id;
         if (on_token)
@@ -152,13 +154,15 @@ static uint32_t pack(struct batch *b)
     return n_segs;
 }
 
-/* Sample one token for every segment that wanted one; returns how many sequences ended. */
-static uint32_t take_tokens(struct batch *b, struct kvr_engine *e, uint32_t n_segs,
-                            const struct kvr_hparams *hp, const struct kvr_tok *tok,
-                            const struct kvr_generate_config *cfg, struct kvr_sample_scratch *sc,
-                            kvr_generate_token_fn on_token, void *ud, struct kvr_generate_stats *st)
+/* Sample one token for every segment that wanted one and add how many sequences ended to
+ * *n_ended. Fails (KVR_EINVAL) on a logits row with no finite value. */
+static int take_tokens(struct batch *b, struct kvr_engine *e, uint32_t n_segs,
+                       const struct kvr_hparams *hp, const struct kvr_tok *tok,
+                       const struct kvr_generate_config *cfg, struct kvr_sample_scratch *sc,
+                       kvr_generate_token_fn on_token, void *ud, struct kvr_generate_stats *st,
+                       uint32_t *n_ended, struct kvr_err *err)
 {
-    uint32_t r = 0, n_ended = 0;
+    uint32_t r = 0;
     for (uint32_t k = 0; k < n_segs; k++) {
         if (!(b->segs[k].flags & KVR_SEG_WANTS_TOKEN))
             continue;
@@ -166,6 +170,8 @@ static uint32_t take_tokens(struct batch *b, struct kvr_engine *e, uint32_t n_se
         struct kvr_generate_seq *s = &b->seqs[i];
         int32_t t = kvr_sampler_sample(&b->smp[i], b->logits + (size_t)r++ * hp->n_vocab,
                                        (int32_t)hp->n_vocab, sc, NULL);
+        if (t < 0)
+            return kvr_err_set(err, t, "sequence %u: no finite logit at token %u", i, s->n_out);
         kvr_sampler_accept(&b->smp[i], t);
         s->out[s->n_out++] = t;
         st->n_tokens++;
@@ -177,10 +183,10 @@ static uint32_t take_tokens(struct batch *b, struct kvr_engine *e, uint32_t n_se
             s->finish = KVR_GENERATE_LENGTH;
         if (s->finish) {
             kvr_engine_seq_free(e, i);
-            n_ended++;
+            (*n_ended)++;
         }
     }
-    return n_ended;
+    return 0;
 }
 
 int kvr_generate_batched(const struct kvr_gguf *g, const struct kvr_hparams *hp,
@@ -214,7 +220,7 @@ int kvr_generate_batched(const struct kvr_gguf *g, const struct kvr_hparams *hp,
         if (rc)
             break;
         stats->n_passes++;
-        n_done += take_tokens(&b, e, n_segs, hp, tok, cfg, sc, on_token, ud, stats);
+        rc = take_tokens(&b, e, n_segs, hp, tok, cfg, sc, on_token, ud, stats, &n_done, err);
     }
     stats->wall_ns = kvr_now_ns() - t0;
     for (uint32_t i = 0; b.smp && i < n_seqs; i++)

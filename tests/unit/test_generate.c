@@ -1,0 +1,155 @@
+/* test_generate.c - the single-process generation loop (model/generate.h) on a tiny
+ * synthetic model.
+ *
+ * The regression it guards: a logits row with no finite value has no token to sample, and
+ * kvr_sampler_sample says so with a negative status. The loop must fail with a message,
+ * never store that status as a token id and feed it back to the engine. Both loops are
+ * checked: one sequence at a time, and all at once. A healthy model is run first, so the
+ * failure is the poison's doing. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include "core/err.h"
+#include "model/arch.h"
+#include "model/generate.h"
+#include "model/gguf.h"
+#include "model/synth.h"
+#include "model/tokenizer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_TOKENS 4
+
+struct rig {
+    char *buf; /* the GGUF image, writable: the test poisons a tensor in place */
+    size_t len;
+    struct kvr_gguf *g;
+    struct kvr_hparams hp;
+    struct kvr_tok *tok;
+};
+
+static void rig_init(struct rig *r)
+{
+    memset(r, 0, sizeof *r);
+    struct kvr_synth_opts o = {
+        .arch = kvr_arch_find("llama", 5), .type = KVR_DTYPE_F32, .seed = 7, .n_threads = 1};
+    o.shape = (struct kvr_synth_shape){.name = "generate-test",
+                                       .n_layers = 2,
+                                       .dim = 64,
+                                       .ff = 96,
+                                       .n_heads = 4,
+                                       .n_kv_heads = 2,
+                                       .vocab_size = 300,
+                                       .ctx = 64,
+                                       .rope_base = 10000.0f,
+                                       .rms_eps = 1e-5f};
+    assert_non_null(o.arch);
+    FILE *f = open_memstream(&r->buf, &r->len);
+    struct kvr_err err = {0};
+    if (kvr_synth_write(&o, f, NULL, &err))
+        fail_msg("synth: %s", err.msg);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(kvr_gguf_open_mem(&r->g, r->buf, r->len, &err), 0);
+    if (kvr_hparams_read(&r->hp, r->g, &err))
+        fail_msg("hparams: %s", err.msg);
+    if (kvr_tok_create(&r->tok, r->g, &err))
+        fail_msg("tokenizer: %s", err.msg);
+}
+
+static void rig_fini(struct rig *r)
+{
+    kvr_tok_destroy(r->tok);
+    kvr_gguf_close(r->g);
+    free(r->buf);
+}
+
+/* Every weight of the final norm becomes NaN, so every logit is NaN. */
+static void poison_output_norm(struct rig *r)
+{
+    const struct kvr_gguf_tensor *t = kvr_gguf_find_tensor(r->g, "output_norm.weight");
+    assert_non_null(t);
+    assert_int_equal(t->type, KVR_DTYPE_F32);
+    float *w = (float *)(r->buf + ((const char *)t->data - r->buf));
+    for (size_t i = 0; i < t->n_bytes / sizeof *w; i++)
+        w[i] = NAN;
+}
+
+typedef int (*generate_fn)(const struct kvr_gguf *, const struct kvr_hparams *,
+                           const struct kvr_tok *, const struct kvr_generate_config *,
+                           struct kvr_generate_seq *, uint32_t, kvr_generate_token_fn, void *,
+                           struct kvr_generate_stats *, struct kvr_err *);
+
+static void on_token(void *ud, uint32_t seq, int32_t id)
+{
+    (void)seq;
+    assert_true(id >= 0); /* a status must never reach the caller as a token */
+    (*(int *)ud)++;
+}
+
+static int run(struct rig *r, generate_fn fn, float temperature, int *n_tokens,
+               struct kvr_err *err)
+{
+    static const int32_t prompt[2][3] = {{1, 17, 42}, {1, 99, 5}};
+    int32_t out[2][MAX_TOKENS];
+    struct kvr_generate_seq seqs[2];
+    for (int i = 0; i < 2; i++) {
+        seqs[i] = (struct kvr_generate_seq){
+            .ids = prompt[i], .n_ids = 3, .max_tokens = MAX_TOKENS, .out = out[i]};
+        kvr_sample_params_default(&seqs[i].sp);
+        seqs[i].sp.temperature = temperature;
+        seqs[i].sp.seed = 11 + (uint64_t)i;
+    }
+    struct kvr_generate_config cfg = {
+        .n_ctx = 64, .row_width = 8, .kv_type = KVR_DTYPE_F32, .n_threads = 1, .ignore_eos = true};
+    struct kvr_generate_stats st;
+    *n_tokens = 0;
+    return fn(r->g, &r->hp, r->tok, &cfg, seqs, 2, on_token, n_tokens, &st, err);
+}
+
+static void check_loop(generate_fn fn)
+{
+    static const float temps[] = {0.0f, 0.8f};
+    for (size_t k = 0; k < 2; k++) {
+        struct rig r;
+        rig_init(&r);
+        struct kvr_err err = {0};
+        int n = 0;
+        assert_int_equal(run(&r, fn, temps[k], &n, &err), 0);
+        assert_int_equal(n, 2 * MAX_TOKENS);
+
+        poison_output_norm(&r);
+        err = (struct kvr_err){0};
+        assert_int_equal(run(&r, fn, temps[k], &n, &err), KVR_EINVAL);
+        assert_int_equal(n, 0);
+        assert_non_null(strstr(err.msg, "no finite logit"));
+        rig_fini(&r);
+    }
+}
+
+static void test_one_at_a_time_fails_on_nan_logits(void **state)
+{
+    (void)state;
+    check_loop(kvr_generate);
+}
+
+static void test_batched_fails_on_nan_logits(void **state)
+{
+    (void)state;
+    check_loop(kvr_generate_batched);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_one_at_a_time_fails_on_nan_logits),
+        cmocka_unit_test(test_batched_fails_on_nan_logits),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
