@@ -531,3 +531,30 @@ int kvr_telemetry_json(const struct kvr_telemetry_snapshot *sn, struct kvr_sbuf 
     }
     return KVR_OK;
 }
+
+int kvr_telemetry_sse(const struct kvr_telemetry_snapshot *snap, struct kvr_sbuf *out)
+{
+    /* The JSON is one line (compact), so one data field carries it whole. */
+    kvr_sbuf_puts(out, "event: snapshot\ndata: ");
+    int rc = kvr_telemetry_json(snap, out);
+    kvr_sbuf_puts(out, "\n\n");
+    return rc ? rc : out->failed ? KVR_ENOMEM : KVR_OK;
+}
+
+uint32_t kvr_telemetry_interval_ms(const char *arg)
+{
+    if (!arg || !*arg)
+        return KVR_TELEMETRY_DEFAULT_INTERVAL_MS;
+    uint64_t v = 0;
+    for (const char *p = arg; *p; p++) {
+        if (*p < '0' || *p > '9')
+            return KVR_TELEMETRY_DEFAULT_INTERVAL_MS;
+        if (v < KVR_TELEMETRY_MAX_INTERVAL_MS) /* stop growing: no overflow on long input */
+            v = v * 10 + (uint64_t)(*p - '0');
+    }
+    if (v < KVR_TELEMETRY_MIN_INTERVAL_MS)
+        return KVR_TELEMETRY_MIN_INTERVAL_MS;
+    if (v > KVR_TELEMETRY_MAX_INTERVAL_MS)
+        return KVR_TELEMETRY_MAX_INTERVAL_MS;
+    return (uint32_t)v;
+}

@@ -47,6 +47,12 @@
 #define KVR_TELEMETRY_SNAPSHOT_TRACES 64  /* batches one snapshot carries (the newest) */
 #define KVR_TELEMETRY_WHY_BYTES 160
 
+/* GET /v1/telemetry?interval_ms=N: the period between snapshots, clamped to these bounds,
+ * so one page costs the bridge at most 10 snapshots a second. */
+#define KVR_TELEMETRY_MIN_INTERVAL_MS 100
+#define KVR_TELEMETRY_DEFAULT_INTERVAL_MS 250
+#define KVR_TELEMETRY_MAX_INTERVAL_MS 10000
+
 /* ---- what the scheduler feeds ------------------------------------------------------------- */
 
 /* A returned batch, as the scheduler knows it when its RESULT is applied. Everything is
@@ -189,6 +195,13 @@ void kvr_telemetry_take(const struct kvr_telemetry *t, struct kvr_telemetry_read
 /* Append the snapshot as one line of JSON (no newline) to `out` (docs/CONSOLE.md gives
  * the format). Returns 0, or KVR_ENOMEM (out->failed is then set). */
 int kvr_telemetry_json(const struct kvr_telemetry_snapshot *snap, struct kvr_sbuf *out);
+
+/* The same as one server-sent event: "event: snapshot\ndata: <json>\n\n". */
+int kvr_telemetry_sse(const struct kvr_telemetry_snapshot *snap, struct kvr_sbuf *out);
+
+/* The stream's period from the query argument `interval_ms` (NULL when absent): a whole
+ * number of ms clamped to [MIN, MAX]; absent or not a number gives the default. */
+uint32_t kvr_telemetry_interval_ms(const char *arg);
 
 /* The names the JSON uses: "prefill"/"decode", "lost"/"recovered", and the refusal reasons
  * ("first_token_budget", ...; NULL for KVR_REFUSE_NONE or out of range). */

@@ -288,6 +288,37 @@ static void test_wide_batch(void **state)
     kvr_telemetry_destroy(t);
 }
 
+static void test_sse_and_interval(void **state)
+{
+    (void)state;
+    struct kvr_telemetry *t;
+    assert_int_equal(kvr_telemetry_create(&t, NULL), 0);
+    record(t, 1);
+    struct kvr_telemetry_snapshot *snap = kvr_malloc(sizeof *snap);
+    struct kvr_telemetry_reader rd = {0, 0};
+    kvr_telemetry_take(t, &rd, NULL, NULL, NULL, 0, 5000000, snap);
+    struct kvr_sbuf b;
+    kvr_sbuf_init(&b);
+    assert_int_equal(kvr_telemetry_sse(snap, &b), 0);
+    assert_true(strncmp(b.data, "event: snapshot\ndata: {", 23) == 0);
+    assert_string_equal(b.data + b.len - 3, "}\n\n");
+    /* Exactly one blank line: the event's end. */
+    assert_int_equal((long)(strstr(b.data, "\n\n") - b.data), (long)b.len - 2);
+    kvr_sbuf_fini(&b);
+    kvr_free(snap);
+    kvr_telemetry_destroy(t);
+
+    assert_int_equal(kvr_telemetry_interval_ms(NULL), KVR_TELEMETRY_DEFAULT_INTERVAL_MS);
+    assert_int_equal(kvr_telemetry_interval_ms(""), KVR_TELEMETRY_DEFAULT_INTERVAL_MS);
+    assert_int_equal(kvr_telemetry_interval_ms("abc"), KVR_TELEMETRY_DEFAULT_INTERVAL_MS);
+    assert_int_equal(kvr_telemetry_interval_ms("-5"), KVR_TELEMETRY_DEFAULT_INTERVAL_MS);
+    assert_int_equal(kvr_telemetry_interval_ms("1"), KVR_TELEMETRY_MIN_INTERVAL_MS);
+    assert_int_equal(kvr_telemetry_interval_ms("0"), KVR_TELEMETRY_MIN_INTERVAL_MS);
+    assert_int_equal(kvr_telemetry_interval_ms("500"), 500);
+    assert_int_equal(kvr_telemetry_interval_ms("99999999999999999999999999"),
+                     KVR_TELEMETRY_MAX_INTERVAL_MS);
+}
+
 /* An allocation failure is reported, not crashed on. */
 static void test_create_fails_cleanly(void **state)
 {
@@ -306,6 +337,7 @@ int main(void)
         cmocka_unit_test(test_snapshot_json),
         cmocka_unit_test(test_readers_and_bounds),
         cmocka_unit_test(test_wide_batch),
+        cmocka_unit_test(test_sse_and_interval),
         cmocka_unit_test(test_create_fails_cleanly),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

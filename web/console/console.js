@@ -411,7 +411,7 @@
     if (key === tel.layoutKey) return;
     tel.layoutKey = key;
     const n = Math.max(1, stages.length);
-    G.laneH = n > 6 ? 22 : 28;
+    G.laneH = n > 12 ? 16 : 28; // below 24 units the address line is left out
     G.h = G.top * 2 + n * (G.laneH + G.gap);
     svg.setAttribute('viewBox', '0 0 ' + G.w + ' ' + G.h);
     svg.style.height = G.h + 'px';
@@ -421,13 +421,17 @@
       const y = laneY(i);
       const down = st.state === 'down';
       el('rect', { class: 'lane-bg' + (down ? ' down' : ''), x: 0, y, width: G.w, height: G.laneH }, gBg);
+      // The label column covers the track as batches scroll under it.
+      el('rect', { class: 'label-bg', x: 0, y, width: G.labelW, height: G.laneH }, gLabels);
       const t = el('text', { class: 'lane-label', x: 4, y: y + 11 }, gLabels);
       t.textContent = 'stage ' + st.index + ' · L' + st.layers[0] + '–' + st.layers[1];
-      const sub = el('text', { class: 'lane-sub', x: 4, y: y + G.laneH - 4 }, gLabels);
-      sub.textContent = st.addr + ' · ' + st.threads + ' thr';
       if (st.agents && st.agents.length) {
-        const a = el('text', { class: 'agent-label', x: G.labelW - 4, y: y + 11, 'text-anchor': 'end' }, gLabels);
-        a.textContent = '+' + st.agents.length + ' expert agent' + (st.agents.length > 1 ? 's' : '');
+        const a = el('tspan', { class: 'agent-label' }, t);
+        a.textContent = ' +' + st.agents.length + ' agent' + (st.agents.length > 1 ? 's' : '');
+      }
+      if (G.laneH >= 24) {
+        const sub = el('text', { class: 'lane-sub', x: 4, y: y + G.laneH - 4 }, gLabels);
+        sub.textContent = st.addr + ' · ' + st.threads + ' thr';
       }
       if (down) {
         const d = el('text', { class: 'down-text', x: G.labelW + 8, y: y + G.laneH / 2 + 4 }, gLabels);
@@ -540,7 +544,7 @@
     const down = ring.stages.filter((st) => st.state === 'down').length;
     if (ring.up) setRingState('ring up · ' + ring.stages.length + ' stages', 'up');
     else setRingState(down ? 'ring down · ' + down + ' stage' + (down > 1 ? 's' : '') + ' lost' : 'ring down', 'down');
-    setText('ring-summary', ring.stages.length + ' stages · ' + ring.agents.length + ' expert agents · ' +
+    setText('ring-summary', ring.stages.length + ' stages · ' + ring.agents.length + ' expert agent' + (ring.agents.length === 1 ? '' : 's') + ' · ' +
       ring.microbatches + ' micro-batches of ≤ ' + ring.row_width + ' rows · ' + ring.max_seqs +
       ' sequences · epoch ' + ring.epoch + (s.batches_missed ? ' · ' + s.batches_missed + ' batches not drawn' : ''));
 
@@ -551,22 +555,22 @@
       if (!row) {
         const tr = document.createElement('tr');
         const cells = [];
-        for (let c = 0; c < 7; c++) cells.push(tr.appendChild(document.createElement('td')));
+        for (let c = 0; c < 5; c++) cells.push(tr.appendChild(document.createElement('td')));
         const bar = document.createElement('div');
         bar.className = 'share';
         const parts = ['h', 's', 'b'].map((c) => { const sp = document.createElement('span'); sp.className = c; bar.appendChild(sp); return sp; });
         const txt = document.createElement('div');
         txt.className = 'share-text';
-        cells[5].append(bar, txt);
-        cells[6].className = 'carrying';
+        cells[3].append(bar, txt);
+        cells[4].className = 'carrying';
         row = { tr, cells, parts, txt };
         stageRows[i] = row;
         tbody.appendChild(tr);
       }
       row.tr.className = st.state === 'down' ? 'down' : '';
-      const agents = st.agents.length ? ' + agents ' + st.agents.map((a) => '#' + a + ' ' + ring.agents[a].addr).join(', ') : '';
-      const vals = [String(st.index), st.layers[0] + '–' + st.layers[1], st.addr + agents, String(st.threads),
-        st.state + (st.error ? ' (' + st.error + ')' : '')];
+      const agents = st.agents.length ? ' + agent ' + st.agents.map((a) => ring.agents[a].addr).join(', ') : '';
+      const vals = [st.index + ' · L' + st.layers[0] + '–' + st.layers[1] + ' · ' + st.threads + ' thr',
+        st.addr + agents, st.state + (st.error ? ' (' + st.error + ')' : '')];
       vals.forEach((v, c) => { if (row.cells[c].textContent !== v) row.cells[c].textContent = v; });
       row.parts[0].style.width = pct(st.held);
       row.parts[1].style.width = pct(st.starved);
@@ -618,10 +622,11 @@
   function renderCarrying(now) {
     stageRows.forEach((row, i) => {
       const b = now[i];
-      const text = b ? 'batch ' + b.id + ': ' + (b.seqs || []).slice(0, 6).map((q) =>
-        (q.req != null ? 'r' + q.req : 's' + q.seq) + (q.kind === 'prefill' ? ' prefill ' + q.rows : ' decode')).join(', ') +
-        ((b.seqs || []).length > 6 || b.seqs_more ? ' …' : '') : 'idle';
-      if (row.cells[6].textContent !== text) row.cells[6].textContent = text;
+      const seqs = b ? b.seqs || [] : [];
+      const text = b ? '#' + b.id + ' ' + b.prefill_rows + 'p+' + b.decode_rows + 'd: ' + seqs.slice(0, 4).map((q) =>
+        (q.req != null ? 'r' + q.req : 's' + q.seq) + (q.kind === 'prefill' ? '·p' + q.rows : '·d')).join(' ') +
+        (seqs.length > 4 || b.seqs_more ? ' …' : '') : 'idle';
+      if (row.cells[4].textContent !== text) row.cells[4].textContent = text;
     });
   }
 
