@@ -66,6 +66,24 @@ async function openPage(browser, base, opts, log) {
   return { context, page };
 }
 
+// n streams of chat at once, again and again for `ms`; a refusal just means try again.
+async function backgroundLoad(base, n, ms) {
+  const until = Date.now() + ms;
+  const headers = { 'Content-Type': 'application/json' };
+  if (process.env.KVR_API_KEY) headers.Authorization = 'Bearer ' + process.env.KVR_API_KEY;
+  const one = async (k) => {
+    while (Date.now() < until) {
+      try {
+        const r = await fetch(base + '/v1/chat/completions', { method: 'POST', headers,
+          body: JSON.stringify({ messages: [{ role: 'user', content: 'load ' + k }], max_tokens: 256,
+                                 ignore_eos: true, stream: true }) });
+        await r.text();
+      } catch (e) { await new Promise((r) => setTimeout(r, 200)); }
+    }
+  };
+  await Promise.all(Array.from({ length: n }, (_, k) => one(k)));
+}
+
 async function main() {
   let stub = null;
   let base = process.env.KVR_CONSOLE_URL;
@@ -85,6 +103,9 @@ async function main() {
       { viewport: { width: 1400, height: 900 }, colorScheme: 'light' }, log);
 
     // ---- load ---------------------------------------------------------------------------
+    // A real ring is idle until asked: keep it busy (from node, not the page) while the
+    // lanes are checked, so every stage has batches to show.
+    const load = stub ? null : backgroundLoad(base, 4, 12000);
     const resp = await page.goto(base + '/', { waitUntil: 'load', timeout: STEP_MS });
     check(resp && resp.status() === 200, 'GET / answers 200');
     const csp = (resp && resp.headers()['content-security-policy']) || '';
@@ -109,7 +130,8 @@ async function main() {
     check(lanes.per.every((n) => n > 0), 'every lane shows batches: ' + lanes.per.join(', '));
     check(lanes.shares.every((t) => /\d+% \/ \d+% \/ \d+%/.test(t)), 'every stage shows held / starved / blocked shares');
     await page.waitForTimeout(800);
-    await page.screenshot({ path: path.join(shots, 'console-idle.png'), fullPage: true });
+    await page.screenshot({ path: path.join(shots, stub ? 'console-idle.png' : 'console-load.png'), fullPage: true });
+    if (load) await load;
 
     // ---- chat ---------------------------------------------------------------------------
     await page.click('#settings summary'); // opens the settings, as a user would
@@ -129,6 +151,7 @@ async function main() {
     check(/first token \d/.test(answer.stats) && /total \d/.test(answer.stats) && /tokens/.test(answer.stats),
       'the answer shows its first-token and total time, tokens: ' + answer.stats);
     if (stub) check(/est\. 120 ms/.test(answer.stats) && /request \d+/.test(answer.stats), 'the answer shows the server\'s estimate and request id');
+    else console.log('info the server ' + (/est\. \d/.test(answer.stats) ? 'sends' : 'does not send') + ' admission\'s estimate');
     await page.screenshot({ path: path.join(shots, 'console-chat.png'), fullPage: true });
 
     // ---- a refusal (stub only: a real ring refuses when it is busy, not on demand) -----------
@@ -160,17 +183,25 @@ async function main() {
       await page.evaluate(() => fetch('/stub/kill?stage=1&ms=2500', { method: 'POST' }));
       killed = true;
     } else if (process.env.KVR_CONSOLE_KILL) {
+      // Under load, so the loss holds requests and the recovery re-prefills them.
+      const load = backgroundLoad(base, 6, 5000);
+      await page.waitForTimeout(1500);
       execSync(process.env.KVR_CONSOLE_KILL, { stdio: 'inherit' });
       killed = true;
+      await page.waitForSelector('#events li.lost', { timeout: STEP_MS });
+      await page.screenshot({ path: path.join(shots, 'console-recovery.png'), fullPage: true });
+      await load;
     }
     if (killed) {
-      await page.waitForSelector('#ring-state.down', { timeout: STEP_MS });
+      // A real ring may be whole again before the next snapshot: only the stub's stays
+      // down long enough to see the lane and the pill red.
+      if (stub) await page.waitForSelector('#ring-state.down', { timeout: STEP_MS });
       await page.waitForSelector('#events li.lost', { timeout: STEP_MS });
       const lost = await page.evaluate(() => ({
         rowDown: document.querySelectorAll('#stages tbody tr.down').length,
         event: document.querySelector('#events li.lost').textContent }));
-      check(lost.rowDown >= 1 && /requests held/.test(lost.event), 'a lost stage shows as lost with its held requests: ' + lost.event);
-      await page.screenshot({ path: path.join(shots, 'console-recovery.png'), fullPage: true });
+      check((!stub || lost.rowDown >= 1) && /requests held/.test(lost.event), 'a lost stage shows as lost with its held requests: ' + lost.event);
+      if (stub) await page.screenshot({ path: path.join(shots, 'console-recovery.png'), fullPage: true });
       await page.waitForSelector('#events li.recovered', { timeout: STEP_MS * 4 });
       await page.waitForSelector('#ring-state.up', { timeout: STEP_MS * 4 });
       const rec = await page.textContent('#events li.recovered');
