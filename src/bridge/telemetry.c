@@ -43,8 +43,7 @@ void kvr_telemetry_destroy(struct kvr_telemetry *t)
 
 /* ---- recording ----------------------------------------------------------------------------- */
 
-static void copy_time(struct kvr_telemetry_time *dst, const struct kvr_wire_timing *src,
-                      bool agent)
+static void copy_time(struct kvr_telemetry_time *dst, const struct kvr_wire_timing *src, bool agent)
 {
     *dst = (struct kvr_telemetry_time){.held_ns = src->held_ns,
                                        .starved_ns = src->starved_ns,
@@ -84,8 +83,8 @@ void kvr_telemetry_record_batch(struct kvr_telemetry *t, const struct kvr_teleme
     tr->n_stages = b->n_timings < KVR_PLAN_MAX_STAGES ? b->n_timings : KVR_PLAN_MAX_STAGES;
     for (uint32_t i = 0; i < tr->n_stages; i++)
         copy_time(&tr->stage[i], &b->timings[i], false);
-    tr->n_agents = b->n_agent_timings < KVR_TELEMETRY_AGENTS ? b->n_agent_timings
-                                                              : KVR_TELEMETRY_AGENTS;
+    tr->n_agents =
+        b->n_agent_timings < KVR_TELEMETRY_AGENTS ? b->n_agent_timings : KVR_TELEMETRY_AGENTS;
     tr->n_agents_more = b->n_agent_timings - tr->n_agents;
     for (uint32_t i = 0; i < tr->n_agents; i++)
         copy_time(&tr->agent[i], &b->agent_timings[i], true);
@@ -140,8 +139,7 @@ static void summarise_plan(struct kvr_plan_summary *ps, const struct kvr_plan *p
         memcpy(ps->agent[i].addr, ag->addr, sizeof ps->agent[i].addr);
         ps->agent[i].addr[sizeof ps->agent[i].addr - 1] = 0;
         ps->agent[i].n_threads = ag->n_threads ? ag->n_threads : plan->n_threads;
-        ps->agent[i].n_holds = ag->n_holds < KVR_PLAN_MAX_HOLDS ? ag->n_holds
-                                                                 : KVR_PLAN_MAX_HOLDS;
+        ps->agent[i].n_holds = ag->n_holds < KVR_PLAN_MAX_HOLDS ? ag->n_holds : KVR_PLAN_MAX_HOLDS;
         memcpy(ps->agent[i].holds, ag->holds, ps->agent[i].n_holds * sizeof ag->holds[0]);
     }
 }
@@ -157,9 +155,8 @@ void kvr_telemetry_take(const struct kvr_telemetry *t, struct kvr_telemetry_read
         snap->stats = *stats;
     else
         memset(&snap->stats, 0, sizeof snap->stats);
-    snap->n_stage_states = states ? (n_states < KVR_PLAN_MAX_STAGES ? n_states
-                                                                    : KVR_PLAN_MAX_STAGES)
-                                  : 0;
+    snap->n_stage_states =
+        states ? (n_states < KVR_PLAN_MAX_STAGES ? n_states : KVR_PLAN_MAX_STAGES) : 0;
     if (snap->n_stage_states)
         memcpy(snap->stage_state, states, snap->n_stage_states * sizeof *states);
 
@@ -256,7 +253,8 @@ static void push(json_t *arr, json_t *v, bool *failed)
 static json_t *pair(uint32_t a, uint32_t b)
 {
     json_t *p = json_array();
-    if (p && (json_array_append_new(p, json_integer(a)) || json_array_append_new(p, json_integer(b)))) {
+    if (p &&
+        (json_array_append_new(p, json_integer(a)) || json_array_append_new(p, json_integer(b)))) {
         json_decref(p);
         return NULL;
     }
@@ -522,7 +520,8 @@ int kvr_telemetry_json(const struct kvr_telemetry_snapshot *sn, struct kvr_sbuf 
     put(root, "events", events, &failed);
     put(root, "events_missed", json_integer((json_int_t)sn->events_missed), &failed);
 
-    if (!failed && json_dump_callback(root, dump_to_sbuf, out, JSON_COMPACT | JSON_REAL_PRECISION(15)) != 0)
+    if (!failed &&
+        json_dump_callback(root, dump_to_sbuf, out, JSON_COMPACT | JSON_REAL_PRECISION(15)) != 0)
         failed = true;
     json_decref(root);
     if (failed || out->failed) {

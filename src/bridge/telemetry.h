@@ -40,11 +40,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define KVR_TELEMETRY_TRACES 128          /* batches kept: 1.3 s at 100 batches/s */
-#define KVR_TELEMETRY_EVENTS 32           /* ring events kept */
-#define KVR_TELEMETRY_SEQS 64             /* sequences one trace names; more are counted */
-#define KVR_TELEMETRY_AGENTS 16           /* agent records one trace keeps; more are counted */
-#define KVR_TELEMETRY_SNAPSHOT_TRACES 64  /* batches one snapshot carries (the newest) */
+#define KVR_TELEMETRY_TRACES 128         /* batches kept: 1.3 s at 100 batches/s */
+#define KVR_TELEMETRY_EVENTS 32          /* ring events kept */
+#define KVR_TELEMETRY_SEQS 64            /* sequences one trace names; more are counted */
+#define KVR_TELEMETRY_AGENTS 16          /* agent records one trace keeps; more are counted */
+#define KVR_TELEMETRY_SNAPSHOT_TRACES 64 /* batches one snapshot carries (the newest) */
 #define KVR_TELEMETRY_WHY_BYTES 160
 
 /* GET /v1/telemetry?interval_ms=N: the period between snapshots, clamped to these bounds,
@@ -59,8 +59,8 @@
  * borrowed for the call only. */
 struct kvr_telemetry_batch {
     uint64_t batch_id;
-    uint64_t sent_ns;     /* when the bridge sent it to the head */
-    uint64_t returned_ns; /* when its RESULT was applied */
+    uint64_t sent_ns;           /* when the bridge sent it to the head */
+    uint64_t returned_ns;       /* when its RESULT was applied */
     const struct kvr_seg *segs; /* [n_segs] its membership (one segment per sequence) */
     uint32_t n_segs;
     const uint64_t *req_ids; /* [n_segs] request id of segment i's sequence (0: unknown),
@@ -117,9 +117,9 @@ struct kvr_telemetry_trace {
 struct kvr_telemetry_event {
     uint64_t serial; /* 1, 2, ... */
     uint64_t t_ns;
-    uint8_t type;      /* enum kvr_telemetry_event_type */
-    int32_t stage;     /* the stage to blame, -1: not known */
-    uint32_t n_held;   /* sequences held (LOST) or re-prefilled (RECOVERED) */
+    uint8_t type;       /* enum kvr_telemetry_event_type */
+    int32_t stage;      /* the stage to blame, -1: not known */
+    uint32_t n_held;    /* sequences held (LOST) or re-prefilled (RECOVERED) */
     uint64_t outage_ns; /* RECOVERED: since the LOST that began the outage; else 0 */
     char why[KVR_TELEMETRY_WHY_BYTES];
 };

@@ -58,8 +58,14 @@ static void test_assets_present_and_typed(void **state)
 static void test_unknown_paths_refused(void **state)
 {
     (void)state;
-    const char *bad[] = {"",           "/index",      "/../CMakeLists.txt", "/console.js?x",
-                         "//console.js", "/CONSOLE.JS", "/console.js/",      "index.html",
+    const char *bad[] = {"",
+                         "/index",
+                         "/../CMakeLists.txt",
+                         "/console.js?x",
+                         "//console.js",
+                         "/CONSOLE.JS",
+                         "/console.js/",
+                         "index.html",
                          "/v1/telemetry"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         const void *d;
@@ -134,8 +140,7 @@ static void test_page_is_self_contained(void **state)
     /* Nothing in any asset points off the server. */
     for (size_t i = 0; i < kvr_console_n_files; i++) {
         const char *text = (const char *)kvr_console_files[i].data;
-        const char *off[] = {"http://", "https://", "url(//", "src=\"//", "href=\"//",
-                             "@import"};
+        const char *off[] = {"http://", "https://", "url(//", "src=\"//", "href=\"//", "@import"};
         for (size_t k = 0; k < sizeof off / sizeof off[0]; k++) {
             const char *hit = strstr(text, off[k]);
             /* SVG's namespace is a name, not a request. */

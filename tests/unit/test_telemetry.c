@@ -45,8 +45,9 @@ static struct kvr_plan *make_plan(void)
  * (i + 1) ms, starved 0.5 ms, blocked 0.25 ms; the agent held it 0.125 ms for 7 pairs. */
 static void record(struct kvr_telemetry *t, uint64_t id)
 {
-    struct kvr_seg segs[2] = {{1, 0, 10, KVR_SEG_PREFILL | KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN},
-                              {2, 40, 1, KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN}};
+    struct kvr_seg segs[2] = {
+        {1, 0, 10, KVR_SEG_PREFILL | KVR_SEG_LAST_CHUNK | KVR_SEG_WANTS_TOKEN},
+        {2, 40, 1, KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN}};
     uint64_t req_ids[2] = {100 + id, 0};
     struct kvr_wire_timing tm[3], ag = {KVR_WIRE_TIMING_AGENT | 0, 125000, 0, 0, 7};
     for (uint32_t i = 0; i < 3; i++)
@@ -101,13 +102,11 @@ static void test_snapshot_json(void **state)
     st.tokens_per_s = 123.456789;
     st.n_agents = 1;
     st.agent[0].pairs = 70;
-    struct kvr_telemetry_stage_state states[3] = {{"up", 1000000, ""},
-                                                  {"down", 2000000, "link lost"},
-                                                  {"up", 1000000, ""}};
+    struct kvr_telemetry_stage_state states[3] = {
+        {"up", 1000000, ""}, {"down", 2000000, "link lost"}, {"up", 1000000, ""}};
     record(t, 1);
     record(t, 2);
-    kvr_telemetry_ring_event(t, KVR_TELEMETRY_EV_LOST, 1, 3, "stage 1 dropped its link",
-                             30000000);
+    kvr_telemetry_ring_event(t, KVR_TELEMETRY_EV_LOST, 1, 3, "stage 1 dropped its link", 30000000);
     kvr_telemetry_ring_event(t, KVR_TELEMETRY_EV_RECOVERED, -1, 3, NULL, 95000000);
 
     struct kvr_telemetry_snapshot *snap = kvr_malloc(sizeof *snap);
@@ -144,13 +143,15 @@ static void test_snapshot_json(void **state)
 
     json_t *sch = json_object_get(j, "sched");
     assert_true(json_real_value(json_object_get(sch, "tokens_per_s")) == 123.4568);
-    assert_int_equal(json_integer_value(json_object_get(json_object_get(sch, "refused"), "kv_full")), 2);
     assert_int_equal(
-        json_integer_value(json_object_get(json_object_get(sch, "refused"), "first_token_budget")), 1);
+        json_integer_value(json_object_get(json_object_get(sch, "refused"), "kv_full")), 2);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(sch, "refused"), "first_token_budget")),
+        1);
     assert_int_equal(
         json_integer_value(json_object_get(json_object_get(sch, "prefix_cache"), "hits")), 48);
-    assert_int_equal(json_integer_value(json_object_get(json_object_get(sch, "kv_blocks"), "total")),
-                     256);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(sch, "kv_blocks"), "total")), 256);
 
     json_t *batches = json_object_get(j, "batches");
     assert_int_equal(json_array_size(batches), 2);
@@ -267,8 +268,8 @@ static void test_wide_batch(void **state)
     struct kvr_wire_timing ag[A];
     for (uint32_t i = 0; i < A; i++)
         ag[i] = (struct kvr_wire_timing){KVR_WIRE_TIMING_AGENT | i, 1, 2, 3, 4};
-    struct kvr_telemetry_batch b = {.batch_id = 9, .segs = segs, .n_segs = N,
-                                    .agent_timings = ag, .n_agent_timings = A};
+    struct kvr_telemetry_batch b = {
+        .batch_id = 9, .segs = segs, .n_segs = N, .agent_timings = ag, .n_agent_timings = A};
     kvr_telemetry_record_batch(t, &b);
     struct kvr_telemetry_snapshot *snap = kvr_malloc(sizeof *snap);
     struct kvr_telemetry_reader rd = {0, 0};
@@ -334,10 +335,8 @@ static void test_create_fails_cleanly(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_snapshot_json),
-        cmocka_unit_test(test_readers_and_bounds),
-        cmocka_unit_test(test_wide_batch),
-        cmocka_unit_test(test_sse_and_interval),
+        cmocka_unit_test(test_snapshot_json),        cmocka_unit_test(test_readers_and_bounds),
+        cmocka_unit_test(test_wide_batch),           cmocka_unit_test(test_sse_and_interval),
         cmocka_unit_test(test_create_fails_cleanly),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
