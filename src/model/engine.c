@@ -252,10 +252,18 @@ void kvr_engine_destroy(struct kvr_engine *e)
     kvr_free(e);
 }
 
+/* Written by kvr_model_configure at start-up, before any engine exists. */
+static bool g_no_pack;
+
+void kvr_model_configure(const struct kvr_model_options *opt)
+{
+    kvr_kernels_configure(opt ? &opt->kernels : NULL);
+    g_no_pack = opt && opt->no_pack;
+}
+
 static bool packing_on(void)
 {
-    const char *off = getenv("KVR_NO_PACK");
-    return !(off && strcmp(off, "1") == 0);
+    return !g_no_pack;
 }
 
 /* The buffer of the packed copies. A large one is 2 MiB aligned and advised

@@ -3,14 +3,13 @@
  *
  * Every struct below mirrors a GGUF block byte for byte; the byte tables are in dtype.c.
  * The blocks are read in place from the mmapped file, where rows are only 2-byte aligned,
- * so kernels load them with unaligned loads. No I/O; two globals, the prefetch distances
- * below. */
+ * so kernels load them with unaligned loads. No I/O and no globals: a kernel reads its prefetch
+ * distances from the kernel set it is called with. */
 #ifndef KVR_MODEL_KERNELS_H
 #define KVR_MODEL_KERNELS_H
 
 #include "model/dtype.h"
 
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -289,27 +288,33 @@ static inline int kvr_iq4_xs_scale(const struct kvr_block_iq4_xs *b, int j)
  *
  * quantize_row converts one activation row of n floats into `dot_type` (the activation type
  * of some weight type). matmul has the contract of kvr_matmul with the arguments already
- * checked. A NULL entry means "use the reference". */
+ * checked; `ks` is the set it was found in, whose prefetch distances it reads. A NULL entry
+ * means "use the reference". */
+struct kvr_kernel_set;
 typedef void (*kvr_quantize_row_fn)(const float *x, void *dst, int64_t n);
-typedef void (*kvr_matmul_fn)(const struct kvr_matrix *w, const void *xq, size_t x_stride,
-                              int64_t n_rows, float *y, int64_t ldy, int64_t o_begin,
-                              int64_t o_end);
+typedef void (*kvr_matmul_fn)(const struct kvr_kernel_set *ks, const struct kvr_matrix *w,
+                              const void *xq, size_t x_stride, int64_t n_rows, float *y,
+                              int64_t ldy, int64_t o_begin, int64_t o_end);
 
 struct kvr_kernel_set {
     const char *name;
     kvr_quantize_row_fn quantize_row[KVR_DTYPE_COUNT]; /* indexed by activation type */
     kvr_matmul_fn matmul[KVR_DTYPE_COUNT];             /* indexed by weight type */
     int o_tile; /* output rows per tile: slices starting at multiples of it run fastest */
+    /* How far ahead of the unit it computes a kernel on a packed copy prefetches (bytes; 0 =
+     * none): the K-quant and IQ4_XS kernels (prefetch_kquant) and the Q4_0 / Q8_0 ones
+     * (prefetch_legacy). The ISA tables below leave them 0; matmul.c fills them in the set it
+     * chooses (kvr_kernels_setup). Only a speed: the bits of every result are the same
+     * whatever they are. */
+    size_t prefetch_kquant;
+    size_t prefetch_legacy;
 };
 
-/* How far ahead of the unit it computes a kernel on a packed copy prefetches (bytes; 0 =
- * none): the K-quant and IQ4_XS kernels (kvr_prefetch_kquant) and the Q4_0 / Q8_0 ones
- * (kvr_prefetch_legacy). Set by kvr_kernels_init for the CPU (KVR_PREFETCH=BYTES sets both); every
- * writer stores the same values. Only a speed: the bits of every result are the same whatever they
- * are. */
-extern _Atomic size_t kvr_prefetch_kquant, kvr_prefetch_legacy;
-
+/* The ISA tables (kernels/set_avx2.c, kernels/set_avx512.c): templates of the chosen set. */
 extern const struct kvr_kernel_set kvr_kernels_avx2;
 extern const struct kvr_kernel_set kvr_kernels_avx512;
+
+/* The set kvr_matmul runs now (with its prefetch distances); for tests that check them. */
+const struct kvr_kernel_set *kvr_kernels_active(void);
 
 #endif
