@@ -1,10 +1,11 @@
 /* kernels.h - internal to src/model: block structs of the quantized types and the kernel-set
  * table that matmul.c dispatches through. Not part of the public API (dtype.h is).
  *
- * Every struct below mirrors a GGUF block byte for byte; the byte tables are in dtype.c.
- * The blocks are read in place from the mmapped file, where rows are only 2-byte aligned,
- * so kernels load them with unaligned loads. No I/O and no globals: a kernel reads its prefetch
- * distances from the kernel set it is called with. */
+ * Every struct below mirrors a GGUF block byte for byte; the byte tables are in dtype.c
+ * (dtype_kquant.c for the K-quants and Q8_K). The blocks are read in place from the mmapped
+ * file, where rows are only 2-byte aligned, so kernels load them with unaligned loads. No I/O
+ * and no globals: a kernel reads its prefetch distances from the kernel set it is called
+ * with. */
 #ifndef KVR_MODEL_KERNELS_H
 #define KVR_MODEL_KERNELS_H
 
@@ -52,7 +53,7 @@ struct kvr_block_iq4_nl {
 
 struct kvr_block_q2_k {
     uint8_t scales[KVR_QK_K / 16]; /* per 16 elements: low nibble scale, high nibble min */
-    uint8_t qs[KVR_QK_K / 4];      /* 2-bit quants (see dtype.c) */
+    uint8_t qs[KVR_QK_K / 4];      /* 2-bit quants (see dtype_kquant.c) */
     uint16_t d;                    /* fp16 scale of the scales */
     uint16_t dmin;                 /* fp16 scale of the mins */
 };
@@ -60,7 +61,7 @@ struct kvr_block_q2_k {
 struct kvr_block_q3_k {
     uint8_t hmask[KVR_QK_K / 8]; /* bit 2 of each quant */
     uint8_t qs[KVR_QK_K / 4];    /* low 2 bits, laid out as Q2_K */
-    uint8_t scales[12];          /* 16 six-bit scales, packed (see dtype.c) */
+    uint8_t scales[12];          /* 16 six-bit scales, packed (see dtype_kquant.c) */
     uint16_t d;                  /* fp16 */
 };
 
@@ -82,7 +83,7 @@ struct kvr_block_iq4_xs {
 struct kvr_block_q4_k {
     uint16_t d;         /* fp16 scale of the 6-bit sub-block scales */
     uint16_t dmin;      /* fp16 scale of the 6-bit sub-block mins */
-    uint8_t scales[12]; /* 8 scales + 8 mins, 6 bits each, packed (see dtype.c) */
+    uint8_t scales[12]; /* 8 scales + 8 mins, 6 bits each, packed (see dtype_kquant.c) */
     uint8_t qs[KVR_QK_K / 2];
 };
 
@@ -234,7 +235,7 @@ static inline int kvr_pack_q6_k_slot(int v)
     return 3 * (v - 32) + 2;
 }
 
-/* The 256 quants of a Q6_K super-block, less 32 (-32..31), in element order (dtype.c has
+/* The 256 quants of a Q6_K super-block, less 32 (-32..31), in element order (dtype_kquant.c has
  * the bit layout). */
 static inline void kvr_q6_k_unpack(const struct kvr_block_q6_k *b, int8_t q[KVR_QK_K])
 {
