@@ -270,8 +270,7 @@ static bool packing_on(void)
 /* The buffer of the packed copies. A large one is 2 MiB aligned and advised
  * MADV_HUGEPAGE before its first touch (kvr_matrix_pack writes it), so that where
  * transparent huge pages are enabled ("madvise" or "always") decode streams its weights
- * through 2 MiB pages (fewer TLB misses: bench_bandwidth --huge 1 read 34 GB/s on the 2-core
- * test machine against 25-30 GB/s with 4 KiB pages; decode numbers in bench/README.md). The
+ * through 2 MiB pages: fewer TLB misses (bench_bandwidth --huge 1 measures the gain). The
  * rounding up to whole 2 MiB pages adds at most 2 MiB, so copies under 64 MiB keep ordinary
  * pages. Without THP the advice is a no-op; bench_forward prints AnonHugePages. */
 static void *alloc_packed(size_t bytes)
@@ -817,8 +816,8 @@ static void attention_worker(void *arg, int ith, int nth)
         float *q0 = e->q + (size_t)r * hp->q_dim + (size_t)kvh * group * hd;
         const size_t stride = e->cfg.n_ctx;
         /* A half-precision cache dots half-precision keys with a query rounded to half
-         * (f32 sums): llama.cpp's f16 cache does so, and its greedy tokens are kept best
-         * this way (bench/README.md). The slice is this unit's own; q is not read again. */
+         * (f32 sums), as llama.cpp's f16 cache does, so greedy tokens match llama.cpp's most
+         * often. The slice is this unit's own; q is not read again. */
         const bool f16 = kv->type == KVR_DTYPE_F16;
         if (f16)
             e->attn.round_half(q0, (size_t)group * hd);
@@ -939,8 +938,7 @@ static void attention_block(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
         att_work += (double)n_pos * hp->q_dim * 2;
     }
     /* Heads split across the pool from a few positions on: at decode the workers spin
-     * between the layer's jobs, so a dispatch is cheap (TinyLlama Q4_0, 2 threads, decode at
-     * 1-80 positions: attention 344 us per token this way, 428 with the old bound of 64). */
+     * between the layer's jobs, so a dispatch is cheap. */
     if (att_work < KVR_SMALL_WORK / 8)
         attention_worker(&aj, 0, 1);
     else

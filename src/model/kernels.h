@@ -141,8 +141,8 @@ static inline size_t kvr_q8_0_ext_offset(int64_t n_blocks)
     return ((size_t)n_blocks * sizeof(struct kvr_block_q8_0) + 7) & ~(size_t)7;
 }
 
-/* Packed weights (struct kvr_matrix.packed) for the GEMM path of Q8_0 and Q4_0: the layout
- * the AVX2 GEMM used to build in an L1 buffer on every call, built once instead. Output rows
+/* Packed weights (struct kvr_matrix.packed) of Q8_0 and Q4_0: the tiles the kernels read,
+ * transposed so one vector holds 4 bytes of each of 8 rows, built once per matrix. Output rows
  * go in tiles of KVR_PACK_ROWS (the last tile repeats the matrix's last row); tile t holds
  * rows 8t..8t+7. Within a tile, block b (32 columns) is one `unit`, at the byte
  * kvr_pack_unit_at (below) gives:
@@ -155,8 +155,8 @@ static inline size_t kvr_q8_0_ext_offset(int64_t n_blocks)
  *                            4g..4g+3 and its high nibbles elements 4g+16..4g+19)
  *
  * unit = 272 bytes for Q8_0 and 144 for Q4_0, exactly 8 blocks of the file: decode streams
- * the copy once per token, so every byte more in it is time (with f32 scales the units were
- * 288 and 160, and Q4_0 decode read 11 % more than the file). Units are multiples of 16
+ * the copy once per token, so every byte more in it is time (hence fp16 scales, as in the
+ * file). Units are multiples of 16
  * bytes, not 32, so kernels load them unaligned. */
 #define KVR_PACK_ROWS 8
 #define KVR_PACK_UNIT_Q8_0 272
@@ -194,19 +194,16 @@ static inline size_t kvr_pack_unit_at(int64_t t, int64_t b, int64_t n_b, size_t 
  * 2p + k's unit sit at 64j + 32k of the chunk (kvr_pack_kq_at), and a unit's last half slot
  * (Q6_K's d) at 64j + 16k. So a 64-byte load is the same vector of both tiles (the AVX-512
  * kernels compute 16 rows at once), and a kernel reading its unit front to back reads the
- * chunk front to back: one ascending stream, which the hardware prefetchers follow (the
- * Q6_K units in their block order had three streams in each of the two units, and its
- * decode kernel read DRAM at 59-89 % of the bandwidth with a software prefetch, against
- * 73-110 % in this order; bench/README.md). One-tile kernels read their tile's slots 64 bytes
- * apart.
+ * chunk front to back: one ascending stream, which the hardware prefetchers follow (Q6_K's
+ * fields in block order would be three streams per unit). One-tile kernels read their
+ * tile's slots 64 bytes apart.
  *
  * Q6_K's quants are recoded as they are packed. Byte l of the three vectors of step (h, g)
  * names the same four quants q0..q3 (0..63) of element groups 0..3 of the half (elements
  * 128h + 32k + 4g + l % 4 of row l / 4, k = 0..3): the block keeps them as ql nibbles and qh bit
  * pairs, the packed copy as A = q0 | (q3 & 3) << 6, B = q1 | (q3 >> 2 & 3) << 6 and C = q2 |
  * (q3 >> 4) << 6 (same size). Three of the four are then one mask each, and the fourth two
- * bit selects: TinyLlama Q6_K decode at one thread took up to 19 % less time per token than
- * with the block's nibbles, on both ISAs (bench/README.md). */
+ * bit selects, fewer instructions than the block's nibbles and bit pairs. */
 #define KVR_PACK_UNIT_Q4_K (8 * 144)
 #define KVR_PACK_UNIT_Q5_K (8 * 176)
 #define KVR_PACK_UNIT_Q6_K (8 * 210)

@@ -132,11 +132,11 @@ struct prefetch {
 };
 
 /* The prefetch option (KVR_PREFETCH) for both if it is set, else the distances that decode
- * fastest on the CPU's vendor for n_threads compute threads (0: not known; bench/README.md
- * has the measurements): on Intel 24 KiB for the K-quants and none for Q4_0 / Q8_0; on AMD
- * none for Q4_0 / Q8_0, and for the K-quants, whose chunks are read front to back, none at
- * one thread and 8 KiB at more. An error if the option is not a byte count up to 1 MiB,
- * with the vendor's distances in *pf. */
+ * fastest on the CPU's vendor for n_threads compute threads (0: not known), as bench_forward
+ * measured them: on Intel 24 KiB for the K-quants and none for Q4_0 / Q8_0; on AMD none for
+ * Q4_0 / Q8_0, and for the K-quants, whose chunks are read front to back, none at one thread
+ * and 8 KiB at more. An error if the option is not a byte count up to 1 MiB, with the
+ * vendor's distances in *pf. */
 static int prefetch_distances(struct prefetch *pf, int n_threads, struct kvr_err *err)
 {
     bool amd = cpu_is_amd();
