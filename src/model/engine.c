@@ -195,9 +195,9 @@ struct kvr_engine {
     uint32_t *row_seq;    /* [max_rows] sequence of each row */
     uint32_t *row_pos;    /* [max_rows] position of each row */
     uint32_t *logit_rows; /* [max_rows] rows whose logits the tail computes */
-    /* Packed copies (kvr_matrix_pack) of the slice's matmul weights; NULL with KVR_NO_PACK=1.
-     * They serve every path, so the mapped pages are released (kvr_gguf_release) and the
-     * copy replaces them (Q8_0 x 1.06, Q4_0 x 1.11 of the file's bytes, K-quants x 1). */
+    /* Packed copies (kvr_matrix_pack) of the slice's matmul weights; NULL with the no_pack
+     * option. They serve every path, so the mapped pages are released (kvr_gguf_release) and
+     * the copy replaces them (as many bytes as the file's, the last tile padded). */
     void *packed;
 };
 
