@@ -23,8 +23,8 @@
 #include <cpuid.h>
 #endif
 
-/* The global state of the model layer: which kernel set runs, and the options it is chosen
- * by. g_options is written by kvr_kernels_configure at start-up. g_chosen is a copy of the
+/* The kernel choice, global to the process: which kernel set runs, and the options it is
+ * chosen by. g_options is written by kvr_kernels_configure at start-up. g_chosen is a copy of the
  * chosen ISA's table with its prefetch distances, published through g_best; kvr_kernels_init
  * and kvr_kernels_setup rewrite it only when the choice changes, which happens before compute
  * threads start (a repeated setup with the same options writes nothing). */
