@@ -53,8 +53,21 @@ static double bytes_per_token(const struct kvr_gguf *g)
     return sum;
 }
 
+/* The model layer's options from the environment (KVR_ISA, KVR_PREFETCH, KVR_NO_PACK), read
+ * as kvasir reads them: the model reads none. */
+static void configure_model(void)
+{
+    const char *no_pack = getenv("KVR_NO_PACK");
+    struct kvr_model_options o = {
+        .kernels = {.isa = getenv("KVR_ISA"), .prefetch = getenv("KVR_PREFETCH")},
+        .no_pack = no_pack && !strcmp(no_pack, "1"),
+    };
+    kvr_model_configure(&o);
+}
+
 int main(int argc, char **argv)
 {
+    configure_model();
     if (argc < 2 || argv[1][0] == '-') {
         fprintf(stderr, "usage: bench_forward MODEL [--threads N] [--prompt N] [--decode N] "
                         "[--reps N] [--bandwidth GBPS] [--fresh-decode 0|1]\n");

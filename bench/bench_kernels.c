@@ -34,6 +34,7 @@
 #include "core/clock.h"
 #include "core/pool.h"
 #include "model/dtype.h"
+#include "model/engine.h"
 
 #include "bw_probe.h"
 #include "smaps.h"
@@ -301,8 +302,21 @@ static int bench_one(struct kvr_pool *pool, int type, int64_t n_out, int64_t n_i
     return 0;
 }
 
+/* The model layer's options from the environment (KVR_ISA, KVR_PREFETCH, KVR_NO_PACK), read
+ * as kvasir reads them: the model reads none. */
+static void configure_model(void)
+{
+    const char *no_pack = getenv("KVR_NO_PACK");
+    struct kvr_model_options o = {
+        .kernels = {.isa = getenv("KVR_ISA"), .prefetch = getenv("KVR_PREFETCH")},
+        .no_pack = no_pack && !strcmp(no_pack, "1"),
+    };
+    kvr_model_configure(&o);
+}
+
 int main(int argc, char **argv)
 {
+    configure_model();
     const char *types = "q8_0,q4_0,q4_K,q6_K,f16,f32";
     const char *shapes = "2048x2048,5632x2048";
     long n_threads = 2, rows = 128, reps = 7, gemv_mib = 512, pack = 0;

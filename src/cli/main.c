@@ -1,7 +1,7 @@
 /* main.c - `kvasir SUBCOMMAND ...`: dispatch to one file per subcommand. */
 #include "cli/cmd.h"
-
 #include "core/log.h"
+#include "model/engine.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,9 +35,21 @@ static void usage(FILE *f)
     fprintf(f, "\n`kvasir SUBCOMMAND --help` shows a subcommand's options.\n");
 }
 
+/* The model layer's options come from the environment, read once here: the model reads none. */
+static void configure_model(void)
+{
+    const char *no_pack = getenv("KVR_NO_PACK");
+    struct kvr_model_options o = {
+        .kernels = {.isa = getenv("KVR_ISA"), .prefetch = getenv("KVR_PREFETCH")},
+        .no_pack = no_pack && !strcmp(no_pack, "1"),
+    };
+    kvr_model_configure(&o);
+}
+
 int main(int argc, char **argv)
 {
     kvr_log_set_level(kvr_log_level_from_name(getenv("KVR_LOG")));
+    configure_model();
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

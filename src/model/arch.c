@@ -233,22 +233,12 @@ static int read_rope_scaling(struct kvr_hparams *hp, const struct kvr_gguf *g, s
     return KVR_OK;
 }
 
-int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kvr_err *err)
+/* The shape: layer count, widths and heads (required), then the optional keys with their
+ * defaults, checked for plausibility. */
+static int read_shape(struct kvr_hparams *hp, const struct kvr_gguf *g, const struct kvr_arch *a,
+                      struct kvr_err *err)
 {
-    memset(hp, 0, sizeof *hp);
-    struct kvr_gguf_str name;
-    int rc = kvr_gguf_get_str(g, "general.architecture", &name, err);
-    if (rc == KVR_ENOTFOUND)
-        return kvr_err_set(err, KVR_EFORMAT, "model: missing general.architecture");
-    if (rc)
-        return rc;
-    const struct kvr_arch *a = kvr_arch_find(name.ptr, name.len);
-    if (!a)
-        return kvr_err_set(err, KVR_ENOTSUP,
-                           "model: architecture '%.*s' is not supported "
-                           "(supported: %s)",
-                           (int)(name.len > 64 ? 64 : name.len), name.ptr, kvr_arch_list());
-    hp->arch = a;
+    int rc;
     if ((rc = get_u32(g, a, "block_count", true, &hp->n_layer, err)) ||
         (rc = get_u32(g, a, "embedding_length", true, &hp->n_embd, err)) ||
         (rc = get_u32(g, a, "feed_forward_length", true, &hp->n_ff, err)) ||
@@ -278,6 +268,14 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
     if (hp->n_head % hp->n_head_kv || hp->n_head / hp->n_head_kv > MAX_GROUP)
         return kvr_err_set(err, KVR_EFORMAT, "model: heads %u / kv heads %u do not divide",
                            hp->n_head, hp->n_head_kv);
+    return KVR_OK;
+}
+
+/* Head widths (key_length, value_length) and the rotary dimensions. */
+static int read_heads(struct kvr_hparams *hp, const struct kvr_gguf *g, const struct kvr_arch *a,
+                      struct kvr_err *err)
+{
+    int rc;
     hp->head_dim = hp->n_embd % hp->n_head ? 0 : hp->n_embd / hp->n_head;
     uint32_t v_dim = 0;
     if ((rc = get_u32(g, a, "attention.key_length", false, &hp->head_dim, err)) ||
@@ -301,7 +299,14 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
     if (!(hp->rope_freq_base > 0.0f) || !(hp->norm_eps > 0.0f) || hp->norm_eps > 1.0f ||
         !(hp->attn_softcap >= 0.0f) || !(hp->final_softcap >= 0.0f))
         return kvr_err_set(err, KVR_EFORMAT, "model: bad rope base, norm epsilon or soft-cap");
+    return KVR_OK;
+}
 
+/* The sliding window (its period and rope base) and the attention scale. */
+static int read_swa_and_scale(struct kvr_hparams *hp, const struct kvr_gguf *g,
+                              const struct kvr_arch *a, struct kvr_err *err)
+{
+    int rc;
     if (a->sliding && (rc = get_u32(g, a, "attention.sliding_window", false, &hp->n_swa, err)))
         return rc;
     hp->swa_period = a->swa_period;
@@ -319,7 +324,12 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
         return rc;
     if (!(hp->attn_scale > 0.0f))
         return kvr_err_set(err, KVR_EFORMAT, "model: bad attention scale");
+    return KVR_OK;
+}
 
+/* Llama 3's per-dimension rope factors, if the file has rope_freqs.weight. */
+static int read_rope_freqs(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kvr_err *err)
+{
     const struct kvr_gguf_tensor *ff = kvr_gguf_find_tensor(g, "rope_freqs.weight");
     if (ff) {
         if (ff->type != KVR_DTYPE_F32 || ff->n_dims != 1 || ff->ne[0] != hp->n_rot / 2 ||
@@ -334,6 +344,28 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
                                    "positive",
                                    i);
     }
+    return KVR_OK;
+}
+
+int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kvr_err *err)
+{
+    memset(hp, 0, sizeof *hp);
+    struct kvr_gguf_str name;
+    int rc = kvr_gguf_get_str(g, "general.architecture", &name, err);
+    if (rc == KVR_ENOTFOUND)
+        return kvr_err_set(err, KVR_EFORMAT, "model: missing general.architecture");
+    if (rc)
+        return rc;
+    const struct kvr_arch *a = kvr_arch_find(name.ptr, name.len);
+    if (!a)
+        return kvr_err_set(err, KVR_ENOTSUP,
+                           "model: architecture '%.*s' is not supported "
+                           "(supported: %s)",
+                           (int)(name.len > 64 ? 64 : name.len), name.ptr, kvr_arch_list());
+    hp->arch = a;
+    if ((rc = read_shape(hp, g, a, err)) || (rc = read_heads(hp, g, a, err)) ||
+        (rc = read_swa_and_scale(hp, g, a, err)) || (rc = read_rope_freqs(hp, g, err)))
+        return rc;
 
     if ((rc = kvr_moe_hparams_read(&hp->moe, g, a->name, a->moe_gating, a->moe_norm, a->moe_shared,
                                    hp->n_ff, err)))

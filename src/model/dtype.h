@@ -100,15 +100,30 @@ void kvr_matrix_pack(const struct kvr_matrix *w, void *dst);
  * released. The reference kernels and kvr_matrix_get_row still read w->data. */
 bool kvr_matrix_packed_only(const struct kvr_matrix *w);
 
-/* Pick the fastest kernels this CPU supports, or the lower set the environment variable
- * KVR_ISA names ("avx512", "avx2" or "reference"); idempotent, call before threads start.
- * Returns the name of the chosen kernel set. A KVR_ISA naming an unknown set or one the CPU
- * cannot run is ignored here: callers that can report errors use kvr_kernels_setup. */
+/* How the kernels are chosen. The model reads no environment: cli/ fills this from the
+ * variables named below once at start-up, tests and benches the same way. The strings are
+ * borrowed and must stay valid while kernels are chosen (getenv's do). */
+struct kvr_kernel_options {
+    const char *isa;      /* KVR_ISA: "avx512", "avx2" or "reference" forces that set (refused
+                           * if the CPU cannot run it); NULL or "": the best this CPU runs */
+    const char *prefetch; /* KVR_PREFETCH: bytes the packed kernels prefetch ahead, 0 to
+                           * 1048576; NULL or "": by CPU vendor and thread count */
+};
+
+/* Keep *opt (NULL: the defaults) for every later kernel choice (kvr_kernels_init,
+ * kvr_kernels_setup). Nothing is checked here: setup reports bad options. Call before threads
+ * start. */
+void kvr_kernels_configure(const struct kvr_kernel_options *opt);
+/* Pick the fastest kernels this CPU supports, or the lower set the isa option names;
+ * idempotent, call before threads start. Returns the name of the chosen kernel set. An isa
+ * option naming an unknown set or one the CPU cannot run is ignored here: callers that can
+ * report errors use kvr_kernels_setup. */
 const char *kvr_kernels_init(void);
 /* Choose the kernel set as kvr_kernels_init does, but fail with KVR_EINVAL (unknown name)
- * or KVR_ENOTSUP (a set this CPU or OS cannot run) and a message if KVR_ISA asks for one.
- * The packed kernels' prefetch distances are chosen for n_threads compute threads (0: not
- * known), unless KVR_PREFETCH sets them (KVR_EINVAL if it is not a byte count up to 1 MiB). */
+ * or KVR_ENOTSUP (a set this CPU or OS cannot run) and a message if the isa option asks for
+ * one. The packed kernels' prefetch distances are chosen for n_threads compute threads (0:
+ * not known), unless the prefetch option sets them (KVR_EINVAL if it is not a byte count up
+ * to 1 MiB). Call before compute threads start (engines do, in kvr_engine_create). */
 int kvr_kernels_setup(int n_threads, struct kvr_err *err);
 /* True if the active kernel set needs (so the CPU has) AVX2, FMA and F16C. */
 bool kvr_kernels_avx2_ok(void);

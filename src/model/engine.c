@@ -20,6 +20,7 @@
 #include "model/attn.h"
 #include "model/dtype.h"
 #include "model/kv.h"
+#include "model/matmul_pool.h"
 #include "model/moe.h"
 
 #include <math.h>
@@ -194,9 +195,9 @@ struct kvr_engine {
     uint32_t *row_seq;    /* [max_rows] sequence of each row */
     uint32_t *row_pos;    /* [max_rows] position of each row */
     uint32_t *logit_rows; /* [max_rows] rows whose logits the tail computes */
-    /* Packed copies (kvr_matrix_pack) of the slice's matmul weights; NULL with KVR_NO_PACK=1.
-     * They serve every path, so the mapped pages are released (kvr_gguf_release) and the
-     * copy replaces them (Q8_0 x 1.06, Q4_0 x 1.11 of the file's bytes, K-quants x 1). */
+    /* Packed copies (kvr_matrix_pack) of the slice's matmul weights; NULL with the no_pack
+     * option. They serve every path, so the mapped pages are released (kvr_gguf_release) and
+     * the copy replaces them (as many bytes as the file's, the last tile padded). */
     void *packed;
 };
 
@@ -252,17 +253,24 @@ void kvr_engine_destroy(struct kvr_engine *e)
     kvr_free(e);
 }
 
+/* Written by kvr_model_configure at start-up, before any engine exists. */
+static bool g_no_pack;
+
+void kvr_model_configure(const struct kvr_model_options *opt)
+{
+    kvr_kernels_configure(opt ? &opt->kernels : NULL);
+    g_no_pack = opt && opt->no_pack;
+}
+
 static bool packing_on(void)
 {
-    const char *off = getenv("KVR_NO_PACK");
-    return !(off && strcmp(off, "1") == 0);
+    return !g_no_pack;
 }
 
 /* The buffer of the packed copies. A large one is 2 MiB aligned and advised
  * MADV_HUGEPAGE before its first touch (kvr_matrix_pack writes it), so that where
  * transparent huge pages are enabled ("madvise" or "always") decode streams its weights
- * through 2 MiB pages (fewer TLB misses: bench_bandwidth --huge 1 read 34 GB/s on the 2-core
- * test machine against 25-30 GB/s with 4 KiB pages; decode numbers in bench/README.md). The
+ * through 2 MiB pages: fewer TLB misses (bench_bandwidth --huge 1 measures the gain). The
  * rounding up to whole 2 MiB pages adds at most 2 MiB, so copies under 64 MiB keep ordinary
  * pages. Without THP the advice is a no-op; bench_forward prints AnonHugePages. */
 static void *alloc_packed(size_t bytes)
@@ -596,174 +604,12 @@ int kvr_engine_check(const struct kvr_engine *e, const struct kvr_seg *segs, uin
 
 /* ---- parallel matmul -------------------------------------------------------------------- */
 
-enum { MAX_FUSED = 3 };
-
-/* Multiply-adds below which a job runs on the calling thread alone (~20 us of work). */
-#define SMALL_WORK (256.0 * 1024)
-
-/* Up to three matmuls sharing one converted activation (Q/K/V, or gate/up), run in one
- * pool dispatch. Each thread takes the same fraction of every matrix's output rows. */
-struct mm_job {
-    int n;
-    const struct kvr_matrix *w[MAX_FUSED];
-    float *y[MAX_FUSED];
-    const void *xq;
-    int64_t n_rows;
-};
-
-/* Output rows are split in multiples of 16 so SIMD tiles stay whole. */
-static void split_out(int64_t n_out, int ith, int nth, int64_t *b, int64_t *e)
-{
-    long chunks = (long)((n_out + 15) / 16), cb, ce;
-    kvr_split_range(chunks, ith, nth, &cb, &ce);
-    *b = cb * 16;
-    *e = ce * 16 < n_out ? ce * 16 : n_out;
-}
-
-static void mm_worker(void *arg, int ith, int nth)
-{
-    const struct mm_job *job = arg;
-    for (int i = 0; i < job->n; i++) {
-        int64_t b, e;
-        split_out(job->w[i]->n_out, ith, nth, &b, &e);
-        if (b < e)
-            kvr_matmul(job->w[i], job->xq, job->n_rows, job->y[i], job->w[i]->n_out, b, e);
-    }
-}
-
-/* Decode (at most STEAL_MAX_ROWS activation rows): the job's 16-row groups, counted over its
- * matrices in order, start as one contiguous share per thread. A thread takes its own share
- * from the front a quarter of what is left at a time (at least one group; a quarter cuts the
- * kernel calls and compare-and-swaps about fourfold against one group at a time, and leaves
- * a thief the half it looks for) and, when it is empty, takes the back half of the
- * largest share left. The matrices of a job are consecutive in the packed copy, so a share
- * is one ascending address stream (the kernels' prefetch runs on ahead along it), and a
- * dispatch ends within about a group of its last row. (Equal chunks claimed in turn made
- * every chunk restart the stream, and left one thread idle for half a chunk on average at
- * the end of every matmul.) A share is one word, bits 31..0 its next group and 63..32 its
- * end; it changes only by compare-and-swap, except that a thread whose share is empty
- * stores the half it took. A range value says all there is to know (which groups are
- * unclaimed and whose), so a stale compare-and-swap that happens to match is still right. */
-enum { STEAL_MAX_ROWS = 4, STEAL_MAX_THREADS = 64 };
-
-struct steal_share {
-    _Alignas(64) _Atomic uint64_t range; /* a cache line each: owners and thieves meet here */
-};
-
-struct steal_job {
-    const struct mm_job *mm;
-    int64_t first[MAX_FUSED + 1]; /* group where matrix i starts; first[n] = all groups */
-    struct steal_share share[STEAL_MAX_THREADS];
-};
-
-static void run_groups(const struct steal_job *job, int64_t g0, int64_t g1)
-{
-    const struct mm_job *mm = job->mm;
-    for (int i = 0; i < mm->n; i++) {
-        int64_t b = g0 > job->first[i] ? g0 : job->first[i];
-        int64_t e = g1 < job->first[i + 1] ? g1 : job->first[i + 1];
-        if (b >= e)
-            continue;
-        int64_t n_out = mm->w[i]->n_out, ob = (b - job->first[i]) * 16;
-        int64_t oe = (e - job->first[i]) * 16 < n_out ? (e - job->first[i]) * 16 : n_out;
-        kvr_matmul(mm->w[i], mm->xq, mm->n_rows, mm->y[i], n_out, ob, oe);
-    }
-}
-
-static uint64_t share_word(uint32_t next, uint32_t end)
-{
-    return (uint64_t)end << 32 | next;
-}
-
-static void steal_worker(void *arg, int own, int n_shares)
-{
-    struct steal_job *job = arg;
-    _Atomic uint64_t *mine = &job->share[own].range;
-    for (;;) {
-        uint64_t v = atomic_load_explicit(mine, memory_order_relaxed);
-        uint32_t next = (uint32_t)v, end = (uint32_t)(v >> 32);
-        if (next < end) { /* a quarter of what is left, so a thief still finds half */
-            uint32_t take = (end - next) / 4 ? (end - next) / 4 : 1;
-            if (atomic_compare_exchange_weak_explicit(mine, &v, share_word(next + take, end),
-                                                      memory_order_relaxed, memory_order_relaxed))
-                run_groups(job, next, (int64_t)next + take);
-            continue;
-        }
-        int victim = -1;
-        uint64_t vv = 0;
-        for (int t = 0; t < n_shares; t++) {
-            uint64_t w = atomic_load_explicit(&job->share[t].range, memory_order_relaxed);
-            if ((uint32_t)(w >> 32) > (uint32_t)w &&
-                (victim < 0 ||
-                 (uint32_t)(w >> 32) - (uint32_t)w > (uint32_t)(vv >> 32) - (uint32_t)vv)) {
-                victim = t;
-                vv = w;
-            }
-        }
-        if (victim < 0)
-            return; /* every group is claimed; the pool waits for the ones running */
-        uint32_t lo = (uint32_t)vv, hi = (uint32_t)(vv >> 32), mid = lo + (hi - lo) / 2;
-        if (atomic_compare_exchange_strong_explicit(&job->share[victim].range, &vv,
-                                                    share_word(lo, mid), memory_order_relaxed,
-                                                    memory_order_relaxed))
-            atomic_store_explicit(mine, share_word(mid, hi), memory_order_relaxed);
-    }
-}
-
-static void run_stealing(struct kvr_engine *e, const struct mm_job *mm)
-{
-    struct steal_job job = {.mm = mm};
-    for (int i = 0; i < mm->n; i++)
-        job.first[i + 1] = job.first[i] + (mm->w[i]->n_out + 15) / 16;
-    int nth = kvr_pool_size(e->pool);
-    for (int t = 0; t < nth; t++) {
-        long b, end;
-        kvr_split_range((long)job.first[mm->n], t, nth, &b, &end);
-        atomic_init(&job.share[t].range, share_word((uint32_t)b, (uint32_t)end));
-    }
-    kvr_pool_run(e->pool, steal_worker, &job);
-}
-
-struct quant_job {
-    enum kvr_dtype type;
-    const float *x;
-    int64_t n_in;
-    int64_t n_rows;
-    void *dst;
-};
-
-static void quant_worker(void *arg, int ith, int nth)
-{
-    const struct quant_job *job = arg;
-    long b, e;
-    kvr_split_range((long)job->n_rows, ith, nth, &b, &e);
-    if (b < e)
-        kvr_quantize_rows(job->type, job->x, job->n_in, b, e, job->dst);
-}
-
-/* y_i = x . W_i for the given matrices (all with the same input width and type). */
+/* y_i = x . W_i for the given matrices (all with the same input width and type), over the
+ * engine's pool (matmul_pool.h), converting x into the engine's activation scratch. */
 static void matmuls(struct kvr_engine *e, const float *x, uint32_t n_rows, int n,
                     const struct kvr_matrix *const *w, float *const *y)
 {
-    struct quant_job qj = {w[0]->type, x, w[0]->n_in, n_rows, e->xq};
-    if ((double)n_rows * w[0]->n_in * 8 >= SMALL_WORK)
-        kvr_pool_run(e->pool, quant_worker, &qj);
-    else
-        quant_worker(&qj, 0, 1);
-    struct mm_job job = {.n = n, .xq = e->xq, .n_rows = n_rows};
-    double work = 0;
-    for (int i = 0; i < n; i++) {
-        job.w[i] = w[i];
-        job.y[i] = y[i];
-        work += (double)w[i]->n_in * w[i]->n_out * n_rows;
-    }
-    /* Waking the pool costs microseconds; a small product is cheaper on one thread. */
-    if (work < SMALL_WORK || kvr_pool_size(e->pool) == 1)
-        mm_worker(&job, 0, 1);
-    else if (n_rows <= STEAL_MAX_ROWS && kvr_pool_size(e->pool) <= STEAL_MAX_THREADS)
-        run_stealing(e, &job);
-    else /* several chunks per thread: a thread that stalls holds up only a small one */
-        kvr_pool_run_chunks(e->pool, mm_worker, &job, 4 * kvr_pool_size(e->pool));
+    kvr_matmul_pool(e->pool, e->xq, x, n_rows, n, w, y);
 }
 
 static void matmul1(struct kvr_engine *e, const float *x, uint32_t n_rows,
@@ -970,8 +816,8 @@ static void attention_worker(void *arg, int ith, int nth)
         float *q0 = e->q + (size_t)r * hp->q_dim + (size_t)kvh * group * hd;
         const size_t stride = e->cfg.n_ctx;
         /* A half-precision cache dots half-precision keys with a query rounded to half
-         * (f32 sums): llama.cpp's f16 cache does so, and its greedy tokens are kept best
-         * this way (bench/README.md). The slice is this unit's own; q is not read again. */
+         * (f32 sums), as llama.cpp's f16 cache does, so greedy tokens match llama.cpp's most
+         * often. The slice is this unit's own; q is not read again. */
         const bool f16 = kv->type == KVR_DTYPE_F16;
         if (f16)
             e->attn.round_half(q0, (size_t)group * hd);
@@ -1052,7 +898,7 @@ static void glu_worker(void *arg, int ith, int nth)
  * waking the pool. */
 static void run_rows(struct kvr_engine *e, kvr_pool_fn fn, void *job, double n_values)
 {
-    if (n_values * 8 >= SMALL_WORK)
+    if (n_values * 8 >= KVR_SMALL_WORK)
         kvr_pool_run(e->pool, fn, job);
     else
         fn(job, 0, 1);
@@ -1092,9 +938,8 @@ static void attention_block(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
         att_work += (double)n_pos * hp->q_dim * 2;
     }
     /* Heads split across the pool from a few positions on: at decode the workers spin
-     * between the layer's jobs, so a dispatch is cheap (TinyLlama Q4_0, 2 threads, decode at
-     * 1-80 positions: attention 344 us per token this way, 428 with the old bound of 64). */
-    if (att_work < SMALL_WORK / 8)
+     * between the layer's jobs, so a dispatch is cheap. */
+    if (att_work < KVR_SMALL_WORK / 8)
         attention_worker(&aj, 0, 1);
     else
         kvr_pool_run(e->pool, attention_worker, &aj);

@@ -58,6 +58,16 @@ struct kvr_engine_config {
 
 struct kvr_engine;
 
+/* Options of the model layer for the whole process, read by every later kernel choice and
+ * engine. The model reads no environment: cli/ fills this from the variables named below once
+ * at start-up (tests and benches the same way) and calls kvr_model_configure before creating
+ * an engine and before threads start. */
+struct kvr_model_options {
+    struct kvr_kernel_options kernels; /* KVR_ISA, KVR_PREFETCH (kvr_kernels_configure) */
+    bool no_pack; /* KVR_NO_PACK=1: no packed copies, the kernels read the mapped file (A/B runs) */
+};
+void kvr_model_configure(const struct kvr_model_options *opt);
+
 /* `g` is borrowed and must outlive the engine. */
 int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
                       const struct kvr_engine_config *cfg, struct kvr_err *err);

@@ -1,16 +1,16 @@
 /* kernels.h - internal to src/model: block structs of the quantized types and the kernel-set
  * table that matmul.c dispatches through. Not part of the public API (dtype.h is).
  *
- * Every struct below mirrors a GGUF block byte for byte; the byte tables are in dtype.c.
- * The blocks are read in place from the mmapped file, where rows are only 2-byte aligned,
- * so kernels load them with unaligned loads. No I/O; two globals, the prefetch distances
- * below. */
+ * Every struct below mirrors a GGUF block byte for byte; the byte tables are in dtype.c
+ * (dtype_kquant.c for the K-quants and Q8_K). The blocks are read in place from the mmapped
+ * file, where rows are only 2-byte aligned, so kernels load them with unaligned loads. No I/O
+ * and no globals: a kernel reads its prefetch distances from the kernel set it is called
+ * with. */
 #ifndef KVR_MODEL_KERNELS_H
 #define KVR_MODEL_KERNELS_H
 
 #include "model/dtype.h"
 
-#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -53,7 +53,7 @@ struct kvr_block_iq4_nl {
 
 struct kvr_block_q2_k {
     uint8_t scales[KVR_QK_K / 16]; /* per 16 elements: low nibble scale, high nibble min */
-    uint8_t qs[KVR_QK_K / 4];      /* 2-bit quants (see dtype.c) */
+    uint8_t qs[KVR_QK_K / 4];      /* 2-bit quants (see dtype_kquant.c) */
     uint16_t d;                    /* fp16 scale of the scales */
     uint16_t dmin;                 /* fp16 scale of the mins */
 };
@@ -61,7 +61,7 @@ struct kvr_block_q2_k {
 struct kvr_block_q3_k {
     uint8_t hmask[KVR_QK_K / 8]; /* bit 2 of each quant */
     uint8_t qs[KVR_QK_K / 4];    /* low 2 bits, laid out as Q2_K */
-    uint8_t scales[12];          /* 16 six-bit scales, packed (see dtype.c) */
+    uint8_t scales[12];          /* 16 six-bit scales, packed (see dtype_kquant.c) */
     uint16_t d;                  /* fp16 */
 };
 
@@ -83,7 +83,7 @@ struct kvr_block_iq4_xs {
 struct kvr_block_q4_k {
     uint16_t d;         /* fp16 scale of the 6-bit sub-block scales */
     uint16_t dmin;      /* fp16 scale of the 6-bit sub-block mins */
-    uint8_t scales[12]; /* 8 scales + 8 mins, 6 bits each, packed (see dtype.c) */
+    uint8_t scales[12]; /* 8 scales + 8 mins, 6 bits each, packed (see dtype_kquant.c) */
     uint8_t qs[KVR_QK_K / 2];
 };
 
@@ -141,8 +141,8 @@ static inline size_t kvr_q8_0_ext_offset(int64_t n_blocks)
     return ((size_t)n_blocks * sizeof(struct kvr_block_q8_0) + 7) & ~(size_t)7;
 }
 
-/* Packed weights (struct kvr_matrix.packed) for the GEMM path of Q8_0 and Q4_0: the layout
- * the AVX2 GEMM used to build in an L1 buffer on every call, built once instead. Output rows
+/* Packed weights (struct kvr_matrix.packed) of Q8_0 and Q4_0: the tiles the kernels read,
+ * transposed so one vector holds 4 bytes of each of 8 rows, built once per matrix. Output rows
  * go in tiles of KVR_PACK_ROWS (the last tile repeats the matrix's last row); tile t holds
  * rows 8t..8t+7. Within a tile, block b (32 columns) is one `unit`, at the byte
  * kvr_pack_unit_at (below) gives:
@@ -155,8 +155,8 @@ static inline size_t kvr_q8_0_ext_offset(int64_t n_blocks)
  *                            4g..4g+3 and its high nibbles elements 4g+16..4g+19)
  *
  * unit = 272 bytes for Q8_0 and 144 for Q4_0, exactly 8 blocks of the file: decode streams
- * the copy once per token, so every byte more in it is time (with f32 scales the units were
- * 288 and 160, and Q4_0 decode read 11 % more than the file). Units are multiples of 16
+ * the copy once per token, so every byte more in it is time (hence fp16 scales, as in the
+ * file). Units are multiples of 16
  * bytes, not 32, so kernels load them unaligned. */
 #define KVR_PACK_ROWS 8
 #define KVR_PACK_UNIT_Q8_0 272
@@ -194,19 +194,16 @@ static inline size_t kvr_pack_unit_at(int64_t t, int64_t b, int64_t n_b, size_t 
  * 2p + k's unit sit at 64j + 32k of the chunk (kvr_pack_kq_at), and a unit's last half slot
  * (Q6_K's d) at 64j + 16k. So a 64-byte load is the same vector of both tiles (the AVX-512
  * kernels compute 16 rows at once), and a kernel reading its unit front to back reads the
- * chunk front to back: one ascending stream, which the hardware prefetchers follow (the
- * Q6_K units in their block order had three streams in each of the two units, and its
- * decode kernel read DRAM at 59-89 % of the bandwidth with a software prefetch, against
- * 73-110 % in this order; bench/README.md). One-tile kernels read their tile's slots 64 bytes
- * apart.
+ * chunk front to back: one ascending stream, which the hardware prefetchers follow (Q6_K's
+ * fields in block order would be three streams per unit). One-tile kernels read their
+ * tile's slots 64 bytes apart.
  *
  * Q6_K's quants are recoded as they are packed. Byte l of the three vectors of step (h, g)
  * names the same four quants q0..q3 (0..63) of element groups 0..3 of the half (elements
  * 128h + 32k + 4g + l % 4 of row l / 4, k = 0..3): the block keeps them as ql nibbles and qh bit
  * pairs, the packed copy as A = q0 | (q3 & 3) << 6, B = q1 | (q3 >> 2 & 3) << 6 and C = q2 |
  * (q3 >> 4) << 6 (same size). Three of the four are then one mask each, and the fourth two
- * bit selects: TinyLlama Q6_K decode at one thread took up to 19 % less time per token than
- * with the block's nibbles, on both ISAs (bench/README.md). */
+ * bit selects, fewer instructions than the block's nibbles and bit pairs. */
 #define KVR_PACK_UNIT_Q4_K (8 * 144)
 #define KVR_PACK_UNIT_Q5_K (8 * 176)
 #define KVR_PACK_UNIT_Q6_K (8 * 210)
@@ -235,7 +232,7 @@ static inline int kvr_pack_q6_k_slot(int v)
     return 3 * (v - 32) + 2;
 }
 
-/* The 256 quants of a Q6_K super-block, less 32 (-32..31), in element order (dtype.c has
+/* The 256 quants of a Q6_K super-block, less 32 (-32..31), in element order (dtype_kquant.c has
  * the bit layout). */
 static inline void kvr_q6_k_unpack(const struct kvr_block_q6_k *b, int8_t q[KVR_QK_K])
 {
@@ -289,27 +286,33 @@ static inline int kvr_iq4_xs_scale(const struct kvr_block_iq4_xs *b, int j)
  *
  * quantize_row converts one activation row of n floats into `dot_type` (the activation type
  * of some weight type). matmul has the contract of kvr_matmul with the arguments already
- * checked. A NULL entry means "use the reference". */
+ * checked; `ks` is the set it was found in, whose prefetch distances it reads. A NULL entry
+ * means "use the reference". */
+struct kvr_kernel_set;
 typedef void (*kvr_quantize_row_fn)(const float *x, void *dst, int64_t n);
-typedef void (*kvr_matmul_fn)(const struct kvr_matrix *w, const void *xq, size_t x_stride,
-                              int64_t n_rows, float *y, int64_t ldy, int64_t o_begin,
-                              int64_t o_end);
+typedef void (*kvr_matmul_fn)(const struct kvr_kernel_set *ks, const struct kvr_matrix *w,
+                              const void *xq, size_t x_stride, int64_t n_rows, float *y,
+                              int64_t ldy, int64_t o_begin, int64_t o_end);
 
 struct kvr_kernel_set {
     const char *name;
     kvr_quantize_row_fn quantize_row[KVR_DTYPE_COUNT]; /* indexed by activation type */
     kvr_matmul_fn matmul[KVR_DTYPE_COUNT];             /* indexed by weight type */
     int o_tile; /* output rows per tile: slices starting at multiples of it run fastest */
+    /* How far ahead of the unit it computes a kernel on a packed copy prefetches (bytes; 0 =
+     * none): the K-quant and IQ4_XS kernels (prefetch_kquant) and the Q4_0 / Q8_0 ones
+     * (prefetch_legacy). The ISA tables below leave them 0; matmul.c fills them in the set it
+     * chooses (kvr_kernels_setup). Only a speed: the bits of every result are the same
+     * whatever they are. */
+    size_t prefetch_kquant;
+    size_t prefetch_legacy;
 };
 
-/* How far ahead of the unit it computes a kernel on a packed copy prefetches (bytes; 0 =
- * none): the K-quant and IQ4_XS kernels (kvr_prefetch_kquant) and the Q4_0 / Q8_0 ones
- * (kvr_prefetch_legacy). Set by kvr_kernels_init for the CPU (KVR_PREFETCH=BYTES sets both); every
- * writer stores the same values. Only a speed: the bits of every result are the same whatever they
- * are. */
-extern _Atomic size_t kvr_prefetch_kquant, kvr_prefetch_legacy;
-
+/* The ISA tables (kernels/set_avx2.c, kernels/set_avx512.c): templates of the chosen set. */
 extern const struct kvr_kernel_set kvr_kernels_avx2;
 extern const struct kvr_kernel_set kvr_kernels_avx512;
+
+/* The set kvr_matmul runs now (with its prefetch distances); for tests that check them. */
+const struct kvr_kernel_set *kvr_kernels_active(void);
 
 #endif

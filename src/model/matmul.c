@@ -1,13 +1,14 @@
 /* matmul.c - kernel dispatch and the matmul entry points of dtype.h.
  *
  * The kernel set is chosen once by kvr_kernels_init from the CPU's features: avx512
- * (kernels_avx512.c) if CPUID has AVX-512 F/BW/VL/DQ + VNNI and the OS saves the zmm and
- * opmask state, else avx2 (kernels_avx2.c) with AVX2 + FMA + F16C, else the reference set,
- * the scalar code of dtype.c (one trait dot per output element). The environment variable
- * KVR_ISA=avx512|avx2|reference can force a lower set (kvr_kernels_setup refuses one the
- * CPU lacks). Every set follows the operation order fixed in dtype.c, so an output element
- * gets the same bits whatever the kernel set, row count, slice or tile that computes it
- * (batch invariance, DESIGN.md 7). The choice is global and made before threads start. */
+ * (kernels/set_avx512.c) if CPUID has AVX-512 F/BW/VL/DQ + VNNI and the OS saves the zmm and
+ * opmask state, else avx2 (kernels/set_avx2.c) with AVX2 + FMA + F16C, else the reference
+ * set, the scalar code of dtype.c (one trait dot per output element). The options given to
+ * kvr_kernels_configure (cli/ reads them from KVR_ISA and KVR_PREFETCH) can force a lower set
+ * (kvr_kernels_setup refuses one the CPU lacks) and the prefetch distances. Every set follows the
+ * operation order fixed in dtype.c, so an output element gets the same bits whatever the kernel
+ * set, row count, slice or tile that computes it (batch invariance, DESIGN.md 7). The choice is
+ * global and made before threads start. */
 #include "model/dtype.h"
 #include "model/kernels.h"
 
@@ -22,16 +23,17 @@
 #include <cpuid.h>
 #endif
 
-/* The one piece of global state of the model layer: which kernel set runs. Written by
- * kvr_kernels_init / kvr_kernels_force_reference, normally before compute threads start;
- * relaxed atomics keep a late or repeated init race-free (every writer stores the same
- * value, and every set gives the same bits anyway). */
+/* The kernel choice, global to the process: which kernel set runs, and the options it is
+ * chosen by. g_options is written by kvr_kernels_configure at start-up. g_chosen is a copy of the
+ * chosen ISA's table with its prefetch distances, published through g_best; kvr_kernels_init
+ * and kvr_kernels_setup rewrite it only when the choice changes, which happens before compute
+ * threads start (a repeated setup with the same options writes nothing). */
+static struct kvr_kernel_options g_options;
+static struct kvr_kernel_set g_chosen;
 static _Atomic(const struct kvr_kernel_set *) g_best;
 static atomic_bool g_force_reference;
 
 static const struct kvr_kernel_set kernels_reference = {.name = "reference", .o_tile = 1};
-
-_Atomic size_t kvr_prefetch_kquant = 24 * 1024, kvr_prefetch_legacy = 0;
 
 /* F16C is read from CPUID directly: clang 14's __builtin_cpu_supports does not know it. The
  * builtin's "avx2" check already covers the OS saving ymm state (XGETBV). */
@@ -79,14 +81,14 @@ static const struct kvr_kernel_set *best_available(void)
                             : &kernels_reference;
 }
 
-/* The set KVR_ISA asks for (the best available one if it is unset or empty) into *out; an
- * error if it names no set or one this CPU lacks. */
+/* The set the isa option (KVR_ISA) asks for (the best available one if it is unset or empty)
+ * into *out; an error if it names no set or one this CPU lacks. */
 static int requested(const struct kvr_kernel_set **out, struct kvr_err *err)
 {
     static const struct kvr_kernel_set *const sets[] = {&kvr_kernels_avx512, &kvr_kernels_avx2,
                                                         &kernels_reference}; /* best first */
     const size_t n_sets = sizeof sets / sizeof sets[0];
-    const char *isa = getenv("KVR_ISA");
+    const char *isa = g_options.isa;
     const struct kvr_kernel_set *best = best_available();
     *out = best;
     if (!isa || !*isa)
@@ -129,22 +131,18 @@ struct prefetch {
     size_t kquant, legacy; /* legacy: Q4_0 and Q8_0 */
 };
 
-/* KVR_PREFETCH for both if it is set, else what was measured best on the CPU's vendor
- * for n_threads compute threads (0: not known; bench/README.md): on Intel 24 KiB for the
- * K-quants and none for Q4_0 / Q8_0; on AMD Zen 4 none for Q8_0 (TinyLlama Q8_0 decode 27 %
- * faster at one thread without it, 2-37 % at two, 8 of 8 rounds) and none for Q4_0 (since
- * b59201f's kernel: decode 20-22 % faster at one thread, 4 of 4 rounds, and faster at two in
- * 13 of 18; the twelfth session had found 8 KiB 10 % faster at two), and for
- * the K-quants, whose chunks are read front to back, none at one thread (Q6_K, Q4_K_M and
- * IQ4_XS decode 4-14 % faster, 10 of 10 rounds) and 8 KiB at more (Q4_K_M faster with it in
- * 7 of 8 rounds at two threads, Q6_K either way). An error if KVR_PREFETCH is not a byte
- * count up to 1 MiB, with the vendor's distances in *pf. */
+/* The prefetch option (KVR_PREFETCH) for both if it is set, else the distances that decode
+ * fastest on the CPU's vendor for n_threads compute threads (0: not known), as bench_forward
+ * measured them: on Intel 24 KiB for the K-quants and none for Q4_0 / Q8_0; on AMD none for
+ * Q4_0 / Q8_0, and for the K-quants, whose chunks are read front to back, none at one thread
+ * and 8 KiB at more. An error if the option is not a byte count up to 1 MiB, with the
+ * vendor's distances in *pf. */
 static int prefetch_distances(struct prefetch *pf, int n_threads, struct kvr_err *err)
 {
     bool amd = cpu_is_amd();
     size_t kq_amd = n_threads == 1 ? 0 : 8 * 1024;
     *pf = (struct prefetch){.kquant = amd ? kq_amd : 24 * 1024};
-    const char *env = getenv("KVR_PREFETCH");
+    const char *env = g_options.prefetch;
     if (!env || !*env)
         return KVR_OK;
     char *end;
@@ -156,10 +154,23 @@ static int prefetch_distances(struct prefetch *pf, int n_threads, struct kvr_err
     return KVR_OK;
 }
 
-static void set_prefetch(const struct prefetch *pf)
+/* Make k, with the distances pf, the active set (g_chosen); nothing is written if it already
+ * is. */
+static void choose(const struct kvr_kernel_set *k, const struct prefetch *pf)
 {
-    atomic_store_explicit(&kvr_prefetch_kquant, pf->kquant, memory_order_relaxed);
-    atomic_store_explicit(&kvr_prefetch_legacy, pf->legacy, memory_order_relaxed);
+    const struct kvr_kernel_set *cur = atomic_load_explicit(&g_best, memory_order_acquire);
+    if (cur && cur->name == k->name && cur->prefetch_kquant == pf->kquant &&
+        cur->prefetch_legacy == pf->legacy)
+        return;
+    g_chosen = *k;
+    g_chosen.prefetch_kquant = pf->kquant;
+    g_chosen.prefetch_legacy = pf->legacy;
+    atomic_store_explicit(&g_best, &g_chosen, memory_order_release);
+}
+
+void kvr_kernels_configure(const struct kvr_kernel_options *opt)
+{
+    g_options = opt ? *opt : (struct kvr_kernel_options){0};
 }
 
 int kvr_kernels_setup(int n_threads, struct kvr_err *err)
@@ -169,20 +180,18 @@ int kvr_kernels_setup(int n_threads, struct kvr_err *err)
     int rc = requested(&k, err);
     if (rc || (rc = prefetch_distances(&pf, n_threads, err)))
         return rc;
-    set_prefetch(&pf);
-    atomic_store_explicit(&g_best, k, memory_order_relaxed);
+    choose(k, &pf);
     return KVR_OK;
 }
 
 const char *kvr_kernels_init(void)
 {
-    if (!atomic_load_explicit(&g_best, memory_order_relaxed)) {
+    if (!atomic_load_explicit(&g_best, memory_order_acquire)) {
         const struct kvr_kernel_set *k;
-        requested(&k, NULL); /* a bad KVR_ISA leaves k at the best set; setup reports it */
-        struct prefetch pf;  /* a bad KVR_PREFETCH leaves the vendor's distances; setup says so */
+        requested(&k, NULL); /* a bad isa option leaves k at the best set; setup reports it */
+        struct prefetch pf;  /* a bad prefetch option leaves the vendor's; setup says so */
         (void)prefetch_distances(&pf, 0, NULL);
-        set_prefetch(&pf);
-        atomic_store_explicit(&g_best, k, memory_order_relaxed);
+        choose(k, &pf);
     }
     return kvr_kernels_name();
 }
@@ -196,18 +205,23 @@ static const struct kvr_kernel_set *active(void)
 {
     if (atomic_load_explicit(&g_force_reference, memory_order_relaxed))
         return &kernels_reference;
-    const struct kvr_kernel_set *k = atomic_load_explicit(&g_best, memory_order_relaxed);
+    const struct kvr_kernel_set *k = atomic_load_explicit(&g_best, memory_order_acquire);
     if (!k) {
         kvr_kernels_init();
-        k = atomic_load_explicit(&g_best, memory_order_relaxed);
+        k = atomic_load_explicit(&g_best, memory_order_acquire);
     }
     return k;
 }
 
+const struct kvr_kernel_set *kvr_kernels_active(void)
+{
+    return active();
+}
+
 bool kvr_kernels_avx2_ok(void)
 {
-    const struct kvr_kernel_set *k = active();
-    return k == &kvr_kernels_avx2 || k == &kvr_kernels_avx512;
+    const char *name = active()->name; /* g_chosen copies the ISA table's name pointer */
+    return name == kvr_kernels_avx2.name || name == kvr_kernels_avx512.name;
 }
 
 const char *kvr_kernels_name(void)
@@ -274,8 +288,9 @@ void kvr_quantize_rows(enum kvr_dtype wtype, const float *x, int64_t n_in, int64
         fn(x + r * n_in, (char *)dst + (size_t)r * stride, n_in);
 }
 
-static void matmul_reference(const struct kvr_matrix *w, const void *xq, size_t x_stride,
-                             int64_t n_rows, float *y, int64_t ldy, int64_t o_begin, int64_t o_end)
+static void matmul_reference(const struct kvr_kernel_set *ks, const struct kvr_matrix *w,
+                             const void *xq, size_t x_stride, int64_t n_rows, float *y, int64_t ldy,
+                             int64_t o_begin, int64_t o_end)
 {
     const struct kvr_dtype_traits *t = kvr_dtype_traits(w->type);
     for (int64_t o = o_begin; o < o_end; o++) {
@@ -295,10 +310,11 @@ void kvr_matmul(const struct kvr_matrix *w, const void *xq, int64_t n_rows, floa
     size_t x_stride = kvr_act_row_bytes(w->type, w->n_in);
     if (w->n_in % kvr_dtype_traits(w->type)->block_elems != 0)
         abort();
-    kvr_matmul_fn fn = active()->matmul[w->type];
+    const struct kvr_kernel_set *ks = active();
+    kvr_matmul_fn fn = ks->matmul[w->type];
     if (!fn)
         fn = matmul_reference;
-    fn(w, xq, x_stride, n_rows, y, ldy, o_begin, o_end);
+    fn(ks, w, xq, x_stride, n_rows, y, ldy, o_begin, o_end);
 }
 
 static size_t pack_unit(enum kvr_dtype type)

@@ -26,6 +26,7 @@
 
 #include <cmocka.h>
 
+#include "model_options.h"
 #include "testutil.h"
 
 #include "model/attn.h"
@@ -409,6 +410,7 @@ static void test_avx2(void **state)
 
 int main(void)
 {
+    kvr_test_model_options();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_plain),
         cmocka_unit_test(test_avx2),

@@ -17,6 +17,7 @@
 
 #include <cmocka.h>
 
+#include "model_options.h"
 #include "testutil.h"
 
 #include "core/alloc.h"
@@ -964,6 +965,7 @@ static void test_get_row(void **state)
 
 int main(void)
 {
+    kvr_test_model_options();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_traits_table),
         cmocka_unit_test(test_f16_exhaustive_round_trip),

@@ -9,6 +9,7 @@
 
 #include <cmocka.h>
 
+#include "model_options.h"
 #include "testutil.h"
 
 #include "core/alloc.h"
@@ -489,6 +490,7 @@ static void test_unknown_arch(void **state)
 
 int main(void)
 {
+    kvr_test_model_options();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_kv_blocks),
         cmocka_unit_test(test_reference_stories260k),

@@ -13,6 +13,7 @@
 
 #include <cmocka.h>
 
+#include "model_options.h"
 #include "testutil.h"
 
 #include "core/alloc.h"
@@ -20,7 +21,6 @@
 #include "model/dtype.h"
 #include "model/kernels.h"
 
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -310,36 +310,42 @@ static void test_prefetch_distances(void **state)
     struct kvr_err err;
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         setenv("KVR_PREFETCH", bad[i], 1);
+        kvr_test_model_options();
         assert_int_equal(kvr_kernels_setup(2, &err), KVR_EINVAL);
         assert_non_null(strstr(err.msg, "KVR_PREFETCH"));
     }
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         setenv("KVR_PREFETCH", good[i], 1);
+        kvr_test_model_options();
         assert_int_equal(kvr_kernels_setup(2, &err), KVR_OK);
-        assert_int_equal(atomic_load(&kvr_prefetch_kquant), strtoul(good[i], NULL, 10));
-        assert_int_equal(atomic_load(&kvr_prefetch_legacy), strtoul(good[i], NULL, 10));
+        assert_int_equal(kvr_kernels_active()->prefetch_kquant, strtoul(good[i], NULL, 10));
+        assert_int_equal(kvr_kernels_active()->prefetch_legacy, strtoul(good[i], NULL, 10));
         check_packed_equals_reference(KVR_DTYPE_Q8_0);
         check_packed_equals_reference(KVR_DTYPE_Q4_0);
         check_packed_equals_reference(KVR_DTYPE_Q4_K);
         check_packed_equals_reference(KVR_DTYPE_Q6_K);
     }
     unsetenv("KVR_PREFETCH");
+    kvr_test_model_options();
     /* the vendor's distances: one compute thread never prefetches the K-quants further
      * than several do, and KVR_PREFETCH, when set, wins whatever the thread count */
     assert_int_equal(kvr_kernels_setup(1, &err), KVR_OK);
-    size_t one = atomic_load(&kvr_prefetch_kquant);
+    size_t one = kvr_kernels_active()->prefetch_kquant;
     check_packed_equals_reference(KVR_DTYPE_Q6_K);
     assert_int_equal(kvr_kernels_setup(2, &err), KVR_OK);
-    assert_true(one <= atomic_load(&kvr_prefetch_kquant));
+    assert_true(one <= kvr_kernels_active()->prefetch_kquant);
     setenv("KVR_PREFETCH", "4096", 1);
+    kvr_test_model_options();
     assert_int_equal(kvr_kernels_setup(1, &err), KVR_OK);
-    assert_int_equal(atomic_load(&kvr_prefetch_kquant), 4096);
+    assert_int_equal(kvr_kernels_active()->prefetch_kquant, 4096);
     unsetenv("KVR_PREFETCH");
+    kvr_test_model_options();
     assert_int_equal(kvr_kernels_setup(2, &err), KVR_OK);
 }
 
 int main(void)
 {
+    kvr_test_model_options();
     kvr_kernels_init();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pack_bytes),         cmocka_unit_test(test_pack_layout_q8_0),
