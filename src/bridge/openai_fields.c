@@ -13,19 +13,20 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum field_kind {
-    FIELD_PARSED,  /* openai.c reads and checks it */
-    FIELD_ALIAS,   /* another client's name for `note`; openai.c reads it */
-    FIELD_INERT,   /* accepted at its neutral value (`neutral`), refused otherwise */
-    FIELD_REFUSED, /* a feature Kvasir lacks; `note` says which */
-    FIELD_KIND_COUNT
+enum kind {
+    KIND_PARSED,  /* openai.c reads and checks it */
+    KIND_ALIAS,   /* another client's name for `note`; openai.c reads it */
+    KIND_INERT,   /* accepted at its neutral value (`neutral`), refused otherwise */
+    KIND_REFUSED, /* a feature Kvasir lacks; `note` says which */
+    KIND_COUNT
 };
 
 /* The value at which an inert field changes nothing. */
-enum field_neutral {
+enum neutral {
     NEUTRAL_ANY_STRING, /* any string: metadata about the caller, not about the answer */
     NEUTRAL_ANY_OBJECT,
     NEUTRAL_ANY_BOOL,
@@ -46,82 +47,82 @@ enum field_neutral {
 struct field_rule {
     const char *name;
     unsigned apis; /* API_C, API_H or both */
-    enum field_kind kind;
-    enum field_neutral neutral; /* FIELD_INERT only */
-    const char *note;           /* the canonical name (ALIAS) or the reason (REFUSED, INERT) */
+    enum kind kind;
+    enum neutral neutral; /* KIND_INERT only */
+    const char *note;     /* the canonical name (ALIAS) or the reason (REFUSED, INERT) */
 };
 
 static const struct field_rule fields[] = {
     /* Parsed by openai.c (values checked there). */
-    {"model", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"prompt", API_C, FIELD_PARSED, 0, NULL},
-    {"messages", API_H, FIELD_PARSED, 0, NULL},
-    {"max_tokens", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"max_completion_tokens", API_H, FIELD_PARSED, 0, NULL},
-    {"temperature", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"top_p", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"top_k", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"min_p", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"repetition_penalty", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"repeat_last_n", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"frequency_penalty", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"presence_penalty", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"logit_bias", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"seed", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"stop", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"n", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"best_of", API_C, FIELD_PARSED, 0, NULL},
-    {"echo", API_C, FIELD_PARSED, 0, NULL},
-    {"suffix", API_C, FIELD_PARSED, 0, NULL},
-    {"stream", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"stream_options", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"logprobs", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"top_logprobs", API_H, FIELD_PARSED, 0, NULL},
-    {"ignore_eos", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"latency_budget", API_BOTH, FIELD_PARSED, 0, NULL},
-    {"tools", API_H, FIELD_PARSED, 0, NULL},
-    {"functions", API_H, FIELD_PARSED, 0, NULL},
-    {"response_format", API_BOTH, FIELD_PARSED, 0, NULL},
+    {"model", API_BOTH, KIND_PARSED, 0, NULL},
+    {"prompt", API_C, KIND_PARSED, 0, NULL},
+    {"messages", API_H, KIND_PARSED, 0, NULL},
+    {"max_tokens", API_BOTH, KIND_PARSED, 0, NULL},
+    {"max_completion_tokens", API_H, KIND_PARSED, 0, NULL},
+    {"temperature", API_BOTH, KIND_PARSED, 0, NULL},
+    {"top_p", API_BOTH, KIND_PARSED, 0, NULL},
+    {"top_k", API_BOTH, KIND_PARSED, 0, NULL},
+    {"min_p", API_BOTH, KIND_PARSED, 0, NULL},
+    {"repetition_penalty", API_BOTH, KIND_PARSED, 0, NULL},
+    {"repeat_last_n", API_BOTH, KIND_PARSED, 0, NULL},
+    {"frequency_penalty", API_BOTH, KIND_PARSED, 0, NULL},
+    {"presence_penalty", API_BOTH, KIND_PARSED, 0, NULL},
+    {"logit_bias", API_BOTH, KIND_PARSED, 0, NULL},
+    {"seed", API_BOTH, KIND_PARSED, 0, NULL},
+    {"stop", API_BOTH, KIND_PARSED, 0, NULL},
+    {"n", API_BOTH, KIND_PARSED, 0, NULL},
+    {"best_of", API_C, KIND_PARSED, 0, NULL},
+    {"echo", API_C, KIND_PARSED, 0, NULL},
+    {"suffix", API_C, KIND_PARSED, 0, NULL},
+    {"stream", API_BOTH, KIND_PARSED, 0, NULL},
+    {"stream_options", API_BOTH, KIND_PARSED, 0, NULL},
+    {"logprobs", API_BOTH, KIND_PARSED, 0, NULL},
+    {"top_logprobs", API_H, KIND_PARSED, 0, NULL},
+    {"ignore_eos", API_BOTH, KIND_PARSED, 0, NULL},
+    {"latency_budget", API_BOTH, KIND_PARSED, 0, NULL},
+    {"tools", API_H, KIND_PARSED, 0, NULL},
+    {"functions", API_H, KIND_PARSED, 0, NULL},
+    {"response_format", API_BOTH, KIND_PARSED, 0, NULL},
     /* Other servers' names for the same thing. */
-    {"n_predict", API_BOTH, FIELD_ALIAS, 0, "max_tokens"},
-    {"repeat_penalty", API_BOTH, FIELD_ALIAS, 0, "repetition_penalty"},
+    {"n_predict", API_BOTH, KIND_ALIAS, 0, "max_tokens"},
+    {"repeat_penalty", API_BOTH, KIND_ALIAS, 0, "repetition_penalty"},
     /* Accepted where they change nothing. */
-    {"user", API_BOTH, FIELD_INERT, NEUTRAL_ANY_STRING, "an end-user id for the caller's records"},
-    {"safety_identifier", API_BOTH, FIELD_INERT, NEUTRAL_ANY_STRING, "an end-user id"},
-    {"prompt_cache_key", API_BOTH, FIELD_INERT, NEUTRAL_ANY_STRING,
+    {"user", API_BOTH, KIND_INERT, NEUTRAL_ANY_STRING, "an end-user id for the caller's records"},
+    {"safety_identifier", API_BOTH, KIND_INERT, NEUTRAL_ANY_STRING, "an end-user id"},
+    {"prompt_cache_key", API_BOTH, KIND_INERT, NEUTRAL_ANY_STRING,
      "the prefix cache finds shared prompts by itself"},
-    {"metadata", API_H, FIELD_INERT, NEUTRAL_ANY_OBJECT, "only kept with stored completions"},
-    {"store", API_H, FIELD_INERT, NEUTRAL_FALSE, "stored completions are not supported"},
-    {"service_tier", API_BOTH, FIELD_INERT, NEUTRAL_AUTO, "there is one service tier"},
-    {"parallel_tool_calls", API_H, FIELD_INERT, NEUTRAL_ANY_BOOL, "tools are not supported"},
-    {"tool_choice", API_H, FIELD_INERT, NEUTRAL_NO_TOOLS, "tools are not supported"},
-    {"function_call", API_H, FIELD_INERT, NEUTRAL_NO_TOOLS, "functions are not supported"},
-    {"modalities", API_H, FIELD_INERT, NEUTRAL_TEXT, "only text output is supported"},
-    {"cache_prompt", API_BOTH, FIELD_INERT, NEUTRAL_TRUE,
+    {"metadata", API_H, KIND_INERT, NEUTRAL_ANY_OBJECT, "only kept with stored completions"},
+    {"store", API_H, KIND_INERT, NEUTRAL_FALSE, "stored completions are not supported"},
+    {"service_tier", API_BOTH, KIND_INERT, NEUTRAL_AUTO, "there is one service tier"},
+    {"parallel_tool_calls", API_H, KIND_INERT, NEUTRAL_ANY_BOOL, "tools are not supported"},
+    {"tool_choice", API_H, KIND_INERT, NEUTRAL_NO_TOOLS, "tools are not supported"},
+    {"function_call", API_H, KIND_INERT, NEUTRAL_NO_TOOLS, "functions are not supported"},
+    {"modalities", API_H, KIND_INERT, NEUTRAL_TEXT, "only text output is supported"},
+    {"cache_prompt", API_BOTH, KIND_INERT, NEUTRAL_TRUE,
      "the prefix cache cannot be turned off per request"},
-    {"typical_p", API_BOTH, FIELD_INERT, NEUTRAL_ONE, "typical sampling is not implemented"},
-    {"tfs_z", API_BOTH, FIELD_INERT, NEUTRAL_ONE, "tail-free sampling is not implemented"},
-    {"mirostat", API_BOTH, FIELD_INERT, NEUTRAL_ZERO, "mirostat sampling is not implemented"},
-    {"dry_multiplier", API_BOTH, FIELD_INERT, NEUTRAL_ZERO, "DRY sampling is not implemented"},
-    {"xtc_probability", API_BOTH, FIELD_INERT, NEUTRAL_ZERO, "XTC sampling is not implemented"},
-    {"min_tokens", API_BOTH, FIELD_INERT, NEUTRAL_ZERO,
+    {"typical_p", API_BOTH, KIND_INERT, NEUTRAL_ONE, "typical sampling is not implemented"},
+    {"tfs_z", API_BOTH, KIND_INERT, NEUTRAL_ONE, "tail-free sampling is not implemented"},
+    {"mirostat", API_BOTH, KIND_INERT, NEUTRAL_ZERO, "mirostat sampling is not implemented"},
+    {"dry_multiplier", API_BOTH, KIND_INERT, NEUTRAL_ZERO, "DRY sampling is not implemented"},
+    {"xtc_probability", API_BOTH, KIND_INERT, NEUTRAL_ZERO, "XTC sampling is not implemented"},
+    {"min_tokens", API_BOTH, KIND_INERT, NEUTRAL_ZERO,
      "a minimum length is not supported yet ('ignore_eos' generates exactly 'max_tokens')"},
     /* Features Kvasir lacks. */
-    {"grammar", API_BOTH, FIELD_REFUSED, 0, "grammar-constrained decoding is not supported yet"},
-    {"json_schema", API_BOTH, FIELD_REFUSED, 0, "schema-constrained decoding is not supported yet"},
-    {"guided_json", API_BOTH, FIELD_REFUSED, 0, "guided decoding is not supported yet"},
-    {"guided_regex", API_BOTH, FIELD_REFUSED, 0, "guided decoding is not supported yet"},
-    {"guided_choice", API_BOTH, FIELD_REFUSED, 0, "guided decoding is not supported yet"},
-    {"guided_grammar", API_BOTH, FIELD_REFUSED, 0, "guided decoding is not supported yet"},
-    {"structured_outputs", API_BOTH, FIELD_REFUSED, 0, "guided decoding is not supported yet"},
-    {"prediction", API_H, FIELD_REFUSED, 0, "predicted outputs are not supported"},
-    {"audio", API_H, FIELD_REFUSED, 0, "audio output is not supported"},
-    {"reasoning_effort", API_H, FIELD_REFUSED, 0, "reasoning controls are not supported"},
-    {"verbosity", API_H, FIELD_REFUSED, 0, "verbosity control is not supported"},
-    {"web_search_options", API_H, FIELD_REFUSED, 0, "web search is not supported"},
-    {"n_probs", API_BOTH, FIELD_REFUSED, 0,
+    {"grammar", API_BOTH, KIND_REFUSED, 0, "grammar-constrained decoding is not supported yet"},
+    {"json_schema", API_BOTH, KIND_REFUSED, 0, "schema-constrained decoding is not supported yet"},
+    {"guided_json", API_BOTH, KIND_REFUSED, 0, "guided decoding is not supported yet"},
+    {"guided_regex", API_BOTH, KIND_REFUSED, 0, "guided decoding is not supported yet"},
+    {"guided_choice", API_BOTH, KIND_REFUSED, 0, "guided decoding is not supported yet"},
+    {"guided_grammar", API_BOTH, KIND_REFUSED, 0, "guided decoding is not supported yet"},
+    {"structured_outputs", API_BOTH, KIND_REFUSED, 0, "guided decoding is not supported yet"},
+    {"prediction", API_H, KIND_REFUSED, 0, "predicted outputs are not supported"},
+    {"audio", API_H, KIND_REFUSED, 0, "audio output is not supported"},
+    {"reasoning_effort", API_H, KIND_REFUSED, 0, "reasoning controls are not supported"},
+    {"verbosity", API_H, KIND_REFUSED, 0, "verbosity control is not supported"},
+    {"web_search_options", API_H, KIND_REFUSED, 0, "web search is not supported"},
+    {"n_probs", API_BOTH, KIND_REFUSED, 0,
      "top-n probabilities are not supported; 'logprobs' gives the sampled token's"},
-    {"stop_token_ids", API_BOTH, FIELD_REFUSED, 0, "stopping at token ids is not supported yet"},
+    {"stop_token_ids", API_BOTH, KIND_REFUSED, 0, "stopping at token ids is not supported yet"},
 };
 
 static const struct field_rule *find_rule(const char *key)
@@ -132,7 +133,7 @@ static const struct field_rule *find_rule(const char *key)
     return NULL;
 }
 
-static bool is_neutral(enum field_neutral n, const json_t *v)
+static bool is_neutral(enum neutral n, const json_t *v)
 {
     const char *s = json_is_string(v) ? json_string_value(v) : NULL;
     switch (n) {
@@ -188,11 +189,11 @@ int kvr_openai_check_fields(const json_t *root, enum kvr_openai_api api, struct 
         if (!(f->apis & (1u << api)))
             return kvr_openai_error_set(e, 400, "invalid_request_error", key, "unknown_parameter",
                                         "'%s' is not a field of %s", key, api_path[api]);
-        if (f->kind == FIELD_REFUSED)
+        if (f->kind == KIND_REFUSED)
             return refuse(e, key, "unsupported_parameter", f->note);
-        if (f->kind == FIELD_INERT && !is_neutral(f->neutral, v))
+        if (f->kind == KIND_INERT && !is_neutral(f->neutral, v))
             return refuse(e, key, "unsupported_parameter", f->note);
-        json_t *canon = f->kind == FIELD_ALIAS ? json_object_get(root, f->note) : NULL;
+        json_t *canon = f->kind == KIND_ALIAS ? json_object_get(root, f->note) : NULL;
         if (canon && !json_is_null(canon))
             return kvr_openai_error_set(e, 400, "invalid_request_error", key, "invalid_value",
                                         "'%s' is another name for '%s'; give one of them", key,
