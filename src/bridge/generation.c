@@ -598,7 +598,10 @@ static void log_access(const struct kvr_generation *g)
     if (!kvr_log_enabled(KVR_LOG_INFO))
         return;
     const struct kvr_openai_error *err = g->early_status ? &g->early : NULL;
-    const char *outcome = g->early_refused ? "refused" : g->early_status ? "invalid" : NULL;
+    const char *outcome = g->early_refused         ? "refused"
+                          : g->early_status >= 500 ? "error"
+                          : g->early_status        ? "invalid"
+                                                   : NULL;
     int status = g->early_status;
     if (!err) {
         outcome = outcome_names[g->outcome];
