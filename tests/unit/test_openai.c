@@ -432,6 +432,62 @@ static void test_aliases_and_defaults(void **state)
     kvr_openai_req_fini(&r);
 }
 
+/* Every field docs/API.md lists as refused, or as accepted only at a neutral value, sent
+ * with a value that is not neutral: a 400 whose param names it. */
+static void test_every_refused_field(void **state)
+{
+    static const struct {
+        const char *name, *value;
+    } refused[] = {
+        {"grammar", "\"root ::= x\""},
+        {"json_schema", "{}"},
+        {"guided_json", "{}"},
+        {"guided_regex", "\"a+\""},
+        {"guided_choice", "[\"a\"]"},
+        {"guided_grammar", "\"x\""},
+        {"structured_outputs", "{}"},
+        {"prediction", "{}"},
+        {"audio", "{}"},
+        {"reasoning_effort", "\"low\""},
+        {"verbosity", "\"low\""},
+        {"web_search_options", "{}"},
+        {"n_probs", "2"},
+        {"stop_token_ids", "[2]"},
+        {"min_tokens", "1"},
+        {"typical_p", "0.9"},
+        {"tfs_z", "0.9"},
+        {"mirostat", "2"},
+        {"dry_multiplier", "0.8"},
+        {"xtc_probability", "0.5"},
+        {"cache_prompt", "false"},
+        {"store", "true"},
+        {"modalities", "[\"text\", \"audio\"]"},
+        {"service_tier", "\"flex\""},
+        {"tool_choice", "\"required\""},
+        {"function_call", "{\"name\": \"f\"}"},
+        {"parallel_tool_calls", "1"},
+        {"user", "7"},
+        {"safety_identifier", "7"},
+        {"prompt_cache_key", "[]"},
+        {"metadata", "\"m\""},
+        {"no_such_field", "1"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char body[256];
+        snprintf(body, sizeof body,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"%s\": %s}",
+                 refused[i].name, refused[i].value);
+        struct kvr_openai_req r;
+        struct kvr_openai_error e = {0};
+        int rc = kvr_openai_parse(&r, H, body, strlen(body), &lim, &e);
+        if (rc != KVR_EINVAL || e.status != 400 || !e.param ||
+            strcmp(e.param, refused[i].name) != 0 || !strstr(e.message, refused[i].name))
+            fail_msg("%s: rc %d status %d param %s message '%s'", body, rc, e.status,
+                     e.param ? e.param : "(null)", e.message);
+        kvr_openai_req_fini(&r);
+    }
+}
+
 static void test_tokenize_fields(void **state)
 {
     struct kvr_openai_tokenize_req t;
@@ -856,6 +912,7 @@ int main(void)
         cmocka_unit_test(test_seeds),
         cmocka_unit_test(test_aliases_and_defaults),
         cmocka_unit_test(test_tokenize_fields),
+        cmocka_unit_test(test_every_refused_field),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
