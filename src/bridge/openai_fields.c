@@ -164,11 +164,18 @@ static bool is_neutral(enum neutral n, const json_t *v)
     }
 }
 
-static int refuse(struct kvr_openai_error *e, const char *key, const char *code, const char *why)
-{
-    return kvr_openai_error_set(e, 400, "invalid_request_error", key, code, "'%.48s': %s", key,
-                                why);
-}
+static const char *const neutral_names[NEUTRAL_COUNT] = {
+    [NEUTRAL_ANY_STRING] = "a string",
+    [NEUTRAL_ANY_OBJECT] = "an object",
+    [NEUTRAL_ANY_BOOL] = "a boolean",
+    [NEUTRAL_FALSE] = "false",
+    [NEUTRAL_TRUE] = "true",
+    [NEUTRAL_ZERO] = "0",
+    [NEUTRAL_ONE] = "1",
+    [NEUTRAL_AUTO] = "\"auto\" or \"default\"",
+    [NEUTRAL_NO_TOOLS] = "\"none\" or \"auto\"",
+    [NEUTRAL_TEXT] = "[\"text\"]",
+};
 
 int kvr_openai_check_fields(const json_t *root, enum kvr_openai_api api, struct kvr_openai_error *e)
 {
@@ -190,9 +197,12 @@ int kvr_openai_check_fields(const json_t *root, enum kvr_openai_api api, struct 
             return kvr_openai_error_set(e, 400, "invalid_request_error", key, "unknown_parameter",
                                         "'%s' is not a field of %s", key, api_path[api]);
         if (f->kind == KIND_REFUSED)
-            return refuse(e, key, "unsupported_parameter", f->note);
+            return kvr_openai_error_set(e, 400, "invalid_request_error", key,
+                                        "unsupported_parameter", "'%s': %s", key, f->note);
         if (f->kind == KIND_INERT && !is_neutral(f->neutral, v))
-            return refuse(e, key, "unsupported_parameter", f->note);
+            return kvr_openai_error_set(e, 400, "invalid_request_error", key,
+                                        "unsupported_parameter", "'%s' is accepted only as %s: %s",
+                                        key, neutral_names[f->neutral], f->note);
         json_t *canon = f->kind == KIND_ALIAS ? json_object_get(root, f->note) : NULL;
         if (canon && !json_is_null(canon))
             return kvr_openai_error_set(e, 400, "invalid_request_error", key, "invalid_value",
