@@ -911,6 +911,8 @@ int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_gen_request *req,
 
     pthread_mutex_lock(&b->lock);
     int rc = kvr_sched_submit(b->sched, &s->r, kvr_now_ns(), why);
+    why->est_first_ms = s->r.est.first_ms;
+    why->est_period_ms = s->r.est.period_ms;
     pthread_mutex_unlock(&b->lock);
     if (rc) {
         stream_free(s);

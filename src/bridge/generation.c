@@ -7,6 +7,7 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "core/log.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -37,8 +38,16 @@ struct kvr_generation {
     json_t *lp;           /* logprobs not yet sent, or NULL when not asked for */
 
     uint64_t t_start_ns; /* the request's arrival */
+    uint64_t t_first_ns; /* the first token's arrival; 0 before it */
     uint64_t t_prev_ns;  /* the previous token's arrival */
     uint64_t t_event_ns; /* the last event (or submit): the stall timer's start */
+
+    /* For the access log: how prepare or submit answered when they did not go on (status
+     * 0 otherwise), and admission's estimates (struct kvr_refusal). */
+    int early_status;
+    bool early_refused; /* submit refused it (else prepare found it invalid) */
+    struct kvr_openai_error early;
+    double est_first_ms, est_period_ms;
 
     bool done;         /* finished, failed or abandoned: no more events wanted */
     bool svc_finished; /* the service sent its last event; no cancel needed */
@@ -80,6 +89,7 @@ struct kvr_generation *kvr_generation_create(const struct kvr_generation_env *en
     g->env = env;
     g->api = api;
     g->t_start_ns = t_start_ns;
+    make_id(g->id, sizeof g->id, api == KVR_OPENAI_CHAT ? "chatcmpl-" : "cmpl-");
     kvr_sbuf_init(&g->text);
     kvr_sbuf_init(&g->sse);
     kvr_openai_text_init(&g->cut, NULL, NULL, 0, NULL);
@@ -241,7 +251,6 @@ static int start_text(struct kvr_generation *g, struct kvr_openai_error *e)
     kvr_openai_text_init(&g->cut, g->req.stop, g->req.stop_len, g->req.n_stop,
                          chat ? kvr_chat_end_of_turn(env->chat) : NULL);
     kvr_detok_init(&g->detok, false, false);
-    make_id(g->id, sizeof g->id, chat ? "chatcmpl-" : "cmpl-");
     g->meta = (struct kvr_openai_meta){.api = g->api,
                                        .id = g->id,
                                        .created = (int64_t)(kvr_wall_ms() / 1000),
@@ -261,6 +270,8 @@ int kvr_generation_prepare(struct kvr_generation *g, const char *body, size_t le
         (rc = build_request(g, e)) || (rc = start_text(g, e))) {
         if (e->status == 0)
             kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "internal error");
+        g->early = *e;
+        g->early_status = e->status;
         return rc;
     }
     return KVR_OK;
@@ -317,9 +328,14 @@ int kvr_generation_submit(struct kvr_generation *g, struct kvr_openai_error *e,
     kvr_free(g->prompt_ids);
     g->prompt_ids = NULL;
     g->greq.prompt = NULL;
+    g->est_first_ms = refusal.est_first_ms;
+    g->est_period_ms = refusal.est_period_ms;
     if (rc != 0) {
         g->stream = NULL;
         refused(g, &refusal, e, retry_after_s);
+        g->early = *e;
+        g->early_status = e->status;
+        g->early_refused = true;
         return rc;
     }
     g->t_event_ns = kvr_now_ns();
@@ -451,6 +467,8 @@ static bool pump_event(struct kvr_generation *g, uint32_t timeout_ms)
 
     g->n_gen++;
     bool first = g->n_gen == 1;
+    if (first)
+        g->t_first_ns = now;
     kvr_http_metrics_token(env->metrics, first,
                            (double)(now - (first ? g->t_start_ns : g->t_prev_ns)) * 1e-9);
     g->t_prev_ns = now;
@@ -554,6 +572,70 @@ enum kvr_generation_sse kvr_generation_sse_read(struct kvr_generation *g, char *
 
 /* ---- the end -------------------------------------------------------------------------- */
 
+/* `s` for a log line: quotes become apostrophes and control bytes '?', so that a client's
+ * text in an error message cannot end the field or the line. */
+static void log_text(char *out, size_t cap, const char *s)
+{
+    size_t i = 0;
+    for (; s && *s && i + 1 < cap; s++)
+        out[i++] = *s == '"' ? '\'' : (unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s;
+    out[i] = 0;
+}
+
+static const char *const outcome_names[KVR_HTTP_OUTCOME_COUNT] = {
+    [KVR_HTTP_OUTCOME_STOP] = "stop",
+    [KVR_HTTP_OUTCOME_LENGTH] = "length",
+    [KVR_HTTP_OUTCOME_ERROR] = "error",
+    [KVR_HTTP_OUTCOME_CLIENT_GONE] = "client_gone",
+};
+
+/* One line per request at info level (docs/API.md, "Access log"): what it asked, how it
+ * ended, when its tokens came, and admission's estimate beside it. Times are from the
+ * request's arrival; the estimates from submit, a tokenization later. A whole answer
+ * whose client left before it is logged with nginx's 499. */
+static void log_access(const struct kvr_generation *g)
+{
+    if (!kvr_log_enabled(KVR_LOG_INFO))
+        return;
+    const struct kvr_openai_error *err = g->early_status ? &g->early : NULL;
+    const char *outcome = g->early_refused         ? "refused"
+                          : g->early_status >= 500 ? "error"
+                          : g->early_status        ? "invalid"
+                                                   : NULL;
+    int status = g->early_status;
+    if (!err) {
+        outcome = outcome_names[g->outcome];
+        err = g->outcome == KVR_HTTP_OUTCOME_ERROR ? &g->fail : NULL;
+        status = g->req.stream                                ? 200
+                 : err                                        ? err->status
+                 : g->outcome == KVR_HTTP_OUTCOME_CLIENT_GONE ? 499
+                                                              : 200;
+    }
+    uint64_t now = kvr_now_ns();
+    char first[24] = "-", est_first[24] = "-", est_total[24] = "-", why[KVR_GEN_MSG_BYTES + 96];
+    if (g->t_first_ns)
+        snprintf(first, sizeof first, "%.0f", (double)(g->t_first_ns - g->t_start_ns) / 1e6);
+    if (g->est_first_ms > 0) {
+        uint32_t n = g->n_gen ? g->n_gen : g->max_tokens;
+        snprintf(est_first, sizeof est_first, "%.0f", g->est_first_ms);
+        snprintf(est_total, sizeof est_total, "%.0f",
+                 g->est_first_ms + (n > 1 ? n - 1 : 0) * g->est_period_ms);
+    }
+    why[0] = 0;
+    if (err) {
+        char msg[KVR_GEN_MSG_BYTES];
+        log_text(msg, sizeof msg, err->message);
+        snprintf(why, sizeof why, " code=%s%s%.64s reason=\"%s\"", err->code ? err->code : "-",
+                 err->param ? " param=" : "", err->param ? err->param : "", msg);
+    }
+    KVR_INFO("access: id=%s endpoint=%s status=%d outcome=%s prompt_tokens=%u "
+             "completion_tokens=%u max_tokens=%u first_token_ms=%s total_ms=%.0f "
+             "est_first_token_ms=%s est_total_ms=%s%s",
+             g->id, g->api == KVR_OPENAI_CHAT ? "/v1/chat/completions" : "/v1/completions", status,
+             outcome, g->n_prompt, g->n_gen, g->max_tokens, first,
+             (double)(now - g->t_start_ns) / 1e6, est_first, est_total, why);
+}
+
 void kvr_generation_destroy(struct kvr_generation *g)
 {
     if (!g)
@@ -571,6 +653,8 @@ void kvr_generation_destroy(struct kvr_generation *g)
         kvr_http_metrics_ended(g->env->metrics, g->outcome,
                                (double)(kvr_now_ns() - g->t_start_ns) * 1e-9);
     }
+    if (g->stream || g->early_status)
+        log_access(g);
     kvr_openai_text_fini(&g->cut);
     kvr_sbuf_fini(&g->text);
     kvr_sbuf_fini(&g->sse);

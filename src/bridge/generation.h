@@ -17,7 +17,8 @@
  *       kvr_generation_abandon    the client went away
  *   the answer: kvr_generation_error or kvr_generation_json (whole), or
  *               kvr_generation_sse_read (streaming: each pump adds SSE chunks)
- *   kvr_generation_destroy   cancel and release the stream, count how it ended
+ *   kvr_generation_destroy   cancel and release the stream, count how it ended, and log
+ *                            the request's access line (docs/API.md, "Access log")
  *
  * Threads: one generation is used by one thread at a time (its connection's thread, which
  * for a stream is the one libmicrohttpd calls the content reader on). The env is shared by
@@ -101,7 +102,8 @@ enum kvr_generation_sse kvr_generation_sse_read(struct kvr_generation *g, char *
                                                 size_t *out_n);
 
 /* Cancel and release the stream if it was admitted (one not done counts as client_gone),
- * record how it ended, free everything. NULL is allowed. */
+ * record how it ended, log one access line at info level for a generation that was
+ * prepared (answered, failed, refused or invalid), free everything. NULL is allowed. */
 void kvr_generation_destroy(struct kvr_generation *g);
 
 /* Format a conversation with the server's chat template (also POST /apply-template). A

@@ -1,7 +1,8 @@
-/* openai.c - OpenAI request parsing, stop strings and response formatting (see openai.h).
+/* openai.c - OpenAI request parsing and response formatting (see openai.h).
  *
- * Sections follow a request's life: errors, UTF-8, request fields, length check, stop
- * strings, responses. */
+ * Sections follow a request's life: errors, request fields, length check,
+ * responses. The table of known fields is in openai_fields.c, UTF-8 checks in
+ * openai_utf8.c, stop strings in openai_stop.c. */
 #include "bridge/openai.h"
 
 #include "core/alloc.h"
@@ -114,90 +115,6 @@ char *kvr_openai_error_json(const struct kvr_openai_error *e, size_t *out_len)
     return kvr_sbuf_take(&b, out_len);
 }
 
-/* ---- UTF-8 -------------------------------------------------------------------------- */
-
-/* Length of the well-formed sequence at p (Unicode table 3-7), or 0 with *bad set to the
- * length of the maximal invalid subpart (>= 1) to replace with one U+FFFD.
- *
- *   lead      2nd byte    3rd/4th   code points
- *   00..7F    -           -         U+0000..U+007F
- *   C2..DF    80..BF      -         U+0080..U+07FF
- *   E0        A0..BF      80..BF    U+0800..U+0FFF  (80..9F would be overlong)
- *   E1..EC    80..BF      80..BF
- *   ED        80..9F      80..BF    (A0..BF would be surrogates)
- *   EE..EF    80..BF      80..BF
- *   F0        90..BF      80..BF    (80..8F would be overlong)
- *   F1..F3    80..BF      80..BF
- *   F4        80..8F      80..BF    (90..BF would exceed U+10FFFF) */
-static size_t utf8_seq(const unsigned char *p, size_t avail, size_t *bad)
-{
-    unsigned c = p[0];
-    size_t n;
-    unsigned lo = 0x80, hi = 0xBF;
-    if (c < 0x80)
-        return 1;
-    if (c >= 0xC2 && c <= 0xDF)
-        n = 2;
-    else if (c == 0xE0)
-        n = 3, lo = 0xA0;
-    else if ((c >= 0xE1 && c <= 0xEC) || c == 0xEE || c == 0xEF)
-        n = 3;
-    else if (c == 0xED)
-        n = 3, hi = 0x9F;
-    else if (c == 0xF0)
-        n = 4, lo = 0x90;
-    else if (c >= 0xF1 && c <= 0xF3)
-        n = 4;
-    else if (c == 0xF4)
-        n = 4, hi = 0x8F;
-    else {
-        *bad = 1;
-        return 0;
-    }
-    if (avail < 2 || p[1] < lo || p[1] > hi) {
-        *bad = 1;
-        return 0;
-    }
-    for (size_t k = 2; k < n; k++) {
-        if (avail <= k || (p[k] & 0xC0) != 0x80) {
-            *bad = k;
-            return 0;
-        }
-    }
-    return n;
-}
-
-size_t kvr_utf8_check(const char *s, size_t len)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0, bad;
-    while (i < len) {
-        size_t n = utf8_seq(p + i, len - i, &bad);
-        if (!n)
-            return i;
-        i += n;
-    }
-    return len;
-}
-
-void kvr_utf8_sanitize(struct kvr_sbuf *out, const char *s, size_t len)
-{
-    const unsigned char *p = (const unsigned char *)s;
-    size_t i = 0, run = 0, bad = 0;
-    while (i < len) {
-        size_t n = utf8_seq(p + i, len - i, &bad);
-        if (n) {
-            i += n;
-            continue;
-        }
-        kvr_sbuf_append(out, s + run, i - run);
-        kvr_sbuf_append(out, "\xEF\xBF\xBD", 3);
-        i += bad;
-        run = i;
-    }
-    kvr_sbuf_append(out, s + run, len - run);
-}
-
 /* ---- requests ----------------------------------------------------------------------- */
 
 static int bad_request(struct kvr_openai_error *e, const char *param, const char *code,
@@ -303,6 +220,12 @@ static int get_num(const json_t *obj, const char *key, double lo, bool lo_open, 
     return KVR_OK;
 }
 
+static int bad_seed(struct kvr_openai_error *e)
+{
+    return bad_request(e, "seed", "invalid_value",
+                       "'seed' must be -1 (random) or between 0 and %" PRIu64, UINT64_MAX);
+}
+
 /* The sampling fields into the sampler's own struct, with OpenAI's defaults (see openai.h):
  * no top-k, top-p or min-p cut and temperature 1, unlike the sampler's defaults. */
 static int parse_sampling(struct kvr_openai_req *r, struct kvr_openai_error *e)
@@ -315,10 +238,11 @@ static int parse_sampling(struct kvr_openai_req *r, struct kvr_openai_error *e)
     s->top_p = 1.0f;
     s->repeat_penalty = 1.0f;
     s->repeat_last_n = -1; /* the sampler's whole window: the closest to the completion */
+    const char *rp_key = field(o, "repeat_penalty") ? "repeat_penalty" : "repetition_penalty";
     if ((rc = get_num(o, "temperature", 0, false, 2, &s->temperature, e)) ||
         (rc = get_num(o, "top_p", 0, false, 1, &s->top_p, e)) ||
         (rc = get_num(o, "min_p", 0, false, 1, &s->min_p, e)) ||
-        (rc = get_num(o, "repetition_penalty", 0, true, 10, &s->repeat_penalty, e)) ||
+        (rc = get_num(o, rp_key, 0, true, 10, &s->repeat_penalty, e)) ||
         (rc = get_num(o, "frequency_penalty", -2, false, 2, &s->frequency_penalty, e)) ||
         (rc = get_num(o, "presence_penalty", -2, false, 2, &s->presence_penalty, e)))
         return rc;
@@ -328,14 +252,23 @@ static int parse_sampling(struct kvr_openai_req *r, struct kvr_openai_error *e)
         s->temperature = 0.0f;
         s->top_p = 1.0f;
     }
-    long long k = 0;
-    if ((rc = get_int(o, "top_k", -1, INT32_MAX, &k, NULL, e)))
+    long long k = 0, last_n = -1;
+    if ((rc = get_int(o, "top_k", -1, INT32_MAX, &k, NULL, e)) ||
+        (rc = get_int(o, "repeat_last_n", -1, KVR_SAMPLER_MAX_LAST_N, &last_n, NULL, e)))
         return rc;
     s->top_k = k < 0 ? 0 : (int32_t)k;
+    s->repeat_last_n = (int32_t)last_n;
+    /* Seeds are unsigned 64-bit; -1 is llama.cpp's "random". Other negative numbers are
+     * refused rather than wrapped: every seed can be written as itself. */
     long long seed = 0;
-    if ((rc = get_int(o, "seed", LLONG_MIN, LLONG_MAX, &seed, &r->has_seed, e)))
+    json_t *v = field(o, "seed");
+    if (v && json_is_integer(v) && json_integer_value(v) < -1)
+        return bad_seed(e);
+    if ((rc = get_int(o, "seed", -1, LLONG_MAX, &seed, &r->has_seed, e)))
         return rc;
-    s->seed = (uint64_t)seed;
+    if (seed == -1)
+        r->has_seed = false;
+    s->seed = seed < 0 ? 0 : (uint64_t)seed;
     return KVR_OK;
 }
 
@@ -422,7 +355,10 @@ static int parse_budget(struct kvr_openai_req *r, struct kvr_openai_error *e)
         return KVR_OK;
     if (!json_is_object(b))
         return want_type(e, "latency_budget", b, "an object");
-    static const char *const keys[2] = {"first_token_ms", "total_ms"};
+    static const char *const keys[3] = {"first_token_ms", "total_ms", NULL};
+    int rc = kvr_openai_check_keys(b, "latency_budget", keys, e);
+    if (rc)
+        return rc;
     uint32_t *outs[2] = {&r->first_token_ms, &r->total_ms};
     for (int i = 0; i < 2; i++) {
         char param[64];
@@ -679,11 +615,51 @@ static int parse_messages(struct kvr_openai_req *r, struct kvr_openai_error *e)
                                "'%.32s' is not supported",
                                param, json_string_value(role));
         r->msgs[i].role = roles[k].role;
-        int rc = parse_content(m, i, &r->msgs[i], e);
+        /* "name" is OpenAI's speaker name: chat templates have no place for it. */
+        static const char *const known[] = {"role", "content", "name", NULL};
+        snprintf(param, sizeof param, "messages[%zu]", i);
+        int rc = kvr_openai_check_keys(m, param, known, e);
+        if (rc)
+            return rc;
+        rc = parse_content(m, i, &r->msgs[i], e);
         if (rc)
             return rc;
         r->n_msgs = i + 1;
     }
+    return KVR_OK;
+}
+
+/* max_tokens, chat's max_completion_tokens (which wins over it), or llama.cpp's n_predict
+ * (given alone; -1 is the rest of the context). */
+static int parse_max_tokens(struct kvr_openai_req *r, const struct kvr_openai_limits *lim,
+                            struct kvr_openai_error *e)
+{
+    const json_t *o = r->root;
+    const char *key = "max_tokens";
+    if (r->api == KVR_OPENAI_CHAT && field(o, "max_completion_tokens"))
+        key = "max_completion_tokens";
+    if (field(o, "n_predict")) {
+        if (field(o, key))
+            return bad_request(e, "n_predict", "invalid_value",
+                               "'n_predict' is another name for '%s'; give one of them", key);
+        key = "n_predict";
+    }
+    json_t *v = field(o, key);
+    if (v && !json_is_integer(v))
+        return want_type(e, key, v, "an integer");
+    long long x = v ? json_integer_value(v) : 0;
+    if (v && x == -1 && !strcmp(key, "n_predict")) {
+        r->max_tokens_rest = true;
+        return KVR_OK;
+    }
+    if (v && (x < 1 || x > (long long)lim->n_ctx))
+        return bad_request(e, key, "invalid_value",
+                           "'%s' must be between 1 and %u (the model's context length)%s, got "
+                           "%lld",
+                           key, lim->n_ctx, strcmp(key, "n_predict") ? "" : " or -1 (to the end)",
+                           x);
+    r->has_max_tokens = v != NULL;
+    r->max_tokens = (uint32_t)x;
     return KVR_OK;
 }
 
@@ -702,21 +678,9 @@ static int parse_fields(struct kvr_openai_req *r, const struct kvr_openai_limits
     if ((rc = r->api == KVR_OPENAI_CHAT ? parse_messages(r, e) : parse_prompt(r, lim, e)))
         return rc;
 
-    const char *mt_key = "max_tokens";
-    if (r->api == KVR_OPENAI_CHAT && field(o, "max_completion_tokens"))
-        mt_key = "max_completion_tokens";
-    if ((v = field(o, mt_key)) && !json_is_integer(v))
-        return want_type(e, mt_key, v, "an integer");
-    if (v && (json_integer_value(v) < 1 || json_integer_value(v) > (long long)lim->n_ctx))
-        return bad_request(e, mt_key, "invalid_value",
-                           "'%s' must be between 1 and %u (the model's context length), got %lld",
-                           mt_key, lim->n_ctx, json_integer_value(v));
-    r->has_max_tokens = v != NULL;
-    r->max_tokens = v ? (uint32_t)json_integer_value(v) : 0;
-
-    if ((rc = parse_sampling(r, e)) || (rc = parse_logit_bias(r, lim, e)) ||
-        (rc = parse_stop(r, e)) || (rc = parse_logprobs(r, e)) || (rc = parse_budget(r, e)) ||
-        (rc = refuse_unsupported(r, e)))
+    if ((rc = parse_max_tokens(r, lim, e)) || (rc = parse_sampling(r, e)) ||
+        (rc = parse_logit_bias(r, lim, e)) || (rc = parse_stop(r, e)) ||
+        (rc = parse_logprobs(r, e)) || (rc = parse_budget(r, e)) || (rc = refuse_unsupported(r, e)))
         return rc;
 
     if ((rc = get_bool(o, "stream", &r->stream, e)) ||
@@ -728,17 +692,47 @@ static int parse_fields(struct kvr_openai_req *r, const struct kvr_openai_limits
         if (!r->stream)
             return bad_request(e, "stream_options", "invalid_value",
                                "'stream_options' is only allowed when 'stream' is true");
+        static const char *const known[] = {"include_usage", NULL};
+        if ((rc = kvr_openai_check_keys(v, "stream_options", known, e)))
+            return rc;
         json_t *u = field(v, "include_usage");
         if (u && !json_is_boolean(u))
             return want_type(e, "stream_options.include_usage", u, "a boolean");
         r->include_usage = json_is_true(u);
     }
-    return KVR_OK;
+    return kvr_openai_check_fields(o, r->api, e);
+}
+
+/* A body jansson refused for an integer beyond int64: parse it again with a "seed" in
+ * 2^63 .. 2^64-1 written as 0 (padded with spaces, so that error columns stay right), and
+ * the seed's value in *big_seed. NULL when there is no such seed; *rc tells a seed out of
+ * range from out of memory. */
+static json_t *load_big_seed(const char *body, size_t len, uint64_t *big_seed, int *rc,
+                             struct kvr_openai_error *e)
+{
+    size_t at, n;
+    int found = kvr_openai_find_big_seed(body, len, &at, &n, big_seed);
+    *rc = found < 0 ? bad_seed(e) : KVR_OK;
+    if (found <= 0)
+        return NULL;
+    char *copy = kvr_malloc(len);
+    if (!copy) {
+        *rc = out_of_memory(e);
+        return NULL;
+    }
+    memcpy(copy, body, len);
+    memset(copy + at, ' ', n);
+    copy[at] = '0';
+    json_t *j = json_loadb(copy, len, JSON_REJECT_DUPLICATES, NULL);
+    kvr_free(copy);
+    return j;
 }
 
 /* UTF-8, then JSON without duplicate keys, then an object: *root is the parsed body
- * (NULL on failure). */
-static int load_object(const char *body, size_t len, json_t **root, struct kvr_openai_error *e)
+ * (NULL on failure). With big_seed (generation requests), a seed beyond int64 is read
+ * into *big_seed (and *has_big_seed set) rather than refused. */
+static int load_object(const char *body, size_t len, json_t **root, uint64_t *big_seed,
+                       bool *has_big_seed, struct kvr_openai_error *e)
 {
     *root = NULL;
     size_t bad = kvr_utf8_check(body, len);
@@ -754,6 +748,13 @@ static int load_object(const char *body, size_t len, json_t **root, struct kvr_o
     /* Duplicate keys are refused: two "max_tokens" would otherwise mean whichever the
      * parser happened to keep. */
     json_t *j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!j && big_seed && json_error_code(&je) == json_error_numeric_overflow) {
+        int rc;
+        j = load_big_seed(body, len, big_seed, &rc, e);
+        if (rc)
+            return rc;
+        *has_big_seed = j != NULL;
+    }
     if (!j)
         return bad_request(e, NULL, "invalid_json",
                            "the request body is not valid JSON: %s (line %d, column %d)", je.text,
@@ -775,12 +776,16 @@ int kvr_openai_parse(struct kvr_openai_req *r, enum kvr_openai_api api, const ch
     r->api = api;
     if ((unsigned)api >= KVR_OPENAI_API_COUNT)
         return kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "unknown API %d", (int)api);
-    int rc = load_object(body, len, &r->root, e);
+    uint64_t big_seed = 0;
+    bool has_big_seed = false;
+    int rc = load_object(body, len, &r->root, &big_seed, &has_big_seed, e);
     if (rc) {
         r->api = api;
         return rc;
     }
     rc = parse_fields(r, lim, e);
+    if (!rc && has_big_seed)
+        r->sampling.seed = big_seed; /* parse_fields read it as 0 */
     if (rc) {
         kvr_openai_req_fini(r);
         r->api = api;
@@ -796,22 +801,40 @@ void kvr_openai_req_fini(struct kvr_openai_req *r)
     memset(r, 0, sizeof *r);
 }
 
+/* Which of a field's two names the body uses: `name` unless only `other` is there; NULL
+ * when both are. */
+static const char *alias(const json_t *obj, const char *name, const char *other)
+{
+    if (!json_object_get(obj, other))
+        return name;
+    return json_object_get(obj, name) ? NULL : other;
+}
+
 int kvr_openai_parse_tokenize(struct kvr_openai_tokenize_req *r, const char *body, size_t len,
                               struct kvr_openai_error *e)
 {
     memset(r, 0, sizeof *r);
-    int rc = load_object(body, len, &r->root, e);
+    int rc = load_object(body, len, &r->root, NULL, NULL, e);
     if (rc)
         return rc;
-    json_t *c = json_object_get(r->root, "content");
-    if (!c)
+    /* vLLM's names for the same fields; "model" names the one model there is. */
+    static const char *const known[] = {
+        "content", "prompt", "add_special", "add_special_tokens", "with_pieces", "model", NULL};
+    const char *ckey = alias(r->root, "content", "prompt");
+    const char *akey = alias(r->root, "add_special", "add_special_tokens");
+    json_t *c = ckey ? json_object_get(r->root, ckey) : NULL;
+    rc = kvr_openai_check_keys(r->root, NULL, known, e);
+    if (!rc && (!ckey || !akey))
+        rc = bad_request(e, ckey ? "add_special_tokens" : "prompt", "invalid_value",
+                         "'%s' is another name for '%s'; give one of them",
+                         ckey ? "add_special_tokens" : "prompt", ckey ? "add_special" : "content");
+    else if (!rc && !c)
         rc = bad_request(e, "content", "missing_required_parameter",
-                         "'content' (the text to tokenize) is "
-                         "required");
-    else if (!json_is_string(c))
-        rc = want_type(e, "content", c, "a string");
+                         "'content' (the text to tokenize) is required");
+    else if (!rc && !json_is_string(c))
+        rc = want_type(e, ckey, c, "a string");
     if (!rc)
-        rc = get_bool(r->root, "add_special", &r->add_special, e);
+        rc = get_bool(r->root, akey, &r->add_special, e);
     if (!rc)
         rc = get_bool(r->root, "with_pieces", &r->with_pieces, e);
     if (rc) {
@@ -835,10 +858,13 @@ int kvr_openai_parse_detokenize(const char *body, size_t len, int32_t n_vocab, i
     *ids = NULL;
     *n_ids = 0;
     json_t *root;
-    int rc = load_object(body, len, &root, e);
+    int rc = load_object(body, len, &root, NULL, NULL, e);
     if (rc)
         return rc;
+    static const char *const known[] = {"tokens", "model", NULL};
     json_t *t = json_object_get(root, "tokens");
+    if ((rc = kvr_openai_check_keys(root, NULL, known, e)))
+        goto out;
     if (!t) {
         rc = bad_request(e, "tokens", "missing_required_parameter",
                          "'tokens' (an array of token ids) is "
@@ -906,7 +932,7 @@ int kvr_openai_check_length(const struct kvr_openai_req *r, uint32_t n_prompt, u
         *out_max_tokens = r->max_tokens;
         return KVR_OK;
     }
-    uint32_t want = default_max_tokens;
+    uint32_t want = r->max_tokens_rest ? room : default_max_tokens;
     if (!want)
         want = r->api == KVR_OPENAI_COMPLETIONS ? 16 : room;
     *out_max_tokens = want < room ? want : room;
@@ -930,83 +956,6 @@ int kvr_openai_parse_budget_header(const char *value, uint32_t *out_ms, struct k
                            KVR_OPENAI_MAX_BUDGET_MS, value);
     *out_ms = (uint32_t)x;
     return KVR_OK;
-}
-
-/* ---- stop strings ------------------------------------------------------------------- */
-
-void kvr_openai_text_init(struct kvr_openai_text *t, const char *const *stop,
-                          const size_t *stop_len, uint32_t n_stop, const char *extra)
-{
-    memset(t, 0, sizeof *t);
-    kvr_sbuf_init(&t->held);
-    for (uint32_t i = 0; i < n_stop && i < KVR_OPENAI_MAX_STOP; i++) {
-        if (stop_len[i] == 0)
-            continue;
-        t->stop[t->n_stop] = stop[i];
-        t->stop_len[t->n_stop] = stop_len[i];
-        t->n_stop++;
-    }
-    if (extra && *extra) {
-        t->stop[t->n_stop] = extra;
-        t->stop_len[t->n_stop] = strlen(extra);
-        t->n_stop++;
-    }
-}
-
-void kvr_openai_text_fini(struct kvr_openai_text *t)
-{
-    kvr_sbuf_fini(&t->held);
-}
-
-bool kvr_openai_text_push(struct kvr_openai_text *t, const char *p, size_t n, struct kvr_sbuf *out)
-{
-    if (t->stopped)
-        return true;
-    kvr_sbuf_append(&t->held, p, n);
-    const char *h = t->held.data;
-    size_t len = t->held.len;
-    if (!h || t->held.failed) {
-        /* Out of memory: release what we have rather than lose it. */
-        kvr_sbuf_append(out, p, n);
-        kvr_sbuf_clear(&t->held);
-        return false;
-    }
-
-    /* Earliest complete stop string: everything before it is the answer. */
-    for (size_t pos = 0; pos < len; pos++) {
-        for (uint32_t s = 0; s < t->n_stop; s++) {
-            if (t->stop_len[s] <= len - pos && !memcmp(h + pos, t->stop[s], t->stop_len[s])) {
-                kvr_sbuf_append(out, h, pos);
-                kvr_sbuf_clear(&t->held);
-                t->stopped = true;
-                return true;
-            }
-        }
-    }
-
-    /* Otherwise keep the longest tail that is the beginning of some stop string. It starts
-     * where a stop string starts, so the released text ends on a character boundary. */
-    size_t keep_from = len;
-    for (size_t pos = 0; pos < len && keep_from == len; pos++) {
-        for (uint32_t s = 0; s < t->n_stop; s++) {
-            if (len - pos < t->stop_len[s] && !memcmp(h + pos, t->stop[s], len - pos)) {
-                keep_from = pos;
-                break;
-            }
-        }
-    }
-    kvr_sbuf_append(out, h, keep_from);
-    memmove(t->held.data, h + keep_from, len - keep_from);
-    t->held.len = len - keep_from;
-    t->held.data[t->held.len] = 0;
-    return false;
-}
-
-void kvr_openai_text_flush(struct kvr_openai_text *t, struct kvr_sbuf *out)
-{
-    if (!t->stopped && t->held.len)
-        kvr_sbuf_append(out, t->held.data, t->held.len);
-    kvr_sbuf_clear(&t->held);
 }
 
 /* ---- responses ---------------------------------------------------------------------- */

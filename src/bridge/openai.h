@@ -89,8 +89,10 @@ struct kvr_openai_req {
     struct kvr_chat_msg *msgs;
     size_t n_msgs;
 
-    bool has_max_tokens; /* false: the server's default applies */
-    uint32_t max_tokens; /* 1 .. limits.n_ctx; chat also reads max_completion_tokens */
+    bool has_max_tokens;  /* false: the server's default applies */
+    uint32_t max_tokens;  /* 1 .. limits.n_ctx; chat also reads max_completion_tokens, both
+                             read llama.cpp's n_predict */
+    bool max_tokens_rest; /* n_predict -1: the rest of the context, whatever the default */
 
     /* The sampler's parameters (model/sampler.h), filled by the parser with OpenAI's
      * meaning and defaults rather than the sampler's own (kvr_sample_params_default):
@@ -98,11 +100,14 @@ struct kvr_openai_req {
      *   top_p               [0, 1], default 1 (off); 0 = greedy (temperature 0, top_p 1)
      *   top_k               >= -1, default 0; -1 and 0 = off (stored as 0)
      *   min_p               [0, 1], default 0 (off)
-     *   repeat_penalty      "repetition_penalty", (0, 10], default 1 (off)
+     *   repeat_penalty      "repetition_penalty" (or llama.cpp's "repeat_penalty"),
+     *                       (0, 10], default 1 (off)
      *   frequency_penalty   [-2, 2], default 0; presence_penalty likewise
-     *   repeat_last_n       -1: penalties look at the whole completion, as OpenAI's do
-     *   seed                the client's (negative ones taken modulo 2^64) when has_seed,
-     *                       else 0: the HTTP layer draws one
+     *   repeat_last_n       [-1, 256], default -1: the sampler's whole window (256 tokens),
+     *                       the closest to OpenAI's whole completion; 0 turns penalties off
+     *   seed                0 .. 2^64-1 when has_seed; -1 (llama.cpp's "random") and
+     *                       absent leave has_seed false and seed 0: the HTTP layer draws
+     *                       one; other negative seeds are refused
      *   bias                "logit_bias": token id -> [-100, 100], distinct ids */
     struct kvr_sample_params sampling;
     bool has_seed; /* the client gave a seed */
@@ -122,19 +127,20 @@ struct kvr_openai_req {
 };
 
 /* Parse `len` bytes of `body`. Checks, in order: UTF-8, JSON syntax, that the root is an
- * object, then every known field's type and range. Unknown fields are ignored (clients
- * send many); fields asking for features Kvasir lacks (n > 1, echo, best_of > 1, suffix,
- * tools, response_format other than text, top-n logprobs) are refused rather
- * than silently ignored. On failure returns KVR_EINVAL with `e` filled (status 400) and
- * leaves `r` empty (fini is still safe); KVR_ENOMEM when out of memory (status 500). */
+ * object, then every known field's type and range, then that no field is unknown or asks
+ * for a feature Kvasir lacks (kvr_openai_check_fields): nothing is silently ignored. A
+ * "seed" above 2^63-1, which jansson cannot hold, is read exactly
+ * (kvr_openai_find_big_seed). On failure returns KVR_EINVAL with `e` filled (status 400)
+ * and leaves `r` empty (fini is still safe); KVR_ENOMEM when out of memory (status 500). */
 int kvr_openai_parse(struct kvr_openai_req *r, enum kvr_openai_api api, const char *body,
                      size_t len, const struct kvr_openai_limits *lim, struct kvr_openai_error *e);
 void kvr_openai_req_fini(struct kvr_openai_req *r);
 
 /* POST /tokenize: {"content": string, "add_special": bool (false), "with_pieces": bool
- * (false)}; content points into root. POST /detokenize: {"tokens": [id, ...]}, every id in
- * [0, n_vocab); *ids is kvr_malloc'd. POST /apply-template takes a chat request
- * (kvr_openai_parse with KVR_OPENAI_CHAT). Errors as for kvr_openai_parse. */
+ * (false)}, vLLM's "prompt" and "add_special_tokens" as aliases, "model" accepted; content
+ * points into root. POST /detokenize: {"tokens": [id, ...]}, every id in [0, n_vocab),
+ * "model" accepted; *ids is kvr_malloc'd. Other fields are refused. POST /apply-template takes a
+ * chat request (kvr_openai_parse with KVR_OPENAI_CHAT). Errors as for kvr_openai_parse. */
 struct kvr_openai_tokenize_req {
     json_t *root;
     const char *content;
@@ -148,10 +154,33 @@ void kvr_openai_tokenize_req_fini(struct kvr_openai_tokenize_req *r);
 int kvr_openai_parse_detokenize(const char *body, size_t len, int32_t n_vocab, int32_t **ids,
                                 uint32_t *n_ids, struct kvr_openai_error *e);
 
+/* ---- fields (openai_fields.c) -------------------------------------------------------- */
+
+/* Every non-null top-level field of a generation request against the table of known
+ * fields: parsed, an alias (refused when given with the field it stands for), accepted at
+ * a value that changes nothing ("n": 1, "store": false, "modalities": ["text"], ...), or
+ * refused with the reason ("grammar-constrained decoding is not supported yet"). Unknown
+ * fields are refused. 0, or KVR_EINVAL with `e` naming the field in `param`. */
+int kvr_openai_check_fields(const json_t *root, enum kvr_openai_api api,
+                            struct kvr_openai_error *e);
+
+/* Refuse a non-null key of `obj` not in `known` (NULL-terminated); `path` (may be NULL)
+ * prefixes the param, as in "stream_options.include_usage". */
+int kvr_openai_check_keys(const json_t *obj, const char *path, const char *const *known,
+                          struct kvr_openai_error *e);
+
+/* jansson holds integers as signed 64-bit and refuses a body with a larger one. Seeds are
+ * unsigned 64-bit, so a body jansson refused for that reason is scanned for a top-level
+ * "seed" whose value is an integer literal: 1 when it is in 2^63 .. 2^64-1 (its bytes at
+ * body[*at], *n of them, its value in *seed), -1 when it is beyond either end of the
+ * seed's range, 0 when there is no such seed (jansson's error stands). */
+int kvr_openai_find_big_seed(const char *body, size_t len, size_t *at, size_t *n, uint64_t *seed);
+
 /* Once the prompt is tokenized: check that it fits the context and decide how many tokens
  * to generate. Without max_tokens the default is `default_max_tokens` (0: completions take
- * 16 as OpenAI does, chat the rest of the context), cut to what the context has left. An
- * explicit max_tokens that does not fit is an error that gives all the counts. */
+ * 16 as OpenAI does, chat the rest of the context as vLLM's does), cut to what the context
+ * has left; n_predict -1 takes the rest of the context. An explicit max_tokens that does not fit is
+ * an error that gives all the counts. */
 int kvr_openai_check_length(const struct kvr_openai_req *r, uint32_t n_prompt, uint32_t n_ctx,
                             uint32_t default_max_tokens, uint32_t *out_max_tokens,
                             struct kvr_openai_error *e);

@@ -28,8 +28,8 @@ struct kvr_gen_request {
 };
 
 /* Why a request was refused at once (nothing is queued to be late). The HTTP layer answers
- * each with its own status and error code (generation.c refusal_answers: 429 for the budgets and KV, 503 for the
- * queue and the ring, 400 for TOO_LONG, 500 for INTERNAL). */
+ * each with its own status and error code (generation.c refusal_answers: 429 for the budgets and
+ * KV, 503 for the queue and the ring, 400 for TOO_LONG, 500 for INTERNAL). */
 enum kvr_refusal_reason {
     KVR_REFUSE_NONE = 0,
     KVR_REFUSE_FIRST_TOKEN_BUDGET, /* the first token would come too late */
@@ -50,6 +50,12 @@ struct kvr_refusal {
     /* Shown to the client, e.g. "would miss first-token budget: estimated 812 ms > 500 ms",
      * "kv cache full: need 12 blocks, 3 free", "queue full (64 requests)". */
     char message[KVR_GEN_MSG_BYTES];
+    /* Admission's estimates, filled whether the request was admitted or refused (0: none,
+     * e.g. before the cost model is ready): the first token's time from submit and the
+     * gap after it, so n tokens are estimated at est_first_ms + (n - 1) x est_period_ms.
+     * The access log sets them beside what happened. */
+    double est_first_ms;
+    double est_period_ms;
 };
 
 /* How a stream ends; carried by its last event. */

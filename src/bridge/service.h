@@ -49,8 +49,9 @@ struct kvr_gen_stream; /* opaque, owned by the service */
 
 struct kvr_service_ops {
     /* Admit a request or refuse it immediately. Returns 0 and sets *out to a new stream,
-     * or a negative status with *refusal filled (request.h; no stream to release). Never
-     * blocks on the ring. */
+     * or a negative status with *refusal filled (request.h; no stream to release). Either
+     * way *refusal's estimates may be set (0 when the service has none). Never blocks on
+     * the ring. */
     int (*submit)(void *ctx, const struct kvr_gen_request *req, struct kvr_gen_stream **out,
                   struct kvr_refusal *refusal);
     /* Wait up to timeout_ms for the stream's next event. Returns 0 with *ev filled;

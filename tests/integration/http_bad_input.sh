@@ -115,6 +115,36 @@ expect "stream_options without stream" 400 invalid_value stream_options "only al
 expect "bad latency header" 400 invalid_value X-Latency-Budget-Ms "whole number" -- \
     -H "$AUTH" -H 'X-Latency-Budget-Ms: soon' -d '{"prompt": "x"}' "$C"
 
+# ---- fields Kvasir does not implement: refused, naming the field (docs/API.md) ----
+refused_field() { # NAME URL BODY PART
+    expect "refused field $1" 400 unsupported_parameter "$1" "$4" -- -H "$AUTH" -d "$3" "$2"
+}
+refused_field guided_json "$C" '{"prompt": "x", "guided_json": {"type": "object"}}' "not supported"
+refused_field grammar "$C" '{"prompt": "x", "grammar": "root ::= \"a\""}' "not supported"
+refused_field json_schema "$H" \
+    '{"messages": [{"role": "user", "content": "x"}], "json_schema": {}}' "not supported"
+refused_field min_tokens "$C" '{"prompt": "x", "min_tokens": 4}' "minimum length"
+refused_field modalities "$H" \
+    '{"messages": [{"role": "user", "content": "x"}], "modalities": ["audio"]}' "only text"
+refused_field prediction "$H" '{"messages": [{"role": "user", "content": "x"}],
+    "prediction": {"type": "content", "content": "x"}}' "predicted outputs"
+refused_field store "$H" '{"messages": [{"role": "user", "content": "x"}], "store": true}' \
+    "stored completions"
+expect "unknown field" 400 unknown_parameter temprature "not a field of /v1/completions" -- \
+    -H "$AUTH" -d '{"prompt": "x", "temprature": 0}' "$C"
+expect "chat field on completions" 400 unknown_parameter messages "not a field" -- \
+    -H "$AUTH" -d '{"prompt": "x", "messages": []}' "$C"
+expect "unknown stream option" 400 unknown_parameter stream_options.usage "not a known field" -- \
+    -H "$AUTH" -d '{"prompt": "x", "stream": true, "stream_options": {"usage": true}}' "$C"
+expect "n_predict beside max_tokens" 400 invalid_value n_predict "another name" -- \
+    -H "$AUTH" -d '{"prompt": "x", "n_predict": 4, "max_tokens": 4}' "$C"
+expect "seed -2" 400 invalid_value seed "-1 (random) or between 0 and 18446744073709551615" -- \
+    -H "$AUTH" -d '{"prompt": "x", "seed": -2}' "$C"
+expect "seed 2^64" 400 invalid_value seed "18446744073709551615" -- \
+    -H "$AUTH" -d '{"prompt": "x", "seed": 18446744073709551616}' "$C"
+expect "tokenize unknown field" 400 unknown_parameter parse_special "not a known field" -- \
+    -H "$AUTH" -d '{"content": "x", "parse_special": true}' "$SERVE_URL/tokenize"
+
 # ---- lengths: max_tokens and the context ----
 expect "max_tokens 0" 400 invalid_value max_tokens "between 1 and $CTX" -- \
     -H "$AUTH" -d '{"prompt": "x", "max_tokens": 0}' "$C"
@@ -222,6 +252,52 @@ sse=$(curl -sN -m 30 -H "$AUTH" -d '{"messages": [{"role": "user", "content": "h
 grep -q '^data: \[DONE\]' <<<"$sse" || fail "a streaming request failed afterwards: $sse"
 [ "$(curl -s -m 5 -o /dev/null -w '%{http_code}' "$SERVE_URL/health")" = 200 ] ||
     fail "/health is not 200 afterwards"
+
+# Aliases, seeds and the defaults SDKs send: accepted, and they mean what they say.
+complete() { # BODY: prints "completion_tokens text"; fails on anything but a 200
+    local out
+    out=$(curl -s -m 30 -w '\n%{http_code}' -H "$AUTH" -d "$1" "$C")
+    [ "$(tail -1 <<<"$out")" = 200 ] || fail "request $1 failed: $out"
+    head -1 <<<"$out" | python3 -c 'import json,sys; a=json.load(sys.stdin)
+print(a["usage"]["completion_tokens"], a["choices"][0]["text"])'
+}
+a=$(complete '{"prompt": "Once", "n_predict": 5, "ignore_eos": true, "seed": 18446744073709551615}')
+b=$(complete '{"prompt": "Once", "max_tokens": 5, "ignore_eos": true, "seed": 18446744073709551615}')
+[ "$a" = "$b" ] || fail "n_predict and max_tokens with seed 2^64-1 differ: '$a' vs '$b'"
+[ "${a%% *}" = 5 ] || fail "n_predict 5 gave '$a'"
+c=$(complete '{"prompt": "Once", "max_tokens": 5, "ignore_eos": true, "seed": 9223372036854775808}')
+[ "${c%% *}" = 5 ] || fail "seed 2^63 gave '$c'"
+complete '{"prompt": "Once", "max_tokens": 2, "seed": -1, "n": 1, "user": "u", "echo": false,
+    "best_of": 1, "repeat_penalty": 1.1, "cache_prompt": true, "typical_p": 1}' >/dev/null
+echo "ok: n_predict, seeds 2^63 and 2^64-1, seed -1 and default-valued fields"
+
+# A budget no ring can meet, once admission has seen a few answers: refused, and logged so.
+got=$(curl -s -m 30 -o "$TMP/refused" -w '%{http_code}' -H "$AUTH" -d '{"prompt": "Once",
+    "max_tokens": 40, "ignore_eos": true, "latency_budget": {"total_ms": 1}}' "$C")
+[ "$got" = 429 ] || fail "a 1 ms budget for 40 tokens got $got: $(cat "$TMP/refused")"
+n_bad=$((n_bad + 1))
+
+# One access-log line per generation request, at info level.
+python3 - "$SERVE_LOG" <<'EOF' || fail "access log"
+import re, sys
+lines = [l for l in open(sys.argv[1], encoding="utf-8", errors="replace") if "access: id=" in l]
+def find(*parts):
+    for l in lines:
+        if all(p in l for p in parts):
+            return l
+    sys.exit(f"no access line with {parts}; {len(lines)} access lines, last: {lines[-1:]}")
+ok = find("endpoint=/v1/completions", "status=200", "outcome=length", "completion_tokens=5")
+assert re.search(r" id=cmpl-[0-9a-f]+ ", ok), ok
+assert re.search(r" prompt_tokens=[1-9][0-9]* ", ok), ok
+assert re.search(r" first_token_ms=[0-9]+ total_ms=[0-9]+ ", ok), ok
+assert re.search(r" est_first_token_ms=([0-9]+|-) est_total_ms=([0-9]+|-)", ok), ok
+bad = find("status=400", "outcome=invalid", "code=unsupported_parameter", "param=grammar")
+assert "reason=\"'grammar': grammar-constrained decoding" in bad, bad
+find("endpoint=/v1/chat/completions", "status=400", "param=messages")
+no = find("status=429", "outcome=refused", "code=over_budget", "max_tokens=40")
+assert re.search(r' est_first_token_ms=[0-9]+ est_total_ms=[0-9]+ .*reason="would miss', no), no
+print(f"ok: {len(lines)} access lines, e.g. {ok.strip()}")
+EOF
 
 curl -s -m 5 -H "$AUTH" "$SERVE_URL/metrics" >"$TMP/metrics"
 counted=$(awk '/^kvasir:http_requests_total\{.*code="4[0-9][0-9]"\}/ {n += $2} END {print n + 0}' \

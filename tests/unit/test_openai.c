@@ -180,7 +180,68 @@ static const struct bad_case bad_cases[] = {
      "\"response_format\": {\"type\": \"json_object\"}}",
      0, 400, "only 'response_format'", "response_format"},
     {C, "{\"prompt\": \"hi\", \"stream_options\": {\"include_usage\": true}}", 0, 400,
-     "only allowed when 'stream' is true", "stream_options"},
+     "only allowed when 'stream' is true",
+     "stream_options"}, /* Fields that were once ignored: each refused, naming itself
+                           (openai_fields.c). */
+    {C, "{\"prompt\": \"hi\", \"guided_json\": {\"type\": \"object\"}}", 0, 400,
+     "guided decoding is not supported yet", "guided_json"},
+    {C, "{\"prompt\": \"hi\", \"grammar\": \"root ::= \\\"a\\\"\"}", 0, 400,
+     "grammar-constrained decoding is not supported yet", "grammar"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"json_schema\": {}}", 0, 400,
+     "schema-constrained decoding", "json_schema"},
+    {C, "{\"prompt\": \"hi\", \"min_tokens\": 5}", 0, 400, "a minimum length is not supported",
+     "min_tokens"},
+    {H,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+     "\"modalities\": [\"text\", \"audio\"]}",
+     0, 400, "only text output is supported", "modalities"},
+    {H,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+     "\"prediction\": {\"type\": \"content\", \"content\": \"x\"}}",
+     0, 400, "predicted outputs are not supported", "prediction"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"store\": true}", 0, 400,
+     "stored completions", "store"},
+    {C, "{\"prompt\": \"hi\", \"typical_p\": 0.5}", 0, 400, "typical sampling", "typical_p"},
+    {C, "{\"prompt\": \"hi\", \"cache_prompt\": false}", 0, 400, "prefix cache", "cache_prompt"},
+    {C, "{\"prompt\": \"hi\", \"stop_token_ids\": [2]}", 0, 400, "token ids", "stop_token_ids"},
+    {C, "{\"prompt\": \"hi\", \"temprature\": 0}", 0, 400,
+     "'temprature' is not a field of /v1/completions", "temprature"},
+    {C, "{\"prompt\": \"hi\", \"messages\": []}", 0, 400,
+     "'messages' is not a field of /v1/completions", "messages"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"prompt\": \"x\"}", 0, 400,
+     "'prompt' is not a field of /v1/chat/completions", "prompt"},
+    {C, "{\"prompt\": \"hi\", \"stream\": true, \"stream_options\": {\"usage\": true}}", 0, 400,
+     "'stream_options.usage' is not a known field", "stream_options.usage"},
+    {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"ttft_ms\": 5}}", 0, 400,
+     "'latency_budget.ttft_ms' is not a known field", "latency_budget.ttft_ms"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"tool_calls\": [{}]}]}", 0, 400,
+     "'messages[0].tool_calls' is not a known field", "messages[0].tool_calls"},
+    /* Aliases: one name per field. */
+    {C, "{\"prompt\": \"hi\", \"n_predict\": 4, \"max_tokens\": 4}", 0, 400,
+     "'n_predict' is another name for 'max_tokens'", "n_predict"},
+    {H,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"n_predict\": 4, "
+     "\"max_completion_tokens\": 4}",
+     0, 400, "another name for 'max_completion_tokens'", "n_predict"},
+    {C, "{\"prompt\": \"hi\", \"n_predict\": 0}", 0, 400, "or -1 (to the end), got 0", "n_predict"},
+    {C, "{\"prompt\": \"hi\", \"repeat_penalty\": 1.1, \"repetition_penalty\": 1.1}", 0, 400,
+     "'repeat_penalty' is another name for 'repetition_penalty'", "repeat_penalty"},
+    {C, "{\"prompt\": \"hi\", \"repeat_penalty\": 0}", 0, 400, "'repeat_penalty' must be above 0",
+     "repeat_penalty"},
+    {C, "{\"prompt\": \"hi\", \"repeat_last_n\": 257}", 0, 400, "'repeat_last_n' must be between",
+     "repeat_last_n"},
+    /* Seeds: -1 or 0 .. 2^64-1. */
+    {C, "{\"prompt\": \"hi\", \"seed\": -2}", 0, 400,
+     "'seed' must be -1 (random) or between 0 and 18446744073709551615", "seed"},
+    {C, "{\"prompt\": \"hi\", \"seed\": -9223372036854775808}", 0, 400, "'seed' must be -1",
+     "seed"},
+    {C, "{\"prompt\": \"hi\", \"seed\": -9223372036854775809}", 0, 400, "'seed' must be -1",
+     "seed"},
+    {C, "{\"prompt\": \"hi\", \"seed\": 18446744073709551616}", 0, 400, "'seed' must be -1",
+     "seed"},
+    {C, "{\"prompt\": \"hi\", \"seed\": 1e30}", 0, 400, "'seed' must be an integer", "seed"},
+    {C, "{\"prompt\": \"hi\", \"seed\": 9223372036854775808, \"n\": 99999999999999999999}", 0, 400,
+     "not valid JSON", NULL},
 };
 
 static void test_bad_requests(void **state)
@@ -258,8 +319,8 @@ static void test_good_completion(void **state)
     assert_true(r.sampling.repeat_penalty == 1.1f);
     assert_true(r.sampling.frequency_penalty == 0.5f);
     assert_true(r.sampling.presence_penalty == -0.5f);
-    assert_true(r.has_seed);
-    assert_true(r.sampling.seed == UINT64_MAX);
+    assert_false(r.has_seed); /* -1: random, drawn by the HTTP layer */
+    assert_true(r.sampling.seed == 0);
     assert_int_equal(r.n_stop, 2);
     assert_string_equal(r.stop[0], "\n");
     assert_int_equal(r.stop_len[1], 7);
@@ -296,6 +357,166 @@ static void test_good_completion(void **state)
     assert_int_equal(r.n_prompt_ids, 2);
     assert_int_equal(r.prompt_ids[0], 5);
     kvr_openai_req_fini(&r);
+}
+
+/* Seeds are unsigned 64-bit, though jansson's integers are signed: both ends, and the
+ * numbers on either side of jansson's limit. */
+static void test_seeds(void **state)
+{
+    static const struct {
+        const char *body;
+        uint64_t seed;
+    } cases[] = {
+        {"{\"prompt\": \"x\", \"seed\": 0}", 0},
+        {"{\"prompt\": \"x\", \"seed\": 9223372036854775807}", 9223372036854775807ull},
+        {"{\"prompt\": \"x\", \"seed\": 9223372036854775808}", 9223372036854775808ull},
+        {"{\"seed\":18446744073709551615,\"prompt\": \"x\"}", UINT64_MAX},
+        {"{\"prompt\": \"x\", \"logit_bias\": {\"5\": 1}, \"stop\": [\"}\\\"\", \"seed\"], "
+         "\"seed\": 18446744073709551614 }",
+         UINT64_MAX - 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        struct kvr_openai_req r;
+        parse_ok(&r, C, cases[i].body);
+        if (!r.has_seed || r.sampling.seed != cases[i].seed)
+            fail_msg("case %zu: has_seed %d seed %llu", i, r.has_seed,
+                     (unsigned long long)r.sampling.seed);
+        kvr_openai_req_fini(&r);
+    }
+    struct kvr_openai_req r;
+    parse_ok(&r, C, "{\"prompt\": \"x\", \"seed\": -1}");
+    assert_false(r.has_seed);
+    kvr_openai_req_fini(&r);
+
+    /* A big seed's error columns stay right for what follows it. */
+    struct kvr_openai_error e = {0};
+    const char *bad = "{\"seed\": 18446744073709551615, \"prompt\": \"x\", \"top_k\": \"4\"}";
+    assert_int_equal(kvr_openai_parse(&r, C, bad, strlen(bad), &lim, &e), KVR_EINVAL);
+    assert_string_equal(e.param, "top_k");
+    kvr_openai_req_fini(&r);
+}
+
+/* Aliases, and fields accepted at the values that change nothing (what SDKs and other
+ * servers' clients send by default). */
+static void test_aliases_and_defaults(void **state)
+{
+    struct kvr_openai_req r;
+    parse_ok(&r, C,
+             "{\"prompt\": \"x\", \"n_predict\": 7, \"repeat_penalty\": 1.2, "
+             "\"repeat_last_n\": 64}");
+    assert_true(r.has_max_tokens);
+    assert_int_equal(r.max_tokens, 7);
+    assert_true(r.sampling.repeat_penalty == 1.2f);
+    assert_int_equal(r.sampling.repeat_last_n, 64);
+    kvr_openai_req_fini(&r);
+
+    /* n_predict -1: the rest of the context, where a completion's default would be 16. */
+    parse_ok(&r, C, "{\"prompt\": \"x\", \"n_predict\": -1}");
+    assert_true(r.max_tokens_rest);
+    uint32_t mt = 0;
+    struct kvr_openai_error e = {0};
+    assert_int_equal(kvr_openai_check_length(&r, 28, 128, 0, &mt, &e), 0);
+    assert_int_equal(mt, 100);
+    kvr_openai_req_fini(&r);
+
+    parse_ok(&r, H,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"name\": \"ann\"}], "
+             "\"n\": 1, \"user\": \"u1\", \"store\": false, \"metadata\": {\"k\": \"v\"}, "
+             "\"modalities\": [\"text\"], \"service_tier\": \"auto\", "
+             "\"parallel_tool_calls\": true, \"tool_choice\": \"none\", \"tools\": [], "
+             "\"function_call\": \"auto\", \"response_format\": {\"type\": \"text\"}, "
+             "\"min_tokens\": 0, \"cache_prompt\": true, \"typical_p\": 1, \"mirostat\": 0, "
+             "\"safety_identifier\": \"s\", \"prompt_cache_key\": \"p\", "
+             "\"grammar\": null, \"guided_json\": null, \"no_such_field\": null}");
+    assert_int_equal(r.n_msgs, 1);
+    kvr_openai_req_fini(&r);
+}
+
+/* Every field docs/API.md lists as refused, or as accepted only at a neutral value, sent
+ * with a value that is not neutral: a 400 whose param names it. */
+static void test_every_refused_field(void **state)
+{
+    static const struct {
+        const char *name, *value;
+    } refused[] = {
+        {"grammar", "\"root ::= x\""},
+        {"json_schema", "{}"},
+        {"guided_json", "{}"},
+        {"guided_regex", "\"a+\""},
+        {"guided_choice", "[\"a\"]"},
+        {"guided_grammar", "\"x\""},
+        {"structured_outputs", "{}"},
+        {"prediction", "{}"},
+        {"audio", "{}"},
+        {"reasoning_effort", "\"low\""},
+        {"verbosity", "\"low\""},
+        {"web_search_options", "{}"},
+        {"n_probs", "2"},
+        {"stop_token_ids", "[2]"},
+        {"min_tokens", "1"},
+        {"typical_p", "0.9"},
+        {"tfs_z", "0.9"},
+        {"mirostat", "2"},
+        {"dry_multiplier", "0.8"},
+        {"xtc_probability", "0.5"},
+        {"cache_prompt", "false"},
+        {"store", "true"},
+        {"modalities", "[\"text\", \"audio\"]"},
+        {"service_tier", "\"flex\""},
+        {"tool_choice", "\"required\""},
+        {"function_call", "{\"name\": \"f\"}"},
+        {"parallel_tool_calls", "1"},
+        {"user", "7"},
+        {"safety_identifier", "7"},
+        {"prompt_cache_key", "[]"},
+        {"metadata", "\"m\""},
+        {"no_such_field", "1"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char body[256];
+        snprintf(body, sizeof body,
+                 "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"%s\": %s}",
+                 refused[i].name, refused[i].value);
+        struct kvr_openai_req r;
+        struct kvr_openai_error e = {0};
+        int rc = kvr_openai_parse(&r, H, body, strlen(body), &lim, &e);
+        if (rc != KVR_EINVAL || e.status != 400 || !e.param ||
+            strcmp(e.param, refused[i].name) != 0 || !strstr(e.message, refused[i].name))
+            fail_msg("%s: rc %d status %d param %s message '%s'", body, rc, e.status,
+                     e.param ? e.param : "(null)", e.message);
+        kvr_openai_req_fini(&r);
+    }
+}
+
+static void test_tokenize_fields(void **state)
+{
+    struct kvr_openai_tokenize_req t;
+    struct kvr_openai_error e = {0};
+    const char *vllm = "{\"model\": \"m\", \"prompt\": \"hi\", \"add_special_tokens\": true}";
+    assert_int_equal(kvr_openai_parse_tokenize(&t, vllm, strlen(vllm), &e), 0);
+    assert_int_equal(t.content_len, 2);
+    assert_true(t.add_special);
+    kvr_openai_tokenize_req_fini(&t);
+    static const struct {
+        const char *body, *param;
+    } bad[] = {
+        {"{\"content\": \"hi\", \"parse_special\": true}", "parse_special"},
+        {"{\"content\": \"hi\", \"prompt\": \"hi\"}", "prompt"},
+        {"{\"content\": \"hi\", \"add_special\": true, \"add_special_tokens\": true}",
+         "add_special_tokens"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&e, 0, sizeof e);
+        assert_int_equal(kvr_openai_parse_tokenize(&t, bad[i].body, strlen(bad[i].body), &e),
+                         KVR_EINVAL);
+        assert_string_equal(e.param, bad[i].param);
+    }
+    int32_t *ids = NULL;
+    uint32_t n = 0;
+    const char *dt = "{\"tokens\": [1], \"skip_special\": true}";
+    assert_int_equal(kvr_openai_parse_detokenize(dt, strlen(dt), 512, &ids, &n, &e), KVR_EINVAL);
+    assert_string_equal(e.param, "skip_special");
+    assert_null(ids);
 }
 
 static void test_logit_bias(void **state)
@@ -688,6 +909,10 @@ int main(void)
         cmocka_unit_test(test_response_chat),
         cmocka_unit_test(test_sse),
         cmocka_unit_test(test_logit_bias),
+        cmocka_unit_test(test_seeds),
+        cmocka_unit_test(test_aliases_and_defaults),
+        cmocka_unit_test(test_tokenize_fields),
+        cmocka_unit_test(test_every_refused_field),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
