@@ -5,13 +5,15 @@
 #   scripts/deps.sh build   compiler, CMake, Ninja and the four libraries (serve.sh)
 #   scripts/deps.sh test    the build set plus what the tests drive: python3-jinja2 (chat
 #                           templates against jinja2), Node.js and npm (the OpenAI SDK
-#                           test), openssl, iproute2, systemd, docker-compose, PyYAML and
-#                           python3-jsonschema (deploy files), clang-format (style check)
+#                           test and the console's browser test), chromium (the browser
+#                           test drives it headless), openssl, iproute2, systemd,
+#                           docker-compose, PyYAML and python3-jsonschema (deploy files),
+#                           clang-format (style check)
 set -euo pipefail
 build_pkgs=(build-essential cmake ninja-build pkg-config libjansson-dev libsodium-dev
             libmicrohttpd-dev libcmocka-dev)
 test_pkgs=(clang-format python3 python3-jinja2 python3-yaml python3-jsonschema nodejs
-           iproute2 ca-certificates openssl curl systemd docker-compose)
+           iproute2 ca-certificates openssl curl systemd docker-compose chromium)
 case ${1:-build} in
 build) pkgs=("${build_pkgs[@]}") ;;
 test) pkgs=("${build_pkgs[@]}" "${test_pkgs[@]}") ;;

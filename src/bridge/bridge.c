@@ -22,6 +22,7 @@
  * its links, replaces the plan under the lock with the dialler stopped, and dials the new
  * head. */
 #include "bridge/bridge.h"
+#include "bridge/telemetry.h"
 
 #include "core/alloc.h"
 #include "core/clock.h"
@@ -121,6 +122,8 @@ struct kvr_bridge {
     bool replan_ok; /* replan_new is the plan the acknowledging stages now follow */
     pthread_t replan_thread;
     struct kvr_plan *replan_old, *replan_new;
+
+    struct kvr_telemetry *telemetry; /* fed by the scheduler, read by kvr_bridge_telemetry */
 };
 
 static void wake(struct kvr_bridge *b)
@@ -753,6 +756,7 @@ void kvr_bridge_destroy(struct kvr_bridge *b)
         close(b->listen_fd);
     kvr_ev_destroy(b->ev);
     kvr_sched_destroy(b->sched);
+    kvr_telemetry_destroy(b->telemetry);
     pthread_mutex_destroy(&b->lock);
     pthread_cond_destroy(&b->up_cond);
     pthread_cond_destroy(&b->any_cond);
@@ -803,6 +807,9 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
                                   .prefix_cache = !cfg->no_prefix_cache,
                                   .event = on_event,
                                   .event_ctx = b};
+    if ((rc = kvr_telemetry_create(&b->telemetry, err)))
+        goto fail;
+    sc.telemetry = b->telemetry;
     if ((rc = kvr_sched_create(&b->sched, &sc, err)))
         goto fail;
     if ((rc = kvr_ev_create(&b->ev, err)))
@@ -1025,4 +1032,33 @@ uint32_t kvr_bridge_flush_cache(struct kvr_bridge *b)
     uint32_t n = kvr_sched_flush_cache(b->sched);
     pthread_mutex_unlock(&b->lock);
     return n;
+}
+
+bool kvr_bridge_estimate(struct kvr_gen_stream *s, double *first_ms, double *total_ms, uint64_t *id)
+{
+    pthread_mutex_lock(&s->b->lock);
+    const struct kvr_sched_req *r = &s->r;
+    *first_ms = r->est.first_ms;
+    *total_ms = r->est.first_ms + (r->req.max_tokens - 1) * r->est.period_ms;
+    *id = r->id;
+    pthread_mutex_unlock(&s->b->lock);
+    return *first_ms > 0;
+}
+
+void kvr_bridge_telemetry(struct kvr_bridge *b, struct kvr_telemetry_reader *reader,
+                          struct kvr_telemetry_snapshot *snap)
+{
+    struct kvr_sched_stats stats;
+    struct kvr_telemetry_stage_state states[KVR_PLAN_MAX_STAGES];
+    pthread_mutex_lock(&b->lock);
+    kvr_sched_stats(b->sched, &stats);
+    for (uint32_t i = 0; i < b->plan.n_stages; i++) {
+        snprintf(states[i].state, sizeof states[i].state, "%s",
+                 kvr_stage_state_name(b->stages[i].state));
+        states[i].since_ns = b->stages[i].since_ns;
+        snprintf(states[i].last_error, sizeof states[i].last_error, "%s", b->stages[i].last_error);
+    }
+    kvr_telemetry_take(b->telemetry, reader, &b->plan, &stats, states, b->plan.n_stages,
+                       kvr_now_ns(), snap);
+    pthread_mutex_unlock(&b->lock);
 }

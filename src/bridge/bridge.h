@@ -110,4 +110,17 @@ void kvr_bridge_stats(struct kvr_bridge *b, struct kvr_sched_stats *out);
 /* Forget the cached KV blocks no sequence uses (sched.h kvr_sched_flush_cache). */
 uint32_t kvr_bridge_flush_cache(struct kvr_bridge *b);
 
+/* The console (service.h estimate and telemetry). Admission's estimate of an admitted
+ * stream, in ms from submit (sched.h struct kvr_estimate): its first token, and its last
+ * if all max_tokens come; and the request's id. False when admission made none. */
+bool kvr_bridge_estimate(struct kvr_gen_stream *s, double *first_ms, double *total_ms,
+                         uint64_t *id);
+/* GET /v1/telemetry: fill `snap` for `reader` under the bridge's lock (telemetry.h
+ * kvr_telemetry_take): the current plan, the scheduler's stats, each stage's state, and
+ * what the reader has not seen yet. */
+struct kvr_telemetry_reader;
+struct kvr_telemetry_snapshot;
+void kvr_bridge_telemetry(struct kvr_bridge *b, struct kvr_telemetry_reader *reader,
+                          struct kvr_telemetry_snapshot *snap);
+
 #endif

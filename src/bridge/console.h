@@ -1,4 +1,4 @@
-/* console.h - the console page (web/console/, docs/CONSOLE.md), embedded into the binary at
+/* console.h - the console page (web/console/, docs/API.md), embedded into the binary at
  * build time: GET / and its assets come from here, never from the file system, so the
  * binary serves the page it was built with and nothing else.
  *

@@ -664,3 +664,10 @@ void kvr_generation_destroy(struct kvr_generation *g)
     kvr_openai_req_fini(&g->req);
     kvr_free(g);
 }
+
+bool kvr_generation_estimate(const struct kvr_generation *g, double *first_ms, double *total_ms,
+                             uint64_t *request_id)
+{
+    const struct kvr_service_ops *ops = g->env->svc->ops;
+    return g->stream && ops->estimate && ops->estimate(g->stream, first_ms, total_ms, request_id);
+}

@@ -106,6 +106,11 @@ enum kvr_generation_sse kvr_generation_sse_read(struct kvr_generation *g, char *
  * prepared (answered, failed, refused or invalid), free everything. NULL is allowed. */
 void kvr_generation_destroy(struct kvr_generation *g);
 
+/* After a successful submit: admission's estimate of the answer (service.h estimate), for
+ * the console's headers. False when the service gives none. */
+bool kvr_generation_estimate(const struct kvr_generation *g, double *first_ms, double *total_ms,
+                             uint64_t *request_id);
+
 /* Format a conversation with the server's chat template (also POST /apply-template). A
  * template that refuses the conversation (raise_exception) or fails on it is the client's
  * 400, with the template's message. *out is kvr_malloc'd. */

@@ -17,9 +17,11 @@
 #include "bridge/http.h"
 
 #include "bridge/chat.h"
+#include "bridge/console.h"
 #include "bridge/generation.h"
 #include "bridge/http_metrics.h"
 #include "bridge/openai.h"
+#include "bridge/telemetry.h"
 #include "core/sbuf.h"
 #include "core/alloc.h"
 #include "core/clock.h"
@@ -45,6 +47,8 @@
 /* At shutdown, how long generations in progress get to tell their clients (a 503, or an
  * error event and [DONE]) before every connection is closed. */
 #define SHUTDOWN_GRACE_MS 1500
+/* GET /v1/telemetry streams open at once (each costs at most 10 snapshots a second). */
+#define MAX_TELEMETRY_STREAMS 8
 
 /* ---- the server --------------------------------------------------------------------- */
 
@@ -63,6 +67,7 @@ struct kvr_http {
     atomic_bool stopping;
     struct kvr_http_metrics metrics;
     struct kvr_generation_env gen; /* points at svc, chat, bos_text and metrics */
+    atomic_int n_telemetry;        /* open /v1/telemetry streams */
 };
 
 /* Per-request state (MHD's con_cls), from the first call of on_request to on_completed. */
@@ -73,6 +78,8 @@ struct request {
     struct kvr_sbuf body;
     bool too_large; /* the body passed max_body_bytes; the rest was dropped */
     bool answered;  /* a response was queued early (before the body was read) */
+    /* The URL's path (libmicrohttpd's, valid until on_completed). */
+    const char *url;
 };
 
 /* ---- responses ---------------------------------------------------------------------- */
@@ -238,6 +245,23 @@ static void stream_free(void *cls)
     kvr_free(s);
 }
 
+/* Admission's estimate, when the service made one: the console shows it beside what
+ * happened (docs/API.md, "GET / (the console) and GET /v1/telemetry"). */
+static void add_estimate_headers(struct MHD_Response *resp, const struct kvr_generation *g)
+{
+    double first_ms, total_ms;
+    uint64_t id;
+    if (!kvr_generation_estimate(g, &first_ms, &total_ms, &id))
+        return;
+    char v[3][32];
+    snprintf(v[0], sizeof v[0], "%.1f", first_ms);
+    snprintf(v[1], sizeof v[1], "%.1f", total_ms);
+    snprintf(v[2], sizeof v[2], "%llu", (unsigned long long)id);
+    MHD_add_response_header(resp, "X-Kvasir-Estimate-First-Token-Ms", v[0]);
+    MHD_add_response_header(resp, "X-Kvasir-Estimate-Total-Ms", v[1]);
+    MHD_add_response_header(resp, "X-Kvasir-Request-Id", v[2]);
+}
+
 /* Streaming: the response is an SSE body that libmicrohttpd pulls from stream_read. */
 static enum MHD_Result answer_stream(struct kvr_http *h, struct request *rq,
                                      struct MHD_Connection *c, struct kvr_generation *g, int fd)
@@ -257,6 +281,7 @@ static enum MHD_Result answer_stream(struct kvr_http *h, struct request *rq,
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    add_estimate_headers(resp, g);
     enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp); /* the connection holds it, and `g`, from here on */
     if (ret == MHD_YES)
@@ -503,6 +528,149 @@ static enum MHD_Result handle_apply_template(struct kvr_http *h, struct request 
     return res;
 }
 
+/* ---- the console and its telemetry (docs/API.md) ------------------------------------ */
+
+/* GET / and the page's assets, embedded in the binary (console.h). Open: the page holds
+ * no secret, and asks for the key itself when the API answers 401. */
+static enum MHD_Result handle_console(struct kvr_http *h, struct request *rq,
+                                      struct MHD_Connection *c)
+{
+    const void *data;
+    size_t len;
+    const char *type;
+    if (kvr_console_asset(rq->url, &data, &len, &type) != 0)
+        return MHD_NO; /* routed here only when it exists */
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_PERSISTENT);
+    if (!resp)
+        return MHD_NO;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    MHD_add_response_header(resp, "Content-Security-Policy", kvr_console_csp);
+    MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+    MHD_add_response_header(resp, "Referrer-Policy", "no-referrer");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    if (ret == MHD_YES)
+        kvr_http_metrics_response(&h->metrics, rq->ep, 200);
+    return ret;
+}
+
+/* One /v1/telemetry connection: a snapshot every interval_ms, written as SSE by
+ * libmicrohttpd's content reader on the connection's thread. */
+struct tel_stream {
+    struct kvr_http *h;
+    int fd; /* the client's socket */
+    uint32_t interval_ms;
+    uint64_t next_ns; /* when the next snapshot is due */
+    struct kvr_telemetry_reader reader;
+    struct kvr_telemetry_snapshot *snap; /* ~330 KiB, one per connection */
+    struct kvr_sbuf out;                 /* SSE bytes not yet sent: out.data[pos ..] */
+    size_t pos;
+};
+
+/* Wait up to timeout_ms for the client to go away: true if it did. */
+static bool peer_gone_within(int fd, int timeout_ms)
+{
+    if (fd < 0) {
+        kvr_sleep_ns((uint64_t)timeout_ms * 1000000ull);
+        return false;
+    }
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    if (poll(&p, 1, timeout_ms) <= 0)
+        return false;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+static ssize_t telemetry_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    struct tel_stream *t = cls;
+    for (;;) {
+        if (t->pos < t->out.len) {
+            size_t n = t->out.len - t->pos < max ? t->out.len - t->pos : max;
+            memcpy(buf, t->out.data + t->pos, n);
+            t->pos += n;
+            if (t->pos == t->out.len) {
+                kvr_sbuf_clear(&t->out);
+                t->pos = 0;
+            }
+            return (ssize_t)n;
+        }
+        if (atomic_load(&t->h->stopping))
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        uint64_t now = kvr_now_ns();
+        if (now < t->next_ns) {
+            /* Sleep until the snapshot is due, a slice at a time, noticing a client that
+             * goes away as it happens. */
+            uint64_t wait_ms = (t->next_ns - now + 999999) / 1000000;
+            if (peer_gone_within(t->fd, wait_ms < POLL_SLICE_MS ? (int)wait_ms : POLL_SLICE_MS))
+                return MHD_CONTENT_READER_END_WITH_ERROR;
+            continue;
+        }
+        /* Fixed steps (or a fresh start after a slow client), so a stream never sends more
+         * than 1000 / interval_ms snapshots a second. */
+        uint64_t step = t->interval_ms * 1000000ull;
+        t->next_ns = t->next_ns + step > now ? t->next_ns + step : now + step;
+        t->h->svc->ops->telemetry(t->h->svc->ctx, &t->reader, t->snap);
+        t->snap->interval_ms = t->interval_ms;
+        if (kvr_telemetry_sse(t->snap, &t->out))
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+}
+
+static void telemetry_free(void *cls)
+{
+    struct tel_stream *t = cls;
+    atomic_fetch_sub(&t->h->n_telemetry, 1);
+    kvr_sbuf_fini(&t->out);
+    kvr_free(t->snap);
+    kvr_free(t);
+}
+
+/* GET /v1/telemetry[?interval_ms=N]: at most MAX_TELEMETRY_STREAMS at once. */
+static enum MHD_Result handle_telemetry(struct kvr_http *h, struct request *rq,
+                                        struct MHD_Connection *c)
+{
+    if (!h->svc->ops->telemetry)
+        return reply_simple_error(h, rq, c, 404, "invalid_request_error", "not_found", NULL,
+                                  "this server keeps no telemetry");
+    if (atomic_fetch_add(&h->n_telemetry, 1) >= MAX_TELEMETRY_STREAMS) {
+        atomic_fetch_sub(&h->n_telemetry, 1);
+        static const char *const retry[] = {MHD_HTTP_HEADER_RETRY_AFTER, "5", NULL};
+        return reply_simple_error(h, rq, c, 503, "server_error", "too_many_streams", retry,
+                                  "%d telemetry streams are open already", MAX_TELEMETRY_STREAMS);
+    }
+    struct tel_stream *t = kvr_calloc(1, sizeof *t);
+    if (t)
+        t->snap = kvr_malloc(sizeof *t->snap);
+    if (!t || !t->snap) {
+        kvr_free(t);
+        atomic_fetch_sub(&h->n_telemetry, 1);
+        return MHD_NO;
+    }
+    t->h = h;
+    t->fd = connection_fd(c);
+    t->interval_ms = kvr_telemetry_interval_ms(
+        MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "interval_ms"));
+    t->next_ns = kvr_now_ns(); /* the first snapshot at once */
+    kvr_sbuf_init(&t->out);
+    kvr_sbuf_puts(&t->out, "retry: 2000\n\n");
+    struct MHD_Response *resp = MHD_create_response_from_callback(
+        MHD_SIZE_UNKNOWN, 64 * 1024, telemetry_read, t, telemetry_free);
+    if (!resp) {
+        telemetry_free(t);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    if (ret == MHD_YES)
+        kvr_http_metrics_response(&h->metrics, rq->ep, 200);
+    return ret;
+}
+
 /* ---- routing ------------------------------------------------------------------------ */
 
 static const struct route {
@@ -522,13 +690,22 @@ static const struct route {
     {"/detokenize", KVR_HTTP_ENDPOINT_DETOKENIZE, true, false},
     {"/apply-template", KVR_HTTP_ENDPOINT_APPLY_TEMPLATE, true, false},
     {"/reset_prefix_cache", KVR_HTTP_ENDPOINT_RESET_PREFIX_CACHE, true, false},
+    {"/v1/telemetry", KVR_HTTP_ENDPOINT_TELEMETRY, false, false},
 };
+
+/* "/" and every other asset of the console (console.h), when the URL names one. */
+static const struct route console_route = {"/", KVR_HTTP_ENDPOINT_CONSOLE, false, true};
 
 /* "/v1/models/" followed by a model id (which may itself contain '/'). */
 #define MODEL_PREFIX "/v1/models/"
 
 static const struct route *find_route(const char *url)
 {
+    const void *data;
+    size_t len;
+    const char *type;
+    if (kvr_console_asset(url, &data, &len, &type) == 0)
+        return &console_route;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (!strcmp(url, routes[i].path))
             return &routes[i];
@@ -553,6 +730,7 @@ static enum MHD_Result on_headers(struct kvr_http *h, struct request *rq, struct
                                   "no such endpoint: %.100s %.200s", method, url);
     }
     rq->ep = rt->ep;
+    rq->url = url;
     if (rt->ep == KVR_HTTP_ENDPOINT_MODELS && strcmp(url, rt->path) != 0) {
         rq->model_id = kvr_strdup(url + strlen(MODEL_PREFIX));
         if (!rq->model_id)
@@ -634,6 +812,10 @@ static enum MHD_Result run_endpoint(struct kvr_http *h, struct request *rq,
         return handle_detokenize(h, rq, c);
     case KVR_HTTP_ENDPOINT_APPLY_TEMPLATE:
         return handle_apply_template(h, rq, c);
+    case KVR_HTTP_ENDPOINT_CONSOLE:
+        return handle_console(h, rq, c);
+    case KVR_HTTP_ENDPOINT_TELEMETRY:
+        return handle_telemetry(h, rq, c);
     case KVR_HTTP_ENDPOINT_RESET_PREFIX_CACHE: {
         long n = h->svc->ops->reset_prefix_cache ? h->svc->ops->reset_prefix_cache(h->svc->ctx) : 0;
         return reply_json(h, rq, c, 200,

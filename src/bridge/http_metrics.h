@@ -32,6 +32,8 @@ enum kvr_http_endpoint {
     KVR_HTTP_ENDPOINT_LIVEZ,              /* the process answers (200 whatever the ring does) */
     KVR_HTTP_ENDPOINT_RESET_PREFIX_CACHE, /* POST: forget the cached KV blocks nobody uses
                                              (vLLM's name) */
+    KVR_HTTP_ENDPOINT_CONSOLE,            /* GET /, /console.js, ...: the page (console.h) */
+    KVR_HTTP_ENDPOINT_TELEMETRY,          /* GET /v1/telemetry: SSE snapshots (telemetry.h) */
     KVR_HTTP_ENDPOINT_OTHER,              /* no such route */
     KVR_HTTP_ENDPOINT_COUNT
 };

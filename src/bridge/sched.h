@@ -63,6 +63,7 @@
 #include <stdint.h>
 
 struct kvr_sched;
+struct kvr_telemetry; /* telemetry.h */
 
 /* ---- requests and their streams ------------------------------------------------------- */
 
@@ -101,6 +102,7 @@ struct kvr_sched_req {
     int seq;      /* slot, or -1 while waiting / once it ended */
     bool waiting; /* in the wait queue */
     bool ended;   /* the END event has been reported */
+    uint64_t id;  /* set by submit: 1, 2, ... (the telemetry names batches' rows by it) */
 };
 
 enum kvr_sched_event_type {
@@ -188,6 +190,8 @@ struct kvr_sched_config {
     bool prefix_cache;           /* reuse the KV blocks of earlier prompts (DESIGN.md 12) */
     kvr_sched_event_fn event;    /* stream events; called inside the call that causes them */
     void *event_ctx;
+    struct kvr_telemetry *telemetry; /* borrowed, may be NULL: every returned batch, and each
+                                        loss and recovery of the ring, is recorded into it */
 };
 
 /* Allocates everything it will ever need (nothing afterwards). */

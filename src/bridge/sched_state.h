@@ -124,6 +124,11 @@ struct kvr_sched {
     struct kvr_recent gaps;       /* the streams' recent gaps between tokens, ms */
     double *admit_scratch;        /* [max_seqs] slot-wait working memory */
     double *ends_scratch;         /* [max_seqs + max_waiting] when streams stop decoding */
+
+    /* The console's telemetry (cfg.telemetry; sched.c's "telemetry" section). */
+    uint64_t next_req_id; /* the last id submit gave */
+    uint32_t reset_blame; /* 1 + the stage the RESET being handled blames; 0: none */
+    bool tel_lost;        /* a LOST was recorded and its RECOVERED not yet */
 };
 
 /* Blocks for n_tokens positions. */

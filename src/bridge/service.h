@@ -46,6 +46,8 @@
 #include <stdint.h>
 
 struct kvr_gen_stream; /* opaque, owned by the service */
+struct kvr_telemetry_reader;
+struct kvr_telemetry_snapshot;
 
 struct kvr_service_ops {
     /* Admit a request or refuse it immediately. Returns 0 and sets *out to a new stream,
@@ -76,6 +78,15 @@ struct kvr_service_ops {
     /* POST /reset_prefix_cache: forget every cached KV block no sequence uses; returns how
      * many. May be NULL (nothing cached). */
     long (*reset_prefix_cache)(void *ctx);
+    /* The console (docs/API.md). Admission's estimate for an admitted stream, in ms from
+     * submit: its first token, and its last if all max_tokens come; and the id the
+     * telemetry names the request by. False when there is none. Called right after submit,
+     * on the same thread. May be NULL (no estimate headers). */
+    bool (*estimate)(struct kvr_gen_stream *s, double *first_ms, double *total_ms, uint64_t *id);
+    /* GET /v1/telemetry: fill `snap` with what `reader` has not seen yet (telemetry.h).
+     * Called from the stream's connection thread, once per interval. May be NULL (404). */
+    void (*telemetry)(void *ctx, struct kvr_telemetry_reader *reader,
+                      struct kvr_telemetry_snapshot *snap);
 };
 
 /* What the HTTP layer is given. All pointers borrowed; see the ownership note above. */

@@ -202,10 +202,20 @@ static void ring_metrics(void *ctx, struct kvr_sbuf *out)
     per_agent(out, &st);
 }
 
+/* GET /v1/telemetry: the bridge's snapshot (telemetry.h). */
+static void ring_telemetry(void *ctx, struct kvr_telemetry_reader *reader,
+                           struct kvr_telemetry_snapshot *snap)
+{
+    struct kvr_ring_service *rs = ctx;
+    kvr_bridge_telemetry(rs->bridge, reader, snap);
+}
+
 const struct kvr_service_ops kvr_ring_service_ops = {.submit = ring_submit,
                                                      .next = kvr_bridge_next,
                                                      .cancel = kvr_bridge_cancel,
                                                      .release = kvr_bridge_release,
                                                      .health = ring_health,
                                                      .metrics = ring_metrics,
-                                                     .reset_prefix_cache = ring_reset_prefix_cache};
+                                                     .reset_prefix_cache = ring_reset_prefix_cache,
+                                                     .estimate = kvr_bridge_estimate,
+                                                     .telemetry = ring_telemetry};

@@ -1,5 +1,5 @@
 /* telemetry.c - ring buffers of batch traces and ring events, and their JSON (telemetry.h;
- * the format is documented in docs/CONSOLE.md, which this file must follow). */
+ * the format is documented in docs/API.md, which this file must follow). */
 #include "bridge/telemetry.h"
 
 #include "core/alloc.h"

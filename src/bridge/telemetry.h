@@ -1,4 +1,4 @@
-/* telemetry.h - the bridge's live picture of the ring for the console (docs/CONSOLE.md):
+/* telemetry.h - the bridge's live picture of the ring for the console (docs/API.md):
  * what each micro-batch carried and how long every stage held, starved and blocked on it,
  * when the ring was lost and whole again, and one JSON snapshot of all that beside the
  * scheduler's counters, for GET /v1/telemetry.
@@ -63,8 +63,8 @@ struct kvr_telemetry_batch {
     uint64_t returned_ns;       /* when its RESULT was applied */
     const struct kvr_seg *segs; /* [n_segs] its membership (one segment per sequence) */
     uint32_t n_segs;
-    const uint64_t *req_ids; /* [n_segs] request id of segment i's sequence (0: unknown),
-                                or NULL when none is known */
+    const uint64_t *req_ids; /* [min(n_segs, KVR_TELEMETRY_SEQS)] request id of segment
+                                i's sequence (0: unknown), or NULL when none is known */
     uint32_t n_ctrl;         /* control records it carried (OPEN, FREE, MAP, ...) */
     const struct kvr_wire_timing *timings; /* [n_timings] record i from stage i */
     uint32_t n_timings;
@@ -192,7 +192,7 @@ void kvr_telemetry_take(const struct kvr_telemetry *t, struct kvr_telemetry_read
                         const struct kvr_telemetry_stage_state *states, uint32_t n_states,
                         uint64_t now_ns, struct kvr_telemetry_snapshot *snap);
 
-/* Append the snapshot as one line of JSON (no newline) to `out` (docs/CONSOLE.md gives
+/* Append the snapshot as one line of JSON (no newline) to `out` (docs/API.md gives
  * the format). Returns 0, or KVR_ENOMEM (out->failed is then set). */
 int kvr_telemetry_json(const struct kvr_telemetry_snapshot *snap, struct kvr_sbuf *out);
 

@@ -5,8 +5,9 @@
 //
 // Without KVR_CONSOLE_URL it starts stub_server.mjs (a fake ring) and tests the page's own
 // logic; with KVR_CONSOLE_URL=http://127.0.0.1:PORT it runs against that server (a real
-// `kvasir serve` once the console's routes are wired in), and skips what only the stub can
-// do (killing a stage) unless KVR_CONSOLE_KILL names a command that kills one.
+// `kvasir serve`: tests/integration/console_browser.sh), skips what only the stub can do (a
+// refusal on demand, the 8-stage frame rate), checks each stage's shares against /metrics,
+// and kills a stage only if KVR_CONSOLE_KILL names a command that kills one.
 //
 // It checks that: the page loads with a Content-Security-Policy; no request leaves
 // 127.0.0.1 (they are all recorded, and anything else is aborted and fails the test); no
@@ -16,8 +17,9 @@
 // >= KVR_CONSOLE_MIN_FPS (30) frames/s with 8 stages at 100 batches/s (stub only). It writes
 // screenshots to build/console-*.png (KVR_CONSOLE_SHOTS overrides the folder).
 //
-// Environment: KVR_CHROMIUM (default /usr/bin/chromium), KVR_API_KEY (sent when the page
-// asks), KVR_CONSOLE_TIMEOUT_MS (per step, default 15000).
+// Environment: KVR_CHROMIUM (default /usr/bin/chromium), KVR_API_KEY (the server's key: the
+// first page must ask for it, and is given it in its dialog; later pages start with it),
+// KVR_CONSOLE_TIMEOUT_MS (per step, default 15000).
 import { chromium } from 'playwright-core';
 import { execSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -44,7 +46,7 @@ function isLocal(url, base) {
   return u.hostname === '127.0.0.1' && u.origin === new URL(base).origin;
 }
 
-async function openPage(browser, base, opts, log) {
+async function openPage(browser, base, opts, log, seedKey = true) {
   const context = await browser.newContext(opts);
   const page = await context.newPage();
   await page.route('**/*', (route) => {
@@ -61,7 +63,7 @@ async function openPage(browser, base, opts, log) {
   });
   page.on('pageerror', (err) => log.errors.push('uncaught: ' + err.message));
   page.on('dialog', (d) => d.dismiss());
-  if (process.env.KVR_API_KEY)
+  if (process.env.KVR_API_KEY && seedKey)
     await page.addInitScript((k) => sessionStorage.setItem('kvasir.apiKey', k), process.env.KVR_API_KEY);
   return { context, page };
 }
@@ -84,6 +86,23 @@ async function backgroundLoad(base, n, ms) {
   await Promise.all(Array.from({ length: n }, (_, k) => one(k)));
 }
 
+// Each stage's held / starved / blocked share as the page shows it (whole percent), and as
+// /metrics gives it (kvasir:stage_utilization, _starved_fraction, _blocked_fraction).
+async function pageShares(page) {
+  return page.evaluate(() => [...document.querySelectorAll('#stages .share-text')]
+    .map((e) => (e.textContent.match(/\d+(?=%)/g) || []).slice(0, 3).map(Number)));
+}
+async function metricShares(base) {
+  const headers = process.env.KVR_API_KEY ? { Authorization: 'Bearer ' + process.env.KVR_API_KEY } : {};
+  const text = await (await fetch(base + '/metrics', { headers })).text();
+  const out = [];
+  ['stage_utilization', 'stage_starved_fraction', 'stage_blocked_fraction'].forEach((name, k) => {
+    for (const m of text.matchAll(new RegExp('^kvasir:' + name + '\\{stage="(\\d+)"\\} (\\S+)$', 'gm')))
+      (out[+m[1]] = out[+m[1]] || [])[k] = Number(m[2]) * 100;
+  });
+  return out;
+}
+
 async function main() {
   let stub = null;
   let base = process.env.KVR_CONSOLE_URL;
@@ -100,7 +119,7 @@ async function main() {
   const log = { requests: [], external: [], errors: [] };
   try {
     const { context, page } = await openPage(browser, base,
-      { viewport: { width: 1400, height: 900 }, colorScheme: 'light' }, log);
+      { viewport: { width: 1400, height: 900 }, colorScheme: 'light' }, log, false);
 
     // ---- load ---------------------------------------------------------------------------
     // A real ring is idle until asked: keep it busy (from node, not the page) while the
@@ -110,6 +129,17 @@ async function main() {
     check(resp && resp.status() === 200, 'GET / answers 200');
     const csp = (resp && resp.headers()['content-security-policy']) || '';
     check(/script-src 'self'/.test(csp) && !/unsafe/.test(csp), 'GET / sends a strict Content-Security-Policy: ' + csp);
+    if (process.env.KVR_API_KEY) {
+      // The page came without the key; the telemetry's 401 makes it ask for one.
+      await page.waitForSelector('#key-dialog[open]', { timeout: STEP_MS });
+      check(true, 'the page asks for the API key');
+      await page.fill('#key-input', process.env.KVR_API_KEY);
+      await page.click('#key-form button[value=ok]');
+      // Chromium logs every 4xx response as "Failed to load resource": expected here only.
+      const e401 = log.errors.filter((e) => /status of 401/.test(e));
+      log.errors.splice(0, log.errors.length, ...log.errors.filter((e) => !/status of 401/.test(e)));
+      check(e401.length > 0, 'the key was asked for after a 401 (' + e401.length + ')');
+    }
     await page.waitForSelector('#ring-state.up', { timeout: STEP_MS });
     check(true, 'the ring shows as up');
     await page.waitForFunction(() => document.querySelectorAll('#lanes rect.b-decode, #lanes rect.b-prefill').length > 20,
@@ -129,9 +159,29 @@ async function main() {
     check(lanes.stages > 0 && lanes.stages === lanes.laneBgs, 'one lane and one table row per stage (' + lanes.stages + ')');
     check(lanes.per.every((n) => n > 0), 'every lane shows batches: ' + lanes.per.join(', '));
     check(lanes.shares.every((t) => /\d+% \/ \d+% \/ \d+%/.test(t)), 'every stage shows held / starved / blocked shares');
+    if (!stub) {
+      // The same numbers as /metrics, within rounding: both are the scheduler's last ~2 s
+      // window, so compare a page that did not change while /metrics was read.
+      let seen = '';
+      for (let i = 0; i < 20; i++) {
+        const before = await pageShares(page);
+        const m = await metricShares(base);
+        const after = await pageShares(page);
+        seen = JSON.stringify(before) + ' vs ' + JSON.stringify(m.map((s) => s.map((v) => +v.toFixed(1))));
+        const same = JSON.stringify(before) === JSON.stringify(after) && before.length === m.length &&
+          before.every((s, j) => s.length === 3 && s.every((v, k) => Math.abs(v - m[j][k]) <= 1));
+        if (same) { seen = 'ok ' + seen; break; }
+        await page.waitForTimeout(150);
+      }
+      check(seen.startsWith('ok '), 'every stage\'s shares match /metrics within rounding: ' + seen.replace(/^ok /, ''));
+    }
     await page.waitForTimeout(800);
     await page.screenshot({ path: path.join(shots, stub ? 'console-idle.png' : 'console-load.png'), fullPage: true });
     if (load) await load;
+    if (!stub) { // a real ring, idle again once the load's window has passed
+      await page.waitForTimeout(2500);
+      await page.screenshot({ path: path.join(shots, 'console-idle.png'), fullPage: true });
+    }
 
     // ---- chat ---------------------------------------------------------------------------
     await page.click('#settings summary'); // opens the settings, as a user would

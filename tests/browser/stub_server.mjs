@@ -1,8 +1,9 @@
-// stub_server.mjs - a stand-in for the bridge while the console's routes are not wired into
-// src/bridge/http.c: it serves web/console/ with the Content-Security-Policy of
-// src/bridge/console.c, a fake GET /v1/telemetry (docs/CONSOLE.md's format, a made-up ring
-// of STAGES stages running BATCHES_PER_S micro-batches) and a fake streamed
-// /v1/chat/completions. Listens on 127.0.0.1 only.
+// stub_server.mjs - a stand-in for the bridge, to test the page's own logic on cases a real
+// ring gives only by chance (8 stages at 100 batches/s, a refusal on demand, a long outage):
+// it serves web/console/ with the Content-Security-Policy of src/bridge/console.c, a fake
+// GET /v1/telemetry (docs/API.md's format, a made-up ring of STAGES stages running
+// BATCHES_PER_S micro-batches) and a fake streamed /v1/chat/completions. Listens on
+// 127.0.0.1 only.
 //
 //   node stub_server.mjs [--port 8090] [--stages 4] [--bps 100] [--api-key KEY]
 //

@@ -93,8 +93,7 @@ static void on_token(void *ud, uint32_t seq, int32_t id)
     (*(int *)ud)++;
 }
 
-static int run(struct rig *r, generate_fn fn, float temperature, int *n_tokens,
-               struct kvr_err *err)
+static int run(struct rig *r, generate_fn fn, float temperature, int *n_tokens, struct kvr_err *err)
 {
     static const int32_t prompt[2][3] = {{1, 17, 42}, {1, 99, 5}};
     int32_t out[2][MAX_TOKENS];

@@ -17,6 +17,7 @@
 #include "testutil.h"
 
 #include "bridge/http.h"
+#include "bridge/telemetry.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "model/tokenizer.h"
@@ -224,8 +225,30 @@ static void fake_metrics(void *ctx, struct kvr_sbuf *out)
     kvr_sbuf_puts(out, "# TYPE kvasir:fake_queue_depth gauge\nkvasir:fake_queue_depth 3\n");
 }
 
+/* Every stream: first token in 120 ms, the whole answer in 480, request 7. */
+static bool fake_estimate(struct kvr_gen_stream *s, double *first_ms, double *total_ms,
+                          uint64_t *id)
+{
+    (void)s;
+    *first_ms = 120;
+    *total_ms = 480;
+    *id = 7;
+    return true;
+}
+
+/* An empty ring: no stage, no batch (the JSON's shape is test_telemetry.c's). */
+static void fake_telemetry(void *ctx, struct kvr_telemetry_reader *reader,
+                           struct kvr_telemetry_snapshot *snap)
+{
+    (void)ctx;
+    (void)reader;
+    memset(snap, 0, sizeof *snap);
+    snap->now_ns = kvr_now_ns();
+}
+
 static const struct kvr_service_ops fake_ops = {
-    fake_submit, fake_next, fake_cancel, fake_release, fake_health, fake_metrics, NULL,
+    fake_submit,  fake_next, fake_cancel,   fake_release,   fake_health,
+    fake_metrics, NULL,      fake_estimate, fake_telemetry,
 };
 
 /* " Once upon a time.é The end." then EOS. */
@@ -551,7 +574,8 @@ static void test_bad_inputs(void **state)
         {"POST", "/v1/completions", AUTH "X-Latency-Budget-Ms: soon\r\n", "{\"prompt\": \"hi\"}", 0,
          400, "X-Latency-Budget-Ms header must be"},
         {"GET", "/v1/nothing", AUTH, NULL, 0, 404, "no such endpoint: GET /v1/nothing"},
-        {"POST", "/", AUTH, "{}", 0, 404, "no such endpoint"},
+        {"POST", "/nothing", AUTH, "{}", 0, 404, "no such endpoint"},
+        {"POST", "/", AUTH, "{}", 0, 405, "method POST is not allowed on /"},
         {"GET", "/v1/completions", AUTH, NULL, 0, 405, "method GET is not allowed"},
         {"DELETE", "/v1/models", AUTH, NULL, 0, 405, "method DELETE is not allowed"},
         {"POST", "/v1/completions", NULL, "{\"prompt\": \"hi\"}", 0, 401,
@@ -1277,6 +1301,99 @@ static void test_head(void **state)
     resp_free(&r);
 }
 
+/* The console (console.h): open even with an API key, typed, with its CSP; the estimate
+ * headers on a streamed chat. */
+static void test_console_routes(void **state)
+{
+    struct fixture *fx = *state;
+    struct resp r;
+    char v[512];
+    request(fx->port, "GET", "/", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(header(&r, "Content-Type", v, sizeof v));
+    assert_string_equal(v, "text/html; charset=utf-8");
+    assert_non_null(header(&r, "Content-Security-Policy", v, sizeof v));
+    assert_non_null(strstr(v, "script-src 'self'"));
+    assert_non_null(strstr(r.body, "/console.js"));
+    resp_free(&r);
+    request(fx->port, "GET", "/console.js", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(header(&r, "Content-Type", v, sizeof v));
+    assert_string_equal(v, "text/javascript; charset=utf-8");
+    resp_free(&r);
+    request(fx->port, "GET", "/nope.js", NULL, NULL, 0, &r);
+    expect_error(&r, 404, "no such endpoint");
+    resp_free(&r);
+    request(fx->port, "GET", "/../console.js", NULL, NULL, 0, &r);
+    assert_int_not_equal(r.status, 200);
+    resp_free(&r);
+    post(fx->port, "/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"stream\": true, "
+         "\"max_tokens\": 3}",
+         &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(header(&r, "X-Kvasir-Estimate-First-Token-Ms", v, sizeof v));
+    assert_string_equal(v, "120.0");
+    assert_non_null(header(&r, "X-Kvasir-Estimate-Total-Ms", v, sizeof v));
+    assert_string_equal(v, "480.0");
+    assert_non_null(header(&r, "X-Kvasir-Request-Id", v, sizeof v));
+    assert_string_equal(v, "7");
+    resp_free(&r);
+}
+
+/* Read from fd until `what` has arrived (10 s at most, the socket's timeout). */
+static bool recv_until(int fd, const char *what)
+{
+    char buf[8192];
+    size_t len = 0;
+    while (len < sizeof buf - 1) {
+        ssize_t k = recv(fd, buf + len, sizeof buf - 1 - len, 0);
+        if (k <= 0)
+            return false;
+        len += (size_t)k;
+        buf[len] = 0;
+        if (strstr(buf, what))
+            return true;
+    }
+    return false;
+}
+
+/* GET /v1/telemetry: the key is needed; snapshots come as SSE; at most 8 streams at once,
+ * and a stream whose client went away frees its place. */
+static void test_telemetry_streams(void **state)
+{
+    struct fixture *fx = *state;
+    struct resp r;
+    request(fx->port, "GET", "/v1/telemetry", NULL, NULL, 0, &r);
+    expect_error(&r, 401, "API key");
+    resp_free(&r);
+    static const char get[] = "GET /v1/telemetry?interval_ms=100 HTTP/1.1\r\nHost: x\r\n"
+                              "Connection: close\r\n" AUTH "\r\n";
+    int fds[8];
+    for (int i = 0; i < 8; i++) {
+        fds[i] = dial(fx->port);
+        assert_true(send_all(fds[i], get, sizeof get - 1));
+        assert_true(recv_until(fds[i], "event: snapshot\ndata: {\"v\":1,"));
+    }
+    assert_true(recv_until(fds[0], "event: snapshot")); /* and the next one */
+    request(fx->port, "GET", "/v1/telemetry", AUTH, NULL, 0, &r);
+    expect_error(&r, 503, "8 telemetry streams are open already");
+    resp_free(&r);
+    for (int i = 0; i < 8; i++)
+        close(fds[i]);
+    /* The server notices within a poll slice or two. */
+    bool ok = false;
+    for (int i = 0; i < 50 && !ok; i++) {
+        int fd = dial(fx->port);
+        assert_true(send_all(fd, get, sizeof get - 1));
+        ok = recv_until(fd, " 200 ");
+        close(fd);
+        if (!ok)
+            kvr_sleep_ns(100 * 1000000ull);
+    }
+    assert_true(ok);
+}
+
 static void test_config_errors(void **state)
 {
     struct kvr_tok *tok = make_tok();
@@ -1484,6 +1601,8 @@ int main(void)
         cmocka_unit_test(test_models_health_metrics),
         cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_head),
+        cmocka_unit_test(test_console_routes),
+        cmocka_unit_test(test_telemetry_streams),
         cmocka_unit_test(test_every_stream_released),
     };
     const struct CMUnitTest solo[] = {

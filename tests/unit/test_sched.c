@@ -4,7 +4,8 @@
  * lost link with recovery and replay, a lost probe, and held requests that expire. Every
  * step also checks the harness's invariants (stream events, the stages' view of FREE and
  * OPEN, one token-wanting batch per sequence, kvr_sched_check). The estimate tests run a
- * pipelined fake ring (tests/support/sim_ring.h). */
+ * pipelined fake ring (tests/support/sim_ring.h). The last test checks what the scheduler
+ * feeds the console's telemetry. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -14,6 +15,7 @@
 
 #include "../support/fake_ring.h"
 #include "../support/sim_ring.h"
+#include "bridge/telemetry.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -1016,6 +1018,73 @@ static void test_estimates_with_long_prompts(void **state)
                  refused_light, sent_light, worst_first, worst_first_light, worst_total);
 }
 
+/* The console's telemetry (telemetry.h): requests get ids 1, 2, ...; every returned batch is
+ * traced with the ids of the requests it carried; a RESET because a stage's upstream link
+ * changed is a loss blamed on the stage before it, recorded once however often the outage
+ * recovers in vain; the next whole ring is its recovery, with the requests it held. */
+static void test_telemetry_traces_and_ring_events(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 16, 4, 64, false);
+    struct kvr_telemetry *tel = NULL;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_telemetry_create(&tel, &err), 0);
+    kvr_sched_destroy(h->s);
+    struct kvr_sched_config cfg = {.plan = &h->plan,
+                                   .max_ctrl = SH_MAX_CTRL,
+                                   .max_waiting = 6,
+                                   .prefix_cache = true,
+                                   .event = sh_on_event,
+                                   .event_ctx = h,
+                                   .telemetry = tel};
+    assert_int_equal(kvr_sched_create(&h->s, &cfg, &err), 0);
+    ring_up(h);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 0, 6, 20, 0, 1, 0, 0, &why), 0);
+    assert_int_equal(sh_submit(h, 1, 9, 20, 0, 1, 0, 0, &why), 0);
+    assert_int_equal(h->reqs[0].r.id, 1);
+    assert_int_equal(h->reqs[1].r.id, 2);
+    sh_run(h, 8);
+    kvr_sched_reset(h->s, 1, KVR_WIRE_RESET_LINK, h->now);
+    kvr_sched_reset(h->s, 1, KVR_WIRE_RESET_LINK, h->now); /* the same outage */
+    memset(h->open, 0, sizeof h->open);
+    assert_int_equal(sh_deliver(h), 0);
+    assert_int_equal(sh_deliver(h), 0);
+    sh_pump(h);
+    assert_int_equal(sh_deliver(h), 0); /* the probe: whole again */
+    assert_true(kvr_sched_ring_up(h->s));
+    sh_run(h, 500);
+    OK(h);
+
+    struct kvr_telemetry_snapshot *snap = malloc(sizeof *snap);
+    assert_non_null(snap);
+    struct kvr_telemetry_reader reader = {0};
+    struct kvr_sched_stats stats;
+    kvr_sched_stats(h->s, &stats);
+    kvr_telemetry_take(tel, &reader, &h->plan, &stats, NULL, 0, h->now, snap);
+    assert_int_equal(snap->n_events, 2);
+    assert_int_equal(snap->events[0].type, KVR_TELEMETRY_EV_LOST);
+    assert_int_equal(snap->events[0].stage, 0);
+    assert_int_equal(snap->events[0].n_held, 2);
+    assert_non_null(strstr(snap->events[0].why, "stage 1 dropped its sequences"));
+    assert_int_equal(snap->events[1].type, KVR_TELEMETRY_EV_RECOVERED);
+    assert_int_equal(snap->events[1].n_held, 2);
+    bool named[3] = {false, false, false};
+    assert_true(snap->n_traces > 0);
+    for (uint32_t i = 0; i < snap->n_traces; i++) {
+        const struct kvr_telemetry_trace *tr = &snap->traces[i];
+        assert_int_equal(tr->n_stages, h->plan.n_stages); /* a timing record per stage */
+        for (uint32_t k = 0; k < tr->n_seqs; k++) {
+            assert_in_range(tr->seqs[k].req_id, 1, 2);
+            named[tr->seqs[k].req_id] = true;
+        }
+    }
+    assert_true(named[1] && named[2]);
+    free(snap);
+    kvr_telemetry_destroy(tel);
+    done(h);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1038,6 +1107,7 @@ int main(void)
         cmocka_unit_test(test_prefix_eviction_under_pressure),
         cmocka_unit_test(test_estimates_on_a_pipelined_ring),
         cmocka_unit_test(test_estimates_with_long_prompts),
+        cmocka_unit_test(test_telemetry_traces_and_ring_events),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,6 +1,6 @@
 /* test_telemetry.c - batch traces and ring events go into bounded ring buffers, every
  * reader sees each once (or is told how many it missed), and a snapshot's JSON says what
- * docs/CONSOLE.md says it does. */
+ * docs/API.md says it does. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>

@@ -1,5 +1,5 @@
 // console.js - Kvasir's console: a chat with the model and the ring drawn live
-// (docs/CONSOLE.md). Plain JavaScript, no library, nothing fetched from anywhere but the
+// (docs/API.md). Plain JavaScript, no library, nothing fetched from anywhere but the
 // server that served the page.
 //
 // Two halves share one helper, an SSE reader over fetch() (EventSource cannot send an
@@ -140,7 +140,7 @@
     return req;
   }
 
-  // What the server says it expects, if it says (docs/CONSOLE.md "Chat"): headers on the
+  // What the server says it expects, if it says (docs/API.md, the console's "Chat"): headers on the
   // stream's response. Absent headers show as nothing.
   function estimateOf(resp) {
     const f = parseFloat(resp.headers.get('X-Kvasir-Estimate-First-Token-Ms'));
