@@ -663,10 +663,11 @@ static void watch(struct server *sv)
     while (!stop_flag) {
         if (!ready && kvr_bridge_ring_up(sv->bridge)) {
             ready = ever_up = true;
-            KVR_INFO("serving %s on %s://%s:%u (%u stages, %u threads each, context %u (%s), "
+            KVR_INFO("serving %s on %s://%s:%u (%u stages, %u thread%s each, context %u (%s), "
                      "admission %s)",
                      sv->svc.model_name, scheme, o->host, kvr_http_port(sv->http),
-                     sv->plan->n_stages, sv->plan->n_threads, sv->plan->n_ctx,
+                     sv->plan->n_stages, sv->plan->n_threads, sv->plan->n_threads == 1 ? "" : "s",
+                     sv->plan->n_ctx,
                      o->ctx_why[0] ? o->ctx_why : "the plan's", o->no_admission ? "off" : "on");
             printf("kvasir: ready on %s://%s:%u\n", scheme, o->host, kvr_http_port(sv->http));
             fflush(stdout);
