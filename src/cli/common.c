@@ -177,6 +177,19 @@ void kvr_cli_unknown(const char *cmd, const char *opt, const char *help)
                 cmd, opt, cmd);
 }
 
+void kvr_cli_unknown_usage(const char *cmd, const char *opt, void (*usage)(FILE *))
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (f) {
+        usage(f);
+        fclose(f);
+    }
+    kvr_cli_unknown(cmd, opt, text);
+    free(text); /* stdio's own allocation */
+}
+
 int kvr_cli_gpu_option(const char *cmd, const char *a, const char *v)
 {
     /* Each takes a value, except those listed after the NULL. */

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* Parse `v` as an integer in [lo, hi] for option `opt`; 0, or -1 after printing why. */
 int kvr_cli_u32(const char *opt, const char *v, uint32_t lo, uint32_t hi, uint32_t *out);
@@ -33,6 +34,8 @@ void kvr_cli_version(void);
  * that `help` (the subcommand's usage text) names when one is close (edit distance), and
  * a pointer to --help; never the whole help, which would bury the line that matters. */
 void kvr_cli_unknown(const char *cmd, const char *opt, const char *help);
+/* The same, with the help that `usage` prints. */
+void kvr_cli_unknown_usage(const char *cmd, const char *opt, void (*usage)(FILE *));
 
 /* llama.cpp's and vLLM's GPU options (-ngl N, --n-gpu-layers N, --device D,
  * --tensor-parallel-size N, ...): this build runs on the CPU, so such an option is

@@ -271,8 +271,7 @@ static int parse(int argc, char **argv, struct plan_args *pa)
         uint32_t *num = num_opt(&pa->spec, a, &lo, &hi);
         int rc = num ? 0 : parse_text_opt(pa, a, argc, argv, &i);
         if (rc == 1) {
-            fprintf(stderr, "kvasir plan: unknown option '%s'\n", a);
-            usage(stderr);
+            kvr_cli_unknown_usage("plan", a, usage);
             return 2;
         }
         if (rc || (num && kvr_cli_u32(a, v, lo, hi, num)))

@@ -87,8 +87,7 @@ static int parse_opts(int argc, char **argv, struct top_opts *o)
             if (kvr_cli_u32(a, v, 1, 1u << 30, &o->count))
                 return 2;
         } else {
-            fprintf(stderr, "kvasir top: unknown option '%s'\n", a);
-            usage(stderr);
+            kvr_cli_unknown_usage("top", a, usage);
             return 2;
         }
     }
