@@ -1,6 +1,6 @@
 /* top.c - `kvasir top`: a live terminal view of a running bridge, read from GET /metrics.
  *
- *   kvasir top [--url http://127.0.0.1:8080] [--interval 1]     redraws in place
+ *   kvasir top [--url http://127.0.0.1:8080] [--interval 1]     redraws in place; q quits
  *   kvasir top --once                                             one plain snapshot
  *
  * Shows whether the ring is up, requests running / waiting, admitted and refused (with
@@ -19,10 +19,12 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,6 +52,7 @@ static void usage(FILE *f)
                "  --interval S       seconds between polls (default 1)\n"
                "  --count N          stop after N snapshots\n"
                "  --once             print one snapshot without terminal escapes and exit\n"
+               "  (live view: q quits, as Ctrl-C does)\n"
                "                     (exit status 1 if the server cannot be read)\n");
 }
 
@@ -109,6 +112,9 @@ static void poll_once(const struct top_opts *o, const struct kvr_httpc_url *u,
     int rc = kvr_httpc_get(u, "/metrics", o->api_key, timeout_ms, &resp, &err);
     if (rc) {
         snprintf(s->error, sizeof s->error, "%s", err.msg);
+    } else if ((s->status = resp.status) == 401) {
+        snprintf(s->error, sizeof s->error,
+                 "unauthorized: give --api-key KEY (or set KVASIR_API_KEY) with the server's key");
     } else if (resp.status != 200) {
         snprintf(s->error, sizeof s->error, "GET /metrics answered %d", resp.status);
     } else {
@@ -122,6 +128,47 @@ static void poll_once(const struct top_opts *o, const struct kvr_httpc_url *u,
         kvr_prom_fini(&p);
     }
     kvr_httpc_resp_fini(&resp);
+}
+
+/* ---- the keyboard -------------------------------------------------------------------------- */
+
+/* With a terminal on stdin, keys arrive one at a time and unechoed (so `q` quits without
+ * Enter); the terminal's settings are restored before the command returns. */
+struct keys {
+    bool raw;
+    struct termios saved;
+};
+
+static void keys_open(struct keys *k, bool live)
+{
+    k->raw = false;
+    if (!live || !isatty(STDIN_FILENO) || tcgetattr(STDIN_FILENO, &k->saved) != 0)
+        return;
+    struct termios t = k->saved;
+    t.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+    t.c_cc[VMIN] = 0;
+    t.c_cc[VTIME] = 0;
+    k->raw = tcsetattr(STDIN_FILENO, TCSANOW, &t) == 0;
+}
+
+static void keys_close(struct keys *k)
+{
+    if (k->raw)
+        tcsetattr(STDIN_FILENO, TCSANOW, &k->saved);
+}
+
+/* Wait up to wait_ns for a key; true when it was q (or Q). Without a raw terminal, sleep. */
+static bool keys_quit(const struct keys *k, uint64_t wait_ns)
+{
+    if (!k->raw) {
+        kvr_sleep_ns(wait_ns);
+        return false;
+    }
+    struct pollfd p = {.fd = STDIN_FILENO, .events = POLLIN};
+    if (poll(&p, 1, (int)(wait_ns / 1000000)) <= 0)
+        return false;
+    char c;
+    return read(STDIN_FILENO, &c, 1) == 1 && (c == 'q' || c == 'Q');
 }
 
 /* ---- the command --------------------------------------------------------------------------- */
@@ -150,12 +197,15 @@ int kvr_cmd_top(int argc, char **argv)
     kvr_sbuf_init(&b);
     if (ansi) /* the alternate screen, without a cursor, restored on the way out */
         fputs("\033[?1049h\033[?25l", stdout);
+    struct keys keys;
+    keys_open(&keys, ansi);
     rc = 0;
     for (uint32_t n = 0; !stop_flag && (o.count == 0 || n < o.count); n++) {
         if (n > 0) {
             uint64_t until = last_poll_ns + (uint64_t)(o.interval_s * 1e9);
             for (uint64_t t = kvr_now_ns(); t < until && !stop_flag; t = kvr_now_ns())
-                kvr_sleep_ns(until - t < 50000000ull ? until - t : 50000000ull);
+                if (keys_quit(&keys, until - t < 50000000ull ? until - t : 50000000ull))
+                    stop_flag = 1;
             if (stop_flag)
                 break;
         }
@@ -185,6 +235,7 @@ int kvr_cmd_top(int argc, char **argv)
             cur = t;
         }
     }
+    keys_close(&keys);
     if (ansi)
         fputs("\033[?25h\033[?1049l", stdout);
     fflush(stdout);
