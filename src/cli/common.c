@@ -147,8 +147,8 @@ void kvr_cli_unknown(const char *cmd, const char *opt, const char *help)
     char best[64] = "";
     size_t best_d = SIZE_MAX;
     for (const char *p = help ? help : ""; *p; p++) {
-        if (*p != '-' || (p > help && !isspace((unsigned char)p[-1]) && p[-1] != '(' &&
-                          p[-1] != ','))
+        if (*p != '-' ||
+            (p > help && !isspace((unsigned char)p[-1]) && p[-1] != '(' && p[-1] != ','))
             continue;
         size_t n = 0;
         while (p[n] == '-' || isalnum((unsigned char)p[n]) || p[n] == '_')
@@ -193,12 +193,25 @@ void kvr_cli_unknown_usage(const char *cmd, const char *opt, void (*usage)(FILE 
 int kvr_cli_gpu_option(const char *cmd, const char *a, const char *v)
 {
     /* Each takes a value, except those listed after the NULL. */
-    static const char *const with_value[] = {
-        "-ngl",          "--n-gpu-layers", "--gpu-layers",           "-ngld",
-        "--n-gpu-layers-draft", "--device",  "-dev",                   "--main-gpu",
-        "-mg",           "--split-mode",   "-sm",                    "--tensor-split",
-        "-ts",           "--tensor-parallel-size", "-tp", "--pipeline-parallel-size",
-        "-pp",           "--gpu-memory-utilization", NULL};
+    static const char *const with_value[] = {"-ngl",
+                                             "--n-gpu-layers",
+                                             "--gpu-layers",
+                                             "-ngld",
+                                             "--n-gpu-layers-draft",
+                                             "--device",
+                                             "-dev",
+                                             "--main-gpu",
+                                             "-mg",
+                                             "--split-mode",
+                                             "-sm",
+                                             "--tensor-split",
+                                             "-ts",
+                                             "--tensor-parallel-size",
+                                             "-tp",
+                                             "--pipeline-parallel-size",
+                                             "-pp",
+                                             "--gpu-memory-utilization",
+                                             NULL};
     static const char *const flags[] = {"--enforce-eager", "--no-kv-offload", "-nkvo", NULL};
     for (size_t i = 0; with_value[i]; i++)
         if (!strcmp(a, with_value[i])) {

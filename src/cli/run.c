@@ -200,11 +200,13 @@ static int parse_value(struct run_opts *o, const char *a, const char *v)
 static bool takes_value(const char *a)
 {
     static const char *const names[] = {
-        "-m",      "--model",         "--plan",      "-p",        "--prompt",    "--prompts",
-        "-n",      "--n-predict",     "-t",          "--threads", "-c",          "--ctx", "--ctx-size",
-        "--temp",  "--temperature",   "--top-k",     "--top-p",   "--min-p",     "--repeat-penalty",
-        "--seed",  "--chat-template", "--row-width", "--kv-type", "--force-ids", "--top",
-        "--logits"};
+        "-m",          "--model",          "--plan",      "-p",
+        "--prompt",    "--prompts",        "-n",          "--n-predict",
+        "-t",          "--threads",        "-c",          "--ctx",
+        "--temp",      "--temperature",    "--top-k",     "--top-p",
+        "--min-p",     "--repeat-penalty", "--seed",      "--chat-template",
+        "--row-width", "--kv-type",        "--force-ids", "--top",
+        "--logits",    "--ctx-size"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(a, names[i]))
             return true;

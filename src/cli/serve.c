@@ -521,8 +521,7 @@ static int load(struct server *sv)
         KVR_ERROR("%s: %s", sv->model_path, err.msg);
         return -1;
     }
-    if (sv->serve &&
-        write_plan(o, sv->g, &sv->hp, sv->plan, sv->plan_path, sizeof sv->plan_path))
+    if (sv->serve && write_plan(o, sv->g, &sv->hp, sv->plan, sv->plan_path, sizeof sv->plan_path))
         return -1;
     if (!sv->serve && kvr_plan_validate(sv->plan, sv->hp.n_layer, &err)) {
         KVR_ERROR("plan %s: %s", o->plan_path, err.msg);
@@ -667,8 +666,8 @@ static void watch(struct server *sv)
                      "admission %s)",
                      sv->svc.model_name, scheme, o->host, kvr_http_port(sv->http),
                      sv->plan->n_stages, sv->plan->n_threads, sv->plan->n_threads == 1 ? "" : "s",
-                     sv->plan->n_ctx,
-                     o->ctx_why[0] ? o->ctx_why : "the plan's", o->no_admission ? "off" : "on");
+                     sv->plan->n_ctx, o->ctx_why[0] ? o->ctx_why : "the plan's",
+                     o->no_admission ? "off" : "on");
             printf("kvasir: ready on %s://%s:%u\n", scheme, o->host, kvr_http_port(sv->http));
             fflush(stdout);
         }

@@ -37,7 +37,7 @@ static uint64_t kv_tokens(const struct kvr_plan_spec *spec, const struct kvr_hpa
 {
     enum kvr_dtype t = KVR_PLAN_DEFAULT_KV_TYPE;
     if (spec->kv_type)
-        kvr_plan_kv_type_parse(spec->kv_type, &t); /* a bad name is propose's to refuse */
+        kvr_plan_kv_type_parse(spec->kv_type, &t);     /* a bad name is propose's to refuse */
     uint64_t row = 2ull * kvr_kv_bytes(t, hp->kv_dim); /* K and V of one layer, one token */
     if (!row)
         return UINT32_MAX;
@@ -53,15 +53,14 @@ static uint64_t kv_tokens(const struct kvr_plan_spec *spec, const struct kvr_hpa
     return budget / (row * hp->n_layer);
 }
 
-int kvr_cli_context(struct kvr_plan_spec *spec, const struct kvr_hparams *hp,
-                    uint64_t weight_bytes, char *why, size_t why_cap)
+int kvr_cli_context(struct kvr_plan_spec *spec, const struct kvr_hparams *hp, uint64_t weight_bytes,
+                    char *why, size_t why_cap)
 {
     uint32_t trained = hp->n_ctx_train;
     if (spec->n_ctx) {
         /* Linear RoPE scaling stretches the positions the model was trained on. */
-        double factor = hp->rope_freq_scale > 0 && hp->rope_freq_scale < 1
-                            ? 1.0 / hp->rope_freq_scale
-                            : 1.0;
+        double factor =
+            hp->rope_freq_scale > 0 && hp->rope_freq_scale < 1 ? 1.0 / hp->rope_freq_scale : 1.0;
         if (spec->n_ctx > trained * factor) {
             KVR_ERROR("--ctx %u is beyond the %u positions this model was trained for, and "
                       "it has no RoPE scaling to stretch them%s; give --ctx %u or less",

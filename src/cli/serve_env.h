@@ -18,8 +18,8 @@
  * holds (--kv-blocks, --kv-mem, or else half of MemAvailable after the weights'
  * weight_bytes, over the spec's stages). `why` gets the limit that applied, e.g.
  * "trained length" or "KV memory; trained 131072". 0, or -1 after logging why. */
-int kvr_cli_context(struct kvr_plan_spec *spec, const struct kvr_hparams *hp,
-                    uint64_t weight_bytes, char *why, size_t why_cap);
+int kvr_cli_context(struct kvr_plan_spec *spec, const struct kvr_hparams *hp, uint64_t weight_bytes,
+                    char *why, size_t why_cap);
 
 /* The per-user runtime directory: $XDG_RUNTIME_DIR/kvasir, else /tmp/kvasir-UID, created
  * with mode 0700 and refused if another user owns it or others may enter it. Before

@@ -48,8 +48,8 @@ int kvr_log_stamp(char *out, long long unix_ms)
     struct tm tm;
     gmtime_r(&s, &tm);
     return snprintf(out, KVR_LOG_STAMP_BYTES, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ",
-                    tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
-                    tm.tm_sec, (int)(unix_ms % 1000));
+                    tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                    (int)(unix_ms % 1000));
 }
 
 void kvr_log(enum kvr_log_level level, const char *fmt, ...)

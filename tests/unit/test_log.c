@@ -136,11 +136,12 @@ static void test_line_has_wall_clock(void **state)
     fclose(f);
     unlink(path);
     regex_t re;
-    assert_int_equal(regcomp(&re,
-                             "^\\[[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z "
-                             "probe info\\] hello 7$",
-                             REG_EXTENDED | REG_NEWLINE),
-                     0);
+    assert_int_equal(
+        regcomp(&re,
+                "^\\[[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z "
+                "probe info\\] hello 7$",
+                REG_EXTENDED | REG_NEWLINE),
+        0);
     assert_int_equal(regexec(&re, line, 0, NULL, 0), 0);
     regfree(&re);
     struct tm tm = {0};
@@ -155,10 +156,8 @@ int main(void)
     if (!kvr_log_enabled(KVR_LOG_INFO) || kvr_log_enabled(KVR_LOG_DEBUG))
         return 1;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_level_from_env_many_threads),
-        cmocka_unit_test(test_level_names),
-        cmocka_unit_test(test_set_level_overrides),
-        cmocka_unit_test(test_stamp_format),
+        cmocka_unit_test(test_level_from_env_many_threads), cmocka_unit_test(test_level_names),
+        cmocka_unit_test(test_set_level_overrides),         cmocka_unit_test(test_stamp_format),
         cmocka_unit_test(test_line_has_wall_clock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
