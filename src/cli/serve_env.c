@@ -97,21 +97,31 @@ int kvr_cli_context(struct kvr_plan_spec *spec, const struct kvr_hparams *hp, ui
 
 /* ---- the runtime directory ------------------------------------------------------------ */
 
-/* Whether process `pid` is a kvasir (its command name); a PID reused by another program
- * does not keep a dead server's directory. */
-static bool kvasir_runs(long pid)
+/* The command name of process `pid` ("self" for this one) into out; false if none. */
+static bool comm_of(const char *pid, char *out, size_t cap)
 {
-    char path[64], comm[64] = "";
-    snprintf(path, sizeof path, "/proc/%ld/comm", pid);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%s/comm", pid);
     FILE *f = fopen(path, "r");
     if (!f)
         return false;
-    bool ok = fgets(comm, sizeof comm, f) && !strncmp(comm, "kvasir", 6);
+    bool ok = fgets(out, (int)cap, f) != NULL;
     fclose(f);
     return ok;
 }
 
-/* Remove dir/serve-PID for every PID that no longer runs kvasir: its files, then itself. */
+/* Whether process `pid` runs this program (the same command name as this process): a PID
+ * reused by another program does not keep a dead server's directory. */
+static bool server_runs(long pid)
+{
+    char id[32], mine[64], theirs[64];
+    snprintf(id, sizeof id, "%ld", pid);
+    return comm_of(id, theirs, sizeof theirs) &&
+           (!comm_of("self", mine, sizeof mine) || !strcmp(mine, theirs));
+}
+
+/* Remove dir/serve-PID for every PID that no longer runs this program: its files, then
+ * itself. */
 static void clean(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -123,7 +133,7 @@ static void clean(const char *dir)
         if (strncmp(e->d_name, "serve-", 6))
             continue;
         long pid = strtol(e->d_name + 6, &end, 10);
-        if (*end || pid <= 0 || pid == (long)getpid() || kvasir_runs(pid))
+        if (*end || pid <= 0 || pid == (long)getpid() || server_runs(pid))
             continue;
         char sub[1024];
         snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);

@@ -23,8 +23,8 @@ int kvr_cli_context(struct kvr_plan_spec *spec, const struct kvr_hparams *hp, ui
 
 /* The per-user runtime directory: $XDG_RUNTIME_DIR/kvasir, else /tmp/kvasir-UID, created
  * with mode 0700 and refused if another user owns it or others may enter it. Before
- * returning, it removes the serve-PID directories in it whose PID is no kvasir process any
- * more (a server killed with SIGKILL leaves its plan key behind). 0, or -1 after logging
+ * returning, it removes the serve-PID directories in it whose PID no longer runs this
+ * program (a server killed with SIGKILL leaves its plan key behind). 0, or -1 after logging
  * why. */
 int kvr_cli_runtime_dir(char *out, size_t cap);
 
