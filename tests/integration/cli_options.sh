@@ -5,7 +5,7 @@
 # values consumed; an unknown option answered with the nearest known one, not the whole
 # help, in serve, bridge, run and stage; the context (the trained length by default, --ctx
 # beyond it refused without RoPE scaling and warned with it) and the threads in the start
-# line; the API key kept out of `ps` and read from --api-key-file; `kvasir top` naming a
+# line, and no "Connection refused" on a healthy start; the API key kept out of `ps` and read from --api-key-file; `kvasir top` naming a
 # 401 and quitting on q; serve's plan and key in the per-user runtime directory, and a
 # killed server's directory removed by the next start.
 set -euo pipefail
@@ -159,6 +159,8 @@ cores=$(nproc)
 want=$((cores / 2 > 1 ? cores / 2 : 1))
 grep -q "serving tiny.gguf on .* (2 stages, $want thread.* each, context 512 (trained length)" \
     "$TMP/b.log" || fail "default start line ($cores cores): $(grep serving "$TMP/b.log")"
+# A healthy start logs no failed dial (the bridge dials stage 0 before it listens).
+! grep -q "Connection refused" "$TMP/b.log" || fail "a healthy start logged: $(grep refused "$TMP/b.log")"
 [ "$(curl -s -o /dev/null -w '%{http_code}' "$URL/v1/models")" = 401 ] || fail "no key: not 401"
 [ "$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $key" "$URL/v1/models")" = 200 ] ||
     fail "the key from --api-key-file is refused"
