@@ -8,6 +8,7 @@
 #include "ring/plan.h"
 #include "ring/propose.h"
 #include "cli/emit.h"
+#include "cli/serve_env.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -379,6 +380,14 @@ int kvr_cmd_plan(int argc, char **argv)
         fprintf(stderr, "kvasir plan: %s: %s\n", pa->model, err.msg);
         goto done;
     }
+    /* A --ctx beyond the trained length: refused unless RoPE scaling stretches it. */
+    struct kvr_hparams hp;
+    if (pa->spec.n_ctx && kvr_hparams_read(&hp, g, &err)) {
+        fprintf(stderr, "kvasir plan: %s\n", err.msg);
+        goto done;
+    }
+    if (pa->spec.n_ctx && kvr_cli_ctx_check(pa->spec.n_ctx, &hp))
+        goto done;
     if (pa->fingerprint)
         pa->spec.fingerprint = kvr_gguf_fingerprint(g);
     plan = kvr_malloc(sizeof *plan);

@@ -53,25 +53,32 @@ static uint64_t kv_tokens(const struct kvr_plan_spec *spec, const struct kvr_hpa
     return budget / (row * hp->n_layer);
 }
 
+int kvr_cli_ctx_check(uint32_t n_ctx, const struct kvr_hparams *hp)
+{
+    uint32_t trained = hp->n_ctx_train;
+    /* Linear RoPE scaling stretches the positions the model was trained on. */
+    double factor =
+        hp->rope_freq_scale > 0 && hp->rope_freq_scale < 1 ? 1.0 / hp->rope_freq_scale : 1.0;
+    if (n_ctx > trained * factor) {
+        KVR_ERROR("--ctx %u is beyond the %u positions this model was trained for, and it has "
+                  "no RoPE scaling to stretch them%s; give --ctx %u or less",
+                  n_ctx, trained, factor > 1 ? " that far" : "", (uint32_t)(trained * factor));
+        return -1;
+    }
+    if (n_ctx > trained)
+        KVR_WARN("--ctx %u is beyond the %u positions this model was trained for; its RoPE "
+                 "scaling (factor %.3g) stretches them, at some cost in quality",
+                 n_ctx, trained, factor);
+    return 0;
+}
+
 int kvr_cli_context(struct kvr_plan_spec *spec, const struct kvr_hparams *hp, uint64_t weight_bytes,
                     char *why, size_t why_cap)
 {
     uint32_t trained = hp->n_ctx_train;
     if (spec->n_ctx) {
-        /* Linear RoPE scaling stretches the positions the model was trained on. */
-        double factor =
-            hp->rope_freq_scale > 0 && hp->rope_freq_scale < 1 ? 1.0 / hp->rope_freq_scale : 1.0;
-        if (spec->n_ctx > trained * factor) {
-            KVR_ERROR("--ctx %u is beyond the %u positions this model was trained for, and "
-                      "it has no RoPE scaling to stretch them%s; give --ctx %u or less",
-                      spec->n_ctx, trained, factor > 1 ? " that far" : "",
-                      (uint32_t)(trained * factor));
+        if (kvr_cli_ctx_check(spec->n_ctx, hp))
             return -1;
-        }
-        if (spec->n_ctx > trained)
-            KVR_WARN("--ctx %u is beyond the %u positions this model was trained for; its "
-                     "RoPE scaling (factor %.3g) stretches them, at some cost in quality",
-                     spec->n_ctx, trained, factor);
         snprintf(why, why_cap, "--ctx; trained %u", trained);
         return 0;
     }

@@ -1,7 +1,8 @@
 /* serve_env.h - what `kvasir serve` decides from the machine before it writes its plan:
  * the context a sequence gets (the model's trained length, the KV memory this machine can
- * give, --ctx) and the per-user runtime directory that holds the plan and its key. Main
- * thread only; messages go to the log (core/log.h). */
+ * give, --ctx; `kvasir plan` checks its --ctx the same way) and the per-user runtime
+ * directory that holds the plan and its key. Main thread only; messages go to the log
+ * (core/log.h). */
 #ifndef KVR_CLI_SERVE_ENV_H
 #define KVR_CLI_SERVE_ENV_H
 
@@ -20,6 +21,10 @@
  * "trained length" or "KV memory; trained 131072". 0, or -1 after logging why. */
 int kvr_cli_context(struct kvr_plan_spec *spec, const struct kvr_hparams *hp, uint64_t weight_bytes,
                     char *why, size_t why_cap);
+
+/* A --ctx of n_ctx positions: 0 within the trained length; 0 after a warning beyond it
+ * when the model's linear RoPE scaling stretches it that far; else -1 after logging why. */
+int kvr_cli_ctx_check(uint32_t n_ctx, const struct kvr_hparams *hp);
 
 /* The per-user runtime directory: $XDG_RUNTIME_DIR/kvasir, else /tmp/kvasir-UID, created
  * with mode 0700 and refused if another user owns it or others may enter it. Before

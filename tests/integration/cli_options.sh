@@ -63,6 +63,9 @@ expect 1 "--ctx 100000 is beyond the 512 positions this model was trained for" "
     "$m" --ctx 100000 --port 0
 expect 1 "give --ctx 2048 or less" "$KVASIR" serve "$TMP/scaled.gguf" --max-model-len 4096 \
     --port 0
+expect 1 "give --ctx 512 or less" "$KVASIR" plan -m "$m" --stages 2 --ctx 100000 \
+    -o "$TMP/plan.json"
+[ ! -e "$TMP/plan.json" ] || fail "kvasir plan wrote a plan with --ctx 100000"
 echo "ok: --ctx beyond the trained length refused"
 
 base=$(reserve_base_port)
