@@ -59,13 +59,24 @@ int kvr_cli_ctx_check(uint32_t n_ctx, const struct kvr_hparams *hp)
     /* Linear RoPE scaling stretches the positions the model was trained on. */
     double factor =
         hp->rope_freq_scale > 0 && hp->rope_freq_scale < 1 ? 1.0 / hp->rope_freq_scale : 1.0;
-    if (n_ctx > trained * factor) {
+    if (n_ctx <= trained)
+        return 0;
+    /* As vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN: whoever compares with a peer that runs any
+     * context (llama.cpp's -c) may ask for it knowingly. */
+    const char *allow = getenv("KVASIR_ALLOW_LONG_CONTEXT");
+    bool allowed = allow && !strcmp(allow, "1");
+    if (n_ctx > trained * factor && !allowed) {
         KVR_ERROR("--ctx %u is beyond the %u positions this model was trained for, and it has "
-                  "no RoPE scaling to stretch them%s; give --ctx %u or less",
+                  "no RoPE scaling to stretch them%s; give --ctx %u or less (or set "
+                  "KVASIR_ALLOW_LONG_CONTEXT=1 to run it anyway)",
                   n_ctx, trained, factor > 1 ? " that far" : "", (uint32_t)(trained * factor));
         return -1;
     }
-    if (n_ctx > trained)
+    if (n_ctx > trained * factor)
+        KVR_WARN("--ctx %u is beyond the %u positions this model was trained for "
+                 "(KVASIR_ALLOW_LONG_CONTEXT=1): positions past them are untrained",
+                 n_ctx, trained);
+    else
         KVR_WARN("--ctx %u is beyond the %u positions this model was trained for; its RoPE "
                  "scaling (factor %.3g) stretches them, at some cost in quality",
                  n_ctx, trained, factor);

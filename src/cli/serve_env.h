@@ -23,7 +23,8 @@ int kvr_cli_context(struct kvr_plan_spec *spec, const struct kvr_hparams *hp, ui
                     char *why, size_t why_cap);
 
 /* A --ctx of n_ctx positions: 0 within the trained length; 0 after a warning beyond it
- * when the model's linear RoPE scaling stretches it that far; else -1 after logging why. */
+ * when the model's linear RoPE scaling stretches it that far, or when the environment says
+ * KVASIR_ALLOW_LONG_CONTEXT=1; else -1 after logging why. */
 int kvr_cli_ctx_check(uint32_t n_ctx, const struct kvr_hparams *hp);
 
 /* The per-user runtime directory: $XDG_RUNTIME_DIR/kvasir, else /tmp/kvasir-UID, created

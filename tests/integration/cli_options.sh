@@ -66,6 +66,9 @@ expect 1 "give --ctx 2048 or less" "$KVASIR" serve "$TMP/scaled.gguf" --max-mode
 expect 1 "give --ctx 512 or less" "$KVASIR" plan -m "$m" --stages 2 --ctx 100000 \
     -o "$TMP/plan.json"
 [ ! -e "$TMP/plan.json" ] || fail "kvasir plan wrote a plan with --ctx 100000"
+# ... unless asked for knowingly (as vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN): then a warning.
+KVASIR_ALLOW_LONG_CONTEXT=1 expect 0 "positions past them are untrained" "$KVASIR" plan -m "$m" \
+    --stages 2 --ctx 1024 -o "$TMP/plan.json"
 echo "ok: --ctx beyond the trained length refused"
 
 base=$(reserve_base_port)
