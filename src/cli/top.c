@@ -63,7 +63,8 @@ static int parse_opts(int argc, char **argv, struct top_opts *o)
     o->api_key = getenv("KVASIR_API_KEY");
     o->interval_s = 1;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *a = argv[i];
+        char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 1;
@@ -80,7 +81,11 @@ static int parse_opts(int argc, char **argv, struct top_opts *o)
         if (!strcmp(a, "--url")) {
             o->url = v;
         } else if (!strcmp(a, "--api-key")) {
-            o->api_key = v;
+            /* Copied, and wiped from argv, so that `ps` does not show it. */
+            static char key[4096];
+            snprintf(key, sizeof key, "%s", v);
+            memset(v, 'x', strlen(v));
+            o->api_key = key;
         } else if (!strcmp(a, "--interval")) {
             float f;
             if (kvr_cli_float(a, v, 0.05f, 3600.0f, &f))
