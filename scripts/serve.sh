@@ -5,7 +5,7 @@
 #
 #   scripts/serve.sh                      tinyllama-1.1b shape, Q4_0, random weights, 2 stages
 #   MODEL=path/to/model.gguf scripts/serve.sh
-#   STAGES=3 SHAPE=ring-45 TYPE=q8_0 scripts/serve.sh
+#   STAGES=3 SHAPE=ring-45 TYPE=q8_0 THREADS=4 scripts/serve.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -19,5 +19,8 @@ if [ -z "$model" ]; then
         build/kvasir synth --shape "$shape" --type "$type" -o "$model"
     fi
 fi
+# THREADS (per stage) overrides serve's default: this machine's cores over its stages.
+threads=()
+[ -z "${THREADS:-}" ] || threads=(--threads "$THREADS")
 exec build/kvasir serve -m "$model" --stages "${STAGES:-2}" --port "${PORT:-8080}" \
-    --threads "${THREADS:-1}" "$@"
+    "${threads[@]}" "$@"

@@ -49,6 +49,8 @@ enum {
     CONTROL_CONNECT_MS = 1000, /* a control link's connect (re-planning) */
     REPLAN_SETTLE_MS = 60000,  /* after a re-plan, the stages restart and load their layers:
                                   a stage still loading must not be taken for lost */
+    DIAL_GRACE_MS = 30000,     /* a head that does not listen this long after start is news:
+                                  stages of a large model take seconds to load */
 };
 
 #define MS_NS 1000000ull
@@ -115,6 +117,9 @@ struct kvr_bridge {
      * replan_new and replan_ok before it sets replan_done). */
     int t_replan;
     bool ever_up;                  /* the ring has been whole once: a lost stage is lost */
+    uint64_t created_ns;           /* a failed dial before the ring forms is no news for a
+                                      while (DIAL_GRACE_MS) */
+    bool said_waiting;             /* "waiting for the head" logged */
     uint64_t down_since_ns;        /* when it last broke */
     uint64_t replan_not_before_ns; /* a grace period after the last attempt */
     bool replan_running;
@@ -419,7 +424,18 @@ static void check_dialer(struct kvr_bridge *b)
     }
     char why[KVR_ERR_MSG_BYTES];
     if (kvr_dialer_last_error(b->dialer, why, sizeof why) && why[0]) {
-        KVR_INFO("bridge: waiting for the head (stage 0) at %s: %s", b->plan.stages[0].addr, why);
+        /* While the ring first forms, the head is expected not to listen yet (serve starts
+         * it with the bridge): one line says what the bridge waits for, the failures are
+         * debug; once the ring has been up, or after the grace, each one is a warning. */
+        bool news = b->ever_up || kvr_now_ns() - b->created_ns > DIAL_GRACE_MS * MS_NS;
+        if (news)
+            KVR_WARN("bridge: cannot reach the head (stage 0) at %s: %s", b->plan.stages[0].addr,
+                     why);
+        else if (!b->said_waiting)
+            KVR_INFO("bridge: waiting for the head (stage 0) at %s", b->plan.stages[0].addr);
+        if (!news)
+            KVR_DEBUG("bridge: head (stage 0) at %s: %s", b->plan.stages[0].addr, why);
+        b->said_waiting = true;
         stage_set_locked(b, 0, b->stages[0].state, why);
     }
 }
@@ -778,6 +794,7 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
     if (!b)
         return kvr_err_set(err, KVR_ENOMEM, "bridge: out of memory");
     b->plan = *cfg->plan;
+    b->created_ns = kvr_now_ns();
     b->cfg = *cfg;
     b->cfg.plan = &b->plan;
     b->listen_fd = -1;

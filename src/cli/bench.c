@@ -320,8 +320,7 @@ static int parse_opts(int argc, char **argv, struct opts *o)
         if (rc == 1)
             rc = parse_request_opt(o, a, v);
         if (rc == 1) {
-            fprintf(stderr, "kvasir bench: unknown option '%s'\n", a);
-            usage(stderr);
+            kvr_cli_unknown_usage("bench", a, usage);
             return 2;
         }
         if (rc)

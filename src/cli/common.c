@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* sched_getaffinity */
 #include "cli/common.h"
 
 #include "bridge/chat.h"
@@ -5,13 +6,15 @@
 #include "core/clock.h"
 #include "model/gguf.h"
 
+#include <ctype.h>
 #include <errno.h>
-#include <signal.h>
-#include <string.h>
-#include <unistd.h>
 #include <math.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 
 int kvr_cli_u32(const char *opt, const char *v, uint32_t lo, uint32_t hi, uint32_t *out)
 {
@@ -107,4 +110,162 @@ int kvr_cli_chat_template(const char *arg, const char **builtin, char **src, siz
     *src = buf;
     *src_len = n;
     return 0;
+}
+
+void kvr_cli_version(void)
+{
+    printf("kvasir %s (CPU build)\n", KVR_VERSION);
+}
+
+/* Levenshtein distance of two option names (each cut at 63 bytes). */
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t na = strnlen(a, 63), nb = strnlen(b, 63);
+    size_t row[64];
+    for (size_t j = 0; j <= nb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= na; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= nb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[nb];
+}
+
+void kvr_cli_unknown(const char *cmd, const char *opt, const char *help)
+{
+    /* Every word of the help that starts with '-' and a letter is an option. */
+    char best[64] = "";
+    size_t best_d = SIZE_MAX;
+    for (const char *p = help ? help : ""; *p; p++) {
+        if (*p != '-' ||
+            (p > help && !isspace((unsigned char)p[-1]) && p[-1] != '(' && p[-1] != ','))
+            continue;
+        size_t n = 0;
+        while (p[n] == '-' || isalnum((unsigned char)p[n]) || p[n] == '_')
+            n++;
+        if (n < 2 || n >= sizeof best || !isalpha((unsigned char)p[n - 1])) {
+            p += n ? n - 1 : 0;
+            continue;
+        }
+        char word[64];
+        memcpy(word, p, n);
+        word[n] = 0;
+        size_t d = edit_distance(opt, word);
+        if (d < best_d) {
+            best_d = d;
+            snprintf(best, sizeof best, "%s", word);
+        }
+        p += n - 1;
+    }
+    /* Close enough to be a slip: a third of the name, at least 2 edits. */
+    size_t len = strlen(opt), limit = len / 3 > 2 ? len / 3 : 2;
+    if (best[0] && best_d <= limit && best_d < len)
+        fprintf(stderr, "kvasir %s: unknown option '%s'; did you mean '%s'? (kvasir %s --help)\n",
+                cmd, opt, best, cmd);
+    else
+        fprintf(stderr, "kvasir %s: unknown option '%s' (kvasir %s --help lists the options)\n",
+                cmd, opt, cmd);
+}
+
+void kvr_cli_unknown_usage(const char *cmd, const char *opt, void (*usage)(FILE *))
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (f) {
+        usage(f);
+        fclose(f);
+    }
+    kvr_cli_unknown(cmd, opt, text);
+    free(text); /* stdio's own allocation */
+}
+
+int kvr_cli_gpu_option(const char *cmd, const char *a, const char *v)
+{
+    /* Each takes a value, except those listed after the NULL. */
+    static const char *const with_value[] = {"-ngl",
+                                             "--n-gpu-layers",
+                                             "--gpu-layers",
+                                             "-ngld",
+                                             "--n-gpu-layers-draft",
+                                             "--device",
+                                             "-dev",
+                                             "--main-gpu",
+                                             "-mg",
+                                             "--split-mode",
+                                             "-sm",
+                                             "--tensor-split",
+                                             "-ts",
+                                             "--tensor-parallel-size",
+                                             "-tp",
+                                             "--pipeline-parallel-size",
+                                             "-pp",
+                                             "--gpu-memory-utilization",
+                                             NULL};
+    static const char *const flags[] = {"--enforce-eager", "--no-kv-offload", "-nkvo", NULL};
+    for (size_t i = 0; with_value[i]; i++)
+        if (!strcmp(a, with_value[i])) {
+            fprintf(stderr, "kvasir %s: this build runs on the CPU; %s %s is ignored\n", cmd, a,
+                    v ? v : "");
+            return v ? 2 : 1;
+        }
+    for (size_t i = 0; flags[i]; i++)
+        if (!strcmp(a, flags[i])) {
+            fprintf(stderr, "kvasir %s: this build runs on the CPU; %s is ignored\n", cmd, a);
+            return 1;
+        }
+    return 0;
+}
+
+uint32_t kvr_cli_cores(void)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) != 0)
+        return 1;
+    int n = CPU_COUNT(&set);
+    return n > 0 ? (uint32_t)n : 1;
+}
+
+char *kvr_cli_read_key_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "kvasir: --api-key-file %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    char *key = kvr_malloc(4097);
+    size_t n = key && fgets(key, 4097, f) ? strlen(key) : 0;
+    fclose(f);
+    while (n && (key[n - 1] == '\n' || key[n - 1] == '\r' || key[n - 1] == ' '))
+        key[--n] = 0;
+    if (!n || n >= 4096) {
+        fprintf(stderr, "kvasir: --api-key-file %s: %s\n", path,
+                n ? "a key longer than 4 KiB" : "no key on its first line");
+        kvr_free(key);
+        return NULL;
+    }
+    return key;
+}
+
+char *kvr_cli_take_secret(char *arg)
+{
+    size_t n = strlen(arg);
+    char *copy = kvr_malloc(n + 1);
+    if (!copy)
+        return NULL;
+    memcpy(copy, arg, n + 1);
+    /* /proc/PID/cmdline (what ps reads) is this memory: the key leaves it. */
+    memset(arg, 'x', n);
+    return copy;
 }

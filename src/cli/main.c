@@ -1,5 +1,6 @@
 /* main.c - `kvasir SUBCOMMAND ...`: dispatch to one file per subcommand. */
 #include "cli/cmd.h"
+#include "cli/common.h"
 #include "core/log.h"
 #include "model/engine.h"
 
@@ -32,7 +33,8 @@ static void usage(FILE *f)
     fprintf(f, "usage: kvasir SUBCOMMAND [options]\n\nsubcommands:\n");
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         fprintf(f, "  %-8s %s\n", subcommands[i].name, subcommands[i].help);
-    fprintf(f, "\n`kvasir SUBCOMMAND --help` shows a subcommand's options.\n");
+    fprintf(f, "\n`kvasir SUBCOMMAND --help` shows a subcommand's options; `kvasir --version` the "
+               "version.\n");
 }
 
 /* The model layer's options come from the environment, read once here: the model reads none. */
@@ -53,6 +55,10 @@ int main(int argc, char **argv)
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V")) {
+        kvr_cli_version();
+        return 0;
     }
     for (size_t i = 0; i < sizeof subcommands / sizeof subcommands[0]; i++)
         if (!strcmp(argv[1], subcommands[i].name))

@@ -8,6 +8,7 @@
 #include "ring/plan.h"
 #include "ring/propose.h"
 #include "cli/emit.h"
+#include "cli/serve_env.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -271,8 +272,7 @@ static int parse(int argc, char **argv, struct plan_args *pa)
         uint32_t *num = num_opt(&pa->spec, a, &lo, &hi);
         int rc = num ? 0 : parse_text_opt(pa, a, argc, argv, &i);
         if (rc == 1) {
-            fprintf(stderr, "kvasir plan: unknown option '%s'\n", a);
-            usage(stderr);
+            kvr_cli_unknown_usage("plan", a, usage);
             return 2;
         }
         if (rc || (num && kvr_cli_u32(a, v, lo, hi, num)))
@@ -380,6 +380,14 @@ int kvr_cmd_plan(int argc, char **argv)
         fprintf(stderr, "kvasir plan: %s: %s\n", pa->model, err.msg);
         goto done;
     }
+    /* A --ctx beyond the trained length: refused unless RoPE scaling stretches it. */
+    struct kvr_hparams hp;
+    if (pa->spec.n_ctx && kvr_hparams_read(&hp, g, &err)) {
+        fprintf(stderr, "kvasir plan: %s\n", err.msg);
+        goto done;
+    }
+    if (pa->spec.n_ctx && kvr_cli_ctx_check(pa->spec.n_ctx, &hp))
+        goto done;
     if (pa->fingerprint)
         pa->spec.fingerprint = kvr_gguf_fingerprint(g);
     plan = kvr_malloc(sizeof *plan);

@@ -50,8 +50,10 @@ int kvr_cli_ringproc_main(const struct kvr_cli_ringproc *rp, int argc, char **ar
                 return 2;
             i++;
         } else {
-            fprintf(stderr, "kvasir %s: unknown or incomplete option '%s'\n", rp->cmd, argv[i]);
-            fputs(rp->usage, stderr);
+            if (v || !strstr(rp->usage, argv[i]))
+                kvr_cli_unknown(rp->cmd, argv[i], rp->usage);
+            else
+                fprintf(stderr, "kvasir %s: %s needs a value\n", rp->cmd, argv[i]);
             return 2;
         }
     }

@@ -81,7 +81,8 @@ static void usage(FILE *f)
             "      --min-p P          (default 0.05) --repeat-penalty R (default 1.0)\n"
             "      --seed S           RNG seed (default 42)\n"
             "  -t, --threads N        compute threads (default 2)\n"
-            "  -c, --ctx N            context length (default: prompt + n, at most the model's)\n"
+            "  -c, --ctx N            context length (default: prompt + n, at most the model's;\n"
+            "                         also --ctx-size)\n"
             "      --chat             send each prompt as a user message in the model's chat\n"
             "                         template (as /v1/chat/completions does)\n"
             "      --chat-template NAME|FILE  --chat with a built-in template or a Jinja file\n"
@@ -170,7 +171,7 @@ static int parse_value(struct run_opts *o, const char *a, const char *v)
         return kvr_cli_u32(a, v, 1, 1u << 20, &o->n_predict) ? 2 : 0;
     else if (ARG("-t", "--threads"))
         return kvr_cli_u32(a, v, 1, 256, &o->threads) ? 2 : 0;
-    else if (ARG("-c", "--ctx"))
+    else if (ARG("-c", "--ctx") || ARG("--ctx-size", "--ctx-size"))
         return kvr_cli_u32(a, v, 1, 1u << 20, &o->ctx) ? 2 : 0;
     else if (ARG("--chat-template", "--chat-template")) {
         o->chat = true;
@@ -199,11 +200,13 @@ static int parse_value(struct run_opts *o, const char *a, const char *v)
 static bool takes_value(const char *a)
 {
     static const char *const names[] = {
-        "-m",      "--model",         "--plan",      "-p",        "--prompt",    "--prompts",
-        "-n",      "--n-predict",     "-t",          "--threads", "-c",          "--ctx",
-        "--temp",  "--temperature",   "--top-k",     "--top-p",   "--min-p",     "--repeat-penalty",
-        "--seed",  "--chat-template", "--row-width", "--kv-type", "--force-ids", "--top",
-        "--logits"};
+        "-m",          "--model",          "--plan",      "-p",
+        "--prompt",    "--prompts",        "-n",          "--n-predict",
+        "-t",          "--threads",        "-c",          "--ctx",
+        "--temp",      "--temperature",    "--top-k",     "--top-p",
+        "--min-p",     "--repeat-penalty", "--seed",      "--chat-template",
+        "--row-width", "--kv-type",        "--force-ids", "--top",
+        "--logits",    "--ctx-size"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(a, names[i]))
             return true;
@@ -245,11 +248,19 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
             usage(stdout);
             return 1;
         }
+        if (!strcmp(a, "--version")) {
+            kvr_cli_version();
+            return 1;
+        }
+        int gpu = kvr_cli_gpu_option("run", a, v);
+        if (gpu) {
+            i += gpu - 1;
+            continue;
+        }
         if (parse_flag(o, a))
             continue;
         if (!takes_value(a)) {
-            fprintf(stderr, "kvasir run: unknown option '%s'\n", a);
-            usage(stderr);
+            kvr_cli_unknown_usage("run", a, usage);
             return 2;
         }
         if (!v) {

@@ -11,6 +11,7 @@
  * lost agent's experts itself meanwhile). SIGINT/SIGTERM stop everything. */
 #include "cli/cmd.h"
 #include "cli/common.h"
+#include "cli/serve_env.h"
 
 #include "bridge/bridge.h"
 #include "bridge/http.h"
@@ -45,7 +46,9 @@ static void on_signal(int sig)
 }
 
 struct serve_opts {
-    const char *model, *plan_path, *host, *api_key, *plan_dir, *name;
+    const char *model, *plan_path, *host, *plan_dir, *name;
+    char *api_key; /* a copy (kvr_free) of --api-key or --api-key-file's key; NULL: the
+                      HTTP layer's default (KVASIR_API_KEY) */
     const char *secret_file, *tls_cert, *tls_key, *chat_template;
     uint32_t port, stages, threads, ttft_ms, total_ms, max_waiting;
     uint32_t replan_after_s; /* bridge: re-plan a ring broken this long; 0 = never */
@@ -53,16 +56,19 @@ struct serve_opts {
     bool no_prefix_cache;
     struct kvr_plan_spec spec;
     char tmp_dir[512]; /* the plan directory serve made itself (removed at exit), or "" */
+    char ctx_why[64];  /* which limit set the context (kvr_cli_context) */
 };
 
 static void usage(FILE *f, bool serve)
 {
     if (serve)
-        fprintf(f, "usage: kvasir serve -m MODEL [--stages N] [options]\n"
+        fprintf(f, "usage: kvasir serve [-m] MODEL [--stages N] [options]\n"
                    "  Start an N-stage ring on this machine (one process per stage) and serve\n"
                    "  the OpenAI-compatible API.\n"
+                   "  -m, --model FILE      the GGUF model (or give it as the first argument)\n"
                    "  --stages N            stages (default 2; a ring needs at least 2)\n"
-                   "  --threads N           compute threads per stage (default 1)\n"
+                   "  -t, --threads N       compute threads per stage (default: this machine's\n"
+                   "                        cores divided by its stages and agents)\n"
                    "  --experts K           MoE models: K expert agents; each stage keeps the\n"
                    "                        share of its layers' experts that balances its work\n"
                    "                        with the agents' (docs/PLAN.md, docs/EXPERTS.md)\n"
@@ -71,7 +77,12 @@ static void usage(FILE *f, bool serve)
                    "  --plan-dir DIR        where to write plan.json (default: a new /tmp dir)\n"
                    "  --base-port P         stage i listens on P+i, the bridge on P-1 (default:\n"
                    "                        a random free range below the ephemeral ports)\n"
-                   "  --row-width N --microbatches N --max-seqs N --ctx N --kv-blocks N\n"
+                   "  -c, --ctx N           positions per sequence (also --ctx-size,\n"
+                   "                        --max-model-len; default: the model's trained\n"
+                   "                        length, capped by the KV memory this machine has;\n"
+                   "                        beyond the trained length only with RoPE scaling)\n"
+                   "  --max-seqs N          sequences at once (also --parallel; default 32)\n"
+                   "  --row-width N --microbatches N --kv-blocks N\n"
                    "  --kv-mem MIB (KV per stage, instead of --kv-blocks) --kv-type f32|f16|q8_0\n"
                    "  --wire f32|f16        --no-encrypt: plain frames on the ring's links\n");
     else
@@ -79,8 +90,10 @@ static void usage(FILE *f, bool serve)
                    "  Serve the OpenAI-compatible API for a ring whose stages run elsewhere.\n");
     fprintf(f, "  --host H              HTTP address (default 127.0.0.1)\n"
                "  --port P              HTTP port (default 8080)\n"
-               "  --api-key KEY         require 'Authorization: Bearer KEY' (or env\n"
-               "                        KVASIR_API_KEY)\n"
+               "  --api-key-file FILE   require 'Authorization: Bearer KEY', KEY the file's\n"
+               "                        first line (or env KVASIR_API_KEY)\n"
+               "  --api-key KEY         the same, KEY given inline (kept out of ps, but\n"
+               "                        shell history keeps it: prefer the two above)\n"
                "  --ttft-ms MS          first-token budget of requests that give none (default\n"
                "                        60000: only hopeless queues are refused)\n"
                "  --total-ms MS         whole-answer budget of requests that give none\n"
@@ -88,7 +101,9 @@ static void usage(FILE *f, bool serve)
                "  --no-admission        admit everything that fits (no budget check)\n"
                "  --no-prefix-cache     compute every prompt whole (no KV reuse)\n"
                "  --max-waiting N       bounded wait queue (default 4 x max-seqs)\n"
-               "  --name NAME           model name in the API (default: the file name)\n"
+               "  --name NAME           model name in the API (also --served-model-name;\n"
+               "                        default: the file name)\n"
+               "  --version             print the version\n"
                "  --chat-template NAME|FILE  format chats with a built-in template (chatml,\n"
                "                        llama2, llama3, mistral, zephyr) or a Jinja file\n"
                "                        instead of the model's tokenizer.chat_template\n"
@@ -112,9 +127,7 @@ static int parse_text_opt(struct serve_opts *o, bool serve, const char *a, const
         o->plan_path = v;
     else if (!strcmp(a, "--host"))
         o->host = v;
-    else if (!strcmp(a, "--api-key"))
-        o->api_key = v;
-    else if (!strcmp(a, "--name"))
+    else if (!strcmp(a, "--name") || !strcmp(a, "--served-model-name"))
         o->name = v;
     else if (!strcmp(a, "--chat-template"))
         o->chat_template = v;
@@ -164,7 +177,7 @@ static uint32_t *num_opt(struct serve_opts *o, bool serve, const char *a, uint32
         o->spec.keep_fixed = true;
         return *lo = 0, &o->spec.keep;
     }
-    if (!strcmp(a, "--threads"))
+    if (!strcmp(a, "-t") || !strcmp(a, "--threads"))
         return *hi = 256, &o->threads;
     if (!strcmp(a, "--base-port"))
         return *lo = 2, *hi = 65535, &o->spec.base_port;
@@ -172,9 +185,10 @@ static uint32_t *num_opt(struct serve_opts *o, bool serve, const char *a, uint32
         return &o->spec.row_width;
     if (!strcmp(a, "--microbatches"))
         return &o->spec.microbatches;
-    if (!strcmp(a, "--max-seqs"))
+    if (!strcmp(a, "--max-seqs") || !strcmp(a, "--parallel")) /* llama.cpp: slots */
         return &o->spec.max_seqs;
-    if (!strcmp(a, "--ctx"))
+    if (!strcmp(a, "-c") || !strcmp(a, "--ctx") || !strcmp(a, "--ctx-size") ||
+        !strcmp(a, "--max-model-len"))
         return &o->spec.n_ctx;
     if (!strcmp(a, "--kv-blocks"))
         return &o->spec.kv_blocks;
@@ -203,7 +217,6 @@ static void set_defaults(struct serve_opts *o, bool serve)
     o->host = "127.0.0.1";
     o->port = 8080;
     o->stages = 2;
-    o->threads = 1;
     /* Defaults for clients that send no budget: generous, so that a CPU ring under
      * ordinary load serves them; clients that care send their own. */
     o->ttft_ms = 60000;
@@ -214,35 +227,97 @@ static void set_defaults(struct serve_opts *o, bool serve)
     o->replan_after_s = serve ? 0 : 10;
 }
 
+/* The usage text, for kvr_cli_unknown's suggestion (kvr_free), or NULL. */
+static char *usage_text(bool serve)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f)
+        return NULL;
+    usage(f, serve);
+    fclose(f);
+    return text; /* malloc'd by stdio: freed with free() */
+}
+
+static void unknown(bool serve, const char *a)
+{
+    char *text = usage_text(serve);
+    kvr_cli_unknown(serve ? "serve" : "bridge", a, text);
+    free(text);
+}
+
+/* The key: --api-key KEY (its argv bytes overwritten), --api-key-file FILE, or the
+ * environment. 0, or 2 after printing why. */
+static int take_key(struct serve_opts *o, const char *a, char *v)
+{
+    kvr_free(o->api_key);
+    o->api_key = !strcmp(a, "--api-key") ? kvr_cli_take_secret(v) : kvr_cli_read_key_file(v);
+    return o->api_key ? 0 : 2;
+}
+
+/* One option `a` with its value `v` (NULL if none): 0, 1 after --help or --version, or 2
+ * after printing what is wrong; *used says how many words it took. */
+static int parse_one(struct serve_opts *o, bool serve, const char *a, char *v, int *used)
+{
+    *used = 1;
+    if (!strcmp(a, "-h") || !strcmp(a, "--help") || !strcmp(a, "--version")) {
+        if (a[2] == 'v')
+            kvr_cli_version();
+        else
+            usage(stdout, serve);
+        return 1;
+    }
+    if (parse_flag(o, serve, a))
+        return 0;
+    if ((*used = kvr_cli_gpu_option(serve ? "serve" : "bridge", a, v)) > 0)
+        return 0;
+    *used = 2;
+    if (serve && a[0] != '-' && !o->model) { /* kvasir serve MODEL, as vLLM and Ollama */
+        o->model = a;
+        *used = 1;
+        return 0;
+    }
+    uint32_t lo = 1, hi = 1u << 30;
+    bool key = !strcmp(a, "--api-key") || !strcmp(a, "--api-key-file");
+    int rc = key ? 0 : parse_text_opt(o, serve, a, v ? v : "");
+    uint32_t *num = rc == 1 ? num_opt(o, serve, a, &lo, &hi) : NULL;
+    if (rc == 1 && !num) {
+        unknown(serve, a);
+        return 2;
+    }
+    if (!v) {
+        fprintf(stderr, "kvasir: %s needs a value\n", a);
+        return 2;
+    }
+    if (key)
+        return take_key(o, a, v);
+    if (rc == 2 || (num && kvr_cli_u32(a, v, lo, hi, num)))
+        return 2;
+    return 0;
+}
+
 /* Returns 0, 1 after --help, or 2 after printing what is wrong. */
 static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
 {
     set_defaults(o, serve);
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            usage(stdout, serve);
-            return 1;
+        char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char name[64];
+        char *eq = a[0] == '-' && a[1] == '-' ? strchr(a, '=') : NULL;
+        if (eq && (size_t)(eq - a) < sizeof name) { /* --ctx=4096, as vLLM writes it */
+            snprintf(name, sizeof name, "%.*s", (int)(eq - a), a);
+            a = name;
+            v = eq + 1;
         }
-        if (parse_flag(o, serve, a))
-            continue;
-        if (!v) {
-            fprintf(stderr, "kvasir: %s needs a value\n", a);
-            return 2;
-        }
-        i++;
-        uint32_t lo = 1, hi = 1u << 30;
-        int rc = parse_text_opt(o, serve, a, v);
-        if (rc == 2)
-            return 2;
-        uint32_t *num = rc == 1 ? num_opt(o, serve, a, &lo, &hi) : NULL;
-        if (rc == 1 && !num) {
-            fprintf(stderr, "kvasir: unknown option '%s'\n", a);
-            usage(stderr, serve);
+        int used, rc = parse_one(o, serve, a, v, &used);
+        if (rc)
+            return rc;
+        if (eq && used != 2) {
+            fprintf(stderr, "kvasir: %s takes no value\n", a);
             return 2;
         }
-        if (num && kvr_cli_u32(a, v, lo, hi, num))
-            return 2;
+        i += eq ? 0 : used - 1;
     }
     if (serve ? !o->model : !o->plan_path) {
         usage(stderr, serve);
@@ -312,30 +387,47 @@ static uint32_t random_base_port(uint32_t span)
     return first + r % (lo - first - span - 1);
 }
 
-static int write_plan(struct serve_opts *o, struct kvr_gguf *g, struct kvr_plan *plan,
-                      char *plan_path, size_t cap)
+/* The plan's directory: --plan-dir, or serve-PID in the per-user runtime directory (which
+ * holds the plan's key: private, and cleaned by the next start if this one is killed). */
+static int plan_dir(struct serve_opts *o, char *dir, size_t cap)
+{
+    if (o->plan_dir) {
+        snprintf(dir, cap, "%s", o->plan_dir);
+        mkdir(dir, 0700);
+        return 0;
+    }
+    char run[400];
+    if (kvr_cli_runtime_dir(run, sizeof run))
+        return -1;
+    snprintf(dir, cap, "%s/serve-%ld", run, (long)getpid());
+    if (mkdir(dir, 0700) != 0) {
+        fprintf(stderr, "kvasir serve: %s: %s\n", dir, strerror(errno));
+        return -1;
+    }
+    snprintf(o->tmp_dir, sizeof o->tmp_dir, "%s", dir);
+    return 0;
+}
+
+static int write_plan(struct serve_opts *o, struct kvr_gguf *g, const struct kvr_hparams *hp,
+                      struct kvr_plan *plan, char *plan_path, size_t cap)
 {
     struct kvr_err err = {0};
     char dir[512];
-    if (o->plan_dir) {
-        snprintf(dir, sizeof dir, "%s", o->plan_dir);
-        mkdir(dir, 0700);
-    } else {
-        snprintf(dir, sizeof dir, "/tmp/kvasir-serve-XXXXXX");
-        if (!mkdtemp(dir)) {
-            fprintf(stderr, "kvasir serve: mkdtemp: %s\n", strerror(errno));
-            return -1;
-        }
-        snprintf(o->tmp_dir, sizeof o->tmp_dir, "%s", dir);
-    }
+    if (plan_dir(o, dir, sizeof dir))
+        return -1;
     char model_abs[4096];
-    if (!realpath(o->model, model_abs)) {
+    struct stat st;
+    if (!realpath(o->model, model_abs) || stat(model_abs, &st) != 0) {
         fprintf(stderr, "kvasir serve: %s: %s\n", o->model, strerror(errno));
         return -1;
     }
     o->spec.n_stages = o->stages;
-    o->spec.n_threads = o->threads;
+    /* Each process of the ring on this machine gets its share of the cores. */
+    uint32_t procs = o->stages + o->spec.n_agents, cores = kvr_cli_cores();
+    o->spec.n_threads = o->threads ? o->threads : cores / procs > 1 ? cores / procs : 1;
     o->spec.model_path = model_abs;
+    if (kvr_cli_context(&o->spec, hp, (uint64_t)st.st_size, o->ctx_why, sizeof o->ctx_why))
+        return -1;
     /* Consecutive free ports: try a few random bases. */
     if (!o->spec.base_port) {
         for (int attempt = 0; attempt < 20 && !o->spec.base_port; attempt++) {
@@ -359,10 +451,9 @@ static int write_plan(struct serve_opts *o, struct kvr_gguf *g, struct kvr_plan 
         fprintf(stderr, "kvasir serve: %s\n", err.msg);
         return -1;
     }
-    struct kvr_hparams hp;
-    if (plan->n_agents && !kvr_hparams_read(&hp, g, &err)) {
+    if (plan->n_agents) {
         char line[2048];
-        kvr_plan_experts_describe(plan, hp.moe.n_expert, line, sizeof line);
+        kvr_plan_experts_describe(plan, hp->moe.n_expert, line, sizeof line);
         KVR_INFO("experts: %s", line);
     }
     /* The secret goes to its own file (mode 0600), which the plan names; one left by an
@@ -430,7 +521,7 @@ static int load(struct server *sv)
         KVR_ERROR("%s: %s", sv->model_path, err.msg);
         return -1;
     }
-    if (sv->serve && write_plan(o, sv->g, sv->plan, sv->plan_path, sizeof sv->plan_path))
+    if (sv->serve && write_plan(o, sv->g, &sv->hp, sv->plan, sv->plan_path, sizeof sv->plan_path))
         return -1;
     if (!sv->serve && kvr_plan_validate(sv->plan, sv->hp.n_layer, &err)) {
         KVR_ERROR("plan %s: %s", o->plan_path, err.msg);
@@ -571,8 +662,11 @@ static void watch(struct server *sv)
     while (!stop_flag) {
         if (!ready && kvr_bridge_ring_up(sv->bridge)) {
             ready = ever_up = true;
-            KVR_INFO("serving %s on %s://%s:%u (%u stages, admission %s)", sv->svc.model_name,
-                     scheme, o->host, kvr_http_port(sv->http), sv->plan->n_stages,
+            KVR_INFO("serving %s on %s://%s:%u (%u stages, %u thread%s each, context %u (%s), "
+                     "admission %s)",
+                     sv->svc.model_name, scheme, o->host, kvr_http_port(sv->http),
+                     sv->plan->n_stages, sv->plan->n_threads, sv->plan->n_threads == 1 ? "" : "s",
+                     sv->plan->n_ctx, o->ctx_why[0] ? o->ctx_why : "the plan's",
                      o->no_admission ? "off" : "on");
             printf("kvasir: ready on %s://%s:%u\n", scheme, o->host, kvr_http_port(sv->http));
             fflush(stdout);
@@ -633,6 +727,7 @@ static int serve_main(int argc, char **argv, bool serve)
         return 1;
     int rc = parse(argc, argv, serve, &sv->o);
     if (rc) {
+        kvr_free(sv->o.api_key);
         kvr_free(sv);
         return rc == 1 ? 0 : rc;
     }
@@ -648,6 +743,7 @@ static int serve_main(int argc, char **argv, bool serve)
         }
     }
     shut_down(sv);
+    kvr_free(sv->o.api_key);
     kvr_free(sv);
     return rc;
 }

@@ -103,7 +103,7 @@ static int parse_args(int argc, char **argv, struct tok_opts *o)
         } else if (!strcmp(a, "--") && i + 1 < argc && !o->text) {
             o->text = argv[++i]; /* a text that starts with '-' */
         } else if (a[0] == '-' && a[1] != 0) {
-            fprintf(stderr, "kvasir tokenize: unknown option '%s'\n", a);
+            kvr_cli_unknown_usage("tokenize", a, usage);
             return 2;
         } else if (!o->text) {
             o->text = a;

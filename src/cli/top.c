@@ -1,6 +1,6 @@
 /* top.c - `kvasir top`: a live terminal view of a running bridge, read from GET /metrics.
  *
- *   kvasir top [--url http://127.0.0.1:8080] [--interval 1]     redraws in place
+ *   kvasir top [--url http://127.0.0.1:8080] [--interval 1]     redraws in place; q quits
  *   kvasir top --once                                             one plain snapshot
  *
  * Shows whether the ring is up, requests running / waiting, admitted and refused (with
@@ -19,10 +19,12 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <termios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -50,6 +52,7 @@ static void usage(FILE *f)
                "  --interval S       seconds between polls (default 1)\n"
                "  --count N          stop after N snapshots\n"
                "  --once             print one snapshot without terminal escapes and exit\n"
+               "  (live view: q quits, as Ctrl-C does)\n"
                "                     (exit status 1 if the server cannot be read)\n");
 }
 
@@ -60,7 +63,8 @@ static int parse_opts(int argc, char **argv, struct top_opts *o)
     o->api_key = getenv("KVASIR_API_KEY");
     o->interval_s = 1;
     for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        const char *a = argv[i];
+        char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 1;
@@ -77,7 +81,11 @@ static int parse_opts(int argc, char **argv, struct top_opts *o)
         if (!strcmp(a, "--url")) {
             o->url = v;
         } else if (!strcmp(a, "--api-key")) {
-            o->api_key = v;
+            /* Copied, and wiped from argv, so that `ps` does not show it. */
+            static char key[4096];
+            snprintf(key, sizeof key, "%s", v);
+            memset(v, 'x', strlen(v));
+            o->api_key = key;
         } else if (!strcmp(a, "--interval")) {
             float f;
             if (kvr_cli_float(a, v, 0.05f, 3600.0f, &f))
@@ -87,8 +95,7 @@ static int parse_opts(int argc, char **argv, struct top_opts *o)
             if (kvr_cli_u32(a, v, 1, 1u << 30, &o->count))
                 return 2;
         } else {
-            fprintf(stderr, "kvasir top: unknown option '%s'\n", a);
-            usage(stderr);
+            kvr_cli_unknown_usage("top", a, usage);
             return 2;
         }
     }
@@ -110,6 +117,9 @@ static void poll_once(const struct top_opts *o, const struct kvr_httpc_url *u,
     int rc = kvr_httpc_get(u, "/metrics", o->api_key, timeout_ms, &resp, &err);
     if (rc) {
         snprintf(s->error, sizeof s->error, "%s", err.msg);
+    } else if ((s->status = resp.status) == 401) {
+        snprintf(s->error, sizeof s->error,
+                 "unauthorized: give --api-key KEY (or set KVASIR_API_KEY) with the server's key");
     } else if (resp.status != 200) {
         snprintf(s->error, sizeof s->error, "GET /metrics answered %d", resp.status);
     } else {
@@ -123,6 +133,47 @@ static void poll_once(const struct top_opts *o, const struct kvr_httpc_url *u,
         kvr_prom_fini(&p);
     }
     kvr_httpc_resp_fini(&resp);
+}
+
+/* ---- the keyboard -------------------------------------------------------------------------- */
+
+/* With a terminal on stdin, keys arrive one at a time and unechoed (so `q` quits without
+ * Enter); the terminal's settings are restored before the command returns. */
+struct keys {
+    bool raw;
+    struct termios saved;
+};
+
+static void keys_open(struct keys *k, bool live)
+{
+    k->raw = false;
+    if (!live || !isatty(STDIN_FILENO) || tcgetattr(STDIN_FILENO, &k->saved) != 0)
+        return;
+    struct termios t = k->saved;
+    t.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+    t.c_cc[VMIN] = 0;
+    t.c_cc[VTIME] = 0;
+    k->raw = tcsetattr(STDIN_FILENO, TCSANOW, &t) == 0;
+}
+
+static void keys_close(struct keys *k)
+{
+    if (k->raw)
+        tcsetattr(STDIN_FILENO, TCSANOW, &k->saved);
+}
+
+/* Wait up to wait_ns for a key; true when it was q (or Q). Without a raw terminal, sleep. */
+static bool keys_quit(const struct keys *k, uint64_t wait_ns)
+{
+    if (!k->raw) {
+        kvr_sleep_ns(wait_ns);
+        return false;
+    }
+    struct pollfd p = {.fd = STDIN_FILENO, .events = POLLIN};
+    if (poll(&p, 1, (int)(wait_ns / 1000000)) <= 0)
+        return false;
+    char c;
+    return read(STDIN_FILENO, &c, 1) == 1 && (c == 'q' || c == 'Q');
 }
 
 /* ---- the command --------------------------------------------------------------------------- */
@@ -151,12 +202,15 @@ int kvr_cmd_top(int argc, char **argv)
     kvr_sbuf_init(&b);
     if (ansi) /* the alternate screen, without a cursor, restored on the way out */
         fputs("\033[?1049h\033[?25l", stdout);
+    struct keys keys;
+    keys_open(&keys, ansi);
     rc = 0;
     for (uint32_t n = 0; !stop_flag && (o.count == 0 || n < o.count); n++) {
         if (n > 0) {
             uint64_t until = last_poll_ns + (uint64_t)(o.interval_s * 1e9);
             for (uint64_t t = kvr_now_ns(); t < until && !stop_flag; t = kvr_now_ns())
-                kvr_sleep_ns(until - t < 50000000ull ? until - t : 50000000ull);
+                if (keys_quit(&keys, until - t < 50000000ull ? until - t : 50000000ull))
+                    stop_flag = 1;
             if (stop_flag)
                 break;
         }
@@ -186,6 +240,7 @@ int kvr_cmd_top(int argc, char **argv)
             cur = t;
         }
     }
+    keys_close(&keys);
     if (ansi)
         fputs("\033[?25h\033[?1049l", stdout);
     fflush(stdout);

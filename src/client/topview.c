@@ -227,7 +227,8 @@ void kvr_top_render(struct kvr_sbuf *b, bool ansi, const char *url, const char *
     double dt = have_prev ? (double)(s->t_ns - prev->t_ns) / 1e9 : 0;
     kvr_sbuf_printf(b, "kvasir top  %s  ", url);
     if (!s->ok) {
-        kvr_sbuf_printf(b, "%s", ansi ? "\033[1;31mUNREACHABLE\033[0m" : "UNREACHABLE");
+        const char *what = s->status == 401 ? "UNAUTHORIZED" : "UNREACHABLE";
+        kvr_sbuf_printf(b, ansi ? "\033[1;31m%s\033[0m" : "%s", what);
         kvr_sbuf_printf(b, "  %s", clock);
         eol(b, ansi);
         kvr_sbuf_printf(b, "  %s", s->error);

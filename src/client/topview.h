@@ -32,6 +32,7 @@
 struct kvr_top_snapshot {
     uint64_t t_ns; /* when it was read (the caller's clock) */
     bool ok;       /* false: error says why the server could not be read */
+    int status;    /* the HTTP status of GET /metrics; 0 when none came back */
     char error[KVR_ERR_MSG_BYTES];
     double ring_up, running, waiting, in_progress, kv_used, kv_total, tok_per_s, batch_ms;
     double admitted, refused, generated;
@@ -52,7 +53,8 @@ void kvr_top_read(const struct kvr_prom *p, struct kvr_top_snapshot *s);
 
 /* Append a frame for snapshot s to b: prev is the previous good snapshot (NULL on the
  * first poll: no rates), url and clock head the frame; ansi adds colours and the escapes
- * that clear what a longer previous frame left on each line. */
+ * that clear what a longer previous frame left on each line. A server that answered 401 is
+ * UNAUTHORIZED (the key is missing or wrong), one that did not answer UNREACHABLE. */
 void kvr_top_render(struct kvr_sbuf *b, bool ansi, const char *url, const char *clock,
                     const struct kvr_top_snapshot *s, const struct kvr_top_snapshot *prev);
 

@@ -1,12 +1,11 @@
 #include "core/log.h"
 
-#include "core/clock.h"
-
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static char log_tag[32] = "kvasir";
@@ -43,6 +42,16 @@ int kvr_log_enabled(enum kvr_log_level level)
     return (int)level <= atomic_load_explicit(&log_level, memory_order_relaxed);
 }
 
+int kvr_log_stamp(char *out, long long unix_ms)
+{
+    time_t s = (time_t)(unix_ms / 1000);
+    struct tm tm;
+    gmtime_r(&s, &tm);
+    return snprintf(out, KVR_LOG_STAMP_BYTES, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ",
+                    tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                    (int)(unix_ms % 1000));
+}
+
 void kvr_log(enum kvr_log_level level, const char *fmt, ...)
 {
     static const char *const names[KVR_LOG_LEVEL_COUNT] = {"error", "warn", "info", "debug"};
@@ -53,8 +62,11 @@ void kvr_log(enum kvr_log_level level, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    double t_s = (double)kvr_now_ns() / 1e9;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    char stamp[KVR_LOG_STAMP_BYTES];
+    kvr_log_stamp(stamp, (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
     pthread_mutex_lock(&log_lock);
-    fprintf(stderr, "[%10.3f %s %s] %s\n", t_s, log_tag, names[level], line);
+    fprintf(stderr, "[%s %s %s] %s\n", stamp, log_tag, names[level], line);
     pthread_mutex_unlock(&log_lock);
 }

@@ -1,5 +1,8 @@
-/* log.h - leveled logging to stderr, one line per call, with a monotonic timestamp and the
- * process's role tag (set once at start-up, e.g. "stage1"). Thread-safe. The level is info
+/* log.h - leveled logging to stderr, one line per call, with a wall-clock timestamp (ISO 8601
+ * in UTC with milliseconds, so lines of processes on different machines line up with each
+ * other and with other programs' logs) and the process's role tag (set once at start-up,
+ * e.g. "stage1"). Thread-safe. Durations are measured with core/clock.h's monotonic clock,
+ * never from these stamps. The level is info
  * until kvr_log_set_level changes it; the program reads it from the KVR_LOG environment
  * variable once, at the start of main (cli/main.c), so this module reads no environment. */
 #ifndef KVR_CORE_LOG_H
@@ -19,6 +22,10 @@ void kvr_log_set_level(enum kvr_log_level level);
  * other name. */
 enum kvr_log_level kvr_log_level_from_name(const char *name);
 int kvr_log_enabled(enum kvr_log_level level);
+/* Write the stamp of `unix_ms` (milliseconds since 1970 UTC), "2026-12-07T20:45:01.123Z",
+ * to out (at least KVR_LOG_STAMP_BYTES); returns its length. */
+#define KVR_LOG_STAMP_BYTES 32
+int kvr_log_stamp(char *out, long long unix_ms);
 void kvr_log(enum kvr_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 #define KVR_ERROR(...) kvr_log(KVR_LOG_ERROR, __VA_ARGS__)

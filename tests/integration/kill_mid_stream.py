@@ -8,7 +8,7 @@ the mark even on a loaded machine (a shell loop forking greps lagged by 50-100 t
 load 16). Fails (exit status 1, a message on stderr) when a stream has ended before the
 kill, at the mark or just after it (the run would prove nothing), or when the mark is not
 reached within 300 s (curl's own limit in the tests). Prints the kill's time
-(time.monotonic(), the clock of the bridge's log) and each stream's token count then.
+(time.time(), the clock of the bridge's log) and each stream's token count then.
 With KILL_READY=PATH in the environment it creates PATH once it watches, so a caller can
 start the streams only then (python's start-up outlasted a whole 150-token stream on a
 loaded machine).
@@ -46,7 +46,7 @@ def main():
         if time.monotonic() > deadline:
             sys.exit("the streams did not deliver %d tokens each within 300 s: %s" % (kill_at, st))
         time.sleep(0.01)
-    t = time.monotonic()
+    t = time.time()
     os.kill(pid, signal.SIGKILL)
     st = look()
     if any(end for _, end in st):

@@ -106,14 +106,26 @@ stop_ring() {
     RING_PIDS=()
 }
 
-# mono_now VAR: set VAR to the seconds of the clock kvasir's log lines carry (CLOCK_MONOTONIC,
-# which equals the boot-time clock /proc/uptime shows on a machine that never suspends), read
-# without starting a process: python's start-up took over a second under a loaded ctest, so
-# a kill stamped by it came after the run it was meant to interrupt had ended.
+# mono_now VAR: set VAR to the seconds of the boot-time clock (/proc/uptime), for intervals
+# the test measures itself, read without starting a process: python's start-up took over a
+# second under a loaded ctest, so a kill stamped by it came after the run it was meant to
+# interrupt had ended.
 mono_now() {
     local up _
     read -r up _ </proc/uptime
     printf -v "$1" %s "$up"
+}
+
+# log_now VAR: set VAR to the clock kvasir's log lines carry (wall-clock seconds since 1970,
+# core/log.h), read without starting a process, so that a kill stamped by it is compared
+# with the log's stamps.
+log_now() { printf -v "$1" %s "${EPOCHREALTIME/,/.}"; }
+# log_ts LINE: the seconds since 1970 of a kvasir log line's stamp
+# ("[2026-12-07T20:45:01.123Z tag level] ...").
+log_ts() {
+    local s
+    s=$(sed -n 's/^\[\([0-9T:.-]*Z\) .*/\1/p' <<<"$1")
+    [ -n "$s" ] && date -u -d "$s" +%s.%3N
 }
 
 # mid_run TAG: wait until the background run RUN_PID, started with KVR_LOG=debug and logging

@@ -14,7 +14,8 @@ source "$(dirname "$0")/serve_lib.bash"
 
 stories=$(need_shared models/stories260K.gguf)
 # A request: about 110 prompt tokens (turn 2: 170) + 24 generated = 9 to 13 blocks of 16.
-start_serve pressure "$stories" --stages 2 --max-seqs 32 --ctx 256 --kv-blocks 52 \
+# stories260K was trained for 128 positions; its prompts here run past them knowingly.
+KVASIR_ALLOW_LONG_CONTEXT=1 start_serve pressure "$stories" --stages 2 --max-seqs 32 --ctx 256 --kv-blocks 52 \
     --no-admission
 [ "$(metric kv_blocks_total)" = 52 ] || fail "kv_blocks_total is not 52"
 

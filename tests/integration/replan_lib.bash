@@ -44,7 +44,6 @@ start_bridge() {
     [ -n "$URL" ] || { tail "$TMP/bridge.log"; fail "the bridge was not ready within 60 s"; }
 }
 
-ts() { sed -n 's/^\[ *\([0-9.]*\) .*/\1/p' <<<"$1"; }
 # body I: a streamed completion's request (start_streams, lib.bash); odd ones sampled.
 body() {
     local sampling='"temperature": 0'

@@ -38,8 +38,6 @@ done >"$TMP/prompts.jsonl"
 
 start_ring "$TMP/ring45.gguf" 3 3 ring --max-seqs 8 --ctx 256
 
-# ts LINE: the monotonic seconds stamp of a kvasir log line ("[  1234.567 tag level] ...").
-ts() { sed -n 's/^\[ *\([0-9.]*\) .*/\1/p' <<<"$1"; }
 
 # run_ring TAG [run options...]: the prompts through the ring in the background; sets RUN_PID.
 run_ring() {
@@ -72,7 +70,7 @@ check() {
     whole=$(grep -m1 "ring whole again" "$TMP/$tag.log") || fail "$tag: no recovery logged"
     echo "  $held"
     echo "  $whole"
-    awk -v a="$t_kill" -v b="$(ts "$whole")" -v t="$tag" \
+    awk -v a="$t_kill" -v b="$(log_ts "$whole")" -v t="$tag" \
         'BEGIN { printf "ok: %s: %d/8 answers identical; ring whole %.0f ms after the failure was caused\n", t, 8, (b - a) * 1000 }'
 }
 
@@ -93,7 +91,7 @@ echo "ok: undisturbed runs recorded ($(awk -v a="$t0" -v b="$t1" 'BEGIN { printf
 # 1. SIGKILL the middle stage mid-generation, restart it.
 run_ring kill1
 mid_run kill1
-mono_now t_kill
+log_now t_kill
 kill_stage 1
 restart_stage 1
 wait_run kill1
@@ -102,7 +100,7 @@ check kill1 ref "$t_kill"
 # 2. The same with a repetition penalty on every sequence.
 run_ring kill1pen --repeat-penalty 1.3
 mid_run kill1pen
-mono_now t_kill
+log_now t_kill
 kill_stage 1
 restart_stage 1
 wait_run kill1pen
@@ -111,7 +109,7 @@ check kill1pen refpen "$t_kill"
 # 3. SIGKILL the tail (the bridge's own link drops).
 run_ring kill2pen --repeat-penalty 1.3
 mid_run kill2pen
-mono_now t_kill
+log_now t_kill
 kill_stage 2
 restart_stage 2
 wait_run kill2pen
@@ -120,7 +118,7 @@ check kill2pen refpen "$t_kill"
 # 4. A rogue takes stage 1's upstream and sends an oversized frame.
 run_ring rogue --repeat-penalty 1.3
 mid_run rogue
-mono_now t_kill
+log_now t_kill
 set +e; "$ROGUE" --plan "$RING_PLAN" --as 0 --send oversized >"$TMP/rogue.out" 2>&1; rc=$?; set -e
 [ $rc = 0 ] || { cat "$TMP/rogue.out"; fail "rogue: exit $rc"; }
 wait_run rogue

@@ -39,7 +39,7 @@ whole=$(grep "ring whole again" "$TMP/bridge.log" | tail -1) || fail "dis: no re
 echo "  $(grep -m1 "probing every stage" "$TMP/bridge.log")"
 echo "  $(grep -m1 "re-planned the ring" "$TMP/bridge.log")"
 echo "  $whole"
-awk -v a="$T_KILL" -v b="$(ts "$whole")" -v g="$GRACE_S" 'BEGIN {
+awk -v a="$T_KILL" -v b="$(log_ts "$whole")" -v g="$GRACE_S" 'BEGIN {
     d = b - a; printf "ok: dis: 4/4 streams identical; the ring ran on 2 stages %.1f s after the kill (grace %d s + 10 s allowed)\n", d, g
     exit !(d > 0 && d <= g + 10) }' || fail "dis: the re-planned ring was not whole within the grace period + 10 s"
 for i in 0 2; do
@@ -95,7 +95,7 @@ same head
 grep -q "re-planned the ring: epoch 1, 2 stages, head $(python3 -c "import json; print(json.load(open('$RING_PLAN'))['stages'][1]['addr'])")" \
     "$TMP/bridge.log" || { tail -30 "$TMP/bridge.log"; fail "head: the old stage 1 is not the new head"; }
 whole=$(grep "ring whole again" "$TMP/bridge.log" | tail -1) || fail "head: no recovery logged"
-awk -v a="$T_KILL" -v b="$(ts "$whole")" -v g="$GRACE_S" 'BEGIN {
+awk -v a="$T_KILL" -v b="$(log_ts "$whole")" -v g="$GRACE_S" 'BEGIN {
     d = b - a; printf "ok: head: 4/4 streams identical with the head killed; ring whole on 2 stages %.1f s after the kill\n", d
     exit !(d > 0 && d <= g + 10) }' || fail "head: the re-planned ring was not whole within the grace period + 10 s"
 echo PASS

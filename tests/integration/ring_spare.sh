@@ -77,7 +77,7 @@ grep -q "2 of 3 stages kept, 1 spare taken, 4 acknowledged" "$TMP/bridge.log" ||
 whole=$(grep "ring whole again" "$TMP/bridge.log" | tail -1) || fail "dis: no recovery logged"
 echo "  $(grep -m1 "spare taken" "$TMP/bridge.log")"
 echo "  $whole"
-awk -v a="$T_KILL" -v b="$(ts "$whole")" -v g="$GRACE_S" 'BEGIN {
+awk -v a="$T_KILL" -v b="$(log_ts "$whole")" -v g="$GRACE_S" 'BEGIN {
     d = b - a; printf "ok: dis: 4/4 streams identical; the ring ran on 3 stages with the spare %.1f s after the kill (grace %d s + 10 s allowed)\n", d, g
     exit !(d > 0 && d <= g + 10) }' || fail "dis: the ring was not whole within the grace period + 10 s"
 grep -q "taken into the ring by the bridge: epoch 1, 3 stages, this one is stage 1 with layers $L1\$" "$D/spare0.log" ||

@@ -95,7 +95,6 @@ run() {
         --json --ignore-eos >"$TMP/$1.jsonl" 2>"$TMP/$1.log" &
     RUN_PID=$!
 }
-ts() { sed -n 's/^\[ *\([0-9.]*\) .*/\1/p' <<<"$1"; }
 
 run ref
 wait "$RUN_PID" || { tail "$TMP/ref.log"; fail "ref: run failed"; }
@@ -112,7 +111,7 @@ stall() {
     local tag=$1 idx=$2 log=$3 pattern=$4 line t_stop t_dead i
     run "$tag"
     mid_run "$tag"
-    mono_now t_stop
+    log_now t_stop
     kill -STOP "${RING_PIDS[$idx]}"
     for i in $(seq 1 100); do
         line=$(grep -m1 "$pattern" "$log" 2>/dev/null || true)
@@ -121,7 +120,7 @@ stall() {
     done
     kill -CONT "${RING_PIDS[$idx]}"
     [ -n "$line" ] || fail "$tag: nobody declared stage $idx dead within 10 s"
-    t_dead=$(ts "$line")
+    t_dead=$(log_ts "$line")
     awk -v a="$t_stop" -v b="$t_dead" -v t="$tag" -v lim=$((DEAD_MS + HB_MS + 500)) \
         'BEGIN { ms = (b - a) * 1000; printf "  %s: declared dead %.0f ms after SIGSTOP (limit %d)\n", t, ms, lim;
                  exit !(ms <= lim) }' || fail "$tag: declared dead too late"

@@ -1,6 +1,8 @@
 /* test_log.c - the log level: named as KVR_LOG names it (the program sets it from the
  * environment at the start of main), changed by kvr_log_set_level, and safe to race (run
- * under ThreadSanitizer: several threads log while another sets the level). */
+ * under ThreadSanitizer: several threads log while another sets the level); and each
+ * line's wall-clock stamp, ISO 8601 in UTC with milliseconds. */
+#define _GNU_SOURCE /* strptime */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -13,7 +15,12 @@
 #include "core/log.h"
 
 #include <pthread.h>
+#include <regex.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 enum { N_THREADS = 4, N_CALLS = 2000 };
 
@@ -93,15 +100,65 @@ static void test_level_names(void **state)
     assert_int_equal(kvr_log_level_from_name(""), KVR_LOG_INFO);
 }
 
+/* Stamps are ISO 8601 in UTC with milliseconds: a known instant, the epoch, a leap day. */
+static void test_stamp_format(void **state)
+{
+    (void)state;
+    char b[KVR_LOG_STAMP_BYTES];
+    assert_int_equal(kvr_log_stamp(b, 1796675101123LL), 24);
+    assert_string_equal(b, "2026-12-07T20:25:01.123Z");
+    kvr_log_stamp(b, 0);
+    assert_string_equal(b, "1970-01-01T00:00:00.000Z");
+    kvr_log_stamp(b, 951782400007LL);
+    assert_string_equal(b, "2000-02-29T00:00:00.007Z");
+}
+
+/* A line on stderr starts with the wall-clock stamp (not seconds since boot), then the tag
+ * and the level; its stamp is within a few seconds of time(). */
+static void test_line_has_wall_clock(void **state)
+{
+    (void)state;
+    char path[] = "/tmp/kvr-test-log.XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    fflush(stderr);
+    int saved = dup(2);
+    dup2(fd, 2);
+    kvr_log_set_tag("probe");
+    KVR_INFO("hello %d", 7);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char line[256] = "";
+    FILE *f = fdopen(fd, "r");
+    rewind(f);
+    assert_non_null(fgets(line, sizeof line, f));
+    fclose(f);
+    unlink(path);
+    regex_t re;
+    assert_int_equal(
+        regcomp(&re,
+                "^\\[[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\.[0-9]{3}Z "
+                "probe info\\] hello 7$",
+                REG_EXTENDED | REG_NEWLINE),
+        0);
+    assert_int_equal(regexec(&re, line, 0, NULL, 0), 0);
+    regfree(&re);
+    struct tm tm = {0};
+    assert_non_null(strptime(line + 1, "%Y-%m-%dT%H:%M:%S", &tm));
+    long long diff = (long long)timegm(&tm) - (long long)time(NULL);
+    assert_true(diff > -5 && diff < 5);
+}
+
 int main(void)
 {
     /* Before anything sets it, the level is info. */
     if (!kvr_log_enabled(KVR_LOG_INFO) || kvr_log_enabled(KVR_LOG_DEBUG))
         return 1;
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_level_from_env_many_threads),
-        cmocka_unit_test(test_level_names),
-        cmocka_unit_test(test_set_level_overrides),
+        cmocka_unit_test(test_level_from_env_many_threads), cmocka_unit_test(test_level_names),
+        cmocka_unit_test(test_set_level_overrides),         cmocka_unit_test(test_stamp_format),
+        cmocka_unit_test(test_line_has_wall_clock),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

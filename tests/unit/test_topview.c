@@ -177,6 +177,15 @@ static void test_render_no_agents(void **state)
     assert_string_equal(b.data,
                         "kvasir top  http://h:1  UNREACHABLE  12:00:00\n  connect: refused\n");
     kvr_sbuf_fini(&b);
+    /* A 401 is named as such: the server is there, the key is not right. */
+    s.status = 401;
+    snprintf(s.error, sizeof s.error, "unauthorized: give --api-key");
+    kvr_sbuf_init(&b);
+    kvr_top_render(&b, false, "http://h:1", "12:00:00", &s, NULL);
+    kvr_sbuf_puts(&b, "");
+    assert_string_equal(
+        b.data, "kvasir top  http://h:1  UNAUTHORIZED  12:00:00\n  unauthorized: give --api-key\n");
+    kvr_sbuf_fini(&b);
 }
 
 int main(void)
