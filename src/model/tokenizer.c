@@ -40,6 +40,8 @@ static int32_t map_insert(struct kvr_tok *t, int32_t id)
     }
 }
 
+/* ---- GPT-2 byte alphabet ------------------------------------------------------------- */
+
 /* Inverse of kvr_tok_byte_to_cp; -1 for a code point outside the alphabet. */
 static int cp_to_byte(uint32_t cp)
 {
