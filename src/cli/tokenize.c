@@ -23,6 +23,7 @@
 #include "bridge/openai.h"
 #include "cli/common.h"
 #include "core/alloc.h"
+#include "core/utf8.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 
@@ -174,27 +175,6 @@ static char *read_text(const char *path, size_t *len)
     return buf;
 }
 
-/* Length of the well-formed UTF-8 character at p[0..n) (shortest form, no surrogates, at
- * most U+10FFFF), or 0. */
-static size_t utf8_char(const unsigned char *p, size_t n)
-{
-    unsigned char c = p[0];
-    size_t k = c >= 0xC2 && c <= 0xDF   ? 2
-               : c >= 0xE0 && c <= 0xEF ? 3
-               : c >= 0xF0 && c <= 0xF4 ? 4
-                                        : 0;
-    if (k == 0 || k > n)
-        return 0;
-    unsigned char lo = c == 0xE0 ? 0xA0 : c == 0xF0 ? 0x90 : 0x80;
-    unsigned char hi = c == 0xED ? 0x9F : c == 0xF4 ? 0x8F : 0xBF;
-    if (p[1] < lo || p[1] > hi)
-        return 0;
-    for (size_t i = 2; i < k; i++)
-        if ((p[i] & 0xC0) != 0x80)
-            return 0;
-    return k;
-}
-
 /* A token's text between quotes: printable ASCII and well-formed UTF-8 as they are, control
  * bytes and bytes that are not (part of) a UTF-8 character escaped. */
 static void print_piece(const char *text, size_t n)
@@ -203,7 +183,8 @@ static void print_piece(const char *text, size_t n)
     putchar('\'');
     for (size_t i = 0; i < n; i++) {
         unsigned char c = p[i];
-        size_t k = c >= 0x80 ? utf8_char(p + i, n - i) : 0;
+        uint32_t cp;
+        size_t k = c >= 0x80 ? kvr_utf8_decode(text + i, n - i, &cp, KVR_UTF8_STRICT) : 0;
         if (k > 0) {
             fwrite(p + i, 1, k, stdout);
             i += k - 1;

@@ -3,12 +3,11 @@
 
 #include "core/alloc.h"
 #include "core/clock.h"
+#include "core/sock.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -380,28 +379,19 @@ static int connect_any(struct conn *c, const struct kvr_httpc_url *u, struct kvr
         return kvr_err_set(err, KVR_EIO, "%s: %s", u->host, gai_strerror(gai));
     int rc = kvr_err_set(err, KVR_EIO, "%s:%s: no address", u->host, u->port);
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
-        int fd =
-            socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-        if (fd < 0) {
-            rc = kvr_err_set(err, KVR_EIO, "socket: %s", strerror(errno));
+        int fd;
+        if ((rc = kvr_sock_open(ai, &fd, err)) != 0)
             continue;
-        }
         c->fd = fd;
-        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-            rc = 0;
-        } else if (errno != EINPROGRESS) {
-            rc = kvr_err_set(err, KVR_EIO, "connect %s:%s: %s", u->host, u->port, strerror(errno));
-        } else if ((rc = wait_fd(c, POLLOUT, err)) == 0) {
-            int so = 0;
-            socklen_t len = sizeof so;
-            if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &len) || so)
-                rc = kvr_err_set(err, KVR_EIO, "connect %s:%s: %s", u->host, u->port,
-                                 strerror(so ? so : errno));
-        }
+        struct kvr_err e = {0};
+        int wait_rc = 0;
+        rc = kvr_sock_connect_begin(fd, ai, &e);
+        if (rc == KVR_EAGAIN && (wait_rc = rc = wait_fd(c, POLLOUT, err)) == 0)
+            rc = kvr_sock_connect_result(fd, &e);
+        if (rc && !wait_rc) /* the connect failed (not the wait): try the next address */
+            rc = kvr_err_set(err, KVR_EIO, "connect %s:%s: %s", u->host, u->port, e.msg);
         if (rc == 0) {
-            int one = 1;
-            /* Small requests and streamed tokens: no Nagle delay on either side. */
-            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            kvr_sock_set_nodelay(fd, NULL); /* small requests, streamed tokens */
             break;
         }
         close(fd);

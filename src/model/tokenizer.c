@@ -2,7 +2,7 @@
  * and its accessors. Encoding is in tokenizer_encode.c, decoding in tokenizer_decode.c; the
  * layout of struct kvr_tok and the helpers the three share are in tokenizer_impl.h.
  *
- * Reading order: the map insert, UTF-8 and GPT-2 byte-alphabet helpers, building a tokenizer
+ * Reading order: the map insert, the GPT-2 byte-alphabet helpers, building a tokenizer
  * from arrays (validation, the map, special ids, end-of-generation and byte-fallback tokens,
  * the special-token table, decoded pieces, BPE merges), then from a GGUF, then the accessors.
  *
@@ -11,6 +11,7 @@
 #include "model/tokenizer.h"
 
 #include "core/alloc.h"
+#include "core/utf8.h"
 #include "model/tokenizer_impl.h"
 #include "model/tokenizer_pre.h"
 
@@ -39,40 +40,7 @@ static int32_t map_insert(struct kvr_tok *t, int32_t id)
     }
 }
 
-/* ---- UTF-8 helpers ------------------------------------------------------------------- */
-
-/* Decode one well-formed UTF-8 character at p[0..n); returns its length, or 0 if the bytes
- * there are not a valid, shortest-form character. */
-static size_t utf8_get(const uint8_t *p, size_t n, uint32_t *cp)
-{
-    uint8_t c = p[0];
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    size_t len;
-    uint32_t v, min;
-    if (c >= 0xC2 && c <= 0xDF) {
-        len = 2, v = c & 0x1F, min = 0x80;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-        len = 3, v = c & 0x0F, min = 0x800;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-        len = 4, v = c & 0x07, min = 0x10000;
-    } else {
-        return 0;
-    }
-    if (n < len)
-        return 0;
-    for (size_t i = 1; i < len; i++) {
-        if ((p[i] & 0xC0) != 0x80)
-            return 0;
-        v = v << 6 | (p[i] & 0x3F);
-    }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF))
-        return 0;
-    *cp = v;
-    return len;
-}
+/* ---- GPT-2 byte alphabet ------------------------------------------------------------- */
 
 /* Inverse of kvr_tok_byte_to_cp; -1 for a code point outside the alphabet. */
 static int cp_to_byte(uint32_t cp)
@@ -186,7 +154,7 @@ static size_t decode_piece_into(const struct kvr_tok *t, int32_t i, char *out)
      * byte alphabet (or an invalid byte) is kept as it is. */
     for (size_t k = 0; k < n;) {
         uint32_t cp;
-        size_t len = utf8_get((const uint8_t *)p + k, n - k, &cp);
+        size_t len = kvr_utf8_decode(p + k, n - k, &cp, KVR_UTF8_STRICT);
         int b = len ? cp_to_byte(cp) : -1;
         if (b >= 0) {
             out[m++] = (char)b;
@@ -507,7 +475,7 @@ static void set_byte_fallback(struct kvr_tok *t)
         } else {
             char buf[4];
             t->byte_id[b] =
-                kvr_tok_map_find(t, buf, kvr_tok_utf8_put(kvr_tok_byte_to_cp((unsigned)b), buf));
+                kvr_tok_map_find(t, buf, kvr_utf8_encode(kvr_tok_byte_to_cp((unsigned)b), buf));
         }
     }
 }

@@ -3,6 +3,7 @@
  * tokens. */
 #include "model/tokenizer.h"
 
+#include "core/utf8.h"
 #include "model/tokenizer_impl.h"
 
 #include <string.h>
@@ -53,7 +54,7 @@ static void put(struct sink *k, const char *p, size_t n)
 
 static void put_fffd(struct sink *k)
 {
-    put(k, "\xEF\xBF\xBD", 3);
+    put(k, KVR_UTF8_FFFD, KVR_UTF8_FFFD_BYTES);
 }
 
 /* One byte through the UTF-8 validator (the Unicode "maximal subpart" rule: a sequence cut
@@ -61,25 +62,9 @@ static void put_fffd(struct sink *k)
 static void feed(struct kvr_detok *d, uint8_t b, struct sink *k)
 {
     if (d->n_pending > 0) {
-        uint8_t lo = 0x80, hi = 0xBF;
-        if (d->n_pending == 1) {
-            switch (d->pending[0]) {
-            case 0xE0:
-                lo = 0xA0;
-                break; /* no overlong 3-byte forms */
-            case 0xED:
-                hi = 0x9F;
-                break; /* no surrogates */
-            case 0xF0:
-                lo = 0x90;
-                break; /* no overlong 4-byte forms */
-            case 0xF4:
-                hi = 0x8F;
-                break; /* nothing above U+10FFFF */
-            default:
-                break;
-            }
-        }
+        unsigned char lo = 0x80, hi = 0xBF;
+        if (d->n_pending == 1)
+            kvr_utf8_second_range(d->pending[0], &lo, &hi);
         if (b >= lo && b <= hi) {
             d->pending[d->n_pending++] = b;
             if (d->n_pending == d->need) {
@@ -91,20 +76,14 @@ static void feed(struct kvr_detok *d, uint8_t b, struct sink *k)
         put_fffd(k);
         d->n_pending = 0;
     }
-    if (b < 0x80) {
+    size_t need = kvr_utf8_lead_len(b);
+    if (need == 1) {
         char c = (char)b;
         put(k, &c, 1);
-    } else if (b >= 0xC2 && b <= 0xDF) {
-        d->need = 2;
-    } else if (b >= 0xE0 && b <= 0xEF) {
-        d->need = 3;
-    } else if (b >= 0xF0 && b <= 0xF4) {
-        d->need = 4;
-    } else {
+    } else if (need == 0) {
         put_fffd(k);
-        return;
-    }
-    if (b >= 0x80) {
+    } else {
+        d->need = (uint8_t)need;
         d->pending[0] = b;
         d->n_pending = 1;
     }

@@ -6,6 +6,7 @@
 #include "model/tokenizer.h"
 
 #include "core/alloc.h"
+#include "core/utf8.h"
 #include "model/tokenizer_impl.h"
 #include "model/tokenizer_pre.h"
 #include "model/tokenizer_unicode.h"
@@ -172,12 +173,13 @@ static int emit(struct out *o, int32_t id)
     return 0;
 }
 
-/* Split buf[0..m) into symbols, one per (leniently judged) UTF-8 character. */
+/* Split buf[0..m) into symbols, one per UTF-8 character judged by its lead byte only, as
+ * llama.cpp does (a continuation or invalid byte is one symbol): the split must match. */
 static int32_t split_symbols(struct kvr_tok_scratch *s, size_t m)
 {
     int32_t n = 0;
     for (size_t off = 0; off < m;) {
-        size_t len = kvr_tok_utf8_len((uint8_t)s->buf[off]);
+        size_t len = kvr_utf8_llama_len((unsigned char)s->buf[off]);
         if (len > m - off)
             len = m - off;
         s->sym[n] =
@@ -328,30 +330,6 @@ static int32_t partition(const struct kvr_tok *t, struct kvr_tok_scratch *s, con
  * 3. Each word is re-encoded as UTF-8; every byte becomes one symbol (the token of its
  *    byte-alphabet code point), and adjacent symbols merge by rule rank until none apply. */
 
-/* llama.cpp's unicode_cpt_from_utf8, with its failure mapped to U+FFFD (one byte eaten).
- * Values above U+10FFFF (lead bytes F5..F7) also become U+FFFD: llama.cpp cannot encode
- * them back and fails. */
-static uint32_t cp_lenient(const uint8_t *p, size_t n, size_t *len)
-{
-    uint8_t c = p[0];
-    size_t k = c < 0x80 ? 1 : c < 0xC0 ? 0 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : c < 0xF8 ? 4 : 0;
-    *len = 1;
-    if (k == 0 || k > n)
-        return 0xFFFD;
-    if (k == 1)
-        return c;
-    uint32_t v = c & (0x7F >> k);
-    for (size_t i = 1; i < k; i++) {
-        if ((p[i] & 0xC0) != 0x80)
-            return 0xFFFD;
-        v = v << 6 | (p[i] & 0x3F);
-    }
-    if (v > 0x10FFFF)
-        return 0xFFFD;
-    *len = k;
-    return v;
-}
-
 static void bpe_try_pair(const struct kvr_tok *t, struct kvr_tok_scratch *s, int32_t l, int32_t r)
 {
     if (l < 0 || r < 0 || s->sym[l].id < 0 || s->sym[r].id < 0)
@@ -367,14 +345,14 @@ static int bpe_word(const struct kvr_tok *t, struct kvr_tok_scratch *s, const ui
 {
     size_t m = 0;
     for (size_t i = 0; i < n_cps; i++)
-        m += kvr_tok_utf8_put(cps[i], s->buf + m);
+        m += kvr_utf8_encode(cps[i], s->buf + m);
     if (t->pre->ignore_merges && m > 1 && m <= KVR_TOK_MAX_PIECE_BYTES) {
         /* The word as one piece, if the vocabulary has it: its byte-alphabet spelling (at
          * most two bytes per byte; a longer word cannot be a piece). */
         char spelled[2 * KVR_TOK_MAX_PIECE_BYTES];
         size_t k = 0;
         for (size_t i = 0; i < m; i++)
-            k += kvr_tok_utf8_put(kvr_tok_byte_to_cp((uint8_t)s->buf[i]), spelled + k);
+            k += kvr_utf8_encode(kvr_tok_byte_to_cp((uint8_t)s->buf[i]), spelled + k);
         int32_t id = kvr_tok_map_find(t, spelled, k);
         if (id >= 0)
             return emit(o, id);
@@ -410,7 +388,7 @@ static int bpe_word(const struct kvr_tok *t, struct kvr_tok_scratch *s, const ui
         /* A byte whose alphabet character is not a token: llama.cpp tries each byte of
          * that character as a one-byte piece and silently drops the ones that are not. */
         char ch[4];
-        size_t k = kvr_tok_utf8_put(kvr_tok_byte_to_cp((uint8_t)s->buf[s->sym[i].off]), ch);
+        size_t k = kvr_utf8_encode(kvr_tok_byte_to_cp((uint8_t)s->buf[s->sym[i].off]), ch);
         for (size_t j = 0; j < k; j++) {
             int32_t id = kvr_tok_map_find(t, ch + j, 1);
             if (id >= 0 && (rc = emit(o, id)) != 0)
@@ -424,11 +402,10 @@ static int bpe_fragment(const struct kvr_tok *t, struct kvr_tok_scratch *s, cons
                         size_t len, struct out *o)
 {
     size_t n = 0;
-    for (size_t i = 0; i < len;) {
-        size_t k;
-        s->cps[n++] = cp_lenient((const uint8_t *)text + i, len - i, &k);
-        i += k;
-    }
+    /* llama.cpp's decoding, bad bytes one U+FFFD each. Values above U+10FFFF also become
+     * U+FFFD: llama.cpp cannot encode them back and fails. */
+    for (size_t i = 0; i < len;)
+        i += kvr_utf8_decode(text + i, len - i, &s->cps[n++], KVR_UTF8_LLAMA);
     size_t n_words;
     const uint32_t *ends = kvr_pre_split(t->pre, s->cps, n, s->words_a, s->words_b, &n_words);
     for (size_t w = 0, pos = 0; w < n_words; w++) {

@@ -1,6 +1,6 @@
 /* tokenizer_impl.h - internal to the tokenizer (tokenizer.c builds it, tokenizer_encode.c
  * encodes, tokenizer_decode.c decodes): the layout of struct kvr_tok and the small helpers
- * all three use (the piece -> id map, the merge table, UTF-8 and the GPT-2 byte alphabet).
+ * all three use (the piece -> id map, the merge table, the GPT-2 byte alphabet).
  * Not part of the API (tokenizer.h is). A built struct kvr_tok is immutable. */
 #ifndef KVR_MODEL_TOKENIZER_IMPL_H
 #define KVR_MODEL_TOKENIZER_IMPL_H
@@ -109,41 +109,6 @@ static inline const struct kvr_tok_merge_slot *kvr_tok_merge_find(const struct k
         if (s->left == a && s->right == b)
             return s;
     }
-}
-
-/* ---- UTF-8 helpers ------------------------------------------------------------------- */
-
-/* Length of a UTF-8 sequence judged by its first byte only, as llama.cpp's
- * unicode_len_utf8 does (continuation and invalid bytes count as 1). SPM and BPE split the
- * text into symbols with it, so it must stay this lenient to match. */
-static inline size_t kvr_tok_utf8_len(uint8_t c)
-{
-    static const uint8_t len_by_high_nibble[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
-    return len_by_high_nibble[c >> 4];
-}
-
-static inline size_t kvr_tok_utf8_put(uint32_t cp, char *out)
-{
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xC0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3F));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
 }
 
 /* ---- GPT-2 byte <-> code point map ----------------------------------------------------
