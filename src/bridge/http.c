@@ -23,6 +23,7 @@
 #include "bridge/openai.h"
 #include "bridge/telemetry.h"
 #include "core/sbuf.h"
+#include "core/utf8.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
@@ -442,7 +443,7 @@ static enum MHD_Result handle_tokenize(struct kvr_http *h, struct request *rq,
             json_t *piece;
             if (kvr_tok_decode_piece(tok, ids[i], true, &p, &len) != 0)
                 len = 0;
-            if (kvr_utf8_check(p, len) == len) {
+            if (kvr_utf8_valid_len(p, len) == len) {
                 piece = json_stringn(len ? p : "", len);
             } else {
                 piece = json_array();
@@ -491,7 +492,7 @@ static enum MHD_Result handle_detokenize(struct kvr_http *h, struct request *rq,
             goto out;
         kvr_sbuf_append(&text, piece, (size_t)k);
     }
-    kvr_utf8_sanitize(&clean, text.data ? text.data : "", text.len);
+    kvr_utf8_sanitize_to(&clean, text.data ? text.data : "", text.len);
     if (text.failed || clean.failed)
         goto out;
     res = reply_json(h, rq, c, 200,

@@ -1,12 +1,13 @@
 /* openai.c - OpenAI request parsing and response formatting (see openai.h).
  *
- * Sections follow a request's life: errors, request fields, length check,
- * responses. The table of known fields is in openai_fields.c, UTF-8 checks in
- * openai_utf8.c, stop strings in openai_stop.c. */
+ * Sections follow a request's life: errors, request fields, length check, responses. The
+ * table of known fields is in openai_fields.c, stop strings in openai_stop.c; UTF-8 checks
+ * use core/utf8.h. */
 #include "bridge/openai.h"
 
 #include "core/alloc.h"
 #include "core/err.h"
+#include "core/utf8.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -67,11 +68,11 @@ static int dump_json(struct kvr_sbuf *out, const json_t *j)
  * than making jansson refuse the whole value. */
 static json_t *jstr(const char *s, size_t len)
 {
-    if (kvr_utf8_check(s, len) == len)
+    if (kvr_utf8_valid_len(s, len) == len)
         return json_stringn(s, len);
     struct kvr_sbuf b;
     kvr_sbuf_init(&b);
-    kvr_utf8_sanitize(&b, s, len);
+    kvr_utf8_sanitize_to(&b, s, len);
     json_t *j = b.failed ? NULL : json_stringn(b.data ? b.data : "", b.len);
     kvr_sbuf_fini(&b);
     return j;
@@ -735,7 +736,7 @@ static int load_object(const char *body, size_t len, json_t **root, uint64_t *bi
                        bool *has_big_seed, struct kvr_openai_error *e)
 {
     *root = NULL;
-    size_t bad = kvr_utf8_check(body, len);
+    size_t bad = kvr_utf8_valid_len(body, len);
     if (bad != len)
         return bad_request(e, NULL, "invalid_utf8",
                            "the request body is not valid UTF-8 (invalid byte 0x%02X at offset "

@@ -189,14 +189,6 @@ int kvr_openai_check_length(const struct kvr_openai_req *r, uint32_t n_prompt, u
  * only. */
 int kvr_openai_parse_budget_header(const char *value, uint32_t *out_ms, struct kvr_openai_error *e);
 
-/* ---- UTF-8 -------------------------------------------------------------------------- */
-
-/* Offset of the first byte that is not part of valid UTF-8 (overlongs, surrogates and
- * code points above U+10FFFF are invalid), or len when all of it is valid. */
-size_t kvr_utf8_check(const char *s, size_t len);
-/* Append `s` with every maximal invalid subsequence replaced by U+FFFD. */
-void kvr_utf8_sanitize(struct kvr_sbuf *out, const char *s, size_t len);
-
 /* ---- stop strings ------------------------------------------------------------------- */
 
 /* Holds back generated text that could still turn out to begin a stop string. Feed it the

@@ -12,6 +12,7 @@
 
 #include "bridge/openai.h"
 #include "core/alloc.h"
+#include "core/utf8.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -643,26 +644,26 @@ static void test_budget_header(void **state)
 
 static void test_utf8(void **state)
 {
-    assert_int_equal(kvr_utf8_check("abc", 3), 3);
-    assert_int_equal(kvr_utf8_check("a\xC3\xA9z", 4), 4);
-    assert_int_equal(kvr_utf8_check("\xF0\x9F\x98\x80", 4), 4);
-    assert_int_equal(kvr_utf8_check("ab\xC3", 3), 2);        /* truncated */
-    assert_int_equal(kvr_utf8_check("a\x80", 2), 1);         /* lone continuation */
-    assert_int_equal(kvr_utf8_check("\xE0\x80\xAF", 3), 0);  /* overlong */
-    assert_int_equal(kvr_utf8_check("x\xED\xA0\x80", 4), 1); /* surrogate */
-    assert_int_equal(kvr_utf8_check("\xFF", 1), 0);
+    assert_int_equal(kvr_utf8_valid_len("abc", 3), 3);
+    assert_int_equal(kvr_utf8_valid_len("a\xC3\xA9z", 4), 4);
+    assert_int_equal(kvr_utf8_valid_len("\xF0\x9F\x98\x80", 4), 4);
+    assert_int_equal(kvr_utf8_valid_len("ab\xC3", 3), 2);        /* truncated */
+    assert_int_equal(kvr_utf8_valid_len("a\x80", 2), 1);         /* lone continuation */
+    assert_int_equal(kvr_utf8_valid_len("\xE0\x80\xAF", 3), 0);  /* overlong */
+    assert_int_equal(kvr_utf8_valid_len("x\xED\xA0\x80", 4), 1); /* surrogate */
+    assert_int_equal(kvr_utf8_valid_len("\xFF", 1), 0);
 
     struct kvr_sbuf b;
     kvr_sbuf_init(&b);
     /* One U+FFFD per maximal invalid subpart: "\xE2\x82" is one, "\x80" another. */
-    kvr_utf8_sanitize(&b,
-                      "a\xE2\x82"
-                      "b\x80\xC3\xA9",
-                      7);
+    kvr_utf8_sanitize_to(&b,
+                         "a\xE2\x82"
+                         "b\x80\xC3\xA9",
+                         7);
     assert_string_equal(b.data, "a\xEF\xBF\xBD"
                                 "b\xEF\xBF\xBD\xC3\xA9");
     kvr_sbuf_clear(&b);
-    kvr_utf8_sanitize(&b, "\xF0\x9F\x98", 3);
+    kvr_utf8_sanitize_to(&b, "\xF0\x9F\x98", 3);
     assert_string_equal(b.data, "\xEF\xBF\xBD");
     kvr_sbuf_fini(&b);
 }

@@ -18,7 +18,8 @@
 #include <string.h>
 
 /* ---- The originals ------------------------------------------------------------------
- * jinja_utf8.c ju_decode and ju_encode; openai.c utf8_seq, kvr_utf8_check and
+ * The private decoders core/utf8.h replaced, kept verbatim as references: jinja_utf8.c
+ * ju_decode and ju_encode; openai.c utf8_seq, kvr_utf8_check and
  * kvr_utf8_sanitize; tokenizer.c utf8_get, cp_lenient, utf8_len and utf8_put; cli
  * tokenize.c utf8_char. */
 
