@@ -61,7 +61,8 @@ def one_chat(url, i, max_tokens, out):
     req = urllib.request.Request(url + "/v1/chat/completions", data=body,
                                  headers={"Content-Type": "application/json"})
     t0 = time.monotonic()
-    rec = {"status": None, "first": None, "total": None, "reason": None}
+    rec = {"status": None, "first": None, "total": None, "reason": None, "message": None,
+           "retry_after": None}
     try:
         with urllib.request.urlopen(req, timeout=TOTAL_BUDGET_S + 60) as r:
             rec["status"] = r.status
@@ -75,8 +76,10 @@ def one_chat(url, i, max_tokens, out):
         rec["total"] = time.monotonic() - t0
     except urllib.error.HTTPError as e:
         rec["status"] = e.code
+        rec["retry_after"] = e.headers.get("Retry-After")
         try:
-            rec["reason"] = json.loads(e.read())["error"].get("code")
+            err = json.loads(e.read())["error"]
+            rec["reason"], rec["message"] = err.get("code"), err.get("message")
         except Exception:
             rec["reason"] = "?"
     except Exception as e:  # a dropped connection is a failure, not a refusal
@@ -111,6 +114,8 @@ def summary(name, out, wall):
           % (name, len(done), len(late), len(refused), reasons or "", len(failed),
              statistics.median(firsts) if firsts else 0, max(firsts) if firsts else 0,
              statistics.median(totals) if totals else 0, max(totals) if totals else 0, wall), flush=True)
+    for r in refused[:3]:
+        print("    refused: %s (Retry-After %s)" % (r["message"], r["retry_after"]), flush=True)
     return len(done), len(late), len(refused)
 
 
