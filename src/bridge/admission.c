@@ -658,8 +658,9 @@ int kvr_admission_admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t n
     struct prefill_eta eta = estimate_first_token(s, req, &ld, now, &check_ms);
     double raw_first = eta.first_ms, wait_ms = 0;
     uint8_t cls = eta_class(eta.batches);
-    if (s->n_running + s->wq_count >= s->plan->max_seqs || !ld.fits) {
-        /* It waits for a slot or KV: the queue model gives its first token. */
+    if (s->wq_count > 0 || s->n_running >= s->plan->max_seqs || !ld.fits) {
+        /* It waits for a slot or KV (or behind requests that do, in order): the queue
+         * model gives its first token. */
         /* The measured pace, never below the cost model's period at the load ours joins:
          * gaps measured at a lighter load a moment ago would promise a burst too much. */
         double gap_ms = kvr_recent_mean(&s->gaps, now, GAP_TAU_MS, ld.period, GAP_PRIOR);
