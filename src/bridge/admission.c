@@ -270,8 +270,8 @@ static int check_request(struct kvr_sched *s, struct kvr_sched_req *r, struct lo
         return refuse(s, why, KVR_REFUSE_KV_FULL, true, 0, "needs %u KV blocks, the ring has %u",
                       need, p->kv_blocks);
     if (s->wq_count >= s->max_waiting)
-        return refuse(s, why, KVR_REFUSE_QUEUE_FULL, false, 1000,
-                      "wait queue full (%u requests)", s->wq_count);
+        return refuse(s, why, KVR_REFUSE_QUEUE_FULL, false, 1000, "wait queue full (%u requests)",
+                      s->wq_count);
     return KVR_OK;
 }
 
@@ -380,8 +380,8 @@ struct queue {
     uint32_t n;
     double *done; /* [max_seqs + max_waiting] when each prompt in the lane is through */
     uint32_t n_done;
-    double lane_ms;                 /* the lane is free from then on */
-    double share_sum, share_ms;     /* the waiting share over the lane's time so far */
+    double lane_ms;             /* the lane is free from then on */
+    double share_sum, share_ms; /* the waiting share over the lane's time so far */
 };
 
 /* When the lane takes a prompt whose slot is there at t_ms: behind the ones before it. */
@@ -394,8 +394,7 @@ static double lane_start(const struct queue *qm, double t_ms)
  * streams while n_first requests wait for a first token (its own included; they set the
  * pacing rule's share): its first token, ms from now. */
 static double lane_through(struct kvr_sched *s, struct queue *qm, double start, double n_dec,
-                           double n_first, double ctx, uint32_t n_prompt, double rows,
-                           uint64_t now)
+                           double n_first, double ctx, uint32_t n_prompt, double rows, uint64_t now)
 {
     /* Pacing widens chunks by the waiting share of recent batches, a mean over seconds: a
      * queue that shrinks keeps the share it had. */
@@ -442,9 +441,9 @@ static void running_ends(struct kvr_sched *s, struct queue *qm, const struct loa
             uint32_t before = 0;
             for (uint32_t j = 0; j < p->max_seqs; j++) {
                 const struct seq *o = &s->seqs[j];
-                before += o->state == SEQ_PREFILL &&
-                          (seq_deadline(o) < seq_deadline(c) ||
-                           (seq_deadline(o) == seq_deadline(c) && j < i));
+                before +=
+                    o->state == SEQ_PREFILL && (seq_deadline(o) < seq_deadline(c) ||
+                                                (seq_deadline(o) == seq_deadline(c) && j < i));
             }
             q = before == rank ? c : NULL;
         }
@@ -452,8 +451,8 @@ static void running_ends(struct kvr_sched *s, struct queue *qm, const struct loa
             return;
         const struct kvr_sched_req *r = q->r;
         double rows = r->req.n_prompt + q->n_replay - q->n_prefilled;
-        double first = lane_through(s, qm, lane_start(qm, 0), n_dec + rank, n_first - rank,
-                                    ld->ctx, r->req.n_prompt, rows, now);
+        double first = lane_through(s, qm, lane_start(qm, 0), n_dec + rank, n_first - rank, ld->ctx,
+                                    r->req.n_prompt, rows, now);
         double togo = r->n_generated < r->req.max_tokens ? r->req.max_tokens - r->n_generated : 0;
         qm->ends[qm->n++] =
             (struct slot_free){first + (togo > 1 ? togo - 1 : 0) * gap_ms, q->kv_blocks};
@@ -499,9 +498,8 @@ static struct queue_eta queue_eta(struct kvr_sched *s, const struct kvr_sched_re
         for (uint32_t j = 0; j < qm.n_done; j++)
             n_pf += qm.done[j] > start;
         double n_dec = p->max_seqs - free_slots - n_pf;
-        double first = lane_through(s, &qm, start, n_dec > 0 ? n_dec : 0,
-                                    n_pf + s->wq_count - k, ld->ctx, w->req.n_prompt,
-                                    w->req.n_prompt - w->n_cached, now);
+        double first = lane_through(s, &qm, start, n_dec > 0 ? n_dec : 0, n_pf + s->wq_count - k,
+                                    ld->ctx, w->req.n_prompt, w->req.n_prompt - w->n_cached, now);
         if (w == r)
             return (struct queue_eta){t, first};
         qm.ends[qm.n++] = (struct slot_free){first + (w->req.max_tokens - 1.0) * gap_ms, need};
@@ -571,20 +569,19 @@ static struct idle idle_estimate(const struct kvr_sched *s, const struct kvr_gen
     double last = rows - (n_b - 1) * width;
     struct idle e;
     e.first_ms = (n_b - 1) * step +
-                 kvr_cost_trip_ms(m, (struct kvr_cost_shape){
-                                         last, kvr_cost_pairs(req->n_prompt - last, last)});
+                 kvr_cost_trip_ms(
+                     m, (struct kvr_cost_shape){last, kvr_cost_pairs(req->n_prompt - last, last)});
     const struct kvr_cost_shape none = {0, 0};
-    e.total_ms = e.first_ms + (req->max_tokens - 1.0) *
-                                  kvr_cost_period_ms(m, 1, req->n_prompt + req->max_tokens / 2.0,
-                                                     none);
+    e.total_ms =
+        e.first_ms + (req->max_tokens - 1.0) *
+                         kvr_cost_period_ms(m, 1, req->n_prompt + req->max_tokens / 2.0, none);
     return e;
 }
 
 /* Step 6: the request's own budgets. A budget that even the idle ring would miss is
  * refused for good (no retry hint); one the load makes late, with a hint. */
 static int check_budgets(struct kvr_sched *s, const struct kvr_gen_request *req,
-                         const struct load *ld, const struct promise *pr,
-                         struct kvr_refusal *why)
+                         const struct load *ld, const struct promise *pr, struct kvr_refusal *why)
 {
     struct idle idle = idle_estimate(s, req, ld);
     if (req->first_token_ms && pr->first_ms > req->first_token_ms) {
@@ -604,10 +601,9 @@ static int check_budgets(struct kvr_sched *s, const struct kvr_gen_request *req,
                           "can never meet the total budget: estimated %.0f ms > %u ms even "
                           "alone on an idle ring",
                           idle.total_ms, req->total_ms);
-        return refuse(s, why, KVR_REFUSE_TOTAL_BUDGET, false,
-                      retry_hint_ms(pr->total_ms - req->total_ms),
-                      "would miss the total budget: estimated %.0f ms > %u ms", pr->total_ms,
-                      req->total_ms);
+        return refuse(
+            s, why, KVR_REFUSE_TOTAL_BUDGET, false, retry_hint_ms(pr->total_ms - req->total_ms),
+            "would miss the total budget: estimated %.0f ms > %u ms", pr->total_ms, req->total_ms);
     }
     return KVR_OK;
 }

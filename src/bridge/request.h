@@ -28,8 +28,8 @@ struct kvr_gen_request {
 };
 
 /* Why a request was refused at once (nothing is queued to be late). The HTTP layer answers
- * each with its own status and error code (generation.c refusal_answers: 429 for the budgets and KV, 503 for the
- * queue and the ring, 400 for TOO_LONG, 500 for INTERNAL). */
+ * each with its own status and error code (generation.c refusal_answers: 429 for the budgets and
+ * KV, 503 for the queue and the ring, 400 for TOO_LONG, 500 for INTERNAL). */
 enum kvr_refusal_reason {
     KVR_REFUSE_NONE = 0,
     KVR_REFUSE_FIRST_TOKEN_BUDGET, /* the first token would come too late */

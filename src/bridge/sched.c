@@ -1139,8 +1139,7 @@ int kvr_sched_create(struct kvr_sched **out, const struct kvr_sched_config *cfg,
     s->found_scratch = kvr_calloc(max_blocks, sizeof *s->found_scratch);
     s->tok_scratch = kvr_calloc(p->kv_block_tokens, sizeof *s->tok_scratch);
     if (!s->seqs || !s->waitq || !s->batches || !s->admit_scratch || !s->ends_scratch ||
-        !s->lane_scratch ||
-        !s->pick_scratch || !s->tables || !s->found_scratch || !s->tok_scratch)
+        !s->lane_scratch || !s->pick_scratch || !s->tables || !s->found_scratch || !s->tok_scratch)
         goto nomem;
     int rc = kvr_kv_pool_init(&s->pool, p->kv_blocks, p->kv_block_tokens, err);
     if (rc) {

@@ -127,11 +127,11 @@ struct kvr_sched {
     /* Actual / raw first-token time, lately, by eta_class. The bias depends on how many
      * batches the estimate expected, and on the load, which the decay follows. */
     struct kvr_recent first_eta[ETA_CLASSES];
-    struct kvr_calib calib_total; /* actual / estimated time of whole answers */
-    struct kvr_recent gaps;       /* the streams' recent gaps between tokens, ms */
+    struct kvr_calib calib_total;    /* actual / estimated time of whole answers */
+    struct kvr_recent gaps;          /* the streams' recent gaps between tokens, ms */
     struct slot_free *admit_scratch; /* [max_seqs] the queue model's slots */
     double *lane_scratch;            /* [max_seqs + max_waiting] ... and its prompt lane */
-    double *ends_scratch;         /* [max_seqs + max_waiting] when streams stop decoding */
+    double *ends_scratch;            /* [max_seqs + max_waiting] when streams stop decoding */
 };
 
 /* Blocks for n_tokens positions. */

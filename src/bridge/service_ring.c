@@ -134,7 +134,8 @@ static void refusals(struct kvr_sbuf *out, const struct kvr_sched_stats *st)
                         "kvasir:admission_refused_total{reason=\"%s\",when=\"never\"} %llu\n",
                         names[r], (unsigned long long)now, names[r], (unsigned long long)never);
     }
-    kvr_sbuf_printf(out, "kvasir:admission_refused_total{reason=\"running_late\",when=\"now\"} %llu\n",
+    kvr_sbuf_printf(out,
+                    "kvasir:admission_refused_total{reason=\"running_late\",when=\"now\"} %llu\n",
                     (unsigned long long)st->refused_for_running);
 }
 

@@ -102,7 +102,7 @@ struct fake {
     enum kvr_refusal_reason refuse_reason; /* != NONE: refuse every submit */
     uint32_t refuse_retry_ms;
     bool refuse_never; /* the refusal says no retry can help */
-    int fail_after; /* >= 0: an error event after this many tokens */
+    int fail_after;    /* >= 0: an error event after this many tokens */
     int fail_status;
     bool healthy;
     /* Observations. */

@@ -144,9 +144,8 @@ static void test_admission_at_and_over_budget(void **state)
     assert_true(why.never);
     assert_int_equal(why.retry_after_ms, 0);
     uint32_t idle = 0;
-    assert_int_equal(sscanf(why.message, "can never meet the first-token budget: estimated %u ms",
-                            &idle),
-                     1);
+    assert_int_equal(
+        sscanf(why.message, "can never meet the first-token budget: estimated %u ms", &idle), 1);
     /* A budget the idle ring meets but this load does not: the refusal says by how much it
      * misses (retry_after_ms = estimate - budget + 1), which gives the estimate. */
     assert_int_equal(sh_submit(h, 5, 40, 10, 0, 1, idle + 1, 0, &why), KVR_EAGAIN);
@@ -163,8 +162,8 @@ static void test_admission_at_and_over_budget(void **state)
     assert_int_equal(sh_submit(h, 7, 40, 60, 0, 1, 0, 1, &why), KVR_EAGAIN);
     assert_int_equal(why.reason, KVR_REFUSE_TOTAL_BUDGET);
     assert_true(why.never && why.retry_after_ms == 0);
-    assert_int_equal(
-        sscanf(why.message, "can never meet the total budget: estimated %u ms", &idle), 1);
+    assert_int_equal(sscanf(why.message, "can never meet the total budget: estimated %u ms", &idle),
+                     1);
     assert_int_equal(sh_submit(h, 7, 40, 60, 0, 1, 0, idle + 1, &why), KVR_EAGAIN);
     assert_int_equal(why.reason, KVR_REFUSE_TOTAL_BUDGET);
     assert_false(why.never);
