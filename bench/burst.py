@@ -2,13 +2,16 @@
 """bench/burst.py - a burst of concurrent chat requests against admission, and without it.
 
     bench/burst.py [--kvasir BIN] [-m MODEL] [--stages 2] [-n 40] [--max-tokens 64]
-                   [--runs 3] [--threads N]
+                   [--runs 3] [--threads N] [--no-warmup]
 
 For each of RUNS rounds, starts `kvasir serve` on 127.0.0.1 twice, with admission (the
 default) and with --no-admission, and sends N chat completions at once (each a different
 short question, max_tokens MAX_TOKENS, default budgets). Prints per server: refused (429
 with their reasons), finished, first-token and whole-answer times (median, max) and the
-wall time of the burst. Admission is right when it refuses nothing that --no-admission
+wall time of the burst. Before the burst each server answers one short chat, as a server in
+use has: admission estimates nothing until its cost model has seen a few batches, so a burst
+at a server that never ran one is admitted whole (--no-warmup sends it all the same).
+--max-tokens 0 sends no max_tokens (the rest of the context). Admission is right when it refuses nothing that --no-admission
 finishes within the default budgets (first token 60 s, whole answer 600 s). The default
 model is the README's (scripts/serve.sh's): models/tinyllama-1.1b-q4_0.gguf, synthesised
 when missing. Stops every server it started.
@@ -50,12 +53,16 @@ def start_server(args, log_path, extra):
 
 
 def one_chat(url, i, max_tokens, out):
-    body = json.dumps({"messages": [{"role": "user", "content": "Question %d: what is %d + %d?" % (i, i, 7 * i)}],
-                       "max_tokens": max_tokens, "stream": True}).encode()
+    msg = {"messages": [{"role": "user", "content": "Question %d: what is %d + %d?" % (i, i, 7 * i)}],
+           "stream": True}
+    if max_tokens > 0:
+        msg["max_tokens"] = max_tokens
+    body = json.dumps(msg).encode()
     req = urllib.request.Request(url + "/v1/chat/completions", data=body,
                                  headers={"Content-Type": "application/json"})
     t0 = time.monotonic()
-    rec = {"status": None, "first": None, "total": None, "reason": None}
+    rec = {"status": None, "first": None, "total": None, "reason": None, "message": None,
+           "retry_after": None}
     try:
         with urllib.request.urlopen(req, timeout=TOTAL_BUDGET_S + 60) as r:
             rec["status"] = r.status
@@ -69,8 +76,10 @@ def one_chat(url, i, max_tokens, out):
         rec["total"] = time.monotonic() - t0
     except urllib.error.HTTPError as e:
         rec["status"] = e.code
+        rec["retry_after"] = e.headers.get("Retry-After")
         try:
-            rec["reason"] = json.loads(e.read())["error"].get("code")
+            err = json.loads(e.read())["error"]
+            rec["reason"], rec["message"] = err.get("code"), err.get("message")
         except Exception:
             rec["reason"] = "?"
     except Exception as e:  # a dropped connection is a failure, not a refusal
@@ -105,6 +114,8 @@ def summary(name, out, wall):
           % (name, len(done), len(late), len(refused), reasons or "", len(failed),
              statistics.median(firsts) if firsts else 0, max(firsts) if firsts else 0,
              statistics.median(totals) if totals else 0, max(totals) if totals else 0, wall), flush=True)
+    for r in refused[:3]:
+        print("    refused: %s (Retry-After %s)" % (r["message"], r["retry_after"]), flush=True)
     return len(done), len(late), len(refused)
 
 
@@ -117,6 +128,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--no-warmup", action="store_true")
     args = ap.parse_args()
     if not os.path.exists(args.model):
         os.makedirs(os.path.dirname(args.model), exist_ok=True)
@@ -130,6 +142,11 @@ def main():
         for name, extra in (("admission", []), ("no-admission", ["--no-admission"])):
             proc, url = start_server(args, os.path.join(tmp, "serve-%s.log" % name), extra)
             try:
+                if not args.no_warmup:
+                    warm = [None]
+                    one_chat(url, 0, 8, warm)
+                    if warm[0]["status"] != 200:
+                        sys.exit("burst: the warm-up request failed: %s" % warm[0])
                 out, wall = burst(url, args.n, args.max_tokens)
                 res[name] = summary(name, out, wall)
             finally:

@@ -36,19 +36,23 @@ static void observe_ratio(uint64_t *hist, double ratio)
     hist[i]++;
 }
 
+/* A refusal that no retry can help (`never`) carries no retry hint. */
 static int refuse(struct kvr_sched *s, struct kvr_refusal *why, enum kvr_refusal_reason reason,
-                  uint32_t retry_ms, const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+                  bool never, uint32_t retry_ms, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
 
 static int refuse(struct kvr_sched *s, struct kvr_refusal *why, enum kvr_refusal_reason reason,
-                  uint32_t retry_ms, const char *fmt, ...)
+                  bool never, uint32_t retry_ms, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     why->reason = reason;
-    why->retry_after_ms = retry_ms;
+    why->never = never;
+    why->retry_after_ms = never ? 0 : retry_ms;
     vsnprintf(why->message, sizeof why->message, fmt, ap);
     va_end(ap);
     s->stats.refused[reason]++;
+    s->stats.refused_never[reason] += never;
     return KVR_EAGAIN;
 }
 
@@ -217,7 +221,10 @@ static struct prefill_eta prefill_eta(const struct kvr_sched *s, struct kvr_cost
 }
 
 /* The calibration class of a first-token estimate that expects `batches` batches before
- * the first token: a few (the trip, nearly), tens, and the long waits in thin chunks. */
+ * the first token: a few (the trip, nearly), tens, and the long waits in thin chunks. A
+ * request that waits for a slot has its own (WAIT_CLASS): its error is the queue model's. */
+#define WAIT_CLASS (ETA_CLASSES - 1)
+
 static uint8_t eta_class(double batches)
 {
     return batches < 10 ? 0 : batches < 40 ? 1 : batches < 60 ? 2 : 3;
@@ -250,20 +257,20 @@ static int check_request(struct kvr_sched *s, struct kvr_sched_req *r, struct lo
     const struct kvr_gen_request *req = &r->req;
     const struct kvr_plan *p = s->plan;
     if ((uint64_t)req->n_prompt + req->max_tokens > p->n_ctx)
-        return refuse(s, why, KVR_REFUSE_TOO_LONG, 0,
+        return refuse(s, why, KVR_REFUSE_TOO_LONG, true, 0,
                       "prompt (%u tokens) + max_tokens (%u) exceed the context of %u",
                       req->n_prompt, req->max_tokens, p->n_ctx);
     if (!s->ring_up)
-        return refuse(s, why, KVR_REFUSE_RING_DOWN, 1000, "the ring is down");
+        return refuse(s, why, KVR_REFUSE_RING_DOWN, false, 1000, "the ring is down");
     uint32_t need = blocks_for(s, req->n_prompt + req->max_tokens), n_hit;
     ld->fits = kvr_sched_blocks_fit(s, req, &n_hit);
     ld->n_compute = req->n_prompt - n_hit * p->kv_block_tokens;
     r->n_cached = n_hit * p->kv_block_tokens;
     if (need > p->kv_blocks)
-        return refuse(s, why, KVR_REFUSE_KV_FULL, 0, "needs %u KV blocks, the ring has %u", need,
-                      p->kv_blocks);
+        return refuse(s, why, KVR_REFUSE_KV_FULL, true, 0, "needs %u KV blocks, the ring has %u",
+                      need, p->kv_blocks);
     if (s->wq_count >= s->max_waiting)
-        return refuse(s, why, KVR_REFUSE_QUEUE_FULL, 1000, "wait queue full (%u requests)",
+        return refuse(s, why, KVR_REFUSE_QUEUE_FULL, false, 1000, "wait queue full (%u requests)",
                       s->wq_count);
     return KVR_OK;
 }
@@ -335,29 +342,168 @@ static struct prefill_eta estimate_first_token(const struct kvr_sched *s,
     return eta;
 }
 
-/* Step 4: the wait for a slot or KV when none is free. The requests waiting before ours
- * take the first ones that free up, so ours waits for the (waiting + 1)-th running request
- * to end. Beyond the running ones, each wave of max_seqs requests takes a whole answer. */
-static double slot_wait_ms(struct kvr_sched *s, const struct kvr_gen_request *req,
-                           const struct load *ld)
+/* Step 4: the wait for a slot or KV when none is free, by a model of the queue (not a
+ * worst case). A running request frees its slot and blocks once its tokens to go have come
+ * at the gap between tokens: at once if it is ending; after its prompt, then its tokens,
+ * if it still prefills (the running prompts go through in deadline order, at the pace
+ * prefill_eta gives them). The requests waiting before ours take slots in order, each once
+ * a slot and its blocks are free, and keep them for their whole answer. Their prompts, then
+ * ours, go through one lane in order, beside the decode rows of the other slots, at the
+ * rows per ms the pacing rule leaves such batches. A request that stops early (EOS) only
+ * frees its slot sooner. */
+struct queue_eta {
+    double start_ms; /* ours has its slot and blocks */
+    double first_ms; /* ... and its first token */
+};
+
+/* The prompt lane beside n_dec decoding streams: ms per prefill row, and the trip of the
+ * batch with the last chunk. */
+struct lane {
+    double ms_per_row, trip_ms;
+};
+
+static struct lane lane_pace(const struct kvr_sched *s, double ctx, double n_dec, double share,
+                             uint32_t n_prompt, uint64_t now)
+{
+    double per = n_dec / s->plan->microbatches;
+    struct kvr_cost_shape dk = {per, per * (ctx + 1)};
+    double lim = kvr_pacing_limit_at_share_ms(s, dk, share, now);
+    struct eta_batch b = eta_batch(s, dk, n_prompt / 2.0, lim);
+    struct kvr_cost_shape full = {dk.rows + b.room,
+                                  dk.pairs + kvr_cost_pairs(n_prompt / 2.0, b.room)};
+    return (struct lane){b.step_ms / b.room, kvr_cost_trip_ms(&s->cost, full)};
+}
+
+/* The queue model's state: slots as they free up, and the lane's prompts. */
+struct queue {
+    struct slot_free *ends; /* [max_seqs] the slots that hold a request */
+    uint32_t n;
+    double *done; /* [max_seqs + max_waiting] when each prompt in the lane is through */
+    uint32_t n_done;
+    double lane_ms;             /* the lane is free from then on */
+    double share_sum, share_ms; /* the waiting share over the lane's time so far */
+};
+
+/* When the lane takes a prompt whose slot is there at t_ms: behind the ones before it. */
+static double lane_start(const struct queue *qm, double t_ms)
+{
+    return qm->lane_ms > t_ms ? qm->lane_ms : t_ms;
+}
+
+/* A prompt of `rows` rows goes through the lane from lane_start, beside n_dec decoding
+ * streams while n_first requests wait for a first token (its own included; they set the
+ * pacing rule's share): its first token, ms from now. */
+static double lane_through(struct kvr_sched *s, struct queue *qm, double start, double n_dec,
+                           double n_first, double ctx, uint32_t n_prompt, double rows, uint64_t now)
+{
+    /* Pacing widens chunks by the waiting share of recent batches, a mean over seconds: a
+     * queue that shrinks keeps the share it had. */
+    double share = n_dec > 0 ? n_first / n_dec : 1;
+    if (qm->share_ms > 0 && qm->share_sum / qm->share_ms > share)
+        share = qm->share_sum / qm->share_ms;
+    struct lane pace = lane_pace(s, ctx, n_dec, share, n_prompt, now);
+    qm->share_sum += share * rows * pace.ms_per_row;
+    qm->share_ms += rows * pace.ms_per_row;
+    qm->lane_ms = start + rows * pace.ms_per_row;
+    double first = qm->lane_ms + pace.trip_ms;
+    qm->done[qm->n_done++] = first;
+    return first;
+}
+
+/* The running sequences' slots as they free up: at once if ending, after their tokens to go
+ * if decoding, after their prompt (in the lane, in deadline order) and their tokens if
+ * prefilling. */
+static void running_ends(struct kvr_sched *s, struct queue *qm, const struct load *ld,
+                         double gap_ms, uint64_t now)
 {
     const struct kvr_plan *p = s->plan;
-    if (s->n_running + s->wq_count < p->max_seqs && ld->fits)
-        return 0;
-    double *left = s->admit_scratch;
-    uint32_t n = 0;
     for (uint32_t i = 0; i < p->max_seqs; i++) {
         const struct seq *q = &s->seqs[i];
-        if (q->state == SEQ_FREE)
+        if (q->state == SEQ_FREE || q->state == SEQ_PREFILL)
             continue;
-        left[n++] = ((double)q->r->req.max_tokens - q->r->n_generated) * ld->period;
+        const struct kvr_sched_req *r = q->r;
+        double togo = r->n_generated < r->req.max_tokens ? r->req.max_tokens - r->n_generated : 0;
+        double at = q->state == SEQ_ENDING ? 0 : togo * gap_ms;
+        qm->ends[qm->n++] = (struct slot_free){at, q->kv_blocks};
     }
-    qsort(left, n, sizeof *left, cmp_double);
-    uint32_t k = s->wq_count; /* ahead of us */
-    if (n == 0)
-        return 0;
-    double answer_ms = (double)req->max_tokens * ld->period;
-    return k < n ? left[k] : left[n - 1] + (double)(k - n + 1) / p->max_seqs * answer_ms;
+    uint32_t n_dec = 0, n_first = s->wq_count + 1; /* the waiting ones and ours */
+    for (uint32_t i = 0; i < p->max_seqs; i++) {
+        n_dec += s->seqs[i].decoding && s->seqs[i].state != SEQ_ENDING;
+        n_first += s->seqs[i].state == SEQ_PREFILL;
+    }
+    /* The prompts in deadline order (then slot order): each decodes once it is through. */
+    for (uint32_t rank = 0;; rank++) {
+        const struct seq *q = NULL;
+        for (uint32_t i = 0; i < p->max_seqs && !q; i++) {
+            const struct seq *c = &s->seqs[i];
+            if (c->state != SEQ_PREFILL)
+                continue;
+            uint32_t before = 0;
+            for (uint32_t j = 0; j < p->max_seqs; j++) {
+                const struct seq *o = &s->seqs[j];
+                before +=
+                    o->state == SEQ_PREFILL && (seq_deadline(o) < seq_deadline(c) ||
+                                                (seq_deadline(o) == seq_deadline(c) && j < i));
+            }
+            q = before == rank ? c : NULL;
+        }
+        if (!q)
+            return;
+        const struct kvr_sched_req *r = q->r;
+        double rows = r->req.n_prompt + q->n_replay - q->n_prefilled;
+        double first = lane_through(s, qm, lane_start(qm, 0), n_dec + rank, n_first - rank, ld->ctx,
+                                    r->req.n_prompt, rows, now);
+        double togo = r->n_generated < r->req.max_tokens ? r->req.max_tokens - r->n_generated : 0;
+        qm->ends[qm->n++] =
+            (struct slot_free){first + (togo > 1 ? togo - 1 : 0) * gap_ms, q->kv_blocks};
+    }
+}
+
+/* Take the slot that frees up first out of the queue model. */
+static struct slot_free first_free(struct queue *qm)
+{
+    uint32_t m = 0;
+    for (uint32_t i = 1; i < qm->n; i++)
+        if (qm->ends[i].at_ms < qm->ends[m].at_ms)
+            m = i;
+    struct slot_free f = qm->ends[m];
+    qm->ends[m] = qm->ends[--qm->n];
+    return f;
+}
+
+static struct queue_eta queue_eta(struct kvr_sched *s, const struct kvr_sched_req *r,
+                                  const struct load *ld, double gap_ms, uint64_t now)
+{
+    const struct kvr_plan *p = s->plan;
+    const uint32_t bt = p->kv_block_tokens;
+    struct queue qm = {.ends = s->admit_scratch, .done = s->lane_scratch};
+    running_ends(s, &qm, ld, gap_ms, now);
+    uint32_t free_slots = p->max_seqs - qm.n;
+    int64_t avail = kvr_kv_pool_available(&s->pool);
+    double t = 0;
+    for (uint32_t k = 0;; k++) {
+        const struct kvr_sched_req *w =
+            k < s->wq_count ? s->waitq[(s->wq_head + k) % s->max_waiting] : r;
+        uint32_t need = blocks_for(s, w->req.n_prompt + w->req.max_tokens) - w->n_cached / bt;
+        while ((free_slots == 0 || avail < need) && qm.n > 0) {
+            struct slot_free f = first_free(&qm);
+            t = f.at_ms > t ? f.at_ms : t;
+            free_slots++;
+            avail += f.blocks;
+        }
+        free_slots--;
+        avail -= need;
+        /* Beside it decode the slots' requests whose prompts are through by then. */
+        double start = lane_start(&qm, t), n_pf = 1;
+        for (uint32_t j = 0; j < qm.n_done; j++)
+            n_pf += qm.done[j] > start;
+        double n_dec = p->max_seqs - free_slots - n_pf;
+        double first = lane_through(s, &qm, start, n_dec > 0 ? n_dec : 0, n_pf + s->wq_count - k,
+                                    ld->ctx, w->req.n_prompt, w->req.n_prompt - w->n_cached, now);
+        if (w == r)
+            return (struct queue_eta){t, first};
+        qm.ends[qm.n++] = (struct slot_free){first + (w->req.max_tokens - 1.0) * gap_ms, need};
+    }
 }
 
 /* Step 5: the estimates kept in r->est, and the promise checked against the budgets. The
@@ -368,7 +514,7 @@ static double slot_wait_ms(struct kvr_sched *s, const struct kvr_gen_request *re
  * arrive while it decodes than on the load when it starts. */
 static struct promise estimate_answer(struct kvr_sched *s, struct kvr_sched_req *r,
                                       const struct load *ld, double raw_first, double checked_first,
-                                      const struct prefill_eta *eta, uint64_t now)
+                                      uint8_t cls, uint64_t now)
 {
     const struct kvr_gen_request *req = &r->req;
     struct kvr_estimate *e = &r->est;
@@ -376,7 +522,7 @@ static struct promise estimate_answer(struct kvr_sched *s, struct kvr_sched_req 
     double f_total = kvr_calib_factor(&s->calib_total, ADMIT_MARGIN);
     e->raw_first_ms = raw_first;
     e->checked_first_ms = checked_first;
-    e->eta_class = eta_class(eta->batches);
+    e->eta_class = cls;
     double f_class = kvr_recent_mean(&s->first_eta[e->eta_class], now, ETA_TAU_MS, 1.0, ETA_PRIOR);
     e->first_ms = raw_first * f_class;
     double gap_ms = kvr_recent_mean(&s->gaps, now, GAP_TAU_MS, ld->period, GAP_PRIOR);
@@ -403,19 +549,62 @@ static struct promise estimate_answer(struct kvr_sched *s, struct kvr_sched_req 
     return pr;
 }
 
-/* Step 6: the request's own budgets. */
-static int check_budgets(struct kvr_sched *s, const struct kvr_gen_request *req,
-                         const struct promise *pr, struct kvr_refusal *why)
+/* What this request alone on an idle ring would take, raw (no safety factor): its prompt
+ * in batches of the row width, following each other at the slowest stage's pace (or a trip
+ * over the window), the last one all the way round; then its tokens at one stream's period.
+ * A budget below it can never be met, whatever the load. */
+struct idle {
+    double first_ms, total_ms;
+};
+
+static struct idle idle_estimate(const struct kvr_sched *s, const struct kvr_gen_request *req,
+                                 const struct load *ld)
 {
-    if (req->first_token_ms && pr->first_ms > req->first_token_ms)
-        return refuse(s, why, KVR_REFUSE_FIRST_TOKEN_BUDGET,
+    const struct kvr_cost_model *m = &s->cost;
+    double width = s->plan->row_width, rows = ld->n_compute > 0 ? ld->n_compute : 1;
+    double n_b = ceil(rows / width - 1e-9);
+    struct kvr_cost_shape full = {width, kvr_cost_pairs(req->n_prompt / 2.0, width)};
+    double step = kvr_cost_trip_ms(m, full) / s->plan->microbatches;
+    step = step > kvr_cost_batch_ms(m, full) ? step : kvr_cost_batch_ms(m, full);
+    double last = rows - (n_b - 1) * width;
+    struct idle e;
+    e.first_ms = (n_b - 1) * step +
+                 kvr_cost_trip_ms(
+                     m, (struct kvr_cost_shape){last, kvr_cost_pairs(req->n_prompt - last, last)});
+    const struct kvr_cost_shape none = {0, 0};
+    e.total_ms =
+        e.first_ms + (req->max_tokens - 1.0) *
+                         kvr_cost_period_ms(m, 1, req->n_prompt + req->max_tokens / 2.0, none);
+    return e;
+}
+
+/* Step 6: the request's own budgets. A budget that even the idle ring would miss is
+ * refused for good (no retry hint); one the load makes late, with a hint. */
+static int check_budgets(struct kvr_sched *s, const struct kvr_gen_request *req,
+                         const struct load *ld, const struct promise *pr, struct kvr_refusal *why)
+{
+    struct idle idle = idle_estimate(s, req, ld);
+    if (req->first_token_ms && pr->first_ms > req->first_token_ms) {
+        if (idle.first_ms > req->first_token_ms)
+            return refuse(s, why, KVR_REFUSE_FIRST_TOKEN_BUDGET, true, 0,
+                          "can never meet the first-token budget: estimated %.0f ms > %u ms "
+                          "even alone on an idle ring",
+                          idle.first_ms, req->first_token_ms);
+        return refuse(s, why, KVR_REFUSE_FIRST_TOKEN_BUDGET, false,
                       retry_hint_ms(pr->first_ms - req->first_token_ms),
                       "would miss the first-token budget: estimated %.0f ms > %u ms", pr->first_ms,
                       req->first_token_ms);
-    if (req->total_ms && pr->total_ms > req->total_ms)
-        return refuse(s, why, KVR_REFUSE_TOTAL_BUDGET, retry_hint_ms(pr->total_ms - req->total_ms),
-                      "would miss the total budget: estimated %.0f ms > %u ms", pr->total_ms,
-                      req->total_ms);
+    }
+    if (req->total_ms && pr->total_ms > req->total_ms) {
+        if (idle.total_ms > req->total_ms)
+            return refuse(s, why, KVR_REFUSE_TOTAL_BUDGET, true, 0,
+                          "can never meet the total budget: estimated %.0f ms > %u ms even "
+                          "alone on an idle ring",
+                          idle.total_ms, req->total_ms);
+        return refuse(
+            s, why, KVR_REFUSE_TOTAL_BUDGET, false, retry_hint_ms(pr->total_ms - req->total_ms),
+            "would miss the total budget: estimated %.0f ms > %u ms", pr->total_ms, req->total_ms);
+    }
     return KVR_OK;
 }
 
@@ -439,11 +628,13 @@ static int check_running(struct kvr_sched *s, const struct kvr_gen_request *req,
         double togo = (double)other->req.max_tokens - other->n_generated;
         double on_time = f_period * togo * period_before;
         double with_us = f_period * (delay + togo * ld->period);
-        if (on_time <= left_ms && with_us > left_ms)
-            return refuse(s, why, KVR_REFUSE_TOTAL_BUDGET, retry_hint_ms(with_us - left_ms),
+        if (on_time <= left_ms && with_us > left_ms) {
+            s->stats.refused_for_running++;
+            return refuse(s, why, KVR_REFUSE_TOTAL_BUDGET, false, retry_hint_ms(with_us - left_ms),
                           "would make a running request miss its budget (%.0f ms left, "
                           "%.0f ms needed with this one)",
                           left_ms, with_us);
+        }
     }
     return KVR_OK;
 }
@@ -461,9 +652,21 @@ int kvr_admission_admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t n
     measure_load(s, req, &ld);
     double check_ms;
     struct prefill_eta eta = estimate_first_token(s, req, &ld, now, &check_ms);
-    double wait_ms = slot_wait_ms(s, req, &ld);
-    double raw_first = wait_ms + eta.first_ms;
-    struct promise pr = estimate_answer(s, r, &ld, raw_first, wait_ms + check_ms, &eta, now);
+    double raw_first = eta.first_ms, wait_ms = 0;
+    uint8_t cls = eta_class(eta.batches);
+    if (s->wq_count > 0 || s->n_running >= s->plan->max_seqs || !ld.fits) {
+        /* It waits for a slot or KV (or behind requests that do, in order): the queue
+         * model gives its first token. */
+        /* The measured pace, never below the cost model's period at the load ours joins:
+         * gaps measured at a lighter load a moment ago would promise a burst too much. */
+        double gap_ms = kvr_recent_mean(&s->gaps, now, GAP_TAU_MS, ld.period, GAP_PRIOR);
+        gap_ms = gap_ms > ld.period ? gap_ms : ld.period;
+        struct queue_eta q = queue_eta(s, r, &ld, gap_ms, now);
+        wait_ms = q.start_ms;
+        raw_first = check_ms = q.first_ms;
+        cls = WAIT_CLASS;
+    }
+    struct promise pr = estimate_answer(s, r, &ld, raw_first, check_ms, cls, now);
     KVR_DEBUG("bridge: estimate %llu: prompt %u (%u to compute, %.0f rows ahead in %.0f batches "
               "of %.0f), %u running, %u waiting, slot wait %.0f ms, step %.0f ms, period %.1f "
               "ms; first token %.0f ms (raw %.0f, checked %.0f), whole %.0f ms (checked %.0f)",
@@ -472,7 +675,7 @@ int kvr_admission_admit(struct kvr_sched *s, struct kvr_sched_req *r, uint64_t n
               raw_first, pr.first_ms, pr.est_total_ms, pr.total_ms);
     if (!s->cfg.admission) /* estimated (and exported) all the same, never refused */
         return KVR_OK;
-    rc = check_budgets(s, req, &pr, why);
+    rc = check_budgets(s, req, &ld, &pr, why);
     if (rc)
         return rc;
     return check_running(s, req, &ld, &eta, now, why);

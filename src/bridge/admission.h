@@ -3,7 +3,11 @@
  *
  * The estimate. The first token comes after the prompt rows ahead of the request (its own
  * included) have gone through, in the prefill room pacing (pacing.h) leaves beside the
- * decoding streams, plus the wait for a slot or KV when none is free. The last token comes
+ * decoding streams. A request that must wait for a slot or KV is estimated by a model of
+ * the queue instead: the slots free up as the running requests' tokens to go come at the
+ * measured pace, the requests waiting before it take them in order, and the prompts go
+ * through one lane in that order (not a worst case: a request that stops early only frees
+ * its slot sooner). The last token comes
  * max_tokens - 1 gaps later: the streams' recent gaps, beside the cost model's period. The
  * raw estimates are corrected by the recent error of estimates like them, and kept in the
  * request's struct kvr_estimate (sched.h), which the outcome later checks.
@@ -13,7 +17,9 @@
  * cost model is ready and cfg.admission is on, a first token or a whole answer that would
  * miss its budget, and a request that would make an on-time running request late.
  * Budgets are checked against a high quantile of the estimates' error: a late answer is
- * worse than a refused one.
+ * worse than a refused one. A refusal says whether a retry could help (struct kvr_refusal
+ * never): a budget that the request alone on an idle ring would miss, a request beyond the
+ * context or the ring's KV can never succeed, and gets no retry hint.
  *
  * Admission owns the fields marked "Admission's" in sched_state.h. sched.c calls it; one
  * thread at a time (the scheduler's caller). */

@@ -280,8 +280,9 @@ int kvr_generation_prepare(struct kvr_generation *g, const char *body, size_t le
 /* ---- submit --------------------------------------------------------------------------- */
 
 /* What the client is told of a refusal (request.h): the HTTP status and the error code,
- * which is also the metric's reason label. A KV-full refusal always says when to try
- * again (1 s at least), because the blocks free up as other requests finish. */
+ * which is also the metric's reason label. A KV-full refusal says when to try again (1 s
+ * at least), because the blocks free up as other requests finish, unless no retry can
+ * help (struct kvr_refusal never). */
 static const struct {
     int status;
     enum kvr_http_refused code;
@@ -313,7 +314,8 @@ static void refused(struct kvr_generation *g, struct kvr_refusal *refusal,
     uint32_t retry_s = (uint32_t)(((uint64_t)refusal->retry_after_ms + 999) / 1000);
     if (retry_s < refusal_answers[why].min_retry_s)
         retry_s = refusal_answers[why].min_retry_s;
-    *retry_after_s = retry_s;
+    /* A refusal no retry can help says so by sending no Retry-After. */
+    *retry_after_s = refusal->never ? 0 : retry_s;
 }
 
 int kvr_generation_submit(struct kvr_generation *g, struct kvr_openai_error *e,

@@ -158,6 +158,17 @@ double kvr_pacing_chunk_limit_ms(const struct kvr_sched *s, struct kvr_cost_shap
     return prefill_urgent(s, rate, full, alone, now) ? afford : cap;
 }
 
+double kvr_pacing_limit_at_share_ms(const struct kvr_sched *s, struct kvr_cost_shape decode,
+                                    double share, uint64_t now)
+{
+    if (decode.rows <= 0 || !kvr_cost_ready(&s->cost))
+        return 0;
+    double alone = kvr_pacing_window_ms(s, decode, 1.0);
+    double afford = affordable_gap_ms(s, alone, now);
+    double cap = ITL_SLOWDOWN * (share > 1 ? share : 1) * alone;
+    return afford <= cap ? afford : cap;
+}
+
 double kvr_pacing_batch_limit_ms(struct kvr_sched *s, struct kvr_cost_shape decode,
                                  uint32_t n_decoding, uint64_t now)
 {

@@ -43,6 +43,11 @@ uint32_t kvr_pacing_prefill_fit(const struct kvr_sched *s, struct kvr_cost_shape
 double kvr_pacing_chunk_limit_ms(const struct kvr_sched *s, struct kvr_cost_shape decode,
                                  bool urgent_too, uint64_t now);
 
+/* The same rule with a waiting share given instead of the recent one: admission asks for
+ * the pace of a queue it models, whose share is its own. */
+double kvr_pacing_limit_at_share_ms(const struct kvr_sched *s, struct kvr_cost_shape decode,
+                                    double share, uint64_t now);
+
 /* The limit for the batch being built: records the waiting share of this batch when
  * streams decode (n_decoding > 0), then kvr_pacing_chunk_limit_ms. */
 double kvr_pacing_batch_limit_ms(struct kvr_sched *s, struct kvr_cost_shape decode,

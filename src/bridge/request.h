@@ -46,6 +46,11 @@ enum kvr_refusal_reason {
 
 struct kvr_refusal {
     enum kvr_refusal_reason reason;
+    /* No retry can succeed: the request would miss its budget even alone on an idle ring,
+     * needs more KV blocks than the ring has, or does not fit the context. Such a refusal
+     * carries no retry hint, and the HTTP layer sends no Retry-After (a client that
+     * retries would only be refused again). */
+    bool never;
     uint32_t retry_after_ms; /* when to try again (0: no hint); sent as Retry-After */
     /* Shown to the client, e.g. "would miss first-token budget: estimated 812 ms > 500 ms",
      * "kv cache full: need 12 blocks, 3 free", "queue full (64 requests)". */

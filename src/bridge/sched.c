@@ -1159,6 +1159,7 @@ void kvr_sched_destroy(struct kvr_sched *s)
     kvr_free(s->found_scratch);
     kvr_free(s->tok_scratch);
     kvr_free(s->admit_scratch);
+    kvr_free(s->lane_scratch);
     kvr_free(s->ends_scratch);
     kvr_free(s->pick_scratch);
     kvr_free(s->seqs);
@@ -1190,13 +1191,14 @@ int kvr_sched_create(struct kvr_sched **out, const struct kvr_sched_config *cfg,
     s->batches = kvr_calloc(p->microbatches, sizeof *s->batches);
     s->admit_scratch = kvr_calloc(p->max_seqs, sizeof *s->admit_scratch);
     s->ends_scratch = kvr_calloc((size_t)p->max_seqs + s->max_waiting, sizeof *s->ends_scratch);
+    s->lane_scratch = kvr_calloc((size_t)p->max_seqs + s->max_waiting, sizeof *s->lane_scratch);
     s->pick_scratch = kvr_calloc(p->max_seqs + 1, sizeof *s->pick_scratch);
     s->max_blocks_per_seq = max_blocks;
     s->tables = kvr_calloc((size_t)p->max_seqs * max_blocks, sizeof *s->tables);
     s->found_scratch = kvr_calloc(max_blocks, sizeof *s->found_scratch);
     s->tok_scratch = kvr_calloc(p->kv_block_tokens, sizeof *s->tok_scratch);
     if (!s->seqs || !s->waitq || !s->batches || !s->admit_scratch || !s->ends_scratch ||
-        !s->pick_scratch || !s->tables || !s->found_scratch || !s->tok_scratch)
+        !s->lane_scratch || !s->pick_scratch || !s->tables || !s->found_scratch || !s->tok_scratch)
         goto nomem;
     int rc = kvr_kv_pool_init(&s->pool, p->kv_blocks, p->kv_block_tokens, err);
     if (rc) {

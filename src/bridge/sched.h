@@ -171,6 +171,10 @@ struct kvr_sched_stats {
     uint64_t prompt_tokens;  /* prefill rows completed */
     uint64_t generated_tokens;
     uint64_t admitted, refused[KVR_REFUSE_REASON_COUNT];
+    /* Of refused[], those that no retry could help (struct kvr_refusal never), and those of
+     * TOTAL_BUDGET refused because a running request would have become late. */
+    uint64_t refused_never[KVR_REFUSE_REASON_COUNT];
+    uint64_t refused_for_running;
     uint64_t queue_hist[KVR_SCHED_QUEUE_BUCKETS + 1]; /* last bucket: +Inf */
     double queue_sum_s;
     uint64_t queue_count;

@@ -19,8 +19,15 @@
 /* The least safety factor on a prediction: a late answer is worse than a refused one. */
 #define ADMIT_MARGIN 1.1
 
-/* First-token estimates are corrected per class of expected batches (admission.c). */
-#define ETA_CLASSES 4
+/* First-token estimates are corrected per class of expected batches, and requests that
+ * wait for a slot or KV in a class of their own (admission.c). */
+#define ETA_CLASSES 5
+
+/* When a slot frees up in admission's model of the queue, and the KV blocks it returns. */
+struct slot_free {
+    double at_ms;    /* from now */
+    uint32_t blocks; /* blocks it holds */
+};
 
 enum seq_state {
     SEQ_FREE,    /* no request */
@@ -120,10 +127,11 @@ struct kvr_sched {
     /* Actual / raw first-token time, lately, by eta_class. The bias depends on how many
      * batches the estimate expected, and on the load, which the decay follows. */
     struct kvr_recent first_eta[ETA_CLASSES];
-    struct kvr_calib calib_total; /* actual / estimated time of whole answers */
-    struct kvr_recent gaps;       /* the streams' recent gaps between tokens, ms */
-    double *admit_scratch;        /* [max_seqs] slot-wait working memory */
-    double *ends_scratch;         /* [max_seqs + max_waiting] when streams stop decoding */
+    struct kvr_calib calib_total;    /* actual / estimated time of whole answers */
+    struct kvr_recent gaps;          /* the streams' recent gaps between tokens, ms */
+    struct slot_free *admit_scratch; /* [max_seqs] the queue model's slots */
+    double *lane_scratch;            /* [max_seqs + max_waiting] ... and its prompt lane */
+    double *ends_scratch;            /* [max_seqs + max_waiting] when streams stop decoding */
 
     /* The console's telemetry (cfg.telemetry; sched.c's "telemetry" section). */
     uint64_t next_req_id; /* the last id submit gave */

@@ -107,6 +107,38 @@ static long ring_reset_prefix_cache(void *ctx)
     return (long)kvr_bridge_flush_cache(rs->bridge);
 }
 
+/* The scheduler's refusals by reason (request.h), and whether a retry could help: "now"
+ * (the load made it late, or the queue or ring was not ready) or "never" (the budget is
+ * below what the idle ring takes, or the request needs more than the ring has). A total
+ * budget refused to keep a running request on time has its own reason, running_late. */
+static void refusals(struct kvr_sbuf *out, const struct kvr_sched_stats *st)
+{
+    static const char *const names[KVR_REFUSE_REASON_COUNT] = {
+        [KVR_REFUSE_FIRST_TOKEN_BUDGET] = "first_token_budget",
+        [KVR_REFUSE_TOTAL_BUDGET] = "total_budget",
+        [KVR_REFUSE_KV_FULL] = "kv_full",
+        [KVR_REFUSE_QUEUE_FULL] = "queue_full",
+        [KVR_REFUSE_TOO_LONG] = "too_long",
+        [KVR_REFUSE_RING_DOWN] = "ring_down",
+        [KVR_REFUSE_INTERNAL] = "internal",
+    };
+    kvr_sbuf_puts(out, "# HELP kvasir:admission_refused_total Requests the scheduler refused, by "
+                       "reason; when=\"never\" if no retry could succeed.\n"
+                       "# TYPE kvasir:admission_refused_total counter\n");
+    for (uint32_t r = 1; r < KVR_REFUSE_REASON_COUNT; r++) {
+        uint64_t never = st->refused_never[r], now = st->refused[r] - never;
+        if (r == KVR_REFUSE_TOTAL_BUDGET)
+            now -= st->refused_for_running;
+        kvr_sbuf_printf(out,
+                        "kvasir:admission_refused_total{reason=\"%s\",when=\"now\"} %llu\n"
+                        "kvasir:admission_refused_total{reason=\"%s\",when=\"never\"} %llu\n",
+                        names[r], (unsigned long long)now, names[r], (unsigned long long)never);
+    }
+    kvr_sbuf_printf(out,
+                    "kvasir:admission_refused_total{reason=\"running_late\",when=\"now\"} %llu\n",
+                    (unsigned long long)st->refused_for_running);
+}
+
 static void ring_metrics(void *ctx, struct kvr_sbuf *out)
 {
     struct kvr_ring_service *rs = ctx;
@@ -173,6 +205,7 @@ static void ring_metrics(void *ctx, struct kvr_sbuf *out)
                     "# TYPE kvasir:requests_admitted_total counter\n"
                     "kvasir:requests_admitted_total %llu\n",
                     (unsigned long long)st.admitted);
+    refusals(out, &st);
     kvr_sbuf_puts(out, "# HELP kvasir:request_queue_time_seconds Time from admission to a "
                        "sequence slot.\n# TYPE kvasir:request_queue_time_seconds histogram\n");
     uint64_t cum = 0;

@@ -94,6 +94,20 @@ assert r["max"] < 1000, r
 print(f"refusals: {by['n']}, p50 {r['p50']} ms, max {r['max']} ms")
 EOF
 
+# 3b. Such a budget can never be met (the idle ring misses it too): the 429 says so and has
+#     no Retry-After, and /metrics counts it as a "never" refusal.
+curl -s -m 10 -D "$TMP/never.hdr" -o "$TMP/never.json" "$SERVE_URL/v1/completions" \
+    -H 'Content-Type: application/json' \
+    -d '{"prompt": "hello there", "max_tokens": 200, "latency_budget": {"total_ms": 1}}' ||
+    fail "the never-refused request got no answer"
+grep -q "^HTTP/1.1 429" "$TMP/never.hdr" || { cat "$TMP/never.hdr"; fail "expected a 429"; }
+grep -qi "^Retry-After" "$TMP/never.hdr" && { cat "$TMP/never.hdr"; fail "a never-refusal sent Retry-After"; }
+grep -q "can never meet the total budget" "$TMP/never.json" ||
+    { cat "$TMP/never.json"; fail "the refusal does not say the budget can never be met"; }
+never=$(curl -s -m 5 "$SERVE_URL/metrics" |
+    sed -n 's/^kvasir:admission_refused_total{reason="total_budget",when="never"} //p')
+[ "${never:-0}" -ge 1 ] || fail "no never-refusal counted in /metrics (got '$never')"
+
 # 4. A sweep over two rates with an SVG plot.
 timeout 120 "$KVASIR" bench --url "$SERVE_URL" --sweep 2,4 --num-requests 4 --prompt-len 8 \
     --output-len 4 --ttft-budget-ms 5000 --json "$TMP/sweep.json" --svg "$TMP/sweep.svg" \

@@ -31,6 +31,13 @@ static void sim_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched
     struct sim_req *q = r->user;
     if (ev->type == KVR_SCHED_EV_END)
         m->completed += ev->gen.finish == KVR_GEN_FINISH_LENGTH;
+    if (ev->type == KVR_SCHED_EV_END && q->measured) {
+        uint64_t first_due = r->req.first_token_ms ? r->req.first_token_ms * SIM_MS : UINT64_MAX;
+        uint64_t total_due = r->req.total_ms ? r->req.total_ms * SIM_MS : UINT64_MAX;
+        m->n_late += ev->gen.finish != KVR_GEN_FINISH_LENGTH ||
+                     r->first_token_ns - r->submit_ns > first_due ||
+                     ev->gen.t_ns - r->submit_ns > total_due;
+    }
     if (ev->type == KVR_SCHED_EV_END && q->measured && ev->gen.finish == KVR_GEN_FINISH_LENGTH &&
         r->est.first_ms > 0 && !r->held_once && m->n_err < SIM_REQS * 8) {
         double first = (r->first_token_ns - r->submit_ns) / 1e6;

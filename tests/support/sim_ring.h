@@ -63,6 +63,7 @@ struct sim {
     /* |estimate / actual - 1| of the measured requests that ended, first token and whole */
     double err_first[SIM_REQS * 8], err_total[SIM_REQS * 8];
     uint32_t n_err;
+    uint32_t n_late; /* measured requests that missed a budget (first token or whole) */
     /* The futures experiment (sim_futures): where outcomes go, the request last submitted,
      * and in a child, the request it follows and the pipe its outcome goes to. */
     FILE *futures;

@@ -102,7 +102,8 @@ struct fake {
     uint32_t delay_ms;                     /* before each token */
     enum kvr_refusal_reason refuse_reason; /* != NONE: refuse every submit */
     uint32_t refuse_retry_ms;
-    int fail_after; /* >= 0: an error event after this many tokens */
+    bool refuse_never; /* the refusal says no retry can help */
+    int fail_after;    /* >= 0: an error event after this many tokens */
     int fail_status;
     bool healthy;
     /* Observations. */
@@ -132,6 +133,7 @@ static int fake_submit(void *ctx, const struct kvr_gen_request *req, struct kvr_
     if (f->refuse_reason != KVR_REFUSE_NONE) {
         refusal->retry_after_ms = f->refuse_retry_ms;
         refusal->reason = f->refuse_reason;
+        refusal->never = f->refuse_never;
         snprintf(refusal->message, sizeof refusal->message,
                  "would miss first-token budget: estimated 812 ms > 500 ms");
         pthread_mutex_unlock(&f->mu);
@@ -265,6 +267,7 @@ static void fake_reset(struct fake *f)
     f->eos_after_script = true;
     f->delay_ms = 1;
     f->refuse_reason = KVR_REFUSE_NONE;
+    f->refuse_never = false;
     f->fail_after = -1;
     f->healthy = true;
     pthread_mutex_unlock(&f->mu);
@@ -1000,6 +1003,19 @@ static void test_refusal_and_errors(void **state)
     assert_true(after[0] - before[0] == 2 && after[1] - before[1] == 1); /* both budgets */
     assert_true(after[2] - before[2] == 1 && after[3] - before[3] == 1);
     assert_true(after[4] - before[4] == 1 && after[5] - before[5] == 1);
+
+    /* A refusal no retry can help sends no Retry-After, whatever its hint or reason. */
+    for (int k = 0; k < 2; k++) {
+        pthread_mutex_lock(&fx->fake.mu);
+        fx->fake.refuse_reason = k ? KVR_REFUSE_KV_FULL : KVR_REFUSE_FIRST_TOKEN_BUDGET;
+        fx->fake.refuse_retry_ms = 1500;
+        fx->fake.refuse_never = true;
+        pthread_mutex_unlock(&fx->fake.mu);
+        post(fx->port, "/v1/completions", "{\"prompt\": \"x\"}", &r);
+        expect_error(&r, 429, "estimated 812 ms");
+        assert_null(header(&r, "Retry-After", v, sizeof v));
+        resp_free(&r);
+    }
 
     /* The service fails mid-generation: JSON gets the service's status, SSE an error event
      * and [DONE]. */

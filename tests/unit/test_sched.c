@@ -139,12 +139,22 @@ static void test_admission_at_and_over_budget(void **state)
     /* A running request, so the estimate is the loaded one, not the idle ring's. */
     struct kvr_refusal why;
     assert_int_equal(sh_submit(h, 3, 10, 60, 0, 1, 0, 0, &why), 0);
-    /* A first-token budget of 1 ms cannot be met: the refusal says by how much it misses
-     * (retry_after_ms = estimate - budget + 1), which gives the estimate. */
+    /* A first-token budget of 1 ms cannot be met even on an idle ring: refused for good,
+     * with no retry hint, and the message gives the idle ring's estimate. */
     assert_int_equal(sh_submit(h, 5, 40, 10, 0, 1, 1, 0, &why), KVR_EAGAIN);
     assert_int_equal(why.reason, KVR_REFUSE_FIRST_TOKEN_BUDGET);
-    assert_non_null(strstr(why.message, "first-token budget"));
-    uint32_t estimate = 1 + why.retry_after_ms - 1;
+    assert_true(why.never);
+    assert_int_equal(why.retry_after_ms, 0);
+    uint32_t idle = 0;
+    assert_int_equal(
+        sscanf(why.message, "can never meet the first-token budget: estimated %u ms", &idle), 1);
+    /* A budget the idle ring meets but this load does not: the refusal says by how much it
+     * misses (retry_after_ms = estimate - budget + 1), which gives the estimate. */
+    assert_int_equal(sh_submit(h, 5, 40, 10, 0, 1, idle + 1, 0, &why), KVR_EAGAIN);
+    assert_int_equal(why.reason, KVR_REFUSE_FIRST_TOKEN_BUDGET);
+    assert_false(why.never);
+    assert_non_null(strstr(why.message, "would miss the first-token budget"));
+    uint32_t estimate = idle + 1 + why.retry_after_ms - 1;
     assert_true(estimate > 2 && estimate < 1000);
     /* Just over the budget: refused. At it (the estimate rounded up): admitted. */
     assert_int_equal(sh_submit(h, 5, 40, 10, 0, 1, estimate - 1, 0, &why), KVR_EAGAIN);
@@ -153,17 +163,56 @@ static void test_admission_at_and_over_budget(void **state)
     /* The same for the total budget. */
     assert_int_equal(sh_submit(h, 7, 40, 60, 0, 1, 0, 1, &why), KVR_EAGAIN);
     assert_int_equal(why.reason, KVR_REFUSE_TOTAL_BUDGET);
-    uint32_t total = why.retry_after_ms;
+    assert_true(why.never && why.retry_after_ms == 0);
+    assert_int_equal(sscanf(why.message, "can never meet the total budget: estimated %u ms", &idle),
+                     1);
+    assert_int_equal(sh_submit(h, 7, 40, 60, 0, 1, 0, idle + 1, &why), KVR_EAGAIN);
+    assert_int_equal(why.reason, KVR_REFUSE_TOTAL_BUDGET);
+    assert_false(why.never);
+    uint32_t total = idle + 1 + why.retry_after_ms - 1;
     assert_true(total > estimate);
     assert_int_equal(sh_submit(h, 7, 40, 60, 0, 1, 0, total - 1, &why), KVR_EAGAIN);
     assert_int_equal(sh_submit(h, 7, 40, 60, 0, 1, 0, total + 1, &why), 0);
     struct kvr_sched_stats st;
     kvr_sched_stats(h->s, &st);
-    assert_int_equal(st.refused[KVR_REFUSE_FIRST_TOKEN_BUDGET], 2);
-    assert_int_equal(st.refused[KVR_REFUSE_TOTAL_BUDGET], 2);
+    assert_int_equal(st.refused[KVR_REFUSE_FIRST_TOKEN_BUDGET], 3);
+    assert_int_equal(st.refused[KVR_REFUSE_TOTAL_BUDGET], 3);
+    assert_int_equal(st.refused_never[KVR_REFUSE_FIRST_TOKEN_BUDGET], 1);
+    assert_int_equal(st.refused_never[KVR_REFUSE_TOTAL_BUDGET], 1);
     sh_run(h, 1000);
     OK(h);
     assert_true(h->reqs[5].detached && h->reqs[7].detached);
+    done(h);
+}
+
+/* A budget that even the idle ring misses can never be met: refused with no retry hint,
+ * counted as such. One the load makes late keeps its hint. */
+static void test_never_refusal_has_no_retry_hint(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 16, 4, 64, true);
+    ring_up(h);
+    warm_up(h, 1);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 3, 40, 10, 0, 1, 1, 0, &why), KVR_EAGAIN); /* idle ring */
+    assert_int_equal(why.reason, KVR_REFUSE_FIRST_TOKEN_BUDGET);
+    assert_true(why.never);
+    assert_int_equal(why.retry_after_ms, 0);
+    assert_non_null(strstr(why.message, "can never meet the first-token budget"));
+    assert_non_null(strstr(why.message, "idle ring"));
+    assert_int_equal(sh_submit(h, 5, 40, 60, 0, 1, 0, 2, &why), KVR_EAGAIN);
+    assert_int_equal(why.reason, KVR_REFUSE_TOTAL_BUDGET);
+    assert_true(why.never && why.retry_after_ms == 0);
+    /* Beyond the context: never either. */
+    assert_int_equal(sh_submit(h, 7, 200, 60, 0, 1, 0, 0, &why), KVR_EAGAIN);
+    assert_int_equal(why.reason, KVR_REFUSE_TOO_LONG);
+    assert_true(why.never && why.retry_after_ms == 0);
+    struct kvr_sched_stats st;
+    kvr_sched_stats(h->s, &st);
+    assert_int_equal(st.refused_never[KVR_REFUSE_FIRST_TOKEN_BUDGET], 1);
+    assert_int_equal(st.refused_never[KVR_REFUSE_TOTAL_BUDGET], 1);
+    assert_int_equal(st.refused_never[KVR_REFUSE_TOO_LONG], 1);
+    assert_int_equal(st.refused_for_running, 0);
     done(h);
 }
 
@@ -849,6 +898,9 @@ static double sim_p90(double *errs, uint32_t n)
     return errs[k > 0 ? k - 1 : 0];
 }
 
+#define BURST_FIRST_MS 17500
+#define BURST_TOTAL_MS 24000
+
 #define SIM_LEVELS 6
 static const double sim_levels[SIM_LEVELS] = {0.2, 0.35, 0.5, 0.75, 1.0, 1.2};
 
@@ -953,6 +1005,56 @@ static void sim_sweeps(uint32_t prompt_max, struct sim_level *out)
                       n_seeds, sim_levels[l], out[l].refused, out[l].sent, out[l].p90_first,
                       out[l].p90_total, 100 * out[l].share_first, 100 * out[l].share_total);
     free(m);
+}
+
+/* A burst of n requests at once on the pipelined ring's SIM_SEQS slots, after a few have
+ * taught it its costs, each with budgets first_ms / total_ms. Returns how many were
+ * admitted; *late: how many of those missed a budget; *p90: the p90 of |estimate / actual
+ * - 1| of the first tokens. */
+static uint32_t sim_burst(uint32_t n, uint32_t first_ms, uint32_t total_ms, uint32_t *late,
+                          double *p90)
+{
+    struct sim *m = calloc(1, sizeof *m);
+    assert_non_null(m);
+    sim_init(m, 7, SIM_PROMPT_BENCH);
+    uint32_t sent = 0, refused = 0;
+    for (uint32_t i = 0; i < 8; i++)
+        assert_true(sim_submit(m, false, 0, 0));
+    sim_run(m, 0, m->now + 20000 * SIM_MS, 0, 0, &sent, &refused);
+    m->n_err = m->n_late = 0;
+    uint32_t admitted = 0;
+    for (uint32_t i = 0; i < n; i++)
+        admitted += sim_submit(m, false, first_ms, total_ms);
+    sim_run(m, 0, m->now + 120000 * SIM_MS, 0, 0, &sent, &refused);
+    sim_drain(m);
+    assert_int_equal(m->n_err, admitted);
+    *late = m->n_late;
+    *p90 = sim_p90(m->err_first, m->n_err);
+    kvr_sched_shutdown(m->s, "test over", m->now);
+    kvr_sched_destroy(m->s);
+    free(m);
+    return admitted;
+}
+
+/* Requests that must wait for a slot are estimated by when the slots free up: the running
+ * requests' tokens to go at the measured pace, the queue ahead served in order, their
+ * prompts in one lane. A burst of 48 on 32 slots with budgets it meets (its first tokens
+ * come within 13.1 s) is admitted whole, and on time. Estimated as the wait for the k-th
+ * running request to end plus every prompt ahead prefilled after it, 3 were refused. */
+static void test_burst_beyond_the_slots_admitted(void **state)
+{
+    (void)state;
+    uint32_t late;
+    double p90;
+    uint32_t admitted = sim_burst(48, 60000, 600000, &late, &p90);
+    print_message("default budgets: %u of 48 admitted, %u late, p90 |first token estimate / "
+                  "actual - 1| %.2f\n",
+                  admitted, late, p90);
+    admitted = sim_burst(48, BURST_FIRST_MS, BURST_TOTAL_MS, &late, &p90);
+    print_message("budgets %u / %u ms: %u of 48 admitted, %u late, p90 %.2f\n", BURST_FIRST_MS,
+                  BURST_TOTAL_MS, admitted, late, p90);
+    assert_int_equal(admitted, 48);
+    assert_int_equal(late, 0);
 }
 
 /* bench/estimates.sh's mix (prompts of 32-384 tokens, each well within the 2 s budget on an
@@ -1091,6 +1193,7 @@ int main(void)
         cmocka_unit_test(test_refuses_while_down),
         cmocka_unit_test(test_generates_in_order),
         cmocka_unit_test(test_admission_at_and_over_budget),
+        cmocka_unit_test(test_never_refusal_has_no_retry_hint),
         cmocka_unit_test(test_kv_exhaustion_and_wait_queue),
         cmocka_unit_test(test_chunked_prefill_beside_decodes),
         cmocka_unit_test(test_chunks_beside_a_stream_in_every_batch),
@@ -1105,6 +1208,7 @@ int main(void)
         cmocka_unit_test(test_result_mismatch),
         cmocka_unit_test(test_prefix_reuse),
         cmocka_unit_test(test_prefix_eviction_under_pressure),
+        cmocka_unit_test(test_burst_beyond_the_slots_admitted),
         cmocka_unit_test(test_estimates_on_a_pipelined_ring),
         cmocka_unit_test(test_estimates_with_long_prompts),
         cmocka_unit_test(test_telemetry_traces_and_ring_events),
