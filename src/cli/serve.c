@@ -52,7 +52,8 @@ struct serve_opts {
     bool no_admission;
     bool no_prefix_cache;
     struct kvr_plan_spec spec;
-    char tmp_dir[512]; /* the plan directory serve made itself (removed at exit), or "" */
+    struct kvr_http_config http; /* the door, CORS and metrics options (http.h) */
+    char tmp_dir[512];           /* the plan directory serve made itself (removed at exit), or "" */
 };
 
 static void usage(FILE *f, bool serve)
@@ -94,6 +95,7 @@ static void usage(FILE *f, bool serve)
                "                        instead of the model's tokenizer.chat_template\n"
                "  --tls-cert FILE       serve HTTPS with this PEM certificate (chain) ...\n"
                "  --tls-key FILE        ... and this PEM private key\n");
+    fputs(kvr_http_config_help, f);
     if (!serve)
         fprintf(f, "  --secret-file FILE    the cluster secret (instead of the plan's)\n"
                    "  --replan-after S      once the ring has been up, re-plan it over the\n"
@@ -105,6 +107,7 @@ static void usage(FILE *f, bool serve)
 static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
 {
     memset(o, 0, sizeof *o);
+    kvr_http_config_init(&o->http);
     o->host = "127.0.0.1";
     o->port = 8080;
     o->stages = 2;
@@ -134,6 +137,16 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
         }
         if (serve && !strcmp(a, "--no-encrypt")) { /* plain frames on the ring's links */
             o->spec.no_encrypt = true;
+            continue;
+        }
+        struct kvr_err herr = {0};
+        int used = kvr_http_config_arg(&o->http, argc - i, argv + i, &herr);
+        if (used < 0) {
+            fprintf(stderr, "kvasir: %s\n", herr.msg);
+            return 2;
+        }
+        if (used) {
+            i += used - 1;
             continue;
         }
         if (!v) {
@@ -460,14 +473,9 @@ static int serve_main(int argc, char **argv, bool serve)
                               .tok = tok,
                               .chat_template = tmpl.ptr,
                               .chat_template_len = (size_t)tmpl.len};
-    struct kvr_http_config hc;
-    kvr_http_config_init(&hc);
+    struct kvr_http_config hc = o.http;
     hc.host = o.host;
     hc.port = (uint16_t)o.port;
-    /* A stream sends nothing until its first token: the connection must outlive the
-     * first-token budget (libmicrohttpd closes one that is quiet for idle_timeout_s). */
-    if (o.ttft_ms / 1000 + 5 > hc.idle_timeout_s)
-        hc.idle_timeout_s = o.ttft_ms / 1000 + 5;
     if (o.api_key)
         hc.api_key = o.api_key;
     hc.tls_cert_file = o.tls_cert;
