@@ -21,7 +21,7 @@
 #define NS_PER_S 1000000000ull
 /* Refusals and closings are summed over windows this long: one log line per window. */
 #define WINDOW_NS (10 * NS_PER_S)
-/* libmicrohttpd messages logged per window before the rest are only counted. */
+/* libmicrohttpd messages logged per burst before the rest are only counted. */
 #define MESSAGES_PER_WINDOW 3
 
 enum list {
@@ -169,8 +169,11 @@ static void write_summary(struct kvr_http_door *d, uint64_t now_ns)
                  (double)(now_ns - d->window_ns) / 1e9, line, d->n_live - d->n_closing,
                  c->max_connections);
     memset(d->win, 0, sizeof d->win);
-    d->win_messages = d->win_suppressed = 0;
-    /* A quiet window ends the burst: the next event opens a new one. */
+    d->win_suppressed = 0;
+    /* A quiet window ends the burst: the next event opens a new one, which may show a few
+     * libmicrohttpd messages again; a burst that goes on shows none but its summaries. */
+    if (!n)
+        d->win_messages = 0;
     d->window_ns = n ? now_ns : 0;
 }
 

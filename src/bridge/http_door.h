@@ -80,8 +80,8 @@ void kvr_http_door_closed(struct kvr_http_door *d, struct kvr_http_door_conn *c)
 
 /* libmicrohttpd refused a connection itself (its per-client or total limit). */
 void kvr_http_door_refused(struct kvr_http_door *d, enum kvr_http_door_reason why, uint64_t now_ns);
-/* A message from libmicrohttpd: logged, unless more than 3 came in this window (those are
- * counted in the summary instead). */
+/* A message from libmicrohttpd: logged, unless 3 were already logged in this burst of
+ * windows (the rest are counted in the summaries instead). */
 void kvr_http_door_message(struct kvr_http_door *d, const char *msg, uint64_t now_ns);
 
 /* Close what is past its deadline and write the summary line of a finished window. Returns
