@@ -801,7 +801,7 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     __attribute__((format(printf, 2, 0)));
 
 /* libmicrohttpd's messages go through the door, which counts its refusals (one summary line
- * per burst) and logs the rest up to a few per window: mostly clients that went away
+ * per burst) and logs the rest, three per burst at most: mostly clients that went away
  * mid-response, worth a line, not an alarm, and never a line per connection of a flood. */
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
@@ -813,7 +813,8 @@ static void on_mhd_log(void *cls, const char *fmt, va_list ap)
         msg[--n] = 0;
     if (!h->door)
         KVR_INFO("http: %s", msg);
-    else if (strstr(msg, "connection limit") || strstr(msg, "per-IP"))
+    else if (strstr(msg, "connection limit")) /* per-IP or total: the door keeps below the
+                                                 total, so it is the per-client limit */
         kvr_http_door_refused(h->door, KVR_HTTP_DOOR_REFUSED_CLIENT, kvr_now_ns());
     else
         kvr_http_door_message(h->door, msg, kvr_now_ns());
