@@ -59,7 +59,6 @@ struct kvr_http_door {
     struct queue q[LIST_COUNT];
     uint32_t n_live;    /* records in use */
     uint32_t n_closing; /* ... of them shut down by the door */
-    uint32_t n_pending; /* admitted, not yet opened */
     uint64_t count[KVR_HTTP_DOOR_REASON_COUNT];
     /* The log window: counts since window_ns (0: no window open). */
     uint64_t window_ns;
@@ -323,8 +322,10 @@ void kvr_http_door_destroy(struct kvr_http_door *d)
 bool kvr_http_door_admit(struct kvr_http_door *d, uint64_t now_ns)
 {
     pthread_mutex_lock(&d->mu);
-    uint32_t used = d->n_live - d->n_closing + d->n_pending;
-    uint32_t waiting = d->q[LIST_FRESH].n + d->q[LIST_IDLE].n + d->n_pending;
+    /* The newcomer is not counted until it is opened: libmicrohttpd may still refuse it
+     * after this (its per-client limit), and opens it at once, on this thread, if not. */
+    uint32_t used = d->n_live - d->n_closing;
+    uint32_t waiting = d->q[LIST_FRESH].n + d->q[LIST_IDLE].n;
     while (waiting >= d->waiting_cap || used >= d->cfg.max_connections) {
         struct kvr_http_door_conn *victim =
             d->q[LIST_IDLE].head ? d->q[LIST_IDLE].head : d->q[LIST_FRESH].head;
@@ -335,9 +336,7 @@ bool kvr_http_door_admit(struct kvr_http_door *d, uint64_t now_ns)
         waiting--;
     }
     bool ok = used < d->cfg.max_connections;
-    if (ok)
-        d->n_pending++;
-    else
+    if (!ok)
         note(d, KVR_HTTP_DOOR_REFUSED_FULL, now_ns);
     pthread_mutex_unlock(&d->mu);
     return ok;
@@ -346,8 +345,6 @@ bool kvr_http_door_admit(struct kvr_http_door *d, uint64_t now_ns)
 struct kvr_http_door_conn *kvr_http_door_opened(struct kvr_http_door *d, int fd, uint64_t now_ns)
 {
     pthread_mutex_lock(&d->mu);
-    if (d->n_pending)
-        d->n_pending--;
     struct kvr_http_door_conn *c = d->free_list;
     if (c) {
         d->free_list = c->next;
