@@ -12,7 +12,11 @@
  *      libmicrohttpd's content reader, which pumps it for SSE chunks (answer_stream,
  *      stream_read). Between pumps both check the client's socket and shutdown.
  *   4. on_completed / stream_free: the generation is destroyed (stream cancelled and
- *      released, outcome counted). */
+ *      released, outcome counted).
+ * Around it, the door (http_door.c) admits each connection (on_accept, on_connection) and
+ * is told when its headers are in, its request complete, its answer sent: it closes what
+ * misses a deadline and makes room when the connections without a request fill their share.
+ * CORS headers go on every answer (add_cors); OPTIONS is answered from the headers. */
 #define _GNU_SOURCE /* POLLRDHUP */
 #include "bridge/http.h"
 
