@@ -57,7 +57,7 @@ serve_tmp kvr-estimates "$log"
 KVR_LOG=${log:+debug} serve_start "$TMP/serve.log" -m "$model" --stages "$stages" \
     --max-seqs "$seqs" --ctx 1024 ${SERVE_FLAGS:-}
 hist() { # hist NAME: "le count" lines of a histogram in /metrics
-    curl -s "$URL/metrics" | sed -n "s/^kvasir:$1_bucket{le=\"\([^\"]*\)\"} \([0-9]*\)$/\1 \2/p"
+    curl -s "$URL/metrics" | sed -n "s/^kvasir:$1_bucket{model_name=\"[^\"]*\",le=\"\([^\"]*\)\"} \([0-9]*\)$/\1 \2/p"
 }
 # report NAME BEFORE AFTER: share within [0.75, 1.25] and the p90 bound of |ratio - 1|
 report() {

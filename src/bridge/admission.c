@@ -28,12 +28,13 @@
 const double kvr_sched_ratio_bounds[KVR_SCHED_RATIO_BUCKETS] = {0.5,  0.75, 0.9, 1.0, 1.1,
                                                                 1.25, 1.5,  2.0, 4.0};
 
-static void observe_ratio(uint64_t *hist, double ratio)
+static void observe_ratio(uint64_t *hist, double *sum, double ratio)
 {
     uint32_t i = 0;
     while (i < KVR_SCHED_RATIO_BUCKETS && ratio > kvr_sched_ratio_bounds[i])
         i++;
     hist[i]++;
+    *sum += ratio;
 }
 
 /* A refusal that no retry can help (`never`) carries no retry hint. */
@@ -706,10 +707,12 @@ void kvr_admission_observe_estimate(struct kvr_sched *s, struct kvr_sched_req *r
         return;
     double actual = (now - r->submit_ns) / 1e6;
     if (r->n_generated == 1)
-        observe_ratio(s->stats.first_ratio_hist, e->first_ms / (actual > 0 ? actual : 1e-3));
+        observe_ratio(s->stats.first_ratio_hist, &s->stats.first_ratio_sum,
+                      e->first_ms / (actual > 0 ? actual : 1e-3));
     if (last) {
         double pred = e->first_ms + (r->n_generated - 1) * e->period_ms;
-        observe_ratio(s->stats.total_ratio_hist, pred / (actual > 0 ? actual : 1e-3));
+        observe_ratio(s->stats.total_ratio_hist, &s->stats.total_ratio_sum,
+                      pred / (actual > 0 ? actual : 1e-3));
         KVR_DEBUG("bridge: estimate %llu done: %u tokens, first token %.0f ms (estimated %.0f), "
                   "whole %.0f ms (estimated %.0f)",
                   (unsigned long long)r->submit_ns, r->n_generated,

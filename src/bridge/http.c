@@ -12,13 +12,18 @@
  *      libmicrohttpd's content reader, which pumps it for SSE chunks (answer_stream,
  *      stream_read). Between pumps both check the client's socket and shutdown.
  *   4. on_completed / stream_free: the generation is destroyed (stream cancelled and
- *      released, outcome counted). */
+ *      released, outcome counted).
+ * Around it, the door (http_door.c) admits each connection (on_accept, on_connection) and
+ * is told when its headers are in, its request complete, its answer sent: it closes what
+ * misses a deadline and makes room when the connections without a request fill their share.
+ * CORS headers go on every answer (add_cors); OPTIONS is answered from the headers. */
 #define _GNU_SOURCE /* POLLRDHUP */
 #include "bridge/http.h"
 
 #include "bridge/chat.h"
 #include "bridge/console.h"
 #include "bridge/generation.h"
+#include "bridge/http_door.h"
 #include "bridge/http_metrics.h"
 #include "bridge/openai.h"
 #include "bridge/telemetry.h"
@@ -40,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -50,6 +56,10 @@
 #define SHUTDOWN_GRACE_MS 1500
 /* GET /v1/telemetry streams open at once (each costs at most 10 snapshots a second). */
 #define MAX_TELEMETRY_STREAMS 8
+/* A connection's thread runs the request's parsing, chat template and JSON: 512 KiB is
+ * several times what they use (the Jinja and JSON depths are bounded), and keeps a full
+ * house of threads small. */
+#define THREAD_STACK_BYTES (512u * 1024)
 
 /* ---- the server --------------------------------------------------------------------- */
 
@@ -61,6 +71,11 @@ struct kvr_http {
     size_t api_key_len;
     char *tls_cert, *tls_key; /* PEM text for HTTPS (owned), or NULL */
     size_t max_body_bytes;
+    struct kvr_http_door *door;
+    uint32_t idle_timeout_s;     /* a connection's inactivity limit between requests */
+    uint32_t generate_timeout_s; /* ... while a generation may be silent (first token) */
+    char *cors_origin;           /* Access-Control-Allow-Origin, or NULL (owned) */
+    bool metrics_public;
     struct kvr_chat *chat;
     char *bos_text; /* the BOS token's text, or NULL */
     int32_t n_vocab;
@@ -90,6 +105,18 @@ static void free_body(void *p)
     kvr_free(p);
 }
 
+/* CORS: every answer names the allowed origin, so a web page may read it (and its
+ * Retry-After); a single configured origin varies by the request's Origin for caches. */
+static void add_cors(const struct kvr_http *h, struct MHD_Response *resp)
+{
+    if (!h->cors_origin)
+        return;
+    MHD_add_response_header(resp, "Access-Control-Allow-Origin", h->cors_origin);
+    MHD_add_response_header(resp, "Access-Control-Expose-Headers", "Retry-After");
+    if (strcmp(h->cors_origin, "*") != 0)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_VARY, "Origin");
+}
+
 /* Queue `body` (kvr_malloc'd, taken) with `status`. `headers` is NULL or a NULL-terminated
  * list of name, value pairs. */
 static enum MHD_Result reply(struct kvr_http *h, struct request *rq, struct MHD_Connection *c,
@@ -102,7 +129,9 @@ static enum MHD_Result reply(struct kvr_http *h, struct request *rq, struct MHD_
         kvr_free(body);
         return MHD_NO;
     }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (ctype)
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    add_cors(h, resp);
     for (size_t i = 0; headers && headers[i]; i += 2)
         MHD_add_response_header(resp, headers[i], headers[i + 1]);
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, resp);
@@ -283,6 +312,7 @@ static enum MHD_Result answer_stream(struct kvr_http *h, struct request *rq,
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
     add_estimate_headers(resp, g);
+    add_cors(h, resp);
     enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp); /* the connection holds it, and `g`, from here on */
     if (ret == MHD_YES)
@@ -394,13 +424,18 @@ static enum MHD_Result handle_health(struct kvr_http *h, struct request *rq,
 static enum MHD_Result handle_metrics(struct kvr_http *h, struct request *rq,
                                       struct MHD_Connection *c)
 {
-    struct kvr_sbuf b;
+    struct kvr_sbuf b, labelled;
     kvr_sbuf_init(&b);
+    kvr_sbuf_init(&labelled);
     kvr_http_metrics_print(&h->metrics, &b);
+    kvr_http_door_print(h->door, &b);
     if (h->svc->ops->metrics)
         h->svc->ops->metrics(h->svc->ctx, &b);
+    if (!b.failed)
+        kvr_http_metrics_label_model(b.data, b.len, h->svc->model_name, &labelled);
+    kvr_sbuf_fini(&b);
     size_t len = 0;
-    char *body = kvr_sbuf_take(&b, &len);
+    char *body = kvr_sbuf_take(&labelled, &len);
     if (!body)
         return MHD_NO;
     return reply(h, rq, c, 200, "text/plain; version=0.0.4; charset=utf-8", body, len, NULL);
@@ -718,6 +753,48 @@ static const struct route *find_route(const char *url)
     return NULL;
 }
 
+/* The request headers a browser may send with CORS: the OpenAI SDKs' (the JavaScript one
+ * in a browser sends its X-Stainless-* platform headers) and ours. A preflight that names
+ * others gets its own list back (as vLLM's allow_headers ["*"] does). */
+#define CORS_HEADERS                                                                               \
+    "Authorization, Content-Type, Accept, OpenAI-Organization, OpenAI-Project, OpenAI-Beta, "      \
+    "X-Stainless-Lang, X-Stainless-Package-Version, X-Stainless-OS, X-Stainless-Arch, "            \
+    "X-Stainless-Runtime, X-Stainless-Runtime-Version, X-Stainless-Retry-Count, "                  \
+    "X-Stainless-Timeout, X-Stainless-Async, X-Latency-Budget-Ms"
+
+/* A header list fit to echo: header-name characters, commas and spaces, at most 1 KiB. */
+static bool header_list_ok(const char *s)
+{
+    size_t n = strlen(s);
+    return n > 0 && n <= 1024 &&
+           strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_, ") == n;
+}
+
+/* OPTIONS on a route: 204 with the methods it takes and, with CORS on, the preflight's
+ * answer. It needs no API key: browsers never send one with a preflight. */
+static enum MHD_Result reply_preflight(struct kvr_http *h, struct request *rq,
+                                       struct MHD_Connection *c, const struct route *rt)
+{
+    const char *methods = rt->post ? "POST, OPTIONS" : "GET, HEAD, OPTIONS";
+    const char *asked =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    const char *allow_headers = asked && header_list_ok(asked) ? asked : CORS_HEADERS;
+    const char *const plain[] = {MHD_HTTP_HEADER_ALLOW, methods, NULL};
+    const char *const cors[] = {MHD_HTTP_HEADER_ALLOW,
+                                methods,
+                                "Access-Control-Allow-Methods",
+                                methods,
+                                "Access-Control-Allow-Headers",
+                                allow_headers,
+                                "Access-Control-Max-Age",
+                                "86400",
+                                NULL};
+    char *body = kvr_malloc(1);
+    if (!body)
+        return MHD_NO;
+    return reply(h, rq, c, 204, NULL, body, 0, h->cors_origin ? cors : plain);
+}
+
 /* First call for a request: everything that can be decided from the headers. Returns
  * MHD_YES having queued nothing to go on reading the body. */
 static enum MHD_Result on_headers(struct kvr_http *h, struct request *rq, struct MHD_Connection *c,
@@ -732,6 +809,10 @@ static enum MHD_Result on_headers(struct kvr_http *h, struct request *rq, struct
     }
     rq->ep = rt->ep;
     rq->url = url;
+    if (!strcmp(method, "OPTIONS")) {
+        rq->answered = true;
+        return reply_preflight(h, rq, c, rt);
+    }
     if (rt->ep == KVR_HTTP_ENDPOINT_MODELS && strcmp(url, rt->path) != 0) {
         rq->model_id = kvr_strdup(url + strlen(MODEL_PREFIX));
         if (!rq->model_id)
@@ -740,15 +821,16 @@ static enum MHD_Result on_headers(struct kvr_http *h, struct request *rq, struct
     bool allowed =
         rt->post ? !strcmp(method, "POST") : !strcmp(method, "GET") || !strcmp(method, "HEAD");
     if (!allowed) {
-        static const char *const allow_post[] = {MHD_HTTP_HEADER_ALLOW, "POST", NULL};
-        static const char *const allow_get[] = {MHD_HTTP_HEADER_ALLOW, "GET, HEAD", NULL};
+        static const char *const allow_post[] = {MHD_HTTP_HEADER_ALLOW, "POST, OPTIONS", NULL};
+        static const char *const allow_get[] = {MHD_HTTP_HEADER_ALLOW, "GET, HEAD, OPTIONS", NULL};
         rq->answered = true;
         return reply_simple_error(h, rq, c, 405, "invalid_request_error", "method_not_allowed",
                                   rt->post ? allow_post : allow_get,
                                   "method %.100s is not allowed on %s; use %s", method, rt->path,
                                   rt->post ? "POST" : "GET");
     }
-    if (h->api_key && !rt->open &&
+    bool open = rt->open || (rt->ep == KVR_HTTP_ENDPOINT_METRICS && h->metrics_public);
+    if (h->api_key && !open &&
         !key_ok(h,
                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))) {
         static const char *const challenge[] = {MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer", NULL};
@@ -828,6 +910,25 @@ static enum MHD_Result run_endpoint(struct kvr_http *h, struct request *rq,
     }
 }
 
+/* The door's record of a connection (its socket context), or NULL. */
+static struct kvr_http_door_conn *door_conn(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* The headers are in: the door's header deadline is met, and libmicrohttpd's inactivity
+ * timeout grows from the header deadline to what the request may need: a generation may
+ * be silent until its first token, anything else gets the idle timeout. */
+static void headers_arrived(struct kvr_http *h, struct MHD_Connection *c, enum kvr_http_endpoint ep)
+{
+    kvr_http_door_headers(h->door, door_conn(c), kvr_now_ns());
+    bool gen = ep == KVR_HTTP_ENDPOINT_COMPLETIONS || ep == KVR_HTTP_ENDPOINT_CHAT;
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
+                              gen ? h->generate_timeout_s : h->idle_timeout_s);
+}
+
 /* libmicrohttpd calls this once with the headers, once per piece of body, and once more
  * when the body has ended (*upload_data_size 0). */
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -843,7 +944,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         rq->t_start_ns = kvr_now_ns();
         kvr_sbuf_init(&rq->body);
         *con_cls = rq;
-        return on_headers(h, rq, c, url, method);
+        enum MHD_Result ret = on_headers(h, rq, c, url, method);
+        headers_arrived(h, c, rq->ep);
+        return ret;
     }
     if (rq->answered) {
         /* Answered from the headers; whatever body follows is not wanted. */
@@ -855,6 +958,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         return take_body(h, rq, upload_data, n);
     }
+    kvr_http_door_working(h->door, door_conn(c));
     if (rq->too_large)
         return reply_simple_error(h, rq, c, 413, "invalid_request_error", "body_too_large", NULL,
                                   "the request body is larger than the limit of %zu bytes",
@@ -865,7 +969,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
+    struct kvr_http *h = cls;
     struct request *rq = *con_cls;
+    /* Answered: the connection waits for its next request (if it is kept alive). */
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK) {
+        kvr_http_door_idle(h->door, door_conn(c), kvr_now_ns());
+        MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, h->idle_timeout_s);
+    }
     if (!rq)
         return;
     kvr_sbuf_fini(&rq->body);
@@ -877,29 +987,46 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
     __attribute__((format(printf, 2, 0)));
 
+/* libmicrohttpd's messages go through the door, which counts its refusals (one summary line
+ * per burst) and logs the rest, three per burst at most: mostly clients that went away
+ * mid-response, worth a line, not an alarm, and never a line per connection of a flood. */
 static void on_mhd_log(void *cls, const char *fmt, va_list ap)
 {
+    struct kvr_http *h = cls;
     char msg[512];
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
     while (n && msg[n - 1] == '\n')
         msg[--n] = 0;
-    /* Mostly clients that went away mid-response: worth a line, not an alarm. */
-    KVR_INFO("http: %s", msg);
+    if (!h->door)
+        KVR_INFO("http: %s", msg);
+    else if (strstr(msg, "connection limit")) /* per-IP or total: the door keeps below the
+                                                 total, so it is the per-client limit */
+        kvr_http_door_refused(h->door, KVR_HTTP_DOOR_REFUSED_CLIENT, kvr_now_ns());
+    else
+        kvr_http_door_message(h->door, msg, kvr_now_ns());
 }
 
-/* ---- create / destroy --------------------------------------------------------------- */
-
-void kvr_http_config_init(struct kvr_http_config *cfg)
+/* Accept policy: the door decides, making room if it must. */
+static enum MHD_Result on_accept(void *cls, const struct sockaddr *addr, socklen_t addrlen)
 {
-    memset(cfg, 0, sizeof *cfg);
-    cfg->host = "127.0.0.1";
-    cfg->port = 8080;
-    cfg->api_key = getenv("KVASIR_API_KEY");
-    cfg->max_body_bytes = 1u << 20;
-    cfg->max_connections = 256;
-    cfg->idle_timeout_s = 60;
-    cfg->stall_timeout_s = 300;
+    struct kvr_http *h = cls;
+    (void)addr;
+    (void)addrlen;
+    return kvr_http_door_admit(h->door, kvr_now_ns()) ? MHD_YES : MHD_NO;
+}
+
+/* A connection opened or closed: the door's record is its socket context. */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    struct kvr_http *h = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        *socket_context = kvr_http_door_opened(h->door, connection_fd(c), kvr_now_ns());
+    } else {
+        kvr_http_door_closed(h->door, *socket_context);
+        *socket_context = NULL;
+    }
 }
 
 /* ---- start-up ----------------------------------------------------------------------- */
@@ -1002,9 +1129,10 @@ static int check_config(const struct kvr_http_config *cfg, const struct kvr_serv
         return kvr_err_set(err, KVR_EINVAL, "http: HTTPS needs both a certificate and a key");
     if (cfg->tls_cert_file && MHD_is_feature_supported(MHD_FEATURE_TLS) != MHD_YES)
         return kvr_err_set(err, KVR_ENOTSUP, "http: this libmicrohttpd was built without TLS");
-    if (cfg->max_body_bytes == 0 || cfg->max_connections == 0)
+    if (cfg->max_body_bytes == 0 || cfg->max_connections == 0 || !cfg->header_timeout_s ||
+        !cfg->body_timeout_s || !cfg->idle_timeout_s)
         return kvr_err_set(err, KVR_EINVAL,
-                           "http: max_body_bytes and max_connections must be "
+                           "http: max_body_bytes, max_connections and the timeouts must be "
                            "positive");
     memset(addr, 0, sizeof *addr);
     addr->sin_family = AF_INET;
@@ -1029,6 +1157,29 @@ static size_t longest_piece(const struct kvr_tok *tok, int32_t n_vocab)
     return longest;
 }
 
+/* Each connection holds a socket: raise the soft limit on open files to what a full house
+ * needs, as far as the hard limit allows; else serve fewer connections, and say so. */
+static uint32_t fit_open_files(uint32_t max_connections)
+{
+    struct rlimit rl;
+    rlim_t need = (rlim_t)max_connections + max_connections / 4 + 256;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0 || rl.rlim_cur >= need)
+        return max_connections;
+    rlim_t want = rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need ? need : rl.rlim_max;
+    if (want > rl.rlim_cur) {
+        rl.rlim_cur = want;
+        if (setrlimit(RLIMIT_NOFILE, &rl) != 0)
+            getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur >= need)
+        return max_connections;
+    uint32_t fit = rl.rlim_cur > 512 ? (uint32_t)((rl.rlim_cur - 256) * 4 / 5) : 64;
+    KVR_WARN("http: the open-file limit (%llu) allows %u connections, not %u: raise it "
+             "(ulimit -n) to serve more",
+             (unsigned long long)rl.rlim_cur, fit, max_connections);
+    return fit;
+}
+
 /* Listen: plain HTTP, or HTTPS with the configuration's PEM files. */
 static int start_daemon(struct kvr_http *h, const struct kvr_http_config *cfg,
                         const struct sockaddr_in *addr, struct kvr_err *err)
@@ -1047,13 +1198,28 @@ static int start_daemon(struct kvr_http *h, const struct kvr_http_config *cfg,
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
                      MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_USE_ITC |
                      (cfg->tls_cert_file ? MHD_USE_TLS : 0);
+    /* The door (http_door.h) keeps the count below max_connections; libmicrohttpd's own
+     * limit leaves room for the connections the door is closing. A fresh connection's
+     * inactivity timeout is a second past the header deadline, so that the door, which
+     * counts it, closes a silent one (headers_arrived lengthens it). */
+    uint32_t max_conn = fit_open_files(cfg->max_connections);
+    struct kvr_http_door_config dc = {.max_connections = max_conn,
+                                      .max_per_client = cfg->max_per_client,
+                                      .header_timeout_s = cfg->header_timeout_s,
+                                      .body_timeout_s = cfg->body_timeout_s,
+                                      .idle_timeout_s = cfg->idle_timeout_s,
+                                      .thread = true};
+    if ((rc = kvr_http_door_create(&h->door, &dc)))
+        return kvr_err_set(err, rc, "http: cannot start the connection guard");
     /* The logger comes first so that MHD's messages about later options reach it. */
-    h->daemon = MHD_start_daemon(flags, cfg->port, NULL, NULL, on_request, h,
-                                 MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h, MHD_OPTION_SOCK_ADDR,
-                                 (const struct sockaddr *)addr, MHD_OPTION_CONNECTION_LIMIT,
-                                 (unsigned)cfg->max_connections, MHD_OPTION_CONNECTION_TIMEOUT,
-                                 (unsigned)cfg->idle_timeout_s, MHD_OPTION_NOTIFY_COMPLETED,
-                                 on_completed, h, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
+    h->daemon = MHD_start_daemon(
+        flags, cfg->port, on_accept, h, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_log, h,
+        MHD_OPTION_SOCK_ADDR, (const struct sockaddr *)addr, MHD_OPTION_CONNECTION_LIMIT,
+        (unsigned)kvr_http_door_capacity(h->door), MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+        (unsigned)cfg->max_per_client, MHD_OPTION_CONNECTION_TIMEOUT,
+        (unsigned)cfg->header_timeout_s + 1, MHD_OPTION_THREAD_STACK_SIZE,
+        (size_t)THREAD_STACK_BYTES, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_ARRAY, tls, MHD_OPTION_END);
     const char *host = cfg->host ? cfg->host : "127.0.0.1";
     if (!h->daemon)
         return kvr_err_set(err, KVR_EIO, "http: cannot listen on %s:%u%s", host, cfg->port,
@@ -1062,15 +1228,19 @@ static int start_daemon(struct kvr_http *h, const struct kvr_http_config *cfg,
                                               : "");
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
     h->port = di ? di->port : cfg->port;
-    KVR_INFO("http: listening on %s://%s:%u (model %s, context %u)%s",
+    KVR_INFO("http: listening on %s://%s:%u (model %s, context %u)%s; at most %u connections, "
+             "%u per client, request headers within %u s",
              h->tls_cert ? "https" : "http", host, h->port, h->svc->model_name, h->svc->n_ctx,
-             h->api_key ? ", API key required" : "");
+             h->api_key ? ", API key required" : "", max_conn, cfg->max_per_client,
+             cfg->header_timeout_s);
     return KVR_OK;
 }
 
 /* Free everything but the daemon (stopped first by kvr_http_destroy). */
 static void free_server(struct kvr_http *h)
 {
+    kvr_http_door_destroy(h->door);
+    kvr_free(h->cors_origin);
     kvr_http_metrics_fini(&h->metrics);
     free_pem(h->tls_cert);
     free_pem(h->tls_key);
@@ -1093,6 +1263,10 @@ int kvr_http_create(struct kvr_http **out, const struct kvr_http_config *cfg,
         return kvr_err_set(err, KVR_ENOMEM, "http: out of memory");
     h->svc = svc;
     h->max_body_bytes = cfg->max_body_bytes;
+    h->idle_timeout_s = cfg->idle_timeout_s;
+    h->generate_timeout_s =
+        cfg->stall_timeout_s > cfg->idle_timeout_s ? cfg->stall_timeout_s : cfg->idle_timeout_s;
+    h->metrics_public = cfg->metrics_public;
     h->started_s = (int64_t)(kvr_wall_ms() / 1000);
     h->n_vocab = kvr_tok_n_vocab(svc->tok);
     atomic_init(&h->stopping, false);
@@ -1105,6 +1279,17 @@ int kvr_http_create(struct kvr_http **out, const struct kvr_http_config *cfg,
             goto fail;
         }
         h->api_key_len = strlen(h->api_key);
+    }
+    const char *origin = cfg->cors_origin;
+    if (origin && origin[0] && strcmp(origin, "none") != 0) {
+        if (strpbrk(origin, "\r\n")) {
+            rc = kvr_err_set(err, KVR_EINVAL, "http: the CORS origin has a line break");
+            goto fail;
+        }
+        if (!(h->cors_origin = kvr_strdup(origin))) {
+            rc = kvr_err_set(err, KVR_ENOMEM, "http: out of memory");
+            goto fail;
+        }
     }
     if ((rc = make_chat(h, cfg, svc, err)))
         goto fail;

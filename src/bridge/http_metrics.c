@@ -49,13 +49,15 @@ const char *kvr_http_refused_name(enum kvr_http_refused why)
 
 /* ---- histograms ----------------------------------------------------------------------- */
 
-/* Bucket bounds in seconds, vLLM's. */
-static const double ttft_bounds[] = {0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25, 0.5,
-                                     0.75,  1.0,  2.5,  5.0,  7.5,  10.0, 20.0, 40.0};
+/* Bucket bounds in seconds: vLLM's, and on up to the default budgets (60 s to the first
+ * token, 600 s for the whole answer) so that a request near its budget is not just +Inf. */
+static const double ttft_bounds[] = {0.005, 0.01, 0.02, 0.04,  0.06,  0.08, 0.1,  0.25,
+                                     0.5,   0.75, 1.0,  2.5,   5.0,   7.5,  10.0, 20.0,
+                                     40.0,  60.0, 80.0, 160.0, 320.0, 600.0};
 static const double itl_bounds[] = {0.001, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075,
                                     0.1,   0.15,  0.2,  0.3,   0.4,  0.5,   0.75, 1.0,  2.5};
-static const double e2e_bounds[] = {0.1,  0.3,  0.5,  0.8,  1.0,  1.5,  2.0,  2.5,  5.0,
-                                    10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0};
+static const double e2e_bounds[] = {0.1,  0.3,  0.5,  0.8,  1.0,  1.5,  2.0,   2.5,   5.0,   10.0,
+                                    15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 600.0};
 
 #define N_OF(a) (uint32_t)(sizeof(a) / sizeof(a)[0])
 
@@ -266,4 +268,63 @@ void kvr_http_metrics_print(struct kvr_http_metrics *m, struct kvr_sbuf *out)
         d->read(m, d, out);
     }
     pthread_mutex_unlock(&m->mu);
+}
+
+/* ---- the model_name label -------------------------------------------------------------- */
+
+/* Samples about the HTTP server rather than the model it serves (vLLM's HTTP metrics have
+ * no model_name either): every request including /health and unknown routes, and the
+ * connections. */
+static bool server_wide(const char *name, size_t len)
+{
+    static const char *const names[] = {"kvasir:http_requests_total",
+                                        "kvasir:http_connections_open",
+                                        "kvasir:http_connections_closed_total"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strlen(names[i]) == len && !memcmp(names[i], name, len))
+            return true;
+    return false;
+}
+
+void kvr_http_metrics_label_model(const char *text, size_t len, const char *model,
+                                  struct kvr_sbuf *out)
+{
+    /* The label's value, escaped as the text format wants (\\, \", \n). */
+    struct kvr_sbuf label;
+    kvr_sbuf_init(&label);
+    kvr_sbuf_puts(&label, "model_name=\"");
+    for (const char *m = model; *m; m++)
+        if (*m == '\\' || *m == '"')
+            kvr_sbuf_printf(&label, "\\%c", *m);
+        else if (*m == '\n')
+            kvr_sbuf_puts(&label, "\\n");
+        else
+            kvr_sbuf_append(&label, m, 1);
+    kvr_sbuf_puts(&label, "\"");
+    const char *p = text, *end = text + len;
+    while (p < end) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        const char *eol = nl ? nl + 1 : end;
+        size_t name_len = strcspn(p, "{ \n");
+        if (name_len > (size_t)(eol - p))
+            name_len = (size_t)(eol - p);
+        if (strncmp(p, "kvasir:", 7) != 0 || server_wide(p, name_len) || p + name_len >= eol ||
+            label.failed) {
+            kvr_sbuf_append(out, p, (size_t)(eol - p));
+        } else if (p[name_len] == '{') {
+            kvr_sbuf_append(out, p, name_len + 1);
+            kvr_sbuf_append(out, label.data, label.len);
+            if (p[name_len + 1] != '}')
+                kvr_sbuf_puts(out, ",");
+            kvr_sbuf_append(out, p + name_len + 1, (size_t)(eol - p - (ptrdiff_t)name_len - 1));
+        } else {
+            kvr_sbuf_append(out, p, name_len);
+            kvr_sbuf_puts(out, "{");
+            kvr_sbuf_append(out, label.data, label.len);
+            kvr_sbuf_puts(out, "}");
+            kvr_sbuf_append(out, p + name_len, (size_t)(eol - p - (ptrdiff_t)name_len));
+        }
+        p = eol;
+    }
+    kvr_sbuf_fini(&label);
 }

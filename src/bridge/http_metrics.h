@@ -16,6 +16,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* The routes, as labelled in kvasir:http_requests_total{endpoint=...}. */
@@ -65,7 +66,7 @@ enum kvr_http_refused {
 /* "over_budget", "kv_full", ... (static). */
 const char *kvr_http_refused_name(enum kvr_http_refused why);
 
-#define KVR_HTTP_METRICS_MAX_BUCKETS 20
+#define KVR_HTTP_METRICS_MAX_BUCKETS 24
 
 /* A Prometheus histogram of durations in seconds. */
 struct kvr_http_histogram {
@@ -109,5 +110,11 @@ int64_t kvr_http_metrics_running(struct kvr_http_metrics *m);
 
 /* Append every metric in Prometheus text format (HELP and TYPE lines, then samples). */
 void kvr_http_metrics_print(struct kvr_http_metrics *m, struct kvr_sbuf *out);
+
+/* Copy Prometheus text to `out` with model_name="<model>" as the first label of every
+ * kvasir: sample about the model (all but the HTTP server's own request and connection
+ * counts), as vLLM labels its samples; comments and other lines are copied as they are. */
+void kvr_http_metrics_label_model(const char *text, size_t len, const char *model,
+                                  struct kvr_sbuf *out);
 
 #endif

@@ -26,8 +26,10 @@ enum {
 
 #define WINDOW_NS 2000000000ull /* telemetry fractions are over this window */
 
-const double kvr_sched_queue_bounds[KVR_SCHED_QUEUE_BUCKETS] = {0.001, 0.005, 0.01, 0.025, 0.05,
-                                                                0.1,   0.25,  0.5,  1.0,   5.0};
+/* Up to the default budgets (60 s to the first token, 600 s in all), so that a long wait is
+ * not just +Inf. */
+const double kvr_sched_queue_bounds[KVR_SCHED_QUEUE_BUCKETS] = {
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 600.0};
 
 /* ---- streams ---------------------------------------------------------------------------- */
 

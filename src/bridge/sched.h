@@ -142,7 +142,7 @@ struct kvr_sched_stage_stats {
 extern const double kvr_sched_ratio_bounds[KVR_SCHED_RATIO_BUCKETS];
 
 /* Bucket bounds (seconds) of the queue-time histogram: submit until a sequence slot. */
-#define KVR_SCHED_QUEUE_BUCKETS 10
+#define KVR_SCHED_QUEUE_BUCKETS 15
 extern const double kvr_sched_queue_bounds[KVR_SCHED_QUEUE_BUCKETS];
 
 /* One expert agent's load (docs/EXPERTS.md), from the agent records the stages append to
@@ -182,6 +182,8 @@ struct kvr_sched_stats {
     uint64_t total_ratio_hist[KVR_SCHED_RATIO_BUCKETS + 1];
     double batch_ms_ema; /* measured round trip of one batch */
     double tokens_per_s; /* generated tokens over the last ~2 s */
+    /* The estimate ratios observed, summed (the histograms' _sum). */
+    double first_ratio_sum, total_ratio_sum;
 };
 
 /* ---- life cycle ----------------------------------------------------------------------- */

@@ -87,7 +87,7 @@ static void per_agent(struct kvr_sbuf *out, const struct kvr_sched_stats *st)
 }
 
 static void ratio_hist(struct kvr_sbuf *out, const char *name, const char *help,
-                       const uint64_t *hist)
+                       const uint64_t *hist, double sum)
 {
     kvr_sbuf_printf(out, "# HELP kvasir:%s %s\n# TYPE kvasir:%s histogram\n", name, help, name);
     uint64_t cum = 0;
@@ -97,8 +97,9 @@ static void ratio_hist(struct kvr_sbuf *out, const char *name, const char *help,
                         (unsigned long long)cum);
     }
     cum += hist[KVR_SCHED_RATIO_BUCKETS];
-    kvr_sbuf_printf(out, "kvasir:%s_bucket{le=\"+Inf\"} %llu\nkvasir:%s_count %llu\n", name,
-                    (unsigned long long)cum, name, (unsigned long long)cum);
+    kvr_sbuf_printf(
+        out, "kvasir:%s_bucket{le=\"+Inf\"} %llu\nkvasir:%s_sum %.9g\nkvasir:%s_count %llu\n", name,
+        (unsigned long long)cum, name, sum, name, (unsigned long long)cum);
 }
 
 static long ring_reset_prefix_cache(void *ctx)
@@ -186,11 +187,11 @@ static void ring_metrics(void *ctx, struct kvr_sbuf *out)
     ratio_hist(out, "estimate_first_token_ratio",
                "Admission's first-token estimate / the "
                "time it took.",
-               st.first_ratio_hist);
+               st.first_ratio_hist, st.first_ratio_sum);
     ratio_hist(out, "estimate_total_ratio",
                "Admission's estimate of the whole answer / the "
                "time it took.",
-               st.total_ratio_hist);
+               st.total_ratio_hist, st.total_ratio_sum);
     gauge(out, "batch_latency_ms", "Moving average of a micro-batch's trip around the ring.",
           st.batch_ms_ema);
     gauge(out, "ring_tokens_per_second", "Tokens generated per second, last window.",

@@ -55,8 +55,9 @@ struct serve_opts {
     bool no_admission;
     bool no_prefix_cache;
     struct kvr_plan_spec spec;
-    char tmp_dir[512]; /* the plan directory serve made itself (removed at exit), or "" */
-    char ctx_why[64];  /* which limit set the context (kvr_cli_context) */
+    struct kvr_http_config http; /* the door, CORS and metrics options (http.h) */
+    char tmp_dir[512];           /* the plan directory serve made itself (removed at exit), or "" */
+    char ctx_why[64];            /* which limit set the context (kvr_cli_context) */
 };
 
 static void usage(FILE *f, bool serve)
@@ -109,6 +110,7 @@ static void usage(FILE *f, bool serve)
                "                        instead of the model's tokenizer.chat_template\n"
                "  --tls-cert FILE       serve HTTPS with this PEM certificate (chain) ...\n"
                "  --tls-key FILE        ... and this PEM private key\n");
+    fputs(kvr_http_config_help, f);
     if (!serve)
         fprintf(f, "  --secret-file FILE    the cluster secret (instead of the plan's)\n"
                    "  --replan-after S      once the ring has been up, re-plan it over the\n"
@@ -214,6 +216,7 @@ static bool parse_flag(struct serve_opts *o, bool serve, const char *a)
 static void set_defaults(struct serve_opts *o, bool serve)
 {
     memset(o, 0, sizeof *o);
+    kvr_http_config_init(&o->http);
     o->host = "127.0.0.1";
     o->port = 8080;
     o->stages = 2;
@@ -271,6 +274,15 @@ static int parse_one(struct serve_opts *o, bool serve, const char *a, char *v, i
     if (parse_flag(o, serve, a))
         return 0;
     if ((*used = kvr_cli_gpu_option(serve ? "serve" : "bridge", a, v)) > 0)
+        return 0;
+    char *pair[2] = {(char *)a, v};
+    struct kvr_err herr = {0};
+    *used = kvr_http_config_arg(&o->http, v ? 2 : 1, pair, &herr);
+    if (*used < 0) {
+        fprintf(stderr, "kvasir: %s\n", herr.msg);
+        return 2;
+    }
+    if (*used > 0)
         return 0;
     *used = 2;
     if (serve && a[0] != '-' && !o->model) { /* kvasir serve MODEL, as vLLM and Ollama */
@@ -600,14 +612,9 @@ static int start_front(struct server *sv)
                                    .tok = sv->tok,
                                    .chat_template = tmpl.ptr,
                                    .chat_template_len = (size_t)tmpl.len};
-    struct kvr_http_config hc;
-    kvr_http_config_init(&hc);
+    struct kvr_http_config hc = o->http;
     hc.host = o->host;
     hc.port = (uint16_t)o->port;
-    /* A stream sends nothing until its first token: the connection must outlive the
-     * first-token budget (libmicrohttpd closes one that is quiet for idle_timeout_s). */
-    if (o->ttft_ms / 1000 + 5 > hc.idle_timeout_s)
-        hc.idle_timeout_s = o->ttft_ms / 1000 + 5;
     if (o->api_key)
         hc.api_key = o->api_key;
     hc.tls_cert_file = o->tls_cert;

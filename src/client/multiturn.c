@@ -143,9 +143,11 @@ static double computed_tokens(const struct kvr_multiturn_spec *sp)
     struct kvr_err err = {0};
     double v = -1;
     if (kvr_httpc_get(sp->url, "/metrics", sp->api_key, 5000, &resp, &err) == 0 && resp.body) {
-        const char *k = strstr(resp.body, "\nkvasir:prompt_tokens_computed_total ");
+        /* The sample carries the model_name label: its value follows the "} ". */
+        const char *k = strstr(resp.body, "\nkvasir:prompt_tokens_computed_total{");
+        k = k ? strstr(k, "} ") : NULL;
         if (k)
-            v = strtod(k + strlen("\nkvasir:prompt_tokens_computed_total "), NULL);
+            v = strtod(k + 2, NULL);
     }
     kvr_httpc_resp_fini(&resp);
     return v;

@@ -30,7 +30,7 @@ PLAN=$TMP/serve-plan/plan.json
 
 # agent_metric NAME J: agent J's sample of kvasir:NAME in /metrics (empty if absent).
 agent_metric() {
-    curl -s -m 2 "$SERVE_URL/metrics" | awk -v n="kvasir:$1{agent=\"$2\"}" '$1 == n {print $2}'
+    curl -s -m 2 "$SERVE_URL/metrics" | awk -v n="kvasir:$1{agent=\"$2\"}" '{sub(/model_name="[^"]*",?/, ""); sub(/[{][}]/, "")} $1 == n {print $2}'
 }
 # linked N: lines where a stage says an agent is linked (it takes a link at its next layer).
 linked() { grep -c "stage [01]: expert agent $1 linked" "$SERVE_LOG" || true; }

@@ -30,7 +30,7 @@ for j in 0 1; do # start_agents waits for two links; this ring has three stages
 done
 start_bridge
 pairs() { # the pairs agent J computed, as the bridge counts them
-    curl -s -m 2 "$URL/metrics" | awk -v n="kvasir:expert_pairs_total{agent=\"$1\"}" '$1 == n {print $2}'
+    curl -s -m 2 "$URL/metrics" | awk -v n="kvasir:expert_pairs_total{agent=\"$1\"}" '{sub(/model_name="[^"]*",?/, ""); sub(/[{][}]/, "")} $1 == n {print $2}'
 }
 
 pass ref

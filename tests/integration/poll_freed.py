@@ -25,6 +25,7 @@ def read(url):
     with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
         for line in r.read().decode().splitlines():
             name, _, v = line.partition(" ")
+            name = name.split("{", 1)[0]  # the only label of these is model_name
             if name in ("kvasir:kv_blocks_used", "kvasir:num_requests_running"):
                 vals[name] = v.strip()
     return vals.get("kvasir:kv_blocks_used"), vals.get("kvasir:num_requests_running")

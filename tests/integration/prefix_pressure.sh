@@ -50,7 +50,7 @@ load=$!
 busy_tps="" busy_util=""
 for _ in $(seq 1 100); do # sample the gauges while the load runs
     t=$(metric ring_tokens_per_second)
-    u=$(curl -s -m 2 "$SERVE_URL/metrics" | awk '$1 == "kvasir:stage_utilization{stage=\"0\"}" {print $2}')
+    u=$(curl -s -m 2 "$SERVE_URL/metrics" | awk '{sub(/model_name="[^"]*",?/, ""); sub(/[{][}]/, "")} $1 == "kvasir:stage_utilization{stage=\"0\"}" {print $2}')
     if awk -v t="${t:-0}" 'BEGIN { exit !(t > 0) }'; then busy_tps=$t busy_util=$u; break; fi
     sleep 0.1
 done
@@ -66,7 +66,7 @@ evicted=$(metric prefix_cache_evictions_total)
 [ "${evicted:-0}" -gt 0 ] || fail "no cached block was evicted: the test applied no pressure"
 used=$(metric kv_blocks_used)
 cached=$(metric kv_blocks_cached)
-stage1=$(curl -s -m 2 "$SERVE_URL/metrics" | awk '$1 == "kvasir:stage_kv_blocks_used{stage=\"1\"}" {print $2}')
+stage1=$(curl -s -m 2 "$SERVE_URL/metrics" | awk '{sub(/model_name="[^"]*",?/, ""); sub(/[{][}]/, "")} $1 == "kvasir:stage_kv_blocks_used{stage=\"1\"}" {print $2}')
 [ "$used" = 0 ] || fail "$used KV blocks still in use at rest"
 [ "$cached" -gt 0 ] || fail "nothing cached at rest"
 [ "$stage1" = "$cached" ] || fail "stage 1 KV use $stage1, cached $cached"
@@ -75,14 +75,14 @@ freed=$(curl -s -m 5 -X POST "$SERVE_URL/reset_prefix_cache" |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["blocks_freed"])')
 [ "$freed" = "$cached" ] || fail "the flush freed $freed blocks, $cached were cached"
 [ "$(metric kv_blocks_cached)" = 0 ] || fail "blocks cached after the flush"
-stage1=$(curl -s -m 2 "$SERVE_URL/metrics" | awk '$1 == "kvasir:stage_kv_blocks_used{stage=\"1\"}" {print $2}')
+stage1=$(curl -s -m 2 "$SERVE_URL/metrics" | awk '{sub(/model_name="[^"]*",?/, ""); sub(/[{][}]/, "")} $1 == "kvasir:stage_kv_blocks_used{stage=\"1\"}" {print $2}')
 [ "$stage1" = 0 ] || fail "stage 1 KV use $stage1 after the flush"
 echo "ok: the flush freed $freed blocks; KV use 0"
 
 [ -n "$busy_tps" ] || fail "ring_tokens_per_second never rose above 0 under load"
 sleep 4.5 # two 2-second windows with nothing coming back
 idle_tps=$(metric ring_tokens_per_second)
-idle_util=$(curl -s -m 2 "$SERVE_URL/metrics" | awk '$1 == "kvasir:stage_utilization{stage=\"0\"}" {print $2}')
+idle_util=$(curl -s -m 2 "$SERVE_URL/metrics" | awk '{sub(/model_name="[^"]*",?/, ""); sub(/[{][}]/, "")} $1 == "kvasir:stage_utilization{stage=\"0\"}" {print $2}')
 [ "$idle_tps" = 0 ] || fail "ring_tokens_per_second is $idle_tps after 4.5 s idle (was $busy_tps)"
 [ "$idle_util" = 0 ] || fail "stage 0 utilisation is $idle_util after 4.5 s idle (was $busy_util)"
 echo "ok: tokens/s $busy_tps and stage 0 utilisation $busy_util under load, 0 and 0 when idle"

@@ -61,11 +61,12 @@ start_serve() {
     fail "kvasir serve ($name) was not ready within 60 s"
 }
 
-# metric NAME: the value of an unlabelled sample in /metrics (empty if absent).
+# metric NAME: the value of a sample in /metrics with no label but model_name (empty if
+# absent).
 metric() {
     local auth=()
     [ -n "$SERVE_KEY" ] && auth=(-H "Authorization: Bearer $SERVE_KEY")
-    curl -s -m 2 "${auth[@]}" "$SERVE_URL/metrics" | awk -v n="kvasir:$1" '$1 == n {print $2}'
+    curl -s -m 2 "${auth[@]}" "$SERVE_URL/metrics" | awk -v n="kvasir:$1" '{sub(/model_name="[^"]*",?/, ""); sub(/[{][}]/, "")} $1 == n {print $2}'
 }
 
 # now_ms: a monotonic-enough wall clock in milliseconds.

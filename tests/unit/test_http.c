@@ -18,6 +18,7 @@
 
 #include "bridge/http.h"
 #include "bridge/telemetry.h"
+#include "bridge/http_metrics.h"
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "model/tokenizer.h"
@@ -291,6 +292,9 @@ static const char chatml_jinja[] =
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
+/* Set by a test before it starts its own server: changes the configuration. */
+static void (*tweak_cfg)(struct kvr_http_config *cfg);
+
 static struct fixture *start_cfg(size_t max_body, uint32_t stall_timeout_s)
 {
     struct fixture *fx = calloc(1, sizeof *fx);
@@ -311,6 +315,8 @@ static struct fixture *start_cfg(size_t max_body, uint32_t stall_timeout_s)
     cfg.max_body_bytes = max_body;
     if (stall_timeout_s)
         cfg.stall_timeout_s = stall_timeout_s;
+    if (tweak_cfg)
+        tweak_cfg(&cfg);
     struct kvr_err err = {0};
     if (kvr_http_create(&fx->http, &cfg, &fx->svc, &err))
         fail_msg("server: %s", err.msg);
@@ -932,7 +938,9 @@ static void refused_counts(uint16_t port, unsigned long long n[6])
     assert_int_equal(r.status, 200);
     for (int i = 0; i < 6; i++) {
         char key[96];
-        snprintf(key, sizeof key, "kvasir:request_refused_total{reason=\"%s\"} ", labels[i]);
+        snprintf(key, sizeof key,
+                 "kvasir:request_refused_total{model_name=\"fake-stories\",reason=\"%s\"} ",
+                 labels[i]);
         const char *at = strstr(r.body, key);
         assert_non_null(at);
         n[i] = strtoull(at + strlen(key), NULL, 10);
@@ -1096,13 +1104,13 @@ static void test_models_health_metrics(void **state)
     static const char *const want[] = {
         "kvasir:http_requests_total{endpoint=\"/v1/completions\",code=\"200\"} ",
         "kvasir:http_requests_total{endpoint=\"/health\",code=\"503\"} 1\n",
-        "kvasir:request_success_total{finished_reason=\"stop\"} ",
-        "kvasir:time_to_first_token_seconds_bucket{le=\"+Inf\"} ",
-        "kvasir:inter_token_latency_seconds_count ",
-        "kvasir:e2e_request_latency_seconds_sum ",
-        "kvasir:prompt_tokens_total ",
-        "kvasir:generation_tokens_total ",
-        "kvasir:fake_queue_depth 3\n",
+        "kvasir:request_success_total{model_name=\"fake-stories\",finished_reason=\"stop\"} ",
+        "kvasir:time_to_first_token_seconds_bucket{model_name=\"fake-stories\",le=\"+Inf\"} ",
+        "kvasir:inter_token_latency_seconds_count{model_name=\"fake-stories\"} ",
+        "kvasir:e2e_request_latency_seconds_sum{model_name=\"fake-stories\"} ",
+        "kvasir:prompt_tokens_total{model_name=\"fake-stories\"} ",
+        "kvasir:generation_tokens_total{model_name=\"fake-stories\"} ",
+        "kvasir:fake_queue_depth{model_name=\"fake-stories\"} 3\n",
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         if (!strstr(r.body, want[i]))
@@ -1603,6 +1611,321 @@ static void test_chat_template_errors(void **state)
     pthread_mutex_destroy(&f.mu);
 }
 
+/* ---- metrics: labels, buckets, histograms, --metrics-public ------------------------------- */
+
+/* Every kvasir: sample about the model carries model_name first; the server's own request
+ * and connection counts do not. */
+static void expect_model_labels(const char *body)
+{
+    for (const char *line = body; line && *line;
+         line = strchr(line, '\n'), line = line ? line + 1 : NULL) {
+        if (strncmp(line, "kvasir:", 7) != 0)
+            continue;
+        bool server = !strncmp(line, "kvasir:http_requests_total", 26) ||
+                      !strncmp(line, "kvasir:http_connections_", 24);
+        size_t name = strcspn(line, "{ ");
+        bool labelled = !strncmp(line + name, "{model_name=\"fake-stories\"", 26);
+        if (server == labelled)
+            fail_msg("model_name label %s in: %.*s", server ? "unexpected" : "missing",
+                     (int)strcspn(line, "\n"), line);
+    }
+}
+
+static void test_metrics_labels_and_buckets(void **state)
+{
+    struct fixture *fx = *state;
+    fake_reset(&fx->fake);
+    expect_alive(fx->port); /* at least one observation in each histogram */
+    struct resp r;
+    request(fx->port, "GET", "/metrics", AUTH, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    expect_model_labels(r.body);
+    /* Complete histograms: every one has _sum and _count beside its buckets. */
+    int n_hist = 0;
+    for (const char *t = strstr(r.body, "# TYPE "); t; t = strstr(t + 1, "# TYPE ")) {
+        char name[128], type[32];
+        if (sscanf(t, "# TYPE %127s %31s", name, type) != 2 || strcmp(type, "histogram"))
+            continue;
+        n_hist++;
+        char want[160];
+        snprintf(want, sizeof want, "\n%s_sum{model_name=", name);
+        if (!strstr(r.body, want))
+            fail_msg("histogram %s lacks _sum", name);
+        snprintf(want, sizeof want, "\n%s_count{model_name=", name);
+        if (!strstr(r.body, want))
+            fail_msg("histogram %s lacks _count", name);
+    }
+    assert_true(n_hist >= 3);
+    /* Buckets cover the default budgets: 60 s to the first token, 600 s in all. */
+    static const char *const bounds[] = {
+        "kvasir:time_to_first_token_seconds_bucket{model_name=\"fake-stories\",le=\"60\"} ",
+        "kvasir:time_to_first_token_seconds_bucket{model_name=\"fake-stories\",le=\"600\"} ",
+        "kvasir:e2e_request_latency_seconds_bucket{model_name=\"fake-stories\",le=\"600\"} ",
+        "kvasir:http_connections_open ",
+        "kvasir:http_connections_closed_total{reason=\"header_timeout\"} ",
+    };
+    for (size_t i = 0; i < sizeof bounds / sizeof bounds[0]; i++)
+        if (!strstr(r.body, bounds[i]))
+            fail_msg("metrics lack '%s'", bounds[i]);
+    resp_free(&r);
+    /* By default /metrics wants the key. */
+    request(fx->port, "GET", "/metrics", NULL, NULL, 0, &r);
+    expect_error(&r, 401, "API key");
+    resp_free(&r);
+}
+
+/* The label's value is escaped as the text format wants. */
+static void test_metrics_label_escaping(void **state)
+{
+    (void)state;
+    const char text[] = "# TYPE kvasir:a gauge\nkvasir:a 1\nkvasir:b{x=\"y\"} 2\nkvasir:c{} 3\n"
+                        "kvasir:http_requests_total{code=\"200\"} 4\nother 5\n";
+    struct kvr_sbuf out;
+    kvr_sbuf_init(&out);
+    kvr_http_metrics_label_model(text, sizeof text - 1, "a\"b\\c", &out);
+    assert_false(out.failed);
+    assert_string_equal(out.data, "# TYPE kvasir:a gauge\n"
+                                  "kvasir:a{model_name=\"a\\\"b\\\\c\"} 1\n"
+                                  "kvasir:b{model_name=\"a\\\"b\\\\c\",x=\"y\"} 2\n"
+                                  "kvasir:c{model_name=\"a\\\"b\\\\c\"} 3\n"
+                                  "kvasir:http_requests_total{code=\"200\"} 4\nother 5\n");
+    kvr_sbuf_fini(&out);
+}
+
+static void metrics_public(struct kvr_http_config *cfg)
+{
+    cfg->metrics_public = true;
+}
+
+static void test_metrics_public(void **state)
+{
+    (void)state;
+    tweak_cfg = metrics_public;
+    struct fixture *fx = start(1u << 20);
+    tweak_cfg = NULL;
+    struct resp r;
+    request(fx->port, "GET", "/metrics", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "kvasir:prompt_tokens_total{model_name=\"fake-stories\"} "));
+    resp_free(&r);
+    request(fx->port, "GET", "/v1/models", NULL, NULL, 0, &r); /* the rest still wants it */
+    expect_error(&r, 401, "API key");
+    resp_free(&r);
+    stop(fx);
+}
+
+/* ---- CORS ------------------------------------------------------------------------------- */
+
+/* A browser's preflight for the OpenAI SDK's chat call: 204 without the key, with the
+ * methods, the headers it asked for, and a max age; every answer names the origin. */
+static void test_cors(void **state)
+{
+    struct fixture *fx = *state;
+    fake_reset(&fx->fake);
+    struct resp r;
+    char v[512];
+    request(fx->port, "OPTIONS", "/v1/chat/completions",
+            "Origin: http://localhost:3000\r\nAccess-Control-Request-Method: POST\r\n"
+            "Access-Control-Request-Headers: authorization, content-type, x-stainless-os\r\n",
+            NULL, 0, &r);
+    assert_int_equal(r.status, 204);
+    assert_string_equal(header(&r, "Access-Control-Allow-Origin", v, sizeof v), "*");
+    assert_non_null(strstr(header(&r, "Access-Control-Allow-Methods", v, sizeof v), "POST"));
+    assert_string_equal(header(&r, "Access-Control-Allow-Headers", v, sizeof v),
+                        "authorization, content-type, x-stainless-os");
+    assert_string_equal(header(&r, "Access-Control-Max-Age", v, sizeof v), "86400");
+    assert_int_equal(r.body_len, 0);
+    resp_free(&r);
+    /* Without a list asked for: ours, with Authorization and the SDK's. */
+    request(fx->port, "OPTIONS", "/v1/models", "Origin: http://x\r\n", NULL, 0, &r);
+    assert_int_equal(r.status, 204);
+    assert_non_null(strstr(header(&r, "Access-Control-Allow-Headers", v, sizeof v),
+                           "Authorization, Content-Type"));
+    assert_non_null(strstr(v, "X-Stainless-Retry-Count"));
+    assert_non_null(strstr(header(&r, "Access-Control-Allow-Methods", v, sizeof v), "GET"));
+    resp_free(&r);
+    /* Answers, errors and streams carry the origin too. */
+    request(fx->port, "GET", "/health", "Origin: http://x\r\n", NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(header(&r, "Access-Control-Allow-Origin", v, sizeof v), "*");
+    resp_free(&r);
+    request(fx->port, "GET", "/v1/models", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 401);
+    assert_string_equal(header(&r, "Access-Control-Allow-Origin", v, sizeof v), "*");
+    resp_free(&r);
+    post(fx->port, "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2, \"stream\": true}",
+         &r);
+    assert_int_equal(r.status, 200);
+    assert_string_equal(header(&r, "Access-Control-Allow-Origin", v, sizeof v), "*");
+    resp_free(&r);
+}
+
+static void cors_one(struct kvr_http_config *cfg)
+{
+    cfg->cors_origin = "https://app.example";
+}
+
+static void cors_none(struct kvr_http_config *cfg)
+{
+    cfg->cors_origin = "none";
+}
+
+static void test_cors_configured(void **state)
+{
+    (void)state;
+    struct resp r;
+    char v[256];
+    tweak_cfg = cors_one;
+    struct fixture *fx = start(1u << 20);
+    request(fx->port, "GET", "/health", NULL, NULL, 0, &r);
+    assert_string_equal(header(&r, "Access-Control-Allow-Origin", v, sizeof v),
+                        "https://app.example");
+    assert_string_equal(header(&r, "Vary", v, sizeof v), "Origin");
+    resp_free(&r);
+    stop(fx);
+    tweak_cfg = cors_none;
+    fx = start(1u << 20);
+    tweak_cfg = NULL;
+    request(fx->port, "GET", "/health", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    assert_null(header(&r, "Access-Control-Allow-Origin", v, sizeof v));
+    resp_free(&r);
+    request(fx->port, "OPTIONS", "/v1/completions", NULL, NULL, 0, &r);
+    assert_int_equal(r.status, 204); /* still says what it allows, but no CORS */
+    assert_string_equal(header(&r, "Allow", v, sizeof v), "POST, OPTIONS");
+    assert_null(header(&r, "Access-Control-Allow-Methods", v, sizeof v));
+    resp_free(&r);
+    stop(fx);
+}
+
+/* ---- the door ------------------------------------------------------------------------------ */
+
+static void small_door(struct kvr_http_config *cfg)
+{
+    cfg->max_connections = 8; /* 7 may wait for headers; 1 is kept for requests */
+    cfg->max_per_client = 0;
+    cfg->header_timeout_s = 1;
+}
+
+/* Milliseconds until the server closes `fd` (recv sees the end), or -1 after `ms`. */
+static double ms_until_closed(int fd, int ms, const char *trickle, int every_ms)
+{
+    uint64_t t0 = kvr_now_ns(), next = t0;
+    for (;;) {
+        uint64_t now = kvr_now_ns();
+        double el = (double)(now - t0) * 1e-6;
+        if (el > ms)
+            return -1;
+        if (trickle && now >= next) {
+            if (!send_all(fd, trickle, strlen(trickle)))
+                return el;
+            next = now + (uint64_t)every_ms * 1000000;
+        }
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, 20) > 0) {
+            char buf[256];
+            ssize_t k = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+            if (k <= 0 && !(k < 0 && errno == EAGAIN))
+                return el;
+        }
+    }
+}
+
+static unsigned long long metric_value(uint16_t port, const char *key)
+{
+    struct resp r;
+    request(port, "GET", "/metrics", AUTH, NULL, 0, &r);
+    assert_int_equal(r.status, 200);
+    const char *at = strstr(r.body, key);
+    if (!at)
+        fail_msg("metrics lack '%s'", key);
+    unsigned long long v = strtoull(at + strlen(key), NULL, 10);
+    resp_free(&r);
+    return v;
+}
+
+/* A client trickling a header line every 300 ms is closed at the 1 s header deadline
+ * (libmicrohttpd's inactivity timeout alone would keep it forever); so is one that sends
+ * nothing. A full house of idle connections cannot keep /health or an authenticated
+ * request out: the oldest waiting ones are closed to make room. */
+static void test_door(void **state)
+{
+    (void)state;
+    tweak_cfg = small_door;
+    struct fixture *fx = start(1u << 20);
+    tweak_cfg = NULL;
+    int fd = dial(fx->port);
+    assert_true(send_all(fd, "GET /health HTTP/1.1\r\n", 22));
+    double el = ms_until_closed(fd, 4000, "X-Slow: 1\r\n", 300);
+    close(fd);
+    if (el < 800 || el > 2500)
+        fail_msg("the trickling client was closed after %.0f ms, want about 1000", el);
+    fd = dial(fx->port);
+    el = ms_until_closed(fd, 4000, NULL, 0);
+    close(fd);
+    if (el < 800 || el > 2500)
+        fail_msg("the silent client was closed after %.0f ms, want about 1000", el);
+    assert_true(metric_value(fx->port,
+                             "kvasir:http_connections_closed_total{reason=\"header_timeout\"} ") >=
+                2);
+
+    int idle[24];
+    for (int i = 0; i < 24; i++)
+        idle[i] = dial(fx->port);
+    kvr_sleep_ns(100 * 1000000ull);
+    for (int round = 0; round < 3; round++) {
+        struct resp r;
+        uint64_t t0 = kvr_now_ns();
+        request(fx->port, "GET", "/health", NULL, NULL, 0, &r);
+        assert_int_equal(r.status, 200);
+        resp_free(&r);
+        expect_alive(fx->port);
+        double ms = (double)(kvr_now_ns() - t0) * 1e-6;
+        if (ms > 500)
+            fail_msg("/health and a completion took %.0f ms behind 24 idle connections", ms);
+    }
+    unsigned long long evicted =
+        metric_value(fx->port, "kvasir:http_connections_closed_total{reason=\"evicted\"} ");
+    if (evicted < 8) {
+        struct resp r;
+        request(fx->port, "GET", "/metrics", AUTH, NULL, 0, &r);
+        fail_msg("%llu idle connections were closed to make room, want >= 8:\n%s", evicted,
+                 strstr(r.body, "kvasir:http_connections_open"));
+    }
+    for (int i = 0; i < 24; i++)
+        close(idle[i]);
+    stop(fx);
+}
+
+static void per_client(struct kvr_http_config *cfg)
+{
+    cfg->max_per_client = 3;
+}
+
+/* The fourth connection from one address is refused at once, and counted. */
+static void test_door_per_client(void **state)
+{
+    (void)state;
+    tweak_cfg = per_client;
+    struct fixture *fx = start(1u << 20);
+    tweak_cfg = NULL;
+    int fds[3];
+    for (int i = 0; i < 3; i++)
+        fds[i] = dial(fx->port);
+    int extra = dial(fx->port);
+    double el = ms_until_closed(extra, 2000, NULL, 0);
+    close(extra);
+    if (el < 0 || el > 500)
+        fail_msg("the 4th connection was closed after %.0f ms", el);
+    for (int i = 0; i < 3; i++)
+        close(fds[i]);
+    kvr_sleep_ns(100 * 1000000ull);
+    assert_true(
+        metric_value(fx->port,
+                     "kvasir:http_connections_closed_total{reason=\"refused_per_client\"} ") >= 1);
+    stop(fx);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1620,12 +1943,15 @@ int main(void)
         cmocka_unit_test(test_console_routes),
         cmocka_unit_test(test_telemetry_streams),
         cmocka_unit_test(test_every_stream_released),
+        cmocka_unit_test(test_metrics_labels_and_buckets),
+        cmocka_unit_test(test_cors),
     };
     const struct CMUnitTest solo[] = {
-        cmocka_unit_test(test_shutdown_with_stream),
-        cmocka_unit_test(test_stall_timeout),
-        cmocka_unit_test(test_config_errors),
-        cmocka_unit_test(test_chat_template_errors),
+        cmocka_unit_test(test_shutdown_with_stream),   cmocka_unit_test(test_stall_timeout),
+        cmocka_unit_test(test_config_errors),          cmocka_unit_test(test_chat_template_errors),
+        cmocka_unit_test(test_metrics_label_escaping), cmocka_unit_test(test_metrics_public),
+        cmocka_unit_test(test_cors_configured),        cmocka_unit_test(test_door),
+        cmocka_unit_test(test_door_per_client),
     };
     int failed = cmocka_run_group_tests_name("http", tests, setup, teardown);
     failed += cmocka_run_group_tests_name("http_lifecycle", solo, NULL, NULL);
