@@ -105,7 +105,7 @@ grep -qi "^Retry-After" "$TMP/never.hdr" && { cat "$TMP/never.hdr"; fail "a neve
 grep -q "can never meet the total budget" "$TMP/never.json" ||
     { cat "$TMP/never.json"; fail "the refusal does not say the budget can never be met"; }
 never=$(curl -s -m 5 "$SERVE_URL/metrics" |
-    sed -n 's/^kvasir:admission_refused_total{reason="total_budget",when="never"} //p')
+    sed -n 's/^kvasir:admission_refused_total{model_name="[^"]*",reason="total_budget",when="never"} //p')
 [ "${never:-0}" -ge 1 ] || fail "no never-refusal counted in /metrics (got '$never')"
 
 # 4. A sweep over two rates with an SVG plot.
