@@ -24,6 +24,7 @@
 #include "ring/net.h"
 #include "ring/plan.h"
 #include "ring/propose.h"
+#include "ring/stage.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -51,6 +52,7 @@ struct serve_opts {
     uint32_t replan_after_s; /* bridge: re-plan a ring broken this long; 0 = never */
     bool no_admission;
     bool no_prefix_cache;
+    bool no_standby; /* serve: no warm standby per stage */
     struct kvr_plan_spec spec;
     char tmp_dir[512]; /* the plan directory serve made itself (removed at exit), or "" */
 };
@@ -73,7 +75,10 @@ static void usage(FILE *f, bool serve)
                    "                        a random free range below the ephemeral ports)\n"
                    "  --row-width N --microbatches N --max-seqs N --ctx N --kv-blocks N\n"
                    "  --kv-mem MIB (KV per stage, instead of --kv-blocks) --kv-type f32|f16|q8_0\n"
-                   "  --wire f32|f16        --no-encrypt: plain frames on the ring's links\n");
+                   "  --wire f32|f16        --no-encrypt: plain frames on the ring's links\n"
+                   "  --no-standby          no warm standby per stage (by default, once the\n"
+                   "                        ring is up and if memory allows, each stage has a\n"
+                   "                        loaded twin that takes its place when it dies)\n");
     else
         fprintf(f, "usage: kvasir bridge --plan PLAN [options]\n"
                    "  Serve the OpenAI-compatible API for a ring whose stages run elsewhere.\n");
@@ -126,6 +131,10 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
         }
         if (!strcmp(a, "--no-prefix-cache")) {
             o->no_prefix_cache = true;
+            continue;
+        }
+        if (serve && !strcmp(a, "--no-standby")) {
+            o->no_standby = true;
             continue;
         }
         if (!strcmp(a, "--no-admission")) {
@@ -229,8 +238,10 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
  * if serve dies without stopping it. */
 static sigset_t run_mask; /* the signal mask serve started with: its stages get it back */
 
-/* `kvasir stage` for process i < n_stages, else `kvasir experts` for agent i - n_stages. */
-static pid_t spawn_stage(const char *self, const char *plan_path, uint32_t i, uint32_t n_stages)
+/* `kvasir stage` for process i < n_stages (with --standby: its warm standby), else
+ * `kvasir experts` for agent i - n_stages. */
+static pid_t spawn_stage(const char *self, const char *plan_path, uint32_t i, uint32_t n_stages,
+                         bool standby)
 {
     uint32_t index = i < n_stages ? i : i - n_stages;
     pid_t parent = getpid();
@@ -249,10 +260,38 @@ static pid_t spawn_stage(const char *self, const char *plan_path, uint32_t i, ui
                     (char *)plan_path,
                     (char *)"--index",
                     idx,
+                    standby ? (char *)"--standby" : NULL,
                     NULL};
     execv(self, args);
     fprintf(stderr, "kvasir serve: cannot start %s %u: %s\n", args[1], index, strerror(errno));
     _exit(127);
+}
+
+/* Warm standbys (ring/stage.h) double the resident weights: they are started only when
+ * the memory available, with every stage loaded, holds all the slices once more and a
+ * quarter to spare, and not for expert rings (a standby would meet the agents twice). */
+static bool standby_fits(const struct kvr_gguf *g, const struct kvr_plan *plan)
+{
+    if (plan->n_agents)
+        return false;
+    size_t weights = 0;
+    for (uint32_t i = 0; i < plan->n_stages; i++) {
+        struct kvr_engine_config cfg;
+        struct kvr_engine_bytes b;
+        kvr_stage_engine_config(plan, i, &cfg);
+        if (kvr_engine_expected_bytes(g, &cfg, &b, NULL))
+            return false;
+        weights += b.weights;
+    }
+    unsigned long long avail_kib = 0;
+    char line[256];
+    FILE *f = fopen("/proc/meminfo", "r");
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &avail_kib) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return avail_kib * 1024 >= weights + weights / 4;
 }
 
 /* A random base for `span` consecutive listening ports, below the kernel's ephemeral range
@@ -352,6 +391,90 @@ static int write_plan(struct serve_opts *o, struct kvr_gguf *g, struct kvr_plan 
     return 0;
 }
 
+/* serve's stage processes (stages, then expert agents) and the stages' warm standbys. */
+struct procs {
+    char self[4096]; /* this executable */
+    const char *plan_path;
+    const struct kvr_plan *plan;
+    pid_t *pids;                            /* n: stages, then agents; 0 = none */
+    pid_t standby[KVR_PLAN_MAX_STAGES + 1]; /* per stage; 0 = none */
+    uint64_t standby_due_ns[KVR_PLAN_MAX_STAGES + 1]; /* a new one starts then; 0 = none */
+    uint32_t n;
+};
+
+/* A standby that took a stage's place is replaced STANDBY_DELAY_MS later: loading one
+ * (hundreds of milliseconds of CPU) at once would slow the ring re-computing its held
+ * sequences, which is what the client is waiting for. */
+enum { STANDBY_DELAY_MS = 3000 };
+
+/* Start the standbys that are due; the time the next one is due (0: none). */
+static uint64_t standbys_due(struct procs *p)
+{
+    uint64_t now = kvr_now_ns(), next = 0;
+    for (uint32_t i = 0; i < p->plan->n_stages; i++) {
+        uint64_t due = p->standby_due_ns[i];
+        if (due && due <= now) {
+            p->standby[i] = spawn_stage(p->self, p->plan_path, i, p->plan->n_stages, true);
+            p->standby_due_ns[i] = 0;
+        } else if (due && (!next || due < next)) {
+            next = due;
+        }
+    }
+    return next;
+}
+
+/* Reap the processes that died and replace them: a stage by its standby when it has one
+ * (already loaded: it takes the address at once) and a new standby behind it, else by a
+ * new stage. A standby that dies is not replaced (its stage is restarted if it dies).
+ * False when a stage died before the ring was ever up (a start-up failure: stop). */
+static bool reap_procs(struct procs *p, bool ever_up)
+{
+    uint32_t n_stages = p->plan->n_stages;
+    int status;
+    for (uint32_t i = 0; i < n_stages; i++)
+        if (p->standby[i] > 0 && waitpid(p->standby[i], &status, WNOHANG) == p->standby[i]) {
+            KVR_WARN("the standby of stage %u exited (status %d)", i, status);
+            p->standby[i] = 0;
+        }
+    for (uint32_t i = 0; i < p->n; i++) {
+        if (p->pids[i] <= 0 || waitpid(p->pids[i], &status, WNOHANG) != p->pids[i])
+            continue;
+        const char *what = i < n_stages ? "stage" : "expert agent";
+        uint32_t idx = i < n_stages ? i : i - n_stages;
+        if (!ever_up) {
+            KVR_ERROR("%s %u exited before the ring came up (status %d)", what, idx, status);
+            p->pids[i] = 0;
+            return false;
+        }
+        if (i < n_stages && p->standby[i] > 0) {
+            KVR_WARN("stage %u died (status %d): its standby takes over; a new standby starts "
+                     "in %d ms",
+                     i, status, STANDBY_DELAY_MS);
+            p->pids[i] = p->standby[i];
+            p->standby[i] = 0;
+            p->standby_due_ns[i] = kvr_now_ns() + (uint64_t)STANDBY_DELAY_MS * 1000000u;
+        } else {
+            KVR_WARN("%s %u died (status %d): starting it again", what, idx, status);
+            p->pids[i] = spawn_stage(p->self, p->plan_path, i, n_stages, false);
+        }
+    }
+    return true;
+}
+
+/* Once the ring is first up (so they never slow its start): a standby per stage. */
+static void start_standbys(struct procs *p, const struct kvr_gguf *g)
+{
+    if (!standby_fits(g, p->plan)) {
+        KVR_INFO("no warm standbys (%s): a stage that dies is restarted and reloads its layers",
+                 p->plan->n_agents ? "expert agents" : "not enough memory available");
+        return;
+    }
+    for (uint32_t i = 0; i < p->plan->n_stages; i++)
+        p->standby[i] = spawn_stage(p->self, p->plan_path, i, p->plan->n_stages, true);
+    KVR_INFO("a warm standby per stage started: it takes the stage's place when it dies "
+             "(--no-standby: none)");
+}
+
 /* ---- the common part ------------------------------------------------------------------------ */
 
 static int serve_main(int argc, char **argv, bool serve)
@@ -368,8 +491,7 @@ static int serve_main(int argc, char **argv, bool serve)
     struct kvr_bridge *bridge = NULL;
     struct kvr_http *http = NULL;
     char *chat_src = NULL;
-    pid_t *pids = NULL;
-    uint32_t n_procs = 0; /* stages, then expert agents */
+    struct procs *procs = NULL;
     char plan_path[1024] = "";
     char model_path[KVR_PLAN_PATH_BYTES];
     rc = 1;
@@ -411,19 +533,24 @@ static int serve_main(int argc, char **argv, bool serve)
     sigprocmask(SIG_BLOCK, &sigs, &run_mask);
 
     if (serve) {
-        char self[4096];
-        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+        procs = kvr_calloc(1, sizeof *procs);
+        if (!procs)
+            goto out;
+        char *self = procs->self;
+        ssize_t n = readlink("/proc/self/exe", self, sizeof procs->self - 1);
         if (n <= 0) {
             KVR_ERROR("cannot find my own executable");
             goto out;
         }
         self[n] = 0;
-        n_procs = plan->n_stages + plan->n_agents;
-        pids = kvr_calloc(n_procs, sizeof *pids);
-        if (!pids)
+        procs->plan_path = plan_path;
+        procs->plan = plan;
+        procs->n = plan->n_stages + plan->n_agents;
+        procs->pids = kvr_calloc(procs->n, sizeof *procs->pids);
+        if (!procs->pids)
             goto out;
-        for (uint32_t i = 0; i < n_procs; i++)
-            pids[i] = spawn_stage(self, plan_path, i, plan->n_stages);
+        for (uint32_t i = 0; i < procs->n; i++)
+            procs->pids[i] = spawn_stage(self, plan_path, i, plan->n_stages, false);
         KVR_INFO("plan %s: %u stages and %u expert agents started", plan_path, plan->n_stages,
                  plan->n_agents);
     }
@@ -493,38 +620,24 @@ static int serve_main(int argc, char **argv, bool serve)
                      o.host, kvr_http_port(http), plan->n_stages, o.no_admission ? "off" : "on");
             printf("kvasir: ready on %s://%s:%u\n", scheme, o.host, kvr_http_port(http));
             fflush(stdout);
+            if (procs && !o.no_standby)
+                start_standbys(procs, g);
         }
         /* Until the ring is first up, look again every second (kvr_bridge_wait_up would
-         * hide the signals); after that, sleep until a signal comes. */
+         * hide the signals); after that, sleep until a signal comes or a standby is due. */
         int sig;
-        if (!ready) {
-            struct timespec ts = {1, 0};
+        uint64_t due = procs ? standbys_due(procs) : 0, now = kvr_now_ns();
+        if (!ready || due) {
+            uint64_t wait_ns = !due ? 1000000000u : due > now ? due - now : 0;
+            struct timespec ts = {(time_t)(wait_ns / 1000000000u), (long)(wait_ns % 1000000000u)};
             sig = sigtimedwait(&sigs, NULL, &ts);
         } else {
             sig = sigwaitinfo(&sigs, NULL);
         }
         if (sig == SIGINT || sig == SIGTERM)
             stop_flag = 1;
-        for (uint32_t i = 0; pids && i < n_procs && !stop_flag; i++) {
-            int status;
-            if (pids[i] <= 0 || waitpid(pids[i], &status, WNOHANG) != pids[i])
-                continue;
-            const char *what = i < plan->n_stages ? "stage" : "expert agent";
-            uint32_t idx = i < plan->n_stages ? i : i - plan->n_stages;
-            if (!ever_up) {
-                KVR_ERROR("%s %u exited before the ring came up (status %d)", what, idx, status);
-                pids[i] = 0;
-                stop_flag = 1;
-                break;
-            }
-            KVR_WARN("%s %u died (status %d): starting it again", what, idx, status);
-            char self[4096];
-            ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-            if (n > 0) {
-                self[n] = 0;
-                pids[i] = spawn_stage(self, plan_path, i, plan->n_stages);
-            }
-        }
+        if (procs && !stop_flag && !reap_procs(procs, ever_up))
+            stop_flag = 1;
     }
     KVR_INFO("stopping");
     rc = 0;
@@ -536,10 +649,15 @@ out:
     kvr_http_destroy(http);
     kvr_free(chat_src);
     kvr_bridge_stop(bridge);
-    for (uint32_t i = 0; pids && i < n_procs; i++)
-        if (pids[i] > 0) {
-            kill(pids[i], SIGTERM);
-            waitpid(pids[i], NULL, 0);
+    for (uint32_t i = 0; procs && i < plan->n_stages; i++)
+        if (procs->standby[i] > 0) { /* first: a standby would take a stopped stage's place */
+            kill(procs->standby[i], SIGTERM);
+            waitpid(procs->standby[i], NULL, 0);
+        }
+    for (uint32_t i = 0; procs && procs->pids && i < procs->n; i++)
+        if (procs->pids[i] > 0) {
+            kill(procs->pids[i], SIGTERM);
+            waitpid(procs->pids[i], NULL, 0);
         }
     /* The plan holds the ring's secret: do not leave it behind in /tmp. */
     if (serve && o.tmp_dir[0]) {
@@ -551,7 +669,9 @@ out:
         rmdir(o.tmp_dir);
     }
     kvr_bridge_destroy(bridge);
-    kvr_free(pids);
+    if (procs)
+        kvr_free(procs->pids);
+    kvr_free(procs);
     kvr_tok_destroy(tok);
     kvr_gguf_close(g);
     if (plan) {
