@@ -23,7 +23,7 @@ int kvr_cli_ringproc_main(const struct kvr_cli_ringproc *rp, int argc, char **ar
 {
     const char *plan_path = NULL, *secret_file = NULL;
     uint32_t index = 0, n_threads = 0;
-    bool have_index = false, spare = false;
+    bool have_index = false, spare = false, standby = false;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -42,6 +42,8 @@ int kvr_cli_ringproc_main(const struct kvr_cli_ringproc *rp, int argc, char **ar
                 return 2;
             have_index = spare = true;
             i++;
+        } else if (rp->run_standby && !strcmp(argv[i], "--standby")) {
+            standby = true;
         } else if (!strcmp(argv[i], "--secret-file") && v) {
             secret_file = v;
             i++;
@@ -57,12 +59,12 @@ int kvr_cli_ringproc_main(const struct kvr_cli_ringproc *rp, int argc, char **ar
             return 2;
         }
     }
-    if (!plan_path || !have_index) {
+    if (!plan_path || !have_index || (standby && spare)) {
         fputs(rp->usage, stderr);
         return 2;
     }
     char tag[32];
-    snprintf(tag, sizeof tag, "%s%u", spare ? "spare" : rp->cmd, index);
+    snprintf(tag, sizeof tag, "%s%u", spare ? "spare" : standby ? "standby" : rp->cmd, index);
     kvr_log_set_tag(tag);
     struct kvr_err err = {0};
     struct kvr_plan *plan = kvr_malloc(sizeof *plan);
@@ -74,7 +76,9 @@ int kvr_cli_ringproc_main(const struct kvr_cli_ringproc *rp, int argc, char **ar
     }
     signal_stop = rp->signal_stop;
     kvr_cli_on_stop(on_signal);
-    int rc = (spare ? rp->run_spare : rp->run)(plan, index, n_threads, &stop_flag, &err);
+    int rc = (spare     ? rp->run_spare
+              : standby ? rp->run_standby
+                        : rp->run)(plan, index, n_threads, &stop_flag, &err);
     if (rc)
         KVR_ERROR("%s", err.msg);
     kvr_plan_wipe(plan);

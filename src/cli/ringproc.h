@@ -24,6 +24,10 @@ struct kvr_cli_ringproc {
     uint32_t n_spare;
     int (*run_spare)(const struct kvr_plan *plan, uint32_t index, uint32_t n_threads,
                      atomic_int *stop, struct kvr_err *err);
+    /* Optional: `--standby` with --index runs run_standby (a warm standby of the stage,
+     * ring/stage.h); NULL = no such option. */
+    int (*run_standby)(const struct kvr_plan *plan, uint32_t index, uint32_t n_threads,
+                       atomic_int *stop, struct kvr_err *err);
     void (*signal_stop)(void); /* async-signal-safe: wakes run's event loop */
 };
 

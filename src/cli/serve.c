@@ -12,6 +12,7 @@
 #include "cli/cmd.h"
 #include "cli/common.h"
 #include "cli/serve_env.h"
+#include "cli/serve_procs.h"
 
 #include "bridge/bridge.h"
 #include "bridge/http.h"
@@ -32,9 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 static volatile sig_atomic_t stop_flag;
@@ -54,6 +53,7 @@ struct serve_opts {
     uint32_t replan_after_s; /* bridge: re-plan a ring broken this long; 0 = never */
     bool no_admission;
     bool no_prefix_cache;
+    bool no_standby; /* serve: no warm standby per stage */
     struct kvr_plan_spec spec;
     struct kvr_http_config http; /* the door, CORS and metrics options (http.h) */
     char tmp_dir[512];           /* the plan directory serve made itself (removed at exit), or "" */
@@ -85,7 +85,10 @@ static void usage(FILE *f, bool serve)
                    "  --max-seqs N          sequences at once (also --parallel; default 32)\n"
                    "  --row-width N --microbatches N --kv-blocks N\n"
                    "  --kv-mem MIB (KV per stage, instead of --kv-blocks) --kv-type f32|f16|q8_0\n"
-                   "  --wire f32|f16        --no-encrypt: plain frames on the ring's links\n");
+                   "  --wire f32|f16        --no-encrypt: plain frames on the ring's links\n"
+                   "  --no-standby          no warm standby per stage (by default, once the\n"
+                   "                        ring is up and if memory allows, each stage has a\n"
+                   "                        loaded twin that takes its place when it dies)\n");
     else
         fprintf(f, "usage: kvasir bridge --plan PLAN [options]\n"
                    "  Serve the OpenAI-compatible API for a ring whose stages run elsewhere.\n");
@@ -206,6 +209,8 @@ static bool parse_flag(struct serve_opts *o, bool serve, const char *a)
         o->no_prefix_cache = true;
     else if (!strcmp(a, "--no-admission"))
         o->no_admission = true;
+    else if (serve && !strcmp(a, "--no-standby"))
+        o->no_standby = true;
     else if (serve && !strcmp(a, "--no-encrypt")) /* plain frames on the ring's links */
         o->spec.no_encrypt = true;
     else
@@ -344,37 +349,6 @@ static int parse(int argc, char **argv, bool serve, struct serve_opts *o)
 
 /* ---- stage processes (serve) -------------------------------------------------------------- */
 
-/* A stage runs in a process group of its own, so a terminal's Ctrl-C (or a signal to
- * serve's group) reaches serve alone, which then stops the ring in order; and it is killed
- * if serve dies without stopping it. */
-static sigset_t run_mask; /* the signal mask serve started with: its stages get it back */
-
-/* `kvasir stage` for process i < n_stages, else `kvasir experts` for agent i - n_stages. */
-static pid_t spawn_stage(const char *self, const char *plan_path, uint32_t i, uint32_t n_stages)
-{
-    uint32_t index = i < n_stages ? i : i - n_stages;
-    pid_t parent = getpid();
-    pid_t pid = fork();
-    if (pid != 0)
-        return pid;
-    sigprocmask(SIG_SETMASK, &run_mask, NULL);
-    setpgid(0, 0);
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
-        _exit(127); /* serve is already gone */
-    char idx[16];
-    snprintf(idx, sizeof idx, "%u", index);
-    char *args[] = {(char *)"kvasir",
-                    (char *)(i < n_stages ? "stage" : "experts"),
-                    (char *)"--plan",
-                    (char *)plan_path,
-                    (char *)"--index",
-                    idx,
-                    NULL};
-    execv(self, args);
-    fprintf(stderr, "kvasir serve: cannot start %s %u: %s\n", args[1], index, strerror(errno));
-    _exit(127);
-}
-
 /* A random base for `span` consecutive listening ports, below the kernel's ephemeral range
  * (ip_local_port_range; 32768 if unreadable) and from 10000 up. A port inside the
  * ephemeral range (what binding port 0 returns) can be taken, between the check and the
@@ -503,9 +477,9 @@ struct server {
     struct kvr_service svc;
     struct kvr_http *http;
     char *chat_src;
-    pid_t *pids; /* serve: stages, then expert agents; 0 = not running */
-    uint32_t n_procs;
-    sigset_t sigs; /* taken synchronously: SIGINT, SIGTERM, SIGCHLD */
+    struct kvr_serve_procs procs; /* serve: its stages, agents and standbys */
+    sigset_t sigs;                /* taken synchronously: SIGINT, SIGTERM, SIGCHLD */
+    sigset_t run_mask;            /* the mask serve started with: its children get it back */
     char plan_path[1024];
     char model_path[KVR_PLAN_PATH_BYTES];
 };
@@ -552,28 +526,13 @@ static void block_signals(struct server *sv)
     sigaddset(&sv->sigs, SIGINT);
     sigaddset(&sv->sigs, SIGTERM);
     sigaddset(&sv->sigs, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &sv->sigs, &run_mask);
+    sigprocmask(SIG_BLOCK, &sv->sigs, &sv->run_mask);
 }
 
 /* serve: one process per stage and per expert agent. Returns 0 or -1. */
 static int start_procs(struct server *sv)
 {
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) {
-        KVR_ERROR("cannot find my own executable");
-        return -1;
-    }
-    self[n] = 0;
-    sv->n_procs = sv->plan->n_stages + sv->plan->n_agents;
-    sv->pids = kvr_calloc(sv->n_procs, sizeof *sv->pids);
-    if (!sv->pids)
-        return -1;
-    for (uint32_t i = 0; i < sv->n_procs; i++)
-        sv->pids[i] = spawn_stage(self, sv->plan_path, i, sv->plan->n_stages);
-    KVR_INFO("plan %s: %u stages and %u expert agents started", sv->plan_path, sv->plan->n_stages,
-             sv->plan->n_agents);
-    return 0;
+    return kvr_serve_procs_start(&sv->procs, sv->plan, sv->plan_path, &sv->run_mask);
 }
 
 /* The bridge, then the HTTP API over it. HTTP listens at once: while the ring forms (or
@@ -630,33 +589,6 @@ static int start_front(struct server *sv)
     return 0;
 }
 
-/* serve: start again a stage or agent that died; before the ring was ever up, a death
- * stops serve instead (the plan or the machine is wrong, not the process). */
-static void restart_dead(struct server *sv, bool ever_up)
-{
-    const struct kvr_plan *plan = sv->plan;
-    for (uint32_t i = 0; sv->pids && i < sv->n_procs && !stop_flag; i++) {
-        int status;
-        if (sv->pids[i] <= 0 || waitpid(sv->pids[i], &status, WNOHANG) != sv->pids[i])
-            continue;
-        const char *what = i < plan->n_stages ? "stage" : "expert agent";
-        uint32_t idx = i < plan->n_stages ? i : i - plan->n_stages;
-        if (!ever_up) {
-            KVR_ERROR("%s %u exited before the ring came up (status %d)", what, idx, status);
-            sv->pids[i] = 0;
-            stop_flag = 1;
-            break;
-        }
-        KVR_WARN("%s %u died (status %d): starting it again", what, idx, status);
-        char self[4096];
-        ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-        if (n > 0) {
-            self[n] = 0;
-            sv->pids[i] = spawn_stage(self, sv->plan_path, i, plan->n_stages);
-        }
-    }
-}
-
 /* Say "ready" once the ring is first up, then wait for signals until told to stop. */
 static void watch(struct server *sv)
 {
@@ -677,19 +609,26 @@ static void watch(struct server *sv)
                      o->no_admission ? "off" : "on");
             printf("kvasir: ready on %s://%s:%u\n", scheme, o->host, kvr_http_port(sv->http));
             fflush(stdout);
+            if (sv->serve && !o->no_standby)
+                kvr_serve_procs_start_standbys(&sv->procs, sv->g);
         }
         /* Until the ring is first up, look again every second (kvr_bridge_wait_up would
-         * hide the signals); after that, sleep until a signal comes. */
+         * hide the signals); after that, sleep until a signal comes or a standby is due. */
         int sig;
-        if (!ready) {
-            struct timespec ts = {1, 0};
+        uint64_t due = kvr_serve_procs_standbys_due(&sv->procs), now = kvr_now_ns();
+        if (!ready || due) {
+            uint64_t wait_ns = !due ? 1000000000u : due > now ? due - now : 0;
+            struct timespec ts = {(time_t)(wait_ns / 1000000000u), (long)(wait_ns % 1000000000u)};
             sig = sigtimedwait(&sv->sigs, NULL, &ts);
         } else {
             sig = sigwaitinfo(&sv->sigs, NULL);
         }
         if (sig == SIGINT || sig == SIGTERM)
             stop_flag = 1;
-        restart_dead(sv, ever_up);
+        /* A death before the ring was ever up stops serve: the plan or the machine is wrong,
+         * not the process. */
+        if (!stop_flag && !kvr_serve_procs_reap(&sv->procs, ever_up))
+            stop_flag = 1;
     }
     KVR_INFO("stopping");
 }
@@ -703,11 +642,7 @@ static void shut_down(struct server *sv)
     kvr_http_destroy(sv->http);
     kvr_free(sv->chat_src);
     kvr_bridge_stop(sv->bridge);
-    for (uint32_t i = 0; sv->pids && i < sv->n_procs; i++)
-        if (sv->pids[i] > 0) {
-            kill(sv->pids[i], SIGTERM);
-            waitpid(sv->pids[i], NULL, 0);
-        }
+    kvr_serve_procs_fini(&sv->procs);
     /* The plan holds the ring's secret: do not leave it behind in /tmp. */
     if (sv->serve && sv->o.tmp_dir[0]) {
         char key_path[600];
@@ -718,7 +653,6 @@ static void shut_down(struct server *sv)
         rmdir(sv->o.tmp_dir);
     }
     kvr_bridge_destroy(sv->bridge);
-    kvr_free(sv->pids);
     kvr_tok_destroy(sv->tok);
     kvr_gguf_close(sv->g);
     if (sv->plan) {

@@ -10,7 +10,21 @@
 #include <stdio.h>
 #include <string.h>
 
-enum { BACKOFF_MIN_MS = 50, CONNECT_MS = 1000 };
+/* A refused connection means the peer's host answers but nothing listens on the port yet:
+ * its process is (re)starting, and will listen within moments. It is dialled again every
+ * REFUSED_RETRY_MS, so the link is back as soon as the peer listens, not on the next tick
+ * of a backoff; after REFUSED_FAST_MS of refusals in a row the peer is taken for down and
+ * the backoff applies. Any other failure (a timeout, a failed handshake) backs off from
+ * BACKOFF_MIN_MS. A link lost within YOUNG_MS of being made is redialled after
+ * BACKOFF_MIN_MS, so a peer that drops every link at once is not dialled in a loop; an
+ * older one at once. */
+enum {
+    BACKOFF_MIN_MS = 50,
+    REFUSED_RETRY_MS = 5,
+    REFUSED_FAST_MS = 10000,
+    YOUNG_MS = 1000,
+    CONNECT_MS = 1000
+};
 
 struct kvr_dialer {
     struct kvr_dialer_config cfg;
@@ -23,6 +37,8 @@ struct kvr_dialer {
     bool have;      /* `ready` holds a link not taken yet */
     struct kvr_link ready;
     uint32_t backoff_ms;
+    uint64_t refused_since_ns; /* first refusal of the current run of them; 0: none */
+    uint64_t linked_ns;        /* when the last link was made */
     char error[KVR_ERR_MSG_BYTES];
     bool error_new;
 };
@@ -36,12 +52,14 @@ static void pause_ms(struct kvr_dialer *d, uint32_t ms)
             break;
 }
 
-static void set_error(struct kvr_dialer *d, const char *msg)
+/* Whether msg is news. */
+static bool set_error(struct kvr_dialer *d, const char *msg)
 {
-    if (strcmp(d->error, msg) != 0) {
-        snprintf(d->error, sizeof d->error, "%s", msg);
-        d->error_new = true;
-    }
+    if (strcmp(d->error, msg) == 0)
+        return false;
+    snprintf(d->error, sizeof d->error, "%s", msg);
+    d->error_new = true;
+    return true;
 }
 
 static void *dial_main(void *arg)
@@ -54,18 +72,21 @@ static void *dial_main(void *arg)
             pthread_cond_wait(&d->cond, &d->lock);
         if (d->stop)
             break;
-        if (d->redialled) { /* a link was just lost: not in the same instant */
+        if (d->redialled) {
             d->redialled = false;
-            pause_ms(d, BACKOFF_MIN_MS);
-            if (d->stop)
-                break;
+            if (kvr_now_ns() - d->linked_ns < (uint64_t)YOUNG_MS * 1000000u) {
+                pause_ms(d, BACKOFF_MIN_MS);
+                if (d->stop)
+                    break;
+            }
         }
         pthread_mutex_unlock(&d->lock);
         struct kvr_err err = {0};
         struct kvr_link link = {.fd = -1};
         int fd;
-        bool ok = false;
-        if (kvr_net_connect(c->addr, kvr_net_deadline(CONNECT_MS), &fd, &err) == 0) {
+        bool ok = false, refused = false;
+        int rc = kvr_net_connect(c->addr, kvr_net_deadline(CONNECT_MS), &fd, &err);
+        if (rc == 0) {
             uint32_t dirs = c->dirs ? c->dirs : KVR_LINK_SEND;
             ok = kvr_link_init(&link, fd, c->addr, c->limits, dirs, &err) == 0 &&
                  (c->peer ? kvr_link_handshake_ids(&link, c->plan,
@@ -77,8 +98,10 @@ static void *dial_main(void *arg)
                 KVR_WARN("%s: downstream %s: %s", c->name, c->addr, err.msg);
                 kvr_link_fini(&link);
             }
-        } else if (d->backoff_ms >= c->backoff_max_ms) {
-            KVR_DEBUG("%s: cannot reach downstream %s: %s", c->name, c->addr, err.msg);
+        } else {
+            refused = rc == KVR_ECLOSED;
+            if (!refused && d->backoff_ms >= c->backoff_max_ms)
+                KVR_DEBUG("%s: cannot reach downstream %s: %s", c->name, c->addr, err.msg);
         }
         pthread_mutex_lock(&d->lock);
         if (ok) {
@@ -87,13 +110,23 @@ static void *dial_main(void *arg)
             d->have = true;
             d->want = false;
             d->backoff_ms = BACKOFF_MIN_MS;
+            d->refused_since_ns = 0;
+            d->linked_ns = kvr_now_ns();
             if (c->wake)
                 kvr_ev_wake(c->wake);
             continue;
         }
-        set_error(d, err.msg);
-        if (c->wake)
+        if (set_error(d, err.msg) && c->wake)
             kvr_ev_wake(c->wake); /* the loop may show the error (/health) */
+        uint64_t now = kvr_now_ns();
+        if (!refused)
+            d->refused_since_ns = 0;
+        else if (!d->refused_since_ns)
+            d->refused_since_ns = now;
+        if (refused && now - d->refused_since_ns < (uint64_t)REFUSED_FAST_MS * 1000000u) {
+            pause_ms(d, REFUSED_RETRY_MS);
+            continue;
+        }
         pause_ms(d, d->backoff_ms);
         d->backoff_ms =
             d->backoff_ms * 2 > c->backoff_max_ms ? c->backoff_max_ms : d->backoff_ms * 2;

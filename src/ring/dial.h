@@ -5,13 +5,16 @@
  * of them start at once: if each event loop did its own blocking handshake, a ring of
  * loops each waiting for the next to answer would stall until the handshake timeouts.
  * The dialer thread does the connect (with a deadline) and the handshake (auth.h, each
- * message within handshake_ms), with a backoff from 50 ms doubling to backoff_max_ms while
- * the peer cannot be reached, then hands the link over and wakes the loop; it sleeps on a
- * condition variable while it has nothing to do.
+ * message within handshake_ms), then hands the link over and wakes the loop; it sleeps on a
+ * condition variable while it has nothing to do. A refused connection (the peer is
+ * restarting) is dialled again every 5 ms for up to 10 s, so a restarted peer is linked
+ * within moments of listening; other failures back off from 50 ms doubling to
+ * backoff_max_ms.
  *
  *   kvr_dialer_start(&d, &cfg)       the thread starts dialling at once
  *   kvr_dialer_take(d, &link)        in the loop's wake-up: a dialled link, if one is ready
- *   kvr_dialer_redial(d)             the link was lost: dial again (after the backoff)
+ *   kvr_dialer_redial(d)             the link was lost: dial again (at once, or after
+ *                                    50 ms if it was lost within 1 s of being made)
  *   kvr_dialer_stop(d)               joins the thread, closes a link not taken
  *
  * Threads: take, redial and last_error from any thread (one mutex); the config's pointers
@@ -52,7 +55,7 @@ int kvr_dialer_start(struct kvr_dialer **out, const struct kvr_dialer_config *cf
 void kvr_dialer_stop(struct kvr_dialer *d);
 /* A dialled, authenticated link (moved into *link; the caller owns it now), or false. */
 bool kvr_dialer_take(struct kvr_dialer *d, struct kvr_link *link);
-/* Dial again, after the current backoff. */
+/* Dial again: at once, or after 50 ms when the last link lived less than a second. */
 void kvr_dialer_redial(struct kvr_dialer *d);
 /* The last failure ("" if none) into buf. Returns whether it changed since the last call. */
 bool kvr_dialer_last_error(struct kvr_dialer *d, char *buf, size_t cap);

@@ -43,11 +43,13 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 enum {
     HANDSHAKE_MS = 3000,            /* each handshake message must arrive within this */
     BACKOFF_MAX_MS = 2000,          /* dialling the downstream again (dial.h) */
+    STANDBY_POLL_MS = 5,            /* a standby trying to listen (standby_listen) */
     N_OUT_SLOTS = 2,                /* one being sent, one being filled */
     N_IN_SLOTS = 2,                 /* one being computed, one received: the credits we grant */
     READY_CAP = 2 * N_IN_SLOTS + 2, /* input slots and RESET marks between them */
@@ -81,6 +83,7 @@ struct stage {
     const struct kvr_plan *plan;
     uint32_t index;
     bool is_head, is_tail;
+    bool standby;     /* first life of a warm standby: listens once the stage there died */
     atomic_int *stop; /* set by a signal handler (kvr_stage_signal_stop) */
     char name[32];    /* "stage 1" */
 
@@ -135,6 +138,8 @@ struct stage {
     bool notice_pending;
     uint32_t notice_stage;
     uint64_t notice_batch; /* KVR_WIRE_RESET_LINK, or the batch that failed */
+    bool dropped_pending;  /* a batch was dropped for want of a downstream (drop_out) ... */
+    uint64_t dropped_batch; /* ... the last such: the next downstream is told */
 
     /* The downstream link. */
     struct kvr_link down;
@@ -192,6 +197,11 @@ static void drop_out(struct stage *s, uint32_t id)
     else /* never connected yet: the ring is still forming, the bridge's probe goes again */
         KVR_INFO("%s: downstream not connected yet, batch %llu dropped", s->name,
                  (unsigned long long)m->batch_id);
+    /* The next downstream's first frame says so (a RESET naming the batch): the bridge then
+     * probes again at once instead of waiting for the lost batch's deadline. This matters
+     * when the upstream links before the downstream, as a restarted stage's may. */
+    s->dropped_batch = m->batch_id;
+    s->dropped_pending = true;
     give_out(s, id);
 }
 
@@ -349,6 +359,9 @@ static void install_down(struct stage *s, struct kvr_link *fresh)
     s->tx = tx_none;
     s->last_send_ns = kvr_now_ns();
     s->await_ns = 0;
+    if (s->dropped_pending) /* drop_out */
+        raise_notice(s, s->index, s->dropped_batch);
+    s->dropped_pending = false;
     if (kvr_ev_watch(s->ev, s->down.fd, KVR_EV_READ, on_down, s))
         drop_down(s);
     else
@@ -870,6 +883,28 @@ void kvr_stage_engine_config(const struct kvr_plan *p, uint32_t index,
                                       .n_threads = threads};
 }
 
+/* A warm standby (kvr_stage_options.standby) has loaded its slice; it becomes the stage as
+ * soon as it can listen on the stage's address, which is once the process serving there has
+ * died (SO_REUSEADDR: a dead listener's connections do not hold the port), and only then
+ * links to its neighbours, so a live stage is never displaced. It tries every
+ * STANDBY_POLL_MS: a few system calls, against the hundreds of milliseconds a fresh
+ * process spends loading. */
+static int standby_listen(struct stage *s, struct kvr_err *err)
+{
+    const char *addr = s->plan->stages[s->index].addr;
+    KVR_INFO("%s: standby: loaded, takes over %s when the stage there dies", s->name, addr);
+    struct kvr_err e = {0};
+    while (kvr_net_listen(addr, 16, &s->listen_fd, NULL, &e) != 0) {
+        if (*s->stop)
+            return kvr_err_set(err, KVR_ECLOSED, "%s: standby stopped before it was needed",
+                               s->name);
+        struct timespec ts = {0, STANDBY_POLL_MS * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    KVR_INFO("%s: standby takes over %s", s->name, addr);
+    return KVR_OK;
+}
+
 static int stage_init(struct stage *s, struct kvr_err *err)
 {
     const struct kvr_plan *p = s->plan;
@@ -883,6 +918,7 @@ static int stage_init(struct stage *s, struct kvr_err *err)
     uint32_t threads = cfg.n_threads;
     s->cfg = cfg;
     if ((rc = kvr_engine_create(&s->engine, s->gguf, &cfg, err)) ||
+        (s->standby && (rc = standby_listen(s, err))) ||
         (rc = kvr_experts_client_create(&s->experts, p, s->index, &s->hp, s->name, err)))
         return rc;
     if (s->experts) /* this stage's MoE layers send their experts' rows to agents */
@@ -921,7 +957,8 @@ static int stage_init(struct stage *s, struct kvr_err *err)
                                    .done = accepted,
                                    .more = control_step,
                                    .ctx = s};
-    if ((rc = kvr_net_listen(p->stages[s->index].addr, 16, &s->listen_fd, NULL, err)) ||
+    if ((s->listen_fd < 0 &&
+         (rc = kvr_net_listen(p->stages[s->index].addr, 16, &s->listen_fd, NULL, err))) ||
         (rc = kvr_accept_start(&s->acc, s->ev, s->listen_fd, &ac, err)))
         return rc;
     struct kvr_dialer_config dc = {.plan = p,
@@ -943,9 +980,9 @@ static int stage_init(struct stage *s, struct kvr_err *err)
 
 /* One life of the stage under one plan: until a stop, or a re-plan (*replanned, with the
  * next plan in `next` and this stage's index in it in *next_index). */
-static int run_once(const struct kvr_plan *plan, uint32_t index, struct kvr_gguf *gguf,
-                    struct kvr_plan *next, atomic_int *stop, bool *replanned, uint32_t *next_index,
-                    struct kvr_err *err)
+static int run_once(const struct kvr_plan *plan, uint32_t index, bool standby,
+                    struct kvr_gguf *gguf, struct kvr_plan *next, atomic_int *stop,
+                    bool *replanned, uint32_t *next_index, struct kvr_err *err)
 {
     *replanned = false;
     struct stage *s = kvr_calloc(1, sizeof *s);
@@ -957,6 +994,7 @@ static int run_once(const struct kvr_plan *plan, uint32_t index, struct kvr_gguf
     s->index = index;
     s->is_head = index == 0;
     s->is_tail = index + 1 == plan->n_stages;
+    s->standby = standby;
     s->stop = stop;
     s->listen_fd = -1;
     s->up_fd = -1;
@@ -1117,10 +1155,14 @@ int kvr_stage_run(const struct kvr_plan *plan, const struct kvr_stage_options *o
             rc = KVR_OK; /* an orderly stop of a spare never needed */
         }
     }
+    bool standby = opt->standby && !opt->spare;
     while (rc == 0 && !*stop) {
         bool replanned = false;
         uint32_t next_index = 0;
-        rc = run_once(local, index, gguf, next, stop, &replanned, &next_index, err);
+        rc = run_once(local, index, standby, gguf, next, stop, &replanned, &next_index, err);
+        if (rc == KVR_ECLOSED && standby && *stop)
+            rc = KVR_OK; /* an orderly stop of a standby never needed */
+        standby = false;
         if (rc || !replanned || *stop)
             break;
         kvr_plan_wipe(local);

@@ -14,9 +14,10 @@
 # outage (failure detected -> ring whole again) and the time from the kill to the ring
 # being whole are printed. Then the middle stage is killed and not restarted: every
 # request ends with an explicit error once the bridge stops holding it (30 s), and after
-# a restart the ring answers identically again. Last, under `kvasir serve` (which restarts
-# a dead stage itself), three streaming HTTP completions with sampling and all three
-# penalties survive a SIGKILL of the middle stage with exactly the undisturbed text.
+# a restart the ring answers identically again. Last, under `kvasir serve` (whose warm
+# standby of the stage takes its place), three streaming HTTP completions with sampling
+# and all three penalties survive a SIGKILL of the middle stage with exactly the
+# undisturbed text.
 set -euo pipefail
 source "$(dirname "$0")/lib.bash"
 source "$(dirname "$0")/serve_lib.bash"
@@ -141,7 +142,7 @@ cmp -s "$TMP/ref.jsonl" "$TMP/after.jsonl" || fail "after: answers differ once t
 echo "ok: after: the restarted ring answers identically"
 stop_ring
 
-# 6. Under kvasir serve: it restarts the killed stage; the streams only pause.
+# 6. Under kvasir serve: the killed stage's standby takes its place; the streams only pause.
 start_serve serve "$TMP/ring45.gguf" --stages 3 --max-seqs 8 --ctx 256 --no-admission
 body() { # body I: a streamed completion's request (start_streams)
     printf '%s' "{\"model\": \"ring45\", \"prompt\": \"Once upon a time $1\", \"max_tokens\": 150,
@@ -156,7 +157,8 @@ for tag in ref dis; do
         # A count of the ring's batches read from /metrics was not one: under a loaded
         # ctest -j4 a read timed out, the count started from nothing, and the kill came
         # before the streams were admitted (no sequence held, no recovery to see).
-        s1=$(pgrep -f "stage --plan $TMP/serve-plan/plan.json --index 1") || fail "serve: no stage 1"
+        # The stage, not its standby (whose command line ends in --standby).
+        s1=$(pgrep -f "stage --plan $TMP/serve-plan/plan.json --index 1$") || fail "serve: no stage 1"
         watch_and_kill 40 "$s1" "$TMP"/sse.dis.{1,2,3}
     fi
     start_streams "$tag" "$SERVE_URL" 120 body 1 2 3
@@ -172,8 +174,10 @@ for i in 1 2 3; do
     cmp -s "$TMP/http.ref.$i" "$TMP/http.dis.$i" ||
         { cat "$TMP/http.ref.$i" "$TMP/http.dis.$i"; fail "serve: stream $i differs after the kill"; }
 done
-grep -q "stage 1 died" "$SERVE_LOG" || fail "serve: it did not restart stage 1"
+grep -q "stage 1 died (status 9): its standby takes over" "$SERVE_LOG" ||
+    fail "serve: stage 1's standby did not take its place"
+grep -q "stage 1: standby takes over" "$SERVE_LOG" || fail "serve: the standby did not say so"
 whole=$(grep -m1 "ring whole again" "$SERVE_LOG") || fail "serve: no recovery logged"
 echo "  $whole"
-echo "ok: serve: 3/3 streams identical after stage 1 was killed and restarted by serve"
+echo "ok: serve: 3/3 streams identical after stage 1 was killed and its standby took over"
 echo PASS

@@ -15,6 +15,7 @@
 #include "core/clock.h"
 #include "core/log.h"
 #include "ring/addr.h"
+#include "ring/dial.h"
 #include "ring/net.h"
 
 #include <fcntl.h>
@@ -731,6 +732,61 @@ static void test_send_to_vanished_peer(void **state)
     kvr_link_fini(&zero);
 }
 
+/* ---- The dialler ------------------------------------------------------------------------ */
+
+/* A peer that restarts is refused for a while, then listens: the dialler links to it within
+ * moments of its listening, not on the next step of a doubling backoff (which, after a
+ * second of refusals, would wait about half a second more). */
+static void test_dialer_refused_then_listening(void **state)
+{
+    (void)state;
+    make_plan(&plan);
+    struct kvr_err err = {0};
+    int lfd = -1;
+    uint16_t port = 0;
+    assert_int_equal(kvr_net_listen("127.0.0.1:0", 4, &lfd, &port, &err), 0);
+    close(lfd); /* a port nobody listens on: connecting is refused */
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%u", port);
+    struct kvr_wire_limits lim;
+    limits_for(&plan, 1, &lim);
+    struct kvr_dialer_config dc = {.plan = &plan,
+                                   .addr = addr,
+                                   .limits = &lim,
+                                   .role = KVR_AUTH_ROLE_STAGE,
+                                   .index = 0,
+                                   .name = "stage 0",
+                                   .handshake_ms = TIMEOUT_MS,
+                                   .backoff_max_ms = 2000};
+    struct kvr_dialer *d = NULL;
+    assert_int_equal(kvr_dialer_start(&d, &dc, &err), 0);
+    usleep(1000 * 1000);
+    struct kvr_link link;
+    assert_false(kvr_dialer_take(d, &link));
+    char why[KVR_ERR_MSG_BYTES];
+    kvr_dialer_last_error(d, why, sizeof why);
+    assert_non_null(strstr(why, "refused"));
+
+    struct server srv = {.plan = &plan, .role = KVR_AUTH_ROLE_STAGE, .index = 1};
+    assert_int_equal(kvr_net_listen(addr, 4, &srv.lfd, NULL, &err), 0);
+    uint64_t t0 = kvr_now_ns();
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, server_main, &srv), 0);
+    bool have = false;
+    while (!(have = kvr_dialer_take(d, &link)) && kvr_now_ns() - t0 < TIMEOUT_MS * 1000000ull)
+        usleep(1000);
+    uint64_t took_ms = (kvr_now_ns() - t0) / 1000000u;
+    pthread_join(th, NULL);
+    close(srv.lfd);
+    assert_true(have);
+    assert_int_equal(srv.rc, 0);
+    if (took_ms >= 250)
+        fail_msg("linked %llu ms after the peer listened", (unsigned long long)took_ms);
+    kvr_link_fini(&link);
+    kvr_link_fini(&srv.link);
+    kvr_dialer_stop(d);
+}
+
 int main(void)
 {
     /* Fix the level before any thread logs. */
@@ -748,6 +804,7 @@ int main(void)
         cmocka_unit_test(test_truncated_frames),
         cmocka_unit_test(test_resume_after_timeout),
         cmocka_unit_test(test_send_to_vanished_peer),
+        cmocka_unit_test(test_dialer_refused_then_listening),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
