@@ -137,8 +137,8 @@ struct stage {
      * this stage drops its sequences, by the I/O thread when one comes from upstream. */
     bool notice_pending;
     uint32_t notice_stage;
-    uint64_t notice_batch; /* KVR_WIRE_RESET_LINK, or the batch that failed */
-    bool dropped_pending;  /* a batch was dropped for want of a downstream (drop_out) ... */
+    uint64_t notice_batch;  /* KVR_WIRE_RESET_LINK, or the batch that failed */
+    bool dropped_pending;   /* a batch was dropped for want of a downstream (drop_out) ... */
     uint64_t dropped_batch; /* ... the last such: the next downstream is told */
 
     /* The downstream link. */
@@ -981,8 +981,8 @@ static int stage_init(struct stage *s, struct kvr_err *err)
 /* One life of the stage under one plan: until a stop, or a re-plan (*replanned, with the
  * next plan in `next` and this stage's index in it in *next_index). */
 static int run_once(const struct kvr_plan *plan, uint32_t index, bool standby,
-                    struct kvr_gguf *gguf, struct kvr_plan *next, atomic_int *stop,
-                    bool *replanned, uint32_t *next_index, struct kvr_err *err)
+                    struct kvr_gguf *gguf, struct kvr_plan *next, atomic_int *stop, bool *replanned,
+                    uint32_t *next_index, struct kvr_err *err)
 {
     *replanned = false;
     struct stage *s = kvr_calloc(1, sizeof *s);

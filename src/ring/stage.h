@@ -54,8 +54,8 @@
 #include <stdint.h>
 
 struct kvr_stage_options {
-    uint32_t index;     /* which stage of the plan this process is (with spare: which spare) */
-    bool spare;         /* a spare stage: waits until a re-plan gives it a slice (below) */
+    uint32_t index; /* which stage of the plan this process is (with spare: which spare) */
+    bool spare;     /* a spare stage: waits until a re-plan gives it a slice (below) */
     /* A warm standby of stage `index` on the same host: loads the slice, then listens on the
      * stage's address as soon as the process there has died and becomes the stage (only
      * then linking to its neighbours), so a dead stage is replaced without a load. */
