@@ -19,6 +19,7 @@
  * CORS headers go on every answer (add_cors); OPTIONS is answered from the headers. */
 #define _GNU_SOURCE /* POLLRDHUP */
 #include "bridge/http.h"
+#include "bridge/http_int.h"
 
 #include "bridge/chat.h"
 #include "bridge/console.h"
@@ -49,55 +50,6 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-/* How long one wait on the service may last before we look at the client socket again. */
-#define POLL_SLICE_MS 100
-/* At shutdown, how long generations in progress get to tell their clients (a 503, or an
- * error event and [DONE]) before every connection is closed. */
-#define SHUTDOWN_GRACE_MS 1500
-/* GET /v1/telemetry streams open at once (each costs at most 10 snapshots a second). */
-#define MAX_TELEMETRY_STREAMS 8
-/* A connection's thread runs the request's parsing, chat template and JSON: 512 KiB is
- * several times what they use (the Jinja and JSON depths are bounded), and keeps a full
- * house of threads small. */
-#define THREAD_STACK_BYTES (512u * 1024)
-
-/* ---- the server --------------------------------------------------------------------- */
-
-struct kvr_http {
-    struct MHD_Daemon *daemon;
-    const struct kvr_service *svc;
-    uint16_t port;
-    char *api_key; /* NULL: no auth */
-    size_t api_key_len;
-    char *tls_cert, *tls_key; /* PEM text for HTTPS (owned), or NULL */
-    size_t max_body_bytes;
-    struct kvr_http_door *door;
-    uint32_t idle_timeout_s;     /* a connection's inactivity limit between requests */
-    uint32_t generate_timeout_s; /* ... while a generation may be silent (first token) */
-    char *cors_origin;           /* Access-Control-Allow-Origin, or NULL (owned) */
-    bool metrics_public;
-    struct kvr_chat *chat;
-    char *bos_text; /* the BOS token's text, or NULL */
-    int32_t n_vocab;
-    int64_t started_s; /* "created" of the model in /v1/models */
-    atomic_bool stopping;
-    struct kvr_http_metrics metrics;
-    struct kvr_generation_env gen; /* points at svc, chat, bos_text and metrics */
-    atomic_int n_telemetry;        /* open /v1/telemetry streams */
-};
-
-/* Per-request state (MHD's con_cls), from the first call of on_request to on_completed. */
-struct request {
-    enum kvr_http_endpoint ep;
-    char *model_id; /* GET /v1/models/{id}: the id asked for (owned); NULL for the list */
-    uint64_t t_start_ns;
-    struct kvr_sbuf body;
-    bool too_large; /* the body passed max_body_bytes; the rest was dropped */
-    bool answered;  /* a response was queued early (before the body was read) */
-    /* The URL's path (libmicrohttpd's, valid until on_completed). */
-    const char *url;
-};
-
 /* ---- responses ---------------------------------------------------------------------- */
 
 static void free_body(void *p)
@@ -119,9 +71,9 @@ static void add_cors(const struct kvr_http *h, struct MHD_Response *resp)
 
 /* Queue `body` (kvr_malloc'd, taken) with `status`. `headers` is NULL or a NULL-terminated
  * list of name, value pairs. */
-static enum MHD_Result reply(struct kvr_http *h, struct request *rq, struct MHD_Connection *c,
-                             int status, const char *ctype, char *body, size_t len,
-                             const char *const *headers)
+enum MHD_Result kvr_http_reply(struct kvr_http *h, struct request *rq, struct MHD_Connection *c,
+                               int status, const char *ctype, char *body, size_t len,
+                               const char *const *headers)
 {
     struct MHD_Response *resp =
         MHD_create_response_from_buffer_with_free_callback(len, body, free_body);
@@ -143,8 +95,9 @@ static enum MHD_Result reply(struct kvr_http *h, struct request *rq, struct MHD_
     return ok;
 }
 
-static enum MHD_Result reply_json(struct kvr_http *h, struct request *rq, struct MHD_Connection *c,
-                                  int status, json_t *j, const char *const *headers)
+enum MHD_Result kvr_http_reply_json(struct kvr_http *h, struct request *rq,
+                                    struct MHD_Connection *c, int status, json_t *j,
+                                    const char *const *headers)
 {
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
@@ -158,29 +111,24 @@ static enum MHD_Result reply_json(struct kvr_http *h, struct request *rq, struct
     free(s);
     if (!body)
         return MHD_NO;
-    return reply(h, rq, c, status, "application/json", body, len, headers);
+    return kvr_http_reply(h, rq, c, status, "application/json", body, len, headers);
 }
 
-static enum MHD_Result reply_error(struct kvr_http *h, struct request *rq, struct MHD_Connection *c,
-                                   const struct kvr_openai_error *e, const char *const *headers)
+enum MHD_Result kvr_http_reply_error(struct kvr_http *h, struct request *rq,
+                                     struct MHD_Connection *c, const struct kvr_openai_error *e,
+                                     const char *const *headers)
 {
     size_t len = 0;
     char *body = kvr_openai_error_json(e, &len);
     if (!body)
         return MHD_NO;
-    return reply(h, rq, c, e->status, "application/json", body, len, headers);
+    return kvr_http_reply(h, rq, c, e->status, "application/json", body, len, headers);
 }
 
-static enum MHD_Result reply_simple_error(struct kvr_http *h, struct request *rq,
-                                          struct MHD_Connection *c, int status, const char *type,
-                                          const char *code, const char *const *headers,
-                                          const char *fmt, ...)
-    __attribute__((format(printf, 8, 9)));
-
-static enum MHD_Result reply_simple_error(struct kvr_http *h, struct request *rq,
-                                          struct MHD_Connection *c, int status, const char *type,
-                                          const char *code, const char *const *headers,
-                                          const char *fmt, ...)
+enum MHD_Result kvr_http_reply_simple_error(struct kvr_http *h, struct request *rq,
+                                            struct MHD_Connection *c, int status, const char *type,
+                                            const char *code, const char *const *headers,
+                                            const char *fmt, ...)
 {
     struct kvr_openai_error e;
     memset(&e, 0, sizeof e);
@@ -191,7 +139,7 @@ static enum MHD_Result reply_simple_error(struct kvr_http *h, struct request *rq
     va_start(ap, fmt);
     vsnprintf(e.message, sizeof e.message, fmt, ap);
     va_end(ap);
-    return reply_error(h, rq, c, &e, headers);
+    return kvr_http_reply_error(h, rq, c, &e, headers);
 }
 
 /* ---- the client: its socket and its key --------------------------------------------- */
@@ -208,7 +156,7 @@ static bool peer_gone(int fd)
     return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
 }
 
-static int connection_fd(struct MHD_Connection *c)
+int kvr_http_connection_fd(struct MHD_Connection *c)
 {
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -337,7 +285,7 @@ static enum MHD_Result answer_whole(struct kvr_http *h, struct request *rq,
     }
     const struct kvr_openai_error *fail = kvr_generation_error(g);
     if (fail) {
-        enum MHD_Result ret = reply_error(h, rq, c, fail, NULL);
+        enum MHD_Result ret = kvr_http_reply_error(h, rq, c, fail, NULL);
         kvr_generation_destroy(g);
         return ret;
     }
@@ -346,7 +294,7 @@ static enum MHD_Result answer_whole(struct kvr_http *h, struct request *rq,
     kvr_generation_destroy(g);
     if (!body)
         return MHD_NO;
-    return reply(h, rq, c, 200, "application/json", body, len, NULL);
+    return kvr_http_reply(h, rq, c, 200, "application/json", body, len, NULL);
 }
 
 /* POST /v1/completions and /v1/chat/completions: prepare, submit, answer. A refusal is
@@ -364,347 +312,21 @@ static enum MHD_Result handle_generate(struct kvr_http *h, struct request *rq,
     const char *budget = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Latency-Budget-Ms");
     if (kvr_generation_prepare(g, rq->body.data ? rq->body.data : "", rq->body.len, budget, &e)) {
         kvr_generation_destroy(g);
-        return reply_error(h, rq, c, &e, NULL);
+        return kvr_http_reply_error(h, rq, c, &e, NULL);
     }
     uint32_t retry_s = 0;
     if (kvr_generation_submit(g, &e, &retry_s) != 0) {
         char ra[16];
         snprintf(ra, sizeof ra, "%u", retry_s);
         const char *headers[] = {MHD_HTTP_HEADER_RETRY_AFTER, ra, NULL};
-        enum MHD_Result ret = reply_error(h, rq, c, &e, retry_s ? headers : NULL);
+        enum MHD_Result ret = kvr_http_reply_error(h, rq, c, &e, retry_s ? headers : NULL);
         kvr_generation_destroy(g);
         return ret;
     }
-    int fd = connection_fd(c);
+    int fd = kvr_http_connection_fd(c);
     if (kvr_generation_streams(g))
         return answer_stream(h, rq, c, g, fd);
     return answer_whole(h, rq, c, g, fd);
-}
-
-/* ---- other endpoints ---------------------------------------------------------------- */
-
-static enum MHD_Result handle_models(struct kvr_http *h, struct request *rq,
-                                     struct MHD_Connection *c)
-{
-    if (rq->model_id) {
-        if (strcmp(rq->model_id, h->svc->model_name) != 0)
-            return reply_simple_error(h, rq, c, 404, "invalid_request_error", "model_not_found",
-                                      NULL,
-                                      "the model '%.200s' does not exist; this server "
-                                      "serves '%.200s'",
-                                      rq->model_id, h->svc->model_name);
-        json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:I}", "id", h->svc->model_name, "object", "model",
-                              "created", (json_int_t)h->started_s, "owned_by", "kvasir",
-                              "max_model_len", (json_int_t)h->svc->n_ctx);
-        return reply_json(h, rq, c, 200, m, NULL);
-    }
-    json_t *j =
-        json_pack("{s:s,s:[{s:s,s:s,s:I,s:s,s:I}]}", "object", "list", "data", "id",
-                  h->svc->model_name, "object", "model", "created", (json_int_t)h->started_s,
-                  "owned_by", "kvasir", "max_model_len", (json_int_t)h->svc->n_ctx);
-    return reply_json(h, rq, c, 200, j, NULL);
-}
-
-static enum MHD_Result handle_health(struct kvr_http *h, struct request *rq,
-                                     struct MHD_Connection *c)
-{
-    json_t *detail = json_object();
-    if (!detail)
-        return MHD_NO;
-    bool up = h->svc->ops->health(h->svc->ctx, detail);
-    json_t *j = json_pack("{s:s}", "status", up ? "ok" : "unavailable");
-    if (j && json_object_update_missing(j, detail) != 0) {
-        json_decref(j);
-        j = NULL;
-    }
-    json_decref(detail);
-    return reply_json(h, rq, c, up ? 200 : 503, j, NULL);
-}
-
-static enum MHD_Result handle_metrics(struct kvr_http *h, struct request *rq,
-                                      struct MHD_Connection *c)
-{
-    struct kvr_sbuf b, labelled;
-    kvr_sbuf_init(&b);
-    kvr_sbuf_init(&labelled);
-    kvr_http_metrics_print(&h->metrics, &b);
-    kvr_http_door_print(h->door, &b);
-    if (h->svc->ops->metrics)
-        h->svc->ops->metrics(h->svc->ctx, &b);
-    if (!b.failed)
-        kvr_http_metrics_label_model(b.data, b.len, h->svc->model_name, &labelled);
-    kvr_sbuf_fini(&b);
-    size_t len = 0;
-    char *body = kvr_sbuf_take(&labelled, &len);
-    if (!body)
-        return MHD_NO;
-    return reply(h, rq, c, 200, "text/plain; version=0.0.4; charset=utf-8", body, len, NULL);
-}
-
-/* ---- tokenizer endpoints (llama-server's shapes) -------------------------------------- */
-
-/* POST /tokenize {"content", "add_special", "with_pieces"} -> {"tokens": [id, ...]} or, with
- * pieces, {"tokens": [{"id", "piece"}, ...]} where a piece that is not valid UTF-8 on its
- * own (part of a character) is given as its bytes. Control tokens written in the content
- * are parsed, as in chat prompts. */
-static enum MHD_Result handle_tokenize(struct kvr_http *h, struct request *rq,
-                                       struct MHD_Connection *c)
-{
-    struct kvr_openai_tokenize_req r;
-    struct kvr_openai_error e;
-    if (kvr_openai_parse_tokenize(&r, rq->body.data, rq->body.len, &e))
-        return reply_error(h, rq, c, &e, NULL);
-    const struct kvr_tok *tok = h->svc->tok;
-    size_t cap = r.content_len + 4;
-    int32_t *ids = kvr_malloc(cap * sizeof *ids);
-    struct kvr_tok_scratch *scratch = NULL;
-    json_t *list = json_array();
-    enum MHD_Result res = MHD_NO;
-    if (!ids || !list ||
-        kvr_tok_scratch_create(&scratch, tok, r.content_len ? r.content_len : 1) != 0)
-        goto out;
-    int n = kvr_tok_encode(tok, scratch, r.content, r.content_len, r.add_special, true, ids, cap);
-    if (n < 0) {
-        kvr_openai_error_set(&e, 400, "invalid_request_error", "content", "invalid_value",
-                             "the content cannot be tokenized: %s", kvr_strerror(n));
-        res = reply_error(h, rq, c, &e, NULL);
-        goto out;
-    }
-    for (int i = 0; i < n; i++) {
-        json_t *item = json_integer(ids[i]);
-        const char *p;
-        size_t len;
-        if (r.with_pieces && item) {
-            json_t *piece;
-            if (kvr_tok_decode_piece(tok, ids[i], true, &p, &len) != 0)
-                len = 0;
-            if (kvr_utf8_valid_len(p, len) == len) {
-                piece = json_stringn(len ? p : "", len);
-            } else {
-                piece = json_array();
-                for (size_t k = 0; piece && k < len; k++)
-                    json_array_append_new(piece, json_integer((unsigned char)p[k]));
-            }
-            item = json_pack("{s:o,s:o*}", "id", item, "piece", piece);
-        }
-        if (!item || json_array_append_new(list, item))
-            goto out;
-    }
-    res = reply_json(h, rq, c, 200, json_pack("{s:O}", "tokens", list), NULL);
-out:
-    json_decref(list);
-    kvr_tok_scratch_destroy(scratch);
-    kvr_free(ids);
-    kvr_openai_tokenize_req_fini(&r);
-    return res;
-}
-
-/* POST /detokenize {"tokens": [id, ...]} -> {"content": text}: control tokens print as
- * their text, bytes that are not valid UTF-8 as U+FFFD. */
-static enum MHD_Result handle_detokenize(struct kvr_http *h, struct request *rq,
-                                         struct MHD_Connection *c)
-{
-    int32_t *ids;
-    uint32_t n;
-    struct kvr_openai_error e;
-    if (kvr_openai_parse_detokenize(rq->body.data, rq->body.len, h->n_vocab, &ids, &n, &e))
-        return reply_error(h, rq, c, &e, NULL);
-    const struct kvr_tok *tok = h->svc->tok;
-    size_t cap = kvr_detok_max_bytes(tok);
-    char *piece = kvr_malloc(cap);
-    struct kvr_sbuf text, clean;
-    kvr_sbuf_init(&text);
-    kvr_sbuf_init(&clean);
-    enum MHD_Result res = MHD_NO;
-    if (!piece)
-        goto out;
-    struct kvr_detok d;
-    kvr_detok_init(&d, false, true);
-    for (uint32_t i = 0; i <= n; i++) {
-        int k =
-            i < n ? kvr_detok_push(tok, &d, ids[i], piece, cap) : kvr_detok_flush(&d, piece, cap);
-        if (k < 0)
-            goto out;
-        kvr_sbuf_append(&text, piece, (size_t)k);
-    }
-    kvr_utf8_sanitize_to(&clean, text.data ? text.data : "", text.len);
-    if (text.failed || clean.failed)
-        goto out;
-    res = reply_json(h, rq, c, 200,
-                     json_pack("{s:s%}", "content", clean.data ? clean.data : "", clean.len), NULL);
-out:
-    kvr_sbuf_fini(&text);
-    kvr_sbuf_fini(&clean);
-    kvr_free(piece);
-    kvr_free(ids);
-    return res;
-}
-
-/* POST /apply-template {"messages": [...]} -> {"prompt": text}: the chat prompt exactly as
- * /v1/chat/completions renders it (with the assistant's turn opened), before tokenizing. */
-static enum MHD_Result handle_apply_template(struct kvr_http *h, struct request *rq,
-                                             struct MHD_Connection *c)
-{
-    struct kvr_openai_req r;
-    struct kvr_openai_error e;
-    const struct kvr_openai_limits lim = {.n_ctx = h->svc->n_ctx, .n_vocab = (uint32_t)h->n_vocab};
-    if (kvr_openai_parse(&r, KVR_OPENAI_CHAT, rq->body.data, rq->body.len, &lim, &e)) {
-        kvr_openai_req_fini(&r);
-        return reply_error(h, rq, c, &e, NULL);
-    }
-    char *prompt = NULL;
-    size_t len = 0;
-    enum MHD_Result res;
-    if (kvr_generation_render_chat(&h->gen, r.msgs, r.n_msgs, &prompt, &len, &e))
-        res = reply_error(h, rq, c, &e, NULL);
-    else
-        res = reply_json(h, rq, c, 200, json_pack("{s:s%}", "prompt", prompt, len), NULL);
-    kvr_free(prompt);
-    kvr_openai_req_fini(&r);
-    return res;
-}
-
-/* ---- the console and its telemetry (docs/API.md) ------------------------------------ */
-
-/* GET / and the page's assets, embedded in the binary (console.h). Open: the page holds
- * no secret, and asks for the key itself when the API answers 401. */
-static enum MHD_Result handle_console(struct kvr_http *h, struct request *rq,
-                                      struct MHD_Connection *c)
-{
-    const void *data;
-    size_t len;
-    const char *type;
-    if (kvr_console_asset(rq->url, &data, &len, &type) != 0)
-        return MHD_NO; /* routed here only when it exists */
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_PERSISTENT);
-    if (!resp)
-        return MHD_NO;
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, type);
-    MHD_add_response_header(resp, "Content-Security-Policy", kvr_console_csp);
-    MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
-    MHD_add_response_header(resp, "Referrer-Policy", "no-referrer");
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
-    MHD_destroy_response(resp);
-    if (ret == MHD_YES)
-        kvr_http_metrics_response(&h->metrics, rq->ep, 200);
-    return ret;
-}
-
-/* One /v1/telemetry connection: a snapshot every interval_ms, written as SSE by
- * libmicrohttpd's content reader on the connection's thread. */
-struct tel_stream {
-    struct kvr_http *h;
-    int fd; /* the client's socket */
-    uint32_t interval_ms;
-    uint64_t next_ns; /* when the next snapshot is due */
-    struct kvr_telemetry_reader reader;
-    struct kvr_telemetry_snapshot *snap; /* ~330 KiB, one per connection */
-    struct kvr_sbuf out;                 /* SSE bytes not yet sent: out.data[pos ..] */
-    size_t pos;
-};
-
-/* Wait up to timeout_ms for the client to go away: true if it did. */
-static bool peer_gone_within(int fd, int timeout_ms)
-{
-    if (fd < 0) {
-        kvr_sleep_ns((uint64_t)timeout_ms * 1000000ull);
-        return false;
-    }
-    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-    if (poll(&p, 1, timeout_ms) <= 0)
-        return false;
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
-}
-
-static ssize_t telemetry_read(void *cls, uint64_t pos, char *buf, size_t max)
-{
-    struct tel_stream *t = cls;
-    for (;;) {
-        if (t->pos < t->out.len) {
-            size_t n = t->out.len - t->pos < max ? t->out.len - t->pos : max;
-            memcpy(buf, t->out.data + t->pos, n);
-            t->pos += n;
-            if (t->pos == t->out.len) {
-                kvr_sbuf_clear(&t->out);
-                t->pos = 0;
-            }
-            return (ssize_t)n;
-        }
-        if (atomic_load(&t->h->stopping))
-            return MHD_CONTENT_READER_END_OF_STREAM;
-        uint64_t now = kvr_now_ns();
-        if (now < t->next_ns) {
-            /* Sleep until the snapshot is due, a slice at a time, noticing a client that
-             * goes away as it happens. */
-            uint64_t wait_ms = (t->next_ns - now + 999999) / 1000000;
-            if (peer_gone_within(t->fd, wait_ms < POLL_SLICE_MS ? (int)wait_ms : POLL_SLICE_MS))
-                return MHD_CONTENT_READER_END_WITH_ERROR;
-            continue;
-        }
-        /* Fixed steps (or a fresh start after a slow client), so a stream never sends more
-         * than 1000 / interval_ms snapshots a second. */
-        uint64_t step = t->interval_ms * 1000000ull;
-        t->next_ns = t->next_ns + step > now ? t->next_ns + step : now + step;
-        t->h->svc->ops->telemetry(t->h->svc->ctx, &t->reader, t->snap);
-        t->snap->interval_ms = t->interval_ms;
-        if (kvr_telemetry_sse(t->snap, &t->out))
-            return MHD_CONTENT_READER_END_WITH_ERROR;
-    }
-}
-
-static void telemetry_free(void *cls)
-{
-    struct tel_stream *t = cls;
-    atomic_fetch_sub(&t->h->n_telemetry, 1);
-    kvr_sbuf_fini(&t->out);
-    kvr_free(t->snap);
-    kvr_free(t);
-}
-
-/* GET /v1/telemetry[?interval_ms=N]: at most MAX_TELEMETRY_STREAMS at once. */
-static enum MHD_Result handle_telemetry(struct kvr_http *h, struct request *rq,
-                                        struct MHD_Connection *c)
-{
-    if (!h->svc->ops->telemetry)
-        return reply_simple_error(h, rq, c, 404, "invalid_request_error", "not_found", NULL,
-                                  "this server keeps no telemetry");
-    if (atomic_fetch_add(&h->n_telemetry, 1) >= MAX_TELEMETRY_STREAMS) {
-        atomic_fetch_sub(&h->n_telemetry, 1);
-        static const char *const retry[] = {MHD_HTTP_HEADER_RETRY_AFTER, "5", NULL};
-        return reply_simple_error(h, rq, c, 503, "server_error", "too_many_streams", retry,
-                                  "%d telemetry streams are open already", MAX_TELEMETRY_STREAMS);
-    }
-    struct tel_stream *t = kvr_calloc(1, sizeof *t);
-    if (t)
-        t->snap = kvr_malloc(sizeof *t->snap);
-    if (!t || !t->snap) {
-        kvr_free(t);
-        atomic_fetch_sub(&h->n_telemetry, 1);
-        return MHD_NO;
-    }
-    t->h = h;
-    t->fd = connection_fd(c);
-    t->interval_ms = kvr_telemetry_interval_ms(
-        MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "interval_ms"));
-    t->next_ns = kvr_now_ns(); /* the first snapshot at once */
-    kvr_sbuf_init(&t->out);
-    kvr_sbuf_puts(&t->out, "retry: 2000\n\n");
-    struct MHD_Response *resp = MHD_create_response_from_callback(
-        MHD_SIZE_UNKNOWN, 64 * 1024, telemetry_read, t, telemetry_free);
-    if (!resp) {
-        telemetry_free(t);
-        return MHD_NO;
-    }
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
-    MHD_destroy_response(resp);
-    if (ret == MHD_YES)
-        kvr_http_metrics_response(&h->metrics, rq->ep, 200);
-    return ret;
 }
 
 /* ---- routing ------------------------------------------------------------------------ */
@@ -792,7 +414,7 @@ static enum MHD_Result reply_preflight(struct kvr_http *h, struct request *rq,
     char *body = kvr_malloc(1);
     if (!body)
         return MHD_NO;
-    return reply(h, rq, c, 204, NULL, body, 0, h->cors_origin ? cors : plain);
+    return kvr_http_reply(h, rq, c, 204, NULL, body, 0, h->cors_origin ? cors : plain);
 }
 
 /* First call for a request: everything that can be decided from the headers. Returns
@@ -804,8 +426,8 @@ static enum MHD_Result on_headers(struct kvr_http *h, struct request *rq, struct
     if (!rt) {
         rq->ep = KVR_HTTP_ENDPOINT_OTHER;
         rq->answered = true;
-        return reply_simple_error(h, rq, c, 404, "invalid_request_error", "not_found", NULL,
-                                  "no such endpoint: %.100s %.200s", method, url);
+        return kvr_http_reply_simple_error(h, rq, c, 404, "invalid_request_error", "not_found",
+                                           NULL, "no such endpoint: %.100s %.200s", method, url);
     }
     rq->ep = rt->ep;
     rq->url = url;
@@ -824,10 +446,10 @@ static enum MHD_Result on_headers(struct kvr_http *h, struct request *rq, struct
         static const char *const allow_post[] = {MHD_HTTP_HEADER_ALLOW, "POST, OPTIONS", NULL};
         static const char *const allow_get[] = {MHD_HTTP_HEADER_ALLOW, "GET, HEAD, OPTIONS", NULL};
         rq->answered = true;
-        return reply_simple_error(h, rq, c, 405, "invalid_request_error", "method_not_allowed",
-                                  rt->post ? allow_post : allow_get,
-                                  "method %.100s is not allowed on %s; use %s", method, rt->path,
-                                  rt->post ? "POST" : "GET");
+        return kvr_http_reply_simple_error(h, rq, c, 405, "invalid_request_error",
+                                           "method_not_allowed", rt->post ? allow_post : allow_get,
+                                           "method %.100s is not allowed on %s; use %s", method,
+                                           rt->path, rt->post ? "POST" : "GET");
     }
     bool open = rt->open || (rt->ep == KVR_HTTP_ENDPOINT_METRICS && h->metrics_public);
     if (h->api_key && !open &&
@@ -835,10 +457,10 @@ static enum MHD_Result on_headers(struct kvr_http *h, struct request *rq, struct
                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION))) {
         static const char *const challenge[] = {MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer", NULL};
         rq->answered = true;
-        return reply_simple_error(h, rq, c, 401, "authentication_error", "invalid_api_key",
-                                  challenge,
-                                  "missing or invalid API key: send 'Authorization: Bearer "
-                                  "<key>'");
+        return kvr_http_reply_simple_error(
+            h, rq, c, 401, "authentication_error", "invalid_api_key", challenge,
+            "missing or invalid API key: send 'Authorization: Bearer "
+            "<key>'");
     }
     const char *cl =
         MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -847,11 +469,11 @@ static enum MHD_Result on_headers(struct kvr_http *h, struct request *rq, struct
         unsigned long long n = strtoull(cl, &end, 10);
         if (end != cl && n > h->max_body_bytes) {
             rq->answered = true;
-            return reply_simple_error(h, rq, c, 413, "invalid_request_error", "body_too_large",
-                                      NULL,
-                                      "the request body (%llu bytes) is larger than the "
-                                      "limit of %zu bytes",
-                                      n, h->max_body_bytes);
+            return kvr_http_reply_simple_error(h, rq, c, 413, "invalid_request_error",
+                                               "body_too_large", NULL,
+                                               "the request body (%llu bytes) is larger than the "
+                                               "limit of %zu bytes",
+                                               n, h->max_body_bytes);
         }
     }
     return MHD_YES;
@@ -882,28 +504,28 @@ static enum MHD_Result run_endpoint(struct kvr_http *h, struct request *rq,
     case KVR_HTTP_ENDPOINT_CHAT:
         return handle_generate(h, rq, c);
     case KVR_HTTP_ENDPOINT_MODELS:
-        return handle_models(h, rq, c);
+        return kvr_http_handle_models(h, rq, c);
     case KVR_HTTP_ENDPOINT_HEALTH:
-        return handle_health(h, rq, c);
+        return kvr_http_handle_health(h, rq, c);
     case KVR_HTTP_ENDPOINT_LIVEZ:
-        return reply_json(h, rq, c, 200, json_pack("{s:s}", "status", "ok"), NULL);
+        return kvr_http_reply_json(h, rq, c, 200, json_pack("{s:s}", "status", "ok"), NULL);
     case KVR_HTTP_ENDPOINT_METRICS:
-        return handle_metrics(h, rq, c);
+        return kvr_http_handle_metrics(h, rq, c);
     case KVR_HTTP_ENDPOINT_TOKENIZE:
-        return handle_tokenize(h, rq, c);
+        return kvr_http_handle_tokenize(h, rq, c);
     case KVR_HTTP_ENDPOINT_DETOKENIZE:
-        return handle_detokenize(h, rq, c);
+        return kvr_http_handle_detokenize(h, rq, c);
     case KVR_HTTP_ENDPOINT_APPLY_TEMPLATE:
-        return handle_apply_template(h, rq, c);
+        return kvr_http_handle_apply_template(h, rq, c);
     case KVR_HTTP_ENDPOINT_CONSOLE:
-        return handle_console(h, rq, c);
+        return kvr_http_handle_console(h, rq, c);
     case KVR_HTTP_ENDPOINT_TELEMETRY:
-        return handle_telemetry(h, rq, c);
+        return kvr_http_handle_telemetry(h, rq, c);
     case KVR_HTTP_ENDPOINT_RESET_PREFIX_CACHE: {
         long n = h->svc->ops->reset_prefix_cache ? h->svc->ops->reset_prefix_cache(h->svc->ctx) : 0;
-        return reply_json(h, rq, c, 200,
-                          json_pack("{s:s, s:I}", "status", "ok", "blocks_freed", (json_int_t)n),
-                          NULL);
+        return kvr_http_reply_json(
+            h, rq, c, 200, json_pack("{s:s, s:I}", "status", "ok", "blocks_freed", (json_int_t)n),
+            NULL);
     }
     default:
         return MHD_NO;
@@ -960,9 +582,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     kvr_http_door_working(h->door, door_conn(c));
     if (rq->too_large)
-        return reply_simple_error(h, rq, c, 413, "invalid_request_error", "body_too_large", NULL,
-                                  "the request body is larger than the limit of %zu bytes",
-                                  h->max_body_bytes);
+        return kvr_http_reply_simple_error(
+            h, rq, c, 413, "invalid_request_error", "body_too_large", NULL,
+            "the request body is larger than the limit of %zu bytes", h->max_body_bytes);
     return run_endpoint(h, rq, c);
 }
 
@@ -1022,7 +644,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
 {
     struct kvr_http *h = cls;
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
-        *socket_context = kvr_http_door_opened(h->door, connection_fd(c), kvr_now_ns());
+        *socket_context = kvr_http_door_opened(h->door, kvr_http_connection_fd(c), kvr_now_ns());
     } else {
         kvr_http_door_closed(h->door, *socket_context);
         *socket_context = NULL;

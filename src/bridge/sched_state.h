@@ -145,6 +145,12 @@ static inline uint32_t blocks_for(const struct kvr_sched *s, uint32_t n_tokens)
     return (n_tokens + s->plan->kv_block_tokens - 1) / s->plan->kv_block_tokens;
 }
 
+/* Blocks a request reserves: its prompt and every token it may generate. */
+static inline uint32_t req_blocks(const struct kvr_sched *s, const struct kvr_sched_req *r)
+{
+    return blocks_for(s, r->req.n_prompt + r->req.max_tokens);
+}
+
 /* The earliest-deadline-first key of a running sequence. */
 static inline uint64_t seq_deadline(const struct seq *q)
 {

@@ -97,7 +97,7 @@ async function metricShares(base) {
   const text = await (await fetch(base + '/metrics', { headers })).text();
   const out = [];
   ['stage_utilization', 'stage_starved_fraction', 'stage_blocked_fraction'].forEach((name, k) => {
-    for (const m of text.matchAll(new RegExp('^kvasir:' + name + '\\{stage="(\\d+)"\\} (\\S+)$', 'gm')))
+    for (const m of text.matchAll(new RegExp('^kvasir:' + name + '\\{(?:model_name="[^"]*",)?stage="(\\d+)"\\} (\\S+)$', 'gm')))
       (out[+m[1]] = out[+m[1]] || [])[k] = Number(m[2]) * 100;
   });
   return out;
