@@ -7,15 +7,13 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/sock.h"
 
 #include <sodium.h>
 
 #include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <stdio.h>
 #include <string.h>
@@ -28,46 +26,14 @@
 
 uint64_t kvr_net_deadline(int timeout_ms)
 {
-    if (timeout_ms < 0)
-        return 0;
-    return kvr_now_ns() + (uint64_t)timeout_ms * 1000000u;
-}
-
-/* poll() timeout for the time left until the deadline: -1 = forever, 0 = passed. */
-static int poll_ms(uint64_t deadline_ns)
-{
-    if (deadline_ns == 0)
-        return -1;
-    uint64_t now = kvr_now_ns();
-    if (now >= deadline_ns)
-        return 0;
-    uint64_t ms = (deadline_ns - now + 999999) / 1000000;
-    return ms > INT_MAX ? INT_MAX : (int)ms;
-}
-
-/* Wait until fd is ready for `events` or the deadline passes. */
-static int wait_fd(int fd, short events, uint64_t deadline_ns, struct kvr_err *err)
-{
-    for (;;) {
-        struct pollfd pfd = {.fd = fd, .events = events};
-        int r = poll(&pfd, 1, poll_ms(deadline_ns));
-        if (r > 0)
-            return KVR_OK; /* readable, writable, or an error the next call will report */
-        if (r == 0)
-            return kvr_err_set(err, KVR_ETIMEDOUT, "timed out");
-        if (errno != EINTR)
-            return kvr_err_set(err, KVR_EIO, "poll: %s", strerror(errno));
-    }
+    return kvr_sock_deadline(timeout_ms);
 }
 
 /* ---- Sockets --------------------------------------------------------------------------- */
 
 int kvr_net_set_nodelay(int fd, struct kvr_err *err)
 {
-    int one = 1;
-    if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) != 0)
-        return kvr_err_set(err, KVR_EIO, "TCP_NODELAY: %s", strerror(errno));
-    return KVR_OK;
+    return kvr_sock_set_nodelay(fd, err);
 }
 
 static int resolve(const char *addr, bool passive, struct addrinfo **res, struct kvr_err *err)
@@ -144,7 +110,7 @@ int kvr_net_accept(int listen_fd, uint64_t deadline_ns, int *out_fd, char *peer,
                    struct kvr_err *err)
 {
     for (;;) {
-        int rc = wait_fd(listen_fd, POLLIN, deadline_ns, err);
+        int rc = kvr_sock_wait(listen_fd, POLLIN, deadline_ns, err);
         if (rc)
             return rc == KVR_ETIMEDOUT
                        ? kvr_err_set(err, rc, "accept: no connection before the deadline")
@@ -160,57 +126,15 @@ int kvr_net_accept(int listen_fd, uint64_t deadline_ns, int *out_fd, char *peer,
         }
         /* Back to blocking: every helper here waits with poll and MSG_DONTWAIT anyway, and
          * callers that use the fd directly expect ordinary semantics. */
-        int fl = fcntl(fd, F_GETFL);
-        if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0 ||
-            (rc = kvr_net_set_nodelay(fd, err))) {
-            int saved = errno;
+        if ((rc = kvr_sock_set_blocking(fd, true, err)) || (rc = kvr_sock_set_nodelay(fd, err))) {
             close(fd);
-            return rc ? rc : kvr_err_set(err, KVR_EIO, "fcntl: %s", strerror(saved));
+            return rc;
         }
         if (peer)
             describe_sockaddr((struct sockaddr *)&ss, len, peer, peer_cap);
         *out_fd = fd;
         return KVR_OK;
     }
-}
-
-static int connect_one(const struct addrinfo *ai, uint64_t deadline_ns, int *out_fd,
-                       struct kvr_err *err)
-{
-    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-    if (fd < 0)
-        return kvr_err_set(err, KVR_EIO, "socket: %s", strerror(errno));
-    int rc = KVR_OK;
-    if (connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-        if (errno != EINPROGRESS) {
-            rc = kvr_err_set(err, errno == ECONNREFUSED ? KVR_ECLOSED : KVR_EIO, "%s",
-                             strerror(errno));
-            goto close_fd;
-        }
-        if ((rc = wait_fd(fd, POLLOUT, deadline_ns, err)))
-            goto close_fd;
-        int soerr = 0;
-        socklen_t len = sizeof soerr;
-        if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &len) != 0)
-            soerr = errno;
-        if (soerr) {
-            rc = kvr_err_set(err, soerr == ECONNREFUSED ? KVR_ECLOSED : KVR_EIO, "%s",
-                             strerror(soerr));
-            goto close_fd;
-        }
-    }
-    int fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
-        rc = kvr_err_set(err, KVR_EIO, "fcntl: %s", strerror(errno));
-        goto close_fd;
-    }
-    if ((rc = kvr_net_set_nodelay(fd, err)))
-        goto close_fd;
-    *out_fd = fd;
-    return KVR_OK;
-close_fd:
-    close(fd);
-    return rc;
 }
 
 int kvr_net_connect(const char *addr, uint64_t deadline_ns, int *out_fd, struct kvr_err *err)
@@ -222,7 +146,7 @@ int kvr_net_connect(const char *addr, uint64_t deadline_ns, int *out_fd, struct 
     struct kvr_err e = {0};
     rc = KVR_EIO;
     for (struct addrinfo *ai = res; ai; ai = ai->ai_next)
-        if ((rc = connect_one(ai, deadline_ns, out_fd, &e)) == KVR_OK || rc == KVR_ETIMEDOUT)
+        if ((rc = kvr_sock_connect(ai, deadline_ns, out_fd, &e)) == KVR_OK || rc == KVR_ETIMEDOUT)
             break;
     freeaddrinfo(res);
     if (rc)
@@ -247,7 +171,7 @@ static int read_some(int fd, uint8_t *buf, size_t n, size_t *have, uint64_t dead
         if (errno == EINTR)
             continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
-            int rc = wait_fd(fd, POLLIN, deadline_ns, err);
+            int rc = kvr_sock_wait(fd, POLLIN, deadline_ns, err);
             if (rc)
                 return rc;
             continue;
@@ -297,7 +221,7 @@ int kvr_net_writev_full(int fd, const struct iovec *iov_in, int n_iov, uint64_t 
             if (errno == EINTR)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) {
-                int rc = wait_fd(fd, POLLOUT, deadline_ns, err);
+                int rc = kvr_sock_wait(fd, POLLOUT, deadline_ns, err);
                 if (rc)
                     return rc;
                 continue;
@@ -825,7 +749,7 @@ static int hs_wait(struct kvr_link *link, struct kvr_link_hs *hs, int timeout_ms
             deadline = kvr_net_deadline(timeout_ms);
         }
         struct kvr_err e = {0};
-        if ((rc = wait_fd(link->fd, hs->want_write ? POLLOUT : POLLIN, deadline, &e))) {
+        if ((rc = kvr_sock_wait(link->fd, hs->want_write ? POLLOUT : POLLIN, deadline, &e))) {
             if (rc == KVR_ETIMEDOUT)
                 kvr_err_set(&e, rc, "no handshake message from the peer within %d ms", timeout_ms);
             return hs_fail(link, hs, rc, &e, err);
