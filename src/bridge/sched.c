@@ -475,6 +475,24 @@ enum chunk_outcome {
     CHUNK_OUTCOME_COUNT
 };
 
+/* A held sequence's re-prefill (prompt plus the tokens already sent) is what its client
+ * waits for after a failure. In one batch it crosses the stages one after another; cut
+ * into a chunk per stage, the chunks follow each other through the ring and every stage
+ * works at once, so the stream resumes sooner. Chunks below RECOVERY_CHUNK_MIN rows are
+ * not worth a batch of their own. */
+enum { RECOVERY_CHUNK_MIN = 8 };
+
+static uint32_t recovery_chunk(const struct kvr_sched *s, const struct seq *q, uint32_t n)
+{
+    uint32_t n_stages = s->plan->n_stages;
+    if (q->n_replay == 0 || n_stages < 2 || s->plan->microbatches < 2)
+        return n;
+    uint32_t total = q->r->req.n_prompt + q->n_replay;
+    uint32_t per = (total + n_stages - 1) / n_stages;
+    per = per > RECOVERY_CHUNK_MIN ? per : RECOVERY_CHUNK_MIN;
+    return n < per ? n : per;
+}
+
 /* Add the sequence in `slot`'s next chunk, with its OPEN, MAP, BIAS and REPLAY records
  * first, in at most as many rows as limit_ms allows (pacing.h). */
 static enum chunk_outcome add_chunk(struct kvr_sched *s, struct batch *bt, uint32_t slot,
@@ -496,7 +514,8 @@ static enum chunk_outcome add_chunk(struct kvr_sched *s, struct batch *bt, uint3
     uint32_t room = s->plan->row_width - bt->n_rows;
     uint32_t n = kvr_pacing_prefill_fit(s, (struct kvr_cost_shape){bt->n_rows, bt->pairs},
                                         q->n_prefilled, left < room ? left : room, limit_ms);
-    bool full = n < left;
+    bool full = n < left; /* pacing's limit; a recovery chunk leaves room for others */
+    n = recovery_chunk(s, q, n);
     if ((q->replay_pending || bias_pending(q)) && n == left)
         n--; /* the tail must have its sampler back before the last chunk */
     if (n == 0)

@@ -513,6 +513,48 @@ static void test_cancel_while_waiting(void **state)
     done(h);
 }
 
+/* A held sequence's re-prefill is cut into one chunk per stage, so the chunks follow each
+ * other through the ring instead of one batch crossing the stages in turn; the stream then
+ * continues unchanged. */
+static void test_recovery_prefill_one_chunk_per_stage(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 64, 4, 64, false);
+    ring_up(h);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 0, 20, 40, 0, 1, 0, 0, &why), 0);
+    sh_run(h, 12);
+    uint32_t seen = h->reqs[0].n_seen;
+    assert_true(seen > 4);
+    kvr_sched_reset(h->s, 1, KVR_WIRE_RESET_LINK, h->now);
+    memset(h->open, 0, sizeof h->open);
+    while (h->n_ring > 0)
+        assert_int_equal(sh_deliver(h), 0); /* stale results */
+    sh_pump(h);                             /* the probe */
+    assert_int_equal(sh_deliver(h), 0);
+    assert_true(kvr_sched_ring_up(h->s));
+    sh_pump(h);
+    /* Both chunks are out at once, one per stage; together they are prompt + tokens sent. */
+    uint32_t total = 20 + seen, per = (total + 1) / 2;
+    assert_int_equal(h->n_ring, 2);
+    const struct sh_batch *a = &h->ring[h->ring_head];
+    const struct sh_batch *b = &h->ring[(h->ring_head + 1) % SH_RING_CAP];
+    assert_int_equal(a->n_segs, 1);
+    assert_int_equal(b->n_segs, 1);
+    assert_int_equal(a->segs[0].pos0, 0);
+    assert_int_equal(a->segs[0].n_tokens, per);
+    assert_false(a->segs[0].flags & KVR_SEG_LAST_CHUNK);
+    assert_int_equal(b->segs[0].pos0, per);
+    assert_int_equal(b->segs[0].n_tokens, total - per);
+    assert_true(b->segs[0].flags & KVR_SEG_LAST_CHUNK);
+    sh_run(h, 500);
+    OK(h);
+    assert_true(h->reqs[0].detached);
+    assert_stream(&h->reqs[0], h->reqs[0].n_seen);
+    assert_true(h->reqs[0].n_seen == 40 || h->reqs[0].finish == KVR_GEN_FINISH_EOS);
+    done(h);
+}
+
 /* A RESET arrives while two batches are in flight: their results are stale, the ring is
  * probed again, the sequences re-prefilled, and every stream continues unchanged. */
 static void test_reset_mid_batch(void **state)
@@ -1202,6 +1244,7 @@ int main(void)
         cmocka_unit_test(test_cancel_mid_prefill),
         cmocka_unit_test(test_cancel_while_waiting),
         cmocka_unit_test(test_reset_mid_batch),
+        cmocka_unit_test(test_recovery_prefill_one_chunk_per_stage),
         cmocka_unit_test(test_recovery_and_replay),
         cmocka_unit_test(test_lost_probe_and_lost_batch),
         cmocka_unit_test(test_held_requests_expire),
