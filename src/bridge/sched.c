@@ -670,8 +670,11 @@ static void account_timings(struct kvr_sched *s, const struct kvr_wire_frame *f,
         st->held_ns += t->held_ns;
         st->starved_ns += t->starved_ns;
         st->blocked_ns += t->blocked_ns;
+        /* A stage idle since before this window began reports the whole gap; only the
+         * part inside the window counts toward its shares, which never pass 1. */
+        uint64_t in_window = now - s->win_start_ns;
         s->win_held[t->stage] += t->held_ns;
-        s->win_starved[t->stage] += t->starved_ns;
+        s->win_starved[t->stage] += t->starved_ns < in_window ? t->starved_ns : in_window;
         s->win_blocked[t->stage] += t->blocked_ns;
     }
     for (uint32_t i = 0; i < f->n_agent_timings; i++) { /* the decoder checked the index */

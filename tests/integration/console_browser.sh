@@ -41,6 +41,13 @@ if [ "$installed" != "$pinned" ]; then
     }
 fi
 
+# First the page's own logic against the stub ring (stub_server.mjs): a refusal on demand,
+# a lost stage, and at least 30 frames/s with 8 stages at 100 batches/s.
+mkdir -p "$SHOTS/stub"
+KVR_CONSOLE_SHOTS=$SHOTS/stub KVR_CHROMIUM=$CHROMIUM timeout 300 node "$BROWSER_DIR/console_test.mjs" ||
+    fail "the browser test of the console against the stub ring failed"
+echo "ok: the page against the stub ring"
+
 timeout 60 "$KVASIR" synth --shape tiny --type q8_0 --seed 11 -o "$TMP/tiny.gguf" >/dev/null 2>&1 ||
     fail "synth"
 key="sk-kvasir-test-$RANDOM$RANDOM"

@@ -238,7 +238,8 @@ int sh_deliver(struct sh *h)
     }
     uint64_t held = SH_MS + bt->n_rows * SH_MS / 10;
     for (uint32_t i = 0; i < 2; i++)
-        tim[i] = (struct kvr_wire_timing){.stage = i, .held_ns = held};
+        tim[i] = (struct kvr_wire_timing){.stage = i, .held_ns = held, .starved_ns = h->starved_ns};
+    h->starved_ns = 0;
     h->now += 2 * held + SH_MS / 2;
     struct kvr_wire_frame f = {.hdr = {.type = KVR_WIRE_RESULT,
                                        .payload = KVR_WIRE_PAYLOAD_RESULTS,

@@ -68,6 +68,7 @@ struct sh {
     struct kvr_plan plan;
     struct kvr_sched *s;
     uint64_t now;
+    uint64_t starved_ns; /* the next result's stages report this long idle before it */
     struct sh_req reqs[SH_MAX_REQS];
     struct sh_batch ring[SH_RING_CAP]; /* batches in the fake ring, oldest at ring_head */
     uint32_t ring_head, n_ring;

@@ -555,6 +555,35 @@ static void test_recovery_prefill_one_chunk_per_stage(void **state)
     done(h);
 }
 
+/* A stage that sat idle for longer than the telemetry window reports the whole gap as the
+ * starved time of the next batch: its starved share over the window still stays within 1. */
+static void test_starved_share_after_a_long_idle(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 16, 4, 64, false);
+    ring_up(h);
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 0, 6, 4, 0, 1, 0, 0, &why), 0);
+    sh_run(h, 100);
+    h->now += 10 * 1000000000ull; /* ten idle seconds, the last window closed by a tick */
+    kvr_sched_tick(h->s, h->now);
+    assert_int_equal(sh_submit(h, 1, 6, 40, 0, 1, 0, 0, &why), 0);
+    sh_pump(h);
+    h->starved_ns = 10 * 1000000000ull;
+    assert_int_equal(sh_deliver(h), 0);
+    h->now += 2100 * 1000000ull; /* a tick closes the window that batch fell in */
+    kvr_sched_tick(h->s, h->now);
+    struct kvr_sched_stats st;
+    kvr_sched_stats(h->s, &st);
+    for (uint32_t i = 0; i < 2; i++) {
+        assert_true(st.stage[i].starved_frac > 0);
+        assert_true(st.stage[i].starved_frac <= 1.0);
+    }
+    sh_run(h, 500);
+    OK(h);
+    done(h);
+}
+
 /* A RESET arrives while two batches are in flight: their results are stale, the ring is
  * probed again, the sequences re-prefilled, and every stream continues unchanged. */
 static void test_reset_mid_batch(void **state)
@@ -1244,6 +1273,7 @@ int main(void)
         cmocka_unit_test(test_cancel_mid_prefill),
         cmocka_unit_test(test_cancel_while_waiting),
         cmocka_unit_test(test_reset_mid_batch),
+        cmocka_unit_test(test_starved_share_after_a_long_idle),
         cmocka_unit_test(test_recovery_prefill_one_chunk_per_stage),
         cmocka_unit_test(test_recovery_and_replay),
         cmocka_unit_test(test_lost_probe_and_lost_batch),

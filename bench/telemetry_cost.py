@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""bench/telemetry_cost.py - what the console's telemetry stream costs the bridge.
+
+    bench/telemetry_cost.py [--kvasir BIN] [-m MODEL] [--stages 2] [--streams 32]
+                            [--seconds 20] [--pairs 3] [--interval-ms 100]
+
+Starts `kvasir serve` (the bridge and HTTP run in serve's own process; the stages are its
+children) and keeps STREAMS streaming completions running (`kvasir bench --concurrency`).
+In turns, for SECONDS each, with no telemetry client and with one reading GET
+/v1/telemetry at its fastest rate (a connected console page), it measures serve's own CPU
+time (/proc/PID/stat utime + stime) and the tokens generated (kvasir:generation_tokens_total
+from /metrics), and prints CPU milliseconds per 1,000 tokens for each phase, the snapshots
+the client read, and per pair the cost (with / without - 1). The default model is ring-45
+Q8_0, synthesised into a temporary folder: small, so batches come fast and the stream has
+the most to say. Stops everything it started.
+"""
+import argparse
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+CLK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK  # utime, stime (after the state field)
+
+
+def tokens(url):
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    m = re.search(r"^kvasir:generation_tokens_total(?:\{[^}]*\})? (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+class Reader(threading.Thread):
+    """Reads /v1/telemetry until stopped; counts snapshots and bytes."""
+
+    def __init__(self, url, interval_ms):
+        super().__init__(daemon=True)
+        host, port = re.match(r"http://([^:/]+):(\d+)", url).groups()
+        self.sock = socket.create_connection((host, int(port)), timeout=10)
+        self.sock.sendall(b"GET /v1/telemetry?interval_ms=%d HTTP/1.1\r\nHost: %s\r\n\r\n"
+                          % (interval_ms, host.encode()))
+        self.snapshots = 0
+        self.bytes = 0
+        self.stop = False
+
+    def run(self):
+        while not self.stop:
+            try:
+                chunk = self.sock.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            self.bytes += len(chunk)
+            self.snapshots += chunk.count(b"event: snapshot")
+
+    def close(self):
+        self.stop = True
+        self.sock.close()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvasir", default=os.path.join(ROOT, "build", "kvasir"))
+    ap.add_argument("-m", "--model", default="")
+    ap.add_argument("--stages", type=int, default=2)
+    ap.add_argument("--streams", type=int, default=32)
+    ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--pairs", type=int, default=3)
+    ap.add_argument("--interval-ms", type=int, default=100)
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="kvr-telemetry-cost.")
+    model = args.model or os.path.join(tmp, "ring45.gguf")
+    if not args.model:
+        subprocess.run([args.kvasir, "synth", "--shape", "ring-45", "--type", "q8_0", "-o", model],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = os.path.join(tmp, "serve.log")
+    serve = subprocess.Popen([args.kvasir, "serve", "-m", model, "--stages", str(args.stages),
+                              "--port", "0", "--max-seqs", str(args.streams), "--ctx", "512",
+                              "--no-admission"], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    load = None
+    try:
+        url = None
+        for _ in range(300):
+            m = re.search(r"^kvasir: ready on (http://\S+)$", open(log).read(), re.M)
+            if m:
+                url = m.group(1)
+                break
+            time.sleep(0.2)
+        if not url:
+            sys.exit("telemetry_cost: the server did not start:\n" + open(log).read())
+        total_s = int(args.seconds * 2 * args.pairs + 30)
+        load = subprocess.Popen([args.kvasir, "bench", "--url", url, "-m", model, "--concurrency",
+                                 str(args.streams), "--duration", str(total_s), "--prompt-len", "32",
+                                 "--output-len", "128", "--quiet"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(8)  # the streams start and the cost model settles
+        costs = []
+        for p in range(args.pairs):
+            res = {}
+            for phase in (("off", "on") if p % 2 == 0 else ("on", "off")):
+                reader = Reader(url, args.interval_ms) if phase == "on" else None
+                if reader:
+                    reader.start()
+                    time.sleep(1)
+                c0, t0, w0 = cpu_s(serve.pid), tokens(url), time.monotonic()
+                time.sleep(args.seconds)
+                c1, t1, w1 = cpu_s(serve.pid), tokens(url), time.monotonic()
+                snaps = 0
+                if reader:
+                    snaps = reader.snapshots
+                    reader.close()
+                per_k = 1000.0 * (c1 - c0) * 1000.0 / max(t1 - t0, 1.0)
+                res[phase] = per_k
+                print("pair %d %-3s: serve CPU %.2f s over %.1f s (%.0f %% of a core), %d tokens, "
+                      "%.1f CPU ms per 1,000 tokens%s"
+                      % (p + 1, phase, c1 - c0, w1 - w0, 100 * (c1 - c0) / (w1 - w0), t1 - t0, per_k,
+                         ", %d snapshots read" % snaps if reader else ""), flush=True)
+            costs.append(res["on"] / res["off"] - 1)
+            print("pair %d: cost with the stream %+.2f %%" % (p + 1, 100 * costs[-1]), flush=True)
+        print("telemetry stream at %d ms, %d streams: cost per pair %s, median %+.2f %%"
+              % (args.interval_ms, args.streams, ", ".join("%+.2f %%" % (100 * c) for c in costs),
+                 100 * statistics.median(costs)))
+    finally:
+        if load:
+            load.kill()
+            load.wait()
+        serve.send_signal(signal.SIGTERM)
+        try:
+            serve.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            serve.kill()
+
+
+main()
