@@ -1066,7 +1066,7 @@ void kvr_bridge_telemetry(struct kvr_bridge *b, struct kvr_telemetry_reader *rea
                           struct kvr_telemetry_snapshot *snap)
 {
     struct kvr_sched_stats stats;
-    struct kvr_telemetry_stage_state states[KVR_PLAN_MAX_STAGES];
+    struct kvr_telemetry_stage_state states[KVR_PLAN_MAX_STAGES] = {0};
     pthread_mutex_lock(&b->lock);
     kvr_sched_stats(b->sched, &stats);
     for (uint32_t i = 0; i < b->plan.n_stages; i++) {
