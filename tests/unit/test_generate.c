@@ -13,11 +13,12 @@
 
 #include <cmocka.h>
 
+#include "../support/tiny_model.h"
+
 #include "core/err.h"
 #include "model/arch.h"
 #include "model/generate.h"
 #include "model/gguf.h"
-#include "model/synth.h"
 #include "model/tokenizer.h"
 
 #include <math.h>
@@ -38,27 +39,8 @@ struct rig {
 static void rig_init(struct rig *r)
 {
     memset(r, 0, sizeof *r);
-    struct kvr_synth_opts o = {
-        .arch = kvr_arch_find("llama", 5), .type = KVR_DTYPE_F32, .seed = 7, .n_threads = 1};
-    o.shape = (struct kvr_synth_shape){.name = "generate-test",
-                                       .n_layers = 2,
-                                       .dim = 64,
-                                       .ff = 96,
-                                       .n_heads = 4,
-                                       .n_kv_heads = 2,
-                                       .vocab_size = 300,
-                                       .ctx = 64,
-                                       .rope_base = 10000.0f,
-                                       .rms_eps = 1e-5f};
-    assert_non_null(o.arch);
-    FILE *f = open_memstream(&r->buf, &r->len);
+    kvr_test_tiny_model("generate-test", 7, &r->buf, &r->len, &r->g, &r->hp);
     struct kvr_err err = {0};
-    if (kvr_synth_write(&o, f, NULL, &err))
-        fail_msg("synth: %s", err.msg);
-    assert_int_equal(fclose(f), 0);
-    assert_int_equal(kvr_gguf_open_mem(&r->g, r->buf, r->len, &err), 0);
-    if (kvr_hparams_read(&r->hp, r->g, &err))
-        fail_msg("hparams: %s", err.msg);
     if (kvr_tok_create(&r->tok, r->g, &err))
         fail_msg("tokenizer: %s", err.msg);
 }

@@ -12,10 +12,11 @@
 
 #include <cmocka.h>
 
+#include "../support/tiny_model.h"
+
 #include "model/arch.h"
 #include "model/engine.h"
 #include "model/gguf.h"
-#include "model/synth.h"
 #include "ring/propose.h"
 #include "ring/stage.h"
 #include "ring/step.h"
@@ -46,27 +47,8 @@ struct rig {
 static void rig_init(struct rig *r)
 {
     memset(r, 0, sizeof *r);
-    struct kvr_synth_opts o = {
-        .arch = kvr_arch_find("llama", 5), .type = KVR_DTYPE_F32, .seed = 5, .n_threads = 1};
-    o.shape = (struct kvr_synth_shape){.name = "step-test",
-                                       .n_layers = 2,
-                                       .dim = 64,
-                                       .ff = 96,
-                                       .n_heads = 4,
-                                       .n_kv_heads = 2,
-                                       .vocab_size = 300,
-                                       .ctx = 64,
-                                       .rope_base = 10000.0f,
-                                       .rms_eps = 1e-5f};
-    assert_non_null(o.arch);
-    FILE *f = open_memstream(&r->buf, &r->len);
+    kvr_test_tiny_model("step-test", 5, &r->buf, &r->len, &r->g, &r->hp);
     struct kvr_err err = {0};
-    if (kvr_synth_write(&o, f, NULL, &err))
-        fail_msg("synth: %s", err.msg);
-    assert_int_equal(fclose(f), 0);
-    assert_int_equal(kvr_gguf_open_mem(&r->g, r->buf, r->len, &err), 0);
-    if (kvr_hparams_read(&r->hp, r->g, &err))
-        fail_msg("hparams: %s", err.msg);
     struct kvr_plan_spec spec = {
         .n_stages = 2, .model_path = "x.gguf", .row_width = 16, .max_seqs = 4, .n_ctx = 64};
     if (kvr_plan_propose(&r->plan, r->g, &spec, &err))
