@@ -19,10 +19,7 @@ when missing. Stops every server it started.
 import argparse
 import json
 import os
-import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -30,26 +27,18 @@ import time
 import urllib.error
 import urllib.request
 
+import serve_util
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 FIRST_BUDGET_S, TOTAL_BUDGET_S = 60.0, 600.0
 
 
 def start_server(args, log_path, extra):
-    cmd = [args.kvasir, "serve", "-m", args.model, "--stages", str(args.stages), "--port", "0"]
+    serve = ["-m", args.model, "--stages", str(args.stages)]
     if args.threads:
-        cmd += ["--threads", str(args.threads)]
-    proc = subprocess.Popen(cmd + extra, stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        m = re.search(r"^kvasir: ready on (http://\S+)$", open(log_path).read(), re.M)
-        if m:
-            return proc, m.group(1)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    proc.kill()
-    sys.exit("burst: the server did not start:\n" + open(log_path).read())
+        serve += ["--threads", str(args.threads)]
+    return serve_util.start_server(args.kvasir, serve + extra, log_path, who="burst")
 
 
 def one_chat(url, i, max_tokens, out):
@@ -122,7 +111,7 @@ def summary(name, out, wall):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kvasir", default=os.path.join(ROOT, "build", "kvasir"))
-    ap.add_argument("-m", "--model", default=os.path.join(ROOT, "models", "tinyllama-1.1b-q4_0.gguf"))
+    ap.add_argument("-m", "--model", default=serve_util.DEFAULT_MODEL)
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("-n", type=int, default=40)
     ap.add_argument("--max-tokens", type=int, default=64)
@@ -130,10 +119,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--no-warmup", action="store_true")
     args = ap.parse_args()
-    if not os.path.exists(args.model):
-        os.makedirs(os.path.dirname(args.model), exist_ok=True)
-        subprocess.run([args.kvasir, "synth", "--shape", "tinyllama-1.1b", "--type", "q4_0",
-                        "-o", args.model], check=True, stdout=subprocess.DEVNULL)
+    serve_util.ensure_model(args.kvasir, args.model)
     tmp = tempfile.mkdtemp(prefix="kvr-burst.")
     verdicts = []
     for run in range(1, args.runs + 1):
@@ -150,11 +136,7 @@ def main():
                 out, wall = burst(url, args.n, args.max_tokens)
                 res[name] = summary(name, out, wall)
             finally:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+                serve_util.stop_server(proc)
         done_na, late_na, _ = res["no-admission"]
         _, _, refused = res["admission"]
         ok = not (done_na == args.n and late_na == 0 and refused > 0)

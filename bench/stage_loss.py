@@ -35,32 +35,21 @@ import tempfile
 import time
 import urllib.request
 
+import serve_util
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
 def start_server(args, log_path):
-    cmd = [args.kvasir, "serve", "-m", args.model, "--stages", str(args.stages), "--port", "0",
-           "--no-admission"]
+    serve = ["-m", args.model, "--stages", str(args.stages), "--no-admission"]
     if args.threads:
-        cmd += ["--threads", str(args.threads)]
+        serve += ["--threads", str(args.threads)]
     if args.no_standby:
-        cmd += ["--no-standby"]
+        serve += ["--no-standby"]
     env = dict(os.environ)
     env.setdefault("KVR_LOG", "debug")
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        with open(log_path) as f:
-            m = re.search(r"^kvasir: ready on (http://\S+)$", f.read(), re.M)
-        if m:
-            return proc, m.group(1)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    proc.kill()
-    sys.exit("stage_loss: the server did not start:\n" + open(log_path).read())
+    return serve_util.start_server(args.kvasir, serve, log_path, env=env, who="stage_loss")
 
 
 def stage_pid(server_pid, index):
@@ -166,7 +155,7 @@ def stream_once(url, tokens, on_token):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kvasir", default=os.path.join(ROOT, "build", "kvasir"))
-    ap.add_argument("-m", "--model", default=os.path.join(ROOT, "models", "tinyllama-1.1b-q4_0.gguf"))
+    ap.add_argument("-m", "--model", default=serve_util.DEFAULT_MODEL)
     ap.add_argument("--stages", type=int, default=3)
     ap.add_argument("--kill", type=int, default=1)
     ap.add_argument("--runs", type=int, default=10)
@@ -174,10 +163,7 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--no-standby", action="store_true")
     args = ap.parse_args()
-    if not os.path.exists(args.model):
-        os.makedirs(os.path.dirname(args.model), exist_ok=True)
-        subprocess.run([args.kvasir, "synth", "--shape", "tinyllama-1.1b", "--type", "q4_0",
-                        "-o", args.model], check=True, stdout=subprocess.DEVNULL)
+    serve_util.ensure_model(args.kvasir, args.model)
     tmp = tempfile.mkdtemp(prefix="kvr-stage-loss.")
     log_path = os.path.join(tmp, "serve.log")
     proc, url = start_server(args, log_path)
@@ -219,11 +205,7 @@ def main():
                   % (run, pause * 1e3, gap * 1e3, fmt("died"), fmt("listen"), b.get("how", "?"),
                      fmt("whole"), fmt("reprefill"), b.get("rows", "?")), flush=True)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        serve_util.stop_server(proc)
         log = open(os.path.join(tmp, "serve.log")).read()
         wholes = re.findall(r"ring whole again.*", log)
         if wholes:

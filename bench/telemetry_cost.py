@@ -17,15 +17,15 @@ the most to say. Stops everything it started.
 import argparse
 import os
 import re
-import signal
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import urllib.request
+
+import serve_util
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -90,20 +90,11 @@ def main():
         subprocess.run([args.kvasir, "synth", "--shape", "ring-45", "--type", "q8_0", "-o", model],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     log = os.path.join(tmp, "serve.log")
-    serve = subprocess.Popen([args.kvasir, "serve", "-m", model, "--stages", str(args.stages),
-                              "--port", "0", "--max-seqs", str(args.streams), "--ctx", "512",
-                              "--no-admission"], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+    serve, url = serve_util.start_server(
+        args.kvasir, ["-m", model, "--stages", str(args.stages), "--max-seqs", str(args.streams),
+                      "--ctx", "512", "--no-admission"], log, who="telemetry_cost")
     load = None
     try:
-        url = None
-        for _ in range(300):
-            m = re.search(r"^kvasir: ready on (http://\S+)$", open(log).read(), re.M)
-            if m:
-                url = m.group(1)
-                break
-            time.sleep(0.2)
-        if not url:
-            sys.exit("telemetry_cost: the server did not start:\n" + open(log).read())
         total_s = int(args.seconds * 2 * args.pairs + 30)
         load = subprocess.Popen([args.kvasir, "bench", "--url", url, "-m", model, "--concurrency",
                                  str(args.streams), "--duration", str(total_s), "--prompt-len", "32",
@@ -140,11 +131,7 @@ def main():
         if load:
             load.kill()
             load.wait()
-        serve.send_signal(signal.SIGTERM)
-        try:
-            serve.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            serve.kill()
+        serve_util.stop_server(serve)
 
 
 main()
