@@ -2,6 +2,7 @@
 #include "cli/serve_env.h"
 
 #include "core/log.h"
+#include "core/procfs.h"
 #include "model/kv.h"
 #include "ring/plan.h"
 
@@ -14,19 +15,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* MemAvailable from /proc/meminfo, in bytes; 0 when unknown. */
+/* MemAvailable, in bytes; 0 when unknown. */
 static uint64_t mem_available(void)
 {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f)
-        return 0;
-    char line[256];
-    unsigned long long kib = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kib) == 1)
-            break;
-    fclose(f);
-    return (uint64_t)kib << 10;
+    return kvr_procfs_bytes("/proc/meminfo", "MemAvailable");
 }
 
 /* Tokens the KV cache can hold for one sequence: what --kv-blocks or --kv-mem gives, or

@@ -4,6 +4,7 @@
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
+#include "core/procfs.h"
 #include "model/engine.h"
 #include "ring/stage.h"
 
@@ -88,15 +89,7 @@ static bool standby_fits(const struct kvr_gguf *g, const struct kvr_plan *plan)
             return false;
         weights += b.weights;
     }
-    unsigned long long avail_kib = 0;
-    char line[256];
-    FILE *f = fopen("/proc/meminfo", "r");
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "MemAvailable: %llu kB", &avail_kib) == 1)
-            break;
-    if (f)
-        fclose(f);
-    return avail_kib * 1024 >= weights + weights / 4;
+    return kvr_procfs_bytes("/proc/meminfo", "MemAvailable") >= weights + weights / 4;
 }
 
 void kvr_serve_procs_start_standbys(struct kvr_serve_procs *p, const struct kvr_gguf *g)

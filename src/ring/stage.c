@@ -27,6 +27,7 @@
 #include "core/clock.h"
 #include "core/ev.h"
 #include "core/log.h"
+#include "core/procfs.h"
 #include "model/engine.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
@@ -841,16 +842,7 @@ static void stage_fini(struct stage *s)
 /* The process's resident bytes (Rss of /proc/self/smaps_rollup), or 0 if unreadable. */
 static size_t resident_bytes(void)
 {
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
-    if (!f)
-        return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "Rss: %llu kB", &kb) == 1)
-            break;
-    fclose(f);
-    return (size_t)kb * 1024;
+    return (size_t)kvr_procfs_bytes("/proc/self/smaps_rollup", "Rss");
 }
 
 /* One log line comparing the resident set with what the slice should hold (the numbers

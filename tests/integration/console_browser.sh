@@ -17,29 +17,8 @@ BROWSER_DIR=$(cd "$(dirname "$0")/../browser" && pwd)
 CHROMIUM=${KVR_CHROMIUM:-/usr/bin/chromium}
 SHOTS=${KVR_BUILD:-$TMP}
 
-skip_or_fail() {
-    [ "${CI:-}" = true ] && fail "$* (required under CI)"
-    echo "SKIP: $*"
-    exit 77
-}
-
-command -v node >/dev/null || skip_or_fail "node is not installed"
-node_major=$(node -p 'process.versions.node.split(".")[0]')
-[ "$node_major" -ge 18 ] || skip_or_fail "Node.js $(node --version) is older than 18"
+npm_pinned "$BROWSER_DIR" playwright-core
 [ -x "$CHROMIUM" ] || skip_or_fail "no chromium at $CHROMIUM (apt-get install chromium)"
-
-pinned=$(node -p 'require(process.argv[1]).packages["node_modules/playwright-core"].version' \
-    "$BROWSER_DIR/package-lock.json")
-installed=$(node -p 'try { require(process.argv[1]).version } catch { "" }' \
-    "$BROWSER_DIR/node_modules/playwright-core/package.json" 2>/dev/null || true)
-if [ "$installed" != "$pinned" ]; then
-    command -v npm >/dev/null || skip_or_fail "npm is not installed (needed for playwright-core)"
-    echo "installing playwright-core $pinned with npm ci"
-    (cd "$BROWSER_DIR" && timeout 300 npm ci --no-audit --no-fund >"$TMP/npm.log" 2>&1) || {
-        tail -20 "$TMP/npm.log"
-        skip_or_fail "npm ci failed (no registry?)"
-    }
-fi
 
 # First the page's own logic against the stub ring (stub_server.mjs): a refusal on demand,
 # a lost stage, and at least 30 frames/s with 8 stages at 100 batches/s.

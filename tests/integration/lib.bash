@@ -319,3 +319,32 @@ run_with_silent_peers() {
         { diff "$TMP/before.jsonl" "$TMP/during.jsonl" | head; fail "tokens differ with silent peers"; }
     echo "run with silent peers connecting to $1: $ms ms"
 }
+
+# skip_or_fail WHY: skip the test (exit 77), or fail it under CI=true, where every tool the
+# test needs is installed.
+skip_or_fail() {
+    [ "${CI:-}" = true ] && fail "$* (required under CI)"
+    echo "SKIP: $*"
+    exit 77
+}
+
+# npm_pinned DIR PACKAGE: Node.js >= 18 is there and DIR/node_modules holds PACKAGE at the
+# version DIR/package-lock.json pins (installed with `npm ci` when it does not), or the test
+# is skipped (failed under CI).
+npm_pinned() {
+    local dir=$1 pkg=$2 pinned installed
+    command -v node >/dev/null || skip_or_fail "node is not installed"
+    [ "$(node -p 'process.versions.node.split(".")[0]')" -ge 18 ] ||
+        skip_or_fail "Node.js $(node --version) is older than 18"
+    pinned=$(node -p "require(process.argv[1]).packages['node_modules/$pkg'].version" \
+        "$dir/package-lock.json")
+    installed=$(node -p 'try { require(process.argv[1]).version } catch { "" }' \
+        "$dir/node_modules/$pkg/package.json" 2>/dev/null || true)
+    [ "$installed" = "$pinned" ] && return 0
+    command -v npm >/dev/null || skip_or_fail "npm is not installed (needed for $pkg)"
+    echo "installing $pkg $pinned with npm ci"
+    (cd "$dir" && timeout 300 npm ci --no-audit --no-fund >"$TMP/npm.log" 2>&1) || {
+        tail -20 "$TMP/npm.log"
+        skip_or_fail "npm ci failed (no registry?)"
+    }
+}
