@@ -10,7 +10,10 @@ In turns, for SECONDS each, with no telemetry client and with one reading GET
 /v1/telemetry at its fastest rate (a connected console page), it measures serve's own CPU
 time (/proc/PID/stat utime + stime) and the tokens generated (kvasir:generation_tokens_total
 from /metrics), and prints CPU milliseconds per 1,000 tokens for each phase, the snapshots
-the client read, and per pair the cost (with / without - 1). The default model is ring-45
+the client read, and per pair the cost (with / without - 1). It also prints the stream's
+own share directly: the CPU time of the stream's connection thread
+(kvasir:telemetry_cpu_seconds_total) over serve's CPU time in the same phase, which the
+machine's noise moves far less than the paired ratio. The default model is ring-45
 Q8_0, synthesised into a temporary folder: small, so batches come fast and the stream has
 the most to say. Stops everything it started.
 """
@@ -38,11 +41,15 @@ def cpu_s(pid):
     return (int(fields[11]) + int(fields[12])) / CLK  # utime, stime (after the state field)
 
 
-def tokens(url):
+def metric(url, name):
     with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
         text = r.read().decode()
-    m = re.search(r"^kvasir:generation_tokens_total(?:\{[^}]*\})? (\S+)$", text, re.M)
+    m = re.search(r"^kvasir:%s(?:\{[^}]*\})? (\S+)$" % name, text, re.M)
     return float(m.group(1)) if m else 0.0
+
+
+def tokens(url):
+    return metric(url, "generation_tokens_total")
 
 
 class Reader(threading.Thread):
@@ -101,7 +108,7 @@ def main():
                                  "--output-len", "128", "--quiet"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(8)  # the streams start and the cost model settles
-        costs = []
+        costs, shares = [], []
         for p in range(args.pairs):
             res = {}
             for phase in (("off", "on") if p % 2 == 0 else ("on", "off")):
@@ -109,9 +116,11 @@ def main():
                 if reader:
                     reader.start()
                     time.sleep(1)
+                tel0 = metric(url, "telemetry_cpu_seconds_total")
                 c0, t0, w0 = cpu_s(serve.pid), tokens(url), time.monotonic()
                 time.sleep(args.seconds)
                 c1, t1, w1 = cpu_s(serve.pid), tokens(url), time.monotonic()
+                tel = metric(url, "telemetry_cpu_seconds_total") - tel0
                 snaps = 0
                 if reader:
                     snaps = reader.snapshots
@@ -122,11 +131,18 @@ def main():
                       "%.1f CPU ms per 1,000 tokens%s"
                       % (p + 1, phase, c1 - c0, w1 - w0, 100 * (c1 - c0) / (w1 - w0), t1 - t0, per_k,
                          ", %d snapshots read" % snaps if reader else ""), flush=True)
+                if reader:
+                    shares.append(tel / max(c1 - c0, 1e-9))
+                    print("pair %d on : the stream's own thread used %.4f s CPU = %.2f %% of serve's"
+                          % (p + 1, tel, 100 * shares[-1]), flush=True)
             costs.append(res["on"] / res["off"] - 1)
             print("pair %d: cost with the stream %+.2f %%" % (p + 1, 100 * costs[-1]), flush=True)
         print("telemetry stream at %d ms, %d streams: cost per pair %s, median %+.2f %%"
               % (args.interval_ms, args.streams, ", ".join("%+.2f %%" % (100 * c) for c in costs),
                  100 * statistics.median(costs)))
+        print("telemetry thread CPU / serve CPU (kvasir:telemetry_cpu_seconds_total): %s, median "
+              "%.2f %%" % (", ".join("%.2f %%" % (100 * x) for x in shares),
+                           100 * statistics.median(shares)))
     finally:
         if load:
             load.kill()

@@ -241,7 +241,25 @@ struct tel_stream {
     struct kvr_telemetry_snapshot *snap; /* ~330 KiB, one per connection */
     struct kvr_sbuf out;                 /* SSE bytes not yet sent: out.data[pos ..] */
     size_t pos;
+    uint64_t cpu_ns; /* the connection thread's CPU time when last counted */
 };
+
+/* The stream's cost in kvasir:telemetry_cpu_seconds_total: the connection's own thread's CPU
+ * time (thread per connection), counted at each call, so the sending libmicrohttpd does
+ * between calls counts too. */
+static void count_cpu(struct tel_stream *t)
+{
+    uint64_t now = kvr_thread_cpu_ns();
+    if (now > t->cpu_ns)
+        kvr_http_metrics_telemetry_cpu(&t->h->metrics, now - t->cpu_ns);
+    t->cpu_ns = now;
+}
+
+/* A stream sleeps between snapshots in slices this long: the poll wakes at once when the
+ * client goes away, so the slice bounds only how long a server shutdown waits for it, and
+ * a slice as long as the default interval means one wake-up per snapshot (each costs the
+ * bridge a context switch). */
+#define TELEMETRY_SLICE_MS KVR_TELEMETRY_DEFAULT_INTERVAL_MS
 
 /* Wait up to timeout_ms for the client to go away: true if it did. */
 static bool peer_gone_within(int fd, int timeout_ms)
@@ -259,6 +277,7 @@ static bool peer_gone_within(int fd, int timeout_ms)
 static ssize_t telemetry_read(void *cls, uint64_t pos, char *buf, size_t max)
 {
     struct tel_stream *t = cls;
+    count_cpu(t);
     for (;;) {
         if (t->pos < t->out.len) {
             size_t n = t->out.len - t->pos < max ? t->out.len - t->pos : max;
@@ -277,7 +296,8 @@ static ssize_t telemetry_read(void *cls, uint64_t pos, char *buf, size_t max)
             /* Sleep until the snapshot is due, a slice at a time, noticing a client that
              * goes away as it happens. */
             uint64_t wait_ms = (t->next_ns - now + 999999) / 1000000;
-            if (peer_gone_within(t->fd, wait_ms < POLL_SLICE_MS ? (int)wait_ms : POLL_SLICE_MS))
+            if (peer_gone_within(t->fd, wait_ms < TELEMETRY_SLICE_MS ? (int)wait_ms
+                                                                      : TELEMETRY_SLICE_MS))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             continue;
         }
@@ -289,6 +309,7 @@ static ssize_t telemetry_read(void *cls, uint64_t pos, char *buf, size_t max)
         t->snap->interval_ms = t->interval_ms;
         if (kvr_telemetry_sse(t->snap, &t->out))
             return MHD_CONTENT_READER_END_WITH_ERROR;
+        count_cpu(t);
     }
 }
 
@@ -328,6 +349,7 @@ enum MHD_Result kvr_http_handle_telemetry(struct kvr_http *h, struct request *rq
     t->interval_ms = kvr_telemetry_interval_ms(
         MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "interval_ms"));
     t->next_ns = kvr_now_ns(); /* the first snapshot at once */
+    t->cpu_ns = kvr_thread_cpu_ns();
     kvr_sbuf_init(&t->out);
     kvr_sbuf_puts(&t->out, "retry: 2000\n\n");
     struct MHD_Response *resp = MHD_create_response_from_callback(

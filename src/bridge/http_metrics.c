@@ -139,6 +139,13 @@ void kvr_http_metrics_ended(struct kvr_http_metrics *m, enum kvr_http_outcome ou
     pthread_mutex_unlock(&m->mu);
 }
 
+void kvr_http_metrics_telemetry_cpu(struct kvr_http_metrics *m, uint64_t cpu_ns)
+{
+    pthread_mutex_lock(&m->mu);
+    m->telemetry_cpu_ns += cpu_ns;
+    pthread_mutex_unlock(&m->mu);
+}
+
 int64_t kvr_http_metrics_running(struct kvr_http_metrics *m)
 {
     pthread_mutex_lock(&m->mu);
@@ -162,6 +169,12 @@ struct metric {
 static const void *field_of(const struct kvr_http_metrics *m, const struct metric *d)
 {
     return (const char *)m + d->field;
+}
+
+static void read_ns_as_s(const struct kvr_http_metrics *m, const struct metric *d,
+                         struct kvr_sbuf *b)
+{
+    kvr_sbuf_printf(b, "kvasir:%s %.6f\n", d->name, (double)*(const uint64_t *)field_of(m, d) / 1e9);
 }
 
 static void read_u64(const struct kvr_http_metrics *m, const struct metric *d, struct kvr_sbuf *b)
@@ -256,6 +269,9 @@ static const struct metric metric_table[] = {
     {"e2e_request_latency_seconds", "histogram",
      "Time from request arrival to the last token of finished generations.", read_histogram,
      AT(e2e)},
+    {"telemetry_cpu_seconds_total", "counter",
+     "CPU time the threads of /v1/telemetry streams used (building and sending snapshots).",
+     read_ns_as_s, AT(telemetry_cpu_ns)},
 };
 
 void kvr_http_metrics_print(struct kvr_http_metrics *m, struct kvr_sbuf *out)

@@ -86,6 +86,7 @@ struct kvr_http_metrics {
     uint64_t prompt_tokens;     /* of admitted requests */
     uint64_t generation_tokens; /* received from the service, EOS included */
     int64_t running;            /* generations between submit and release */
+    uint64_t telemetry_cpu_ns;  /* CPU the /v1/telemetry streams' threads used */
     struct kvr_http_histogram ttft, itl, e2e;
 };
 
@@ -105,6 +106,8 @@ void kvr_http_metrics_token(struct kvr_http_metrics *m, bool first, double secon
  * for a finished one (STOP, LENGTH). */
 void kvr_http_metrics_ended(struct kvr_http_metrics *m, enum kvr_http_outcome outcome,
                             double e2e_seconds);
+/* A /v1/telemetry stream's thread used cpu_ns more CPU time. */
+void kvr_http_metrics_telemetry_cpu(struct kvr_http_metrics *m, uint64_t cpu_ns);
 /* Generations admitted and not yet released. */
 int64_t kvr_http_metrics_running(struct kvr_http_metrics *m);
 

@@ -3,8 +3,8 @@
 #include "bridge/telemetry.h"
 
 #include "core/alloc.h"
+#include "core/jsonw.h"
 
-#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -219,46 +219,40 @@ const char *kvr_telemetry_refusal_name(enum kvr_refusal_reason reason)
     return (unsigned)reason < KVR_REFUSE_REASON_COUNT ? names[reason] : NULL;
 }
 
-/* Times go out in milliseconds on the bridge's monotonic clock, as doubles: exact to the
- * nanosecond for 104 days of uptime, and what a page's performance.now() arithmetic wants. */
-static double ms_of(uint64_t ns)
+/* Times go out in milliseconds on the bridge's monotonic clock, to the microsecond: exact
+ * as a double for 104 days of uptime, and what a page's performance.now() arithmetic wants. */
+static void ms(struct kvr_jsonw *w, const char *key, uint64_t ns)
 {
-    return round((double)ns / 1e3) / 1e3; /* to the microsecond: shorter text */
-}
-
-static json_t *ms(uint64_t ns)
-{
-    return json_real(ms_of(ns));
+    kvr_jsonw_key(w, key);
+    kvr_jsonw_fixed(w, (int64_t)((ns + 500) / 1000), 3);
 }
 
 /* Shares and rates, to four decimals. */
-static json_t *frac(double x)
+static void frac(struct kvr_jsonw *w, const char *key, double x)
 {
-    return json_real(round(x * 1e4) / 1e4);
+    kvr_jsonw_key(w, key);
+    kvr_jsonw_fixed(w, (int64_t)llround(x * 1e4), 4);
 }
 
-/* json_object_set_new that remembers a failed allocation (jansson returns -1 and frees). */
-static void put(json_t *obj, const char *key, json_t *v, bool *failed)
+static void uint_field(struct kvr_jsonw *w, const char *key, uint64_t v)
 {
-    if (!v || json_object_set_new(obj, key, v) != 0)
-        *failed = true;
+    kvr_jsonw_key(w, key);
+    kvr_jsonw_uint(w, v);
 }
 
-static void push(json_t *arr, json_t *v, bool *failed)
+static void str_field(struct kvr_jsonw *w, const char *key, const char *v)
 {
-    if (!v || json_array_append_new(arr, v) != 0)
-        *failed = true;
+    kvr_jsonw_key(w, key);
+    kvr_jsonw_str(w, v);
 }
 
-static json_t *pair(uint32_t a, uint32_t b)
+static void pair(struct kvr_jsonw *w, const char *key, uint32_t a, uint32_t b)
 {
-    json_t *p = json_array();
-    if (p &&
-        (json_array_append_new(p, json_integer(a)) || json_array_append_new(p, json_integer(b)))) {
-        json_decref(p);
-        return NULL;
-    }
-    return p;
+    kvr_jsonw_key(w, key);
+    kvr_jsonw_arr(w);
+    kvr_jsonw_uint(w, a);
+    kvr_jsonw_uint(w, b);
+    kvr_jsonw_end(w);
 }
 
 /* Does agent `ag` hold any layer of stage `st`? Then it is drawn beside that stage. */
@@ -273,262 +267,239 @@ static bool agent_serves(const struct kvr_plan_summary *ps, uint32_t ag, uint32_
     return false;
 }
 
-static json_t *stages_json(const struct kvr_telemetry_snapshot *sn, bool *failed)
+static void stage_json(struct kvr_jsonw *w, const struct kvr_telemetry_snapshot *sn, uint32_t i)
 {
     const struct kvr_plan_summary *ps = &sn->plan;
     const struct kvr_sched_stats *st = &sn->stats;
-    json_t *arr = json_array();
-    if (!arr) {
-        *failed = true;
-        return NULL;
+    kvr_jsonw_obj(w);
+    uint_field(w, "index", i);
+    str_field(w, "addr", ps->stage[i].addr);
+    pair(w, "layers", ps->stage[i].first_layer, ps->stage[i].last_layer);
+    uint_field(w, "threads", ps->stage[i].n_threads);
+    if (i < sn->n_stage_states) {
+        const struct kvr_telemetry_stage_state *ss = &sn->stage_state[i];
+        str_field(w, "state", ss->state[0] ? ss->state : "unknown");
+        ms(w, "since_ms", ss->since_ns);
+        str_field(w, "error", ss->last_error);
+    } else {
+        str_field(w, "state", st->ring_up ? "up" : "unknown");
+        kvr_jsonw_key(w, "since_ms");
+        kvr_jsonw_null(w);
+        str_field(w, "error", "");
     }
-    uint32_t kv_per_stage = st->kv_blocks_used + st->kv_blocks_cached;
-    for (uint32_t i = 0; i < ps->n_stages; i++) {
-        json_t *o = json_object();
-        if (!o) {
-            *failed = true;
-            break;
-        }
-        put(o, "index", json_integer(i), failed);
-        put(o, "addr", json_string(ps->stage[i].addr), failed);
-        put(o, "layers", pair(ps->stage[i].first_layer, ps->stage[i].last_layer), failed);
-        put(o, "threads", json_integer(ps->stage[i].n_threads), failed);
-        if (i < sn->n_stage_states) {
-            const struct kvr_telemetry_stage_state *ss = &sn->stage_state[i];
-            put(o, "state", json_string(ss->state[0] ? ss->state : "unknown"), failed);
-            put(o, "since_ms", ms(ss->since_ns), failed);
-            put(o, "error", json_string(ss->last_error), failed);
-        } else {
-            put(o, "state", json_string(st->ring_up ? "up" : "unknown"), failed);
-            put(o, "since_ms", json_null(), failed);
-            put(o, "error", json_string(""), failed);
-        }
-        const struct kvr_sched_stage_stats *ss = i < st->n_stages ? &st->stage[i] : NULL;
-        put(o, "held", frac(ss ? ss->util : 0), failed);
-        put(o, "starved", frac(ss ? ss->starved_frac : 0), failed);
-        put(o, "blocked", frac(ss ? ss->blocked_frac : 0), failed);
-        put(o, "held_ms_total", ms(ss ? ss->held_ns : 0), failed);
-        put(o, "starved_ms_total", ms(ss ? ss->starved_ns : 0), failed);
-        put(o, "blocked_ms_total", ms(ss ? ss->blocked_ns : 0), failed);
-        put(o, "kv_blocks", json_integer(kv_per_stage), failed);
-        json_t *agents = json_array();
-        for (uint32_t a = 0; agents && a < ps->n_agents; a++)
-            if (agent_serves(ps, a, i))
-                push(agents, json_integer(a), failed);
-        put(o, "agents", agents, failed);
-        push(arr, o, failed);
-    }
-    return arr;
+    const struct kvr_sched_stage_stats *ss = i < st->n_stages ? &st->stage[i] : NULL;
+    frac(w, "held", ss ? ss->util : 0);
+    frac(w, "starved", ss ? ss->starved_frac : 0);
+    frac(w, "blocked", ss ? ss->blocked_frac : 0);
+    ms(w, "held_ms_total", ss ? ss->held_ns : 0);
+    ms(w, "starved_ms_total", ss ? ss->starved_ns : 0);
+    ms(w, "blocked_ms_total", ss ? ss->blocked_ns : 0);
+    uint_field(w, "kv_blocks", (uint64_t)st->kv_blocks_used + st->kv_blocks_cached);
+    kvr_jsonw_key(w, "agents");
+    kvr_jsonw_arr(w);
+    for (uint32_t a = 0; a < ps->n_agents; a++)
+        if (agent_serves(ps, a, i))
+            kvr_jsonw_uint(w, a);
+    kvr_jsonw_end(w);
+    kvr_jsonw_end(w);
 }
 
-static json_t *agents_json(const struct kvr_telemetry_snapshot *sn, bool *failed)
+static void agent_json(struct kvr_jsonw *w, const struct kvr_telemetry_snapshot *sn, uint32_t i)
 {
     const struct kvr_plan_summary *ps = &sn->plan;
-    json_t *arr = json_array();
-    for (uint32_t i = 0; arr && i < ps->n_agents; i++) {
-        json_t *o = json_object();
-        if (!o) {
-            *failed = true;
-            break;
-        }
-        put(o, "index", json_integer(i), failed);
-        put(o, "addr", json_string(ps->agent[i].addr), failed);
-        put(o, "threads", json_integer(ps->agent[i].n_threads), failed);
-        json_t *holds = json_array();
-        for (uint32_t h = 0; holds && h < ps->agent[i].n_holds; h++) {
-            const struct kvr_plan_hold *hd = &ps->agent[i].holds[h];
-            json_t *ho = json_object();
-            if (ho) {
-                put(ho, "layers", pair(hd->first_layer, hd->last_layer), failed);
-                put(ho, "experts", pair(hd->first_expert, hd->last_expert), failed);
-            }
-            push(holds, ho, failed);
-        }
-        put(o, "holds", holds, failed);
-        json_t *stages = json_array();
-        for (uint32_t s = 0; stages && s < ps->n_stages; s++)
-            if (agent_serves(ps, i, s))
-                push(stages, json_integer(s), failed);
-        put(o, "stages", stages, failed);
-        const struct kvr_sched_agent_stats *as =
-            i < sn->stats.n_agents ? &sn->stats.agent[i] : NULL;
-        put(o, "held_ms_total", ms(as ? as->held_ns : 0), failed);
-        put(o, "starved_ms_total", ms(as ? as->starved_ns : 0), failed);
-        put(o, "blocked_ms_total", ms(as ? as->blocked_ns : 0), failed);
-        put(o, "pairs", json_integer(as ? (json_int_t)as->pairs : 0), failed);
-        push(arr, o, failed);
+    kvr_jsonw_obj(w);
+    uint_field(w, "index", i);
+    str_field(w, "addr", ps->agent[i].addr);
+    uint_field(w, "threads", ps->agent[i].n_threads);
+    kvr_jsonw_key(w, "holds");
+    kvr_jsonw_arr(w);
+    for (uint32_t h = 0; h < ps->agent[i].n_holds; h++) {
+        const struct kvr_plan_hold *hd = &ps->agent[i].holds[h];
+        kvr_jsonw_obj(w);
+        pair(w, "layers", hd->first_layer, hd->last_layer);
+        pair(w, "experts", hd->first_expert, hd->last_expert);
+        kvr_jsonw_end(w);
     }
-    if (!arr)
-        *failed = true;
-    return arr;
+    kvr_jsonw_end(w);
+    kvr_jsonw_key(w, "stages");
+    kvr_jsonw_arr(w);
+    for (uint32_t s = 0; s < ps->n_stages; s++)
+        if (agent_serves(ps, i, s))
+            kvr_jsonw_uint(w, s);
+    kvr_jsonw_end(w);
+    const struct kvr_sched_agent_stats *as = i < sn->stats.n_agents ? &sn->stats.agent[i] : NULL;
+    ms(w, "held_ms_total", as ? as->held_ns : 0);
+    ms(w, "starved_ms_total", as ? as->starved_ns : 0);
+    ms(w, "blocked_ms_total", as ? as->blocked_ns : 0);
+    uint_field(w, "pairs", as ? as->pairs : 0);
+    kvr_jsonw_end(w);
 }
 
-static json_t *sched_json(const struct kvr_sched_stats *st, bool *failed)
+static void sched_json(struct kvr_jsonw *w, const struct kvr_sched_stats *st)
 {
-    json_t *o = json_object();
-    if (!o) {
-        *failed = true;
-        return NULL;
-    }
-    put(o, "running", json_integer(st->running), failed);
-    put(o, "waiting", json_integer(st->waiting), failed);
-    put(o, "inflight", json_integer(st->inflight), failed);
-    put(o, "batches", json_integer((json_int_t)st->batches), failed);
-    put(o, "prompt_tokens", json_integer((json_int_t)st->prompt_tokens), failed);
-    put(o, "generated_tokens", json_integer((json_int_t)st->generated_tokens), failed);
-    put(o, "tokens_per_s", frac(st->tokens_per_s), failed);
-    put(o, "batch_ms", frac(st->batch_ms_ema), failed);
-    json_t *kv = json_object();
-    if (kv) {
-        put(kv, "used", json_integer(st->kv_blocks_used), failed);
-        put(kv, "cached", json_integer(st->kv_blocks_cached), failed);
-        put(kv, "total", json_integer(st->kv_blocks_total), failed);
-    }
-    put(o, "kv_blocks", kv, failed);
-    json_t *pc = json_object();
-    if (pc) {
-        put(pc, "queries", json_integer((json_int_t)st->prefix_queries), failed);
-        put(pc, "hits", json_integer((json_int_t)st->prefix_hits), failed);
-        put(pc, "evicted", json_integer((json_int_t)st->prefix_evicted), failed);
-    }
-    put(o, "prefix_cache", pc, failed);
-    put(o, "admitted", json_integer((json_int_t)st->admitted), failed);
-    json_t *ref = json_object();
-    for (int r = 0; ref && r < KVR_REFUSE_REASON_COUNT; r++) {
+    kvr_jsonw_obj(w);
+    uint_field(w, "running", st->running);
+    uint_field(w, "waiting", st->waiting);
+    uint_field(w, "inflight", st->inflight);
+    uint_field(w, "batches", st->batches);
+    uint_field(w, "prompt_tokens", st->prompt_tokens);
+    uint_field(w, "generated_tokens", st->generated_tokens);
+    frac(w, "tokens_per_s", st->tokens_per_s);
+    frac(w, "batch_ms", st->batch_ms_ema);
+    kvr_jsonw_key(w, "kv_blocks");
+    kvr_jsonw_obj(w);
+    uint_field(w, "used", st->kv_blocks_used);
+    uint_field(w, "cached", st->kv_blocks_cached);
+    uint_field(w, "total", st->kv_blocks_total);
+    kvr_jsonw_end(w);
+    kvr_jsonw_key(w, "prefix_cache");
+    kvr_jsonw_obj(w);
+    uint_field(w, "queries", st->prefix_queries);
+    uint_field(w, "hits", st->prefix_hits);
+    uint_field(w, "evicted", st->prefix_evicted);
+    kvr_jsonw_end(w);
+    uint_field(w, "admitted", st->admitted);
+    kvr_jsonw_key(w, "refused");
+    kvr_jsonw_obj(w);
+    for (int r = 0; r < KVR_REFUSE_REASON_COUNT; r++) {
         const char *name = kvr_telemetry_refusal_name((enum kvr_refusal_reason)r);
         if (name)
-            put(ref, name, json_integer((json_int_t)st->refused[r]), failed);
+            uint_field(w, name, st->refused[r]);
     }
-    put(o, "refused", ref, failed);
-    return o;
+    kvr_jsonw_end(w);
+    kvr_jsonw_end(w);
 }
 
-static json_t *time_json(const struct kvr_telemetry_time *tm)
+static void time_json(struct kvr_jsonw *w, const struct kvr_telemetry_time *tm)
 {
-    return json_pack("[f,f,f]", ms_of(tm->held_ns), ms_of(tm->starved_ns), ms_of(tm->blocked_ns));
+    kvr_jsonw_arr(w);
+    kvr_jsonw_fixed(w, (int64_t)((tm->held_ns + 500) / 1000), 3);
+    kvr_jsonw_fixed(w, (int64_t)((tm->starved_ns + 500) / 1000), 3);
+    kvr_jsonw_fixed(w, (int64_t)((tm->blocked_ns + 500) / 1000), 3);
+    kvr_jsonw_end(w);
 }
 
-static json_t *trace_json(const struct kvr_telemetry_trace *tr, bool *failed)
+static void trace_json(struct kvr_jsonw *w, const struct kvr_telemetry_trace *tr)
 {
-    json_t *o = json_object();
-    if (!o) {
-        *failed = true;
-        return NULL;
-    }
-    put(o, "id", json_integer((json_int_t)tr->batch_id), failed);
-    put(o, "sent_ms", ms(tr->sent_ns), failed);
-    put(o, "returned_ms", ms(tr->returned_ns), failed);
-    put(o, "ctrl", json_integer(tr->n_ctrl), failed);
-    put(o, "prefill_rows", json_integer(tr->n_rows_prefill), failed);
-    put(o, "decode_rows", json_integer(tr->n_rows_decode), failed);
-    json_t *seqs = json_array();
-    for (uint32_t i = 0; seqs && i < tr->n_seqs; i++) {
+    kvr_jsonw_obj(w);
+    uint_field(w, "id", tr->batch_id);
+    ms(w, "sent_ms", tr->sent_ns);
+    ms(w, "returned_ms", tr->returned_ns);
+    uint_field(w, "ctrl", tr->n_ctrl);
+    uint_field(w, "prefill_rows", tr->n_rows_prefill);
+    uint_field(w, "decode_rows", tr->n_rows_decode);
+    kvr_jsonw_key(w, "seqs");
+    kvr_jsonw_arr(w);
+    for (uint32_t i = 0; i < tr->n_seqs; i++) {
         const struct kvr_telemetry_seq *q = &tr->seqs[i];
-        json_t *so = json_object();
-        if (so) {
-            put(so, "seq", json_integer(q->seq), failed);
-            put(so, "req", q->req_id ? json_integer((json_int_t)q->req_id) : json_null(), failed);
-            put(so, "kind", json_string(kvr_telemetry_kind_name(q->kind)), failed);
-            put(so, "rows", json_integer(q->n_rows), failed);
-            if (q->last_chunk)
-                put(so, "last", json_true(), failed);
+        kvr_jsonw_obj(w);
+        uint_field(w, "seq", q->seq);
+        kvr_jsonw_key(w, "req");
+        if (q->req_id)
+            kvr_jsonw_uint(w, q->req_id);
+        else
+            kvr_jsonw_null(w);
+        str_field(w, "kind", kvr_telemetry_kind_name(q->kind));
+        uint_field(w, "rows", q->n_rows);
+        if (q->last_chunk) {
+            kvr_jsonw_key(w, "last");
+            kvr_jsonw_bool(w, true);
         }
-        push(seqs, so, failed);
+        kvr_jsonw_end(w);
     }
-    put(o, "seqs", seqs, failed);
-    put(o, "seqs_more", json_integer(tr->n_seqs_more), failed);
-    json_t *stages = json_array();
-    for (uint32_t i = 0; stages && i < tr->n_stages; i++)
-        push(stages, time_json(&tr->stage[i]), failed);
-    put(o, "stages", stages, failed);
-    json_t *agents = json_array();
-    for (uint32_t i = 0; agents && i < tr->n_agents; i++) {
+    kvr_jsonw_end(w);
+    uint_field(w, "seqs_more", tr->n_seqs_more);
+    kvr_jsonw_key(w, "stages");
+    kvr_jsonw_arr(w);
+    for (uint32_t i = 0; i < tr->n_stages; i++)
+        time_json(w, &tr->stage[i]);
+    kvr_jsonw_end(w);
+    kvr_jsonw_key(w, "agents");
+    kvr_jsonw_arr(w);
+    for (uint32_t i = 0; i < tr->n_agents; i++) {
         const struct kvr_telemetry_time *tm = &tr->agent[i];
-        push(agents,
-             json_pack("{s:i,s:f,s:f,s:f,s:i}", "agent", (json_int_t)tm->agent, "held_ms",
-                       ms_of(tm->held_ns), "starved_ms", ms_of(tm->starved_ns), "blocked_ms",
-                       ms_of(tm->blocked_ns), "pairs", (json_int_t)tm->pairs),
-             failed);
+        kvr_jsonw_obj(w);
+        uint_field(w, "agent", tm->agent);
+        ms(w, "held_ms", tm->held_ns);
+        ms(w, "starved_ms", tm->starved_ns);
+        ms(w, "blocked_ms", tm->blocked_ns);
+        uint_field(w, "pairs", tm->pairs);
+        kvr_jsonw_end(w);
     }
-    put(o, "agents", agents, failed);
+    kvr_jsonw_end(w);
     if (tr->n_agents_more)
-        put(o, "agents_more", json_integer(tr->n_agents_more), failed);
-    return o;
+        uint_field(w, "agents_more", tr->n_agents_more);
+    kvr_jsonw_end(w);
 }
 
-static json_t *event_json(const struct kvr_telemetry_event *ev, bool *failed)
+static void event_json(struct kvr_jsonw *w, const struct kvr_telemetry_event *ev)
 {
-    json_t *o = json_object();
-    if (!o) {
-        *failed = true;
-        return NULL;
-    }
-    put(o, "t_ms", ms(ev->t_ns), failed);
-    put(o, "type", json_string(kvr_telemetry_event_name(ev->type)), failed);
-    put(o, "stage", ev->stage >= 0 ? json_integer(ev->stage) : json_null(), failed);
-    put(o, "held", json_integer(ev->n_held), failed);
+    kvr_jsonw_obj(w);
+    ms(w, "t_ms", ev->t_ns);
+    str_field(w, "type", kvr_telemetry_event_name(ev->type));
+    kvr_jsonw_key(w, "stage");
+    if (ev->stage >= 0)
+        kvr_jsonw_int(w, ev->stage);
+    else
+        kvr_jsonw_null(w);
+    uint_field(w, "held", ev->n_held);
     if (ev->type == KVR_TELEMETRY_EV_RECOVERED)
-        put(o, "outage_ms", ms(ev->outage_ns), failed);
-    /* A message cut inside a UTF-8 character would make json_string refuse it. */
-    json_t *why = json_string(ev->why);
-    put(o, "why", why ? why : json_string(""), failed);
-    return o;
+        ms(w, "outage_ms", ev->outage_ns);
+    str_field(w, "why", ev->why); /* a message cut inside a character gets U+FFFD */
+    kvr_jsonw_end(w);
 }
 
-static int dump_to_sbuf(const char *buf, size_t size, void *data)
-{
-    struct kvr_sbuf *out = data;
-    kvr_sbuf_append(out, buf, size);
-    return out->failed ? -1 : 0;
-}
-
+/* Written straight into the buffer, not through a DOM: a page asks for up to ten of these
+ * a second, each with up to 64 traces of 64 sequences. */
 int kvr_telemetry_json(const struct kvr_telemetry_snapshot *sn, struct kvr_sbuf *out)
 {
-    bool failed = false;
-    json_t *root = json_object();
-    if (!root) {
-        out->failed = true;
-        return KVR_ENOMEM;
-    }
     const struct kvr_plan_summary *ps = &sn->plan;
-    put(root, "v", json_integer(1), &failed);
-    put(root, "t_ms", ms(sn->now_ns), &failed);
-    put(root, "interval_ms", json_integer(sn->interval_ms), &failed);
-    json_t *ring = json_object();
-    if (ring) {
-        put(ring, "up", json_boolean(sn->stats.ring_up), &failed);
-        put(ring, "epoch", json_integer(ps->epoch), &failed);
-        put(ring, "row_width", json_integer(ps->row_width), &failed);
-        put(ring, "microbatches", json_integer(ps->microbatches), &failed);
-        put(ring, "max_seqs", json_integer(ps->max_seqs), &failed);
-        put(ring, "n_ctx", json_integer(ps->n_ctx), &failed);
-        put(ring, "kv_block_tokens", json_integer(ps->kv_block_tokens), &failed);
-        put(ring, "kv_blocks", json_integer(ps->kv_blocks), &failed);
-        put(ring, "stages", stages_json(sn, &failed), &failed);
-        put(ring, "agents", agents_json(sn, &failed), &failed);
-    }
-    put(root, "ring", ring, &failed);
-    put(root, "sched", sched_json(&sn->stats, &failed), &failed);
-    json_t *batches = json_array();
-    for (uint32_t i = 0; batches && i < sn->n_traces; i++)
-        push(batches, trace_json(&sn->traces[i], &failed), &failed);
-    put(root, "batches", batches, &failed);
-    put(root, "batches_missed", json_integer((json_int_t)sn->traces_missed), &failed);
-    json_t *events = json_array();
-    for (uint32_t i = 0; events && i < sn->n_events; i++)
-        push(events, event_json(&sn->events[i], &failed), &failed);
-    put(root, "events", events, &failed);
-    put(root, "events_missed", json_integer((json_int_t)sn->events_missed), &failed);
-
-    if (!failed &&
-        json_dump_callback(root, dump_to_sbuf, out, JSON_COMPACT | JSON_REAL_PRECISION(15)) != 0)
-        failed = true;
-    json_decref(root);
-    if (failed || out->failed) {
+    struct kvr_jsonw w;
+    kvr_jsonw_init(&w, out);
+    kvr_jsonw_obj(&w);
+    uint_field(&w, "v", 1);
+    ms(&w, "t_ms", sn->now_ns);
+    uint_field(&w, "interval_ms", sn->interval_ms);
+    kvr_jsonw_key(&w, "ring");
+    kvr_jsonw_obj(&w);
+    kvr_jsonw_key(&w, "up");
+    kvr_jsonw_bool(&w, sn->stats.ring_up);
+    uint_field(&w, "epoch", ps->epoch);
+    uint_field(&w, "row_width", ps->row_width);
+    uint_field(&w, "microbatches", ps->microbatches);
+    uint_field(&w, "max_seqs", ps->max_seqs);
+    uint_field(&w, "n_ctx", ps->n_ctx);
+    uint_field(&w, "kv_block_tokens", ps->kv_block_tokens);
+    uint_field(&w, "kv_blocks", ps->kv_blocks);
+    kvr_jsonw_key(&w, "stages");
+    kvr_jsonw_arr(&w);
+    for (uint32_t i = 0; i < ps->n_stages; i++)
+        stage_json(&w, sn, i);
+    kvr_jsonw_end(&w);
+    kvr_jsonw_key(&w, "agents");
+    kvr_jsonw_arr(&w);
+    for (uint32_t i = 0; i < ps->n_agents; i++)
+        agent_json(&w, sn, i);
+    kvr_jsonw_end(&w);
+    kvr_jsonw_end(&w);
+    kvr_jsonw_key(&w, "sched");
+    sched_json(&w, &sn->stats);
+    kvr_jsonw_key(&w, "batches");
+    kvr_jsonw_arr(&w);
+    for (uint32_t i = 0; i < sn->n_traces; i++)
+        trace_json(&w, &sn->traces[i]);
+    kvr_jsonw_end(&w);
+    uint_field(&w, "batches_missed", sn->traces_missed);
+    kvr_jsonw_key(&w, "events");
+    kvr_jsonw_arr(&w);
+    for (uint32_t i = 0; i < sn->n_events; i++)
+        event_json(&w, &sn->events[i]);
+    kvr_jsonw_end(&w);
+    uint_field(&w, "events_missed", sn->events_missed);
+    kvr_jsonw_end(&w);
+    if (w.depth != 0)
         out->failed = true;
-        return KVR_ENOMEM;
-    }
-    return KVR_OK;
+    return out->failed ? KVR_ENOMEM : KVR_OK;
 }
 
 int kvr_telemetry_sse(const struct kvr_telemetry_snapshot *snap, struct kvr_sbuf *out)

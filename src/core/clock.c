@@ -36,3 +36,11 @@ void kvr_sleep_ns(uint64_t ns)
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
 }
+
+uint64_t kvr_thread_cpu_ns(void)
+{
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0)
+        return 0;
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}

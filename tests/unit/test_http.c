@@ -1403,6 +1403,13 @@ static void test_telemetry_streams(void **state)
     request(fx->port, "GET", "/v1/telemetry", AUTH, NULL, 0, &r);
     expect_error(&r, 503, "8 telemetry streams are open already");
     resp_free(&r);
+    /* What the streams cost is counted: their threads' CPU time, above zero by now. */
+    request(fx->port, "GET", "/metrics", AUTH, NULL, 0, &r);
+    static const char cpu_name[] = "kvasir:telemetry_cpu_seconds_total{model_name=\"fake-stories\"} ";
+    const char *cpu = r.body ? strstr(r.body, cpu_name) : NULL;
+    assert_non_null(cpu);
+    assert_true(strtod(cpu + sizeof cpu_name - 1, NULL) > 0);
+    resp_free(&r);
     for (int i = 0; i < 8; i++)
         close(fds[i]);
     /* The server notices within a poll slice or two. */

@@ -274,7 +274,7 @@
     batches: [],         // traces waiting to be drawn, then drawn, oldest first
     pending: [],         // traces received but not yet turned into shapes
     offset: null,        // server ms - performance.now(), smallest seen (least delayed)
-    interval: 100,
+    interval: 250,
     spark: [],           // tokens/s, one per snapshot
     events: [],
     dirtyTables: false,
@@ -309,7 +309,7 @@
       const run = async () => {
         while (!ctl.signal.aborted) {
           try {
-            const resp = await fetch('/v1/telemetry?interval_ms=100',
+            const resp = await fetch('/v1/telemetry?interval_ms=250',
               { headers: authHeaders({ Accept: 'text/event-stream' }), signal: ctl.signal, cache: 'no-store' });
             if (resp.status === 401) {
               setRingState('API key needed', 'down');
