@@ -888,7 +888,7 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
     struct tspec *specs = kvr_malloc(max_tensors(s) * sizeof *specs);
     struct fill_ctx *ctxs = kvr_malloc(max_tensors(s) * sizeof *ctxs);
     int64_t q_dim = (int64_t)hparams_of(opts).q_dim;
-    int64_t max_ne0 = s->dim > s->ff ? 2 * (int64_t)s->dim : s->ff; /* NextN's eh_proj */
+    int64_t max_ne0 = 2 * (int64_t)s->dim > s->ff ? 2 * (int64_t)s->dim : s->ff; /* eh_proj */
     max_ne0 = q_dim > max_ne0 ? q_dim : max_ne0;
     max_ne0 = s->expert_ff > max_ne0 ? s->expert_ff : max_ne0;
     max_ne0 = s->shared_ff > max_ne0 ? s->shared_ff : max_ne0;

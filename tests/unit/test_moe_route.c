@@ -15,6 +15,8 @@
 #include "model/gguf_write.h"
 #include "model/moe.h"
 #include "model/moe_route.h"
+#include "model/synth.h"
+#include "ring/propose.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -319,6 +321,70 @@ static void test_layer_against_reference(void **state)
     free(buf);
 }
 
+/* ---- glm4moe: leading dense layers, NextN blocks outside the plan --------------------- */
+
+static void test_glm4moe_layout(void **state)
+{
+    (void)state;
+    struct kvr_synth_opts o = {
+        .arch = kvr_arch_find("glm4moe", 7), .type = KVR_DTYPE_F32, .seed = 1, .n_threads = 1};
+    o.shape = (struct kvr_synth_shape){.name = "x",
+                                       .n_layers = 4,
+                                       .dim = 64,
+                                       .ff = 96,
+                                       .n_heads = 4,
+                                       .n_kv_heads = 2,
+                                       .vocab_size = 300,
+                                       .ctx = 64,
+                                       .rope_base = 10000.0f,
+                                       .rms_eps = 1e-5f,
+                                       .n_expert = 8,
+                                       .n_expert_used = 2,
+                                       .expert_ff = 32,
+                                       .n_shared_exp = 2,
+                                       .n_dense_lead = 1,
+                                       .rope_dim = 8,
+                                       .n_nextn = 1};
+    assert_non_null(o.arch);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    struct kvr_err err = {0};
+    if (kvr_synth_write(&o, f, NULL, &err))
+        fail_msg("synth: %s", err.msg);
+    assert_int_equal(fclose(f), 0);
+    struct kvr_gguf *g = NULL;
+    assert_int_equal(kvr_gguf_open_mem(&g, buf, len, &err), 0);
+    struct kvr_hparams hp;
+    if (kvr_hparams_read(&hp, g, &err))
+        fail_msg("hparams: %s", err.msg);
+    assert_int_equal(hp.n_layer, 4); /* block_count 5, less the NextN block */
+    assert_int_equal(hp.n_nextn, 1);
+    assert_int_equal(hp.n_rot, 8);
+    assert_int_equal(hp.moe.n_ff_shexp, 64);
+    assert_false(kvr_hparams_layer_moe(&hp, 0));
+    assert_true(kvr_hparams_layer_moe(&hp, 1));
+    assert_true(kvr_hparams_layer_has(&hp, 0, KVR_LT_FFN_GATE));
+    assert_false(kvr_hparams_layer_has(&hp, 1, KVR_LT_FFN_GATE));
+    assert_non_null(kvr_gguf_find_tensor(g, "blk.0.ffn_gate.weight"));
+    assert_null(kvr_gguf_find_tensor(g, "blk.0.ffn_gate_inp.weight"));
+    assert_non_null(kvr_gguf_find_tensor(g, "blk.1.exp_probs_b.bias"));
+    assert_null(kvr_gguf_find_tensor(g, "blk.1.ffn_gate_inp_shexp.weight"));
+    assert_non_null(kvr_gguf_find_tensor(g, "blk.4.nextn.eh_proj.weight"));
+    assert_non_null(kvr_gguf_find_tensor(g, "blk.4.ffn_gate_exps.weight"));
+    assert_non_null(kvr_gguf_find_tensor(g, "blk.1.post_attention_norm.weight"));
+    assert_null(kvr_gguf_find_tensor(g, "blk.1.ffn_norm.weight"));
+
+    /* the plan splits the 4 layers that run; the NextN block is no stage's */
+    struct kvr_plan plan;
+    struct kvr_plan_spec spec = {.n_stages = 2, .model_path = "x.gguf"};
+    if (kvr_plan_propose(&plan, g, &spec, &err))
+        fail_msg("propose: %s", err.msg);
+    assert_int_equal(plan.stages[1].last_layer, 3);
+    kvr_gguf_close(g);
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -327,6 +393,7 @@ int main(void)
         cmocka_unit_test(test_groups),
         cmocka_unit_test(test_keys),
         cmocka_unit_test(test_layer_against_reference),
+        cmocka_unit_test(test_glm4moe_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
