@@ -22,6 +22,9 @@
  * | phi3   | fused attn_qkv, fused gate|up in ffn_up | SiLU  | neox   |                       |
  * | qwen3moe | qwen3's, experts instead of ffn_*     | SiLU  | neox   | softmax, top-k normed |
  * | qwen2moe | qwen2's, experts + a shared expert    | SiLU  | neox   | softmax, not normed   |
+ * | glm4moe  | q/k/v biases, optional q/k norms, the  | SiLU  | neox,  | sigmoid + bias, norm, |
+ * |          | ffn norm post_attention_norm, experts  |       | partial| scale; leading dense, |
+ * |          | + ungated shared, leading dense layers |       |        | NextN blocks not run  |
  *
  * Mixture-of-experts layers (model/moe.h) replace the dense ffn_gate/up/down with a router
  * and experts; the arch row gives the gating and whether the architecture always has them
@@ -96,6 +99,14 @@ struct kvr_arch {
     enum kvr_moe_gating moe_gating; /* how router logits become routing weights */
     bool moe_norm;                  /* SOFTMAX gating: renormalise the selected weights */
     bool moe_shared;                /* layers also have a shared expert */
+    bool moe_v3;                    /* DeepSeek-V3-style routing and its keys: gating func,
+                                       weights norm and scale, groups, an ungated shared
+                                       expert, leading dense layers (model/moe_route.h) */
+    uint8_t moe_bias;               /* enum kvr_moe_bias: MoE layers' exp_probs_b.bias */
+    const char *ffn_norm_name;      /* the pre-feed-forward norm's tensor when it is not
+                                       ffn_norm.weight (glm4moe: post_attention_norm.weight) */
+    bool nextn;                     /* reads ARCH.nextn_predict_layers: the file's last blocks
+                                       are NextN/MTP layers, checked and never run */
 };
 
 /* The table's row for an architecture name (len bytes, not NUL-terminated), or NULL. */
@@ -106,13 +117,16 @@ const struct kvr_arch *kvr_arch_at(int i);
 const char *kvr_arch_list(void);
 /* "attn_q.weight" and so on. */
 const char *kvr_lt_name(enum kvr_lt t);
+/* The name of tensor t in architecture a's files (kvr_lt_name unless the row renames it). */
+const char *kvr_arch_lt_name(const struct kvr_arch *a, enum kvr_lt t);
 
 /* Hyperparameters of a model, from the GGUF keys `ARCH.*` and the embedding's shape. */
 struct kvr_hparams {
     const struct kvr_arch *arch;
-    uint32_t n_layer;
-    uint32_t n_embd; /* model width (dim) */
-    uint32_t n_ff;   /* feed-forward width */
+    uint32_t n_layer; /* layers that run: block_count less the NextN layers */
+    uint32_t n_nextn; /* NextN/MTP blocks after them (blk.n_layer .. n_layer + n_nextn - 1) */
+    uint32_t n_embd;  /* model width (dim) */
+    uint32_t n_ff;    /* feed-forward width */
     uint32_t n_head;
     uint32_t n_head_kv;
     uint32_t head_dim; /* attention.key_length, default n_embd / n_head */
@@ -143,6 +157,13 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
 /* Does a layer of this model have tensor t? The arch's `has`, less the dense feed-forward
  * of a mixture-of-experts model (whose expert tensors moe.h views). */
 bool kvr_hparams_has(const struct kvr_hparams *hp, enum kvr_lt t);
+
+/* Is layer il a mixture of experts (a MoE model past its leading dense layers)? */
+bool kvr_hparams_layer_moe(const struct kvr_hparams *hp, uint32_t il);
+
+/* Does layer il have tensor t? kvr_hparams_has, except that the leading dense layers of a
+ * MoE model (moe.n_dense_lead) have the dense feed-forward. */
+bool kvr_hparams_layer_has(const struct kvr_hparams *hp, uint32_t il, enum kvr_lt t);
 
 /* Does layer il use the sliding window? */
 bool kvr_hparams_layer_swa(const struct kvr_hparams *hp, uint32_t il);

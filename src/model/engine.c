@@ -22,6 +22,7 @@
 #include "model/kv.h"
 #include "model/matmul_pool.h"
 #include "model/moe.h"
+#include "model/nextn.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -129,9 +130,9 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
                                         [KVR_LT_FFN_POST_NORM] = &l->ffn_post_norm};
     char name[96];
     for (int t = 0; t < KVR_LT_COUNT; t++) {
-        if (!kvr_hparams_has(hp, (enum kvr_lt)t))
+        if (!kvr_hparams_layer_has(hp, il, (enum kvr_lt)t))
             continue;
-        snprintf(name, sizeof name, "blk.%u.%s", il, kvr_lt_name((enum kvr_lt)t));
+        snprintf(name, sizeof name, "blk.%u.%s", il, kvr_arch_lt_name(a, (enum kvr_lt)t));
         if ((a->optional & KVR_LT_BIT(t)) && !kvr_gguf_find_tensor(g, name))
             continue;
         int64_t ne0, ne1;
@@ -141,6 +142,11 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
         if (rc)
             return rc;
     }
+    if (!l->q_norm != !l->k_norm) /* optional (glm4moe), but as a pair */
+        return kvr_err_set(err, KVR_EFORMAT,
+                           "model: layer %u has only one of attn_q_norm and "
+                           "attn_k_norm",
+                           il);
     if (qkv.data) {
         l->wq = sub_rows(&qkv, 0, hp->q_dim);
         l->wk = sub_rows(&qkv, hp->q_dim, hp->kv_dim);
@@ -153,7 +159,8 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
         l->w_up = up;
     }
     int rc;
-    if (hp->moe.n_expert && (rc = kvr_moe_layer_view(&l->moe, g, il, hp->n_embd, &hp->moe, err)))
+    if (kvr_hparams_layer_moe(hp, il) &&
+        (rc = kvr_moe_layer_view(&l->moe, g, il, hp->n_embd, &hp->moe, err)))
         return rc;
     l->swa = kvr_hparams_layer_swa(hp, il);
     l->rope_base = l->swa ? hp->rope_base_swa : hp->rope_freq_base;
@@ -374,6 +381,12 @@ static int engine_views(struct kvr_engine **out, const struct kvr_gguf *g,
     for (uint32_t i = 0; i < e->n_local; i++)
         if ((rc = view_layer(g, hp, cfg->first_layer + i, &e->layers[i], err)))
             goto fail;
+    for (uint32_t j = 0; j < hp->n_nextn; j++) { /* checked as llama.cpp does, never run */
+        struct layer nextn = {0};
+        if ((rc = view_layer(g, hp, hp->n_layer + j, &nextn, err)) ||
+            (rc = kvr_nextn_check(g, hp, hp->n_layer + j, err)))
+            goto fail;
+    }
     if (kvr_engine_is_head(e) &&
         (rc = view_matrix(g, "token_embd.weight", hp->n_embd, hp->n_vocab, &e->tok_embd, err)))
         goto fail;
@@ -952,7 +965,7 @@ static void attention_block(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
 static void ffn_block(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
 {
     const struct layer *l = &e->layers[il];
-    if (e->moe) { /* router, experts, fixed-order combine (model/moe.h) */
+    if (e->moe && l->moe.router.data) { /* router, experts, fixed-order combine (moe.h) */
         if (e->moe_dispatch)
             kvr_moe_forward_dispatch(e->moe, &l->moe, e->cfg.first_layer + il, e->xb, n_rows,
                                      e->proj, e->pool, e->moe_dispatch, e->moe_dispatch_ctx);

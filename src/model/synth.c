@@ -7,6 +7,7 @@
 #include "core/alloc.h"
 #include "core/pool.h"
 #include "model/dtype.h"
+#include "model/nextn.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -19,9 +20,55 @@
 /* ---- shapes ------------------------------------------------------------------------ */
 
 static const struct kvr_synth_shape named_shapes[] = {
-    {"tinyllama-1.1b", 22, 2048, 5632, 32, 4, 32000, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0},
-    {"ring-45", 45, 256, 768, 8, 4, 4096, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0},
-    {"tiny", 4, 64, 192, 4, 2, 512, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0},
+    {.name = "tinyllama-1.1b",
+     .n_layers = 22,
+     .dim = 2048,
+     .ff = 5632,
+     .n_heads = 32,
+     .n_kv_heads = 4,
+     .vocab_size = 32000,
+     .ctx = 2048,
+     .rope_base = 10000.0f,
+     .rms_eps = 1e-5f},
+    {.name = "ring-45",
+     .n_layers = 45,
+     .dim = 256,
+     .ff = 768,
+     .n_heads = 8,
+     .n_kv_heads = 4,
+     .vocab_size = 4096,
+     .ctx = 2048,
+     .rope_base = 10000.0f,
+     .rms_eps = 1e-5f},
+    {.name = "tiny",
+     .n_layers = 4,
+     .dim = 64,
+     .ff = 192,
+     .n_heads = 4,
+     .n_kv_heads = 2,
+     .vocab_size = 512,
+     .ctx = 512,
+     .rope_base = 10000.0f,
+     .rms_eps = 1e-5f},
+    {.name = "glm4.5-air-lite",
+     .n_layers = 16,
+     .dim = 1024,
+     .ff = 2816,
+     .n_heads = 16,
+     .n_kv_heads = 2,
+     .vocab_size = 32000,
+     .ctx = 4096,
+     .rope_base = 1000000.0f,
+     .rms_eps = 1e-5f,
+     .head_dim = 128,
+     .n_expert = 64,
+     .n_expert_used = 8,
+     .expert_ff = 352,
+     .n_shared_exp = 1,
+     .n_dense_lead = 1,
+     .w_scale = 1.0f,
+     .rope_dim = 64,
+     .n_nextn = 1},
 };
 #define N_NAMED_SHAPES ((int)(sizeof named_shapes / sizeof named_shapes[0]))
 
@@ -59,6 +106,9 @@ int kvr_synth_check_shape(const struct kvr_synth_shape *s, struct kvr_err *err)
         (rc = check_range("ctx", s->ctx, 1, 1 << 24, err)))
         return rc;
     if ((rc = check_range("head-dim", s->head_dim, 0, 1024, err)) ||
+        (rc = check_range("nextn", s->n_nextn, 0, 8, err)) ||
+        (rc = check_range("rope-dim", s->rope_dim, 0,
+                          s->head_dim ? s->head_dim : s->dim / s->n_heads, err)) ||
         (rc = check_range("swa", s->n_swa, 0, 1 << 24, err)))
         return rc;
     if (!s->head_dim && s->dim % s->n_heads)
@@ -78,8 +128,18 @@ int kvr_synth_check_shape(const struct kvr_synth_shape *s, struct kvr_err *err)
          (rc = check_range("experts-used", s->n_expert_used, 1,
                            s->n_expert < KVR_MOE_MAX_USED ? s->n_expert : KVR_MOE_MAX_USED, err)) ||
          (rc = check_range("expert-ff", s->expert_ff, 0, 1 << 18, err)) ||
-         (rc = check_range("shared-ff", s->shared_ff, 0, 1 << 18, err))))
+         (rc = check_range("shared-ff", s->shared_ff, 0, 1 << 18, err)) ||
+         (rc = check_range("shared-experts", s->n_shared_exp, 0, 64, err)) ||
+         (rc = check_range("dense-layers", s->n_dense_lead, 0, s->n_layers - 1, err)) ||
+         (rc = check_range("expert-groups", s->n_group, 0, s->n_expert / 2, err))))
         return rc;
+    if (s->n_expert && s->n_group > 1 &&
+        (s->n_expert % s->n_group || s->n_group_used < 1 || s->n_group_used > s->n_group ||
+         s->n_expert_used > s->n_group_used * (s->n_expert / s->n_group)))
+        return kvr_err_set(err, KVR_EINVAL,
+                           "shape: %d expert groups, %d used, must divide %d experts and hold "
+                           "the %d used",
+                           s->n_group, s->n_group_used, s->n_expert, s->n_expert_used);
     return 0;
 }
 
@@ -93,6 +153,7 @@ enum role {
     ROLE_ROUTER,   /* ffn_gate_inp: row e one-hot on reserved perm(e), value `gain` */
     ROLE_ZERO_OUT, /* output rows (row % ne1) < reserved are zero */
     ROLE_NORM_ONE, /* ffn_norm: exactly 1 on the reserved coordinates */
+    ROLE_BIAS,     /* exp_probs_b: 2 u_e, u from groups (synth.h); ne[1] = n_group */
     ROLE_COUNT
 };
 
@@ -159,6 +220,26 @@ static void draw_perm(uint64_t st, uint32_t *perm, uint32_t n)
     }
 }
 
+/* exp_probs_b's 2 u_e (synth.h): t->reserved experts in t->gain groups (0: none). */
+static void selection_bias(const struct tspec *t, float *dst)
+{
+    uint32_t perm[KVR_MOE_MAX_EXPERTS], n = t->reserved, n_group = (uint32_t)t->gain;
+    draw_perm(t->stream, perm, n_group > 1 ? n_group : n);
+    if (n_group <= 1) {
+        for (uint32_t e = 0; e < n; e++)
+            dst[e] = perm[e] < n / 2 ? 2.0f : 0.0f;
+        return;
+    }
+    uint32_t per = n / n_group;
+    for (uint32_t e = 0; e < n; e++) {
+        uint32_t rank = perm[e / per];
+        float u = (float)rank;
+        if (rank == 0) /* the decoy group */
+            u = e % per == 0 ? (float)n_group : -2.0f * (float)n_group;
+        dst[e] = 2.0f * u;
+    }
+}
+
 /* The routing design of MoE models (synth.h) over a row's random values. */
 static void apply_role(const struct tspec *t, int64_t row, float *dst)
 {
@@ -181,6 +262,9 @@ static void apply_role(const struct tspec *t, int64_t row, float *dst)
     case ROLE_NORM_ONE:
         for (uint32_t i = 0; i < r; i++)
             dst[i] = 1.0f;
+        break;
+    case ROLE_BIAS:
+        selection_bias(t, dst);
         break;
     default:
         break;
@@ -264,7 +348,8 @@ static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
     hp.head_dim = (uint32_t)(s->head_dim ? s->head_dim : s->dim / s->n_heads);
     hp.q_dim = hp.n_head * hp.head_dim;
     hp.kv_dim = hp.n_head_kv * hp.head_dim;
-    hp.n_rot = hp.head_dim;
+    hp.n_rot = s->rope_dim ? (uint32_t)s->rope_dim : hp.head_dim;
+    hp.n_nextn = hp.arch->nextn ? (uint32_t)s->n_nextn : 0;
     if (s->n_expert > 0) {
         hp.moe.n_expert = (uint32_t)s->n_expert;
         hp.moe.n_used = (uint32_t)s->n_expert_used;
@@ -273,13 +358,22 @@ static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
                                 ? (uint32_t)(s->shared_ff ? s->shared_ff : (int)hp.moe.n_ff_exp)
                                 : 0;
     }
+    if (s->n_expert > 0 && hp.arch->moe_v3) {
+        hp.moe.n_ff_shexp = (uint32_t)s->n_shared_exp * hp.moe.n_ff_exp;
+        hp.moe.shared_plain = true;
+        hp.moe.n_dense_lead = (uint32_t)s->n_dense_lead;
+        hp.moe.n_group = s->n_group > 1 ? (uint32_t)s->n_group : 0;
+        hp.moe.n_group_used = s->n_group > 1 ? (uint32_t)s->n_group_used : 0;
+        hp.moe.probs_bias = hp.arch->moe_bias != 0;
+    }
     return hp;
 }
 
 /* Most tensors a model of these options has. */
 static size_t max_tensors(const struct kvr_synth_shape *s)
 {
-    return (size_t)s->n_layers * (KVR_LT_COUNT + 8) + 4; /* + router, experts, shared */
+    /* + router, experts, shared, bias, NextN's own */
+    return (size_t)(s->n_layers + s->n_nextn) * (KVR_LT_COUNT + 16) + 4;
 }
 
 /* A MoE layer's router, experts and shared expert (synth.h: the routing design). */
@@ -309,10 +403,18 @@ static int64_t add_moe_specs(struct tspec *out, const struct kvr_hparams *hp, ui
         }
         n++;
     }
-    if (sh) {
+    if (mp->probs_bias) {
+        add_spec(&out[n], NAME("exp_probs_b.bias"), mp->n_expert, 0, KVR_DTYPE_F32, 0, seed);
+        out[n].role = ROLE_BIAS;
+        out[n].reserved = mp->n_expert;
+        out[n++].gain = (float)mp->n_group;
+    }
+    if (sh && !mp->shared_plain) {
         add_spec(&out[n], NAME("ffn_gate_inp_shexp.weight"), d, 0, KVR_DTYPE_F32, 0, seed);
         out[n].hi = 1.7320508f / sqrtf((float)d); /* a gate around sigmoid(0), not a norm */
         out[n++].lo = -1.7320508f / sqrtf((float)d);
+    }
+    if (sh) {
         add_spec(&out[n++], NAME("ffn_gate_shexp.weight"), d, sh, type, 1.0f / sqrtf((float)d),
                  seed);
         add_spec(&out[n++], NAME("ffn_up_shexp.weight"), d, sh, type, 1.0f / sqrtf((float)d), seed);
@@ -325,20 +427,74 @@ static int64_t add_moe_specs(struct tspec *out, const struct kvr_hparams *hp, ui
     return n;
 }
 
+/* Layer l's tensors (the table's, then any experts); returns how many. */
+static int64_t add_layer_specs(struct tspec *out, const struct kvr_synth_opts *o,
+                               const struct kvr_hparams *hp, uint32_t l, float s_res)
+{
+    const struct kvr_arch *a = hp->arch;
+    int64_t n = 0;
+    char name[48];
+    for (int t = 0; t < KVR_LT_COUNT; t++) {
+        uint32_t bit = KVR_LT_BIT(t);
+        bool opt_written =
+            o->qk_norm && (bit & (KVR_LT_BIT(KVR_LT_ATTN_Q_NORM) | KVR_LT_BIT(KVR_LT_ATTN_K_NORM)));
+        if (!kvr_hparams_layer_has(hp, l, (enum kvr_lt)t) || ((a->optional & bit) && !opt_written))
+            continue;
+        int64_t ne0, ne1;
+        kvr_lt_shape(hp, (enum kvr_lt)t, &ne0, &ne1);
+        snprintf(name, sizeof name, "blk.%u.%s", l, kvr_arch_lt_name(a, (enum kvr_lt)t));
+        float std = 1.0f / sqrtf((float)ne0);
+        if (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_DOWN)
+            std *= s_res;
+        add_spec(&out[n], name, ne0, ne1, o->type, std, o->seed);
+        if (t == KVR_LT_ATTN_POST_NORM || t == KVR_LT_FFN_POST_NORM) {
+            out[n].lo = 0.2f;
+            out[n].hi = 0.3f;
+        }
+        if (t == KVR_LT_ATTN_Q_BIAS || t == KVR_LT_ATTN_K_BIAS || t == KVR_LT_ATTN_V_BIAS) {
+            out[n].hi = 0.3f * 1.7320508f;
+            out[n].lo = -out[n].hi;
+        }
+        if (hp->moe.n_expert &&
+            (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_DOWN || t == KVR_LT_FFN_NORM)) {
+            out[n].role = t == KVR_LT_FFN_NORM ? ROLE_NORM_ONE : ROLE_ZERO_OUT;
+            out[n].reserved = hp->moe.n_expert;
+        }
+        n++;
+    }
+    if (kvr_hparams_layer_moe(hp, l))
+        n += add_moe_specs(out + n, hp, l, o->type, o->seed, s_res);
+    return n;
+}
+
+/* A NextN block's own tensors (model/nextn.h), every one of them. */
+static int64_t add_nextn_specs(struct tspec *out, const struct kvr_hparams *hp, uint32_t l,
+                               int type, uint64_t seed)
+{
+    int64_t n = 0, ne0, ne1;
+    char name[64];
+    const char *suffix;
+    for (int i = 0; (suffix = kvr_nextn_tensor(hp, i, &ne0, &ne1)); i++) {
+        snprintf(name, sizeof name, "blk.%u.%s", l, suffix);
+        add_spec(&out[n++], name, ne0, ne1, type, 1.0f / sqrtf((float)ne0), seed);
+    }
+    return n;
+}
+
 /* The model's tensors in file order; returns how many. */
 static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct tspec *out)
 {
-    const struct kvr_hparams hp = hparams_of(o);
+    struct kvr_hparams hp = hparams_of(o);
     const struct kvr_arch *a = hp.arch;
     int type = o->type;
     uint64_t seed = o->seed;
     int64_t n = 0, dim = hp.n_embd;
+    hp.n_vocab = (uint32_t)vocab;
     float s_res = 1.0f / sqrtf(2.0f * (float)hp.n_layer); /* for the residual branches */
     if (is_tied(o) && !a->embd_scale) /* the stream starts 1/sqrt(dim) smaller: keep the
                                          branches in proportion */
         s_res /= sqrtf((float)dim);
     float logit = o->logit_scale > 0.0f ? o->logit_scale : 1.0f;
-    char name[48];
     /* Tied embeddings are also the output head, so they are drawn at its scale
      * 1/sqrt(dim) (as in real checkpoints; at 1 the input token's own logit would be about
      * dim). Gemma's, scaled by sqrt(dim) in the model, are then O(1) like a block's output. */
@@ -354,34 +510,10 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
         add_spec(&out[n], "rope_freqs.weight", hp.n_rot / 2, 0, type, 0, seed);
         out[n++].rope_base = o->shape.rope_base;
     }
-    for (uint32_t l = 0; l < hp.n_layer; l++) {
-        for (int t = 0; t < KVR_LT_COUNT; t++) {
-            uint32_t bit = KVR_LT_BIT(t);
-            if (!kvr_hparams_has(&hp, (enum kvr_lt)t) || (a->optional & bit))
-                continue;
-            int64_t ne0, ne1;
-            kvr_lt_shape(&hp, (enum kvr_lt)t, &ne0, &ne1);
-            snprintf(name, sizeof name, "blk.%u.%s", l, kvr_lt_name((enum kvr_lt)t));
-            float std = 1.0f / sqrtf((float)ne0);
-            if (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_DOWN)
-                std *= s_res;
-            add_spec(&out[n], name, ne0, ne1, type, std, seed);
-            if (t == KVR_LT_ATTN_POST_NORM || t == KVR_LT_FFN_POST_NORM) {
-                out[n].lo = 0.2f;
-                out[n].hi = 0.3f;
-            }
-            if (t == KVR_LT_ATTN_Q_BIAS || t == KVR_LT_ATTN_K_BIAS || t == KVR_LT_ATTN_V_BIAS) {
-                out[n].hi = 0.3f * 1.7320508f;
-                out[n].lo = -out[n].hi;
-            }
-            if (hp.moe.n_expert && (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_NORM)) {
-                out[n].role = t == KVR_LT_ATTN_OUT ? ROLE_ZERO_OUT : ROLE_NORM_ONE;
-                out[n].reserved = hp.moe.n_expert;
-            }
-            n++;
-        }
-        if (hp.moe.n_expert)
-            n += add_moe_specs(out + n, &hp, l, type, seed, s_res);
+    for (uint32_t l = 0; l < hp.n_layer + hp.n_nextn; l++) {
+        n += add_layer_specs(out + n, o, &hp, l, s_res);
+        if (l >= hp.n_layer)
+            n += add_nextn_specs(out + n, &hp, l, type, seed);
     }
     add_spec(&out[n], "output_norm.weight", dim, 0, type, 0, seed);
     out[n].lo *= logit; /* scales every logit, tied or not */
@@ -640,6 +772,22 @@ static void add_arch_f32(struct kvr_gguf_writer *w, const char *arch, const char
     kvr_gguf_writer_add_f32(w, key, v);
 }
 
+/* The keys of DeepSeek-V3-style routing (model/moe_route.h). */
+static void add_v3_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_shape *s, const char *a)
+{
+    char key[96];
+    add_arch_u32(w, a, "expert_shared_count", (uint32_t)s->n_shared_exp);
+    add_arch_u32(w, a, "leading_dense_block_count", (uint32_t)s->n_dense_lead);
+    add_arch_u32(w, a, "expert_gating_func", 2); /* sigmoid */
+    snprintf(key, sizeof key, "%s.expert_weights_norm", a);
+    kvr_gguf_writer_add_bool(w, key, true);
+    add_arch_f32(w, a, "expert_weights_scale", s->w_scale > 0.0f ? s->w_scale : 1.0f);
+    if (s->n_group > 1) {
+        add_arch_u32(w, a, "expert_group_count", (uint32_t)s->n_group);
+        add_arch_u32(w, a, "expert_group_used_count", (uint32_t)s->n_group_used);
+    }
+}
+
 static void add_model_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts *o, int vocab,
                           uint32_t file_type)
 {
@@ -654,7 +802,9 @@ static void add_model_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts
     kvr_gguf_writer_add_u32(w, "general.file_type", file_type);
     add_arch_u32(w, a, "context_length", (uint32_t)s->ctx);
     add_arch_u32(w, a, "embedding_length", (uint32_t)s->dim);
-    add_arch_u32(w, a, "block_count", (uint32_t)s->n_layers);
+    add_arch_u32(w, a, "block_count", hp.n_layer + hp.n_nextn);
+    if (hp.arch->nextn)
+        add_arch_u32(w, a, "nextn_predict_layers", hp.n_nextn);
     add_arch_u32(w, a, "feed_forward_length", (uint32_t)s->ff);
     add_arch_u32(w, a, "attention.head_count", (uint32_t)s->n_heads);
     add_arch_u32(w, a, "attention.head_count_kv", (uint32_t)s->n_kv_heads);
@@ -682,9 +832,11 @@ static void add_model_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts
         add_arch_u32(w, a, "expert_used_count", hp.moe.n_used);
         if (strcmp(a, "llama")) /* Mixtral-style files size experts by feed_forward_length */
             add_arch_u32(w, a, "expert_feed_forward_length", hp.moe.n_ff_exp);
-        if (hp.moe.n_ff_shexp)
+        if (hp.moe.n_ff_shexp && !hp.arch->moe_v3)
             add_arch_u32(w, a, "expert_shared_feed_forward_length", hp.moe.n_ff_shexp);
     }
+    if (hp.moe.n_expert && hp.arch->moe_v3)
+        add_v3_kvs(w, s, a);
     add_arch_u32(w, a, "vocab_size", (uint32_t)vocab);
 }
 
@@ -719,6 +871,10 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
                            s->ff, s->expert_ff);
     if (opts->n_threads < 1)
         return kvr_err_set(err, KVR_EINVAL, "n_threads must be >= 1");
+    if ((s->n_nextn && !arch->nextn) ||
+        (opts->qk_norm && !(arch->optional & KVR_LT_BIT(KVR_LT_ATTN_Q_NORM))))
+        return kvr_err_set(err, KVR_EINVAL, "architecture %s has no optional %s", arch->name,
+                           s->n_nextn ? "NextN layers" : "q/k norms");
     if (s->n_swa && !arch_of(opts)->sliding)
         return kvr_err_set(err, KVR_EINVAL, "architecture %s has no sliding window",
                            arch_of(opts)->name);
@@ -732,10 +888,12 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
     struct tspec *specs = kvr_malloc(max_tensors(s) * sizeof *specs);
     struct fill_ctx *ctxs = kvr_malloc(max_tensors(s) * sizeof *ctxs);
     int64_t q_dim = (int64_t)hparams_of(opts).q_dim;
-    int64_t max_ne0 = s->dim > s->ff ? s->dim : s->ff;
+    int64_t max_ne0 = 2 * (int64_t)s->dim > s->ff ? 2 * (int64_t)s->dim : s->ff; /* eh_proj */
     max_ne0 = q_dim > max_ne0 ? q_dim : max_ne0;
     max_ne0 = s->expert_ff > max_ne0 ? s->expert_ff : max_ne0;
     max_ne0 = s->shared_ff > max_ne0 ? s->shared_ff : max_ne0;
+    int64_t shexp = (int64_t)hparams_of(opts).moe.n_ff_shexp;
+    max_ne0 = shexp > max_ne0 ? shexp : max_ne0;
     float *scratch = kvr_malloc((size_t)opts->n_threads * (size_t)max_ne0 * sizeof(float));
     struct kvr_pool *pool = kvr_pool_create(opts->n_threads);
     if (!w || !specs || !ctxs || !scratch || !pool) {

@@ -50,6 +50,21 @@
  * engine's rounding, routing weights like 0.7 / 0.3 for the top two, and each layer
  * routing a token to different experts (perm_l differs per layer).
  *
+ * DeepSeek-V3-style routing (moe_v3 architectures): sigmoid gating with expert_weights_norm
+ * true, the shape's scale, shared expert count, leading dense layers (their dense
+ * ffn_down also leaves the reserved coordinates alone) and expert groups. The selection
+ * bias exp_probs_b keeps routing decided by wide margins: expert e's bias is 2 u_e with an
+ * integer u_e, so selection is by u first and by the probability (in (0, 1)) within equal
+ * u. Without groups u_e is 1 for half the experts (a permutation per layer), else 0. With
+ * groups, group g's experts all have u = its rank r_g (a permutation per layer), so the
+ * groups' top-2 sums are 4 r_g apart; one "decoy" group of the lowest rank gives its first
+ * expert u = n_group (the best score of all) and the others u = -2 n_group, so its top-2
+ * sum is last and the decoy is chosen only if groups were not applied.
+ *
+ * NextN (glm4moe): n_nextn blocks after the n_layers, each a MoE layer's tensors and
+ * model/nextn.h's, block_count n_layers + n_nextn. A shape's rope_dim < head width writes
+ * a partial rotary rope.dimension_count.
+ *
  * Types: a matrix whose ne[0] is not a multiple of the chosen type's block (e.g. dim 64 for
  * Q4_K's 256-element blocks) falls back to Q8_0, or to F16 if ne[0] is not a multiple of 32.
  *
@@ -93,6 +108,14 @@ struct kvr_synth_shape {
     int n_expert_used; /* experts per token row */
     int expert_ff;     /* one expert's hidden width (0: ff); llama files use ff */
     int shared_ff;     /* qwen2moe's shared expert width (0: expert_ff) */
+    /* DeepSeek-V3-style routing (architectures with moe_v3: model/moe_route.h) */
+    int n_shared_exp; /* expert_shared_count (0: none) */
+    int n_dense_lead; /* leading_dense_block_count */
+    int n_group;      /* expert_group_count (0: no groups) */
+    int n_group_used; /* expert_group_used_count */
+    float w_scale;    /* expert_weights_scale (0: 1) */
+    int rope_dim;     /* rope.dimension_count (0: the head width; less: partial rotary) */
+    int n_nextn;      /* NextN blocks after the n_layers (glm4moe's nextn_predict_layers) */
 };
 
 /* Named shapes:
@@ -101,7 +124,11 @@ struct kvr_synth_shape {
  *                   narrow: many layers to split across ring stages, cheap per layer; the
  *                   4096-piece vocab lets the built-in tokenizer merge real words)
  *   tiny            4 layers, dim 64, ff 192, 4/2 heads, vocab 512, ctx 512 (fast tests)
- * All use rope base 10000 and rms epsilon 1e-5. KVR_ENOTFOUND for an unknown name. */
+ *   glm4.5-air-lite GLM-4.5-Air's layout at a sixth of its depth and a quarter of its width
+ *                   (--arch glm4moe): 16 layers + 1 NextN, dim 1024, 16/2 heads of 128 with
+ *                   RoPE on 64, 1 dense layer (ff 2816), 64 experts of 352 top-8 + 1
+ *                   shared, vocab 32000, rope base 1e6
+ * The others use rope base 10000; all rms epsilon 1e-5. KVR_ENOTFOUND for an unknown name. */
 int kvr_synth_shape_by_name(const char *name, struct kvr_synth_shape *out);
 /* Name of the i-th named shape, NULL past the end (for --help). */
 const char *kvr_synth_shape_name(int i);
@@ -113,6 +140,7 @@ struct kvr_synth_opts {
     bool tied;                   /* no output.weight: the head reads token_embd */
     bool rope_freqs;             /* llama: write rope_freqs.weight (Llama 3.1 factors) */
     float rope_scale;            /* llama: linear rope scaling factor (0 or 1: none) */
+    bool qk_norm;                /* write the optional per-head q/k norms (glm4moe) */
     int type;                    /* enum kvr_dtype of the matrices: F32, F16, Q8_0, Q4_0,
                                     Q4_K (or any type with from_float) */
     uint64_t seed;
