@@ -56,7 +56,14 @@ static void usage(FILE *f)
                "  --experts N --experts-used K --expert-ff N --shared-ff N\n"
                "                     a mixture of experts, each ff wide unless --expert-ff\n"
                "                     (llama: Mixtral-style). Defaults: mixtral and qwen2moe\n"
-               "                     8 experts, top-2; qwen3moe 16, top-4\n");
+               "                     8 experts, top-2; qwen3moe 16, top-4\n"
+               "  --q-lora N --kv-lora N --qk-rope N --qk-nope N --v-head N\n"
+               "                     deepseek2's latent attention widths (q-lora 0 or absent:\n"
+               "                     a plain attn_q; defaults kv-lora dim/2, qk-nope and\n"
+               "                     v-head dim/heads, qk-rope half of that)\n"
+               "  --kv-b-fused       deepseek2: the older fused attn_kv_b\n"
+               "  --yarn F --yarn-log-mul F\n"
+               "                     deepseek2: YaRN scaling by F from ctx / F positions\n");
 }
 
 static bool parse_int(const char *s, long lo, long hi, long *out)
@@ -108,6 +115,7 @@ enum {
 };
 #define N_FIELDS 9
 enum { OPT_MOE = 512, N_MOE = 4 }; /* --experts, --experts-used, --expert-ff, --shared-ff */
+enum { OPT_MLA = 640, N_MLA = 5, OPT_FUSED = 700, OPT_YARN, OPT_YARN_LOG };
 
 static const struct option long_opts[] = {
     {"shape", required_argument, NULL, OPT_SHAPE},
@@ -135,6 +143,14 @@ static const struct option long_opts[] = {
     {"experts-used", required_argument, NULL, OPT_MOE + 1},
     {"expert-ff", required_argument, NULL, OPT_MOE + 2},
     {"shared-ff", required_argument, NULL, OPT_MOE + 3},
+    {"q-lora", required_argument, NULL, OPT_MLA + 0},
+    {"kv-lora", required_argument, NULL, OPT_MLA + 1},
+    {"qk-rope", required_argument, NULL, OPT_MLA + 2},
+    {"qk-nope", required_argument, NULL, OPT_MLA + 3},
+    {"v-head", required_argument, NULL, OPT_MLA + 4},
+    {"kv-b-fused", no_argument, NULL, OPT_FUSED},
+    {"yarn", required_argument, NULL, OPT_YARN},
+    {"yarn-log-mul", required_argument, NULL, OPT_YARN_LOG},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -144,6 +160,7 @@ struct synth_args {
     const char *shape_name, *out, *vocab_path;
     long fields[N_FIELDS]; /* --layers ... --swa in long_opts order; 0 = not given */
     long moe[N_MOE];       /* --experts, --experts-used, --expert-ff, --shared-ff */
+    long mla[N_MLA];       /* --q-lora ... --v-head; -1 = not given */
     bool mixtral;          /* --arch mixtral: a llama file with experts */
     double rope_base;      /* 0 = the shape's */
     struct kvr_synth_opts opts;
@@ -165,10 +182,17 @@ static int parse_real(int c, struct synth_args *a)
     }
     if (errno || end == optarg || *end || !(d > 0.0) || d > 1e4) {
         fprintf(stderr, "kvasir synth: --%s wants a number in (0, 10000]\n",
-                c == OPT_LOGIT ? "logit-scale" : "rope-scale");
+                c == OPT_LOGIT  ? "logit-scale"
+                : c == OPT_YARN ? "yarn"
+                : c == OPT_YARN_LOG ? "yarn-log-mul"
+                                    : "rope-scale");
         return 2;
     }
-    *(c == OPT_LOGIT ? &a->opts.logit_scale : &a->opts.rope_scale) = (float)d;
+    float *dst = c == OPT_LOGIT ? &a->opts.logit_scale
+                 : c == OPT_YARN ? &a->opts.yarn_factor
+                 : c == OPT_YARN_LOG ? &a->opts.yarn_log_mul
+                                     : &a->opts.rope_scale;
+    *dst = (float)d;
     return 0;
 }
 
@@ -176,6 +200,14 @@ static int parse_real(int c, struct synth_args *a)
  * none of them. */
 static int parse_count(int c, struct synth_args *a)
 {
+    if (c >= OPT_MLA && c < OPT_MLA + N_MLA) {
+        if (!parse_int(optarg, c == OPT_MLA ? 0 : 2, 1L << 16, &a->mla[c - OPT_MLA])) {
+            fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
+                    long_opts[c - OPT_MLA + 25].name);
+            return 2;
+        }
+        return 0;
+    }
     if (c >= OPT_MOE && c < OPT_MOE + N_MOE) {
         if (!parse_int(optarg, 1, 1L << 18, &a->moe[c - OPT_MOE])) {
             fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
@@ -245,9 +277,14 @@ static int parse_one(int c, struct synth_args *a)
         }
         return 0;
     case OPT_LOGIT:
+    case OPT_YARN:
+    case OPT_YARN_LOG:
     case OPT_ROPE_SCALE:
     case OPT_ROPE_BASE:
         return parse_real(c, a);
+    case OPT_FUSED:
+        a->opts.kv_b_fused = true;
+        return 0;
     case OPT_TIED:
         a->opts.tied = true;
         return 0;
@@ -272,6 +309,8 @@ static int parse_one(int c, struct synth_args *a)
 static int parse(int argc, char **argv, struct synth_args *a)
 {
     memset(a, 0, sizeof *a);
+    for (int i = 0; i < N_MLA; i++)
+        a->mla[i] = -1;
     a->opts = (struct kvr_synth_opts){.type = KVR_DTYPE_Q8_0, .seed = 1};
     long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
     a->opts.n_threads = n_cpus > 0 ? (int)(n_cpus < 64 ? n_cpus : 64) : 1;
@@ -326,6 +365,10 @@ static int build_shape(struct synth_args *a)
     }
     s->expert_ff = (int)moe[2];
     s->shared_ff = (int)moe[3];
+    int *mla[N_MLA] = {&s->q_lora, &s->kv_lora, &s->qk_rope, &s->qk_nope, &s->v_head};
+    for (int i = 0; i < N_MLA; i++)
+        if (a->mla[i] >= 0)
+            *mla[i] = (int)a->mla[i];
     return 0;
 }
 

@@ -66,6 +66,12 @@ static const struct kvr_arch archs[] = {
      .moe_always = true,
      .moe_gating = KVR_MOE_GATING_SOFTMAX,
      .moe_shared = true},
+    {.name = "deepseek2",
+     .has = PRE_NORMS | B(ATTN_OUT) | GATED_FFN,
+     .act = KVR_ACT_SILU,
+     .rope = KVR_ROPE_NORMAL,
+     .moe_gating = KVR_MOE_GATING_SOFTMAX,
+     .mla = true},
 };
 #define N_ARCHS ((int)(sizeof archs / sizeof archs[0]))
 
@@ -104,7 +110,7 @@ const struct kvr_arch *kvr_arch_at(int i)
 
 const char *kvr_arch_list(void)
 {
-    return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, qwen2moe";
+    return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, qwen2moe, deepseek2";
 }
 
 const char *kvr_lt_name(enum kvr_lt t)
@@ -222,6 +228,8 @@ static int read_rope_scaling(struct kvr_hparams *hp, const struct kvr_gguf *g, s
     }
     if (type.len == 4 && !memcmp(type.ptr, "none", 4))
         return KVR_OK;
+    if (hp->arch->mla && type.len == 4 && !memcmp(type.ptr, "yarn", 4))
+        return KVR_OK; /* kvr_mla_hparams_read reads YaRN's keys */
     if (type.len != 6 || memcmp(type.ptr, "linear", 6))
         return kvr_err_set(err, KVR_ENOTSUP,
                            "model: rope scaling '%.*s' is not supported "
@@ -363,7 +371,8 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
                            "(supported: %s)",
                            (int)(name.len > 64 ? 64 : name.len), name.ptr, kvr_arch_list());
     hp->arch = a;
-    if ((rc = read_shape(hp, g, a, err)) || (rc = read_heads(hp, g, a, err)) ||
+    if ((rc = read_shape(hp, g, a, err)) ||
+        (rc = a->mla ? kvr_mla_hparams_read(hp, g, err) : read_heads(hp, g, a, err)) ||
         (rc = read_swa_and_scale(hp, g, a, err)) || (rc = read_rope_freqs(hp, g, err)))
         return rc;
 

@@ -22,6 +22,7 @@
  * | phi3   | fused attn_qkv, fused gate|up in ffn_up | SiLU  | neox   |                       |
  * | qwen3moe | qwen3's, experts instead of ffn_*     | SiLU  | neox   | softmax, top-k normed |
  * | qwen2moe | qwen2's, experts + a shared expert    | SiLU  | neox   | softmax, not normed   |
+ * | deepseek2 | MLA attention (model/mla.h)          | SiLU  | normal | latent KV, YaRN       |
  *
  * Mixture-of-experts layers (model/moe.h) replace the dense ffn_gate/up/down with a router
  * and experts; the arch row gives the gating and whether the architecture always has them
@@ -33,6 +34,7 @@
 
 #include "core/err.h"
 #include "model/gguf.h"
+#include "model/mla.h"
 #include "model/moe.h"
 
 #include <stdbool.h>
@@ -96,6 +98,7 @@ struct kvr_arch {
     enum kvr_moe_gating moe_gating; /* how router logits become routing weights */
     bool moe_norm;                  /* SOFTMAX gating: renormalise the selected weights */
     bool moe_shared;                /* layers also have a shared expert */
+    bool mla; /* multi-head latent attention (model/mla.h) replaces attn_q/k/v */
 };
 
 /* The table's row for an architecture name (len bytes, not NUL-terminated), or NULL. */
@@ -134,6 +137,7 @@ struct kvr_hparams {
     uint32_t n_swa;             /* attention.sliding_window in positions; 0 none */
     uint32_t swa_period;        /* attention.sliding_window_pattern or the arch's default */
     struct kvr_moe_hparams moe; /* experts (ARCH.expert_*); moe.n_expert == 0: dense */
+    struct kvr_mla_hparams mla; /* latent attention; mla.kv_lora_rank == 0: none */
 };
 
 /* Read and check a model's hyperparameters. An unknown architecture is refused with a

@@ -19,9 +19,11 @@
 /* ---- shapes ------------------------------------------------------------------------ */
 
 static const struct kvr_synth_shape named_shapes[] = {
-    {"tinyllama-1.1b", 22, 2048, 5632, 32, 4, 32000, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0},
-    {"ring-45", 45, 256, 768, 8, 4, 4096, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0},
-    {"tiny", 4, 64, 192, 4, 2, 512, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0},
+    {"tinyllama-1.1b", 22, 2048, 5632, 32, 4, 32000, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"ring-45", 45, 256, 768, 8, 4, 4096, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"tiny", 4, 64, 192, 4, 2, 512, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {"deepseek-v2-lite", 27, 2048, 10944, 16, 16, 102400, 32768, 10000.0f, 1e-6f, 0, 0, 0, 0,
+     0, 0, 0, 512, 64, 128, 128},
 };
 #define N_NAMED_SHAPES ((int)(sizeof named_shapes / sizeof named_shapes[0]))
 
@@ -251,6 +253,20 @@ static bool is_tied(const struct kvr_synth_opts *o)
     return o->tied || arch_of(o)->embd_scale; /* gemma files always tie */
 }
 
+/* Latent attention's widths, with synth.h's defaults. */
+static void mla_hparams_of(const struct kvr_synth_shape *s, struct kvr_hparams *hp)
+{
+    struct kvr_mla_hparams *m = &hp->mla;
+    uint32_t hd = hp->head_dim;
+    m->q_lora_rank = (uint32_t)s->q_lora;
+    m->kv_lora_rank = (uint32_t)(s->kv_lora ? s->kv_lora : s->dim / 2);
+    m->n_nope = (uint32_t)(s->qk_nope ? s->qk_nope : (int)hd);
+    m->n_rope = (uint32_t)(s->qk_rope ? s->qk_rope : (int)hd / 2);
+    m->n_v = (uint32_t)(s->v_head ? s->v_head : (int)hd);
+    hp->n_rot = m->n_rope;
+    hp->q_dim = hp->n_head * m->n_v;
+}
+
 /* The hyperparameters the table's shapes are computed from. */
 static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
 {
@@ -265,6 +281,8 @@ static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
     hp.q_dim = hp.n_head * hp.head_dim;
     hp.kv_dim = hp.n_head_kv * hp.head_dim;
     hp.n_rot = hp.head_dim;
+    if (hp.arch->mla)
+        mla_hparams_of(s, &hp);
     if (s->n_expert > 0) {
         hp.moe.n_expert = (uint32_t)s->n_expert;
         hp.moe.n_used = (uint32_t)s->n_expert_used;
@@ -279,7 +297,7 @@ static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
 /* Most tensors a model of these options has. */
 static size_t max_tensors(const struct kvr_synth_shape *s)
 {
-    return (size_t)s->n_layers * (KVR_LT_COUNT + 8) + 4; /* + router, experts, shared */
+    return (size_t)s->n_layers * (KVR_LT_COUNT + 16) + 4; /* + experts, shared, MLA */
 }
 
 /* A MoE layer's router, experts and shared expert (synth.h: the routing design). */
@@ -320,6 +338,43 @@ static int64_t add_moe_specs(struct tspec *out, const struct kvr_hparams *hp, ui
                  seed);
         out[n].role = ROLE_ZERO_OUT;
         out[n++].reserved = mp->n_expert;
+    }
+#undef NAME
+    return n;
+}
+
+/* A latent attention layer's projections (model/mla.h); std 1/sqrt(n_in), the keys'
+ * and values' projections by the latent they read. */
+static int64_t add_mla_specs(struct tspec *out, const struct kvr_hparams *hp,
+                             const struct kvr_synth_opts *o, uint32_t l, int type, uint64_t seed)
+{
+    const struct kvr_mla_hparams *m = &hp->mla;
+    int64_t n = 0, d = hp->n_embd, H = hp->n_head, L = m->kv_lora_rank, ql = m->q_lora_rank;
+    int64_t qk = m->n_nope + m->n_rope;
+    char name[48];
+#define NAME(suffix) (snprintf(name, sizeof name, "blk.%u." suffix, l), name)
+    if (ql) {
+        add_spec(&out[n++], NAME("attn_q_a.weight"), d, ql, type, 1.0f / sqrtf((float)d), seed);
+        add_spec(&out[n++], NAME("attn_q_a_norm.weight"), ql, 0, type, 0, seed);
+        add_spec(&out[n++], NAME("attn_q_b.weight"), ql, H * qk, type, 1.0f / sqrtf((float)ql),
+                 seed);
+    } else {
+        add_spec(&out[n++], NAME("attn_q.weight"), d, H * qk, type, 1.0f / sqrtf((float)d), seed);
+    }
+    add_spec(&out[n++], NAME("attn_kv_a_mqa.weight"), d, L + m->n_rope, type,
+             1.0f / sqrtf((float)d), seed);
+    add_spec(&out[n++], NAME("attn_kv_a_norm.weight"), L, 0, type, 0, seed);
+    float std = 1.0f / sqrtf((float)L);
+    if (o->kv_b_fused) {
+        add_spec(&out[n++], NAME("attn_kv_b.weight"), L, H * (m->n_nope + m->n_v), type, std,
+                 seed);
+    } else {
+        add_spec(&out[n], NAME("attn_k_b.weight"), m->n_nope, L, type, std, seed);
+        out[n].n_dims = 3;
+        out[n++].ne[2] = H;
+        add_spec(&out[n], NAME("attn_v_b.weight"), L, m->n_v, type, std, seed);
+        out[n].n_dims = 3;
+        out[n++].ne[2] = H;
     }
 #undef NAME
     return n;
@@ -380,6 +435,8 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
             }
             n++;
         }
+        if (a->mla)
+            n += add_mla_specs(out + n, &hp, o, l, type, seed);
         if (hp.moe.n_expert)
             n += add_moe_specs(out + n, &hp, l, type, seed, s_res);
     }
@@ -640,6 +697,45 @@ static void add_arch_f32(struct kvr_gguf_writer *w, const char *arch, const char
     kvr_gguf_writer_add_f32(w, key, v);
 }
 
+/* deepseek2's keys: the MLA widths in the form the tensors take (split: the cache's MQA
+ * head as key/value_length and the per-head widths as *_mla; fused: per-head widths), the
+ * keys llama.cpp requires of every deepseek2 file (all layers dense unless experts are
+ * asked for), and YaRN's. */
+static void add_mla_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts *o,
+                        const struct kvr_hparams *hp)
+{
+    const struct kvr_mla_hparams *m = &hp->mla;
+    const char *a = hp->arch->name;
+    if (m->q_lora_rank)
+        add_arch_u32(w, a, "attention.q_lora_rank", m->q_lora_rank);
+    add_arch_u32(w, a, "attention.kv_lora_rank", m->kv_lora_rank);
+    if (o->kv_b_fused) {
+        add_arch_u32(w, a, "attention.head_count_kv", hp->n_head);
+        add_arch_u32(w, a, "attention.key_length", m->n_nope + m->n_rope);
+        add_arch_u32(w, a, "attention.value_length", m->n_v);
+    } else {
+        add_arch_u32(w, a, "attention.head_count_kv", 1);
+        add_arch_u32(w, a, "attention.key_length", m->kv_lora_rank + m->n_rope);
+        add_arch_u32(w, a, "attention.value_length", m->kv_lora_rank);
+        add_arch_u32(w, a, "attention.key_length_mla", m->n_nope + m->n_rope);
+        add_arch_u32(w, a, "attention.value_length_mla", m->n_v);
+    }
+    add_arch_u32(w, a, "leading_dense_block_count", hp->moe.n_expert ? 1 : hp->n_layer);
+    add_arch_u32(w, a, "expert_feed_forward_length",
+                 hp->moe.n_expert ? hp->moe.n_ff_exp : hp->n_ff);
+    add_arch_u32(w, a, "expert_shared_count", 0);
+    add_arch_f32(w, a, "expert_weights_scale", 1.0f);
+    if (o->yarn_factor > 1.0f) {
+        char key[96];
+        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+        kvr_gguf_writer_add_str(w, key, "yarn");
+        add_arch_f32(w, a, "rope.scaling.factor", o->yarn_factor);
+        add_arch_u32(w, a, "rope.scaling.original_context_length",
+                     (uint32_t)((float)o->shape.ctx / o->yarn_factor));
+        add_arch_f32(w, a, "rope.scaling.yarn_log_multiplier", o->yarn_log_mul);
+    }
+}
+
 static void add_model_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts *o, int vocab,
                           uint32_t file_type)
 {
@@ -657,8 +753,11 @@ static void add_model_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts
     add_arch_u32(w, a, "block_count", (uint32_t)s->n_layers);
     add_arch_u32(w, a, "feed_forward_length", (uint32_t)s->ff);
     add_arch_u32(w, a, "attention.head_count", (uint32_t)s->n_heads);
-    add_arch_u32(w, a, "attention.head_count_kv", (uint32_t)s->n_kv_heads);
-    if (s->head_dim) {
+    if (hp.arch->mla)
+        add_mla_kvs(w, o, &hp);
+    else
+        add_arch_u32(w, a, "attention.head_count_kv", (uint32_t)s->n_kv_heads);
+    if (s->head_dim && !hp.arch->mla) {
         add_arch_u32(w, a, "attention.key_length", hp.head_dim);
         add_arch_u32(w, a, "attention.value_length", hp.head_dim);
     }
@@ -736,6 +835,8 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
     max_ne0 = q_dim > max_ne0 ? q_dim : max_ne0;
     max_ne0 = s->expert_ff > max_ne0 ? s->expert_ff : max_ne0;
     max_ne0 = s->shared_ff > max_ne0 ? s->shared_ff : max_ne0;
+    max_ne0 = s->kv_lora > max_ne0 ? s->kv_lora : max_ne0;
+    max_ne0 = s->q_lora > max_ne0 ? s->q_lora : max_ne0;
     float *scratch = kvr_malloc((size_t)opts->n_threads * (size_t)max_ne0 * sizeof(float));
     struct kvr_pool *pool = kvr_pool_create(opts->n_threads);
     if (!w || !specs || !ctxs || !scratch || !pool) {

@@ -93,6 +93,11 @@ struct kvr_synth_shape {
     int n_expert_used; /* experts per token row */
     int expert_ff;     /* one expert's hidden width (0: ff); llama files use ff */
     int shared_ff;     /* qwen2moe's shared expert width (0: expert_ff) */
+    /* Latent attention (deepseek2, model/mla.h); zeros take the defaults kv_lora dim / 2,
+     * qk_nope and v_head the head width (dim / heads), qk_rope half of it. */
+    int q_lora;  /* attention.q_lora_rank; 0: a plain attn_q */
+    int kv_lora; /* attention.kv_lora_rank */
+    int qk_rope, qk_nope, v_head;
 };
 
 /* Named shapes:
@@ -101,6 +106,9 @@ struct kvr_synth_shape {
  *                   narrow: many layers to split across ring stages, cheap per layer; the
  *                   4096-piece vocab lets the built-in tokenizer merge real words)
  *   tiny            4 layers, dim 64, ff 192, 4/2 heads, vocab 512, ctx 512 (fast tests)
+ *   deepseek-v2-lite  DeepSeek-V2-Lite's: 27 layers, dim 2048, ff 10944, 16 heads, latent
+ *                   512, rope 64, nope 128, value 128, no q_lora, vocab 102400, ctx 32768
+ *                   (with --arch deepseek2; its experts come with the MoE options)
  * All use rope base 10000 and rms epsilon 1e-5. KVR_ENOTFOUND for an unknown name. */
 int kvr_synth_shape_by_name(const char *name, struct kvr_synth_shape *out);
 /* Name of the i-th named shape, NULL past the end (for --help). */
@@ -120,6 +128,10 @@ struct kvr_synth_opts {
     int n_threads;                 /* >= 1 */
     kvr_gguf_progress_fn progress; /* optional: called after each tensor is written */
     void *progress_ctx;
+    bool kv_b_fused;    /* deepseek2: the older fused attn_kv_b instead of attn_k_b/v_b */
+    float yarn_factor;  /* deepseek2: YaRN scaling by this factor (0 or 1: none), from an
+                           original context of ctx / factor */
+    float yarn_log_mul; /* and its rope.scaling.yarn_log_multiplier */
 };
 
 struct kvr_synth_stats {
