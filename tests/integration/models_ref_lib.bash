@@ -51,6 +51,17 @@ MOE_MODELS=(
 )
 ARCH_MODELS+=("${MOE_MODELS[@]}")
 
+# deepseek2's latent attention (issue 35, model/mla.h): with q_lora_rank, with the older
+# fused attn_kv_b, without q_lora_rank (the peer reads a file without it only at
+# DeepSeek-V2-Lite's 27 or 26 layers, so that one has 26), and with YaRN. All layers dense.
+MLA_MODELS=(
+    "deepseek2|deepseek2|llama-bpe|--q-lora 32"
+    "deepseek2-fused|deepseek2|llama-bpe|--q-lora 32 --kv-b-fused"
+    "deepseek2-lite|deepseek2|llama-bpe|--layers 26"
+    "deepseek2-yarn|deepseek2|llama-bpe|--q-lora 32 --yarn 4 --yarn-log-mul 0.3"
+)
+ARCH_MODELS+=("${MLA_MODELS[@]}")
+
 # synth_arch_model SPEC TYPE DIM FF OUT [LOGIT_SCALE]: write SPEC's model (TYPE f32 or f16;
 # logit scale 8 unless given). HD in the options is a head width of dim / 2 (queries twice
 # as wide as the model, as in Qwen 3).
