@@ -62,6 +62,9 @@ static void usage(FILE *f)
                "                     a plain attn_q; defaults kv-lora dim/2, qk-nope and\n"
                "                     v-head dim/heads, qk-rope half of that)\n"
                "  --kv-b-fused       deepseek2: the older fused attn_kv_b\n"
+               "  --shared-experts N --dense-layers N --expert-groups N --groups-used N\n"
+               "  --expert-scale F   DeepSeek-V3-style routing (deepseek2): shared experts,\n"
+               "                     leading dense layers, expert groups, weight scale\n"
                "  --yarn F --yarn-log-mul F\n"
                "                     deepseek2: YaRN scaling by F from ctx / F positions\n");
 }
@@ -115,7 +118,9 @@ enum {
 };
 #define N_FIELDS 9
 enum { OPT_MOE = 512, N_MOE = 4 }; /* --experts, --experts-used, --expert-ff, --shared-ff */
-enum { OPT_MLA = 640, N_MLA = 5, OPT_FUSED = 700, OPT_YARN, OPT_YARN_LOG };
+enum { OPT_MLA = 640, N_MLA = 5, OPT_FUSED = 700, OPT_YARN, OPT_YARN_LOG, OPT_W_SCALE };
+enum { OPT_V3 = 720, N_V3 = 4 }; /* --shared-experts, --dense-layers, --expert-groups,
+                                    --groups-used */
 
 static const struct option long_opts[] = {
     {"shape", required_argument, NULL, OPT_SHAPE},
@@ -149,6 +154,11 @@ static const struct option long_opts[] = {
     {"qk-nope", required_argument, NULL, OPT_MLA + 3},
     {"v-head", required_argument, NULL, OPT_MLA + 4},
     {"kv-b-fused", no_argument, NULL, OPT_FUSED},
+    {"shared-experts", required_argument, NULL, OPT_V3 + 0},
+    {"dense-layers", required_argument, NULL, OPT_V3 + 1},
+    {"expert-groups", required_argument, NULL, OPT_V3 + 2},
+    {"groups-used", required_argument, NULL, OPT_V3 + 3},
+    {"expert-scale", required_argument, NULL, OPT_W_SCALE},
     {"yarn", required_argument, NULL, OPT_YARN},
     {"yarn-log-mul", required_argument, NULL, OPT_YARN_LOG},
     {"help", no_argument, NULL, 'h'},
@@ -161,6 +171,8 @@ struct synth_args {
     long fields[N_FIELDS]; /* --layers ... --swa in long_opts order; 0 = not given */
     long moe[N_MOE];       /* --experts, --experts-used, --expert-ff, --shared-ff */
     long mla[N_MLA];       /* --q-lora ... --v-head; -1 = not given */
+    long v3[N_V3];         /* --shared-experts ... --groups-used; -1 = not given */
+    float w_scale;         /* --expert-scale; 0 = not given */
     bool mixtral;          /* --arch mixtral: a llama file with experts */
     double rope_base;      /* 0 = the shape's */
     struct kvr_synth_opts opts;
@@ -185,12 +197,14 @@ static int parse_real(int c, struct synth_args *a)
                 c == OPT_LOGIT  ? "logit-scale"
                 : c == OPT_YARN ? "yarn"
                 : c == OPT_YARN_LOG ? "yarn-log-mul"
+                : c == OPT_W_SCALE  ? "expert-scale"
                                     : "rope-scale");
         return 2;
     }
     float *dst = c == OPT_LOGIT ? &a->opts.logit_scale
                  : c == OPT_YARN ? &a->opts.yarn_factor
                  : c == OPT_YARN_LOG ? &a->opts.yarn_log_mul
+                 : c == OPT_W_SCALE  ? &a->w_scale
                                      : &a->opts.rope_scale;
     *dst = (float)d;
     return 0;
@@ -200,6 +214,14 @@ static int parse_real(int c, struct synth_args *a)
  * none of them. */
 static int parse_count(int c, struct synth_args *a)
 {
+    if (c >= OPT_V3 && c < OPT_V3 + N_V3) {
+        if (!parse_int(optarg, 0, 1L << 16, &a->v3[c - OPT_V3])) {
+            fprintf(stderr, "kvasir synth: --%s must be a count\n",
+                    long_opts[c - OPT_V3 + 31].name);
+            return 2;
+        }
+        return 0;
+    }
     if (c >= OPT_MLA && c < OPT_MLA + N_MLA) {
         if (!parse_int(optarg, c == OPT_MLA ? 0 : 2, 1L << 16, &a->mla[c - OPT_MLA])) {
             fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
@@ -279,6 +301,7 @@ static int parse_one(int c, struct synth_args *a)
     case OPT_LOGIT:
     case OPT_YARN:
     case OPT_YARN_LOG:
+    case OPT_W_SCALE:
     case OPT_ROPE_SCALE:
     case OPT_ROPE_BASE:
         return parse_real(c, a);
@@ -311,6 +334,8 @@ static int parse(int argc, char **argv, struct synth_args *a)
     memset(a, 0, sizeof *a);
     for (int i = 0; i < N_MLA; i++)
         a->mla[i] = -1;
+    for (int i = 0; i < N_V3; i++)
+        a->v3[i] = -1;
     a->opts = (struct kvr_synth_opts){.type = KVR_DTYPE_Q8_0, .seed = 1};
     long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
     a->opts.n_threads = n_cpus > 0 ? (int)(n_cpus < 64 ? n_cpus : 64) : 1;
@@ -369,6 +394,12 @@ static int build_shape(struct synth_args *a)
     for (int i = 0; i < N_MLA; i++)
         if (a->mla[i] >= 0)
             *mla[i] = (int)a->mla[i];
+    int *v3[N_V3] = {&s->n_shared_exp, &s->n_dense_lead, &s->n_group, &s->n_group_used};
+    for (int i = 0; i < N_V3; i++)
+        if (a->v3[i] >= 0)
+            *v3[i] = (int)a->v3[i];
+    if (a->w_scale > 0.0f)
+        s->w_scale = a->w_scale;
     return 0;
 }
 

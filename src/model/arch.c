@@ -2,6 +2,7 @@
 #include "model/arch.h"
 
 #include "model/dtype.h"
+#include "model/moe_route.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -71,6 +72,8 @@ static const struct kvr_arch archs[] = {
      .act = KVR_ACT_SILU,
      .rope = KVR_ROPE_NORMAL,
      .moe_gating = KVR_MOE_GATING_SOFTMAX,
+     .moe_v3 = true,
+     .moe_bias = KVR_MOE_BIAS_OPTIONAL,
      .mla = true},
 };
 #define N_ARCHS ((int)(sizeof archs / sizeof archs[0]))
@@ -167,6 +170,19 @@ bool kvr_hparams_has(const struct kvr_hparams *hp, enum kvr_lt t)
     if (!(hp->arch->has & KVR_LT_BIT(t)))
         return false;
     return !hp->moe.n_expert ||
+           (t != KVR_LT_FFN_GATE && t != KVR_LT_FFN_UP && t != KVR_LT_FFN_DOWN);
+}
+
+bool kvr_hparams_layer_moe(const struct kvr_hparams *hp, uint32_t il)
+{
+    return hp->moe.n_expert && il >= hp->moe.n_dense_lead;
+}
+
+bool kvr_hparams_layer_has(const struct kvr_hparams *hp, uint32_t il, enum kvr_lt t)
+{
+    if (!(hp->arch->has & KVR_LT_BIT(t)))
+        return false;
+    return !kvr_hparams_layer_moe(hp, il) ||
            (t != KVR_LT_FFN_GATE && t != KVR_LT_FFN_UP && t != KVR_LT_FFN_DOWN);
 }
 
@@ -378,6 +394,10 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
 
     if ((rc = kvr_moe_hparams_read(&hp->moe, g, a->name, a->moe_gating, a->moe_norm, a->moe_shared,
                                    hp->n_ff, err)))
+        return rc;
+    if (a->moe_v3 && hp->moe.n_expert &&
+        (rc = kvr_moe_hparams_read_v3(&hp->moe, g, a->name, (enum kvr_moe_bias)a->moe_bias,
+                                      hp->n_layer, err)))
         return rc;
     if (a->moe_always && !hp->moe.n_expert)
         return kvr_err_set(err, KVR_EFORMAT, "model: %s needs %s.expert_count", a->name, a->name);

@@ -98,6 +98,10 @@ struct kvr_arch {
     enum kvr_moe_gating moe_gating; /* how router logits become routing weights */
     bool moe_norm;                  /* SOFTMAX gating: renormalise the selected weights */
     bool moe_shared;                /* layers also have a shared expert */
+    bool moe_v3;                    /* DeepSeek-V3-style routing and its keys: gating func,
+                                       weights norm and scale, groups, an ungated shared
+                                       expert, leading dense layers (model/moe_route.h) */
+    uint8_t moe_bias;               /* enum kvr_moe_bias: MoE layers' exp_probs_b.bias */
     bool mla; /* multi-head latent attention (model/mla.h) replaces attn_q/k/v */
 };
 
@@ -147,6 +151,13 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
 /* Does a layer of this model have tensor t? The arch's `has`, less the dense feed-forward
  * of a mixture-of-experts model (whose expert tensors moe.h views). */
 bool kvr_hparams_has(const struct kvr_hparams *hp, enum kvr_lt t);
+
+/* Is layer il a mixture of experts (a MoE model past its leading dense layers)? */
+bool kvr_hparams_layer_moe(const struct kvr_hparams *hp, uint32_t il);
+
+/* Does layer il have tensor t? kvr_hparams_has, except that the leading dense layers of a
+ * MoE model (moe.n_dense_lead) have the dense feed-forward. */
+bool kvr_hparams_layer_has(const struct kvr_hparams *hp, uint32_t il, enum kvr_lt t);
 
 /* Does layer il use the sliding window? */
 bool kvr_hparams_layer_swa(const struct kvr_hparams *hp, uint32_t il);

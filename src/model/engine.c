@@ -131,7 +131,7 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
                                         [KVR_LT_FFN_POST_NORM] = &l->ffn_post_norm};
     char name[96];
     for (int t = 0; t < KVR_LT_COUNT; t++) {
-        if (!kvr_hparams_has(hp, (enum kvr_lt)t))
+        if (!kvr_hparams_layer_has(hp, il, (enum kvr_lt)t))
             continue;
         snprintf(name, sizeof name, "blk.%u.%s", il, kvr_lt_name((enum kvr_lt)t));
         if ((a->optional & KVR_LT_BIT(t)) && !kvr_gguf_find_tensor(g, name))
@@ -155,7 +155,8 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
         l->w_up = up;
     }
     int rc;
-    if (hp->moe.n_expert && (rc = kvr_moe_layer_view(&l->moe, g, il, hp->n_embd, &hp->moe, err)))
+    if (kvr_hparams_layer_moe(hp, il) &&
+        (rc = kvr_moe_layer_view(&l->moe, g, il, hp->n_embd, &hp->moe, err)))
         return rc;
     if (hp->mla.kv_lora_rank && (rc = kvr_mla_layer_view(&l->mla, g, hp, il, err)))
         return rc;
@@ -989,7 +990,7 @@ static void attention_block(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
 static void ffn_block(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
 {
     const struct layer *l = &e->layers[il];
-    if (e->moe) { /* router, experts, fixed-order combine (model/moe.h) */
+    if (e->moe && l->moe.router.data) { /* router, experts, fixed-order combine (moe.h) */
         if (e->moe_dispatch)
             kvr_moe_forward_dispatch(e->moe, &l->moe, e->cfg.first_layer + il, e->xb, n_rows,
                                      e->proj, e->pool, e->moe_dispatch, e->moe_dispatch_ctx);

@@ -13,6 +13,7 @@
 
 #include "core/alloc.h"
 #include "model/attn.h"
+#include "model/moe_route.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -127,6 +128,21 @@ static int view_stack(const struct kvr_gguf *g, const char *name, int64_t n_in, 
     return KVR_OK;
 }
 
+/* An f32 vector [n] (a missing optional one leaves *out NULL). */
+static int view_bias(const struct kvr_gguf *g, const char *name, int64_t n, bool required,
+                     const float **out, struct kvr_err *err)
+{
+    const struct kvr_gguf_tensor *t = kvr_gguf_find_tensor(g, name);
+    if (!t)
+        return required ? kvr_err_set(err, KVR_EFORMAT, "model: missing tensor %s", name) : KVR_OK;
+    if (t->type != KVR_DTYPE_F32 || t->n_dims != 1 || t->ne[0] != n ||
+        (uintptr_t)t->data % sizeof(float))
+        return kvr_err_set(err, KVR_EFORMAT, "model: tensor %s must be f32 [%lld], 4-aligned", name,
+                           (long long)n);
+    *out = t->data;
+    return KVR_OK;
+}
+
 int kvr_moe_layer_view(struct kvr_moe_layer *l, const struct kvr_gguf *g, uint32_t il,
                        uint32_t n_embd, const struct kvr_moe_hparams *mp, struct kvr_err *err)
 {
@@ -143,11 +159,14 @@ int kvr_moe_layer_view(struct kvr_moe_layer *l, const struct kvr_gguf *g, uint32
                          err)))
         return rc;
     if (sh &&
-        ((rc = view_stack(g, NAME("ffn_gate_inp_shexp.weight"), d, 1, 0, &l->sh_gate_inp, NULL,
-                          err)) ||
+        ((!mp->shared_plain && (rc = view_stack(g, NAME("ffn_gate_inp_shexp.weight"), d, 1, 0,
+                                                &l->sh_gate_inp, NULL, err))) ||
          (rc = view_stack(g, NAME("ffn_gate_shexp.weight"), d, sh, 0, &l->sh_gate, NULL, err)) ||
          (rc = view_stack(g, NAME("ffn_up_shexp.weight"), d, sh, 0, &l->sh_up, NULL, err)) ||
          (rc = view_stack(g, NAME("ffn_down_shexp.weight"), sh, d, 0, &l->sh_down, NULL, err))))
+        return rc;
+    if (mp->probs_bias && (rc = view_bias(g, NAME("exp_probs_b.bias"), ne, mp->probs_bias_required,
+                                          &l->probs_b, err)))
         return rc;
 #undef NAME
     return KVR_OK;
@@ -190,9 +209,23 @@ static bool ranks_before(float la, uint32_t a, float lb, uint32_t b)
     return la > lb || (la == lb && a < b);
 }
 
+void kvr_moe_select_b(const struct kvr_moe_hparams *mp, const float *logits, const float *probs_b,
+                      uint32_t *ids, float *weights)
+{
+    if (kvr_moe_route_scored(mp, probs_b)) {
+        kvr_moe_select_scored(mp, logits, probs_b, ids, weights);
+        return;
+    }
+    kvr_moe_select(mp, logits, ids, weights);
+}
+
 void kvr_moe_select(const struct kvr_moe_hparams *mp, const float *logits, uint32_t *ids,
                     float *weights)
 {
+    if (kvr_moe_route_scored(mp, NULL)) {
+        kvr_moe_select_scored(mp, logits, NULL, ids, weights);
+        return;
+    }
     const uint32_t n = mp->n_expert, k = mp->n_used;
     /* k passes of a running best over the experts not yet taken: k <= 32, and this keeps
      * the rule (ranks_before) in one obvious place. */
@@ -240,6 +273,9 @@ void kvr_moe_select(const struct kvr_moe_hparams *mp, const float *logits, uint3
         for (uint32_t s = 0; s < k; s++)
             weights[s] *= inv_sel;
     }
+    if (mp->w_scale != 0.0f && mp->w_scale != 1.0f) /* DeepSeek V2's softmax routing */
+        for (uint32_t s = 0; s < k; s++)
+            weights[s] *= mp->w_scale;
 }
 
 /* ---- scratch --------------------------------------------------------------------------- */
@@ -467,8 +503,8 @@ void kvr_moe_route(struct kvr_moe_work *w, const struct kvr_moe_layer *l, const 
     struct mm_task t = {l->router, w->xq, n_rows, w->logits};
     run_tasks(&t, 1, pool);
     for (uint32_t r = 0; r < n_rows; r++)
-        kvr_moe_select(&w->mp, w->logits + (size_t)r * w->mp.n_expert,
-                       ids + (size_t)r * w->mp.n_used, weights + (size_t)r * w->mp.n_used);
+        kvr_moe_select_b(&w->mp, w->logits + (size_t)r * w->mp.n_expert, l->probs_b,
+                         ids + (size_t)r * w->mp.n_used, weights + (size_t)r * w->mp.n_used);
 }
 
 /* ---- step 2: experts -------------------------------------------------------------------- */
@@ -640,15 +676,17 @@ void kvr_moe_shared(struct kvr_moe_work *w, const struct kvr_moe_layer *l, const
         t[0] = (struct mm_task){l->sh_up, w->xq, n_rows, w->u};
         run_tasks(t, 1, pool);
     }
-    quantize(pool, l->sh_gate_inp.type, x, d, n_rows, w->xq);
-    t[0] = (struct mm_task){l->sh_gate_inp, w->xq, n_rows, w->sh_gl};
-    run_tasks(t, 1, pool);
+    if (l->sh_gate_inp.data) {
+        quantize(pool, l->sh_gate_inp.type, x, d, n_rows, w->xq);
+        t[0] = (struct mm_task){l->sh_gate_inp, w->xq, n_rows, w->sh_gl};
+        run_tasks(t, 1, pool);
+    }
     struct pair_job j = {w, l, x, NULL, NULL, n_rows, ff, l->sh_down.type};
     run_rows(pool, act_worker, &j, (double)n_rows * ff * 4);
     t[0] = (struct mm_task){l->sh_down, w->hq, n_rows, w->d};
     run_tasks(t, 1, pool);
     for (uint32_t r = 0; r < n_rows; r++) {
-        float gate = sigmoidf(w->sh_gl[r]);
+        float gate = l->sh_gate_inp.data ? sigmoidf(w->sh_gl[r]) : 1.0f; /* 1 x: exact */
         float *dst = y + (size_t)r * d;
         const float *src = w->d + (size_t)r * d;
         for (uint32_t i = 0; i < d; i++)
@@ -716,7 +754,7 @@ void kvr_moe_forward_ref(const struct kvr_moe_layer *l, const struct kvr_moe_hpa
         logits[e] = ref_dot(&l->router, e, x, row);
     uint32_t sel[KVR_MOE_MAX_USED];
     float wt[KVR_MOE_MAX_USED];
-    kvr_moe_select(mp, logits, sel, wt);
+    kvr_moe_select_b(mp, logits, l->probs_b, sel, wt);
     memset(y, 0, n_embd * sizeof(float));
     for (uint32_t s = 0; s < mp->n_used; s++) {
         struct kvr_matrix g = kvr_moe_expert_matrix(l, 0, sel[s]);
@@ -729,7 +767,7 @@ void kvr_moe_forward_ref(const struct kvr_moe_layer *l, const struct kvr_moe_hpa
             ids[s] = sel[s];
     }
     if (mp->n_ff_shexp) {
-        float gate = sigmoidf(ref_dot(&l->sh_gate_inp, 0, x, row));
+        float gate = l->sh_gate_inp.data ? sigmoidf(ref_dot(&l->sh_gate_inp, 0, x, row)) : 1.0f;
         ref_ffn(&l->sh_gate, &l->sh_up, &l->sh_down, x, o, row, h);
         for (uint32_t i = 0; i < n_embd; i++)
             y[i] += gate * o[i];

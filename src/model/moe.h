@@ -62,6 +62,9 @@ enum kvr_moe_gating {
     /* Softmax over all n_expert logits; the selected experts keep their probabilities
      * (qwen2moe), renormalised to sum 1 over the selection when norm_topk (qwen3moe). */
     KVR_MOE_GATING_SOFTMAX = 1,
+    /* Each expert's probability is sigmoid(logit) on its own (DeepSeek V3, GLM-4.5); the
+     * selected keep theirs, renormalised when norm_topk (model/moe_route.h). */
+    KVR_MOE_GATING_SIGMOID = 2,
     KVR_MOE_GATING_COUNT
 };
 
@@ -71,7 +74,16 @@ struct kvr_moe_hparams {
     uint32_t n_ff_exp;   /* hidden width of one expert */
     uint32_t n_ff_shexp; /* hidden width of the shared expert; 0 = none */
     enum kvr_moe_gating gating;
-    bool norm_topk; /* SOFTMAX gating: renormalise the selected probabilities */
+    bool norm_topk; /* SOFTMAX or SIGMOID gating: renormalise the selected probabilities */
+    /* DeepSeek-V3-style routing (model/moe_route.h; all zero for the other architectures) */
+    float w_scale;            /* routing weights multiplied by it after norm_topk; 0 = 1 */
+    uint32_t n_group;         /* group-limited routing: experts in n_group equal groups (0, 1:
+                                 none), the selection from the best n_group_used of them */
+    uint32_t n_group_used;    /* groups a row may use */
+    uint32_t n_dense_lead;    /* layers 0..n_dense_lead-1 have a dense feed-forward */
+    bool shared_plain;        /* the shared expert is added ungated (no ffn_gate_inp_shexp) */
+    bool probs_bias;          /* MoE layers may have exp_probs_b.bias (selection-only bias) */
+    bool probs_bias_required; /* and must */
 };
 
 /* Read the expert keys of architecture `arch` ("llama", "qwen3moe"). With no
@@ -95,6 +107,7 @@ struct kvr_moe_layer {
     struct kvr_matrix sh_gate_inp;    /* ffn_gate_inp_shexp: [n_embd] -> [1] */
     struct kvr_matrix sh_gate, sh_up; /* [n_embd] -> [n_ff_shexp] */
     struct kvr_matrix sh_down;        /* [n_ff_shexp] -> [n_embd] */
+    const float *probs_b; /* exp_probs_b.bias [n_expert] when mp->probs_bias, else NULL */
 };
 
 /* View layer il's MoE tensors (blk.<il>.*) with every shape and type checked. */
@@ -115,6 +128,10 @@ double kvr_moe_layer_bytes_per_token(const struct kvr_moe_layer *l,
  * weights[s] the weight of ids[s]. Pure; the same bits on any thread. */
 void kvr_moe_select(const struct kvr_moe_hparams *mp, const float *logits, uint32_t *ids,
                     float *weights);
+/* kvr_moe_select with a layer's selection bias (probs_b: n_expert values or NULL); sigmoid
+ * gating, a bias or expert groups go through kvr_moe_select_scored (model/moe_route.h). */
+void kvr_moe_select_b(const struct kvr_moe_hparams *mp, const float *logits, const float *probs_b,
+                      uint32_t *ids, float *weights);
 
 struct kvr_moe_work;
 

@@ -19,11 +19,50 @@
 /* ---- shapes ------------------------------------------------------------------------ */
 
 static const struct kvr_synth_shape named_shapes[] = {
-    {"tinyllama-1.1b", 22, 2048, 5632, 32, 4, 32000, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"ring-45", 45, 256, 768, 8, 4, 4096, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"tiny", 4, 64, 192, 4, 2, 512, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {"deepseek-v2-lite", 27, 2048, 10944, 16, 16, 102400, 32768, 10000.0f, 1e-6f, 0, 0, 0, 0,
-     0, 0, 0, 512, 64, 128, 128},
+    {.name = "tinyllama-1.1b",
+     .n_layers = 22,
+     .dim = 2048,
+     .ff = 5632,
+     .n_heads = 32,
+     .n_kv_heads = 4,
+     .vocab_size = 32000,
+     .ctx = 2048,
+     .rope_base = 10000.0f,
+     .rms_eps = 1e-5f},
+    {.name = "ring-45",
+     .n_layers = 45,
+     .dim = 256,
+     .ff = 768,
+     .n_heads = 8,
+     .n_kv_heads = 4,
+     .vocab_size = 4096,
+     .ctx = 2048,
+     .rope_base = 10000.0f,
+     .rms_eps = 1e-5f},
+    {.name = "tiny",
+     .n_layers = 4,
+     .dim = 64,
+     .ff = 192,
+     .n_heads = 4,
+     .n_kv_heads = 2,
+     .vocab_size = 512,
+     .ctx = 512,
+     .rope_base = 10000.0f,
+     .rms_eps = 1e-5f},
+    {.name = "deepseek-v2-lite",
+     .n_layers = 27,
+     .dim = 2048,
+     .ff = 10944,
+     .n_heads = 16,
+     .n_kv_heads = 16,
+     .vocab_size = 102400,
+     .ctx = 32768,
+     .rope_base = 10000.0f,
+     .rms_eps = 1e-6f,
+     .kv_lora = 512,
+     .qk_rope = 64,
+     .qk_nope = 128,
+     .v_head = 128},
 };
 #define N_NAMED_SHAPES ((int)(sizeof named_shapes / sizeof named_shapes[0]))
 
@@ -80,8 +119,18 @@ int kvr_synth_check_shape(const struct kvr_synth_shape *s, struct kvr_err *err)
          (rc = check_range("experts-used", s->n_expert_used, 1,
                            s->n_expert < KVR_MOE_MAX_USED ? s->n_expert : KVR_MOE_MAX_USED, err)) ||
          (rc = check_range("expert-ff", s->expert_ff, 0, 1 << 18, err)) ||
-         (rc = check_range("shared-ff", s->shared_ff, 0, 1 << 18, err))))
+         (rc = check_range("shared-ff", s->shared_ff, 0, 1 << 18, err)) ||
+         (rc = check_range("shared-experts", s->n_shared_exp, 0, 64, err)) ||
+         (rc = check_range("dense-layers", s->n_dense_lead, 0, s->n_layers - 1, err)) ||
+         (rc = check_range("expert-groups", s->n_group, 0, s->n_expert / 2, err))))
         return rc;
+    if (s->n_expert && s->n_group > 1 &&
+        (s->n_expert % s->n_group || s->n_group_used < 1 || s->n_group_used > s->n_group ||
+         s->n_expert_used > s->n_group_used * (s->n_expert / s->n_group)))
+        return kvr_err_set(err, KVR_EINVAL,
+                           "shape: %d expert groups, %d used, must divide %d experts and hold "
+                           "the %d used",
+                           s->n_group, s->n_group_used, s->n_expert, s->n_expert_used);
     return 0;
 }
 
@@ -95,6 +144,7 @@ enum role {
     ROLE_ROUTER,   /* ffn_gate_inp: row e one-hot on reserved perm(e), value `gain` */
     ROLE_ZERO_OUT, /* output rows (row % ne1) < reserved are zero */
     ROLE_NORM_ONE, /* ffn_norm: exactly 1 on the reserved coordinates */
+    ROLE_BIAS,     /* exp_probs_b: 2 u_e, u from groups (synth.h); ne[1] = n_group */
     ROLE_COUNT
 };
 
@@ -161,6 +211,26 @@ static void draw_perm(uint64_t st, uint32_t *perm, uint32_t n)
     }
 }
 
+/* exp_probs_b's 2 u_e (synth.h): t->reserved experts in t->gain groups (0: none). */
+static void selection_bias(const struct tspec *t, float *dst)
+{
+    uint32_t perm[KVR_MOE_MAX_EXPERTS], n = t->reserved, n_group = (uint32_t)t->gain;
+    draw_perm(t->stream, perm, n_group > 1 ? n_group : n);
+    if (n_group <= 1) {
+        for (uint32_t e = 0; e < n; e++)
+            dst[e] = perm[e] < n / 2 ? 2.0f : 0.0f;
+        return;
+    }
+    uint32_t per = n / n_group;
+    for (uint32_t e = 0; e < n; e++) {
+        uint32_t rank = perm[e / per];
+        float u = (float)rank;
+        if (rank == 0) /* the decoy group */
+            u = e % per == 0 ? (float)n_group : -2.0f * (float)n_group;
+        dst[e] = 2.0f * u;
+    }
+}
+
 /* The routing design of MoE models (synth.h) over a row's random values. */
 static void apply_role(const struct tspec *t, int64_t row, float *dst)
 {
@@ -183,6 +253,9 @@ static void apply_role(const struct tspec *t, int64_t row, float *dst)
     case ROLE_NORM_ONE:
         for (uint32_t i = 0; i < r; i++)
             dst[i] = 1.0f;
+        break;
+    case ROLE_BIAS:
+        selection_bias(t, dst);
         break;
     default:
         break;
@@ -291,13 +364,21 @@ static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
                                 ? (uint32_t)(s->shared_ff ? s->shared_ff : (int)hp.moe.n_ff_exp)
                                 : 0;
     }
+    if (s->n_expert > 0 && hp.arch->moe_v3) {
+        hp.moe.n_ff_shexp = (uint32_t)s->n_shared_exp * hp.moe.n_ff_exp;
+        hp.moe.shared_plain = true;
+        hp.moe.n_dense_lead = (uint32_t)s->n_dense_lead;
+        hp.moe.n_group = s->n_group > 1 ? (uint32_t)s->n_group : 0;
+        hp.moe.n_group_used = s->n_group > 1 ? (uint32_t)s->n_group_used : 0;
+        hp.moe.probs_bias = hp.arch->moe_bias != 0;
+    }
     return hp;
 }
 
 /* Most tensors a model of these options has. */
 static size_t max_tensors(const struct kvr_synth_shape *s)
 {
-    return (size_t)s->n_layers * (KVR_LT_COUNT + 16) + 4; /* + experts, shared, MLA */
+    return (size_t)s->n_layers * (KVR_LT_COUNT + 18) + 4; /* + experts, shared, bias, MLA */
 }
 
 /* A MoE layer's router, experts and shared expert (synth.h: the routing design). */
@@ -327,10 +408,18 @@ static int64_t add_moe_specs(struct tspec *out, const struct kvr_hparams *hp, ui
         }
         n++;
     }
-    if (sh) {
+    if (mp->probs_bias) {
+        add_spec(&out[n], NAME("exp_probs_b.bias"), mp->n_expert, 0, KVR_DTYPE_F32, 0, seed);
+        out[n].role = ROLE_BIAS;
+        out[n].reserved = mp->n_expert;
+        out[n++].gain = (float)mp->n_group;
+    }
+    if (sh && !mp->shared_plain) {
         add_spec(&out[n], NAME("ffn_gate_inp_shexp.weight"), d, 0, KVR_DTYPE_F32, 0, seed);
         out[n].hi = 1.7320508f / sqrtf((float)d); /* a gate around sigmoid(0), not a norm */
         out[n++].lo = -1.7320508f / sqrtf((float)d);
+    }
+    if (sh) {
         add_spec(&out[n++], NAME("ffn_gate_shexp.weight"), d, sh, type, 1.0f / sqrtf((float)d),
                  seed);
         add_spec(&out[n++], NAME("ffn_up_shexp.weight"), d, sh, type, 1.0f / sqrtf((float)d), seed);
@@ -412,7 +501,7 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
     for (uint32_t l = 0; l < hp.n_layer; l++) {
         for (int t = 0; t < KVR_LT_COUNT; t++) {
             uint32_t bit = KVR_LT_BIT(t);
-            if (!kvr_hparams_has(&hp, (enum kvr_lt)t) || (a->optional & bit))
+            if (!kvr_hparams_layer_has(&hp, l, (enum kvr_lt)t) || (a->optional & bit))
                 continue;
             int64_t ne0, ne1;
             kvr_lt_shape(&hp, (enum kvr_lt)t, &ne0, &ne1);
@@ -429,15 +518,16 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
                 out[n].hi = 0.3f * 1.7320508f;
                 out[n].lo = -out[n].hi;
             }
-            if (hp.moe.n_expert && (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_NORM)) {
-                out[n].role = t == KVR_LT_ATTN_OUT ? ROLE_ZERO_OUT : ROLE_NORM_ONE;
+            if (hp.moe.n_expert &&
+                (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_DOWN || t == KVR_LT_FFN_NORM)) {
+                out[n].role = t == KVR_LT_FFN_NORM ? ROLE_NORM_ONE : ROLE_ZERO_OUT;
                 out[n].reserved = hp.moe.n_expert;
             }
             n++;
         }
         if (a->mla)
             n += add_mla_specs(out + n, &hp, o, l, type, seed);
-        if (hp.moe.n_expert)
+        if (kvr_hparams_layer_moe(&hp, l))
             n += add_moe_specs(out + n, &hp, l, type, seed, s_res);
     }
     add_spec(&out[n], "output_norm.weight", dim, 0, type, 0, seed);
@@ -720,11 +810,12 @@ static void add_mla_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts *
         add_arch_u32(w, a, "attention.key_length_mla", m->n_nope + m->n_rope);
         add_arch_u32(w, a, "attention.value_length_mla", m->n_v);
     }
-    add_arch_u32(w, a, "leading_dense_block_count", hp->moe.n_expert ? 1 : hp->n_layer);
-    add_arch_u32(w, a, "expert_feed_forward_length",
-                 hp->moe.n_expert ? hp->moe.n_ff_exp : hp->n_ff);
-    add_arch_u32(w, a, "expert_shared_count", 0);
-    add_arch_f32(w, a, "expert_weights_scale", 1.0f);
+    if (!hp->moe.n_expert) { /* with experts, add_v3_kvs writes these */
+        add_arch_u32(w, a, "leading_dense_block_count", hp->n_layer);
+        add_arch_u32(w, a, "expert_feed_forward_length", hp->n_ff);
+        add_arch_u32(w, a, "expert_shared_count", 0);
+        add_arch_f32(w, a, "expert_weights_scale", 1.0f);
+    }
     if (o->yarn_factor > 1.0f) {
         char key[96];
         snprintf(key, sizeof key, "%s.rope.scaling.type", a);
@@ -733,6 +824,22 @@ static void add_mla_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts *
         add_arch_u32(w, a, "rope.scaling.original_context_length",
                      (uint32_t)((float)o->shape.ctx / o->yarn_factor));
         add_arch_f32(w, a, "rope.scaling.yarn_log_multiplier", o->yarn_log_mul);
+    }
+}
+
+/* The keys of DeepSeek-V3-style routing (model/moe_route.h). */
+static void add_v3_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_shape *s, const char *a)
+{
+    char key[96];
+    add_arch_u32(w, a, "expert_shared_count", (uint32_t)s->n_shared_exp);
+    add_arch_u32(w, a, "leading_dense_block_count", (uint32_t)s->n_dense_lead);
+    add_arch_u32(w, a, "expert_gating_func", 2); /* sigmoid */
+    snprintf(key, sizeof key, "%s.expert_weights_norm", a);
+    kvr_gguf_writer_add_bool(w, key, true);
+    add_arch_f32(w, a, "expert_weights_scale", s->w_scale > 0.0f ? s->w_scale : 1.0f);
+    if (s->n_group > 1) {
+        add_arch_u32(w, a, "expert_group_count", (uint32_t)s->n_group);
+        add_arch_u32(w, a, "expert_group_used_count", (uint32_t)s->n_group_used);
     }
 }
 
@@ -781,9 +888,11 @@ static void add_model_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts
         add_arch_u32(w, a, "expert_used_count", hp.moe.n_used);
         if (strcmp(a, "llama")) /* Mixtral-style files size experts by feed_forward_length */
             add_arch_u32(w, a, "expert_feed_forward_length", hp.moe.n_ff_exp);
-        if (hp.moe.n_ff_shexp)
+        if (hp.moe.n_ff_shexp && !hp.arch->moe_v3)
             add_arch_u32(w, a, "expert_shared_feed_forward_length", hp.moe.n_ff_shexp);
     }
+    if (hp.moe.n_expert && hp.arch->moe_v3)
+        add_v3_kvs(w, s, a);
     add_arch_u32(w, a, "vocab_size", (uint32_t)vocab);
 }
 
@@ -808,12 +917,12 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
     const struct kvr_arch *arch = arch_of(opts);
     if (arch->moe_always && !s->n_expert)
         return kvr_err_set(err, KVR_EINVAL, "shape: %s needs experts", arch->name);
-    if (s->n_expert && !arch->moe_always && strcmp(arch->name, "llama"))
+    if (s->n_expert && !arch->moe_always && !arch->moe_v3 && strcmp(arch->name, "llama"))
         return kvr_err_set(err, KVR_EINVAL,
                            "shape: %s has no experts (llama, qwen3moe and "
                            "qwen2moe do)",
                            arch->name);
-    if (s->n_expert && !arch->moe_always && s->expert_ff && s->expert_ff != s->ff)
+    if (s->n_expert && !arch->moe_always && !arch->moe_v3 && s->expert_ff && s->expert_ff != s->ff)
         return kvr_err_set(err, KVR_EINVAL, "shape: llama's experts are ff wide (%d), not %d",
                            s->ff, s->expert_ff);
     if (opts->n_threads < 1)
@@ -837,6 +946,8 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
     max_ne0 = s->shared_ff > max_ne0 ? s->shared_ff : max_ne0;
     max_ne0 = s->kv_lora > max_ne0 ? s->kv_lora : max_ne0;
     max_ne0 = s->q_lora > max_ne0 ? s->q_lora : max_ne0;
+    int64_t shexp = (int64_t)hparams_of(opts).moe.n_ff_shexp;
+    max_ne0 = shexp > max_ne0 ? shexp : max_ne0;
     float *scratch = kvr_malloc((size_t)opts->n_threads * (size_t)max_ne0 * sizeof(float));
     struct kvr_pool *pool = kvr_pool_create(opts->n_threads);
     if (!w || !specs || !ctxs || !scratch || !pool) {

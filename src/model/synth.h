@@ -50,6 +50,17 @@
  * engine's rounding, routing weights like 0.7 / 0.3 for the top two, and each layer
  * routing a token to different experts (perm_l differs per layer).
  *
+ * DeepSeek-V3-style routing (moe_v3 architectures): sigmoid gating with expert_weights_norm
+ * true, the shape's scale, shared expert count, leading dense layers (their dense
+ * ffn_down also leaves the reserved coordinates alone) and expert groups. The selection
+ * bias exp_probs_b keeps routing decided by wide margins: expert e's bias is 2 u_e with an
+ * integer u_e, so selection is by u first and by the probability (in (0, 1)) within equal
+ * u. Without groups u_e is 1 for half the experts (a permutation per layer), else 0. With
+ * groups, group g's experts all have u = its rank r_g (a permutation per layer), so the
+ * groups' top-2 sums are 4 r_g apart; one "decoy" group of the lowest rank gives its first
+ * expert u = n_group (the best score of all) and the others u = -2 n_group, so its top-2
+ * sum is last and the decoy is chosen only if groups were not applied.
+ *
  * Types: a matrix whose ne[0] is not a multiple of the chosen type's block (e.g. dim 64 for
  * Q4_K's 256-element blocks) falls back to Q8_0, or to F16 if ne[0] is not a multiple of 32.
  *
@@ -93,6 +104,12 @@ struct kvr_synth_shape {
     int n_expert_used; /* experts per token row */
     int expert_ff;     /* one expert's hidden width (0: ff); llama files use ff */
     int shared_ff;     /* qwen2moe's shared expert width (0: expert_ff) */
+    /* DeepSeek-V3-style routing (architectures with moe_v3: model/moe_route.h) */
+    int n_shared_exp; /* expert_shared_count (0: none) */
+    int n_dense_lead; /* leading_dense_block_count */
+    int n_group;      /* expert_group_count (0: no groups) */
+    int n_group_used; /* expert_group_used_count */
+    float w_scale;    /* expert_weights_scale (0: 1) */
     /* Latent attention (deepseek2, model/mla.h); zeros take the defaults kv_lora dim / 2,
      * qk_nope and v_head the head width (dim / heads), qk_rope half of it. */
     int q_lora;  /* attention.q_lora_rank; 0: a plain attn_q */

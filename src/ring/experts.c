@@ -360,8 +360,8 @@ static int agent_init(struct agent *a, struct kvr_err *err)
     }
     uint32_t n_mine = 0, n_held = 0;
     for (uint32_t il = 0; il < L; il++) {
-        if (!kvr_plan_agent_holds_layer(a->me, il))
-            continue;
+        if (!kvr_plan_agent_holds_layer(a->me, il) || !kvr_hparams_layer_moe(hp, il))
+            continue; /* a leading dense layer has no experts to hold */
         if ((rc = kvr_moe_layer_view(&a->layers[il], a->gguf, il, hp->n_embd, &hp->moe, err))) {
             kvr_free(mine);
             return rc;

@@ -37,7 +37,7 @@ static double layer_bytes(const struct kvr_gguf *g, const struct kvr_hparams *hp
     double sum = 0;
     char name[96];
     for (int t = 0; t < KVR_LT_COUNT; t++) {
-        if (!kvr_hparams_has(hp, (enum kvr_lt)t))
+        if (!kvr_hparams_layer_has(hp, il, (enum kvr_lt)t))
             continue;
         snprintf(name, sizeof name, "blk.%u.%s", il, kvr_lt_name((enum kvr_lt)t));
         sum += tensor_bytes(g, name);
@@ -45,7 +45,8 @@ static double layer_bytes(const struct kvr_gguf *g, const struct kvr_hparams *hp
     struct kvr_moe_layer moe;
     if (routed)
         *routed = 0;
-    if (hp->moe.n_expert && !kvr_moe_layer_view(&moe, g, il, hp->n_embd, &hp->moe, NULL)) {
+    if (kvr_hparams_layer_moe(hp, il) &&
+        !kvr_moe_layer_view(&moe, g, il, hp->n_embd, &hp->moe, NULL)) {
         sum += kvr_moe_layer_bytes_per_token(&moe, &hp->moe);
         if (routed)
             *routed = (double)hp->moe.n_used *

@@ -41,13 +41,15 @@ ARCH_MODELS=(
 )
 
 # The mixtures of experts (issue 11, docs/EXPERTS.md): Mixtral-style llama (8 experts,
-# top-2), Qwen3-MoE (16 experts, top-4, Qwen 3's wide heads, the real Qwen vocabulary) and
-# Qwen2-MoE (8 experts, top-2, a shared expert). They are in ARCH_MODELS too, so
+# top-2), Qwen3-MoE (16 experts, top-4, Qwen 3's wide heads, the real Qwen vocabulary),
+# Qwen2-MoE (8 experts, top-2, a shared expert) and DeepSeek V3-style deepseek2 (16 experts
+# top-4 in 4 groups of which 2 are used, 2 shared, a leading dense layer, scaled weights). They are in ARCH_MODELS too, so
 # models_ref.sh compares them in F32; moe_models_ref.sh in Q8_0.
 MOE_MODELS=(
     "mixtral|mixtral|llama-spm|"
     "qwen3moe|qwen3moe|qwen2|--head-dim HD --rope-base 1000000"
     "qwen2moe|qwen2moe|gpt-2|--rope-base 1000000"
+    "deepseek2-groups|deepseek2|llama-bpe|--q-lora 32 --layers 3 --experts 16 --experts-used 4 --shared-experts 2 --dense-layers 1 --expert-ff 64 --expert-groups 4 --groups-used 2 --expert-scale 2.5"
 )
 ARCH_MODELS+=("${MOE_MODELS[@]}")
 
@@ -59,6 +61,7 @@ MLA_MODELS=(
     "deepseek2-fused|deepseek2|llama-bpe|--q-lora 32 --kv-b-fused"
     "deepseek2-lite|deepseek2|llama-bpe|--layers 26"
     "deepseek2-yarn|deepseek2|llama-bpe|--q-lora 32 --yarn 4 --yarn-log-mul 0.3"
+    "deepseek2-moe|deepseek2|llama-bpe|--q-lora 32 --layers 3 --experts 8 --experts-used 2 --shared-experts 1 --dense-layers 1 --expert-ff 64"
 )
 ARCH_MODELS+=("${MLA_MODELS[@]}")
 
@@ -72,9 +75,7 @@ synth_arch_model() {
     v=$(need_shared "vocab/ggml-vocab-$vocab.gguf")
     extra=${extra//HD/$((dim / 2))}
     # shellcheck disable=SC2086 # extra holds several options
-    "$KVASIR" synth --arch "$arch" --shape custom --layers 2 --dim "$dim" --ff "$ff" \
-        --heads 4 --kv-heads 2 --ctx 512 --type "$type" --seed 3 --logit-scale "$scale" \
-        --vocab "$v" $extra -o "$out" >"$out.log" 2>&1 || { cat "$out.log"; fail "synth $name"; }
+    "$KVASIR" synth --arch "$arch" --shape custom --layers 2 --dim "$dim" --ff "$ff" \ --heads 4 --kv-heads 2 --ctx 512 --type "$type" --seed 3 --logit-scale "$scale" \ --vocab "$v" $extra -o "$out" >"$out.log" 2>&1 || { cat "$out.log"; fail "synth $name"; }
 }
 
 PROMPTS=(
