@@ -43,7 +43,8 @@ ARCH_MODELS=(
 # The mixtures of experts (issue 11, docs/EXPERTS.md): Mixtral-style llama (8 experts,
 # top-2), Qwen3-MoE (16 experts, top-4, Qwen 3's wide heads, the real Qwen vocabulary),
 # Qwen2-MoE (8 experts, top-2, a shared expert) and DeepSeek V3-style deepseek2 (16 experts
-# top-4 in 4 groups of which 2 are used, 2 shared, a leading dense layer, scaled weights). They are in ARCH_MODELS too, so
+# top-4 in 4 groups of which 2 are used, 2 shared, a leading dense layer, scaled weights).
+# They are in ARCH_MODELS too, so
 # models_ref.sh compares them in F32; moe_models_ref.sh in Q8_0.
 MOE_MODELS=(
     "mixtral|mixtral|llama-spm|"
@@ -55,7 +56,8 @@ ARCH_MODELS+=("${MOE_MODELS[@]}")
 
 # deepseek2's latent attention (issue 35, model/mla.h): with q_lora_rank, with the older
 # fused attn_kv_b, without q_lora_rank (the peer reads a file without it only at
-# DeepSeek-V2-Lite's 27 or 26 layers, so that one has 26), and with YaRN. All layers dense.
+# DeepSeek-V2-Lite's 27 or 26 layers, so that one has 26), with YaRN, and with experts
+# (8, top-2, a shared one, a leading dense layer).
 MLA_MODELS=(
     "deepseek2|deepseek2|llama-bpe|--q-lora 32"
     "deepseek2-fused|deepseek2|llama-bpe|--q-lora 32 --kv-b-fused"
@@ -75,7 +77,9 @@ synth_arch_model() {
     v=$(need_shared "vocab/ggml-vocab-$vocab.gguf")
     extra=${extra//HD/$((dim / 2))}
     # shellcheck disable=SC2086 # extra holds several options
-    "$KVASIR" synth --arch "$arch" --shape custom --layers 2 --dim "$dim" --ff "$ff" \ --heads 4 --kv-heads 2 --ctx 512 --type "$type" --seed 3 --logit-scale "$scale" \ --vocab "$v" $extra -o "$out" >"$out.log" 2>&1 || { cat "$out.log"; fail "synth $name"; }
+    "$KVASIR" synth --arch "$arch" --shape custom --layers 2 --dim "$dim" --ff "$ff" \
+        --heads 4 --kv-heads 2 --ctx 512 --type "$type" --seed 3 --logit-scale "$scale" \
+        --vocab "$v" $extra -o "$out" >"$out.log" 2>&1 || { cat "$out.log"; fail "synth $name"; }
 }
 
 PROMPTS=(
