@@ -263,6 +263,21 @@ size_t kvr_mla_layer_owned_bytes(const struct kvr_mla_layer *l, uint32_t n_head)
     return l->k_b_owned ? (size_t)n_head * l->k_b_stride : 0;
 }
 
+double kvr_mla_layer_file_bytes(const struct kvr_gguf *g, uint32_t il)
+{
+    static const char *const names[] = {"attn_q_a",       "attn_q_a_norm", "attn_q_b",
+                                        "attn_q",         "attn_kv_a_mqa", "attn_kv_a_norm",
+                                        "attn_k_b",       "attn_v_b",      "attn_kv_b"};
+    double sum = 0;
+    char name[96];
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        snprintf(name, sizeof name, "blk.%u.%s.weight", il, names[i]);
+        const struct kvr_gguf_tensor *t = kvr_gguf_find_tensor(g, name);
+        sum += t ? (double)t->n_bytes : 0.0;
+    }
+    return sum;
+}
+
 /* Head h's matrix of a per-head stack. */
 static struct kvr_matrix head_matrix(const struct kvr_matrix *m0, size_t stride, uint32_t h)
 {

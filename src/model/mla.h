@@ -96,6 +96,10 @@ struct kvr_mla_layer {
 int kvr_mla_layer_view(struct kvr_mla_layer *l, const struct kvr_gguf *g,
                        const struct kvr_hparams *hp, uint32_t il, struct kvr_err *err);
 void kvr_mla_layer_fini(struct kvr_mla_layer *l);
+/* Bytes of layer il's latent attention tensors in the file (those it has of attn_q_a,
+ * attn_q_a_norm, attn_q_b, attn_q, attn_kv_a_mqa, attn_kv_a_norm, attn_k_b, attn_v_b,
+ * attn_kv_b): all of them are read per token (the plan balancer's cost). */
+double kvr_mla_layer_file_bytes(const struct kvr_gguf *g, uint32_t il);
 /* Bytes a layer owns beyond the file (the transposed copy of a fused file). */
 size_t kvr_mla_layer_owned_bytes(const struct kvr_mla_layer *l, uint32_t n_head);
 
