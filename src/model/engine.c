@@ -304,11 +304,13 @@ static int pack_weights(struct kvr_engine *e, const struct kvr_gguf *g, struct k
         size_t at = 0;
         for (uint32_t i = 0; i <= e->n_local; i++) {
             struct layer *l = &e->layers[i < e->n_local ? i : 0];
-            struct kvr_matrix *layer_ms[] = {&l->wq,     &l->wk,   &l->wv,    &l->wo,
-                                             &l->w_gate, &l->w_up, &l->w_down};
+            struct kvr_matrix *layer_ms[] = {&l->wq,        &l->wk,        &l->wv,
+                                             &l->wo,        &l->w_gate,    &l->w_up,
+                                             &l->w_down,    &l->mla.wq_a,  &l->mla.wq_b,
+                                             &l->mla.wq,    &l->mla.wkv_a};
             struct kvr_matrix *tail_ms[] = {&e->output};
             struct kvr_matrix **ms = i < e->n_local ? layer_ms : tail_ms;
-            size_t n = i < e->n_local ? 7 : kvr_engine_is_tail(e) ? 1 : 0;
+            size_t n = i < e->n_local ? 11 : kvr_engine_is_tail(e) ? 1 : 0;
             for (size_t j = 0; j < n; j++) {
                 size_t b = kvr_matrix_pack_bytes(ms[j]); /* a multiple of 32 */
                 if (b && pass) {
@@ -549,11 +551,13 @@ int kvr_engine_expected_bytes(const struct kvr_gguf *g, const struct kvr_engine_
     bool pack = packing_on();
     for (uint32_t i = 0; i <= e->n_local; i++) {
         struct layer *l = &e->layers[i < e->n_local ? i : 0];
-        const struct kvr_matrix *layer_ms[] = {&l->wq,     &l->wk,   &l->wv,    &l->wo,
-                                               &l->w_gate, &l->w_up, &l->w_down};
+        const struct kvr_matrix *layer_ms[] = {&l->wq,       &l->wk,       &l->wv,
+                                               &l->wo,       &l->w_gate,   &l->w_up,
+                                               &l->w_down,   &l->mla.wq_a, &l->mla.wq_b,
+                                               &l->mla.wq,   &l->mla.wkv_a};
         const struct kvr_matrix *tail_ms[] = {&e->output};
         const struct kvr_matrix **ms = i < e->n_local ? layer_ms : tail_ms;
-        size_t n = i < e->n_local ? 7 : kvr_engine_is_tail(e) ? 1 : 0;
+        size_t n = i < e->n_local ? 11 : kvr_engine_is_tail(e) ? 1 : 0;
         for (size_t j = 0; j < n; j++) {
             uint64_t raw = (uint64_t)ms[j]->n_out * ms[j]->row_bytes;
             size_t b = pack ? kvr_matrix_pack_bytes(ms[j]) : 0;
