@@ -150,6 +150,23 @@ static void describe_v3(const struct kvr_hparams *hp)
         printf(", %u NextN layer%s (not run)", hp->n_nextn, hp->n_nextn > 1 ? "s" : "");
 }
 
+/* Latent attention's ranks and widths (model/mla.h), the kv_b form and YaRN. */
+static void describe_mla(const struct kvr_gguf *g, const struct kvr_hparams *hp)
+{
+    const struct kvr_mla_hparams *m = &hp->mla;
+    char q[32] = "none";
+    if (m->q_lora_rank)
+        snprintf(q, sizeof q, "%u", m->q_lora_rank);
+    printf(", latent attention (MLA): kv_lora_rank %u, q_lora_rank %s, qk nope %u + rope %u, "
+           "value %u, %s kv_b, KV cache %u values per token and layer",
+           m->kv_lora_rank, q, m->n_nope, m->n_rope, m->n_v,
+           kvr_gguf_find_tensor(g, "blk.0.attn_kv_b.weight") ? "fused" : "split",
+           m->kv_lora_rank + m->n_rope);
+    if (m->yarn)
+        printf(", YaRN x%g from %u (log multiplier %g)", (double)m->yarn_factor,
+               m->yarn_n_ctx_orig, (double)m->yarn_log_mul);
+}
+
 /* The architecture as the engine reads it: a line for the model's shape, or the reason the
  * engine refuses it. */
 static void describe_arch(const struct kvr_gguf *g)
@@ -183,6 +200,8 @@ static void describe_arch(const struct kvr_gguf *g)
                hp.moe.probs_bias ? ", selection bias" : "",
                hp.moe.n_ff_shexp ? ", a shared expert" : "");
     describe_v3(&hp);
+    if (hp.mla.kv_lora_rank)
+        describe_mla(g, &hp);
     printf(", output %s\n", kvr_gguf_find_tensor(g, "output.weight") ? "own" : "tied");
 }
 

@@ -57,13 +57,20 @@ static void usage(FILE *f)
                "                     a mixture of experts, each ff wide unless --expert-ff\n"
                "                     (llama: Mixtral-style). Defaults: mixtral and qwen2moe\n"
                "                     8 experts, top-2; qwen3moe and glm4moe 16, top-4\n"
+               "  --q-lora N --kv-lora N --qk-rope N --qk-nope N --v-head N\n"
+               "                     deepseek2's latent attention widths (q-lora 0 or absent:\n"
+               "                     a plain attn_q; defaults kv-lora dim/2, qk-nope and\n"
+               "                     v-head dim/heads, qk-rope half of that)\n"
+               "  --kv-b-fused       deepseek2: the older fused attn_kv_b\n"
                "  --shared-experts N --dense-layers N --expert-groups N --groups-used N\n"
-               "  --expert-scale F   DeepSeek-V3-style routing (glm4moe): shared experts,\n"
-               "                     leading dense layers, expert groups, weight scale\n"
-               "                     (glm4moe defaults: 1 shared, 1 dense, no groups, 1)\n"
+               "  --expert-scale F   DeepSeek-V3-style routing (glm4moe, deepseek2): shared\n"
+               "                     experts, leading dense layers, expert groups, weight\n"
+               "                     scale (glm4moe defaults: 1 shared, 1 dense, no groups, 1)\n"
                "  --rope-dim N       rotary dimensions per head (glm4moe: half the head)\n"
                "  --nextn N          glm4moe: NextN blocks after the layers (default 1)\n"
-               "  --qk-norm          glm4moe: write the optional per-head q/k norms\n");
+               "  --qk-norm          glm4moe: write the optional per-head q/k norms\n"
+               "  --yarn F --yarn-log-mul F\n"
+               "                     deepseek2: YaRN scaling by F from ctx / F positions\n");
 }
 
 static bool parse_int(const char *s, long lo, long hi, long *out)
@@ -115,11 +122,13 @@ enum {
 };
 #define N_FIELDS 9
 enum { OPT_MOE = 512, N_MOE = 4 }; /* --experts, --experts-used, --expert-ff, --shared-ff */
-/* DeepSeek-V3-style routing and glm4moe's shape (v3_names order); OPT_V3_FLAG: --qk-norm,
- * --expert-scale */
+/* DeepSeek-V3-style routing and glm4moe's shape (v3_names order), --qk-norm and
+ * --expert-scale; deepseek2's latent attention widths (--q-lora ... --v-head), --kv-b-fused
+ * and YaRN. */
 enum { OPT_V3 = 600, N_V3 = 6, OPT_QK_NORM = 620, OPT_EXPERT_SCALE };
 static const char *const v3_names[N_V3] = {"shared-experts", "dense-layers", "expert-groups",
                                            "groups-used",    "rope-dim",     "nextn"};
+enum { OPT_MLA = 640, N_MLA = 5, OPT_FUSED = 700, OPT_YARN, OPT_YARN_LOG };
 
 static const struct option long_opts[] = {
     {"shape", required_argument, NULL, OPT_SHAPE},
@@ -147,6 +156,12 @@ static const struct option long_opts[] = {
     {"experts-used", required_argument, NULL, OPT_MOE + 1},
     {"expert-ff", required_argument, NULL, OPT_MOE + 2},
     {"shared-ff", required_argument, NULL, OPT_MOE + 3},
+    {"q-lora", required_argument, NULL, OPT_MLA + 0},
+    {"kv-lora", required_argument, NULL, OPT_MLA + 1},
+    {"qk-rope", required_argument, NULL, OPT_MLA + 2},
+    {"qk-nope", required_argument, NULL, OPT_MLA + 3},
+    {"v-head", required_argument, NULL, OPT_MLA + 4},
+    {"kv-b-fused", no_argument, NULL, OPT_FUSED},
     {"shared-experts", required_argument, NULL, OPT_V3 + 0},
     {"dense-layers", required_argument, NULL, OPT_V3 + 1},
     {"expert-groups", required_argument, NULL, OPT_V3 + 2},
@@ -155,6 +170,8 @@ static const struct option long_opts[] = {
     {"nextn", required_argument, NULL, OPT_V3 + 5},
     {"qk-norm", no_argument, NULL, OPT_QK_NORM},
     {"expert-scale", required_argument, NULL, OPT_EXPERT_SCALE},
+    {"yarn", required_argument, NULL, OPT_YARN},
+    {"yarn-log-mul", required_argument, NULL, OPT_YARN_LOG},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -165,6 +182,8 @@ struct synth_args {
     long fields[N_FIELDS]; /* --layers ... --swa in long_opts order; 0 = not given */
     long moe[N_MOE];       /* --experts, --experts-used, --expert-ff, --shared-ff */
     long v3[N_V3];         /* v3_names' options; -1 = not given */
+    long mla[N_MLA];       /* --q-lora ... --v-head; -1 = not given */
+    float w_scale;         /* --expert-scale; 0 = not given (applied after the shape) */
     bool mixtral;          /* --arch mixtral: a llama file with experts */
     double rope_base;      /* 0 = the shape's */
     struct kvr_synth_opts opts;
@@ -187,15 +206,18 @@ static int parse_real(int c, struct synth_args *a)
     if (errno || end == optarg || *end || !(d > 0.0) || d > 1e4) {
         fprintf(stderr, "kvasir synth: --%s wants a number in (0, 10000]\n",
                 c == OPT_LOGIT          ? "logit-scale"
+                : c == OPT_YARN         ? "yarn"
+                : c == OPT_YARN_LOG     ? "yarn-log-mul"
                 : c == OPT_EXPERT_SCALE ? "expert-scale"
                                         : "rope-scale");
         return 2;
     }
-    if (c == OPT_EXPERT_SCALE) {
-        a->opts.shape.w_scale = (float)d;
-        return 0;
-    }
-    *(c == OPT_LOGIT ? &a->opts.logit_scale : &a->opts.rope_scale) = (float)d;
+    float *dst = c == OPT_LOGIT          ? &a->opts.logit_scale
+                 : c == OPT_YARN         ? &a->opts.yarn_factor
+                 : c == OPT_YARN_LOG     ? &a->opts.yarn_log_mul
+                 : c == OPT_EXPERT_SCALE ? &a->w_scale
+                                         : &a->opts.rope_scale;
+    *dst = (float)d;
     return 0;
 }
 
@@ -203,6 +225,14 @@ static int parse_real(int c, struct synth_args *a)
  * none of them. */
 static int parse_count(int c, struct synth_args *a)
 {
+    if (c >= OPT_MLA && c < OPT_MLA + N_MLA) {
+        if (!parse_int(optarg, c == OPT_MLA ? 0 : 2, 1L << 16, &a->mla[c - OPT_MLA])) {
+            fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
+                    long_opts[c - OPT_MLA + 25].name);
+            return 2;
+        }
+        return 0;
+    }
     if (c >= OPT_MOE && c < OPT_MOE + N_MOE) {
         if (!parse_int(optarg, 1, 1L << 18, &a->moe[c - OPT_MOE])) {
             fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
@@ -280,9 +310,14 @@ static int parse_one(int c, struct synth_args *a)
         return 0;
     case OPT_LOGIT:
     case OPT_EXPERT_SCALE:
+    case OPT_YARN:
+    case OPT_YARN_LOG:
     case OPT_ROPE_SCALE:
     case OPT_ROPE_BASE:
         return parse_real(c, a);
+    case OPT_FUSED:
+        a->opts.kv_b_fused = true;
+        return 0;
     case OPT_TIED:
         a->opts.tied = true;
         return 0;
@@ -310,9 +345,11 @@ static int parse_one(int c, struct synth_args *a)
 static int parse(int argc, char **argv, struct synth_args *a)
 {
     memset(a, 0, sizeof *a);
-    a->opts = (struct kvr_synth_opts){.type = KVR_DTYPE_Q8_0, .seed = 1};
+    for (int i = 0; i < N_MLA; i++)
+        a->mla[i] = -1;
     for (int i = 0; i < N_V3; i++)
         a->v3[i] = -1;
+    a->opts = (struct kvr_synth_opts){.type = KVR_DTYPE_Q8_0, .seed = 1};
     long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
     a->opts.n_threads = n_cpus > 0 ? (int)(n_cpus < 64 ? n_cpus : 64) : 1;
     optind = 1;
@@ -390,6 +427,12 @@ static int build_shape(struct synth_args *a)
     for (int i = 0; i < N_V3; i++)
         if (a->v3[i] >= 0)
             *v3[i] = (int)a->v3[i];
+    int *mla[N_MLA] = {&s->q_lora, &s->kv_lora, &s->qk_rope, &s->qk_nope, &s->v_head};
+    for (int i = 0; i < N_MLA; i++)
+        if (a->mla[i] >= 0)
+            *mla[i] = (int)a->mla[i];
+    if (a->w_scale > 0.0f)
+        s->w_scale = a->w_scale;
     return 0;
 }
 

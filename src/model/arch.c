@@ -78,6 +78,14 @@ static const struct kvr_arch archs[] = {
      .moe_bias = KVR_MOE_BIAS_REQUIRED,
      .ffn_norm_name = "post_attention_norm.weight",
      .nextn = true},
+    {.name = "deepseek2",
+     .has = PRE_NORMS | B(ATTN_OUT) | GATED_FFN,
+     .act = KVR_ACT_SILU,
+     .rope = KVR_ROPE_NORMAL,
+     .moe_gating = KVR_MOE_GATING_SOFTMAX,
+     .moe_v3 = true,
+     .moe_bias = KVR_MOE_BIAS_OPTIONAL,
+     .mla = true},
 };
 #define N_ARCHS ((int)(sizeof archs / sizeof archs[0]))
 
@@ -116,7 +124,7 @@ const struct kvr_arch *kvr_arch_at(int i)
 
 const char *kvr_arch_list(void)
 {
-    return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, qwen2moe, glm4moe";
+    return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, qwen2moe, glm4moe, deepseek2";
 }
 
 const char *kvr_lt_name(enum kvr_lt t)
@@ -252,6 +260,8 @@ static int read_rope_scaling(struct kvr_hparams *hp, const struct kvr_gguf *g, s
     }
     if (type.len == 4 && !memcmp(type.ptr, "none", 4))
         return KVR_OK;
+    if (hp->arch->mla && type.len == 4 && !memcmp(type.ptr, "yarn", 4))
+        return KVR_OK; /* kvr_mla_hparams_read reads YaRN's keys */
     if (type.len != 6 || memcmp(type.ptr, "linear", 6))
         return kvr_err_set(err, KVR_ENOTSUP,
                            "model: rope scaling '%.*s' is not supported "
@@ -409,7 +419,8 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
                            "(supported: %s)",
                            (int)(name.len > 64 ? 64 : name.len), name.ptr, kvr_arch_list());
     hp->arch = a;
-    if ((rc = read_shape(hp, g, a, err)) || (rc = read_heads(hp, g, a, err)) ||
+    if ((rc = read_shape(hp, g, a, err)) ||
+        (rc = a->mla ? kvr_mla_hparams_read(hp, g, err) : read_heads(hp, g, a, err)) ||
         (rc = read_swa_and_scale(hp, g, a, err)) || (rc = read_rope_freqs(hp, g, err)))
         return rc;
 

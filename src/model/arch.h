@@ -25,6 +25,7 @@
  * | glm4moe  | q/k/v biases, optional q/k norms, the  | SiLU  | neox,  | sigmoid + bias, norm, |
  * |          | ffn norm post_attention_norm, experts  |       | partial| scale; leading dense, |
  * |          | + ungated shared, leading dense layers |       |        | NextN blocks not run  |
+ * | deepseek2 | MLA attention (model/mla.h)          | SiLU  | normal | latent KV, YaRN       |
  *
  * Mixture-of-experts layers (model/moe.h) replace the dense ffn_gate/up/down with a router
  * and experts; the arch row gives the gating and whether the architecture always has them
@@ -36,6 +37,7 @@
 
 #include "core/err.h"
 #include "model/gguf.h"
+#include "model/mla.h"
 #include "model/moe.h"
 
 #include <stdbool.h>
@@ -107,6 +109,7 @@ struct kvr_arch {
                                        ffn_norm.weight (glm4moe: post_attention_norm.weight) */
     bool nextn;                     /* reads ARCH.nextn_predict_layers: the file's last blocks
                                        are NextN/MTP layers, checked and never run */
+    bool mla; /* multi-head latent attention (model/mla.h) replaces attn_q/k/v */
 };
 
 /* The table's row for an architecture name (len bytes, not NUL-terminated), or NULL. */
@@ -148,6 +151,7 @@ struct kvr_hparams {
     uint32_t n_swa;             /* attention.sliding_window in positions; 0 none */
     uint32_t swa_period;        /* attention.sliding_window_pattern or the arch's default */
     struct kvr_moe_hparams moe; /* experts (ARCH.expert_*); moe.n_expert == 0: dense */
+    struct kvr_mla_hparams mla; /* latent attention; mla.kv_lora_rank == 0: none */
 };
 
 /* Read and check a model's hyperparameters. An unknown architecture is refused with a

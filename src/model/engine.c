@@ -21,6 +21,7 @@
 #include "model/dtype.h"
 #include "model/kv.h"
 #include "model/matmul_pool.h"
+#include "model/mla.h"
 #include "model/moe.h"
 #include "model/nextn.h"
 
@@ -54,6 +55,7 @@ struct layer {
     struct kvr_matrix w_down;       /* [n_ff] -> [n_embd] */
     const float *ffn_post_norm;     /* [n_embd] */
     struct kvr_moe_layer moe;       /* router and experts, when hp.moe.n_expert > 0 */
+    struct kvr_mla_layer mla;       /* latent attention, when hp.mla.kv_lora_rank > 0 */
     bool swa;                       /* attends to the last n_swa positions only */
     float rope_base;                /* this layer's RoPE base */
     float rope_scale;               /* and position scale (1 on sliding layers) */
@@ -162,6 +164,8 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
     if (kvr_hparams_layer_moe(hp, il) &&
         (rc = kvr_moe_layer_view(&l->moe, g, il, hp->n_embd, &hp->moe, err)))
         return rc;
+    if (hp->mla.kv_lora_rank && (rc = kvr_mla_layer_view(&l->mla, g, hp, il, err)))
+        return rc;
     l->swa = kvr_hparams_layer_swa(hp, il);
     l->rope_base = l->swa ? hp->rope_base_swa : hp->rope_freq_base;
     l->rope_scale = l->swa ? 1.0f : hp->rope_freq_scale;
@@ -184,6 +188,7 @@ struct kvr_engine {
     struct kvr_moe_work *moe;         /* the expert feed-forward's scratch (MoE models) */
     kvr_moe_dispatch_fn moe_dispatch; /* NULL: every expert computed here */
     void *moe_dispatch_ctx;
+    struct kvr_mla_work *mla; /* latent attention's scratch (deepseek2) */
 
     /* Scratch, all [max_rows x width] floats unless noted. */
     float *x;             /* residual stream, n_embd */
@@ -246,6 +251,9 @@ void kvr_engine_destroy(struct kvr_engine *e)
         return;
     kvr_pool_destroy(e->pool);
     kvr_moe_work_destroy(e->moe);
+    kvr_mla_work_destroy(e->mla);
+    for (uint32_t i = 0; e->layers && i < e->n_local; i++)
+        kvr_mla_layer_fini(&e->layers[i].mla);
     kvr_kv_fini(&e->kv);
     float *bufs[] = {e->x,    e->xb, e->q,    e->k,      e->v,     e->att,
                      e->gate, e->up, e->proj, e->scores, e->kv_f32};
@@ -302,11 +310,13 @@ static int pack_weights(struct kvr_engine *e, const struct kvr_gguf *g, struct k
         size_t at = 0;
         for (uint32_t i = 0; i <= e->n_local; i++) {
             struct layer *l = &e->layers[i < e->n_local ? i : 0];
-            struct kvr_matrix *layer_ms[] = {&l->wq,     &l->wk,   &l->wv,    &l->wo,
-                                             &l->w_gate, &l->w_up, &l->w_down};
+            struct kvr_matrix *layer_ms[] = {&l->wq,        &l->wk,        &l->wv,
+                                             &l->wo,        &l->w_gate,    &l->w_up,
+                                             &l->w_down,    &l->mla.wq_a,  &l->mla.wq_b,
+                                             &l->mla.wq,    &l->mla.wkv_a};
             struct kvr_matrix *tail_ms[] = {&e->output};
             struct kvr_matrix **ms = i < e->n_local ? layer_ms : tail_ms;
-            size_t n = i < e->n_local ? 7 : kvr_engine_is_tail(e) ? 1 : 0;
+            size_t n = i < e->n_local ? 11 : kvr_engine_is_tail(e) ? 1 : 0;
             for (size_t j = 0; j < n; j++) {
                 size_t b = kvr_matrix_pack_bytes(ms[j]); /* a multiple of 32 */
                 if (b && pass) {
@@ -421,6 +431,20 @@ static size_t scratch_bytes(const struct kvr_engine *e)
     return (size_t)n;
 }
 
+/* The latent attention's scratch, sized for the slice's layers. */
+static int mla_create(struct kvr_engine *e, struct kvr_err *err)
+{
+    struct kvr_mla_layer *ml = kvr_calloc(e->n_local, sizeof *ml);
+    if (!ml)
+        return kvr_err_set(err, KVR_ENOMEM, "engine: out of memory");
+    for (uint32_t i = 0; i < e->n_local; i++)
+        ml[i] = e->layers[i].mla;
+    int rc = kvr_mla_work_create(&e->mla, &e->hp, ml, e->n_local, e->cfg.max_rows,
+                                 e->cfg.n_threads, e->cfg.n_ctx, e->cfg.kv_block_tokens, err);
+    kvr_free(ml);
+    return rc;
+}
+
 int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
                       const struct kvr_engine_config *cfg, struct kvr_err *err)
 {
@@ -460,8 +484,11 @@ int kvr_engine_create(struct kvr_engine **out, const struct kvr_gguf *g,
                          hp->head_dim);
         goto fail;
     }
-    if ((rc = kvr_kv_init(&e->kv, cfg->kv_type, e->n_local, e->hp.kv_dim, cfg->kv_block_tokens,
-                          (uint32_t)n_blocks, cfg->max_seqs, cfg->n_ctx, err)))
+    if ((rc = (hp->mla.kv_lora_rank ? kvr_kv_init_keys : kvr_kv_init)(
+             &e->kv, cfg->kv_type, e->n_local, e->hp.kv_dim, cfg->kv_block_tokens,
+             (uint32_t)n_blocks, cfg->max_seqs, cfg->n_ctx, err)))
+        goto fail;
+    if (hp->mla.kv_lora_rank && (rc = mla_create(e, err)))
         goto fail;
 
     int failed = 0;
@@ -536,11 +563,13 @@ int kvr_engine_expected_bytes(const struct kvr_gguf *g, const struct kvr_engine_
     bool pack = packing_on();
     for (uint32_t i = 0; i <= e->n_local; i++) {
         struct layer *l = &e->layers[i < e->n_local ? i : 0];
-        const struct kvr_matrix *layer_ms[] = {&l->wq,     &l->wk,   &l->wv,    &l->wo,
-                                               &l->w_gate, &l->w_up, &l->w_down};
+        const struct kvr_matrix *layer_ms[] = {&l->wq,       &l->wk,       &l->wv,
+                                               &l->wo,       &l->w_gate,   &l->w_up,
+                                               &l->w_down,   &l->mla.wq_a, &l->mla.wq_b,
+                                               &l->mla.wq,   &l->mla.wkv_a};
         const struct kvr_matrix *tail_ms[] = {&e->output};
         const struct kvr_matrix **ms = i < e->n_local ? layer_ms : tail_ms;
-        size_t n = i < e->n_local ? 7 : kvr_engine_is_tail(e) ? 1 : 0;
+        size_t n = i < e->n_local ? 11 : kvr_engine_is_tail(e) ? 1 : 0;
         for (size_t j = 0; j < n; j++) {
             uint64_t raw = (uint64_t)ms[j]->n_out * ms[j]->row_bytes;
             size_t b = pack ? kvr_matrix_pack_bytes(ms[j]) : 0;
@@ -553,9 +582,15 @@ int kvr_engine_expected_bytes(const struct kvr_gguf *g, const struct kvr_engine_
     out->weights = (size_t)w;
     uint32_t per_seq = (cfg->n_ctx + cfg->kv_block_tokens - 1) / cfg->kv_block_tokens;
     uint64_t n_blocks = cfg->kv_n_blocks ? cfg->kv_n_blocks : (uint64_t)per_seq * cfg->max_seqs;
-    out->kv = (size_t)(2ull * e->n_local * n_blocks * cfg->kv_block_tokens *
-                       kvr_kv_bytes(cfg->kv_type, hp->kv_dim));
+    out->kv = (size_t)((hp->mla.kv_lora_rank ? 1ull : 2ull) * e->n_local * n_blocks *
+                       cfg->kv_block_tokens * kvr_kv_bytes(cfg->kv_type, hp->kv_dim));
     out->scratch = scratch_bytes(e);
+    if (hp->mla.kv_lora_rank) {
+        out->scratch += kvr_mla_work_bytes(hp, cfg->max_rows, cfg->n_threads, cfg->n_ctx,
+                                           cfg->kv_block_tokens);
+        for (uint32_t i = 0; i < e->n_local; i++)
+            out->weights += kvr_mla_layer_owned_bytes(&e->layers[i].mla, hp->n_head);
+    }
     kvr_engine_destroy(e);
     return KVR_OK;
 }
@@ -937,6 +972,12 @@ static void attention_block(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
 {
     const struct kvr_hparams *hp = &e->hp;
     const struct layer *l = &e->layers[il];
+    if (e->mla) { /* latent attention (model/mla.h) */
+        kvr_mla_attention(e->mla, &l->mla, &e->kv, il, e->xb, n_rows, e->row_seq, e->row_pos,
+                          e->att, e->pool);
+        matmul1(e, e->att, n_rows, &l->wo, e->proj);
+        return;
+    }
     const struct kvr_matrix *qkv_w[3] = {&l->wq, &l->wk, &l->wv};
     float *qkv_y[3] = {e->q, e->k, e->v};
     matmuls_any(e, e->xb, n_rows, 3, qkv_w, qkv_y);

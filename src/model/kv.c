@@ -83,9 +83,9 @@ void kvr_kv_load(enum kvr_dtype type, float *dst, const void *src, uint32_t n)
     kvr_dtype_traits(type)->to_float(src, dst, n);
 }
 
-int kvr_kv_init(struct kvr_kv *kv, enum kvr_dtype type, uint32_t n_layers, uint32_t kv_dim,
+static int init(struct kvr_kv *kv, enum kvr_dtype type, uint32_t n_layers, uint32_t kv_dim,
                 uint32_t block_tokens, uint32_t n_blocks, uint32_t max_seqs, uint32_t n_ctx,
-                struct kvr_err *err)
+                bool with_v, struct kvr_err *err)
 {
     memset(kv, 0, sizeof *kv);
     if (!kv_dim || !block_tokens || !n_blocks || !max_seqs || !n_ctx)
@@ -111,22 +111,37 @@ int kvr_kv_init(struct kvr_kv *kv, enum kvr_dtype type, uint32_t n_layers, uint3
         !kvr_mul_size(max_seqs, kv->max_blocks_per_seq, &n_table))
         return kvr_err_set(err, KVR_ENOMEM, "kv cache: size overflows");
     kv->k = kvr_aligned_alloc(64, n_bytes ? n_bytes : 64);
-    kv->v = kvr_aligned_alloc(64, n_bytes ? n_bytes : 64);
+    kv->v = with_v ? kvr_aligned_alloc(64, n_bytes ? n_bytes : 64) : NULL;
     kv->tables = kvr_calloc(n_table, sizeof *kv->tables);
     kv->n_pos = kvr_calloc(max_seqs, sizeof *kv->n_pos);
     kv->free_ids = kvr_calloc(n_blocks, sizeof *kv->free_ids);
     kv->n_mapped = kvr_calloc(max_seqs, sizeof *kv->n_mapped);
     kv->refs = kvr_calloc(n_blocks, sizeof *kv->refs);
-    if (!kv->k || !kv->v || !kv->tables || !kv->n_pos || !kv->free_ids || !kv->n_mapped ||
+    if (!kv->k || (with_v && !kv->v) || !kv->tables || !kv->n_pos || !kv->free_ids || !kv->n_mapped ||
         !kv->refs) {
         kvr_kv_fini(kv);
-        return kvr_err_set(err, KVR_ENOMEM, "kv cache: cannot allocate %zu MiB", 2 * n_bytes >> 20);
+        return kvr_err_set(err, KVR_ENOMEM, "kv cache: cannot allocate %zu MiB",
+                           (with_v ? 2 : 1) * n_bytes >> 20);
     }
     /* Stack order: block 0 is handed out first. */
     for (uint32_t i = 0; i < n_blocks; i++)
         kv->free_ids[i] = n_blocks - 1 - i;
     kv->n_free = n_blocks;
     return KVR_OK;
+}
+
+int kvr_kv_init(struct kvr_kv *kv, enum kvr_dtype type, uint32_t n_layers, uint32_t kv_dim,
+                uint32_t block_tokens, uint32_t n_blocks, uint32_t max_seqs, uint32_t n_ctx,
+                struct kvr_err *err)
+{
+    return init(kv, type, n_layers, kv_dim, block_tokens, n_blocks, max_seqs, n_ctx, true, err);
+}
+
+int kvr_kv_init_keys(struct kvr_kv *kv, enum kvr_dtype type, uint32_t n_layers, uint32_t kv_dim,
+                     uint32_t block_tokens, uint32_t n_blocks, uint32_t max_seqs, uint32_t n_ctx,
+                     struct kvr_err *err)
+{
+    return init(kv, type, n_layers, kv_dim, block_tokens, n_blocks, max_seqs, n_ctx, false, err);
 }
 
 void kvr_kv_fini(struct kvr_kv *kv)

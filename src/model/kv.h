@@ -44,7 +44,7 @@ struct kvr_kv {
     uint32_t max_seqs;           /* sequence slots */
     uint32_t max_blocks_per_seq; /* ceil(n_ctx / block_tokens) */
     uint8_t *k;                  /* see layout above */
-    uint8_t *v;
+    uint8_t *v;                  /* NULL in a keys-only cache (kvr_kv_init_keys) */
     uint32_t *tables;   /* [max_seqs][max_blocks_per_seq] block ids */
     uint32_t *n_pos;    /* [max_seqs] positions cached per sequence */
     uint32_t *free_ids; /* stack of free block ids, n_free valid (lazy blocks) */
@@ -71,6 +71,12 @@ void kvr_kv_load(enum kvr_dtype type, float *dst, const void *src, uint32_t n);
 int kvr_kv_init(struct kvr_kv *kv, enum kvr_dtype type, uint32_t n_layers, uint32_t kv_dim,
                 uint32_t block_tokens, uint32_t n_blocks, uint32_t max_seqs, uint32_t n_ctx,
                 struct kvr_err *err);
+/* kvr_kv_init with `k` only (`v` NULL): one row of kv_dim values per position and layer,
+ * the compressed latent of multi-head latent attention (model/mla.h), which serves as
+ * keys and values both. */
+int kvr_kv_init_keys(struct kvr_kv *kv, enum kvr_dtype type, uint32_t n_layers, uint32_t kv_dim,
+                     uint32_t block_tokens, uint32_t n_blocks, uint32_t max_seqs, uint32_t n_ctx,
+                     struct kvr_err *err);
 void kvr_kv_fini(struct kvr_kv *kv);
 
 /* Make room to write positions [pos0, pos0 + n_tokens) of `seq`: the sequence is first

@@ -69,6 +69,20 @@ static const struct kvr_synth_shape named_shapes[] = {
      .w_scale = 1.0f,
      .rope_dim = 64,
      .n_nextn = 1},
+    {.name = "deepseek-v2-lite",
+     .n_layers = 27,
+     .dim = 2048,
+     .ff = 10944,
+     .n_heads = 16,
+     .n_kv_heads = 16,
+     .vocab_size = 102400,
+     .ctx = 32768,
+     .rope_base = 10000.0f,
+     .rms_eps = 1e-6f,
+     .kv_lora = 512,
+     .qk_rope = 64,
+     .qk_nope = 128,
+     .v_head = 128},
 };
 #define N_NAMED_SHAPES ((int)(sizeof named_shapes / sizeof named_shapes[0]))
 
@@ -335,6 +349,20 @@ static bool is_tied(const struct kvr_synth_opts *o)
     return o->tied || arch_of(o)->embd_scale; /* gemma files always tie */
 }
 
+/* Latent attention's widths, with synth.h's defaults. */
+static void mla_hparams_of(const struct kvr_synth_shape *s, struct kvr_hparams *hp)
+{
+    struct kvr_mla_hparams *m = &hp->mla;
+    uint32_t hd = hp->head_dim;
+    m->q_lora_rank = (uint32_t)s->q_lora;
+    m->kv_lora_rank = (uint32_t)(s->kv_lora ? s->kv_lora : s->dim / 2);
+    m->n_nope = (uint32_t)(s->qk_nope ? s->qk_nope : (int)hd);
+    m->n_rope = (uint32_t)(s->qk_rope ? s->qk_rope : (int)hd / 2);
+    m->n_v = (uint32_t)(s->v_head ? s->v_head : (int)hd);
+    hp->n_rot = m->n_rope;
+    hp->q_dim = hp->n_head * m->n_v;
+}
+
 /* The hyperparameters the table's shapes are computed from. */
 static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
 {
@@ -350,6 +378,8 @@ static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
     hp.kv_dim = hp.n_head_kv * hp.head_dim;
     hp.n_rot = s->rope_dim ? (uint32_t)s->rope_dim : hp.head_dim;
     hp.n_nextn = hp.arch->nextn ? (uint32_t)s->n_nextn : 0;
+    if (hp.arch->mla)
+        mla_hparams_of(s, &hp);
     if (s->n_expert > 0) {
         hp.moe.n_expert = (uint32_t)s->n_expert;
         hp.moe.n_used = (uint32_t)s->n_expert_used;
@@ -372,8 +402,8 @@ static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
 /* Most tensors a model of these options has. */
 static size_t max_tensors(const struct kvr_synth_shape *s)
 {
-    /* + router, experts, shared, bias, NextN's own */
-    return (size_t)(s->n_layers + s->n_nextn) * (KVR_LT_COUNT + 16) + 4;
+    /* + router, experts, shared, bias, MLA's projections; NextN's own */
+    return (size_t)(s->n_layers + s->n_nextn) * (KVR_LT_COUNT + 18) + 4;
 }
 
 /* A MoE layer's router, experts and shared expert (synth.h: the routing design). */
@@ -427,6 +457,43 @@ static int64_t add_moe_specs(struct tspec *out, const struct kvr_hparams *hp, ui
     return n;
 }
 
+/* A latent attention layer's projections (model/mla.h); std 1/sqrt(n_in), the keys'
+ * and values' projections by the latent they read. */
+static int64_t add_mla_specs(struct tspec *out, const struct kvr_hparams *hp,
+                             const struct kvr_synth_opts *o, uint32_t l, int type, uint64_t seed)
+{
+    const struct kvr_mla_hparams *m = &hp->mla;
+    int64_t n = 0, d = hp->n_embd, H = hp->n_head, L = m->kv_lora_rank, ql = m->q_lora_rank;
+    int64_t qk = m->n_nope + m->n_rope;
+    char name[48];
+#define NAME(suffix) (snprintf(name, sizeof name, "blk.%u." suffix, l), name)
+    if (ql) {
+        add_spec(&out[n++], NAME("attn_q_a.weight"), d, ql, type, 1.0f / sqrtf((float)d), seed);
+        add_spec(&out[n++], NAME("attn_q_a_norm.weight"), ql, 0, type, 0, seed);
+        add_spec(&out[n++], NAME("attn_q_b.weight"), ql, H * qk, type, 1.0f / sqrtf((float)ql),
+                 seed);
+    } else {
+        add_spec(&out[n++], NAME("attn_q.weight"), d, H * qk, type, 1.0f / sqrtf((float)d), seed);
+    }
+    add_spec(&out[n++], NAME("attn_kv_a_mqa.weight"), d, L + m->n_rope, type,
+             1.0f / sqrtf((float)d), seed);
+    add_spec(&out[n++], NAME("attn_kv_a_norm.weight"), L, 0, type, 0, seed);
+    float std = 1.0f / sqrtf((float)L);
+    if (o->kv_b_fused) {
+        add_spec(&out[n++], NAME("attn_kv_b.weight"), L, H * (m->n_nope + m->n_v), type, std,
+                 seed);
+    } else {
+        add_spec(&out[n], NAME("attn_k_b.weight"), m->n_nope, L, type, std, seed);
+        out[n].n_dims = 3;
+        out[n++].ne[2] = H;
+        add_spec(&out[n], NAME("attn_v_b.weight"), L, m->n_v, type, std, seed);
+        out[n].n_dims = 3;
+        out[n++].ne[2] = H;
+    }
+#undef NAME
+    return n;
+}
+
 /* Layer l's tensors (the table's, then any experts); returns how many. */
 static int64_t add_layer_specs(struct tspec *out, const struct kvr_synth_opts *o,
                                const struct kvr_hparams *hp, uint32_t l, float s_res)
@@ -462,6 +529,8 @@ static int64_t add_layer_specs(struct tspec *out, const struct kvr_synth_opts *o
         }
         n++;
     }
+    if (a->mla)
+        n += add_mla_specs(out + n, hp, o, l, o->type, o->seed);
     if (kvr_hparams_layer_moe(hp, l))
         n += add_moe_specs(out + n, hp, l, o->type, o->seed, s_res);
     return n;
@@ -772,6 +841,46 @@ static void add_arch_f32(struct kvr_gguf_writer *w, const char *arch, const char
     kvr_gguf_writer_add_f32(w, key, v);
 }
 
+/* deepseek2's keys: the MLA widths in the form the tensors take (split: the cache's MQA
+ * head as key/value_length and the per-head widths as *_mla; fused: per-head widths), the
+ * keys llama.cpp requires of every deepseek2 file (all layers dense unless experts are
+ * asked for), and YaRN's. */
+static void add_mla_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts *o,
+                        const struct kvr_hparams *hp)
+{
+    const struct kvr_mla_hparams *m = &hp->mla;
+    const char *a = hp->arch->name;
+    if (m->q_lora_rank)
+        add_arch_u32(w, a, "attention.q_lora_rank", m->q_lora_rank);
+    add_arch_u32(w, a, "attention.kv_lora_rank", m->kv_lora_rank);
+    if (o->kv_b_fused) {
+        add_arch_u32(w, a, "attention.head_count_kv", hp->n_head);
+        add_arch_u32(w, a, "attention.key_length", m->n_nope + m->n_rope);
+        add_arch_u32(w, a, "attention.value_length", m->n_v);
+    } else {
+        add_arch_u32(w, a, "attention.head_count_kv", 1);
+        add_arch_u32(w, a, "attention.key_length", m->kv_lora_rank + m->n_rope);
+        add_arch_u32(w, a, "attention.value_length", m->kv_lora_rank);
+        add_arch_u32(w, a, "attention.key_length_mla", m->n_nope + m->n_rope);
+        add_arch_u32(w, a, "attention.value_length_mla", m->n_v);
+    }
+    if (!hp->moe.n_expert) { /* with experts, add_v3_kvs writes these */
+        add_arch_u32(w, a, "leading_dense_block_count", hp->n_layer);
+        add_arch_u32(w, a, "expert_feed_forward_length", hp->n_ff);
+        add_arch_u32(w, a, "expert_shared_count", 0);
+        add_arch_f32(w, a, "expert_weights_scale", 1.0f);
+    }
+    if (o->yarn_factor > 1.0f) {
+        char key[96];
+        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+        kvr_gguf_writer_add_str(w, key, "yarn");
+        add_arch_f32(w, a, "rope.scaling.factor", o->yarn_factor);
+        add_arch_u32(w, a, "rope.scaling.original_context_length",
+                     (uint32_t)((float)o->shape.ctx / o->yarn_factor));
+        add_arch_f32(w, a, "rope.scaling.yarn_log_multiplier", o->yarn_log_mul);
+    }
+}
+
 /* The keys of DeepSeek-V3-style routing (model/moe_route.h). */
 static void add_v3_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_shape *s, const char *a)
 {
@@ -807,8 +916,11 @@ static void add_model_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts
         add_arch_u32(w, a, "nextn_predict_layers", hp.n_nextn);
     add_arch_u32(w, a, "feed_forward_length", (uint32_t)s->ff);
     add_arch_u32(w, a, "attention.head_count", (uint32_t)s->n_heads);
-    add_arch_u32(w, a, "attention.head_count_kv", (uint32_t)s->n_kv_heads);
-    if (s->head_dim) {
+    if (hp.arch->mla)
+        add_mla_kvs(w, o, &hp);
+    else
+        add_arch_u32(w, a, "attention.head_count_kv", (uint32_t)s->n_kv_heads);
+    if (s->head_dim && !hp.arch->mla) {
         add_arch_u32(w, a, "attention.key_length", hp.head_dim);
         add_arch_u32(w, a, "attention.value_length", hp.head_dim);
     }
@@ -861,12 +973,12 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
     const struct kvr_arch *arch = arch_of(opts);
     if (arch->moe_always && !s->n_expert)
         return kvr_err_set(err, KVR_EINVAL, "shape: %s needs experts", arch->name);
-    if (s->n_expert && !arch->moe_always && strcmp(arch->name, "llama"))
+    if (s->n_expert && !arch->moe_always && !arch->moe_v3 && strcmp(arch->name, "llama"))
         return kvr_err_set(err, KVR_EINVAL,
                            "shape: %s has no experts (llama, qwen3moe and "
                            "qwen2moe do)",
                            arch->name);
-    if (s->n_expert && !arch->moe_always && s->expert_ff && s->expert_ff != s->ff)
+    if (s->n_expert && !arch->moe_always && !arch->moe_v3 && s->expert_ff && s->expert_ff != s->ff)
         return kvr_err_set(err, KVR_EINVAL, "shape: llama's experts are ff wide (%d), not %d",
                            s->ff, s->expert_ff);
     if (opts->n_threads < 1)
@@ -892,6 +1004,8 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
     max_ne0 = q_dim > max_ne0 ? q_dim : max_ne0;
     max_ne0 = s->expert_ff > max_ne0 ? s->expert_ff : max_ne0;
     max_ne0 = s->shared_ff > max_ne0 ? s->shared_ff : max_ne0;
+    max_ne0 = s->kv_lora > max_ne0 ? s->kv_lora : max_ne0;
+    max_ne0 = s->q_lora > max_ne0 ? s->q_lora : max_ne0;
     int64_t shexp = (int64_t)hparams_of(opts).moe.n_ff_shexp;
     max_ne0 = shexp > max_ne0 ? shexp : max_ne0;
     float *scratch = kvr_malloc((size_t)opts->n_threads * (size_t)max_ne0 * sizeof(float));

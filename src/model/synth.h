@@ -116,6 +116,11 @@ struct kvr_synth_shape {
     float w_scale;    /* expert_weights_scale (0: 1) */
     int rope_dim;     /* rope.dimension_count (0: the head width; less: partial rotary) */
     int n_nextn;      /* NextN blocks after the n_layers (glm4moe's nextn_predict_layers) */
+    /* Latent attention (deepseek2, model/mla.h); zeros take the defaults kv_lora dim / 2,
+     * qk_nope and v_head the head width (dim / heads), qk_rope half of it. */
+    int q_lora;  /* attention.q_lora_rank; 0: a plain attn_q */
+    int kv_lora; /* attention.kv_lora_rank */
+    int qk_rope, qk_nope, v_head;
 };
 
 /* Named shapes:
@@ -128,7 +133,11 @@ struct kvr_synth_shape {
  *                   (--arch glm4moe): 16 layers + 1 NextN, dim 1024, 16/2 heads of 128 with
  *                   RoPE on 64, 1 dense layer (ff 2816), 64 experts of 352 top-8 + 1
  *                   shared, vocab 32000, rope base 1e6
- * The others use rope base 10000; all rms epsilon 1e-5. KVR_ENOTFOUND for an unknown name. */
+ *   deepseek-v2-lite  DeepSeek-V2-Lite's: 27 layers, dim 2048, ff 10944, 16 heads, latent
+ *                   512, rope 64, nope 128, value 128, no q_lora, vocab 102400, ctx 32768
+ *                   (with --arch deepseek2; its experts come with the MoE options)
+ * The others use rope base 10000; rms epsilon 1e-5 (deepseek-v2-lite 1e-6). KVR_ENOTFOUND for
+ * an unknown name. */
 int kvr_synth_shape_by_name(const char *name, struct kvr_synth_shape *out);
 /* Name of the i-th named shape, NULL past the end (for --help). */
 const char *kvr_synth_shape_name(int i);
@@ -148,6 +157,10 @@ struct kvr_synth_opts {
     int n_threads;                 /* >= 1 */
     kvr_gguf_progress_fn progress; /* optional: called after each tensor is written */
     void *progress_ctx;
+    bool kv_b_fused;    /* deepseek2: the older fused attn_kv_b instead of attn_k_b/v_b */
+    float yarn_factor;  /* deepseek2: YaRN scaling by this factor (0 or 1: none), from an
+                           original context of ctx / factor */
+    float yarn_log_mul; /* and its rope.scaling.yarn_log_multiplier */
 };
 
 struct kvr_synth_stats {

@@ -42,6 +42,8 @@ static double layer_bytes(const struct kvr_gguf *g, const struct kvr_hparams *hp
         snprintf(name, sizeof name, "blk.%u.%s", il, kvr_arch_lt_name(hp->arch, (enum kvr_lt)t));
         sum += tensor_bytes(g, name);
     }
+    if (hp->mla.kv_lora_rank) /* latent attention's tensors are not in the table */
+        sum += kvr_mla_layer_file_bytes(g, il);
     struct kvr_moe_layer moe;
     if (routed)
         *routed = 0;

@@ -64,6 +64,18 @@ expect 2 "unknown --arch mamba (supported: llama, qwen2" "$KVASIR" synth --arch 
     -o "$dir/x.gguf"
 expect 1 "llama has no sliding window" "$KVASIR" synth --shape tiny --swa 4 -o "$dir/x.gguf"
 
+# deepseek2 (issue 35): info names the latent attention's ranks, the kv_b form and YaRN.
+"$KVASIR" synth --arch deepseek2 --shape tiny --q-lora 32 --kv-lora 64 --qk-rope 16 \
+    --experts 8 --experts-used 2 --shared-experts 1 --dense-layers 1 --expert-groups 2 \
+    --groups-used 1 --yarn 4 --yarn-log-mul 0.1 -o "$dir/ds.gguf" >/dev/null
+"$KVASIR" info "$dir/ds.gguf" >"$dir/info"
+grep -q "latent attention (MLA): kv_lora_rank 64, q_lora_rank 32, qk nope 16 + rope 16, value 16, split kv_b, KV cache 80 values per token and layer, YaRN x4 from 128" "$dir/info" ||
+    fail "info: deepseek2 $(grep architecture: "$dir/info")"
+"$KVASIR" synth --arch deepseek2 --shape tiny --kv-b-fused -o "$dir/ds.gguf" >/dev/null
+"$KVASIR" info "$dir/ds.gguf" >"$dir/info"
+grep -q "kv_lora_rank 32, q_lora_rank none, qk nope 16 + rope 8, value 16, fused kv_b" "$dir/info" ||
+    fail "info: deepseek2 fused $(grep architecture: "$dir/info")"
+
 head -c 1000 "$dir/a.gguf" >"$dir/cut.gguf"
 expect 1 "cut.gguf: " "$KVASIR" info "$dir/cut.gguf"
 expect 1 "cannot open" "$KVASIR" info "$dir/missing.gguf"

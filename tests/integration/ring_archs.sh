@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Bit-identical tokens for every architecture (issue 16, acceptance 3; DESIGN.md 7): one
 # small Q8_0 model per architecture of the table (biases, q/k norms, post-norms, fused
-# tensors, a sliding window of 8 positions for gemma), 12 concurrent sequences of mixed
+# tensors, a sliding window of 8 positions for gemma, deepseek2's latent attention), 12 concurrent sequences of mixed
 # prompt lengths (6 greedy, 6 sampled with seeds) give exactly the same tokens through the
 # single-process engine (each sequence alone) and through a 3-stage ring in flight. The
 # plan balancer splits each model (its layer weights come from the table's tensor names).
@@ -11,7 +11,7 @@ source "$(dirname "$0")/lib.bash"
 mixed_prompts "$TMP/prompts.jsonl"
 
 for spec in "llama|" "qwen2|--tied" "qwen3|--head-dim 32" "gemma2|--swa 8" \
-    "gemma3|--swa 8 --layers 6" "phi3|"; do
+    "gemma3|--swa 8 --layers 6" "phi3|" "deepseek2|--q-lora 32"; do
     arch=${spec%%|*}
     extra=${spec#*|}
     model=$TMP/$arch.gguf
@@ -38,7 +38,7 @@ print(" ".join("%d-%d" % tuple(s["layers"]) for s in json.load(open(sys.argv[1])
     # model of as many layers is split like the llama one (fused or extra tensors included).
     case $arch in
     llama) llama_split=$split ;;
-    gemma3) ;;
+    gemma3 | deepseek2) ;; # more layers; latent attention's own tensors
     *) [ "$split" = "$llama_split" ] || fail "$arch: plan splits $split, llama $llama_split" ;;
     esac
     echo "ok: $arch, 3 stages (layers $split), 3 micro-batches: 12/12 sequences identical"

@@ -412,7 +412,8 @@ static void test_archs(void **state)
         o.shape.n_swa = a->sliding ? 8 : 0;
         o.tied = !strcmp(a->name, "qwen2");
         o.rope_freqs = !strcmp(a->name, "llama");
-        if (a->moe_always) /* the expert tensors are test_moe's; here the rest */
+        if (a->moe_always || a->mla) /* the expert tensors are test_moe's, latent attention's
+                                        widths test_mla's; here the rest */
             continue;
         struct kvr_synth_stats st;
         const char *path = write_model("arch.gguf", &o, &st);
