@@ -36,7 +36,8 @@ static void usage(FILE *f)
                "  -o, --out FILE     output file\n"
                "  --type T           matrix type, any weight type by name: f32, f16, bf16,\n"
                "                     q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k,\n"
-               "                     q6_k, iq4_nl, iq4_xs (default q8_0)\n"
+               "                     q6_k, iq4_nl, iq4_xs, mxfp4 (experts only, the rest\n"
+               "                     q8_0, as MXFP4_MOE; default q8_0)\n"
                "  --seed N           PRNG seed (default 1); same seed, same bytes\n"
                "  --vocab FILE       copy the tokenizer (tokenizer.* keys) from another GGUF\n"
                "  --threads N        generator threads (default: online CPUs)\n"
@@ -48,7 +49,7 @@ static void usage(FILE *f)
                "  --rope-scale F     llama: linear RoPE scaling by F\n"
                "  --rope-base F      RoPE frequency base (default 10000)\n"
                "  --head-dim N       attention head width (default dim / heads)\n"
-               "  --swa N            sliding window of N positions (gemma2, gemma3)\n"
+               "  --swa N            sliding window of N positions (gemma2, gemma3, gpt-oss)\n"
                "  --layers N --dim N --ff N --heads N --kv-heads N --vocab-size N --ctx N\n"
                "                     set or override shape fields (custom needs layers, dim,\n"
                "                     ff and heads; kv-heads defaults to heads, vocab-size to\n"
@@ -321,10 +322,11 @@ static int build_shape(struct synth_args *a)
     const struct kvr_synth_opts *o = &a->opts;
     bool wide = o->arch && !strcmp(o->arch->name, "qwen3moe");
     if (moe[0] || moe[1] || a->mixtral || (o->arch && o->arch->moe_always)) {
-        s->n_expert = moe[0] ? (int)moe[0] : wide ? 16 : 8;
-        s->n_expert_used = moe[1] ? (int)moe[1] : wide ? 4 : 2;
+        s->n_expert = moe[0] ? (int)moe[0] : s->n_expert ? s->n_expert : wide ? 16 : 8;
+        s->n_expert_used = moe[1] ? (int)moe[1] : s->n_expert_used ? s->n_expert_used : wide ? 4 : 2;
     }
-    s->expert_ff = (int)moe[2];
+    if (moe[2] || !s->n_expert)
+        s->expert_ff = (int)moe[2];
     s->shared_ff = (int)moe[3];
     return 0;
 }

@@ -22,6 +22,9 @@
  * | phi3   | fused attn_qkv, fused gate|up in ffn_up | SiLU  | neox   |                       |
  * | qwen3moe | qwen3's, experts instead of ffn_*     | SiLU  | neox   | softmax, top-k normed |
  * | qwen2moe | qwen2's, experts + a shared expert    | SiLU  | neox   | softmax, not normed   |
+ * | gpt-oss | q/k/v/o biases, attention sinks, experts | OAI   | neox   | softmax of the top-k, |
+ * |         | and router with biases; its ffn norm is  |       | YaRN   | sliding every 2nd     |
+ * |         | named post_attention_norm                |       |        | (model/gptoss.h)      |
  *
  * Mixture-of-experts layers (model/moe.h) replace the dense ffn_gate/up/down with a router
  * and experts; the arch row gives the gating and whether the architecture always has them
@@ -33,6 +36,7 @@
 
 #include "core/err.h"
 #include "model/gguf.h"
+#include "model/gptoss.h"
 #include "model/moe.h"
 
 #include <stdbool.h>
@@ -58,6 +62,9 @@ enum kvr_lt {
                               gate first) */
     KVR_LT_FFN_DOWN,       /* ffn_down.weight           [n_ff] -> [n_embd] */
     KVR_LT_FFN_POST_NORM,  /* post_ffw_norm.weight      [n_embd] */
+    KVR_LT_ATTN_OUT_BIAS,  /* attn_output.bias          [n_embd] */
+    KVR_LT_ATTN_SINKS,     /* attn_sinks.weight         [n_head]: one extra softmax logit
+                              per query head, with no value (gpt-oss) */
     KVR_LT_COUNT
 };
 
@@ -66,6 +73,7 @@ enum kvr_lt {
 enum kvr_act {
     KVR_ACT_SILU,      /* SwiGLU: silu(gate) * up */
     KVR_ACT_GELU_TANH, /* GeGLU: gelu_tanh(gate) * up */
+    KVR_ACT_SWIGLU_OAI, /* gpt-oss's clamped SwiGLU (model/gptoss.h kvr_swiglu_oai) */
     KVR_ACT_COUNT
 };
 
@@ -96,6 +104,10 @@ struct kvr_arch {
     enum kvr_moe_gating moe_gating; /* how router logits become routing weights */
     bool moe_norm;                  /* SOFTMAX gating: renormalise the selected weights */
     bool moe_shared;                /* layers also have a shared expert */
+    bool moe_biases;                /* the router and every expert matrix have biases */
+    bool ffn_norm_post_attn;        /* the pre-FFN norm is post_attention_norm.weight (gpt-oss:
+                                       KVR_LT_ATTN_POST_NORM read as the ffn norm) */
+    bool swa_rope_scaled;           /* sliding layers keep the rope scaling (gemma's do not) */
 };
 
 /* The table's row for an architecture name (len bytes, not NUL-terminated), or NULL. */
@@ -134,6 +146,7 @@ struct kvr_hparams {
     uint32_t n_swa;             /* attention.sliding_window in positions; 0 none */
     uint32_t swa_period;        /* attention.sliding_window_pattern or the arch's default */
     struct kvr_moe_hparams moe; /* experts (ARCH.expert_*); moe.n_expert == 0: dense */
+    struct kvr_yarn yarn;       /* YaRN rope scaling (model/gptoss.h); factor 0: none */
 };
 
 /* Read and check a model's hyperparameters. An unknown architecture is refused with a

@@ -22,6 +22,8 @@ static const struct kvr_synth_shape named_shapes[] = {
     {"tinyllama-1.1b", 22, 2048, 5632, 32, 4, 32000, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0},
     {"ring-45", 45, 256, 768, 8, 4, 4096, 2048, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0},
     {"tiny", 4, 64, 192, 4, 2, 512, 512, 10000.0f, 1e-5f, 0, 0, 0, 0, 0, 0},
+    {"gpt-oss-20b", 24, 2880, 2880, 64, 8, 201088, 131072, 150000.0f, 1e-5f, 64, 128, 32, 4, 2880,
+     0},
 };
 #define N_NAMED_SHAPES ((int)(sizeof named_shapes / sizeof named_shapes[0]))
 
@@ -93,6 +95,7 @@ enum role {
     ROLE_ROUTER,   /* ffn_gate_inp: row e one-hot on reserved perm(e), value `gain` */
     ROLE_ZERO_OUT, /* output rows (row % ne1) < reserved are zero */
     ROLE_NORM_ONE, /* ffn_norm: exactly 1 on the reserved coordinates */
+    ROLE_ZERO_HEAD, /* a bias added to the stream: zero on the reserved coordinates */
     ROLE_COUNT
 };
 
@@ -181,6 +184,9 @@ static void apply_role(const struct tspec *t, int64_t row, float *dst)
     case ROLE_NORM_ONE:
         for (uint32_t i = 0; i < r; i++)
             dst[i] = 1.0f;
+        break;
+    case ROLE_ZERO_HEAD:
+        memset(dst, 0, r * sizeof *dst);
         break;
     default:
         break;
@@ -272,6 +278,7 @@ static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
         hp.moe.n_ff_shexp = hp.arch->moe_shared
                                 ? (uint32_t)(s->shared_ff ? s->shared_ff : (int)hp.moe.n_ff_exp)
                                 : 0;
+        hp.moe.biases = hp.arch->moe_biases;
     }
     return hp;
 }
@@ -279,7 +286,32 @@ static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
 /* Most tensors a model of these options has. */
 static size_t max_tensors(const struct kvr_synth_shape *s)
 {
-    return (size_t)s->n_layers * (KVR_LT_COUNT + 8) + 4; /* + router, experts, shared */
+    return (size_t)s->n_layers * (KVR_LT_COUNT + 12) + 4; /* + router, experts, shared, biases */
+}
+
+/* gpt-oss's router and expert biases, f32: the router's small beside the routing design's
+ * one-logit gaps, the down one zero on the reserved coordinates like the down rows. */
+static int64_t add_moe_bias_specs(struct tspec *out, const struct kvr_hparams *hp, uint32_t l,
+                                  uint64_t seed, float s_res)
+{
+    const struct kvr_moe_hparams *mp = &hp->moe;
+    static const char *const names[4] = {"ffn_gate_inp.bias", "ffn_gate_exps.bias",
+                                         "ffn_up_exps.bias", "ffn_down_exps.bias"};
+    const int64_t ne0[4] = {mp->n_expert, mp->n_ff_exp, mp->n_ff_exp, hp->n_embd};
+    const float half[4] = {0.1f, 0.5f, 0.5f, 0.5f * s_res};
+    char name[48];
+    for (int i = 0; i < 4; i++) {
+        snprintf(name, sizeof name, "blk.%u.%s", l, names[i]);
+        add_spec(&out[i], name, ne0[i], i ? mp->n_expert : 0, KVR_DTYPE_F32, 0, seed);
+        out[i].type = KVR_DTYPE_F32;
+        out[i].lo = -half[i];
+        out[i].hi = half[i];
+        if (i == 3) {
+            out[i].role = ROLE_ZERO_HEAD;
+            out[i].reserved = mp->n_expert;
+        }
+    }
+    return 4;
 }
 
 /* A MoE layer's router, experts and shared expert (synth.h: the routing design). */
@@ -309,6 +341,8 @@ static int64_t add_moe_specs(struct tspec *out, const struct kvr_hparams *hp, ui
         }
         n++;
     }
+    if (mp->biases)
+        n += add_moe_bias_specs(out + n, hp, l, seed, s_res);
     if (sh) {
         add_spec(&out[n], NAME("ffn_gate_inp_shexp.weight"), d, 0, KVR_DTYPE_F32, 0, seed);
         out[n].hi = 1.7320508f / sqrtf((float)d); /* a gate around sigmoid(0), not a norm */
@@ -330,7 +364,9 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
 {
     const struct kvr_hparams hp = hparams_of(o);
     const struct kvr_arch *a = hp.arch;
-    int type = o->type;
+    int type = o->type, expert_type = o->type;
+    if (type == KVR_DTYPE_MXFP4) /* MXFP4_MOE: experts in MXFP4, every other matrix Q8_0 */
+        type = KVR_DTYPE_Q8_0;
     uint64_t seed = o->seed;
     int64_t n = 0, dim = hp.n_embd;
     float s_res = 1.0f / sqrtf(2.0f * (float)hp.n_layer); /* for the residual branches */
@@ -366,7 +402,9 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
             if (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_DOWN)
                 std *= s_res;
             add_spec(&out[n], name, ne0, ne1, type, std, seed);
-            if (t == KVR_LT_ATTN_POST_NORM || t == KVR_LT_FFN_POST_NORM) {
+            bool ffn_norm = t == KVR_LT_FFN_NORM ||
+                            (t == KVR_LT_ATTN_POST_NORM && a->ffn_norm_post_attn);
+            if (!ffn_norm && (t == KVR_LT_ATTN_POST_NORM || t == KVR_LT_FFN_POST_NORM)) {
                 out[n].lo = 0.2f;
                 out[n].hi = 0.3f;
             }
@@ -374,14 +412,20 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
                 out[n].hi = 0.3f * 1.7320508f;
                 out[n].lo = -out[n].hi;
             }
-            if (hp.moe.n_expert && (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_NORM)) {
-                out[n].role = t == KVR_LT_ATTN_OUT ? ROLE_ZERO_OUT : ROLE_NORM_ONE;
+            if (t == KVR_LT_ATTN_OUT_BIAS || t == KVR_LT_ATTN_SINKS) { /* sinks: logits */
+                out[n].lo = t == KVR_LT_ATTN_SINKS ? 0.0f : -0.3f * s_res;
+                out[n].hi = t == KVR_LT_ATTN_SINKS ? 2.0f : 0.3f * s_res;
+            }
+            if (hp.moe.n_expert && (t == KVR_LT_ATTN_OUT || ffn_norm || t == KVR_LT_ATTN_OUT_BIAS)) {
+                out[n].role = t == KVR_LT_ATTN_OUT ? ROLE_ZERO_OUT
+                              : ffn_norm           ? ROLE_NORM_ONE
+                                                   : ROLE_ZERO_HEAD;
                 out[n].reserved = hp.moe.n_expert;
             }
             n++;
         }
         if (hp.moe.n_expert)
-            n += add_moe_specs(out + n, &hp, l, type, seed, s_res);
+            n += add_moe_specs(out + n, &hp, l, expert_type, seed, s_res);
     }
     add_spec(&out[n], "output_norm.weight", dim, 0, type, 0, seed);
     out[n].lo *= logit; /* scales every logit, tied or not */
@@ -670,6 +714,13 @@ static void add_model_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts
         kvr_gguf_writer_add_str(w, key, "linear");
         add_arch_f32(w, a, "rope.scaling.factor", o->rope_scale);
     }
+    if (!strcmp(a, "gpt-oss")) { /* YaRN as its real files have it (factor 32 over 4096) */
+        char key[96];
+        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+        kvr_gguf_writer_add_str(w, key, "yarn");
+        add_arch_f32(w, a, "rope.scaling.factor", 32.0f);
+        add_arch_u32(w, a, "rope.scaling.original_context_length", 4096);
+    }
     add_arch_f32(w, a, "attention.layer_norm_rms_epsilon", s->rms_eps);
     if (s->n_swa)
         add_arch_u32(w, a, "attention.sliding_window", (uint32_t)s->n_swa);
@@ -711,8 +762,8 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
         return kvr_err_set(err, KVR_EINVAL, "shape: %s needs experts", arch->name);
     if (s->n_expert && !arch->moe_always && strcmp(arch->name, "llama"))
         return kvr_err_set(err, KVR_EINVAL,
-                           "shape: %s has no experts (llama, qwen3moe and "
-                           "qwen2moe do)",
+                           "shape: %s has no experts (llama, qwen3moe, "
+                           "qwen2moe and gpt-oss do)",
                            arch->name);
     if (s->n_expert && !arch->moe_always && s->expert_ff && s->expert_ff != s->ff)
         return kvr_err_set(err, KVR_EINVAL, "shape: llama's experts are ff wide (%d), not %d",

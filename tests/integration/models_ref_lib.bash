@@ -42,12 +42,15 @@ ARCH_MODELS=(
 
 # The mixtures of experts (issue 11, docs/EXPERTS.md): Mixtral-style llama (8 experts,
 # top-2), Qwen3-MoE (16 experts, top-4, Qwen 3's wide heads, the real Qwen vocabulary) and
-# Qwen2-MoE (8 experts, top-2, a shared expert). They are in ARCH_MODELS too, so
-# models_ref.sh compares them in F32; moe_models_ref.sh in Q8_0.
+# Qwen2-MoE (8 experts, top-2, a shared expert), gpt-oss (8 experts, top-2, biases, sinks,
+# a window of 8 on every other layer, YaRN; GPT-2's BPE stands in for its o200k vocabulary).
+# They are in ARCH_MODELS too, so models_ref.sh compares them in F32; moe_models_ref.sh in
+# Q8_0 (and gpt-oss in MXFP4_MOE).
 MOE_MODELS=(
     "mixtral|mixtral|llama-spm|"
     "qwen3moe|qwen3moe|qwen2|--head-dim HD --rope-base 1000000"
     "qwen2moe|qwen2moe|gpt-2|--rope-base 1000000"
+    "gpt-oss|gpt-oss|gpt-2|--swa 8 --rope-base 150000"
 )
 ARCH_MODELS+=("${MOE_MODELS[@]}")
 
