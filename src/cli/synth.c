@@ -323,7 +323,10 @@ static int build_shape(struct synth_args *a)
     bool wide = o->arch && !strcmp(o->arch->name, "qwen3moe");
     if (moe[0] || moe[1] || a->mixtral || (o->arch && o->arch->moe_always)) {
         s->n_expert = moe[0] ? (int)moe[0] : s->n_expert ? s->n_expert : wide ? 16 : 8;
-        s->n_expert_used = moe[1] ? (int)moe[1] : s->n_expert_used ? s->n_expert_used : wide ? 4 : 2;
+        s->n_expert_used = moe[1]             ? (int)moe[1]
+                           : s->n_expert_used ? s->n_expert_used
+                           : wide             ? 4
+                                              : 2;
     }
     if (moe[2] || !s->n_expert)
         s->expert_ff = (int)moe[2];

@@ -71,8 +71,8 @@ enum kvr_lt {
 #define KVR_LT_BIT(t) (1u << (t))
 
 enum kvr_act {
-    KVR_ACT_SILU,      /* SwiGLU: silu(gate) * up */
-    KVR_ACT_GELU_TANH, /* GeGLU: gelu_tanh(gate) * up */
+    KVR_ACT_SILU,       /* SwiGLU: silu(gate) * up */
+    KVR_ACT_GELU_TANH,  /* GeGLU: gelu_tanh(gate) * up */
     KVR_ACT_SWIGLU_OAI, /* gpt-oss's clamped SwiGLU (model/gptoss.h kvr_swiglu_oai) */
     KVR_ACT_COUNT
 };

@@ -121,19 +121,18 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
         [KVR_LT_ATTN_Q] = &l->wq, [KVR_LT_ATTN_K] = &l->wk,      [KVR_LT_ATTN_V] = &l->wv,
         [KVR_LT_ATTN_QKV] = &qkv, [KVR_LT_ATTN_OUT] = &l->wo,    [KVR_LT_FFN_GATE] = &l->w_gate,
         [KVR_LT_FFN_UP] = &up,    [KVR_LT_FFN_DOWN] = &l->w_down};
-    const float **vecs[KVR_LT_COUNT] = {[KVR_LT_ATTN_NORM] = &l->attn_norm,
-                                        [KVR_LT_ATTN_Q_BIAS] = &l->bq,
-                                        [KVR_LT_ATTN_K_BIAS] = &l->bk,
-                                        [KVR_LT_ATTN_V_BIAS] = &l->bv,
-                                        [KVR_LT_ATTN_Q_NORM] = &l->q_norm,
-                                        [KVR_LT_ATTN_K_NORM] = &l->k_norm,
-                                        [KVR_LT_ATTN_POST_NORM] = a->ffn_norm_post_attn
-                                                                      ? &l->ffn_norm
-                                                                      : &l->attn_post_norm,
-                                        [KVR_LT_ATTN_OUT_BIAS] = &l->bo,
-                                        [KVR_LT_ATTN_SINKS] = &l->sinks,
-                                        [KVR_LT_FFN_NORM] = &l->ffn_norm,
-                                        [KVR_LT_FFN_POST_NORM] = &l->ffn_post_norm};
+    const float **vecs[KVR_LT_COUNT] = {
+        [KVR_LT_ATTN_NORM] = &l->attn_norm,
+        [KVR_LT_ATTN_Q_BIAS] = &l->bq,
+        [KVR_LT_ATTN_K_BIAS] = &l->bk,
+        [KVR_LT_ATTN_V_BIAS] = &l->bv,
+        [KVR_LT_ATTN_Q_NORM] = &l->q_norm,
+        [KVR_LT_ATTN_K_NORM] = &l->k_norm,
+        [KVR_LT_ATTN_POST_NORM] = a->ffn_norm_post_attn ? &l->ffn_norm : &l->attn_post_norm,
+        [KVR_LT_ATTN_OUT_BIAS] = &l->bo,
+        [KVR_LT_ATTN_SINKS] = &l->sinks,
+        [KVR_LT_FFN_NORM] = &l->ffn_norm,
+        [KVR_LT_FFN_POST_NORM] = &l->ffn_post_norm};
     char name[96];
     for (int t = 0; t < KVR_LT_COUNT; t++) {
         if (!kvr_hparams_has(hp, (enum kvr_lt)t))

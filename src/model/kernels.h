@@ -274,7 +274,8 @@ static const int8_t kvr_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -
 
 /* The E2M1 values of the 16 MXFP4 codes, doubled so they are integers (0, 0.5, 1, 1.5, 2,
  * 3, 4, 6, then the same negated); kvr_e8m0_half halves the scale to match. */
-static const int8_t kvr_mxfp4_values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+static const int8_t kvr_mxfp4_values[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                            0, -1, -2, -3, -4, -6, -8, -12};
 
 /* Half the E8M0 scale e, 2^(e - 127) / 2 = 2^(e - 128), exact in f32 for every e (e 0 and 1
  * are the subnormals 2^-128 and 2^-127). */

@@ -71,7 +71,7 @@ struct kvr_moe_hparams {
     uint32_t n_ff_exp;   /* hidden width of one expert */
     uint32_t n_ff_shexp; /* hidden width of the shared expert; 0 = none */
     enum kvr_moe_gating gating;
-    bool norm_topk; /* SOFTMAX gating: renormalise the selected probabilities */
+    bool norm_topk;  /* SOFTMAX gating: renormalise the selected probabilities */
     bool biases;     /* the router and each expert matrix add a bias (gpt-oss), set by arch.c */
     bool swiglu_oai; /* experts use gpt-oss's clamped SwiGLU (gptoss.h), set by arch.c */
 };
@@ -98,9 +98,9 @@ struct kvr_moe_layer {
     struct kvr_matrix sh_gate, sh_up; /* [n_embd] -> [n_ff_shexp] */
     struct kvr_matrix sh_down;        /* [n_ff_shexp] -> [n_embd] */
     /* biases, when mp->biases (NULL otherwise; moe_oai.c views them) */
-    const float *router_b;       /* ffn_gate_inp.bias [n_expert] */
-    const float *gate_b, *up_b;  /* ffn_{gate,up}_exps.bias [n_ff_exp] per expert */
-    const float *down_b;         /* ffn_down_exps.bias [n_embd] per expert */
+    const float *router_b;      /* ffn_gate_inp.bias [n_expert] */
+    const float *gate_b, *up_b; /* ffn_{gate,up}_exps.bias [n_ff_exp] per expert */
+    const float *down_b;        /* ffn_down_exps.bias [n_embd] per expert */
 };
 
 /* View layer il's MoE tensors (blk.<il>.*) with every shape and type checked. */

@@ -90,11 +90,11 @@ int kvr_synth_check_shape(const struct kvr_synth_shape *s, struct kvr_err *err)
 /* What a tensor's rows hold beyond their random values: the routing design of MoE models
  * (synth.h), on the first `reserved` coordinates of the residual stream. */
 enum role {
-    ROLE_RANDOM,   /* uniform values only */
-    ROLE_LEVELS,   /* token_embd: a permutation of evenly spaced levels on the reserved */
-    ROLE_ROUTER,   /* ffn_gate_inp: row e one-hot on reserved perm(e), value `gain` */
-    ROLE_ZERO_OUT, /* output rows (row % ne1) < reserved are zero */
-    ROLE_NORM_ONE, /* ffn_norm: exactly 1 on the reserved coordinates */
+    ROLE_RANDOM,    /* uniform values only */
+    ROLE_LEVELS,    /* token_embd: a permutation of evenly spaced levels on the reserved */
+    ROLE_ROUTER,    /* ffn_gate_inp: row e one-hot on reserved perm(e), value `gain` */
+    ROLE_ZERO_OUT,  /* output rows (row % ne1) < reserved are zero */
+    ROLE_NORM_ONE,  /* ffn_norm: exactly 1 on the reserved coordinates */
     ROLE_ZERO_HEAD, /* a bias added to the stream: zero on the reserved coordinates */
     ROLE_COUNT
 };
@@ -402,8 +402,8 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
             if (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_DOWN)
                 std *= s_res;
             add_spec(&out[n], name, ne0, ne1, type, std, seed);
-            bool ffn_norm = t == KVR_LT_FFN_NORM ||
-                            (t == KVR_LT_ATTN_POST_NORM && a->ffn_norm_post_attn);
+            bool ffn_norm =
+                t == KVR_LT_FFN_NORM || (t == KVR_LT_ATTN_POST_NORM && a->ffn_norm_post_attn);
             if (!ffn_norm && (t == KVR_LT_ATTN_POST_NORM || t == KVR_LT_FFN_POST_NORM)) {
                 out[n].lo = 0.2f;
                 out[n].hi = 0.3f;
@@ -416,7 +416,8 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
                 out[n].lo = t == KVR_LT_ATTN_SINKS ? 0.0f : -0.3f * s_res;
                 out[n].hi = t == KVR_LT_ATTN_SINKS ? 2.0f : 0.3f * s_res;
             }
-            if (hp.moe.n_expert && (t == KVR_LT_ATTN_OUT || ffn_norm || t == KVR_LT_ATTN_OUT_BIAS)) {
+            if (hp.moe.n_expert &&
+                (t == KVR_LT_ATTN_OUT || ffn_norm || t == KVR_LT_ATTN_OUT_BIAS)) {
                 out[n].role = t == KVR_LT_ATTN_OUT ? ROLE_ZERO_OUT
                               : ffn_norm           ? ROLE_NORM_ONE
                                                    : ROLE_ZERO_HEAD;

@@ -72,10 +72,10 @@ static uint32_t f32_bits(float f)
 }
 
 static const int weight_types[] = {
-    KVR_DTYPE_F32,  KVR_DTYPE_F16,  KVR_DTYPE_BF16, KVR_DTYPE_Q8_0,   KVR_DTYPE_Q4_0,
-    KVR_DTYPE_Q4_1, KVR_DTYPE_Q5_0, KVR_DTYPE_Q5_1, KVR_DTYPE_IQ4_NL, KVR_DTYPE_Q2_K,
-    KVR_DTYPE_Q3_K, KVR_DTYPE_Q4_K, KVR_DTYPE_Q5_K, KVR_DTYPE_Q6_K,   KVR_DTYPE_IQ4_XS,
-    KVR_DTYPE_MXFP4};
+    KVR_DTYPE_F32,    KVR_DTYPE_F16,  KVR_DTYPE_BF16,   KVR_DTYPE_Q8_0,
+    KVR_DTYPE_Q4_0,   KVR_DTYPE_Q4_1, KVR_DTYPE_Q5_0,   KVR_DTYPE_Q5_1,
+    KVR_DTYPE_IQ4_NL, KVR_DTYPE_Q2_K, KVR_DTYPE_Q3_K,   KVR_DTYPE_Q4_K,
+    KVR_DTYPE_Q5_K,   KVR_DTYPE_Q6_K, KVR_DTYPE_IQ4_XS, KVR_DTYPE_MXFP4};
 #define N_WEIGHT_TYPES (sizeof weight_types / sizeof weight_types[0])
 
 /* The best set this CPU runs, or the one KVR_ISA names (CTest runs this binary once per
@@ -607,7 +607,7 @@ static void test_round_trip_error(void **state)
         {KVR_DTYPE_Q6_K, 0.04},   {KVR_DTYPE_Q8_K, 0.04},  {KVR_DTYPE_Q4_1, 0.12},
         {KVR_DTYPE_Q5_0, 0.1},    {KVR_DTYPE_Q5_1, 0.06},  {KVR_DTYPE_IQ4_NL, 0.12},
         {KVR_DTYPE_Q2_K, 0.3},    {KVR_DTYPE_Q3_K, 0.2},   {KVR_DTYPE_Q5_K, 0.06},
-        {KVR_DTYPE_IQ4_XS, 0.12}, {KVR_DTYPE_Q8_1, 0.012},  {KVR_DTYPE_MXFP4, 0.2},
+        {KVR_DTYPE_IQ4_XS, 0.12}, {KVR_DTYPE_Q8_1, 0.012}, {KVR_DTYPE_MXFP4, 0.2},
     };
     enum { N = 4096 };
     float *x = kvr_malloc(N * sizeof *x), *y = kvr_malloc(N * sizeof *y);
