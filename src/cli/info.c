@@ -183,9 +183,15 @@ static void describe_arch(const struct kvr_gguf *g)
            a->name, hp.n_layer, hp.n_embd, hp.n_ff, hp.n_head, hp.n_head_kv, hp.head_dim,
            hp.n_vocab, a->rope == KVR_ROPE_NEOX ? "neox" : "normal", (double)hp.rope_freq_base,
            hp.rope_freqs ? " with rope_freqs" : "", hp.rope_freq_scale != 1.0f ? " scaled" : "",
-           a->act == KVR_ACT_GELU_TANH ? "GeGLU" : "SwiGLU");
+           a->act == KVR_ACT_GELU_TANH    ? "GeGLU"
+           : a->act == KVR_ACT_SWIGLU_OAI ? "clamped SwiGLU"
+                                          : "SwiGLU");
     if (hp.n_swa)
         printf(", sliding window %u (period %u)", hp.n_swa, hp.swa_period);
+    if (a->has & KVR_LT_BIT(KVR_LT_ATTN_SINKS))
+        fputs(", attention sinks", stdout);
+    if (hp.yarn.factor > 0.0f)
+        printf(", YaRN x%g over %u", (double)hp.yarn.factor, hp.yarn.n_ctx_orig);
     if (hp.attn_softcap > 0.0f || hp.final_softcap > 0.0f)
         printf(", soft-caps %g/%g", (double)hp.attn_softcap, (double)hp.final_softcap);
     if (hp.moe.n_expert)

@@ -86,6 +86,18 @@ static const struct kvr_arch archs[] = {
      .moe_v3 = true,
      .moe_bias = KVR_MOE_BIAS_OPTIONAL,
      .mla = true},
+    {.name = "gpt-oss",
+     .has = B(ATTN_NORM) | B(ATTN_POST_NORM) | QKV_SPLIT | QKV_BIAS | B(ATTN_OUT) |
+            B(ATTN_OUT_BIAS) | B(ATTN_SINKS),
+     .act = KVR_ACT_SWIGLU_OAI,
+     .rope = KVR_ROPE_NEOX,
+     .sliding = true,
+     .swa_period = 2,
+     .moe_always = true,
+     .moe_gating = KVR_MOE_GATING_SOFTMAX_TOPK,
+     .moe_biases = true,
+     .ffn_norm_post_attn = true,
+     .swa_rope_scaled = true},
 };
 #define N_ARCHS ((int)(sizeof archs / sizeof archs[0]))
 
@@ -107,6 +119,8 @@ static const char *const lt_names[KVR_LT_COUNT] = {
     [KVR_LT_FFN_UP] = "ffn_up.weight",
     [KVR_LT_FFN_DOWN] = "ffn_down.weight",
     [KVR_LT_FFN_POST_NORM] = "post_ffw_norm.weight",
+    [KVR_LT_ATTN_OUT_BIAS] = "attn_output.bias",
+    [KVR_LT_ATTN_SINKS] = "attn_sinks.weight",
 };
 
 const struct kvr_arch *kvr_arch_find(const char *name, size_t len)
@@ -124,7 +138,8 @@ const struct kvr_arch *kvr_arch_at(int i)
 
 const char *kvr_arch_list(void)
 {
-    return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, qwen2moe, glm4moe, deepseek2";
+    return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, qwen2moe, glm4moe, deepseek2, "
+           "gpt-oss";
 }
 
 const char *kvr_lt_name(enum kvr_lt t)
@@ -165,6 +180,9 @@ void kvr_lt_shape(const struct kvr_hparams *hp, enum kvr_lt t, int64_t *ne0, int
         break;
     case KVR_LT_ATTN_OUT:
         *ne0 = q, *ne1 = d;
+        break;
+    case KVR_LT_ATTN_SINKS:
+        *ne0 = hp->n_head;
         break;
     case KVR_LT_FFN_GATE:
         *ne0 = d, *ne1 = ff;
@@ -260,12 +278,15 @@ static int read_rope_scaling(struct kvr_hparams *hp, const struct kvr_gguf *g, s
     }
     if (type.len == 4 && !memcmp(type.ptr, "none", 4))
         return KVR_OK;
-    if (hp->arch->mla && type.len == 4 && !memcmp(type.ptr, "yarn", 4))
-        return KVR_OK; /* kvr_mla_hparams_read reads YaRN's keys */
+    if (type.len == 4 && !memcmp(type.ptr, "yarn", 4)) {
+        if (hp->arch->mla)
+            return KVR_OK; /* kvr_mla_hparams_read reads YaRN's keys */
+        return kvr_yarn_read(&hp->yarn, g, hp->arch->name, factor, hp->n_ctx_train, err);
+    }
     if (type.len != 6 || memcmp(type.ptr, "linear", 6))
         return kvr_err_set(err, KVR_ENOTSUP,
                            "model: rope scaling '%.*s' is not supported "
-                           "(none, linear, or Llama 3's rope_freqs.weight)",
+                           "(none, linear, yarn, or Llama 3's rope_freqs.weight)",
                            (int)(type.len > 32 ? 32 : type.len), type.ptr);
     if (!(factor > 0.0f) || factor > 1024.0f)
         return kvr_err_set(err, KVR_EFORMAT, "model: rope scaling factor %g", (double)factor);
@@ -431,6 +452,8 @@ int kvr_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
         (rc = kvr_moe_hparams_read_v3(&hp->moe, g, a->name, (enum kvr_moe_bias)a->moe_bias,
                                       hp->n_layer, err)))
         return rc;
+    hp->moe.biases = a->moe_biases;
+    hp->moe.swiglu_oai = a->act == KVR_ACT_SWIGLU_OAI;
     if (a->moe_always && !hp->moe.n_expert)
         return kvr_err_set(err, KVR_EFORMAT, "model: %s needs %s.expert_count", a->name, a->name);
 

@@ -26,6 +26,9 @@
  * |          | ffn norm post_attention_norm, experts  |       | partial| scale; leading dense, |
  * |          | + ungated shared, leading dense layers |       |        | NextN blocks not run  |
  * | deepseek2 | MLA attention (model/mla.h)          | SiLU  | normal | latent KV, YaRN       |
+ * | gpt-oss | q/k/v/o biases, attention sinks, experts | OAI   | neox   | softmax of the top-k, |
+ * |         | and router with biases; its ffn norm is  |       | YaRN   | sliding every 2nd     |
+ * |         | named post_attention_norm                |       |        | (model/gptoss.h)      |
  *
  * Mixture-of-experts layers (model/moe.h) replace the dense ffn_gate/up/down with a router
  * and experts; the arch row gives the gating and whether the architecture always has them
@@ -38,6 +41,7 @@
 #include "core/err.h"
 #include "model/gguf.h"
 #include "model/mla.h"
+#include "model/gptoss.h"
 #include "model/moe.h"
 
 #include <stdbool.h>
@@ -63,14 +67,18 @@ enum kvr_lt {
                               gate first) */
     KVR_LT_FFN_DOWN,       /* ffn_down.weight           [n_ff] -> [n_embd] */
     KVR_LT_FFN_POST_NORM,  /* post_ffw_norm.weight      [n_embd] */
+    KVR_LT_ATTN_OUT_BIAS,  /* attn_output.bias          [n_embd] */
+    KVR_LT_ATTN_SINKS,     /* attn_sinks.weight         [n_head]: one extra softmax logit
+                              per query head, with no value (gpt-oss) */
     KVR_LT_COUNT
 };
 
 #define KVR_LT_BIT(t) (1u << (t))
 
 enum kvr_act {
-    KVR_ACT_SILU,      /* SwiGLU: silu(gate) * up */
-    KVR_ACT_GELU_TANH, /* GeGLU: gelu_tanh(gate) * up */
+    KVR_ACT_SILU,       /* SwiGLU: silu(gate) * up */
+    KVR_ACT_GELU_TANH,  /* GeGLU: gelu_tanh(gate) * up */
+    KVR_ACT_SWIGLU_OAI, /* gpt-oss's clamped SwiGLU (model/gptoss.h kvr_swiglu_oai) */
     KVR_ACT_COUNT
 };
 
@@ -110,6 +118,10 @@ struct kvr_arch {
     bool nextn;                     /* reads ARCH.nextn_predict_layers: the file's last blocks
                                        are NextN/MTP layers, checked and never run */
     bool mla; /* multi-head latent attention (model/mla.h) replaces attn_q/k/v */
+    bool moe_biases;                /* the router and every expert matrix have biases */
+    bool ffn_norm_post_attn;        /* the pre-FFN norm is post_attention_norm.weight (gpt-oss:
+                                       KVR_LT_ATTN_POST_NORM read as the ffn norm) */
+    bool swa_rope_scaled;           /* sliding layers keep the rope scaling (gemma's do not) */
 };
 
 /* The table's row for an architecture name (len bytes, not NUL-terminated), or NULL. */
@@ -152,6 +164,7 @@ struct kvr_hparams {
     uint32_t swa_period;        /* attention.sliding_window_pattern or the arch's default */
     struct kvr_moe_hparams moe; /* experts (ARCH.expert_*); moe.n_expert == 0: dense */
     struct kvr_mla_hparams mla; /* latent attention; mla.kv_lora_rank == 0: none */
+    struct kvr_yarn yarn;       /* YaRN rope scaling (model/gptoss.h); factor 0: none */
 };
 
 /* Read and check a model's hyperparameters. An unknown architecture is refused with a

@@ -654,6 +654,78 @@ static float iq4_nl_dot(int64_t n, const void *w, const void *x)
 }
 
 /* ---------------------------------------------------------------------------------------
+ * MXFP4 (OCP microscaling FP4, gpt-oss's experts): blocks of 32 elements, 17 bytes.
+ *
+ *   offset  size  field
+ *   0       1     e      E8M0 scale: 2^(e - 127), no sign or mantissa
+ *   1       16    qs     E2M1 codes laid out as Q4_0 (byte j: element j low, j + 16 high)
+ *
+ * Element = kvr_mxfp4_values[q] * kvr_e8m0_half(e): the E2M1 value doubled to an integer
+ * (code 7 = 6.0 -> 12) times half the scale, which is the same number. Dotted with Q8_0 like
+ * IQ4_NL: isum of the doubled values times the quants, acc = fmaf((float)isum, d_w * d_x,
+ * acc) with d_w the half scale (a power of two, so the product is exact). Quantization: e =
+ * floor(log2(max|x|)) - 2 + 127, so the largest element lands in [8, 16) halves, codes the
+ * nearest value (ties to the lower code; above 12 clamps to 12).
+ * --------------------------------------------------------------------------------------- */
+
+static void mxfp4_to_float(const void *src, float *dst, int64_t n)
+{
+    const struct kvr_block_mxfp4 *b = src;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        float d = kvr_e8m0_half(b[i].e);
+        for (int j = 0; j < KVR_QK; j++)
+            dst[i * KVR_QK + j] = (float)kvr_mxfp4_values[q4_quant(b[i].qs, j)] * d;
+    }
+}
+
+static int mxfp4_nearest(float v)
+{
+    int best = 0;
+    float best_e = fabsf(v - (float)kvr_mxfp4_values[0]);
+    for (int k = 1; k < 16; k++) {
+        float e = fabsf(v - (float)kvr_mxfp4_values[k]);
+        if (e < best_e) {
+            best_e = e;
+            best = k;
+        }
+    }
+    return best;
+}
+
+static void mxfp4_from_float(const float *src, void *dst, int64_t n)
+{
+    struct kvr_block_mxfp4 *b = dst;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        const float *x = src + i * KVR_QK;
+        float amax = 0.0f;
+        for (int j = 0; j < KVR_QK; j++)
+            amax = fmaxf(amax, fabsf(x[j]));
+        int e = amax > 0.0f ? (int)floorf(log2f(amax)) - 2 + 127 : 0;
+        b[i].e = (uint8_t)(e < 0 ? 0 : e > 254 ? 254 : e);
+        float id = 1.0f / kvr_e8m0_half(b[i].e);
+        uint8_t q[KVR_QK];
+        for (int j = 0; j < KVR_QK; j++)
+            q[j] = (uint8_t)mxfp4_nearest(x[j] * id);
+        pack_nibbles(b[i].qs, q);
+    }
+}
+
+static float mxfp4_dot(int64_t n, const void *w, const void *x)
+{
+    const struct kvr_block_mxfp4 *a = w;
+    const struct kvr_block_q8_0 *b = x;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / KVR_QK; i++) {
+        int32_t isum = 0;
+        for (int j = 0; j < KVR_QK; j++)
+            isum += kvr_mxfp4_values[q4_quant(a[i].qs, j)] * b[i].qs[j];
+        float d = kvr_e8m0_half(a[i].e) * kvr_f16_to_f32(b[i].d);
+        sum = fmaf((float)isum, d, sum);
+    }
+    return sum;
+}
+
+/* ---------------------------------------------------------------------------------------
  * IQ4_XS: super-blocks of 256 elements, 136 bytes, 8 sub-blocks of 32.
  *
  *   offset  size  field
@@ -756,6 +828,7 @@ static const struct kvr_dtype_traits table[KVR_DTYPE_COUNT] = {
     BLOCK(Q5_1, "q5_1", KVR_QK, q5_1, Q8_1, 9),
     BLOCK(Q8_0, "q8_0", KVR_QK, q8_0, Q8_0, 7),
     BLOCK(IQ4_NL, "iq4_nl", KVR_QK, iq4_nl, Q8_0, 25),
+    BLOCK(MXFP4, "mxfp4", KVR_QK, mxfp4, Q8_0, 38), /* file type: MXFP4_MOE */
     /* the K-quants: the file type of their _S preset (every matrix this type) */
     KQUANT(Q2_K, "q2_K", q2_k, 10),
     KQUANT(Q3_K, "q3_K", q3_k, 11),

@@ -41,7 +41,8 @@ enum kvr_dtype {
     KVR_DTYPE_IQ4_NL = 20,
     KVR_DTYPE_IQ4_XS = 23,
     KVR_DTYPE_BF16 = 30,
-    KVR_DTYPE_COUNT = 31 /* ids are sparse; unknown ids have no traits */
+    KVR_DTYPE_MXFP4 = 39, /* OCP microscaling FP4: E8M0 scale, E2M1 values (gpt-oss experts) */
+    KVR_DTYPE_COUNT = 40  /* ids are sparse; unknown ids have no traits */
 };
 
 struct kvr_dtype_traits {

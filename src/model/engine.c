@@ -19,6 +19,7 @@
 #include "core/pool.h"
 #include "model/attn.h"
 #include "model/dtype.h"
+#include "model/gptoss.h"
 #include "model/kv.h"
 #include "model/matmul_pool.h"
 #include "model/mla.h"
@@ -49,6 +50,8 @@ struct layer {
     const float *bq, *bk, *bv;      /* biases [q_dim], [kv_dim], [kv_dim] */
     const float *q_norm, *k_norm;   /* per-head RMSNorm weights [head_dim] */
     struct kvr_matrix wo;           /* [q_dim] -> [n_embd] */
+    const float *bo;                /* its bias [n_embd] (gpt-oss) */
+    const float *sinks;             /* attention sink logits [n_head] (gpt-oss, gptoss.h) */
     const float *attn_post_norm;    /* [n_embd], applied to the block's output */
     const float *ffn_norm;          /* [n_embd] */
     struct kvr_matrix w_gate, w_up; /* [n_embd] -> [n_ff] */
@@ -121,15 +124,18 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
         [KVR_LT_ATTN_Q] = &l->wq, [KVR_LT_ATTN_K] = &l->wk,      [KVR_LT_ATTN_V] = &l->wv,
         [KVR_LT_ATTN_QKV] = &qkv, [KVR_LT_ATTN_OUT] = &l->wo,    [KVR_LT_FFN_GATE] = &l->w_gate,
         [KVR_LT_FFN_UP] = &up,    [KVR_LT_FFN_DOWN] = &l->w_down};
-    const float **vecs[KVR_LT_COUNT] = {[KVR_LT_ATTN_NORM] = &l->attn_norm,
-                                        [KVR_LT_ATTN_Q_BIAS] = &l->bq,
-                                        [KVR_LT_ATTN_K_BIAS] = &l->bk,
-                                        [KVR_LT_ATTN_V_BIAS] = &l->bv,
-                                        [KVR_LT_ATTN_Q_NORM] = &l->q_norm,
-                                        [KVR_LT_ATTN_K_NORM] = &l->k_norm,
-                                        [KVR_LT_ATTN_POST_NORM] = &l->attn_post_norm,
-                                        [KVR_LT_FFN_NORM] = &l->ffn_norm,
-                                        [KVR_LT_FFN_POST_NORM] = &l->ffn_post_norm};
+    const float **vecs[KVR_LT_COUNT] = {
+        [KVR_LT_ATTN_NORM] = &l->attn_norm,
+        [KVR_LT_ATTN_Q_BIAS] = &l->bq,
+        [KVR_LT_ATTN_K_BIAS] = &l->bk,
+        [KVR_LT_ATTN_V_BIAS] = &l->bv,
+        [KVR_LT_ATTN_Q_NORM] = &l->q_norm,
+        [KVR_LT_ATTN_K_NORM] = &l->k_norm,
+        [KVR_LT_ATTN_POST_NORM] = a->ffn_norm_post_attn ? &l->ffn_norm : &l->attn_post_norm,
+        [KVR_LT_ATTN_OUT_BIAS] = &l->bo,
+        [KVR_LT_ATTN_SINKS] = &l->sinks,
+        [KVR_LT_FFN_NORM] = &l->ffn_norm,
+        [KVR_LT_FFN_POST_NORM] = &l->ffn_post_norm};
     char name[96];
     for (int t = 0; t < KVR_LT_COUNT; t++) {
         if (!kvr_hparams_layer_has(hp, il, (enum kvr_lt)t))
@@ -168,7 +174,7 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
         return rc;
     l->swa = kvr_hparams_layer_swa(hp, il);
     l->rope_base = l->swa ? hp->rope_base_swa : hp->rope_freq_base;
-    l->rope_scale = l->swa ? 1.0f : hp->rope_freq_scale;
+    l->rope_scale = l->swa && !a->swa_rope_scaled ? 1.0f : hp->rope_freq_scale;
     return KVR_OK;
 }
 
@@ -758,7 +764,10 @@ static void qk_store_worker(void *arg, int ith, int nth)
             for (uint32_t h = 0; h < hp->n_head_kv; h++)
                 rmsnorm(k + h * hd, k + h * hd, l->k_norm, hd, hp->norm_eps);
         }
-        rope_tables(cos_t, sin_t, hp->n_rot, pos, l->rope_base, l->rope_scale, hp->rope_freqs);
+        if (hp->yarn.factor > 0.0f)
+            kvr_yarn_tables(cos_t, sin_t, hp->n_rot, pos, l->rope_base, &hp->yarn);
+        else
+            rope_tables(cos_t, sin_t, hp->n_rot, pos, l->rope_base, l->rope_scale, hp->rope_freqs);
         for (uint32_t h = 0; h < hp->n_head; h++)
             rope(q + h * hd, hp->n_rot, hp->arch->rope, cos_t, sin_t);
         for (uint32_t h = 0; h < hp->n_head_kv; h++)
@@ -829,8 +838,11 @@ static void online_f16(const struct kvr_engine *e, uint32_t layer, const uint32_
                                    kv_head_f16(e, kv->v, base, kvh), kv->kv_dim, n);
             t0 += n;
         }
+        const float *sinks = e->layers[layer].sinks;
         for (uint32_t g = 0; g < ng; g++) {
-            float *o = out + (size_t)(g0 + g) * hd, inv = 1.0f / st[2 * g + 1];
+            /* a sink adds exp(sink - max) to the denominator only (gptoss.h) */
+            float sink = sinks ? expf(sinks[kvh * group + g0 + g] - st[2 * g]) : 0.0f;
+            float *o = out + (size_t)(g0 + g) * hd, inv = 1.0f / (st[2 * g + 1] + sink);
             kvr_kv_load(KVR_DTYPE_F16, o, acc + (size_t)g * hd, hd);
             for (uint32_t i = 0; i < hd; i++)
                 o[i] *= inv;
@@ -850,7 +862,8 @@ static void attention_worker(void *arg, int ith, int nth)
     struct kvr_engine *e = job->e;
     const struct kvr_hparams *hp = &e->hp;
     const struct kvr_kv *kv = &e->kv;
-    const bool swa = e->layers[job->layer].swa;
+    const struct layer *l = &e->layers[job->layer];
+    const bool swa = l->swa;
     const uint32_t hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
     const uint32_t bt = kv->block_tokens;
     float *scores = e->scores + (size_t)ith * e->cfg.n_ctx * group; /* [group][n_ctx] */
@@ -887,7 +900,9 @@ static void attention_worker(void *arg, int ith, int nth)
         for (uint32_t g = 0; g < group; g++) {
             if (hp->attn_softcap > 0.0f)
                 softcap(scores + g * stride + lo, n_pos - lo, hp->attn_softcap);
-            if (!f16)
+            if (!f16 && l->sinks)
+                kvr_softmax_sink(scores + g * stride + lo, n_pos - lo, l->sinks[kvh * group + g]);
+            else if (!f16)
                 e->attn.softmax(scores + g * stride + lo, n_pos - lo);
         }
         if (f16) {
@@ -938,6 +953,8 @@ static void glu_worker(void *arg, int ith, int nth)
     kvr_split_range((long)n, ith, nth, &b, &end);
     if (e->hp.arch->act == KVR_ACT_GELU_TANH)
         e->attn.geglu(e->gate + b, e->up + b, (size_t)(end - b));
+    else if (e->hp.arch->act == KVR_ACT_SWIGLU_OAI)
+        kvr_swiglu_oai(e->gate + b, e->up + b, (size_t)(end - b));
     else
         e->attn.swiglu(e->gate + b, e->up + b, (size_t)(end - b));
 }
@@ -998,6 +1015,8 @@ static void attention_block(struct kvr_engine *e, uint32_t il, uint32_t n_rows)
     else
         kvr_pool_run(e->pool, attention_worker, &aj);
     matmul1(e, e->att, n_rows, &l->wo, e->proj);
+    for (uint32_t r = 0; l->bo && r < n_rows; r++)
+        add_rows(e->proj + (size_t)r * hp->n_embd, l->bo, hp->n_embd);
 }
 
 /* proj = the feed-forward block's output for xb: the gated FFN down(act(gate) * up), or in

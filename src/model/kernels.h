@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #define KVR_QK 32    /* elements per Q8_0 / Q4_0 block */
 #define KVR_QK_K 256 /* elements per K-quant super-block */
@@ -49,6 +50,11 @@ struct kvr_block_q5_1 {
 struct kvr_block_iq4_nl {
     uint16_t d;             /* scale, fp16 */
     uint8_t qs[KVR_QK / 2]; /* 4-bit indices into kvr_iq4_values, laid out as Q4_0 */
+};
+
+struct kvr_block_mxfp4 {
+    uint8_t e;              /* E8M0 exponent: the block's scale (see kvr_e8m0_half) */
+    uint8_t qs[KVR_QK / 2]; /* 4-bit E2M1 codes into kvr_mxfp4_values, laid out as Q4_0 */
 };
 
 struct kvr_block_q2_k {
@@ -113,6 +119,7 @@ _Static_assert(sizeof(struct kvr_block_q4_1) == 20, "q4_1 block is 20 bytes");
 _Static_assert(sizeof(struct kvr_block_q5_0) == 22, "q5_0 block is 22 bytes");
 _Static_assert(sizeof(struct kvr_block_q5_1) == 24, "q5_1 block is 24 bytes");
 _Static_assert(sizeof(struct kvr_block_iq4_nl) == 18, "iq4_nl block is 18 bytes");
+_Static_assert(sizeof(struct kvr_block_mxfp4) == 17, "mxfp4 block is 17 bytes");
 _Static_assert(sizeof(struct kvr_block_q2_k) == 84, "q2_K block is 84 bytes");
 _Static_assert(sizeof(struct kvr_block_q3_k) == 110, "q3_K block is 110 bytes");
 _Static_assert(sizeof(struct kvr_block_q5_k) == 176, "q5_K block is 176 bytes");
@@ -264,6 +271,21 @@ static inline void kvr_q4_k_scale_min(const uint8_t *scales, int j, int *sc, int
  * format, denser near zero). */
 static const int8_t kvr_iq4_values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                           1,    13,   25,  38,  53,  69,  89,  113};
+
+/* The E2M1 values of the 16 MXFP4 codes, doubled so they are integers (0, 0.5, 1, 1.5, 2,
+ * 3, 4, 6, then the same negated); kvr_e8m0_half halves the scale to match. */
+static const int8_t kvr_mxfp4_values[16] = {0, 1,  2,  3,  4,  6,  8,  12,
+                                            0, -1, -2, -3, -4, -6, -8, -12};
+
+/* Half the E8M0 scale e, 2^(e - 127) / 2 = 2^(e - 128), exact in f32 for every e (e 0 and 1
+ * are the subnormals 2^-128 and 2^-127). */
+static inline float kvr_e8m0_half(uint8_t e)
+{
+    uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 /* Q3_K scale j (0..15), signed (-32..31): bits 0-3 from the low nibble of byte j (j < 8) or
  * the high nibble of byte j - 8, bits 4-5 from byte 8 + j % 4 at bit 2 * (j / 4). */

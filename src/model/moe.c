@@ -14,6 +14,7 @@
 #include "core/alloc.h"
 #include "model/attn.h"
 #include "model/moe_route.h"
+#include "model/gptoss.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -169,6 +170,8 @@ int kvr_moe_layer_view(struct kvr_moe_layer *l, const struct kvr_gguf *g, uint32
                                           &l->probs_b, err)))
         return rc;
 #undef NAME
+    if (mp->biases && (rc = kvr_moe_view_biases(l, g, il, n_embd, mp, err)))
+        return rc;
     return KVR_OK;
 }
 
@@ -502,6 +505,8 @@ void kvr_moe_route(struct kvr_moe_work *w, const struct kvr_moe_layer *l, const 
     quantize(pool, l->router.type, x, w->n_embd, n_rows, w->xq);
     struct mm_task t = {l->router, w->xq, n_rows, w->logits};
     run_tasks(&t, 1, pool);
+    if (l->router_b)
+        kvr_moe_add_bias(w->logits, n_rows, w->mp.n_expert, l->router_b);
     for (uint32_t r = 0; r < n_rows; r++)
         kvr_moe_select_b(&w->mp, w->logits + (size_t)r * w->mp.n_expert, l->probs_b,
                          ids + (size_t)r * w->mp.n_used, weights + (size_t)r * w->mp.n_used);
@@ -541,6 +546,7 @@ struct pair_job {
     const struct kvr_moe_layer *l;
     const float *x;
     const float *weights;
+    const uint32_t *ids; /* routing of the pairs (NULL: the shared expert's rows) */
     float *out;
     uint32_t n_grouped;
     uint32_t ff;           /* hidden width of the rows in g/u */
@@ -574,8 +580,18 @@ static void act_worker(void *arg, int ith, int nth)
     struct kvr_moe_work *w = j->w;
     long b, e;
     kvr_split_range((long)j->n_grouped, ith, nth, &b, &e);
-    for (long g = b; g < e; g++)
-        w->act.swiglu(w->g + (size_t)g * j->ff, w->u + (size_t)g * j->ff, j->ff);
+    for (long g = b; g < e; g++) {
+        float *gr = w->g + (size_t)g * j->ff, *ur = w->u + (size_t)g * j->ff;
+        if (j->ids && j->l->gate_b) { /* gpt-oss: the expert's biases, then its SwiGLU */
+            size_t at = (size_t)j->ids[w->pair_of[g]] * j->ff;
+            kvr_moe_add_bias(gr, 1, j->ff, j->l->gate_b + at);
+            kvr_moe_add_bias(ur, 1, j->ff, j->l->up_b + at);
+        }
+        if (j->ids && w->mp.swiglu_oai)
+            kvr_swiglu_oai(gr, ur, j->ff);
+        else
+            w->act.swiglu(gr, ur, j->ff);
+    }
     if (b < e)
         kvr_quantize_rows(j->h_type, w->g, j->ff, b, e, w->hq);
 }
@@ -592,6 +608,12 @@ static void scatter_worker(void *arg, int ith, int nth)
         uint32_t p = w->pair_of[g];
         const float *src = w->d + (size_t)g * d;
         float *dst = j->out + (size_t)p * d, wt = j->weights[p];
+        if (j->l->down_b) { /* the bias comes before the routing weight */
+            const float *db = j->l->down_b + (size_t)j->ids[p] * d;
+            for (uint32_t i = 0; i < d; i++)
+                dst[i] = wt * (src[i] + db[i]);
+            continue;
+        }
         for (uint32_t i = 0; i < d; i++)
             dst[i] = wt * src[i];
     }
@@ -605,7 +627,7 @@ void kvr_moe_experts(struct kvr_moe_work *w, const struct kvr_moe_layer *l, cons
     uint32_t n = group_pairs(w, n_rows * w->mp.n_used, ids, held);
     if (!n)
         return;
-    struct pair_job j = {w, l, x, weights, out, n, ff, l->down.type};
+    struct pair_job j = {w, l, x, weights, ids, out, n, ff, l->down.type};
     run_rows(pool, gather_worker, &j, (double)n * d);
 
     size_t sg = kvr_act_row_bytes(l->gate.type, d), su = kvr_act_row_bytes(l->up.type, d);
@@ -681,7 +703,7 @@ void kvr_moe_shared(struct kvr_moe_work *w, const struct kvr_moe_layer *l, const
         t[0] = (struct mm_task){l->sh_gate_inp, w->xq, n_rows, w->sh_gl};
         run_tasks(t, 1, pool);
     }
-    struct pair_job j = {w, l, x, NULL, NULL, n_rows, ff, l->sh_down.type};
+    struct pair_job j = {w, l, x, NULL, NULL, NULL, n_rows, ff, l->sh_down.type};
     run_rows(pool, act_worker, &j, (double)n_rows * ff * 4);
     t[0] = (struct mm_task){l->sh_down, w->hq, n_rows, w->d};
     run_tasks(t, 1, pool);
@@ -732,16 +754,29 @@ static float ref_dot(const struct kvr_matrix *m, int64_t o, const float *x, floa
     return (float)s;
 }
 
-/* out = down(SiLU(gate x) * up x), one row */
+/* The biases of one expert's three matrices (gpt-oss), or all NULL. */
+struct ref_bias {
+    const float *gate, *up, *down;
+    bool oai; /* gptoss.h's clamped SwiGLU instead of SiLU */
+};
+
+/* out = down(SiLU(gate x) * up x), one row, with the biases of b when it has them */
 static void ref_ffn(const struct kvr_matrix *gate, const struct kvr_matrix *up,
-                    const struct kvr_matrix *down, const float *x, float *out, float *row, float *h)
+                    const struct kvr_matrix *down, const float *x, float *out, float *row, float *h,
+                    const struct ref_bias *b)
 {
     for (int64_t o = 0; o < gate->n_out; o++) {
         float gv = ref_dot(gate, o, x, row), uv = ref_dot(up, o, x, row);
+        gv += b->gate ? b->gate[o] : 0.0f;
+        uv += b->up ? b->up[o] : 0.0f;
         h[o] = gv / (1.0f + expf(-gv)) * uv;
+        if (b->oai) {
+            h[o] = gv;
+            kvr_swiglu_oai(&h[o], &uv, 1);
+        }
     }
     for (int64_t o = 0; o < down->n_out; o++)
-        out[o] = ref_dot(down, o, h, row);
+        out[o] = ref_dot(down, o, h, row) + (b->down ? b->down[o] : 0.0f);
 }
 
 void kvr_moe_forward_ref(const struct kvr_moe_layer *l, const struct kvr_moe_hparams *mp,
@@ -751,7 +786,7 @@ void kvr_moe_forward_ref(const struct kvr_moe_layer *l, const struct kvr_moe_hpa
     size_t wide = ff > n_embd ? ff : n_embd;
     float *logits = scratch, *row = logits + mp->n_expert, *h = row + wide, *o = h + ff;
     for (uint32_t e = 0; e < mp->n_expert; e++)
-        logits[e] = ref_dot(&l->router, e, x, row);
+        logits[e] = ref_dot(&l->router, e, x, row) + (l->router_b ? l->router_b[e] : 0.0f);
     uint32_t sel[KVR_MOE_MAX_USED];
     float wt[KVR_MOE_MAX_USED];
     kvr_moe_select_b(mp, logits, l->probs_b, sel, wt);
@@ -760,7 +795,11 @@ void kvr_moe_forward_ref(const struct kvr_moe_layer *l, const struct kvr_moe_hpa
         struct kvr_matrix g = kvr_moe_expert_matrix(l, 0, sel[s]);
         struct kvr_matrix u = kvr_moe_expert_matrix(l, 1, sel[s]);
         struct kvr_matrix dn = kvr_moe_expert_matrix(l, 2, sel[s]);
-        ref_ffn(&g, &u, &dn, x, o, row, h);
+        size_t fe = mp->n_ff_exp, at = (size_t)sel[s];
+        struct ref_bias b = {l->gate_b ? l->gate_b + at * fe : NULL,
+                             l->up_b ? l->up_b + at * fe : NULL,
+                             l->down_b ? l->down_b + at * n_embd : NULL, mp->swiglu_oai};
+        ref_ffn(&g, &u, &dn, x, o, row, h, &b);
         for (uint32_t i = 0; i < n_embd; i++)
             y[i] += wt[s] * o[i];
         if (ids)
@@ -768,7 +807,8 @@ void kvr_moe_forward_ref(const struct kvr_moe_layer *l, const struct kvr_moe_hpa
     }
     if (mp->n_ff_shexp) {
         float gate = l->sh_gate_inp.data ? sigmoidf(ref_dot(&l->sh_gate_inp, 0, x, row)) : 1.0f;
-        ref_ffn(&l->sh_gate, &l->sh_up, &l->sh_down, x, o, row, h);
+        const struct ref_bias none = {NULL, NULL, NULL, false};
+        ref_ffn(&l->sh_gate, &l->sh_up, &l->sh_down, x, o, row, h, &none);
         for (uint32_t i = 0; i < n_embd; i++)
             y[i] += gate * o[i];
     }

@@ -76,6 +76,8 @@ struct kvr_moe_hparams {
     uint32_t n_ff_shexp; /* hidden width of the shared expert; 0 = none */
     enum kvr_moe_gating gating;
     bool norm_topk; /* SOFTMAX or SIGMOID gating: renormalise the selected probabilities */
+    bool biases;     /* the router and each expert matrix add a bias (gpt-oss), set by arch.c */
+    bool swiglu_oai; /* experts use gpt-oss's clamped SwiGLU (gptoss.h), set by arch.c */
     /* DeepSeek-V3-style routing (model/moe_route.h; all zero for the other architectures) */
     float w_scale;            /* routing weights multiplied by it after norm_topk; 0 = 1 */
     uint32_t n_group;         /* group-limited routing: experts in n_group equal groups (0, 1:
@@ -109,11 +111,23 @@ struct kvr_moe_layer {
     struct kvr_matrix sh_gate, sh_up; /* [n_embd] -> [n_ff_shexp] */
     struct kvr_matrix sh_down;        /* [n_ff_shexp] -> [n_embd] */
     const float *probs_b; /* exp_probs_b.bias [n_expert] when mp->probs_bias, else NULL */
+    /* biases, when mp->biases (NULL otherwise; moe_oai.c views them) */
+    const float *router_b;      /* ffn_gate_inp.bias [n_expert] */
+    const float *gate_b, *up_b; /* ffn_{gate,up}_exps.bias [n_ff_exp] per expert */
+    const float *down_b;        /* ffn_down_exps.bias [n_embd] per expert */
 };
 
 /* View layer il's MoE tensors (blk.<il>.*) with every shape and type checked. */
 int kvr_moe_layer_view(struct kvr_moe_layer *l, const struct kvr_gguf *g, uint32_t il,
                        uint32_t n_embd, const struct kvr_moe_hparams *mp, struct kvr_err *err);
+
+/* The router's and experts' biases of layer il (mp->biases; moe_oai.c), f32 and
+ * shape-checked: ffn_gate_inp.bias [n_expert], ffn_{gate,up}_exps.bias [n_ff_exp, n_expert],
+ * ffn_down_exps.bias [n_embd, n_expert]. kvr_moe_layer_view calls it. */
+int kvr_moe_view_biases(struct kvr_moe_layer *l, const struct kvr_gguf *g, uint32_t il,
+                        uint32_t n_embd, const struct kvr_moe_hparams *mp, struct kvr_err *err);
+/* rows[r * width + i] += bias[i] for n_rows rows. */
+void kvr_moe_add_bias(float *rows, uint32_t n_rows, uint32_t width, const float *bias);
 
 /* Expert e's matrix: which = 0 gate, 1 up, 2 down. e < n_expert. */
 struct kvr_matrix kvr_moe_expert_matrix(const struct kvr_moe_layer *l, int which, uint32_t e);

@@ -83,6 +83,21 @@ static const struct kvr_synth_shape named_shapes[] = {
      .qk_rope = 64,
      .qk_nope = 128,
      .v_head = 128},
+    {.name = "gpt-oss-20b",
+     .n_layers = 24,
+     .dim = 2880,
+     .ff = 2880,
+     .n_heads = 64,
+     .n_kv_heads = 8,
+     .vocab_size = 201088,
+     .ctx = 131072,
+     .rope_base = 150000.0f,
+     .rms_eps = 1e-5f,
+     .head_dim = 64,
+     .n_swa = 128,
+     .n_expert = 32,
+     .n_expert_used = 4,
+     .expert_ff = 2880},
 };
 #define N_NAMED_SHAPES ((int)(sizeof named_shapes / sizeof named_shapes[0]))
 
@@ -162,12 +177,13 @@ int kvr_synth_check_shape(const struct kvr_synth_shape *s, struct kvr_err *err)
 /* What a tensor's rows hold beyond their random values: the routing design of MoE models
  * (synth.h), on the first `reserved` coordinates of the residual stream. */
 enum role {
-    ROLE_RANDOM,   /* uniform values only */
-    ROLE_LEVELS,   /* token_embd: a permutation of evenly spaced levels on the reserved */
-    ROLE_ROUTER,   /* ffn_gate_inp: row e one-hot on reserved perm(e), value `gain` */
-    ROLE_ZERO_OUT, /* output rows (row % ne1) < reserved are zero */
-    ROLE_NORM_ONE, /* ffn_norm: exactly 1 on the reserved coordinates */
-    ROLE_BIAS,     /* exp_probs_b: 2 u_e, u from groups (synth.h); ne[1] = n_group */
+    ROLE_RANDOM,    /* uniform values only */
+    ROLE_LEVELS,    /* token_embd: a permutation of evenly spaced levels on the reserved */
+    ROLE_ROUTER,    /* ffn_gate_inp: row e one-hot on reserved perm(e), value `gain` */
+    ROLE_ZERO_OUT,  /* output rows (row % ne1) < reserved are zero */
+    ROLE_NORM_ONE,  /* ffn_norm: exactly 1 on the reserved coordinates */
+    ROLE_BIAS,      /* exp_probs_b: 2 u_e, u from groups (synth.h); ne[1] = n_group */
+    ROLE_ZERO_HEAD, /* a bias added to the stream: zero on the reserved coordinates */
     ROLE_COUNT
 };
 
@@ -280,6 +296,9 @@ static void apply_role(const struct tspec *t, int64_t row, float *dst)
     case ROLE_BIAS:
         selection_bias(t, dst);
         break;
+    case ROLE_ZERO_HEAD:
+        memset(dst, 0, r * sizeof *dst);
+        break;
     default:
         break;
     }
@@ -387,6 +406,7 @@ static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
         hp.moe.n_ff_shexp = hp.arch->moe_shared
                                 ? (uint32_t)(s->shared_ff ? s->shared_ff : (int)hp.moe.n_ff_exp)
                                 : 0;
+        hp.moe.biases = hp.arch->moe_biases;
     }
     if (s->n_expert > 0 && hp.arch->moe_v3) {
         hp.moe.n_ff_shexp = (uint32_t)s->n_shared_exp * hp.moe.n_ff_exp;
@@ -402,8 +422,33 @@ static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
 /* Most tensors a model of these options has. */
 static size_t max_tensors(const struct kvr_synth_shape *s)
 {
-    /* + router, experts, shared, bias, MLA's projections; NextN's own */
-    return (size_t)(s->n_layers + s->n_nextn) * (KVR_LT_COUNT + 18) + 4;
+    /* + router, experts, shared, biases, MLA's projections; NextN's own */
+    return (size_t)(s->n_layers + s->n_nextn) * (KVR_LT_COUNT + 24) + 4;
+}
+
+/* gpt-oss's router and expert biases, f32: the router's small beside the routing design's
+ * one-logit gaps, the down one zero on the reserved coordinates like the down rows. */
+static int64_t add_moe_bias_specs(struct tspec *out, const struct kvr_hparams *hp, uint32_t l,
+                                  uint64_t seed, float s_res)
+{
+    const struct kvr_moe_hparams *mp = &hp->moe;
+    static const char *const names[4] = {"ffn_gate_inp.bias", "ffn_gate_exps.bias",
+                                         "ffn_up_exps.bias", "ffn_down_exps.bias"};
+    const int64_t ne0[4] = {mp->n_expert, mp->n_ff_exp, mp->n_ff_exp, hp->n_embd};
+    const float half[4] = {0.1f, 0.5f, 0.5f, 0.5f * s_res};
+    char name[48];
+    for (int i = 0; i < 4; i++) {
+        snprintf(name, sizeof name, "blk.%u.%s", l, names[i]);
+        add_spec(&out[i], name, ne0[i], i ? mp->n_expert : 0, KVR_DTYPE_F32, 0, seed);
+        out[i].type = KVR_DTYPE_F32;
+        out[i].lo = -half[i];
+        out[i].hi = half[i];
+        if (i == 3) {
+            out[i].role = ROLE_ZERO_HEAD;
+            out[i].reserved = mp->n_expert;
+        }
+    }
+    return 4;
 }
 
 /* A MoE layer's router, experts and shared expert (synth.h: the routing design). */
@@ -439,6 +484,8 @@ static int64_t add_moe_specs(struct tspec *out, const struct kvr_hparams *hp, ui
         out[n].reserved = mp->n_expert;
         out[n++].gain = (float)mp->n_group;
     }
+    if (mp->biases)
+        n += add_moe_bias_specs(out + n, hp, l, seed, s_res);
     if (sh && !mp->shared_plain) {
         add_spec(&out[n], NAME("ffn_gate_inp_shexp.weight"), d, 0, KVR_DTYPE_F32, 0, seed);
         out[n].hi = 1.7320508f / sqrtf((float)d); /* a gate around sigmoid(0), not a norm */
@@ -496,7 +543,8 @@ static int64_t add_mla_specs(struct tspec *out, const struct kvr_hparams *hp,
 
 /* Layer l's tensors (the table's, then any experts); returns how many. */
 static int64_t add_layer_specs(struct tspec *out, const struct kvr_synth_opts *o,
-                               const struct kvr_hparams *hp, uint32_t l, float s_res)
+                               const struct kvr_hparams *hp, uint32_t l, int type,
+                               int expert_type, float s_res)
 {
     const struct kvr_arch *a = hp->arch;
     int64_t n = 0;
@@ -513,8 +561,10 @@ static int64_t add_layer_specs(struct tspec *out, const struct kvr_synth_opts *o
         float std = 1.0f / sqrtf((float)ne0);
         if (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_DOWN)
             std *= s_res;
-        add_spec(&out[n], name, ne0, ne1, o->type, std, o->seed);
-        if (t == KVR_LT_ATTN_POST_NORM || t == KVR_LT_FFN_POST_NORM) {
+        add_spec(&out[n], name, ne0, ne1, type, std, o->seed);
+        bool ffn_norm =
+            t == KVR_LT_FFN_NORM || (t == KVR_LT_ATTN_POST_NORM && a->ffn_norm_post_attn);
+        if (!ffn_norm && (t == KVR_LT_ATTN_POST_NORM || t == KVR_LT_FFN_POST_NORM)) {
             out[n].lo = 0.2f;
             out[n].hi = 0.3f;
         }
@@ -522,17 +572,23 @@ static int64_t add_layer_specs(struct tspec *out, const struct kvr_synth_opts *o
             out[n].hi = 0.3f * 1.7320508f;
             out[n].lo = -out[n].hi;
         }
-        if (hp->moe.n_expert &&
-            (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_DOWN || t == KVR_LT_FFN_NORM)) {
-            out[n].role = t == KVR_LT_FFN_NORM ? ROLE_NORM_ONE : ROLE_ZERO_OUT;
+        if (t == KVR_LT_ATTN_OUT_BIAS || t == KVR_LT_ATTN_SINKS) { /* sinks: logits */
+            out[n].lo = t == KVR_LT_ATTN_SINKS ? 0.0f : -0.3f * s_res;
+            out[n].hi = t == KVR_LT_ATTN_SINKS ? 2.0f : 0.3f * s_res;
+        }
+        if (hp->moe.n_expert && (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_DOWN || ffn_norm ||
+                                 t == KVR_LT_ATTN_OUT_BIAS)) {
+            out[n].role = ffn_norm                    ? ROLE_NORM_ONE
+                          : t == KVR_LT_ATTN_OUT_BIAS ? ROLE_ZERO_HEAD
+                                                      : ROLE_ZERO_OUT;
             out[n].reserved = hp->moe.n_expert;
         }
         n++;
     }
     if (a->mla)
-        n += add_mla_specs(out + n, hp, o, l, o->type, o->seed);
+        n += add_mla_specs(out + n, hp, o, l, type, o->seed);
     if (kvr_hparams_layer_moe(hp, l))
-        n += add_moe_specs(out + n, hp, l, o->type, o->seed, s_res);
+        n += add_moe_specs(out + n, hp, l, expert_type, o->seed, s_res);
     return n;
 }
 
@@ -555,7 +611,9 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
 {
     struct kvr_hparams hp = hparams_of(o);
     const struct kvr_arch *a = hp.arch;
-    int type = o->type;
+    int type = o->type, expert_type = o->type;
+    if (type == KVR_DTYPE_MXFP4) /* MXFP4_MOE: experts in MXFP4, every other matrix Q8_0 */
+        type = KVR_DTYPE_Q8_0;
     uint64_t seed = o->seed;
     int64_t n = 0, dim = hp.n_embd;
     hp.n_vocab = (uint32_t)vocab;
@@ -580,7 +638,7 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
         out[n++].rope_base = o->shape.rope_base;
     }
     for (uint32_t l = 0; l < hp.n_layer + hp.n_nextn; l++) {
-        n += add_layer_specs(out + n, o, &hp, l, s_res);
+        n += add_layer_specs(out + n, o, &hp, l, type, expert_type, s_res);
         if (l >= hp.n_layer)
             n += add_nextn_specs(out + n, &hp, l, type, seed);
     }
@@ -932,6 +990,13 @@ static void add_model_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts
         kvr_gguf_writer_add_str(w, key, "linear");
         add_arch_f32(w, a, "rope.scaling.factor", o->rope_scale);
     }
+    if (!strcmp(a, "gpt-oss")) { /* YaRN as its real files have it (factor 32 over 4096) */
+        char key[96];
+        snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+        kvr_gguf_writer_add_str(w, key, "yarn");
+        add_arch_f32(w, a, "rope.scaling.factor", 32.0f);
+        add_arch_u32(w, a, "rope.scaling.original_context_length", 4096);
+    }
     add_arch_f32(w, a, "attention.layer_norm_rms_epsilon", s->rms_eps);
     if (s->n_swa)
         add_arch_u32(w, a, "attention.sliding_window", (uint32_t)s->n_swa);
@@ -975,8 +1040,8 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
         return kvr_err_set(err, KVR_EINVAL, "shape: %s needs experts", arch->name);
     if (s->n_expert && !arch->moe_always && !arch->moe_v3 && strcmp(arch->name, "llama"))
         return kvr_err_set(err, KVR_EINVAL,
-                           "shape: %s has no experts (llama, qwen3moe and "
-                           "qwen2moe do)",
+                           "shape: %s has no experts (llama, qwen3moe, "
+                           "qwen2moe and gpt-oss do)",
                            arch->name);
     if (s->n_expert && !arch->moe_always && !arch->moe_v3 && s->expert_ff && s->expert_ff != s->ff)
         return kvr_err_set(err, KVR_EINVAL, "shape: llama's experts are ff wide (%d), not %d",

@@ -83,6 +83,19 @@ printf 'GGUF\001\000\000\000' >"$dir/v1.gguf"
 expect 1 "" "$KVASIR" info "$dir/v1.gguf"
 expect 2 "usage" "$KVASIR" info
 expect 2 "unknown shape nope" "$KVASIR" synth --shape nope -o "$dir/x.gguf"
+# gpt-oss with MXFP4 experts: the biases, sinks and MXFP4_MOE's types, and info's reading
+# (sinks, the window's period, YaRN, the clamped SwiGLU).
+"$KVASIR" synth --arch gpt-oss --shape tiny --swa 8 --type mxfp4 -o "$dir/oss.gguf" >/dev/null
+"$KVASIR" info "$dir/oss.gguf" >"$dir/info"
+grep -Eq 'general\.file_type +uint32 +38$' "$dir/info" || fail "gpt-oss: file type MXFP4_MOE"
+grep -Eq 'blk\.0\.attn_sinks\.weight +f32 +4 ' "$dir/info" || fail "gpt-oss: sinks"
+grep -Eq 'blk\.1\.ffn_down_exps\.bias +f32 +64 x 8 ' "$dir/info" || fail "gpt-oss: expert bias"
+grep -Eq 'blk\.0\.ffn_up_exps\.weight +mxfp4 +64 x 192 x 8 ' "$dir/info" || fail "gpt-oss: mxfp4"
+grep -Eq 'blk\.0\.attn_q\.weight +q8_0 ' "$dir/info" || fail "gpt-oss: attention in q8_0"
+grep -q "^architecture: gpt-oss, .*clamped SwiGLU, sliding window 8 (period 2), attention sinks, YaRN x32 over 4096, 8 experts" \
+    "$dir/info" || fail "gpt-oss info: $(grep '^architecture' "$dir/info")"
+"$KVASIR" run -m "$dir/oss.gguf" -p "hello" -n 4 --temp 0 -q >/dev/null 2>&1 || fail "gpt-oss: run"
+
 expect 2 "unknown --type" "$KVASIR" synth --shape tiny --type q9 -o "$dir/x.gguf"
 expect 2 "custom needs" "$KVASIR" synth --shape custom --layers 2 -o "$dir/x.gguf"
 expect 1 "not a multiple of heads" "$KVASIR" synth --shape tiny --heads 3 -o "$dir/x.gguf"

@@ -8,9 +8,10 @@
 # micro-batch) and in flight (2), on synthesized Mixtral-style (8 experts, top-2),
 # Qwen3-MoE (16 experts, top-4), Qwen2-MoE (8 experts, top-2, a shared expert) and
 # deepseek2 (latent attention, 16 experts top-4 in 4 groups of which 2 are used, a shared
-# expert, a leading dense layer) models in Q8_0. On Qwen3-MoE also a partial placement:
-# agent 0 holds experts 0-5 of layers 0-3, agent 1 experts 8-15 of layers 2-5, the stages
-# compute the rest themselves. Every agent
+# expert, a leading dense layer) models in Q8_0, and gpt-oss (8 experts, top-2, biased
+# experts an agent must add, a window of 8) with MXFP4 experts. On Qwen3-MoE also a partial
+# placement: agent 0 holds experts 0-5 of layers 0-3, agent 1 experts 8-15 of layers 2-5, the
+# stages compute the rest themselves. Every agent
 # must have been linked to both stages before the run and have computed pairs in it, and
 # no stage may have lost an agent (else the stages computed those pairs themselves).
 set -euo pipefail
@@ -86,7 +87,8 @@ shape=(--shape custom --layers 6 --dim 128 --ff 256 --heads 4 --kv-heads 2 --voc
 for spec in "mixtral|--experts 8 --experts-used 2" \
     "qwen3moe|--experts 16 --experts-used 4 --expert-ff 128" "qwen2moe|--shared-ff 192" \
     "deepseek2|--q-lora 64 --experts 16 --experts-used 4 --expert-ff 128 --shared-experts 1
-        --dense-layers 1 --expert-groups 4 --groups-used 2"; do
+        --dense-layers 1 --expert-groups 4 --groups-used 2" \
+    "gpt-oss|--experts 8 --experts-used 2 --type mxfp4 --swa 8"; do
     arch=${spec%%|*}
     # shellcheck disable=SC2086 # the spec's options
     "$KVASIR" synth "${shape[@]}" --arch "$arch" ${spec#*|} -o "$TMP/$arch.gguf" \

@@ -11,7 +11,7 @@ source "$(dirname "$0")/lib.bash"
 mixed_prompts "$TMP/prompts.jsonl"
 
 for spec in "llama|" "qwen2|--tied" "qwen3|--head-dim 32" "gemma2|--swa 8" \
-    "gemma3|--swa 8 --layers 6" "phi3|" "deepseek2|--q-lora 32"; do
+    "gemma3|--swa 8 --layers 6" "phi3|" "deepseek2|--q-lora 32" "gpt-oss|--swa 8"; do
     arch=${spec%%|*}
     extra=${spec#*|}
     model=$TMP/$arch.gguf

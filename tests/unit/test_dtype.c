@@ -72,9 +72,10 @@ static uint32_t f32_bits(float f)
 }
 
 static const int weight_types[] = {
-    KVR_DTYPE_F32,  KVR_DTYPE_F16,  KVR_DTYPE_BF16, KVR_DTYPE_Q8_0,   KVR_DTYPE_Q4_0,
-    KVR_DTYPE_Q4_1, KVR_DTYPE_Q5_0, KVR_DTYPE_Q5_1, KVR_DTYPE_IQ4_NL, KVR_DTYPE_Q2_K,
-    KVR_DTYPE_Q3_K, KVR_DTYPE_Q4_K, KVR_DTYPE_Q5_K, KVR_DTYPE_Q6_K,   KVR_DTYPE_IQ4_XS};
+    KVR_DTYPE_F32,    KVR_DTYPE_F16,  KVR_DTYPE_BF16,   KVR_DTYPE_Q8_0,
+    KVR_DTYPE_Q4_0,   KVR_DTYPE_Q4_1, KVR_DTYPE_Q5_0,   KVR_DTYPE_Q5_1,
+    KVR_DTYPE_IQ4_NL, KVR_DTYPE_Q2_K, KVR_DTYPE_Q3_K,   KVR_DTYPE_Q4_K,
+    KVR_DTYPE_Q5_K,   KVR_DTYPE_Q6_K, KVR_DTYPE_IQ4_XS, KVR_DTYPE_MXFP4};
 #define N_WEIGHT_TYPES (sizeof weight_types / sizeof weight_types[0])
 
 /* The best set this CPU runs, or the one KVR_ISA names (CTest runs this binary once per
@@ -123,6 +124,7 @@ static void test_traits_table(void **state)
         {KVR_DTYPE_Q3_K, "q3_K", 256, 110, KVR_DTYPE_Q8_K, 11},
         {KVR_DTYPE_Q5_K, "q5_K", 256, 176, KVR_DTYPE_Q8_K, 16},
         {KVR_DTYPE_IQ4_XS, "iq4_xs", 256, 136, KVR_DTYPE_Q8_K, 30},
+        {KVR_DTYPE_MXFP4, "mxfp4", 32, 17, KVR_DTYPE_Q8_0, 38},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const struct kvr_dtype_traits *t = kvr_dtype_traits(want[i].type);
@@ -443,6 +445,23 @@ static void test_legacy_block_layouts(void **state)
     assert_true(got[0] == 0.0f && got[16] == -5.5f);
     kvr_dtype_traits(KVR_DTYPE_IQ4_NL)->to_float(bnl, got, 32);
     assert_true(got[0] == -63.5f && got[16] == -17.5f);
+
+    /* MXFP4: E8M0 byte 126 (scale 2^-1), then the nibbles as Q4_0; element = E2M1 * 0.5 */
+    static const float e2m1[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    uint8_t bmx[17] = {126};
+    memcpy(bmx + 1, qs, 16);
+    for (int j = 0; j < 32; j++)
+        want[j] = e2m1[nib[j]] * 0.5f;
+    kvr_dtype_traits(KVR_DTYPE_MXFP4)->to_float(bmx, got, 32);
+    expect_floats("mxfp4", got, want, 32);
+    /* the scale's ends: byte 0 is 2^-127 (subnormal), 254 is 2^127 */
+    bmx[0] = 0;
+    kvr_dtype_traits(KVR_DTYPE_MXFP4)->to_float(bmx, got, 32);
+    assert_true(got[16] == 3.0f * 0x1p-127f); /* element 16: code 5, E2M1 3 */
+    bmx[0] = 254;
+    kvr_dtype_traits(KVR_DTYPE_MXFP4)->to_float(bmx, got, 32);
+    assert_true(got[16] == 3.0f * 0x1p127f);
 }
 
 /* Q2_K and Q3_K share the 2-bit layout: element 128h + 32j + l is bits 2j..2j+1 of byte
@@ -588,7 +607,7 @@ static void test_round_trip_error(void **state)
         {KVR_DTYPE_Q6_K, 0.04},   {KVR_DTYPE_Q8_K, 0.04},  {KVR_DTYPE_Q4_1, 0.12},
         {KVR_DTYPE_Q5_0, 0.1},    {KVR_DTYPE_Q5_1, 0.06},  {KVR_DTYPE_IQ4_NL, 0.12},
         {KVR_DTYPE_Q2_K, 0.3},    {KVR_DTYPE_Q3_K, 0.2},   {KVR_DTYPE_Q5_K, 0.06},
-        {KVR_DTYPE_IQ4_XS, 0.12}, {KVR_DTYPE_Q8_1, 0.012},
+        {KVR_DTYPE_IQ4_XS, 0.12}, {KVR_DTYPE_Q8_1, 0.012}, {KVR_DTYPE_MXFP4, 0.2},
     };
     enum { N = 4096 };
     float *x = kvr_malloc(N * sizeof *x), *y = kvr_malloc(N * sizeof *y);
@@ -731,6 +750,7 @@ static int64_t case_n_in(int type)
     case KVR_DTYPE_Q5_0:
     case KVR_DTYPE_Q5_1:
     case KVR_DTYPE_IQ4_NL:
+    case KVR_DTYPE_MXFP4:
         return 2080;
     default:
         return 768;

@@ -37,7 +37,7 @@
 
 /* ---- building a model image ---------------------------------------------------------- */
 
-enum style { STYLE_MIXTRAL, STYLE_QWEN3, STYLE_QWEN2 };
+enum style { STYLE_MIXTRAL, STYLE_QWEN3, STYLE_QWEN2, STYLE_OSS };
 
 struct model {
     enum style style;
@@ -47,7 +47,7 @@ struct model {
     size_t len;
     struct kvr_gguf *g;
     struct kvr_moe_layer layer;
-    void *data[8]; /* tensor data handed to the writer */
+    void *data[12]; /* tensor data handed to the writer */
     int n_data;
 };
 
@@ -87,6 +87,7 @@ static void build(struct model *m, enum style style, int type, const char *bad_t
     m->type = type;
     const char *arch = style == STYLE_MIXTRAL ? "llama"
                        : style == STYLE_QWEN3 ? "qwen3moe"
+                       : style == STYLE_OSS   ? "gpt-oss"
                                               : "qwen2moe";
     uint32_t n_expert = style == STYLE_QWEN3 ? 16 : 8, n_used = style == STYLE_QWEN3 ? 4 : 2;
     struct kvr_gguf_writer *w = kvr_gguf_writer_create();
@@ -118,6 +119,17 @@ static void build(struct model *m, enum style style, int type, const char *bad_t
     }
     kvr_gguf_writer_add_tensor(w, "blk.0.ffn_down_exps.weight", 3, ne_dn, type,
                                make_tensor(m, type, FF, D * n_expert, 1.7f * s_ff, 14));
+    if (style == STYLE_OSS) { /* biases; the gate's and up's wide, so the SwiGLU clamps */
+        int64_t ne_rb[1] = {n_expert}, ne_gb[2] = {FF, n_expert}, ne_db[2] = {D, n_expert};
+        kvr_gguf_writer_add_tensor(w, "blk.0.ffn_gate_inp.bias", 1, ne_rb, KVR_DTYPE_F32,
+                                   make_tensor(m, KVR_DTYPE_F32, n_expert, 1, 0.5f, 21));
+        kvr_gguf_writer_add_tensor(w, "blk.0.ffn_gate_exps.bias", 2, ne_gb, KVR_DTYPE_F32,
+                                   make_tensor(m, KVR_DTYPE_F32, FF, n_expert, 9.0f, 22));
+        kvr_gguf_writer_add_tensor(w, "blk.0.ffn_up_exps.bias", 2, ne_gb, KVR_DTYPE_F32,
+                                   make_tensor(m, KVR_DTYPE_F32, FF, n_expert, 9.0f, 23));
+        kvr_gguf_writer_add_tensor(w, "blk.0.ffn_down_exps.bias", 2, ne_db, KVR_DTYPE_F32,
+                                   make_tensor(m, KVR_DTYPE_F32, D, n_expert, 0.5f, 24));
+    }
     if (style == STYLE_QWEN2) {
         int64_t ne_gi[1] = {D}, ne_sgu[2] = {D, SH}, ne_sdn[2] = {SH, D};
         kvr_gguf_writer_add_tensor(w, "blk.0.ffn_gate_inp_shexp.weight", 1, ne_gi, KVR_DTYPE_F32,
@@ -136,11 +148,12 @@ static void build(struct model *m, enum style style, int type, const char *bad_t
     assert_int_equal(fclose(f), 0);
     kvr_gguf_writer_destroy(w);
     assert_int_equal(kvr_gguf_open_mem(&m->g, m->buf, m->len, &err), 0);
+    bool topk = style == STYLE_MIXTRAL || style == STYLE_OSS;
     int rc = kvr_moe_hparams_read(&m->mp, m->g, arch,
-                                  style == STYLE_MIXTRAL ? KVR_MOE_GATING_SOFTMAX_TOPK
-                                                         : KVR_MOE_GATING_SOFTMAX,
+                                  topk ? KVR_MOE_GATING_SOFTMAX_TOPK : KVR_MOE_GATING_SOFTMAX,
                                   style == STYLE_QWEN3, style == STYLE_QWEN2, FF, &err);
     assert_int_equal(rc, 0);
+    m->mp.biases = m->mp.swiglu_oai = style == STYLE_OSS; /* as arch.c sets them */
     assert_int_equal(m->mp.n_expert, n_expert);
     assert_int_equal(m->mp.n_used, n_used);
     assert_int_equal(m->mp.n_ff_exp, FF);
@@ -299,6 +312,11 @@ static void test_view_checks(void **state)
     assert_int_equal(kvr_moe_layer_view(&l, m.g, 1, D, &m.mp, &err), KVR_EFORMAT);
     assert_non_null(strstr(err.msg, "missing tensor blk.1.ffn_gate_inp.weight"));
     destroy(&m);
+    build(&m, STYLE_MIXTRAL, KVR_DTYPE_F32, NULL); /* biases wanted, none in the file */
+    m.mp.biases = true;
+    assert_int_equal(kvr_moe_layer_view(&l, m.g, 0, D, &m.mp, &err), KVR_EFORMAT);
+    assert_non_null(strstr(err.msg, "missing tensor blk.0.ffn_gate_inp.bias"));
+    destroy(&m);
 
     build(&m, STYLE_QWEN3, KVR_DTYPE_Q8_0, NULL);
     struct kvr_matrix e5 = kvr_moe_expert_matrix(&m.layer, 2, 5);
@@ -330,7 +348,7 @@ static float selection_gap(const struct model *m, const float *x)
         double s = 0;
         for (int i = 0; i < D; i++)
             s += (double)row[i] * x[i];
-        logits[e] = (float)s;
+        logits[e] = (float)s + (m->layer.router_b ? m->layer.router_b[e] : 0.0f);
     }
     for (uint32_t a = 0; a < m->mp.n_expert; a++) /* sort descending */
         for (uint32_t b = a + 1; b < m->mp.n_expert; b++)
@@ -404,6 +422,7 @@ static void test_reference_f32(void **state)
     check_against_reference(STYLE_MIXTRAL, KVR_DTYPE_F32, 1e-5f);
     check_against_reference(STYLE_QWEN3, KVR_DTYPE_F32, 1e-5f);
     check_against_reference(STYLE_QWEN2, KVR_DTYPE_F32, 1e-5f);
+    check_against_reference(STYLE_OSS, KVR_DTYPE_F32, 1e-5f);
 }
 
 static void test_reference_quantized(void **state)
@@ -413,6 +432,7 @@ static void test_reference_quantized(void **state)
     check_against_reference(STYLE_MIXTRAL, KVR_DTYPE_Q8_0, 3e-2f);
     check_against_reference(STYLE_QWEN3, KVR_DTYPE_Q8_0, 3e-2f);
     check_against_reference(STYLE_QWEN2, KVR_DTYPE_Q8_0, 3e-2f);
+    check_against_reference(STYLE_OSS, KVR_DTYPE_MXFP4, 3e-2f);
 }
 
 /* A row gives the same bits alone, in a batch (at any position), with 1 or 2 threads, and
@@ -477,6 +497,7 @@ static void test_invariance(void **state)
     check_invariance(STYLE_MIXTRAL, KVR_DTYPE_Q8_0);
     check_invariance(STYLE_QWEN3, KVR_DTYPE_Q8_0);
     check_invariance(STYLE_QWEN2, KVR_DTYPE_F16);
+    check_invariance(STYLE_OSS, KVR_DTYPE_MXFP4);
 }
 
 /* Out of memory at create fails cleanly, at every allocation. */

@@ -395,6 +395,26 @@ static void test_bad_options(void **state)
     assert_int_equal(kvr_synth_shape_by_name("ring-45", &sh), 0);
     assert_int_equal(sh.n_layers, 45);
     assert_int_equal(kvr_synth_check_shape(&sh, NULL), 0);
+    /* gpt-oss-20b: 24 layers, 32 experts top-4 of width 2880, 64/8 heads of 64, window 128 */
+    assert_int_equal(kvr_synth_shape_by_name("gpt-oss-20b", &sh), 0);
+    assert_int_equal(kvr_synth_check_shape(&sh, NULL), 0);
+    assert_true(sh.n_layers == 24 && sh.dim == 2880 && sh.n_heads == 64 && sh.n_kv_heads == 8);
+    assert_true(sh.head_dim == 64 && sh.n_swa == 128 && sh.n_expert == 32);
+    assert_true(sh.n_expert_used == 4 && sh.expert_ff == 2880 && sh.vocab_size == 201088);
+    struct kvr_synth_opts oss = {.shape = sh,
+                                 .arch = kvr_arch_find("gpt-oss", 7),
+                                 .type = KVR_DTYPE_MXFP4,
+                                 .seed = 1,
+                                 .n_threads = 1};
+    float *big = malloc(4096 * sizeof *big);
+    assert_non_null(big);
+    assert_int_equal(kvr_synth_row(&oss, "blk.23.ffn_down_exps.bias", 31, big), 0);
+    for (int i = 0; i < 32; i++) /* zero on the routing coordinates (synth.h) */
+        assert_true(big[i] == 0.0f);
+    assert_int_equal(kvr_synth_row(&oss, "blk.23.attn_sinks.weight", 0, big), 0);
+    assert_int_equal(kvr_synth_row(&oss, "blk.0.ffn_up_exps.weight", 32 * 2880 - 1, big), 0);
+    assert_int_equal(kvr_synth_row(&oss, "blk.0.ffn_up_exps.weight", 32 * 2880, big), KVR_ERANGE);
+    free(big);
 }
 
 /* Every architecture: the table's tensors (minus its optional ones) with the shapes of its

@@ -11,6 +11,7 @@
 #include "model/kernels/kquant_inplace.inc"
 #include "model/kernels/kquant_packed.inc"
 #include "model/kernels/kquant_unpack.inc"
+#include "model/kernels/mxfp4.inc"
 #include "model/kernels/legacy.inc"
 #include "model/kernels/float.inc"
 #include "model/kernels/set_table.inc"
