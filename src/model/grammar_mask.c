@@ -317,10 +317,12 @@ int32_t kvr_grammar_mask(struct kvr_grammar_match *m, const struct kvr_grammar_v
     memset(bits, 0, words * sizeof *bits);
     if (walk(m, v, bits))
         return KVR_ENOMEM;
-    if (kvr_grammar_match_complete(m))
+    int32_t n_allowed = count_bits(bits, words);
+    if (kvr_grammar_match_complete(m) || !n_allowed) {
         for (uint32_t k = 0; k < v->n_eog; k++)
             bits[v->eog_ids[k] >> 5] |= 1u << (v->eog_ids[k] & 31);
-    int32_t n_allowed = count_bits(bits, words);
+        n_allowed = count_bits(bits, words);
+    }
     /* remember it; a failed allocation only loses the cache entry */
     if (m->n_cache_words != words) {
         for (uint32_t i = 0; i < KVR_GRAMMAR_CACHE; i++) {
