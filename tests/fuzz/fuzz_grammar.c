@@ -25,8 +25,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
         }                                                                                          \
     } while (0)
 
-static const char *const vocab[] = {"a", "b", "ab", "{", "}", "\"", " ", "0", "12", "x\"",
-                                    "\xc3", "\xa9", "\xc3\xa9", "\n", "[", "]", "<end>"};
+static const char *const vocab[] = {"a",        "b",  "ab", "{",   "}",    "\"",
+                                    " ",        "0",  "12", "x\"", "\xc3", "\xa9",
+                                    "\xc3\xa9", "\n", "[",  "]",   "<end>"};
 #define NV ((int32_t)(sizeof vocab / sizeof *vocab))
 
 static void check_mask(struct kvr_grammar_match *m, struct kvr_grammar_match *c,
