@@ -117,6 +117,7 @@ enum pre_rule {
     RULE_CJK_KANA,
     RULE_DSV3,
     RULE_GPT4O,
+    RULE_KIMI,
     RULE_COUNT
 };
 
@@ -561,6 +562,52 @@ static size_t scan_gpt4o(const uint32_t *c, size_t n, size_t pos, size_t *skip)
     return is_space(c0) ? space_tail(c, n, pos) : 0;
 }
 
+/* Kimi K2 (a deepseek2 model with its own vocabulary):
+ *   [\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d)?|(the same with + and * swapped)|\p{N}{1,3}|
+ *    ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * as llama.cpp matches it, whose ids are the reference: Han is the CJK ideograph blocks
+ * (not U+3005, the radicals or extensions G and later), and the two letter alternatives
+ * come down to a run of letters other than Han, with no split at a change of case. */
+static const struct range han[] = {
+    {0x3400, 0x4DBF},   {0x4E00, 0x9FFF},   {0xF900, 0xFAFF},
+    {0x20000, 0x2A6DF}, {0x2A700, 0x2EBEF}, {0x2F800, 0x2FA1F},
+};
+
+static bool is_han(uint32_t c)
+{
+    return in_set(han, N_OF(han), c);
+}
+
+static bool is_letter_not_han(uint32_t c)
+{
+    return is_letter(c) && !is_han(c);
+}
+
+static size_t scan_kimi(const uint32_t *c, size_t n, size_t pos, size_t *skip)
+{
+    (void)skip;
+    uint32_t c0 = c[pos];
+    if (is_han(c0))
+        return run(c, n, pos, is_han, ANY);
+    size_t k = pos;
+    if (!is_letter(c0) && !is_crlf(c0) && !is_number(c0) && pos + 1 < n &&
+        is_letter_not_han(c[pos + 1]))
+        k = pos + 1; /* the optional leading character */
+    if (is_letter_not_han(c[k])) {
+        size_t e = k + run(c, n, k, is_letter_not_han, ANY);
+        return e + contraction(c, n, e) - pos;
+    }
+    if (is_number(c0))
+        return run(c, n, pos, is_number, 3);
+    k = pos + (c0 == ' ' && pos + 1 < n && is_other(c[pos + 1]));
+    if (is_other(c[k])) {
+        size_t e = k + run(c, n, k, is_other, ANY);
+        return e + run(c, n, e, is_crlf, ANY) - pos;
+    }
+    return is_space(c0) ? space_tail(c, n, pos) : 0;
+}
+
 typedef size_t (*scan_fn)(const uint32_t *c, size_t n, size_t pos, size_t *skip);
 
 static const scan_fn scanners[RULE_COUNT] = {
@@ -584,6 +631,7 @@ static const scan_fn scanners[RULE_COUNT] = {
     [RULE_CJK_KANA] = scan_cjk_kana,
     [RULE_DSV3] = scan_dsv3,
     [RULE_GPT4O] = scan_gpt4o,
+    [RULE_KIMI] = scan_kimi,
 };
 
 /* ---- the table ---------------------------------------------------------------------------
@@ -610,6 +658,7 @@ static const char *const names_starcoder[] = {"starcoder", "refact", "command-r"
                                               "codeshell", "exaone", "minerva-7b", NULL};
 static const char *const names_dsv3[] = {"deepseek-v3", "hunyuan-dense", NULL};
 static const char *const names_gpt4o[] = {"gpt-4o", NULL};
+static const char *const names_kimi[] = {"kimi-k2", NULL};
 static const char *const names_default[] = {"default", NULL};
 
 #define ROW(names_, ...)                                                                           \
@@ -632,6 +681,7 @@ static const struct kvr_pre table[] = {
     {ROW(names_viking, RULE_BLOOM, RULE_NUMBER)},
     {ROW(names_dsv3, RULE_DIGITS_1_3, RULE_CJK_KANA, RULE_DSV3)},
     {ROW(names_gpt4o, RULE_GPT4O)},
+    {ROW(names_kimi, RULE_KIMI)},
     /* What llama.cpp uses for a missing tokenizer.ggml.pre; here only when named. */
     {ROW(names_default, RULE_DEFAULT_PUNCT, RULE_GPT2, RULE_NUMBERS, RULE_DIGITS3)},
 };

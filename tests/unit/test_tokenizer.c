@@ -874,7 +874,7 @@ static struct kvr_tok *llama_bpe_as(const char *pre)
 /* One name of each row of the table (tokenizer_pre.c). */
 static const char *const pre_rows[] = {
     "gpt-2",     "llama-bpe", "dbrx",   "qwen2",       "deepseek-llm", "deepseek-coder", "falcon",
-    "starcoder", "bloom",     "viking", "deepseek-v3", "gpt-4o",       "default"};
+    "starcoder", "bloom",     "viking", "deepseek-v3", "gpt-4o",       "kimi-k2",        "default"};
 
 /* A 100 kB text of one of several shapes, each the worst case of some rule: long runs of
  * one class (one huge word), white space that never ends a word, many tiny words. */
@@ -979,6 +979,13 @@ static void test_pre_rules(void **state)
                (const int32_t[]){691, 11052, 32, 47013, 19321, 46}, 6);
     expect_ids(g4, "a//\n/x", false, (const int32_t[]){64, 2341, 14, 87}, 4);
     kvr_tok_destroy(g4);
+    /* Kimi K2: a Han run is a word of its own (the space before it too), other letters
+     * run on across a change of case. */
+    struct kvr_tok *kk = llama_bpe_as("kimi-k2");
+    expect_ids(kk, "Hello \xE4\xBD\xA0\xE5\xA5\xBD", false,
+               (const int32_t[]){9906, 220, 57668, 53901}, 4);
+    expect_ids(kk, "getElementById", false, (const int32_t[]){76757, 2787}, 2);
+    kvr_tok_destroy(kk);
     kvr_tok_destroy(l3);
     kvr_tok_destroy(q2);
     kvr_tok_destroy(sc);
