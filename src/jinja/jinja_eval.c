@@ -442,6 +442,8 @@ static struct jval arith(struct jctx *c, enum jop op, struct jval a, struct jval
         [OP_ADD] = "+",       [OP_SUB] = "-", [OP_MUL] = "*",  [OP_DIV] = "/",
         [OP_FLOORDIV] = "//", [OP_MOD] = "%", [OP_POW] = "**",
     };
+    if (op == OP_MOD && a.t == JT_STR) /* an undefined value formats as "" */
+        return jpy_percent(c, a.u.s, b, line);
     need_defined(c, a, line);
     need_defined(c, b, line);
     if (op == OP_ADD && a.t == JT_STR && b.t == JT_STR) {

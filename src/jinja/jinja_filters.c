@@ -1,7 +1,7 @@
 /* jinja_filters.c - the filters, tests and str/dict methods of the Jinja interpreter.
  *
  * Filters (jinja2 semantics; map/select/... return lists where jinja2 returns generators):
- *   abs capitalize count default|d dictsort first float indent int items join last length
+ *   abs capitalize count default|d dictsort first float format indent int items join last length
  *   list lower map max min reject rejectattr replace reverse round safe select selectattr
  *   sort string sum title tojson trim unique upper wordcount
  * Tests: boolean callable defined divisibleby eq|equalto|== even false float ge|>= gt|>|
@@ -10,8 +10,9 @@
  * Methods (Python's; the sandbox's immutable ones only):
  *   str: strip lstrip rstrip split rsplit splitlines startswith endswith upper lower title
  *        capitalize replace find rfind count join isdigit isalpha isspace isalnum islower
- *        isupper removeprefix removesuffix
- *   dict: items keys values get */
+ *        isupper removeprefix removesuffix index
+ *   dict: items keys values get
+ *   list: index count */
 #include "jinja/jinja_int.h"
 
 #include <math.h>
@@ -53,7 +54,7 @@ static const char *const str_methods[] = {
     "strip",    "lstrip",  "rstrip",       "split",        "rsplit",     "splitlines", "startswith",
     "endswith", "upper",   "lower",        "title",        "capitalize", "replace",    "find",
     "rfind",    "count",   "join",         "isdigit",      "isalpha",    "isspace",    "isalnum",
-    "islower",  "isupper", "removeprefix", "removesuffix", NULL,
+    "islower",  "isupper", "removeprefix", "removesuffix", "index",      NULL,
 };
 static const char *const dict_methods[] = {"items", "keys", "values", "get", NULL};
 
@@ -71,6 +72,8 @@ bool jmethod_exists(struct jval v, const char *name)
         return in_list(str_methods, name);
     if (v.t == JT_DICT && !v.u.d->ns)
         return in_list(dict_methods, name);
+    if (v.t == JT_LIST)
+        return jpy_list_method_exists(name);
     return false;
 }
 
@@ -165,8 +168,8 @@ static struct jval str_method(struct jctx *c, const struct jstr *s, const char *
         return js_strip(c, s, arg_str(c, a, 0, "chars", line), m[0] != 'r', m[0] != 'l');
     if (!strcmp(m, "split") || !strcmp(m, "rsplit")) {
         int64_t max = arg_int(c, a, 1, "maxsplit", -1, line);
-        if (m[0] == 'r' && max >= 0)
-            jerr(c, KVR_ENOTSUP, line, "rsplit with maxsplit is not supported");
+        if (m[0] == 'r')
+            return js_rsplit(c, s, arg_str(c, a, 0, "sep", line), max, line);
         return js_split(c, s, arg_str(c, a, 0, "sep", line), max, line);
     }
     if (!strcmp(m, "splitlines"))
@@ -191,6 +194,12 @@ static struct jval str_method(struct jctx *c, const struct jstr *s, const char *
         if (!old || !new)
             jerr(c, KVR_EFORMAT, line, "replace takes two strings");
         return js_replace(c, s, old, new, arg_int(c, a, 2, "count", -1, line));
+    }
+    if (!strcmp(m, "index")) { /* find, which fails where find gives -1 */
+        struct jval at = str_method(c, s, "find", a, line);
+        if (at.u.i < 0)
+            jerr(c, KVR_EFORMAT, line, "ValueError: substring not found");
+        return at;
     }
     if (!strcmp(m, "find") || !strcmp(m, "rfind") || !strcmp(m, "count")) {
         const struct jstr *x = arg_str(c, a, 0, "sub", line);
@@ -254,6 +263,8 @@ struct jval jmethod_call(struct jctx *c, struct jval self, const struct jstr *na
 {
     if (self.t == JT_STR)
         return str_method(c, self.u.s, name->s, a, line);
+    if (self.t == JT_LIST)
+        return jpy_list_method(c, self.u.l, name->s, a, line);
     const struct jdict *d = self.u.d;
     if (!strcmp(name->s, "items"))
         return jv_list(dict_items(c, d));
@@ -778,6 +789,30 @@ static struct jval f_float(struct jctx *c, struct jval v, const struct jargs *a,
     return to_number(c, v, a, true);
 }
 
+/* jinja2's format: value % args, or value % kwargs (not both). */
+static struct jval f_format(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
+{
+    if (a->n_pos && a->n_kw)
+        jerr(c, KVR_EFORMAT, line,
+             "can't handle positional and keyword arguments at the same time");
+    struct jval args;
+    if (a->n_kw) {
+        struct jdict *d = jdict_new(&c->ar, a->n_kw);
+        for (uint32_t k = 0; k < a->n_kw; k++)
+            jdict_set(c, d, (struct jval){.t = JT_STR, .u.s = (struct jstr *)a->kw_name[k]},
+                      a->kw[k]);
+        args = (struct jval){.t = JT_DICT, .u.d = d};
+    } else {
+        struct jlist *l = jlist_new(&c->ar, a->n_pos + 1);
+        l->tuple = true;
+        for (uint32_t k = 0; k < a->n_pos; k++)
+            jlist_push(&c->ar, l, a->pos[k]);
+        args = jv_list(l);
+    }
+    struct jval s = str_of(c, v);
+    return jpy_percent(c, s.u.s, args, line);
+}
+
 static struct jval f_abs(struct jctx *c, struct jval v, const struct jargs *a, uint32_t line)
 {
     (void)a;
@@ -796,13 +831,13 @@ static struct jval f_round(struct jctx *c, struct jval v, const struct jargs *a,
     const struct jstr *method = arg_str(c, a, 1, "method", line);
     if (v.t != JT_INT && v.t != JT_FLOAT && v.t != JT_BOOL)
         jerr(c, KVR_EFORMAT, line, "round needs a number");
+    if (!method || !strcmp(method->s, "common")) /* jinja2 calls Python's round() */
+        return jpy_round(c, v, prec, line);
     double x = v.t == JT_FLOAT ? v.u.f : v.t == JT_INT ? (double)v.u.i : v.u.b;
     if (prec < -300 || prec > 300)
         jerr(c, KVR_ERANGE, line, "round precision out of range");
     double m = pow(10, (double)prec), y = x * m;
-    if (!method || !strcmp(method->s, "common"))
-        y = round(y);
-    else if (!strcmp(method->s, "ceil"))
+    if (!strcmp(method->s, "ceil"))
         y = ceil(y);
     else if (!strcmp(method->s, "floor"))
         y = floor(y);
@@ -895,6 +930,7 @@ static const struct filter {
     {"dictsort", f_dictsort, {"case_sensitive", "by", "reverse"}, false},
     {"first", f_first, {NULL}, false},
     {"float", f_float, {"default"}, false},
+    {"format", f_format, {NULL}, true},
     {"indent", f_indent, {"width", "first", "blank"}, false},
     {"int", f_int, {"default", "base"}, false},
     {"items", f_items, {NULL}, false},

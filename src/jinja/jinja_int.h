@@ -7,6 +7,7 @@
  *   jinja_filters.c  filters, tests, and the methods of str and dict
  *   jinja_strings.c  string operations filters and methods share (case, strip, split...)
  *   jinja_chars.c    code points: counting, isspace, case mapping
+ *   jinja_python.c   Python built-ins: str % args, round(), list methods
  *
  * Every allocation of a parse or of a render comes from one struct jarena. A failure
  * anywhere (syntax, runtime, limit, memory) records its message and longjmps to the
@@ -385,7 +386,21 @@ struct jval js_replace(struct jctx *c, const struct jstr *s, const struct jstr *
 /* Python's str.split (sep NULL: runs of whitespace; maxsplit < 0: no limit). */
 struct jval js_split(struct jctx *c, const struct jstr *s, const struct jstr *sep, int64_t maxsplit,
                      uint32_t line);
+/* Python's str.rsplit: the same parts as js_split, the maxsplit cuts counted from the end. */
+struct jval js_rsplit(struct jctx *c, const struct jstr *s, const struct jstr *sep,
+                      int64_t maxsplit, uint32_t line);
 struct jlist *js_splitlines(struct jctx *c, const struct jstr *s, bool keepends);
+
+/* ---- Python built-ins (jinja_python.c) ---------------------------------------------- */
+
+/* Python's `f % args` (printf-style formatting). */
+struct jval jpy_percent(struct jctx *c, const struct jstr *f, struct jval args, uint32_t line);
+/* Python's round(v, ndigits) for an int or a float: half to even, an int stays an int. */
+struct jval jpy_round(struct jctx *c, struct jval v, int64_t ndigits, uint32_t line);
+/* list.index and list.count. */
+bool jpy_list_method_exists(const char *name);
+struct jval jpy_list_method(struct jctx *c, const struct jlist *l, const char *m,
+                            const struct jargs *a, uint32_t line);
 
 /* ---- filters, tests, methods (jinja_filters.c) -------------------------------------- */
 

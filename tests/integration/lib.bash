@@ -348,3 +348,27 @@ npm_pinned() {
         skip_or_fail "npm ci failed (no registry?)"
     }
 }
+
+# peer_tool NAME: the path of the peer's llama.cpp program NAME (need_shared: skip or fail
+# without it), with its libraries made loadable: the shared copy stores their symlinks as
+# small text files naming the target, rebuilt here as links in $TMP/peerlib, which goes
+# first on LD_LIBRARY_PATH. Run it in the test's shell, not in $(...), for the export.
+peer_tool() {
+    local bin dir f b
+    bin=$SHARED/peers/llama.cpp/bin/$1
+    [ -r "$bin" ] || need_shared "peers/llama.cpp/bin/$1" # skips or fails
+    dir=$(dirname "$bin")/..
+    if [ ! -d "$TMP/peerlib" ]; then
+        mkdir -p "$TMP/peerlib"
+        for f in "$dir"/lib/*; do
+            b=$(basename "$f")
+            if [ "$(stat -c %s "$f")" -lt 256 ] && ! LC_ALL=C grep -q $'\x7fELF' "$f"; then
+                ln -s "$dir/lib/$(cat "$f")" "$TMP/peerlib/$b"
+            else
+                ln -s "$f" "$TMP/peerlib/$b"
+            fi
+        done
+        export LD_LIBRARY_PATH="$TMP/peerlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    fi
+    PEER_TOOL=$bin
+}

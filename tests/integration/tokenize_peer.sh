@@ -21,7 +21,8 @@ here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.bash"
 
 vocab=$(need_shared vocab/ggml-vocab-llama-bpe.gguf)
-peer_dir=$(dirname "$(need_shared peers/llama.cpp/bin/llama-tokenize)")/..
+peer_tool llama-tokenize
+peer=$PEER_TOOL
 setpre=${KVR_BUILD:?set KVR_BUILD to the build directory (CTest does)}/kvr_setpre
 [ -x "$setpre" ] || fail "$setpre not built"
 command -v python3 >/dev/null || {
@@ -30,19 +31,6 @@ command -v python3 >/dev/null || {
     exit 77
 }
 
-# The shared copy of the peer stores its library symlinks as small text files naming the
-# target; rebuild them as links in a directory of our own and put it first on the path.
-mkdir -p "$TMP/peerlib"
-for f in "$peer_dir"/lib/*; do
-    b=$(basename "$f")
-    if [ "$(stat -c %s "$f")" -lt 256 ] && ! LC_ALL=C grep -q $'\x7fELF' "$f"; then
-        ln -s "$peer_dir/lib/$(cat "$f")" "$TMP/peerlib/$b"
-    else
-        ln -s "$f" "$TMP/peerlib/$b"
-    fi
-done
-export LD_LIBRARY_PATH="$TMP/peerlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-peer="$peer_dir/bin/llama-tokenize"
 "$peer" --help >/dev/null 2>&1 || fail "the peer's llama-tokenize does not run"
 
 # Refusal of an unknown name, with the supported ones listed.

@@ -253,6 +253,43 @@ static void test_errors(void **state)
     assert_int_equal(render("x", "[1]", NULL, &out, &err), KVR_EINVAL);
 }
 
+/* Python's % formatting (and the format filter), round(), rsplit with maxsplit, index and
+ * count; every expected text is jinja2 3.1's. */
+static void test_python_builtins(void **state)
+{
+    static const struct rcase cases[] = {
+        {"{{ '%s|%5.1f|%-4d|%x|%r' % ('a', 2.5, 7, 255, 'q') }}", NULL, "a|  2.5|7   |ff|'q'"},
+        {"{{ '%+d % d %05d %#x %#o %X %c%c %%' % (5, 5, -42, 255, 8, 255, 65, '\u00e9') }}", NULL,
+         "+5  5 -0042 0xff 0o10 FF A\u00e9 %"},
+        {"{{ '%.3s|%8.2s|%-4s|' % ('abcdef', 'xyz', '\u6771') }}{{ '%(a)s-%(b)03d' % d }}",
+         "{\"d\": {\"a\": \"A\", \"b\": 4}}", "abc|      xy|\u6771   |A-004"},
+        {"{{ '%d %d %.0f %.0f %s' % (3.9, -3.9, 0.5, 1.5, [1]) }}", NULL, "3 -3 0 2 [1]"},
+        {"{{ '%s-%s'|format('a', 1) }} {{ '%(x)s'|format(x=5) }} {{ '%.2f'|format(2.5) }}", NULL,
+         "a-1 5 2.50"},
+        {"{{ 2.5|round }} {{ 3.5|round }} {{ 2.675|round(2) }} {{ -2.5|round }} {{ 3|round }} "
+         "{{ 25|round(-1) }} {{ 35|round(-1) }} {{ 2.1|round(0, 'ceil') }}",
+         NULL, "2.0 4.0 2.67 -2.0 3 20 40 3.0"},
+        {"{{ 'a b  c'.rsplit(' ', 1) }} {{ '  a b  c  '.rsplit(None, 1) }} {{ ',a,'.rsplit(',', 1) "
+         "}}"
+         " {{ 'x y'.rsplit(maxsplit=0) }} {{ 'a,b'.rsplit(',') }}",
+         NULL, "['a b ', 'c'] ['  a b', 'c'] [',a', ''] ['x y'] ['a', 'b']"},
+        {"{{ [3, 1, 3].index(3) }} {{ [3, 1, 3].count(3) }} {{ ['a', none].index(none) }} "
+         "{{ 'Hello'.index('l') }}",
+         NULL, "0 2 1 2"},
+    };
+    check_cases(cases, N(cases));
+    expect_error("{{ '%s %s' % ('a',) }}", NULL, NULL, KVR_EFORMAT, "not enough arguments");
+    expect_error("{{ '%s' % ('a', 'b') }}", NULL, NULL, KVR_EFORMAT, "not all arguments");
+    expect_error("{{ '%d' % 'x' }}", NULL, NULL, KVR_EFORMAT, "a real number is required");
+    expect_error("{{ '%x' % 2.0 }}", NULL, NULL, KVR_EFORMAT, "an integer is required");
+    expect_error("{{ '%z' % 1 }}", NULL, NULL, KVR_EFORMAT, "unsupported format character");
+    expect_error("{{ 'a%' % () }}", NULL, NULL, KVR_EFORMAT, "incomplete format");
+    expect_error("{{ '%999s' % 1 }}", NULL, NULL, KVR_ERANGE, "too large");
+    expect_error("{{ '%s'|format(1, x=2) }}", NULL, NULL, KVR_EFORMAT, "positional and keyword");
+    expect_error("{{ [1].index(2) }}", NULL, NULL, KVR_EFORMAT, "not in list");
+    expect_error("{{ 'ab'.index('q') }}", NULL, NULL, KVR_EFORMAT, "substring not found");
+}
+
 static void test_limits(void **state)
 {
     struct kvr_jinja_limits lim;
@@ -319,13 +356,10 @@ static void test_alloc_failures(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_whitespace),
-        cmocka_unit_test(test_expressions),
-        cmocka_unit_test(test_statements),
-        cmocka_unit_test(test_filters),
-        cmocka_unit_test(test_methods_and_tests),
-        cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_limits),
+        cmocka_unit_test(test_whitespace),        cmocka_unit_test(test_expressions),
+        cmocka_unit_test(test_statements),        cmocka_unit_test(test_filters),
+        cmocka_unit_test(test_methods_and_tests), cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_python_builtins),   cmocka_unit_test(test_limits),
         cmocka_unit_test(test_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

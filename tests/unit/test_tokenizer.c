@@ -872,9 +872,9 @@ static struct kvr_tok *llama_bpe_as(const char *pre)
 }
 
 /* One name of each row of the table (tokenizer_pre.c). */
-static const char *const pre_rows[] = {"gpt-2",        "llama-bpe",      "dbrx",        "qwen2",
-                                       "deepseek-llm", "deepseek-coder", "falcon",      "starcoder",
-                                       "bloom",        "viking",         "deepseek-v3", "default"};
+static const char *const pre_rows[] = {
+    "gpt-2",     "llama-bpe", "dbrx",   "qwen2",       "deepseek-llm", "deepseek-coder", "falcon",
+    "starcoder", "bloom",     "viking", "deepseek-v3", "gpt-4o",       "kimi-k2",        "default"};
 
 /* A 100 kB text of one of several shapes, each the worst case of some rule: long runs of
  * one class (one huge word), white space that never ends a word, many tiny words. */
@@ -969,6 +969,23 @@ static void test_pre_rules(void **state)
     expect_ids(q2, "12345", false, (const int32_t[]){16, 17, 18, 19, 20}, 5);
     expect_ids(sc, "12345", false, (const int32_t[]){16, 17, 18, 19, 20}, 5);
     expect_ids(g2, "12345", false, (const int32_t[]){4513, 1774}, 2);
+    /* GPT-4o: a word breaks before an upper-case letter that follows a lower-case one, an
+     * upper-case run ends at its last letter outside ASCII ("INFORMAÇÃ" "O"), and [\r\n/]*
+     * after punctuation goes on past a newline ("//\n/" "x"). */
+    struct kvr_tok *g4 = llama_bpe_as("gpt-4o");
+    expect_ids(g4, "getElementById", false, (const int32_t[]){456, 1726, 1383, 769}, 4);
+    expect_ids(g4, "iPhone", false, (const int32_t[]){72, 7084}, 2);
+    expect_ids(g4, "INFORMA\xC3\x87\xC3\x83O", false,
+               (const int32_t[]){691, 11052, 32, 47013, 19321, 46}, 6);
+    expect_ids(g4, "a//\n/x", false, (const int32_t[]){64, 2341, 14, 87}, 4);
+    kvr_tok_destroy(g4);
+    /* Kimi K2: a Han run is a word of its own (the space before it too), other letters
+     * run on across a change of case. */
+    struct kvr_tok *kk = llama_bpe_as("kimi-k2");
+    expect_ids(kk, "Hello \xE4\xBD\xA0\xE5\xA5\xBD", false,
+               (const int32_t[]){9906, 220, 57668, 53901}, 4);
+    expect_ids(kk, "getElementById", false, (const int32_t[]){76757, 2787}, 2);
+    kvr_tok_destroy(kk);
     kvr_tok_destroy(l3);
     kvr_tok_destroy(q2);
     kvr_tok_destroy(sc);

@@ -6,6 +6,9 @@ conversation must raise in both.
 
     compare.py KVR_JINJA_BINARY NODE_MODULES_DIR PACKAGE...
 
+A PACKAGE ending in .jinja is a template file in NODE_MODULES_DIR, rendered without BOS
+and EOS tokens.
+
 The jinja2 environment is Hugging Face's: an immutable sandbox with trim_blocks,
 lstrip_blocks and the loop controls, raise_exception() and strftime_now() as globals, and a
 tojson filter that is json.dumps(ensure_ascii=False) with Python's default separators.
@@ -69,6 +72,92 @@ CONVERSATIONS = [
 ]
 
 
+# Five more (ten cases) with tools, tool calls and tool results, as Hugging Face passes them:
+# tools as JSON schemas ({"type": "function", "function": {...}}), an assistant turn's
+# tool_calls with arguments as an object (the documented form) or as a JSON string (what
+# DeepSeek V3's template concatenates), content None or text beside them, "tool" turns, and
+# the keyword arguments of gpt-oss's and GLM's templates (reasoning_effort, builtin_tools,
+# model_identity, enable_thinking).
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city.",
+    "parameters": {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string", "description": "City name, e.g. Paris"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"},
+        "days": {"type": "integer", "description": "Forecast days", "default": 1}}}}}
+SEARCH = {"type": "function", "function": {
+    "name": "search_docs", "description": "Search the documentation.",
+    "parameters": {"type": "object", "required": ["query", "filters"], "properties": {
+        "query": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "limit": {"type": "number", "nullable": True},
+        "exact": {"type": "boolean", "default": False},
+        "filters": {"type": "object", "properties": {
+            "lang": {"type": "string"}, "since": {"type": ["string", "null"]}},
+            "required": ["lang"]},
+        "pages": {"type": "array", "items": {"type": "object", "properties": {
+            "n": {"type": "integer"}}}},
+        "mode": {"oneOf": [{"type": "string", "description": "by name"},
+                           {"type": "integer"}], "default": "fast"}}}}}
+NOARGS = {"type": "function", "function": {"name": "now", "description": "The time.",
+                                           "parameters": {"type": "object", "properties": {}}}}
+
+
+def call(name, args, content=None, **extra):
+    m = {"role": "assistant", "content": content,
+         "tool_calls": [{"id": "call_%s" % name, "type": "function",
+                         "function": {"name": name, "arguments": args}}]}
+    m.update(extra)
+    return m
+
+
+def tool(content, name="get_weather"):
+    return {"role": "tool", "tool_call_id": "call_%s" % name, "name": name, "content": content}
+
+
+TOOL_CONVERSATIONS = [
+    ([WEATHER], [
+        {"role": "system", "content": "You can look up the weather."},
+        {"role": "user", "content": "Weather in Paris?"},
+        call("get_weather", '{"city": "Paris"}'),
+        tool('{"temp_c": 21, "sky": "clear"}'),
+        {"role": "assistant", "content": "It is 21 °C and clear in Paris."}]),
+    ([WEATHER, SEARCH], [
+        {"role": "user", "content": "Weather in Zürich, and the docs on \"rings\"?"},
+        call("get_weather", {"city": "Zürich", "unit": "celsius", "days": 2}, content=""),
+        tool("{\"temp_c\": -3}"),
+        call("search_docs", {"query": "rings", "tags": ["a", "b"], "limit": None,
+                             "filters": {"lang": "en", "since": "2024"}}, content=""),
+        tool("found 2 pages: ring.md, plan.md", "search_docs"),
+        {"role": "user", "content": "Thanks. Summarise."}]),
+    ([SEARCH, NOARGS], [
+        {"role": "system", "content": "Be exact."},
+        {"role": "user", "content": "What time is it?"},
+        call("now", {}, content="Let me check the clock."),
+        tool("12:00", "now")]),
+    ([WEATHER, SEARCH, NOARGS], [
+        {"role": "user", "content": "Hi, no tools needed."}],
+     {"reasoning_effort": "high", "builtin_tools": ["browser", "python"],
+      "model_identity": "You are a test.", "enable_thinking": False}),
+    ([WEATHER], [
+        {"role": "user", "content": "東京の天気は？"},
+        call("get_weather", {"city": "東京", "days": 3, "note": "a \"quoted\" \\ value\n"},
+             content="", reasoning_content="The user wants Tokyo.", thinking="Tokyo, 3 days."),
+        tool("晴れ 🌞"),
+        {"role": "assistant", "content": "<think>\nsunny\n</think>\n\n東京は晴れです。",
+         "reasoning_content": "It is sunny."},
+        {"role": "user", "content": "ありがとう"}],
+     {"enable_thinking": True, "builtin_tools": ["python"]}),
+]
+
+
+def with_tokens(v, bos, eos):
+    if bos is not None:
+        v["bos_token"] = bos
+    if eos is not None:
+        v["eos_token"] = eos
+    return v
+
+
 def cases_for(config):
     bos = token_text(config.get("bos_token"))
     eos = token_text(config.get("eos_token"))
@@ -77,11 +166,13 @@ def cases_for(config):
         for gen in (True, False):
             v = {"messages": [{"role": r, "content": c} for r, c in conv], "tools": None,
                  "documents": None, "add_generation_prompt": gen}
-            if bos is not None:
-                v["bos_token"] = bos
-            if eos is not None:
-                v["eos_token"] = eos
-            cases.append(v)
+            cases.append(with_tokens(v, bos, eos))
+    for tools, messages, *extra in TOOL_CONVERSATIONS:
+        for gen in (True, False):
+            v = {"messages": messages, "tools": tools, "documents": None,
+                 "add_generation_prompt": gen}
+            v.update(*extra)  # the keyword arguments some templates read
+            cases.append(with_tokens(v, bos, eos))
     return cases
 
 
@@ -106,8 +197,13 @@ def main():
     total = 0
     for pkg in sys.argv[3:]:
         path = os.path.join(modules, pkg, "models", "tokenizer_config.json")
-        with open(path, encoding="utf-8") as f:
-            config = json.load(f)
+        if pkg.endswith(".jinja"):  # a template file of its own, no special tokens
+            path = os.path.join(modules, pkg)
+            with open(path, encoding="utf-8") as f:
+                config = {"chat_template": f.read()}
+        else:
+            with open(path, encoding="utf-8") as f:
+                config = json.load(f)
         source = config.get("chat_template")
         if isinstance(source, list):
             source = next(t["template"] for t in source if t.get("name") == "default")
