@@ -122,14 +122,14 @@ static int parse_request(struct kvr_generation *g, const char *body, size_t len,
 }
 
 int kvr_generation_render_chat(const struct kvr_generation_env *env,
-                               const struct kvr_chat_msg *msgs, size_t n_msgs, char **out,
-                               size_t *out_len, struct kvr_openai_error *e)
+                               const struct kvr_openai_req *r, char **out, size_t *out_len,
+                               struct kvr_openai_error *e)
 {
     struct kvr_err err = {0};
     time_t now_s = time(NULL);
     struct tm now;
-    int rc = kvr_chat_apply(env->chat, msgs, n_msgs, true, localtime_r(&now_s, &now), out, out_len,
-                            &err);
+    int rc = kvr_chat_apply_tools(env->chat, r->msgs, r->n_msgs, r->msgs_json, r->tools.list, true,
+                                  localtime_r(&now_s, &now), out, out_len, &err);
     if (rc == KVR_ENOMEM)
         return kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
     if (rc == KVR_EINVAL)
@@ -201,7 +201,7 @@ static int tokenize_prompt(struct kvr_generation *g, struct kvr_openai_error *e)
         return encode_text(g, r->prompt, r->prompt_len, e);
     char *rendered = NULL;
     size_t len = 0;
-    int rc = kvr_generation_render_chat(g->env, r->msgs, r->n_msgs, &rendered, &len, e);
+    int rc = kvr_generation_render_chat(g->env, r, &rendered, &len, e);
     if (rc)
         return rc;
     /* A template that writes bos_token itself gets it from the text, not twice. */

@@ -111,11 +111,11 @@ void kvr_generation_destroy(struct kvr_generation *g);
 bool kvr_generation_estimate(const struct kvr_generation *g, double *first_ms, double *total_ms,
                              uint64_t *request_id);
 
-/* Format a conversation with the server's chat template (also POST /apply-template). A
- * template that refuses the conversation (raise_exception) or fails on it is the client's
- * 400, with the template's message. *out is kvr_malloc'd. */
+/* Format a chat request's conversation, with its tools, with the server's chat template
+ * (also POST /apply-template). A template that refuses the conversation (raise_exception)
+ * or fails on it is the client's 400, with the template's message. *out is kvr_malloc'd. */
 int kvr_generation_render_chat(const struct kvr_generation_env *env,
-                               const struct kvr_chat_msg *msgs, size_t n_msgs, char **out,
-                               size_t *out_len, struct kvr_openai_error *e);
+                               const struct kvr_openai_req *r, char **out, size_t *out_len,
+                               struct kvr_openai_error *e);
 
 #endif

@@ -81,6 +81,8 @@ static const struct field_rule fields[] = {
     {"ignore_eos", API_BOTH, KIND_PARSED, 0, NULL},
     {"latency_budget", API_BOTH, KIND_PARSED, 0, NULL},
     {"tools", API_H, KIND_PARSED, 0, NULL},
+    {"tool_choice", API_H, KIND_PARSED, 0, NULL},
+    {"parallel_tool_calls", API_H, KIND_PARSED, 0, NULL},
     {"functions", API_H, KIND_PARSED, 0, NULL},
     {"response_format", API_BOTH, KIND_PARSED, 0, NULL},
     /* Other servers' names for the same thing. */
@@ -94,8 +96,6 @@ static const struct field_rule fields[] = {
     {"metadata", API_H, KIND_INERT, NEUTRAL_ANY_OBJECT, "only kept with stored completions"},
     {"store", API_H, KIND_INERT, NEUTRAL_FALSE, "stored completions are not supported"},
     {"service_tier", API_BOTH, KIND_INERT, NEUTRAL_AUTO, "there is one service tier"},
-    {"parallel_tool_calls", API_H, KIND_INERT, NEUTRAL_ANY_BOOL, "tools are not supported"},
-    {"tool_choice", API_H, KIND_INERT, NEUTRAL_NO_TOOLS, "tools are not supported"},
     {"function_call", API_H, KIND_INERT, NEUTRAL_NO_TOOLS, "functions are not supported"},
     {"modalities", API_H, KIND_INERT, NEUTRAL_TEXT, "only text output is supported"},
     {"cache_prompt", API_BOTH, KIND_INERT, NEUTRAL_TRUE,
