@@ -217,6 +217,10 @@ static int tokenize_prompt(struct kvr_generation *g, struct kvr_openai_error *e)
         g->reply.store = g->store;
         g->reply.resp_request = r->msgs_json;
         g->has_reply = true;
+        if ((rc = kvr_reply_constrain(&g->reply, r, e))) {
+            kvr_free(rendered);
+            return rc;
+        }
     }
     /* A template that writes bos_token itself gets it from the text, not twice. */
     size_t skip =

@@ -3,6 +3,7 @@
 #include "bridge/reply.h"
 
 #include "bridge/responses.h"
+#include "bridge/toolcall_grammar.h"
 #include "core/alloc.h"
 #include "core/err.h"
 #include "core/utf8.h"
@@ -60,6 +61,26 @@ void kvr_reply_fini(struct kvr_reply *r)
 {
     kvr_sbuf_fini(&r->all);
     kvr_toolcall_result_fini(&r->cur);
+}
+
+int kvr_reply_constrain(struct kvr_reply *r, const struct kvr_openai_req *req,
+                        struct kvr_openai_error *e)
+{
+    const struct kvr_tools *t = &req->tools;
+    if (t->choice != KVR_TOOL_CHOICE_REQUIRED && t->choice != KVR_TOOL_CHOICE_NAMED)
+        return KVR_OK;
+    struct kvr_sbuf g;
+    kvr_sbuf_init(&g);
+    int rc = kvr_toolcall_grammar(&r->opts, t, &g);
+    kvr_sbuf_fini(&g);
+    if (rc == KVR_ENOMEM)
+        return kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    return kvr_openai_error_set(e, 400, "invalid_request_error", "tool_choice",
+                                "unsupported_parameter",
+                                "'tool_choice' %s needs constrained decoding, which this server "
+                                "does not have yet; use \"auto\"",
+                                t->choice == KVR_TOOL_CHOICE_NAMED ? "naming a function"
+                                                                   : "\"required\"");
 }
 
 const char *kvr_reply_finish(const struct kvr_reply *r, enum kvr_openai_finish f)

@@ -65,6 +65,12 @@ int kvr_reply_init(struct kvr_reply *r, enum kvr_reply_format format, const stru
                    const char *id);
 void kvr_reply_fini(struct kvr_reply *r);
 
+/* The grammar a forced tool choice ("required" or a named function) decodes under
+ * (toolcall_grammar.h). This build's sampler takes no grammar yet, so such a request is
+ * refused with a 400 that says so rather than answered unconstrained. 0 or KVR_EINVAL. */
+int kvr_reply_constrain(struct kvr_reply *r, const struct kvr_openai_req *req,
+                        struct kvr_openai_error *e);
+
 /* Streaming: the first events (chat: the role chunk; responses: created, in_progress). */
 int kvr_reply_sse_start(struct kvr_reply *r, struct kvr_sbuf *out, const struct kvr_reply_info *in);
 /* Streaming: `len` more bytes of answer, and with `done` the end (chat: the finish chunk,

@@ -472,7 +472,8 @@ static void order_whole(struct kvr_reply *r)
 {
     r->resp_items = 0;
     r->resp_reasoning_at = r->cur.reasoning.len ? (int)r->resp_items++ : -1;
-    r->resp_text_at = has_text(&r->cur.content) ? (int)r->resp_items++ : -1;
+    bool text = has_text(&r->cur.content) || r->cur.n_calls == 0;
+    r->resp_text_at = text ? (int)r->resp_items++ : -1;
     for (uint32_t i = 0; i < r->cur.n_calls; i++)
         r->resp_call_at[i] = (int)r->resp_items++;
 }
@@ -561,10 +562,15 @@ static int delta(struct kvr_reply *r, struct kvr_sbuf *out, int k, const char *t
     return event(r, out, type, ev);
 }
 
-/* Close every open item in order, then response.completed. */
+/* Close every open item in order (an answer with neither text nor calls still gets its
+ * empty message), then response.completed. */
 static int finish_stream(struct kvr_reply *r, struct kvr_sbuf *out, const struct kvr_reply_info *in)
 {
     int rc = KVR_OK;
+    if (r->resp_text_at < 0 && r->cur.n_calls == 0) {
+        r->resp_text_at = (int)r->resp_items++;
+        rc = open_item(r, out, r->resp_text_at);
+    }
     for (int k = 0; !rc && k < (int)r->resp_items; k++) {
         json_t *item = item_of(r, k, true);
         const char *id = item_id(item);

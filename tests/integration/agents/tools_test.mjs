@@ -40,6 +40,22 @@ const schemaOf = { get_weather: weather, lookup };
 const messages = [{ role: 'user', content: 'What is the weather in Oslo?' }];
 const base = { model, messages, tools, max_tokens: 200, temperature: 0.8 };
 
+// A server without constrained decoding refuses a forced tool choice with a 400 naming
+// tool_choice (never an unconstrained answer); the tests that need one then skip, saying so.
+let forcedProbe = null;
+async function forced(t) {
+    forcedProbe ??= client.chat.completions
+        .create({ ...base, tool_choice: 'required', max_tokens: 1 })
+        .then(() => true, (err) => {
+            if (err instanceof OpenAI.BadRequestError && err.param === 'tool_choice' &&
+                err.code === 'unsupported_parameter') return false;
+            throw err;
+        });
+    if (await forcedProbe) return true;
+    t.skip('the server refuses forced tool choices (no grammar at the tail in this build)');
+    return false;
+}
+
 function checkCall(call) {
     assert.equal(call.type, 'function');
     assert.match(call.id, /^call_/);
@@ -80,7 +96,8 @@ test('tools with tool_choice auto: an answer, and any call it makes is valid', a
     }
 });
 
-test('tool_choice required: calls whose arguments validate, streamed and not', async () => {
+test('tool_choice required: calls whose arguments validate, streamed and not', async (t) => {
+    if (!await forced(t)) return;
     for (let i = 0; i < 3; i++) {
         const r = await client.chat.completions.create({ ...base, tool_choice: 'required', seed: i });
         const c = r.choices[0];
@@ -95,7 +112,8 @@ test('tool_choice required: calls whose arguments validate, streamed and not', a
     }
 });
 
-test('a named tool_choice calls that tool, streamed and not', async () => {
+test('a named tool_choice calls that tool, streamed and not', async (t) => {
+    if (!await forced(t)) return;
     const named = { type: 'function', function: { name: 'lookup' } };
     for (let i = 0; i < 3; i++) {
         const r = await client.chat.completions.create({
@@ -152,8 +170,9 @@ test('responses.create: plain', async () => {
     assert.match(r.id, /^resp_/);
     assert.ok(['completed', 'incomplete'].includes(r.status));
     assert.equal(typeof r.output_text, 'string');
-    assert.equal(r.output[0].type, 'message');
-    assert.equal(r.usage.output_tokens, 12);
+    assert.equal(r.output.at(-1).type, 'message');
+    assert.ok(r.usage.output_tokens <= 12);
+    if (r.status === 'incomplete') assert.equal(r.usage.output_tokens, 12);
 });
 
 test('responses.create: streamed, deltas add up to the final text', async () => {
@@ -172,7 +191,15 @@ test('responses.create: streamed, deltas add up to the final text', async () => 
     assert.equal(out.content[0].text, text);
 });
 
-test('responses.create with a tool: a forced call, then its output and a follow-up', async () => {
+test('responses.create with a tool: auto gives an answer', async () => {
+    const r = await client.responses.create({ model, input: 'Weather in Oslo?', tools: rtools, max_output_tokens: 16 });
+    assert.ok(r.output.length >= 1);
+    for (const o of r.output.filter((x) => x.type === 'function_call'))
+        assert.ok(ajv.validate(weather, JSON.parse(o.arguments)), ajv.errorsText());
+});
+
+test('responses.create with a tool: a forced call, then its output and a follow-up', async (t) => {
+    if (!await forced(t)) return;
     const r = await client.responses.create({ model, input: 'Weather in Oslo?', tools: rtools, tool_choice: 'required', max_output_tokens: 200 });
     const call = r.output.find((o) => o.type === 'function_call');
     assert.ok(call, 'a function_call item');
@@ -197,7 +224,8 @@ test('responses.create with a tool: a forced call, then its output and a follow-
 
 // ---- the OpenAI Agents SDK ----
 
-test('an agent runs a tool and the model sees its result', async () => {
+test('an agent runs a tool and the model sees its result', async (t) => {
+    if (!await forced(t)) return;
     const agents = await import('@openai/agents');
     const { z } = await import('zod');
     agents.setTracingDisabled(true);
