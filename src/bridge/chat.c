@@ -236,12 +236,13 @@ struct kvr_chat {
     struct kvr_jinja *jinja;
     char *src; /* the Jinja source (owned), or NULL */
     size_t src_len;
-    bool args_as_text; /* the template adds tool calls' arguments to strings (probe_args) */
+    bool args_as_text;     /* the template adds tool calls' arguments to strings (probe_tools) */
+    bool content_not_null; /* ... and looks into a tool call's content (probe_tools) */
     char *bos_token, *eos_token; /* owned, or NULL */
     const char *end_of_turn;     /* static, eos_token, or NULL */
 };
 
-static bool probe_args(const struct kvr_chat *c);
+static void probe_tools(struct kvr_chat *c);
 
 int kvr_chat_create(struct kvr_chat **out, const struct kvr_chat_config *cfg, struct kvr_err *err)
 {
@@ -274,7 +275,7 @@ int kvr_chat_create(struct kvr_chat **out, const struct kvr_chat_config *cfg, st
         memcpy(c->src, cfg->jinja, cfg->jinja_len);
         c->src[cfg->jinja_len] = 0;
         c->src_len = cfg->jinja_len;
-        c->args_as_text = !probe_args(c);
+        probe_tools(c);
         enum kvr_chat_tmpl family;
         if (kvr_chat_tmpl_detect(cfg->jinja, cfg->jinja_len, &family))
             c->end_of_turn = kvr_chat_tmpl_end_of_turn(family);
@@ -352,8 +353,7 @@ static void render_plain(struct kvr_sbuf *b, const struct kvr_chat_msg *msgs, si
 }
 
 /* One message as a Jinja template sees it: role and content, and from the request's message
- * its tool fields. Arguments become objects, as Hugging Face's templates expect, unless
- * the template adds them to strings (args_as_text). */
+ * its tool fields, the way probe_tools found the template wants them. */
 static json_t *jinja_msg(const struct kvr_chat *c, const struct kvr_chat_msg *m,
                          const json_t *mj)
 {
@@ -361,6 +361,11 @@ static json_t *jinja_msg(const struct kvr_chat *c, const struct kvr_chat_msg *m,
                           m->content ? m->content : "", m->content_len);
     if (!o || !json_is_object(mj))
         return o;
+    /* A null content stays None: some templates (DeepSeek V3's) write tool calls only then. */
+    json_t *content = json_object_get(mj, "content");
+    if (m->role == KVR_CHAT_ROLE_ASSISTANT && (!content || json_is_null(content)) &&
+        !c->content_not_null && json_object_set_new(o, "content", json_null()))
+        goto fail;
     static const char *const keys[] = {"tool_call_id", "name", "reasoning_content", NULL};
     for (size_t i = 0; keys[i]; i++) {
         json_t *v = json_object_get(mj, keys[i]);
@@ -421,30 +426,42 @@ static json_t *jinja_vars(const struct kvr_chat *c, const struct kvr_chat_msg *m
     return vars;
 }
 
-/* Whether the template takes tool-call arguments as objects. A template that adds arguments
- * to strings fails on an object (or prints it as Python's repr, {'probe_arg': 'x'}), so it
- * gets the JSON text instead. */
-static bool probe_args(const struct kvr_chat *c)
+/* How the template wants a tool call: arguments as objects (Hugging Face's convention) or
+ * as JSON text (a template that adds them to strings, as DeepSeek V3's does), and a null
+ * content as None or as "" (Qwen 3's looks into it). Each way is tried in that order on a
+ * probe conversation; the first whose render shows the argument's key, and not as
+ * Python's repr of a dict, is kept. A template that shows no call at all keeps the first. */
+static void probe_tools(struct kvr_chat *c)
 {
-    json_t *msg = json_pack("{s:s,s:s,s:[{s:s,s:s,s:{s:s,s:s}}]}", "role", "assistant", "content",
-                            "", "tool_calls", "id", "call_probe", "type", "function", "function",
-                            "name", "probe_fn", "arguments", "{\"probe_arg\": \"x\"}");
+    static const struct {
+        bool text, empty;
+    } ways[] = {{false, false}, {false, true}, {true, false}, {true, true}};
     json_t *tools = json_pack("[{s:s,s:{s:s,s:{s:s}}}]", "type", "function", "function", "name",
                               "probe_fn", "parameters", "type", "object");
-    json_t *list = json_pack("[{},O]", msg);
     struct kvr_chat_msg m[2] = {{KVR_CHAT_ROLE_USER, "probe", 5}, {KVR_CHAT_ROLE_ASSISTANT, "", 0}};
-    json_t *vars = list && tools ? jinja_vars(c, m, 2, list, tools, false) : NULL;
-    char *out = NULL;
-    size_t len = 0;
-    bool ok = vars && kvr_jinja_render(c->jinja, vars, NULL, &out, &len, NULL) == KVR_OK &&
-              !strstr(out, "'probe_arg'");
-    bool failed_as_object = vars && !ok;
-    kvr_free(out);
-    json_decref(vars);
-    json_decref(msg);
-    json_decref(list);
+    for (size_t i = 0; tools && i < sizeof ways / sizeof ways[0]; i++) {
+        c->args_as_text = ways[i].text;
+        json_t *list = json_pack("[{},{s:s,s:o,s:[{s:s,s:s,s:{s:s,s:s}}]}]", "role", "assistant",
+                                 "content", ways[i].empty ? json_string("") : json_null(),
+                                 "tool_calls", "id", "call_probe", "type", "function",
+                                 "function", "name", "probe_fn", "arguments",
+                                 "{\"probe_arg\": \"x\"}");
+        json_t *vars = list ? jinja_vars(c, m, 2, list, tools, false) : NULL;
+        char *out = NULL;
+        size_t len = 0;
+        bool ok = vars && kvr_jinja_render(c->jinja, vars, NULL, &out, &len, NULL) == KVR_OK &&
+                  strstr(out, "probe_arg") && !strstr(out, "'probe_arg'");
+        kvr_free(out);
+        json_decref(vars);
+        json_decref(list);
+        if (ok) {
+            c->content_not_null = ways[i].empty;
+            json_decref(tools);
+            return;
+        }
+    }
+    c->args_as_text = false;
     json_decref(tools);
-    return !failed_as_object;
 }
 
 int kvr_chat_apply_tools(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, size_t n_msgs,

