@@ -368,9 +368,12 @@ static enum scan read_mistral(struct reader *d, size_t pos, size_t *next)
     size_t p = skip_ws(d->s, d->len, pos + strlen("[TOOL_CALLS]"));
     if (p < d->len && d->s[p] == '[')
         return read_json_calls(d, p, next);
-    size_t args = index_of(d->s, d->len, p, "[ARGS]");
-    if (args == d->len)
-        return d->len - p > KVR_TOOLCALL_MAX_CALLS * 4 ? SCAN_BAD : SCAN_MORE;
+    /* The name is at most 64 bytes, so "[ARGS]" is looked for only that far: the same
+     * answer then decides the same way however much of it has come. */
+    size_t window = p + 64 + strlen("[ARGS]"), end_w = window < d->len ? window : d->len;
+    size_t args = index_of(d->s, end_w, p, "[ARGS]");
+    if (args == end_w)
+        return end_w == window ? SCAN_BAD : SCAN_MORE;
     size_t b = args + strlen("[ARGS]"), end;
     enum scan sc = json_end(d->s, d->len, b, &end);
     if (sc != SCAN_OK)
