@@ -22,6 +22,7 @@ static const char *const role_names[KVR_CHAT_ROLE_COUNT] = {
     [KVR_CHAT_ROLE_SYSTEM] = "system",
     [KVR_CHAT_ROLE_USER] = "user",
     [KVR_CHAT_ROLE_ASSISTANT] = "assistant",
+    [KVR_CHAT_ROLE_TOOL] = "tool",
 };
 
 const char *kvr_chat_tmpl_name(enum kvr_chat_tmpl t)
@@ -191,6 +192,11 @@ int kvr_chat_render(enum kvr_chat_tmpl t, const struct kvr_chat_msg *msgs, size_
         if ((unsigned)msgs[i].role >= KVR_CHAT_ROLE_COUNT)
             return kvr_err_set(err, KVR_EINVAL, "message %zu: unknown role %d", i,
                                (int)msgs[i].role);
+        if (msgs[i].role == KVR_CHAT_ROLE_TOOL)
+            return kvr_err_set(err, KVR_EINVAL,
+                               "message %zu: the built-in template %s cannot render tool "
+                               "results; serve the model with its Jinja template",
+                               i, tmpl_names[t]);
         if (!msgs[i].content && msgs[i].content_len)
             return kvr_err_set(err, KVR_EINVAL, "message %zu: no content", i);
     }
@@ -228,9 +234,15 @@ struct kvr_chat {
     enum kvr_chat_source source;
     enum kvr_chat_tmpl builtin;
     struct kvr_jinja *jinja;
+    char *src; /* the Jinja source (owned), or NULL */
+    size_t src_len;
+    bool args_as_text;     /* the template adds tool calls' arguments to strings (probe_tools) */
+    bool content_not_null; /* ... and looks into a tool call's content (probe_tools) */
     char *bos_token, *eos_token; /* owned, or NULL */
     const char *end_of_turn;     /* static, eos_token, or NULL */
 };
+
+static void probe_tools(struct kvr_chat *c);
 
 int kvr_chat_create(struct kvr_chat **out, const struct kvr_chat_config *cfg, struct kvr_err *err)
 {
@@ -256,6 +268,14 @@ int kvr_chat_create(struct kvr_chat **out, const struct kvr_chat_config *cfg, st
         if (rc)
             goto fail;
         c->source = KVR_CHAT_SOURCE_JINJA;
+        if (!(c->src = kvr_malloc(cfg->jinja_len + 1))) {
+            rc = kvr_err_set(err, KVR_ENOMEM, "out of memory");
+            goto fail;
+        }
+        memcpy(c->src, cfg->jinja, cfg->jinja_len);
+        c->src[cfg->jinja_len] = 0;
+        c->src_len = cfg->jinja_len;
+        probe_tools(c);
         enum kvr_chat_tmpl family;
         if (kvr_chat_tmpl_detect(cfg->jinja, cfg->jinja_len, &family))
             c->end_of_turn = kvr_chat_tmpl_end_of_turn(family);
@@ -276,6 +296,7 @@ void kvr_chat_destroy(struct kvr_chat *c)
     if (!c)
         return;
     kvr_jinja_destroy(c->jinja);
+    kvr_free(c->src);
     kvr_free(c->bos_token);
     kvr_free(c->eos_token);
     kvr_free(c);
@@ -331,10 +352,54 @@ static void render_plain(struct kvr_sbuf *b, const struct kvr_chat_msg *msgs, si
         kvr_sbuf_puts(b, "assistant:");
 }
 
-/* {"messages": [{"role", "content"}...], "add_generation_prompt", "bos_token",
- * "eos_token", "tools": null, "documents": null}: what Hugging Face passes. */
+/* One message as a Jinja template sees it: role and content, and from the request's message
+ * its tool fields, the way probe_tools found the template wants them. */
+static json_t *jinja_msg(const struct kvr_chat *c, const struct kvr_chat_msg *m,
+                         const json_t *mj)
+{
+    json_t *o = json_pack("{s:s,s:s%}", "role", role_names[m->role], "content",
+                          m->content ? m->content : "", m->content_len);
+    if (!o || !json_is_object(mj))
+        return o;
+    /* A null content stays None: some templates (DeepSeek V3's) write tool calls only then. */
+    json_t *content = json_object_get(mj, "content");
+    if (m->role == KVR_CHAT_ROLE_ASSISTANT && (!content || json_is_null(content)) &&
+        !c->content_not_null && json_object_set_new(o, "content", json_null()))
+        goto fail;
+    static const char *const keys[] = {"tool_call_id", "name", "reasoning_content", NULL};
+    for (size_t i = 0; keys[i]; i++) {
+        json_t *v = json_object_get(mj, keys[i]);
+        if (v && !json_is_null(v) && json_object_set(o, keys[i], v))
+            goto fail;
+    }
+    json_t *calls = json_object_get(mj, "tool_calls");
+    if (!json_is_array(calls) || json_array_size(calls) == 0)
+        return o;
+    json_t *copy = json_deep_copy(calls);
+    if (!copy || json_object_set_new(o, "tool_calls", copy))
+        goto fail;
+    size_t i;
+    json_t *call;
+    json_array_foreach(copy, i, call)
+    {
+        json_t *fn = json_object_get(call, "function");
+        json_t *args = json_object_get(fn, "arguments");
+        if (c->args_as_text || !json_is_string(args))
+            continue;
+        json_t *obj = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
+        if (!obj || json_object_set_new(fn, "arguments", obj))
+            goto fail;
+    }
+    return o;
+fail:
+    json_decref(o);
+    return NULL;
+}
+
+/* {"messages": [...], "add_generation_prompt", "bos_token", "eos_token", "tools",
+ * "documents": null}: what Hugging Face passes; tools is None without tools. */
 static json_t *jinja_vars(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, size_t n,
-                          bool gen)
+                          const json_t *msgs_json, const json_t *tools, bool gen)
 {
     json_t *vars = json_object(), *list = json_array();
     if (!vars || !list || json_object_set_new(vars, "messages", list)) {
@@ -343,12 +408,12 @@ static json_t *jinja_vars(const struct kvr_chat *c, const struct kvr_chat_msg *m
     }
     bool ok = true;
     for (size_t i = 0; i < n && ok; i++) {
-        json_t *m = json_pack("{s:s,s:s%}", "role", role_names[msgs[i].role], "content",
-                              msgs[i].content ? msgs[i].content : "", msgs[i].content_len);
+        json_t *m = jinja_msg(c, &msgs[i], json_array_get(msgs_json, i));
         ok = m && json_array_append_new(list, m) == 0;
     }
+    json_t *t = tools ? json_deep_copy(tools) : json_null();
     ok = ok && !json_object_set_new(vars, "add_generation_prompt", json_boolean(gen)) &&
-         !json_object_set_new(vars, "tools", json_null()) &&
+         !json_object_set_new(vars, "tools", t) &&
          !json_object_set_new(vars, "documents", json_null());
     if (ok && c->bos_token)
         ok = !json_object_set_new(vars, "bos_token", json_string(c->bos_token));
@@ -361,13 +426,56 @@ static json_t *jinja_vars(const struct kvr_chat *c, const struct kvr_chat_msg *m
     return vars;
 }
 
-int kvr_chat_apply(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, size_t n_msgs,
-                   bool add_generation_prompt, const struct tm *now, char **out, size_t *out_len,
-                   struct kvr_err *err)
+/* How the template wants a tool call: arguments as objects (Hugging Face's convention) or
+ * as JSON text (a template that adds them to strings, as DeepSeek V3's does), and a null
+ * content as None or as "" (Qwen 3's looks into it). Each way is tried in that order on a
+ * probe conversation; the first whose render shows the argument's key, and not as
+ * Python's repr of a dict, is kept. A template that shows no call at all keeps the first. */
+static void probe_tools(struct kvr_chat *c)
+{
+    static const struct {
+        bool text, empty;
+    } ways[] = {{false, false}, {false, true}, {true, false}, {true, true}};
+    json_t *tools = json_pack("[{s:s,s:{s:s,s:{s:s}}}]", "type", "function", "function", "name",
+                              "probe_fn", "parameters", "type", "object");
+    struct kvr_chat_msg m[2] = {{KVR_CHAT_ROLE_USER, "probe", 5}, {KVR_CHAT_ROLE_ASSISTANT, "", 0}};
+    for (size_t i = 0; tools && i < sizeof ways / sizeof ways[0]; i++) {
+        c->args_as_text = ways[i].text;
+        json_t *list = json_pack("[{},{s:s,s:o,s:[{s:s,s:s,s:{s:s,s:s}}]}]", "role", "assistant",
+                                 "content", ways[i].empty ? json_string("") : json_null(),
+                                 "tool_calls", "id", "call_probe", "type", "function",
+                                 "function", "name", "probe_fn", "arguments",
+                                 "{\"probe_arg\": \"x\"}");
+        json_t *vars = list ? jinja_vars(c, m, 2, list, tools, false) : NULL;
+        char *out = NULL;
+        size_t len = 0;
+        bool ok = vars && kvr_jinja_render(c->jinja, vars, NULL, &out, &len, NULL) == KVR_OK &&
+                  strstr(out, "probe_arg") && !strstr(out, "'probe_arg'");
+        kvr_free(out);
+        json_decref(vars);
+        json_decref(list);
+        if (ok) {
+            c->content_not_null = ways[i].empty;
+            json_decref(tools);
+            return;
+        }
+    }
+    c->args_as_text = false;
+    json_decref(tools);
+}
+
+int kvr_chat_apply_tools(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, size_t n_msgs,
+                         const json_t *msgs_json, const json_t *tools,
+                         bool add_generation_prompt, const struct tm *now, char **out,
+                         size_t *out_len, struct kvr_err *err)
 {
     *out = NULL;
     if (out_len)
         *out_len = 0;
+    if (tools && c->source != KVR_CHAT_SOURCE_JINJA)
+        return kvr_err_set(err, KVR_EINVAL,
+                           "%s cannot render tools; serve the model with its Jinja template",
+                           kvr_chat_describe(c));
     if (c->source == KVR_CHAT_SOURCE_BUILTIN)
         return kvr_chat_render(c->builtin, msgs, n_msgs, out, out_len, err);
     if (n_msgs == 0)
@@ -377,16 +485,38 @@ int kvr_chat_apply(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, si
             return kvr_err_set(err, KVR_EINVAL, "message %zu: unknown role %d", i,
                                (int)msgs[i].role);
     if (c->source == KVR_CHAT_SOURCE_PLAIN) {
+        for (size_t i = 0; i < n_msgs; i++)
+            if (msgs[i].role == KVR_CHAT_ROLE_TOOL ||
+                json_object_get(json_array_get(msgs_json, i), "tool_calls"))
+                return kvr_err_set(err, KVR_EINVAL,
+                                   "message %zu: the plain form cannot render tool calls or tool "
+                                   "results; serve the model with its Jinja template",
+                                   i);
         struct kvr_sbuf b;
         kvr_sbuf_init(&b);
         render_plain(&b, msgs, n_msgs, add_generation_prompt);
         *out = kvr_sbuf_take(&b, out_len);
         return *out ? KVR_OK : kvr_err_set(err, KVR_ENOMEM, "out of memory");
     }
-    json_t *vars = jinja_vars(c, msgs, n_msgs, add_generation_prompt);
+    json_t *vars = jinja_vars(c, msgs, n_msgs, msgs_json, tools, add_generation_prompt);
     if (!vars)
         return kvr_err_set(err, KVR_ENOMEM, "out of memory");
     int rc = kvr_jinja_render(c->jinja, vars, now, out, out_len, err);
     json_decref(vars);
     return rc;
+}
+
+int kvr_chat_apply(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, size_t n_msgs,
+                   bool add_generation_prompt, const struct tm *now, char **out, size_t *out_len,
+                   struct kvr_err *err)
+{
+    return kvr_chat_apply_tools(c, msgs, n_msgs, NULL, NULL, add_generation_prompt, now, out,
+                                out_len, err);
+}
+
+const char *kvr_chat_jinja_source(const struct kvr_chat *c, size_t *len)
+{
+    if (len)
+        *len = c->src_len;
+    return c->src;
 }

@@ -37,6 +37,7 @@ enum kvr_chat_role {
     KVR_CHAT_ROLE_SYSTEM,
     KVR_CHAT_ROLE_USER,
     KVR_CHAT_ROLE_ASSISTANT,
+    KVR_CHAT_ROLE_TOOL, /* a tool's result; only a Jinja template renders it */
     KVR_CHAT_ROLE_COUNT
 };
 
@@ -46,6 +47,8 @@ struct kvr_chat_msg {
     const char *content;
     size_t content_len;
 };
+
+struct json_t;
 
 enum kvr_chat_tmpl {
     KVR_CHAT_TMPL_CHATML,  /* <|im_start|>role\n...<|im_end|>\n */
@@ -115,6 +118,22 @@ const char *kvr_chat_describe(const struct kvr_chat *c);
 int kvr_chat_apply(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, size_t n_msgs,
                    bool add_generation_prompt, const struct tm *now, char **out, size_t *out_len,
                    struct kvr_err *err);
+
+/* kvr_chat_apply with the request's JSON beside it (both borrowed, may be NULL): `tools` (an
+ * array of function tools) is passed to a Jinja template as `tools`, and from `msgs_json`
+ * (the request's messages, one object per message in msgs) each message's tool_calls (each
+ * function's arguments as an object, or as the JSON text for templates that add them to
+ * strings), tool_call_id, name and reasoning_content, as Hugging Face passes them.
+ * Built-in templates and the plain form cannot render tools, tool calls or tool messages:
+ * KVR_EINVAL saying so. */
+int kvr_chat_apply_tools(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, size_t n_msgs,
+                         const struct json_t *msgs_json, const struct json_t *tools,
+                         bool add_generation_prompt,
+                         const struct tm *now, char **out, size_t *out_len, struct kvr_err *err);
+
+/* The Jinja template's source (borrowed for the chat's lifetime), or NULL for a built-in or
+ * the plain form: tool-call parsers are chosen from it (toolcall.h). */
+const char *kvr_chat_jinja_source(const struct kvr_chat *c, size_t *len);
 
 /* How many bytes at the start of a rendered prompt to leave out before tokenizing it with
  * add_special: the BOS token's text when the template wrote it and the tokenizer adds BOS

@@ -5,6 +5,8 @@
  * logprobs, metrics), answers (one JSON body, or SSE chunks), and the end (destroy). */
 #include "bridge/generation.h"
 
+#include "bridge/reply.h"
+
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
@@ -35,6 +37,12 @@ struct kvr_generation {
     size_t text_bytes; /* detokenized bytes so far: logprobs' text_offset */
     struct kvr_openai_text cut;
     struct kvr_sbuf text; /* released text: all of it (JSON) or the next chunk's (SSE) */
+    /* Chat with tools or a reasoning template, and every Responses request: the answer's
+     * text, reasoning and tool calls (reply.h); otherwise the text is the answer. */
+    bool has_reply;
+    enum kvr_reply_format format;
+    struct kvr_responses_store *store; /* RESPONSES: previous_response_id's memory */
+    struct kvr_reply reply;
     json_t *lp;           /* logprobs not yet sent, or NULL when not asked for */
 
     uint64_t t_start_ns; /* the request's arrival */
@@ -122,14 +130,14 @@ static int parse_request(struct kvr_generation *g, const char *body, size_t len,
 }
 
 int kvr_generation_render_chat(const struct kvr_generation_env *env,
-                               const struct kvr_chat_msg *msgs, size_t n_msgs, char **out,
-                               size_t *out_len, struct kvr_openai_error *e)
+                               const struct kvr_openai_req *r, char **out, size_t *out_len,
+                               struct kvr_openai_error *e)
 {
     struct kvr_err err = {0};
     time_t now_s = time(NULL);
     struct tm now;
-    int rc = kvr_chat_apply(env->chat, msgs, n_msgs, true, localtime_r(&now_s, &now), out, out_len,
-                            &err);
+    int rc = kvr_chat_apply_tools(env->chat, r->msgs, r->n_msgs, r->msgs_json, r->tools.list, true,
+                                  localtime_r(&now_s, &now), out, out_len, &err);
     if (rc == KVR_ENOMEM)
         return kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
     if (rc == KVR_EINVAL)
@@ -201,9 +209,19 @@ static int tokenize_prompt(struct kvr_generation *g, struct kvr_openai_error *e)
         return encode_text(g, r->prompt, r->prompt_len, e);
     char *rendered = NULL;
     size_t len = 0;
-    int rc = kvr_generation_render_chat(g->env, r->msgs, r->n_msgs, &rendered, &len, e);
+    int rc = kvr_generation_render_chat(g->env, r, &rendered, &len, e);
     if (rc)
         return rc;
+    if (g->format != KVR_REPLY_CHAT || kvr_reply_wanted(g->env->chat, r)) {
+        kvr_reply_init(&g->reply, g->format, g->env->chat, r, rendered, len, g->id);
+        g->reply.store = g->store;
+        g->reply.resp_request = r->msgs_json;
+        g->has_reply = true;
+        if ((rc = kvr_reply_constrain(&g->reply, r, e))) {
+            kvr_free(rendered);
+            return rc;
+        }
+    }
     /* A template that writes bos_token itself gets it from the text, not twice. */
     size_t skip =
         kvr_chat_bos_skip(rendered, len, g->env->bos_text, kvr_tok_add_bos(g->env->svc->tok));
@@ -252,7 +270,7 @@ static int start_text(struct kvr_generation *g, struct kvr_openai_error *e)
     kvr_openai_text_fini(&g->cut);
     kvr_openai_text_init(&g->cut, g->req.stop, g->req.stop_len, g->req.n_stop,
                          chat ? kvr_chat_end_of_turn(env->chat) : NULL);
-    kvr_detok_init(&g->detok, false, false);
+    kvr_detok_init(&g->detok, false, g->has_reply); /* parsers read control tokens' text */
     g->meta = (struct kvr_openai_meta){.api = g->api,
                                        .id = g->id,
                                        .created = (int64_t)(kvr_wall_ms() / 1000),
@@ -344,7 +362,11 @@ int kvr_generation_submit(struct kvr_generation *g, struct kvr_openai_error *e,
     }
     g->t_event_ns = kvr_now_ns();
     kvr_http_metrics_admitted(g->env->metrics, g->n_prompt);
-    if (g->req.stream) {
+    if (g->req.stream && g->has_reply) {
+        struct kvr_reply_info in = {.meta = &g->meta};
+        kvr_reply_sse_start(&g->reply, &g->sse, &in);
+        g->sse_first = false;
+    } else if (g->req.stream) {
         g->sse_first = true;
         if (g->api == KVR_OPENAI_CHAT) {
             /* The role chunk goes out at once, as OpenAI's does. */
@@ -502,6 +524,18 @@ static void sse_emit(struct kvr_generation *g)
         g->sse_ended = true;
         return;
     }
+    if (g->has_reply) {
+        struct kvr_reply_info in = {&g->meta, g->finish, g->n_prompt, g->n_gen, g->lp};
+        kvr_reply_sse(&g->reply, &g->sse, &in, g->text.data ? g->text.data : "", g->text.len,
+                      g->done);
+        kvr_sbuf_clear(&g->text);
+        if (g->lp) {
+            json_decref(g->lp);
+            g->lp = kvr_openai_logprobs_new(g->api);
+        }
+        g->sse_ended = g->done;
+        return;
+    }
     if (g->text.len > 0 || g->done) {
         enum kvr_openai_finish f = g->done ? g->finish : KVR_OPENAI_FINISH_NONE;
         kvr_openai_sse_chunk(&g->sse, &g->meta, g->sse_first, g->text.data ? g->text.data : "",
@@ -546,8 +580,13 @@ const struct kvr_openai_error *kvr_generation_error(const struct kvr_generation 
     return g->outcome == KVR_HTTP_OUTCOME_ERROR ? &g->fail : NULL;
 }
 
-char *kvr_generation_json(const struct kvr_generation *g, size_t *out_len)
+char *kvr_generation_json(struct kvr_generation *g, size_t *out_len)
 {
+    if (g->has_reply) {
+        struct kvr_reply_info in = {&g->meta, g->finish, g->n_prompt, g->n_gen, g->lp};
+        return kvr_reply_json(&g->reply, &in, g->text.data ? g->text.data : "", g->text.len,
+                              out_len);
+    }
     return kvr_openai_response_json(&g->meta, g->text.data ? g->text.data : "", g->text.len,
                                     g->finish, g->n_prompt, g->n_gen, g->lp, out_len);
 }
@@ -635,7 +674,11 @@ static void log_access(const struct kvr_generation *g)
     KVR_INFO("access: id=%s endpoint=%s status=%d outcome=%s prompt_tokens=%u "
              "completion_tokens=%u max_tokens=%u first_token_ms=%s total_ms=%.0f "
              "est_first_token_ms=%s est_total_ms=%s%s",
-             g->id, g->api == KVR_OPENAI_CHAT ? "/v1/chat/completions" : "/v1/completions", status,
+             g->id,
+             g->format == KVR_REPLY_RESPONSES ? "/v1/responses"
+             : g->api == KVR_OPENAI_CHAT      ? "/v1/chat/completions"
+                                              : "/v1/completions",
+             status,
              outcome, g->n_prompt, g->n_gen, g->max_tokens, first,
              (double)(now - g->t_start_ns) / 1e6, est_first, est_total, why);
 }
@@ -660,6 +703,8 @@ void kvr_generation_destroy(struct kvr_generation *g)
     if (g->stream || g->early_status)
         log_access(g);
     kvr_openai_text_fini(&g->cut);
+    if (g->has_reply)
+        kvr_reply_fini(&g->reply);
     kvr_sbuf_fini(&g->text);
     kvr_sbuf_fini(&g->sse);
     json_decref(g->lp);
@@ -667,6 +712,12 @@ void kvr_generation_destroy(struct kvr_generation *g)
     kvr_free(g->prompt_ids);
     kvr_openai_req_fini(&g->req);
     kvr_free(g);
+}
+
+void kvr_generation_use_responses(struct kvr_generation *g, struct kvr_responses_store *store)
+{
+    g->format = KVR_REPLY_RESPONSES;
+    g->store = store;
 }
 
 bool kvr_generation_estimate(const struct kvr_generation *g, double *first_ms, double *total_ms,

@@ -86,7 +86,7 @@ void kvr_generation_abandon(struct kvr_generation *g);
 const struct kvr_openai_error *kvr_generation_error(const struct kvr_generation *g);
 /* After done without an error, not streaming: the whole response body (kvr_free), or NULL
  * when out of memory. */
-char *kvr_generation_json(const struct kvr_generation *g, size_t *out_len);
+char *kvr_generation_json(struct kvr_generation *g, size_t *out_len);
 
 /* What kvr_generation_sse_read has for the response. */
 enum kvr_generation_sse {
@@ -111,11 +111,16 @@ void kvr_generation_destroy(struct kvr_generation *g);
 bool kvr_generation_estimate(const struct kvr_generation *g, double *first_ms, double *total_ms,
                              uint64_t *request_id);
 
-/* Format a conversation with the server's chat template (also POST /apply-template). A
- * template that refuses the conversation (raise_exception) or fails on it is the client's
- * 400, with the template's message. *out is kvr_malloc'd. */
+/* Before prepare: answer in the Responses API's shapes (responses.h) rather than chat's;
+ * `store` (borrowed, may be NULL) keeps finished answers for previous_response_id. */
+struct kvr_responses_store;
+void kvr_generation_use_responses(struct kvr_generation *g, struct kvr_responses_store *store);
+
+/* Format a chat request's conversation, with its tools, with the server's chat template
+ * (also POST /apply-template). A template that refuses the conversation (raise_exception)
+ * or fails on it is the client's 400, with the template's message. *out is kvr_malloc'd. */
 int kvr_generation_render_chat(const struct kvr_generation_env *env,
-                               const struct kvr_chat_msg *msgs, size_t n_msgs, char **out,
-                               size_t *out_len, struct kvr_openai_error *e);
+                               const struct kvr_openai_req *r, char **out, size_t *out_len,
+                               struct kvr_openai_error *e);
 
 #endif

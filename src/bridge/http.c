@@ -24,6 +24,7 @@
 #include "bridge/chat.h"
 #include "bridge/console.h"
 #include "bridge/generation.h"
+#include "bridge/responses.h"
 #include "bridge/http_door.h"
 #include "bridge/http_metrics.h"
 #include "bridge/openai.h"
@@ -303,14 +304,17 @@ static enum MHD_Result handle_generate(struct kvr_http *h, struct request *rq,
                                        struct MHD_Connection *c)
 {
     enum kvr_openai_api api =
-        rq->ep == KVR_HTTP_ENDPOINT_CHAT ? KVR_OPENAI_CHAT : KVR_OPENAI_COMPLETIONS;
+        rq->ep == KVR_HTTP_ENDPOINT_COMPLETIONS ? KVR_OPENAI_COMPLETIONS : KVR_OPENAI_CHAT;
     struct kvr_openai_error e;
     memset(&e, 0, sizeof e);
     struct kvr_generation *g = kvr_generation_create(&h->gen, api, rq->t_start_ns);
     if (!g)
         return MHD_NO;
     const char *budget = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Latency-Budget-Ms");
-    if (kvr_generation_prepare(g, rq->body.data ? rq->body.data : "", rq->body.len, budget, &e)) {
+    const char *body = rq->body.data ? rq->body.data : "";
+    if (rq->ep == KVR_HTTP_ENDPOINT_RESPONSES
+            ? kvr_responses_prepare(g, h->responses, body, rq->body.len, budget, &e)
+            : kvr_generation_prepare(g, body, rq->body.len, budget, &e)) {
         kvr_generation_destroy(g);
         return kvr_http_reply_error(h, rq, c, &e, NULL);
     }
@@ -339,6 +343,7 @@ static const struct route {
 } routes[] = {
     {"/v1/completions", KVR_HTTP_ENDPOINT_COMPLETIONS, true, false},
     {"/v1/chat/completions", KVR_HTTP_ENDPOINT_CHAT, true, false},
+    {"/v1/responses", KVR_HTTP_ENDPOINT_RESPONSES, true, false},
     {"/v1/models", KVR_HTTP_ENDPOINT_MODELS, false, false},
     {"/health", KVR_HTTP_ENDPOINT_HEALTH, false, true},
     {"/readyz", KVR_HTTP_ENDPOINT_HEALTH, false, true},
@@ -502,6 +507,7 @@ static enum MHD_Result run_endpoint(struct kvr_http *h, struct request *rq,
     switch (rq->ep) {
     case KVR_HTTP_ENDPOINT_COMPLETIONS:
     case KVR_HTTP_ENDPOINT_CHAT:
+    case KVR_HTTP_ENDPOINT_RESPONSES:
         return handle_generate(h, rq, c);
     case KVR_HTTP_ENDPOINT_MODELS:
         return kvr_http_handle_models(h, rq, c);
@@ -546,7 +552,8 @@ static struct kvr_http_door_conn *door_conn(struct MHD_Connection *c)
 static void headers_arrived(struct kvr_http *h, struct MHD_Connection *c, enum kvr_http_endpoint ep)
 {
     kvr_http_door_headers(h->door, door_conn(c), kvr_now_ns());
-    bool gen = ep == KVR_HTTP_ENDPOINT_COMPLETIONS || ep == KVR_HTTP_ENDPOINT_CHAT;
+    bool gen = ep == KVR_HTTP_ENDPOINT_COMPLETIONS || ep == KVR_HTTP_ENDPOINT_CHAT ||
+               ep == KVR_HTTP_ENDPOINT_RESPONSES;
     MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT,
                               gen ? h->generate_timeout_s : h->idle_timeout_s);
 }
@@ -868,6 +875,7 @@ static void free_server(struct kvr_http *h)
     free_pem(h->tls_key);
     kvr_free(h->api_key);
     kvr_chat_destroy(h->chat);
+    kvr_responses_store_destroy(h->responses);
     kvr_free(h->bos_text);
     kvr_free(h);
 }
@@ -915,6 +923,10 @@ int kvr_http_create(struct kvr_http **out, const struct kvr_http_config *cfg,
     }
     if ((rc = make_chat(h, cfg, svc, err)))
         goto fail;
+    if (!(h->responses = kvr_responses_store_create())) {
+        rc = kvr_err_set(err, KVR_ENOMEM, "http: out of memory");
+        goto fail;
+    }
     h->gen = (struct kvr_generation_env){
         .svc = svc,
         .chat = h->chat,

@@ -193,7 +193,7 @@ enum MHD_Result kvr_http_handle_apply_template(struct kvr_http *h, struct reques
     char *prompt = NULL;
     size_t len = 0;
     enum MHD_Result res;
-    if (kvr_generation_render_chat(&h->gen, r.msgs, r.n_msgs, &prompt, &len, &e))
+    if (kvr_generation_render_chat(&h->gen, &r, &prompt, &len, &e))
         res = kvr_http_reply_error(h, rq, c, &e, NULL);
     else
         res = kvr_http_reply_json(h, rq, c, 200, json_pack("{s:s%}", "prompt", prompt, len), NULL);

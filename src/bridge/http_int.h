@@ -51,6 +51,7 @@ struct kvr_http {
     atomic_bool stopping;
     struct kvr_http_metrics metrics;
     struct kvr_generation_env gen; /* points at svc, chat, bos_text and metrics */
+    struct kvr_responses_store *responses; /* /v1/responses' previous_response_id (owned) */
     atomic_int n_telemetry;        /* open /v1/telemetry streams */
 };
 

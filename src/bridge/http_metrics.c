@@ -21,6 +21,7 @@ static const char *const endpoint_names[KVR_HTTP_ENDPOINT_COUNT] = {
     [KVR_HTTP_ENDPOINT_RESET_PREFIX_CACHE] = "/reset_prefix_cache",
     [KVR_HTTP_ENDPOINT_CONSOLE] = "/console",
     [KVR_HTTP_ENDPOINT_TELEMETRY] = "/v1/telemetry",
+    [KVR_HTTP_ENDPOINT_RESPONSES] = "/v1/responses",
     [KVR_HTTP_ENDPOINT_OTHER] = "other",
 };
 

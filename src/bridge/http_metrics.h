@@ -35,6 +35,7 @@ enum kvr_http_endpoint {
                                              (vLLM's name) */
     KVR_HTTP_ENDPOINT_CONSOLE,            /* GET /, /console.js, ...: the page (console.h) */
     KVR_HTTP_ENDPOINT_TELEMETRY,          /* GET /v1/telemetry: SSE snapshots (telemetry.h) */
+    KVR_HTTP_ENDPOINT_RESPONSES,          /* POST /v1/responses (responses.h) */
     KVR_HTTP_ENDPOINT_OTHER,              /* no such route */
     KVR_HTTP_ENDPOINT_COUNT
 };

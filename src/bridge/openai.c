@@ -408,8 +408,6 @@ static int refuse_unsupported(const struct kvr_openai_req *r, struct kvr_openai_
         return bad_request(e, "echo", "unsupported_parameter", "'echo' is not supported");
     if ((v = field(o, "suffix")) && !(json_is_string(v) && json_string_length(v) == 0))
         return bad_request(e, "suffix", "unsupported_parameter", "'suffix' is not supported");
-    if ((v = field(o, "tools")) && !(json_is_array(v) && json_array_size(v) == 0))
-        return bad_request(e, "tools", "unsupported_parameter", "'tools' are not supported");
     if ((v = field(o, "functions")) && !(json_is_array(v) && json_array_size(v) == 0))
         return bad_request(e, "functions", "unsupported_parameter",
                            "'functions' are not supported");
@@ -520,6 +518,7 @@ static const struct {
     {"developer", KVR_CHAT_ROLE_SYSTEM},
     {"user", KVR_CHAT_ROLE_USER},
     {"assistant", KVR_CHAT_ROLE_ASSISTANT},
+    {"tool", KVR_CHAT_ROLE_TOOL},
 };
 
 /* A message's content: a string, an array of text parts (joined; the joined string
@@ -606,14 +605,18 @@ static int parse_messages(struct kvr_openai_req *r, struct kvr_openai_error *e)
             k++;
         if (k == sizeof roles / sizeof roles[0])
             return bad_request(e, param, "invalid_value",
-                               "'%s' must be 'system', 'developer', 'user' or 'assistant'; "
-                               "'%.32s' is not supported",
+                               "'%s' must be 'system', 'developer', 'user', 'assistant' or "
+                               "'tool'; '%.32s' is not supported",
                                param, json_string_value(role));
         r->msgs[i].role = roles[k].role;
-        /* "name" is OpenAI's speaker name: chat templates have no place for it. */
-        static const char *const known[] = {"role", "content", "name", NULL};
+        /* "name" is OpenAI's speaker name; the tool fields go to the template (tools.h). */
+        static const char *const known[] = {"role",         "content",           "name",
+                                            "tool_calls",   "tool_call_id",      "refusal",
+                                            "reasoning_content", NULL};
         snprintf(param, sizeof param, "messages[%zu]", i);
         int rc = kvr_openai_check_keys(m, param, known, e);
+        if (!rc)
+            rc = kvr_tools_check_message(m, i, json_string_value(role), e);
         if (rc)
             return rc;
         rc = parse_content(m, i, &r->msgs[i], e);
@@ -621,6 +624,7 @@ static int parse_messages(struct kvr_openai_req *r, struct kvr_openai_error *e)
             return rc;
         r->n_msgs = i + 1;
     }
+    r->msgs_json = v;
     return KVR_OK;
 }
 
@@ -677,6 +681,8 @@ static int parse_fields(struct kvr_openai_req *r, const struct kvr_openai_limits
         (rc = parse_logit_bias(r, lim, e)) || (rc = parse_stop(r, e)) ||
         (rc = parse_logprobs(r, e)) || (rc = parse_budget(r, e)) || (rc = refuse_unsupported(r, e)) ||
         (rc = kvr_openai_parse_grammar(r, e)))
+        return rc;
+    if (r->api == KVR_OPENAI_CHAT && (rc = kvr_tools_parse(o, &r->tools, e)))
         return rc;
 
     if ((rc = get_bool(o, "stream", &r->stream, e)) ||

@@ -19,6 +19,7 @@
 #define KVR_BRIDGE_OPENAI_H
 
 #include "bridge/chat.h"
+#include "bridge/tools.h"
 #include "core/sbuf.h"
 #include "model/sampler.h"
 
@@ -88,6 +89,8 @@ struct kvr_openai_req {
      * are system messages. */
     struct kvr_chat_msg *msgs;
     size_t n_msgs;
+    const json_t *msgs_json; /* the "messages" array, one object per msgs entry */
+    struct kvr_tools tools;  /* chat: tools, tool_choice, parallel_tool_calls (tools.h) */
 
     bool has_max_tokens;  /* false: the server's default applies */
     uint32_t max_tokens;  /* 1 .. limits.n_ctx; chat also reads max_completion_tokens, both

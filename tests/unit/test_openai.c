@@ -21,6 +21,10 @@ static const struct kvr_openai_limits lim = {.n_ctx = 128, .n_vocab = 512};
 
 #define C KVR_OPENAI_COMPLETIONS
 #define H KVR_OPENAI_CHAT
+/* A chat body with one tool "f" and more fields. */
+#define TOOLS_BODY(more)                                                                           \
+    "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": "             \
+    "\"function\", \"function\": {\"name\": \"f\"}}], " more "}"
 
 /* Bytes of a body with embedded NULs or invalid UTF-8 are given with an explicit length. */
 struct bad_case {
@@ -101,7 +105,9 @@ static const struct bad_case bad_cases[] = {
     {H, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\"}]}]}", 0, 400,
      "other content types are not supported", "messages[0].content[0]"},
     {H, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}", 0, 400,
-     "'tool' is not supported", "messages[0].role"},
+     "is required on tool messages", "messages[0].tool_call_id"},
+    {H, "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}", 0, 400,
+     "'robot' is not supported", "messages[0].role"},
     {C, "{\"prompt\": \"hi\", \"stream\": true, \"stream_options\": 1}", 0, 400,
      "'stream_options' must be an object", "stream_options"},
     {C, "{\"prompt\": \"hi\", \"stream\": true, \"stream_options\": {\"include_usage\": 1}}", 0,
@@ -175,7 +181,22 @@ static const struct bad_case bad_cases[] = {
     {C, "{\"prompt\": \"hi\", \"best_of\": 2}", 0, 400, "'best_of' other than 1", "best_of"},
     {C, "{\"prompt\": \"hi\", \"suffix\": \"end\"}", 0, 400, "'suffix' is not supported", "suffix"},
     {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{}]}", 0, 400,
-     "'tools' are not supported", "tools"},
+     "other tool types are not supported", "tools[0]"},
+    {H, TOOLS_BODY("\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"g\"}}"),
+     0, 400, "names 'g', which is not in 'tools'", "tool_choice"},
+    {H, TOOLS_BODY("\"parallel_tool_calls\": false, \"tool_choice\": \"sometimes\""), 0, 400,
+     "'tool_choice' must be", "tool_choice"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": "
+        "\"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
+        "\"properties\": {\"a\": {\"type\": \"strin\"}}}}}]}",
+     0, 400, "must be one of object", "tools[0].function.parameters.properties.a"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": "
+        "\"function\", \"function\": {\"name\": \"f g\"}}]}",
+     0, 400, "must be 1 to 64 letters", "tools[0].function.name"},
+    {H, "{\"messages\": [{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": "
+        "\"c1\", \"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": "
+        "\"{oops\"}}]}]}",
+     0, 400, "must be a string holding a JSON object", "messages[0].tool_calls[0].function.arguments"},
     {H,
      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
      "\"response_format\": {\"type\": \"xml\"}}",
@@ -224,7 +245,7 @@ static const struct bad_case bad_cases[] = {
     {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"ttft_ms\": 5}}", 0, 400,
      "'latency_budget.ttft_ms' is not a known field", "latency_budget.ttft_ms"},
     {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\", \"tool_calls\": [{}]}]}", 0, 400,
-     "'messages[0].tool_calls' is not a known field", "messages[0].tool_calls"},
+     "only allowed on assistant messages", "messages[0].tool_calls"},
     /* Aliases: one name per field. */
     {C, "{\"prompt\": \"hi\", \"n_predict\": 4, \"max_tokens\": 4}", 0, 400,
      "'n_predict' is another name for 'max_tokens'", "n_predict"},
@@ -495,6 +516,36 @@ static void test_every_refused_field(void **state)
                      e.param ? e.param : "(null)", e.message);
         kvr_openai_req_fini(&r);
     }
+}
+
+/* A conversation with tools, a call and its result parses; the choice is read. */
+static void test_tools(void **state)
+{
+    struct kvr_openai_req r;
+    parse_ok(&r, H,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"weather?\"}, "
+             "{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"c1\", "
+             "\"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": "
+             "\"{\\\"a\\\": 1}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": \"c1\", "
+             "\"content\": \"sunny\"}], \"tools\": [{\"type\": \"function\", \"function\": "
+             "{\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"a\": "
+             "{\"type\": \"integer\"}}, \"required\": [\"a\"]}}}], \"tool_choice\": {\"type\": "
+             "\"function\", \"function\": {\"name\": \"f\"}}, \"parallel_tool_calls\": false}");
+    assert_int_equal(r.n_msgs, 3);
+    assert_int_equal(r.msgs[2].role, KVR_CHAT_ROLE_TOOL);
+    assert_int_equal(r.tools.n, 1);
+    assert_int_equal(r.tools.choice, KVR_TOOL_CHOICE_NAMED);
+    assert_string_equal(r.tools.named, "f");
+    assert_false(r.tools.parallel);
+    assert_non_null(kvr_tools_params(&r.tools, "f"));
+    assert_true(json_is_array(r.msgs_json));
+    kvr_openai_req_fini(&r);
+    parse_ok(&r, H, TOOLS_BODY("\"tool_choice\": \"required\""));
+    assert_int_equal(r.tools.choice, KVR_TOOL_CHOICE_REQUIRED);
+    kvr_openai_req_fini(&r);
+    parse_ok(&r, H, TOOLS_BODY("\"tool_choice\": \"none\""));
+    assert_int_equal(r.tools.choice, KVR_TOOL_CHOICE_NONE);
+    kvr_openai_req_fini(&r);
 }
 
 static void test_tokenize_fields(void **state)
@@ -955,6 +1006,7 @@ int main(void)
         cmocka_unit_test(test_tokenize_fields),
         cmocka_unit_test(test_every_refused_field),
         cmocka_unit_test(test_grammar_fields),
+        cmocka_unit_test(test_tools),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
