@@ -5,6 +5,7 @@
 #include "core/clock.h"
 #include "model/engine.h"
 
+#include <math.h>
 #include <string.h>
 
 #define KV_BLOCK_TOKENS 16
@@ -43,6 +44,21 @@ static int prefill(struct kvr_engine *e, const struct kvr_generate_seq *s, uint3
     return 0;
 }
 
+/* The logprobs a sequence asked for of the token it just sampled (its n_out-th). */
+static void report_logprobs(struct kvr_generate_seq *s, const float *logits, int32_t n_vocab,
+                            int32_t id)
+{
+    if (!s->logprobs)
+        return;
+    uint32_t k = s->top && s->n_top <= KVR_LOGPROBS_MAX_TOP ? s->n_top : 0;
+    struct kvr_token_logprob *top = k ? s->top + (size_t)s->n_out * k : NULL;
+    double lse = 0.0;
+    int n = kvr_logprobs_top(logits, n_vocab, k, top, &lse);
+    for (int j = n < 0 ? 0 : n; j < (int)k; j++)
+        top[j] = (struct kvr_token_logprob){-1, -INFINITY};
+    s->logprobs[s->n_out] = n < 0 ? -INFINITY : kvr_logprobs_token(logits, id, lse);
+}
+
 /* Sample a token from `logits`, feed it back, repeat until the sequence ends. */
 static int decode(struct kvr_engine *e, const struct kvr_hparams *hp, const struct kvr_tok *tok,
                   const struct kvr_generate_config *cfg, struct kvr_generate_seq *s, uint32_t index,
@@ -56,6 +72,7 @@ static int decode(struct kvr_engine *e, const struct kvr_hparams *hp, const stru
         if (id < 0) /* no finite logit: a broken model or weights, never a token id */
             return kvr_err_set(err, id, "sequence %u: no finite logit at token %u", index, k);
         kvr_sampler_accept(smp, id);
+        report_logprobs(s, logits, (int32_t)hp->n_vocab, id);
         s->out[s->n_out++] = id;
         if (on_token)
             on_token(ud, index, id);
@@ -168,11 +185,12 @@ static int take_tokens(struct batch *b, struct kvr_engine *e, uint32_t n_segs,
             continue;
         uint32_t i = b->segs[k].seq;
         struct kvr_generate_seq *s = &b->seqs[i];
-        int32_t t = kvr_sampler_sample(&b->smp[i], b->logits + (size_t)r++ * hp->n_vocab,
-                                       (int32_t)hp->n_vocab, sc, NULL);
+        const float *row = b->logits + (size_t)r++ * hp->n_vocab;
+        int32_t t = kvr_sampler_sample(&b->smp[i], row, (int32_t)hp->n_vocab, sc, NULL);
         if (t < 0)
             return kvr_err_set(err, t, "sequence %u: no finite logit at token %u", i, s->n_out);
         kvr_sampler_accept(&b->smp[i], t);
+        report_logprobs(s, row, (int32_t)hp->n_vocab, t);
         s->out[s->n_out++] = t;
         st->n_tokens++;
         if (on_token)

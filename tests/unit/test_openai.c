@@ -141,16 +141,16 @@ static const struct bad_case bad_cases[] = {
     {C, "{\"prompt\": \"hi\", \"stop\": \"\"}", 0, 400, "'stop' must not be empty", "stop"},
     {C, "{\"prompt\": \"hi\", \"stop\": [\"ok\", \"\"]}", 0, 400, "'stop[1]' must not be empty",
      "stop[1]"},
-    {C, "{\"prompt\": \"hi\", \"logprobs\": 5}", 0, 400, "'logprobs' above 1 is not supported",
+    {C, "{\"prompt\": \"hi\", \"logprobs\": 21}", 0, 400, "'logprobs' must be 0 to 20, got 21",
      "logprobs"},
-    {C, "{\"prompt\": \"hi\", \"logprobs\": -1}", 0, 400, "'logprobs' must be at least 0",
+    {C, "{\"prompt\": \"hi\", \"logprobs\": -1}", 0, 400, "'logprobs' must be 0 to 20, got -1",
      "logprobs"},
     {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"top_logprobs\": 2}", 0, 400,
      "needs 'logprobs': true", "top_logprobs"},
     {H,
      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": true, "
-     "\"top_logprobs\": 2}",
-     0, 400, "'top_logprobs' above 0 is not supported", "top_logprobs"},
+     "\"top_logprobs\": 21}",
+     0, 400, "'top_logprobs' must be between 0 and 20, got 21", "top_logprobs"},
     {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"first_token_ms\": 0}}", 0, 400,
      "must be between 1 and 3600000 milliseconds, got 0", "latency_budget.first_token_ms"},
     {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"total_ms\": 3600001}}", 0, 400, "got 3600001",
@@ -164,10 +164,10 @@ static const struct bad_case bad_cases[] = {
     {C, "{\"prompt\": []}", 0, 400, "'prompt' must not be an empty array", "prompt"},
     {C, "{\"prompt\": [[]]}", 0, 400, "'prompt' must not be an empty array", "prompt"},
     /* Unsupported features. */
-    {C, "{\"prompt\": \"hi\", \"n\": 2}", 0, 400, "n > 1 is not supported (got 2)", "n"},
-    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"n\": 3}", 0, 400,
-     "n > 1 is not supported", "n"},
-    {C, "{\"prompt\": \"hi\", \"n\": 0}", 0, 400, "'n' must be at least 1", "n"},
+    {C, "{\"prompt\": \"hi\", \"n\": 17}", 0, 400, "'n' must be 1 to 16, got 17", "n"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"n\": 99}", 0, 400,
+     "'n' must be 1 to 16, got 99", "n"},
+    {C, "{\"prompt\": \"hi\", \"n\": 0}", 0, 400, "'n' must be 1 to 16, got 0", "n"},
     {C, "{\"prompt\": \"hi\", \"n\": \"1\"}", 0, 400, "'n' must be an integer", "n"},
     {C, "{\"prompt\": [\"a\", \"b\"]}", 0, 400, "batched prompts are not supported (got 2)",
      "prompt"},
@@ -548,7 +548,7 @@ static void test_good_chat(void **state)
              "{\"role\": \"assistant\", \"content\": null}, "
              "{\"role\": \"user\", \"content\": \"caf\\u00e9\", \"name\": \"bob\"}], "
              "\"max_tokens\": 5, \"max_completion_tokens\": 9, \"logprobs\": true, "
-             "\"top_logprobs\": 0}");
+             "\"top_logprobs\": 7, \"n\": 3}");
     assert_int_equal(r.n_msgs, 4);
     assert_int_equal(r.msgs[0].role, KVR_CHAT_ROLE_SYSTEM);
     assert_int_equal(r.msgs[1].role, KVR_CHAT_ROLE_USER);
@@ -561,6 +561,8 @@ static void test_good_chat(void **state)
     /* max_completion_tokens wins over the deprecated max_tokens. */
     assert_int_equal(r.max_tokens, 9);
     assert_true(r.logprobs);
+    assert_int_equal(r.top_logprobs, 7);
+    assert_int_equal(r.n, 3);
     kvr_openai_req_fini(&r);
 }
 
@@ -756,12 +758,13 @@ static json_t *load(const char *s, size_t len)
 
 static void test_response_completion(void **state)
 {
-    struct kvr_openai_meta m = {KVR_OPENAI_COMPLETIONS, "cmpl-abc", 1700000000, "stories", false};
+    struct kvr_openai_meta m = {
+        KVR_OPENAI_COMPLETIONS, "cmpl-abc", 1700000000, "stories", false, 0};
     json_t *lp = kvr_openai_logprobs_new(KVR_OPENAI_COMPLETIONS);
-    assert_int_equal(kvr_openai_logprobs_add(lp, KVR_OPENAI_COMPLETIONS, " Once", 5, -0.5f, 0),
-                     KVR_OK);
-    assert_int_equal(kvr_openai_logprobs_add(lp, KVR_OPENAI_COMPLETIONS, "\xE2", 1, -1.25f, 5),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_openai_logprobs_add(lp, KVR_OPENAI_COMPLETIONS, " Once", 5, -0.5f, 0, NULL, 0), KVR_OK);
+    assert_int_equal(
+        kvr_openai_logprobs_add(lp, KVR_OPENAI_COMPLETIONS, "\xE2", 1, -1.25f, 5, NULL, 0), KVR_OK);
     size_t len = 0;
     char *s = kvr_openai_response_json(&m, " Once", 5, KVR_OPENAI_FINISH_LENGTH, 3, 2, lp, &len);
     assert_non_null(s);
@@ -790,10 +793,10 @@ static void test_response_completion(void **state)
 
 static void test_response_chat(void **state)
 {
-    struct kvr_openai_meta m = {KVR_OPENAI_CHAT, "chatcmpl-x", 1, "stories", false};
+    struct kvr_openai_meta m = {KVR_OPENAI_CHAT, "chatcmpl-x", 1, "stories", false, 0};
     json_t *lp = kvr_openai_logprobs_new(KVR_OPENAI_CHAT);
-    assert_int_equal(kvr_openai_logprobs_add(lp, KVR_OPENAI_CHAT, "\xC3\xA9", 2, -0.25f, 0),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_openai_logprobs_add(lp, KVR_OPENAI_CHAT, "\xC3\xA9", 2, -0.25f, 0, NULL, 0), KVR_OK);
     size_t len = 0;
     char *s = kvr_openai_response_json(&m, "\xC3\xA9", 2, KVR_OPENAI_FINISH_STOP, 4, 1, lp, &len);
     json_t *j = load(s, len);
@@ -825,7 +828,7 @@ static void test_response_chat(void **state)
 
 static void test_sse(void **state)
 {
-    struct kvr_openai_meta m = {KVR_OPENAI_CHAT, "chatcmpl-x", 1, "stories", true};
+    struct kvr_openai_meta m = {KVR_OPENAI_CHAT, "chatcmpl-x", 1, "stories", true, 0};
     struct kvr_sbuf b;
     kvr_sbuf_init(&b);
     assert_int_equal(kvr_openai_sse_chunk(&b, &m, true, "", 0, KVR_OPENAI_FINISH_NONE, NULL), 0);
@@ -873,7 +876,7 @@ static void test_sse(void **state)
 
     /* Completions chunks carry "text"; without include_usage there is no usage key. */
     kvr_sbuf_clear(&b);
-    struct kvr_openai_meta mc = {KVR_OPENAI_COMPLETIONS, "cmpl-x", 1, "stories", false};
+    struct kvr_openai_meta mc = {KVR_OPENAI_COMPLETIONS, "cmpl-x", 1, "stories", false, 0};
     assert_int_equal(kvr_openai_sse_chunk(&b, &mc, true, "a\"b", 3, KVR_OPENAI_FINISH_LENGTH, NULL),
                      0);
     json_t *j = load(b.data + 6, b.len - 8);
