@@ -77,6 +77,7 @@ struct sh {
     uint32_t table[SH_MAX_SEQS][SH_MAX_BLOCKS_SEQ], n_mapped[SH_MAX_SEQS], n_pos[SH_MAX_SEQS];
     int32_t kv[SH_MAX_KV][SH_BT]; /* the token each block position holds */
     uint32_t shared_prefix;       /* sh_submit: prompt tokens every request shares */
+    uint64_t prompt_of;           /* sh_submit: the requests' prompt_of (sched.h) */
     uint64_t n_batches_sent, n_results;
     struct sh_batch last; /* the last batch sent */
     char fail[256];
