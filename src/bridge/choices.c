@@ -96,7 +96,7 @@ bool kvr_choices_pump(struct kvr_choices *c, uint32_t timeout_ms)
             end_on_failure(c);
             return any || !open;
         }
-        while (kvr_generation_done(c->g[c->turn % c->n]))
+        for (uint32_t k = 0; k < c->n && kvr_generation_done(c->g[c->turn % c->n]); k++)
             c->turn++;
         uint64_t left_ms = (end - now) / 1000000;
         uint32_t slice = left_ms < TURN_MS ? (uint32_t)left_ms : TURN_MS;

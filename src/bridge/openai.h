@@ -241,7 +241,8 @@ struct kvr_openai_meta {
 
 /* Log-probabilities of generated tokens (openai_logprobs.c), in the API's shape:
  *   completions: {"tokens": [..], "token_logprobs": [..], "top_logprobs": [{text: lp}, ..],
- *                 "text_offset": [..]}   (one dict per token, its alternatives by text)
+ *                 "text_offset": [..]}   (one dict per token: its alternatives by text, and
+ *                 the token itself when it is not among them, as OpenAI's)
  *   chat:        {"content": [{"token", "logprob", "bytes": [..],
  *                              "top_logprobs": [{"token", "logprob", "bytes"}, ..]}, ..]}
  * `piece` is the token's text (any bytes; invalid UTF-8 shows as U+FFFD in "token" and in

@@ -64,16 +64,19 @@ static int add_chat(json_t *lp, const char *piece, size_t len, float logprob,
     return json_array_append_new(json_object_get(lp, "content"), entry) ? KVR_ENOMEM : KVR_OK;
 }
 
-/* Completions: {text: logprob} of the alternatives, the more likely of two same texts. */
-static json_t *completion_dict(const struct kvr_openai_alt *top, uint32_t n_top)
+/* Completions: {text: logprob} of the alternatives, the more likely of two same texts, then
+ * the sampled token if it is not among them (OpenAI's "up to logprobs + 1" entries). */
+static json_t *completion_dict(const struct kvr_openai_alt *top, uint32_t n_top,
+                               const struct kvr_openai_alt *chosen)
 {
     json_t *d = json_object();
-    for (uint32_t k = 0; d && k < n_top; k++) {
-        json_t *key = text_of(top[k].piece, top[k].len);
+    for (uint32_t k = 0; d && k <= n_top; k++) {
+        const struct kvr_openai_alt *a = k < n_top ? &top[k] : chosen;
+        json_t *key = text_of(a->piece, a->len);
         const char *kv = key ? json_string_value(key) : NULL;
         size_t kn = key ? json_string_length(key) : 0;
         int rc = !key || (!json_object_getn(d, kv, kn) &&
-                          json_object_setn_new(d, kv, kn, json_real(top[k].logprob)));
+                          json_object_setn_new(d, kv, kn, json_real(a->logprob)));
         json_decref(key);
         if (rc) {
             json_decref(d);
@@ -94,7 +97,9 @@ int kvr_openai_logprobs_add(json_t *lp, enum kvr_openai_api api, const char *pie
         return KVR_ENOMEM;
     if (json_array_append_new(json_object_get(lp, "tokens"), tok) ||
         json_array_append_new(json_object_get(lp, "token_logprobs"), json_real(logprob)) ||
-        json_array_append_new(json_object_get(lp, "top_logprobs"), completion_dict(top, n_top)) ||
+        json_array_append_new(
+            json_object_get(lp, "top_logprobs"),
+            completion_dict(top, n_top, &(struct kvr_openai_alt){piece, piece_len, logprob})) ||
         json_array_append_new(json_object_get(lp, "text_offset"),
                               json_integer((json_int_t)text_offset)))
         return KVR_ENOMEM;

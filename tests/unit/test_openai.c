@@ -791,6 +791,40 @@ static void test_response_completion(void **state)
     kvr_free(s);
 }
 
+/* Alternatives: chat lists them (token, logprob, bytes); completions keys them by text, the
+ * more likely of two same texts, and adds the sampled token when it is not among them. */
+static void test_logprobs_alternatives(void **state)
+{
+    (void)state;
+    const struct kvr_openai_alt alt[3] = {{" a", 2, -1.0f}, {" a", 2, -2.0f}, {"\xE2", 1, -3.0f}};
+    json_t *lp = kvr_openai_logprobs_new(KVR_OPENAI_COMPLETIONS);
+    assert_int_equal(kvr_openai_logprobs_add(lp, KVR_OPENAI_COMPLETIONS, " c", 2, -4.0f, 0, alt, 3),
+                     KVR_OK);
+    assert_int_equal(kvr_openai_logprobs_add(lp, KVR_OPENAI_COMPLETIONS, " a", 2, -1.0f, 2, alt, 1),
+                     KVR_OK);
+    json_t *tops = json_object_get(lp, "top_logprobs");
+    json_t *d0 = json_array_get(tops, 0), *d1 = json_array_get(tops, 1);
+    assert_int_equal(json_object_size(d0), 3);
+    assert_true(json_real_value(json_object_get(d0, " a")) == -1.0);
+    assert_true(json_real_value(json_object_get(d0, "\xEF\xBF\xBD")) == -3.0); /* U+FFFD */
+    assert_true(json_real_value(json_object_get(d0, " c")) == -4.0); /* the sampled token */
+    assert_int_equal(json_object_size(d1), 1);                       /* it is the top one */
+    json_decref(lp);
+
+    lp = kvr_openai_logprobs_new(KVR_OPENAI_CHAT);
+    assert_int_equal(kvr_openai_logprobs_add(lp, KVR_OPENAI_CHAT, " c", 2, -4.0f, 0, alt, 3),
+                     KVR_OK);
+    json_t *e0 = json_array_get(json_object_get(lp, "content"), 0);
+    json_t *a = json_object_get(e0, "top_logprobs");
+    assert_int_equal(json_array_size(a), 3); /* chat lists every alternative, as given */
+    assert_string_equal(json_string_value(json_object_get(json_array_get(a, 1), "token")), " a");
+    assert_true(json_real_value(json_object_get(json_array_get(a, 1), "logprob")) == -2.0);
+    json_t *bytes = json_object_get(json_array_get(a, 2), "bytes");
+    assert_int_equal(json_array_size(bytes), 1);
+    assert_int_equal(json_integer_value(json_array_get(bytes, 0)), 0xE2);
+    json_decref(lp);
+}
+
 static void test_response_chat(void **state)
 {
     struct kvr_openai_meta m = {KVR_OPENAI_CHAT, "chatcmpl-x", 1, "stories", false, 0};
@@ -911,6 +945,7 @@ int main(void)
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_response_completion),
         cmocka_unit_test(test_response_chat),
+        cmocka_unit_test(test_logprobs_alternatives),
         cmocka_unit_test(test_sse),
         cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_seeds),
