@@ -1163,7 +1163,7 @@ static void test_write_corpus(void **state)
     ctrl[2].seq = 3;
     int32_t tokens[8] = {1, 2, 3, 4, 5, 6, 7, 31};
     float rows[8 * WIRE_FUZZ_N_EMBD];
-    uint16_t half[8 * WIRE_FUZZ_N_EMBD];
+    uint8_t half[8 * WIRE_FUZZ_N_EMBD * sizeof(float)]; /* rows in any wire dtype */
     for (int i = 0; i < 8 * WIRE_FUZZ_N_EMBD; i++)
         rows[i] = (float)i * 0.5f - 3.0f;
     const struct kvr_wire_result res[2] = {
@@ -1235,6 +1235,16 @@ static void test_write_corpus(void **state)
                                   .payload_data = tokens,
                                   .payload_bytes = 3 * sizeof(int32_t)};
     write_seed(dir, 1, 0, encode(&reopen)); /* a re-opened sequence, to the head */
+    /* Results with alternatives (logprobs.h), and the OPEN that asks for them. */
+    struct kvr_wire_result alts[2] = {res[0], res[1]};
+    alts[0].n_top = 3;
+    for (int k = 0; k < 3; k++)
+        alts[0].top[k] = (struct kvr_token_logprob){7 + k, -1.5f - (float)k};
+    r.results = alts;
+    write_seed(dir, 4, 0, encode(&r));
+    replay[0].flags = KVR_WIRE_OPEN_LOGPROBS | 3u << KVR_WIRE_TOP_SHIFT;
+    reopen.n_ctrl = 1;
+    write_seed(dir, 1, 0, encode(&reopen));
     print_message("wrote %d seeds to %s\n", n_written, dir);
 }
 
