@@ -64,6 +64,7 @@ struct token_event {
     int32_t token;
     float logprob;
     uint8_t eog;
+    uint8_t n_top; /* alternatives at tops[its index x req.top_logprobs] */
     uint64_t t_ns;
 };
 
@@ -73,7 +74,8 @@ struct kvr_gen_stream {
     int32_t *prompt; /* [n_prompt], owned */
     char *grammar;   /* [grammar_bytes], owned; r.req.grammar points at it */
     /* Produced by the scheduler's events, consumed by next(): a FIFO of tokens. */
-    struct token_event *events; /* [max_tokens] */
+    struct token_event *events;     /* [max_tokens] */
+    struct kvr_token_logprob *tops; /* [max_tokens x req.top_logprobs], or NULL */
     uint32_t ev_head, ev_count;
     enum kvr_gen_finish finish; /* set once the stream has ended */
     bool finish_delivered;
@@ -141,6 +143,7 @@ static void stream_free(struct kvr_gen_stream *s)
 {
     pthread_cond_destroy(&s->cond);
     kvr_free(s->events);
+    kvr_free(s->tops);
     kvr_free(s->r.generated);
     kvr_free(s->prompt);
     kvr_free(s->grammar);
@@ -156,8 +159,12 @@ static void on_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched_
     case KVR_SCHED_EV_TOKEN: {
         uint32_t cap = s->r.req.max_tokens;
         if (s->ev_count < cap) {
-            s->events[(s->ev_head + s->ev_count) % cap] =
-                (struct token_event){ev->gen.token, ev->gen.logprob, ev->gen.eog, ev->gen.t_ns};
+            uint32_t at = (s->ev_head + s->ev_count) % cap, k = s->r.req.top_logprobs;
+            uint32_t n_top = !s->tops ? 0 : ev->gen.n_top < k ? ev->gen.n_top : k;
+            s->events[at] = (struct token_event){ev->gen.token, ev->gen.logprob, ev->gen.eog,
+                                                 (uint8_t)n_top, ev->gen.t_ns};
+            if (n_top)
+                memcpy(s->tops + (size_t)at * k, ev->gen.top, n_top * sizeof *s->tops);
             s->ev_count++;
         }
         break;
@@ -922,10 +929,16 @@ int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_gen_request *req,
     s->events = kvr_calloc(req->max_tokens, sizeof *s->events);
     s->r.generated = kvr_calloc(req->max_tokens, sizeof *s->r.generated);
     s->grammar = req->grammar_bytes ? kvr_malloc(req->grammar_bytes) : NULL;
-    if (!s->prompt || !s->events || !s->r.generated || (req->grammar_bytes && !s->grammar)) {
+    uint32_t k = req->logprobs ? req->top_logprobs : 0;
+    if (k > KVR_LOGPROBS_MAX_TOP)
+        k = KVR_LOGPROBS_MAX_TOP;
+    s->tops = k ? kvr_calloc((size_t)req->max_tokens * k, sizeof *s->tops) : NULL;
+    if (!s->prompt || !s->events || !s->r.generated || (req->grammar_bytes && !s->grammar) ||
+        (k && !s->tops)) {
         kvr_free(s->grammar);
         kvr_free(s->prompt);
         kvr_free(s->events);
+        kvr_free(s->tops);
         kvr_free(s->r.generated);
         kvr_free(s);
         goto nomem;
@@ -937,10 +950,13 @@ int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_gen_request *req,
     if (req->grammar_bytes)
         memcpy(s->grammar, req->grammar, req->grammar_bytes);
     s->r.req.grammar = s->grammar;
+    s->r.req.top_logprobs = k;
+    s->r.req.same_prompt_as = NULL;
     s->r.user = s;
     pthread_cond_init(&s->cond, NULL);
 
     pthread_mutex_lock(&b->lock);
+    s->r.prompt_of = req->same_prompt_as ? req->same_prompt_as->r.id : 0;
     int rc = kvr_sched_submit(b->sched, &s->r, kvr_now_ns(), why);
     why->est_first_ms = s->r.est.first_ms;
     why->est_period_ms = s->r.est.period_ms;
@@ -995,6 +1011,10 @@ int kvr_bridge_next(struct kvr_gen_stream *s, struct kvr_gen_event *ev, uint32_t
         ev->logprob = e->logprob;
         ev->eog = e->eog;
         ev->t_ns = e->t_ns;
+        ev->n_top = e->n_top;
+        if (e->n_top)
+            memcpy(ev->top, s->tops + (size_t)s->ev_head * s->r.req.top_logprobs,
+                   e->n_top * sizeof *ev->top);
         s->ev_head = (s->ev_head + 1) % s->r.req.max_tokens;
         s->ev_count--;
         if (s->ev_count == 0 && with_token) {

@@ -5,8 +5,8 @@
  * logprobs, metrics), answers (one JSON body, or SSE chunks), and the end (destroy). */
 #include "bridge/generation.h"
 
+#include "bridge/choices.h"
 #include "bridge/reply.h"
-
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
@@ -69,6 +69,16 @@ struct kvr_generation {
     size_t sse_pos;
     bool sse_first; /* the next chunk is the first (chat: carries the role) */
     bool sse_ended; /* [DONE] has been produced */
+
+    /* n > 1 (choices.h): the request's generation holds the choices and answers for them;
+     * each choice is a generation of its own, a part: it sends no usage or [DONE], counts
+     * no request in the metrics and logs no access line (the request does). */
+    struct kvr_choices *choices;
+    bool choices_admitted;
+    bool part;
+    const struct kvr_generation *first; /* a part: the request's generation */
+    const struct kvr_generation *lead;  /* a part but choice 0: choice 0, whose prompt it
+                                           shares (request.h same_prompt_as) */
 };
 
 static uint64_t random_u64(void)
@@ -217,6 +227,12 @@ static int tokenize_prompt(struct kvr_generation *g, struct kvr_openai_error *e)
         g->reply.store = g->store;
         g->reply.resp_request = r->msgs_json;
         g->has_reply = true;
+        if (r->n > 1) { /* choices.c writes plain text choices, not tool calls */
+            kvr_free(rendered);
+            return kvr_openai_error_set(e, 400, "invalid_request_error", "n", NULL,
+                                        "'n' above 1 is not supported with tools or a reasoning "
+                                        "model's template");
+        }
         if ((rc = kvr_reply_constrain(&g->reply, r, e))) {
             kvr_free(rendered);
             return rc;
@@ -240,13 +256,16 @@ static int build_request(struct kvr_generation *g, struct kvr_openai_error *e)
         .max_tokens = g->max_tokens,
         .sampling = g->req.sampling,
         .logprobs = g->req.logprobs,
+        .top_logprobs = g->req.top_logprobs,
         .ignore_eos = g->req.ignore_eos,
         .grammar = g->req.grammar,
         .grammar_bytes = (uint32_t)g->req.grammar_len,
         .first_token_ms = g->req.first_token_ms,
         .total_ms = g->req.total_ms,
     };
-    if (!g->req.has_seed)
+    if (g->first) /* choice i of n: the seed after the first's i times (choices.h) */
+        g->greq.sampling.seed = g->first->greq.sampling.seed + g->meta.choice;
+    else if (!g->req.has_seed)
         g->greq.sampling.seed = random_u64();
     struct kvr_err serr = {0};
     if (kvr_sample_params_check(&g->greq.sampling, &serr))
@@ -275,7 +294,8 @@ static int start_text(struct kvr_generation *g, struct kvr_openai_error *e)
                                        .id = g->id,
                                        .created = (int64_t)(kvr_wall_ms() / 1000),
                                        .model = env->svc->model_name,
-                                       .include_usage = g->req.include_usage};
+                                       .include_usage = g->req.include_usage,
+                                       .choice = g->meta.choice};
     return KVR_OK;
 }
 
@@ -287,7 +307,9 @@ int kvr_generation_prepare(struct kvr_generation *g, const char *body, size_t le
     if ((rc = parse_request(g, body, len, budget_header, e)) || (rc = tokenize_prompt(g, e)) ||
         (rc = kvr_openai_check_length(&g->req, g->n_prompt, env->svc->n_ctx,
                                       env->default_max_tokens, &g->max_tokens, e)) ||
-        (rc = build_request(g, e)) || (rc = start_text(g, e))) {
+        (rc = build_request(g, e)) || (rc = start_text(g, e)) ||
+        (g->req.n > 1 && (rc = kvr_choices_create(&g->choices, env, g->api, g->t_start_ns, g,
+                                                  g->req.n, body, len, budget_header, e)))) {
         if (e->status == 0)
             kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "internal error");
         g->early = *e;
@@ -295,6 +317,34 @@ int kvr_generation_prepare(struct kvr_generation *g, const char *body, size_t le
         return rc;
     }
     return KVR_OK;
+}
+
+int kvr_generation_prepare_choice(struct kvr_generation *g, const struct kvr_generation *first,
+                                  uint32_t index, const char *body, size_t len,
+                                  const char *budget_header, struct kvr_openai_error *e)
+{
+    g->part = true;
+    g->first = first;
+    g->meta.choice = index;
+    memcpy(g->id, first->id, sizeof g->id);
+    int rc = parse_request(g, body, len, budget_header, e);
+    if (rc)
+        return rc;
+    if (!(g->prompt_ids = kvr_malloc((size_t)first->n_prompt * sizeof *g->prompt_ids)))
+        return out_of_memory(e);
+    memcpy(g->prompt_ids, first->prompt_ids, (size_t)first->n_prompt * sizeof *g->prompt_ids);
+    g->n_prompt = first->n_prompt;
+    if ((rc = kvr_openai_check_length(&g->req, g->n_prompt, g->env->svc->n_ctx,
+                                      g->env->default_max_tokens, &g->max_tokens, e)) ||
+        (rc = build_request(g, e)) || (rc = start_text(g, e)))
+        return rc;
+    g->meta.created = first->meta.created;
+    return KVR_OK;
+}
+
+void kvr_generation_follow(struct kvr_generation *g, const struct kvr_generation *lead)
+{
+    g->lead = lead;
 }
 
 /* ---- submit --------------------------------------------------------------------------- */
@@ -345,7 +395,9 @@ int kvr_generation_submit(struct kvr_generation *g, struct kvr_openai_error *e,
     struct kvr_refusal refusal;
     memset(&refusal, 0, sizeof refusal);
     *retry_after_s = 0;
-    int rc = svc->ops->submit(svc->ctx, &g->greq, &g->stream, &refusal);
+    g->greq.same_prompt_as = g->lead ? g->lead->stream : NULL;
+    int rc = g->choices ? kvr_choices_submit(g->choices, e, retry_after_s)
+                        : svc->ops->submit(svc->ctx, &g->greq, &g->stream, &refusal);
     /* The service copied what it keeps of the prompt. */
     kvr_free(g->prompt_ids);
     g->prompt_ids = NULL;
@@ -354,19 +406,22 @@ int kvr_generation_submit(struct kvr_generation *g, struct kvr_openai_error *e,
     g->est_period_ms = refusal.est_period_ms;
     if (rc != 0) {
         g->stream = NULL;
-        refused(g, &refusal, e, retry_after_s);
+        if (!g->choices) /* else the refused choice told e, and counted it */
+            refused(g, &refusal, e, retry_after_s);
         g->early = *e;
         g->early_status = e->status;
         g->early_refused = true;
         return rc;
     }
     g->t_event_ns = kvr_now_ns();
-    kvr_http_metrics_admitted(g->env->metrics, g->n_prompt);
-    if (g->req.stream && g->has_reply) {
+    g->choices_admitted = g->choices != NULL;
+    if (!g->part)
+        kvr_http_metrics_admitted(g->env->metrics, g->n_prompt);
+    if (g->req.stream && !g->choices && g->has_reply) {
         struct kvr_reply_info in = {.meta = &g->meta};
         kvr_reply_sse_start(&g->reply, &g->sse, &in);
         g->sse_first = false;
-    } else if (g->req.stream) {
+    } else if (g->req.stream && !g->choices) {
         g->sse_first = true;
         if (g->api == KVR_OPENAI_CHAT) {
             /* The role chunk goes out at once, as OpenAI's does. */
@@ -384,7 +439,7 @@ bool kvr_generation_streams(const struct kvr_generation *g)
 
 bool kvr_generation_done(const struct kvr_generation *g)
 {
-    return g->done;
+    return g->done || (g->choices && kvr_choices_done(g->choices));
 }
 
 /* ---- events --------------------------------------------------------------------------- */
@@ -424,8 +479,14 @@ static bool take_token(struct kvr_generation *g, const struct kvr_gen_event *ev)
     if (g->lp) {
         const char *p = NULL;
         size_t len = 0;
+        struct kvr_openai_alt top[KVR_LOGPROBS_MAX_TOP];
+        uint32_t n_top = 0;
+        for (uint32_t k = 0; k < ev->n_top && k < KVR_LOGPROBS_MAX_TOP; k++)
+            if (kvr_tok_decode_piece(tok, ev->top[k].id, false, &top[n_top].piece,
+                                     &top[n_top].len) == 0)
+                top[n_top++].logprob = ev->top[k].logprob;
         if (kvr_tok_decode_piece(tok, ev->token, false, &p, &len) == 0)
-            kvr_openai_logprobs_add(g->lp, g->api, p, len, ev->logprob, g->text_bytes);
+            kvr_openai_logprobs_add(g->lp, g->api, p, len, ev->logprob, g->text_bytes, top, n_top);
     }
     g->text_bytes += (size_t)n;
     if (kvr_openai_text_push(&g->cut, g->piece, (size_t)n, &g->text)) {
@@ -520,7 +581,8 @@ static void sse_emit(struct kvr_generation *g)
 {
     if (g->done && g->outcome == KVR_HTTP_OUTCOME_ERROR) {
         kvr_openai_sse_error(&g->sse, &g->fail);
-        kvr_openai_sse_done(&g->sse);
+        if (!g->part)
+            kvr_openai_sse_done(&g->sse);
         g->sse_ended = true;
         return;
     }
@@ -548,21 +610,30 @@ static void sse_emit(struct kvr_generation *g)
         }
     }
     if (g->done) {
-        if (g->meta.include_usage)
+        if (g->meta.include_usage && !g->part)
             kvr_openai_sse_usage(&g->sse, &g->meta, g->n_prompt, g->n_gen);
-        kvr_openai_sse_done(&g->sse);
+        if (!g->part)
+            kvr_openai_sse_done(&g->sse);
         g->sse_ended = true;
     }
 }
 
-void kvr_generation_pump(struct kvr_generation *g, uint32_t timeout_ms)
+bool kvr_generation_pump(struct kvr_generation *g, uint32_t timeout_ms)
 {
-    if (pump_event(g, timeout_ms) && g->req.stream)
+    if (g->choices)
+        return kvr_choices_pump(g->choices, timeout_ms);
+    bool any = pump_event(g, timeout_ms);
+    if (any && g->req.stream)
         sse_emit(g);
+    return any;
 }
 
 void kvr_generation_shut_down(struct kvr_generation *g)
 {
+    if (g->choices) {
+        kvr_choices_shut_down(g->choices);
+        return;
+    }
     fail(g, 503, "shutting_down", "the server is shutting down");
     if (g->req.stream)
         sse_emit(g); /* end the stream properly: an error event and [DONE] */
@@ -570,6 +641,8 @@ void kvr_generation_shut_down(struct kvr_generation *g)
 
 void kvr_generation_abandon(struct kvr_generation *g)
 {
+    if (g->choices)
+        kvr_choices_abandon(g->choices);
     g->done = true;
     g->outcome = KVR_HTTP_OUTCOME_CLIENT_GONE;
     cancel(g);
@@ -577,11 +650,20 @@ void kvr_generation_abandon(struct kvr_generation *g)
 
 const struct kvr_openai_error *kvr_generation_error(const struct kvr_generation *g)
 {
+    if (g->choices)
+        return kvr_choices_error(g->choices);
     return g->outcome == KVR_HTTP_OUTCOME_ERROR ? &g->fail : NULL;
+}
+
+uint32_t kvr_generation_completion_tokens(const struct kvr_generation *g)
+{
+    return g->n_gen;
 }
 
 char *kvr_generation_json(struct kvr_generation *g, size_t *out_len)
 {
+    if (g->choices)
+        return kvr_choices_json(g->choices, g->n_prompt, out_len);
     if (g->has_reply) {
         struct kvr_reply_info in = {&g->meta, g->finish, g->n_prompt, g->n_gen, g->lp};
         return kvr_reply_json(&g->reply, &in, g->text.data ? g->text.data : "", g->text.len,
@@ -595,6 +677,8 @@ enum kvr_generation_sse kvr_generation_sse_read(struct kvr_generation *g, char *
                                                 size_t *out_n)
 {
     *out_n = 0;
+    if (g->choices)
+        return kvr_choices_sse_read(g->choices, &g->meta, g->n_prompt, buf, max, out_n);
     if (g->sse.failed)
         return KVR_GENERATION_SSE_BROKEN;
     if (g->sse_pos < g->sse.len) {
@@ -687,20 +771,25 @@ void kvr_generation_destroy(struct kvr_generation *g)
 {
     if (!g)
         return;
-    if (g->stream) {
+    if (g->choices) { /* the request ends with its choices, as the worst of them did */
+        kvr_choices_destroy(g->choices, g);
+        g->done = true;
+    }
+    if (g->stream || g->choices_admitted) {
         if (!g->done) {
             g->done = true;
             g->outcome = KVR_HTTP_OUTCOME_CLIENT_GONE;
         }
-        if (!g->released) {
+        if (!g->released && g->stream) {
             cancel(g);
             g->env->svc->ops->release(g->stream);
             g->released = true;
         }
-        kvr_http_metrics_ended(g->env->metrics, g->outcome,
-                               (double)(kvr_now_ns() - g->t_start_ns) * 1e-9);
+        if (!g->part)
+            kvr_http_metrics_ended(g->env->metrics, g->outcome,
+                                   (double)(kvr_now_ns() - g->t_start_ns) * 1e-9);
     }
-    if (g->stream || g->early_status)
+    if ((g->stream || g->choices_admitted || g->early_status) && !g->part)
         log_access(g);
     kvr_openai_text_fini(&g->cut);
     if (g->has_reply)
@@ -720,9 +809,32 @@ void kvr_generation_use_responses(struct kvr_generation *g, struct kvr_responses
     g->store = store;
 }
 
+void kvr_generation_absorb(struct kvr_generation *g, const struct kvr_generation *choice)
+{
+    static const int rank[KVR_HTTP_OUTCOME_COUNT] = {
+        [KVR_HTTP_OUTCOME_STOP] = 0,
+        [KVR_HTTP_OUTCOME_LENGTH] = 1,
+        [KVR_HTTP_OUTCOME_CLIENT_GONE] = 2,
+        [KVR_HTTP_OUTCOME_ERROR] = 3,
+    };
+    g->n_gen += choice->n_gen;
+    if (choice->t_first_ns && (!g->t_first_ns || choice->t_first_ns < g->t_first_ns))
+        g->t_first_ns = choice->t_first_ns;
+    if (rank[choice->outcome] > rank[g->outcome]) {
+        g->outcome = choice->outcome;
+        g->fail = choice->fail;
+    }
+    if (!g->est_first_ms) {
+        g->est_first_ms = choice->est_first_ms;
+        g->est_period_ms = choice->est_period_ms;
+    }
+}
+
 bool kvr_generation_estimate(const struct kvr_generation *g, double *first_ms, double *total_ms,
                              uint64_t *request_id)
 {
+    if (g->choices)
+        return kvr_choices_estimate(g->choices, first_ms, total_ms, request_id);
     const struct kvr_service_ops *ops = g->env->svc->ops;
     return g->stream && ops->estimate && ops->estimate(g->stream, first_ms, total_ms, request_id);
 }

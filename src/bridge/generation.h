@@ -74,8 +74,9 @@ bool kvr_generation_done(const struct kvr_generation *g);
 
 /* Wait up to timeout_ms for the service's next event and run it through the pipeline
  * (text, stop strings, logprobs, metrics; SSE chunks when streaming). A generation with no
- * event for stall_timeout_ms fails with 504. */
-void kvr_generation_pump(struct kvr_generation *g, uint32_t timeout_ms);
+ * event for stall_timeout_ms fails with 504. Returns whether anything happened (an event,
+ * or the end) rather than a quiet timeout. */
+bool kvr_generation_pump(struct kvr_generation *g, uint32_t timeout_ms);
 /* The server is stopping: cancel, and fail with 503 "shutting_down" (streaming: an error
  * event, then [DONE]). */
 void kvr_generation_shut_down(struct kvr_generation *g);
@@ -115,6 +116,26 @@ bool kvr_generation_estimate(const struct kvr_generation *g, double *first_ms, d
  * `store` (borrowed, may be NULL) keeps finished answers for previous_response_id. */
 struct kvr_responses_store;
 void kvr_generation_use_responses(struct kvr_generation *g, struct kvr_responses_store *store);
+
+/* ---- n > 1 (choices.h) ---------------------------------------------------------------- */
+
+/* Prepare choice `index` (1 .. n-1) of the request whose generation `first` was prepared
+ * from the same body: the same parse, prompt ids (copied, not tokenized again), id and
+ * creation time; the seed is first's + index. The choice is a part of the request: it
+ * sends no usage or [DONE], and counts and logs nothing as a request (the request does).
+ * `first` must stay prepared and unsubmitted while its choices are prepared. */
+int kvr_generation_prepare_choice(struct kvr_generation *g, const struct kvr_generation *first,
+                                  uint32_t index, const char *body, size_t len,
+                                  const char *budget_header, struct kvr_openai_error *e);
+/* A choice shares the prompt of `lead` (choice 0, submitted first): submit passes lead's
+ * stream as the request's same_prompt_as (request.h). */
+void kvr_generation_follow(struct kvr_generation *g, const struct kvr_generation *lead);
+/* Tokens the service sent so far (usage's completion_tokens). */
+uint32_t kvr_generation_completion_tokens(const struct kvr_generation *g);
+/* Add a finished choice's account to the request's generation `g` before the choice is
+ * destroyed: its tokens, its first token's time, and its outcome when worse than g's
+ * (error, then client gone, then length, then stop). */
+void kvr_generation_absorb(struct kvr_generation *g, const struct kvr_generation *choice);
 
 /* Format a chat request's conversation, with its tools, with the server's chat template
  * (also POST /apply-template). A template that refuses the conversation (raise_exception)

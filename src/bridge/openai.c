@@ -385,8 +385,8 @@ static int parse_budget(struct kvr_openai_req *r, struct kvr_openai_error *e)
 }
 
 /* Requests for features Kvasir does not have are refused, not silently ignored: a client
- * that asked for three choices and got one would be misled. */
-static int refuse_unsupported(const struct kvr_openai_req *r, struct kvr_openai_error *e)
+ * that asked for three choices and got one would be misled. Reads "n" on the way. */
+static int refuse_unsupported(struct kvr_openai_req *r, struct kvr_openai_error *e)
 {
     const json_t *o = r->root;
     json_t *v;
@@ -395,12 +395,11 @@ static int refuse_unsupported(const struct kvr_openai_req *r, struct kvr_openai_
         if (!json_is_integer(v))
             return want_type(e, "n", v, "an integer");
         n = json_integer_value(v);
-        if (n < 1)
-            return bad_request(e, "n", "invalid_value", "'n' must be at least 1, got %lld", n);
-        if (n > 1)
-            return bad_request(e, "n", "unsupported_parameter",
-                               "n > 1 is not supported (got %lld): send one request per choice", n);
+        if (n < 1 || n > KVR_OPENAI_MAX_N)
+            return bad_request(e, "n", "invalid_value", "'n' must be 1 to %d, got %lld",
+                               KVR_OPENAI_MAX_N, n);
     }
+    r->n = (uint32_t)n;
     if ((v = field(o, "best_of")) && !(json_is_integer(v) && json_integer_value(v) == 1))
         return bad_request(e, "best_of", "unsupported_parameter",
                            "'best_of' other than 1 is not supported");
@@ -425,31 +424,23 @@ static int parse_logprobs(struct kvr_openai_req *r, struct kvr_openai_error *e)
         if (!json_is_integer(v))
             return want_type(e, "logprobs", v, "an integer");
         long long n = json_integer_value(v);
-        if (n < 0)
+        if (n < 0 || n > KVR_OPENAI_MAX_TOP)
             return bad_request(e, "logprobs", "invalid_value",
-                               "'logprobs' must be at least 0, got %lld", n);
-        if (n > 1)
-            return bad_request(e, "logprobs", "unsupported_parameter",
-                               "'logprobs' above 1 is not supported (got %lld): only the "
-                               "sampled token's log-probability is reported",
-                               n);
-        r->logprobs = n == 1;
+                               "'logprobs' must be 0 to %d, got %lld", KVR_OPENAI_MAX_TOP, n);
+        r->logprobs = true;
+        r->top_logprobs = (uint32_t)n;
         return KVR_OK;
     }
     if ((rc = get_bool(o, "logprobs", &r->logprobs, e)))
         return rc;
     long long top = 0;
     bool has_top = false;
-    if ((rc = get_int(o, "top_logprobs", 0, 20, &top, &has_top, e)))
+    if ((rc = get_int(o, "top_logprobs", 0, KVR_OPENAI_MAX_TOP, &top, &has_top, e)))
         return rc;
     if (has_top && !r->logprobs)
         return bad_request(e, "top_logprobs", "invalid_value",
                            "'top_logprobs' needs 'logprobs': true");
-    if (top > 0)
-        return bad_request(e, "top_logprobs", "unsupported_parameter",
-                           "'top_logprobs' above 0 is not supported (got %lld): only the "
-                           "sampled token's log-probability is reported",
-                           top);
+    r->top_logprobs = (uint32_t)top;
     return KVR_OK;
 }
 
@@ -975,45 +966,6 @@ const char *kvr_openai_finish_name(enum kvr_openai_finish f)
     }
 }
 
-json_t *kvr_openai_logprobs_new(enum kvr_openai_api api)
-{
-    if (api == KVR_OPENAI_CHAT)
-        return json_pack("{s:[]}", "content");
-    return json_pack("{s:[],s:[],s:n,s:[]}", "tokens", "token_logprobs", "top_logprobs",
-                     "text_offset");
-}
-
-int kvr_openai_logprobs_add(json_t *lp, enum kvr_openai_api api, const char *piece,
-                            size_t piece_len, float logprob, size_t text_offset)
-{
-    json_t *tok = jstr(piece, piece_len);
-    if (!tok)
-        return KVR_ENOMEM;
-    if (api == KVR_OPENAI_CHAT) {
-        json_t *bytes = json_array();
-        for (size_t i = 0; bytes && i < piece_len; i++) {
-            if (json_array_append_new(bytes, json_integer((unsigned char)piece[i]))) {
-                json_decref(bytes);
-                bytes = NULL;
-            }
-        }
-        json_t *entry = bytes ? json_pack("{s:o,s:f,s:o,s:[]}", "token", tok, "logprob",
-                                          (double)logprob, "bytes", bytes, "top_logprobs")
-                              : NULL;
-        if (!bytes)
-            json_decref(tok);
-        if (!entry || json_array_append_new(json_object_get(lp, "content"), entry))
-            return KVR_ENOMEM;
-        return KVR_OK;
-    }
-    if (json_array_append_new(json_object_get(lp, "tokens"), tok) ||
-        json_array_append_new(json_object_get(lp, "token_logprobs"), json_real(logprob)) ||
-        json_array_append_new(json_object_get(lp, "text_offset"),
-                              json_integer((json_int_t)text_offset)))
-        return KVR_ENOMEM;
-    return KVR_OK;
-}
-
 static json_t *usage_object(uint32_t prompt_tokens, uint32_t completion_tokens)
 {
     return json_pack("{s:I,s:I,s:I}", "prompt_tokens", (json_int_t)prompt_tokens,
@@ -1043,12 +995,12 @@ char *kvr_openai_response_json(const struct kvr_openai_meta *m, const char *text
     json_t *lp = logprobs ? json_deep_copy(logprobs) : json_null();
     json_t *choice = NULL;
     if (chat)
-        choice = json_pack("{s:i,s:{s:s,s:o},s:o,s:o}", "index", 0, "message", "role", "assistant",
-                           "content", jstr(text, text_len), "logprobs", lp, "finish_reason",
-                           finish_value(finish));
+        choice = json_pack("{s:i,s:{s:s,s:o},s:o,s:o}", "index", (int)m->choice, "message", "role",
+                           "assistant", "content", jstr(text, text_len), "logprobs", lp,
+                           "finish_reason", finish_value(finish));
     else
-        choice = json_pack("{s:o,s:i,s:o,s:o}", "text", jstr(text, text_len), "index", 0,
-                           "logprobs", lp, "finish_reason", finish_value(finish));
+        choice = json_pack("{s:o,s:i,s:o,s:o}", "text", jstr(text, text_len), "index",
+                           (int)m->choice, "logprobs", lp, "finish_reason", finish_value(finish));
     /* json_pack steals "o" arguments even when it fails, so nothing else to free. */
     struct kvr_sbuf b;
     kvr_sbuf_init(&b);
@@ -1089,11 +1041,12 @@ int kvr_openai_sse_chunk(struct kvr_sbuf *out, const struct kvr_openai_meta *m, 
             json_object_set_new(delta, "role", json_string("assistant"));
         if (delta && (first || text_len))
             json_object_set_new(delta, "content", jstr(text, text_len));
-        choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "delta", delta, "logprobs", lp,
-                           "finish_reason", finish_value(finish));
+        choice = json_pack("{s:i,s:o,s:o,s:o}", "index", (int)m->choice, "delta", delta, "logprobs",
+                           lp, "finish_reason", finish_value(finish));
     } else {
-        choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "text", jstr(text, text_len),
-                           "logprobs", lp, "finish_reason", finish_value(finish));
+        choice =
+            json_pack("{s:i,s:o,s:o,s:o}", "index", (int)m->choice, "text", jstr(text, text_len),
+                      "logprobs", lp, "finish_reason", finish_value(finish));
     }
     if (!root || !choice || json_object_set_new(root, "choices", json_pack("[o]", choice)) ||
         (m->include_usage && json_object_set_new(root, "usage", json_null()))) {

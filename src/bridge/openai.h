@@ -64,6 +64,8 @@ char *kvr_openai_error_json(const struct kvr_openai_error *e, size_t *out_len);
 #define KVR_OPENAI_MAX_STOP 4            /* stop strings a request may give */
 #define KVR_OPENAI_MAX_STOP_BYTES 256    /* longest stop string */
 #define KVR_OPENAI_MAX_BUDGET_MS 3600000 /* longest latency budget: one hour */
+#define KVR_OPENAI_MAX_N 16              /* choices a request may ask for ("n") */
+#define KVR_OPENAI_MAX_TOP 20            /* alternatives per token (= KVR_LOGPROBS_MAX_TOP) */
 
 /* The limits a request is checked against. */
 struct kvr_openai_limits {
@@ -120,10 +122,12 @@ struct kvr_openai_req {
     uint32_t n_stop;
 
     bool stream;
-    bool include_usage; /* stream_options.include_usage */
-    bool logprobs;      /* completions: logprobs = 1; chat: logprobs = true */
-    bool ignore_eos;    /* vLLM's extension: generate max_tokens even past an
-                           end-of-generation token */
+    bool include_usage;    /* stream_options.include_usage */
+    bool logprobs;         /* completions: "logprobs": N (0..20); chat: "logprobs": true */
+    uint32_t top_logprobs; /* completions: that N; chat: "top_logprobs" (0..20) */
+    uint32_t n;            /* choices, 1 ..= KVR_OPENAI_MAX_N */
+    bool ignore_eos;       /* vLLM's extension: generate max_tokens even past an
+                              end-of-generation token */
 
     uint32_t first_token_ms; /* latency_budget.first_token_ms; 0 = server default */
     uint32_t total_ms;       /* latency_budget.total_ms; 0 = server default */
@@ -246,17 +250,28 @@ struct kvr_openai_meta {
     int64_t created; /* Unix seconds */
     const char *model;
     bool include_usage; /* stream: every chunk carries "usage": null, the last the counts */
+    uint32_t choice;    /* the choice's "index" (n > 1: 0 .. n-1) */
 };
 
-/* Log-probabilities of generated tokens, in the API's shape:
- *   completions: {"tokens": [..], "token_logprobs": [..], "top_logprobs": null,
- *                 "text_offset": [..]}
- *   chat:        {"content": [{"token", "logprob", "bytes": [..], "top_logprobs": []}, ..]}
- * `piece` is the token's text (any bytes; invalid UTF-8 shows as U+FFFD in "token", exact
- * in "bytes"); text_offset is where the token starts in the completion's text. */
+/* Log-probabilities of generated tokens (openai_logprobs.c), in the API's shape:
+ *   completions: {"tokens": [..], "token_logprobs": [..], "top_logprobs": [{text: lp}, ..],
+ *                 "text_offset": [..]}   (one dict per token: its alternatives by text, and
+ *                 the token itself when it is not among them, as OpenAI's)
+ *   chat:        {"content": [{"token", "logprob", "bytes": [..],
+ *                              "top_logprobs": [{"token", "logprob", "bytes"}, ..]}, ..]}
+ * `piece` is the token's text (any bytes; invalid UTF-8 shows as U+FFFD in "token" and in
+ * a dict's keys, exact in "bytes"); text_offset is where the token starts in the
+ * completion's text; top[0..n_top) are the alternatives, most likely first (a
+ * completions dict keeps the first of two with the same text). */
+struct kvr_openai_alt {
+    const char *piece;
+    size_t len;
+    float logprob;
+};
 json_t *kvr_openai_logprobs_new(enum kvr_openai_api api);
 int kvr_openai_logprobs_add(json_t *lp, enum kvr_openai_api api, const char *piece,
-                            size_t piece_len, float logprob, size_t text_offset);
+                            size_t piece_len, float logprob, size_t text_offset,
+                            const struct kvr_openai_alt *top, uint32_t n_top);
 
 /* The whole non-streaming response. `text` is valid UTF-8; `logprobs` (may be NULL) is
  * borrowed. Returns a new string (kvr_free) or NULL when out of memory. */

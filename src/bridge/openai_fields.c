@@ -121,7 +121,7 @@ static const struct field_rule fields[] = {
     {"verbosity", API_H, KIND_REFUSED, 0, "verbosity control is not supported"},
     {"web_search_options", API_H, KIND_REFUSED, 0, "web search is not supported"},
     {"n_probs", API_BOTH, KIND_REFUSED, 0,
-     "top-n probabilities are not supported; 'logprobs' gives the sampled token's"},
+     "llama.cpp's n_probs is spelled 'logprobs' (completions) or 'top_logprobs' (chat) here"},
     {"stop_token_ids", API_BOTH, KIND_REFUSED, 0, "stopping at token ids is not supported yet"},
 };
 

@@ -4,6 +4,7 @@
 #ifndef KVR_BRIDGE_REQUEST_H
 #define KVR_BRIDGE_REQUEST_H
 
+#include "model/logprobs.h"
 #include "model/sampler.h"
 
 #include <stdbool.h>
@@ -20,6 +21,13 @@ struct kvr_gen_request {
     struct kvr_sample_params sampling; /* seed always set: the HTTP layer draws one when the
                                           client gave none */
     bool logprobs;                     /* fill the events' logprob */
+    uint32_t top_logprobs;             /* ... and this many alternatives (model/logprobs.h),
+                                          0 ..= KVR_LOGPROBS_MAX_TOP; only with logprobs */
+    /* NULL, or an earlier admitted stream of the same prompt and service (the choices of
+     * a request with n > 1): this one starts only once that one's prompt has all gone
+     * into the ring, so its prompt's whole KV blocks come from the prefix cache and the
+     * prompt is computed once. Borrowed for the call that takes the request. */
+    struct kvr_gen_stream *same_prompt_as;
     bool ignore_eos;         /* an end-of-generation token does not end the stream: it comes
                                 as an ordinary token (FINISH_NONE) until max_tokens */
     const char *grammar;     /* GBNF (model/grammar.h) the tokens must follow, NULL: none; the
@@ -81,10 +89,13 @@ enum kvr_gen_finish {
 /* One event of a stream: a token, the end, or both (the last token carries LENGTH or
  * EOS). */
 struct kvr_gen_event {
-    int32_t token; /* the generated token id; -1 when the event carries none (ERROR) */
-    float logprob; /* natural log of the token's probability under the distribution it
-                      was sampled from; set only when the request asked for logprobs */
-    bool eog;      /* the token ends generation in the model's vocabulary */
+    int32_t token;  /* the generated token id; -1 when the event carries none (ERROR) */
+    float logprob;  /* natural log of the token's probability under the model's own
+                       distribution (model/logprobs.h); set only when the request asked for
+                       logprobs */
+    uint32_t n_top; /* alternatives in top[], <= the request's top_logprobs */
+    struct kvr_token_logprob top[KVR_LOGPROBS_MAX_TOP]; /* most likely first */
+    bool eog; /* the token ends generation in the model's vocabulary */
     enum kvr_gen_finish finish;
     uint64_t t_ns; /* when the bridge received it (kvr_now_ns); 0 from other services */
     /* FINISH_ERROR only: the HTTP status to report (500 internal, 503 ring lost and not

@@ -39,15 +39,17 @@ static void emit(struct kvr_sched *s, struct kvr_sched_req *r, const struct kvr_
         s->cfg.event(s->cfg.event_ctx, r, ev);
 }
 
-static void emit_token(struct kvr_sched *s, struct kvr_sched_req *r, int32_t token, float logprob,
-                       bool eog, uint64_t now)
+static void emit_token(struct kvr_sched *s, struct kvr_sched_req *r,
+                       const struct kvr_wire_result *res, bool eog, uint64_t now)
 {
     struct kvr_sched_event ev = {.type = KVR_SCHED_EV_TOKEN,
-                                 .gen = {.token = token,
-                                         .logprob = logprob,
+                                 .gen = {.token = res->token,
+                                         .logprob = res->logprob,
+                                         .n_top = res->n_top,
                                          .eog = eog,
                                          .finish = KVR_GEN_FINISH_NONE,
                                          .t_ns = now}};
+    memcpy(ev.gen.top, res->top, res->n_top * sizeof *res->top);
     emit(s, r, &ev);
 }
 
@@ -205,13 +207,24 @@ static void observe_queue_time(struct kvr_sched *s, double secs)
     s->stats.queue_count++;
 }
 
-/* Give waiting requests a slot and their KV, oldest first, while both are available. */
+/* Whether the request r shares its prompt with (prompt_of) still has prompt rows to put in
+ * a batch: r waits for them, to find the prompt's blocks in the prefix cache. */
+static bool prompt_pending(const struct kvr_sched *s, const struct kvr_sched_req *r)
+{
+    for (uint32_t i = 0; r->prompt_of && s->cfg.prefix_cache && i < s->plan->max_seqs; i++)
+        if (s->seqs[i].r && s->seqs[i].r->id == r->prompt_of)
+            return s->seqs[i].state == SEQ_PREFILL;
+    return false;
+}
+
+/* Give waiting requests a slot and their KV, oldest first, while both are available. A
+ * choice of n > 1 waits for its first choice's prompt (prompt_pending). */
 static void start_waiting(struct kvr_sched *s, uint64_t now)
 {
     while (s->wq_count > 0) {
         struct kvr_sched_req *r = s->waitq[s->wq_head];
         int slot = free_slot(s);
-        if (slot < 0)
+        if (slot < 0 || prompt_pending(s, r))
             return;
         s->seqs[slot] = (struct seq){.state = SEQ_PREFILL, .r = r};
         if (!prefix_take(s, (uint32_t)slot)) {
@@ -274,10 +287,12 @@ static void seq_release(struct kvr_sched *s, uint32_t slot, uint64_t now)
  * wire's one spelling (0); the logit bias follows in BIAS records, not in the OPEN. */
 static void open_record(struct kvr_wire_ctrl *c, uint32_t slot, const struct kvr_gen_request *r)
 {
-    *c = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_OPEN,
-                                .seq = slot,
-                                .flags = r->logprobs ? KVR_WIRE_OPEN_LOGPROBS : 0,
-                                .sampling = r->sampling};
+    uint32_t top = r->top_logprobs < KVR_LOGPROBS_MAX_TOP ? r->top_logprobs : KVR_LOGPROBS_MAX_TOP;
+    *c = (struct kvr_wire_ctrl){
+        .type = KVR_WIRE_CTRL_OPEN,
+        .seq = slot,
+        .flags = r->logprobs ? KVR_WIRE_OPEN_LOGPROBS | top << KVR_WIRE_TOP_SHIFT : 0,
+        .sampling = r->sampling};
     struct kvr_sample_params *p = &c->sampling;
     p->temperature = p->temperature > 0 ? p->temperature : 0;
     p->top_k = p->top_k > 0 ? p->top_k : 0;
@@ -734,7 +749,7 @@ static void take_token(struct kvr_sched *s, uint32_t slot, const struct kvr_wire
         r->first_token_ns = now;
     s->stats.generated_tokens++;
     s->win_tokens++;
-    emit_token(s, r, res->token, res->logprob, eog, now);
+    emit_token(s, r, res, eog, now);
     bool last = r->n_generated >= r->req.max_tokens || (eog && !r->req.ignore_eos);
     kvr_admission_observe_estimate(s, r, last, now);
     if (r->n_generated >= r->req.max_tokens)

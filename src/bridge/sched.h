@@ -89,6 +89,9 @@ struct kvr_sched_req {
     int32_t *generated;         /* [req.max_tokens] storage for the tokens so far: a
                                    recovery re-prefills them behind the prompt */
     void *user;                 /* the caller's, untouched */
+    uint64_t prompt_of;         /* 0, or the id of an earlier request with the same prompt
+                                   (request.h same_prompt_as): this one leaves the wait
+                                   queue only once that one's prompt is all in batches */
     /* The scheduler's; the caller may read them inside the event callback. */
     uint64_t submit_ns;
     uint64_t deadline_ns; /* earliest-deadline-first key; UINT64_MAX: none */
@@ -113,7 +116,8 @@ enum kvr_sched_event_type {
 };
 
 /* TOKEN and END carry the stream's one event type, struct kvr_gen_event (request.h):
- *   TOKEN  gen.token, gen.logprob (when asked for), gen.eog, gen.t_ns; gen.finish is NONE
+ *   TOKEN  gen.token, gen.logprob and gen.top (when asked for), gen.eog, gen.t_ns;
+ *          gen.finish is NONE
  *          (the END that follows the last token says why it was the last);
  *   END    gen.finish (LENGTH, EOS, CANCELLED or ERROR), gen.error (why, for ERROR),
  *          gen.t_ns; gen.token is -1 and gen.error_status 0 (the shell chooses it).

@@ -5,6 +5,7 @@
 #include "core/clock.h"
 #include "model/engine.h"
 
+#include <math.h>
 #include <string.h>
 
 #define KV_BLOCK_TOKENS 16
@@ -73,6 +74,30 @@ static int32_t sample_constrained(struct kvr_sampler *smp, const struct constrai
     return id;
 }
 
+/* The alternatives a sequence asked for at its n_out-th token, from the raw row (before a
+ * grammar's mask, as the tail does); returns the row's log-sum-exp for report_logprobs. */
+static double top_logprobs(struct kvr_generate_seq *s, const float *logits, int32_t n_vocab)
+{
+    if (!s->logprobs)
+        return 0.0;
+    uint32_t k = s->top && s->n_top <= KVR_LOGPROBS_MAX_TOP ? s->n_top : 0;
+    struct kvr_token_logprob *top = k ? s->top + (size_t)s->n_out * k : NULL;
+    double lse = 0.0;
+    int n = kvr_logprobs_top(logits, n_vocab, k, top, &lse);
+    for (int j = n < 0 ? 0 : n; j < (int)k; j++)
+        top[j] = (struct kvr_token_logprob){-1, -INFINITY};
+    return n < 0 ? NAN : lse;
+}
+
+/* The logprob of the token it then sampled (its logit is one the mask kept). */
+static void report_logprobs(struct kvr_generate_seq *s, const float *logits, int32_t id,
+                            double lse)
+{
+    if (!s->logprobs)
+        return;
+    s->logprobs[s->n_out] = isnan(lse) ? -INFINITY : kvr_logprobs_token(logits, id, lse);
+}
+
 /* Sample a token from `logits`, feed it back, repeat until the sequence ends. */
 static int decode(struct kvr_engine *e, const struct kvr_hparams *hp, const struct kvr_tok *tok,
                   const struct kvr_generate_config *cfg, struct kvr_generate_seq *s, uint32_t index,
@@ -82,10 +107,12 @@ static int decode(struct kvr_engine *e, const struct kvr_hparams *hp, const stru
 {
     s->finish = KVR_GENERATE_LENGTH;
     for (uint32_t k = 0; k < s->max_tokens; k++) {
+        double lse = top_logprobs(s, logits, (int32_t)hp->n_vocab);
         int32_t id = sample_constrained(smp, con, logits, (int32_t)hp->n_vocab, sc);
         if (id < 0) /* no finite logit: a broken model or weights, never a token id */
             return kvr_err_set(err, id, "sequence %u: no finite logit at token %u", index, k);
         kvr_sampler_accept(smp, id);
+        report_logprobs(s, logits, id, lse);
         s->out[s->n_out++] = id;
         if (on_token)
             on_token(ud, index, id);
@@ -206,12 +233,13 @@ static int take_tokens(struct batch *b, struct kvr_engine *e, uint32_t n_segs,
             continue;
         uint32_t i = b->segs[k].seq;
         struct kvr_generate_seq *s = &b->seqs[i];
-        int32_t t =
-            sample_constrained(&b->smp[i], &b->con[i], b->logits + (size_t)r++ * hp->n_vocab,
-                               (int32_t)hp->n_vocab, sc);
+        float *row = b->logits + (size_t)r++ * hp->n_vocab;
+        double lse = top_logprobs(s, row, (int32_t)hp->n_vocab);
+        int32_t t = sample_constrained(&b->smp[i], &b->con[i], row, (int32_t)hp->n_vocab, sc);
         if (t < 0)
             return kvr_err_set(err, t, "sequence %u: no finite logit at token %u", i, s->n_out);
         kvr_sampler_accept(&b->smp[i], t);
+        report_logprobs(s, row, t, lse);
         s->out[s->n_out++] = t;
         st->n_tokens++;
         if (on_token)

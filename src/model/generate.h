@@ -24,6 +24,7 @@
 #include "model/dtype.h"
 #include "model/gguf.h"
 #include "model/grammar.h"
+#include "model/logprobs.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 
@@ -48,6 +49,13 @@ struct kvr_generate_seq {
                                           logits masked before sampling, grammar.h) */
     int32_t *out;                      /* room for max_tokens ids */
     uint32_t n_out;
+    /* Optional, as a ring's tail reports them (model/logprobs.h): NULL, or room for
+     * max_tokens logprobs of the generated tokens, and for max_tokens x n_top
+     * alternatives (n_top <= KVR_LOGPROBS_MAX_TOP; all n_top slots of a token are written,
+     * unused ones {-1, -inf}). */
+    float *logprobs;
+    struct kvr_token_logprob *top;
+    uint32_t n_top;
     enum kvr_generate_end finish;
 };
 

@@ -4,6 +4,7 @@
 
 #include "core/alloc.h"
 #include "core/log.h"
+#include "model/logprobs.h"
 
 #include <string.h>
 
@@ -32,7 +33,8 @@ int kvr_step_init(struct kvr_step *st, const struct kvr_plan *plan, uint32_t ind
         st->samplers = kvr_calloc(plan->max_seqs, sizeof *st->samplers);
         st->open = kvr_calloc(plan->max_seqs, sizeof *st->open);
         st->want_logprobs = kvr_calloc(plan->max_seqs, sizeof *st->want_logprobs);
-        if (!st->samplers || !st->open || !st->want_logprobs ||
+        st->n_top = kvr_calloc(plan->max_seqs, sizeof *st->n_top);
+        if (!st->samplers || !st->open || !st->want_logprobs || !st->n_top ||
             !kvr_mul_size((size_t)plan->row_width * hp->n_vocab, sizeof(float), &n_logits) ||
             !(st->logits = kvr_aligned_alloc(64, n_logits)) ||
             kvr_sample_scratch_create(&st->scratch, (int32_t)hp->n_vocab) ||
@@ -54,6 +56,7 @@ void kvr_step_fini(struct kvr_step *st)
     kvr_free(st->samplers);
     kvr_free(st->open);
     kvr_free(st->want_logprobs);
+    kvr_free(st->n_top);
     kvr_free(st->logits);
     kvr_free(st->rows_in);
     kvr_sample_scratch_destroy(st->scratch);
@@ -191,6 +194,7 @@ static void apply_control(struct kvr_step *st, const struct kvr_wire_frame *in)
             }
             st->open[c->seq] = true;
             st->want_logprobs[c->seq] = (c->flags & KVR_WIRE_OPEN_LOGPROBS) != 0;
+            st->n_top[c->seq] = (uint8_t)((c->flags & KVR_WIRE_TOP_MASK) >> KVR_WIRE_TOP_SHIFT);
         }
     }
 }
@@ -212,13 +216,19 @@ static int sample_results(struct kvr_step *st, const struct kvr_wire_frame *in,
                                "was never opened",
                                (unsigned long long)in->hdr.batch_id, seg->seq);
         float *logits = st->logits + (size_t)n * st->n_vocab;
-        float logprob = 0.0f;
         bool lp = st->want_logprobs[seg->seq];
+        /* Logprobs are the model's own (log_softmax of the raw row, before a grammar's
+         * mask), as llama.cpp and vLLM report them. */
+        double lse = 0.0;
+        int n_top = lp ? kvr_logprobs_top(logits, (int32_t)st->n_vocab, st->n_top[seg->seq],
+                                          o->results[n].top, &lse)
+                       : 0;
         if (kvr_step_grammar_mask(&st->grammars, seg->seq, logits, st->n_vocab))
             return kvr_err_set(err, KVR_ENOMEM, "batch %llu: sequence %u: out of memory for "
                                "its grammar mask", (unsigned long long)in->hdr.batch_id, seg->seq);
-        int32_t tok = kvr_sampler_sample(&st->samplers[seg->seq], logits, (int32_t)st->n_vocab,
-                                         st->scratch, lp ? &logprob : NULL);
+        int32_t tok = n_top < 0 ? n_top
+                                : kvr_sampler_sample(&st->samplers[seg->seq], logits,
+                                                     (int32_t)st->n_vocab, st->scratch, NULL);
         if (tok < 0) /* no token to send: fail the batch rather than send an invalid id */
             return kvr_err_set(err, KVR_EINVAL,
                                "batch %llu: sequence %u: its logits row has no finite value "
@@ -226,12 +236,13 @@ static int sample_results(struct kvr_step *st, const struct kvr_wire_frame *in,
                                (unsigned long long)in->hdr.batch_id, seg->seq);
         kvr_sampler_accept(&st->samplers[seg->seq], tok);
         kvr_step_grammar_accept(&st->grammars, seg->seq, tok);
-        o->results[n] = (struct kvr_wire_result){
-            .seq = seg->seq,
-            .token = tok,
-            .logprob = lp ? logprob : 0.0f,
-            .flags = (lp ? KVR_WIRE_RESULT_LOGPROB : 0) |
-                     (st->tok && kvr_tok_is_eog(st->tok, tok) ? KVR_WIRE_RESULT_EOG : 0)};
+        struct kvr_wire_result *res = &o->results[n];
+        res->seq = seg->seq;
+        res->token = tok;
+        res->logprob = lp ? kvr_logprobs_token(logits, tok, lse) : 0.0f;
+        res->n_top = (uint32_t)n_top;
+        res->flags = (lp ? KVR_WIRE_RESULT_LOGPROB : 0) |
+                     (st->tok && kvr_tok_is_eog(st->tok, tok) ? KVR_WIRE_RESULT_EOG : 0);
         n++;
     }
     o->msg.results = o->results;

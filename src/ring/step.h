@@ -41,6 +41,7 @@ struct kvr_step {
     struct kvr_sampler *samplers; /* [max_seqs] */
     bool *open;                   /* [max_seqs] a sequence is open in this slot */
     bool *want_logprobs;          /* [max_seqs] */
+    uint8_t *n_top;               /* [max_seqs] alternatives per result (logprobs.h) */
     struct kvr_sample_scratch *scratch;
     float *logits;                     /* [row_width x n_vocab] */
     struct kvr_step_grammars grammars; /* constrained sequences (GRAMMAR records) */

@@ -21,7 +21,8 @@
  *    24   2  n_timings
  *    26   2  n_results      RESULT only
  *    28   4  payload_bytes  exactly n_rows*4 (tokens), n_rows*n_embd*2|4 (rows),
- *                           n_results*16 (results), 0 (none)
+ *                           n_results*16 + n_top*8 (results and their alternatives,
+ *                           n_top <= n_results*20), 0 (none)
  *    32   4  body_bytes     n_ctrl*48 + n_segs*16 + payload_bytes + n_timings*32
  *    36   4  crc            CRC-32C of bytes 0..35
  *
@@ -31,7 +32,9 @@
  * Control record (48 bytes)
  *     0   2  type           enum kvr_wire_ctrl_type: 1 OPEN, 2 FREE, 3 CANCEL, 4 REPLAY,
  *                           5 MAP, 6 BIAS, 7 GRAMMAR
- *     2   2  flags          OPEN: bit 0 = results carry logprobs; otherwise 0
+ *     2   2  flags          OPEN: bit 0 = results carry logprobs, bits 8..12 = how many
+ *                           alternatives each result carries (0..20, only with bit 0);
+ *                           otherwise 0
  *     4   4  seq
  *   OPEN, FREE, CANCEL:
  *     8   4  temperature    f32  \
@@ -69,10 +72,15 @@
  *     0   4  seq   4   4  pos0   8   4  n_tokens   12   4  flags (enum kvr_seg_flag)
  *
  * Payload: tokens (int32 each), rows (n_rows x n_embd values, row after row, segment after
- * segment), or result records.
+ * segment), or result records followed by their alternatives.
  *
  * Result record (16 bytes)
- *     0   4  seq   4   4  token (i32)   8   4  logprob (f32)   12   4  flags
+ *     0   4  seq   4   4  token (i32)   8   4  logprob (f32)
+ *    12   4  flags: bit 0 LOGPROB, bit 1 EOG, bits 8..12 n_top (alternatives, 0..20, only
+ *              with LOGPROB)
+ * Alternative (8 bytes), after all the result records: every result's n_top in the
+ * results' order, each most likely first (model/logprobs.h)
+ *     0   4  id (i32, < n_vocab)   4   4  logprob (f32, <= 0)
  *
  * Timing record (32 bytes)
  *     0   4  stage   4   4  reserved (0)   8   8  held_ns   16   8  starved_ns
@@ -193,7 +201,8 @@ int kvr_wire_limits_init(struct kvr_wire_limits *lim, const struct kvr_plan *pla
     /* Largest payload this receiver can be sent. */
     uint64_t row_bytes = (uint64_t)plan->row_width * n_embd * kvr_wire_payload_elem_bytes(rows);
     uint64_t token_bytes = (uint64_t)plan->row_width * 4;
-    uint64_t result_bytes = (uint64_t)lim->max_segs * KVR_WIRE_RESULT_BYTES;
+    uint64_t result_bytes = (uint64_t)lim->max_segs *
+                            (KVR_WIRE_RESULT_BYTES + KVR_LOGPROBS_MAX_TOP * KVR_WIRE_TOP_BYTES);
     uint64_t payload;
     if (receiver == KVR_WIRE_RECV_BRIDGE) {
         lim->accept_types = ctl | 1u << KVR_WIRE_RESULT;
@@ -232,7 +241,8 @@ int kvr_wire_limits_init(struct kvr_wire_limits *lim, const struct kvr_plan *pla
 size_t kvr_wire_scratch_bytes(const struct kvr_wire_limits *lim)
 {
     return KVR_WIRE_HEADER_BYTES + (size_t)lim->max_ctrl * KVR_WIRE_CTRL_BYTES +
-           (size_t)lim->max_segs * (KVR_WIRE_SEG_BYTES + KVR_WIRE_RESULT_BYTES) +
+           (size_t)lim->max_segs * (KVR_WIRE_SEG_BYTES + KVR_WIRE_RESULT_BYTES +
+                                    KVR_LOGPROBS_MAX_TOP * KVR_WIRE_TOP_BYTES) +
            ((size_t)lim->max_timings + 1 + lim->max_agent_timings + lim->n_agents) *
                KVR_WIRE_TIMING_BYTES;
 }
@@ -315,8 +325,13 @@ static bool expected_payload(const struct kvr_wire_header *h, const struct kvr_w
     case KVR_WIRE_PAYLOAD_TOKENS:
         *out = (uint64_t)h->n_rows * 4;
         return true;
-    case KVR_WIRE_PAYLOAD_RESULTS:
-        *out = (uint64_t)h->n_results * KVR_WIRE_RESULT_BYTES;
+    case KVR_WIRE_PAYLOAD_RESULTS: /* the records, then 0..20 alternatives per record */
+        n = (uint64_t)h->n_results * KVR_WIRE_RESULT_BYTES;
+        *out = h->payload_bytes >= n && (h->payload_bytes - n) % KVR_WIRE_TOP_BYTES == 0 &&
+                       (h->payload_bytes - n) / KVR_WIRE_TOP_BYTES <=
+                           (uint64_t)h->n_results * KVR_LOGPROBS_MAX_TOP
+                   ? h->payload_bytes
+                   : n;
         return true;
     case KVR_WIRE_PAYLOAD_EXPERT: /* its own layout: bounded by the frame size below */
         *out = h->payload_bytes;
@@ -604,8 +619,12 @@ static int decode_grammar(const uint8_t *p, uint32_t i, struct kvr_wire_ctrl *c,
 static int decode_open(const uint8_t *p, uint32_t i, const struct kvr_wire_limits *lim,
                        struct kvr_wire_ctrl *c, struct kvr_err *err)
 {
-    if (c->flags & ~((1u << KVR_WIRE_OPEN_FLAG_COUNT) - 1))
-        return PROTO("control record %u (OPEN seq %u) has unknown flags 0x%x", i, c->seq, c->flags);
+    uint32_t top = (c->flags & KVR_WIRE_TOP_MASK) >> KVR_WIRE_TOP_SHIFT;
+    if (c->flags & ~(((1u << KVR_WIRE_OPEN_FLAG_COUNT) - 1) | KVR_WIRE_TOP_MASK) ||
+        top > KVR_LOGPROBS_MAX_TOP || (top && !(c->flags & KVR_WIRE_OPEN_LOGPROBS)))
+        return PROTO("control record %u (OPEN seq %u) has unknown flags 0x%x (or more than %d "
+                     "alternatives, or alternatives without logprobs)",
+                     i, c->seq, c->flags, KVR_LOGPROBS_MAX_TOP);
     struct kvr_sample_params *s = &c->sampling;
     s->temperature = kvr_ldf32(p + 8);
     s->top_k = (int32_t)kvr_ld32(p + 12);
@@ -748,7 +767,37 @@ static int check_tokens(const struct kvr_wire_header *h, const uint8_t *p,
     return KVR_OK;
 }
 
-/* RESULT: one record per segment that wants a token, in the segments' order. */
+/* The alternatives after the result records: as many as their flags say, each id in the
+ * vocabulary and each logprob <= 0 (-inf allowed: underflow; NaN fails the test). */
+static int decode_tops(struct kvr_wire_frame *f, const uint8_t *p,
+                       const struct kvr_wire_limits *lim, struct kvr_err *err)
+{
+    const struct kvr_wire_header *h = &f->hdr;
+    uint64_t n = 0;
+    for (uint32_t k = 0; k < h->n_results; k++)
+        n += f->results[k].n_top;
+    uint64_t have =
+        (h->payload_bytes - (uint64_t)h->n_results * KVR_WIRE_RESULT_BYTES) / KVR_WIRE_TOP_BYTES;
+    if (n != have)
+        return PROTO("RESULT frame's records announce %" PRIu64 " alternatives; its payload "
+                     "holds %" PRIu64,
+                     n, have);
+    for (uint32_t k = 0; k < h->n_results; k++) {
+        struct kvr_wire_result *r = &f->results[k];
+        for (uint32_t j = 0; j < r->n_top; j++, p += KVR_WIRE_TOP_BYTES) {
+            r->top[j].id = (int32_t)kvr_ld32(p);
+            r->top[j].logprob = kvr_ldf32(p + 4);
+            if (r->top[j].id < 0 || (lim->n_vocab && (uint32_t)r->top[j].id >= lim->n_vocab) ||
+                !(r->top[j].logprob <= 0.0f))
+                return PROTO("result %u (seq %u): alternative %u is token %d with logprob %g", k,
+                             r->seq, j, r->top[j].id, (double)r->top[j].logprob);
+        }
+    }
+    return KVR_OK;
+}
+
+/* RESULT: one record per segment that wants a token, in the segments' order, then their
+ * alternatives. */
 static int decode_results(struct kvr_wire_frame *f, const uint8_t *p,
                           const struct kvr_wire_limits *lim, struct kvr_err *err)
 {
@@ -766,6 +815,8 @@ static int decode_results(struct kvr_wire_frame *f, const uint8_t *p,
         r->token = (int32_t)kvr_ld32(q + 4);
         r->logprob = kvr_ldf32(q + 8);
         r->flags = kvr_ld32(q + 12);
+        r->n_top = (r->flags & KVR_WIRE_TOP_MASK) >> KVR_WIRE_TOP_SHIFT;
+        r->flags &= ~KVR_WIRE_TOP_MASK;
         if (r->seq != f->segs[i].seq)
             return PROTO("result %u is for seq %u; segment %u (the %u-th wanting a "
                          "token) is seq %u",
@@ -777,12 +828,15 @@ static int decode_results(struct kvr_wire_frame *f, const uint8_t *p,
             return PROTO("result %u (seq %u) has unknown flags 0x%x", k, r->seq, r->flags);
         bool has = r->flags & KVR_WIRE_RESULT_LOGPROB;
         /* A log-probability is <= 0 (-inf allowed: underflow); NaN fails the test. */
-        if (has ? !(r->logprob <= 0.0f) : kvr_ld32(q + 8) != 0)
-            return PROTO("result %u (seq %u) has logprob %g with flags 0x%x", k, r->seq,
-                         (double)r->logprob, r->flags);
+        if (has ? !(r->logprob <= 0.0f) : kvr_ld32(q + 8) != 0 || r->n_top)
+            return PROTO("result %u (seq %u) has logprob %g with flags 0x%x and %u alternatives", k,
+                         r->seq, (double)r->logprob, r->flags, r->n_top);
+        if (r->n_top > KVR_LOGPROBS_MAX_TOP)
+            return PROTO("result %u (seq %u) has %u alternatives, at most %d", k, r->seq, r->n_top,
+                         KVR_LOGPROBS_MAX_TOP);
         k++;
     }
-    return KVR_OK;
+    return decode_tops(f, p + (size_t)h->n_results * KVR_WIRE_RESULT_BYTES, lim, err);
 }
 
 /* The stages' records (record i from stage i), then the agents' (wire.h). */
@@ -940,6 +994,12 @@ static int check_msg(const struct kvr_wire_msg *m, uint64_t *rows_out, uint32_t 
         if (payload != KVR_WIRE_PAYLOAD_RESULTS)
             return INVAL("wire: a RESULT frame carries results");
         payload_bytes = (uint64_t)m->n_results * KVR_WIRE_RESULT_BYTES;
+        for (uint32_t i = 0; i < m->n_results; i++) {
+            if (m->results[i].n_top > KVR_LOGPROBS_MAX_TOP)
+                return INVAL("wire: a result carries at most %d alternatives",
+                             KVR_LOGPROBS_MAX_TOP);
+            payload_bytes += (uint64_t)m->results[i].n_top * KVR_WIRE_TOP_BYTES;
+        }
     } else {
         if (payload != KVR_WIRE_PAYLOAD_TOKENS && !is_rows(payload))
             return INVAL("wire: a BATCH frame carries tokens or rows, not %s",
@@ -1036,8 +1096,14 @@ int kvr_wire_encode(const struct kvr_wire_msg *m, uint8_t *scratch, size_t cap,
         kvr_st32(p, m->results[i].seq);
         kvr_st32(p + 4, (uint32_t)m->results[i].token);
         kvr_stf32(p + 8, m->results[i].logprob);
-        kvr_st32(p + 12, m->results[i].flags);
+        kvr_st32(p + 12, (m->results[i].flags & ~KVR_WIRE_TOP_MASK) | m->results[i].n_top
+                                                                          << KVR_WIRE_TOP_SHIFT);
     }
+    for (uint32_t i = 0; m->type == KVR_WIRE_RESULT && i < m->n_results; i++)
+        for (uint32_t j = 0; j < m->results[i].n_top; j++, p += KVR_WIRE_TOP_BYTES) {
+            kvr_st32(p, (uint32_t)m->results[i].top[j].id);
+            kvr_stf32(p + 4, m->results[i].top[j].logprob);
+        }
     uint8_t *tim = p;
     put_timings(tim, m);
 

@@ -45,6 +45,7 @@
 
 #include "core/err.h"
 #include "model/engine.h"
+#include "model/logprobs.h"
 #include "model/sampler.h"
 #include "ring/plan.h"
 
@@ -59,6 +60,7 @@
 #define KVR_WIRE_CTRL_BYTES 48
 #define KVR_WIRE_SEG_BYTES 16
 #define KVR_WIRE_RESULT_BYTES 16
+#define KVR_WIRE_TOP_BYTES 8 /* one alternative after the result records: id, logprob */
 #define KVR_WIRE_TIMING_BYTES 32
 #define KVR_WIRE_MAX_IOV 3                  /* records, payload, timings */
 #define KVR_WIRE_MAX_FRAME_BYTES (1u << 30) /* no plan may need a larger frame */
@@ -141,6 +143,11 @@ enum kvr_wire_open_flag {
     KVR_WIRE_OPEN_LOGPROBS = 1u << 0, /* results carry the sampled token's log-probability */
     KVR_WIRE_OPEN_FLAG_COUNT = 1
 };
+/* OPEN flags bits 8..12: how many alternatives (model/logprobs.h, 0 ..=
+ * KVR_LOGPROBS_MAX_TOP) each of the sequence's results carries; nonzero only with
+ * KVR_WIRE_OPEN_LOGPROBS. Result flags use the same bits for the count that follows. */
+#define KVR_WIRE_TOP_SHIFT 8
+#define KVR_WIRE_TOP_MASK (0x1fu << KVR_WIRE_TOP_SHIFT)
 
 /* An OPEN record carries the sequence's struct kvr_sample_params (model/sampler.h), all but
  * the logit biases, which follow in BIAS records: the decoder leaves n_bias 0. On the wire
@@ -221,12 +228,16 @@ enum kvr_wire_result_flag {
     KVR_WIRE_RESULT_FLAG_COUNT = 2
 };
 
-/* The tail's answer for one segment flagged KVR_SEG_WANTS_TOKEN. */
+/* The tail's answer for one segment flagged KVR_SEG_WANTS_TOKEN. On the wire the n_top
+ * alternatives of every result follow all the result records, in the results' order
+ * (wire.c), and n_top travels in the record's flags (KVR_WIRE_TOP_MASK). */
 struct kvr_wire_result {
     uint32_t seq;
     int32_t token;  /* sampled token id, < n_vocab */
     float logprob;  /* log-probability of `token` (<= 0) if KVR_WIRE_RESULT_LOGPROB, else 0 */
     uint32_t flags; /* enum kvr_wire_result_flag bits */
+    uint32_t n_top; /* alternatives, <= KVR_LOGPROBS_MAX_TOP; only with RESULT_LOGPROB */
+    struct kvr_token_logprob top[KVR_LOGPROBS_MAX_TOP]; /* ids < n_vocab, logprobs <= 0 */
 };
 
 /* One stage's account of one batch (DESIGN.md 5). Record i always comes from stage i.
@@ -284,7 +295,8 @@ size_t kvr_wire_scratch_bytes(const struct kvr_wire_limits *lim);
 
 /* The wire payload type of a plan dtype (F32/F16/BF16), or KVR_WIRE_PAYLOAD_COUNT. */
 uint32_t kvr_wire_payload_of_dtype(enum kvr_dtype dtype);
-/* Bytes of one payload element: 4 (TOKENS, F32), 2 (F16, BF16), 16 (RESULTS), 0 (NONE). */
+/* Bytes of one payload element: 4 (TOKENS, F32), 2 (F16, BF16), 16 (RESULTS: a record,
+ * without the alternatives that may follow), 0 (NONE). */
 size_t kvr_wire_payload_elem_bytes(uint32_t payload);
 const char *kvr_wire_type_name(uint32_t type);
 const char *kvr_wire_payload_name(uint32_t payload);

@@ -58,7 +58,8 @@ static void exercise(const struct kvr_openai_req *r, const char *text, size_t le
     bool stopped = false;
     for (size_t i = 0; i < len && !stopped; i += piece) {
         size_t n = len - i < piece ? len - i : piece;
-        CHECK(kvr_openai_logprobs_add(lp, r->api, text + i, n, -1.0f, i) == 0);
+        struct kvr_openai_alt alt[2] = {{text + i, n, -1.0f}, {text, i < n ? i : n, -2.0f}};
+        CHECK(kvr_openai_logprobs_add(lp, r->api, text + i, n, -1.0f, i, alt, 2) == 0);
         stopped = kvr_openai_text_push(&cut, text + i, n, &out);
     }
     if (!stopped)
@@ -70,7 +71,7 @@ static void exercise(const struct kvr_openai_req *r, const char *text, size_t le
     for (uint32_t s = 0; s < cut.n_stop; s++)
         CHECK(!contains(o, out.len, cut.stop[s], cut.stop_len[s]));
 
-    struct kvr_openai_meta m = {r->api, "id-1", 1, "model", r->include_usage};
+    struct kvr_openai_meta m = {r->api, "id-1", 1, "model", r->include_usage, 0};
     size_t blen = 0;
     char *body = kvr_openai_response_json(&m, o, out.len, KVR_OPENAI_FINISH_STOP, 1, 2, lp, &blen);
     CHECK(body != NULL);

@@ -73,6 +73,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                 break;
             uint8_t a = next_byte(&in), b = next_byte(&in), c = next_byte(&in);
             struct kvr_refusal why;
+            /* Some wait for the previous request's prompt, as the choices of n > 1 do. */
+            h->prompt_of = (a & 0x80) && n_req ? h->reqs[n_req - 1].r.id : 0;
             sh_submit(h, n_req++, 1 + a % 120, 1 + b % SH_MAX_GEN, (c & 1) ? 0.7f : 0,
                       (c & 2) ? 1.2f : 1.0f, (c & 4) ? 5u + (c >> 3) * 20u : 0,
                       (c & 8) ? 50u + (c >> 4) * 400u : 0, &why);

@@ -106,8 +106,10 @@ expect "unknown role" 400 invalid_value "messages[0].role" "not supported" -- \
     -H "$AUTH" -d '{"messages": [{"role": "wizard", "content": "x"}]}' "$H"
 expect "token id outside the vocabulary" 400 invalid_value "prompt[1]" "outside the vocabulary" -- \
     -H "$AUTH" -d '{"prompt": [1, 99999]}' "$C"
-expect "n > 1" 400 unsupported_parameter n "not supported" -- \
-    -H "$AUTH" -d '{"prompt": "x", "n": 2}' "$C"
+expect "n above 16" 400 invalid_value n "must be 1 to 16" -- \
+    -H "$AUTH" -d '{"prompt": "x", "n": 17}' "$C"
+expect "top_logprobs above 20" 400 invalid_value top_logprobs "between 0 and 20" -- \
+    -H "$AUTH" -d '{"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 21}' "$H"
 expect "temperature out of range" 400 invalid_value temperature "at most 2" -- \
     -H "$AUTH" -d '{"prompt": "x", "temperature": 5}' "$C"
 expect "stream_options without stream" 400 invalid_value stream_options "only allowed" -- \

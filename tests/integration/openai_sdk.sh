@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The official OpenAI Node SDK (pinned in node/package-lock.json) against `kvasir serve` on a
 # real 2-stage ring with an API key: completions and chat, streaming and not, usage,
-# logprobs, stop strings, and the SDK's AuthenticationError / BadRequestError.
+# logprobs and top_logprobs, n > 1, stop strings, and the SDK's AuthenticationError /
+# BadRequestError.
 # Needs Node.js >= 18 (Debian 12's own nodejs is 18.20: the pinned SDK passes every check
 # here on it) and npm (Debian's npm 9 will do) to install the SDK once into
 # node/node_modules: without them the test is skipped, except under CI=true where it fails.
@@ -19,7 +20,7 @@ key="sk-kvasir-test-$RANDOM$RANDOM"
 start_serve sdk "$TMP/tiny.gguf" --stages 2 --api-key "$key" --name kvasir-tiny
 
 KVASIR_BASE_URL="$SERVE_URL/v1" KVASIR_API_KEY="$key" KVASIR_MODEL=kvasir-tiny \
-    timeout 300 node --test "$NODE_DIR/sdk_test.mjs" || {
+    timeout 300 node --test "$NODE_DIR/sdk_test.mjs" "$NODE_DIR/sdk_choices_test.mjs" || {
     tail -30 "$SERVE_LOG"
     fail "the OpenAI SDK tests failed"
 }

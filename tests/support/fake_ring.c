@@ -352,6 +352,7 @@ int sh_submit(struct sh *h, uint32_t i, uint32_t n_prompt, uint32_t max_tokens, 
     q->r.req.sampling.seed = i;
     q->r.generated = q->gen;
     q->r.user = q;
+    q->r.prompt_of = h->prompt_of;
     int rc = kvr_sched_submit(h->s, &q->r, h->now, why);
     q->used = rc == 0;
     sh_check(h);

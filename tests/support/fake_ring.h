@@ -82,6 +82,7 @@ struct sh {
     char grammar_got[SH_MAX_SEQS][SH_MAX_GRAMMAR]; /* the stages' view: GRAMMAR pieces */
     uint32_t n_grammar_got[SH_MAX_SEQS];
     uint32_t n_replay_ids[SH_MAX_SEQS]; /* REPLAY ids since the OPEN */
+    uint64_t prompt_of;           /* sh_submit: the requests' prompt_of (sched.h) */
     uint64_t n_batches_sent, n_results;
     struct sh_batch last; /* the last batch sent */
     char fail[256];

@@ -18,6 +18,7 @@
 #include "core/err.h"
 #include "model/arch.h"
 #include "model/generate.h"
+#include "model/logprobs.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
 
@@ -126,11 +127,63 @@ static void test_batched_fails_on_nan_logits(void **state)
     check_loop(kvr_generate_batched);
 }
 
+/* Logprobs asked of either loop (model/logprobs.h): the same bits from both, each token's
+ * at most its most likely alternative's, and under greedy sampling that alternative. */
+static void run_logprobs(struct rig *r, generate_fn fn, float temperature, int32_t out[2][8],
+                         float lp[2][8], struct kvr_token_logprob top[2][8 * 5])
+{
+    static const int32_t prompt[2][3] = {{1, 17, 42}, {1, 99, 5}};
+    struct kvr_generate_seq seqs[2];
+    for (int i = 0; i < 2; i++) {
+        seqs[i] = (struct kvr_generate_seq){.ids = prompt[i],
+                                            .n_ids = 3,
+                                            .max_tokens = 8,
+                                            .out = out[i],
+                                            .logprobs = lp[i],
+                                            .top = top[i],
+                                            .n_top = 5};
+        kvr_sample_params_default(&seqs[i].sp);
+        seqs[i].sp.temperature = temperature;
+        seqs[i].sp.seed = 3 + (uint64_t)i;
+    }
+    struct kvr_generate_config cfg = {
+        .n_ctx = 64, .row_width = 8, .kv_type = KVR_DTYPE_F32, .n_threads = 1, .ignore_eos = true};
+    struct kvr_generate_stats st;
+    struct kvr_err err = {0};
+    assert_int_equal(fn(r->g, &r->hp, r->tok, &cfg, seqs, 2, NULL, NULL, &st, &err), 0);
+}
+
+static void test_logprobs(void **state)
+{
+    (void)state;
+    struct rig r;
+    rig_init(&r);
+    for (int greedy = 0; greedy < 2; greedy++) {
+        int32_t out[2][2][8];
+        float lp[2][2][8];
+        struct kvr_token_logprob top[2][2][8 * 5];
+        run_logprobs(&r, kvr_generate, greedy ? 0.0f : 0.9f, out[0], lp[0], top[0]);
+        run_logprobs(&r, kvr_generate_batched, greedy ? 0.0f : 0.9f, out[1], lp[1], top[1]);
+        assert_memory_equal(out[0], out[1], sizeof out[0]);
+        assert_memory_equal(lp[0], lp[1], sizeof lp[0]);
+        assert_memory_equal(top[0], top[1], sizeof top[0]);
+        for (int i = 0; i < 2; i++)
+            for (int k = 0; k < 8; k++) {
+                const struct kvr_token_logprob *t = &top[0][i][k * 5];
+                assert_true(lp[0][i][k] <= t[0].logprob && t[4].logprob <= t[0].logprob);
+                if (greedy)
+                    assert_true(t[0].id == out[0][i][k] && t[0].logprob == lp[0][i][k]);
+            }
+    }
+    rig_fini(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_at_a_time_fails_on_nan_logits),
         cmocka_unit_test(test_batched_fails_on_nan_logits),
+        cmocka_unit_test(test_logprobs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

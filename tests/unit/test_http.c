@@ -118,6 +118,7 @@ struct fake {
 struct kvr_gen_stream {
     struct fake *f;
     uint32_t pos, max_tokens;
+    uint32_t n_top; /* alternatives per token: the script's next ids */
     bool cancelled, finished;
     uint64_t t_next_ns;
 };
@@ -146,6 +147,7 @@ static int fake_submit(void *ctx, const struct kvr_gen_request *req, struct kvr_
     struct kvr_gen_stream *s = calloc(1, sizeof *s);
     s->f = f;
     s->max_tokens = req->max_tokens;
+    s->n_top = req->logprobs ? req->top_logprobs : 0;
     s->t_next_ns = kvr_now_ns() + (uint64_t)delay * 1000000;
     *out = s;
     return 0;
@@ -168,6 +170,10 @@ static int fake_next(struct kvr_gen_stream *s, struct kvr_gen_event *ev, uint32_
     pthread_mutex_lock(&f->mu);
     memset(ev, 0, sizeof *ev);
     ev->logprob = -0.25f * (float)(s->pos + 1);
+    ev->n_top = s->n_top;
+    for (uint32_t k = 0; k < s->n_top; k++)
+        ev->top[k] = (struct kvr_token_logprob){f->script[(s->pos + k) % f->n_script],
+                                                -0.25f * (float)(s->pos + 1 + k)};
     if (f->fail_after >= 0 && s->pos == (uint32_t)f->fail_after) {
         ev->token = -1;
         ev->finish = KVR_GEN_FINISH_ERROR;
@@ -565,8 +571,8 @@ static void test_bad_inputs(void **state)
         {"POST", "/v1/chat/completions", AUTH, "{\"max_tokens\": 5}", 0, 400,
          "you must provide 'messages'"},
         {"POST", "/v1/completions", AUTH, "{\"prompt\": \"caf\xC3\"}", 0, 400, "not valid UTF-8"},
-        {"POST", "/v1/completions", AUTH, "{\"prompt\": \"hi\", \"n\": 2}", 0, 400,
-         "n > 1 is not supported"},
+        {"POST", "/v1/completions", AUTH, "{\"prompt\": \"hi\", \"n\": 17}", 0, 400,
+         "'n' must be 1 to 16"},
         {"POST", "/v1/completions", AUTH, "{\"prompt\": \"hi\", \"max_tokens\": 0}", 0, 400,
          "'max_tokens' must be between 1 and 64"},
         {"POST", "/v1/completions", AUTH, "{\"prompt\": \"hi\", \"max_tokens\": 65}", 0, 400,
@@ -946,6 +952,124 @@ static void refused_counts(uint16_t port, unsigned long long n[6])
         n[i] = strtoull(at + strlen(key), NULL, 10);
     }
     resp_free(&r);
+}
+
+/* top_logprobs: the service's alternatives as each API shows them. */
+static void test_top_logprobs(void **state)
+{
+    struct fixture *fx = *state;
+    fake_reset(&fx->fake);
+    struct resp r;
+    post(fx->port, "/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}], \"max_tokens\": 3, "
+         "\"logprobs\": true, \"top_logprobs\": 2}",
+         &r);
+    assert_int_equal(r.status, 200);
+    json_t *j = body_json(&r);
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *e1 = json_array_get(json_object_get(json_object_get(c, "logprobs"), "content"), 1);
+    json_t *alts = json_object_get(e1, "top_logprobs");
+    assert_int_equal(json_array_size(alts), 2);
+    /* token 1's alternatives are the script's tokens 1 and 2 (the fake's), -0.5 and -0.75 */
+    assert_string_equal(json_string_value(json_object_get(json_array_get(alts, 1), "token")), " a");
+    assert_true(json_real_value(json_object_get(json_array_get(alts, 1), "logprob")) == -0.75);
+    assert_int_equal(json_array_size(json_object_get(json_array_get(alts, 0), "bytes")), 5);
+    json_decref(j);
+    resp_free(&r);
+    pthread_mutex_lock(&fx->fake.mu);
+    assert_int_equal(fx->fake.last_req.top_logprobs, 2);
+    pthread_mutex_unlock(&fx->fake.mu);
+
+    /* Completions: one dict per token, alternatives by their text. */
+    post(fx->port, "/v1/completions", "{\"prompt\": \"x\", \"max_tokens\": 2, \"logprobs\": 3}",
+         &r);
+    j = body_json(&r);
+    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    json_t *d0 = json_array_get(json_object_get(lp, "top_logprobs"), 0);
+    assert_int_equal(json_object_size(d0), 3);
+    assert_true(json_real_value(json_object_get(d0, " upon")) == -0.5);
+    json_decref(j);
+    resp_free(&r);
+}
+
+/* n > 1: one submit per choice (seed + i, all but the first sharing its prompt), the choices
+ * in index order, usage counting the prompt once; streamed, every index and one [DONE]. */
+static void test_choices(void **state)
+{
+    struct fixture *fx = *state;
+    fake_reset(&fx->fake);
+    int before = fx->fake.n_submit;
+    struct resp r;
+    post(fx->port, "/v1/completions",
+         "{\"prompt\": \"Hi there\", \"max_tokens\": 20, \"seed\": 42, \"n\": 3}", &r);
+    assert_int_equal(r.status, 200);
+    json_t *j = body_json(&r);
+    json_t *cs = json_object_get(j, "choices");
+    assert_int_equal(json_array_size(cs), 3);
+    for (int i = 0; i < 3; i++) {
+        json_t *c = json_array_get(cs, (size_t)i);
+        assert_int_equal(json_integer_value(json_object_get(c, "index")), i);
+        assert_string_equal(json_string_value(json_object_get(c, "text")), STORY_TEXT);
+    }
+    json_t *u = json_object_get(j, "usage");
+    assert_int_equal(json_integer_value(json_object_get(u, "prompt_tokens")), 10);
+    assert_int_equal(json_integer_value(json_object_get(u, "completion_tokens")),
+                     3 * (N_STORY + 1));
+    json_decref(j);
+    resp_free(&r);
+    pthread_mutex_lock(&fx->fake.mu);
+    assert_int_equal(fx->fake.n_submit - before, 3);
+    assert_true(fx->fake.last_req.sampling.seed == 44);
+    assert_non_null(fx->fake.last_req.same_prompt_as);
+    assert_int_equal(fx->fake.last_n_prompt, 10);
+    pthread_mutex_unlock(&fx->fake.mu);
+
+    post(fx->port, "/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"u\"}], \"max_tokens\": 4, "
+         "\"n\": 2, \"stream\": true, \"stream_options\": {\"include_usage\": true}}",
+         &r);
+    assert_int_equal(r.status, 200);
+    char *ev[64];
+    int n = sse_events(r.body, ev, 64);
+    int roles[2] = {0, 0}, finished[2] = {0, 0}, usage = 0;
+    char text[2][64] = {"", ""};
+    for (int i = 0; i < n - 1; i++) {
+        j = json_loads(ev[i], 0, NULL);
+        assert_non_null(j);
+        json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+        if (!c) {
+            usage++;
+            assert_int_equal(json_integer_value(
+                                 json_object_get(json_object_get(j, "usage"), "completion_tokens")),
+                             8);
+        } else {
+            int k = (int)json_integer_value(json_object_get(c, "index"));
+            assert_true(k == 0 || k == 1);
+            json_t *delta = json_object_get(c, "delta");
+            roles[k] += json_object_get(delta, "role") != NULL;
+            finished[k] += json_is_string(json_object_get(c, "finish_reason"));
+            if (json_is_string(json_object_get(delta, "content")))
+                strcat(text[k], json_string_value(json_object_get(delta, "content")));
+        }
+        json_decref(j);
+    }
+    assert_string_equal(ev[n - 1], "[DONE]");
+    assert_int_equal(usage, 1);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(roles[k], 1);
+        assert_int_equal(finished[k], 1);
+        assert_string_equal(text[k], " Once upon a time");
+    }
+    resp_free(&r);
+
+    /* All or none: a refused choice refuses the request. */
+    pthread_mutex_lock(&fx->fake.mu);
+    fx->fake.refuse_reason = KVR_REFUSE_QUEUE_FULL;
+    pthread_mutex_unlock(&fx->fake.mu);
+    post(fx->port, "/v1/completions", "{\"prompt\": \"x\", \"n\": 2}", &r);
+    assert_int_equal(r.status, 503);
+    resp_free(&r);
+    fake_reset(&fx->fake);
 }
 
 static void test_refusal_and_errors(void **state)
@@ -1943,6 +2067,8 @@ int main(void)
         cmocka_unit_test(test_chat),
         cmocka_unit_test(test_tokenize_endpoints),
         cmocka_unit_test(test_streaming),
+        cmocka_unit_test(test_top_logprobs),
+        cmocka_unit_test(test_choices),
         cmocka_unit_test(test_refusal_and_errors),
         cmocka_unit_test(test_models_health_metrics),
         cmocka_unit_test(test_disconnect_cancels),

@@ -147,16 +147,16 @@ static const struct bad_case bad_cases[] = {
     {C, "{\"prompt\": \"hi\", \"stop\": \"\"}", 0, 400, "'stop' must not be empty", "stop"},
     {C, "{\"prompt\": \"hi\", \"stop\": [\"ok\", \"\"]}", 0, 400, "'stop[1]' must not be empty",
      "stop[1]"},
-    {C, "{\"prompt\": \"hi\", \"logprobs\": 5}", 0, 400, "'logprobs' above 1 is not supported",
+    {C, "{\"prompt\": \"hi\", \"logprobs\": 21}", 0, 400, "'logprobs' must be 0 to 20, got 21",
      "logprobs"},
-    {C, "{\"prompt\": \"hi\", \"logprobs\": -1}", 0, 400, "'logprobs' must be at least 0",
+    {C, "{\"prompt\": \"hi\", \"logprobs\": -1}", 0, 400, "'logprobs' must be 0 to 20, got -1",
      "logprobs"},
     {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"top_logprobs\": 2}", 0, 400,
      "needs 'logprobs': true", "top_logprobs"},
     {H,
      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"logprobs\": true, "
-     "\"top_logprobs\": 2}",
-     0, 400, "'top_logprobs' above 0 is not supported", "top_logprobs"},
+     "\"top_logprobs\": 21}",
+     0, 400, "'top_logprobs' must be between 0 and 20, got 21", "top_logprobs"},
     {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"first_token_ms\": 0}}", 0, 400,
      "must be between 1 and 3600000 milliseconds, got 0", "latency_budget.first_token_ms"},
     {C, "{\"prompt\": \"hi\", \"latency_budget\": {\"total_ms\": 3600001}}", 0, 400, "got 3600001",
@@ -170,10 +170,10 @@ static const struct bad_case bad_cases[] = {
     {C, "{\"prompt\": []}", 0, 400, "'prompt' must not be an empty array", "prompt"},
     {C, "{\"prompt\": [[]]}", 0, 400, "'prompt' must not be an empty array", "prompt"},
     /* Unsupported features. */
-    {C, "{\"prompt\": \"hi\", \"n\": 2}", 0, 400, "n > 1 is not supported (got 2)", "n"},
-    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"n\": 3}", 0, 400,
-     "n > 1 is not supported", "n"},
-    {C, "{\"prompt\": \"hi\", \"n\": 0}", 0, 400, "'n' must be at least 1", "n"},
+    {C, "{\"prompt\": \"hi\", \"n\": 17}", 0, 400, "'n' must be 1 to 16, got 17", "n"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"n\": 99}", 0, 400,
+     "'n' must be 1 to 16, got 99", "n"},
+    {C, "{\"prompt\": \"hi\", \"n\": 0}", 0, 400, "'n' must be 1 to 16, got 0", "n"},
     {C, "{\"prompt\": \"hi\", \"n\": \"1\"}", 0, 400, "'n' must be an integer", "n"},
     {C, "{\"prompt\": [\"a\", \"b\"]}", 0, 400, "batched prompts are not supported (got 2)",
      "prompt"},
@@ -607,7 +607,7 @@ static void test_good_chat(void **state)
              "{\"role\": \"assistant\", \"content\": null}, "
              "{\"role\": \"user\", \"content\": \"caf\\u00e9\", \"name\": \"bob\"}], "
              "\"max_tokens\": 5, \"max_completion_tokens\": 9, \"logprobs\": true, "
-             "\"top_logprobs\": 0}");
+             "\"top_logprobs\": 7, \"n\": 3}");
     assert_int_equal(r.n_msgs, 4);
     assert_int_equal(r.msgs[0].role, KVR_CHAT_ROLE_SYSTEM);
     assert_int_equal(r.msgs[1].role, KVR_CHAT_ROLE_USER);
@@ -620,6 +620,8 @@ static void test_good_chat(void **state)
     /* max_completion_tokens wins over the deprecated max_tokens. */
     assert_int_equal(r.max_tokens, 9);
     assert_true(r.logprobs);
+    assert_int_equal(r.top_logprobs, 7);
+    assert_int_equal(r.n, 3);
     kvr_openai_req_fini(&r);
 }
 
@@ -815,12 +817,13 @@ static json_t *load(const char *s, size_t len)
 
 static void test_response_completion(void **state)
 {
-    struct kvr_openai_meta m = {KVR_OPENAI_COMPLETIONS, "cmpl-abc", 1700000000, "stories", false};
+    struct kvr_openai_meta m = {
+        KVR_OPENAI_COMPLETIONS, "cmpl-abc", 1700000000, "stories", false, 0};
     json_t *lp = kvr_openai_logprobs_new(KVR_OPENAI_COMPLETIONS);
-    assert_int_equal(kvr_openai_logprobs_add(lp, KVR_OPENAI_COMPLETIONS, " Once", 5, -0.5f, 0),
-                     KVR_OK);
-    assert_int_equal(kvr_openai_logprobs_add(lp, KVR_OPENAI_COMPLETIONS, "\xE2", 1, -1.25f, 5),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_openai_logprobs_add(lp, KVR_OPENAI_COMPLETIONS, " Once", 5, -0.5f, 0, NULL, 0), KVR_OK);
+    assert_int_equal(
+        kvr_openai_logprobs_add(lp, KVR_OPENAI_COMPLETIONS, "\xE2", 1, -1.25f, 5, NULL, 0), KVR_OK);
     size_t len = 0;
     char *s = kvr_openai_response_json(&m, " Once", 5, KVR_OPENAI_FINISH_LENGTH, 3, 2, lp, &len);
     assert_non_null(s);
@@ -847,12 +850,46 @@ static void test_response_completion(void **state)
     kvr_free(s);
 }
 
+/* Alternatives: chat lists them (token, logprob, bytes); completions keys them by text, the
+ * more likely of two same texts, and adds the sampled token when it is not among them. */
+static void test_logprobs_alternatives(void **state)
+{
+    (void)state;
+    const struct kvr_openai_alt alt[3] = {{" a", 2, -1.0f}, {" a", 2, -2.0f}, {"\xE2", 1, -3.0f}};
+    json_t *lp = kvr_openai_logprobs_new(KVR_OPENAI_COMPLETIONS);
+    assert_int_equal(kvr_openai_logprobs_add(lp, KVR_OPENAI_COMPLETIONS, " c", 2, -4.0f, 0, alt, 3),
+                     KVR_OK);
+    assert_int_equal(kvr_openai_logprobs_add(lp, KVR_OPENAI_COMPLETIONS, " a", 2, -1.0f, 2, alt, 1),
+                     KVR_OK);
+    json_t *tops = json_object_get(lp, "top_logprobs");
+    json_t *d0 = json_array_get(tops, 0), *d1 = json_array_get(tops, 1);
+    assert_int_equal(json_object_size(d0), 3);
+    assert_true(json_real_value(json_object_get(d0, " a")) == -1.0);
+    assert_true(json_real_value(json_object_get(d0, "\xEF\xBF\xBD")) == -3.0); /* U+FFFD */
+    assert_true(json_real_value(json_object_get(d0, " c")) == -4.0); /* the sampled token */
+    assert_int_equal(json_object_size(d1), 1);                       /* it is the top one */
+    json_decref(lp);
+
+    lp = kvr_openai_logprobs_new(KVR_OPENAI_CHAT);
+    assert_int_equal(kvr_openai_logprobs_add(lp, KVR_OPENAI_CHAT, " c", 2, -4.0f, 0, alt, 3),
+                     KVR_OK);
+    json_t *e0 = json_array_get(json_object_get(lp, "content"), 0);
+    json_t *a = json_object_get(e0, "top_logprobs");
+    assert_int_equal(json_array_size(a), 3); /* chat lists every alternative, as given */
+    assert_string_equal(json_string_value(json_object_get(json_array_get(a, 1), "token")), " a");
+    assert_true(json_real_value(json_object_get(json_array_get(a, 1), "logprob")) == -2.0);
+    json_t *bytes = json_object_get(json_array_get(a, 2), "bytes");
+    assert_int_equal(json_array_size(bytes), 1);
+    assert_int_equal(json_integer_value(json_array_get(bytes, 0)), 0xE2);
+    json_decref(lp);
+}
+
 static void test_response_chat(void **state)
 {
-    struct kvr_openai_meta m = {KVR_OPENAI_CHAT, "chatcmpl-x", 1, "stories", false};
+    struct kvr_openai_meta m = {KVR_OPENAI_CHAT, "chatcmpl-x", 1, "stories", false, 0};
     json_t *lp = kvr_openai_logprobs_new(KVR_OPENAI_CHAT);
-    assert_int_equal(kvr_openai_logprobs_add(lp, KVR_OPENAI_CHAT, "\xC3\xA9", 2, -0.25f, 0),
-                     KVR_OK);
+    assert_int_equal(
+        kvr_openai_logprobs_add(lp, KVR_OPENAI_CHAT, "\xC3\xA9", 2, -0.25f, 0, NULL, 0), KVR_OK);
     size_t len = 0;
     char *s = kvr_openai_response_json(&m, "\xC3\xA9", 2, KVR_OPENAI_FINISH_STOP, 4, 1, lp, &len);
     json_t *j = load(s, len);
@@ -884,7 +921,7 @@ static void test_response_chat(void **state)
 
 static void test_sse(void **state)
 {
-    struct kvr_openai_meta m = {KVR_OPENAI_CHAT, "chatcmpl-x", 1, "stories", true};
+    struct kvr_openai_meta m = {KVR_OPENAI_CHAT, "chatcmpl-x", 1, "stories", true, 0};
     struct kvr_sbuf b;
     kvr_sbuf_init(&b);
     assert_int_equal(kvr_openai_sse_chunk(&b, &m, true, "", 0, KVR_OPENAI_FINISH_NONE, NULL), 0);
@@ -932,7 +969,7 @@ static void test_sse(void **state)
 
     /* Completions chunks carry "text"; without include_usage there is no usage key. */
     kvr_sbuf_clear(&b);
-    struct kvr_openai_meta mc = {KVR_OPENAI_COMPLETIONS, "cmpl-x", 1, "stories", false};
+    struct kvr_openai_meta mc = {KVR_OPENAI_COMPLETIONS, "cmpl-x", 1, "stories", false, 0};
     assert_int_equal(kvr_openai_sse_chunk(&b, &mc, true, "a\"b", 3, KVR_OPENAI_FINISH_LENGTH, NULL),
                      0);
     json_t *j = load(b.data + 6, b.len - 8);
@@ -999,6 +1036,7 @@ int main(void)
         cmocka_unit_test(test_stop_strings),
         cmocka_unit_test(test_response_completion),
         cmocka_unit_test(test_response_chat),
+        cmocka_unit_test(test_logprobs_alternatives),
         cmocka_unit_test(test_sse),
         cmocka_unit_test(test_logit_bias),
         cmocka_unit_test(test_seeds),

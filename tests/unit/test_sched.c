@@ -866,6 +866,35 @@ static void test_prefix_reuse(void **state)
     done(h);
 }
 
+/* The choices of n > 1 (request.h same_prompt_as): submitted together, the later ones wait
+ * until the first one's prompt has all gone into batches, so they map all its whole blocks
+ * and compute only the partial last one; without prompt_of they start at once and map only
+ * what the first had sent by then. Their streams are right either way. */
+static void test_choices_share_the_prompt(void **state)
+{
+    (void)state;
+    for (int shared = 1; shared >= 0; shared--) {
+        struct sh *h = new_sh(2, 32, 4, 64, false);
+        h->shared_prefix = 150; /* the whole prompt */
+        ring_up(h);
+        struct kvr_refusal why;
+        assert_int_equal(sh_submit(h, 0, 150, 8, 0.8f, 1, 0, 0, &why), 0);
+        h->prompt_of = shared ? h->reqs[0].r.id : 0;
+        for (uint32_t i = 1; i <= 3; i++)
+            assert_int_equal(sh_submit(h, i, 150, 8, 0.8f, 1, 0, 0, &why), 0);
+        sh_run(h, 2000);
+        OK(h);
+        struct kvr_sched_stats st;
+        kvr_sched_stats(h->s, &st);
+        for (uint32_t i = 0; i <= 3; i++)
+            assert_stream(&h->reqs[i], 8);
+        for (uint32_t i = 1; i <= 3; i++)
+            assert_int_equal(h->reqs[i].r.n_cached, shared ? 144 : 64);
+        assert_int_equal(st.prompt_tokens, shared ? 150 + 3 * 6 : 150 + 3 * (150 - 64));
+        done(h);
+    }
+}
+
 /* Eviction under pressure: blocks for only a few sequences at a time and many more
  * requests, all sharing a prefix. Cached blocks never keep a request waiting (they are
  * evicted least recently used), every request finishes with the right tokens, and KV use
@@ -1317,6 +1346,7 @@ int main(void)
         cmocka_unit_test(test_held_requests_expire),
         cmocka_unit_test(test_result_mismatch),
         cmocka_unit_test(test_prefix_reuse),
+        cmocka_unit_test(test_choices_share_the_prompt),
         cmocka_unit_test(test_prefix_eviction_under_pressure),
         cmocka_unit_test(test_burst_beyond_the_slots_admitted),
         cmocka_unit_test(test_estimates_on_a_pipelined_ring),

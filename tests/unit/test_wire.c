@@ -685,6 +685,10 @@ static void test_ctrl_rejections(void **state)
     CTRL_CASE("presence_penalty", c.sampling.presence_penalty = -INFINITY, "presence_penalty");
     CTRL_CASE("repeat_last_n -2", c.sampling.repeat_last_n = -2, "repeat_last_n");
     CTRL_CASE("repeat_last_n > n_ctx", c.sampling.repeat_last_n = 129, "repeat_last_n");
+    CTRL_CASE("21 alternatives", c.flags = KVR_WIRE_OPEN_LOGPROBS | 21u << KVR_WIRE_TOP_SHIFT,
+              "unknown flags 0x1501");
+    CTRL_CASE("alternatives without logprobs", c.flags = 3u << KVR_WIRE_TOP_SHIFT,
+              "unknown flags 0x300");
     /* FREE and CANCEL carry nothing but their seq. */
     c = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_FREE, .seq = 1};
     len = batch_with(&seg, 1, &c, 1);
@@ -959,6 +963,66 @@ static void test_result_and_timing_rejections(void **state)
     expect_reject(len, &lim, "timing reserved", "timing record 0");
 }
 
+/* A result's alternatives (model/logprobs.h) travel after the result records: round trip,
+ * the bounds the OPEN asked for, and every way a peer could get them wrong. */
+static void test_result_alternatives(void **state)
+{
+    (void)state;
+    make_plan(KVR_DTYPE_F32);
+    struct kvr_wire_limits lim;
+    limits(&lim, KVR_WIRE_RECV_BRIDGE);
+    struct kvr_wire_result r[3];
+    memcpy(r, results3, sizeof r);
+    r[0].n_top = 3;
+    r[2].n_top = KVR_LOGPROBS_MAX_TOP;
+    for (uint32_t k = 0; k < KVR_LOGPROBS_MAX_TOP; k++) {
+        r[0].top[k % 3] = (struct kvr_token_logprob){(int32_t)k, -0.5f - (float)k};
+        r[2].top[k] = (struct kvr_token_logprob){N_VOCAB - 1 - (int32_t)k, -(float)k};
+    }
+    r[2].top[KVR_LOGPROBS_MAX_TOP - 1].logprob = -INFINITY; /* underflow is a logprob */
+    size_t len = encode_result(r, 3);
+    assert_int_equal(len, 40 + 3 * 48 + 4 * 16 + 3 * 16 + 23 * 8 + 3 * 32);
+    struct kvr_wire_frame f;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_wire_frame_init(&f, &lim, &err), 0);
+    decode_ok(len, &lim, &f);
+    assert_memory_equal(f.results, r, sizeof r);
+    kvr_wire_frame_fini(&f);
+
+    const size_t rec = 40 + 3 * 48 + 4 * 16; /* the first result record */
+    const size_t alt = rec + 3 * 16;         /* the first alternative */
+    len = encode_result(r, 3);
+    kvr_st32(buf + rec + 12, KVR_WIRE_RESULT_LOGPROB | 4u << KVR_WIRE_TOP_SHIFT);
+    expect_reject(len, &lim, "count", "announce 24 alternatives; its payload holds 23");
+    len = encode_result(r, 3);
+    kvr_stf32(buf + alt + 4, NAN);
+    expect_reject(len, &lim, "NaN alternative", "alternative 0 is token 18 with logprob nan");
+    len = encode_result(r, 3);
+    kvr_st32(buf + alt + 3 * 8, N_VOCAB);
+    expect_reject(len, &lim, "alternative id", "result 2 (seq 6): alternative 0 is token 100");
+    len = encode_result(r, 3);
+    kvr_st32(buf + rec + 16 + 12, KVR_WIRE_RESULT_EOG | 1u << KVR_WIRE_TOP_SHIFT);
+    expect_reject(len, &lim, "without logprob", "flags 0x2 and 1 alternatives");
+    len = encode_result(r, 3);
+    kvr_st32(buf + rec + 12, KVR_WIRE_RESULT_LOGPROB | 21u << KVR_WIRE_TOP_SHIFT);
+    expect_reject(len, &lim, "21 alternatives", "has 21 alternatives, at most 20");
+    /* The header: the alternatives come in whole 8-byte entries, at most 20 per result. */
+    len = encode_result(r, 3);
+    kvr_st32(buf + 28, kvr_ld32(buf + 28) + 4);
+    kvr_st32(buf + 32, kvr_ld32(buf + 32) + 4);
+    fix_crc(buf);
+    expect_reject(len + 4, &lim, "half an entry", "payload is 236 bytes");
+    r[1].n_top = KVR_LOGPROBS_MAX_TOP + 1;
+    struct kvr_wire_msg m = {.type = KVR_WIRE_RESULT,
+                             .segs = segs4,
+                             .n_segs = 4,
+                             .payload = KVR_WIRE_PAYLOAD_RESULTS,
+                             .results = r,
+                             .n_results = 3};
+    size_t n = 0;
+    assert_int_equal(kvr_wire_encode_flat(&m, buf, sizeof buf, &n, &err), KVR_EINVAL);
+}
+
 /* Every truncation of a valid frame is refused (the header needs 40 bytes; the body must
  * be exactly as long as the header says), and so is one extra byte. */
 static void test_truncation(void **state)
@@ -1147,7 +1211,7 @@ static void test_write_corpus(void **state)
     ctrl[2].seq = 3;
     int32_t tokens[8] = {1, 2, 3, 4, 5, 6, 7, 31};
     float rows[8 * WIRE_FUZZ_N_EMBD];
-    uint16_t half[8 * WIRE_FUZZ_N_EMBD];
+    uint8_t half[8 * WIRE_FUZZ_N_EMBD * sizeof(float)]; /* rows in any wire dtype */
     for (int i = 0; i < 8 * WIRE_FUZZ_N_EMBD; i++)
         rows[i] = (float)i * 0.5f - 3.0f;
     const struct kvr_wire_result res[2] = {
@@ -1219,6 +1283,16 @@ static void test_write_corpus(void **state)
                                   .payload_data = tokens,
                                   .payload_bytes = 3 * sizeof(int32_t)};
     write_seed(dir, 1, 0, encode(&reopen)); /* a re-opened sequence, to the head */
+    /* Results with alternatives (logprobs.h), and the OPEN that asks for them. */
+    struct kvr_wire_result alts[2] = {res[0], res[1]};
+    alts[0].n_top = 3;
+    for (int k = 0; k < 3; k++)
+        alts[0].top[k] = (struct kvr_token_logprob){7 + k, -1.5f - (float)k};
+    r.results = alts;
+    write_seed(dir, 4, 0, encode(&r));
+    replay[0].flags = KVR_WIRE_OPEN_LOGPROBS | 3u << KVR_WIRE_TOP_SHIFT;
+    reopen.n_ctrl = 1;
+    write_seed(dir, 1, 0, encode(&reopen));
     print_message("wrote %d seeds to %s\n", n_written, dir);
 }
 
@@ -1240,6 +1314,7 @@ int main(void)
         cmocka_unit_test(test_grammar_records),
         cmocka_unit_test(test_map_records),
         cmocka_unit_test(test_result_and_timing_rejections),
+        cmocka_unit_test(test_result_alternatives),
         cmocka_unit_test(test_truncation),
         cmocka_unit_test(test_limits),
         cmocka_unit_test(test_encoder_checks),
