@@ -20,11 +20,15 @@ struct kvr_gen_request {
     struct kvr_sample_params sampling; /* seed always set: the HTTP layer draws one when the
                                           client gave none */
     bool logprobs;                     /* fill the events' logprob */
-    bool ignore_eos;         /* an end-of-generation token does not end the stream: it comes
-                                as an ordinary token (FINISH_NONE) until max_tokens */
-    uint32_t first_token_ms; /* latency budget from submit to the first token; 0 = default
-                                (the service's) or none (the bridge's) */
-    uint32_t total_ms;       /* ... from submit to the last token */
+    bool ignore_eos;           /* an end-of-generation token does not end the stream: it comes
+                                  as an ordinary token (FINISH_NONE) until max_tokens */
+    uint32_t first_token_ms;   /* latency budget from submit to the first token; 0 = default
+                                  (the service's) or none (the bridge's) */
+    uint32_t total_ms;         /* ... from submit to the last token */
+    const int32_t *prediction; /* n_prediction token ids of the client's expected output
+                                  (OpenAI's `prediction`), drafted from (bridge/draft.h);
+                                  borrowed like `prompt` */
+    uint32_t n_prediction;
 };
 
 /* Why a request was refused at once (nothing is queued to be late). The HTTP layer answers
