@@ -36,11 +36,12 @@
 /* Most drafted tokens one segment carries (its rows are 1 + k). */
 #define KVR_SPEC_MAX_DRAFT 16
 
-/* Verify n_drafts drafted tokens against logits[(n_drafts + 1) x n_vocab] (row j after the
- * segment's row j). Writes the emitted tokens to out[0..n) (capacity n_drafts + 1) and, if
- * logprobs is non-NULL, each one's log-probability as kvr_sampler_sample gives it. Returns
- * n (1..n_drafts + 1), or KVR_EINVAL as kvr_sampler_sample (a row with no finite logit;
- * out holds the tokens emitted before it, which were accepted into the sampler). */
+/* Verify n_drafts drafted tokens against logits[(n_drafts + 1) x n_vocab]: logits row j is
+ * the segment's row j, and drafts[j] the token of its row j + 1 (what row j should give). Writes
+ * the emitted tokens to out[0..n) (capacity n_drafts + 1) and, if logprobs is non-NULL, each one's
+ * log-probability as kvr_sampler_sample gives it. Returns n (1..n_drafts + 1), or KVR_EINVAL as
+ * kvr_sampler_sample (a row with no finite logit; out holds the tokens emitted before it, which
+ * were accepted into the sampler). */
 int32_t kvr_spec_verify(struct kvr_sampler *s, const float *logits, int32_t n_vocab,
                         const int32_t *drafts, uint32_t n_drafts, struct kvr_sample_scratch *sc,
                         int32_t *out, float *logprobs);

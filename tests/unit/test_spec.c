@@ -256,8 +256,8 @@ static void test_recovery_with_drafts_in_flight(void **state)
     bool in_flight = false;
     for (uint32_t i = 0; i < 100 && !in_flight; i++) {
         sh_run(h, 1);
-        in_flight = h->reqs[1].n_seen > 8 && h->n_ring > 0 &&
-                    (h->last.segs[0].flags & KVR_SEG_DRAFTS);
+        in_flight =
+            h->reqs[1].n_seen > 8 && h->n_ring > 0 && (h->last.segs[0].flags & KVR_SEG_DRAFTS);
     }
     assert_true(in_flight);
     uint32_t kept = h->reqs[1].n_seen;
