@@ -70,7 +70,8 @@ struct token_event {
 struct kvr_gen_stream {
     struct kvr_sched_req r; /* r.req.prompt points at `prompt` */
     struct kvr_bridge *b;
-    int32_t *prompt; /* [n_prompt], owned */
+    int32_t *prompt;     /* [n_prompt], owned */
+    int32_t *prediction; /* [n_prediction], owned (r.req.prediction), or NULL */
     /* Produced by the scheduler's events, consumed by next(): a FIFO of tokens. */
     struct token_event *events; /* [max_tokens] */
     uint32_t ev_head, ev_count;
@@ -142,6 +143,7 @@ static void stream_free(struct kvr_gen_stream *s)
     kvr_free(s->events);
     kvr_free(s->r.generated);
     kvr_free(s->prompt);
+    kvr_free(s->prediction);
     kvr_free(s);
 }
 
@@ -821,6 +823,7 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
                                   .max_ctrl = b->head_limits.max_ctrl,
                                   .max_waiting = cfg->max_waiting,
                                   .admission = cfg->admission,
+                                  .spec = cfg->spec,
                                   .prefix_cache = !cfg->no_prefix_cache,
                                   .event = on_event,
                                   .event_ctx = b};
@@ -930,6 +933,13 @@ int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_gen_request *req,
     s->b = b;
     s->r.req = *req;
     s->r.req.prompt = s->prompt;
+    s->r.req.prediction = NULL;
+    s->r.req.n_prediction = 0;
+    if (req->n_prediction && (s->prediction = kvr_malloc(req->n_prediction * sizeof(int32_t)))) {
+        memcpy(s->prediction, req->prediction, req->n_prediction * sizeof(int32_t));
+        s->r.req.prediction = s->prediction; /* without memory, no drafts from it */
+        s->r.req.n_prediction = req->n_prediction;
+    }
     s->r.user = s;
     pthread_cond_init(&s->cond, NULL);
 
@@ -1060,6 +1070,16 @@ bool kvr_bridge_estimate(struct kvr_gen_stream *s, double *first_ms, double *tot
     *id = r->id;
     pthread_mutex_unlock(&s->b->lock);
     return *first_ms > 0;
+}
+
+void kvr_bridge_spec(struct kvr_gen_stream *s, uint32_t *drafted, uint32_t *accepted,
+                     uint32_t *steps)
+{
+    pthread_mutex_lock(&s->b->lock);
+    *drafted = s->r.spec_drafted;
+    *accepted = s->r.spec_accepted;
+    *steps = s->r.spec_steps;
+    pthread_mutex_unlock(&s->b->lock);
 }
 
 void kvr_bridge_telemetry(struct kvr_bridge *b, struct kvr_telemetry_reader *reader,

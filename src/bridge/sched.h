@@ -205,6 +205,9 @@ enum kvr_spec_mode {
     KVR_SPEC_MODE_COUNT
 };
 
+/* "off" or "auto" into *out: 0, or KVR_EINVAL (spec_policy.c). */
+int kvr_sched_spec_parse(const char *s, enum kvr_spec_mode *out);
+
 struct kvr_sched_config {
     const struct kvr_plan *plan; /* borrowed; must outlive the scheduler */
     uint32_t max_ctrl;           /* control records a batch may carry (the head's limits) */

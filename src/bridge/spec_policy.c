@@ -77,6 +77,17 @@ static double acceptance(const struct spec_seq *ss, uint32_t src)
     return (ss->kept[src] + PRIOR_WEIGHT * prior_acceptance[src]) / (ss->tried[src] + PRIOR_WEIGHT);
 }
 
+int kvr_sched_spec_parse(const char *s, enum kvr_spec_mode *out)
+{
+    if (!strcmp(s, "off"))
+        *out = KVR_SPEC_OFF;
+    else if (!strcmp(s, "auto"))
+        *out = KVR_SPEC_AUTO;
+    else
+        return KVR_EINVAL;
+    return KVR_OK;
+}
+
 /* ---- saturation --------------------------------------------------------------------------- */
 
 const char *kvr_spec_saturated(const struct kvr_sched *s)

@@ -58,8 +58,9 @@ struct run_opts {
     uint32_t n_predict, threads, ctx;
     struct kvr_sample_params sp;
     bool ignore_eos, print_ids, json, quiet, batched, no_prefix_cache;
-    bool chat;                 /* each prompt is a user message, formatted as a chat */
-    const char *chat_template; /* --chat-template NAME|FILE (implies --chat) */
+    enum kvr_spec_mode spec_mode; /* --plan: --spec (default auto) */
+    bool chat;                    /* each prompt is a user message, formatted as a chat */
+    const char *chat_template;    /* --chat-template NAME|FILE (implies --chat) */
     uint32_t row_width;
     enum kvr_dtype kv_type; /* --kv-type */
     const char *force_ids;  /* teacher-forcing input file */
@@ -93,6 +94,7 @@ static void usage(FILE *f)
             "                         batching (default: one after another, each alone)\n"
             "      --row-width N      --batched: token rows per forward pass (default 64)\n"
             "      --no-prefix-cache  --plan: compute every prompt whole (no KV reuse)\n"
+            "      --spec off|auto    --plan: speculation with lookup drafts (default auto)\n"
             "      --kv-type T        -m: KV cache values f32, f16 or q8_0 (default f16)\n"
             "      --force-ids FILE   teacher-forced: feed these ids, print each step's argmax,\n"
             "                         margin and top logits (refgen JSON or a list of ids)\n"
@@ -185,7 +187,12 @@ static int parse_value(struct run_opts *o, const char *a, const char *v)
         }
     } else if (ARG("--force-ids", "--force-ids"))
         o->force_ids = v;
-    else if (ARG("--top", "--top"))
+    else if (ARG("--spec", "--spec")) {
+        if (kvr_sched_spec_parse(v, &o->spec_mode)) {
+            fprintf(stderr, "kvasir run: --spec is off or auto, not '%s'\n", v);
+            return 2;
+        }
+    } else if (ARG("--top", "--top"))
         return kvr_cli_u32(a, v, 1, 1000, &o->n_top) ? 2 : 0;
     else if (ARG("--logits", "--logits"))
         return kvr_cli_u32(a, v, 0, 1u << 20, &o->n_logits) ? 2 : 0;
@@ -206,7 +213,7 @@ static bool takes_value(const char *a)
         "--temp",      "--temperature",    "--top-k",     "--top-p",
         "--min-p",     "--repeat-penalty", "--seed",      "--chat-template",
         "--row-width", "--kv-type",        "--force-ids", "--top",
-        "--logits",    "--ctx-size"};
+        "--logits",    "--ctx-size",       "--spec"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(a, names[i]))
             return true;
@@ -241,6 +248,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     o->n_top = 5;
     o->kv_type = KVR_PLAN_DEFAULT_KV_TYPE;
     kvr_sample_params_default(&o->sp);
+    o->spec_mode = KVR_SPEC_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -724,7 +732,8 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
                                     .n_embd = hp->n_embd,
                                     .n_vocab = hp->n_vocab,
                                     .max_waiting = n_jobs + 16,
-                                    .no_prefix_cache = o->no_prefix_cache};
+                                    .no_prefix_cache = o->no_prefix_cache,
+                                    .spec = o->spec_mode};
     struct kvr_bridge *b = NULL;
     struct kvr_err err = {0};
     if (kvr_bridge_create(&b, &cfg, &err)) {
