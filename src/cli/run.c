@@ -702,6 +702,11 @@ static void print_ring_stats(struct kvr_bridge *b, uint32_t n_jobs, uint64_t n_t
     fprintf(stderr, "  prefix cache: %llu of %llu prompt tokens reused, %llu computed\n",
             (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_queries,
             (unsigned long long)st.prompt_tokens);
+    for (uint32_t s = 0; s < KVR_DRAFT_SOURCE_COUNT; s++)
+        if (st.spec_steps[s])
+            fprintf(stderr, "  speculation, %s: %llu drafted tokens on %llu rows, %llu kept\n",
+                    kvr_draft_source_name(s), (unsigned long long)st.spec_drafted[s],
+                    (unsigned long long)st.spec_steps[s], (unsigned long long)st.spec_accepted[s]);
     for (uint32_t i = 0; i < st.n_stages; i++) {
         double tot =
             (double)(st.stage[i].held_ns + st.stage[i].starved_ns + st.stage[i].blocked_ns);
