@@ -9,8 +9,8 @@
  * N, "temperature": T, "seed": S, "top_k": K, "top_p": P, "min_p": M}, any field but the
  * prompt optional) every prompt runs: one after another, alone, in the single process (the
  * reference), or all at once through the ring ("repeat_penalty" may be given per prompt
- * too). --json prints one line per prompt with the
- * generated ids, which is what the ring tests compare.
+ * too; and "prediction_ids", token ids the ring's speculation drafts from). --json prints one line
+ * per prompt with the generated ids, which is what the ring tests compare.
  *
  * --force-ids FILE feeds a fixed id sequence instead of sampling (teacher forcing) and
  * prints, for every step, the forced id, the argmax, the margin between the two best
@@ -51,6 +51,8 @@ struct job {
     int32_t *out; /* generated ids */
     uint32_t n_out;
     const char *finish;
+    int32_t *pred; /* --plan: "prediction_ids", the drafts' prediction (sched.h), or NULL */
+    uint32_t n_pred;
 };
 
 struct run_opts {
@@ -284,12 +286,37 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
 
 /* ---- jobs ------------------------------------------------------------------------------- */
 
+/* An optional array of token ids (>= 0; the ring checks them against its vocabulary). */
+static int json_field_ids(json_t *obj, const char *key, int32_t **ids, uint32_t *n, uint32_t line)
+{
+    json_t *a = json_object_get(obj, key), *v;
+    if (!a)
+        return 0;
+    size_t i, len = json_is_array(a) ? json_array_size(a) : 0;
+    if (!json_is_array(a) || len > (1u << 20) ||
+        !(*ids = kvr_calloc(len ? len : 1, sizeof **ids))) {
+        fprintf(stderr, "kvasir run: line %u: %s wants an array of token ids\n", line, key);
+        return -1;
+    }
+    json_array_foreach(a, i, v)
+    {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
+            fprintf(stderr, "kvasir run: line %u: %s[%zu] is not a token id\n", line, key, i);
+            return -1;
+        }
+        (*ids)[i] = (int32_t)json_integer_value(v);
+    }
+    *n = (uint32_t)len;
+    return 0;
+}
+
 static void free_jobs(struct job *jobs, uint32_t n)
 {
     for (uint32_t i = 0; jobs && i < n; i++) {
         kvr_free(jobs[i].prompt);
         kvr_free(jobs[i].ids);
         kvr_free(jobs[i].out);
+        kvr_free(jobs[i].pred);
     }
     kvr_free(jobs);
 }
@@ -384,6 +411,8 @@ static int load_jobs(const struct run_opts *o, struct job **out, uint32_t *n_out
             json_field_f32(obj, "top_p", 0, 1, &j->sp.top_p, line) ||
             json_field_f32(obj, "min_p", 0, 1, &j->sp.min_p, line) ||
             json_field_f32(obj, "repeat_penalty", 0.01, 100, &j->sp.repeat_penalty, line))
+            rc = -1;
+        if (json_field_ids(obj, "prediction_ids", &j->pred, &j->n_pred, line))
             rc = -1;
         json_decref(obj);
         if (rc || !j->prompt) {
@@ -760,7 +789,15 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
                                       .n_prompt = jobs[i].n_ids,
                                       .max_tokens = jobs[i].max_tokens,
                                       .sampling = jobs[i].sp,
-                                      .ignore_eos = o->ignore_eos};
+                                      .ignore_eos = o->ignore_eos,
+                                      .prediction = jobs[i].pred,
+                                      .n_prediction = jobs[i].n_pred};
+        for (uint32_t k = 0; k < jobs[i].n_pred; k++)
+            if ((uint32_t)jobs[i].pred[k] >= hp->n_vocab) {
+                fprintf(stderr, "kvasir run: prompt %u: prediction id %d beyond the vocabulary\n",
+                        i, jobs[i].pred[k]);
+                goto out;
+            }
         struct kvr_refusal why;
         if (kvr_bridge_submit(b, &req, &streams[i], &why)) {
             fprintf(stderr, "kvasir run: prompt %u refused: %s\n", i, why.message);
