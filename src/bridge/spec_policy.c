@@ -15,12 +15,13 @@ enum {
 };
 
 #define SATURATED_UTIL 0.85 /* the busiest stage's held share that means "no spare rows" */
+#define STARVED_MIN 0.2     /* ... or its starved share below this: it never waits for work */
 #define ACC_DECAY 0.8       /* weight an old verification keeps per new one */
 #define PRIOR_WEIGHT 2.0    /* the prior counts as this many drafted positions */
 
 /* A new sequence's acceptance per drafted position, by source: a client's prediction is
  * usually right; lookups are guesses. */
-static const double prior_acceptance[KVR_DRAFT_SOURCE_COUNT] = {0.8, 0.5, 0.5};
+static const double prior_acceptance[KVR_DRAFT_SOURCE_COUNT] = {0.8, 0.3, 0.4};
 
 struct spec_seq {
     uint64_t req_id;                      /* the request these figures are for */
@@ -99,23 +100,32 @@ const char *kvr_spec_saturated(const struct kvr_sched *s)
     for (uint32_t i = 0; i < s->plan->max_seqs; i++)
         if (s->seqs[i].state == SEQ_PREFILL)
             return "a prompt is being prefilled";
-    for (uint32_t i = 0; i < s->plan->n_stages; i++)
-        if (s->stats.stage[i].util >= SATURATED_UTIL)
+    for (uint32_t i = 0; i < s->plan->n_stages; i++) {
+        const struct kvr_sched_stage_stats *st = &s->stats.stage[i];
+        if (st->util >= SATURATED_UTIL || (st->util > 0 && st->starved_frac < STARVED_MIN))
             return "a stage is saturated";
+    }
     return NULL;
 }
 
 /* ---- how many ---------------------------------------------------------------------------- */
 
-/* A lap's time for `rows` decode rows (ms, or a relative guess before the cost model is
- * ready). Each added row costs at least 1% more: a fit that has seen few shapes must not
- * make rows look free. */
+/* The time a batch of `rows` decode rows costs its sequences (ms, or a relative guess
+ * before the cost model is ready): its trip round the ring when it is alone, the slowest
+ * stage's time when other sequences' batches share the pipeline. */
+static double cost_ms(const struct kvr_sched *s, double rows)
+{
+    if (!kvr_cost_ready(&s->cost))
+        return 1.0 + 0.1 * rows;
+    struct kvr_cost_shape b = {rows, 0};
+    return s->n_running > 1 ? kvr_cost_batch_ms(&s->cost, b) : kvr_cost_trip_ms(&s->cost, b);
+}
+
+/* ... with `rows` rows, `base_ms` at base_rows. Each added row costs at least 1% more: a
+ * fit that has seen few shapes must not make rows look free. */
 static double lap_ms(const struct kvr_sched *s, double rows, double base_rows, double base_ms)
 {
-    double floor = base_ms * (1.0 + 0.01 * (rows - base_rows));
-    if (!kvr_cost_ready(&s->cost))
-        return 1.0 + 0.1 * rows > floor ? 1.0 + 0.1 * rows : floor;
-    double t = kvr_cost_trip_ms(&s->cost, (struct kvr_cost_shape){rows, 0});
+    double floor = base_ms * (1.0 + 0.01 * (rows - base_rows)), t = cost_ms(s, rows);
     return t > floor ? t : floor;
 }
 
@@ -123,9 +133,7 @@ static double lap_ms(const struct kvr_sched *s, double rows, double base_rows, d
  * (this sequence's included) each give one token, and this one 1 + a + ... + a^k. */
 static uint32_t best_k(const struct kvr_sched *s, double a, uint32_t n_prop, uint32_t n_rows)
 {
-    double base = kvr_cost_ready(&s->cost)
-                      ? kvr_cost_trip_ms(&s->cost, (struct kvr_cost_shape){n_rows, 0})
-                      : 1.0 + 0.1 * n_rows;
+    double base = cost_ms(s, n_rows);
     base = base > 0 ? base : 1e-3;
     double best_v = n_rows / base, extra = 0, ak = 1;
     uint32_t best = 0;

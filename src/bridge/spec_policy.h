@@ -3,16 +3,17 @@
  *
  * The rule, per batch and per decoding sequence, as the batch builder adds its decode row:
  *   - nothing when speculation is off, when the ring is saturated (a request waits for a
- *     slot, a prompt is still being prefilled, or the busiest stage was held at least
- *     SATURATED_UTIL of the last window: every extra row then costs every stream), or
- *     when the batch has no spare rows or control records left;
+ *     slot, a prompt is still being prefilled, or a stage was held at least SATURATED_UTIL
+ *     or starved less than STARVED_MIN of the last window: every extra row then costs
+ *     every stream), or when the batch has no spare rows or control records left;
  *   - else the first source of draft.h that proposes tokens (prediction, prompt lookup,
  *     suffix) gives up to KVR_SPEC_MAX_DRAFT of them, and k of them go out: the k that
- *     maximises the batch's expected tokens per lap, sum over its decode rows of
- *     (1 + a + a^2 + ... + a^k) / trip time (cost model, costmodel.h), where a is this
- *     sequence's measured acceptance of that source (per drafted position, a decaying
- *     mean from a prior) and the trip time grows with the k rows added. A source the
- *     sequence keeps rejecting is left at k = 0.
+ *     maximises the batch's expected tokens per unit of time, sum over its decode rows of
+ *     (1 + a + a^2 + ... + a^k) / the batch's time (cost model, costmodel.h: the trip round
+ *     the ring for a lone sequence, the slowest stage's time when several share the
+ *     pipeline), where a is this sequence's measured acceptance of that source (per
+ *     drafted position, a decaying mean from a prior) and the time grows with the k rows
+ *     added. A source the sequence keeps rejecting is left at k = 0.
  * Results: a segment with k drafts that returned n tokens accepted n - 1 of them; the
  * counters (struct kvr_sched_stats spec_*, the request's spec_* fields) and the acceptance
  * learn it. An answer that ends (EOS or length) joins the suffix source.
