@@ -65,9 +65,12 @@ def run(args, plan, tmp, jobs, mode):
 
 
 def kept(log):
-    """(kept, drafted) by the prediction source, from kvasir run's summary."""
-    m = re.search(r"speculation, prediction: (\d+) drafted tokens on \d+ rows, (\d+) kept", log)
-    return (int(m.group(2)), int(m.group(1))) if m else (0, 0)
+    """(kept, drafted, decode rows with drafts) over every source, from kvasir run's
+    summary."""
+    k = d = r = 0
+    for m in re.finditer(r"speculation, \w+: (\d+) drafted tokens on (\d+) rows, (\d+) kept", log):
+        d, r, k = d + int(m.group(1)), r + int(m.group(2)), k + int(m.group(3))
+    return k, d, r
 
 
 def main():
@@ -101,8 +104,7 @@ def main():
                 if ids[0] != truth:
                     raise SystemExit("spec: the %s prediction changed the answer" % name)
                 rates.setdefault(name, []).append(rate)
-                a, d = kept(log)
-                acc[name] = (acc.get(name, (0, 0))[0] + a, acc.get(name, (0, 0))[1] + d)
+                acc[name] = [x + y for x, y in zip(acc.get(name, (0, 0, 0)), kept(log))]
             for mode in ("off", "auto"):
                 ids, rate, _ = run(args, plan, tmp, many, mode)
                 rates.setdefault("agg_" + mode, []).append(rate)
@@ -117,9 +119,9 @@ def main():
           % (args.n, args.stages, args.runs))
     print("  spec off            %7.2f           (%s)" % (med["off"], runs("off")))
     for name in ("true", "half", "useless"):
-        a, d = acc[name]
-        print("  prediction %-8s %7.2f  x%.2f    (%s)  kept %d of %d drafted"
-              % (name, med[name], med[name] / med["off"], runs(name), a, d))
+        a, d, r = acc[name]
+        print("  prediction %-8s %7.2f  x%.2f    (%s)  kept %d of %d drafted, %.1f a row"
+              % (name, med[name], med[name] / med["off"], runs(name), a, d, d / r if r else 0))
     print("%d sequences x %d tokens at once, tokens/s: off %.2f (%s), auto %.2f (%s): x%.3f"
           % (args.streams, args.stream_tokens, med["agg_off"], runs("agg_off"), med["agg_auto"],
              runs("agg_auto"), med["agg_auto"] / med["agg_off"]))

@@ -239,6 +239,45 @@ static void test_no_drafts_while_saturated(void **state)
     done(h);
 }
 
+/* The telemetry decides: once a window has closed in which the stages were never starved,
+ * no drafts go out; when they wait for work most of the time, drafts go on. */
+static uint32_t drafted_after_window(uint64_t starved_ns)
+{
+    enum { N = SH_MAX_GEN };
+    int32_t truth[N];
+    reference(1, 9, N, truth);
+    struct sh *h = new_sh(KVR_SPEC_AUTO, 4);
+    h->prediction = truth;
+    h->n_prediction = N;
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 1, 9, N, 0, 1, 0, 0, &why), 0);
+    for (uint32_t i = 0; i < 2 && h->n_ring > 0; i++) { /* the prefill, a decode row */
+        h->starved_ns = starved_ns;
+        assert_int_equal(sh_deliver(h), 0);
+        sh_pump(h);
+    }
+    h->now += 2100 * SH_MS; /* the window closes at the next result */
+    uint32_t drafted = 0;
+    for (uint32_t i = 0; i < 200 && h->n_ring > 0; i++) {
+        h->starved_ns = starved_ns;
+        assert_int_equal(sh_deliver(h), 0);
+        sh_pump(h);
+        for (uint32_t k = 0; i > 0 && k < h->last.n_segs; k++)
+            drafted += (h->last.segs[k].flags & KVR_SEG_DRAFTS) != 0;
+    }
+    OK(h);
+    assert_memory_equal(h->reqs[1].seen, truth, sizeof truth);
+    done(h);
+    return drafted;
+}
+
+static void test_telemetry_decides(void **state)
+{
+    (void)state;
+    assert_int_equal(drafted_after_window(0), 0);        /* busy: never starved */
+    assert_true(drafted_after_window(2100 * SH_MS) > 0); /* idle most of the window */
+}
+
 /* The ring fails while drafted rows are in flight: the held sequence re-prefills only the
  * tokens it kept (the REPLAY records name them all, with one draw each when sampling) and
  * the answer goes on unchanged. */
@@ -316,6 +355,7 @@ int main(void)
         cmocka_unit_test(test_backs_off_rejected_source),
         cmocka_unit_test(test_off_sends_no_drafts),
         cmocka_unit_test(test_no_drafts_while_saturated),
+        cmocka_unit_test(test_telemetry_decides),
         cmocka_unit_test(test_recovery_with_drafts_in_flight),
         cmocka_unit_test(test_batched_streams),
     };
