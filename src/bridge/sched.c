@@ -414,6 +414,7 @@ struct decode_rows {
     double ctx;          /* their mean context */
     uint32_t quota;      /* decode rows per batch: the streams spread over the window */
     uint32_t n_dec;      /* decode rows in this batch */
+    uint32_t rows;       /* ... with their drafted rows (spec_policy.h) */
     double pairs;        /* their attention pairs */
 };
 
@@ -447,6 +448,7 @@ static struct decode_rows add_decodes(struct kvr_sched *s, struct batch *bt)
         q->inflight++;
         prefix_publish(s, i, pos + 1);
     }
+    d.rows = bt->n_rows;
     d.pairs = bt->pairs;
     return d;
 }
@@ -557,7 +559,7 @@ static void add_prefill(struct kvr_sched *s, struct batch *bt, const struct deco
         out = add_chunk(s, bt, (uint32_t)best, limit_ms);
     }
     if (d->n_dec > 0)
-        kvr_pacing_note_mix(s, bt->n_rows - d->n_dec, bt->pairs - d->pairs);
+        kvr_pacing_note_mix(s, bt->n_rows - d->rows, bt->pairs - d->pairs);
 }
 
 /* Build the next batch into `bt`: control records, decode rows, prefill chunks. Returns
