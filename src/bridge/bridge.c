@@ -71,8 +71,9 @@ struct token_event {
 struct kvr_gen_stream {
     struct kvr_sched_req r; /* r.req.prompt points at `prompt` */
     struct kvr_bridge *b;
-    int32_t *prompt; /* [n_prompt], owned */
-    char *grammar;   /* [grammar_bytes], owned; r.req.grammar points at it */
+    int32_t *prompt;     /* [n_prompt], owned */
+    char *grammar;       /* [grammar_bytes], owned; r.req.grammar points at it */
+    int32_t *prediction; /* [n_prediction], owned (r.req.prediction), or NULL */
     /* Produced by the scheduler's events, consumed by next(): a FIFO of tokens. */
     struct token_event *events;     /* [max_tokens] */
     struct kvr_token_logprob *tops; /* [max_tokens x req.top_logprobs], or NULL */
@@ -147,6 +148,7 @@ static void stream_free(struct kvr_gen_stream *s)
     kvr_free(s->r.generated);
     kvr_free(s->prompt);
     kvr_free(s->grammar);
+    kvr_free(s->prediction);
     kvr_free(s);
 }
 
@@ -830,6 +832,7 @@ int kvr_bridge_create(struct kvr_bridge **out, const struct kvr_bridge_config *c
                                   .max_ctrl = b->head_limits.max_ctrl,
                                   .max_waiting = cfg->max_waiting,
                                   .admission = cfg->admission,
+                                  .spec = cfg->spec,
                                   .prefix_cache = !cfg->no_prefix_cache,
                                   .event = on_event,
                                   .event_ctx = b};
@@ -952,6 +955,19 @@ int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_gen_request *req,
     s->r.req.grammar = s->grammar;
     s->r.req.top_logprobs = k;
     s->r.req.same_prompt_as = NULL;
+    s->r.req.prediction = NULL;
+    s->r.req.n_prediction = 0;
+    /* A drafted id outside the vocabulary would make stage 0 drop the link: such a
+     * prediction is not drafted from. */
+    bool pred_ok = b->cfg.n_vocab > 0;
+    for (uint32_t k = 0; pred_ok && k < req->n_prediction; k++)
+        pred_ok = req->prediction[k] >= 0 && (uint32_t)req->prediction[k] < b->cfg.n_vocab;
+    if (pred_ok && req->n_prediction &&
+        (s->prediction = kvr_malloc(req->n_prediction * sizeof(int32_t)))) {
+        memcpy(s->prediction, req->prediction, req->n_prediction * sizeof(int32_t));
+        s->r.req.prediction = s->prediction; /* without memory, no drafts from it */
+        s->r.req.n_prediction = req->n_prediction;
+    }
     s->r.user = s;
     pthread_cond_init(&s->cond, NULL);
 
@@ -1087,6 +1103,16 @@ bool kvr_bridge_estimate(struct kvr_gen_stream *s, double *first_ms, double *tot
     *id = r->id;
     pthread_mutex_unlock(&s->b->lock);
     return *first_ms > 0;
+}
+
+void kvr_bridge_spec(struct kvr_gen_stream *s, uint32_t *drafted, uint32_t *accepted,
+                     uint32_t *steps)
+{
+    pthread_mutex_lock(&s->b->lock);
+    *drafted = s->r.spec_drafted;
+    *accepted = s->r.spec_accepted;
+    *steps = s->r.spec_steps;
+    pthread_mutex_unlock(&s->b->lock);
 }
 
 void kvr_bridge_telemetry(struct kvr_bridge *b, struct kvr_telemetry_reader *reader,

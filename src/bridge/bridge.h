@@ -35,9 +35,10 @@ struct kvr_bridge_config {
     const struct kvr_plan *plan; /* copied */
     uint32_t n_embd;             /* the model's width, vocabulary, and end-of-generation */
     uint32_t n_vocab;
-    uint32_t max_waiting; /* bounded wait queue; 0 = 4 * max_seqs */
-    bool admission;       /* refuse requests that would miss their budget */
-    bool no_prefix_cache; /* compute every prompt whole (sched.h prefix_cache) */
+    uint32_t max_waiting;    /* bounded wait queue; 0 = 4 * max_seqs */
+    bool admission;          /* refuse requests that would miss their budget */
+    bool no_prefix_cache;    /* compute every prompt whole (sched.h prefix_cache) */
+    enum kvr_spec_mode spec; /* speculation (sched.h; KVR_SPEC_OFF unless the caller asks) */
     /* Re-planning (DESIGN.md 8, docs/PLAN.md "Re-planning"): once the ring has been up, a
      * ring broken for replan_after_ms makes the bridge probe every stage over a control
      * link and, if some do not answer, re-plan the ring over those that do (each loads its
@@ -115,6 +116,9 @@ uint32_t kvr_bridge_flush_cache(struct kvr_bridge *b);
  * if all max_tokens come; and the request's id. False when admission made none. */
 bool kvr_bridge_estimate(struct kvr_gen_stream *s, double *first_ms, double *total_ms,
                          uint64_t *id);
+/* The stream's speculation counters (service.h spec). */
+void kvr_bridge_spec(struct kvr_gen_stream *s, uint32_t *drafted, uint32_t *accepted,
+                     uint32_t *steps);
 /* GET /v1/telemetry: fill `snap` for `reader` under the bridge's lock (telemetry.h
  * kvr_telemetry_take): the current plan, the scheduler's stats, each stage's state, and
  * what the reader has not seen yet. */

@@ -24,6 +24,7 @@ struct kvr_generation {
     struct kvr_openai_req req;   /* keeps the stop strings alive for `cut` */
     struct kvr_gen_request greq; /* built by prepare, handed to the service by submit */
     int32_t *prompt_ids;         /* greq.prompt (n_prompt ids), owned until submit */
+    int32_t *prediction_ids;     /* greq.prediction, owned until submit (or NULL) */
     struct kvr_gen_stream *stream;
     char id[48]; /* "cmpl-..." / "chatcmpl-..." */
     struct kvr_openai_meta meta;
@@ -56,6 +57,7 @@ struct kvr_generation {
     bool early_refused; /* submit refused it (else prepare found it invalid) */
     struct kvr_openai_error early;
     double est_first_ms, est_period_ms;
+    uint32_t spec_drafted, spec_accepted, spec_steps; /* the service's spec counters */
 
     bool done;         /* finished, failed or abandoned: no more events wanted */
     bool svc_finished; /* the service sent its last event; no cancel needed */
@@ -246,6 +248,35 @@ static int tokenize_prompt(struct kvr_generation *g, struct kvr_openai_error *e)
     return rc;
 }
 
+/* The client's prediction tokenized as answer text (no BOS, control tokens as text), for
+ * speculation's drafts (draft.h); cut to max_tokens + 1, more could never be drafted. */
+static int tokenize_prediction(struct kvr_generation *g, struct kvr_openai_error *e)
+{
+    if (!g->req.prediction)
+        return KVR_OK;
+    struct kvr_sbuf text;
+    kvr_sbuf_init(&text);
+    kvr_openai_prediction_text(&g->req, &text);
+    struct kvr_tok_scratch *scratch = NULL;
+    size_t cap = text.len + 4;
+    g->prediction_ids = kvr_malloc(cap * sizeof *g->prediction_ids);
+    if (text.failed || !g->prediction_ids ||
+        kvr_tok_scratch_create(&scratch, g->env->svc->tok, text.len ? text.len : 1) != 0) {
+        kvr_sbuf_fini(&text);
+        return out_of_memory(e);
+    }
+    int n = kvr_tok_encode(g->env->svc->tok, scratch, text.data ? text.data : "", text.len, false,
+                           false, g->prediction_ids, cap);
+    kvr_tok_scratch_destroy(scratch);
+    kvr_sbuf_fini(&text);
+    if (n < 0)
+        return kvr_openai_error_set(e, 400, "invalid_request_error", "prediction", "invalid_value",
+                                    "the prediction cannot be tokenized: %s", kvr_strerror(n));
+    g->greq.prediction = g->prediction_ids;
+    g->greq.n_prediction = (uint32_t)n < g->max_tokens + 1 ? (uint32_t)n : g->max_tokens + 1;
+    return KVR_OK;
+}
+
 /* The service's request. The sampling parameters come from the parser as they are; only a
  * seed the client did not give is drawn here, so two such requests differ. */
 static int build_request(struct kvr_generation *g, struct kvr_openai_error *e)
@@ -267,6 +298,9 @@ static int build_request(struct kvr_generation *g, struct kvr_openai_error *e)
         g->greq.sampling.seed = g->first->greq.sampling.seed + g->meta.choice;
     else if (!g->req.has_seed)
         g->greq.sampling.seed = random_u64();
+    int rc = tokenize_prediction(g, e);
+    if (rc)
+        return rc;
     struct kvr_err serr = {0};
     if (kvr_sample_params_check(&g->greq.sampling, &serr))
         return kvr_openai_error_set(e, 400, "invalid_request_error", NULL, "invalid_value", "%s",
@@ -398,10 +432,13 @@ int kvr_generation_submit(struct kvr_generation *g, struct kvr_openai_error *e,
     g->greq.same_prompt_as = g->lead ? g->lead->stream : NULL;
     int rc = g->choices ? kvr_choices_submit(g->choices, e, retry_after_s)
                         : svc->ops->submit(svc->ctx, &g->greq, &g->stream, &refusal);
-    /* The service copied what it keeps of the prompt. */
+    /* The service copied what it keeps of the prompt (and of the prediction). */
     kvr_free(g->prompt_ids);
     g->prompt_ids = NULL;
     g->greq.prompt = NULL;
+    kvr_free(g->prediction_ids);
+    g->prediction_ids = NULL;
+    g->greq.prediction = NULL;
     g->est_first_ms = refusal.est_first_ms;
     g->est_period_ms = refusal.est_period_ms;
     if (rc != 0) {
@@ -755,16 +792,21 @@ static void log_access(const struct kvr_generation *g)
         snprintf(why, sizeof why, " code=%s%s%.64s reason=\"%s\"", err->code ? err->code : "-",
                  err->param ? " param=" : "", err->param ? err->param : "", msg);
     }
+    /* Speculation: drafted and kept tokens, and the mean k of the rows that had drafts. */
+    char spec[80] = "";
+    if (g->spec_steps)
+        snprintf(spec, sizeof spec, " spec_draft_tokens=%u spec_accepted_tokens=%u spec_k=%.1f",
+                 g->spec_drafted, g->spec_accepted, (double)g->spec_drafted / g->spec_steps);
     KVR_INFO("access: id=%s endpoint=%s status=%d outcome=%s prompt_tokens=%u "
              "completion_tokens=%u max_tokens=%u first_token_ms=%s total_ms=%.0f "
-             "est_first_token_ms=%s est_total_ms=%s%s",
+             "est_first_token_ms=%s est_total_ms=%s%s%s",
              g->id,
              g->format == KVR_REPLY_RESPONSES ? "/v1/responses"
              : g->api == KVR_OPENAI_CHAT      ? "/v1/chat/completions"
                                               : "/v1/completions",
              status,
              outcome, g->n_prompt, g->n_gen, g->max_tokens, first,
-             (double)(now - g->t_start_ns) / 1e6, est_first, est_total, why);
+             (double)(now - g->t_start_ns) / 1e6, est_first, est_total, spec, why);
 }
 
 void kvr_generation_destroy(struct kvr_generation *g)
@@ -782,6 +824,9 @@ void kvr_generation_destroy(struct kvr_generation *g)
         }
         if (!g->released && g->stream) {
             cancel(g);
+            if (g->env->svc->ops->spec)
+                g->env->svc->ops->spec(g->stream, &g->spec_drafted, &g->spec_accepted,
+                                       &g->spec_steps);
             g->env->svc->ops->release(g->stream);
             g->released = true;
         }
@@ -799,6 +844,7 @@ void kvr_generation_destroy(struct kvr_generation *g)
     json_decref(g->lp);
     kvr_free(g->piece);
     kvr_free(g->prompt_ids);
+    kvr_free(g->prediction_ids);
     kvr_openai_req_fini(&g->req);
     kvr_free(g);
 }

@@ -137,6 +137,8 @@ struct kvr_openai_req {
      * (openai_grammar.c); it compiled when parsed. */
     char *grammar;
     size_t grammar_len;
+    const json_t *prediction; /* "prediction"'s content (a string or text parts, checked;
+                                 in root), or NULL (openai_prediction.c) */
 };
 
 /* Parse `len` bytes of `body`. Checks, in order: UTF-8, JSON syntax, that the root is an
@@ -206,6 +208,15 @@ int kvr_openai_check_length(const struct kvr_openai_req *r, uint32_t n_prompt, u
 /* The X-Latency-Budget-Ms header: a total budget in milliseconds, 1 .. one hour, digits
  * only. */
 int kvr_openai_parse_budget_header(const char *value, uint32_t *out_ms, struct kvr_openai_error *e);
+
+/* ---- predicted outputs (openai_prediction.c) ----------------------------------------- */
+
+/* "prediction": {"type": "content", "content": string or [{"type": "text", "text": ..}]}
+ * into r->prediction (speculation drafts from it, bridge/draft.h). KVR_EINVAL with `e` for
+ * any other shape. */
+int kvr_openai_parse_prediction(struct kvr_openai_req *r, struct kvr_openai_error *e);
+/* Append the prediction's text (its parts in order) to `out`. r->prediction must be set. */
+void kvr_openai_prediction_text(const struct kvr_openai_req *r, struct kvr_sbuf *out);
 
 /* ---- stop strings ------------------------------------------------------------------- */
 

@@ -78,6 +78,7 @@ static const struct field_rule fields[] = {
     {"stream_options", API_BOTH, KIND_PARSED, 0, NULL},
     {"logprobs", API_BOTH, KIND_PARSED, 0, NULL},
     {"top_logprobs", API_H, KIND_PARSED, 0, NULL},
+    {"prediction", API_BOTH, KIND_PARSED, 0, NULL}, /* openai_prediction.c */
     {"ignore_eos", API_BOTH, KIND_PARSED, 0, NULL},
     {"latency_budget", API_BOTH, KIND_PARSED, 0, NULL},
     {"tools", API_H, KIND_PARSED, 0, NULL},
@@ -115,7 +116,6 @@ static const struct field_rule fields[] = {
     {"guided_choice", API_BOTH, KIND_REFUSED, 0, "guided decoding is not supported yet"},
     {"guided_grammar", API_BOTH, KIND_REFUSED, 0, "guided decoding is not supported yet"},
     {"structured_outputs", API_BOTH, KIND_REFUSED, 0, "guided decoding is not supported yet"},
-    {"prediction", API_H, KIND_REFUSED, 0, "predicted outputs are not supported"},
     {"audio", API_H, KIND_REFUSED, 0, "audio output is not supported"},
     {"reasoning_effort", API_H, KIND_REFUSED, 0, "reasoning controls are not supported"},
     {"verbosity", API_H, KIND_REFUSED, 0, "verbosity control is not supported"},

@@ -36,6 +36,11 @@ struct kvr_gen_request {
     uint32_t first_token_ms; /* latency budget from submit to the first token; 0 = default
                                 (the service's) or none (the bridge's) */
     uint32_t total_ms;       /* ... from submit to the last token */
+    const int32_t *prediction; /* n_prediction token ids of the client's expected output
+                                  (OpenAI's `prediction`), drafted from (bridge/draft.h);
+                                  borrowed like `prompt`; never drafted from with a grammar
+                                  or alternatives */
+    uint32_t n_prediction;
 };
 
 /* Why a request was refused at once (nothing is queued to be late). The HTTP layer answers

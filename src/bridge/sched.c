@@ -11,6 +11,7 @@
 #include "bridge/kvpool.h"
 #include "bridge/pacing.h"
 #include "bridge/sched_state.h"
+#include "bridge/spec_policy.h"
 #include "bridge/telemetry.h"
 #include "core/alloc.h"
 #include "core/log.h"
@@ -453,6 +454,7 @@ struct decode_rows {
     double ctx;          /* their mean context */
     uint32_t quota;      /* decode rows per batch: the streams spread over the window */
     uint32_t n_dec;      /* decode rows in this batch */
+    uint32_t rows;       /* ... with their drafted rows (spec_policy.h) */
     double pairs;        /* their attention pairs */
 };
 
@@ -481,10 +483,12 @@ static struct decode_rows add_decodes(struct kvr_sched *s, struct batch *bt)
         bt->segs[bt->n_segs++] = (struct kvr_seg){i, pos, 1, KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN};
         bt->tokens[bt->n_rows++] = q->next_token;
         bt->pairs += kvr_cost_pairs(pos, 1);
+        kvr_spec_add_drafts(s, bt, i, d.n_dec - k - 1);
         q->state = SEQ_WAIT;
         q->inflight++;
         prefix_publish(s, i, pos + 1);
     }
+    d.rows = bt->n_rows;
     d.pairs = bt->pairs;
     return d;
 }
@@ -597,7 +601,7 @@ static void add_prefill(struct kvr_sched *s, struct batch *bt, const struct deco
         out = add_chunk(s, bt, (uint32_t)best, limit_ms);
     }
     if (d->n_dec > 0)
-        kvr_pacing_note_mix(s, bt->n_rows - d->n_dec, bt->pairs - d->pairs);
+        kvr_pacing_note_mix(s, bt->n_rows - d->rows, bt->pairs - d->pairs);
 }
 
 /* Build the next batch into `bt`: control records, decode rows, prefill chunks. Returns
@@ -837,10 +841,18 @@ int kvr_sched_result(struct kvr_sched *s, const struct kvr_wire_frame *f, uint64
             s->stats.prompt_tokens += sg->n_tokens;
         if (!(sg->flags & KVR_SEG_WANTS_TOKEN))
             continue;
-        const struct kvr_wire_result *res = &f->results[k++];
-        if (q->state == SEQ_WAIT)
-            take_token(s, sg->seq, res, now);
-        /* else it ended while in flight: the token is dropped */
+        /* A DRAFTS segment's tokens are its consecutive results (wire.h). */
+        uint32_t n_res = 1;
+        while ((sg->flags & KVR_SEG_DRAFTS) && n_res < sg->n_tokens &&
+               k + n_res < f->hdr.n_results && f->results[k + n_res].seq == sg->seq)
+            n_res++;
+        for (uint32_t j = 0; j < n_res && q->state == SEQ_WAIT; j++) {
+            take_token(s, sg->seq, &f->results[k + j], now);
+            q->state = j + 1 < n_res && q->state == SEQ_READY ? SEQ_WAIT : q->state;
+        }
+        /* else it ended while in flight: the tokens are dropped */
+        k += n_res;
+        kvr_spec_observe(s, sg, n_res);
     }
     observe_batch(s, bt, f, now);
     /* The batch that brings the ring up carries each stage's wait since it started (the
@@ -1148,6 +1160,7 @@ void kvr_sched_destroy(struct kvr_sched *s)
     kvr_free(s->pick_scratch);
     kvr_free(s->seqs);
     kvr_free(s->waitq);
+    kvr_spec_destroy(s->spec);
     kvr_free(s);
 }
 
@@ -1185,6 +1198,8 @@ int kvr_sched_create(struct kvr_sched **out, const struct kvr_sched_config *cfg,
         !s->lane_scratch || !s->pick_scratch || !s->tables || !s->found_scratch || !s->tok_scratch)
         goto nomem;
     int rc = kvr_kv_pool_init(&s->pool, p->kv_blocks, p->kv_block_tokens, err);
+    if (!rc && cfg->spec == KVR_SPEC_AUTO)
+        rc = kvr_spec_create(&s->spec, p->max_seqs, err);
     if (rc) {
         kvr_sched_destroy(s);
         return rc;

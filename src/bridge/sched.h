@@ -54,6 +54,7 @@
 #define KVR_BRIDGE_SCHED_H
 
 #include "bridge/costmodel.h"
+#include "bridge/draft.h"
 #include "bridge/request.h"
 #include "core/err.h"
 #include "ring/plan.h"
@@ -102,10 +103,13 @@ struct kvr_sched_req {
     uint32_t n_cached;       /* prompt positions found in the prefix cache (admission's
                                 estimate, then what its slot got) */
     uint32_t n_generated;
-    int seq;      /* slot, or -1 while waiting / once it ended */
-    bool waiting; /* in the wait queue */
-    bool ended;   /* the END event has been reported */
-    uint64_t id;  /* set by submit: 1, 2, ... (the telemetry names batches' rows by it) */
+    uint32_t spec_drafted;  /* drafted tokens sent with its decode rows (spec_policy.h) */
+    uint32_t spec_accepted; /* ... of them the tail kept */
+    uint32_t spec_steps;    /* decode rows that carried drafts */
+    int seq;                /* slot, or -1 while waiting / once it ended */
+    bool waiting;           /* in the wait queue */
+    bool ended;             /* the END event has been reported */
+    uint64_t id;            /* set by submit: 1, 2, ... (the telemetry names batches' rows by it) */
 };
 
 enum kvr_sched_event_type {
@@ -188,9 +192,25 @@ struct kvr_sched_stats {
     double tokens_per_s; /* generated tokens over the last ~2 s */
     /* The estimate ratios observed, summed (the histograms' _sum). */
     double first_ratio_sum, total_ratio_sum;
+    /* Speculation (spec_policy.h), by draft source: tokens drafted, accepted, and the
+     * decode rows that carried them (vLLM's spec_decode_num_* counters). */
+    uint64_t spec_drafted[KVR_DRAFT_SOURCE_COUNT];
+    uint64_t spec_accepted[KVR_DRAFT_SOURCE_COUNT];
+    uint64_t spec_steps[KVR_DRAFT_SOURCE_COUNT];
 };
 
 /* ---- life cycle ----------------------------------------------------------------------- */
+
+/* Speculation (issue 37, spec_policy.h): drafted tokens ride decode rows while the ring
+ * has spare rows. */
+enum kvr_spec_mode {
+    KVR_SPEC_OFF = 0, /* never: every decode row carries one token */
+    KVR_SPEC_AUTO,    /* when the ring's telemetry says it pays */
+    KVR_SPEC_MODE_COUNT
+};
+
+/* "off" or "auto" into *out: 0, or KVR_EINVAL (spec_policy.c). */
+int kvr_sched_spec_parse(const char *s, enum kvr_spec_mode *out);
 
 struct kvr_sched_config {
     const struct kvr_plan *plan; /* borrowed; must outlive the scheduler */
@@ -198,6 +218,7 @@ struct kvr_sched_config {
     uint32_t max_waiting;        /* bounded wait queue; 0 = 4 * max_seqs */
     bool admission;              /* refuse requests that would miss their budget */
     bool prefix_cache;           /* reuse the KV blocks of earlier prompts (DESIGN.md 12) */
+    enum kvr_spec_mode spec;     /* speculation (spec_policy.h) */
     kvr_sched_event_fn event;    /* stream events; called inside the call that causes them */
     void *event_ctx;
     struct kvr_telemetry *telemetry; /* borrowed, may be NULL: every returned batch, and each

@@ -1,9 +1,10 @@
 /* sched_state.h - the scheduler's state, shared by its three rooms (private to them).
  *
  * sched.c owns this struct: it creates it, keeps the request table, the slots, the wait
- * queue, the window of batches in flight and the telemetry. admission.c (admission.h) and
- * pacing.c (pacing.h) read it and update only the fields marked as theirs. Nothing outside
- * these three files includes this header. One thread at a time: the scheduler's caller. */
+ * queue, the window of batches in flight and the telemetry. admission.c (admission.h),
+ * pacing.c (pacing.h) and spec_policy.c (spec_policy.h) read it and update only the fields
+ * marked as theirs. Nothing outside these files (and sched_check.c) includes this header. One
+ * thread at a time: the scheduler's caller. */
 #ifndef KVR_BRIDGE_SCHED_STATE_H
 #define KVR_BRIDGE_SCHED_STATE_H
 
@@ -139,6 +140,8 @@ struct kvr_sched {
     uint64_t next_req_id; /* the last id submit gave */
     uint32_t reset_blame; /* 1 + the stage the RESET being handled blames; 0: none */
     bool tel_lost;        /* a LOST was recorded and its RECOVERED not yet */
+
+    struct kvr_spec *spec; /* spec_policy.c's: drafts, acceptance (NULL: speculation off) */
 };
 
 /* Blocks for n_tokens positions. */

@@ -87,6 +87,10 @@ struct kvr_service_ops {
      * Called from the stream's connection thread, once per interval. May be NULL (404). */
     void (*telemetry)(void *ctx, struct kvr_telemetry_reader *reader,
                       struct kvr_telemetry_snapshot *snap);
+    /* The access log: a stream's speculation so far (sched.h spec_*): drafted tokens, the
+     * ones kept, decode rows that carried drafts. Called before release, on the stream's
+     * thread. May be NULL (no speculation). */
+    void (*spec)(struct kvr_gen_stream *s, uint32_t *drafted, uint32_t *accepted, uint32_t *steps);
 };
 
 /* What the HTTP layer is given. All pointers borrowed; see the ownership note above. */

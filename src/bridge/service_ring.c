@@ -140,6 +140,26 @@ static void refusals(struct kvr_sbuf *out, const struct kvr_sched_stats *st)
                     (unsigned long long)st->refused_for_running);
 }
 
+/* Speculation's counters by draft source, named as vLLM's spec_decode_num_*. */
+static void spec_metrics(struct kvr_sbuf *out, const struct kvr_sched_stats *st)
+{
+    static const struct {
+        const char *name, *help;
+    } m[3] = {{"spec_decode_num_drafts", "Decode rows that carried drafted tokens"},
+              {"spec_decode_num_draft_tokens", "Drafted tokens sent through the ring"},
+              {"spec_decode_num_accepted_tokens", "Drafted tokens the tail kept"}};
+    const uint64_t *v[3] = {st->spec_steps, st->spec_drafted, st->spec_accepted};
+    for (int i = 0; i < 3; i++) {
+        kvr_sbuf_printf(out,
+                        "# HELP kvasir:%s_total %s, by draft source.\n"
+                        "# TYPE kvasir:%s_total counter\n",
+                        m[i].name, m[i].help, m[i].name);
+        for (uint32_t s = 0; s < KVR_DRAFT_SOURCE_COUNT; s++)
+            kvr_sbuf_printf(out, "kvasir:%s_total{source=\"%s\"} %llu\n", m[i].name,
+                            kvr_draft_source_name(s), (unsigned long long)v[i][s]);
+    }
+}
+
 static void ring_metrics(void *ctx, struct kvr_sbuf *out)
 {
     struct kvr_ring_service *rs = ctx;
@@ -234,6 +254,7 @@ static void ring_metrics(void *ctx, struct kvr_sbuf *out)
     per_stage(out, &st, "stage_blocked_fraction", "gauge",
               "Blocked fraction of the last window, per stage.", 5);
     per_agent(out, &st);
+    spec_metrics(out, &st);
 }
 
 /* GET /v1/telemetry: the bridge's snapshot (telemetry.h). */
@@ -252,4 +273,5 @@ const struct kvr_service_ops kvr_ring_service_ops = {.submit = ring_submit,
                                                      .metrics = ring_metrics,
                                                      .reset_prefix_cache = ring_reset_prefix_cache,
                                                      .estimate = kvr_bridge_estimate,
-                                                     .telemetry = ring_telemetry};
+                                                     .telemetry = ring_telemetry,
+                                                     .spec = kvr_bridge_spec};

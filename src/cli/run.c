@@ -9,8 +9,8 @@
  * N, "temperature": T, "seed": S, "top_k": K, "top_p": P, "min_p": M}, any field but the
  * prompt optional) every prompt runs: one after another, alone, in the single process (the
  * reference), or all at once through the ring ("repeat_penalty" may be given per prompt
- * too). --json prints one line per prompt with the
- * generated ids, which is what the ring tests compare.
+ * too; and "prediction_ids", token ids the ring's speculation drafts from). --json prints one line
+ * per prompt with the generated ids, which is what the ring tests compare.
  *
  * --force-ids FILE feeds a fixed id sequence instead of sampling (teacher forcing) and
  * prints, for every step, the forced id, the argmax, the margin between the two best
@@ -51,6 +51,8 @@ struct job {
     int32_t *out; /* generated ids */
     uint32_t n_out;
     const char *finish;
+    int32_t *pred; /* --plan: "prediction_ids", the drafts' prediction (sched.h), or NULL */
+    uint32_t n_pred;
 };
 
 struct run_opts {
@@ -58,8 +60,9 @@ struct run_opts {
     uint32_t n_predict, threads, ctx;
     struct kvr_sample_params sp;
     bool ignore_eos, print_ids, json, quiet, batched, no_prefix_cache;
-    bool chat;                 /* each prompt is a user message, formatted as a chat */
-    const char *chat_template; /* --chat-template NAME|FILE (implies --chat) */
+    enum kvr_spec_mode spec_mode; /* --plan: --spec (default auto) */
+    bool chat;                    /* each prompt is a user message, formatted as a chat */
+    const char *chat_template;    /* --chat-template NAME|FILE (implies --chat) */
     uint32_t row_width;
     enum kvr_dtype kv_type; /* --kv-type */
     const char *force_ids;  /* teacher-forcing input file */
@@ -93,6 +96,7 @@ static void usage(FILE *f)
             "                         batching (default: one after another, each alone)\n"
             "      --row-width N      --batched: token rows per forward pass (default 64)\n"
             "      --no-prefix-cache  --plan: compute every prompt whole (no KV reuse)\n"
+            "      --spec off|auto    --plan: speculation with lookup drafts (default auto)\n"
             "      --kv-type T        -m: KV cache values f32, f16 or q8_0 (default f16)\n"
             "      --force-ids FILE   teacher-forced: feed these ids, print each step's argmax,\n"
             "                         margin and top logits (refgen JSON or a list of ids)\n"
@@ -185,7 +189,12 @@ static int parse_value(struct run_opts *o, const char *a, const char *v)
         }
     } else if (ARG("--force-ids", "--force-ids"))
         o->force_ids = v;
-    else if (ARG("--top", "--top"))
+    else if (ARG("--spec", "--spec")) {
+        if (kvr_sched_spec_parse(v, &o->spec_mode)) {
+            fprintf(stderr, "kvasir run: --spec is off or auto, not '%s'\n", v);
+            return 2;
+        }
+    } else if (ARG("--top", "--top"))
         return kvr_cli_u32(a, v, 1, 1000, &o->n_top) ? 2 : 0;
     else if (ARG("--logits", "--logits"))
         return kvr_cli_u32(a, v, 0, 1u << 20, &o->n_logits) ? 2 : 0;
@@ -206,7 +215,7 @@ static bool takes_value(const char *a)
         "--temp",      "--temperature",    "--top-k",     "--top-p",
         "--min-p",     "--repeat-penalty", "--seed",      "--chat-template",
         "--row-width", "--kv-type",        "--force-ids", "--top",
-        "--logits",    "--ctx-size"};
+        "--logits",    "--ctx-size",       "--spec"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(a, names[i]))
             return true;
@@ -241,6 +250,7 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
     o->n_top = 5;
     o->kv_type = KVR_PLAN_DEFAULT_KV_TYPE;
     kvr_sample_params_default(&o->sp);
+    o->spec_mode = KVR_SPEC_AUTO;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -276,12 +286,37 @@ static int parse_args(int argc, char **argv, struct run_opts *o)
 
 /* ---- jobs ------------------------------------------------------------------------------- */
 
+/* An optional array of token ids (>= 0; the ring checks them against its vocabulary). */
+static int json_field_ids(json_t *obj, const char *key, int32_t **ids, uint32_t *n, uint32_t line)
+{
+    json_t *a = json_object_get(obj, key), *v;
+    if (!a)
+        return 0;
+    size_t i, len = json_is_array(a) ? json_array_size(a) : 0;
+    if (!json_is_array(a) || len > (1u << 20) ||
+        !(*ids = kvr_calloc(len ? len : 1, sizeof **ids))) {
+        fprintf(stderr, "kvasir run: line %u: %s wants an array of token ids\n", line, key);
+        return -1;
+    }
+    json_array_foreach(a, i, v)
+    {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX) {
+            fprintf(stderr, "kvasir run: line %u: %s[%zu] is not a token id\n", line, key, i);
+            return -1;
+        }
+        (*ids)[i] = (int32_t)json_integer_value(v);
+    }
+    *n = (uint32_t)len;
+    return 0;
+}
+
 static void free_jobs(struct job *jobs, uint32_t n)
 {
     for (uint32_t i = 0; jobs && i < n; i++) {
         kvr_free(jobs[i].prompt);
         kvr_free(jobs[i].ids);
         kvr_free(jobs[i].out);
+        kvr_free(jobs[i].pred);
     }
     kvr_free(jobs);
 }
@@ -376,6 +411,8 @@ static int load_jobs(const struct run_opts *o, struct job **out, uint32_t *n_out
             json_field_f32(obj, "top_p", 0, 1, &j->sp.top_p, line) ||
             json_field_f32(obj, "min_p", 0, 1, &j->sp.min_p, line) ||
             json_field_f32(obj, "repeat_penalty", 0.01, 100, &j->sp.repeat_penalty, line))
+            rc = -1;
+        if (json_field_ids(obj, "prediction_ids", &j->pred, &j->n_pred, line))
             rc = -1;
         json_decref(obj);
         if (rc || !j->prompt) {
@@ -694,6 +731,11 @@ static void print_ring_stats(struct kvr_bridge *b, uint32_t n_jobs, uint64_t n_t
     fprintf(stderr, "  prefix cache: %llu of %llu prompt tokens reused, %llu computed\n",
             (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_queries,
             (unsigned long long)st.prompt_tokens);
+    for (uint32_t s = 0; s < KVR_DRAFT_SOURCE_COUNT; s++)
+        if (st.spec_steps[s])
+            fprintf(stderr, "  speculation, %s: %llu drafted tokens on %llu rows, %llu kept\n",
+                    kvr_draft_source_name(s), (unsigned long long)st.spec_drafted[s],
+                    (unsigned long long)st.spec_steps[s], (unsigned long long)st.spec_accepted[s]);
     for (uint32_t i = 0; i < st.n_stages; i++) {
         double tot =
             (double)(st.stage[i].held_ns + st.stage[i].starved_ns + st.stage[i].blocked_ns);
@@ -724,7 +766,8 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
                                     .n_embd = hp->n_embd,
                                     .n_vocab = hp->n_vocab,
                                     .max_waiting = n_jobs + 16,
-                                    .no_prefix_cache = o->no_prefix_cache};
+                                    .no_prefix_cache = o->no_prefix_cache,
+                                    .spec = o->spec_mode};
     struct kvr_bridge *b = NULL;
     struct kvr_err err = {0};
     if (kvr_bridge_create(&b, &cfg, &err)) {
@@ -746,7 +789,15 @@ static int run_ring(const struct run_opts *o, const struct kvr_plan *plan,
                                       .n_prompt = jobs[i].n_ids,
                                       .max_tokens = jobs[i].max_tokens,
                                       .sampling = jobs[i].sp,
-                                      .ignore_eos = o->ignore_eos};
+                                      .ignore_eos = o->ignore_eos,
+                                      .prediction = jobs[i].pred,
+                                      .n_prediction = jobs[i].n_pred};
+        for (uint32_t k = 0; k < jobs[i].n_pred; k++)
+            if ((uint32_t)jobs[i].pred[k] >= hp->n_vocab) {
+                fprintf(stderr, "kvasir run: prompt %u: prediction id %d beyond the vocabulary\n",
+                        i, jobs[i].pred[k]);
+                goto out;
+            }
         struct kvr_refusal why;
         if (kvr_bridge_submit(b, &req, &streams[i], &why)) {
             fprintf(stderr, "kvasir run: prompt %u refused: %s\n", i, why.message);

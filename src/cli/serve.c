@@ -53,7 +53,8 @@ struct serve_opts {
     uint32_t replan_after_s; /* bridge: re-plan a ring broken this long; 0 = never */
     bool no_admission;
     bool no_prefix_cache;
-    bool no_standby; /* serve: no warm standby per stage */
+    bool no_standby;              /* serve: no warm standby per stage */
+    enum kvr_spec_mode spec_mode; /* --spec (default auto) */
     struct kvr_plan_spec spec;
     struct kvr_http_config http; /* the door, CORS and metrics options (http.h) */
     char tmp_dir[512];           /* the plan directory serve made itself (removed at exit), or "" */
@@ -104,6 +105,9 @@ static void usage(FILE *f, bool serve)
                "                        (default 600000)\n"
                "  --no-admission        admit everything that fits (no budget check)\n"
                "  --no-prefix-cache     compute every prompt whole (no KV reuse)\n"
+               "  --spec off|auto       speculation: drafted tokens (the request's prediction,\n"
+               "                        prompt lookup, recent answers) ride decode rows while\n"
+               "                        the ring has spare rows (default auto)\n"
                "  --max-waiting N       bounded wait queue (default 4 x max-seqs)\n"
                "  --name NAME           model name in the API (also --served-model-name;\n"
                "                        default: the file name)\n"
@@ -136,7 +140,12 @@ static int parse_text_opt(struct serve_opts *o, bool serve, const char *a, const
         o->name = v;
     else if (!strcmp(a, "--chat-template"))
         o->chat_template = v;
-    else if (!serve && !strcmp(a, "--secret-file"))
+    else if (!strcmp(a, "--spec")) {
+        if (kvr_sched_spec_parse(v, &o->spec_mode)) {
+            fprintf(stderr, "kvasir: --spec is off or auto, not '%s'\n", v);
+            return 2;
+        }
+    } else if (!serve && !strcmp(a, "--secret-file"))
         o->secret_file = v;
     else if (!strcmp(a, "--tls-cert"))
         o->tls_cert = v;
@@ -224,6 +233,7 @@ static void set_defaults(struct serve_opts *o, bool serve)
     kvr_http_config_init(&o->http);
     o->host = "127.0.0.1";
     o->port = 8080;
+    o->spec_mode = KVR_SPEC_AUTO;
     o->stages = 2;
     /* Defaults for clients that send no budget: generous, so that a CPU ring under
      * ordinary load serves them; clients that care send their own. */
@@ -548,6 +558,7 @@ static int start_front(struct server *sv)
                                    .max_waiting = o->max_waiting,
                                    .admission = !o->no_admission,
                                    .no_prefix_cache = o->no_prefix_cache,
+                                   .spec = o->spec_mode,
                                    .replan_after_ms = o->replan_after_s * 1000,
                                    .gguf = sv->g};
     if (kvr_bridge_create(&sv->bridge, &bc, &err)) {

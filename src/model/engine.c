@@ -646,7 +646,9 @@ int kvr_engine_check(const struct kvr_engine *e, const struct kvr_seg *segs, uin
             return kvr_err_set(err, KVR_EINVAL, "batch: sequence %u appears twice", s->seq);
         seen[s->seq / 64] |= bit;
         rows += s->n_tokens;
-        logits += (s->flags & KVR_SEG_WANTS_TOKEN) ? 1 : 0;
+        logits += (s->flags & KVR_SEG_DRAFTS)        ? s->n_tokens
+                  : (s->flags & KVR_SEG_WANTS_TOKEN) ? 1
+                                                     : 0;
     }
     if (rows == 0 || rows > e->cfg.max_rows)
         return kvr_err_set(err, KVR_ERANGE, "batch: %llu rows, the row width is %u",
@@ -1094,7 +1096,10 @@ int kvr_engine_forward(struct kvr_engine *e, const struct kvr_seg *segs, uint32_
             e->row_seq[r] = segs[i].seq;
             e->row_pos[r] = segs[i].pos0 + t;
         }
-        if (segs[i].flags & KVR_SEG_WANTS_TOKEN)
+        if (segs[i].flags & KVR_SEG_DRAFTS)
+            for (uint32_t t = r - segs[i].n_tokens; t < r; t++)
+                e->logit_rows[n_want++] = t;
+        else if (segs[i].flags & KVR_SEG_WANTS_TOKEN)
             e->logit_rows[n_want++] = r - 1;
     }
 

@@ -11,7 +11,8 @@
  * segment after segment. The head (first_layer == 0) takes token ids and embeds them; other
  * stages take boundary rows (hidden states, f32). The tail (last_layer == n_layer-1)
  * applies the final norm and output head, and only to the LAST row of each segment flagged
- * KVR_SEG_WANTS_TOKEN; other engines output boundary rows for every row.
+ * KVR_SEG_WANTS_TOKEN (to EVERY row of one also flagged KVR_SEG_DRAFTS); other engines output
+ * boundary rows for every row.
  *
  * Batch invariance: a row's result depends only on its own sequence's tokens and KV, never
  * on the other segments of the batch, the thread count, or the layer split.
@@ -34,7 +35,10 @@ enum kvr_seg_flag {
     KVR_SEG_LAST_CHUNK = 1u << 1,  /* the last prefill chunk of its prompt */
     KVR_SEG_DECODE = 1u << 2,      /* one generated token fed back */
     KVR_SEG_WANTS_TOKEN = 1u << 3, /* the tail computes logits for the segment's last row */
-    KVR_SEG_FLAG_COUNT = 4
+    KVR_SEG_DRAFTS = 1u << 4,      /* with DECODE and WANTS_TOKEN: 1 + k rows, the last token
+                                      and k drafted ones (issue 37, spec_accept.h); the tail
+                                      computes logits for every row */
+    KVR_SEG_FLAG_COUNT = 5
 };
 
 struct kvr_seg {
@@ -98,11 +102,13 @@ int kvr_engine_check(const struct kvr_engine *e, const struct kvr_seg *segs, uin
 /* Run the slice over one micro-batch.
  *   tokens    head only: n_rows token ids
  *   hidden_in non-head only: n_rows x n_embd floats
- *   out       tail: n_logit_rows x n_vocab logits (segments with WANTS_TOKEN, in order);
+ *   out       tail: n_logit_rows x n_vocab logits (segments with WANTS_TOKEN, in order; every
+ *             row of a DRAFTS segment);
  *             otherwise n_rows x n_embd boundary floats
  * A segment's positions must continue its sequence (pos0 == tokens already cached), or
  * rewrite its tail (pos0 < cached: the cache is truncated to pos0 first, used when a
- * sequence is re-prefilled). */
+ * sequence is re-prefilled, and after drafted rows were rejected). A row attends only to
+ * positions up to its own, so rows past the cached length are never read. */
 int kvr_engine_forward(struct kvr_engine *e, const struct kvr_seg *segs, uint32_t n_segs,
                        const int32_t *tokens, const float *hidden_in, float *out,
                        struct kvr_err *err);

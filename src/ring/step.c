@@ -5,6 +5,7 @@
 #include "core/alloc.h"
 #include "core/log.h"
 #include "model/logprobs.h"
+#include "model/spec_accept.h"
 
 #include <string.h>
 
@@ -34,7 +35,10 @@ int kvr_step_init(struct kvr_step *st, const struct kvr_plan *plan, uint32_t ind
         st->open = kvr_calloc(plan->max_seqs, sizeof *st->open);
         st->want_logprobs = kvr_calloc(plan->max_seqs, sizeof *st->want_logprobs);
         st->n_top = kvr_calloc(plan->max_seqs, sizeof *st->n_top);
-        if (!st->samplers || !st->open || !st->want_logprobs || !st->n_top ||
+        st->drafts = kvr_calloc((size_t)plan->max_seqs * KVR_SPEC_MAX_DRAFT, sizeof *st->drafts);
+        st->n_draft = kvr_calloc(plan->max_seqs, sizeof *st->n_draft);
+        if (!st->samplers || !st->open || !st->want_logprobs || !st->n_top || !st->drafts ||
+            !st->n_draft ||
             !kvr_mul_size((size_t)plan->row_width * hp->n_vocab, sizeof(float), &n_logits) ||
             !(st->logits = kvr_aligned_alloc(64, n_logits)) ||
             kvr_sample_scratch_create(&st->scratch, (int32_t)hp->n_vocab) ||
@@ -57,6 +61,8 @@ void kvr_step_fini(struct kvr_step *st)
     kvr_free(st->open);
     kvr_free(st->want_logprobs);
     kvr_free(st->n_top);
+    kvr_free(st->drafts);
+    kvr_free(st->n_draft);
     kvr_free(st->logits);
     kvr_free(st->rows_in);
     kvr_sample_scratch_destroy(st->scratch);
@@ -77,7 +83,7 @@ int kvr_step_out_init(const struct kvr_step *st, struct kvr_step_out *o,
     if (!o->ctrl || !o->segs || !o->timings || !o->agent_timings)
         goto nomem;
     if (st->is_tail) {
-        if (!(o->results = kvr_calloc(up->max_segs, sizeof *o->results)))
+        if (!(o->results = kvr_calloc(up->max_rows, sizeof *o->results))) /* DRAFTS: per row */
             goto nomem;
     } else {
         if (!(o->rows = kvr_aligned_alloc(64, n_rows_f * sizeof(float))))
@@ -114,6 +120,8 @@ static void close_seq(struct kvr_step *st, uint32_t seq)
         st->open[seq] = false;
     }
     kvr_step_grammar_close(&st->grammars, seq);
+    if (st->is_tail)
+        st->n_draft[seq] = 0;
 }
 
 void kvr_step_reset(struct kvr_step *st)
@@ -148,10 +156,30 @@ static void replay_seq(struct kvr_step *st, const struct kvr_wire_ctrl *c)
     }
 }
 
+/* Tail: the drafted tokens of this batch's DRAFTS segment of the sequence, in order. More
+ * than a segment can carry is kept short, so the segment's check fails the batch. */
+static void take_draft(struct kvr_step *st, const struct kvr_wire_ctrl *c)
+{
+    if (!st->is_tail)
+        return;
+    uint32_t *n = &st->n_draft[c->seq];
+    int32_t *ids = st->drafts + (size_t)c->seq * KVR_SPEC_MAX_DRAFT;
+    for (uint32_t k = 0; k < c->draft.n_ids; k++) {
+        if (*n == KVR_SPEC_MAX_DRAFT) {
+            KVR_ERROR("stage %u: sequence %u: more than %d drafted tokens", st->index, c->seq,
+                      KVR_SPEC_MAX_DRAFT);
+            *n = KVR_SPEC_MAX_DRAFT + 1; /* never matches a segment's n_tokens - 1 */
+            return;
+        }
+        ids[(*n)++] = c->draft.ids[k];
+    }
+}
+
 /* Control records come before the batch's rows: an OPEN starts a sequence afresh (its slot
  * may hold a finished one), MAP gives it the KV blocks the bridge chose (DESIGN.md 12),
  * FREE and CANCEL release it everywhere, REPLAY restores the sampler of one just re-opened,
- * BIAS adds logit biases to the sampler of one just opened, GRAMMAR a piece of its grammar.
+ * BIAS adds logit biases to the sampler of one just opened, GRAMMAR a piece of its grammar,
+ * DRAFT names the drafted tokens of its DRAFTS segment.
  * A MAP that does not fit leaves the sequence without blocks, so its first segment fails
  * the batch and the bridge is told (RESET). */
 static void apply_control(struct kvr_step *st, const struct kvr_wire_frame *in)
@@ -169,6 +197,10 @@ static void apply_control(struct kvr_step *st, const struct kvr_wire_frame *in)
                 KVR_ERROR("stage %u: sequence %u: %s", st->index, c->seq, err.msg);
                 kvr_engine_seq_free(st->engine, c->seq);
             }
+            continue;
+        }
+        if (c->type == KVR_WIRE_CTRL_DRAFT) {
+            take_draft(st, c);
             continue;
         }
         if (c->type == KVR_WIRE_CTRL_BIAS) {
@@ -201,49 +233,100 @@ static void apply_control(struct kvr_step *st, const struct kvr_wire_frame *in)
 
 /* ---- the step ------------------------------------------------------------------------- */
 
+/* Tail: one token from one logits row. Logprobs are the model's own (log_softmax of the
+ * raw row, before a grammar's mask), as llama.cpp and vLLM report them. Returns 1. */
+static int sample_one(struct kvr_step *st, const struct kvr_seg *seg, float *logits,
+                      struct kvr_wire_result *res, unsigned long long id, struct kvr_err *err)
+{
+    bool lp = st->want_logprobs[seg->seq];
+    double lse = 0.0;
+    int n_top = lp ? kvr_logprobs_top(logits, (int32_t)st->n_vocab, st->n_top[seg->seq],
+                                      res->top, &lse)
+                   : 0;
+    if (kvr_step_grammar_mask(&st->grammars, seg->seq, logits, st->n_vocab))
+        return kvr_err_set(err, KVR_ENOMEM,
+                           "batch %llu: sequence %u: out of memory for its grammar mask", id,
+                           seg->seq);
+    int32_t tok = n_top < 0 ? n_top
+                            : kvr_sampler_sample(&st->samplers[seg->seq], logits,
+                                                 (int32_t)st->n_vocab, st->scratch, NULL);
+    if (tok < 0) /* no token to send: fail the batch rather than send an invalid id */
+        return kvr_err_set(err, KVR_EINVAL,
+                           "batch %llu: sequence %u: its logits row has no finite value "
+                           "to sample from",
+                           id, seg->seq);
+    kvr_sampler_accept(&st->samplers[seg->seq], tok);
+    kvr_step_grammar_accept(&st->grammars, seg->seq, tok);
+    res->seq = seg->seq;
+    res->token = tok;
+    res->logprob = lp ? kvr_logprobs_token(logits, tok, lse) : 0.0f;
+    res->n_top = (uint32_t)n_top;
+    res->flags = (lp ? KVR_WIRE_RESULT_LOGPROB : 0) |
+                 (st->tok && kvr_tok_is_eog(st->tok, tok) ? KVR_WIRE_RESULT_EOG : 0);
+    return 1;
+}
+
+/* Tail: the tokens of one segment that wants them, from its logits rows: one sampled token,
+ * or for a DRAFTS segment the drafts the target keeps and one of its own (spec_accept.h).
+ * Returns how many results it wrote at o->results + n. */
+static int sample_seg(struct kvr_step *st, const struct kvr_wire_frame *in,
+                      const struct kvr_seg *seg, float *logits, struct kvr_step_out *o,
+                      uint32_t n, struct kvr_err *err)
+{
+    unsigned long long id = (unsigned long long)in->hdr.batch_id;
+    if (!st->open[seg->seq])
+        return kvr_err_set(err, KVR_EPROTO,
+                           "batch %llu: sequence %u wants a token but was never opened", id,
+                           seg->seq);
+    uint32_t n_drafts = (seg->flags & KVR_SEG_DRAFTS) ? seg->n_tokens - 1 : 0;
+    if (n_drafts != st->n_draft[seg->seq])
+        return kvr_err_set(err, KVR_EPROTO,
+                           "batch %llu: sequence %u: %u drafted rows, %u drafted ids", id, seg->seq,
+                           n_drafts, st->n_draft[seg->seq]);
+    st->n_draft[seg->seq] = 0;
+    if (n_drafts == 0)
+        return sample_one(st, seg, logits, &o->results[n], id, err);
+    /* The bridge drafts for no sequence with a grammar or alternatives (spec_policy.h): a
+     * drafted row carries neither a mask nor alternatives. */
+    if (kvr_step_grammar_active(&st->grammars, seg->seq) || st->n_top[seg->seq])
+        return kvr_err_set(err, KVR_EPROTO,
+                           "batch %llu: sequence %u: drafts for a sequence with a grammar or "
+                           "alternatives", id, seg->seq);
+    int32_t toks[KVR_SPEC_MAX_DRAFT + 1];
+    float lps[KVR_SPEC_MAX_DRAFT + 1];
+    bool lp = st->want_logprobs[seg->seq];
+    int32_t kept = kvr_spec_verify(&st->samplers[seg->seq], logits, (int32_t)st->n_vocab,
+                                   st->drafts + (size_t)seg->seq * KVR_SPEC_MAX_DRAFT, n_drafts,
+                                   st->scratch, toks, lp ? lps : NULL);
+    if (kept < 0) /* no token to send: fail the batch rather than send an invalid id */
+        return kvr_err_set(err, KVR_EINVAL,
+                           "batch %llu: sequence %u: its logits row has no finite value "
+                           "to sample from",
+                           id, seg->seq);
+    for (int32_t j = 0; j < kept; j++)
+        o->results[n + (uint32_t)j] = (struct kvr_wire_result){
+            .seq = seg->seq,
+            .token = toks[j],
+            .logprob = lp ? lps[j] : 0.0f,
+            .flags = (lp ? KVR_WIRE_RESULT_LOGPROB : 0) |
+                     (st->tok && kvr_tok_is_eog(st->tok, toks[j]) ? KVR_WIRE_RESULT_EOG : 0)};
+    return kept;
+}
+
 /* Tail: sample every segment that wants a token. */
 static int sample_results(struct kvr_step *st, const struct kvr_wire_frame *in,
                           struct kvr_step_out *o, struct kvr_err *err)
 {
-    uint32_t n = 0;
+    uint32_t n = 0, row = 0;
     for (uint32_t i = 0; i < in->hdr.n_segs; i++) {
         const struct kvr_seg *seg = &in->segs[i];
         if (!(seg->flags & KVR_SEG_WANTS_TOKEN))
             continue;
-        if (!st->open[seg->seq])
-            return kvr_err_set(err, KVR_EPROTO,
-                               "batch %llu: sequence %u wants a token but "
-                               "was never opened",
-                               (unsigned long long)in->hdr.batch_id, seg->seq);
-        float *logits = st->logits + (size_t)n * st->n_vocab;
-        bool lp = st->want_logprobs[seg->seq];
-        /* Logprobs are the model's own (log_softmax of the raw row, before a grammar's
-         * mask), as llama.cpp and vLLM report them. */
-        double lse = 0.0;
-        int n_top = lp ? kvr_logprobs_top(logits, (int32_t)st->n_vocab, st->n_top[seg->seq],
-                                          o->results[n].top, &lse)
-                       : 0;
-        if (kvr_step_grammar_mask(&st->grammars, seg->seq, logits, st->n_vocab))
-            return kvr_err_set(err, KVR_ENOMEM, "batch %llu: sequence %u: out of memory for "
-                               "its grammar mask", (unsigned long long)in->hdr.batch_id, seg->seq);
-        int32_t tok = n_top < 0 ? n_top
-                                : kvr_sampler_sample(&st->samplers[seg->seq], logits,
-                                                     (int32_t)st->n_vocab, st->scratch, NULL);
-        if (tok < 0) /* no token to send: fail the batch rather than send an invalid id */
-            return kvr_err_set(err, KVR_EINVAL,
-                               "batch %llu: sequence %u: its logits row has no finite value "
-                               "to sample from",
-                               (unsigned long long)in->hdr.batch_id, seg->seq);
-        kvr_sampler_accept(&st->samplers[seg->seq], tok);
-        kvr_step_grammar_accept(&st->grammars, seg->seq, tok);
-        struct kvr_wire_result *res = &o->results[n];
-        res->seq = seg->seq;
-        res->token = tok;
-        res->logprob = lp ? kvr_logprobs_token(logits, tok, lse) : 0.0f;
-        res->n_top = (uint32_t)n_top;
-        res->flags = (lp ? KVR_WIRE_RESULT_LOGPROB : 0) |
-                     (st->tok && kvr_tok_is_eog(st->tok, tok) ? KVR_WIRE_RESULT_EOG : 0);
-        n++;
+        int kept = sample_seg(st, in, seg, st->logits + (size_t)row * st->n_vocab, o, n, err);
+        if (kept < 0)
+            return kept;
+        n += (uint32_t)kept;
+        row += (seg->flags & KVR_SEG_DRAFTS) ? seg->n_tokens : 1;
     }
     o->msg.results = o->results;
     o->msg.n_results = n;

@@ -12,7 +12,9 @@
  * there with no further copy (f16/bf16 rows are narrowed once, for the wire).
  *
  * State: the tail keeps one sampler per sequence slot (OPEN sets it up, REPLAY restores
- * it, FREE/CANCEL drop it); every stage's KV lives in its engine. Everything is allocated
+ * it, FREE/CANCEL drop it) and the drafted tokens of its batch's DRAFTS segment (DRAFT
+ * records; model/spec_accept.h decides which it keeps); every stage's KV lives in its
+ * engine. Everything is allocated
  * by kvr_step_init / kvr_step_out_init.
  *
  * Threads: one thread (the compute thread) uses a step and its outs at a time. */
@@ -45,6 +47,9 @@ struct kvr_step {
     struct kvr_sample_scratch *scratch;
     float *logits;                     /* [row_width x n_vocab] */
     struct kvr_step_grammars grammars; /* constrained sequences (GRAMMAR records) */
+    float *logits;     /* [row_width x n_vocab] */
+    int32_t *drafts;   /* [max_seqs x KVR_SPEC_MAX_DRAFT] DRAFT records' ids, this batch */
+    uint32_t *n_draft; /* [max_seqs] */
 };
 
 /* One frame to send on, built by kvr_step_run. */
@@ -54,7 +59,7 @@ struct kvr_step_out {
     struct kvr_seg *segs;                  /* [max_segs] */
     struct kvr_wire_timing *timings;       /* [n_stages + 1] */
     struct kvr_wire_timing *agent_timings; /* [upstream's agent records + the plan's agents] */
-    struct kvr_wire_result *results;       /* tail: [max_segs] */
+    struct kvr_wire_result *results;       /* tail: [max_rows] */
     float *rows;                           /* non-tail: [row_width x n_embd] engine output */
     void *wire_rows;                       /* non-tail, f16/bf16 wire: the rows narrowed */
 };

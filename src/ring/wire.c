@@ -31,7 +31,7 @@
  *
  * Control record (48 bytes)
  *     0   2  type           enum kvr_wire_ctrl_type: 1 OPEN, 2 FREE, 3 CANCEL, 4 REPLAY,
- *                           5 MAP, 6 BIAS, 7 GRAMMAR
+ *                           5 MAP, 6 BIAS, 7 GRAMMAR, 8 DRAFT
  *     2   2  flags          OPEN: bit 0 = results carry logprobs, bits 8..12 = how many
  *                           alternatives each result carries (0..20, only with bit 0);
  *                           otherwise 0
@@ -67,14 +67,20 @@
  *     8   4  offset         u32: a multiple of 32, < total
  *    12   4  total          u32: the text's bytes, 1 ..= 262144
  *    16  32  text           min(32, total - offset) bytes of GBNF; 0 past them
+ *   DRAFT (struct kvr_wire_draft; flags 0):
+ *     8   4  n_ids          u32, 1..9
+ *    12  36  ids            9 x i32: drafted tokens, < n_vocab; 0 past n_ids
  *
  * Segment record (16 bytes): struct kvr_seg
  *     0   4  seq   4   4  pos0   8   4  n_tokens   12   4  flags (enum kvr_seg_flag)
+ *   flags: PREFILL (+ LAST_CHUNK (+ WANTS_TOKEN)), or DECODE + WANTS_TOKEN with one token,
+ *   or DECODE + WANTS_TOKEN + DRAFTS with 2..1 + KVR_SPEC_MAX_DRAFT tokens.
  *
  * Payload: tokens (int32 each), rows (n_rows x n_embd values, row after row, segment after
  * segment), or result records followed by their alternatives.
  *
- * Result record (16 bytes)
+ * Result record (16 bytes), one per WANTS_TOKEN segment in order (1..n_tokens consecutive
+ * ones for a DRAFTS segment)
  *     0   4  seq   4   4  token (i32)   8   4  logprob (f32)
  *    12   4  flags: bit 0 LOGPROB, bit 1 EOG, bits 8..12 n_top (alternatives, 0..20, only
  *              with LOGPROB)
@@ -90,6 +96,7 @@
 
 #include "core/alloc.h"
 #include "model/dtype.h"
+#include "model/spec_accept.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -423,8 +430,8 @@ static int check_data_kind(const struct kvr_wire_header *h, const struct kvr_wir
     case KVR_WIRE_RESULT:
         if (h->payload != KVR_WIRE_PAYLOAD_RESULTS)
             return PROTO("RESULT frame carries %s, not results", kvr_wire_payload_name(h->payload));
-        if (h->n_results > h->n_segs)
-            return PROTO("RESULT frame has %u results for %u segments", h->n_results, h->n_segs);
+        if (h->n_results > h->n_rows)
+            return PROTO("RESULT frame has %u results for %u rows", h->n_results, h->n_rows);
         break;
     }
     return KVR_OK;
@@ -615,6 +622,25 @@ static int decode_grammar(const uint8_t *p, uint32_t i, struct kvr_wire_ctrl *c,
     return KVR_OK;
 }
 
+static int decode_draft(const uint8_t *p, uint32_t i, const struct kvr_wire_limits *lim,
+                        struct kvr_wire_ctrl *c, struct kvr_err *err)
+{
+    struct kvr_wire_draft *d = &c->draft;
+    d->n_ids = kvr_ld32(p + 8);
+    if (c->flags || d->n_ids < 1 || d->n_ids > KVR_WIRE_DRAFT_IDS)
+        return PROTO("control record %u (DRAFT seq %u): flags 0x%x, %u ids (1..%d)", i, c->seq,
+                     c->flags, d->n_ids, KVR_WIRE_DRAFT_IDS);
+    for (uint32_t k = 0; k < KVR_WIRE_DRAFT_IDS; k++) {
+        d->ids[k] = (int32_t)kvr_ld32(p + 12 + 4 * k);
+        if (k >= d->n_ids ? d->ids[k] != 0
+                          : d->ids[k] < 0 || (lim->n_vocab && (uint32_t)d->ids[k] >= lim->n_vocab))
+            return PROTO("control record %u (DRAFT seq %u): token id %d at %u is %s", i, c->seq,
+                         d->ids[k], k,
+                         k >= d->n_ids ? "past n_ids and not 0" : "outside the vocabulary");
+    }
+    return KVR_OK;
+}
+
 /* OPEN: the sampling parameters, in the ranges wire.h gives (n_bias stays 0). */
 static int decode_open(const uint8_t *p, uint32_t i, const struct kvr_wire_limits *lim,
                        struct kvr_wire_ctrl *c, struct kvr_err *err)
@@ -678,6 +704,8 @@ static int decode_ctrl(const uint8_t *p, uint32_t i, const struct kvr_wire_limit
         return decode_bias(p, i, lim, c, err);
     case KVR_WIRE_CTRL_GRAMMAR:
         return decode_grammar(p, i, c, err);
+    case KVR_WIRE_CTRL_DRAFT:
+        return decode_draft(p, i, lim, c, err);
     case KVR_WIRE_CTRL_OPEN:
         return decode_open(p, i, lim, c, err);
     default: /* FREE, CANCEL: nothing but the seq */
@@ -715,8 +743,12 @@ static int decode_seg(const uint8_t *p, uint32_t i, const struct kvr_wire_limits
         bad = "must be exactly one of PREFILL and DECODE";
     else if ((fl & KVR_SEG_LAST_CHUNK) && !prefill)
         bad = "LAST_CHUNK without PREFILL";
-    else if (decode && s->n_tokens != 1)
+    else if ((fl & KVR_SEG_DRAFTS) && (!decode || !(fl & KVR_SEG_WANTS_TOKEN)))
+        bad = "DRAFTS only on a DECODE segment that wants a token";
+    else if (decode && !(fl & KVR_SEG_DRAFTS) && s->n_tokens != 1)
         bad = "a DECODE segment carries exactly one token";
+    else if ((fl & KVR_SEG_DRAFTS) && (s->n_tokens < 2 || s->n_tokens > 1 + KVR_SPEC_MAX_DRAFT))
+        bad = "a DRAFTS segment carries its last token and 1..16 drafted ones";
     else if ((fl & KVR_SEG_WANTS_TOKEN) && !decode && !(fl & KVR_SEG_LAST_CHUNK))
         bad = "WANTS_TOKEN only on a DECODE segment or a LAST_CHUNK";
     if (bad)
@@ -796,46 +828,62 @@ static int decode_tops(struct kvr_wire_frame *f, const uint8_t *p,
     return KVR_OK;
 }
 
-/* RESULT: one record per segment that wants a token, in the segments' order, then their
+/* One result record at q into r, checked alone; its n_top alternatives come later. */
+static int decode_result(const uint8_t *q, uint32_t k, const struct kvr_wire_limits *lim,
+                         struct kvr_wire_result *r, struct kvr_err *err)
+{
+    r->seq = kvr_ld32(q);
+    r->token = (int32_t)kvr_ld32(q + 4);
+    r->logprob = kvr_ldf32(q + 8);
+    r->flags = kvr_ld32(q + 12);
+    r->n_top = (r->flags & KVR_WIRE_TOP_MASK) >> KVR_WIRE_TOP_SHIFT;
+    r->flags &= ~KVR_WIRE_TOP_MASK;
+    if (r->token < 0 || (lim->n_vocab && (uint32_t)r->token >= lim->n_vocab))
+        return PROTO("result %u (seq %u) has token id %d outside the vocabulary", k, r->seq,
+                     r->token);
+    if (r->flags & ~((1u << KVR_WIRE_RESULT_FLAG_COUNT) - 1))
+        return PROTO("result %u (seq %u) has unknown flags 0x%x", k, r->seq, r->flags);
+    bool has = r->flags & KVR_WIRE_RESULT_LOGPROB;
+    /* A log-probability is <= 0 (-inf allowed: underflow); NaN fails the test. */
+    if (has ? !(r->logprob <= 0.0f) : kvr_ld32(q + 8) != 0 || r->n_top)
+        return PROTO("result %u (seq %u) has logprob %g with flags 0x%x and %u alternatives", k,
+                     r->seq, (double)r->logprob, r->flags, r->n_top);
+    if (r->n_top > KVR_LOGPROBS_MAX_TOP)
+        return PROTO("result %u (seq %u) has %u alternatives, at most %d", k, r->seq, r->n_top,
+                     KVR_LOGPROBS_MAX_TOP);
+    return KVR_OK;
+}
+
+/* RESULT: one record per segment that wants a token, in the segments' order (a DRAFTS
+ * segment's 1..n_tokens records are the consecutive ones with its seq), then their
  * alternatives. */
 static int decode_results(struct kvr_wire_frame *f, const uint8_t *p,
                           const struct kvr_wire_limits *lim, struct kvr_err *err)
 {
     const struct kvr_wire_header *h = &f->hdr;
-    if (h->n_results != f->n_logit_rows)
-        return PROTO("RESULT frame has %u results for %u segments that want a token", h->n_results,
-                     f->n_logit_rows);
     uint32_t k = 0;
     for (uint32_t i = 0; i < h->n_segs; i++) {
-        if (!(f->segs[i].flags & KVR_SEG_WANTS_TOKEN))
+        const struct kvr_seg *sg = &f->segs[i];
+        if (!(sg->flags & KVR_SEG_WANTS_TOKEN))
             continue;
-        const uint8_t *q = p + (size_t)k * KVR_WIRE_RESULT_BYTES;
-        struct kvr_wire_result *r = &f->results[k];
-        r->seq = kvr_ld32(q);
-        r->token = (int32_t)kvr_ld32(q + 4);
-        r->logprob = kvr_ldf32(q + 8);
-        r->flags = kvr_ld32(q + 12);
-        r->n_top = (r->flags & KVR_WIRE_TOP_MASK) >> KVR_WIRE_TOP_SHIFT;
-        r->flags &= ~KVR_WIRE_TOP_MASK;
-        if (r->seq != f->segs[i].seq)
-            return PROTO("result %u is for seq %u; segment %u (the %u-th wanting a "
-                         "token) is seq %u",
-                         k, r->seq, i, k, f->segs[i].seq);
-        if (r->token < 0 || (lim->n_vocab && (uint32_t)r->token >= lim->n_vocab))
-            return PROTO("result %u (seq %u) has token id %d outside the vocabulary", k, r->seq,
-                         r->token);
-        if (r->flags & ~((1u << KVR_WIRE_RESULT_FLAG_COUNT) - 1))
-            return PROTO("result %u (seq %u) has unknown flags 0x%x", k, r->seq, r->flags);
-        bool has = r->flags & KVR_WIRE_RESULT_LOGPROB;
-        /* A log-probability is <= 0 (-inf allowed: underflow); NaN fails the test. */
-        if (has ? !(r->logprob <= 0.0f) : kvr_ld32(q + 8) != 0 || r->n_top)
-            return PROTO("result %u (seq %u) has logprob %g with flags 0x%x and %u alternatives", k,
-                         r->seq, (double)r->logprob, r->flags, r->n_top);
-        if (r->n_top > KVR_LOGPROBS_MAX_TOP)
-            return PROTO("result %u (seq %u) has %u alternatives, at most %d", k, r->seq, r->n_top,
-                         KVR_LOGPROBS_MAX_TOP);
-        k++;
+        uint32_t most = (sg->flags & KVR_SEG_DRAFTS) ? sg->n_tokens : 1, n = 0;
+        for (; k < h->n_results && n < most; k++, n++) {
+            int rc =
+                decode_result(p + (size_t)k * KVR_WIRE_RESULT_BYTES, k, lim, &f->results[k], err);
+            if (rc)
+                return rc;
+            if (f->results[k].seq != sg->seq && n > 0)
+                break; /* the next segment's */
+            if (f->results[k].seq != sg->seq)
+                return PROTO("result %u is for seq %u; segment %u (wanting a token) is seq %u", k,
+                             f->results[k].seq, i, sg->seq);
+        }
+        if (n == 0)
+            return PROTO("RESULT frame has no result for segment %u (seq %u)", i, sg->seq);
     }
+    if (k != h->n_results)
+        return PROTO("RESULT frame has %u results; its %u segments that want a token took %u",
+                     h->n_results, f->n_logit_rows, k);
     return decode_tops(f, p + (size_t)h->n_results * KVR_WIRE_RESULT_BYTES, lim, err);
 }
 
@@ -952,6 +1000,10 @@ static uint8_t *put_ctrl(uint8_t *p, const struct kvr_wire_ctrl *c)
         kvr_st32(p + 12, g->total);
         uint32_t n = g->total > g->offset ? g->total - g->offset : 0;
         memcpy(p + 16, g->text, n < KVR_WIRE_GRAMMAR_BYTES ? n : KVR_WIRE_GRAMMAR_BYTES);
+    } else if (c->type == KVR_WIRE_CTRL_DRAFT) {
+        kvr_st32(p + 8, c->draft.n_ids);
+        for (uint32_t k = 0; k < KVR_WIRE_DRAFT_IDS && k < c->draft.n_ids; k++)
+            kvr_st32(p + 12 + 4 * k, (uint32_t)c->draft.ids[k]);
     }
     return p + KVR_WIRE_CTRL_BYTES;
 }

@@ -13,7 +13,8 @@
  *             (open/free/cancel a sequence), and the payload: token ids (to the head) or
  *             boundary rows n_rows x n_embd in the plan's wire dtype (between stages).
  *   RESULT    tail -> bridge: the same membership and control records, and one result
- *             record per segment flagged KVR_SEG_WANTS_TOKEN (its sampled token).
+ *             record per segment flagged KVR_SEG_WANTS_TOKEN (its sampled token); 1..n_tokens
+ *             records for a segment also flagged KVR_SEG_DRAFTS (the tokens it kept).
  *   HEARTBEAT sender -> receiver when idle, so a silent peer can be told from a dead one.
  *   GOODBYE   sender -> receiver before a deliberate close.
  *   EXPERT, EXPERT_RESULT  a stage's rows to an expert agent and the agent's answer
@@ -130,7 +131,8 @@ enum kvr_wire_ctrl_type {
     KVR_WIRE_CTRL_MAP = 5,    /* the KV blocks a just-opened sequence uses (every stage) */
     KVR_WIRE_CTRL_BIAS = 6,   /* logit biases of a sequence just opened (the tail only) */
     KVR_WIRE_CTRL_GRAMMAR = 7, /* a piece of its grammar's text (the tail only) */
-    KVR_WIRE_CTRL_TYPE_COUNT = 8
+    KVR_WIRE_CTRL_DRAFT = 8,   /* the drafted tokens of the sequence's DRAFTS segment (tail) */
+    KVR_WIRE_CTRL_TYPE_COUNT = 9
 };
 
 /* (token, bias) pairs one BIAS record carries. */
@@ -209,6 +211,18 @@ struct kvr_wire_grammar {
     uint8_t text[KVR_WIRE_GRAMMAR_BYTES]; /* n = min(32, total - offset) bytes; 0 past n */
 };
 
+/* Token ids one DRAFT record carries. */
+#define KVR_WIRE_DRAFT_IDS 9
+
+/* The drafted tokens d1..dk of the sequence's segment flagged KVR_SEG_DRAFTS in the same
+ * batch (model/spec_accept.h): the head reads them from the token payload, but the tail
+ * must know them to decide where its own tokens depart from them. Several records apply in
+ * order; the tail checks that they name exactly n_tokens - 1 ids. */
+struct kvr_wire_draft {
+    uint32_t n_ids;                  /* 1 ..= KVR_WIRE_DRAFT_IDS */
+    int32_t ids[KVR_WIRE_DRAFT_IDS]; /* < n_vocab; 0 past n_ids */
+};
+
 struct kvr_wire_ctrl {
     uint32_t type;  /* enum kvr_wire_ctrl_type */
     uint32_t flags; /* OPEN: enum kvr_wire_open_flag bits; else 0 */
@@ -219,6 +233,7 @@ struct kvr_wire_ctrl {
         struct kvr_wire_map map;           /* MAP */
         struct kvr_wire_bias bias;         /* BIAS */
         struct kvr_wire_grammar grammar;   /* GRAMMAR */
+        struct kvr_wire_draft draft;       /* DRAFT */
     };
 };
 
@@ -228,9 +243,10 @@ enum kvr_wire_result_flag {
     KVR_WIRE_RESULT_FLAG_COUNT = 2
 };
 
-/* The tail's answer for one segment flagged KVR_SEG_WANTS_TOKEN. On the wire the n_top
- * alternatives of every result follow all the result records, in the results' order
- * (wire.c), and n_top travels in the record's flags (KVR_WIRE_TOP_MASK). */
+/* The tail's answer for one segment flagged KVR_SEG_WANTS_TOKEN (one of them, in order, for
+ * a DRAFTS segment: a seq's records are consecutive). On the wire the n_top alternatives of
+ * every result follow all the result records, in the results' order (wire.c), and n_top
+ * travels in the record's flags (KVR_WIRE_TOP_MASK). */
 struct kvr_wire_result {
     uint32_t seq;
     int32_t token;  /* sampled token id, < n_vocab */
@@ -317,7 +333,7 @@ struct kvr_wire_frame {
                                               the stages' records only, once decoded */
     struct kvr_wire_timing *agent_timings; /* n_agent_timings agent records */
     uint32_t n_agent_timings, cap_agent_timings;
-    uint32_t n_logit_rows; /* segments flagged WANTS_TOKEN */
+    uint32_t n_logit_rows; /* segments flagged WANTS_TOKEN (each wants >= 1 result) */
     uint32_t cap_ctrl, cap_segs, cap_timings;
     uint64_t *seq_seen; /* decoder scratch: one bit per seq slot */
     uint32_t cap_seqs;

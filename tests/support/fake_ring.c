@@ -52,6 +52,12 @@ void sh_on_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched_even
 int sh_init(struct sh *h, uint32_t mb, uint32_t rows, uint32_t seqs, uint32_t blocks,
             bool admission)
 {
+    return sh_init_spec(h, mb, rows, seqs, blocks, admission, KVR_SPEC_OFF);
+}
+
+int sh_init_spec(struct sh *h, uint32_t mb, uint32_t rows, uint32_t seqs, uint32_t blocks,
+                 bool admission, enum kvr_spec_mode spec)
+{
     memset(h, 0, sizeof *h);
     struct kvr_plan *p = &h->plan;
     p->n_stages = 2;
@@ -67,6 +73,7 @@ int sh_init(struct sh *h, uint32_t mb, uint32_t rows, uint32_t seqs, uint32_t bl
                                    .max_waiting = 6,
                                    .admission = admission,
                                    .prefix_cache = true,
+                                   .spec = spec,
                                    .event = sh_on_event,
                                    .event_ctx = h};
     struct kvr_err err = {0};
@@ -116,7 +123,7 @@ void sh_stage_view(struct sh *h, const struct sh_batch *bt)
                 sh_failf(h, "batch %llu re-opens seq %u before freeing it",
                          (unsigned long long)bt->id, c->seq);
             h->open[c->seq] = true;
-            h->n_mapped[c->seq] = h->n_pos[c->seq] = 0;
+            h->n_mapped[c->seq] = h->n_pos[c->seq] = h->rewritable[c->seq] = 0;
             h->n_grammar_got[c->seq] = h->n_replay_ids[c->seq] = 0;
         } else if (c->type == KVR_WIRE_CTRL_REPLAY) {
             if (!h->open[c->seq])
@@ -138,6 +145,10 @@ void sh_stage_view(struct sh *h, const struct sh_batch *bt)
             }
             memcpy(h->grammar_got[c->seq] + gr->offset, gr->text, n);
             h->n_grammar_got[c->seq] += n;
+        } else if (c->type == KVR_WIRE_CTRL_DRAFT) {
+            if (!h->open[c->seq] || c->draft.n_ids == 0 || c->draft.n_ids > KVR_WIRE_DRAFT_IDS)
+                sh_failf(h, "bad DRAFT for seq %u", c->seq);
+            h->n_drafted[c->seq] += c->draft.n_ids;
         } else if (c->type == KVR_WIRE_CTRL_MAP) {
             const struct kvr_wire_map *m = &c->map;
             if (!h->open[c->seq] || m->first != h->n_mapped[c->seq] || m->n_ids == 0 ||
@@ -164,7 +175,11 @@ void sh_stage_view(struct sh *h, const struct sh_batch *bt)
             continue; /* reported below */
         if ((g->flags & KVR_SEG_WANTS_TOKEN) && sh_grammar_pending(h, g->seq))
             sh_failf(h, "seq %u wants a token before its grammar arrived", g->seq);
-        if (g->pos0 != h->n_pos[g->seq] ||
+        uint32_t drafted = (g->flags & KVR_SEG_DRAFTS) ? g->n_tokens - 1 : 0;
+        if (h->n_drafted[g->seq] != drafted)
+            sh_failf(h, "seq %u: %u drafted rows, %u DRAFT ids", g->seq, drafted,
+                     h->n_drafted[g->seq]);
+        if (g->pos0 > h->n_pos[g->seq] || g->pos0 + h->rewritable[g->seq] < h->n_pos[g->seq] ||
             (g->pos0 + g->n_tokens + SH_BT - 1) / SH_BT > h->n_mapped[g->seq] ||
             (h->n_pos[g->seq] + SH_BT - 1) / SH_BT > h->n_mapped[g->seq]) {
             sh_failf(h, "seq %u writes [%u, +%u) with %u positions in %u blocks", g->seq, g->pos0,
@@ -181,6 +196,8 @@ void sh_stage_view(struct sh *h, const struct sh_batch *bt)
             h->kv[b][pos % SH_BT] = bt->tokens[row];
         }
         h->n_pos[g->seq] = g->pos0 + g->n_tokens;
+        h->rewritable[g->seq] = drafted;
+        h->n_drafted[g->seq] = 0;
     }
     uint32_t rows = 0;
     for (uint32_t k = 0; k < bt->n_segs; k++) {
@@ -261,10 +278,17 @@ int sh_deliver(struct sh *h)
     uint32_t n_res = 0;
     for (uint32_t k = 0; k < bt->n_segs; k++) {
         const struct kvr_seg *g = &bt->segs[k];
-        if (g->flags & KVR_SEG_WANTS_TOKEN) {
-            int32_t t = sh_model(h, g->seq, g->pos0 + g->n_tokens - 1);
+        if (!(g->flags & KVR_SEG_WANTS_TOKEN))
+            continue;
+        /* A DRAFTS segment: the tokens the drafts agree with, then one of its own. */
+        uint32_t first = (g->flags & KVR_SEG_DRAFTS) ? g->pos0 : g->pos0 + g->n_tokens - 1;
+        for (uint32_t pos = first; pos < g->pos0 + g->n_tokens; pos++) {
+            int32_t t = sh_model(h, g->seq, pos);
             res[n_res++] = (struct kvr_wire_result){
                 .seq = g->seq, .token = t, .flags = t == SH_EOG ? KVR_WIRE_RESULT_EOG : 0};
+            uint32_t nx = pos + 1;
+            if (nx == g->pos0 + g->n_tokens || h->kv[h->table[g->seq][nx / SH_BT]][nx % SH_BT] != t)
+                break;
         }
     }
     uint64_t held = SH_MS + bt->n_rows * SH_MS / 10;
@@ -350,6 +374,8 @@ int sh_submit(struct sh *h, uint32_t i, uint32_t n_prompt, uint32_t max_tokens, 
     q->r.req.sampling.temperature = temperature;
     q->r.req.sampling.repeat_penalty = repeat_penalty;
     q->r.req.sampling.seed = i;
+    q->r.req.prediction = h->prediction;
+    q->r.req.n_prediction = h->n_prediction;
     q->r.generated = q->gen;
     q->r.user = q;
     q->r.prompt_of = h->prompt_of;

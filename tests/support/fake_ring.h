@@ -17,8 +17,10 @@
  *     a slot that is not open (FREE precedes any re-OPEN), segments and REPLAY only on an
  *     open slot;
  *   - a sequence wants a token from at most one live batch in the ring;
- *   - KV: a segment continues its sequence (pos0 == positions it has), within its mapped
- *     blocks, and never writes a block another open sequence maps;
+ *   - KV: a segment continues its sequence (pos0 == positions it has, or rewrites the rows a
+ *     DRAFTS segment drafted), within its mapped blocks, and never writes a block another
+ *     open sequence maps; DRAFT records name exactly a DRAFTS segment's drafted rows, which
+ *     the tail keeps as the real one does (model/spec_accept.h, greedy);
  *   - kvr_sched_check (KV accounting, in-flight counts, slots and wait queue). */
 #ifndef KVR_TESTS_FAKE_RING_H
 #define KVR_TESTS_FAKE_RING_H
@@ -83,6 +85,10 @@ struct sh {
     uint32_t n_grammar_got[SH_MAX_SEQS];
     uint32_t n_replay_ids[SH_MAX_SEQS]; /* REPLAY ids since the OPEN */
     uint64_t prompt_of;           /* sh_submit: the requests' prompt_of (sched.h) */
+    const int32_t *prediction;    /* sh_submit: every request's prediction (may be NULL) */
+    uint32_t n_prediction;
+    uint32_t n_drafted[SH_MAX_SEQS];  /* the stages' view: DRAFT ids of the batch being seen */
+    uint32_t rewritable[SH_MAX_SEQS]; /* ... rows the last DRAFTS segment drafted */
     uint64_t n_batches_sent, n_results;
     struct sh_batch last; /* the last batch sent */
     char fail[256];
@@ -95,6 +101,9 @@ void sh_on_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched_even
 /* A plan of `mb` micro-batches, `rows` row width, `seqs` slots, `blocks` KV blocks of 16. */
 int sh_init(struct sh *h, uint32_t mb, uint32_t rows, uint32_t seqs, uint32_t blocks,
             bool admission);
+/* The same with speculation in `spec` mode (sched.h). */
+int sh_init_spec(struct sh *h, uint32_t mb, uint32_t rows, uint32_t seqs, uint32_t blocks,
+                 bool admission, enum kvr_spec_mode spec);
 void sh_check(struct sh *h);
 /* Whether seq's request has a grammar the stages have not all received (GRAMMAR). */
 bool sh_grammar_pending(const struct sh *h, uint32_t seq);

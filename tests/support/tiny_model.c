@@ -16,9 +16,15 @@
 void kvr_test_tiny_model(const char *name, uint64_t seed, char **buf, size_t *len,
                          struct kvr_gguf **g, struct kvr_hparams *hp)
 {
+    kvr_test_tiny_model_layers(name, seed, 2, buf, len, g, hp);
+}
+
+void kvr_test_tiny_model_layers(const char *name, uint64_t seed, uint32_t n_layers, char **buf,
+                                size_t *len, struct kvr_gguf **g, struct kvr_hparams *hp)
+{
     struct kvr_synth_opts o = {
         .arch = kvr_arch_find("llama", 5), .type = KVR_DTYPE_F32, .seed = seed, .n_threads = 1};
-    o.shape = (struct kvr_synth_shape){.n_layers = 2,
+    o.shape = (struct kvr_synth_shape){.n_layers = n_layers,
                                        .dim = 64,
                                        .ff = 96,
                                        .n_heads = 4,

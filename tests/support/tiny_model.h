@@ -14,5 +14,8 @@
 /* *buf (free it after kvr_gguf_close) holds *len bytes of GGUF, *g reads it, *hp is filled. */
 void kvr_test_tiny_model(const char *name, uint64_t seed, char **buf, size_t *len,
                          struct kvr_gguf **g, struct kvr_hparams *hp);
+/* The same with n_layers layers (a ring of up to n_layers stages). */
+void kvr_test_tiny_model_layers(const char *name, uint64_t seed, uint32_t n_layers, char **buf,
+                                size_t *len, struct kvr_gguf **g, struct kvr_hparams *hp);
 
 #endif

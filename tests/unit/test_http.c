@@ -257,7 +257,7 @@ static void fake_telemetry(void *ctx, struct kvr_telemetry_reader *reader,
 
 static const struct kvr_service_ops fake_ops = {
     fake_submit,  fake_next, fake_cancel,   fake_release,   fake_health,
-    fake_metrics, NULL,      fake_estimate, fake_telemetry,
+    fake_metrics, NULL,      fake_estimate, fake_telemetry, NULL,
 };
 
 /* " Once upon a time.é The end." then EOS. */

@@ -227,8 +227,17 @@ static const struct bad_case bad_cases[] = {
      0, 400, "only text output is supported", "modalities"},
     {H,
      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
-     "\"prediction\": {\"type\": \"content\", \"content\": \"x\"}}",
-     0, 400, "predicted outputs are not supported", "prediction"},
+     "\"prediction\": {\"type\": \"text\", \"content\": \"x\"}}",
+     0, 400, "'prediction.type' must be \"content\"", "prediction.type"},
+    {C, "{\"prompt\": \"hi\", \"prediction\": {\"type\": \"content\", \"content\": 3}}", 0, 400,
+     "a string or an array of text parts", "prediction.content"},
+    {C,
+     "{\"prompt\": \"hi\", \"prediction\": {\"type\": \"content\", \"content\": "
+     "[{\"type\": \"image\", \"text\": \"x\"}]}}",
+     0, 400, "each part of 'prediction.content'", "prediction.content"},
+    {C,
+     "{\"prompt\": \"hi\", \"prediction\": {\"type\": \"content\", \"content\": \"x\", \"n\": 1}}",
+     0, 400, "n", "prediction.n"},
     {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"store\": true}", 0, 400,
      "stored completions", "store"},
     {C, "{\"prompt\": \"hi\", \"typical_p\": 0.5}", 0, 400, "typical sampling", "typical_p"},
@@ -476,7 +485,6 @@ static void test_every_refused_field(void **state)
         {"guided_choice", "[\"a\"]"},
         {"guided_grammar", "\"x\""},
         {"structured_outputs", "{}"},
-        {"prediction", "{}"},
         {"audio", "{}"},
         {"reasoning_effort", "\"low\""},
         {"verbosity", "\"low\""},
@@ -545,6 +553,36 @@ static void test_tools(void **state)
     kvr_openai_req_fini(&r);
     parse_ok(&r, H, TOOLS_BODY("\"tool_choice\": \"none\""));
     assert_int_equal(r.tools.choice, KVR_TOOL_CHOICE_NONE);
+    kvr_openai_req_fini(&r);
+}
+
+/* "prediction": a string or text parts, its text in order (speculation drafts from it). */
+static void test_prediction(void **state)
+{
+    (void)state;
+    struct kvr_openai_req r;
+    struct kvr_sbuf text;
+    parse_ok(&r, KVR_OPENAI_CHAT,
+             "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"prediction\": "
+             "{\"type\": \"content\", \"content\": \"abc\"}}");
+    assert_non_null(r.prediction);
+    kvr_sbuf_init(&text);
+    kvr_openai_prediction_text(&r, &text);
+    assert_int_equal(text.len, 3);
+    assert_memory_equal(text.data, "abc", 3);
+    kvr_sbuf_fini(&text);
+    kvr_openai_req_fini(&r);
+    parse_ok(&r, KVR_OPENAI_COMPLETIONS,
+             "{\"prompt\": \"hi\", \"prediction\": {\"type\": \"content\", \"content\": "
+             "[{\"type\": \"text\", \"text\": \"ab\"}, {\"type\": \"text\", \"text\": \"cd\"}]}}");
+    kvr_sbuf_init(&text);
+    kvr_openai_prediction_text(&r, &text);
+    assert_int_equal(text.len, 4);
+    assert_memory_equal(text.data, "abcd", 4);
+    kvr_sbuf_fini(&text);
+    kvr_openai_req_fini(&r);
+    parse_ok(&r, KVR_OPENAI_COMPLETIONS, "{\"prompt\": \"hi\", \"prediction\": null}");
+    assert_null(r.prediction);
     kvr_openai_req_fini(&r);
 }
 
@@ -1045,6 +1083,7 @@ int main(void)
         cmocka_unit_test(test_every_refused_field),
         cmocka_unit_test(test_grammar_fields),
         cmocka_unit_test(test_tools),
+        cmocka_unit_test(test_prediction),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

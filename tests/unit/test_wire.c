@@ -551,9 +551,9 @@ static void test_header_rejections(void **state)
     fix_crc(buf);
     expect_reject(len, &lim, "result payload", "RESULT frame carries f32");
     len = encode_result(results3, 3);
-    kvr_st16(buf + 26, 5);
+    kvr_st16(buf + 26, 12);
     fix_crc(buf);
-    expect_reject(len, &lim, "results > segments", "5 results for 4 segments");
+    expect_reject(len, &lim, "results > rows", "12 results for 11 rows");
     len = encode_result(results3, 3);
     kvr_st16(buf + 24, 2);
     fix_crc(buf);
@@ -570,11 +570,11 @@ static void test_header_rejections(void **state)
 static size_t batch_with(const struct kvr_seg *segs, uint32_t n_segs,
                          const struct kvr_wire_ctrl *ctrl, uint32_t n_ctrl)
 {
-    static int32_t tokens[16];
+    static int32_t tokens[32];
     uint32_t rows = 0;
     for (uint32_t i = 0; i < n_segs; i++)
         rows += segs[i].n_tokens;
-    assert_true(rows <= 16);
+    assert_true(rows <= 32);
     struct kvr_wire_msg m = {.type = KVR_WIRE_BATCH,
                              .ctrl = ctrl,
                              .n_ctrl = n_ctrl,
@@ -593,7 +593,7 @@ static void test_segment_rejections(void **state)
     struct kvr_wire_limits lim;
     limits(&lim, 0);
     const uint32_t P = KVR_SEG_PREFILL, L = KVR_SEG_LAST_CHUNK, D = KVR_SEG_DECODE,
-                   W = KVR_SEG_WANTS_TOKEN;
+                   W = KVR_SEG_WANTS_TOKEN, S = KVR_SEG_DRAFTS;
     struct {
         const char *what;
         struct kvr_seg seg[2];
@@ -603,7 +603,10 @@ static void test_segment_rejections(void **state)
         {"seq range", {{1, 0, 2, P}, {8, 0, 1, D}}, "names seq 8; the plan has 8"},
         {"past n_ctx", {{1, 120, 9, P}, {2, 0, 1, D}}, "positions 120..128 exceed n_ctx 128"},
         {"pos overflow", {{1, UINT32_MAX, 2, P}, {2, 0, 1, D}}, "exceed n_ctx"},
-        {"unknown flag", {{1, 0, 2, P | 16}, {2, 0, 1, D}}, "unknown flags 0x11"},
+        {"unknown flag", {{1, 0, 2, P | 32}, {2, 0, 1, D}}, "unknown flags 0x21"},
+        {"drafts on prefill", {{1, 0, 2, P | S}, {2, 0, 1, D}}, "DRAFTS only on a DECODE"},
+        {"drafts, no token", {{1, 0, 2, D | S}, {2, 0, 1, D}}, "DRAFTS only on a DECODE"},
+        {"drafts of 1", {{1, 0, 1, D | W | S}, {2, 0, 1, D}}, "1..16 drafted ones"},
         {"both kinds", {{1, 0, 2, P | D}, {2, 0, 1, D}}, "exactly one of PREFILL and DECODE"},
         {"no kind", {{1, 0, 2, 0}, {2, 0, 1, D}}, "exactly one of PREFILL and DECODE"},
         {"last w/o prefill", {{1, 0, 1, D | L}, {2, 0, 1, D}}, "LAST_CHUNK without PREFILL"},
@@ -924,6 +927,81 @@ static void test_grammar_records(void **state)
 #undef GRAMMAR_CASE
 }
 
+/* A DRAFTS segment: its DRAFT records round-trip, and its RESULT carries 1..n_tokens
+ * consecutive records (the kept drafts and the tail's own token). */
+static void test_draft_records(void **state)
+{
+    (void)state;
+    make_plan(KVR_DTYPE_F32);
+    struct kvr_wire_limits lim;
+    limits(&lim, 0);
+    const uint32_t DW = KVR_SEG_DECODE | KVR_SEG_WANTS_TOKEN;
+    struct kvr_seg segs[2] = {{2, 10, 11, DW | KVR_SEG_DRAFTS}, {4, 3, 1, DW}};
+    const struct kvr_wire_ctrl drafts[2] = {
+        {.type = KVR_WIRE_CTRL_DRAFT,
+         .seq = 2,
+         .draft = {.n_ids = 9, .ids = {1, 2, 3, 4, 5, 6, 7, 8, N_VOCAB - 1}}},
+        {.type = KVR_WIRE_CTRL_DRAFT, .seq = 2, .draft = {.n_ids = 1, .ids = {0}}},
+    };
+    size_t len = batch_with(segs, 2, drafts, 2);
+    struct kvr_wire_frame f;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_wire_frame_init(&f, &lim, &err), 0);
+    assert_int_equal(decode(len, &lim, &f, &err), 0);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(f.ctrl[i].type, KVR_WIRE_CTRL_DRAFT);
+        assert_memory_equal(&f.ctrl[i].draft, &drafts[i].draft, sizeof drafts[i].draft);
+    }
+    kvr_wire_frame_fini(&f);
+    struct kvr_wire_ctrl c;
+#define DRAFT_CASE(what, mutation, msg)                                                            \
+    do {                                                                                           \
+        c = drafts[0];                                                                             \
+        len = batch_with(segs, 2, &c, 1);                                                          \
+        mutation;                                                                                  \
+        expect_reject(len, &lim, what, msg);                                                       \
+    } while (0)
+    DRAFT_CASE("flags", kvr_st16(buf + 40 + 2, 1), "flags 0x1");
+    DRAFT_CASE("no ids", kvr_st32(buf + 40 + 8, 0), "0 ids");
+    DRAFT_CASE("10 ids", kvr_st32(buf + 40 + 8, 10), "10 ids");
+    DRAFT_CASE("id >= n_vocab", kvr_st32(buf + 40 + 12, N_VOCAB), "outside the vocabulary");
+    DRAFT_CASE("id past n", (kvr_st32(buf + 40 + 8, 2), kvr_st32(buf + 40 + 20, 5)),
+               "past n_ids and not 0");
+#undef DRAFT_CASE
+
+    /* Results: 1..11 for the DRAFTS segment, then exactly one for the other. */
+    limits(&lim, KVR_WIRE_RECV_BRIDGE);
+    struct kvr_wire_result r[13];
+    for (uint32_t i = 0; i < 13; i++)
+        r[i] = (struct kvr_wire_result){.seq = i < 12 ? 2 : 4, .token = (int32_t)i};
+    struct kvr_wire_msg m = {.type = KVR_WIRE_RESULT,
+                             .segs = segs,
+                             .n_segs = 2,
+                             .payload = KVR_WIRE_PAYLOAD_RESULTS,
+                             .results = r + 8,
+                             .n_results = 5};
+    r[12].seq = 4;
+    assert_int_equal(kvr_wire_frame_init(&f, &lim, &err), 0);
+    m.timings = (struct kvr_wire_timing[3]){{.stage = 0}, {.stage = 1}, {.stage = 2}};
+    m.n_timings = 3;
+    len = encode(&m); /* 4 kept for seq 2, then seq 4's */
+    assert_int_equal(decode(len, &lim, &f, &err), 0);
+    assert_int_equal(f.hdr.n_results, 5);
+    m.results = r + 11; /* one for each */
+    m.n_results = 2;
+    len = encode(&m);
+    assert_int_equal(decode(len, &lim, &f, &err), 0);
+    m.results = r; /* 12 for the 11-row segment, none for the other */
+    m.n_results = 12;
+    len = encode(&m);
+    expect_reject(len, &lim, "too many kept", "result 11 is for seq 2");
+    m.results = r + 12; /* none for the DRAFTS segment */
+    m.n_results = 1;
+    len = encode(&m);
+    expect_reject(len, &lim, "none kept", "result 0 is for seq 4");
+    kvr_wire_frame_fini(&f);
+}
+
 static void test_result_and_timing_rejections(void **state)
 {
     (void)state;
@@ -951,7 +1029,7 @@ static void test_result_and_timing_rejections(void **state)
 #undef RESULT_CASE
     /* Fewer results than segments that want a token (header patched consistently). */
     len = encode_result(results3, 2);
-    expect_reject(len, &lim, "missing result", "2 results for 3 segments that want a token");
+    expect_reject(len, &lim, "missing result", "no result for segment 3 (seq 6)");
 
     /* Timing records: record i from stage i, reserved field zero. */
     len = encode_result(results3, 3);
@@ -1312,6 +1390,7 @@ int main(void)
         cmocka_unit_test(test_replay_records),
         cmocka_unit_test(test_bias_records),
         cmocka_unit_test(test_grammar_records),
+        cmocka_unit_test(test_draft_records),
         cmocka_unit_test(test_map_records),
         cmocka_unit_test(test_result_and_timing_rejections),
         cmocka_unit_test(test_result_alternatives),
