@@ -4,7 +4,7 @@
 # chat_templates/package-lock.json; Phi-3 mini, Phi-3 medium and Phi-3.5 mini: the GGUF
 # templates that the pinned @huggingface/ollama-utils maps, no @lenml package has them)
 # rendered by Kvasir's Jinja interpreter and by jinja2 configured as Hugging Face configures
-# it, over the same 15 conversations each, with and without the generation prompt (30 cases):
+# it, over the same 20 conversations each, with and without the generation prompt (40 cases):
 # byte-identical, and a template that raises must raise in both (chat_templates/compare.py).
 # The conversations include tools, tool calls (arguments as objects and as JSON strings) and
 # tool results. GLM-4.5's and gpt-oss's (harmony) templates are in no npm package: the

@@ -19,7 +19,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/lib.bash"
 
-need_shared vocab/ggml-vocab-llama-bpe.gguf.inp >/dev/null
+[ -r "$SHARED/vocab/ggml-vocab-llama-bpe.gguf.inp" ] ||
+    need_shared vocab/ggml-vocab-llama-bpe.gguf.inp # skips or fails
 peer_tool llama-tokenize
 "$PEER_TOOL" --help >/dev/null 2>&1 || fail "the peer's llama-tokenize does not run"
 command -v python3 >/dev/null || skip_or_fail "python3 not found"

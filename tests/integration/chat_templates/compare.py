@@ -72,7 +72,7 @@ CONVERSATIONS = [
 ]
 
 
-# Five more (ten cases) with tools, tool calls and tool results, as Hugging Face passes them:
+# Ten more with tools, tool calls and tool results, as Hugging Face passes them:
 # tools as JSON schemas ({"type": "function", "function": {...}}), an assistant turn's
 # tool_calls with arguments as an object (the documented form) or as a JSON string (what
 # DeepSeek V3's template concatenates), content None or text beside them, "tool" turns, and
@@ -147,6 +147,37 @@ TOOL_CONVERSATIONS = [
          "reasoning_content": "It is sunny."},
         {"role": "user", "content": "ありがとう"}],
      {"enable_thinking": True, "builtin_tools": ["python"]}),
+    ([WEATHER], [
+        {"role": "user", "content": "Paris and Oslo?"},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+            {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}]},
+        tool("18"), tool("4"),
+        {"role": "assistant", "content": "Paris 18, Oslo 4."}]),
+    ([SEARCH], [
+        {"role": "system", "content": "Cite pages."},
+        {"role": "user", "content": "Find 'ring'"},
+        call("search_docs", {"query": "ring", "filters": {"lang": "en"}, "pages": [{"n": 1}]},
+             content="<think>\nsearch first\n</think>\n\nSearching."),
+        tool("ring.md: 'a ring of stages'", "search_docs")]),
+    ([WEATHER, NOARGS], [
+        {"role": "user", "content": "Time, then weather in Rome."},
+        call("now", "{}"),
+        tool("12:00", "now"),
+        call("get_weather", '{"city": "Rome", "unit": "celsius"}'),
+        tool('{"temp_c": 25}'),
+        {"role": "assistant", "content": "12:00, 25 °C in Rome."},
+        {"role": "user", "content": "And tomorrow?"}]),
+    ([NOARGS], [
+        {"role": "user", "content": [{"type": "text", "text": "Parts: "}, {"type": "text", "text": "what time?"}]},
+        call("now", {}, content=None),
+        tool("noon", "now")]),
+    ([], [
+        {"role": "system", "content": "No tools today."},
+        {"role": "user", "content": "Empty tool list."},
+        {"role": "assistant", "content": "OK."},
+        {"role": "user", "content": "Bye"}],
+     {"reasoning_effort": "low"}),
 ]
 
 
