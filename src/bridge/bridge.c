@@ -960,8 +960,8 @@ int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_gen_request *req,
     /* A drafted id outside the vocabulary would make stage 0 drop the link: such a
      * prediction is not drafted from. */
     bool pred_ok = b->cfg.n_vocab > 0;
-    for (uint32_t k = 0; pred_ok && k < req->n_prediction; k++)
-        pred_ok = req->prediction[k] >= 0 && (uint32_t)req->prediction[k] < b->cfg.n_vocab;
+    for (uint32_t j = 0; pred_ok && j < req->n_prediction; j++)
+        pred_ok = req->prediction[j] >= 0 && (uint32_t)req->prediction[j] < b->cfg.n_vocab;
     if (pred_ok && req->n_prediction &&
         (s->prediction = kvr_malloc(req->n_prediction * sizeof(int32_t)))) {
         memcpy(s->prediction, req->prediction, req->n_prediction * sizeof(int32_t));

@@ -266,6 +266,8 @@ static void selection_bias(const struct tspec *t, float *dst)
         float u = (float)rank;
         if (rank == 0) /* the decoy group */
             u = e % per == 0 ? (float)n_group : -2.0f * (float)n_group;
+        if (rank == n_group - 1 && e % per >= 2) /* the best group's tail: low total */
+            u = -2.0f * (float)n_group;
         dst[e] = 2.0f * u;
     }
 }

@@ -59,7 +59,9 @@
  * groups, group g's experts all have u = its rank r_g (a permutation per layer), so the
  * groups' top-2 sums are 4 r_g apart; one "decoy" group of the lowest rank gives its first
  * expert u = n_group (the best score of all) and the others u = -2 n_group, so its top-2
- * sum is last and the decoy is chosen only if groups were not applied.
+ * sum is last and the decoy is chosen only if groups were not applied; and the best group's
+ * experts past its first two get u = -2 n_group, so it ranks first by its top-2 sum but
+ * would rank last by the sum of all its scores.
  *
  * NextN (glm4moe): n_nextn blocks after the n_layers, each a MoE layer's tensors and
  * model/nextn.h's, block_count n_layers + n_nextn. A shape's rope_dim < head width writes

@@ -47,7 +47,6 @@ struct kvr_step {
     struct kvr_sample_scratch *scratch;
     float *logits;                     /* [row_width x n_vocab] */
     struct kvr_step_grammars grammars; /* constrained sequences (GRAMMAR records) */
-    float *logits;     /* [row_width x n_vocab] */
     int32_t *drafts;   /* [max_seqs x KVR_SPEC_MAX_DRAFT] DRAFT records' ids, this batch */
     uint32_t *n_draft; /* [max_seqs] */
 };

@@ -12,6 +12,7 @@
 #include "core/rng.h"
 #include "model/dtype.h"
 #include "model/gguf.h"
+#include "model/engine.h"
 #include "model/gguf_write.h"
 #include "model/moe.h"
 #include "model/moe_route.h"
@@ -323,11 +324,45 @@ static void test_layer_against_reference(void **state)
 
 /* ---- glm4moe: leading dense layers, NextN blocks outside the plan --------------------- */
 
+/* Does the engine refuse a copy of g without tensor `drop`? */
+static bool refused_without(const struct kvr_gguf *g, const char *drop,
+                            const struct kvr_engine_config *cfg)
+{
+    struct kvr_gguf_writer *w = kvr_gguf_writer_create();
+    for (int64_t i = 0; i < kvr_gguf_n_kv(g); i++)
+        kvr_gguf_writer_copy_kv(w, g, i);
+    for (int64_t i = 0; i < kvr_gguf_n_tensors(g); i++) {
+        const struct kvr_gguf_tensor *t = kvr_gguf_tensor(g, i);
+        if (strcmp(t->name, drop))
+            kvr_gguf_writer_add_tensor(w, t->name, t->n_dims, t->ne, t->type, t->data);
+    }
+    char *buf;
+    size_t len;
+    struct kvr_err err = {0};
+    FILE *f = open_memstream(&buf, &len);
+    assert_int_equal(kvr_gguf_writer_write(w, f, &err), 0);
+    fclose(f);
+    kvr_gguf_writer_destroy(w);
+    struct kvr_gguf *copy = NULL;
+    assert_int_equal(kvr_gguf_open_mem(&copy, buf, len, &err), 0);
+    struct kvr_engine *e = NULL;
+    int rc = kvr_engine_create(&e, copy, cfg, &err);
+    if (rc)
+        print_message("without %s: %s\n", drop, err.msg);
+    kvr_engine_destroy(e);
+    kvr_gguf_close(copy);
+    free(buf);
+    return rc != 0;
+}
+
 static void test_glm4moe_layout(void **state)
 {
     (void)state;
-    struct kvr_synth_opts o = {
-        .arch = kvr_arch_find("glm4moe", 7), .type = KVR_DTYPE_F32, .seed = 1, .n_threads = 1};
+    struct kvr_synth_opts o = {.arch = kvr_arch_find("glm4moe", 7),
+                               .type = KVR_DTYPE_F32,
+                               .seed = 1,
+                               .n_threads = 1,
+                               .qk_norm = true};
     o.shape = (struct kvr_synth_shape){.name = "x",
                                        .n_layers = 4,
                                        .dim = 64,
@@ -374,6 +409,25 @@ static void test_glm4moe_layout(void **state)
     assert_non_null(kvr_gguf_find_tensor(g, "blk.4.ffn_gate_exps.weight"));
     assert_non_null(kvr_gguf_find_tensor(g, "blk.1.post_attention_norm.weight"));
     assert_null(kvr_gguf_find_tensor(g, "blk.1.ffn_norm.weight"));
+
+    /* an engine over every layer that runs loads; without a NextN tensor llama.cpp needs,
+     * or with only one of the q/k norms, the file is refused */
+    struct kvr_engine_config cfg = {.first_layer = 0,
+                                    .last_layer = 3,
+                                    .max_rows = 8,
+                                    .max_seqs = 2,
+                                    .n_ctx = 64,
+                                    .kv_block_tokens = 8,
+                                    .n_threads = 1};
+    struct kvr_engine *e = NULL;
+    if (kvr_engine_create(&e, g, &cfg, &err))
+        fail_msg("engine: %s", err.msg);
+    kvr_engine_destroy(e);
+    const char *drop[] = {"blk.4.nextn.eh_proj.weight", "blk.4.ffn_up_exps.weight",
+                          "blk.2.exp_probs_b.bias", "blk.1.attn_k_norm.weight"};
+    for (size_t i = 0; i < sizeof drop / sizeof drop[0]; i++)
+        assert_true(refused_without(g, drop[i], &cfg));
+    assert_false(refused_without(g, "blk.4.nextn.shared_head_head.weight", &cfg)); /* optional */
 
     /* the plan splits the 4 layers that run; the NextN block is no stage's */
     struct kvr_plan plan;
