@@ -119,8 +119,11 @@ enum {
 #define N_FIELDS 9
 enum { OPT_MOE = 512, N_MOE = 4 }; /* --experts, --experts-used, --expert-ff, --shared-ff */
 enum { OPT_MLA = 640, N_MLA = 5, OPT_FUSED = 700, OPT_YARN, OPT_YARN_LOG, OPT_W_SCALE };
-enum { OPT_V3 = 720, N_V3 = 4 }; /* --shared-experts, --dense-layers, --expert-groups,
-                                    --groups-used */
+enum {
+    OPT_V3 = 720,
+    N_V3 = 4
+}; /* --shared-experts, --dense-layers, --expert-groups,
+      --groups-used */
 
 static const struct option long_opts[] = {
     {"shape", required_argument, NULL, OPT_SHAPE},
@@ -194,15 +197,15 @@ static int parse_real(int c, struct synth_args *a)
     }
     if (errno || end == optarg || *end || !(d > 0.0) || d > 1e4) {
         fprintf(stderr, "kvasir synth: --%s wants a number in (0, 10000]\n",
-                c == OPT_LOGIT  ? "logit-scale"
-                : c == OPT_YARN ? "yarn"
+                c == OPT_LOGIT      ? "logit-scale"
+                : c == OPT_YARN     ? "yarn"
                 : c == OPT_YARN_LOG ? "yarn-log-mul"
                 : c == OPT_W_SCALE  ? "expert-scale"
                                     : "rope-scale");
         return 2;
     }
-    float *dst = c == OPT_LOGIT ? &a->opts.logit_scale
-                 : c == OPT_YARN ? &a->opts.yarn_factor
+    float *dst = c == OPT_LOGIT      ? &a->opts.logit_scale
+                 : c == OPT_YARN     ? &a->opts.yarn_factor
                  : c == OPT_YARN_LOG ? &a->opts.yarn_log_mul
                  : c == OPT_W_SCALE  ? &a->w_scale
                                      : &a->opts.rope_scale;

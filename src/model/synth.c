@@ -455,8 +455,7 @@ static int64_t add_mla_specs(struct tspec *out, const struct kvr_hparams *hp,
     add_spec(&out[n++], NAME("attn_kv_a_norm.weight"), L, 0, type, 0, seed);
     float std = 1.0f / sqrtf((float)L);
     if (o->kv_b_fused) {
-        add_spec(&out[n++], NAME("attn_kv_b.weight"), L, H * (m->n_nope + m->n_v), type, std,
-                 seed);
+        add_spec(&out[n++], NAME("attn_kv_b.weight"), L, H * (m->n_nope + m->n_v), type, std, seed);
     } else {
         add_spec(&out[n], NAME("attn_k_b.weight"), m->n_nope, L, type, std, seed);
         out[n].n_dims = 3;
