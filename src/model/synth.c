@@ -62,7 +62,12 @@ static const struct kvr_synth_shape named_shapes[] = {
      .kv_lora = 512,
      .qk_rope = 64,
      .qk_nope = 128,
-     .v_head = 128},
+     .v_head = 128,
+     .n_expert = 64,
+     .n_expert_used = 6,
+     .expert_ff = 1408,
+     .n_shared_exp = 2,
+     .n_dense_lead = 1},
 };
 #define N_NAMED_SHAPES ((int)(sizeof named_shapes / sizeof named_shapes[0]))
 

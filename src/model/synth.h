@@ -124,8 +124,9 @@ struct kvr_synth_shape {
  *                   4096-piece vocab lets the built-in tokenizer merge real words)
  *   tiny            4 layers, dim 64, ff 192, 4/2 heads, vocab 512, ctx 512 (fast tests)
  *   deepseek-v2-lite  DeepSeek-V2-Lite's: 27 layers, dim 2048, ff 10944, 16 heads, latent
- *                   512, rope 64, nope 128, value 128, no q_lora, vocab 102400, ctx 32768
- *                   (with --arch deepseek2; its experts come with the MoE options)
+ *                   512, rope 64, nope 128, value 128, no q_lora, vocab 102400, ctx 32768,
+ *                   64 experts of width 1408, top-6, 2 shared, 1 leading dense layer (for
+ *                   --arch deepseek2; V3-style routing, synth's only)
  * All use rope base 10000 and rms epsilon 1e-5. KVR_ENOTFOUND for an unknown name. */
 int kvr_synth_shape_by_name(const char *name, struct kvr_synth_shape *out);
 /* Name of the i-th named shape, NULL past the end (for --help). */
