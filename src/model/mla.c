@@ -17,10 +17,11 @@
 #include <string.h>
 
 enum {
-    MAX_ROPE = 1024, /* most rotary dimensions per head (tables on the stack) */
-    MAX_LATENT = 8192,
-    HEAD_CHUNK = 8, /* heads of one unit of attention work: a fixed group, so the split
-                       never depends on the thread count */
+    MAX_ROPE = 1024,   /* most rotary dimensions per head (tables on the stack) */
+    MAX_LATENT = 4096, /* most values of a cache row, latent and rope: attention's plain
+                          f16 scores keep one on the stack (attn.c) */
+    HEAD_CHUNK = 8,    /* heads of one unit of attention work: a fixed group, so the split
+                          never depends on the thread count */
 };
 
 /* ---- hyperparameters --------------------------------------------------------------- */
@@ -107,9 +108,9 @@ int kvr_mla_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struc
         (rc = get_u32(g, a, "rope.dimension_count", &rope, true, err)))
         return rc;
     uint32_t k_head = k_mla ? k_mla : k_len, v_head = v_mla ? v_mla : v_len;
-    if (!m->kv_lora_rank || m->kv_lora_rank > MAX_LATENT || m->q_lora_rank > 65536 || !k_head ||
-        k_head > 4096 || !v_head || v_head > 4096 || !rope || rope % 2 || rope >= k_head ||
-        rope > MAX_ROPE)
+    if (!m->kv_lora_rank || m->kv_lora_rank + (uint64_t)rope > MAX_LATENT ||
+        m->q_lora_rank > 65536 || !k_head || k_head > 4096 || !v_head || v_head > 4096 || !rope ||
+        rope % 2 || rope >= k_head || rope > MAX_ROPE)
         return kvr_err_set(err, KVR_EFORMAT,
                            "model: implausible latent attention (q rank %u, kv rank %u, key "
                            "%u, value %u, rope %u)",
@@ -505,7 +506,7 @@ static void rope_store_worker(void *arg, int ith, int nth)
     const struct kvr_mla_hparams *m = &hp->mla;
     const uint32_t H = hp->n_head, L = m->kv_lora_rank, R = m->n_rope, D = L + R;
     const uint32_t qk = m->n_nope + R;
-    float cos_t[MAX_ROPE / 2], sin_t[MAX_ROPE / 2], row[MAX_LATENT + MAX_ROPE];
+    float cos_t[MAX_ROPE / 2], sin_t[MAX_ROPE / 2], row[MAX_LATENT];
     long b, e;
     kvr_split_range((long)j->n_rows, ith, nth, &b, &e);
     for (long r = b; r < e; r++) {
