@@ -163,8 +163,8 @@ static void describe_mla(const struct kvr_gguf *g, const struct kvr_hparams *hp)
            kvr_gguf_find_tensor(g, "blk.0.attn_kv_b.weight") ? "fused" : "split",
            m->kv_lora_rank + m->n_rope);
     if (m->yarn)
-        printf(", YaRN x%g from %u (log multiplier %g)", (double)m->yarn_factor,
-               m->yarn_n_ctx_orig, (double)m->yarn_log_mul);
+        printf(", YaRN x%g from %u (log multiplier %g)", (double)m->yarn_factor, m->yarn_n_ctx_orig,
+               (double)m->yarn_log_mul);
 }
 
 /* The architecture as the engine reads it: a line for the model's shape, or the reason the

@@ -181,7 +181,8 @@ static const struct option long_opts[] = {
 struct synth_args {
     const char *shape_name, *out, *vocab_path;
     long fields[N_FIELDS]; /* --layers ... --swa in long_opts order; 0 = not given */
-    long moe[N_MOE];       /* --experts, --experts-used, --expert-ff, --shared-ff */
+    long moe[N_MOE];       /* --experts, --experts-used, --expert-ff, --shared-ff; -1: not
+                              given */
     long v3[N_V3];         /* v3_names' options; -1 = not given */
     long mla[N_MLA];       /* --q-lora ... --v-head; -1 = not given */
     float w_scale;         /* --expert-scale; 0 = not given (applied after the shape) */
@@ -235,7 +236,7 @@ static int parse_count(int c, struct synth_args *a)
         return 0;
     }
     if (c >= OPT_MOE && c < OPT_MOE + N_MOE) {
-        if (!parse_int(optarg, 1, 1L << 18, &a->moe[c - OPT_MOE])) {
+        if (!parse_int(optarg, c == OPT_MOE ? 0 : 1, 1L << 18, &a->moe[c - OPT_MOE])) {
             fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
                     c == OPT_MOE       ? "experts"
                     : c == OPT_MOE + 1 ? "experts-used"
@@ -350,6 +351,8 @@ static int parse(int argc, char **argv, struct synth_args *a)
         a->mla[i] = -1;
     for (int i = 0; i < N_V3; i++)
         a->v3[i] = -1;
+    for (int i = 0; i < N_MOE; i++)
+        a->moe[i] = -1;
     a->opts = (struct kvr_synth_opts){.type = KVR_DTYPE_Q8_0, .seed = 1};
     long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
     a->opts.n_threads = n_cpus > 0 ? (int)(n_cpus < 64 ? n_cpus : 64) : 1;
@@ -411,16 +414,19 @@ static int build_shape(struct synth_args *a)
         s->rope_base = (float)a->rope_base;
     const struct kvr_synth_opts *o = &a->opts;
     bool wide = o->arch && (!strcmp(o->arch->name, "qwen3moe") || o->arch->moe_v3);
-    if (moe[0] || moe[1] || a->mixtral || (o->arch && o->arch->moe_always)) {
-        s->n_expert = moe[0] ? (int)moe[0] : s->n_expert ? s->n_expert : wide ? 16 : 8;
-        s->n_expert_used = moe[1]             ? (int)moe[1]
+    if (moe[0] > 0 || moe[1] > 0 || a->mixtral || (o->arch && o->arch->moe_always)) {
+        s->n_expert = moe[0] > 0 ? (int)moe[0] : s->n_expert ? s->n_expert : wide ? 16 : 8;
+        s->n_expert_used = moe[1] > 0         ? (int)moe[1]
                            : s->n_expert_used ? s->n_expert_used
                            : wide             ? 4
                                               : 2;
     }
-    if (moe[2] || !s->expert_ff)
+    if (moe[0] == 0) /* --experts 0: a dense model, also of a named MoE shape */
+        s->n_expert = s->n_expert_used = 0;
+    if (moe[2] >= 0)
         s->expert_ff = (int)moe[2];
-    s->shared_ff = (int)moe[3];
+    if (moe[3] >= 0)
+        s->shared_ff = (int)moe[3];
     if (o->arch && !strcmp(o->arch->name, "glm4moe"))
         glm4moe_defaults(s);
     int *v3[N_V3] = {&s->n_shared_exp, &s->n_dense_lead, &s->n_group,

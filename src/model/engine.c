@@ -316,10 +316,9 @@ static int pack_weights(struct kvr_engine *e, const struct kvr_gguf *g, struct k
         size_t at = 0;
         for (uint32_t i = 0; i <= e->n_local; i++) {
             struct layer *l = &e->layers[i < e->n_local ? i : 0];
-            struct kvr_matrix *layer_ms[] = {&l->wq,        &l->wk,        &l->wv,
-                                             &l->wo,        &l->w_gate,    &l->w_up,
-                                             &l->w_down,    &l->mla.wq_a,  &l->mla.wq_b,
-                                             &l->mla.wq,    &l->mla.wkv_a};
+            struct kvr_matrix *layer_ms[] = {&l->wq,       &l->wk,     &l->wv,       &l->wo,
+                                             &l->w_gate,   &l->w_up,   &l->w_down,   &l->mla.wq_a,
+                                             &l->mla.wq_b, &l->mla.wq, &l->mla.wkv_a};
             struct kvr_matrix *tail_ms[] = {&e->output};
             struct kvr_matrix **ms = i < e->n_local ? layer_ms : tail_ms;
             size_t n = i < e->n_local ? 11 : kvr_engine_is_tail(e) ? 1 : 0;
@@ -445,8 +444,8 @@ static int mla_create(struct kvr_engine *e, struct kvr_err *err)
         return kvr_err_set(err, KVR_ENOMEM, "engine: out of memory");
     for (uint32_t i = 0; i < e->n_local; i++)
         ml[i] = e->layers[i].mla;
-    int rc = kvr_mla_work_create(&e->mla, &e->hp, ml, e->n_local, e->cfg.max_rows,
-                                 e->cfg.n_threads, e->cfg.n_ctx, e->cfg.kv_block_tokens, err);
+    int rc = kvr_mla_work_create(&e->mla, &e->hp, ml, e->n_local, e->cfg.max_rows, e->cfg.n_threads,
+                                 e->cfg.n_ctx, e->cfg.kv_block_tokens, err);
     kvr_free(ml);
     return rc;
 }
@@ -569,10 +568,9 @@ int kvr_engine_expected_bytes(const struct kvr_gguf *g, const struct kvr_engine_
     bool pack = packing_on();
     for (uint32_t i = 0; i <= e->n_local; i++) {
         struct layer *l = &e->layers[i < e->n_local ? i : 0];
-        const struct kvr_matrix *layer_ms[] = {&l->wq,       &l->wk,       &l->wv,
-                                               &l->wo,       &l->w_gate,   &l->w_up,
-                                               &l->w_down,   &l->mla.wq_a, &l->mla.wq_b,
-                                               &l->mla.wq,   &l->mla.wkv_a};
+        const struct kvr_matrix *layer_ms[] = {&l->wq,       &l->wk,     &l->wv,       &l->wo,
+                                               &l->w_gate,   &l->w_up,   &l->w_down,   &l->mla.wq_a,
+                                               &l->mla.wq_b, &l->mla.wq, &l->mla.wkv_a};
         const struct kvr_matrix *tail_ms[] = {&e->output};
         const struct kvr_matrix **ms = i < e->n_local ? layer_ms : tail_ms;
         size_t n = i < e->n_local ? 11 : kvr_engine_is_tail(e) ? 1 : 0;
@@ -592,8 +590,8 @@ int kvr_engine_expected_bytes(const struct kvr_gguf *g, const struct kvr_engine_
                        cfg->kv_block_tokens * kvr_kv_bytes(cfg->kv_type, hp->kv_dim));
     out->scratch = scratch_bytes(e);
     if (hp->mla.kv_lora_rank) {
-        out->scratch += kvr_mla_work_bytes(hp, cfg->max_rows, cfg->n_threads, cfg->n_ctx,
-                                           cfg->kv_block_tokens);
+        out->scratch +=
+            kvr_mla_work_bytes(hp, cfg->max_rows, cfg->n_threads, cfg->n_ctx, cfg->kv_block_tokens);
         for (uint32_t i = 0; i < e->n_local; i++)
             out->weights += kvr_mla_layer_owned_bytes(&e->layers[i].mla, hp->n_head);
     }

@@ -117,8 +117,8 @@ static int init(struct kvr_kv *kv, enum kvr_dtype type, uint32_t n_layers, uint3
     kv->free_ids = kvr_calloc(n_blocks, sizeof *kv->free_ids);
     kv->n_mapped = kvr_calloc(max_seqs, sizeof *kv->n_mapped);
     kv->refs = kvr_calloc(n_blocks, sizeof *kv->refs);
-    if (!kv->k || (with_v && !kv->v) || !kv->tables || !kv->n_pos || !kv->free_ids || !kv->n_mapped ||
-        !kv->refs) {
+    if (!kv->k || (with_v && !kv->v) || !kv->tables || !kv->n_pos || !kv->free_ids ||
+        !kv->n_mapped || !kv->refs) {
         kvr_kv_fini(kv);
         return kvr_err_set(err, KVR_ENOMEM, "kv cache: cannot allocate %zu MiB",
                            (with_v ? 2 : 1) * n_bytes >> 20);

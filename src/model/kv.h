@@ -45,9 +45,9 @@ struct kvr_kv {
     uint32_t max_blocks_per_seq; /* ceil(n_ctx / block_tokens) */
     uint8_t *k;                  /* see layout above */
     uint8_t *v;                  /* NULL in a keys-only cache (kvr_kv_init_keys) */
-    uint32_t *tables;   /* [max_seqs][max_blocks_per_seq] block ids */
-    uint32_t *n_pos;    /* [max_seqs] positions cached per sequence */
-    uint32_t *free_ids; /* stack of free block ids, n_free valid (lazy blocks) */
+    uint32_t *tables;            /* [max_seqs][max_blocks_per_seq] block ids */
+    uint32_t *n_pos;             /* [max_seqs] positions cached per sequence */
+    uint32_t *free_ids;          /* stack of free block ids, n_free valid (lazy blocks) */
     uint32_t n_free;
     /* Named blocks (kvr_kv_map). */
     bool mapped;           /* blocks come from kvr_kv_map only (set by the first map) */

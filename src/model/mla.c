@@ -17,10 +17,11 @@
 #include <string.h>
 
 enum {
-    MAX_ROPE = 1024, /* most rotary dimensions per head (tables on the stack) */
-    MAX_LATENT = 8192,
-    HEAD_CHUNK = 8, /* heads of one unit of attention work: a fixed group, so the split
-                       never depends on the thread count */
+    MAX_ROPE = 1024,   /* most rotary dimensions per head (tables on the stack) */
+    MAX_LATENT = 4096, /* most values of a cache row, latent and rope: attention's plain
+                          f16 scores keep one on the stack (attn.c) */
+    HEAD_CHUNK = 8,    /* heads of one unit of attention work: a fixed group, so the split
+                          never depends on the thread count */
 };
 
 /* ---- hyperparameters --------------------------------------------------------------- */
@@ -71,16 +72,15 @@ static int read_yarn(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kv
     m->yarn_n_ctx_orig = hp->n_ctx_train;
     if (m->yarn) {
         if ((rc = get_f32(g, a, "rope.scaling.factor", &m->yarn_factor, err)) ||
-            (rc = get_u32(g, a, "rope.scaling.original_context_length", &m->yarn_n_ctx_orig,
-                          false, err)) ||
+            (rc = get_u32(g, a, "rope.scaling.original_context_length", &m->yarn_n_ctx_orig, false,
+                          err)) ||
             (rc = get_f32(g, a, "rope.scaling.yarn_log_multiplier", &m->yarn_log_mul, err)))
             return rc;
         if (!(m->yarn_factor >= 1.0f) || m->yarn_factor > 1024.0f || !m->yarn_n_ctx_orig ||
             !(m->yarn_log_mul >= 0.0f) || m->yarn_log_mul > 10.0f)
             return kvr_err_set(err, KVR_EFORMAT,
                                "model: YaRN factor %g, original context %u, log multiplier %g",
-                               (double)m->yarn_factor, m->yarn_n_ctx_orig,
-                               (double)m->yarn_log_mul);
+                               (double)m->yarn_factor, m->yarn_n_ctx_orig, (double)m->yarn_log_mul);
         hp->rope_freq_scale = 1.0f / m->yarn_factor;
         float lo = floorf(corr_dim(m->n_rope, m->yarn_n_ctx_orig, 32.0f, hp->rope_freq_base));
         float hi = ceilf(corr_dim(m->n_rope, m->yarn_n_ctx_orig, 1.0f, hp->rope_freq_base));
@@ -108,9 +108,9 @@ int kvr_mla_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struc
         (rc = get_u32(g, a, "rope.dimension_count", &rope, true, err)))
         return rc;
     uint32_t k_head = k_mla ? k_mla : k_len, v_head = v_mla ? v_mla : v_len;
-    if (!m->kv_lora_rank || m->kv_lora_rank > MAX_LATENT || m->q_lora_rank > 65536 ||
-        !k_head || k_head > 4096 || !v_head || v_head > 4096 || !rope || rope % 2 ||
-        rope >= k_head || rope > MAX_ROPE)
+    if (!m->kv_lora_rank || m->kv_lora_rank + (uint64_t)rope > MAX_LATENT ||
+        m->q_lora_rank > 65536 || !k_head || k_head > 4096 || !v_head || v_head > 4096 || !rope ||
+        rope % 2 || rope >= k_head || rope > MAX_ROPE)
         return kvr_err_set(err, KVR_EFORMAT,
                            "model: implausible latent attention (q rank %u, kv rank %u, key "
                            "%u, value %u, rope %u)",
@@ -265,9 +265,9 @@ size_t kvr_mla_layer_owned_bytes(const struct kvr_mla_layer *l, uint32_t n_head)
 
 double kvr_mla_layer_file_bytes(const struct kvr_gguf *g, uint32_t il)
 {
-    static const char *const names[] = {"attn_q_a",       "attn_q_a_norm", "attn_q_b",
-                                        "attn_q",         "attn_kv_a_mqa", "attn_kv_a_norm",
-                                        "attn_k_b",       "attn_v_b",      "attn_kv_b"};
+    static const char *const names[] = {"attn_q_a", "attn_q_a_norm", "attn_q_b",
+                                        "attn_q",   "attn_kv_a_mqa", "attn_kv_a_norm",
+                                        "attn_k_b", "attn_v_b",      "attn_kv_b"};
     double sum = 0;
     char name[96];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
@@ -302,9 +302,9 @@ struct kvr_mla_work {
     float *gather; /* per thread: R x max(nope, L), one head's input rows */
     void *xq_head; /* per thread: R converted rows of one head's input */
     size_t xq_head_bytes;
-    float *scores;   /* per thread: HEAD_CHUNK x n_ctx */
-    uint16_t *acc;   /* per thread: HEAD_CHUNK x L halves (f16 cache) */
-    float *kv_f32;   /* per thread: bt x (L + rope), a q8_0 cache's rows as floats */
+    float *scores; /* per thread: HEAD_CHUNK x n_ctx */
+    uint16_t *acc; /* per thread: HEAD_CHUNK x L halves (f16 cache) */
+    float *kv_f32; /* per thread: bt x (L + rope), a q8_0 cache's rows as floats */
 };
 
 static size_t act_bytes(const struct kvr_matrix *m)
@@ -368,7 +368,7 @@ void kvr_mla_work_destroy(struct kvr_mla_work *w)
 {
     if (!w)
         return;
-    void *bufs[] = {w->qa,      w->q,      w->kva,    w->qf,  w->lat,   w->xq,
+    void *bufs[] = {w->qa,     w->q,       w->kva,    w->qf,  w->lat,   w->xq,
                     w->gather, w->xq_head, w->scores, w->acc, w->kv_f32};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         kvr_free(bufs[i]);
@@ -451,8 +451,8 @@ static void rope_tables(const struct kvr_hparams *hp, uint32_t pos, float *cos_t
     for (uint32_t i = 0; i < m->n_rope / 2; i++) {
         float interp = fs * theta, t = interp;
         if (m->yarn) {
-            float y = ((float)i - m->yarn_corr[0]) /
-                      fmaxf(0.001f, m->yarn_corr[1] - m->yarn_corr[0]);
+            float y =
+                ((float)i - m->yarn_corr[0]) / fmaxf(0.001f, m->yarn_corr[1] - m->yarn_corr[0]);
             float ramp = 1.0f - fminf(1.0f, fmaxf(0.0f, y));
             t = interp * (1.0f - ramp) + theta * ramp;
         }
@@ -506,7 +506,7 @@ static void rope_store_worker(void *arg, int ith, int nth)
     const struct kvr_mla_hparams *m = &hp->mla;
     const uint32_t H = hp->n_head, L = m->kv_lora_rank, R = m->n_rope, D = L + R;
     const uint32_t qk = m->n_nope + R;
-    float cos_t[MAX_ROPE / 2], sin_t[MAX_ROPE / 2], row[MAX_LATENT + MAX_ROPE];
+    float cos_t[MAX_ROPE / 2], sin_t[MAX_ROPE / 2], row[MAX_LATENT];
     long b, e;
     kvr_split_range((long)j->n_rows, ith, nth, &b, &e);
     for (long r = b; r < e; r++) {
@@ -516,11 +516,12 @@ static void rope_store_worker(void *arg, int ith, int nth)
         rope(kva + L, R, cos_t, sin_t);
         memcpy(row, kva + L, R * sizeof(float));
         memcpy(row + R, kva, L * sizeof(float));
-        kvr_kv_store(j->kv->type, kvr_kv_row(j->kv, j->kv->k, j->layer, j->row_seq[r], j->row_pos[r]),
-                     row, D);
+        kvr_kv_store(j->kv->type,
+                     kvr_kv_row(j->kv, j->kv->k, j->layer, j->row_seq[r], j->row_pos[r]), row, D);
         for (uint32_t h = 0; h < H; h++) {
             float *qf = j->w->qf + ((size_t)r * H + h) * D;
-            memcpy(qf, j->w->q + (size_t)r * H * qk + (size_t)h * qk + m->n_nope, R * sizeof(float));
+            memcpy(qf, j->w->q + (size_t)r * H * qk + (size_t)h * qk + m->n_nope,
+                   R * sizeof(float));
             rope(qf, R, cos_t, sin_t);
         }
     }
@@ -673,8 +674,13 @@ void kvr_mla_attention(struct kvr_mla_work *w, const struct kvr_mla_layer *l, st
         if (!same)
             kvr_matmul_pool(pool, w->xq, x, n_rows, 1, &ws[1], &ys[1]);
     }
-    struct job j = {.w = w, .l = l, .kv = kv, .layer = layer, .n_rows = n_rows,
-                    .row_seq = row_seq, .row_pos = row_pos};
+    struct job j = {.w = w,
+                    .l = l,
+                    .kv = kv,
+                    .layer = layer,
+                    .n_rows = n_rows,
+                    .row_seq = row_seq,
+                    .row_pos = row_pos};
     run(pool, rope_store_worker, &j, (double)n_rows * H * qk);
     /* q_nope of head h (n_nope values at q[r][h qk]) through K_h, into qf[r][h] after its
      * rope slice. */
@@ -731,7 +737,8 @@ int kvr_mla_attention_ref(const struct kvr_hparams *hp, const struct kvr_mla_lay
     wide = wide > ql ? wide : ql;
     wide = wide > (size_t)H * qk ? wide : (size_t)H * qk;
     double *xd = kvr_calloc(wide, sizeof *xd), *q = kvr_calloc((size_t)H * qk, sizeof *q);
-    double *qa = kvr_calloc(ql + 1, sizeof *qa), *kv = kvr_calloc((size_t)n_pos * (L + R), sizeof *kv);
+    double *qa = kvr_calloc(ql + 1, sizeof *qa),
+           *kv = kvr_calloc((size_t)n_pos * (L + R), sizeof *kv);
     double *kn = kvr_calloc((size_t)n_pos * H * N, sizeof *kn);
     double *vv = kvr_calloc((size_t)n_pos * H * m->n_v, sizeof *vv);
     double *p = kvr_calloc(n_pos, sizeof *p), *tmp = kvr_calloc(wide, sizeof *tmp);

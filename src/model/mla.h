@@ -57,17 +57,17 @@ struct kvr_hparams;
 struct kvr_kv;
 
 struct kvr_mla_hparams {
-    uint32_t q_lora_rank;  /* 0: queries through a plain attn_q */
-    uint32_t kv_lora_rank; /* L, the latent's width; 0: not an MLA model */
-    uint32_t n_nope;       /* per-head key width without RoPE */
-    uint32_t n_rope;       /* per-head RoPE width (rope.dimension_count) */
-    uint32_t n_v;          /* per-head value width */
-    float kq_scale;        /* score scale: mscale^2 / sqrt(n_nope + n_rope) */
-    bool yarn;             /* rope.scaling.type yarn */
-    float yarn_factor;     /* rope.scaling.factor (1: none) */
+    uint32_t q_lora_rank;     /* 0: queries through a plain attn_q */
+    uint32_t kv_lora_rank;    /* L, the latent's width; 0: not an MLA model */
+    uint32_t n_nope;          /* per-head key width without RoPE */
+    uint32_t n_rope;          /* per-head RoPE width (rope.dimension_count) */
+    uint32_t n_v;             /* per-head value width */
+    float kq_scale;           /* score scale: mscale^2 / sqrt(n_nope + n_rope) */
+    bool yarn;                /* rope.scaling.type yarn */
+    float yarn_factor;        /* rope.scaling.factor (1: none) */
     uint32_t yarn_n_ctx_orig; /* rope.scaling.original_context_length */
-    float yarn_log_mul;    /* rope.scaling.yarn_log_multiplier */
-    float yarn_corr[2];    /* the ramp's first and last pair dims (of n_rope) */
+    float yarn_log_mul;       /* rope.scaling.yarn_log_multiplier */
+    float yarn_corr[2];       /* the ramp's first and last pair dims (of n_rope) */
 };
 
 /* Read the MLA keys of a deepseek2 file into hp->mla and set the widths the rest of the
@@ -78,17 +78,17 @@ int kvr_mla_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struc
 
 /* Views of one layer's attention tensors (attn_norm and attn_output stay the engine's). */
 struct kvr_mla_layer {
-    struct kvr_matrix wq_a;      /* [n_embd] -> [q_lora] (q_lora_rank > 0) */
-    const float *q_a_norm;       /* [q_lora] */
-    struct kvr_matrix wq_b;      /* [q_lora] -> [H (nope + rope)] */
-    struct kvr_matrix wq;        /* [n_embd] -> [H (nope + rope)] (q_lora_rank == 0) */
-    struct kvr_matrix wkv_a;     /* [n_embd] -> [L + rope] */
-    const float *kv_a_norm;      /* [L] */
-    struct kvr_matrix wk_b;      /* head 0 of [nope] -> [L], heads k_b_stride bytes apart */
-    struct kvr_matrix wv_b;      /* head 0 of [L] -> [v], heads v_b_stride bytes apart */
+    struct kvr_matrix wq_a;  /* [n_embd] -> [q_lora] (q_lora_rank > 0) */
+    const float *q_a_norm;   /* [q_lora] */
+    struct kvr_matrix wq_b;  /* [q_lora] -> [H (nope + rope)] */
+    struct kvr_matrix wq;    /* [n_embd] -> [H (nope + rope)] (q_lora_rank == 0) */
+    struct kvr_matrix wkv_a; /* [n_embd] -> [L + rope] */
+    const float *kv_a_norm;  /* [L] */
+    struct kvr_matrix wk_b;  /* head 0 of [nope] -> [L], heads k_b_stride bytes apart */
+    struct kvr_matrix wv_b;  /* head 0 of [L] -> [v], heads v_b_stride bytes apart */
     size_t k_b_stride, v_b_stride;
-    bool fused;                  /* the file has attn_kv_b */
-    float *k_b_owned;            /* a fused file's transposed key part (f32), owned */
+    bool fused;       /* the file has attn_kv_b */
+    float *k_b_owned; /* a fused file's transposed key part (f32), owned */
 };
 
 /* View layer il's MLA tensors with every shape and type checked; a fused file's key part

@@ -82,7 +82,12 @@ static const struct kvr_synth_shape named_shapes[] = {
      .kv_lora = 512,
      .qk_rope = 64,
      .qk_nope = 128,
-     .v_head = 128},
+     .v_head = 128,
+     .n_expert = 64,
+     .n_expert_used = 6,
+     .expert_ff = 1408,
+     .n_shared_exp = 2,
+     .n_dense_lead = 1},
     {.name = "gpt-oss-20b",
      .n_layers = 24,
      .dim = 2880,
@@ -529,8 +534,7 @@ static int64_t add_mla_specs(struct tspec *out, const struct kvr_hparams *hp,
     add_spec(&out[n++], NAME("attn_kv_a_norm.weight"), L, 0, type, 0, seed);
     float std = 1.0f / sqrtf((float)L);
     if (o->kv_b_fused) {
-        add_spec(&out[n++], NAME("attn_kv_b.weight"), L, H * (m->n_nope + m->n_v), type, std,
-                 seed);
+        add_spec(&out[n++], NAME("attn_kv_b.weight"), L, H * (m->n_nope + m->n_v), type, std, seed);
     } else {
         add_spec(&out[n], NAME("attn_k_b.weight"), m->n_nope, L, type, std, seed);
         out[n].n_dims = 3;

@@ -136,8 +136,12 @@ struct kvr_synth_shape {
  *                   RoPE on 64, 1 dense layer (ff 2816), 64 experts of 352 top-8 + 1
  *                   shared, vocab 32000, rope base 1e6
  *   deepseek-v2-lite  DeepSeek-V2-Lite's: 27 layers, dim 2048, ff 10944, 16 heads, latent
- *                   512, rope 64, nope 128, value 128, no q_lora, vocab 102400, ctx 32768
- *                   (with --arch deepseek2; its experts come with the MoE options)
+ *                   512, rope 64, nope 128, value 128, no q_lora, vocab 102400, ctx 32768,
+ *                   64 experts of width 1408, top-6, 2 shared, 1 leading dense layer (for
+ *                   --arch deepseek2; V3-style routing, synth's only)
+ *   gpt-oss-20b     gpt-oss-20b's: 24 layers, dim 2880, 64/8 heads of 64, window 128 on
+ *                   every other layer, 32 experts of 2880 top-4, vocab 201088, rope base
+ *                   150000 (with --arch gpt-oss; --type mxfp4 for its MXFP4 experts)
  * The others use rope base 10000; rms epsilon 1e-5 (deepseek-v2-lite 1e-6). KVR_ENOTFOUND for
  * an unknown name. */
 int kvr_synth_shape_by_name(const char *name, struct kvr_synth_shape *out);

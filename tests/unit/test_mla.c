@@ -186,13 +186,28 @@ static void test_hparams(void **state)
     close_model(&f);
 }
 
+/* The DeepSeek-V2-Lite shape synth names (synth.h). */
+static void test_v2_lite_shape(void **state)
+{
+    (void)state;
+    struct kvr_synth_shape s;
+    assert_int_equal(kvr_synth_shape_by_name("deepseek-v2-lite", &s), 0);
+    assert_int_equal(kvr_synth_check_shape(&s, NULL), 0);
+    assert_int_equal(s.n_layers, 27);
+    assert_int_equal(s.dim, 2048);
+    assert_int_equal(s.kv_lora, 512);
+    assert_int_equal(s.q_lora, 0);
+    assert_int_equal(s.n_expert, 64);
+    assert_int_equal(s.n_expert_used, 6);
+    assert_int_equal(s.n_shared_exp, 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_hparams),
-        cmocka_unit_test(test_q_lora_split),
-        cmocka_unit_test(test_plain_q_fused),
-        cmocka_unit_test(test_yarn),
+        cmocka_unit_test(test_hparams),       cmocka_unit_test(test_q_lora_split),
+        cmocka_unit_test(test_plain_q_fused), cmocka_unit_test(test_yarn),
+        cmocka_unit_test(test_v2_lite_shape),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
