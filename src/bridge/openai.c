@@ -675,8 +675,8 @@ static int parse_fields(struct kvr_openai_req *r, const struct kvr_openai_limits
 
     if ((rc = parse_max_tokens(r, lim, e)) || (rc = parse_sampling(r, e)) ||
         (rc = parse_logit_bias(r, lim, e)) || (rc = parse_stop(r, e)) ||
-        (rc = parse_logprobs(r, e)) || (rc = parse_budget(r, e)) || (rc = refuse_unsupported(r, e)) ||
-        (rc = kvr_openai_parse_grammar(r, e)))
+        (rc = parse_logprobs(r, e)) || (rc = parse_budget(r, e)) ||
+        (rc = refuse_unsupported(r, e)) || (rc = kvr_openai_parse_grammar(r, e)))
         return rc;
 
     if ((rc = get_bool(o, "stream", &r->stream, e)) ||
