@@ -333,11 +333,13 @@ void kvr_grammar_match_destroy(struct kvr_grammar_match *m)
         kvr_free(m->cache[i].bits);
     }
     kvr_free(m->key);
+    kvr_free(m->apply_bits);
     for (uint32_t i = 0; i < m->n_lvl; i++)
         kvr_gstacks_fini(&m->lvl[i]);
     kvr_free(m->lvl);
     kvr_free(m->lpart);
     kvr_free(m->lcur);
+    kvr_free(m->node_at);
     kvr_free(m);
 }
 

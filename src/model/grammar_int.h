@@ -108,10 +108,13 @@ struct kvr_grammar_match {
     struct kvr_grammar_stats stats;
     uint32_t *key; /* scratch for the key of the current state */
     size_t cap_key;
+    uint32_t *apply_bits; /* kvr_grammar_apply's mask, sized on first use */
+    uint32_t n_apply_words;
     /* the mask walk's state per trie depth (grammar_mask.c), sized on first use */
     struct gstacks *lvl;
     struct gpartial *lpart;
     const struct gstacks **lcur;
+    uint32_t *node_at; /* the trie node tried at each depth */
     uint32_t n_lvl;
 };
 

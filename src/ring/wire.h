@@ -206,8 +206,8 @@ struct kvr_wire_bias {
  * [32k, 32k + n) of `total`. The tail compiles the text when the last piece arrives and
  * masks the sequence's logits with it from then on (REPLAY ids advance it). */
 struct kvr_wire_grammar {
-    uint32_t offset;                     /* a multiple of 32, < total */
-    uint32_t total;                      /* 1 ..= KVR_WIRE_GRAMMAR_MAX_TOTAL */
+    uint32_t offset;                      /* a multiple of 32, < total */
+    uint32_t total;                       /* 1 ..= KVR_WIRE_GRAMMAR_MAX_TOTAL */
     uint8_t text[KVR_WIRE_GRAMMAR_BYTES]; /* n = min(32, total - offset) bytes; 0 past n */
 };
 

@@ -207,8 +207,8 @@ static const struct bad_case bad_cases[] = {
      "\"schema\": {\"properties\": {\"a\": {\"not\": {}}}}}}}",
      0, 400, "response_format.json_schema.schema: /properties/a/not: unsupported keyword",
      "response_format.json_schema.schema"},
-    {C, "{\"prompt\": \"hi\", \"grammar\": \"root ::= \\\"a\\\"\", \"json_schema\": {}}", 0,
-     400, "at most one of", "grammar"},
+    {C, "{\"prompt\": \"hi\", \"grammar\": \"root ::= \\\"a\\\"\", \"json_schema\": {}}", 0, 400,
+     "at most one of", "grammar"},
     {C, "{\"prompt\": \"hi\", \"stream_options\": {\"include_usage\": true}}", 0, 400,
      "only allowed when 'stream' is true",
      "stream_options"}, /* Fields that were once ignored: each refused, naming itself
@@ -217,8 +217,10 @@ static const struct bad_case bad_cases[] = {
      "guided decoding is not supported yet", "guided_json"},
     {C, "{\"prompt\": \"hi\", \"grammar\": \"root ::= \\\"a\\\" b\"}", 0, 400,
      "grammar: line 1 col 14: rule 'b' is not defined", "grammar"},
-    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"json_schema\": "
-        "{\"if\": {}}}", 0, 400, "json_schema: /if: unsupported keyword", "json_schema"},
+    {H,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"json_schema\": "
+     "{\"if\": {}}}",
+     0, 400, "json_schema: /if: unsupported keyword", "json_schema"},
     {C, "{\"prompt\": \"hi\", \"min_tokens\": 5}", 0, 400, "a minimum length is not supported",
      "min_tokens"},
     {H,
