@@ -110,11 +110,20 @@ static json_t *sbuf_str(const struct kvr_sbuf *b, size_t from)
     return jstr(b->data ? b->data + from : "", b->len - from);
 }
 
+/* The answer with `len` more bytes, parsed again; bytes that only extend the text or the
+ * reasoning are appended without a parse (kvr_toolcall_plain), so a long answer is not
+ * parsed once per token. */
 static int reparse(struct kvr_reply *r, const char *text, size_t len, bool final)
 {
     kvr_sbuf_append(&r->all, text, len);
     if (r->all.failed)
         return KVR_ENOMEM;
+    if (!final && kvr_toolcall_plain(&r->opts, r->cur.tail, text, len)) {
+        kvr_sbuf_append(r->cur.tail == KVR_TOOLCALL_TAIL_CONTENT ? &r->cur.content
+                                                                 : &r->cur.reasoning,
+                        text, len);
+        return r->cur.content.failed || r->cur.reasoning.failed ? KVR_ENOMEM : KVR_OK;
+    }
     return kvr_toolcall_parse(&r->opts, r->all.data, r->all.len, final, &r->cur);
 }
 

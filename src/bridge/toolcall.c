@@ -590,8 +590,12 @@ static void harmony(struct reader *d)
             bool analysis = ch && ch_len == 8 && !memcmp(ch, "analysis", 8);
             size_t shown = closed ? e : len - harmony_held(s + b, len - b);
             kvr_sbuf_append(analysis ? &r->reasoning : &r->content, s + b, shown - b);
-            if (!closed)
+            if (!closed) {
+                r->tail = shown < len    ? KVR_TOOLCALL_TAIL_OTHER
+                          : analysis     ? KVR_TOOLCALL_TAIL_REASONING
+                                         : KVR_TOOLCALL_TAIL_CONTENT;
                 return;
+            }
         }
         p = e + mark;
     }
@@ -634,6 +638,7 @@ static void body(struct reader *d, size_t p)
     size_t len = d->len, next;
     if (!d->o->calls) {
         kvr_sbuf_append(&d->r->content, s + p, len - p);
+        d->r->tail = d->r->content.len ? KVR_TOOLCALL_TAIL_CONTENT : d->r->tail;
         return;
     }
     size_t q = skip_ws(s, len, p);
@@ -655,6 +660,8 @@ static void body(struct reader *d, size_t p)
         if (k == len) {
             size_t held = d->final ? 0 : kvr_toolcall_partial(s + p, len - p, fr->trigger);
             kvr_sbuf_append(&d->r->content, s + p, len - p - held);
+            if (!held && d->r->content.len)
+                d->r->tail = KVR_TOOLCALL_TAIL_CONTENT;
             return;
         }
         kvr_sbuf_append(&d->r->content, s + p, k - p);
@@ -676,6 +683,7 @@ static void body(struct reader *d, size_t p)
         p = next;
     }
     kvr_sbuf_append(&d->r->content, s + p, len - p);
+    d->r->tail = d->r->content.len ? KVR_TOOLCALL_TAIL_CONTENT : d->r->tail;
 }
 
 /* A leading <think>...</think> (or the rest of one the prompt opened) into reasoning;
@@ -698,6 +706,7 @@ static size_t think(struct reader *d)
     if (e == len) {
         size_t held = d->final ? 0 : kvr_toolcall_partial(s + b, len - b, "</think>");
         kvr_sbuf_append(&d->r->reasoning, s + b, len - b - held);
+        d->r->tail = held ? KVR_TOOLCALL_TAIL_OTHER : KVR_TOOLCALL_TAIL_REASONING;
         return len;
     }
     kvr_sbuf_append(&d->r->reasoning, s + b, e - b);
@@ -711,6 +720,7 @@ int kvr_toolcall_parse(const struct kvr_toolcall_opts *o, const char *text, size
     kvr_sbuf_clear(&r->content);
     kvr_sbuf_clear(&r->reasoning);
     r->unfinished = false;
+    r->tail = KVR_TOOLCALL_TAIL_OTHER;
     struct reader d = {o, text ? text : "", len, final, r};
     if ((unsigned)o->family >= KVR_TOOLCALL_FAMILY_COUNT)
         return KVR_EINVAL;
@@ -720,4 +730,18 @@ int kvr_toolcall_parse(const struct kvr_toolcall_opts *o, const char *text, size
         body(&d, o->think || o->in_think ? think(&d) : 0);
     }
     return r->content.failed || r->reasoning.failed ? KVR_ENOMEM : KVR_OK;
+}
+
+bool kvr_toolcall_plain(const struct kvr_toolcall_opts *o, enum kvr_toolcall_tail tail,
+                        const char *p, size_t n)
+{
+    if (tail == KVR_TOOLCALL_TAIL_OTHER || (unsigned)o->family >= KVR_TOOLCALL_FAMILY_COUNT)
+        return false;
+    /* Reasoning ends at "</think>" or a harmony marker; text at the family's trigger (a
+     * leading '{' was decided when the text began). */
+    const char *trigger = rules[o->family].trigger;
+    char stop = '<';
+    if (tail == KVR_TOOLCALL_TAIL_CONTENT && o->family != KVR_TOOLCALL_HARMONY)
+        stop = o->calls && trigger ? trigger[0] : 0;
+    return !stop || !memchr(p, stop, n);
 }
