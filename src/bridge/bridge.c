@@ -71,6 +71,7 @@ struct kvr_gen_stream {
     struct kvr_sched_req r; /* r.req.prompt points at `prompt` */
     struct kvr_bridge *b;
     int32_t *prompt; /* [n_prompt], owned */
+    char *grammar;   /* [grammar_bytes], owned; r.req.grammar points at it */
     /* Produced by the scheduler's events, consumed by next(): a FIFO of tokens. */
     struct token_event *events; /* [max_tokens] */
     uint32_t ev_head, ev_count;
@@ -142,6 +143,7 @@ static void stream_free(struct kvr_gen_stream *s)
     kvr_free(s->events);
     kvr_free(s->r.generated);
     kvr_free(s->prompt);
+    kvr_free(s->grammar);
     kvr_free(s);
 }
 
@@ -919,7 +921,9 @@ int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_gen_request *req,
     s->prompt = kvr_malloc((size_t)req->n_prompt * sizeof(int32_t));
     s->events = kvr_calloc(req->max_tokens, sizeof *s->events);
     s->r.generated = kvr_calloc(req->max_tokens, sizeof *s->r.generated);
-    if (!s->prompt || !s->events || !s->r.generated) {
+    s->grammar = req->grammar_bytes ? kvr_malloc(req->grammar_bytes) : NULL;
+    if (!s->prompt || !s->events || !s->r.generated || (req->grammar_bytes && !s->grammar)) {
+        kvr_free(s->grammar);
         kvr_free(s->prompt);
         kvr_free(s->events);
         kvr_free(s->r.generated);
@@ -930,6 +934,9 @@ int kvr_bridge_submit(struct kvr_bridge *b, const struct kvr_gen_request *req,
     s->b = b;
     s->r.req = *req;
     s->r.req.prompt = s->prompt;
+    if (req->grammar_bytes)
+        memcpy(s->grammar, req->grammar, req->grammar_bytes);
+    s->r.req.grammar = s->grammar;
     s->r.user = s;
     pthread_cond_init(&s->cond, NULL);
 

@@ -241,6 +241,8 @@ static int build_request(struct kvr_generation *g, struct kvr_openai_error *e)
         .sampling = g->req.sampling,
         .logprobs = g->req.logprobs,
         .ignore_eos = g->req.ignore_eos,
+        .grammar = g->req.grammar,
+        .grammar_bytes = (uint32_t)g->req.grammar_len,
         .first_token_ms = g->req.first_token_ms,
         .total_ms = g->req.total_ms,
     };

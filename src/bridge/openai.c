@@ -411,12 +411,6 @@ static int refuse_unsupported(const struct kvr_openai_req *r, struct kvr_openai_
     if ((v = field(o, "functions")) && !(json_is_array(v) && json_array_size(v) == 0))
         return bad_request(e, "functions", "unsupported_parameter",
                            "'functions' are not supported");
-    if ((v = field(o, "response_format"))) {
-        json_t *t = json_is_object(v) ? json_object_get(v, "type") : NULL;
-        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
-            return bad_request(e, "response_format", "unsupported_parameter",
-                               "only 'response_format': {\"type\": \"text\"} is supported");
-    }
     return KVR_OK;
 }
 
@@ -685,7 +679,8 @@ static int parse_fields(struct kvr_openai_req *r, const struct kvr_openai_limits
 
     if ((rc = parse_max_tokens(r, lim, e)) || (rc = parse_sampling(r, e)) ||
         (rc = parse_logit_bias(r, lim, e)) || (rc = parse_stop(r, e)) ||
-        (rc = parse_logprobs(r, e)) || (rc = parse_budget(r, e)) || (rc = refuse_unsupported(r, e)))
+        (rc = parse_logprobs(r, e)) || (rc = parse_budget(r, e)) || (rc = refuse_unsupported(r, e)) ||
+        (rc = kvr_openai_parse_grammar(r, e)))
         return rc;
     if (r->api == KVR_OPENAI_CHAT && (rc = kvr_tools_parse(o, &r->tools, e)))
         return rc;
@@ -805,6 +800,7 @@ void kvr_openai_req_fini(struct kvr_openai_req *r)
     json_decref(r->root);
     kvr_free(r->prompt_ids);
     kvr_free(r->msgs);
+    kvr_free(r->grammar);
     memset(r, 0, sizeof *r);
 }
 

@@ -127,6 +127,12 @@ struct kvr_openai_req {
 
     uint32_t first_token_ms; /* latency_budget.first_token_ms; 0 = server default */
     uint32_t total_ms;       /* latency_budget.total_ms; 0 = server default */
+
+    /* The output's grammar (GBNF, model/grammar.h; owned, NULL: free text), from
+     * response_format json_object / json_schema or llama.cpp's grammar / json_schema
+     * (openai_grammar.c); it compiled when parsed. */
+    char *grammar;
+    size_t grammar_len;
 };
 
 /* Parse `len` bytes of `body`. Checks, in order: UTF-8, JSON syntax, that the root is an
@@ -166,6 +172,11 @@ int kvr_openai_parse_detokenize(const char *body, size_t len, int32_t n_vocab, i
  * fields are refused. 0, or KVR_EINVAL with `e` naming the field in `param`. */
 int kvr_openai_check_fields(const json_t *root, enum kvr_openai_api api,
                             struct kvr_openai_error *e);
+
+/* response_format, grammar and json_schema into r->grammar (openai_grammar.c); part of
+ * kvr_openai_parse. KVR_EINVAL with `e` filled (400, the message naming the schema's JSON
+ * pointer for an unsupported keyword), KVR_ENOMEM (500). */
+int kvr_openai_parse_grammar(struct kvr_openai_req *r, struct kvr_openai_error *e);
 
 /* Refuse a non-null key of `obj` not in `known` (NULL-terminated); `path` (may be NULL)
  * prefixes the param, as in "stream_options.include_usage". */

@@ -85,6 +85,8 @@ static const struct field_rule fields[] = {
     {"parallel_tool_calls", API_H, KIND_PARSED, 0, NULL},
     {"functions", API_H, KIND_PARSED, 0, NULL},
     {"response_format", API_BOTH, KIND_PARSED, 0, NULL},
+    {"grammar", API_BOTH, KIND_PARSED, 0, NULL},
+    {"json_schema", API_BOTH, KIND_PARSED, 0, NULL},
     /* Other servers' names for the same thing. */
     {"n_predict", API_BOTH, KIND_ALIAS, 0, "max_tokens"},
     {"repeat_penalty", API_BOTH, KIND_ALIAS, 0, "repetition_penalty"},
@@ -108,8 +110,6 @@ static const struct field_rule fields[] = {
     {"min_tokens", API_BOTH, KIND_INERT, NEUTRAL_ZERO,
      "a minimum length is not supported yet ('ignore_eos' generates exactly 'max_tokens')"},
     /* Features Kvasir lacks. */
-    {"grammar", API_BOTH, KIND_REFUSED, 0, "grammar-constrained decoding is not supported yet"},
-    {"json_schema", API_BOTH, KIND_REFUSED, 0, "schema-constrained decoding is not supported yet"},
     {"guided_json", API_BOTH, KIND_REFUSED, 0, "guided decoding is not supported yet"},
     {"guided_regex", API_BOTH, KIND_REFUSED, 0, "guided decoding is not supported yet"},
     {"guided_choice", API_BOTH, KIND_REFUSED, 0, "guided decoding is not supported yet"},

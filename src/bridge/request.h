@@ -22,6 +22,9 @@ struct kvr_gen_request {
     bool logprobs;                     /* fill the events' logprob */
     bool ignore_eos;         /* an end-of-generation token does not end the stream: it comes
                                 as an ordinary token (FINISH_NONE) until max_tokens */
+    const char *grammar;     /* GBNF (model/grammar.h) the tokens must follow, NULL: none; the
+                                HTTP layer compiled it once; the bridge keeps a copy */
+    uint32_t grammar_bytes;  /* <= KVR_WIRE_GRAMMAR_MAX_TOTAL */
     uint32_t first_token_ms; /* latency budget from submit to the first token; 0 = default
                                 (the service's) or none (the bridge's) */
     uint32_t total_ms;       /* ... from submit to the last token */

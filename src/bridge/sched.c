@@ -326,6 +326,8 @@ static uint32_t replay_window(const struct seq *q)
     const struct kvr_sample_params *p = &q->r->req.sampling;
     bool penalty =
         p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f;
+    if (q->r->req.grammar_bytes) /* the tail's grammar state replays from every token */
+        return q->n_replay;
     if (!penalty || p->repeat_last_n == 0)
         return 0;
     return q->n_replay < KVR_SAMPLER_MAX_LAST_N ? q->n_replay : KVR_SAMPLER_MAX_LAST_N;
@@ -355,6 +357,28 @@ static void emit_bias(struct kvr_sched *s, struct batch *bt, struct seq *q, uint
     }
 }
 
+static bool grammar_pending(const struct seq *q)
+{
+    return q->grammar_sent < q->r->req.grammar_bytes;
+}
+
+/* Append the GRAMMAR records of a sequence just opened that fit in this batch, with the
+ * same room kept as for BIAS records. */
+static void emit_grammar(struct kvr_sched *s, struct batch *bt, struct seq *q, uint32_t slot)
+{
+    const struct kvr_gen_request *rq = &q->r->req;
+    while (grammar_pending(q) && bt->n_ctrl + s->plan->max_seqs < s->cfg.max_ctrl) {
+        struct kvr_wire_ctrl *c = &bt->ctrl[bt->n_ctrl++];
+        *c = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_GRAMMAR, .seq = slot};
+        uint32_t k = rq->grammar_bytes - q->grammar_sent;
+        k = k < KVR_WIRE_GRAMMAR_BYTES ? k : KVR_WIRE_GRAMMAR_BYTES;
+        c->grammar.offset = q->grammar_sent;
+        c->grammar.total = rq->grammar_bytes;
+        memcpy(c->grammar.text, rq->grammar + q->grammar_sent, k);
+        q->grammar_sent += k;
+    }
+}
+
 /* Append the REPLAY records of a re-opened sequence that fit in this batch, keeping room
  * for the OPEN records other sequences may still need. The first record carries the
  * draws: every sampled (non-greedy) token drew exactly one number (sampler.h). */
@@ -362,7 +386,8 @@ static void emit_replay(struct kvr_sched *s, struct batch *bt, struct seq *q, ui
 {
     const struct kvr_sched_req *r = q->r;
     uint32_t n_ids = replay_window(q), first = q->n_replay - n_ids;
-    while (q->replay_pending && bt->n_ctrl + s->plan->max_seqs < s->cfg.max_ctrl) {
+    while (q->replay_pending && !grammar_pending(q) &&
+           bt->n_ctrl + s->plan->max_seqs < s->cfg.max_ctrl) {
         struct kvr_wire_ctrl *c = &bt->ctrl[bt->n_ctrl++];
         *c = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_REPLAY, .seq = slot};
         if (q->replay_ids_sent == 0)
@@ -507,8 +532,10 @@ static enum chunk_outcome add_chunk(struct kvr_sched *s, struct batch *bt, uint3
         emit_map(s, bt, q, slot);
         q->opened = true;
         q->bias_sent = 0;
+        q->grammar_sent = 0;
     }
     emit_bias(s, bt, q, slot);
+    emit_grammar(s, bt, q, slot);
     emit_replay(s, bt, q, slot);
     uint32_t left = rq->n_prompt + q->n_replay - q->n_prefilled;
     uint32_t room = s->plan->row_width - bt->n_rows;
@@ -516,7 +543,7 @@ static enum chunk_outcome add_chunk(struct kvr_sched *s, struct batch *bt, uint3
                                         q->n_prefilled, left < room ? left : room, limit_ms);
     bool full = n < left; /* pacing's limit; a recovery chunk leaves room for others */
     n = recovery_chunk(s, q, n);
-    if ((q->replay_pending || bias_pending(q)) && n == left)
+    if ((q->replay_pending || bias_pending(q) || grammar_pending(q)) && n == left)
         n--; /* the tail must have its sampler back before the last chunk */
     if (n == 0)
         return CHUNK_NO_ROOM;

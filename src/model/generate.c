@@ -43,16 +43,46 @@ static int prefill(struct kvr_engine *e, const struct kvr_generate_seq *s, uint3
     return 0;
 }
 
+/* A sequence's grammar matcher and the vocabulary trie it masks with (both NULL for a
+ * free sequence). */
+struct constraint {
+    struct kvr_grammar_vocab *vocab; /* borrowed */
+    struct kvr_grammar_match *match;
+};
+
+/* Build the vocabulary trie once if any sequence has a grammar. */
+static int vocab_for(const struct kvr_tok *tok, const struct kvr_generate_seq *seqs, uint32_t n,
+                     struct kvr_grammar_vocab **out, struct kvr_err *err)
+{
+    *out = NULL;
+    for (uint32_t i = 0; i < n; i++)
+        if (seqs[i].grammar)
+            return kvr_grammar_vocab_create(out, tok, err);
+    return KVR_OK;
+}
+
+/* Mask, sample, advance the grammar: the tail's order (ring/step.c). */
+static int32_t sample_constrained(struct kvr_sampler *smp, const struct constraint *c,
+                                  float *logits, int32_t n_vocab, struct kvr_sample_scratch *sc)
+{
+    if (c->match && kvr_grammar_apply(c->match, c->vocab, logits, n_vocab) < 0)
+        return KVR_ENOMEM;
+    int32_t id = kvr_sampler_sample(smp, logits, n_vocab, sc, NULL);
+    if (id >= 0 && c->match)
+        (void)kvr_grammar_accept_token(c->match, c->vocab, id); /* the mask allowed it */
+    return id;
+}
+
 /* Sample a token from `logits`, feed it back, repeat until the sequence ends. */
 static int decode(struct kvr_engine *e, const struct kvr_hparams *hp, const struct kvr_tok *tok,
                   const struct kvr_generate_config *cfg, struct kvr_generate_seq *s, uint32_t index,
-                  struct kvr_sampler *smp, struct kvr_sample_scratch *sc, float *logits,
-                  kvr_generate_token_fn on_token, void *ud, struct kvr_generate_stats *st,
-                  struct kvr_err *err)
+                  struct kvr_sampler *smp, const struct constraint *con,
+                  struct kvr_sample_scratch *sc, float *logits, kvr_generate_token_fn on_token,
+                  void *ud, struct kvr_generate_stats *st, struct kvr_err *err)
 {
     s->finish = KVR_GENERATE_LENGTH;
     for (uint32_t k = 0; k < s->max_tokens; k++) {
-        int32_t id = kvr_sampler_sample(smp, logits, (int32_t)hp->n_vocab, sc, NULL);
+        int32_t id = sample_constrained(smp, con, logits, (int32_t)hp->n_vocab, sc);
         if (id < 0) /* no finite logit: a broken model or weights, never a token id */
             return kvr_err_set(err, id, "sequence %u: no finite logit at token %u", index, k);
         kvr_sampler_accept(smp, id);
@@ -85,13 +115,20 @@ int kvr_generate(const struct kvr_gguf *g, const struct kvr_hparams *hp, const s
     struct kvr_engine_config ec = engine_config(hp, cfg, 1);
     struct kvr_engine *e = NULL;
     struct kvr_sample_scratch *sc = NULL;
+    struct constraint con = {0};
     float *logits = kvr_malloc((size_t)hp->n_vocab * sizeof(float));
     int rc = logits ? kvr_engine_create(&e, g, &ec, err) : KVR_ENOMEM;
     if (rc == 0 && kvr_sample_scratch_create(&sc, (int32_t)hp->n_vocab))
         rc = KVR_ENOMEM;
+    if (rc == 0)
+        rc = vocab_for(tok, seqs, n_seqs, &con.vocab, err);
     for (uint32_t i = 0; rc == 0 && i < n_seqs; i++) {
         struct kvr_generate_seq *s = &seqs[i];
         struct kvr_sampler smp;
+        kvr_grammar_match_destroy(con.match);
+        con.match = NULL;
+        if (s->grammar && (rc = kvr_grammar_match_create(&con.match, s->grammar)))
+            break;
         rc = kvr_sampler_init(&smp, &s->sp, err);
         if (rc)
             break;
@@ -100,7 +137,7 @@ int kvr_generate(const struct kvr_gguf *g, const struct kvr_hparams *hp, const s
         if (rc == 0) {
             stats->prefill_ns += kvr_now_ns() - t0;
             stats->n_prefill += s->n_ids;
-            rc = decode(e, hp, tok, cfg, s, i, &smp, sc, logits, on_token, ud, stats, err);
+            rc = decode(e, hp, tok, cfg, s, i, &smp, &con, sc, logits, on_token, ud, stats, err);
         }
         kvr_sampler_fini(&smp);
         if (rc == 0)
@@ -118,6 +155,7 @@ struct batch {
     struct kvr_generate_seq *seqs;
     uint32_t n_seqs, row_width;
     struct kvr_sampler *smp; /* one per sequence */
+    struct constraint *con;  /* one per sequence */
     uint32_t *prefilled;     /* prompt tokens already in the KV cache, per sequence */
     struct kvr_seg *segs;    /* this pass, at most row_width */
     int32_t *toks;           /* this pass's token rows, row_width */
@@ -168,8 +206,9 @@ static int take_tokens(struct batch *b, struct kvr_engine *e, uint32_t n_segs,
             continue;
         uint32_t i = b->segs[k].seq;
         struct kvr_generate_seq *s = &b->seqs[i];
-        int32_t t = kvr_sampler_sample(&b->smp[i], b->logits + (size_t)r++ * hp->n_vocab,
-                                       (int32_t)hp->n_vocab, sc, NULL);
+        int32_t t =
+            sample_constrained(&b->smp[i], &b->con[i], b->logits + (size_t)r++ * hp->n_vocab,
+                               (int32_t)hp->n_vocab, sc);
         if (t < 0)
             return kvr_err_set(err, t, "sequence %u: no finite logit at token %u", i, s->n_out);
         kvr_sampler_accept(&b->smp[i], t);
@@ -201,18 +240,27 @@ int kvr_generate_batched(const struct kvr_gguf *g, const struct kvr_hparams *hp,
     struct kvr_engine *e = NULL;
     struct kvr_sample_scratch *sc = NULL;
     b.smp = kvr_calloc(n_seqs, sizeof *b.smp);
+    b.con = kvr_calloc(n_seqs, sizeof *b.con);
     b.prefilled = kvr_calloc(n_seqs, sizeof *b.prefilled);
     b.segs = kvr_calloc(cfg->row_width, sizeof *b.segs);
     b.toks = kvr_calloc(cfg->row_width, sizeof *b.toks);
     b.logits = kvr_malloc((size_t)cfg->row_width * hp->n_vocab * sizeof(float));
     int rc = 0;
-    if (!b.smp || !b.prefilled || !b.segs || !b.toks || !b.logits)
+    struct kvr_grammar_vocab *vocab = NULL;
+    if (!b.smp || !b.con || !b.prefilled || !b.segs || !b.toks || !b.logits)
         rc = KVR_ENOMEM;
     else if ((rc = kvr_engine_create(&e, g, &ec, err)) == 0 &&
              kvr_sample_scratch_create(&sc, (int32_t)hp->n_vocab))
         rc = KVR_ENOMEM;
-    for (uint32_t i = 0; rc == 0 && i < n_seqs; i++)
-        rc = kvr_sampler_init(&b.smp[i], &seqs[i].sp, err);
+    if (rc == 0)
+        rc = vocab_for(tok, seqs, n_seqs, &vocab, err);
+    for (uint32_t i = 0; rc == 0 && i < n_seqs; i++) {
+        b.con[i].vocab = vocab;
+        if (seqs[i].grammar)
+            rc = kvr_grammar_match_create(&b.con[i].match, seqs[i].grammar);
+        if (rc == 0)
+            rc = kvr_sampler_init(&b.smp[i], &seqs[i].sp, err);
+    }
     uint64_t t0 = kvr_now_ns();
     for (uint32_t n_done = 0; rc == 0 && n_done < n_seqs;) {
         uint32_t n_segs = pack(&b);
@@ -226,6 +274,10 @@ int kvr_generate_batched(const struct kvr_gguf *g, const struct kvr_hparams *hp,
     for (uint32_t i = 0; b.smp && i < n_seqs; i++)
         kvr_sampler_fini(&b.smp[i]);
     kvr_free(b.smp);
+    for (uint32_t i = 0; b.con && i < n_seqs; i++)
+        kvr_grammar_match_destroy(b.con[i].match);
+    kvr_free(b.con);
+    kvr_grammar_vocab_destroy(vocab);
     kvr_free(b.prefilled);
     kvr_free(b.segs);
     kvr_free(b.toks);

@@ -23,6 +23,7 @@
 #include "model/arch.h"
 #include "model/dtype.h"
 #include "model/gguf.h"
+#include "model/grammar.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 
@@ -43,7 +44,9 @@ struct kvr_generate_seq {
     uint32_t n_ids;
     uint32_t max_tokens; /* tokens to generate, >= 1 */
     struct kvr_sample_params sp;
-    int32_t *out; /* room for max_tokens ids */
+    const struct kvr_grammar *grammar; /* NULL, or the grammar the output follows (its
+                                          logits masked before sampling, grammar.h) */
+    int32_t *out;                      /* room for max_tokens ids */
     uint32_t n_out;
     enum kvr_generate_end finish;
 };

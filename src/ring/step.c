@@ -35,7 +35,8 @@ int kvr_step_init(struct kvr_step *st, const struct kvr_plan *plan, uint32_t ind
         if (!st->samplers || !st->open || !st->want_logprobs ||
             !kvr_mul_size((size_t)plan->row_width * hp->n_vocab, sizeof(float), &n_logits) ||
             !(st->logits = kvr_aligned_alloc(64, n_logits)) ||
-            kvr_sample_scratch_create(&st->scratch, (int32_t)hp->n_vocab))
+            kvr_sample_scratch_create(&st->scratch, (int32_t)hp->n_vocab) ||
+            kvr_step_grammars_init(&st->grammars, plan->max_seqs, tok, err))
             goto nomem;
     }
     return KVR_OK;
@@ -56,6 +57,7 @@ void kvr_step_fini(struct kvr_step *st)
     kvr_free(st->logits);
     kvr_free(st->rows_in);
     kvr_sample_scratch_destroy(st->scratch);
+    kvr_step_grammars_fini(&st->grammars);
     memset(st, 0, sizeof *st);
 }
 
@@ -108,6 +110,7 @@ static void close_seq(struct kvr_step *st, uint32_t seq)
         kvr_sampler_fini(&st->samplers[seq]);
         st->open[seq] = false;
     }
+    kvr_step_grammar_close(&st->grammars, seq);
 }
 
 void kvr_step_reset(struct kvr_step *st)
@@ -136,14 +139,16 @@ static void replay_seq(struct kvr_step *st, const struct kvr_wire_ctrl *c)
     struct kvr_sampler *sm = &st->samplers[c->seq];
     for (uint32_t k = 0; k < c->replay.n_draws; k++)
         (void)kvr_sampler_uniform(sm);
-    for (uint32_t k = 0; k < c->replay.n_ids; k++)
+    for (uint32_t k = 0; k < c->replay.n_ids; k++) {
         kvr_sampler_accept(sm, c->replay.ids[k]);
+        kvr_step_grammar_accept(&st->grammars, c->seq, c->replay.ids[k]);
+    }
 }
 
 /* Control records come before the batch's rows: an OPEN starts a sequence afresh (its slot
  * may hold a finished one), MAP gives it the KV blocks the bridge chose (DESIGN.md 12),
  * FREE and CANCEL release it everywhere, REPLAY restores the sampler of one just re-opened,
- * BIAS adds logit biases to the sampler of one just opened.
+ * BIAS adds logit biases to the sampler of one just opened, GRAMMAR a piece of its grammar.
  * A MAP that does not fit leaves the sequence without blocks, so its first segment fails
  * the batch and the bridge is told (RESET). */
 static void apply_control(struct kvr_step *st, const struct kvr_wire_frame *in)
@@ -168,6 +173,11 @@ static void apply_control(struct kvr_step *st, const struct kvr_wire_frame *in)
                 if (kvr_sampler_add_bias(&st->samplers[c->seq], c->bias.ids[k], c->bias.bias[k]))
                     KVR_ERROR("stage %u: sequence %u: more than %d logit biases", st->index, c->seq,
                               KVR_SAMPLER_MAX_BIAS);
+            continue;
+        }
+        if (c->type == KVR_WIRE_CTRL_GRAMMAR) {
+            if (st->is_tail && st->open[c->seq])
+                kvr_step_grammar_piece(&st->grammars, c->seq, &c->grammar, st->index);
             continue;
         }
         close_seq(st, c->seq);
@@ -204,6 +214,9 @@ static int sample_results(struct kvr_step *st, const struct kvr_wire_frame *in,
         float *logits = st->logits + (size_t)n * st->n_vocab;
         float logprob = 0.0f;
         bool lp = st->want_logprobs[seg->seq];
+        if (kvr_step_grammar_mask(&st->grammars, seg->seq, logits, st->n_vocab))
+            return kvr_err_set(err, KVR_ENOMEM, "batch %llu: sequence %u: out of memory for "
+                               "its grammar mask", (unsigned long long)in->hdr.batch_id, seg->seq);
         int32_t tok = kvr_sampler_sample(&st->samplers[seg->seq], logits, (int32_t)st->n_vocab,
                                          st->scratch, lp ? &logprob : NULL);
         if (tok < 0) /* no token to send: fail the batch rather than send an invalid id */
@@ -212,6 +225,7 @@ static int sample_results(struct kvr_step *st, const struct kvr_wire_frame *in,
                                "to sample from",
                                (unsigned long long)in->hdr.batch_id, seg->seq);
         kvr_sampler_accept(&st->samplers[seg->seq], tok);
+        kvr_step_grammar_accept(&st->grammars, seg->seq, tok);
         o->results[n] = (struct kvr_wire_result){
             .seq = seg->seq,
             .token = tok,

@@ -24,6 +24,7 @@
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "ring/plan.h"
+#include "ring/step_grammar.h"
 #include "ring/wire.h"
 
 #include <stdbool.h>
@@ -41,7 +42,8 @@ struct kvr_step {
     bool *open;                   /* [max_seqs] a sequence is open in this slot */
     bool *want_logprobs;          /* [max_seqs] */
     struct kvr_sample_scratch *scratch;
-    float *logits; /* [row_width x n_vocab] */
+    float *logits;                     /* [row_width x n_vocab] */
+    struct kvr_step_grammars grammars; /* constrained sequences (GRAMMAR records) */
 };
 
 /* One frame to send on, built by kvr_step_run. */

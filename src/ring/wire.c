@@ -30,7 +30,7 @@
  *
  * Control record (48 bytes)
  *     0   2  type           enum kvr_wire_ctrl_type: 1 OPEN, 2 FREE, 3 CANCEL, 4 REPLAY,
- *                           5 MAP, 6 BIAS
+ *                           5 MAP, 6 BIAS, 7 GRAMMAR
  *     2   2  flags          OPEN: bit 0 = results carry logprobs; otherwise 0
  *     4   4  seq
  *   OPEN, FREE, CANCEL:
@@ -60,6 +60,10 @@
  *    12  16  ids            4 x i32: token ids, < n_vocab; 0 past n
  *    28  16  bias           4 x f32: [-100, 100]; 0 past n
  *    44   4  reserved       0
+ *   GRAMMAR (struct kvr_wire_grammar; flags 0):
+ *     8   4  offset         u32: a multiple of 32, < total
+ *    12   4  total          u32: the text's bytes, 1 ..= 262144
+ *    16  32  text           min(32, total - offset) bytes of GBNF; 0 past them
  *
  * Segment record (16 bytes): struct kvr_seg
  *     0   4  seq   4   4  pos0   8   4  n_tokens   12   4  flags (enum kvr_seg_flag)
@@ -577,6 +581,25 @@ static int decode_bias(const uint8_t *p, uint32_t i, const struct kvr_wire_limit
     return KVR_OK;
 }
 
+static int decode_grammar(const uint8_t *p, uint32_t i, struct kvr_wire_ctrl *c,
+                          struct kvr_err *err)
+{
+    struct kvr_wire_grammar *g = &c->grammar;
+    g->offset = kvr_ld32(p + 8);
+    g->total = kvr_ld32(p + 12);
+    if (c->flags || g->total < 1 || g->total > KVR_WIRE_GRAMMAR_MAX_TOTAL ||
+        g->offset >= g->total || g->offset % KVR_WIRE_GRAMMAR_BYTES)
+        return PROTO("control record %u (GRAMMAR seq %u): flags 0x%x, offset %u of %u bytes", i,
+                     c->seq, c->flags, g->offset, g->total);
+    uint32_t n = g->total - g->offset;
+    n = n < KVR_WIRE_GRAMMAR_BYTES ? n : KVR_WIRE_GRAMMAR_BYTES;
+    memcpy(g->text, p + 16, KVR_WIRE_GRAMMAR_BYTES);
+    if (!all_zero(p + 16 + n, KVR_WIRE_GRAMMAR_BYTES - n))
+        return PROTO("control record %u (GRAMMAR seq %u): bytes past the text are not 0", i,
+                     c->seq);
+    return KVR_OK;
+}
+
 /* OPEN: the sampling parameters, in the ranges wire.h gives (n_bias stays 0). */
 static int decode_open(const uint8_t *p, uint32_t i, const struct kvr_wire_limits *lim,
                        struct kvr_wire_ctrl *c, struct kvr_err *err)
@@ -634,6 +657,8 @@ static int decode_ctrl(const uint8_t *p, uint32_t i, const struct kvr_wire_limit
         return decode_map(p, i, lim, c, err);
     case KVR_WIRE_CTRL_BIAS:
         return decode_bias(p, i, lim, c, err);
+    case KVR_WIRE_CTRL_GRAMMAR:
+        return decode_grammar(p, i, c, err);
     case KVR_WIRE_CTRL_OPEN:
         return decode_open(p, i, lim, c, err);
     default: /* FREE, CANCEL: nothing but the seq */
@@ -867,6 +892,12 @@ static uint8_t *put_ctrl(uint8_t *p, const struct kvr_wire_ctrl *c)
             kvr_st32(p + 12 + 4 * k, (uint32_t)b->ids[k]);
             kvr_stf32(p + 28 + 4 * k, b->bias[k]);
         }
+    } else if (c->type == KVR_WIRE_CTRL_GRAMMAR) {
+        const struct kvr_wire_grammar *g = &c->grammar;
+        kvr_st32(p + 8, g->offset);
+        kvr_st32(p + 12, g->total);
+        uint32_t n = g->total > g->offset ? g->total - g->offset : 0;
+        memcpy(p + 16, g->text, n < KVR_WIRE_GRAMMAR_BYTES ? n : KVR_WIRE_GRAMMAR_BYTES);
     }
     return p + KVR_WIRE_CTRL_BYTES;
 }

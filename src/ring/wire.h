@@ -127,7 +127,8 @@ enum kvr_wire_ctrl_type {
     KVR_WIRE_CTRL_REPLAY = 4, /* restore a re-opened sequence's sampler (the tail only) */
     KVR_WIRE_CTRL_MAP = 5,    /* the KV blocks a just-opened sequence uses (every stage) */
     KVR_WIRE_CTRL_BIAS = 6,   /* logit biases of a sequence just opened (the tail only) */
-    KVR_WIRE_CTRL_TYPE_COUNT = 7
+    KVR_WIRE_CTRL_GRAMMAR = 7, /* a piece of its grammar's text (the tail only) */
+    KVR_WIRE_CTRL_TYPE_COUNT = 8
 };
 
 /* (token, bias) pairs one BIAS record carries. */
@@ -186,6 +187,21 @@ struct kvr_wire_bias {
     float bias[KVR_WIRE_BIAS_PAIRS];  /* [-100, 100]; 0 past n */
 };
 
+/* Grammar text bytes one GRAMMAR record carries, and the most a grammar may have (the
+ * grammar compiler's own limit, model/grammar.h). */
+#define KVR_WIRE_GRAMMAR_BYTES 32
+#define KVR_WIRE_GRAMMAR_MAX_TOTAL (256u * 1024u)
+
+/* A constrained sequence's GBNF text (model/grammar.h), sent after its OPEN (and after
+ * every re-OPEN) and before its REPLAY records, in order: record k carries bytes
+ * [32k, 32k + n) of `total`. The tail compiles the text when the last piece arrives and
+ * masks the sequence's logits with it from then on (REPLAY ids advance it). */
+struct kvr_wire_grammar {
+    uint32_t offset;                     /* a multiple of 32, < total */
+    uint32_t total;                      /* 1 ..= KVR_WIRE_GRAMMAR_MAX_TOTAL */
+    uint8_t text[KVR_WIRE_GRAMMAR_BYTES]; /* n = min(32, total - offset) bytes; 0 past n */
+};
+
 struct kvr_wire_ctrl {
     uint32_t type;  /* enum kvr_wire_ctrl_type */
     uint32_t flags; /* OPEN: enum kvr_wire_open_flag bits; else 0 */
@@ -195,6 +211,7 @@ struct kvr_wire_ctrl {
         struct kvr_wire_replay replay;     /* REPLAY */
         struct kvr_wire_map map;           /* MAP */
         struct kvr_wire_bias bias;         /* BIAS */
+        struct kvr_wire_grammar grammar;   /* GRAMMAR */
     };
 };
 

@@ -92,6 +92,17 @@ void sh_check(struct sh *h)
     }
 }
 
+bool sh_grammar_pending(const struct sh *h, uint32_t seq)
+{
+    for (uint32_t i = 0; i < SH_MAX_REQS; i++) {
+        const struct sh_req *q = &h->reqs[i];
+        if (q->used && !q->detached && q->r.seq == (int)seq && q->r.req.grammar_bytes)
+            return h->n_grammar_got[seq] < q->r.req.grammar_bytes ||
+                   memcmp(h->grammar_got[seq], q->r.req.grammar, q->r.req.grammar_bytes) != 0;
+    }
+    return false;
+}
+
 void sh_stage_view(struct sh *h, const struct sh_batch *bt)
 {
     for (uint32_t i = 0; i < bt->n_ctrl; i++) {
@@ -106,9 +117,27 @@ void sh_stage_view(struct sh *h, const struct sh_batch *bt)
                          (unsigned long long)bt->id, c->seq);
             h->open[c->seq] = true;
             h->n_mapped[c->seq] = h->n_pos[c->seq] = 0;
+            h->n_grammar_got[c->seq] = h->n_replay_ids[c->seq] = 0;
         } else if (c->type == KVR_WIRE_CTRL_REPLAY) {
             if (!h->open[c->seq])
                 sh_failf(h, "REPLAY for seq %u, not open", c->seq);
+            if (sh_grammar_pending(h, c->seq))
+                sh_failf(h, "REPLAY for seq %u before its grammar", c->seq);
+            h->n_replay_ids[c->seq] += c->replay.n_ids;
+        } else if (c->type == KVR_WIRE_CTRL_BIAS) {
+            if (!h->open[c->seq])
+                sh_failf(h, "BIAS for seq %u, not open", c->seq);
+        } else if (c->type == KVR_WIRE_CTRL_GRAMMAR) {
+            const struct kvr_wire_grammar *gr = &c->grammar;
+            uint32_t n = gr->total - gr->offset < 32 ? gr->total - gr->offset : 32;
+            if (!h->open[c->seq] || gr->offset != h->n_grammar_got[c->seq] ||
+                gr->total > SH_MAX_GRAMMAR) {
+                sh_failf(h, "GRAMMAR for seq %u at %u of %u out of order", c->seq, gr->offset,
+                         gr->total);
+                continue;
+            }
+            memcpy(h->grammar_got[c->seq] + gr->offset, gr->text, n);
+            h->n_grammar_got[c->seq] += n;
         } else if (c->type == KVR_WIRE_CTRL_MAP) {
             const struct kvr_wire_map *m = &c->map;
             if (!h->open[c->seq] || m->first != h->n_mapped[c->seq] || m->n_ids == 0 ||
@@ -133,6 +162,8 @@ void sh_stage_view(struct sh *h, const struct sh_batch *bt)
         const struct kvr_seg *g = &bt->segs[k];
         if (g->seq >= h->plan.max_seqs || !h->open[g->seq])
             continue; /* reported below */
+        if ((g->flags & KVR_SEG_WANTS_TOKEN) && sh_grammar_pending(h, g->seq))
+            sh_failf(h, "seq %u wants a token before its grammar arrived", g->seq);
         if (g->pos0 != h->n_pos[g->seq] ||
             (g->pos0 + g->n_tokens + SH_BT - 1) / SH_BT > h->n_mapped[g->seq] ||
             (h->n_pos[g->seq] + SH_BT - 1) / SH_BT > h->n_mapped[g->seq]) {
@@ -306,12 +337,15 @@ int sh_submit(struct sh *h, uint32_t i, uint32_t n_prompt, uint32_t max_tokens, 
     for (uint32_t k = 0; k < n_prompt; k++)
         q->prompt[k] =
             (int32_t)(3 + ((k < h->shared_prefix ? 0 : i) * 37 + k * 11) % (SH_VOCAB - 3));
-    q->r.req = (struct kvr_gen_request){.prompt = q->prompt,
-                                        .n_prompt = n_prompt,
-                                        .max_tokens = max_tokens,
-                                        .first_token_ms = first_ms,
-                                        .total_ms = total_ms,
-                                        .ignore_eos = (i & 1) != 0};
+    q->r.req =
+        (struct kvr_gen_request){.prompt = q->prompt,
+                                 .n_prompt = n_prompt,
+                                 .max_tokens = max_tokens,
+                                 .first_token_ms = first_ms,
+                                 .total_ms = total_ms,
+                                 .grammar = h->grammar,
+                                 .grammar_bytes = h->grammar ? (uint32_t)strlen(h->grammar) : 0,
+                                 .ignore_eos = (i & 1) != 0};
     kvr_sample_params_default(&q->r.req.sampling);
     q->r.req.sampling.temperature = temperature;
     q->r.req.sampling.repeat_penalty = repeat_penalty;

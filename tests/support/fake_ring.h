@@ -39,7 +39,8 @@
 #define SH_BT 16                        /* KV block size of the plans */
 #define SH_MAX_BLOCKS_SEQ (256 / SH_BT) /* n_ctx 256 */
 #define SH_MAX_CTRL ((3 + (SH_MAX_BLOCKS_SEQ + 6) / 7) * SH_MAX_SEQS)
-#define SH_MAX_KV 512 /* KV blocks a plan may have */
+#define SH_MAX_KV 512       /* KV blocks a plan may have */
+#define SH_MAX_GRAMMAR 4096 /* grammar bytes a request may have */
 #define SH_VOCAB 512
 #define SH_EOG 2 /* the fake model's end-of-generation token */
 #define SH_MS 1000000ull
@@ -77,6 +78,10 @@ struct sh {
     uint32_t table[SH_MAX_SEQS][SH_MAX_BLOCKS_SEQ], n_mapped[SH_MAX_SEQS], n_pos[SH_MAX_SEQS];
     int32_t kv[SH_MAX_KV][SH_BT]; /* the token each block position holds */
     uint32_t shared_prefix;       /* sh_submit: prompt tokens every request shares */
+    const char *grammar;          /* sh_submit: the request's grammar text (NULL: none) */
+    char grammar_got[SH_MAX_SEQS][SH_MAX_GRAMMAR]; /* the stages' view: GRAMMAR pieces */
+    uint32_t n_grammar_got[SH_MAX_SEQS];
+    uint32_t n_replay_ids[SH_MAX_SEQS]; /* REPLAY ids since the OPEN */
     uint64_t n_batches_sent, n_results;
     struct sh_batch last; /* the last batch sent */
     char fail[256];
@@ -90,6 +95,8 @@ void sh_on_event(void *ctx, struct kvr_sched_req *r, const struct kvr_sched_even
 int sh_init(struct sh *h, uint32_t mb, uint32_t rows, uint32_t seqs, uint32_t blocks,
             bool admission);
 void sh_check(struct sh *h);
+/* Whether seq's request has a grammar the stages have not all received (GRAMMAR). */
+bool sh_grammar_pending(const struct sh *h, uint32_t seq);
 /* The stages see a batch: check it against their view and apply its records. */
 void sh_stage_view(struct sh *h, const struct sh_batch *bt);
 /* Take every batch the scheduler has to send (the head always has a credit). */

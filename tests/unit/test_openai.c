@@ -199,18 +199,26 @@ static const struct bad_case bad_cases[] = {
      0, 400, "must be a string holding a JSON object", "messages[0].tool_calls[0].function.arguments"},
     {H,
      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
-     "\"response_format\": {\"type\": \"json_object\"}}",
-     0, 400, "only 'response_format'", "response_format"},
+     "\"response_format\": {\"type\": \"xml\"}}",
+     0, 400, "'response_format.type' must be", "response_format.type"},
+    {H,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+     "\"response_format\": {\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", "
+     "\"schema\": {\"properties\": {\"a\": {\"not\": {}}}}}}}",
+     0, 400, "response_format.json_schema.schema: /properties/a/not: unsupported keyword",
+     "response_format.json_schema.schema"},
+    {C, "{\"prompt\": \"hi\", \"grammar\": \"root ::= \\\"a\\\"\", \"json_schema\": {}}", 0,
+     400, "at most one of", "grammar"},
     {C, "{\"prompt\": \"hi\", \"stream_options\": {\"include_usage\": true}}", 0, 400,
      "only allowed when 'stream' is true",
      "stream_options"}, /* Fields that were once ignored: each refused, naming itself
                            (openai_fields.c). */
     {C, "{\"prompt\": \"hi\", \"guided_json\": {\"type\": \"object\"}}", 0, 400,
      "guided decoding is not supported yet", "guided_json"},
-    {C, "{\"prompt\": \"hi\", \"grammar\": \"root ::= \\\"a\\\"\"}", 0, 400,
-     "grammar-constrained decoding is not supported yet", "grammar"},
-    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"json_schema\": {}}", 0, 400,
-     "schema-constrained decoding", "json_schema"},
+    {C, "{\"prompt\": \"hi\", \"grammar\": \"root ::= \\\"a\\\" b\"}", 0, 400,
+     "grammar: line 1 col 14: rule 'b' is not defined", "grammar"},
+    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"json_schema\": "
+        "{\"if\": {}}}", 0, 400, "json_schema: /if: unsupported keyword", "json_schema"},
     {C, "{\"prompt\": \"hi\", \"min_tokens\": 5}", 0, 400, "a minimum length is not supported",
      "min_tokens"},
     {H,
@@ -462,7 +470,7 @@ static void test_every_refused_field(void **state)
         const char *name, *value;
     } refused[] = {
         {"grammar", "\"root ::= x\""},
-        {"json_schema", "{}"},
+        {"json_schema", "{\"not\": {}}"},
         {"guided_json", "{}"},
         {"guided_regex", "\"a+\""},
         {"guided_choice", "[\"a\"]"},
@@ -946,6 +954,38 @@ static void test_sse(void **state)
     kvr_sbuf_fini(&b);
 }
 
+/* response_format, grammar and json_schema give the request a grammar that compiles. */
+static void test_grammar_fields(void **state)
+{
+    (void)state;
+    const char *bodies[] = {
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"response_format\": "
+        "{\"type\": \"json_object\"}}",
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"response_format\": "
+        "{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"n\", \"strict\": true, "
+        "\"schema\": {\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}}}}",
+        "{\"prompt\": \"hi\", \"grammar\": \"root ::= [0-9]+\"}",
+        "{\"prompt\": \"hi\", \"json_schema\": {\"enum\": [1, 2]}}",
+        "{\"prompt\": \"hi\", \"response_format\": {\"type\": \"json_object\", \"schema\": "
+        "{\"type\": \"array\"}}}",
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof *bodies; i++) {
+        struct kvr_openai_req r;
+        struct kvr_openai_error e = {0};
+        enum kvr_openai_api api = bodies[i][2] == 'm' ? H : C;
+        if (kvr_openai_parse(&r, api, bodies[i], strlen(bodies[i]), &lim, &e))
+            fail_msg("%s: %s", bodies[i], e.message);
+        assert_non_null(r.grammar);
+        assert_true(r.grammar_len > 0);
+        kvr_openai_req_fini(&r);
+    }
+    struct kvr_openai_req r;
+    const char *text = "{\"prompt\": \"hi\", \"response_format\": {\"type\": \"text\"}}";
+    assert_int_equal(kvr_openai_parse(&r, C, text, strlen(text), &lim, NULL), 0);
+    assert_null(r.grammar);
+    kvr_openai_req_fini(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -966,6 +1006,7 @@ int main(void)
         cmocka_unit_test(test_tokenize_fields),
         cmocka_unit_test(test_every_refused_field),
         cmocka_unit_test(test_tools),
+        cmocka_unit_test(test_grammar_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

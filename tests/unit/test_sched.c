@@ -699,6 +699,42 @@ static void test_recovery_and_replay(void **state)
     done(h);
 }
 
+/* A request with a grammar: GRAMMAR records bring its text to the stages before its first
+ * token is wanted, over several batches when it is long (the fake ring's stage view fails
+ * a token wanted or a REPLAY sent before the whole text); after a recovery the text comes
+ * again and REPLAY carries every generated id even without penalties, since the tail's
+ * grammar state replays from all of them. */
+static void test_grammar_records(void **state)
+{
+    (void)state;
+    struct sh *h = new_sh(2, 16, 4, 64, false);
+    ring_up(h);
+    static char g[3000];
+    for (size_t k = 0; k + 1 < sizeof g; k++)
+        g[k] = (char)('a' + k % 26);
+    h->grammar = g;
+    struct kvr_refusal why;
+    assert_int_equal(sh_submit(h, 1, 5, 40, 0.0f, 1.0f, 0, 0, &why), 0);
+    h->grammar = NULL;
+    assert_int_equal(sh_submit(h, 2, 5, 40, 0.0f, 1.0f, 0, 0, &why), 0); /* free, beside it */
+    sh_run(h, 30);
+    OK(h);
+    uint32_t seen = h->reqs[1].n_seen;
+    assert_true(seen >= 5);
+    assert_stream(&h->reqs[2], h->reqs[2].n_seen);
+    sh_link_down(h, "the tail closed its link");
+    sh_link_up(h);
+    sh_run(h, 1); /* the probe */
+    uint32_t slot = (uint32_t)h->reqs[1].r.seq;
+    sh_run(h, 500);
+    OK(h);
+    assert_int_equal(h->n_grammar_got[slot], sizeof g - 1); /* sent again after the OPEN */
+    assert_int_equal(h->n_replay_ids[slot], seen);
+    assert_int_equal(h->reqs[1].n_seen, 40);
+    assert_stream(&h->reqs[1], 40);
+    done(h);
+}
+
 static void test_lost_probe_and_lost_batch(void **state)
 {
     (void)state;
@@ -1276,6 +1312,7 @@ int main(void)
         cmocka_unit_test(test_starved_share_after_a_long_idle),
         cmocka_unit_test(test_recovery_prefill_one_chunk_per_stage),
         cmocka_unit_test(test_recovery_and_replay),
+        cmocka_unit_test(test_grammar_records),
         cmocka_unit_test(test_lost_probe_and_lost_batch),
         cmocka_unit_test(test_held_requests_expire),
         cmocka_unit_test(test_result_mismatch),

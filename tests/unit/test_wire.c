@@ -872,6 +872,54 @@ static void test_bias_records(void **state)
 #undef BIAS_CASE
 }
 
+/* GRAMMAR carries a sequence's grammar text in 32-byte pieces: they round-trip exactly,
+ * and offsets, totals and the bytes past the text are checked. */
+static void test_grammar_records(void **state)
+{
+    (void)state;
+    make_plan(KVR_DTYPE_F32);
+    struct kvr_wire_limits lim;
+    limits(&lim, 0);
+    struct kvr_seg seg = {0, 0, 1, KVR_SEG_PREFILL};
+    const char *text = "root ::= \"{\" [a-z]+ \"}\" # forty bytes of grammar";
+    uint32_t total = (uint32_t)strlen(text);
+    struct kvr_wire_ctrl all[3] = {ctrl3[0]};
+    all[0].seq = 1;
+    for (uint32_t k = 0; k < 2; k++) {
+        all[1 + k] = (struct kvr_wire_ctrl){.type = KVR_WIRE_CTRL_GRAMMAR, .seq = 1};
+        all[1 + k].grammar.offset = 32 * k;
+        all[1 + k].grammar.total = total;
+        uint32_t n = total - 32 * k < 32 ? total - 32 * k : 32;
+        memcpy(all[1 + k].grammar.text, text + 32 * k, n);
+    }
+    size_t len = batch_with(&seg, 1, all, 3);
+    struct kvr_wire_frame f;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_wire_frame_init(&f, &lim, &err), 0);
+    assert_int_equal(decode(len, &lim, &f, &err), 0);
+    assert_int_equal(f.hdr.n_ctrl, 3);
+    for (int i = 1; i < 3; i++) {
+        assert_int_equal(f.ctrl[i].type, KVR_WIRE_CTRL_GRAMMAR);
+        assert_memory_equal(&f.ctrl[i].grammar, &all[i].grammar, sizeof all[i].grammar);
+    }
+    kvr_wire_frame_fini(&f);
+    struct kvr_wire_ctrl c;
+#define GRAMMAR_CASE(what, mutation, msg)                                                          \
+    do {                                                                                           \
+        c = all[2];                                                                                \
+        len = batch_with(&seg, 1, &c, 1);                                                          \
+        mutation;                                                                                  \
+        expect_reject(len, &lim, what, msg);                                                       \
+    } while (0)
+    GRAMMAR_CASE("flags", kvr_st16(buf + 40 + 2, 1), "flags 0x1");
+    GRAMMAR_CASE("offset past total", kvr_st32(buf + 40 + 8, 64), "offset 64 of");
+    GRAMMAR_CASE("unaligned offset", kvr_st32(buf + 40 + 8, 3), "offset 3 of");
+    GRAMMAR_CASE("empty", kvr_st32(buf + 40 + 12, 0), "of 0 bytes");
+    GRAMMAR_CASE("too long", kvr_st32(buf + 40 + 12, KVR_WIRE_GRAMMAR_MAX_TOTAL + 1), "offset");
+    GRAMMAR_CASE("byte past the text", buf[40 + 16 + 31] = 'x', "past the text are not 0");
+#undef GRAMMAR_CASE
+}
+
 static void test_result_and_timing_rejections(void **state)
 {
     (void)state;
@@ -1189,6 +1237,7 @@ int main(void)
         cmocka_unit_test(test_ctrl_rejections),
         cmocka_unit_test(test_replay_records),
         cmocka_unit_test(test_bias_records),
+        cmocka_unit_test(test_grammar_records),
         cmocka_unit_test(test_map_records),
         cmocka_unit_test(test_result_and_timing_rejections),
         cmocka_unit_test(test_truncation),

@@ -1,0 +1,124 @@
+/* grammar_int.h - what grammar_parse.c (the compiler), grammar.c (the matcher) and
+ * grammar_mask.c (vocabulary trie and masks) share. Not part of the API (grammar.h).
+ *
+ * Compiled form: every rule's alternatives laid out in one element array,
+ *     el[rule_start[r] ..]:  alt 0 elements, ALT, alt 1 elements, ..., END
+ * with alt_first[rule_alt[r] .. rule_alt[r + 1]) the index of each alternative's first
+ * element. An element is a character class (CHAR, value = class index), a rule reference
+ * (REF, value = rule id), or a separator (ALT, END). A class holds sorted code-point ranges
+ * and, for speed, the bitmap of the ASCII characters it accepts (negation applied). */
+#ifndef KVR_MODEL_GRAMMAR_INT_H
+#define KVR_MODEL_GRAMMAR_INT_H
+
+#include "model/grammar.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum gel_type { GEL_END = 0, GEL_ALT = 1, GEL_REF = 2, GEL_CHAR = 3, GEL_TYPE_COUNT = 4 };
+
+struct gel {
+    uint32_t type; /* enum gel_type */
+    uint32_t value;
+};
+
+struct gclass {
+    uint64_t ascii[2]; /* bit c: code point c < 128 is accepted */
+    uint32_t first;    /* ranges lo[first .. first + n), hi[...], inclusive */
+    uint32_t n;
+    bool negated;
+};
+
+struct kvr_grammar {
+    uint32_t n_el;
+    struct gel *el;
+    uint32_t n_rules;
+    uint32_t *rule_start; /* [n_rules] */
+    uint32_t *rule_alt;   /* [n_rules + 1] into alt_first */
+    uint32_t *alt_first;  /* [rule_alt[n_rules]] */
+    uint32_t n_class;
+    struct gclass *cls;
+    uint32_t n_range;
+    uint32_t *lo, *hi;
+    uint32_t root;
+};
+
+static inline bool kvr_gclass_has(const struct kvr_grammar *g, uint32_t c, uint32_t cp)
+{
+    const struct gclass *k = &g->cls[c];
+    if (cp < 128)
+        return (k->ascii[cp >> 6] >> (cp & 63)) & 1;
+    bool in = false;
+    for (uint32_t i = k->first; i < k->first + k->n && !in; i++)
+        in = cp >= g->lo[i] && cp <= g->hi[i];
+    return in != k->negated;
+}
+
+/* Whether the class accepts any code point in [lo, hi]. */
+bool kvr_gclass_any(const struct kvr_grammar *g, uint32_t c, uint32_t lo, uint32_t hi);
+
+/* A set of stacks: stack i is data[off[i] .. off[i] + len[i]) (frame positions, bottom
+ * first), hash[i] its hash. Growable; a matcher and the mask walk each own some. */
+struct gstacks {
+    uint32_t *data;
+    uint32_t *off, *len;
+    uint64_t *hash;
+    uint32_t n, cap; /* stacks */
+    size_t n_data, cap_data;
+    bool overflow; /* a limit dropped a stack */
+};
+
+void kvr_gstacks_fini(struct gstacks *s);
+void kvr_gstacks_clear(struct gstacks *s);
+int kvr_gstacks_copy(struct gstacks *dst, const struct gstacks *src);
+/* The stacks of `src` that accept code point cp, advanced past it and expanded, into
+ * `dst` (cleared first). Returns KVR_OK or KVR_ENOMEM. */
+int kvr_gstacks_advance(const struct kvr_grammar *g, const struct gstacks *src, uint32_t cp,
+                        struct gstacks *dst);
+/* The start state: root's alternatives, expanded. */
+int kvr_gstacks_start(const struct kvr_grammar *g, struct gstacks *dst);
+/* Whether any stack's next class could accept a character in [lo, hi] (a character whose
+ * first bytes are known). */
+bool kvr_gstacks_may_take(const struct kvr_grammar *g, const struct gstacks *s, uint32_t lo,
+                          uint32_t hi);
+bool kvr_gstacks_has_empty(const struct gstacks *s);
+
+/* A matcher: its stacks, a character half-read, and the mask cache (grammar_mask.c). */
+struct gpartial {
+    uint8_t bytes[4];
+    uint8_t n, need; /* n bytes of a character of `need` bytes; n == 0: none pending */
+};
+
+struct gcache_entry {
+    uint64_t key_hash;
+    uint32_t *key; /* the state serialised (kvr_gmatch_key) */
+    size_t n_key;
+    uint32_t *bits;
+    int32_t n_allowed;
+    uint64_t used; /* last use, for eviction */
+};
+
+struct kvr_grammar_match {
+    const struct kvr_grammar *g;
+    struct gstacks st, tmp, tmp2; /* the state; scratch for advancing */
+    struct gpartial part;
+    struct gcache_entry cache[KVR_GRAMMAR_CACHE];
+    uint32_t n_cache_words; /* words per cached mask (0 until the first mask) */
+    uint64_t clock;
+    struct kvr_grammar_stats stats;
+    uint32_t *key; /* scratch for the key of the current state */
+    size_t cap_key;
+    /* the mask walk's state per trie depth (grammar_mask.c), sized on first use */
+    struct gstacks *lvl;
+    struct gpartial *lpart;
+    const struct gstacks **lcur;
+    uint32_t n_lvl;
+};
+
+/* Feed one byte to (stacks, partial) into (dst stacks, dst partial): KVR_OK, KVR_EINVAL
+ * (refused), KVR_ENOMEM. dst may equal src for the partial only. */
+int kvr_gmatch_byte(const struct kvr_grammar *g, const struct gstacks *st,
+                    const struct gpartial *part, uint8_t b, struct gstacks *dst,
+                    struct gpartial *dpart, bool *stacks_changed);
+
+#endif

@@ -1,0 +1,60 @@
+/* step_grammar.h - the tail's constrained sequences (DESIGN.md 3: the sampler lives at the
+ * tail, so the grammar does too). Per sequence slot: the GBNF text as GRAMMAR records bring
+ * it (wire.h), then its compiled grammar and matcher; one vocabulary trie for them all,
+ * built from the tokenizer when the first grammar arrives.
+ *
+ * Before the sampler: kvr_step_grammar_mask sets the logits of every token the grammar
+ * refuses to -inf (an end-of-generation token is allowed once the text is complete). After
+ * it: kvr_step_grammar_accept advances the matcher by the chosen token, and REPLAY ids go
+ * the same way, so a re-opened sequence's grammar state is rebuilt from its tokens like the
+ * sampler's. A sequence's mask depends only on its own tokens: batch invariance holds.
+ *
+ * A text that does not compile (the bridge compiled it first, so this is a broken peer or
+ * a bug) is logged and leaves the sequence unconstrained.
+ *
+ * Ownership: everything is allocated by the module; kvr_step_grammars_fini frees it.
+ * Threads: the stage's compute thread only. No I/O and no clock, as step.h. */
+#ifndef KVR_RING_STEP_GRAMMAR_H
+#define KVR_RING_STEP_GRAMMAR_H
+
+#include "core/err.h"
+#include "model/grammar.h"
+#include "model/tokenizer.h"
+#include "ring/wire.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct kvr_step_grammar_seq {
+    char *text; /* [total] while pieces arrive */
+    uint32_t total, received;
+    struct kvr_grammar *grammar;
+    struct kvr_grammar_match *match;
+};
+
+struct kvr_step_grammars {
+    const struct kvr_tok *tok; /* borrowed */
+    uint32_t max_seqs;
+    struct kvr_step_grammar_seq *seqs; /* [max_seqs] */
+    struct kvr_grammar_vocab *vocab;   /* built on first use */
+    uint64_t n_masks;                  /* rows masked so far */
+};
+
+int kvr_step_grammars_init(struct kvr_step_grammars *g, uint32_t max_seqs,
+                           const struct kvr_tok *tok, struct kvr_err *err);
+void kvr_step_grammars_fini(struct kvr_step_grammars *g);
+/* Drop a slot's grammar (OPEN, FREE, CANCEL, a reset). */
+void kvr_step_grammar_close(struct kvr_step_grammars *g, uint32_t seq);
+/* One GRAMMAR record of `seq` (checked by the codec); the last one compiles the text. */
+void kvr_step_grammar_piece(struct kvr_step_grammars *g, uint32_t seq,
+                            const struct kvr_wire_grammar *rec, uint32_t stage);
+bool kvr_step_grammar_active(const struct kvr_step_grammars *g, uint32_t seq);
+/* Mask a row of n_vocab logits in place. KVR_ENOMEM. */
+int kvr_step_grammar_mask(struct kvr_step_grammars *g, uint32_t seq, float *logits,
+                          uint32_t n_vocab);
+/* Advance by a token the sequence took (sampled, or replayed). A token the grammar refuses
+ * (only a replay of tokens from before a broken peer could bring one) is logged and
+ * ignored. */
+void kvr_step_grammar_accept(struct kvr_step_grammars *g, uint32_t seq, int32_t token);
+
+#endif
