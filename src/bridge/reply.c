@@ -4,6 +4,7 @@
 
 #include "bridge/responses.h"
 #include "bridge/toolcall_grammar.h"
+#include "model/grammar.h"
 #include "core/alloc.h"
 #include "core/err.h"
 #include "core/utf8.h"
@@ -63,24 +64,40 @@ void kvr_reply_fini(struct kvr_reply *r)
     kvr_toolcall_result_fini(&r->cur);
 }
 
-int kvr_reply_constrain(struct kvr_reply *r, const struct kvr_openai_req *req,
+int kvr_reply_constrain(struct kvr_reply *r, struct kvr_openai_req *req,
                         struct kvr_openai_error *e)
 {
     const struct kvr_tools *t = &req->tools;
     if (t->choice != KVR_TOOL_CHOICE_REQUIRED && t->choice != KVR_TOOL_CHOICE_NAMED)
         return KVR_OK;
+    if (req->grammar)
+        return kvr_openai_error_set(e, 400, "invalid_request_error", "tool_choice",
+                                    "invalid_value",
+                                    "a forced 'tool_choice' and an output grammar "
+                                    "('response_format', 'grammar', 'json_schema') exclude "
+                                    "each other");
     struct kvr_sbuf g;
     kvr_sbuf_init(&g);
-    int rc = kvr_toolcall_grammar(&r->opts, t, &g);
-    kvr_sbuf_fini(&g);
-    if (rc == KVR_ENOMEM)
+    struct kvr_err err = {0};
+    size_t bad = 0;
+    int rc = kvr_toolcall_grammar(&r->opts, t, &g, &bad, &err);
+    struct kvr_grammar *compiled = NULL;
+    if (!rc && (rc = kvr_grammar_compile(&compiled, g.data, g.len, &err)) == KVR_OK)
+        kvr_grammar_destroy(compiled);
+    if (rc) {
+        kvr_sbuf_fini(&g);
+        if (rc == KVR_ENOMEM)
+            return kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        char param[64];
+        snprintf(param, sizeof param, "tools[%zu].function.parameters", bad);
+        return kvr_openai_error_set(e, 400, "invalid_request_error", param,
+                                    rc == KVR_ENOTSUP ? "unsupported_schema" : "invalid_schema",
+                                    "%s: %s", param, err.msg[0] ? err.msg : kvr_strerror(rc));
+    }
+    req->grammar = kvr_sbuf_take(&g, &req->grammar_len);
+    if (!req->grammar)
         return kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-    return kvr_openai_error_set(e, 400, "invalid_request_error", "tool_choice",
-                                "unsupported_parameter",
-                                "'tool_choice' %s needs constrained decoding, which this server "
-                                "does not have yet; use \"auto\"",
-                                t->choice == KVR_TOOL_CHOICE_NAMED ? "naming a function"
-                                                                   : "\"required\"");
+    return KVR_OK;
 }
 
 const char *kvr_reply_finish(const struct kvr_reply *r, enum kvr_openai_finish f)

@@ -65,10 +65,11 @@ int kvr_reply_init(struct kvr_reply *r, enum kvr_reply_format format, const stru
                    const char *id);
 void kvr_reply_fini(struct kvr_reply *r);
 
-/* The grammar a forced tool choice ("required" or a named function) decodes under
- * (toolcall_grammar.h). This build's sampler takes no grammar yet, so such a request is
- * refused with a 400 that says so rather than answered unconstrained. 0 or KVR_EINVAL. */
-int kvr_reply_constrain(struct kvr_reply *r, const struct kvr_openai_req *req,
+/* A forced tool choice ("required" or a named function): req->grammar becomes the call
+ * syntax with the tools' schemas (toolcall_grammar.h), compiled once to check it, which the
+ * tail then decodes under. A schema the compiler refuses is a 400 naming the tool; so is
+ * an output grammar given beside it. 0 or KVR_EINVAL / KVR_ENOMEM with `e` filled. */
+int kvr_reply_constrain(struct kvr_reply *r, struct kvr_openai_req *req,
                         struct kvr_openai_error *e);
 
 /* Streaming: the first events (chat: the role chunk; responses: created, in_progress). */
