@@ -226,7 +226,7 @@ static int check_fields(const json_t *in, struct kvr_openai_error *e)
         "temperature",  "top_p",      "max_output_tokens",   "stream", "previous_response_id",
         "parallel_tool_calls", "store", "metadata",          "user",   "truncation",
         "text",         "include",    "reasoning",           "seed",   "stream_options",
-        "service_tier", "safety_identifier", "prompt_cache_key", NULL};
+        "service_tier", "safety_identifier", "prompt_cache_key", "logit_bias", NULL};
     int rc = kvr_openai_check_keys(in, NULL, known, e);
     if (rc)
         return rc;
@@ -302,7 +302,7 @@ int kvr_responses_to_chat(const char *body, size_t len, struct kvr_responses_sto
         rc = convert_tools(in, chat, e);
     static const char *const same[] = {"model",  "temperature", "top_p",       "stream",
                                        "seed",   "parallel_tool_calls",      "stream_options",
-                                       "user",   NULL};
+                                       "user",   "logit_bias", NULL};
     for (size_t i = 0; !rc && same[i]; i++)
         if (field(in, same[i]))
             json_object_set(chat, same[i], field(in, same[i]));
