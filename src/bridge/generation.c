@@ -43,7 +43,7 @@ struct kvr_generation {
     enum kvr_reply_format format;
     struct kvr_responses_store *store; /* RESPONSES: previous_response_id's memory */
     struct kvr_reply reply;
-    json_t *lp;           /* logprobs not yet sent, or NULL when not asked for */
+    json_t *lp; /* logprobs not yet sent, or NULL when not asked for */
 
     uint64_t t_start_ns; /* the request's arrival */
     uint64_t t_first_ns; /* the first token's arrival; 0 before it */
@@ -129,9 +129,8 @@ static int parse_request(struct kvr_generation *g, const char *body, size_t len,
     return KVR_OK;
 }
 
-int kvr_generation_render_chat(const struct kvr_generation_env *env,
-                               const struct kvr_openai_req *r, char **out, size_t *out_len,
-                               struct kvr_openai_error *e)
+int kvr_generation_render_chat(const struct kvr_generation_env *env, const struct kvr_openai_req *r,
+                               char **out, size_t *out_len, struct kvr_openai_error *e)
 {
     struct kvr_err err = {0};
     time_t now_s = time(NULL);
@@ -678,8 +677,7 @@ static void log_access(const struct kvr_generation *g)
              g->format == KVR_REPLY_RESPONSES ? "/v1/responses"
              : g->api == KVR_OPENAI_CHAT      ? "/v1/chat/completions"
                                               : "/v1/completions",
-             status,
-             outcome, g->n_prompt, g->n_gen, g->max_tokens, first,
+             status, outcome, g->n_prompt, g->n_gen, g->max_tokens, first,
              (double)(now - g->t_start_ns) / 1e6, est_first, est_total, why);
 }
 

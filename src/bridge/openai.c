@@ -514,10 +514,8 @@ static const struct {
     const char *name;
     enum kvr_chat_role role;
 } roles[] = {
-    {"system", KVR_CHAT_ROLE_SYSTEM},
-    {"developer", KVR_CHAT_ROLE_SYSTEM},
-    {"user", KVR_CHAT_ROLE_USER},
-    {"assistant", KVR_CHAT_ROLE_ASSISTANT},
+    {"system", KVR_CHAT_ROLE_SYSTEM}, {"developer", KVR_CHAT_ROLE_SYSTEM},
+    {"user", KVR_CHAT_ROLE_USER},     {"assistant", KVR_CHAT_ROLE_ASSISTANT},
     {"tool", KVR_CHAT_ROLE_TOOL},
 };
 
@@ -610,9 +608,9 @@ static int parse_messages(struct kvr_openai_req *r, struct kvr_openai_error *e)
                                param, json_string_value(role));
         r->msgs[i].role = roles[k].role;
         /* "name" is OpenAI's speaker name; the tool fields go to the template (tools.h). */
-        static const char *const known[] = {"role",         "content",           "name",
-                                            "tool_calls",   "tool_call_id",      "refusal",
-                                            "reasoning_content", NULL};
+        static const char *const known[] = {
+            "role",    "content",           "name", "tool_calls", "tool_call_id",
+            "refusal", "reasoning_content", NULL};
         snprintf(param, sizeof param, "messages[%zu]", i);
         int rc = kvr_openai_check_keys(m, param, known, e);
         if (!rc)
@@ -679,8 +677,8 @@ static int parse_fields(struct kvr_openai_req *r, const struct kvr_openai_limits
 
     if ((rc = parse_max_tokens(r, lim, e)) || (rc = parse_sampling(r, e)) ||
         (rc = parse_logit_bias(r, lim, e)) || (rc = parse_stop(r, e)) ||
-        (rc = parse_logprobs(r, e)) || (rc = parse_budget(r, e)) || (rc = refuse_unsupported(r, e)) ||
-        (rc = kvr_openai_parse_grammar(r, e)))
+        (rc = parse_logprobs(r, e)) || (rc = parse_budget(r, e)) ||
+        (rc = refuse_unsupported(r, e)) || (rc = kvr_openai_parse_grammar(r, e)))
         return rc;
     if (r->api == KVR_OPENAI_CHAT && (rc = kvr_tools_parse(o, &r->tools, e)))
         return rc;

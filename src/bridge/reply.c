@@ -32,8 +32,7 @@ static bool ends_in_think(const char *p, size_t len)
 }
 
 int kvr_reply_init(struct kvr_reply *r, enum kvr_reply_format format, const struct kvr_chat *chat,
-                   const struct kvr_openai_req *req, const char *prompt, size_t len,
-                   const char *id)
+                   const struct kvr_openai_req *req, const char *prompt, size_t len, const char *id)
 {
     memset(r, 0, sizeof *r);
     r->format = format;
@@ -53,8 +52,8 @@ int kvr_reply_init(struct kvr_reply *r, enum kvr_reply_format format, const stru
     for (uint32_t i = 0; i < KVR_TOOLCALL_MAX_CALLS; i++)
         r->resp_call_at[i] = -1;
     for (uint32_t i = 0; i < KVR_TOOLCALL_MAX_CALLS; i++)
-        snprintf(r->call_id[i], sizeof r->call_id[i], "call_%.24s%u",
-                 idl > 24 ? id + idl - 24 : id, i);
+        snprintf(r->call_id[i], sizeof r->call_id[i], "call_%.24s%u", idl > 24 ? id + idl - 24 : id,
+                 i);
     return KVR_OK;
 }
 
@@ -64,15 +63,13 @@ void kvr_reply_fini(struct kvr_reply *r)
     kvr_toolcall_result_fini(&r->cur);
 }
 
-int kvr_reply_constrain(struct kvr_reply *r, struct kvr_openai_req *req,
-                        struct kvr_openai_error *e)
+int kvr_reply_constrain(struct kvr_reply *r, struct kvr_openai_req *req, struct kvr_openai_error *e)
 {
     const struct kvr_tools *t = &req->tools;
     if (t->choice != KVR_TOOL_CHOICE_REQUIRED && t->choice != KVR_TOOL_CHOICE_NAMED)
         return KVR_OK;
     if (req->grammar)
-        return kvr_openai_error_set(e, 400, "invalid_request_error", "tool_choice",
-                                    "invalid_value",
+        return kvr_openai_error_set(e, 400, "invalid_request_error", "tool_choice", "invalid_value",
                                     "a forced 'tool_choice' and an output grammar "
                                     "('response_format', 'grammar', 'json_schema') exclude "
                                     "each other");
@@ -212,8 +209,8 @@ static int chat_deltas(struct kvr_reply *r, struct kvr_sbuf *out, const struct k
     const struct kvr_toolcall_result *c = &r->cur;
     int rc = KVR_OK;
     if (c->reasoning.len > r->sent_reasoning) {
-        json_t *d = json_pack("{s:o}", "reasoning_content", sbuf_str(&c->reasoning,
-                                                                     r->sent_reasoning));
+        json_t *d =
+            json_pack("{s:o}", "reasoning_content", sbuf_str(&c->reasoning, r->sent_reasoning));
         rc = chunk(out, in, d, NULL, NULL);
         r->sent_reasoning = c->reasoning.len;
     }
@@ -224,8 +221,8 @@ static int chat_deltas(struct kvr_reply *r, struct kvr_sbuf *out, const struct k
     }
     for (; !rc && r->sent_calls < c->n_calls; r->sent_calls++) {
         uint32_t i = r->sent_calls;
-        rc = chunk(out, in, json_pack("{s:[o]}", "tool_calls", call_object(r, i, true)), NULL,
-                   NULL);
+        rc =
+            chunk(out, in, json_pack("{s:[o]}", "tool_calls", call_object(r, i, true)), NULL, NULL);
         if (!rc)
             rc = chunk(out, in,
                        json_pack("{s:[{s:I,s:{s:s}}]}", "tool_calls", "index", (json_int_t)i,

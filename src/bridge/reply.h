@@ -47,8 +47,8 @@ struct kvr_reply {
     /* RESPONSES only (responses.c): the request's input items and its store, borrowed. */
     const json_t *resp_request;
     struct kvr_responses_store *store;
-    char resp_id[48];  /* "resp_..." */
-    uint32_t resp_seq; /* sequence_number of the next event */
+    char resp_id[48];                    /* "resp_..." */
+    uint32_t resp_seq;                   /* sequence_number of the next event */
     int resp_reasoning_at, resp_text_at; /* their output_index once opened, else -1 */
     uint32_t resp_items;                 /* output items opened so far */
     int resp_call_at[KVR_TOOLCALL_MAX_CALLS];

@@ -39,7 +39,10 @@ enum kvr_toolcall_family kvr_toolcall_detect(const char *t, size_t len, bool *th
         *think = find(t, len, "<think>") != NULL;
     if (find(t, len, "<|channel|>"))
         return KVR_TOOLCALL_HARMONY;
-    if (find(t, len, "tool\xe2\x96\x81" "calls\xe2\x96\x81" "begin"))
+    if (find(t, len,
+             "tool\xe2\x96\x81"
+             "calls\xe2\x96\x81"
+             "begin"))
         return KVR_TOOLCALL_DEEPSEEK_V3;
     if (find(t, len, "<arg_key>"))
         return KVR_TOOLCALL_GLM45;
@@ -214,8 +217,8 @@ static const char *param_type(const json_t *tools, const char *fn, size_t fn_len
         const json_t *props = json_object_get(json_object_get(f, "parameters"), "properties");
         const char *k;
         json_t *p;
-        json_object_foreach((json_t *)props, k, p) if (strlen(k) == key_len &&
-                                                        !memcmp(k, key, key_len))
+        json_object_foreach((json_t *)props, k,
+                            p) if (strlen(k) == key_len && !memcmp(k, key, key_len))
         {
             return json_string_value(json_object_get(p, "type"));
         }
@@ -347,8 +350,8 @@ static enum scan read_xml(struct reader *d, size_t pos, size_t *next)
         if (ok) {
             memcpy(key, s + kb, ke - kb);
             key[ke - kb] = 0;
-            json_t *v = xml_value(d->o->tools, s + name_b, name_e - name_b, key, ke - kb, s + vb,
-                                  ve - vb);
+            json_t *v =
+                xml_value(d->o->tools, s + name_b, name_e - name_b, key, ke - kb, s + vb, ve - vb);
             ok = v && !json_object_set_new(args, key, v);
         }
     }
@@ -406,11 +409,25 @@ static enum scan read_llama3(struct reader *d, size_t pos, size_t *next)
     }
 }
 
-#define DS_CALLS_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_CALLS_END "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define DS_CALL_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>"
+#define DS_CALLS_BEGIN                                                                             \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "calls\xe2\x96\x81"                                                                            \
+    "begin\xef\xbd\x9c>"
+#define DS_CALLS_END                                                                               \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "calls\xe2\x96\x81"                                                                            \
+    "end\xef\xbd\x9c>"
+#define DS_CALL_BEGIN                                                                              \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "call\xe2\x96\x81"                                                                             \
+    "begin\xef\xbd\x9c>"
+#define DS_CALL_END                                                                                \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "call\xe2\x96\x81"                                                                             \
+    "end\xef\xbd\x9c>"
+#define DS_SEP                                                                                     \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "sep\xef\xbd\x9c>"
 
 /* One DeepSeek call from <｜tool▁call▁begin｜> to <｜tool▁call▁end｜>. */
 static enum scan read_ds_call(struct reader *d, size_t p, size_t *next)
@@ -552,8 +569,8 @@ static void harmony(struct reader *d)
     size_t len = d->len, p = 0;
     struct kvr_toolcall_result *r = d->r;
     /* " to=" when the answer goes on the prompt's "<|start|>assistant" header. */
-    bool opens = at(s, len, 0, "<|channel|>") || at(s, len, 0, "<|start|>") ||
-                 at(s, len, 0, " to=");
+    bool opens =
+        at(s, len, 0, "<|channel|>") || at(s, len, 0, "<|start|>") || at(s, len, 0, " to=");
     bool maybe = kvr_toolcall_partial(s, len, "<|channel|>") == len ||
                  kvr_toolcall_partial(s, len, "<|start|>") == len ||
                  kvr_toolcall_partial(s, len, " to=") == len;
@@ -591,9 +608,9 @@ static void harmony(struct reader *d)
             size_t shown = closed ? e : len - harmony_held(s + b, len - b);
             kvr_sbuf_append(analysis ? &r->reasoning : &r->content, s + b, shown - b);
             if (!closed) {
-                r->tail = shown < len    ? KVR_TOOLCALL_TAIL_OTHER
-                          : analysis     ? KVR_TOOLCALL_TAIL_REASONING
-                                         : KVR_TOOLCALL_TAIL_CONTENT;
+                r->tail = shown < len ? KVR_TOOLCALL_TAIL_OTHER
+                          : analysis  ? KVR_TOOLCALL_TAIL_REASONING
+                                      : KVR_TOOLCALL_TAIL_CONTENT;
                 return;
             }
         }

@@ -39,8 +39,8 @@ static void lits(struct kvr_sbuf *b, const char *s)
 
 static bool name_char(char c)
 {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '-';
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
 }
 
 /* Copy a grammar with every rule name prefixed, so that the grammars of several schemas
@@ -103,11 +103,25 @@ struct gen {
 
 /* ---- the families' call syntax ---------------------------------------------------------- */
 
-#define DS_CALLS_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_CALLS_END "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define DS_CALL_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>"
+#define DS_CALLS_BEGIN                                                                             \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "calls\xe2\x96\x81"                                                                            \
+    "begin\xef\xbd\x9c>"
+#define DS_CALLS_END                                                                               \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "calls\xe2\x96\x81"                                                                            \
+    "end\xef\xbd\x9c>"
+#define DS_CALL_BEGIN                                                                              \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "call\xe2\x96\x81"                                                                             \
+    "begin\xef\xbd\x9c>"
+#define DS_CALL_END                                                                                \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "call\xe2\x96\x81"                                                                             \
+    "end\xef\xbd\x9c>"
+#define DS_SEP                                                                                     \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "sep\xef\xbd\x9c>"
 
 /* XML-style parameters (Qwen3-Coder, GLM-4.5): each property as its family writes it, a
  * string's value as raw text without '<' (one of its enum values when it has them), any
@@ -148,11 +162,13 @@ static int xml_params(struct gen *g, const json_t *params, bool coder, struct kv
         bool required = false;
         size_t j;
         json_t *r;
-        json_array_foreach(req, j, r) required |= json_is_string(r) &&
-                                                  !strcmp(json_string_value(r), key);
+        json_array_foreach(req, j, r) required |=
+            json_is_string(r) && !strcmp(json_string_value(r), key);
         char open[320], close[32];
-        snprintf(open, sizeof open, coder ? "<parameter=%.256s>\n" : "<arg_key>%.256s</arg_key>\n"
-                                                                    "<arg_value>",
+        snprintf(open, sizeof open,
+                 coder ? "<parameter=%.256s>\n"
+                       : "<arg_key>%.256s</arg_key>\n"
+                         "<arg_value>",
                  key);
         snprintf(close, sizeof close, coder ? "\n</parameter>\n" : "</arg_value>\n");
         kvr_sbuf_puts(expr, "(");

@@ -48,11 +48,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     uint8_t mode = data[0];
     const char *text = (const char *)data + 1;
     size_t len = size - 1;
-    struct kvr_toolcall_opts o = {.family = (enum kvr_toolcall_family)((mode & 7) %
-                                                                        KVR_TOOLCALL_FAMILY_COUNT),
-                                  .think = (mode >> 3) & 1,
-                                  .in_think = (mode >> 4) & 1,
-                                  .calls = (mode >> 5) & 1};
+    struct kvr_toolcall_opts o = {
+        .family = (enum kvr_toolcall_family)((mode & 7) % KVR_TOOLCALL_FAMILY_COUNT),
+        .think = (mode >> 3) & 1,
+        .in_think = (mode >> 4) & 1,
+        .calls = (mode >> 5) & 1};
     struct kvr_toolcall_result whole, part, prev;
     kvr_toolcall_result_init(&whole);
     kvr_toolcall_result_init(&part);

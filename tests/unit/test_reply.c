@@ -201,13 +201,13 @@ static json_t *to_chat(struct kvr_responses_store *st, const char *body, int wan
 
 static void test_responses_request(void **state)
 {
-    json_t *j = to_chat(NULL, "{\"input\": \"hi\", \"instructions\": \"Be brief.\", "
-                              "\"max_output_tokens\": 7, \"temperature\": 0}",
+    json_t *j = to_chat(NULL,
+                        "{\"input\": \"hi\", \"instructions\": \"Be brief.\", "
+                        "\"max_output_tokens\": 7, \"temperature\": 0}",
                         0, NULL);
     json_t *m = json_object_get(j, "messages");
     assert_int_equal(json_array_size(m), 2);
-    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 0), "role")),
-                        "system");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 0), "role")), "system");
     assert_int_equal(json_integer_value(json_object_get(j, "max_tokens")), 7);
     json_decref(j);
     /* Items: a message with parts, two calls (one assistant message), their outputs; a

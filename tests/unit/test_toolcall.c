@@ -86,13 +86,19 @@ static const struct family_case cases[] = {
      NULL, false},
     {KVR_TOOLCALL_DEEPSEEK_V3,
      "{%- for m in messages %}" USER_TURN
-     "{%- if m.role == 'assistant' %}<a>{{ '<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81"
+     "{%- if m.role == 'assistant' %}<a>{{ '<\xef\xbd\x9ctool\xe2\x96\x81"
+     "calls\xe2\x96\x81"
      "begin\xef\xbd\x9c>' }}{%- for tc in m.tool_calls %}{%- if not loop.first %}{{ '\\n' }}"
      "{%- endif %}"
-     "{{ '<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>' + tc.type + "
-     "'<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>' + tc.function.name + '\\n```json\\n' + "
-     "tc.function.arguments + '\\n```' + '<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81"
-     "end\xef\xbd\x9c>' }}{%- endfor %}{{ '<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81"
+     "{{ '<\xef\xbd\x9ctool\xe2\x96\x81"
+     "call\xe2\x96\x81"
+     "begin\xef\xbd\x9c>' + tc.type + "
+     "'<\xef\xbd\x9ctool\xe2\x96\x81"
+     "sep\xef\xbd\x9c>' + tc.function.name + '\\n```json\\n' + "
+     "tc.function.arguments + '\\n```' + '<\xef\xbd\x9ctool\xe2\x96\x81"
+     "call\xe2\x96\x81"
+     "end\xef\xbd\x9c>' }}{%- endfor %}{{ '<\xef\xbd\x9ctool\xe2\x96\x81"
+     "calls\xe2\x96\x81"
      "end\xef\xbd\x9c>' }}<eos>{%- endif %}{%- endfor %}" GEN,
      "<eos>", false},
     {KVR_TOOLCALL_GENERIC,
@@ -124,9 +130,9 @@ static json_t *conversation(size_t n_calls)
 {
     json_t *calls = json_array();
     for (size_t i = 0; i < n_calls; i++)
-        json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", "call9abcd",
-                                               "type", "function", "function", "name",
-                                               call_names[i], "arguments", call_args[i]));
+        json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", "call9abcd", "type",
+                                               "function", "function", "name", call_names[i],
+                                               "arguments", call_args[i]));
     return json_pack("[{s:s,s:s},{s:s,s:n,s:o}]", "role", "user", "content", "Go", "role",
                      "assistant", "content", "tool_calls", calls);
 }
@@ -161,8 +167,13 @@ static void expect_calls(const struct kvr_toolcall_result *r, size_t n)
 }
 
 /* The end-of-turn texts of the families' real templates: an answer ends at the first. */
-static const char *const real_ends[] = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>",
-                                        "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81"
+static const char *const real_ends[] = {"<|im_end|>",
+                                        "<|eot_id|>",
+                                        "<|eom_id|>",
+                                        "</s>",
+                                        "<\xef\xbd\x9c"
+                                        "end\xe2\x96\x81"
+                                        "of\xe2\x96\x81"
                                         "sentence\xef\xbd\x9c>",
                                         NULL};
 
@@ -225,7 +236,8 @@ static void round_trip_with(const struct family_case *fc, const char *bos, const
         if (strstr(answer, real_ends[i]) && (size_t)(strstr(answer, real_ends[i]) - answer) < alen)
             alen = (size_t)(strstr(answer, real_ends[i]) - answer);
 
-    struct kvr_toolcall_opts o = {.family = fc->family, .calls = true, .think = think, .tools = tools};
+    struct kvr_toolcall_opts o = {
+        .family = fc->family, .calls = true, .think = think, .tools = tools};
     struct kvr_toolcall_result r;
     kvr_toolcall_result_init(&r);
     assert_int_equal(kvr_toolcall_parse(&o, answer, alen, true, &r), KVR_OK);
@@ -308,8 +320,10 @@ static void test_round_trip_real_templates(void **state)
         enum kvr_toolcall_family family;
         bool one_call;
     } real[] = {
-        {"qwen2_5", KVR_TOOLCALL_HERMES, false},   {"qwen3", KVR_TOOLCALL_HERMES, false},
-        {"llama3_2", KVR_TOOLCALL_LLAMA3, true},   {"mistral_nemo", KVR_TOOLCALL_MISTRAL, false},
+        {"qwen2_5", KVR_TOOLCALL_HERMES, false},
+        {"qwen3", KVR_TOOLCALL_HERMES, false},
+        {"llama3_2", KVR_TOOLCALL_LLAMA3, true},
+        {"mistral_nemo", KVR_TOOLCALL_MISTRAL, false},
         {"deepseek_v3", KVR_TOOLCALL_DEEPSEEK_V3, false},
     };
     char dir[1024];
@@ -339,9 +353,9 @@ static void test_round_trip_real_templates(void **state)
         const json_t *t = json_object_get(cfg, "chat_template");
         size_t k;
         json_t *x;
-        json_array_foreach(t, k, x) if (!strcmp(json_string_value(json_object_get(x, "name")) ?
-                                                    json_string_value(json_object_get(x, "name")) :
-                                                    "",
+        json_array_foreach(t, k, x) if (!strcmp(json_string_value(json_object_get(x, "name"))
+                                                    ? json_string_value(json_object_get(x, "name"))
+                                                    : "",
                                                 "tool_use")) t = json_object_get(x, "template");
         assert_true(json_is_string(t));
         print_message("real template %s\n", real[i].pkg);

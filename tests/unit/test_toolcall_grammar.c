@@ -60,8 +60,8 @@ static bool accepts(const char *g, const char *text)
     struct kvr_err err = {0};
     assert_int_equal(kvr_grammar_compile(&gr, g, strlen(g), &err), KVR_OK);
     assert_int_equal(kvr_grammar_match_create(&m, gr), KVR_OK);
-    bool ok = kvr_grammar_match_bytes(m, text, strlen(text)) == KVR_OK &&
-              kvr_grammar_match_complete(m);
+    bool ok =
+        kvr_grammar_match_bytes(m, text, strlen(text)) == KVR_OK && kvr_grammar_match_complete(m);
     kvr_grammar_match_destroy(m);
     kvr_grammar_destroy(gr);
     return ok;
@@ -77,16 +77,18 @@ static void test_named_and_parallel(void **state)
     assert_false(accepts(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
                             "\"x\", \"unit\": \"celsius\"}}\n</tool_call>"));
     /* One call only; the arguments follow the schema (the anyOf's const). */
-    assert_false(accepts(g, "<tool_call>\n{\"name\": \"lookup\", \"arguments\": {}}\n</tool_call>"
-                            "\n<tool_call>\n{\"name\": \"lookup\", \"arguments\": {}}\n</tool_call>"));
+    assert_false(accepts(g,
+                         "<tool_call>\n{\"name\": \"lookup\", \"arguments\": {}}\n</tool_call>"
+                         "\n<tool_call>\n{\"name\": \"lookup\", \"arguments\": {}}\n</tool_call>"));
     assert_true(accepts(g, "<tool_call>\n{\"name\": \"lookup\", \"arguments\": {\"id\": \"none\"}}"
                            "\n</tool_call>"));
     assert_false(accepts(g, "<tool_call>\n{\"name\": \"lookup\", \"arguments\": {\"id\": \"x\"}}"
                             "\n</tool_call>"));
     kvr_free(g);
     g = grammar(KVR_TOOLCALL_HERMES, "\"tool_choice\": \"required\"", false);
-    assert_true(accepts(g, "<tool_call>\n{\"name\": \"lookup\", \"arguments\": {}}\n</tool_call>"
-                           "\n<tool_call>\n{\"name\": \"lookup\", \"arguments\": {}}\n</tool_call>"));
+    assert_true(accepts(g,
+                        "<tool_call>\n{\"name\": \"lookup\", \"arguments\": {}}\n</tool_call>"
+                        "\n<tool_call>\n{\"name\": \"lookup\", \"arguments\": {}}\n</tool_call>"));
     /* The schema: a required property missing, an enum broken, a string too long. */
     assert_false(accepts(g, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
                             "\"x\"}}\n</tool_call>"));
