@@ -6,6 +6,7 @@
 #include "bridge/generation.h"
 
 #include "bridge/reply.h"
+#include "bridge/responses.h"
 
 #include "core/alloc.h"
 #include "core/clock.h"
@@ -518,8 +519,13 @@ static bool pump_event(struct kvr_generation *g, uint32_t timeout_ms)
 static void sse_emit(struct kvr_generation *g)
 {
     if (g->done && g->outcome == KVR_HTTP_OUTCOME_ERROR) {
-        kvr_openai_sse_error(&g->sse, &g->fail);
-        kvr_openai_sse_done(&g->sse);
+        struct kvr_reply_info in = {&g->meta, g->finish, g->n_prompt, g->n_gen, NULL};
+        if (g->has_reply && g->format == KVR_REPLY_RESPONSES) {
+            kvr_responses_sse_error(&g->reply, &g->sse, &in, &g->fail);
+        } else {
+            kvr_openai_sse_error(&g->sse, &g->fail);
+            kvr_openai_sse_done(&g->sse);
+        }
         g->sse_ended = true;
         return;
     }

@@ -302,9 +302,10 @@ static int build_messages(const json_t *in, json_t *msgs, struct kvr_responses_s
 }
 
 int kvr_responses_to_chat(const char *body, size_t len, struct kvr_responses_store *store,
-                          char **out, size_t *out_len, struct kvr_openai_error *e)
+                          char **out, size_t *out_len, bool *keep, struct kvr_openai_error *e)
 {
     *out = NULL;
+    *keep = true;
     json_error_t je;
     json_t *in = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!json_is_object(in)) {
@@ -315,6 +316,10 @@ int kvr_responses_to_chat(const char *body, size_t len, struct kvr_responses_sto
     json_t *chat = json_object(), *msgs = json_array();
     json_object_set_new(chat, "messages", msgs);
     int rc = check_fields(in, e);
+    json_t *st = field(in, "store");
+    if (!rc && st && !json_is_boolean(st))
+        rc = bad(e, "store", "'store' must be a boolean");
+    *keep = !json_is_false(st);
     if (!rc)
         rc = build_messages(in, msgs, store, e);
     if (!rc)
@@ -355,10 +360,11 @@ int kvr_responses_prepare(struct kvr_generation *g, struct kvr_responses_store *
 {
     char *chat = NULL;
     size_t n = 0;
-    int rc = kvr_responses_to_chat(body, len, store, &chat, &n, e);
+    bool keep = true;
+    int rc = kvr_responses_to_chat(body, len, store, &chat, &n, &keep, e);
     if (rc)
         return rc;
-    kvr_generation_use_responses(g, store);
+    kvr_generation_use_responses(g, keep ? store : NULL);
     rc = kvr_generation_prepare(g, chat, n, budget_header, e);
     kvr_free(chat);
     return rc;
@@ -660,4 +666,20 @@ int kvr_responses_sse(struct kvr_reply *r, struct kvr_sbuf *out, const struct kv
                                  c->calls[i].arguments));
     }
     return rc || !done ? rc : finish_stream(r, out, in);
+}
+
+int kvr_responses_sse_error(struct kvr_reply *r, struct kvr_sbuf *out,
+                            const struct kvr_reply_info *in, const struct kvr_openai_error *err)
+{
+    const char *code = err->code ? err->code : "server_error";
+    int rc = event(r, out, "error",
+                   json_pack("{s:s,s:s,s:o}", "code", code, "message", err->message, "param",
+                             err->param ? json_string(err->param) : json_null()));
+    json_t *resp = response_object(r, in, "failed", false);
+    if (resp)
+        json_object_set_new(resp, "error",
+                            json_pack("{s:s,s:s}", "code", code, "message", err->message));
+    if (!rc)
+        rc = event(r, out, "response.failed", json_pack("{s:o}", "response", resp));
+    return rc;
 }
