@@ -44,6 +44,7 @@ int kvr_reply_init(struct kvr_reply *r, enum kvr_reply_format format, const stru
     r->opts.think = think;
     r->opts.in_think = think && ends_in_think(prompt, len);
     r->opts.tools = req->tools.list;
+    r->max_calls = req->tools.parallel ? KVR_TOOLCALL_MAX_CALLS : 1;
     kvr_sbuf_init(&r->all);
     kvr_toolcall_result_init(&r->cur);
     size_t idl = strlen(id);
@@ -138,7 +139,13 @@ static int reparse(struct kvr_reply *r, const char *text, size_t len, bool final
                         text, len);
         return r->cur.content.failed || r->cur.reasoning.failed ? KVR_ENOMEM : KVR_OK;
     }
-    return kvr_toolcall_parse(&r->opts, r->all.data, r->all.len, final, &r->cur);
+    int rc = kvr_toolcall_parse(&r->opts, r->all.data, r->all.len, final, &r->cur);
+    while (r->cur.n_calls > r->max_calls) {
+        struct kvr_toolcall *c = &r->cur.calls[--r->cur.n_calls];
+        kvr_free(c->name);
+        kvr_free(c->arguments);
+    }
+    return rc;
 }
 
 /* ---- Chat Completions ------------------------------------------------------------------ */

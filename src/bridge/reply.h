@@ -39,6 +39,7 @@ struct kvr_reply_info {
 struct kvr_reply {
     enum kvr_reply_format format;
     struct kvr_toolcall_opts opts;
+    uint32_t max_calls;  /* 1 without parallel_tool_calls: later calls are dropped */
     struct kvr_sbuf all; /* the answer so far */
     struct kvr_toolcall_result cur;
     size_t sent_content, sent_reasoning;

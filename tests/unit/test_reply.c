@@ -86,6 +86,21 @@ static void test_chat_json_tool_call(void **state)
     json_decref(j);
     kvr_free(body);
     teardown(&f);
+
+    /* Without parallel_tool_calls, a second call in the answer is dropped. */
+    char b2[1024];
+    snprintf(b2, sizeof b2, "%.*s, \"parallel_tool_calls\": false}", (int)strlen(tools_body) - 1,
+             tools_body);
+    setup(&f, hermes_tmpl, b2, "", KVR_REPLY_CHAT);
+    char two[512];
+    snprintf(two, sizeof two, "%s\n%s", answer, answer + strlen("Let me check.\n"));
+    body = kvr_reply_json(&f.reply, &in, two, strlen(two), &len);
+    j = json_loads(body, 0, NULL);
+    msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    assert_int_equal(json_array_size(json_object_get(msg, "tool_calls")), 1);
+    json_decref(j);
+    kvr_free(body);
+    teardown(&f);
 }
 
 /* Fed one byte at a time, the chunks' text and tool-call deltas add up, by index, to the
