@@ -217,7 +217,7 @@ static int tokenize_prompt(struct kvr_generation *g, struct kvr_openai_error *e)
         g->reply.store = g->store;
         g->reply.resp_request = r->msgs_json;
         g->has_reply = true;
-        if ((rc = kvr_reply_constrain(&g->reply, &g->req, e))) {
+        if ((rc = kvr_reply_constrain(&g->reply, &g->req, g->env->svc->tok, e))) {
             kvr_free(rendered);
             return rc;
         }

@@ -5,6 +5,7 @@
 #include "bridge/responses.h"
 #include "bridge/toolcall_grammar.h"
 #include "model/grammar.h"
+#include "model/tokenizer.h"
 #include "core/alloc.h"
 #include "core/err.h"
 #include "core/utf8.h"
@@ -64,9 +65,55 @@ void kvr_reply_fini(struct kvr_reply *r)
     kvr_toolcall_result_fini(&r->cur);
 }
 
-int kvr_reply_constrain(struct kvr_reply *r, struct kvr_openai_req *req, struct kvr_openai_error *e)
+/* Whether the tokenizer can write `text` as text: a marker that is a control token decodes
+ * to nothing under a grammar's vocabulary (model/grammar.h), so a grammar waiting for it
+ * would keep the model from ever calling. */
+static bool writable(const struct kvr_tok *tok, const char *text)
+{
+    size_t n = strlen(text);
+    int32_t ids[64];
+    struct kvr_tok_scratch *s = NULL;
+    if (!tok || kvr_tok_scratch_create(&s, tok, n) != 0)
+        return false;
+    int k = kvr_tok_encode(tok, s, text, n, false, true, ids, 64);
+    kvr_tok_scratch_destroy(s);
+    for (int i = 0; i < k; i++)
+        if (kvr_tok_type(tok, ids[i]) == KVR_TOK_TYPE_CONTROL)
+            return false;
+    return k > 0;
+}
+
+/* tool_choice auto: the lazy grammar when the family has a trigger the model can write and
+ * the grammar fits its limits; otherwise the answer stays free (a schema the compiler
+ * refuses does not fail a request that may not call at all). */
+static void constrain_auto(struct kvr_reply *r, struct kvr_openai_req *req,
+                           const struct kvr_tok *tok)
+{
+    const char *trigger = kvr_toolcall_trigger(r->opts.family);
+    if (req->grammar || !trigger || !writable(tok, trigger))
+        return;
+    struct kvr_sbuf g;
+    kvr_sbuf_init(&g);
+    struct kvr_err err = {0};
+    struct kvr_grammar *compiled = NULL;
+    if (kvr_toolcall_grammar_lazy(&r->opts, &req->tools, &g, NULL, &err) == KVR_OK &&
+        g.len <= KVR_GRAMMAR_MAX_TEXT_BYTES &&
+        kvr_grammar_compile(&compiled, g.data, g.len, &err) == KVR_OK) {
+        kvr_grammar_destroy(compiled);
+        req->grammar = kvr_sbuf_take(&g, &req->grammar_len);
+        return;
+    }
+    kvr_sbuf_fini(&g);
+}
+
+int kvr_reply_constrain(struct kvr_reply *r, struct kvr_openai_req *req, const struct kvr_tok *tok,
+                        struct kvr_openai_error *e)
 {
     const struct kvr_tools *t = &req->tools;
+    if (t->choice == KVR_TOOL_CHOICE_AUTO) {
+        constrain_auto(r, req, tok);
+        return KVR_OK;
+    }
     if (t->choice != KVR_TOOL_CHOICE_REQUIRED && t->choice != KVR_TOOL_CHOICE_NAMED)
         return KVR_OK;
     if (req->grammar)

@@ -69,8 +69,11 @@ void kvr_reply_fini(struct kvr_reply *r);
 /* A forced tool choice ("required" or a named function): req->grammar becomes the call
  * syntax with the tools' schemas (toolcall_grammar.h), compiled once to check it, which the
  * tail then decodes under. A schema the compiler refuses is a 400 naming the tool; so is
- * an output grammar given beside it. 0 or KVR_EINVAL / KVR_ENOMEM with `e` filled. */
-int kvr_reply_constrain(struct kvr_reply *r, struct kvr_openai_req *req,
+ * an output grammar given beside it. "auto": the lazy grammar (free text until the
+ * family's trigger, then the calls) when `tok` can write the trigger as text and the grammar
+ * compiles; else no grammar. 0 or KVR_EINVAL / KVR_ENOMEM with `e` filled. */
+struct kvr_tok;
+int kvr_reply_constrain(struct kvr_reply *r, struct kvr_openai_req *req, const struct kvr_tok *tok,
                         struct kvr_openai_error *e);
 
 /* Streaming: the first events (chat: the role chunk; responses: created, in_progress). */

@@ -321,3 +321,105 @@ int kvr_toolcall_grammar(const struct kvr_toolcall_opts *o, const struct kvr_too
         *bad_tool = g.tool;
     return rc ? rc : out->failed ? KVR_ENOMEM : KVR_OK;
 }
+
+/* ---- auto: constrained from the trigger on --------------------------------------------------- */
+
+const char *kvr_toolcall_trigger(enum kvr_toolcall_family f)
+{
+    switch (f) {
+    case KVR_TOOLCALL_HERMES:
+    case KVR_TOOLCALL_QWEN3_CODER:
+    case KVR_TOOLCALL_GLM45:
+        return "<tool_call>";
+    case KVR_TOOLCALL_MISTRAL:
+        return "[TOOL_CALLS]";
+    case KVR_TOOLCALL_DEEPSEEK_V3:
+        return DS_CALLS_BEGIN;
+    default:
+        return NULL;
+    }
+}
+
+/* One code point of the trigger as a GBNF escape (\uHHHH), for literals and classes. */
+static void cp_escape(struct kvr_sbuf *b, uint32_t cp)
+{
+    kvr_sbuf_printf(b, cp > 0xFFFF ? "\\U%08X" : "\\u%04X", (unsigned)cp);
+}
+
+/* The trigger's code points (ASCII and the BMP characters triggers use). */
+static size_t trigger_cps(const char *t, uint32_t *cp, size_t cap)
+{
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)t; *p && n < cap; n++) {
+        if (*p < 0x80) {
+            cp[n] = *p++;
+        } else if ((*p & 0xE0) == 0xC0) {
+            cp[n] = (uint32_t)(p[0] & 0x1F) << 6 | (p[1] & 0x3F);
+            p += 2;
+        } else {
+            cp[n] = (uint32_t)(p[0] & 0x0F) << 12 | (uint32_t)(p[1] & 0x3F) << 6 | (p[2] & 0x3F);
+            p += 3;
+        }
+    }
+    return n;
+}
+
+/* Text that never completes the trigger, as states <name>K (K characters of it matched),
+ * each able to end; with `block`, the trigger may instead begin that rule, then `after`.
+ * The trigger's first character occurs in it only once, so a mismatch goes back to state
+ * 0, or to 1 on that character. */
+static void free_text(struct kvr_sbuf *b, const char *name, const uint32_t *cp, size_t n,
+                      const char *block, const char *after)
+{
+    for (size_t k = 0; k < n; k++) {
+        kvr_sbuf_printf(b, "%s%zu ::= \"\" | ", name, k);
+        if (block)
+            kvr_sbuf_printf(b, "%s %s0 | ", block, after);
+        kvr_sbuf_puts(b, "\"");
+        cp_escape(b, cp[0]);
+        kvr_sbuf_printf(b, "\" %s1 | [^", name);
+        cp_escape(b, cp[0]);
+        if (k > 0)
+            cp_escape(b, cp[k]);
+        kvr_sbuf_printf(b, "] %s0", name);
+        if (k > 0 && k + 1 < n) {
+            kvr_sbuf_puts(b, " | \"");
+            cp_escape(b, cp[k]);
+            kvr_sbuf_printf(b, "\" %s%zu", name, k + 1);
+        }
+        kvr_sbuf_puts(b, "\n");
+    }
+}
+
+int kvr_toolcall_grammar_lazy(const struct kvr_toolcall_opts *o, const struct kvr_tools *t,
+                              struct kvr_sbuf *out, size_t *bad_tool, struct kvr_err *err)
+{
+    const char *trigger = kvr_toolcall_trigger(o->family);
+    uint32_t cp[32];
+    size_t n = trigger ? trigger_cps(trigger, cp, 32) : 0;
+    if (!t->list || t->choice != KVR_TOOL_CHOICE_AUTO || n < 2)
+        return KVR_EINVAL;
+    /* The block a trigger opens: one call, or the family's list of them. */
+    kvr_sbuf_puts(out, "root ::= free0\nblock ::= ");
+    if (o->family == KVR_TOOLCALL_MISTRAL)
+        kvr_sbuf_printf(out, "\"[TOOL_CALLS][\" call %s\"]\"\n",
+                        t->parallel ? "(\", \" call){0,7} " : "");
+    else if (o->family == KVR_TOOLCALL_DEEPSEEK_V3) {
+        lits(out, DS_CALLS_BEGIN);
+        kvr_sbuf_printf(out, " call %s", t->parallel ? "(\"\\n\" call){0,7} " : "");
+        lits(out, DS_CALLS_END);
+        kvr_sbuf_puts(out, "\n");
+    } else {
+        kvr_sbuf_puts(out, "call\n");
+    }
+    /* After a block: more text and blocks (parallel calls), or text without the trigger. */
+    free_text(out, "free", cp, n, "block", t->parallel ? "free" : "plain");
+    if (!t->parallel)
+        free_text(out, "plain", cp, n, NULL, NULL);
+    kvr_sbuf_puts(out, "xml-text ::= [^<]{0,2048}\n");
+    struct gen g = {out, err, 0};
+    int rc = call_rule(&g, o, t);
+    if (bad_tool)
+        *bad_tool = g.tool;
+    return rc ? rc : out->failed ? KVR_ENOMEM : KVR_OK;
+}

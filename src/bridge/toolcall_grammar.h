@@ -27,4 +27,15 @@
 int kvr_toolcall_grammar(const struct kvr_toolcall_opts *o, const struct kvr_tools *t,
                          struct kvr_sbuf *out, size_t *bad_tool, struct kvr_err *err);
 
+/* tool_choice "auto" in a family whose calls open with a trigger text (Hermes, Qwen3-Coder,
+ * GLM-4.5: "<tool_call>"; Mistral: "[TOOL_CALLS]"; DeepSeek V3: its calls-begin marker):
+ * any text that does not contain the trigger, and from a trigger on, the calls as the
+ * forced grammar has them (the rest of the answer again text; without parallel calls, text
+ * without the trigger). The end of generation may come anywhere outside a call. KVR_EINVAL
+ * for other families or choices; otherwise as kvr_toolcall_grammar. */
+int kvr_toolcall_grammar_lazy(const struct kvr_toolcall_opts *o, const struct kvr_tools *t,
+                              struct kvr_sbuf *out, size_t *bad_tool, struct kvr_err *err);
+/* The text that opens a family's calls, or NULL (static). */
+const char *kvr_toolcall_trigger(enum kvr_toolcall_family f);
+
 #endif

@@ -154,12 +154,56 @@ static void test_bad_schema(void **state)
     kvr_openai_req_fini(&r);
 }
 
+static char *lazy(const char *more)
+{
+    char b[2048];
+    snprintf(b, sizeof b, "%s, %s}", body, more);
+    struct kvr_openai_req r;
+    struct kvr_openai_error e = {0};
+    struct kvr_openai_limits lim = {4096, 1000};
+    assert_int_equal(kvr_openai_parse(&r, KVR_OPENAI_CHAT, b, strlen(b), &lim, &e), 0);
+    struct kvr_toolcall_opts o = {.family = KVR_TOOLCALL_HERMES, .calls = true};
+    struct kvr_sbuf out;
+    kvr_sbuf_init(&out);
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_toolcall_grammar_lazy(&o, &r.tools, &out, NULL, &err), KVR_OK);
+    kvr_openai_req_fini(&r);
+    return kvr_sbuf_take(&out, NULL);
+}
+
+/* auto: any text without the trigger, calls valid from the trigger on, text after them. */
+static void test_lazy(void **state)
+{
+    static const char call[] = "<tool_call>\n{\"name\": \"lookup\", \"arguments\": {\"id\": 1}}"
+                               "\n</tool_call>";
+    char *g = lazy("\"tool_choice\": \"auto\"");
+    assert_true(accepts(g, ""));
+    assert_true(accepts(g, "Hello <b>there</b> a < b <tool"));
+    char text[512];
+    snprintf(text, sizeof text, "Let me look.\n%s\nand <<%s done", call, call);
+    assert_true(accepts(g, text));
+    assert_false(
+        accepts(g, "x <tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>"));
+    assert_false(accepts(g, "<tool_call>garbage"));
+    assert_false(accepts(g, "<tool_call>\n{\"name\": \"lookup\", \"arguments\": {\"id\": \"x\"}}"
+                            "\n</tool_call>"));
+    kvr_free(g);
+    /* Without parallel calls, one call and then no trigger. */
+    g = lazy("\"tool_choice\": \"auto\", \"parallel_tool_calls\": false");
+    snprintf(text, sizeof text, "a %s b", call);
+    assert_true(accepts(g, text));
+    snprintf(text, sizeof text, "%s %s", call, call);
+    assert_false(accepts(g, text));
+    kvr_free(g);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_named_and_parallel),
         cmocka_unit_test(test_families_and_think),
         cmocka_unit_test(test_bad_schema),
+        cmocka_unit_test(test_lazy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
