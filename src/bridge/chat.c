@@ -354,8 +354,7 @@ static void render_plain(struct kvr_sbuf *b, const struct kvr_chat_msg *msgs, si
 
 /* One message as a Jinja template sees it: role and content, and from the request's message
  * its tool fields, the way probe_tools found the template wants them. */
-static json_t *jinja_msg(const struct kvr_chat *c, const struct kvr_chat_msg *m,
-                         const json_t *mj)
+static json_t *jinja_msg(const struct kvr_chat *c, const struct kvr_chat_msg *m, const json_t *mj)
 {
     json_t *o = json_pack("{s:s,s:s%}", "role", role_names[m->role], "content",
                           m->content ? m->content : "", m->content_len);
@@ -443,9 +442,8 @@ static void probe_tools(struct kvr_chat *c)
         c->args_as_text = ways[i].text;
         json_t *list = json_pack("[{},{s:s,s:o,s:[{s:s,s:s,s:{s:s,s:s}}]}]", "role", "assistant",
                                  "content", ways[i].empty ? json_string("") : json_null(),
-                                 "tool_calls", "id", "call_probe", "type", "function",
-                                 "function", "name", "probe_fn", "arguments",
-                                 "{\"probe_arg\": \"x\"}");
+                                 "tool_calls", "id", "call_probe", "type", "function", "function",
+                                 "name", "probe_fn", "arguments", "{\"probe_arg\": \"x\"}");
         json_t *vars = list ? jinja_vars(c, m, 2, list, tools, false) : NULL;
         char *out = NULL;
         size_t len = 0;
@@ -465,9 +463,8 @@ static void probe_tools(struct kvr_chat *c)
 }
 
 int kvr_chat_apply_tools(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, size_t n_msgs,
-                         const json_t *msgs_json, const json_t *tools,
-                         bool add_generation_prompt, const struct tm *now, char **out,
-                         size_t *out_len, struct kvr_err *err)
+                         const json_t *msgs_json, const json_t *tools, bool add_generation_prompt,
+                         const struct tm *now, char **out, size_t *out_len, struct kvr_err *err)
 {
     *out = NULL;
     if (out_len)

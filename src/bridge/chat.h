@@ -128,8 +128,8 @@ int kvr_chat_apply(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, si
  * KVR_EINVAL saying so. */
 int kvr_chat_apply_tools(const struct kvr_chat *c, const struct kvr_chat_msg *msgs, size_t n_msgs,
                          const struct json_t *msgs_json, const struct json_t *tools,
-                         bool add_generation_prompt,
-                         const struct tm *now, char **out, size_t *out_len, struct kvr_err *err);
+                         bool add_generation_prompt, const struct tm *now, char **out,
+                         size_t *out_len, struct kvr_err *err);
 
 /* The Jinja template's source (borrowed for the chat's lifetime), or NULL for a built-in or
  * the plain form: tool-call parsers are chosen from it (toolcall.h). */

@@ -7,6 +7,8 @@
 
 #include "bridge/choices.h"
 #include "bridge/reply.h"
+#include "bridge/responses.h"
+
 #include "core/alloc.h"
 #include "core/clock.h"
 #include "core/log.h"
@@ -44,7 +46,7 @@ struct kvr_generation {
     enum kvr_reply_format format;
     struct kvr_responses_store *store; /* RESPONSES: previous_response_id's memory */
     struct kvr_reply reply;
-    json_t *lp;           /* logprobs not yet sent, or NULL when not asked for */
+    json_t *lp; /* logprobs not yet sent, or NULL when not asked for */
 
     uint64_t t_start_ns; /* the request's arrival */
     uint64_t t_first_ns; /* the first token's arrival; 0 before it */
@@ -141,9 +143,8 @@ static int parse_request(struct kvr_generation *g, const char *body, size_t len,
     return KVR_OK;
 }
 
-int kvr_generation_render_chat(const struct kvr_generation_env *env,
-                               const struct kvr_openai_req *r, char **out, size_t *out_len,
-                               struct kvr_openai_error *e)
+int kvr_generation_render_chat(const struct kvr_generation_env *env, const struct kvr_openai_req *r,
+                               char **out, size_t *out_len, struct kvr_openai_error *e)
 {
     struct kvr_err err = {0};
     time_t now_s = time(NULL);
@@ -235,7 +236,7 @@ static int tokenize_prompt(struct kvr_generation *g, struct kvr_openai_error *e)
                                         "'n' above 1 is not supported with tools or a reasoning "
                                         "model's template");
         }
-        if ((rc = kvr_reply_constrain(&g->reply, r, e))) {
+        if ((rc = kvr_reply_constrain(&g->reply, &g->req, g->env->svc->tok, e))) {
             kvr_free(rendered);
             return rc;
         }
@@ -617,9 +618,14 @@ static bool pump_event(struct kvr_generation *g, uint32_t timeout_ms)
 static void sse_emit(struct kvr_generation *g)
 {
     if (g->done && g->outcome == KVR_HTTP_OUTCOME_ERROR) {
-        kvr_openai_sse_error(&g->sse, &g->fail);
-        if (!g->part)
-            kvr_openai_sse_done(&g->sse);
+        struct kvr_reply_info in = {&g->meta, g->finish, g->n_prompt, g->n_gen, NULL};
+        if (g->has_reply && g->format == KVR_REPLY_RESPONSES) {
+            kvr_responses_sse_error(&g->reply, &g->sse, &in, &g->fail);
+        } else {
+            kvr_openai_sse_error(&g->sse, &g->fail);
+            if (!g->part)
+                kvr_openai_sse_done(&g->sse);
+        }
         g->sse_ended = true;
         return;
     }

@@ -140,8 +140,7 @@ void kvr_generation_absorb(struct kvr_generation *g, const struct kvr_generation
 /* Format a chat request's conversation, with its tools, with the server's chat template
  * (also POST /apply-template). A template that refuses the conversation (raise_exception)
  * or fails on it is the client's 400, with the template's message. *out is kvr_malloc'd. */
-int kvr_generation_render_chat(const struct kvr_generation_env *env,
-                               const struct kvr_openai_req *r, char **out, size_t *out_len,
-                               struct kvr_openai_error *e);
+int kvr_generation_render_chat(const struct kvr_generation_env *env, const struct kvr_openai_req *r,
+                               char **out, size_t *out_len, struct kvr_openai_error *e);
 
 #endif

@@ -50,9 +50,9 @@ struct kvr_http {
     int64_t started_s; /* "created" of the model in /v1/models */
     atomic_bool stopping;
     struct kvr_http_metrics metrics;
-    struct kvr_generation_env gen; /* points at svc, chat, bos_text and metrics */
+    struct kvr_generation_env gen;         /* points at svc, chat, bos_text and metrics */
     struct kvr_responses_store *responses; /* /v1/responses' previous_response_id (owned) */
-    atomic_int n_telemetry;        /* open /v1/telemetry streams */
+    atomic_int n_telemetry;                /* open /v1/telemetry streams */
 };
 
 /* Per-request state (MHD's con_cls), from the first call of on_request to on_completed. */

@@ -505,10 +505,8 @@ static const struct {
     const char *name;
     enum kvr_chat_role role;
 } roles[] = {
-    {"system", KVR_CHAT_ROLE_SYSTEM},
-    {"developer", KVR_CHAT_ROLE_SYSTEM},
-    {"user", KVR_CHAT_ROLE_USER},
-    {"assistant", KVR_CHAT_ROLE_ASSISTANT},
+    {"system", KVR_CHAT_ROLE_SYSTEM}, {"developer", KVR_CHAT_ROLE_SYSTEM},
+    {"user", KVR_CHAT_ROLE_USER},     {"assistant", KVR_CHAT_ROLE_ASSISTANT},
     {"tool", KVR_CHAT_ROLE_TOOL},
 };
 
@@ -601,9 +599,9 @@ static int parse_messages(struct kvr_openai_req *r, struct kvr_openai_error *e)
                                param, json_string_value(role));
         r->msgs[i].role = roles[k].role;
         /* "name" is OpenAI's speaker name; the tool fields go to the template (tools.h). */
-        static const char *const known[] = {"role",         "content",           "name",
-                                            "tool_calls",   "tool_call_id",      "refusal",
-                                            "reasoning_content", NULL};
+        static const char *const known[] = {
+            "role",    "content",           "name", "tool_calls", "tool_call_id",
+            "refusal", "reasoning_content", NULL};
         snprintf(param, sizeof param, "messages[%zu]", i);
         int rc = kvr_openai_check_keys(m, param, known, e);
         if (!rc)

@@ -4,6 +4,8 @@
 
 #include "bridge/responses.h"
 #include "bridge/toolcall_grammar.h"
+#include "model/grammar.h"
+#include "model/tokenizer.h"
 #include "core/alloc.h"
 #include "core/err.h"
 #include "core/utf8.h"
@@ -31,8 +33,7 @@ static bool ends_in_think(const char *p, size_t len)
 }
 
 int kvr_reply_init(struct kvr_reply *r, enum kvr_reply_format format, const struct kvr_chat *chat,
-                   const struct kvr_openai_req *req, const char *prompt, size_t len,
-                   const char *id)
+                   const struct kvr_openai_req *req, const char *prompt, size_t len, const char *id)
 {
     memset(r, 0, sizeof *r);
     r->format = format;
@@ -44,6 +45,7 @@ int kvr_reply_init(struct kvr_reply *r, enum kvr_reply_format format, const stru
     r->opts.think = think;
     r->opts.in_think = think && ends_in_think(prompt, len);
     r->opts.tools = req->tools.list;
+    r->max_calls = req->tools.parallel ? KVR_TOOLCALL_MAX_CALLS : 1;
     kvr_sbuf_init(&r->all);
     kvr_toolcall_result_init(&r->cur);
     size_t idl = strlen(id);
@@ -52,8 +54,8 @@ int kvr_reply_init(struct kvr_reply *r, enum kvr_reply_format format, const stru
     for (uint32_t i = 0; i < KVR_TOOLCALL_MAX_CALLS; i++)
         r->resp_call_at[i] = -1;
     for (uint32_t i = 0; i < KVR_TOOLCALL_MAX_CALLS; i++)
-        snprintf(r->call_id[i], sizeof r->call_id[i], "call_%.24s%u",
-                 idl > 24 ? id + idl - 24 : id, i);
+        snprintf(r->call_id[i], sizeof r->call_id[i], "call_%.24s%u", idl > 24 ? id + idl - 24 : id,
+                 i);
     return KVR_OK;
 }
 
@@ -63,24 +65,84 @@ void kvr_reply_fini(struct kvr_reply *r)
     kvr_toolcall_result_fini(&r->cur);
 }
 
-int kvr_reply_constrain(struct kvr_reply *r, const struct kvr_openai_req *req,
+/* Whether the tokenizer can write `text` as text: a marker that is a control token decodes
+ * to nothing under a grammar's vocabulary (model/grammar.h), so a grammar waiting for it
+ * would keep the model from ever calling. */
+static bool writable(const struct kvr_tok *tok, const char *text)
+{
+    size_t n = strlen(text);
+    int32_t ids[64];
+    struct kvr_tok_scratch *s = NULL;
+    if (!tok || kvr_tok_scratch_create(&s, tok, n) != 0)
+        return false;
+    int k = kvr_tok_encode(tok, s, text, n, false, true, ids, 64);
+    kvr_tok_scratch_destroy(s);
+    for (int i = 0; i < k; i++)
+        if (kvr_tok_type(tok, ids[i]) == KVR_TOK_TYPE_CONTROL)
+            return false;
+    return k > 0;
+}
+
+/* tool_choice auto: the lazy grammar when the family has a trigger the model can write and
+ * the grammar fits its limits; otherwise the answer stays free (a schema the compiler
+ * refuses does not fail a request that may not call at all). */
+static void constrain_auto(struct kvr_reply *r, struct kvr_openai_req *req,
+                           const struct kvr_tok *tok)
+{
+    const char *trigger = kvr_toolcall_trigger(r->opts.family);
+    if (req->grammar || !trigger || !writable(tok, trigger))
+        return;
+    struct kvr_sbuf g;
+    kvr_sbuf_init(&g);
+    struct kvr_err err = {0};
+    struct kvr_grammar *compiled = NULL;
+    if (kvr_toolcall_grammar_lazy(&r->opts, &req->tools, &g, NULL, &err) == KVR_OK &&
+        g.len <= KVR_GRAMMAR_MAX_TEXT_BYTES &&
+        kvr_grammar_compile(&compiled, g.data, g.len, &err) == KVR_OK) {
+        kvr_grammar_destroy(compiled);
+        req->grammar = kvr_sbuf_take(&g, &req->grammar_len);
+        return;
+    }
+    kvr_sbuf_fini(&g);
+}
+
+int kvr_reply_constrain(struct kvr_reply *r, struct kvr_openai_req *req, const struct kvr_tok *tok,
                         struct kvr_openai_error *e)
 {
     const struct kvr_tools *t = &req->tools;
+    if (t->choice == KVR_TOOL_CHOICE_AUTO) {
+        constrain_auto(r, req, tok);
+        return KVR_OK;
+    }
     if (t->choice != KVR_TOOL_CHOICE_REQUIRED && t->choice != KVR_TOOL_CHOICE_NAMED)
         return KVR_OK;
+    if (req->grammar)
+        return kvr_openai_error_set(e, 400, "invalid_request_error", "tool_choice", "invalid_value",
+                                    "a forced 'tool_choice' and an output grammar "
+                                    "('response_format', 'grammar', 'json_schema') exclude "
+                                    "each other");
     struct kvr_sbuf g;
     kvr_sbuf_init(&g);
-    int rc = kvr_toolcall_grammar(&r->opts, t, &g);
-    kvr_sbuf_fini(&g);
-    if (rc == KVR_ENOMEM)
+    struct kvr_err err = {0};
+    size_t bad = 0;
+    int rc = kvr_toolcall_grammar(&r->opts, t, &g, &bad, &err);
+    struct kvr_grammar *compiled = NULL;
+    if (!rc && (rc = kvr_grammar_compile(&compiled, g.data, g.len, &err)) == KVR_OK)
+        kvr_grammar_destroy(compiled);
+    if (rc) {
+        kvr_sbuf_fini(&g);
+        if (rc == KVR_ENOMEM)
+            return kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        char param[64];
+        snprintf(param, sizeof param, "tools[%zu].function.parameters", bad);
+        return kvr_openai_error_set(e, 400, "invalid_request_error", param,
+                                    rc == KVR_ENOTSUP ? "unsupported_schema" : "invalid_schema",
+                                    "%s: %s", param, err.msg[0] ? err.msg : kvr_strerror(rc));
+    }
+    req->grammar = kvr_sbuf_take(&g, &req->grammar_len);
+    if (!req->grammar)
         return kvr_openai_error_set(e, 500, "server_error", NULL, NULL, "out of memory");
-    return kvr_openai_error_set(e, 400, "invalid_request_error", "tool_choice",
-                                "unsupported_parameter",
-                                "'tool_choice' %s needs constrained decoding, which this server "
-                                "does not have yet; use \"auto\"",
-                                t->choice == KVR_TOOL_CHOICE_NAMED ? "naming a function"
-                                                                   : "\"required\"");
+    return KVR_OK;
 }
 
 const char *kvr_reply_finish(const struct kvr_reply *r, enum kvr_openai_finish f)
@@ -110,12 +172,27 @@ static json_t *sbuf_str(const struct kvr_sbuf *b, size_t from)
     return jstr(b->data ? b->data + from : "", b->len - from);
 }
 
+/* The answer with `len` more bytes, parsed again; bytes that only extend the text or the
+ * reasoning are appended without a parse (kvr_toolcall_plain), so a long answer is not
+ * parsed once per token. */
 static int reparse(struct kvr_reply *r, const char *text, size_t len, bool final)
 {
     kvr_sbuf_append(&r->all, text, len);
     if (r->all.failed)
         return KVR_ENOMEM;
-    return kvr_toolcall_parse(&r->opts, r->all.data, r->all.len, final, &r->cur);
+    if (!final && kvr_toolcall_plain(&r->opts, r->cur.tail, text, len)) {
+        kvr_sbuf_append(r->cur.tail == KVR_TOOLCALL_TAIL_CONTENT ? &r->cur.content
+                                                                 : &r->cur.reasoning,
+                        text, len);
+        return r->cur.content.failed || r->cur.reasoning.failed ? KVR_ENOMEM : KVR_OK;
+    }
+    int rc = kvr_toolcall_parse(&r->opts, r->all.data, r->all.len, final, &r->cur);
+    while (r->cur.n_calls > r->max_calls) {
+        struct kvr_toolcall *c = &r->cur.calls[--r->cur.n_calls];
+        kvr_free(c->name);
+        kvr_free(c->arguments);
+    }
+    return rc;
 }
 
 /* ---- Chat Completions ------------------------------------------------------------------ */
@@ -186,8 +263,8 @@ static int chat_deltas(struct kvr_reply *r, struct kvr_sbuf *out, const struct k
     const struct kvr_toolcall_result *c = &r->cur;
     int rc = KVR_OK;
     if (c->reasoning.len > r->sent_reasoning) {
-        json_t *d = json_pack("{s:o}", "reasoning_content", sbuf_str(&c->reasoning,
-                                                                     r->sent_reasoning));
+        json_t *d =
+            json_pack("{s:o}", "reasoning_content", sbuf_str(&c->reasoning, r->sent_reasoning));
         rc = chunk(out, in, d, NULL, NULL);
         r->sent_reasoning = c->reasoning.len;
     }
@@ -198,8 +275,8 @@ static int chat_deltas(struct kvr_reply *r, struct kvr_sbuf *out, const struct k
     }
     for (; !rc && r->sent_calls < c->n_calls; r->sent_calls++) {
         uint32_t i = r->sent_calls;
-        rc = chunk(out, in, json_pack("{s:[o]}", "tool_calls", call_object(r, i, true)), NULL,
-                   NULL);
+        rc =
+            chunk(out, in, json_pack("{s:[o]}", "tool_calls", call_object(r, i, true)), NULL, NULL);
         if (!rc)
             rc = chunk(out, in,
                        json_pack("{s:[{s:I,s:{s:s}}]}", "tool_calls", "index", (json_int_t)i,

@@ -39,6 +39,7 @@ struct kvr_reply_info {
 struct kvr_reply {
     enum kvr_reply_format format;
     struct kvr_toolcall_opts opts;
+    uint32_t max_calls;  /* 1 without parallel_tool_calls: later calls are dropped */
     struct kvr_sbuf all; /* the answer so far */
     struct kvr_toolcall_result cur;
     size_t sent_content, sent_reasoning;
@@ -47,8 +48,8 @@ struct kvr_reply {
     /* RESPONSES only (responses.c): the request's input items and its store, borrowed. */
     const json_t *resp_request;
     struct kvr_responses_store *store;
-    char resp_id[48];  /* "resp_..." */
-    uint32_t resp_seq; /* sequence_number of the next event */
+    char resp_id[48];                    /* "resp_..." */
+    uint32_t resp_seq;                   /* sequence_number of the next event */
     int resp_reasoning_at, resp_text_at; /* their output_index once opened, else -1 */
     uint32_t resp_items;                 /* output items opened so far */
     int resp_call_at[KVR_TOOLCALL_MAX_CALLS];
@@ -65,10 +66,14 @@ int kvr_reply_init(struct kvr_reply *r, enum kvr_reply_format format, const stru
                    const char *id);
 void kvr_reply_fini(struct kvr_reply *r);
 
-/* The grammar a forced tool choice ("required" or a named function) decodes under
- * (toolcall_grammar.h). This build's sampler takes no grammar yet, so such a request is
- * refused with a 400 that says so rather than answered unconstrained. 0 or KVR_EINVAL. */
-int kvr_reply_constrain(struct kvr_reply *r, const struct kvr_openai_req *req,
+/* A forced tool choice ("required" or a named function): req->grammar becomes the call
+ * syntax with the tools' schemas (toolcall_grammar.h), compiled once to check it, which the
+ * tail then decodes under. A schema the compiler refuses is a 400 naming the tool; so is
+ * an output grammar given beside it. "auto": the lazy grammar (free text until the
+ * family's trigger, then the calls) when `tok` can write the trigger as text and the grammar
+ * compiles; else no grammar. 0 or KVR_EINVAL / KVR_ENOMEM with `e` filled. */
+struct kvr_tok;
+int kvr_reply_constrain(struct kvr_reply *r, struct kvr_openai_req *req, const struct kvr_tok *tok,
                         struct kvr_openai_error *e);
 
 /* Streaming: the first events (chat: the role chunk; responses: created, in_progress). */

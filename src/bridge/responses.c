@@ -210,8 +210,8 @@ static int convert_tools(const json_t *in, json_t *chat, struct kvr_openai_error
         const char *n = json_string_value(json_object_get(c, "name"));
         if (!n)
             return bad(e, "tool_choice", "'tool_choice' must name a function");
-        json_object_set_new(chat, "tool_choice", json_pack("{s:s,s:{s:s}}", "type", "function",
-                                                           "function", "name", n));
+        json_object_set_new(chat, "tool_choice",
+                            json_pack("{s:s,s:{s:s}}", "type", "function", "function", "name", n));
     } else if (c) {
         json_object_set(chat, "tool_choice", c);
     }
@@ -221,18 +221,37 @@ static int convert_tools(const json_t *in, json_t *chat, struct kvr_openai_error
 /* Fields read here, fields copied as they are, fields accepted only neutral. */
 static int check_fields(const json_t *in, struct kvr_openai_error *e)
 {
-    static const char *const known[] = {
-        "model",        "input",      "instructions",        "tools",  "tool_choice",
-        "temperature",  "top_p",      "max_output_tokens",   "stream", "previous_response_id",
-        "parallel_tool_calls", "store", "metadata",          "user",   "truncation",
-        "text",         "include",    "reasoning",           "seed",   "stream_options",
-        "service_tier", "safety_identifier", "prompt_cache_key", NULL};
+    static const char *const known[] = {"model",
+                                        "input",
+                                        "instructions",
+                                        "tools",
+                                        "tool_choice",
+                                        "temperature",
+                                        "top_p",
+                                        "max_output_tokens",
+                                        "stream",
+                                        "previous_response_id",
+                                        "parallel_tool_calls",
+                                        "store",
+                                        "metadata",
+                                        "user",
+                                        "truncation",
+                                        "text",
+                                        "include",
+                                        "reasoning",
+                                        "seed",
+                                        "stream_options",
+                                        "service_tier",
+                                        "safety_identifier",
+                                        "prompt_cache_key",
+                                        "logit_bias",
+                                        NULL};
     int rc = kvr_openai_check_keys(in, NULL, known, e);
     if (rc)
         return rc;
     json_t *v;
-    if ((v = field(in, "truncation")) && !(json_is_string(v) &&
-                                           !strcmp(json_string_value(v), "disabled")))
+    if ((v = field(in, "truncation")) &&
+        !(json_is_string(v) && !strcmp(json_string_value(v), "disabled")))
         return bad(e, "truncation", "'truncation' is accepted only as \"disabled\"");
     if ((v = field(in, "include")) && !(json_is_array(v) && json_array_size(v) == 0))
         return bad(e, "include", "'include' is accepted only as []");
@@ -283,9 +302,10 @@ static int build_messages(const json_t *in, json_t *msgs, struct kvr_responses_s
 }
 
 int kvr_responses_to_chat(const char *body, size_t len, struct kvr_responses_store *store,
-                          char **out, size_t *out_len, struct kvr_openai_error *e)
+                          char **out, size_t *out_len, bool *keep, struct kvr_openai_error *e)
 {
     *out = NULL;
+    *keep = true;
     json_error_t je;
     json_t *in = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!json_is_object(in)) {
@@ -296,13 +316,17 @@ int kvr_responses_to_chat(const char *body, size_t len, struct kvr_responses_sto
     json_t *chat = json_object(), *msgs = json_array();
     json_object_set_new(chat, "messages", msgs);
     int rc = check_fields(in, e);
+    json_t *st = field(in, "store");
+    if (!rc && st && !json_is_boolean(st))
+        rc = bad(e, "store", "'store' must be a boolean");
+    *keep = !json_is_false(st);
     if (!rc)
         rc = build_messages(in, msgs, store, e);
     if (!rc)
         rc = convert_tools(in, chat, e);
-    static const char *const same[] = {"model",  "temperature", "top_p",       "stream",
-                                       "seed",   "parallel_tool_calls",      "stream_options",
-                                       "user",   NULL};
+    static const char *const same[] = {
+        "model",          "temperature", "top_p",      "stream", "seed", "parallel_tool_calls",
+        "stream_options", "user",        "logit_bias", NULL};
     for (size_t i = 0; !rc && same[i]; i++)
         if (field(in, same[i]))
             json_object_set(chat, same[i], field(in, same[i]));
@@ -336,10 +360,11 @@ int kvr_responses_prepare(struct kvr_generation *g, struct kvr_responses_store *
 {
     char *chat = NULL;
     size_t n = 0;
-    int rc = kvr_responses_to_chat(body, len, store, &chat, &n, e);
+    bool keep = true;
+    int rc = kvr_responses_to_chat(body, len, store, &chat, &n, &keep, e);
     if (rc)
         return rc;
-    kvr_generation_use_responses(g, store);
+    kvr_generation_use_responses(g, keep ? store : NULL);
     rc = kvr_generation_prepare(g, chat, n, budget_header, e);
     kvr_free(chat);
     return rc;
@@ -416,13 +441,12 @@ static json_t *response_object(const struct kvr_reply *r, const struct kvr_reply
                                const char *status, bool done)
 {
     bool cut = done && in->finish == KVR_OPENAI_FINISH_LENGTH;
-    json_t *o = json_pack("{s:s,s:s,s:I,s:s,s:s,s:o,s:n,s:n,s:s,s:{s:{s:s}},s:b}", "id",
-                          r->resp_id, "object", "response", "created_at",
-                          (json_int_t)in->meta->created, "status", cut ? "incomplete" : status,
-                          "model", in->meta->model ? in->meta->model : "", "output",
-                          done ? output_items(r) : json_array(), "error", "previous_response_id",
-                          "truncation", "disabled", "text", "format", "type", "text", "store",
-                          r->store != NULL);
+    json_t *o = json_pack(
+        "{s:s,s:s,s:I,s:s,s:s,s:o,s:n,s:n,s:s,s:{s:{s:s}},s:b}", "id", r->resp_id, "object",
+        "response", "created_at", (json_int_t)in->meta->created, "status",
+        cut ? "incomplete" : status, "model", in->meta->model ? in->meta->model : "", "output",
+        done ? output_items(r) : json_array(), "error", "previous_response_id", "truncation",
+        "disabled", "text", "format", "type", "text", "store", r->store != NULL);
     if (!o)
         return NULL;
     json_object_set_new(o, "incomplete_details",
@@ -431,9 +455,8 @@ static json_t *response_object(const struct kvr_reply *r, const struct kvr_reply
                         done ? json_pack("{s:I,s:{s:i},s:I,s:{s:i},s:I}", "input_tokens",
                                          (json_int_t)in->prompt_tokens, "input_tokens_details",
                                          "cached_tokens", 0, "output_tokens",
-                                         (json_int_t)in->completion_tokens,
-                                         "output_tokens_details", "reasoning_tokens", 0,
-                                         "total_tokens",
+                                         (json_int_t)in->completion_tokens, "output_tokens_details",
+                                         "reasoning_tokens", 0, "total_tokens",
                                          (json_int_t)in->prompt_tokens + in->completion_tokens)
                              : json_null());
     return o;
@@ -455,10 +478,10 @@ static void store_answer(struct kvr_reply *r)
     if (a && r->cur.n_calls) {
         json_t *calls = json_array();
         for (uint32_t i = 0; i < r->cur.n_calls; i++)
-            json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", r->call_id[i],
-                                                   "type", "function", "function", "name",
-                                                   r->cur.calls[i].name, "arguments",
-                                                   r->cur.calls[i].arguments));
+            json_array_append_new(calls,
+                                  json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", r->call_id[i], "type",
+                                            "function", "function", "name", r->cur.calls[i].name,
+                                            "arguments", r->cur.calls[i].arguments));
         json_object_set_new(a, "tool_calls", calls);
     }
     if (!msgs || !a || json_array_append_new(msgs, a)) {
@@ -555,9 +578,9 @@ static int delta(struct kvr_reply *r, struct kvr_sbuf *out, int k, const char *t
                  const struct kvr_sbuf *b, size_t from)
 {
     json_t *item = item_of(r, k, false);
-    json_t *ev = json_pack("{s:O,s:i,s:i,s:s%}", "item_id", json_object_get(item, "id"),
-                           "output_index", k, "content_index", 0, "delta",
-                           b->data ? b->data + from : "", b->len - from);
+    json_t *ev =
+        json_pack("{s:O,s:i,s:i,s:s%}", "item_id", json_object_get(item, "id"), "output_index", k,
+                  "content_index", 0, "delta", b->data ? b->data + from : "", b->len - from);
     json_decref(item);
     return event(r, out, type, ev);
 }
@@ -612,11 +635,12 @@ int kvr_responses_sse(struct kvr_reply *r, struct kvr_sbuf *out, const struct kv
             rc = open_item(r, out, r->resp_reasoning_at);
         }
         if (!rc)
-            rc = delta(r, out, r->resp_reasoning_at, "response.reasoning_text.delta",
-                       &c->reasoning, r->sent_reasoning);
+            rc = delta(r, out, r->resp_reasoning_at, "response.reasoning_text.delta", &c->reasoning,
+                       r->sent_reasoning);
         r->sent_reasoning = c->reasoning.len;
     }
-    if (!rc && c->content.len > r->sent_content && (r->resp_text_at >= 0 || has_text(&c->content))) {
+    if (!rc && c->content.len > r->sent_content &&
+        (r->resp_text_at >= 0 || has_text(&c->content))) {
         if (r->resp_text_at < 0) {
             r->resp_text_at = (int)r->resp_items++;
             rc = open_item(r, out, r->resp_text_at);
@@ -642,4 +666,20 @@ int kvr_responses_sse(struct kvr_reply *r, struct kvr_sbuf *out, const struct kv
                                  c->calls[i].arguments));
     }
     return rc || !done ? rc : finish_stream(r, out, in);
+}
+
+int kvr_responses_sse_error(struct kvr_reply *r, struct kvr_sbuf *out,
+                            const struct kvr_reply_info *in, const struct kvr_openai_error *err)
+{
+    const char *code = err->code ? err->code : "server_error";
+    int rc = event(r, out, "error",
+                   json_pack("{s:s,s:s,s:o}", "code", code, "message", err->message, "param",
+                             err->param ? json_string(err->param) : json_null()));
+    json_t *resp = response_object(r, in, "failed", false);
+    if (resp)
+        json_object_set_new(resp, "error",
+                            json_pack("{s:s,s:s}", "code", code, "message", err->message));
+    if (!rc)
+        rc = event(r, out, "response.failed", json_pack("{s:o}", "response", resp));
+    return rc;
 }

@@ -38,10 +38,11 @@ struct kvr_responses_store *kvr_responses_store_create(void);
 void kvr_responses_store_destroy(struct kvr_responses_store *s);
 
 /* The Responses body (`len` bytes) as a chat body (*out, kvr_malloc'd, *out_len bytes).
- * `store` (may be NULL) answers previous_response_id. 0, or KVR_EINVAL / KVR_ENOMEM with `e`
+ * `store` (may be NULL) answers previous_response_id; *keep is false when the body says
+ * "store": false (the answer is then not kept). 0, or KVR_EINVAL / KVR_ENOMEM with `e`
  * filled. */
 int kvr_responses_to_chat(const char *body, size_t len, struct kvr_responses_store *store,
-                          char **out, size_t *out_len, struct kvr_openai_error *e);
+                          char **out, size_t *out_len, bool *keep, struct kvr_openai_error *e);
 
 /* kvr_generation_prepare for a Responses body: converted, then prepared as a chat whose
  * answer is written in the Responses shapes. Errors as kvr_generation_prepare's. */
@@ -56,5 +57,8 @@ int kvr_responses_sse_start(struct kvr_reply *r, struct kvr_sbuf *out,
 int kvr_responses_sse(struct kvr_reply *r, struct kvr_sbuf *out, const struct kvr_reply_info *in,
                       bool done);
 char *kvr_responses_json(struct kvr_reply *r, const struct kvr_reply_info *in, size_t *out_len);
+/* A stream that failed: an "error" event, then response.failed. */
+int kvr_responses_sse_error(struct kvr_reply *r, struct kvr_sbuf *out,
+                            const struct kvr_reply_info *in, const struct kvr_openai_error *err);
 
 #endif

@@ -39,7 +39,10 @@ enum kvr_toolcall_family kvr_toolcall_detect(const char *t, size_t len, bool *th
         *think = find(t, len, "<think>") != NULL;
     if (find(t, len, "<|channel|>"))
         return KVR_TOOLCALL_HARMONY;
-    if (find(t, len, "tool\xe2\x96\x81" "calls\xe2\x96\x81" "begin"))
+    if (find(t, len,
+             "tool\xe2\x96\x81"
+             "calls\xe2\x96\x81"
+             "begin"))
         return KVR_TOOLCALL_DEEPSEEK_V3;
     if (find(t, len, "<arg_key>"))
         return KVR_TOOLCALL_GLM45;
@@ -214,8 +217,8 @@ static const char *param_type(const json_t *tools, const char *fn, size_t fn_len
         const json_t *props = json_object_get(json_object_get(f, "parameters"), "properties");
         const char *k;
         json_t *p;
-        json_object_foreach((json_t *)props, k, p) if (strlen(k) == key_len &&
-                                                        !memcmp(k, key, key_len))
+        json_object_foreach((json_t *)props, k,
+                            p) if (strlen(k) == key_len && !memcmp(k, key, key_len))
         {
             return json_string_value(json_object_get(p, "type"));
         }
@@ -347,8 +350,8 @@ static enum scan read_xml(struct reader *d, size_t pos, size_t *next)
         if (ok) {
             memcpy(key, s + kb, ke - kb);
             key[ke - kb] = 0;
-            json_t *v = xml_value(d->o->tools, s + name_b, name_e - name_b, key, ke - kb, s + vb,
-                                  ve - vb);
+            json_t *v =
+                xml_value(d->o->tools, s + name_b, name_e - name_b, key, ke - kb, s + vb, ve - vb);
             ok = v && !json_object_set_new(args, key, v);
         }
     }
@@ -406,11 +409,25 @@ static enum scan read_llama3(struct reader *d, size_t pos, size_t *next)
     }
 }
 
-#define DS_CALLS_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_CALLS_END "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define DS_CALL_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>"
+#define DS_CALLS_BEGIN                                                                             \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "calls\xe2\x96\x81"                                                                            \
+    "begin\xef\xbd\x9c>"
+#define DS_CALLS_END                                                                               \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "calls\xe2\x96\x81"                                                                            \
+    "end\xef\xbd\x9c>"
+#define DS_CALL_BEGIN                                                                              \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "call\xe2\x96\x81"                                                                             \
+    "begin\xef\xbd\x9c>"
+#define DS_CALL_END                                                                                \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "call\xe2\x96\x81"                                                                             \
+    "end\xef\xbd\x9c>"
+#define DS_SEP                                                                                     \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "sep\xef\xbd\x9c>"
 
 /* One DeepSeek call from <｜tool▁call▁begin｜> to <｜tool▁call▁end｜>. */
 static enum scan read_ds_call(struct reader *d, size_t p, size_t *next)
@@ -552,8 +569,8 @@ static void harmony(struct reader *d)
     size_t len = d->len, p = 0;
     struct kvr_toolcall_result *r = d->r;
     /* " to=" when the answer goes on the prompt's "<|start|>assistant" header. */
-    bool opens = at(s, len, 0, "<|channel|>") || at(s, len, 0, "<|start|>") ||
-                 at(s, len, 0, " to=");
+    bool opens =
+        at(s, len, 0, "<|channel|>") || at(s, len, 0, "<|start|>") || at(s, len, 0, " to=");
     bool maybe = kvr_toolcall_partial(s, len, "<|channel|>") == len ||
                  kvr_toolcall_partial(s, len, "<|start|>") == len ||
                  kvr_toolcall_partial(s, len, " to=") == len;
@@ -590,8 +607,12 @@ static void harmony(struct reader *d)
             bool analysis = ch && ch_len == 8 && !memcmp(ch, "analysis", 8);
             size_t shown = closed ? e : len - harmony_held(s + b, len - b);
             kvr_sbuf_append(analysis ? &r->reasoning : &r->content, s + b, shown - b);
-            if (!closed)
+            if (!closed) {
+                r->tail = shown < len ? KVR_TOOLCALL_TAIL_OTHER
+                          : analysis  ? KVR_TOOLCALL_TAIL_REASONING
+                                      : KVR_TOOLCALL_TAIL_CONTENT;
                 return;
+            }
         }
         p = e + mark;
     }
@@ -634,6 +655,7 @@ static void body(struct reader *d, size_t p)
     size_t len = d->len, next;
     if (!d->o->calls) {
         kvr_sbuf_append(&d->r->content, s + p, len - p);
+        d->r->tail = d->r->content.len ? KVR_TOOLCALL_TAIL_CONTENT : d->r->tail;
         return;
     }
     size_t q = skip_ws(s, len, p);
@@ -655,6 +677,8 @@ static void body(struct reader *d, size_t p)
         if (k == len) {
             size_t held = d->final ? 0 : kvr_toolcall_partial(s + p, len - p, fr->trigger);
             kvr_sbuf_append(&d->r->content, s + p, len - p - held);
+            if (!held && d->r->content.len)
+                d->r->tail = KVR_TOOLCALL_TAIL_CONTENT;
             return;
         }
         kvr_sbuf_append(&d->r->content, s + p, k - p);
@@ -676,6 +700,7 @@ static void body(struct reader *d, size_t p)
         p = next;
     }
     kvr_sbuf_append(&d->r->content, s + p, len - p);
+    d->r->tail = d->r->content.len ? KVR_TOOLCALL_TAIL_CONTENT : d->r->tail;
 }
 
 /* A leading <think>...</think> (or the rest of one the prompt opened) into reasoning;
@@ -698,6 +723,7 @@ static size_t think(struct reader *d)
     if (e == len) {
         size_t held = d->final ? 0 : kvr_toolcall_partial(s + b, len - b, "</think>");
         kvr_sbuf_append(&d->r->reasoning, s + b, len - b - held);
+        d->r->tail = held ? KVR_TOOLCALL_TAIL_OTHER : KVR_TOOLCALL_TAIL_REASONING;
         return len;
     }
     kvr_sbuf_append(&d->r->reasoning, s + b, e - b);
@@ -711,6 +737,7 @@ int kvr_toolcall_parse(const struct kvr_toolcall_opts *o, const char *text, size
     kvr_sbuf_clear(&r->content);
     kvr_sbuf_clear(&r->reasoning);
     r->unfinished = false;
+    r->tail = KVR_TOOLCALL_TAIL_OTHER;
     struct reader d = {o, text ? text : "", len, final, r};
     if ((unsigned)o->family >= KVR_TOOLCALL_FAMILY_COUNT)
         return KVR_EINVAL;
@@ -720,4 +747,18 @@ int kvr_toolcall_parse(const struct kvr_toolcall_opts *o, const char *text, size
         body(&d, o->think || o->in_think ? think(&d) : 0);
     }
     return r->content.failed || r->reasoning.failed ? KVR_ENOMEM : KVR_OK;
+}
+
+bool kvr_toolcall_plain(const struct kvr_toolcall_opts *o, enum kvr_toolcall_tail tail,
+                        const char *p, size_t n)
+{
+    if (tail == KVR_TOOLCALL_TAIL_OTHER || (unsigned)o->family >= KVR_TOOLCALL_FAMILY_COUNT)
+        return false;
+    /* Reasoning ends at "</think>" or a harmony marker; text at the family's trigger (a
+     * leading '{' was decided when the text began). */
+    const char *trigger = rules[o->family].trigger;
+    char stop = '<';
+    if (tail == KVR_TOOLCALL_TAIL_CONTENT && o->family != KVR_TOOLCALL_HARMONY)
+        stop = o->calls && trigger ? trigger[0] : 0;
+    return !stop || !memchr(p, stop, n);
 }

@@ -75,9 +75,20 @@ struct kvr_toolcall {
     char *arguments; /* owned: a compact JSON object */
 };
 
+/* Where a parse that was not final left the answer's last byte: decided text (or reasoning)
+ * with nothing held back, so more bytes that cannot begin a marker (kvr_toolcall_plain)
+ * only extend it; or anything else. */
+enum kvr_toolcall_tail {
+    KVR_TOOLCALL_TAIL_OTHER,
+    KVR_TOOLCALL_TAIL_CONTENT,
+    KVR_TOOLCALL_TAIL_REASONING,
+    KVR_TOOLCALL_TAIL_COUNT
+};
+
 struct kvr_toolcall_result {
     struct kvr_sbuf content;
     struct kvr_sbuf reasoning;
+    enum kvr_toolcall_tail tail;
     struct kvr_toolcall calls[KVR_TOOLCALL_MAX_CALLS];
     uint32_t n_calls;
     bool unfinished; /* final: the answer ended inside a call */
@@ -90,9 +101,14 @@ void kvr_toolcall_result_fini(struct kvr_toolcall_result *r);
 int kvr_toolcall_parse(const struct kvr_toolcall_opts *o, const char *text, size_t len, bool final,
                        struct kvr_toolcall_result *r);
 
-/* Whether the answer so far (`len` bytes) could still turn out to begin a call at `at`
- * ...: exposed for tests. The length of the longest suffix of text that is a proper
- * prefix of `marker`. */
+/* After a parse that left `tail`, whether `n` more bytes only extend the content or the
+ * reasoning (no byte that may begin a marker there), so a stream can append them without
+ * parsing the answer again: the next parse would find the same. */
+bool kvr_toolcall_plain(const struct kvr_toolcall_opts *o, enum kvr_toolcall_tail tail,
+                        const char *p, size_t n);
+
+/* The length of the longest suffix of `text` that is a proper prefix of `marker` (text
+ * held back because it may still become the marker). */
 size_t kvr_toolcall_partial(const char *text, size_t len, const char *marker);
 
 #endif

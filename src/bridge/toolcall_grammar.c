@@ -1,18 +1,15 @@
 /* toolcall_grammar.c - the GBNF that forces a tool call (see toolcall_grammar.h).
  *
- * Sections: literals, JSON schemas as rules, each family's call syntax, the root. */
+ * Sections: literals, schemas (json_schema.h's grammars, renamed per tool), each family's
+ * call syntax, the root. */
 #include "bridge/toolcall_grammar.h"
 
+#include "bridge/json_schema.h"
 #include "core/alloc.h"
 #include "core/err.h"
 
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-
-#define MAX_SCHEMA_DEPTH 16
-#define MAX_PROPERTIES 32
-#define MAX_ENUM_RANGE 64
 
 /* A GBNF string literal of `n` bytes: quotes, backslashes and control bytes escaped, other
  * bytes (UTF-8 included) as they are. */
@@ -38,311 +35,140 @@ static void lits(struct kvr_sbuf *b, const char *s)
     lit(b, s, strlen(s));
 }
 
-/* A JSON value written as jansson writes it (", " and ": " between items, as Python's
- * json.dumps and templates' tojson do), as a literal. */
-static void json_lit(struct kvr_sbuf *b, const json_t *v)
-{
-    char *s = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
-    if (!s) {
-        b->failed = true;
-        return;
-    }
-    lits(b, s);
-    free(s);
-}
-
-void kvr_toolcall_grammar_json_rules(struct kvr_sbuf *b)
-{
-    kvr_sbuf_puts(b, "ws ::= [ \\t\\n]{0,4}\n"
-                     "json-char ::= [^\"\\\\\\x00-\\x1F] | \"\\\\\" ([\"\\\\/bfnrt] | \"u\" "
-                     "[0-9a-fA-F]{4})\n"
-                     "json-string ::= \"\\\"\" json-char{0,512} \"\\\"\"\n"
-                     "json-integer ::= \"-\"? ([0-9] | [1-9] [0-9]{1,15})\n"
-                     "json-number ::= json-integer (\".\" [0-9]{1,16})? ([eE] [-+]? [0-9]{1,3})?\n"
-                     "json-boolean ::= \"true\" | \"false\"\n"
-                     "json-value ::= json-object | json-array | json-string | json-number | "
-                     "json-boolean | \"null\"\n"
-                     "json-object ::= \"{\" ws (json-string ws \":\" ws json-value (ws \",\" ws "
-                     "json-string ws \":\" ws json-value){0,32})? ws \"}\"\n"
-                     "json-array ::= \"[\" ws (json-value (ws \",\" ws json-value){0,64})? ws "
-                     "\"]\"\n");
-}
-
 /* ---- schemas ------------------------------------------------------------------------------ */
 
-struct gen {
-    struct kvr_sbuf *out;
-    const char *prefix;
-    unsigned n; /* rules made so far */
-};
-
-static int schema_rule(struct gen *g, const json_t *s, int depth, char *name, size_t cap);
-
-/* Start rule `name` (a fresh one): "name ::= ". */
-static void new_rule(struct gen *g, char *name, size_t cap)
+static bool name_char(char c)
 {
-    snprintf(name, cap, "%s-%u", g->prefix, g->n++);
-    kvr_sbuf_printf(g->out, "%s ::= ", name);
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '-';
 }
 
-static long long int_of(const json_t *s, const char *key, long long dflt)
+/* Copy a grammar with every rule name prefixed, so that the grammars of several schemas
+ * (each with its own root and helper rules) live in one: names are the runs of
+ * [A-Za-z0-9_-] outside literals, classes, repetition braces and comments. */
+static void append_prefixed(struct kvr_sbuf *out, const char *t, size_t n, const char *prefix)
 {
-    const json_t *v = json_object_get(s, key);
-    return json_is_number(v) ? (long long)json_number_value(v) : dflt;
-}
-
-/* "key" ws ":" ws value, with the value's rule made first. */
-static int key_value(struct gen *g, const char *key, const json_t *s, int depth, char *expr,
-                     size_t cap)
-{
-    char val[64];
-    int rc = schema_rule(g, s, depth + 1, val, sizeof val);
-    if (rc)
-        return rc;
-    struct kvr_sbuf k;
-    kvr_sbuf_init(&k);
-    json_t *ks = json_string(key);
-    json_lit(&k, ks);
-    json_decref(ks);
-    int n = snprintf(expr, cap, "%s ws \":\" ws %s", k.data ? k.data : "\"\"", val);
-    kvr_sbuf_fini(&k);
-    return n > 0 && (size_t)n < cap ? KVR_OK : KVR_ENOMEM;
-}
-
-/* Objects with properties: required ones in schema order, each optional one after them
- * optional; with none required, any one of them may come first. */
-static int object_rule(struct gen *g, const json_t *s, int depth, char *name, size_t cap)
-{
-    const json_t *props = json_object_get(s, "properties");
-    const json_t *req = json_object_get(s, "required");
-    size_t n = json_object_size(props);
-    if (n == 0 || n > MAX_PROPERTIES) {
-        snprintf(name, cap, "json-object");
-        return KVR_OK;
-    }
-    bool required[MAX_PROPERTIES] = {false};
-    const char *key;
-    json_t *p;
-    size_t i = 0, n_req = 0;
-    char (*own)[512] = kvr_malloc(MAX_PROPERTIES * sizeof *own);
-    if (!own)
-        return KVR_ENOMEM;
-    json_object_foreach((json_t *)props, key, p)
-    {
-        size_t j;
-        json_t *r;
-        json_array_foreach(req, j, r) if (json_is_string(r) && !strcmp(json_string_value(r), key))
-            required[i] = true;
-        n_req += required[i];
-        int rc = key_value(g, key, p, depth, own[i], sizeof own[i]);
-        if (rc) {
-            kvr_free(own);
-            return rc;
-        }
-        i++;
-    }
-    new_rule(g, name, cap);
-    kvr_sbuf_puts(g->out, "\"{\" ws ");
-    if (n_req) {
-        bool first = true;
-        for (i = 0; i < n; i++)
-            if (required[i]) {
-                kvr_sbuf_printf(g->out, "%s%s ", first ? "" : "ws \",\" ws ", own[i]);
-                first = false;
-            }
-        for (i = 0; i < n; i++)
-            if (!required[i])
-                kvr_sbuf_printf(g->out, "(ws \",\" ws %s)? ", own[i]);
-    } else {
-        kvr_sbuf_puts(g->out, "(");
-        for (i = 0; i < n; i++) {
-            kvr_sbuf_printf(g->out, "%s%s ", i ? "| " : "", own[i]);
-            for (size_t k = i + 1; k < n; k++)
-                kvr_sbuf_printf(g->out, "(ws \",\" ws %s)? ", own[k]);
-        }
-        kvr_sbuf_puts(g->out, ")? ");
-    }
-    kvr_sbuf_puts(g->out, "ws \"}\"\n");
-    kvr_free(own);
-    return KVR_OK;
-}
-
-static int array_rule(struct gen *g, const json_t *s, int depth, char *name, size_t cap)
-{
-    char item[64] = "json-value";
-    const json_t *items = json_object_get(s, "items");
-    int rc = json_is_object(items) ? schema_rule(g, items, depth + 1, item, sizeof item) : KVR_OK;
-    if (rc)
-        return rc;
-    long long lo = int_of(s, "minItems", 0), hi = int_of(s, "maxItems", -1);
-    lo = lo < 0 ? 0 : lo > 64 ? 64 : lo;
-    new_rule(g, name, cap);
-    kvr_sbuf_printf(g->out, "\"[\" ws %s%s (ws \",\" ws %s)", lo ? "" : "(", item, item);
-    if (hi >= 0)
-        kvr_sbuf_printf(g->out, "{%lld,%lld}", lo ? lo - 1 : 0, hi > 0 ? hi - 1 : 0);
-    else
-        kvr_sbuf_printf(g->out, "{%lld,}", lo ? lo - 1 : 0);
-    kvr_sbuf_printf(g->out, "%s ws \"]\"\n", lo ? "" : ")?");
-    return KVR_OK;
-}
-
-static void string_rule(struct gen *g, const json_t *s, char *name, size_t cap)
-{
-    long long lo = int_of(s, "minLength", 0), hi = int_of(s, "maxLength", -1);
-    if (lo <= 0 && hi < 0) {
-        snprintf(name, cap, "json-string");
-        return;
-    }
-    lo = lo < 0 ? 0 : lo > 10000 ? 10000 : lo;
-    hi = hi > 10000 ? 10000 : hi;
-    new_rule(g, name, cap);
-    if (hi >= 0)
-        kvr_sbuf_printf(g->out, "\"\\\"\" json-char{%lld,%lld} \"\\\"\"\n", lo, hi < lo ? lo : hi);
-    else
-        kvr_sbuf_printf(g->out, "\"\\\"\" json-char{%lld,} \"\\\"\"\n", lo);
-}
-
-static void integer_rule(struct gen *g, const json_t *s, char *name, size_t cap)
-{
-    const json_t *mn = json_object_get(s, "minimum"), *mx = json_object_get(s, "maximum");
-    if (json_is_integer(mn) && json_is_integer(mx) &&
-        json_integer_value(mx) >= json_integer_value(mn) &&
-        json_integer_value(mx) - json_integer_value(mn) < MAX_ENUM_RANGE) {
-        new_rule(g, name, cap);
-        for (json_int_t v = json_integer_value(mn); v <= json_integer_value(mx); v++)
-            kvr_sbuf_printf(g->out, "%s\"%lld\"", v == json_integer_value(mn) ? "" : " | ",
-                            (long long)v);
-        kvr_sbuf_puts(g->out, "\n");
-    } else if (json_is_number(mn) && json_number_value(mn) >= 0) {
-        new_rule(g, name, cap);
-        kvr_sbuf_puts(g->out, "[0-9] | [1-9] [0-9]{1,15}\n");
-    } else {
-        snprintf(name, cap, "json-integer");
-    }
-}
-
-/* Alternatives: enum values, or anyOf / oneOf schemas, or the types of a type list. */
-static int alternatives(struct gen *g, const json_t *s, const json_t *list, int kind, int depth,
-                        char *name, size_t cap)
-{
-    size_t n = json_array_size(list), i;
-    char (*sub)[64] = kvr_calloc(n ? n : 1, sizeof *sub);
-    if (!sub)
-        return KVR_ENOMEM;
-    int rc = KVR_OK;
-    for (i = 0; i < n && !rc && kind != 0; i++) {
-        json_t *x = json_array_get(list, i);
-        if (kind == 1) {
-            rc = schema_rule(g, x, depth + 1, sub[i], sizeof sub[i]);
+    for (size_t i = 0; i < n;) {
+        char c = t[i];
+        if (c == '"' || c == '[' || c == '{' || c == '#') {
+            char close = c == '"' ? '"' : c == '[' ? ']' : c == '{' ? '}' : '\n';
+            size_t j = i + 1;
+            while (j < n && t[j] != close)
+                j += t[j] == '\\' && c != '#' ? 2 : 1;
+            j = j < n ? j + 1 : n;
+            kvr_sbuf_append(out, t + i, j - i);
+            i = j;
+        } else if (name_char(c)) {
+            size_t j = i;
+            while (j < n && name_char(t[j]))
+                j++;
+            kvr_sbuf_puts(out, prefix);
+            kvr_sbuf_append(out, t + i, j - i);
+            i = j;
         } else {
-            json_t *one = json_deep_copy(s);
-            json_object_set(one, "type", x);
-            rc = one ? schema_rule(g, one, depth + 1, sub[i], sizeof sub[i]) : KVR_ENOMEM;
-            json_decref(one);
+            kvr_sbuf_append(out, t + i, 1);
+            i++;
         }
     }
-    if (!rc) {
-        new_rule(g, name, cap);
-        for (i = 0; i < n; i++) {
-            kvr_sbuf_puts(g->out, i ? " | " : "");
-            if (kind == 0)
-                json_lit(g->out, json_array_get(list, i));
-            else
-                kvr_sbuf_puts(g->out, sub[i]);
-        }
-        kvr_sbuf_puts(g->out, "\n");
-    }
-    kvr_free(sub);
+    kvr_sbuf_puts(out, "\n");
+}
+
+/* Rules `<prefix>root` and its helpers for the JSON text of `schema` (json_schema.h; any
+ * object when there is none). */
+static int schema_rules(const json_t *schema, const char *prefix, struct kvr_sbuf *out,
+                        struct kvr_err *err)
+{
+    struct kvr_sbuf g;
+    kvr_sbuf_init(&g);
+    int rc = KVR_OK;
+    if (schema)
+        rc = kvr_json_schema_gbnf(schema, &g, err);
+    else
+        kvr_json_object_gbnf(&g);
+    if (!rc && g.failed)
+        rc = KVR_ENOMEM;
+    if (!rc)
+        append_prefixed(out, g.data, g.len, prefix);
+    kvr_sbuf_fini(&g);
     return rc;
 }
 
-static int schema_rule(struct gen *g, const json_t *s, int depth, char *name, size_t cap)
-{
-    if (!json_is_object(s) || depth > MAX_SCHEMA_DEPTH) {
-        snprintf(name, cap, "json-value");
-        return KVR_OK;
-    }
-    const json_t *v;
-    if (json_is_array(v = json_object_get(s, "enum")) && json_array_size(v))
-        return alternatives(g, s, v, 0, depth, name, cap);
-    if ((v = json_object_get(s, "const"))) {
-        new_rule(g, name, cap);
-        json_lit(g->out, v);
-        kvr_sbuf_puts(g->out, "\n");
-        return KVR_OK;
-    }
-    if ((json_is_array(v = json_object_get(s, "anyOf")) ||
-         json_is_array(v = json_object_get(s, "oneOf"))) &&
-        json_array_size(v))
-        return alternatives(g, s, v, 1, depth, name, cap);
-    v = json_object_get(s, "type");
-    if (json_is_array(v) && json_array_size(v))
-        return alternatives(g, s, v, 2, depth, name, cap);
-    const char *t = json_string_value(v);
-    if (!t || (!strcmp(t, "object") && !json_object_get(s, "properties")))
-        snprintf(name, cap, t ? "json-object" : "json-value");
-    else if (!strcmp(t, "object"))
-        return object_rule(g, s, depth, name, cap);
-    else if (!strcmp(t, "array"))
-        return array_rule(g, s, depth, name, cap);
-    else if (!strcmp(t, "string"))
-        string_rule(g, s, name, cap);
-    else if (!strcmp(t, "integer"))
-        integer_rule(g, s, name, cap);
-    else if (!strcmp(t, "number"))
-        snprintf(name, cap, "json-number");
-    else if (!strcmp(t, "boolean"))
-        snprintf(name, cap, "json-boolean");
-    else if (!strcmp(t, "null"))
-        snprintf(name, cap, "\"null\"");
-    else
-        snprintf(name, cap, "json-value");
-    return KVR_OK;
-}
-
-int kvr_toolcall_grammar_schema(const json_t *schema, const char *name, struct kvr_sbuf *out)
-{
-    struct gen g = {out, name, 0};
-    char top[64];
-    int rc = schema_rule(&g, schema, 0, top, sizeof top);
-    if (!rc)
-        kvr_sbuf_printf(out, "%s ::= %s\n", name, top);
-    return rc || out->failed ? KVR_ENOMEM : KVR_OK;
-}
+/* What the call syntax needs while it is written: helper rules go to `rules` (each tool's
+ * prefixed "tN-"); `tool` is the index of the tool being written, for errors. */
+struct gen {
+    struct kvr_sbuf *rules;
+    struct kvr_err *err;
+    size_t tool;
+};
 
 /* ---- the families' call syntax ---------------------------------------------------------- */
 
-#define DS_CALLS_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_CALLS_END "<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define DS_CALL_BEGIN "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>"
-#define DS_CALL_END "<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "end\xef\xbd\x9c>"
-#define DS_SEP "<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>"
+#define DS_CALLS_BEGIN                                                                             \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "calls\xe2\x96\x81"                                                                            \
+    "begin\xef\xbd\x9c>"
+#define DS_CALLS_END                                                                               \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "calls\xe2\x96\x81"                                                                            \
+    "end\xef\xbd\x9c>"
+#define DS_CALL_BEGIN                                                                              \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "call\xe2\x96\x81"                                                                             \
+    "begin\xef\xbd\x9c>"
+#define DS_CALL_END                                                                                \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "call\xe2\x96\x81"                                                                             \
+    "end\xef\xbd\x9c>"
+#define DS_SEP                                                                                     \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "sep\xef\xbd\x9c>"
 
 /* XML-style parameters (Qwen3-Coder, GLM-4.5): each property as its family writes it, a
- * string's value as raw text without '<', any other as JSON. */
+ * string's value as raw text without '<' (one of its enum values when it has them), any
+ * other as JSON under its schema. */
 static int xml_params(struct gen *g, const json_t *params, bool coder, struct kvr_sbuf *expr)
 {
     const json_t *props = json_object_get(params, "properties");
     const json_t *req = json_object_get(params, "required");
     const char *key;
     json_t *p;
+    unsigned k = 0;
     json_object_foreach((json_t *)props, key, p)
     {
         char val[64] = "xml-text";
         const char *t = json_string_value(json_object_get(p, "type"));
-        if (!t || strcmp(t, "string") != 0) {
-            int rc = schema_rule(g, p, 1, val, sizeof val);
+        const json_t *en = json_object_get(p, "enum");
+        if (t && !strcmp(t, "string") && json_is_array(en) && json_array_size(en)) {
+            snprintf(val, sizeof val, "t%zu-p%u", g->tool, k);
+            kvr_sbuf_printf(g->rules, "%s ::= ", val);
+            size_t j;
+            json_t *x;
+            json_array_foreach(en, j, x)
+            {
+                kvr_sbuf_puts(g->rules, j ? " | " : "");
+                if (json_is_string(x))
+                    lit(g->rules, json_string_value(x), json_string_length(x));
+            }
+            kvr_sbuf_puts(g->rules, "\n");
+        } else if (!t || strcmp(t, "string") != 0) {
+            char prefix[48];
+            snprintf(prefix, sizeof prefix, "t%zu-p%u-", g->tool, k);
+            int rc = schema_rules(p, prefix, g->rules, g->err);
             if (rc)
                 return rc;
+            snprintf(val, sizeof val, "%sroot", prefix);
         }
+        k++;
         bool required = false;
         size_t j;
         json_t *r;
-        json_array_foreach(req, j, r) required |= json_is_string(r) &&
-                                                  !strcmp(json_string_value(r), key);
+        json_array_foreach(req, j, r) required |=
+            json_is_string(r) && !strcmp(json_string_value(r), key);
         char open[320], close[32];
-        snprintf(open, sizeof open, coder ? "<parameter=%.256s>\n" : "<arg_key>%.256s</arg_key>\n"
-                                                                    "<arg_value>",
+        snprintf(open, sizeof open,
+                 coder ? "<parameter=%.256s>\n"
+                       : "<arg_key>%.256s</arg_key>\n"
+                         "<arg_value>",
                  key);
         snprintf(close, sizeof close, coder ? "\n</parameter>\n" : "</arg_value>\n");
         kvr_sbuf_puts(expr, "(");
@@ -372,7 +198,11 @@ static int call_expr(struct gen *g, enum kvr_toolcall_family f, const char *fn,
         snprintf(head, sizeof head, "{\"name\": \"%s\", \"%s\": ", fn,
                  f == KVR_TOOLCALL_LLAMA3 ? "parameters" : "arguments");
         lits(e, head);
-        kvr_sbuf_printf(e, " %s \"}\"", args);
+        kvr_sbuf_printf(e, " %s ", args);
+        /* Mistral's calls may carry their 9-character id. */
+        if (f == KVR_TOOLCALL_MISTRAL)
+            kvr_sbuf_puts(e, "(\", \\\"id\\\": \\\"\" [a-zA-Z0-9]{9} \"\\\"\")? ");
+        kvr_sbuf_puts(e, "\"}\"");
         return KVR_OK;
     case KVR_TOOLCALL_QWEN3_CODER:
     case KVR_TOOLCALL_GLM45: {
@@ -416,12 +246,14 @@ static int call_rule(struct gen *g, const struct kvr_toolcall_opts *o, const str
         if (!name || (t->choice == KVR_TOOL_CHOICE_NAMED && strcmp(name, t->named) != 0))
             continue;
         const json_t *params = json_object_get(fn, "parameters");
-        char args[64];
-        if ((rc = schema_rule(g, params ? params : json_object_get(fn, "parameters"), 0, args,
-                              sizeof args)))
+        params = json_is_null(params) ? NULL : params;
+        char prefix[32], args[48];
+        snprintf(prefix, sizeof prefix, "t%zu-", i);
+        snprintf(args, sizeof args, "t%zu-root", i);
+        g->tool = i;
+        bool xml = o->family == KVR_TOOLCALL_QWEN3_CODER || o->family == KVR_TOOLCALL_GLM45;
+        if (!xml && (rc = schema_rules(params, prefix, g->rules, g->err)))
             break;
-        if (!params)
-            snprintf(args, sizeof args, "json-object");
         kvr_sbuf_puts(&alts, n++ ? " | " : "");
         kvr_sbuf_puts(&alts, "(");
         if ((rc = call_expr(g, o->family, name, params, args, &alts)))
@@ -431,13 +263,13 @@ static int call_rule(struct gen *g, const struct kvr_toolcall_opts *o, const str
     if (!rc && n == 0)
         rc = KVR_EINVAL;
     if (!rc)
-        kvr_sbuf_printf(g->out, "call ::= %s\n", alts.data ? alts.data : "");
+        kvr_sbuf_printf(g->rules, "call ::= %s\n", alts.data ? alts.data : "");
     kvr_sbuf_fini(&alts);
     return rc;
 }
 
 int kvr_toolcall_grammar(const struct kvr_toolcall_opts *o, const struct kvr_tools *t,
-                         struct kvr_sbuf *out)
+                         struct kvr_sbuf *out, size_t *bad_tool, struct kvr_err *err)
 {
     if (!t->list || (t->choice != KVR_TOOL_CHOICE_REQUIRED && t->choice != KVR_TOOL_CHOICE_NAMED))
         return KVR_EINVAL;
@@ -466,6 +298,8 @@ int kvr_toolcall_grammar(const struct kvr_toolcall_opts *o, const struct kvr_too
     kvr_sbuf_puts(out, "root ::= ");
     if (o->in_think)
         kvr_sbuf_puts(out, "think ");
+    else if (o->think)
+        kvr_sbuf_puts(out, "(\"<think>\" think)? ");
     if (*open)
         lits(out, open);
     kvr_sbuf_puts(out, " call ");
@@ -477,12 +311,115 @@ int kvr_toolcall_grammar(const struct kvr_toolcall_opts *o, const struct kvr_too
     if (*close)
         lits(out, close);
     kvr_sbuf_puts(out, "\n");
-    if (o->in_think)
+    if (o->in_think || o->think)
         kvr_sbuf_puts(out, "think ::= ([^<] | \"<\" [^/] | \"</\" [^t]){0,4096} \"</think>\" "
                            "[ \\n]{0,2}\n");
     kvr_sbuf_puts(out, "xml-text ::= [^<]{0,2048}\n");
-    kvr_toolcall_grammar_json_rules(out);
-    struct gen g = {out, "arg", 0};
+    struct gen g = {out, err, 0};
     int rc = call_rule(&g, o, t);
+    if (bad_tool)
+        *bad_tool = g.tool;
+    return rc ? rc : out->failed ? KVR_ENOMEM : KVR_OK;
+}
+
+/* ---- auto: constrained from the trigger on --------------------------------------------------- */
+
+const char *kvr_toolcall_trigger(enum kvr_toolcall_family f)
+{
+    switch (f) {
+    case KVR_TOOLCALL_HERMES:
+    case KVR_TOOLCALL_QWEN3_CODER:
+    case KVR_TOOLCALL_GLM45:
+        return "<tool_call>";
+    case KVR_TOOLCALL_MISTRAL:
+        return "[TOOL_CALLS]";
+    case KVR_TOOLCALL_DEEPSEEK_V3:
+        return DS_CALLS_BEGIN;
+    default:
+        return NULL;
+    }
+}
+
+/* One code point of the trigger as a GBNF escape (\uHHHH), for literals and classes. */
+static void cp_escape(struct kvr_sbuf *b, uint32_t cp)
+{
+    kvr_sbuf_printf(b, cp > 0xFFFF ? "\\U%08X" : "\\u%04X", (unsigned)cp);
+}
+
+/* The trigger's code points (ASCII and the BMP characters triggers use). */
+static size_t trigger_cps(const char *t, uint32_t *cp, size_t cap)
+{
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)t; *p && n < cap; n++) {
+        if (*p < 0x80) {
+            cp[n] = *p++;
+        } else if ((*p & 0xE0) == 0xC0) {
+            cp[n] = (uint32_t)(p[0] & 0x1F) << 6 | (p[1] & 0x3F);
+            p += 2;
+        } else {
+            cp[n] = (uint32_t)(p[0] & 0x0F) << 12 | (uint32_t)(p[1] & 0x3F) << 6 | (p[2] & 0x3F);
+            p += 3;
+        }
+    }
+    return n;
+}
+
+/* Text that never completes the trigger, as states <name>K (K characters of it matched),
+ * each able to end; with `block`, the trigger may instead begin that rule, then `after`.
+ * The trigger's first character occurs in it only once, so a mismatch goes back to state
+ * 0, or to 1 on that character. */
+static void free_text(struct kvr_sbuf *b, const char *name, const uint32_t *cp, size_t n,
+                      const char *block, const char *after)
+{
+    for (size_t k = 0; k < n; k++) {
+        kvr_sbuf_printf(b, "%s%zu ::= \"\" | ", name, k);
+        if (block)
+            kvr_sbuf_printf(b, "%s %s0 | ", block, after);
+        kvr_sbuf_puts(b, "\"");
+        cp_escape(b, cp[0]);
+        kvr_sbuf_printf(b, "\" %s1 | [^", name);
+        cp_escape(b, cp[0]);
+        if (k > 0)
+            cp_escape(b, cp[k]);
+        kvr_sbuf_printf(b, "] %s0", name);
+        if (k > 0 && k + 1 < n) {
+            kvr_sbuf_puts(b, " | \"");
+            cp_escape(b, cp[k]);
+            kvr_sbuf_printf(b, "\" %s%zu", name, k + 1);
+        }
+        kvr_sbuf_puts(b, "\n");
+    }
+}
+
+int kvr_toolcall_grammar_lazy(const struct kvr_toolcall_opts *o, const struct kvr_tools *t,
+                              struct kvr_sbuf *out, size_t *bad_tool, struct kvr_err *err)
+{
+    const char *trigger = kvr_toolcall_trigger(o->family);
+    uint32_t cp[32];
+    size_t n = trigger ? trigger_cps(trigger, cp, 32) : 0;
+    if (!t->list || t->choice != KVR_TOOL_CHOICE_AUTO || n < 2)
+        return KVR_EINVAL;
+    /* The block a trigger opens: one call, or the family's list of them. */
+    kvr_sbuf_puts(out, "root ::= free0\nblock ::= ");
+    if (o->family == KVR_TOOLCALL_MISTRAL)
+        kvr_sbuf_printf(out, "\"[TOOL_CALLS][\" call %s\"]\"\n",
+                        t->parallel ? "(\", \" call){0,7} " : "");
+    else if (o->family == KVR_TOOLCALL_DEEPSEEK_V3) {
+        lits(out, DS_CALLS_BEGIN);
+        kvr_sbuf_printf(out, " call %s", t->parallel ? "(\"\\n\" call){0,7} " : "");
+        lits(out, DS_CALLS_END);
+        kvr_sbuf_puts(out, "\n");
+    } else {
+        kvr_sbuf_puts(out, "call\n");
+    }
+    /* After a block: more text and blocks (parallel calls), or text without the trigger. */
+    free_text(out, "free", cp, n, "block", t->parallel ? "free" : "plain");
+    if (!t->parallel)
+        free_text(out, "plain", cp, n, NULL, NULL);
+    kvr_sbuf_puts(out, "xml-text ::= [^<]{0,2048}\n");
+    struct gen g = {out, err, 0};
+    int rc = call_rule(&g, o, t);
+    if (bad_tool)
+        *bad_tool = g.tool;
     return rc ? rc : out->failed ? KVR_ENOMEM : KVR_OK;
 }

@@ -36,7 +36,7 @@ static bool name_ok(const char *s, size_t n)
     return true;
 }
 
-static const char *const schema_types[] = {"object", "array",   "string", "number",
+static const char *const schema_types[] = {"object",  "array",   "string", "number",
                                            "integer", "boolean", "null",   NULL};
 
 static bool type_known(const json_t *t)
@@ -90,8 +90,9 @@ static int check_schema_at(const json_t *s, char *path, size_t cap, int depth,
         json_array_foreach(t, i, x) if (!type_known(x)) t = x;
     }
     if (t && !json_is_array(t) && !type_known(t))
-        return bad(e, path, "'%s.type' must be one of object, array, string, number, integer, "
-                            "boolean, null",
+        return bad(e, path,
+                   "'%s.type' must be one of object, array, string, number, integer, "
+                   "boolean, null",
                    path);
     const json_t *req = json_object_get(s, "required");
     if (req) {
@@ -224,8 +225,8 @@ static int parse_choice(const json_t *root, struct kvr_tools *t, struct kvr_open
         json_t *tool;
         json_array_foreach(t->list, i, tool)
         {
-            const char *nm = json_string_value(json_object_get(json_object_get(tool, "function"),
-                                                               "name"));
+            const char *nm =
+                json_string_value(json_object_get(json_object_get(tool, "function"), "name"));
             if (nm && !strcmp(nm, t->named))
                 return KVR_OK;
         }
@@ -255,8 +256,7 @@ int kvr_tools_parse(const json_t *root, struct kvr_tools *t, struct kvr_openai_e
                 return rc;
             for (size_t j = 0; j < i; j++)
                 if (!strcmp(names[j], names[i]))
-                    return bad(e, "tools", "'tools' names the function '%.64s' twice",
-                               names[i]);
+                    return bad(e, "tools", "'tools' names the function '%.64s' twice", names[i]);
         }
         t->n = json_array_size(list);
         t->list = t->n ? list : NULL;

@@ -24,10 +24,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#define KVR_TOOLS_MAX 128                /* tools in one request */
-#define KVR_TOOLS_MAX_SCHEMA_DEPTH 32    /* nesting of a parameters schema */
-#define KVR_TOOLS_MAX_CALLS 64           /* tool calls in one assistant message */
-#define KVR_TOOLS_MAX_NAME 64            /* bytes of a function's name */
+#define KVR_TOOLS_MAX 128             /* tools in one request */
+#define KVR_TOOLS_MAX_SCHEMA_DEPTH 32 /* nesting of a parameters schema */
+#define KVR_TOOLS_MAX_CALLS 64        /* tool calls in one assistant message */
+#define KVR_TOOLS_MAX_NAME 64         /* bytes of a function's name */
 
 struct kvr_openai_error;
 

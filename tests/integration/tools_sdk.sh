@@ -2,8 +2,10 @@
 # Tool calls and the Responses API through the official OpenAI Node SDK and the OpenAI
 # Agents SDK (pinned in agents/package-lock.json) against `kvasir serve` on a 2-stage ring
 # of a random-weight model with a Hermes-style tool template (tools/hermes.jinja):
-# tools with every tool_choice, streamed and not; responses.create plain, streamed and with
-# a tool, previous_response_id; an agent run. Needs Node.js >= 18 and npm (the pinned
+# tools with every tool_choice (required and named forced by the grammar at the tail, their
+# arguments validated against the schema by ajv), streamed and not; responses.create plain,
+# streamed and with a tool, previous_response_id; an agent run that calls a tool and sends
+# its result back through the template. Needs Node.js >= 18 and npm (the pinned
 # openai 7 declares Node >= 22; it runs on Node 20, which is what this test was run with);
 # without them it is skipped, except under CI=true where it fails.
 set -euo pipefail

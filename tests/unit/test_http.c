@@ -113,6 +113,7 @@ struct fake {
     int32_t last_prompt[4096];
     uint32_t last_n_prompt;
     struct kvr_gen_request last_req;
+    char last_grammar[64]; /* the start of last_req's grammar ("" for none): it is borrowed */
 };
 
 struct kvr_gen_stream {
@@ -132,6 +133,9 @@ static int fake_submit(void *ctx, const struct kvr_gen_request *req, struct kvr_
     f->last_n_prompt = req->n_prompt < 4096 ? req->n_prompt : 4096;
     memcpy(f->last_prompt, req->prompt, f->last_n_prompt * sizeof *req->prompt);
     f->last_req.prompt = NULL;
+    snprintf(f->last_grammar, sizeof f->last_grammar, "%.*s",
+             req->grammar ? (int)req->grammar_bytes : 0, req->grammar ? req->grammar : "");
+    f->last_req.grammar = NULL;
     if (f->refuse_reason != KVR_REFUSE_NONE) {
         refusal->retry_after_ms = f->refuse_retry_ms;
         refusal->reason = f->refuse_reason;
@@ -2057,6 +2061,91 @@ static void test_door_per_client(void **state)
     stop(fx);
 }
 
+/* Tools through the whole HTTP path with a Hermes-style template: the answer the service
+ * sends is read back as a tool call (chat, streamed chat, /v1/responses); "auto" sends the
+ * lazy grammar, "required" the forcing one, "none" none and leaves the text alone. */
+static void test_tools_http(void **state)
+{
+    struct kvr_tok *tok = make_tok();
+    struct fake f;
+    memset(&f, 0, sizeof f);
+    pthread_mutex_init(&f.mu, NULL);
+    fake_reset(&f);
+    static const char answer[] =
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+    int32_t ids[256];
+    struct kvr_tok_scratch *scratch = NULL;
+    assert_int_equal(kvr_tok_scratch_create(&scratch, tok, sizeof answer), 0);
+    int n = kvr_tok_encode(tok, scratch, answer, sizeof answer - 1, false, false, ids, 256);
+    kvr_tok_scratch_destroy(scratch);
+    assert_true(n > 0);
+    f.script = ids;
+    f.n_script = (uint32_t)n;
+    /* A context that holds the answer, spelled mostly one character per token. */
+    struct kvr_service svc = {
+        .ops = &fake_ops, .ctx = &f, .model_name = "m", .n_ctx = 1024, .tok = tok};
+    static const char tmpl[] = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                               "<|im_end|>\n{% endfor %}{% if tools %}<tool_call>{% endif %}"
+                               "<|im_start|>assistant\n";
+    struct kvr_http_config cfg;
+    kvr_http_config_init(&cfg);
+    cfg.port = 0;
+    cfg.chat_template_src = tmpl;
+    cfg.chat_template_src_len = sizeof tmpl - 1;
+    struct kvr_http *h = NULL;
+    struct kvr_err err = {0};
+    assert_int_equal(kvr_http_create(&h, &cfg, &svc, &err), KVR_OK);
+    uint16_t port = kvr_http_port(h);
+    char body[1024];
+#define TOOLS_REQ(choice, stream)                                                                  \
+    snprintf(                                                                                      \
+        body, sizeof body,                                                                         \
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"go\"}], \"max_tokens\": 200, "        \
+        "\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "    \
+        "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"integer\"}}}}}], "            \
+        "\"tool_choice\": %s, \"stream\": %s}",                                                    \
+        choice, stream)
+    TOOLS_REQ("\"auto\"", "false");
+    json_t *j = post_json(port, "/v1/chat/completions", body);
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_string_equal(json_string_value(json_object_get(c, "finish_reason")), "tool_calls");
+    json_t *fn = json_object_get(
+        json_array_get(json_object_get(json_object_get(c, "message"), "tool_calls"), 0),
+        "function");
+    assert_string_equal(json_string_value(json_object_get(fn, "name")), "f");
+    assert_string_equal(json_string_value(json_object_get(fn, "arguments")), "{\"a\":1}");
+    json_decref(j);
+    static const char lazy[] = "root ::= free0\nblock ::= call\nfree0 ::= \"\" | block free0";
+    assert_true(!strncmp(f.last_grammar, lazy, sizeof lazy - 1)); /* the lazy grammar */
+    TOOLS_REQ("\"required\"", "true");
+    struct resp r;
+    post(port, "/v1/chat/completions", body, &r);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.body, "\"tool_calls\":[{\"id\":\"call_"));
+    assert_non_null(strstr(r.body, "\"arguments\":\"{\\\"a\\\":1}\"}}]}"));
+    assert_non_null(strstr(r.body, "\"finish_reason\":\"tool_calls\""));
+    resp_free(&r);
+    assert_true(!strncmp(f.last_grammar, "root ::=  call (\"\\n\" call){0,7}", 30)); /* forced */
+    TOOLS_REQ("\"none\"", "false");
+    j = post_json(port, "/v1/chat/completions", body);
+    c = json_array_get(json_object_get(j, "choices"), 0);
+    assert_non_null(
+        strstr(json_string_value(json_object_get(json_object_get(c, "message"), "content")),
+               "<tool_call>"));
+    json_decref(j);
+    assert_string_equal(f.last_grammar, "");
+    j = post_json(port, "/v1/responses",
+                  "{\"input\": \"go\", \"tools\": [{\"type\": \"function\", \"name\": \"f\"}]}");
+    json_t *item = json_array_get(json_object_get(j, "output"), 0);
+    assert_string_equal(json_string_value(json_object_get(item, "type")), "function_call");
+    assert_string_equal(json_string_value(json_object_get(item, "arguments")), "{\"a\":1}");
+    json_decref(j);
+#undef TOOLS_REQ
+    kvr_http_destroy(h);
+    kvr_tok_destroy(tok);
+    pthread_mutex_destroy(&f.mu);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -2084,7 +2173,7 @@ int main(void)
         cmocka_unit_test(test_config_errors),          cmocka_unit_test(test_chat_template_errors),
         cmocka_unit_test(test_metrics_label_escaping), cmocka_unit_test(test_metrics_public),
         cmocka_unit_test(test_cors_configured),        cmocka_unit_test(test_door),
-        cmocka_unit_test(test_door_per_client),
+        cmocka_unit_test(test_door_per_client),        cmocka_unit_test(test_tools_http),
     };
     int failed = cmocka_run_group_tests_name("http", tests, setup, teardown);
     failed += cmocka_run_group_tests_name("http_lifecycle", solo, NULL, NULL);

@@ -23,7 +23,7 @@ static const struct kvr_openai_limits lim = {.n_ctx = 128, .n_vocab = 512};
 #define H KVR_OPENAI_CHAT
 /* A chat body with one tool "f" and more fields. */
 #define TOOLS_BODY(more)                                                                           \
-    "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": "             \
+    "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": "          \
     "\"function\", \"function\": {\"name\": \"f\"}}], " more "}"
 
 /* Bytes of a body with embedded NULs or invalid UTF-8 are given with an explicit length. */
@@ -182,21 +182,25 @@ static const struct bad_case bad_cases[] = {
     {C, "{\"prompt\": \"hi\", \"suffix\": \"end\"}", 0, 400, "'suffix' is not supported", "suffix"},
     {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{}]}", 0, 400,
      "other tool types are not supported", "tools[0]"},
-    {H, TOOLS_BODY("\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"g\"}}"),
-     0, 400, "names 'g', which is not in 'tools'", "tool_choice"},
+    {H, TOOLS_BODY("\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"g\"}}"), 0,
+     400, "names 'g', which is not in 'tools'", "tool_choice"},
     {H, TOOLS_BODY("\"parallel_tool_calls\": false, \"tool_choice\": \"sometimes\""), 0, 400,
      "'tool_choice' must be", "tool_choice"},
-    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": "
-        "\"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
-        "\"properties\": {\"a\": {\"type\": \"strin\"}}}}}]}",
+    {H,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": "
+     "\"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", "
+     "\"properties\": {\"a\": {\"type\": \"strin\"}}}}}]}",
      0, 400, "must be one of object", "tools[0].function.parameters.properties.a"},
-    {H, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": "
-        "\"function\", \"function\": {\"name\": \"f g\"}}]}",
+    {H,
+     "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": [{\"type\": "
+     "\"function\", \"function\": {\"name\": \"f g\"}}]}",
      0, 400, "must be 1 to 64 letters", "tools[0].function.name"},
-    {H, "{\"messages\": [{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": "
-        "\"c1\", \"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": "
-        "\"{oops\"}}]}]}",
-     0, 400, "must be a string holding a JSON object", "messages[0].tool_calls[0].function.arguments"},
+    {H,
+     "{\"messages\": [{\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": "
+     "\"c1\", \"type\": \"function\", \"function\": {\"name\": \"f\", \"arguments\": "
+     "\"{oops\"}}]}]}",
+     0, 400, "must be a string holding a JSON object",
+     "messages[0].tool_calls[0].function.arguments"},
     {H,
      "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
      "\"response_format\": {\"type\": \"xml\"}}",

@@ -86,6 +86,21 @@ static void test_chat_json_tool_call(void **state)
     json_decref(j);
     kvr_free(body);
     teardown(&f);
+
+    /* Without parallel_tool_calls, a second call in the answer is dropped. */
+    char b2[1024];
+    snprintf(b2, sizeof b2, "%.*s, \"parallel_tool_calls\": false}", (int)strlen(tools_body) - 1,
+             tools_body);
+    setup(&f, hermes_tmpl, b2, "", KVR_REPLY_CHAT);
+    char two[512];
+    snprintf(two, sizeof two, "%s\n%s", answer, answer + strlen("Let me check.\n"));
+    body = kvr_reply_json(&f.reply, &in, two, strlen(two), &len);
+    j = json_loads(body, 0, NULL);
+    msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+    assert_int_equal(json_array_size(json_object_get(msg, "tool_calls")), 1);
+    json_decref(j);
+    kvr_free(body);
+    teardown(&f);
 }
 
 /* Fed one byte at a time, the chunks' text and tool-call deltas add up, by index, to the
@@ -185,7 +200,8 @@ static json_t *to_chat(struct kvr_responses_store *st, const char *body, int wan
     char *out = NULL;
     size_t len = 0;
     struct kvr_openai_error e = {0};
-    int rc = kvr_responses_to_chat(body, strlen(body), st, &out, &len, &e);
+    bool keep;
+    int rc = kvr_responses_to_chat(body, strlen(body), st, &out, &len, &keep, &e);
     if (rc != want_rc)
         print_message("%s: %s\n", body, e.message);
     assert_int_equal(rc, want_rc);
@@ -201,13 +217,13 @@ static json_t *to_chat(struct kvr_responses_store *st, const char *body, int wan
 
 static void test_responses_request(void **state)
 {
-    json_t *j = to_chat(NULL, "{\"input\": \"hi\", \"instructions\": \"Be brief.\", "
-                              "\"max_output_tokens\": 7, \"temperature\": 0}",
+    json_t *j = to_chat(NULL,
+                        "{\"input\": \"hi\", \"instructions\": \"Be brief.\", "
+                        "\"max_output_tokens\": 7, \"temperature\": 0}",
                         0, NULL);
     json_t *m = json_object_get(j, "messages");
     assert_int_equal(json_array_size(m), 2);
-    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 0), "role")),
-                        "system");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(m, 0), "role")), "system");
     assert_int_equal(json_integer_value(json_object_get(j, "max_tokens")), 7);
     json_decref(j);
     /* Items: a message with parts, two calls (one assistant message), their outputs; a
@@ -235,7 +251,18 @@ static void test_responses_request(void **state)
             json_object_get(json_object_get(j, "tool_choice"), "function"), "name")),
         "f");
     json_decref(j);
+    /* "store": false keeps nothing. */
+    char *out = NULL;
+    size_t len;
+    bool keep = true;
+    struct kvr_openai_error e = {0};
+    const char *nostore = "{\"input\": \"x\", \"store\": false}";
+    assert_int_equal(kvr_responses_to_chat(nostore, strlen(nostore), NULL, &out, &len, &keep, &e),
+                     0);
+    assert_false(keep);
+    kvr_free(out);
     /* Bad input names its field. */
+    to_chat(NULL, "{\"input\": \"x\", \"store\": 1}", KVR_EINVAL, "store");
     to_chat(NULL, "{\"input\": 5}", KVR_EINVAL, "input");
     to_chat(NULL, "{\"input\": \"x\", \"temprature\": 1}", KVR_EINVAL, "temprature");
     to_chat(NULL, "{\"input\": [{\"type\": \"image\"}]}", KVR_EINVAL, "input[0]");
@@ -296,6 +323,14 @@ static void test_responses_answer_and_store(void **state)
     const char *last = strstr(s.data, "event: response.completed\n");
     assert_non_null(last);
     assert_null(strstr(last + 1, "event: "));
+    /* A failed stream ends with an error event and response.failed. */
+    kvr_sbuf_clear(&s);
+    struct kvr_openai_error err = {.status = 503, .code = "shutting_down"};
+    strcpy(err.message, "the server is shutting down");
+    assert_int_equal(kvr_responses_sse_error(&f.reply, &s, &in, &err), KVR_OK);
+    assert_non_null(strstr(s.data, "event: error\ndata: {\"code\":\"shutting_down\""));
+    assert_non_null(strstr(s.data, "event: response.failed\n"));
+    assert_non_null(strstr(s.data, "\"status\":\"failed\""));
     kvr_sbuf_fini(&s);
     teardown(&f);
     kvr_responses_store_destroy(st);

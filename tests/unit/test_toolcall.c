@@ -13,6 +13,8 @@
 
 #include "bridge/chat.h"
 #include "bridge/toolcall.h"
+#include "bridge/toolcall_grammar.h"
+#include "model/grammar.h"
 #include "core/alloc.h"
 
 #include <stdlib.h>
@@ -34,17 +36,17 @@ struct family_case {
 static const struct family_case cases[] = {
     {KVR_TOOLCALL_HERMES,
      "{%- for m in messages %}" USER_TURN
-     "{%- if m.role == 'assistant' %}<a>{%- for tc in m.tool_calls %}\n<tool_call>\n"
+     "{%- if m.role == 'assistant' %}<a>{%- for tc in m.tool_calls %}{{ '\\n<tool_call>\\n' }}"
      "{\"name\": \"{{ tc.function.name }}\", \"arguments\": {{ tc.function.arguments | tojson }}}"
-     "\n</tool_call>{%- endfor %}<|im_end|>{%- endif %}{%- endfor %}" GEN,
+     "{{ '\\n</tool_call>' }}{%- endfor %}<|im_end|>{%- endif %}{%- endfor %}" GEN,
      "<|im_end|>", false},
     /* Qwen 3's way: looks into an assistant's content, so a null one is given as "". */
     {KVR_TOOLCALL_HERMES,
      "{%- for m in messages %}" USER_TURN
      "{%- if m.role == 'assistant' %}<a>{%- if '</think>' in m.content %}!{%- endif %}"
-     "{%- for tc in m.tool_calls %}\n<tool_call>\n"
+     "{%- for tc in m.tool_calls %}{{ '\\n<tool_call>\\n' }}"
      "{\"name\": \"{{ tc.function.name }}\", \"arguments\": {{ tc.function.arguments | tojson }}}"
-     "\n</tool_call>{%- endfor %}<|im_end|>{%- endif %}{%- endfor %}" GEN,
+     "{{ '\\n</tool_call>' }}{%- endfor %}<|im_end|>{%- endif %}{%- endfor %}" GEN,
      "<|im_end|>", false},
     {KVR_TOOLCALL_LLAMA3,
      "{%- for m in messages %}" USER_TURN
@@ -60,17 +62,20 @@ static const struct family_case cases[] = {
      "</s>", false},
     {KVR_TOOLCALL_QWEN3_CODER,
      "{%- for m in messages %}" USER_TURN
-     "{%- if m.role == 'assistant' %}<a>{%- for tc in m.tool_calls %}\n<tool_call>\n"
-     "<function={{ tc.function.name }}>\n{%- for k, v in tc.function.arguments | items %}\n"
-     "<parameter={{ k }}>\n{{ v if v is string else v | tojson }}\n</parameter>{%- endfor %}\n"
-     "</function>\n</tool_call>{%- endfor %}<|im_end|>{%- endif %}{%- endfor %}" GEN,
+     "{%- if m.role == 'assistant' %}<a>{%- for tc in m.tool_calls %}"
+     "{{ '<tool_call>\\n<function=' + tc.function.name + '>\\n' }}"
+     "{%- for k, v in tc.function.arguments | items %}{{ '<parameter=' + k + '>\\n' }}"
+     "{{ v if v is string else v | tojson }}{{ '\\n</parameter>\\n' }}{%- endfor %}"
+     "{{ '</function>\\n</tool_call>' }}{%- if not loop.last %}{{ '\\n' }}{%- endif %}"
+     "{%- endfor %}<|im_end|>{%- endif %}{%- endfor %}" GEN,
      "<|im_end|>", false},
     {KVR_TOOLCALL_GLM45,
      "{%- for m in messages %}" USER_TURN
-     "{%- if m.role == 'assistant' %}<a>{%- for tc in m.tool_calls %}\n<tool_call>"
-     "{{ tc.function.name }}\n{%- for k, v in tc.function.arguments.items() %}\n"
-     "<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v if v is string else v | tojson }}"
-     "</arg_value>{%- endfor %}\n</tool_call>{%- endfor %}<|user|>{%- endif %}{%- endfor %}" GEN,
+     "{%- if m.role == 'assistant' %}<a>{%- for tc in m.tool_calls %}"
+     "{{ '\\n<tool_call>' + tc.function.name }}{%- for k, v in tc.function.arguments.items() %}"
+     "{{ '\\n<arg_key>' + k + '</arg_key>\\n<arg_value>' }}{{ v if v is string else v | tojson }}"
+     "{{ '</arg_value>' }}{%- endfor %}{{ '\\n</tool_call>' }}{%- endfor %}<|user|>{%- endif %}"
+     "{%- endfor %}" GEN,
      "<|user|>", false},
     {KVR_TOOLCALL_HARMONY,
      "{%- for m in messages %}{%- if m.role == 'user' %}<|start|>user<|message|>{{ m.content }}"
@@ -81,12 +86,19 @@ static const struct family_case cases[] = {
      NULL, false},
     {KVR_TOOLCALL_DEEPSEEK_V3,
      "{%- for m in messages %}" USER_TURN
-     "{%- if m.role == 'assistant' %}<a>{{ '<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81"
-     "begin\xef\xbd\x9c>' }}{%- for tc in m.tool_calls %}"
-     "{{ '<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81" "begin\xef\xbd\x9c>' + tc.type + "
-     "'<\xef\xbd\x9ctool\xe2\x96\x81" "sep\xef\xbd\x9c>' + tc.function.name + '\\n```json\\n' + "
-     "tc.function.arguments + '\\n```' + '<\xef\xbd\x9ctool\xe2\x96\x81" "call\xe2\x96\x81"
-     "end\xef\xbd\x9c>' }}{%- endfor %}{{ '<\xef\xbd\x9ctool\xe2\x96\x81" "calls\xe2\x96\x81"
+     "{%- if m.role == 'assistant' %}<a>{{ '<\xef\xbd\x9ctool\xe2\x96\x81"
+     "calls\xe2\x96\x81"
+     "begin\xef\xbd\x9c>' }}{%- for tc in m.tool_calls %}{%- if not loop.first %}{{ '\\n' }}"
+     "{%- endif %}"
+     "{{ '<\xef\xbd\x9ctool\xe2\x96\x81"
+     "call\xe2\x96\x81"
+     "begin\xef\xbd\x9c>' + tc.type + "
+     "'<\xef\xbd\x9ctool\xe2\x96\x81"
+     "sep\xef\xbd\x9c>' + tc.function.name + '\\n```json\\n' + "
+     "tc.function.arguments + '\\n```' + '<\xef\xbd\x9ctool\xe2\x96\x81"
+     "call\xe2\x96\x81"
+     "end\xef\xbd\x9c>' }}{%- endfor %}{{ '<\xef\xbd\x9ctool\xe2\x96\x81"
+     "calls\xe2\x96\x81"
      "end\xef\xbd\x9c>' }}<eos>{%- endif %}{%- endfor %}" GEN,
      "<eos>", false},
     {KVR_TOOLCALL_GENERIC,
@@ -101,7 +113,7 @@ static const struct family_case cases[] = {
 /* Two calls with arguments of every JSON type, quotes, a newline and non-ASCII text. */
 static const char *const call_names[2] = {"get_weather", "search_docs"};
 static const char *const call_args[2] = {
-    "{\"city\":\"S\\u00e3o Paulo\",\"unit\":\"celsius\",\"days\":3,\"detail\":true}",
+    "{\"city\":\"S\xc3\xa3o Paulo\",\"unit\":\"celsius\",\"days\":3,\"detail\":true}",
     "{\"query\":\"say \\\"hi\\\"\\nthen stop\",\"filters\":{\"tags\":[\"a\",\"b\"],\"max\":2.5},"
     "\"exact\":null}",
 };
@@ -118,9 +130,9 @@ static json_t *conversation(size_t n_calls)
 {
     json_t *calls = json_array();
     for (size_t i = 0; i < n_calls; i++)
-        json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", "call9abcd",
-                                               "type", "function", "function", "name",
-                                               call_names[i], "arguments", call_args[i]));
+        json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", "call9abcd", "type",
+                                               "function", "function", "name", call_names[i],
+                                               "arguments", call_args[i]));
     return json_pack("[{s:s,s:s},{s:s,s:n,s:o}]", "role", "user", "content", "Go", "role",
                      "assistant", "content", "tool_calls", calls);
 }
@@ -155,14 +167,51 @@ static void expect_calls(const struct kvr_toolcall_result *r, size_t n)
 }
 
 /* The end-of-turn texts of the families' real templates: an answer ends at the first. */
-static const char *const real_ends[] = {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "</s>",
-                                        "<\xef\xbd\x9c" "end\xe2\x96\x81" "of\xe2\x96\x81"
+static const char *const real_ends[] = {"<|im_end|>",
+                                        "<|eot_id|>",
+                                        "<|eom_id|>",
+                                        "</s>",
+                                        "<\xef\xbd\x9c"
+                                        "end\xe2\x96\x81"
+                                        "of\xe2\x96\x81"
                                         "sentence\xef\xbd\x9c>",
                                         NULL};
 
 /* The answer is what the full render adds after the generation prompt, up to the
  * end-of-turn text; parsed whole, and as every prefix of itself (streaming): the text and
  * calls of a prefix never contradict the whole. */
+/* The grammar that forces calls (toolcall_grammar.h) accepts the template's rendering of
+ * them, whole: what a model trained on the template writes, the grammar lets it write.
+ * (Harmony's template renders the recipient before the channel; the grammar follows the
+ * order gpt-oss writes.) */
+static void grammar_accepts(const struct kvr_toolcall_opts *o, const json_t *tools, size_t n,
+                            const char *answer, size_t len)
+{
+    struct kvr_tools t = {.list = tools,
+                          .n = json_array_size(tools),
+                          .choice = KVR_TOOL_CHOICE_REQUIRED,
+                          .parallel = n > 1};
+    struct kvr_sbuf g;
+    kvr_sbuf_init(&g);
+    struct kvr_err err = {0};
+    size_t bad = 0;
+    assert_int_equal(kvr_toolcall_grammar(o, &t, &g, &bad, &err), KVR_OK);
+    struct kvr_grammar *gr = NULL;
+    if (kvr_grammar_compile(&gr, g.data, g.len, &err) != KVR_OK)
+        fail_msg("grammar: %s\n%.*s", err.msg, (int)g.len, g.data);
+    struct kvr_grammar_match *m = NULL;
+    assert_int_equal(kvr_grammar_match_create(&m, gr), KVR_OK);
+    while (len && (*answer == '\n' || *answer == ' ')) /* the template's, before the call */
+        answer++, len--;
+    int rc = kvr_grammar_match_bytes(m, answer, len);
+    if (rc || !kvr_grammar_match_complete(m))
+        fail_msg("%s: the grammar refuses '%.*s' (rc %d)", kvr_toolcall_family_name(o->family),
+                 (int)len, answer, rc);
+    kvr_grammar_match_destroy(m);
+    kvr_grammar_destroy(gr);
+    kvr_sbuf_fini(&g);
+}
+
 static void round_trip_with(const struct family_case *fc, const char *bos, const char *eos)
 {
     struct kvr_chat_config cfg = {
@@ -187,7 +236,8 @@ static void round_trip_with(const struct family_case *fc, const char *bos, const
         if (strstr(answer, real_ends[i]) && (size_t)(strstr(answer, real_ends[i]) - answer) < alen)
             alen = (size_t)(strstr(answer, real_ends[i]) - answer);
 
-    struct kvr_toolcall_opts o = {.family = fc->family, .calls = true, .think = think, .tools = tools};
+    struct kvr_toolcall_opts o = {
+        .family = fc->family, .calls = true, .think = think, .tools = tools};
     struct kvr_toolcall_result r;
     kvr_toolcall_result_init(&r);
     assert_int_equal(kvr_toolcall_parse(&o, answer, alen, true, &r), KVR_OK);
@@ -196,6 +246,8 @@ static void round_trip_with(const struct family_case *fc, const char *bos, const
                       answer);
     expect_calls(&r, n);
     assert_false(r.unfinished);
+    if (fc->family != KVR_TOOLCALL_HARMONY)
+        grammar_accepts(&o, tools, n, answer, alen);
     size_t content_len = r.content.len;
     for (size_t k = 0; k <= alen; k++) {
         struct kvr_toolcall_result p;
@@ -268,8 +320,10 @@ static void test_round_trip_real_templates(void **state)
         enum kvr_toolcall_family family;
         bool one_call;
     } real[] = {
-        {"qwen2_5", KVR_TOOLCALL_HERMES, false},   {"qwen3", KVR_TOOLCALL_HERMES, false},
-        {"llama3_2", KVR_TOOLCALL_LLAMA3, true},   {"mistral_nemo", KVR_TOOLCALL_MISTRAL, false},
+        {"qwen2_5", KVR_TOOLCALL_HERMES, false},
+        {"qwen3", KVR_TOOLCALL_HERMES, false},
+        {"llama3_2", KVR_TOOLCALL_LLAMA3, true},
+        {"mistral_nemo", KVR_TOOLCALL_MISTRAL, false},
         {"deepseek_v3", KVR_TOOLCALL_DEEPSEEK_V3, false},
     };
     char dir[1024];
@@ -299,9 +353,9 @@ static void test_round_trip_real_templates(void **state)
         const json_t *t = json_object_get(cfg, "chat_template");
         size_t k;
         json_t *x;
-        json_array_foreach(t, k, x) if (!strcmp(json_string_value(json_object_get(x, "name")) ?
-                                                    json_string_value(json_object_get(x, "name")) :
-                                                    "",
+        json_array_foreach(t, k, x) if (!strcmp(json_string_value(json_object_get(x, "name"))
+                                                    ? json_string_value(json_object_get(x, "name"))
+                                                    : "",
                                                 "tool_use")) t = json_object_get(x, "template");
         assert_true(json_is_string(t));
         print_message("real template %s\n", real[i].pkg);
