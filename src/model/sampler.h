@@ -120,7 +120,7 @@ int32_t kvr_sampler_candidates(const struct kvr_sampler *s, const float *logits,
 /* Choose a token (steps 1-6). `logits` is not modified. If logprob_out is non-NULL it
  * receives the chosen token's log-probability under the model's own distribution: the
  * log-softmax of the penalised logits over the whole vocabulary at temperature 1, before
- * truncation (what an API reports as the token's logprob; defined for greedy too).
+ * truncation (defined for greedy too; the API reports model/logprobs.h's, before penalties).
  * Returns the token id, or KVR_EINVAL as kvr_sampler_candidates. */
 int32_t kvr_sampler_sample(struct kvr_sampler *s, const float *logits, int32_t n_vocab,
                            struct kvr_sample_scratch *sc, float *logprob_out);

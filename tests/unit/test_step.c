@@ -17,6 +17,7 @@
 #include "model/arch.h"
 #include "model/engine.h"
 #include "model/gguf.h"
+#include "model/logprobs.h"
 #include "ring/propose.h"
 #include "ring/stage.h"
 #include "ring/step.h"
@@ -80,6 +81,9 @@ static void rig_fini(struct rig *r)
     free(r->buf);
 }
 
+/* The OPEN's flags when a test sets them (>= 0), else those run_batch chooses. */
+static int64_t open_flags = -1;
+
 /* Run a BATCH that opens sequence `seq` (greedy, or at temperature 0.8 with logprobs) on
  * KV block `block` and prefills N_TOKENS boundary rows, every value `x`, wanting a token.
  * Returns kvr_step_run's status; err says why on failure. */
@@ -93,7 +97,9 @@ static int run_batch(struct rig *r, uint64_t batch_id, uint32_t seq, uint32_t bl
     struct kvr_wire_ctrl ctrl[2] = {
         {.type = KVR_WIRE_CTRL_OPEN,
          .seq = seq,
-         .flags = greedy ? 0 : KVR_WIRE_OPEN_LOGPROBS,
+         .flags = open_flags >= 0 ? (uint32_t)open_flags
+                  : greedy        ? 0
+                                  : KVR_WIRE_OPEN_LOGPROBS,
          .sampling = sp},
         {.type = KVR_WIRE_CTRL_MAP, .seq = seq, .map = {.n_ids = 1, .ids = {block}}},
     };
@@ -174,10 +180,43 @@ static void test_degenerate_logits_fail_the_batch(void **state)
     rig_fini(&r);
 }
 
+/* A sequence that asks for logprobs and 5 alternatives gets log_softmax of the tail's own
+ * logits row (model/logprobs.h), bit for bit, and the same token as without them. */
+static void test_logprobs_from_the_tail_row(void **state)
+{
+    (void)state;
+    struct rig r;
+    rig_init(&r);
+    const uint32_t flags[3] = {0, KVR_WIRE_OPEN_LOGPROBS,
+                               KVR_WIRE_OPEN_LOGPROBS | 5u << KVR_WIRE_TOP_SHIFT};
+    int32_t tokens[3];
+    for (int k = 0; k < 3; k++) {
+        open_flags = flags[k];
+        expect_token(&r, 1 + (uint64_t)k, 0, 0, false);
+        const struct kvr_wire_result *res = &r.out.results[0];
+        tokens[k] = res->token;
+        struct kvr_token_logprob want[5];
+        double lse = 0;
+        assert_int_equal(kvr_logprobs_top(r.step.logits, (int32_t)r.hp.n_vocab, 5, want, &lse), 5);
+        assert_int_equal(res->n_top, k == 2 ? 5 : 0);
+        assert_int_equal(res->flags & KVR_WIRE_RESULT_LOGPROB, k ? KVR_WIRE_RESULT_LOGPROB : 0);
+        if (k)
+            assert_true(res->logprob == kvr_logprobs_token(r.step.logits, res->token, lse));
+        if (k == 2)
+            assert_memory_equal(res->top, want, sizeof want);
+        kvr_step_reset(&r.step);
+    }
+    assert_int_equal(tokens[0], tokens[1]);
+    assert_int_equal(tokens[0], tokens[2]);
+    open_flags = -1;
+    rig_fini(&r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_degenerate_logits_fail_the_batch),
+        cmocka_unit_test(test_logprobs_from_the_tail_row),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
