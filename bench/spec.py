@@ -18,6 +18,14 @@ sequences of STREAM_TOKENS tokens at once, no prediction, off and auto. Rates ar
 times, alternating, and the median is printed with every run's number. The default model
 is the README's (models/tinyllama-1.1b-q4_0.gguf, synthesised when missing). Run it under
 the bench lock: flock /work/bench.lock bench/spec.py
+
+    bench/spec.py --lookup [-m MODEL] [--stages 2] [-n 128] [--runs 3]
+
+The sources without a prediction, over HTTP (`kvasir serve`, --spec off then auto): an
+input-grounded prompt (a story, then its first words again: the answer copies it) and one
+prompt sent four times in a row (the suffix source learns the first answer). Prints the
+decode rates (tokens after the first over the time after the first) and each source's kept
+/ drafted tokens from /metrics.
 """
 import argparse
 import json
@@ -28,6 +36,7 @@ import statistics
 import subprocess
 import tempfile
 import time
+import urllib.request
 
 import serve_util
 
@@ -73,6 +82,67 @@ def kept(log):
     return k, d, r
 
 
+def http_complete(url, prompt, n):
+    """A streamed greedy completion over HTTP: decode tokens/s after the first token."""
+    body = {"prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    first = last = None
+    tokens = 0
+    with urllib.request.urlopen(req, timeout=600) as r:
+        for line in r:
+            if line.startswith(b"data: {"):
+                d = json.loads(line[6:])
+                if d.get("usage"):
+                    tokens = d["usage"]["completion_tokens"]
+                elif d.get("choices"):
+                    last = time.monotonic()
+                    first = first or last
+    return (tokens - 1) / (last - first) if first and last > first else 0.0
+
+
+def counters(url):
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for m in re.finditer(r'^kvasir:spec_decode_num_(draft|accepted)_tokens_total\{.*source="(\w+)"\} (\d+)',
+                         text, re.M):
+        out[(m.group(1), m.group(2))] = int(m.group(3))
+    return out
+
+
+def lookup(args):
+    """The lookup sources over HTTP: an input-grounded prompt, and one prompt four times."""
+    story = ("Once upon a time, there was a little girl named Lily. She loved to play in the "
+             "park with her dog Max. One day, Lily and Max found a big red ball under a tree. ")
+    grounded = story + "\n" + story + "\n" + story[:60]
+    res = {}
+    for mode in ("off", "auto"):
+        tmp = tempfile.mkdtemp(prefix="kvr-spec-lookup.")
+        proc, url = serve_util.start_server(
+            args.kvasir, ["-m", args.model, "--stages", str(args.stages), "--spec", mode],
+            os.path.join(tmp, "serve.log"), who="spec")
+        try:
+            http_complete(url, "Hello", 8)
+            for r in range(args.runs):
+                res.setdefault((mode, "grounded"), []).append(http_complete(url, grounded, args.n))
+            for r in range(4):
+                res.setdefault((mode, "repeat %d" % (r + 1)), []).append(
+                    http_complete(url, "The little dog ran to the", args.n))
+            c = counters(url)
+        finally:
+            serve_util.stop_server(proc)
+    print("lookup sources, %s, %d stages, %d tokens, decode tokens/s (median; runs):"
+          % (os.path.basename(args.model), args.stages, args.n))
+    for case in ["grounded"] + ["repeat %d" % (r + 1) for r in range(4)]:
+        off, auto = statistics.median(res[("off", case)]), statistics.median(res[("auto", case)])
+        print("  %-10s off %8.1f  auto %8.1f  x%.2f" % (case, off, auto, auto / off))
+    for src in ("prompt_lookup", "suffix"):
+        print("  %s: kept %d of %d drafted" % (src, c.get(("accepted", src), 0),
+                                               c.get(("draft", src), 0)))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--kvasir", default=os.path.join(HERE, "..", "build", "kvasir"))
@@ -83,7 +153,10 @@ def main():
     p.add_argument("--stream-tokens", type=int, default=64)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--ctx", type=int, default=1024)
+    p.add_argument("--lookup", action="store_true")
     args = p.parse_args()
+    if args.lookup:
+        return lookup(args)
     serve_util.ensure_model(args.kvasir, args.model)
     tmp = tempfile.mkdtemp(prefix="kvr-spec.")
     plan, procs = start_ring(args, tmp)

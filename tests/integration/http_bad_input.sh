@@ -130,8 +130,8 @@ expect "unsupported schema keyword" 400 unsupported_schema json_schema \
 refused_field min_tokens "$C" '{"prompt": "x", "min_tokens": 4}' "minimum length"
 refused_field modalities "$H" \
     '{"messages": [{"role": "user", "content": "x"}], "modalities": ["audio"]}' "only text"
-refused_field prediction "$H" '{"messages": [{"role": "user", "content": "x"}],
-    "prediction": {"type": "content", "content": "x"}}' "predicted outputs"
+expect "prediction of another type" 400 invalid_type prediction.type "must be" -- \
+    -H "$AUTH" -d '{"prompt": "x", "prediction": {"type": "text", "content": "x"}}' "$C"
 refused_field store "$H" '{"messages": [{"role": "user", "content": "x"}], "store": true}' \
     "stored completions"
 expect "unknown field" 400 unknown_parameter temprature "not a field of /v1/completions" -- \
