@@ -149,6 +149,24 @@ static void describe_mla(const struct kvr_gguf *g, const struct kvr_hparams *hp)
                (double)m->yarn_log_mul);
 }
 
+/* What DeepSeek-V3-style routing and glm4moe add (model/moe_route.h, model/nextn.h). */
+static void describe_v3(const struct kvr_hparams *hp)
+{
+    const struct kvr_moe_hparams *mp = &hp->moe;
+    if (mp->n_ff_shexp && mp->shared_plain)
+        printf(" of width %u (ungated)", mp->n_ff_shexp);
+    if (mp->w_scale != 0.0f && mp->w_scale != 1.0f)
+        printf(", weights x %g", (double)mp->w_scale);
+    if (mp->n_group > 1)
+        printf(", %u expert groups, %u used", mp->n_group, mp->n_group_used);
+    if (mp->n_expert && mp->n_dense_lead)
+        printf(", %u leading dense layer%s", mp->n_dense_lead, mp->n_dense_lead > 1 ? "s" : "");
+    if (hp->n_rot < hp->head_dim && !hp->mla.kv_lora_rank) /* MLA: describe_mla */
+        printf(", rope on %u of %u dims", hp->n_rot, hp->head_dim);
+    if (hp->n_nextn)
+        printf(", %u NextN layer%s (not run)", hp->n_nextn, hp->n_nextn > 1 ? "s" : "");
+}
+
 /* The architecture as the engine reads it: a line for the model's shape, or the reason the
  * engine refuses it. */
 static void describe_arch(const struct kvr_gguf *g)
@@ -171,12 +189,17 @@ static void describe_arch(const struct kvr_gguf *g)
     if (hp.attn_softcap > 0.0f || hp.final_softcap > 0.0f)
         printf(", soft-caps %g/%g", (double)hp.attn_softcap, (double)hp.final_softcap);
     if (hp.moe.n_expert)
-        printf(", %u experts of width %u, top-%u (%s)%s", hp.moe.n_expert, hp.moe.n_ff_exp,
+        printf(", %u experts of width %u, top-%u (%s%s%s)%s", hp.moe.n_expert, hp.moe.n_ff_exp,
                hp.moe.n_used,
                hp.moe.gating == KVR_MOE_GATING_SOFTMAX_TOPK ? "softmax of the top-k"
-               : hp.moe.norm_topk                           ? "softmax, top-k renormalised"
+               : hp.moe.gating == KVR_MOE_GATING_SIGMOID    ? "sigmoid"
                                                             : "softmax",
+               hp.moe.norm_topk && hp.moe.gating != KVR_MOE_GATING_SOFTMAX_TOPK
+                   ? ", top-k renormalised"
+                   : "",
+               hp.moe.probs_bias ? ", selection bias" : "",
                hp.moe.n_ff_shexp ? ", a shared expert" : "");
+    describe_v3(&hp);
     if (hp.mla.kv_lora_rank)
         describe_mla(g, &hp);
     printf(", output %s\n", kvr_gguf_find_tensor(g, "output.weight") ? "own" : "tied");

@@ -56,17 +56,22 @@ static void usage(FILE *f)
                "  --experts N --experts-used K --expert-ff N --shared-ff N\n"
                "                     a mixture of experts, each ff wide unless --expert-ff\n"
                "                     (llama: Mixtral-style). Defaults: mixtral and qwen2moe\n"
-               "                     8 experts, top-2; qwen3moe 16, top-4\n"
+               "                     8 experts, top-2; qwen3moe and glm4moe 16, top-4\n"
+               "  --shared-experts N --dense-layers N --expert-groups N --groups-used N\n"
+               "  --expert-scale F   DeepSeek-V3-style routing (glm4moe): shared experts,\n"
+               "                     leading dense layers, expert groups, weight scale\n"
+               "                     (glm4moe defaults: 1 shared, 1 dense, no groups, 1)\n"
+               "  --rope-dim N       rotary dimensions per head (glm4moe: half the head)\n"
+               "  --nextn N          glm4moe: NextN blocks after the layers (default 1)\n"
+               "  --qk-norm          glm4moe: write the optional per-head q/k norms\n"
                "  --q-lora N --kv-lora N --qk-rope N --qk-nope N --v-head N\n"
                "                     deepseek2's latent attention widths (q-lora 0 or absent:\n"
                "                     a plain attn_q; defaults kv-lora dim/2, qk-nope and\n"
                "                     v-head dim/heads, qk-rope half of that)\n"
                "  --kv-b-fused       deepseek2: the older fused attn_kv_b\n"
-               "  --shared-experts N --dense-layers N --expert-groups N --groups-used N\n"
-               "  --expert-scale F   DeepSeek-V3-style routing (deepseek2): shared experts,\n"
-               "                     leading dense layers, expert groups, weight scale\n"
                "  --yarn F --yarn-log-mul F\n"
-               "                     deepseek2: YaRN scaling by F from ctx / F positions\n");
+               "                     deepseek2: YaRN scaling by F from ctx / F positions\n"
+               "  --experts 0        a dense model, also of a named MoE shape\n");
 }
 
 static bool parse_int(const char *s, long lo, long hi, long *out)
@@ -118,12 +123,14 @@ enum {
 };
 #define N_FIELDS 9
 enum { OPT_MOE = 512, N_MOE = 4 }; /* --experts, --experts-used, --expert-ff, --shared-ff */
-enum { OPT_MLA = 640, N_MLA = 5, OPT_FUSED = 700, OPT_YARN, OPT_YARN_LOG, OPT_W_SCALE };
-enum {
-    OPT_V3 = 720,
-    N_V3 = 4
-}; /* --shared-experts, --dense-layers, --expert-groups,
-      --groups-used */
+/* DeepSeek-V3-style routing and glm4moe's shape (v3_names order); OPT_V3_FLAG: --qk-norm,
+ * --expert-scale */
+enum { OPT_V3 = 600, N_V3 = 6, OPT_QK_NORM = 620, OPT_EXPERT_SCALE };
+/* deepseek2's latent attention (mla_names order), its kv_b form and YaRN */
+enum { OPT_MLA = 640, N_MLA = 5, OPT_FUSED = 700, OPT_YARN, OPT_YARN_LOG };
+static const char *const mla_names[N_MLA] = {"q-lora", "kv-lora", "qk-rope", "qk-nope", "v-head"};
+static const char *const v3_names[N_V3] = {"shared-experts", "dense-layers", "expert-groups",
+                                           "groups-used",    "rope-dim",     "nextn"};
 
 static const struct option long_opts[] = {
     {"shape", required_argument, NULL, OPT_SHAPE},
@@ -151,17 +158,20 @@ static const struct option long_opts[] = {
     {"experts-used", required_argument, NULL, OPT_MOE + 1},
     {"expert-ff", required_argument, NULL, OPT_MOE + 2},
     {"shared-ff", required_argument, NULL, OPT_MOE + 3},
+    {"shared-experts", required_argument, NULL, OPT_V3 + 0},
+    {"dense-layers", required_argument, NULL, OPT_V3 + 1},
+    {"expert-groups", required_argument, NULL, OPT_V3 + 2},
+    {"groups-used", required_argument, NULL, OPT_V3 + 3},
+    {"rope-dim", required_argument, NULL, OPT_V3 + 4},
+    {"nextn", required_argument, NULL, OPT_V3 + 5},
+    {"qk-norm", no_argument, NULL, OPT_QK_NORM},
+    {"expert-scale", required_argument, NULL, OPT_EXPERT_SCALE},
     {"q-lora", required_argument, NULL, OPT_MLA + 0},
     {"kv-lora", required_argument, NULL, OPT_MLA + 1},
     {"qk-rope", required_argument, NULL, OPT_MLA + 2},
     {"qk-nope", required_argument, NULL, OPT_MLA + 3},
     {"v-head", required_argument, NULL, OPT_MLA + 4},
     {"kv-b-fused", no_argument, NULL, OPT_FUSED},
-    {"shared-experts", required_argument, NULL, OPT_V3 + 0},
-    {"dense-layers", required_argument, NULL, OPT_V3 + 1},
-    {"expert-groups", required_argument, NULL, OPT_V3 + 2},
-    {"groups-used", required_argument, NULL, OPT_V3 + 3},
-    {"expert-scale", required_argument, NULL, OPT_W_SCALE},
     {"yarn", required_argument, NULL, OPT_YARN},
     {"yarn-log-mul", required_argument, NULL, OPT_YARN_LOG},
     {"help", no_argument, NULL, 'h'},
@@ -172,10 +182,10 @@ static const struct option long_opts[] = {
 struct synth_args {
     const char *shape_name, *out, *vocab_path;
     long fields[N_FIELDS]; /* --layers ... --swa in long_opts order; 0 = not given */
-    long moe[N_MOE];       /* --experts, --experts-used, --expert-ff, --shared-ff; -1: not
-                              given */
-    long mla[N_MLA];       /* --q-lora ... --v-head; -1 = not given */
-    long v3[N_V3];         /* --shared-experts ... --groups-used; -1 = not given */
+    long moe[N_MOE];       /* --experts, --experts-used, --expert-ff, --shared-ff */
+    long v3[N_V3];         /* v3_names' options; -1 = not given */
+    long mla[N_MLA];       /* mla_names' options; -1 = not given */
+    bool dense;            /* --experts 0 */
     float w_scale;         /* --expert-scale; 0 = not given */
     bool mixtral;          /* --arch mixtral: a llama file with experts */
     double rope_base;      /* 0 = the shape's */
@@ -198,19 +208,21 @@ static int parse_real(int c, struct synth_args *a)
     }
     if (errno || end == optarg || *end || !(d > 0.0) || d > 1e4) {
         fprintf(stderr, "kvasir synth: --%s wants a number in (0, 10000]\n",
-                c == OPT_LOGIT      ? "logit-scale"
-                : c == OPT_YARN     ? "yarn"
-                : c == OPT_YARN_LOG ? "yarn-log-mul"
-                : c == OPT_W_SCALE  ? "expert-scale"
-                                    : "rope-scale");
+                c == OPT_LOGIT          ? "logit-scale"
+                : c == OPT_EXPERT_SCALE ? "expert-scale"
+                : c == OPT_YARN         ? "yarn"
+                : c == OPT_YARN_LOG     ? "yarn-log-mul"
+                                        : "rope-scale");
         return 2;
     }
-    float *dst = c == OPT_LOGIT      ? &a->opts.logit_scale
-                 : c == OPT_YARN     ? &a->opts.yarn_factor
-                 : c == OPT_YARN_LOG ? &a->opts.yarn_log_mul
-                 : c == OPT_W_SCALE  ? &a->w_scale
-                                     : &a->opts.rope_scale;
-    *dst = (float)d;
+    if (c == OPT_EXPERT_SCALE) {
+        a->w_scale = (float)d; /* the shape is built after parsing */
+        return 0;
+    }
+    *(c == OPT_LOGIT      ? &a->opts.logit_scale
+      : c == OPT_YARN     ? &a->opts.yarn_factor
+      : c == OPT_YARN_LOG ? &a->opts.yarn_log_mul
+                          : &a->opts.rope_scale) = (float)d;
     return 0;
 }
 
@@ -218,29 +230,32 @@ static int parse_real(int c, struct synth_args *a)
  * none of them. */
 static int parse_count(int c, struct synth_args *a)
 {
-    if (c >= OPT_V3 && c < OPT_V3 + N_V3) {
-        if (!parse_int(optarg, 0, 1L << 16, &a->v3[c - OPT_V3])) {
-            fprintf(stderr, "kvasir synth: --%s must be a count\n",
-                    long_opts[c - OPT_V3 + 31].name);
-            return 2;
-        }
+    if (c == OPT_MOE && !strcmp(optarg, "0")) {
+        a->dense = true;
         return 0;
     }
     if (c >= OPT_MLA && c < OPT_MLA + N_MLA) {
         if (!parse_int(optarg, c == OPT_MLA ? 0 : 2, 1L << 16, &a->mla[c - OPT_MLA])) {
             fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
-                    long_opts[c - OPT_MLA + 25].name);
+                    mla_names[c - OPT_MLA]);
             return 2;
         }
         return 0;
     }
     if (c >= OPT_MOE && c < OPT_MOE + N_MOE) {
-        if (!parse_int(optarg, c == OPT_MOE ? 0 : 1, 1L << 18, &a->moe[c - OPT_MOE])) {
+        if (!parse_int(optarg, 1, 1L << 18, &a->moe[c - OPT_MOE])) {
             fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
                     c == OPT_MOE       ? "experts"
                     : c == OPT_MOE + 1 ? "experts-used"
                     : c == OPT_MOE + 2 ? "expert-ff"
                                        : "shared-ff");
+            return 2;
+        }
+        return 0;
+    }
+    if (c >= OPT_V3 && c < OPT_V3 + N_V3) {
+        if (!parse_int(optarg, 0, 1L << 18, &a->v3[c - OPT_V3])) {
+            fprintf(stderr, "kvasir synth: --%s must be an integer >= 0\n", v3_names[c - OPT_V3]);
             return 2;
         }
         return 0;
@@ -305,18 +320,21 @@ static int parse_one(int c, struct synth_args *a)
     case OPT_LOGIT:
     case OPT_YARN:
     case OPT_YARN_LOG:
-    case OPT_W_SCALE:
+    case OPT_EXPERT_SCALE:
     case OPT_ROPE_SCALE:
     case OPT_ROPE_BASE:
         return parse_real(c, a);
-    case OPT_FUSED:
-        a->opts.kv_b_fused = true;
-        return 0;
     case OPT_TIED:
         a->opts.tied = true;
         return 0;
     case OPT_ROPE_FREQS:
         a->opts.rope_freqs = true;
+        return 0;
+    case OPT_QK_NORM:
+        a->opts.qk_norm = true;
+        return 0;
+    case OPT_FUSED:
+        a->opts.kv_b_fused = true;
         return 0;
     case 'h':
         usage(stdout);
@@ -336,13 +354,11 @@ static int parse_one(int c, struct synth_args *a)
 static int parse(int argc, char **argv, struct synth_args *a)
 {
     memset(a, 0, sizeof *a);
-    for (int i = 0; i < N_MLA; i++)
-        a->mla[i] = -1;
+    a->opts = (struct kvr_synth_opts){.type = KVR_DTYPE_Q8_0, .seed = 1};
     for (int i = 0; i < N_V3; i++)
         a->v3[i] = -1;
-    for (int i = 0; i < N_MOE; i++)
-        a->moe[i] = -1;
-    a->opts = (struct kvr_synth_opts){.type = KVR_DTYPE_Q8_0, .seed = 1};
+    for (int i = 0; i < N_MLA; i++)
+        a->mla[i] = -1;
     long n_cpus = sysconf(_SC_NPROCESSORS_ONLN);
     a->opts.n_threads = n_cpus > 0 ? (int)(n_cpus < 64 ? n_cpus : 64) : 1;
     optind = 1;
@@ -359,6 +375,19 @@ static int parse(int argc, char **argv, struct synth_args *a)
         return 2;
     }
     return 0;
+}
+
+/* GLM-4.5's layout unless the shape says otherwise: one shared expert, one leading dense
+ * layer, one NextN block, RoPE on half of each head. */
+static void glm4moe_defaults(struct kvr_synth_shape *s)
+{
+    if (!strcmp(s->name, "glm4.5-air-lite"))
+        return; /* its own numbers */
+    int hd = s->head_dim ? s->head_dim : s->dim / s->n_heads;
+    s->n_shared_exp = 1;
+    s->n_dense_lead = s->n_layers > 1 ? 1 : 0;
+    s->n_nextn = 1;
+    s->rope_dim = hd / 2 % 2 ? hd : hd / 2;
 }
 
 /* The named (or custom) shape with the command line's overrides. Returns 0 or 2. */
@@ -389,25 +418,30 @@ static int build_shape(struct synth_args *a)
     if (a->rope_base > 0)
         s->rope_base = (float)a->rope_base;
     const struct kvr_synth_opts *o = &a->opts;
-    bool wide = o->arch && !strcmp(o->arch->name, "qwen3moe");
-    if (moe[0] > 0 || moe[1] > 0 || a->mixtral || (o->arch && o->arch->moe_always)) {
-        s->n_expert = moe[0] > 0 ? (int)moe[0] : wide ? 16 : 8;
-        s->n_expert_used = moe[1] > 0 ? (int)moe[1] : wide ? 4 : 2;
+    bool wide = o->arch && (!strcmp(o->arch->name, "qwen3moe") || o->arch->moe_v3);
+    if (moe[0] || moe[1] || a->mixtral || (o->arch && o->arch->moe_always)) {
+        s->n_expert = moe[0] ? (int)moe[0] : s->n_expert ? s->n_expert : wide ? 16 : 8;
+        s->n_expert_used = moe[1]             ? (int)moe[1]
+                           : s->n_expert_used ? s->n_expert_used
+                           : wide             ? 4
+                                              : 2;
     }
-    if (moe[0] == 0) /* --experts 0: a dense model, also of a named MoE shape */
-        s->n_expert = s->n_expert_used = 0;
-    if (moe[2] >= 0)
+    if (moe[2] || !s->expert_ff)
         s->expert_ff = (int)moe[2];
-    if (moe[3] >= 0)
-        s->shared_ff = (int)moe[3];
+    s->shared_ff = (int)moe[3];
+    if (o->arch && !strcmp(o->arch->name, "glm4moe"))
+        glm4moe_defaults(s);
+    int *v3[N_V3] = {&s->n_shared_exp, &s->n_dense_lead, &s->n_group,
+                     &s->n_group_used, &s->rope_dim,     &s->n_nextn};
+    for (int i = 0; i < N_V3; i++)
+        if (a->v3[i] >= 0)
+            *v3[i] = (int)a->v3[i];
     int *mla[N_MLA] = {&s->q_lora, &s->kv_lora, &s->qk_rope, &s->qk_nope, &s->v_head};
     for (int i = 0; i < N_MLA; i++)
         if (a->mla[i] >= 0)
             *mla[i] = (int)a->mla[i];
-    int *v3[N_V3] = {&s->n_shared_exp, &s->n_dense_lead, &s->n_group, &s->n_group_used};
-    for (int i = 0; i < N_V3; i++)
-        if (a->v3[i] >= 0)
-            *v3[i] = (int)a->v3[i];
+    if (a->dense)
+        s->n_expert = s->n_expert_used = 0;
     if (a->w_scale > 0.0f)
         s->w_scale = a->w_scale;
     return 0;

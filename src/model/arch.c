@@ -67,6 +67,17 @@ static const struct kvr_arch archs[] = {
      .moe_always = true,
      .moe_gating = KVR_MOE_GATING_SOFTMAX,
      .moe_shared = true},
+    {.name = "glm4moe",
+     .has = PRE_NORMS | QKV_SPLIT | QKV_BIAS | QK_NORM | B(ATTN_OUT) | GATED_FFN,
+     .optional = QK_NORM, /* GLM-4.5 has them, GLM-4.5-Air not */
+     .act = KVR_ACT_SILU,
+     .rope = KVR_ROPE_NEOX,
+     .moe_always = true,
+     .moe_gating = KVR_MOE_GATING_SIGMOID,
+     .moe_v3 = true,
+     .moe_bias = KVR_MOE_BIAS_REQUIRED,
+     .ffn_norm_name = "post_attention_norm.weight",
+     .nextn = true},
     {.name = "deepseek2",
      .has = PRE_NORMS | B(ATTN_OUT) | GATED_FFN,
      .act = KVR_ACT_SILU,
@@ -113,12 +124,17 @@ const struct kvr_arch *kvr_arch_at(int i)
 
 const char *kvr_arch_list(void)
 {
-    return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, qwen2moe, deepseek2";
+    return "llama, qwen2, qwen3, gemma2, gemma3, phi3, qwen3moe, qwen2moe, glm4moe, deepseek2";
 }
 
 const char *kvr_lt_name(enum kvr_lt t)
 {
     return (unsigned)t < KVR_LT_COUNT ? lt_names[t] : "?";
+}
+
+const char *kvr_arch_lt_name(const struct kvr_arch *a, enum kvr_lt t)
+{
+    return t == KVR_LT_FFN_NORM && a->ffn_norm_name ? a->ffn_norm_name : kvr_lt_name(t);
 }
 
 void kvr_lt_shape(const struct kvr_hparams *hp, enum kvr_lt t, int64_t *ne0, int64_t *ne1)
@@ -257,13 +273,29 @@ static int read_rope_scaling(struct kvr_hparams *hp, const struct kvr_gguf *g, s
     return KVR_OK;
 }
 
+/* block_count, less the NextN layers (an architecture with `nextn`). */
+static int read_blocks(struct kvr_hparams *hp, const struct kvr_gguf *g, const struct kvr_arch *a,
+                       struct kvr_err *err)
+{
+    int rc = get_u32(g, a, "block_count", true, &hp->n_layer, err);
+    if (rc || !a->nextn || (rc = get_u32(g, a, "nextn_predict_layers", false, &hp->n_nextn, err)))
+        return rc;
+    if (hp->n_nextn >= hp->n_layer)
+        return kvr_err_set(err, KVR_EFORMAT,
+                           "model: %s.nextn_predict_layers %u leaves none of the %u blocks to "
+                           "run",
+                           a->name, hp->n_nextn, hp->n_layer);
+    hp->n_layer -= hp->n_nextn;
+    return KVR_OK;
+}
+
 /* The shape: layer count, widths and heads (required), then the optional keys with their
  * defaults, checked for plausibility. */
 static int read_shape(struct kvr_hparams *hp, const struct kvr_gguf *g, const struct kvr_arch *a,
                       struct kvr_err *err)
 {
     int rc;
-    if ((rc = get_u32(g, a, "block_count", true, &hp->n_layer, err)) ||
+    if ((rc = read_blocks(hp, g, a, err)) ||
         (rc = get_u32(g, a, "embedding_length", true, &hp->n_embd, err)) ||
         (rc = get_u32(g, a, "feed_forward_length", true, &hp->n_ff, err)) ||
         (rc = get_u32(g, a, "attention.head_count", true, &hp->n_head, err)))

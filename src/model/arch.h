@@ -22,6 +22,9 @@
  * | phi3   | fused attn_qkv, fused gate|up in ffn_up | SiLU  | neox   |                       |
  * | qwen3moe | qwen3's, experts instead of ffn_*     | SiLU  | neox   | softmax, top-k normed |
  * | qwen2moe | qwen2's, experts + a shared expert    | SiLU  | neox   | softmax, not normed   |
+ * | glm4moe  | q/k/v biases, optional q/k norms, the  | SiLU  | neox,  | sigmoid + bias, norm, |
+ * |          | ffn norm post_attention_norm, experts  |       | partial| scale; leading dense, |
+ * |          | + ungated shared, leading dense layers |       |        | NextN blocks not run  |
  * | deepseek2 | MLA attention (model/mla.h)          | SiLU  | normal | latent KV, YaRN       |
  *
  * Mixture-of-experts layers (model/moe.h) replace the dense ffn_gate/up/down with a router
@@ -102,6 +105,10 @@ struct kvr_arch {
                                        weights norm and scale, groups, an ungated shared
                                        expert, leading dense layers (model/moe_route.h) */
     uint8_t moe_bias;               /* enum kvr_moe_bias: MoE layers' exp_probs_b.bias */
+    const char *ffn_norm_name;      /* the pre-feed-forward norm's tensor when it is not
+                                       ffn_norm.weight (glm4moe: post_attention_norm.weight) */
+    bool nextn;                     /* reads ARCH.nextn_predict_layers: the file's last blocks
+                                       are NextN/MTP layers, checked and never run */
     bool mla; /* multi-head latent attention (model/mla.h) replaces attn_q/k/v */
 };
 
@@ -113,13 +120,16 @@ const struct kvr_arch *kvr_arch_at(int i);
 const char *kvr_arch_list(void);
 /* "attn_q.weight" and so on. */
 const char *kvr_lt_name(enum kvr_lt t);
+/* The name of tensor t in architecture a's files (kvr_lt_name unless the row renames it). */
+const char *kvr_arch_lt_name(const struct kvr_arch *a, enum kvr_lt t);
 
 /* Hyperparameters of a model, from the GGUF keys `ARCH.*` and the embedding's shape. */
 struct kvr_hparams {
     const struct kvr_arch *arch;
-    uint32_t n_layer;
-    uint32_t n_embd; /* model width (dim) */
-    uint32_t n_ff;   /* feed-forward width */
+    uint32_t n_layer; /* layers that run: block_count less the NextN layers */
+    uint32_t n_nextn; /* NextN/MTP blocks after them (blk.n_layer .. n_layer + n_nextn - 1) */
+    uint32_t n_embd;  /* model width (dim) */
+    uint32_t n_ff;    /* feed-forward width */
     uint32_t n_head;
     uint32_t n_head_kv;
     uint32_t head_dim; /* attention.key_length, default n_embd / n_head */

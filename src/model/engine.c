@@ -23,6 +23,7 @@
 #include "model/matmul_pool.h"
 #include "model/mla.h"
 #include "model/moe.h"
+#include "model/nextn.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -133,7 +134,7 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
     for (int t = 0; t < KVR_LT_COUNT; t++) {
         if (!kvr_hparams_layer_has(hp, il, (enum kvr_lt)t))
             continue;
-        snprintf(name, sizeof name, "blk.%u.%s", il, kvr_lt_name((enum kvr_lt)t));
+        snprintf(name, sizeof name, "blk.%u.%s", il, kvr_arch_lt_name(a, (enum kvr_lt)t));
         if ((a->optional & KVR_LT_BIT(t)) && !kvr_gguf_find_tensor(g, name))
             continue;
         int64_t ne0, ne1;
@@ -143,6 +144,11 @@ static int view_layer(const struct kvr_gguf *g, const struct kvr_hparams *hp, ui
         if (rc)
             return rc;
     }
+    if (!l->q_norm != !l->k_norm) /* optional (glm4moe), but as a pair */
+        return kvr_err_set(err, KVR_EFORMAT,
+                           "model: layer %u has only one of attn_q_norm and "
+                           "attn_k_norm",
+                           il);
     if (qkv.data) {
         l->wq = sub_rows(&qkv, 0, hp->q_dim);
         l->wk = sub_rows(&qkv, hp->q_dim, hp->kv_dim);
@@ -384,6 +390,12 @@ static int engine_views(struct kvr_engine **out, const struct kvr_gguf *g,
     for (uint32_t i = 0; i < e->n_local; i++)
         if ((rc = view_layer(g, hp, cfg->first_layer + i, &e->layers[i], err)))
             goto fail;
+    for (uint32_t j = 0; j < hp->n_nextn; j++) { /* checked as llama.cpp does, never run */
+        struct layer nextn = {0};
+        if ((rc = view_layer(g, hp, hp->n_layer + j, &nextn, err)) ||
+            (rc = kvr_nextn_check(g, hp, hp->n_layer + j, err)))
+            goto fail;
+    }
     if (kvr_engine_is_head(e) &&
         (rc = view_matrix(g, "token_embd.weight", hp->n_embd, hp->n_vocab, &e->tok_embd, err)))
         goto fail;

@@ -26,7 +26,8 @@
  * <arch>.expert_shared_feed_forward_length. Whether the selected weights are renormalised
  * is the architecture's (qwen3moe yes, qwen2moe no), not <arch>.expert_weights_norm's:
  * llama.cpp ignores that key for both (a qwen3moe file with it false and a qwen2moe file
- * with it true give its usual ids), so Kvasir does too.
+ * with it true give its usual ids), so Kvasir does too. DeepSeek-V3-style architectures
+ * (deepseek2, glm4moe) read it and their other keys through model/moe_route.h.
  *
  * Batch invariance, and placement invariance: every pair's output depends only on its own
  * row, expert and weight (kvr_matmul reduces each element in one fixed order whatever the

@@ -7,6 +7,7 @@
 #include "core/alloc.h"
 #include "core/pool.h"
 #include "model/dtype.h"
+#include "model/nextn.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -49,6 +50,25 @@ static const struct kvr_synth_shape named_shapes[] = {
      .ctx = 512,
      .rope_base = 10000.0f,
      .rms_eps = 1e-5f},
+    {.name = "glm4.5-air-lite",
+     .n_layers = 16,
+     .dim = 1024,
+     .ff = 2816,
+     .n_heads = 16,
+     .n_kv_heads = 2,
+     .vocab_size = 32000,
+     .ctx = 4096,
+     .rope_base = 1000000.0f,
+     .rms_eps = 1e-5f,
+     .head_dim = 128,
+     .n_expert = 64,
+     .n_expert_used = 8,
+     .expert_ff = 352,
+     .n_shared_exp = 1,
+     .n_dense_lead = 1,
+     .w_scale = 1.0f,
+     .rope_dim = 64,
+     .n_nextn = 1},
     {.name = "deepseek-v2-lite",
      .n_layers = 27,
      .dim = 2048,
@@ -105,6 +125,9 @@ int kvr_synth_check_shape(const struct kvr_synth_shape *s, struct kvr_err *err)
         (rc = check_range("ctx", s->ctx, 1, 1 << 24, err)))
         return rc;
     if ((rc = check_range("head-dim", s->head_dim, 0, 1024, err)) ||
+        (rc = check_range("nextn", s->n_nextn, 0, 8, err)) ||
+        (rc = check_range("rope-dim", s->rope_dim, 0,
+                          s->head_dim ? s->head_dim : s->dim / s->n_heads, err)) ||
         (rc = check_range("swa", s->n_swa, 0, 1 << 24, err)))
         return rc;
     if (!s->head_dim && s->dim % s->n_heads)
@@ -232,6 +255,8 @@ static void selection_bias(const struct tspec *t, float *dst)
         float u = (float)rank;
         if (rank == 0) /* the decoy group */
             u = e % per == 0 ? (float)n_group : -2.0f * (float)n_group;
+        if (rank == n_group - 1 && e % per >= 2) /* the best group's tail: low total */
+            u = -2.0f * (float)n_group;
         dst[e] = 2.0f * u;
     }
 }
@@ -358,7 +383,8 @@ static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
     hp.head_dim = (uint32_t)(s->head_dim ? s->head_dim : s->dim / s->n_heads);
     hp.q_dim = hp.n_head * hp.head_dim;
     hp.kv_dim = hp.n_head_kv * hp.head_dim;
-    hp.n_rot = hp.head_dim;
+    hp.n_rot = s->rope_dim ? (uint32_t)s->rope_dim : hp.head_dim;
+    hp.n_nextn = hp.arch->nextn ? (uint32_t)s->n_nextn : 0;
     if (hp.arch->mla)
         mla_hparams_of(s, &hp);
     if (s->n_expert > 0) {
@@ -383,7 +409,8 @@ static struct kvr_hparams hparams_of(const struct kvr_synth_opts *o)
 /* Most tensors a model of these options has. */
 static size_t max_tensors(const struct kvr_synth_shape *s)
 {
-    return (size_t)s->n_layers * (KVR_LT_COUNT + 18) + 4; /* + experts, shared, bias, MLA */
+    /* + router, experts, shared, bias, NextN's own, latent attention's */
+    return (size_t)(s->n_layers + s->n_nextn) * (KVR_LT_COUNT + 18) + 4;
 }
 
 /* A MoE layer's router, experts and shared expert (synth.h: the routing design). */
@@ -473,20 +500,76 @@ static int64_t add_mla_specs(struct tspec *out, const struct kvr_hparams *hp,
     return n;
 }
 
+/* Layer l's tensors (the table's, then any experts); returns how many. */
+static int64_t add_layer_specs(struct tspec *out, const struct kvr_synth_opts *o,
+                               const struct kvr_hparams *hp, uint32_t l, float s_res)
+{
+    const struct kvr_arch *a = hp->arch;
+    int64_t n = 0;
+    char name[48];
+    for (int t = 0; t < KVR_LT_COUNT; t++) {
+        uint32_t bit = KVR_LT_BIT(t);
+        bool opt_written =
+            o->qk_norm && (bit & (KVR_LT_BIT(KVR_LT_ATTN_Q_NORM) | KVR_LT_BIT(KVR_LT_ATTN_K_NORM)));
+        if (!kvr_hparams_layer_has(hp, l, (enum kvr_lt)t) || ((a->optional & bit) && !opt_written))
+            continue;
+        int64_t ne0, ne1;
+        kvr_lt_shape(hp, (enum kvr_lt)t, &ne0, &ne1);
+        snprintf(name, sizeof name, "blk.%u.%s", l, kvr_arch_lt_name(a, (enum kvr_lt)t));
+        float std = 1.0f / sqrtf((float)ne0);
+        if (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_DOWN)
+            std *= s_res;
+        add_spec(&out[n], name, ne0, ne1, o->type, std, o->seed);
+        if (t == KVR_LT_ATTN_POST_NORM || t == KVR_LT_FFN_POST_NORM) {
+            out[n].lo = 0.2f;
+            out[n].hi = 0.3f;
+        }
+        if (t == KVR_LT_ATTN_Q_BIAS || t == KVR_LT_ATTN_K_BIAS || t == KVR_LT_ATTN_V_BIAS) {
+            out[n].hi = 0.3f * 1.7320508f;
+            out[n].lo = -out[n].hi;
+        }
+        if (hp->moe.n_expert &&
+            (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_DOWN || t == KVR_LT_FFN_NORM)) {
+            out[n].role = t == KVR_LT_FFN_NORM ? ROLE_NORM_ONE : ROLE_ZERO_OUT;
+            out[n].reserved = hp->moe.n_expert;
+        }
+        n++;
+    }
+    if (a->mla)
+        n += add_mla_specs(out + n, hp, o, l, o->type, o->seed);
+    if (kvr_hparams_layer_moe(hp, l))
+        n += add_moe_specs(out + n, hp, l, o->type, o->seed, s_res);
+    return n;
+}
+
+/* A NextN block's own tensors (model/nextn.h), every one of them. */
+static int64_t add_nextn_specs(struct tspec *out, const struct kvr_hparams *hp, uint32_t l,
+                               int type, uint64_t seed)
+{
+    int64_t n = 0, ne0, ne1;
+    char name[64];
+    const char *suffix;
+    for (int i = 0; (suffix = kvr_nextn_tensor(hp, i, &ne0, &ne1)); i++) {
+        snprintf(name, sizeof name, "blk.%u.%s", l, suffix);
+        add_spec(&out[n++], name, ne0, ne1, type, 1.0f / sqrtf((float)ne0), seed);
+    }
+    return n;
+}
+
 /* The model's tensors in file order; returns how many. */
 static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct tspec *out)
 {
-    const struct kvr_hparams hp = hparams_of(o);
+    struct kvr_hparams hp = hparams_of(o);
     const struct kvr_arch *a = hp.arch;
     int type = o->type;
     uint64_t seed = o->seed;
     int64_t n = 0, dim = hp.n_embd;
+    hp.n_vocab = (uint32_t)vocab;
     float s_res = 1.0f / sqrtf(2.0f * (float)hp.n_layer); /* for the residual branches */
     if (is_tied(o) && !a->embd_scale) /* the stream starts 1/sqrt(dim) smaller: keep the
                                          branches in proportion */
         s_res /= sqrtf((float)dim);
     float logit = o->logit_scale > 0.0f ? o->logit_scale : 1.0f;
-    char name[48];
     /* Tied embeddings are also the output head, so they are drawn at its scale
      * 1/sqrt(dim) (as in real checkpoints; at 1 the input token's own logit would be about
      * dim). Gemma's, scaled by sqrt(dim) in the model, are then O(1) like a block's output. */
@@ -502,37 +585,10 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
         add_spec(&out[n], "rope_freqs.weight", hp.n_rot / 2, 0, type, 0, seed);
         out[n++].rope_base = o->shape.rope_base;
     }
-    for (uint32_t l = 0; l < hp.n_layer; l++) {
-        for (int t = 0; t < KVR_LT_COUNT; t++) {
-            uint32_t bit = KVR_LT_BIT(t);
-            if (!kvr_hparams_layer_has(&hp, l, (enum kvr_lt)t) || (a->optional & bit))
-                continue;
-            int64_t ne0, ne1;
-            kvr_lt_shape(&hp, (enum kvr_lt)t, &ne0, &ne1);
-            snprintf(name, sizeof name, "blk.%u.%s", l, kvr_lt_name((enum kvr_lt)t));
-            float std = 1.0f / sqrtf((float)ne0);
-            if (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_DOWN)
-                std *= s_res;
-            add_spec(&out[n], name, ne0, ne1, type, std, seed);
-            if (t == KVR_LT_ATTN_POST_NORM || t == KVR_LT_FFN_POST_NORM) {
-                out[n].lo = 0.2f;
-                out[n].hi = 0.3f;
-            }
-            if (t == KVR_LT_ATTN_Q_BIAS || t == KVR_LT_ATTN_K_BIAS || t == KVR_LT_ATTN_V_BIAS) {
-                out[n].hi = 0.3f * 1.7320508f;
-                out[n].lo = -out[n].hi;
-            }
-            if (hp.moe.n_expert &&
-                (t == KVR_LT_ATTN_OUT || t == KVR_LT_FFN_DOWN || t == KVR_LT_FFN_NORM)) {
-                out[n].role = t == KVR_LT_FFN_NORM ? ROLE_NORM_ONE : ROLE_ZERO_OUT;
-                out[n].reserved = hp.moe.n_expert;
-            }
-            n++;
-        }
-        if (a->mla)
-            n += add_mla_specs(out + n, &hp, o, l, type, seed);
-        if (kvr_hparams_layer_moe(&hp, l))
-            n += add_moe_specs(out + n, &hp, l, type, seed, s_res);
+    for (uint32_t l = 0; l < hp.n_layer + hp.n_nextn; l++) {
+        n += add_layer_specs(out + n, o, &hp, l, s_res);
+        if (l >= hp.n_layer)
+            n += add_nextn_specs(out + n, &hp, l, type, seed);
     }
     add_spec(&out[n], "output_norm.weight", dim, 0, type, 0, seed);
     out[n].lo *= logit; /* scales every logit, tied or not */
@@ -861,7 +917,9 @@ static void add_model_kvs(struct kvr_gguf_writer *w, const struct kvr_synth_opts
     kvr_gguf_writer_add_u32(w, "general.file_type", file_type);
     add_arch_u32(w, a, "context_length", (uint32_t)s->ctx);
     add_arch_u32(w, a, "embedding_length", (uint32_t)s->dim);
-    add_arch_u32(w, a, "block_count", (uint32_t)s->n_layers);
+    add_arch_u32(w, a, "block_count", hp.n_layer + hp.n_nextn);
+    if (hp.arch->nextn)
+        add_arch_u32(w, a, "nextn_predict_layers", hp.n_nextn);
     add_arch_u32(w, a, "feed_forward_length", (uint32_t)s->ff);
     add_arch_u32(w, a, "attention.head_count", (uint32_t)s->n_heads);
     if (hp.arch->mla)
@@ -931,6 +989,10 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
                            s->ff, s->expert_ff);
     if (opts->n_threads < 1)
         return kvr_err_set(err, KVR_EINVAL, "n_threads must be >= 1");
+    if ((s->n_nextn && !arch->nextn) ||
+        (opts->qk_norm && !(arch->optional & KVR_LT_BIT(KVR_LT_ATTN_Q_NORM))))
+        return kvr_err_set(err, KVR_EINVAL, "architecture %s has no optional %s", arch->name,
+                           s->n_nextn ? "NextN layers" : "q/k norms");
     if (s->n_swa && !arch_of(opts)->sliding)
         return kvr_err_set(err, KVR_EINVAL, "architecture %s has no sliding window",
                            arch_of(opts)->name);
@@ -944,7 +1006,7 @@ int kvr_synth_write(const struct kvr_synth_opts *opts, FILE *f, struct kvr_synth
     struct tspec *specs = kvr_malloc(max_tensors(s) * sizeof *specs);
     struct fill_ctx *ctxs = kvr_malloc(max_tensors(s) * sizeof *ctxs);
     int64_t q_dim = (int64_t)hparams_of(opts).q_dim;
-    int64_t max_ne0 = s->dim > s->ff ? s->dim : s->ff;
+    int64_t max_ne0 = 2 * (int64_t)s->dim > s->ff ? 2 * (int64_t)s->dim : s->ff; /* eh_proj */
     max_ne0 = q_dim > max_ne0 ? q_dim : max_ne0;
     max_ne0 = s->expert_ff > max_ne0 ? s->expert_ff : max_ne0;
     max_ne0 = s->shared_ff > max_ne0 ? s->shared_ff : max_ne0;

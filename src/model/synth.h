@@ -59,7 +59,13 @@
  * groups, group g's experts all have u = its rank r_g (a permutation per layer), so the
  * groups' top-2 sums are 4 r_g apart; one "decoy" group of the lowest rank gives its first
  * expert u = n_group (the best score of all) and the others u = -2 n_group, so its top-2
- * sum is last and the decoy is chosen only if groups were not applied.
+ * sum is last and the decoy is chosen only if groups were not applied; and the best group's
+ * experts past its first two get u = -2 n_group, so it ranks first by its top-2 sum but
+ * would rank last by the sum of all its scores.
+ *
+ * NextN (glm4moe): n_nextn blocks after the n_layers, each a MoE layer's tensors and
+ * model/nextn.h's, block_count n_layers + n_nextn. A shape's rope_dim < head width writes
+ * a partial rotary rope.dimension_count.
  *
  * Types: a matrix whose ne[0] is not a multiple of the chosen type's block (e.g. dim 64 for
  * Q4_K's 256-element blocks) falls back to Q8_0, or to F16 if ne[0] is not a multiple of 32.
@@ -110,6 +116,8 @@ struct kvr_synth_shape {
     int n_group;      /* expert_group_count (0: no groups) */
     int n_group_used; /* expert_group_used_count */
     float w_scale;    /* expert_weights_scale (0: 1) */
+    int rope_dim;     /* rope.dimension_count (0: the head width; less: partial rotary) */
+    int n_nextn;      /* NextN blocks after the n_layers (glm4moe's nextn_predict_layers) */
     /* Latent attention (deepseek2, model/mla.h); zeros take the defaults kv_lora dim / 2,
      * qk_nope and v_head the head width (dim / heads), qk_rope half of it. */
     int q_lora;  /* attention.q_lora_rank; 0: a plain attn_q */
@@ -127,7 +135,12 @@ struct kvr_synth_shape {
  *                   512, rope 64, nope 128, value 128, no q_lora, vocab 102400, ctx 32768,
  *                   64 experts of width 1408, top-6, 2 shared, 1 leading dense layer (for
  *                   --arch deepseek2; V3-style routing, synth's only)
- * All use rope base 10000 and rms epsilon 1e-5. KVR_ENOTFOUND for an unknown name. */
+ *   glm4.5-air-lite GLM-4.5-Air's layout at a sixth of its depth and a quarter of its width
+ *                   (--arch glm4moe): 16 layers + 1 NextN, dim 1024, 16/2 heads of 128 with
+ *                   RoPE on 64, 1 dense layer (ff 2816), 64 experts of 352 top-8 + 1
+ *                   shared, vocab 32000, rope base 1e6
+ * The others use rope base 10000; rms epsilon 1e-5 (deepseek-v2-lite 1e-6). KVR_ENOTFOUND for an
+ * unknown name. */
 int kvr_synth_shape_by_name(const char *name, struct kvr_synth_shape *out);
 /* Name of the i-th named shape, NULL past the end (for --help). */
 const char *kvr_synth_shape_name(int i);
@@ -139,6 +152,7 @@ struct kvr_synth_opts {
     bool tied;                   /* no output.weight: the head reads token_embd */
     bool rope_freqs;             /* llama: write rope_freqs.weight (Llama 3.1 factors) */
     float rope_scale;            /* llama: linear rope scaling factor (0 or 1: none) */
+    bool qk_norm;                /* write the optional per-head q/k norms (glm4moe) */
     int type;                    /* enum kvr_dtype of the matrices: F32, F16, Q8_0, Q4_0,
                                     Q4_K (or any type with from_float) */
     uint64_t seed;

@@ -39,7 +39,7 @@ static double layer_bytes(const struct kvr_gguf *g, const struct kvr_hparams *hp
     for (int t = 0; t < KVR_LT_COUNT; t++) {
         if (!kvr_hparams_layer_has(hp, il, (enum kvr_lt)t))
             continue;
-        snprintf(name, sizeof name, "blk.%u.%s", il, kvr_lt_name((enum kvr_lt)t));
+        snprintf(name, sizeof name, "blk.%u.%s", il, kvr_arch_lt_name(hp->arch, (enum kvr_lt)t));
         sum += tensor_bytes(g, name);
     }
     if (hp->mla.kv_lora_rank) /* latent attention's tensors are not in the table */

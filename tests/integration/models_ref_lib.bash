@@ -42,14 +42,18 @@ ARCH_MODELS=(
 
 # The mixtures of experts (issue 11, docs/EXPERTS.md): Mixtral-style llama (8 experts,
 # top-2), Qwen3-MoE (16 experts, top-4, Qwen 3's wide heads, the real Qwen vocabulary),
-# Qwen2-MoE (8 experts, top-2, a shared expert) and DeepSeek V3-style deepseek2 (16 experts
-# top-4 in 4 groups of which 2 are used, 2 shared, a leading dense layer, scaled weights).
-# They are in ARCH_MODELS too, so
+# Qwen2-MoE (8 experts, top-2, a shared expert), GLM-4.5 (glm4moe: 16 experts top-4,
+# sigmoid routing with the selection bias, an ungated shared expert, layer 0 dense, a NextN
+# block, partial RoPE; without q/k norms as GLM-4.5-Air, and with them and expert groups)
+# and DeepSeek V3-style deepseek2 (16 experts top-4 in 4 groups of which 2 are used, 2
+# shared, a leading dense layer, scaled weights). They are in ARCH_MODELS too, so
 # models_ref.sh compares them in F32; moe_models_ref.sh in Q8_0.
 MOE_MODELS=(
     "mixtral|mixtral|llama-spm|"
     "qwen3moe|qwen3moe|qwen2|--head-dim HD --rope-base 1000000"
     "qwen2moe|qwen2moe|gpt-2|--rope-base 1000000"
+    "glm4moe|glm4moe|qwen2|--rope-base 1000000 --expert-scale 2.5"
+    "glm4moe-qknorm|glm4moe|qwen2|--qk-norm --expert-groups 4 --groups-used 2"
     "deepseek2-groups|deepseek2|llama-bpe|--q-lora 32 --layers 3 --experts 16 --experts-used 4 --shared-experts 2 --dense-layers 1 --expert-ff 64 --expert-groups 4 --groups-used 2 --expert-scale 2.5"
 )
 ARCH_MODELS+=("${MOE_MODELS[@]}")

@@ -12,9 +12,12 @@
 #include "core/rng.h"
 #include "model/dtype.h"
 #include "model/gguf.h"
+#include "model/engine.h"
 #include "model/gguf_write.h"
 #include "model/moe.h"
 #include "model/moe_route.h"
+#include "model/synth.h"
+#include "ring/propose.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -319,6 +322,123 @@ static void test_layer_against_reference(void **state)
     free(buf);
 }
 
+/* ---- glm4moe: leading dense layers, NextN blocks outside the plan --------------------- */
+
+/* Does the engine refuse a copy of g without tensor `drop`? */
+static bool refused_without(const struct kvr_gguf *g, const char *drop,
+                            const struct kvr_engine_config *cfg)
+{
+    struct kvr_gguf_writer *w = kvr_gguf_writer_create();
+    for (int64_t i = 0; i < kvr_gguf_n_kv(g); i++)
+        kvr_gguf_writer_copy_kv(w, g, i);
+    for (int64_t i = 0; i < kvr_gguf_n_tensors(g); i++) {
+        const struct kvr_gguf_tensor *t = kvr_gguf_tensor(g, i);
+        if (strcmp(t->name, drop))
+            kvr_gguf_writer_add_tensor(w, t->name, t->n_dims, t->ne, t->type, t->data);
+    }
+    char *buf;
+    size_t len;
+    struct kvr_err err = {0};
+    FILE *f = open_memstream(&buf, &len);
+    assert_int_equal(kvr_gguf_writer_write(w, f, &err), 0);
+    fclose(f);
+    kvr_gguf_writer_destroy(w);
+    struct kvr_gguf *copy = NULL;
+    assert_int_equal(kvr_gguf_open_mem(&copy, buf, len, &err), 0);
+    struct kvr_engine *e = NULL;
+    int rc = kvr_engine_create(&e, copy, cfg, &err);
+    if (rc)
+        print_message("without %s: %s\n", drop, err.msg);
+    kvr_engine_destroy(e);
+    kvr_gguf_close(copy);
+    free(buf);
+    return rc != 0;
+}
+
+static void test_glm4moe_layout(void **state)
+{
+    (void)state;
+    struct kvr_synth_opts o = {.arch = kvr_arch_find("glm4moe", 7),
+                               .type = KVR_DTYPE_F32,
+                               .seed = 1,
+                               .n_threads = 1,
+                               .qk_norm = true};
+    o.shape = (struct kvr_synth_shape){.name = "x",
+                                       .n_layers = 4,
+                                       .dim = 64,
+                                       .ff = 96,
+                                       .n_heads = 4,
+                                       .n_kv_heads = 2,
+                                       .vocab_size = 300,
+                                       .ctx = 64,
+                                       .rope_base = 10000.0f,
+                                       .rms_eps = 1e-5f,
+                                       .n_expert = 8,
+                                       .n_expert_used = 2,
+                                       .expert_ff = 32,
+                                       .n_shared_exp = 2,
+                                       .n_dense_lead = 1,
+                                       .rope_dim = 8,
+                                       .n_nextn = 1};
+    assert_non_null(o.arch);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    struct kvr_err err = {0};
+    if (kvr_synth_write(&o, f, NULL, &err))
+        fail_msg("synth: %s", err.msg);
+    assert_int_equal(fclose(f), 0);
+    struct kvr_gguf *g = NULL;
+    assert_int_equal(kvr_gguf_open_mem(&g, buf, len, &err), 0);
+    struct kvr_hparams hp;
+    if (kvr_hparams_read(&hp, g, &err))
+        fail_msg("hparams: %s", err.msg);
+    assert_int_equal(hp.n_layer, 4); /* block_count 5, less the NextN block */
+    assert_int_equal(hp.n_nextn, 1);
+    assert_int_equal(hp.n_rot, 8);
+    assert_int_equal(hp.moe.n_ff_shexp, 64);
+    assert_false(kvr_hparams_layer_moe(&hp, 0));
+    assert_true(kvr_hparams_layer_moe(&hp, 1));
+    assert_true(kvr_hparams_layer_has(&hp, 0, KVR_LT_FFN_GATE));
+    assert_false(kvr_hparams_layer_has(&hp, 1, KVR_LT_FFN_GATE));
+    assert_non_null(kvr_gguf_find_tensor(g, "blk.0.ffn_gate.weight"));
+    assert_null(kvr_gguf_find_tensor(g, "blk.0.ffn_gate_inp.weight"));
+    assert_non_null(kvr_gguf_find_tensor(g, "blk.1.exp_probs_b.bias"));
+    assert_null(kvr_gguf_find_tensor(g, "blk.1.ffn_gate_inp_shexp.weight"));
+    assert_non_null(kvr_gguf_find_tensor(g, "blk.4.nextn.eh_proj.weight"));
+    assert_non_null(kvr_gguf_find_tensor(g, "blk.4.ffn_gate_exps.weight"));
+    assert_non_null(kvr_gguf_find_tensor(g, "blk.1.post_attention_norm.weight"));
+    assert_null(kvr_gguf_find_tensor(g, "blk.1.ffn_norm.weight"));
+
+    /* an engine over every layer that runs loads; without a NextN tensor llama.cpp needs,
+     * or with only one of the q/k norms, the file is refused */
+    struct kvr_engine_config cfg = {.first_layer = 0,
+                                    .last_layer = 3,
+                                    .max_rows = 8,
+                                    .max_seqs = 2,
+                                    .n_ctx = 64,
+                                    .kv_block_tokens = 8,
+                                    .n_threads = 1};
+    struct kvr_engine *e = NULL;
+    if (kvr_engine_create(&e, g, &cfg, &err))
+        fail_msg("engine: %s", err.msg);
+    kvr_engine_destroy(e);
+    const char *drop[] = {"blk.4.nextn.eh_proj.weight", "blk.4.ffn_up_exps.weight",
+                          "blk.2.exp_probs_b.bias", "blk.1.attn_k_norm.weight"};
+    for (size_t i = 0; i < sizeof drop / sizeof drop[0]; i++)
+        assert_true(refused_without(g, drop[i], &cfg));
+    assert_false(refused_without(g, "blk.4.nextn.shared_head_head.weight", &cfg)); /* optional */
+
+    /* the plan splits the 4 layers that run; the NextN block is no stage's */
+    struct kvr_plan plan;
+    struct kvr_plan_spec spec = {.n_stages = 2, .model_path = "x.gguf"};
+    if (kvr_plan_propose(&plan, g, &spec, &err))
+        fail_msg("propose: %s", err.msg);
+    assert_int_equal(plan.stages[1].last_layer, 3);
+    kvr_gguf_close(g);
+    free(buf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -327,6 +447,7 @@ int main(void)
         cmocka_unit_test(test_groups),
         cmocka_unit_test(test_keys),
         cmocka_unit_test(test_layer_against_reference),
+        cmocka_unit_test(test_glm4moe_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
