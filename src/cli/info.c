@@ -144,7 +144,7 @@ static void describe_v3(const struct kvr_hparams *hp)
         printf(", %u expert groups, %u used", mp->n_group, mp->n_group_used);
     if (mp->n_expert && mp->n_dense_lead)
         printf(", %u leading dense layer%s", mp->n_dense_lead, mp->n_dense_lead > 1 ? "s" : "");
-    if (hp->n_rot < hp->head_dim)
+    if (hp->n_rot < hp->head_dim && !hp->mla.kv_lora_rank) /* MLA: describe_mla */
         printf(", rope on %u of %u dims", hp->n_rot, hp->head_dim);
     if (hp->n_nextn)
         printf(", %u NextN layer%s (not run)", hp->n_nextn, hp->n_nextn > 1 ? "s" : "");

@@ -124,12 +124,13 @@ enum {
 #define N_FIELDS 9
 enum { OPT_MOE = 512, N_MOE = 4 }; /* --experts, --experts-used, --expert-ff, --shared-ff */
 /* DeepSeek-V3-style routing and glm4moe's shape (v3_names order), --qk-norm and
- * --expert-scale; deepseek2's latent attention widths (--q-lora ... --v-head), --kv-b-fused
- * and YaRN. */
+ * --expert-scale */
 enum { OPT_V3 = 600, N_V3 = 6, OPT_QK_NORM = 620, OPT_EXPERT_SCALE };
+/* deepseek2's latent attention (mla_names order), its kv_b form and YaRN */
+enum { OPT_MLA = 640, N_MLA = 5, OPT_FUSED = 700, OPT_YARN, OPT_YARN_LOG };
+static const char *const mla_names[N_MLA] = {"q-lora", "kv-lora", "qk-rope", "qk-nope", "v-head"};
 static const char *const v3_names[N_V3] = {"shared-experts", "dense-layers", "expert-groups",
                                            "groups-used",    "rope-dim",     "nextn"};
-enum { OPT_MLA = 640, N_MLA = 5, OPT_FUSED = 700, OPT_YARN, OPT_YARN_LOG };
 
 static const struct option long_opts[] = {
     {"shape", required_argument, NULL, OPT_SHAPE},
@@ -211,6 +212,8 @@ static int parse_real(int c, struct synth_args *a)
                 : c == OPT_YARN         ? "yarn"
                 : c == OPT_YARN_LOG     ? "yarn-log-mul"
                 : c == OPT_EXPERT_SCALE ? "expert-scale"
+                : c == OPT_YARN         ? "yarn"
+                : c == OPT_YARN_LOG     ? "yarn-log-mul"
                                         : "rope-scale");
         return 2;
     }
@@ -230,7 +233,7 @@ static int parse_count(int c, struct synth_args *a)
     if (c >= OPT_MLA && c < OPT_MLA + N_MLA) {
         if (!parse_int(optarg, c == OPT_MLA ? 0 : 2, 1L << 16, &a->mla[c - OPT_MLA])) {
             fprintf(stderr, "kvasir synth: --%s must be a positive integer\n",
-                    long_opts[c - OPT_MLA + 25].name);
+                    mla_names[c - OPT_MLA]);
             return 2;
         }
         return 0;
@@ -317,9 +320,6 @@ static int parse_one(int c, struct synth_args *a)
     case OPT_ROPE_SCALE:
     case OPT_ROPE_BASE:
         return parse_real(c, a);
-    case OPT_FUSED:
-        a->opts.kv_b_fused = true;
-        return 0;
     case OPT_TIED:
         a->opts.tied = true;
         return 0;
@@ -328,6 +328,9 @@ static int parse_one(int c, struct synth_args *a)
         return 0;
     case OPT_QK_NORM:
         a->opts.qk_norm = true;
+        return 0;
+    case OPT_FUSED:
+        a->opts.kv_b_fused = true;
         return 0;
     case 'h':
         usage(stdout);
