@@ -98,10 +98,13 @@ int kvr_gstacks_copy(struct gstacks *dst, const struct gstacks *src)
 {
     if (reserve(dst, src->n, src->n_data))
         return KVR_ENOMEM;
-    memcpy(dst->data, src->data, src->n_data * sizeof *dst->data);
-    memcpy(dst->off, src->off, src->n * sizeof *dst->off);
-    memcpy(dst->len, src->len, src->n * sizeof *dst->len);
-    memcpy(dst->hash, src->hash, src->n * sizeof *dst->hash);
+    if (src->n_data)
+        memcpy(dst->data, src->data, src->n_data * sizeof *dst->data);
+    if (src->n) {
+        memcpy(dst->off, src->off, src->n * sizeof *dst->off);
+        memcpy(dst->len, src->len, src->n * sizeof *dst->len);
+        memcpy(dst->hash, src->hash, src->n * sizeof *dst->hash);
+    }
     dst->n = src->n;
     dst->n_data = src->n_data;
     dst->overflow = src->overflow;
@@ -121,7 +124,8 @@ static int push_stack(struct gstacks *s, const uint32_t *f, uint32_t n)
 {
     uint64_t h = hash_frames(f, n);
     for (uint32_t i = 0; i < s->n; i++)
-        if (s->hash[i] == h && s->len[i] == n && !memcmp(s->data + s->off[i], f, n * sizeof *f))
+        if (s->hash[i] == h && s->len[i] == n &&
+            (n == 0 || !memcmp(s->data + s->off[i], f, n * sizeof *f)))
             return KVR_OK;
     if (s->n >= KVR_GRAMMAR_MAX_STACKS) {
         s->overflow = true;
@@ -129,7 +133,8 @@ static int push_stack(struct gstacks *s, const uint32_t *f, uint32_t n)
     }
     if (reserve(s, s->n + 1, s->n_data + n))
         return KVR_ENOMEM;
-    memcpy(s->data + s->n_data, f, n * sizeof *f);
+    if (n) /* an empty stack (the text is complete) may come before any data */
+        memcpy(s->data + s->n_data, f, n * sizeof *f);
     s->off[s->n] = (uint32_t)s->n_data;
     s->len[s->n] = n;
     s->hash[s->n] = h;

@@ -272,7 +272,8 @@ static int make_key(struct kvr_grammar_match *m, size_t *n_out, uint64_t *hash)
               (uint32_t)m->part.bytes[2] << 16 | (uint32_t)m->part.bytes[3] << 24;
     for (uint32_t i = 0; i < m->st.n; i++) {
         k[at++] = m->st.len[i];
-        memcpy(k + at, m->st.data + m->st.off[i], m->st.len[i] * sizeof *k);
+        if (m->st.len[i])
+            memcpy(k + at, m->st.data + m->st.off[i], m->st.len[i] * sizeof *k);
         at += m->st.len[i];
     }
     uint64_t h = 0xcbf29ce484222325ull;
