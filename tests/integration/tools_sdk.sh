@@ -5,8 +5,8 @@
 # tools with every tool_choice (required and named forced by the grammar at the tail, their
 # arguments validated against the schema by ajv), streamed and not; responses.create plain,
 # streamed and with a tool, previous_response_id; an agent run that calls a tool and sends
-# its result back through the template. Needs Node.js >= 18 and npm (the pinned
-# openai 7 declares Node >= 22; it runs on Node 20, which is what this test was run with);
+# its result back through the template. Needs Node.js >= 18 and npm (the pinned openai 7
+# declares Node >= 22, yet these tests pass on Debian 12's Node 18.19 and on Node 20);
 # without them it is skipped, except under CI=true where it fails.
 set -euo pipefail
 source "$(dirname "$0")/lib.bash"
