@@ -19,6 +19,15 @@
 /* ---- integer ranges ---------------------------------------------------------------------------
  */
 
+/* Whether s[0..n) are all the digit d (the strings here are not NUL-terminated). */
+static bool all_digit(const char *s, size_t n, char d)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != d)
+            return false;
+    return true;
+}
+
 /* Same-length digit strings x <= y: alternatives covering exactly [x, y]. */
 static void digits_range(struct kvr_sbuf *out, const char *x, const char *y, size_t n)
 {
@@ -36,7 +45,7 @@ static void digits_range(struct kvr_sbuf *out, const char *x, const char *y, siz
         kvr_sbuf_puts(out, ")");
         return;
     }
-    bool x_low = strspn(x + 1, "0") >= n - 1, y_high = strspn(y + 1, "9") >= n - 1;
+    bool x_low = all_digit(x + 1, n - 1, '0'), y_high = all_digit(y + 1, n - 1, '9');
     char lo = x_low ? x[0] : (char)(x[0] + 1), hi = y_high ? y[0] : (char)(y[0] - 1);
     const char *sep = "";
     char nines[20], zeros[20];

@@ -54,9 +54,10 @@ struct seq {
     bool opened;        /* OPEN has been sent */
     uint32_t bias_sent; /* logit-bias pairs sent since the OPEN (BIAS records);
                            the last prefill chunk waits for all of them */
-    uint32_t grammar_sent; /* grammar bytes sent since the OPEN (GRAMMAR records); REPLAY
-                              and the last prefill chunk wait for all of them */
-    bool decoding;      /* its first token has come back */
+    /* Grammar bytes sent since the OPEN (GRAMMAR records); REPLAY records and the last
+     * prefill chunk wait for all of them. */
+    uint32_t grammar_sent;
+    bool decoding; /* its first token has come back */
     bool cancelled;
     /* Recovery: the prefill is the prompt, then the n_replay tokens it had generated.
      * REPLAY records restore the tail's sampler before its last chunk. */

@@ -66,6 +66,10 @@ struct gstacks {
     uint32_t n, cap; /* stacks */
     size_t n_data, cap_data;
     bool overflow; /* a limit dropped a stack */
+    /* Past a few stacks, duplicates are found by hash: slot (hash & mask) holds index + 1
+     * of a stack when its stamp is the set's current one (clearing bumps the stamp). */
+    uint32_t *slot_idx, *slot_stamp; /* [KVR_GRAMMAR_MAX_STACKS * 2], allocated on need */
+    uint32_t stamp;
 };
 
 void kvr_gstacks_fini(struct gstacks *s);
@@ -108,10 +112,13 @@ struct kvr_grammar_match {
     struct kvr_grammar_stats stats;
     uint32_t *key; /* scratch for the key of the current state */
     size_t cap_key;
+    uint32_t *apply_bits; /* kvr_grammar_apply's mask, sized on first use */
+    uint32_t n_apply_words;
     /* the mask walk's state per trie depth (grammar_mask.c), sized on first use */
     struct gstacks *lvl;
     struct gpartial *lpart;
     const struct gstacks **lcur;
+    uint32_t *node_at; /* the trie node tried at each depth */
     uint32_t n_lvl;
 };
 

@@ -193,9 +193,12 @@ static int ensure_levels(struct kvr_grammar_match *m, uint32_t n)
     if (p)
         m->lpart = p;
     const struct gstacks **c = p ? kvr_realloc(m->lcur, n * sizeof *c) : NULL;
-    if (!c)
+    if (c)
+        m->lcur = c;
+    uint32_t *at = c ? kvr_realloc(m->node_at, n * sizeof *at) : NULL;
+    if (!at)
         return KVR_ENOMEM; /* lvl's new entries are zeroed: destroy frees them fine */
-    m->lcur = c;
+    m->node_at = at;
     m->n_lvl = n;
     return KVR_OK;
 }
@@ -214,9 +217,7 @@ static int walk(struct kvr_grammar_match *m, const struct kvr_grammar_vocab *v, 
 {
     if (ensure_levels(m, v->max_depth + 2))
         return KVR_ENOMEM;
-    uint32_t *node_at = kvr_calloc(v->max_depth + 2, sizeof *node_at);
-    if (!node_at)
-        return KVR_ENOMEM;
+    uint32_t *node_at = m->node_at;
     m->lcur[0] = &m->st;
     m->lpart[0] = m->part;
     uint32_t d = 0; /* the path's depth; node_at[d + 1] is the child being tried */
@@ -248,7 +249,6 @@ static int walk(struct kvr_grammar_match *m, const struct kvr_grammar_vocab *v, 
         d++;
         node_at[d + 1] = nd->first_child;
     }
-    kvr_free(node_at);
     return rc;
 }
 
@@ -272,7 +272,8 @@ static int make_key(struct kvr_grammar_match *m, size_t *n_out, uint64_t *hash)
               (uint32_t)m->part.bytes[2] << 16 | (uint32_t)m->part.bytes[3] << 24;
     for (uint32_t i = 0; i < m->st.n; i++) {
         k[at++] = m->st.len[i];
-        memcpy(k + at, m->st.data + m->st.off[i], m->st.len[i] * sizeof *k);
+        if (m->st.len[i])
+            memcpy(k + at, m->st.data + m->st.off[i], m->st.len[i] * sizeof *k);
         at += m->st.len[i];
     }
     uint64_t h = 0xcbf29ce484222325ull;
@@ -352,15 +353,19 @@ int32_t kvr_grammar_apply(struct kvr_grammar_match *m, const struct kvr_grammar_
                           float *logits, int32_t n_vocab)
 {
     uint32_t words = ((uint32_t)v->n_vocab + 31) / 32;
-    uint32_t *bits = kvr_malloc(words * sizeof *bits);
-    if (!bits)
-        return KVR_ENOMEM;
+    if (m->n_apply_words != words) { /* once per matcher: no allocation per token */
+        kvr_free(m->apply_bits);
+        m->n_apply_words = 0;
+        if (!(m->apply_bits = kvr_malloc(words * sizeof *m->apply_bits)))
+            return KVR_ENOMEM;
+        m->n_apply_words = words;
+    }
+    uint32_t *bits = m->apply_bits;
     int32_t n = kvr_grammar_mask(m, v, bits);
     if (n >= 0)
         for (int32_t i = 0; i < n_vocab; i++)
             if (i >= v->n_vocab || !((bits[i >> 5] >> (i & 31)) & 1))
                 logits[i] = -INFINITY;
-    kvr_free(bits);
     return n;
 }
 

@@ -215,8 +215,10 @@ static int sample_results(struct kvr_step *st, const struct kvr_wire_frame *in,
         float logprob = 0.0f;
         bool lp = st->want_logprobs[seg->seq];
         if (kvr_step_grammar_mask(&st->grammars, seg->seq, logits, st->n_vocab))
-            return kvr_err_set(err, KVR_ENOMEM, "batch %llu: sequence %u: out of memory for "
-                               "its grammar mask", (unsigned long long)in->hdr.batch_id, seg->seq);
+            return kvr_err_set(err, KVR_ENOMEM,
+                               "batch %llu: sequence %u: out of memory for "
+                               "its grammar mask",
+                               (unsigned long long)in->hdr.batch_id, seg->seq);
         int32_t tok = kvr_sampler_sample(&st->samplers[seg->seq], logits, (int32_t)st->n_vocab,
                                          st->scratch, lp ? &logprob : NULL);
         if (tok < 0) /* no token to send: fail the batch rather than send an invalid id */

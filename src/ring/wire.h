@@ -127,7 +127,8 @@ enum kvr_wire_ctrl_type {
     KVR_WIRE_CTRL_REPLAY = 4, /* restore a re-opened sequence's sampler (the tail only) */
     KVR_WIRE_CTRL_MAP = 5,    /* the KV blocks a just-opened sequence uses (every stage) */
     KVR_WIRE_CTRL_BIAS = 6,   /* logit biases of a sequence just opened (the tail only) */
-    KVR_WIRE_CTRL_GRAMMAR = 7, /* a piece of its grammar's text (the tail only) */
+    /* GRAMMAR: a piece of a sequence's grammar text (the tail only) */
+    KVR_WIRE_CTRL_GRAMMAR = 7,
     KVR_WIRE_CTRL_TYPE_COUNT = 8
 };
 
@@ -197,8 +198,8 @@ struct kvr_wire_bias {
  * [32k, 32k + n) of `total`. The tail compiles the text when the last piece arrives and
  * masks the sequence's logits with it from then on (REPLAY ids advance it). */
 struct kvr_wire_grammar {
-    uint32_t offset;                     /* a multiple of 32, < total */
-    uint32_t total;                      /* 1 ..= KVR_WIRE_GRAMMAR_MAX_TOTAL */
+    uint32_t offset;                      /* a multiple of 32, < total */
+    uint32_t total;                       /* 1 ..= KVR_WIRE_GRAMMAR_MAX_TOTAL */
     uint8_t text[KVR_WIRE_GRAMMAR_BYTES]; /* n = min(32, total - offset) bytes; 0 past n */
 };
 

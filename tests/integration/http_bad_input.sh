@@ -120,9 +120,11 @@ refused_field() { # NAME URL BODY PART
     expect "refused field $1" 400 unsupported_parameter "$1" "$4" -- -H "$AUTH" -d "$3" "$2"
 }
 refused_field guided_json "$C" '{"prompt": "x", "guided_json": {"type": "object"}}' "not supported"
-refused_field grammar "$C" '{"prompt": "x", "grammar": "root ::= \"a\""}' "not supported"
-refused_field json_schema "$H" \
-    '{"messages": [{"role": "user", "content": "x"}], "json_schema": {}}' "not supported"
+expect "grammar that does not compile" 400 invalid_value grammar "rule 'b' is not defined" -- \
+    -H "$AUTH" -d '{"prompt": "x", "grammar": "root ::= \"a\" b"}' "$C"
+expect "unsupported schema keyword" 400 unsupported_schema json_schema \
+    "json_schema: /properties/a/not: unsupported keyword" -- -H "$AUTH" \
+    -d '{"messages": [{"role": "user", "content": "x"}], "json_schema": {"properties": {"a": {"not": {}}}}}' "$H"
 refused_field min_tokens "$C" '{"prompt": "x", "min_tokens": 4}' "minimum length"
 refused_field modalities "$H" \
     '{"messages": [{"role": "user", "content": "x"}], "modalities": ["audio"]}' "only text"
@@ -291,8 +293,8 @@ assert re.search(r" id=cmpl-[0-9a-f]+ ", ok), ok
 assert re.search(r" prompt_tokens=[1-9][0-9]* ", ok), ok
 assert re.search(r" first_token_ms=[0-9]+ total_ms=[0-9]+ ", ok), ok
 assert re.search(r" est_first_token_ms=([0-9]+|-) est_total_ms=([0-9]+|-)", ok), ok
-bad = find("status=400", "outcome=invalid", "code=unsupported_parameter", "param=grammar")
-assert "reason=\"'grammar': grammar-constrained decoding" in bad, bad
+bad = find("status=400", "outcome=invalid", "code=unsupported_parameter", "param=guided_json")
+assert "reason=\"'guided_json': guided decoding" in bad, bad
 find("endpoint=/v1/chat/completions", "status=400", "param=messages")
 no = find("status=429", "outcome=refused", "code=over_budget", "max_tokens=40")
 assert re.search(r' est_first_token_ms=[0-9]+ est_total_ms=[0-9]+ .*reason="(would miss|can never meet)', no), no

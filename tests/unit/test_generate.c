@@ -16,6 +16,7 @@
 #include "../support/tiny_model.h"
 
 #include "core/err.h"
+#include "core/utf8.h"
 #include "model/arch.h"
 #include "model/generate.h"
 #include "model/gguf.h"
@@ -126,11 +127,151 @@ static void test_batched_fails_on_nan_logits(void **state)
     check_loop(kvr_generate_batched);
 }
 
+/* ---- grammars ---------------------------------------------------------------------------- */
+
+#define G_TOKENS 12
+
+/* Two sequences, greedy or sampled, with the grammars given (NULL: free), `max` tokens. */
+static uint32_t g_salt; /* picks the prompts */
+
+static void run_g(struct rig *r, generate_fn fn, float temperature, struct kvr_grammar *const *g,
+                  const uint32_t *max, int32_t out[2][G_TOKENS], uint32_t *n_out)
+{
+    const int32_t prompt[2][3] = {{1, 17 + (int32_t)g_salt, 42}, {1, 99, 5 + (int32_t)g_salt}};
+    struct kvr_generate_seq seqs[2];
+    for (int i = 0; i < 2; i++) {
+        seqs[i] = (struct kvr_generate_seq){
+            .ids = prompt[i], .n_ids = 3, .max_tokens = max[i], .out = out[i], .grammar = g[i]};
+        kvr_sample_params_default(&seqs[i].sp);
+        seqs[i].sp.temperature = temperature;
+        seqs[i].sp.seed = 5 + (uint64_t)i;
+    }
+    struct kvr_generate_config cfg = {
+        .n_ctx = 64, .row_width = 8, .kv_type = KVR_DTYPE_F32, .n_threads = 1, .ignore_eos = true};
+    struct kvr_generate_stats st;
+    struct kvr_err err = {0};
+    if (fn(r->g, &r->hp, r->tok, &cfg, seqs, 2, NULL, NULL, &st, &err))
+        fail_msg("generate: %s", err.msg);
+    for (int i = 0; i < 2; i++)
+        n_out[i] = seqs[i].n_out;
+}
+
+/* The longest start of `ids` whose bytes are well-formed UTF-8, as a GBNF literal rule. */
+static uint32_t literal_of(const struct kvr_tok *tok, const int32_t *ids, uint32_t n, char *gbnf,
+                           size_t cap)
+{
+    char bytes[512];
+    size_t len = 0;
+    uint32_t k = 0, best = 0;
+    for (; k < n; k++) {
+        const char *p;
+        size_t l;
+        assert_int_equal(kvr_tok_decode_piece(tok, ids[k], false, &p, &l), 0);
+        if (len + l > sizeof bytes)
+            break;
+        memcpy(bytes + len, p, l);
+        len += l;
+        if (kvr_utf8_valid_len(bytes, len) != len || memchr(bytes, 0, len))
+            break;
+        best = k + 1;
+    }
+    len = 0;
+    for (uint32_t j = 0; j < best; j++) { /* again, up to `best` */
+        const char *p;
+        size_t l;
+        kvr_tok_decode_piece(tok, ids[j], false, &p, &l);
+        memcpy(bytes + len, p, l);
+        len += l;
+    }
+    size_t o = (size_t)snprintf(gbnf, cap, "root ::= \"");
+    for (size_t j = 0; j < len && o + 8 < cap; j++) {
+        unsigned char c = (unsigned char)bytes[j];
+        if (c == '"' || c == '\\')
+            o += (size_t)snprintf(gbnf + o, cap - o, "\\%c", c);
+        else if (c < 0x20)
+            o += (size_t)snprintf(gbnf + o, cap - o, "\\x%02x", c);
+        else
+            gbnf[o++] = (char)c;
+    }
+    snprintf(gbnf + o, cap - o, "\"");
+    return best;
+}
+
+/* A grammar that allows the greedy token at every step changes no token, and a free
+ * sequence beside a constrained one gets the same tokens as beside a free one; a
+ * restrictive grammar is followed by sampled output. Both loops. */
+static void check_grammar_loop(generate_fn fn)
+{
+    struct rig r;
+    rig_init(&r);
+    struct kvr_grammar *none[2] = {NULL, NULL};
+    int32_t free_out[2][G_TOKENS], out[2][G_TOKENS];
+    uint32_t n_free[2], n[2], max[2] = {G_TOKENS, G_TOKENS};
+    char gbnf[4096];
+    uint32_t k = 0;
+    /* a random model soon picks a byte that is not UTF-8, which no grammar can spell: find
+     * prompts whose greedy answer starts with a few well-formed tokens */
+    for (g_salt = 0; g_salt < 200 && k < 4; g_salt++) {
+        run_g(&r, fn, 0.0f, none, max, free_out, n_free);
+        k = literal_of(r.tok, free_out[0], n_free[0], gbnf, sizeof gbnf);
+    }
+    g_salt--;
+    if (k < 4)
+        fail_msg("no prompt's greedy answer starts with 4 well-formed tokens");
+    struct kvr_grammar *g = NULL;
+    struct kvr_err err = {0};
+    if (kvr_grammar_compile(&g, gbnf, strlen(gbnf), &err))
+        fail_msg("%s: %s", gbnf, err.msg);
+    struct kvr_grammar *one[2] = {g, NULL};
+    uint32_t max_k[2] = {k, G_TOKENS};
+    run_g(&r, fn, 0.0f, one, max_k, out, n);
+    assert_int_equal(n[0], k);
+    assert_memory_equal(out[0], free_out[0], k * sizeof(int32_t));
+    assert_int_equal(n[1], n_free[1]); /* the free neighbour */
+    assert_memory_equal(out[1], free_out[1], n[1] * sizeof(int32_t));
+    kvr_grammar_destroy(g);
+
+    /* sampled under a class: every output byte is in it */
+    const char *cls = "root ::= [a-z ]+";
+    assert_int_equal(kvr_grammar_compile(&g, cls, strlen(cls), NULL), 0);
+    struct kvr_grammar *both[2] = {g, g};
+    run_g(&r, fn, 0.8f, both, max, out, n);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(n[i], G_TOKENS);
+        struct kvr_grammar_match *m;
+        assert_int_equal(kvr_grammar_match_create(&m, g), 0);
+        for (uint32_t j = 0; j < n[i]; j++) {
+            const char *p;
+            size_t l;
+            kvr_tok_decode_piece(r.tok, out[i][j], false, &p, &l);
+            if (!kvr_tok_is_eog(r.tok, out[i][j]) && (l == 0 || kvr_grammar_match_bytes(m, p, l)))
+                fail_msg("seq %d token %u (%d) breaks the grammar", i, j, out[i][j]);
+        }
+        kvr_grammar_match_destroy(m);
+    }
+    kvr_grammar_destroy(g);
+    rig_fini(&r);
+}
+
+static void test_one_at_a_time_grammar(void **state)
+{
+    (void)state;
+    check_grammar_loop(kvr_generate);
+}
+
+static void test_batched_grammar(void **state)
+{
+    (void)state;
+    check_grammar_loop(kvr_generate_batched);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_one_at_a_time_fails_on_nan_logits),
         cmocka_unit_test(test_batched_fails_on_nan_logits),
+        cmocka_unit_test(test_one_at_a_time_grammar),
+        cmocka_unit_test(test_batched_grammar),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -146,7 +146,8 @@ static void test_strings(void **state)
         {"date", "\"2024-02-28\"", "\"2024-13-01\""},
         {"time", "\"23:59:01Z\"", "\"24:00:00Z\""},
         {"date-time", "\"2024-01-02T03:04:05Z\"", "\"2024-01-02 03:04:05\""},
-        {"uuid", "\"123e4567-e89b-12d3-a456-426614174000\"", "\"123e4567e89b12d3a456426614174000\""},
+        {"uuid", "\"123e4567-e89b-12d3-a456-426614174000\"",
+         "\"123e4567e89b12d3a456426614174000\""},
         {"email", "\"a.b@example.com\"", "\"a.b.example.com\""},
         {"ipv4", "\"192.168.0.255\"", "\"192.168.0.256\""},
     };
@@ -164,8 +165,9 @@ static void test_strings(void **state)
 static void test_int_ranges(void **state)
 {
     (void)state;
-    const int64_t bounds[] = {INT64_MIN, -1000, -101, -100, -99, -10, -9, -1, 0, 1, 9, 10, 11,
-                              19, 99, 100, 101, 555, 999, 1000, 1234, INT64_MAX};
+    const int64_t bounds[] = {INT64_MIN, -1000, -101, -100, -99,  -10,      -9, -1,
+                              0,         1,     9,    10,   11,   19,       99, 100,
+                              101,       555,   999,  1000, 1234, INT64_MAX};
     size_t nb = sizeof bounds / sizeof *bounds;
     for (size_t a = 0; a < nb; a++)
         for (size_t b = a; b < nb; b++) {
@@ -185,8 +187,8 @@ static void test_int_ranges(void **state)
                 snprintf(t, sizeof t, "%lld", (long long)x);
                 bool want = x >= lo && x <= hi;
                 if (accepts(g, t) != want)
-                    fail_msg("[%lld, %lld] %s: want %d\n%s", (long long)lo, (long long)hi, t,
-                             want, body.data);
+                    fail_msg("[%lld, %lld] %s: want %d\n%s", (long long)lo, (long long)hi, t, want,
+                             body.data);
             }
             NO(g, "01");
             NO(g, "-0");
@@ -215,7 +217,8 @@ static void test_refusals(void **state)
     (void)state;
     const char *cases[][2] = {
         {"{\"not\":{}}", "/not: unsupported keyword"},
-        {"{\"properties\":{\"x\":{\"not\":{\"type\":\"string\"}}}}", "/properties/x/not: unsupported keyword"},
+        {"{\"properties\":{\"x\":{\"not\":{\"type\":\"string\"}}}}",
+         "/properties/x/not: unsupported keyword"},
         {"{\"properties\":{\"a/b\":{\"if\":{}}}}", "/properties/a~1b/if: unsupported keyword"},
         {"{\"items\":{\"uniqueItems\":true}}", "/items/uniqueItems: unsupported keyword"},
         {"{\"anyOf\":[{\"type\":\"string\"},{\"patternProperties\":{}}]}",
@@ -282,9 +285,9 @@ static void test_json_object(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_objects),    cmocka_unit_test(test_unions_refs),
-        cmocka_unit_test(test_strings),    cmocka_unit_test(test_int_ranges),
-        cmocka_unit_test(test_numbers),    cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_objects),     cmocka_unit_test(test_unions_refs),
+        cmocka_unit_test(test_strings),     cmocka_unit_test(test_int_ranges),
+        cmocka_unit_test(test_numbers),     cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_json_object),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
