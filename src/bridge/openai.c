@@ -668,8 +668,9 @@ static int parse_fields(struct kvr_openai_req *r, const struct kvr_openai_limits
 
     if ((rc = parse_max_tokens(r, lim, e)) || (rc = parse_sampling(r, e)) ||
         (rc = parse_logit_bias(r, lim, e)) || (rc = parse_stop(r, e)) ||
-        (rc = parse_logprobs(r, e)) || (rc = parse_budget(r, e)) || (rc = refuse_unsupported(r, e)) ||
-        (rc = kvr_openai_parse_grammar(r, e)) || (rc = kvr_openai_parse_prediction(r, e)))
+        (rc = parse_logprobs(r, e)) || (rc = parse_budget(r, e)) ||
+        (rc = refuse_unsupported(r, e)) || (rc = kvr_openai_parse_grammar(r, e)) ||
+        (rc = kvr_openai_parse_prediction(r, e)))
         return rc;
     if (r->api == KVR_OPENAI_CHAT && (rc = kvr_tools_parse(o, &r->tools, e)))
         return rc;

@@ -107,6 +107,8 @@ static size_t skip_ws(const char *s, size_t len, size_t pos)
 /* Where `lit` next starts at or after pos, or len. */
 static size_t index_of(const char *s, size_t len, size_t pos, const char *lit)
 {
+    if (pos >= len)
+        return len;
     const char *p = find(s + pos, len - pos, lit);
     return p ? (size_t)(p - s) : len;
 }
@@ -158,12 +160,17 @@ static char *dupn(const char *s, size_t n)
     return p;
 }
 
-/* Append a call; `args` is borrowed (an object). False when full or out of memory. */
+/* Append a call; `args` is borrowed (an object). False when full, out of memory, or the
+ * name is not a word of at most 64 bytes. */
 static bool add_call(struct kvr_toolcall_result *r, const char *name, size_t name_len,
                      const json_t *args)
 {
-    if (r->n_calls >= KVR_TOOLCALL_MAX_CALLS || !json_is_object(args) || name_len == 0)
+    if (r->n_calls >= KVR_TOOLCALL_MAX_CALLS || !json_is_object(args) || name_len == 0 ||
+        name_len > 64)
         return false;
+    for (size_t i = 0; i < name_len; i++)
+        if ((unsigned char)name[i] <= ' ' || name[i] == '<' || name[i] == '"')
+            return false; /* a name is one word of text */
     char *a = json_dumps(args, JSON_COMPACT | JSON_PRESERVE_ORDER);
     char *n = dupn(name, name_len);
     char *ak = a ? dupn(a, strlen(a)) : NULL;
@@ -333,6 +340,10 @@ static enum scan read_xml(struct reader *d, size_t pos, size_t *next)
     bool ok = args != NULL;
     for (p = skip_ws(s, close, p); ok && at(s, close, p, kopen); p = skip_ws(s, close, p)) {
         size_t kb = p + strlen(kopen), ke = index_of(s, close, kb, kclose);
+        if (ke >= close) {
+            ok = false;
+            break;
+        }
         size_t vb = ke + strlen(kclose);
         if (!coder) {
             vb = skip_ws(s, close, vb);
@@ -404,6 +415,8 @@ static enum scan read_llama3(struct reader *d, size_t pos, size_t *next)
             p++;
             continue;
         }
+        if (p == d->len && !d->final)
+            return SCAN_MORE; /* a ';' and another call may still come */
         *next = p;
         return SCAN_OK;
     }
@@ -493,6 +506,8 @@ static enum scan read_generic(struct reader *d, size_t pos, size_t *next)
         return sc;
     if (skip_ws(d->s, d->len, end) != d->len)
         return SCAN_BAD;
+    if (!d->final)
+        return SCAN_MORE; /* the whole answer: text may still follow the object */
     json_t *j = load(d->s + pos, end - pos);
     const json_t *many = json_object_get(j, "tool_calls"), *one = json_object_get(j, "tool_call");
     bool ok = j != NULL;
@@ -663,14 +678,14 @@ static void body(struct reader *d, size_t p)
         return;
     if (fr->leading_json && q < len && s[q] == '{') {
         enum scan sc = (fr->trigger ? read_llama3 : read_generic)(d, q, &next);
+        if (sc != SCAN_OK)
+            clear_calls(d->r); /* a run of calls counts once all of it is decided */
         if (sc == SCAN_MORE) {
             open_call(d, p);
             return;
         }
         if (sc == SCAN_OK)
             p = next;
-        else
-            clear_calls(d->r);
     }
     while (fr->trigger) {
         size_t k = index_of(s, len, p, fr->trigger);
@@ -713,9 +728,8 @@ static size_t think(struct reader *d)
     if (!open && at(s, len, q, "<think>")) {
         open = true;
         b = q + strlen("<think>");
-    } else if (!open && !d->final && q < len &&
-               kvr_toolcall_partial(s + q, len - q, "<think>") == len - q) {
-        return len; /* may still become <think> */
+    } else if (!open && !d->final && kvr_toolcall_partial(s + q, len - q, "<think>") == len - q) {
+        return len; /* only blanks, or the start of "<think>": it may still come */
     }
     if (!open)
         return 0;

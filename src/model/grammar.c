@@ -18,7 +18,7 @@
 #include <string.h>
 
 /* Expansion steps one advance may take, and how deep expansion may recurse. */
-#define EXPAND_WORK (1u << 20)
+#define EXPAND_WORK (1u << 16)
 #define EXPAND_RECURSION 1024u
 
 bool kvr_gclass_any(const struct kvr_grammar *g, uint32_t c, uint32_t lo, uint32_t hi)
@@ -53,7 +53,18 @@ void kvr_gstacks_fini(struct gstacks *s)
     kvr_free(s->off);
     kvr_free(s->len);
     kvr_free(s->hash);
+    kvr_free(s->slot_idx);
+    kvr_free(s->slot_stamp);
     memset(s, 0, sizeof *s);
+}
+
+/* Forget the hash index (its stamp moves on). */
+static void forget_index(struct gstacks *s)
+{
+    if (++s->stamp == 0 && s->slot_stamp) { /* wrapped: old stamps could match again */
+        memset(s->slot_stamp, 0, 2 * KVR_GRAMMAR_MAX_STACKS * sizeof *s->slot_stamp);
+        s->stamp = 1;
+    }
 }
 
 void kvr_gstacks_clear(struct gstacks *s)
@@ -61,6 +72,7 @@ void kvr_gstacks_clear(struct gstacks *s)
     s->n = 0;
     s->n_data = 0;
     s->overflow = false;
+    forget_index(s);
 }
 
 static int reserve(struct gstacks *s, uint32_t n, size_t n_data)
@@ -108,6 +120,7 @@ int kvr_gstacks_copy(struct gstacks *dst, const struct gstacks *src)
     dst->n = src->n;
     dst->n_data = src->n_data;
     dst->overflow = src->overflow;
+    forget_index(dst); /* a copy is only read or cleared, never pushed to */
     return KVR_OK;
 }
 
@@ -119,14 +132,60 @@ static uint64_t hash_frames(const uint32_t *f, uint32_t n)
     return h;
 }
 
+static bool same_stack(const struct gstacks *s, uint32_t i, uint64_t h, const uint32_t *f,
+                       uint32_t n)
+{
+    return s->hash[i] == h && s->len[i] == n &&
+           (n == 0 || !memcmp(s->data + s->off[i], f, n * sizeof *f));
+}
+
+#define LINEAR_STACKS 16 /* below this many, duplicates are found by a scan */
+#define SLOT_MASK (2 * KVR_GRAMMAR_MAX_STACKS - 1)
+
+/* Index the set's stacks by hash (the first time it grows past LINEAR_STACKS). */
+static int index_stacks(struct gstacks *s)
+{
+    if (!s->slot_idx) {
+        s->slot_idx = kvr_calloc(SLOT_MASK + 1, sizeof *s->slot_idx);
+        s->slot_stamp = kvr_calloc(SLOT_MASK + 1, sizeof *s->slot_stamp);
+        if (!s->slot_idx || !s->slot_stamp)
+            return KVR_ENOMEM;
+        s->stamp = 1;
+    }
+    return KVR_OK;
+}
+
+/* The slot of hash h: the stack equal to (f, n), or an empty slot. */
+static uint32_t find_slot(const struct gstacks *s, uint64_t h, const uint32_t *f, uint32_t n)
+{
+    uint32_t k = (uint32_t)(h ^ (h >> 32)) & SLOT_MASK;
+    while (s->slot_stamp[k] == s->stamp && !same_stack(s, s->slot_idx[k] - 1, h, f, n))
+        k = (k + 1) & SLOT_MASK;
+    return k;
+}
+
 /* Add one finished stack unless the set holds it already. */
 static int push_stack(struct gstacks *s, const uint32_t *f, uint32_t n)
 {
     uint64_t h = hash_frames(f, n);
-    for (uint32_t i = 0; i < s->n; i++)
-        if (s->hash[i] == h && s->len[i] == n &&
-            (n == 0 || !memcmp(s->data + s->off[i], f, n * sizeof *f)))
+    uint32_t slot = 0;
+    if (s->n < LINEAR_STACKS) {
+        for (uint32_t i = 0; i < s->n; i++)
+            if (same_stack(s, i, h, f, n))
+                return KVR_OK;
+    } else {
+        if (index_stacks(s))
+            return KVR_ENOMEM;
+        if (s->n == LINEAR_STACKS) /* first time past the scan: index what is there */
+            for (uint32_t i = 0; i < s->n; i++) {
+                uint32_t k = find_slot(s, s->hash[i], s->data + s->off[i], s->len[i]);
+                s->slot_stamp[k] = s->stamp;
+                s->slot_idx[k] = i + 1;
+            }
+        slot = find_slot(s, h, f, n);
+        if (s->slot_stamp[slot] == s->stamp)
             return KVR_OK;
+    }
     if (s->n >= KVR_GRAMMAR_MAX_STACKS) {
         s->overflow = true;
         return KVR_OK;
@@ -140,6 +199,10 @@ static int push_stack(struct gstacks *s, const uint32_t *f, uint32_t n)
     s->hash[s->n] = h;
     s->n++;
     s->n_data += n;
+    if (s->n > LINEAR_STACKS) {
+        s->slot_stamp[slot] = s->stamp;
+        s->slot_idx[slot] = s->n;
+    }
     return KVR_OK;
 }
 

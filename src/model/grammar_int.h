@@ -66,6 +66,10 @@ struct gstacks {
     uint32_t n, cap; /* stacks */
     size_t n_data, cap_data;
     bool overflow; /* a limit dropped a stack */
+    /* Past a few stacks, duplicates are found by hash: slot (hash & mask) holds index + 1
+     * of a stack when its stamp is the set's current one (clearing bumps the stamp). */
+    uint32_t *slot_idx, *slot_stamp; /* [KVR_GRAMMAR_MAX_STACKS * 2], allocated on need */
+    uint32_t stamp;
 };
 
 void kvr_gstacks_fini(struct gstacks *s);

@@ -35,7 +35,7 @@ static void check_calls(const struct kvr_toolcall_result *r)
 {
     for (uint32_t i = 0; i < r->n_calls; i++) {
         CHECK(r->calls[i].name[0] != 0);
-        json_t *a = json_loads(r->calls[i].arguments, 0, NULL);
+        json_t *a = json_loads(r->calls[i].arguments, JSON_ALLOW_NUL, NULL);
         CHECK(json_is_object(a));
         json_decref(a);
     }
