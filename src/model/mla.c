@@ -317,14 +317,14 @@ static size_t max_size(size_t a, size_t b)
     return a > b ? a : b;
 }
 
-/* Floats (or bytes) of each buffer, in the order of the struct. */
+/* Floats (or bytes) of each buffer, in the order of the struct; the per-thread ones for
+ * one thread. Without layers (an estimate), converted rows are taken as f32 rows. */
 struct sizes {
     size_t qa, q, kva, qf, lat, xq, gather, xq_head, scores, acc, kv_f32;
 };
 
 static struct sizes sizes_of(const struct kvr_hparams *hp, const struct kvr_mla_layer *layers,
-                             uint32_t n_layers, uint32_t R, uint32_t nth, uint32_t n_ctx,
-                             uint32_t bt)
+                             uint32_t n_layers, uint32_t R, uint32_t n_ctx, uint32_t bt)
 {
     const struct kvr_mla_hparams *m = &hp->mla;
     const size_t H = hp->n_head, L = m->kv_lora_rank, D = L + m->n_rope;
@@ -351,14 +351,13 @@ static struct sizes sizes_of(const struct kvr_hparams *hp, const struct kvr_mla_
     s.scores = (size_t)HEAD_CHUNK * n_ctx;
     s.acc = (size_t)HEAD_CHUNK * L;
     s.kv_f32 = (size_t)bt * D;
-    (void)nth;
     return s;
 }
 
 size_t kvr_mla_work_bytes(const struct kvr_hparams *hp, uint32_t max_rows, uint32_t n_threads,
                           uint32_t n_ctx, uint32_t kv_block_tokens)
 {
-    struct sizes s = sizes_of(hp, NULL, 0, max_rows, n_threads, n_ctx, kv_block_tokens);
+    struct sizes s = sizes_of(hp, NULL, 0, max_rows, n_ctx, kv_block_tokens);
     size_t f = sizeof(float);
     return (s.qa + s.q + s.kva + s.qf + s.lat) * f + s.xq +
            n_threads * ((s.gather + s.scores + s.kv_f32) * f + s.xq_head + s.acc * 2);
@@ -393,7 +392,7 @@ int kvr_mla_work_create(struct kvr_mla_work **out, const struct kvr_hparams *hp,
     struct kvr_mla_work *w = kvr_calloc(1, sizeof *w);
     if (!w)
         return kvr_err_set(err, KVR_ENOMEM, "mla: out of memory");
-    struct sizes s = sizes_of(hp, layers, n_layers, max_rows, n_threads, n_ctx, kv_block_tokens);
+    struct sizes s = sizes_of(hp, layers, n_layers, max_rows, n_ctx, kv_block_tokens);
     *w = (struct kvr_mla_work){.hp = hp,
                                .max_rows = max_rows,
                                .n_threads = n_threads,
@@ -534,7 +533,7 @@ static void head_matmul_worker(void *arg, int ith, int nth)
     const struct job *j = arg;
     struct kvr_mla_work *w = j->w;
     const uint32_t H = w->hp->n_head, n_in = (uint32_t)j->m0->n_in;
-    const struct sizes s = sizes_of(w->hp, NULL, 0, w->max_rows, 1, w->n_ctx, w->bt);
+    const struct sizes s = sizes_of(w->hp, NULL, 0, w->max_rows, w->n_ctx, w->bt);
     float *g = w->gather + (size_t)ith * s.gather;
     void *xq = (char *)w->xq_head + (size_t)ith * w->xq_head_bytes;
     long b, e;
