@@ -19,7 +19,7 @@ times, alternating, and the median is printed with every run's number. The defau
 is the README's (models/tinyllama-1.1b-q4_0.gguf, synthesised when missing). Run it under
 the bench lock: flock /work/bench.lock bench/spec.py
 
-    bench/spec.py --lookup [-m MODEL] [--stages 2] [-n 128] [--runs 3]
+    bench/spec.py --lookup [-m MODEL] [--stages 2] [-n 64] [--runs 3]
 
 The sources without a prediction, over HTTP (`kvasir serve`, --spec off then auto): an
 input-grounded prompt (a story, then its first words again: the answer copies it) and one
@@ -116,7 +116,7 @@ def lookup(args):
     """The lookup sources over HTTP: an input-grounded prompt, and one prompt four times."""
     story = ("Once upon a time, there was a little girl named Lily. She loved to play in the "
              "park with her dog Max. One day, Lily and Max found a big red ball under a tree. ")
-    grounded = story + "\n" + story + "\n" + story[:60]
+    grounded = story + "\n" + story[:40]
     res = {}
     for mode in ("off", "auto"):
         tmp = tempfile.mkdtemp(prefix="kvr-spec-lookup.")
