@@ -810,8 +810,7 @@ static void log_access(const struct kvr_generation *g)
              g->format == KVR_REPLY_RESPONSES ? "/v1/responses"
              : g->api == KVR_OPENAI_CHAT      ? "/v1/chat/completions"
                                               : "/v1/completions",
-             status,
-             outcome, g->n_prompt, g->n_gen, g->max_tokens, first,
+             status, outcome, g->n_prompt, g->n_gen, g->max_tokens, first,
              (double)(now - g->t_start_ns) / 1e6, est_first, est_total, spec, why);
 }
 

@@ -296,8 +296,8 @@ static ssize_t telemetry_read(void *cls, uint64_t pos, char *buf, size_t max)
             /* Sleep until the snapshot is due, a slice at a time, noticing a client that
              * goes away as it happens. */
             uint64_t wait_ms = (t->next_ns - now + 999999) / 1000000;
-            if (peer_gone_within(t->fd, wait_ms < TELEMETRY_SLICE_MS ? (int)wait_ms
-                                                                      : TELEMETRY_SLICE_MS))
+            if (peer_gone_within(t->fd,
+                                 wait_ms < TELEMETRY_SLICE_MS ? (int)wait_ms : TELEMETRY_SLICE_MS))
                 return MHD_CONTENT_READER_END_WITH_ERROR;
             continue;
         }

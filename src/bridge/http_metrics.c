@@ -175,7 +175,8 @@ static const void *field_of(const struct kvr_http_metrics *m, const struct metri
 static void read_ns_as_s(const struct kvr_http_metrics *m, const struct metric *d,
                          struct kvr_sbuf *b)
 {
-    kvr_sbuf_printf(b, "kvasir:%s %.6f\n", d->name, (double)*(const uint64_t *)field_of(m, d) / 1e9);
+    kvr_sbuf_printf(b, "kvasir:%s %.6f\n", d->name,
+                    (double)*(const uint64_t *)field_of(m, d) / 1e9);
 }
 
 static void read_u64(const struct kvr_http_metrics *m, const struct metric *d, struct kvr_sbuf *b)

@@ -28,14 +28,14 @@ struct kvr_gen_request {
      * into the ring, so its prompt's whole KV blocks come from the prefix cache and the
      * prompt is computed once. Borrowed for the call that takes the request. */
     struct kvr_gen_stream *same_prompt_as;
-    bool ignore_eos;         /* an end-of-generation token does not end the stream: it comes
-                                as an ordinary token (FINISH_NONE) until max_tokens */
-    const char *grammar;     /* GBNF (model/grammar.h) the tokens must follow, NULL: none; the
-                                HTTP layer compiled it once; the bridge keeps a copy */
-    uint32_t grammar_bytes;  /* <= KVR_WIRE_GRAMMAR_MAX_TOTAL */
-    uint32_t first_token_ms; /* latency budget from submit to the first token; 0 = default
-                                (the service's) or none (the bridge's) */
-    uint32_t total_ms;       /* ... from submit to the last token */
+    bool ignore_eos;           /* an end-of-generation token does not end the stream: it comes
+                                  as an ordinary token (FINISH_NONE) until max_tokens */
+    const char *grammar;       /* GBNF (model/grammar.h) the tokens must follow, NULL: none; the
+                                  HTTP layer compiled it once; the bridge keeps a copy */
+    uint32_t grammar_bytes;    /* <= KVR_WIRE_GRAMMAR_MAX_TOTAL */
+    uint32_t first_token_ms;   /* latency budget from submit to the first token; 0 = default
+                                  (the service's) or none (the bridge's) */
+    uint32_t total_ms;         /* ... from submit to the last token */
     const int32_t *prediction; /* n_prediction token ids of the client's expected output
                                   (OpenAI's `prediction`), drafted from (bridge/draft.h);
                                   borrowed like `prompt`; never drafted from with a grammar

@@ -32,7 +32,7 @@
 struct kvr_jsonw {
     struct kvr_sbuf *out;
     uint32_t depth;
-    bool after_key;                       /* the next value follows "key": (no comma) */
+    bool after_key;                         /* the next value follows "key": (no comma) */
     bool has_item[KVR_JSONW_MAX_DEPTH + 1]; /* level d has a value already: comma first */
     char closer[KVR_JSONW_MAX_DEPTH + 1];   /* '}' or ']' for each open level 1..depth */
     size_t n;                               /* bytes staged in buf, not yet in out */

@@ -117,11 +117,11 @@ struct kvr_arch {
                                        ffn_norm.weight (glm4moe: post_attention_norm.weight) */
     bool nextn;                     /* reads ARCH.nextn_predict_layers: the file's last blocks
                                        are NextN/MTP layers, checked and never run */
-    bool mla; /* multi-head latent attention (model/mla.h) replaces attn_q/k/v */
-    bool moe_biases;                /* the router and every expert matrix have biases */
-    bool ffn_norm_post_attn;        /* the pre-FFN norm is post_attention_norm.weight (gpt-oss:
-                                       KVR_LT_ATTN_POST_NORM read as the ffn norm) */
-    bool swa_rope_scaled;           /* sliding layers keep the rope scaling (gemma's do not) */
+    bool mla;                /* multi-head latent attention (model/mla.h) replaces attn_q/k/v */
+    bool moe_biases;         /* the router and every expert matrix have biases */
+    bool ffn_norm_post_attn; /* the pre-FFN norm is post_attention_norm.weight (gpt-oss:
+                                KVR_LT_ATTN_POST_NORM read as the ffn norm) */
+    bool swa_rope_scaled;    /* sliding layers keep the rope scaling (gemma's do not) */
 };
 
 /* The table's row for an architecture name (len bytes, not NUL-terminated), or NULL. */

@@ -90,8 +90,7 @@ static double top_logprobs(struct kvr_generate_seq *s, const float *logits, int3
 }
 
 /* The logprob of the token it then sampled (its logit is one the mask kept). */
-static void report_logprobs(struct kvr_generate_seq *s, const float *logits, int32_t id,
-                            double lse)
+static void report_logprobs(struct kvr_generate_seq *s, const float *logits, int32_t id, double lse)
 {
     if (!s->logprobs)
         return;

@@ -75,7 +75,7 @@ struct kvr_moe_hparams {
     uint32_t n_ff_exp;   /* hidden width of one expert */
     uint32_t n_ff_shexp; /* hidden width of the shared expert; 0 = none */
     enum kvr_moe_gating gating;
-    bool norm_topk; /* SOFTMAX or SIGMOID gating: renormalise the selected probabilities */
+    bool norm_topk;  /* SOFTMAX or SIGMOID gating: renormalise the selected probabilities */
     bool biases;     /* the router and each expert matrix add a bias (gpt-oss), set by arch.c */
     bool swiglu_oai; /* experts use gpt-oss's clamped SwiGLU (gptoss.h), set by arch.c */
     /* DeepSeek-V3-style routing (model/moe_route.h; all zero for the other architectures) */

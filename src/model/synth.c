@@ -549,8 +549,8 @@ static int64_t add_mla_specs(struct tspec *out, const struct kvr_hparams *hp,
 
 /* Layer l's tensors (the table's, then any experts); returns how many. */
 static int64_t add_layer_specs(struct tspec *out, const struct kvr_synth_opts *o,
-                               const struct kvr_hparams *hp, uint32_t l, int type,
-                               int expert_type, float s_res)
+                               const struct kvr_hparams *hp, uint32_t l, int type, int expert_type,
+                               float s_res)
 {
     const struct kvr_arch *a = hp->arch;
     int64_t n = 0;

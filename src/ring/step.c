@@ -240,9 +240,9 @@ static int sample_one(struct kvr_step *st, const struct kvr_seg *seg, float *log
 {
     bool lp = st->want_logprobs[seg->seq];
     double lse = 0.0;
-    int n_top = lp ? kvr_logprobs_top(logits, (int32_t)st->n_vocab, st->n_top[seg->seq],
-                                      res->top, &lse)
-                   : 0;
+    int n_top =
+        lp ? kvr_logprobs_top(logits, (int32_t)st->n_vocab, st->n_top[seg->seq], res->top, &lse)
+           : 0;
     if (kvr_step_grammar_mask(&st->grammars, seg->seq, logits, st->n_vocab))
         return kvr_err_set(err, KVR_ENOMEM,
                            "batch %llu: sequence %u: out of memory for its grammar mask", id,
@@ -270,8 +270,8 @@ static int sample_one(struct kvr_step *st, const struct kvr_seg *seg, float *log
  * or for a DRAFTS segment the drafts the target keeps and one of its own (spec_accept.h).
  * Returns how many results it wrote at o->results + n. */
 static int sample_seg(struct kvr_step *st, const struct kvr_wire_frame *in,
-                      const struct kvr_seg *seg, float *logits, struct kvr_step_out *o,
-                      uint32_t n, struct kvr_err *err)
+                      const struct kvr_seg *seg, float *logits, struct kvr_step_out *o, uint32_t n,
+                      struct kvr_err *err)
 {
     unsigned long long id = (unsigned long long)in->hdr.batch_id;
     if (!st->open[seg->seq])
@@ -291,7 +291,8 @@ static int sample_seg(struct kvr_step *st, const struct kvr_wire_frame *in,
     if (kvr_step_grammar_active(&st->grammars, seg->seq) || st->n_top[seg->seq])
         return kvr_err_set(err, KVR_EPROTO,
                            "batch %llu: sequence %u: drafts for a sequence with a grammar or "
-                           "alternatives", id, seg->seq);
+                           "alternatives",
+                           id, seg->seq);
     int32_t toks[KVR_SPEC_MAX_DRAFT + 1];
     float lps[KVR_SPEC_MAX_DRAFT + 1];
     bool lp = st->want_logprobs[seg->seq];

@@ -124,12 +124,12 @@ struct kvr_wire_header {
 /* ---- Records --------------------------------------------------------------------------- */
 
 enum kvr_wire_ctrl_type {
-    KVR_WIRE_CTRL_OPEN = 1,   /* a new sequence: reset its state; the tail keeps its sampling */
-    KVR_WIRE_CTRL_FREE = 2,   /* the sequence ended: release its KV blocks everywhere */
-    KVR_WIRE_CTRL_CANCEL = 3, /* the client went away: like FREE, and the tail drops it */
-    KVR_WIRE_CTRL_REPLAY = 4, /* restore a re-opened sequence's sampler (the tail only) */
-    KVR_WIRE_CTRL_MAP = 5,    /* the KV blocks a just-opened sequence uses (every stage) */
-    KVR_WIRE_CTRL_BIAS = 6,   /* logit biases of a sequence just opened (the tail only) */
+    KVR_WIRE_CTRL_OPEN = 1,    /* a new sequence: reset its state; the tail keeps its sampling */
+    KVR_WIRE_CTRL_FREE = 2,    /* the sequence ended: release its KV blocks everywhere */
+    KVR_WIRE_CTRL_CANCEL = 3,  /* the client went away: like FREE, and the tail drops it */
+    KVR_WIRE_CTRL_REPLAY = 4,  /* restore a re-opened sequence's sampler (the tail only) */
+    KVR_WIRE_CTRL_MAP = 5,     /* the KV blocks a just-opened sequence uses (every stage) */
+    KVR_WIRE_CTRL_BIAS = 6,    /* logit biases of a sequence just opened (the tail only) */
     KVR_WIRE_CTRL_GRAMMAR = 7, /* a piece of its grammar's text (the tail only) */
     KVR_WIRE_CTRL_DRAFT = 8,   /* the drafted tokens of the sequence's DRAFTS segment (tail) */
     KVR_WIRE_CTRL_TYPE_COUNT = 9

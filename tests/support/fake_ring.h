@@ -84,8 +84,8 @@ struct sh {
     char grammar_got[SH_MAX_SEQS][SH_MAX_GRAMMAR]; /* the stages' view: GRAMMAR pieces */
     uint32_t n_grammar_got[SH_MAX_SEQS];
     uint32_t n_replay_ids[SH_MAX_SEQS]; /* REPLAY ids since the OPEN */
-    uint64_t prompt_of;           /* sh_submit: the requests' prompt_of (sched.h) */
-    const int32_t *prediction;    /* sh_submit: every request's prediction (may be NULL) */
+    uint64_t prompt_of;                 /* sh_submit: the requests' prompt_of (sched.h) */
+    const int32_t *prediction;          /* sh_submit: every request's prediction (may be NULL) */
     uint32_t n_prediction;
     uint32_t n_drafted[SH_MAX_SEQS];  /* the stages' view: DRAFT ids of the batch being seen */
     uint32_t rewritable[SH_MAX_SEQS]; /* ... rows the last DRAFTS segment drafted */

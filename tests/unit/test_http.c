@@ -1533,7 +1533,8 @@ static void test_telemetry_streams(void **state)
     resp_free(&r);
     /* What the streams cost is counted: their threads' CPU time, above zero by now. */
     request(fx->port, "GET", "/metrics", AUTH, NULL, 0, &r);
-    static const char cpu_name[] = "kvasir:telemetry_cpu_seconds_total{model_name=\"fake-stories\"} ";
+    static const char cpu_name[] =
+        "kvasir:telemetry_cpu_seconds_total{model_name=\"fake-stories\"} ";
     const char *cpu = r.body ? strstr(r.body, cpu_name) : NULL;
     assert_non_null(cpu);
     assert_true(strtod(cpu + sizeof cpu_name - 1, NULL) > 0);

@@ -60,7 +60,7 @@ static void test_strings_are_always_valid_json(void **state)
     kvr_jsonw_init(&w, &b);
     kvr_jsonw_arr(&w);
     kvr_jsonw_str(&w, "q\"b\\n\nt\t\x01 \xc3\xa9");
-    kvr_jsonw_str(&w, "cut \xe2\x82");       /* a character cut short */
+    kvr_jsonw_str(&w, "cut \xe2\x82");        /* a character cut short */
     kvr_jsonw_str(&w, "bad \xff x \xc0\xaf"); /* bytes no character starts with */
     kvr_jsonw_str(&w, NULL);
     kvr_jsonw_end(&w);
