@@ -7,8 +7,8 @@ llama.cpp's llama-server with the same schema on the same file (issue 36, accept
 
 The model (default models/tinyllama-1.1b-llama3-q4_0.gguf: TinyLlama-1.1B's shape, Q4_0,
 random weights, the Llama 3 vocabulary of 128,256 tokens) is synthesised when missing.
-Kvasir runs as `kvasir serve` with 2 stages of 1 thread (2 threads in all), the peer as
-`llama-server -t 2`. Each round sends, greedy with the same prompt, a free completion and
+Kvasir runs as `kvasir serve` with 2 stages of --stage-threads threads (default 1: 2 in
+all), the peer as `llama-server -t 2`. Each round sends, greedy with the same prompt, a free completion and
 a constrained one (the schema as llama.cpp's json_schema field) to each server, in the order
 ours-free, ours-json, peer-free, peer-json. Decode tokens/s: ours from the streamed tokens'
 arrival (tokens after the first over the time from the first to the last), the peer's from
@@ -91,11 +91,15 @@ def main():
     ap.add_argument("--model", default=os.path.join(ROOT, "models", "tinyllama-1.1b-llama3-q4_0.gguf"))
     ap.add_argument("--schema", default=os.path.join(ROOT, "bench", "grammar_schema.json"))
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--stage-threads", type=int, default=1,
+                    help="threads per stage: 1 keeps 2 in all; 2 lets the stage whose turn it is "
+                         "use both cores (one request: the stages take turns)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--kvasir", default=os.path.join(ROOT, "build", "kvasir"))
     ap.add_argument("--peer-port", type=int, default=18931)
     a = ap.parse_args()
     if not os.path.exists(a.model):
+        os.makedirs(os.path.dirname(os.path.abspath(a.model)), exist_ok=True)
         subprocess.run([a.kvasir, "synth", "--shape", "tinyllama-1.1b", "--type", "q4_0",
                         "--vocab", VOCAB, "-o", a.model], check=True)
     schema = json.load(open(a.schema))
@@ -103,7 +107,8 @@ def main():
                            "--tokens", "1000"], capture_output=True, text=True, check=True).stdout
     print(mask.strip())
     proc, url = serve_util.start_server(a.kvasir, ["-m", a.model, "--stages", "2", "--threads",
-                                                   "1", "--ctx", "2048", "--max-seqs", "2",
+                                                   str(a.stage_threads), "--ctx", "2048",
+                                                   "--max-seqs", "2",
                                                    "--no-standby"], "/tmp/grammar_speed.serve.log")
     pproc, purl = start_peer(a.model, a.peer_port, "/tmp/grammar_speed.peer.log")
     res = {"ours_free": [], "ours_json": [], "peer_free": [], "peer_json": []}
