@@ -19,7 +19,7 @@ times, alternating, and the median is printed with every run's number. The defau
 is the README's (models/tinyllama-1.1b-q4_0.gguf, synthesised when missing). Run it under
 the bench lock: flock /work/bench.lock bench/spec.py
 
-    bench/spec.py --lookup [-m MODEL] [--stages 2] [-n 64] [--runs 3]
+    bench/spec.py --lookup [-m MODEL] [--stages 2] [-n 48] [--runs 3]
 
 The sources without a prediction, over HTTP (`kvasir serve`, --spec off then auto): an
 input-grounded prompt (a story, then its first words again: the answer copies it) and one
