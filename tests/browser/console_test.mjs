@@ -245,7 +245,9 @@ async function main() {
     if (killed) {
       // A real ring may be whole again before the next snapshot: only the stub's stays
       // down long enough to see the lane and the pill red.
+      // The pill and the stage table are redrawn on different frames: wait for both.
       if (stub) await page.waitForSelector('#ring-state.down', { timeout: STEP_MS });
+      if (stub) await page.waitForSelector('#stages tbody tr.down', { timeout: STEP_MS }).catch(() => {});
       await page.waitForSelector('#events li.lost', { timeout: STEP_MS });
       const lost = await page.evaluate(() => ({
         rowDown: document.querySelectorAll('#stages tbody tr.down').length,
