@@ -422,37 +422,18 @@ static enum scan read_llama3(struct reader *d, size_t pos, size_t *next)
     }
 }
 
-#define DS_CALLS_BEGIN                                                                             \
-    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
-    "calls\xe2\x96\x81"                                                                            \
-    "begin\xef\xbd\x9c>"
-#define DS_CALLS_END                                                                               \
-    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
-    "calls\xe2\x96\x81"                                                                            \
-    "end\xef\xbd\x9c>"
-#define DS_CALL_BEGIN                                                                              \
-    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
-    "call\xe2\x96\x81"                                                                             \
-    "begin\xef\xbd\x9c>"
-#define DS_CALL_END                                                                                \
-    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
-    "call\xe2\x96\x81"                                                                             \
-    "end\xef\xbd\x9c>"
-#define DS_SEP                                                                                     \
-    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
-    "sep\xef\xbd\x9c>"
-
 /* One DeepSeek call from <｜tool▁call▁begin｜> to <｜tool▁call▁end｜>. */
 static enum scan read_ds_call(struct reader *d, size_t p, size_t *next)
 {
     const char *s = d->s;
-    size_t end = index_of(s, d->len, p, DS_CALL_END);
+    size_t end = index_of(s, d->len, p, KVR_TOOLCALL_DS_CALL_END);
     if (end == d->len)
         return SCAN_MORE;
-    size_t b = p + strlen(DS_CALL_BEGIN), sep = index_of(s, end, b, DS_SEP);
+    size_t b = p + strlen(KVR_TOOLCALL_DS_CALL_BEGIN),
+           sep = index_of(s, end, b, KVR_TOOLCALL_DS_SEP);
     if (sep == end)
         return SCAN_BAD;
-    size_t nb = sep + strlen(DS_SEP), ne, ab, ae = end;
+    size_t nb = sep + strlen(KVR_TOOLCALL_DS_SEP), ne, ab, ae = end;
     if (sep - b == 8 && !memcmp(s + b, "function", 8)) {
         ne = index_of(s, end, nb, "\n");
         ab = ne;
@@ -463,33 +444,33 @@ static enum scan read_ds_call(struct reader *d, size_t p, size_t *next)
     } else {
         ne = sep;
         nb = b;
-        ab = sep + strlen(DS_SEP);
+        ab = sep + strlen(KVR_TOOLCALL_DS_SEP);
     }
     json_t *j = load(s + ab, ae - ab);
     bool ok = add_call(d->r, s + nb, ne - nb, j);
     json_decref(j);
-    *next = end + strlen(DS_CALL_END);
+    *next = end + strlen(KVR_TOOLCALL_DS_CALL_END);
     return ok ? SCAN_OK : SCAN_BAD;
 }
 
 static enum scan read_deepseek(struct reader *d, size_t pos, size_t *next)
 {
-    size_t p = skip_ws(d->s, d->len, pos + strlen(DS_CALLS_BEGIN));
+    size_t p = skip_ws(d->s, d->len, pos + strlen(KVR_TOOLCALL_DS_CALLS_BEGIN));
     bool any = false;
-    while (at(d->s, d->len, p, DS_CALL_BEGIN)) {
+    while (at(d->s, d->len, p, KVR_TOOLCALL_DS_CALL_BEGIN)) {
         enum scan sc = read_ds_call(d, p, &p);
         if (sc != SCAN_OK)
             return sc;
         any = true;
         p = skip_ws(d->s, d->len, p);
     }
-    if (at(d->s, d->len, p, DS_CALLS_END)) {
-        *next = p + strlen(DS_CALLS_END);
+    if (at(d->s, d->len, p, KVR_TOOLCALL_DS_CALLS_END)) {
+        *next = p + strlen(KVR_TOOLCALL_DS_CALLS_END);
         return any ? SCAN_OK : SCAN_BAD;
     }
     size_t rest = d->len - p;
-    bool partial = kvr_toolcall_partial(d->s + p, rest, DS_CALLS_END) == rest ||
-                   kvr_toolcall_partial(d->s + p, rest, DS_CALL_BEGIN) == rest;
+    bool partial = kvr_toolcall_partial(d->s + p, rest, KVR_TOOLCALL_DS_CALLS_END) == rest ||
+                   kvr_toolcall_partial(d->s + p, rest, KVR_TOOLCALL_DS_CALL_BEGIN) == rest;
     if (p >= d->len || partial) {
         *next = d->len;
         return d->final && any ? SCAN_OK : d->final ? SCAN_BAD : SCAN_MORE;
@@ -651,7 +632,7 @@ static const struct family_rule rules[KVR_TOOLCALL_FAMILY_COUNT] = {
     [KVR_TOOLCALL_QWEN3_CODER] = {"<tool_call>", read_xml, false},
     [KVR_TOOLCALL_GLM45] = {"<tool_call>", read_xml, false},
     [KVR_TOOLCALL_HARMONY] = {NULL, NULL, false},
-    [KVR_TOOLCALL_DEEPSEEK_V3] = {DS_CALLS_BEGIN, read_deepseek, false},
+    [KVR_TOOLCALL_DEEPSEEK_V3] = {KVR_TOOLCALL_DS_CALLS_BEGIN, read_deepseek, false},
 };
 
 /* A call the reader could not finish: held, or (final) text and unfinished. */

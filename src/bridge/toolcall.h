@@ -41,6 +41,28 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* DeepSeek V3's call markers (full-width bars, U+2581 for the spaces), for the parser and
+ * the grammar that forces a call. */
+#define KVR_TOOLCALL_DS_CALLS_BEGIN                                                                \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "calls\xe2\x96\x81"                                                                            \
+    "begin\xef\xbd\x9c>"
+#define KVR_TOOLCALL_DS_CALLS_END                                                                  \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "calls\xe2\x96\x81"                                                                            \
+    "end\xef\xbd\x9c>"
+#define KVR_TOOLCALL_DS_CALL_BEGIN                                                                 \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "call\xe2\x96\x81"                                                                             \
+    "begin\xef\xbd\x9c>"
+#define KVR_TOOLCALL_DS_CALL_END                                                                   \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "call\xe2\x96\x81"                                                                             \
+    "end\xef\xbd\x9c>"
+#define KVR_TOOLCALL_DS_SEP                                                                        \
+    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
+    "sep\xef\xbd\x9c>"
+
 enum kvr_toolcall_family {
     KVR_TOOLCALL_GENERIC,
     KVR_TOOLCALL_LLAMA3,

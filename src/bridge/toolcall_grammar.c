@@ -103,26 +103,6 @@ struct gen {
 
 /* ---- the families' call syntax ---------------------------------------------------------- */
 
-#define DS_CALLS_BEGIN                                                                             \
-    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
-    "calls\xe2\x96\x81"                                                                            \
-    "begin\xef\xbd\x9c>"
-#define DS_CALLS_END                                                                               \
-    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
-    "calls\xe2\x96\x81"                                                                            \
-    "end\xef\xbd\x9c>"
-#define DS_CALL_BEGIN                                                                              \
-    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
-    "call\xe2\x96\x81"                                                                             \
-    "begin\xef\xbd\x9c>"
-#define DS_CALL_END                                                                                \
-    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
-    "call\xe2\x96\x81"                                                                             \
-    "end\xef\xbd\x9c>"
-#define DS_SEP                                                                                     \
-    "<\xef\xbd\x9ctool\xe2\x96\x81"                                                                \
-    "sep\xef\xbd\x9c>"
-
 /* XML-style parameters (Qwen3-Coder, GLM-4.5): each property as its family writes it, a
  * string's value as raw text without '<' (one of its enum values when it has them), any
  * other as JSON under its schema. */
@@ -221,10 +201,11 @@ static int call_expr(struct gen *g, enum kvr_toolcall_family f, const char *fn,
         kvr_sbuf_printf(e, " %s", args);
         return KVR_OK;
     case KVR_TOOLCALL_DEEPSEEK_V3:
-        snprintf(head, sizeof head, DS_CALL_BEGIN "function" DS_SEP "%s\n```json\n", fn);
+        snprintf(head, sizeof head,
+                 KVR_TOOLCALL_DS_CALL_BEGIN "function" KVR_TOOLCALL_DS_SEP "%s\n```json\n", fn);
         lits(e, head);
         kvr_sbuf_printf(e, " %s ", args);
-        lits(e, "\n```" DS_CALL_END);
+        lits(e, "\n```" KVR_TOOLCALL_DS_CALL_END);
         return KVR_OK;
     default:
         return KVR_EINVAL;
@@ -287,7 +268,7 @@ int kvr_toolcall_grammar(const struct kvr_toolcall_opts *o, const struct kvr_too
         sep = "; ";
         break;
     case KVR_TOOLCALL_DEEPSEEK_V3:
-        open = DS_CALLS_BEGIN, close = DS_CALLS_END;
+        open = KVR_TOOLCALL_DS_CALLS_BEGIN, close = KVR_TOOLCALL_DS_CALLS_END;
         break;
     case KVR_TOOLCALL_HARMONY:
         sep = "<|call|><|start|>assistant";
@@ -334,7 +315,7 @@ const char *kvr_toolcall_trigger(enum kvr_toolcall_family f)
     case KVR_TOOLCALL_MISTRAL:
         return "[TOOL_CALLS]";
     case KVR_TOOLCALL_DEEPSEEK_V3:
-        return DS_CALLS_BEGIN;
+        return KVR_TOOLCALL_DS_CALLS_BEGIN;
     default:
         return NULL;
     }
@@ -405,9 +386,9 @@ int kvr_toolcall_grammar_lazy(const struct kvr_toolcall_opts *o, const struct kv
         kvr_sbuf_printf(out, "\"[TOOL_CALLS][\" call %s\"]\"\n",
                         t->parallel ? "(\", \" call){0,7} " : "");
     else if (o->family == KVR_TOOLCALL_DEEPSEEK_V3) {
-        lits(out, DS_CALLS_BEGIN);
+        lits(out, KVR_TOOLCALL_DS_CALLS_BEGIN);
         kvr_sbuf_printf(out, " call %s", t->parallel ? "(\"\\n\" call){0,7} " : "");
-        lits(out, DS_CALLS_END);
+        lits(out, KVR_TOOLCALL_DS_CALLS_END);
         kvr_sbuf_puts(out, "\n");
     } else {
         kvr_sbuf_puts(out, "call\n");
