@@ -202,16 +202,6 @@ double kvr_moe_layer_bytes_per_token(const struct kvr_moe_layer *l,
 
 /* ---- routing ------------------------------------------------------------------------- */
 
-/* Does expert a (logit la) rank before expert b (logit lb)? NaN ranks as -inf. */
-static bool ranks_before(float la, uint32_t a, float lb, uint32_t b)
-{
-    if (isnan(la))
-        la = -INFINITY;
-    if (isnan(lb))
-        lb = -INFINITY;
-    return la > lb || (la == lb && a < b);
-}
-
 void kvr_moe_select_b(const struct kvr_moe_hparams *mp, const float *logits, const float *probs_b,
                       uint32_t *ids, float *weights)
 {
@@ -230,20 +220,7 @@ void kvr_moe_select(const struct kvr_moe_hparams *mp, const float *logits, uint3
         return;
     }
     const uint32_t n = mp->n_expert, k = mp->n_used;
-    /* k passes of a running best over the experts not yet taken: k <= 32, and this keeps
-     * the rule (ranks_before) in one obvious place. */
-    uint64_t taken[KVR_MOE_MAX_EXPERTS / 64] = {0};
-    for (uint32_t s = 0; s < k; s++) {
-        uint32_t best = UINT32_MAX;
-        for (uint32_t e = 0; e < n; e++) {
-            if (taken[e / 64] >> (e % 64) & 1)
-                continue;
-            if (best == UINT32_MAX || ranks_before(logits[e], e, logits[best], best))
-                best = e;
-        }
-        taken[best / 64] |= 1ull << (best % 64);
-        ids[s] = best;
-    }
+    kvr_moe_top_k(logits, n, k, ids);
     float max = logits[ids[0]];
     if (!isfinite(max)) { /* no usable logit: spread the weight evenly */
         for (uint32_t s = 0; s < k; s++)

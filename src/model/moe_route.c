@@ -24,8 +24,7 @@ static bool before(float a, uint32_t ia, float b, uint32_t ib)
     return a > b || (a == b && ia < ib);
 }
 
-/* The k best of v[0..n) into out, best first (k passes of a running best: k is small). */
-static void top_k(const float *v, uint32_t n, uint32_t k, uint32_t *out)
+void kvr_moe_top_k(const float *v, uint32_t n, uint32_t k, uint32_t *out)
 {
     uint64_t taken[KVR_MOE_MAX_EXPERTS / 64] = {0};
     for (uint32_t s = 0; s < k; s++) {
@@ -76,10 +75,10 @@ static void limit_groups(const struct kvr_moe_hparams *mp, float *s)
     float gscore[KVR_MOE_MAX_EXPERTS / 2];
     uint32_t two[2], keep[KVR_MOE_MAX_EXPERTS / 2];
     for (uint32_t g = 0; g < mp->n_group; g++) {
-        top_k(s + (size_t)g * per, per, 2, two);
+        kvr_moe_top_k(s + (size_t)g * per, per, 2, two);
         gscore[g] = s[g * per + two[0]] + s[g * per + two[1]];
     }
-    top_k(gscore, mp->n_group, mp->n_group_used, keep);
+    kvr_moe_top_k(gscore, mp->n_group, mp->n_group_used, keep);
     uint8_t kept[KVR_MOE_MAX_EXPERTS / 2] = {0};
     for (uint32_t i = 0; i < mp->n_group_used; i++)
         kept[keep[i]] = 1;
@@ -99,7 +98,7 @@ void kvr_moe_select_scored(const struct kvr_moe_hparams *mp, const float *logits
         s[e] = isnan(logits[e]) ? -INFINITY : probs_b ? p[e] + probs_b[e] : p[e];
     if (mp->n_group > 1)
         limit_groups(mp, s);
-    top_k(s, n, k, ids);
+    kvr_moe_top_k(s, n, k, ids);
     for (uint32_t i = 0; i < k; i++)
         weights[i] = p[ids[i]];
     if (mp->norm_topk) {

@@ -32,6 +32,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* The k (<= n <= KVR_MOE_MAX_EXPERTS) best of v[0..n) into out, best first: higher first,
+ * NaN as -inf, equal values by the lower index (k passes of a running best: k is small). */
+void kvr_moe_top_k(const float *v, uint32_t n, uint32_t k, uint32_t *out);
+
 /* Does this routing need kvr_moe_select_scored (sigmoid gating, a bias or groups)? */
 bool kvr_moe_route_scored(const struct kvr_moe_hparams *mp, const float *probs_b);
 
