@@ -622,58 +622,6 @@ static bool build_batch(struct kvr_sched *s, struct batch *bt, uint64_t now)
     return bt->n_ctrl > 0 || bt->n_segs > 0;
 }
 
-/* ---- telemetry (the console's: telemetry.h) ------------------------------------------------ */
-
-/* A batch came back: what it carried, by request, and each stage's timing record. Before
- * its results are applied, while every sequence in it still has its request. */
-static void trace_batch(struct kvr_sched *s, const struct batch *bt, const struct kvr_wire_frame *f,
-                        uint64_t now)
-{
-    if (!s->cfg.telemetry)
-        return;
-    uint64_t req_ids[KVR_TELEMETRY_SEQS]; /* the telemetry names no more */
-    for (uint32_t i = 0; i < bt->n_segs && i < KVR_TELEMETRY_SEQS; i++) {
-        const struct seq *q = &s->seqs[bt->segs[i].seq];
-        req_ids[i] = q->r ? q->r->id : 0;
-    }
-    kvr_telemetry_record_batch(
-        s->cfg.telemetry, &(struct kvr_telemetry_batch){.batch_id = bt->id,
-                                                        .sent_ns = bt->sent_ns,
-                                                        .returned_ns = now,
-                                                        .segs = bt->segs,
-                                                        .n_segs = bt->n_segs,
-                                                        .req_ids = req_ids,
-                                                        .n_ctrl = bt->n_ctrl,
-                                                        .timings = f->timings,
-                                                        .n_timings = f->hdr.n_timings,
-                                                        .agent_timings = f->agent_timings,
-                                                        .n_agent_timings = f->n_agent_timings});
-}
-
-/* recover() is holding n_held sequences: the console shows one loss per outage, not one
- * per probe that fails in it, and blames the stage a RESET named (kvr_sched_reset). */
-static void trace_lost(struct kvr_sched *s, uint32_t n_held, const char *why, uint64_t now)
-{
-    int32_t stage = (int32_t)s->reset_blame - 1;
-    s->reset_blame = 0;
-    if (!s->cfg.telemetry || s->tel_lost || (!s->ring_up && !n_held))
-        return;
-    kvr_telemetry_ring_event(s->cfg.telemetry, KVR_TELEMETRY_EV_LOST, stage, n_held, why, now);
-    s->tel_lost = true;
-}
-
-/* The ring is whole again after a loss: the held sequences are re-prefilled. */
-static void trace_recovered(struct kvr_sched *s, uint64_t now)
-{
-    if (!s->cfg.telemetry || !s->tel_lost)
-        return;
-    uint32_t n_held = 0;
-    for (uint32_t i = 0; i < s->plan->max_seqs; i++)
-        n_held += s->seqs[i].held_since != 0;
-    kvr_telemetry_ring_event(s->cfg.telemetry, KVR_TELEMETRY_EV_RECOVERED, -1, n_held, NULL, now);
-    s->tel_lost = false;
-}
-
 /* ---- results ------------------------------------------------------------------------------ */
 
 /* The gauges of recent activity (utilisation, tokens/s) cover the last whole window. The
@@ -803,7 +751,7 @@ static void observe_batch(struct kvr_sched *s, const struct batch *bt,
 
 static void became_up(struct kvr_sched *s, uint64_t now)
 {
-    trace_recovered(s, now);
+    kvr_sched_trace_recovered(s, now);
     s->ring_up = true;
     s->win_start_ns = now;
     KVR_INFO("bridge: ring up (%u stages, %u micro-batches in flight)", s->plan->n_stages,
@@ -831,7 +779,7 @@ int kvr_sched_result(struct kvr_sched *s, const struct kvr_wire_frame *f, uint64
     if (f->hdr.batch_id != bt->id || f->hdr.n_segs != bt->n_segs)
         return kvr_err_set(err, KVR_EPROTO, "result for batch %llu, expected batch %llu",
                            (unsigned long long)f->hdr.batch_id, (unsigned long long)bt->id);
-    trace_batch(s, bt, f, now);
+    kvr_sched_trace_batch(s, bt, f, now);
     uint32_t k = 0;
     for (uint32_t i = 0; i < bt->n_segs; i++) {
         const struct kvr_seg *sg = &bt->segs[i];
@@ -914,7 +862,7 @@ static void recover(struct kvr_sched *s, const char *why, uint64_t now)
         KVR_WARN("bridge: %s: holding %u sequences until the ring is whole again", why, n_held);
     else
         KVR_DEBUG("bridge: %s (%u sequences held)", why, n_held);
-    trace_lost(s, n_held, why, now);
+    kvr_sched_trace_lost(s, n_held, why, now);
     if (n_held && !s->hold_start_ns)
         s->hold_start_ns = now;
     s->ring_up = false;

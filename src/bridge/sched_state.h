@@ -168,4 +168,14 @@ static inline uint64_t seq_deadline(const struct seq *q)
 bool kvr_sched_blocks_fit(const struct kvr_sched *s, const struct kvr_gen_request *req,
                           uint32_t *n_hit);
 
+/* The console's telemetry (sched_trace.c); each does nothing without cfg.telemetry. A batch
+ * came back (before its results are applied, while its sequences still have their
+ * requests); recover() holds n_held sequences (one loss per outage, blamed on the stage a
+ * RESET named); the ring is whole again. */
+struct kvr_wire_frame;
+void kvr_sched_trace_batch(struct kvr_sched *s, const struct batch *bt,
+                           const struct kvr_wire_frame *f, uint64_t now);
+void kvr_sched_trace_lost(struct kvr_sched *s, uint32_t n_held, const char *why, uint64_t now);
+void kvr_sched_trace_recovered(struct kvr_sched *s, uint64_t now);
+
 #endif
