@@ -221,10 +221,15 @@ const char *kvr_telemetry_refusal_name(enum kvr_refusal_reason reason)
 
 /* Times go out in milliseconds on the bridge's monotonic clock, to the microsecond: exact
  * as a double for 104 days of uptime, and what a page's performance.now() arithmetic wants. */
+static void ms_value(struct kvr_jsonw *w, uint64_t ns)
+{
+    kvr_jsonw_fixed(w, (int64_t)((ns + 500) / 1000), 3); /* whole microseconds, as ms */
+}
+
 static void ms(struct kvr_jsonw *w, const char *key, uint64_t ns)
 {
     kvr_jsonw_key(w, key);
-    kvr_jsonw_fixed(w, (int64_t)((ns + 500) / 1000), 3);
+    ms_value(w, ns);
 }
 
 /* Shares and rates, to four decimals. */
@@ -373,9 +378,9 @@ static void sched_json(struct kvr_jsonw *w, const struct kvr_sched_stats *st)
 static void time_json(struct kvr_jsonw *w, const struct kvr_telemetry_time *tm)
 {
     kvr_jsonw_arr(w);
-    kvr_jsonw_fixed(w, (int64_t)((tm->held_ns + 500) / 1000), 3);
-    kvr_jsonw_fixed(w, (int64_t)((tm->starved_ns + 500) / 1000), 3);
-    kvr_jsonw_fixed(w, (int64_t)((tm->blocked_ns + 500) / 1000), 3);
+    ms_value(w, tm->held_ns);
+    ms_value(w, tm->starved_ns);
+    ms_value(w, tm->blocked_ns);
     kvr_jsonw_end(w);
 }
 

@@ -163,3 +163,33 @@ for k, r in enumerate(ref):
 print(f"{len(ref)}/{len(ref)} ids equal")
 PY
 }
+
+# quant_forced SPEC PRESET DIM CTX PCT MAXABS: SPEC's model written in F16 at width DIM
+# (context CTX), quantised to PRESET by the peer's llama-quantize and run teacher-forced on
+# llama.cpp's own 64 greedy ids for each of PROMPTS (`kvasir run --force-ids`): the argmax
+# equals llama.cpp's at >= PCT % of the steps where llama.cpp's top-2 margin is >= 0.05, and
+# the first 4 steps' logits are within MAXABS max-abs. Fails the test otherwise.
+quant_forced() {
+    local spec=$1 preset=$2 dim=$3 ctx=$4 pct=$5 maxabs=$6
+    local name=${spec%%|*} i p ref res
+    local model=$TMP/$name-$preset.gguf
+    synth_arch_model "$spec" f16 "$dim" "$ctx" "$TMP/$name-f16.gguf" 1
+    llama_quantize "$TMP/$name-f16.gguf" "$model" "$preset" 2 >"$TMP/quantize.log" 2>&1 ||
+        { tail -5 "$TMP/quantize.log"; fail "$name: llama-quantize $preset"; }
+    rm -f "$TMP/$name-f16.gguf"
+    if [ "$preset" = MXFP4_MOE ]; then
+        "$KVASIR" info "$model" | grep -q "mxfp4 [0-9]* bytes" || fail "$name: no MXFP4 tensors"
+    fi
+    for i in "${!PROMPTS[@]}"; do
+        p=${PROMPTS[$i]}
+        ref=$TMP/$name.$preset.$i.ref.json
+        refgen "$model" "$p" 64 >"$ref" || fail "$name: refgen"
+        refgen "$model" "$p" 4 1 >"$ref.logits" || fail "$name: refgen logits"
+        timeout 60 "$KVASIR" run -m "$model" --force-ids "$ref" --json --logits 4 -t 2 \
+            >"$TMP/forced.jsonl" 2>"$TMP/run.log" || { cat "$TMP/run.log"; fail "$name: run"; }
+        res=$(compare_forced quant "$ref" "$ref.logits" "$TMP/forced.jsonl" 0.05 "$pct" \
+            "$maxabs") || fail "$name $preset, prompt $i: $res"
+        echo "ok: $name $preset, prompt $i: $res"
+    done
+    rm -f "$model"
+}

@@ -16,49 +16,13 @@ source "$(dirname "$0")/models_ref_lib.bash"
 need_peer
 
 for spec in "${MOE_MODELS[@]}"; do
-    name=${spec%%|*}
-    synth_arch_model "$spec" f16 128 256 "$TMP/$name-f16.gguf" 1
-    model=$TMP/$name-q8_0.gguf
-    llama_quantize "$TMP/$name-f16.gguf" "$model" Q8_0 2 >"$TMP/quantize.log" 2>&1 ||
-        { tail -5 "$TMP/quantize.log"; fail "$name: llama-quantize Q8_0"; }
-    rm -f "$TMP/$name-f16.gguf"
-    for i in "${!PROMPTS[@]}"; do
-        p=${PROMPTS[$i]}
-        ref=$TMP/$name.$i.ref.json
-        refgen "$model" "$p" 64 >"$ref" || fail "$name: refgen"
-        refgen "$model" "$p" 4 1 >"$ref.logits" || fail "$name: refgen logits"
-        timeout 60 "$KVASIR" run -m "$model" --force-ids "$ref" --json --logits 4 -t 2 \
-            >"$TMP/forced.jsonl" 2>"$TMP/run.log" || { cat "$TMP/run.log"; fail "$name: run"; }
-        res=$(compare_forced quant "$ref" "$ref.logits" "$TMP/forced.jsonl" 0.05 98 0.05) ||
-            fail "$name Q8_0, prompt $i: $res"
-        echo "ok: $name Q8_0, prompt $i: $res"
-    done
-    rm -f "$model"
+    quant_forced "$spec" Q8_0 128 256 98 0.05
 done
 
 # gpt-oss with its experts in MXFP4 (llama-quantize MXFP4_MOE: experts MXFP4, the other
 # matrices Q8_0; issue 35, acceptance 2): the argmax equals llama.cpp's at every step where
 # its margin is >= 0.05.
 for spec in "${MOE_MODELS[@]}"; do
-    name=${spec%%|*}
-    [ "$name" = gpt-oss ] || continue
-    synth_arch_model "$spec" f16 128 256 "$TMP/$name-f16.gguf" 1
-    model=$TMP/$name-mxfp4.gguf
-    llama_quantize "$TMP/$name-f16.gguf" "$model" MXFP4_MOE 2 >"$TMP/quantize.log" 2>&1 ||
-        { tail -5 "$TMP/quantize.log"; fail "$name: llama-quantize MXFP4_MOE"; }
-    rm -f "$TMP/$name-f16.gguf"
-    "$KVASIR" info "$model" | grep -q "mxfp4 [0-9]* bytes" || fail "$name: no MXFP4 tensors"
-    for i in "${!PROMPTS[@]}"; do
-        p=${PROMPTS[$i]}
-        ref=$TMP/$name.$i.mx.json
-        refgen "$model" "$p" 64 >"$ref" || fail "$name: refgen"
-        refgen "$model" "$p" 4 1 >"$ref.logits" || fail "$name: refgen logits"
-        timeout 60 "$KVASIR" run -m "$model" --force-ids "$ref" --json --logits 4 -t 2 \
-            >"$TMP/forced.jsonl" 2>"$TMP/run.log" || { cat "$TMP/run.log"; fail "$name: run"; }
-        res=$(compare_forced quant "$ref" "$ref.logits" "$TMP/forced.jsonl" 0.05 100 0.05) ||
-            fail "$name MXFP4_MOE, prompt $i: $res"
-        echo "ok: $name MXFP4_MOE, prompt $i: $res"
-    done
-    rm -f "$model"
+    if [ "${spec%%|*}" = gpt-oss ]; then quant_forced "$spec" MXFP4_MOE 128 256 100 0.05; fi
 done
 echo "PASS"
