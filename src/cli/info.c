@@ -162,9 +162,9 @@ static void describe_mla(const struct kvr_gguf *g, const struct kvr_hparams *hp)
            m->kv_lora_rank, q, m->n_nope, m->n_rope, m->n_v,
            kvr_gguf_find_tensor(g, "blk.0.attn_kv_b.weight") ? "fused" : "split",
            m->kv_lora_rank + m->n_rope);
-    if (m->yarn)
-        printf(", YaRN x%g from %u (log multiplier %g)", (double)m->yarn_factor, m->yarn_n_ctx_orig,
-               (double)m->yarn_log_mul);
+    if (hp->yarn.factor > 0.0f)
+        printf(", YaRN x%g from %u (log multiplier %g)", (double)hp->yarn.factor,
+               hp->yarn.n_ctx_orig, (double)hp->yarn.log_mul);
 }
 
 /* The architecture as the engine reads it: a line for the model's shape, or the reason the
@@ -190,7 +190,7 @@ static void describe_arch(const struct kvr_gguf *g)
         printf(", sliding window %u (period %u)", hp.n_swa, hp.swa_period);
     if (a->has & KVR_LT_BIT(KVR_LT_ATTN_SINKS))
         fputs(", attention sinks", stdout);
-    if (hp.yarn.factor > 0.0f)
+    if (hp.yarn.factor > 0.0f && !a->mla) /* describe_mla says it with its log multiplier */
         printf(", YaRN x%g over %u", (double)hp.yarn.factor, hp.yarn.n_ctx_orig);
     if (hp.attn_softcap > 0.0f || hp.final_softcap > 0.0f)
         printf(", soft-caps %g/%g", (double)hp.attn_softcap, (double)hp.final_softcap);

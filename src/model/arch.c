@@ -279,8 +279,6 @@ static int read_rope_scaling(struct kvr_hparams *hp, const struct kvr_gguf *g, s
     if (type.len == 4 && !memcmp(type.ptr, "none", 4))
         return KVR_OK;
     if (type.len == 4 && !memcmp(type.ptr, "yarn", 4)) {
-        if (hp->arch->mla)
-            return KVR_OK; /* kvr_mla_hparams_read reads YaRN's keys */
         return kvr_yarn_read(&hp->yarn, g, hp->arch->name, factor, hp->n_ctx_train, err);
     }
     if (type.len != 6 || memcmp(type.ptr, "linear", 6))

@@ -164,7 +164,7 @@ struct kvr_hparams {
     uint32_t swa_period;        /* attention.sliding_window_pattern or the arch's default */
     struct kvr_moe_hparams moe; /* experts (ARCH.expert_*); moe.n_expert == 0: dense */
     struct kvr_mla_hparams mla; /* latent attention; mla.kv_lora_rank == 0: none */
-    struct kvr_yarn yarn;       /* YaRN rope scaling (model/gptoss.h); factor 0: none */
+    struct kvr_yarn yarn;       /* YaRN rope scaling (model/yarn.h); factor 0: none */
 };
 
 /* Read and check a model's hyperparameters. An unknown architecture is refused with a

@@ -38,56 +38,16 @@ static int get_u32(const struct kvr_gguf *g, const char *arch, const char *suffi
     return rc;
 }
 
-static int get_f32(const struct kvr_gguf *g, const char *arch, const char *suffix, float *out,
-                   struct kvr_err *err)
-{
-    char k[96];
-    snprintf(k, sizeof k, "%s.%s", arch, suffix);
-    int rc = kvr_gguf_get_f32(g, k, out, err);
-    return rc == KVR_ENOTFOUND ? KVR_OK : rc;
-}
-
-/* The first and last pair dims of YaRN's ramp: where a pair turns beta_fast (32) and
- * beta_slow (1) times over the original context, floor and ceil, clamped to the dims. */
-static float corr_dim(uint32_t n_dims, uint32_t n_ctx_orig, float n_rot, float base)
-{
-    return (float)n_dims * logf((float)n_ctx_orig / (n_rot * 2.0f * (float)M_PI)) /
-           (2.0f * logf(base));
-}
-
-/* rope.scaling.* for YaRN: factor, original context, log multiplier; the ramp's dims and
- * the attention scale. */
-static int read_yarn(struct kvr_hparams *hp, const struct kvr_gguf *g, struct kvr_err *err)
+/* The attention scale: mscale^2 / sqrt(nope + rope), mscale = 1 + log_mul ln(factor) under
+ * YaRN (1 without); the rope runs at YaRN's interpolated frequency scale. */
+static int read_scale(struct kvr_hparams *hp)
 {
     struct kvr_mla_hparams *m = &hp->mla;
-    const char *a = hp->arch->name;
-    char k[96];
-    snprintf(k, sizeof k, "%s.rope.scaling.type", a);
-    struct kvr_gguf_str type = {0, ""};
-    int rc = kvr_gguf_get_str(g, k, &type, err);
-    if (rc && rc != KVR_ENOTFOUND)
-        return rc;
-    m->yarn = type.len == 4 && !memcmp(type.ptr, "yarn", 4);
-    m->yarn_factor = 1.0f;
-    m->yarn_n_ctx_orig = hp->n_ctx_train;
-    if (m->yarn) {
-        if ((rc = get_f32(g, a, "rope.scaling.factor", &m->yarn_factor, err)) ||
-            (rc = get_u32(g, a, "rope.scaling.original_context_length", &m->yarn_n_ctx_orig, false,
-                          err)) ||
-            (rc = get_f32(g, a, "rope.scaling.yarn_log_multiplier", &m->yarn_log_mul, err)))
-            return rc;
-        if (!(m->yarn_factor >= 1.0f) || m->yarn_factor > 1024.0f || !m->yarn_n_ctx_orig ||
-            !(m->yarn_log_mul >= 0.0f) || m->yarn_log_mul > 10.0f)
-            return kvr_err_set(err, KVR_EFORMAT,
-                               "model: YaRN factor %g, original context %u, log multiplier %g",
-                               (double)m->yarn_factor, m->yarn_n_ctx_orig, (double)m->yarn_log_mul);
-        hp->rope_freq_scale = 1.0f / m->yarn_factor;
-        float lo = floorf(corr_dim(m->n_rope, m->yarn_n_ctx_orig, 32.0f, hp->rope_freq_base));
-        float hi = ceilf(corr_dim(m->n_rope, m->yarn_n_ctx_orig, 1.0f, hp->rope_freq_base));
-        m->yarn_corr[0] = lo > 0.0f ? lo : 0.0f;
-        m->yarn_corr[1] = hi < (float)(m->n_rope - 1) ? hi : (float)(m->n_rope - 1);
+    float mscale = 1.0f;
+    if (hp->yarn.factor > 0.0f) {
+        hp->rope_freq_scale = 1.0f / hp->yarn.factor;
+        mscale = 1.0f + hp->yarn.log_mul * logf(1.0f / hp->rope_freq_scale);
     }
-    float mscale = 1.0f + m->yarn_log_mul * logf(1.0f / hp->rope_freq_scale);
     m->kq_scale = mscale * mscale / sqrtf((float)(m->n_nope + m->n_rope));
     return KVR_OK;
 }
@@ -123,7 +83,7 @@ int kvr_mla_hparams_read(struct kvr_hparams *hp, const struct kvr_gguf *g, struc
     hp->kv_dim = hp->head_dim;
     hp->q_dim = hp->n_head * v_head;
     hp->n_rot = rope;
-    return read_yarn(hp, g, err);
+    return read_scale(hp);
 }
 
 /* ---- tensor views -------------------------------------------------------------------- */
@@ -433,30 +393,25 @@ static void rmsnorm(float *x, const float *wt, uint32_t n, float eps)
         x[i] = x[i] * scale * wt[i];
 }
 
-/* cos and sin of each rope pair at position pos; with YaRN each pair's angle is the
- * interpolated one blended towards the extrapolated by the ramp, and cos/sin are scaled
- * by YaRN's magnitude correction times its inverse (llama.cpp's order of operations). */
+/* cos and sin of each rope pair at position pos: YaRN's tables (model/yarn.h) with an
+ * attention factor that cancels their magnitude correction (DeepSeek's own mscale ratio is
+ * 1; the correction goes into kq_scale instead), computed in llama.cpp's order of
+ * operations; without YaRN, the plain (possibly linearly scaled) angles. */
 static void rope_tables(const struct kvr_hparams *hp, uint32_t pos, float *cos_t, float *sin_t)
 {
     const struct kvr_mla_hparams *m = &hp->mla;
+    if (hp->yarn.factor > 0.0f) {
+        struct kvr_yarn y = hp->yarn;
+        y.attn_factor = 1.0f / (1.0f + 0.1f * logf(1.0f / (1.0f / y.factor)));
+        kvr_yarn_tables(cos_t, sin_t, m->n_rope, pos, hp->rope_freq_base, &y);
+        return;
+    }
     const float fs = hp->rope_freq_scale;
     const float theta_scale = powf(hp->rope_freq_base, -2.0f / (float)m->n_rope);
-    float mscale = 1.0f;
-    if (m->yarn) {
-        float attn_factor = 1.0f / (1.0f + 0.1f * logf(1.0f / fs));
-        mscale = attn_factor * (1.0f + 0.1f * logf(1.0f / fs));
-    }
     float theta = (float)pos;
     for (uint32_t i = 0; i < m->n_rope / 2; i++) {
-        float interp = fs * theta, t = interp;
-        if (m->yarn) {
-            float y =
-                ((float)i - m->yarn_corr[0]) / fmaxf(0.001f, m->yarn_corr[1] - m->yarn_corr[0]);
-            float ramp = 1.0f - fminf(1.0f, fmaxf(0.0f, y));
-            t = interp * (1.0f - ramp) + theta * ramp;
-        }
-        cos_t[i] = cosf(t) * mscale;
-        sin_t[i] = sinf(t) * mscale;
+        cos_t[i] = cosf(fs * theta);
+        sin_t[i] = sinf(fs * theta);
         theta *= theta_scale;
     }
 }

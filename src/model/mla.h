@@ -23,8 +23,8 @@
  * of the split form (dequantized: the fused form is a legacy one). Keys `deepseek2.`
  * attention.q_lora_rank (absent: plain attn_q), attention.kv_lora_rank,
  * attention.key_length_mla / value_length_mla (nope + rope and v; the older files' own
- * key_length / value_length), rope.dimension_count (rope), and YaRN's rope.scaling.type
- * "yarn", .factor, .original_context_length, .yarn_log_multiplier.
+ * key_length / value_length), rope.dimension_count (rope), and YaRN's keys (model/yarn.h,
+ * read by arch.c into hparams.yarn).
  *
  * RoPE pairs adjacent values (2i, 2i + 1) of the rope slices only. YaRN, as llama.cpp
  * computes it: each pair's angle blends the interpolated (pos / factor) and extrapolated
@@ -57,17 +57,12 @@ struct kvr_hparams;
 struct kvr_kv;
 
 struct kvr_mla_hparams {
-    uint32_t q_lora_rank;     /* 0: queries through a plain attn_q */
-    uint32_t kv_lora_rank;    /* L, the latent's width; 0: not an MLA model */
-    uint32_t n_nope;          /* per-head key width without RoPE */
-    uint32_t n_rope;          /* per-head RoPE width (rope.dimension_count) */
-    uint32_t n_v;             /* per-head value width */
-    float kq_scale;           /* score scale: mscale^2 / sqrt(n_nope + n_rope) */
-    bool yarn;                /* rope.scaling.type yarn */
-    float yarn_factor;        /* rope.scaling.factor (1: none) */
-    uint32_t yarn_n_ctx_orig; /* rope.scaling.original_context_length */
-    float yarn_log_mul;       /* rope.scaling.yarn_log_multiplier */
-    float yarn_corr[2];       /* the ramp's first and last pair dims (of n_rope) */
+    uint32_t q_lora_rank;  /* 0: queries through a plain attn_q */
+    uint32_t kv_lora_rank; /* L, the latent's width; 0: not an MLA model */
+    uint32_t n_nope;       /* per-head key width without RoPE */
+    uint32_t n_rope;       /* per-head RoPE width (rope.dimension_count) */
+    uint32_t n_v;          /* per-head value width */
+    float kq_scale;        /* score scale: mscale^2 / sqrt(n_nope + n_rope) */
 };
 
 /* Read the MLA keys of a deepseek2 file into hp->mla and set the widths the rest of the

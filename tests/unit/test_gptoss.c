@@ -68,7 +68,7 @@ static void test_yarn_tables(void **state)
     float c[N_ROT / 2], s[N_ROT / 2];
     const float base = 150000.0f;
     /* factor 1: plain RoPE, angle pos * base^(-2i / n_rot), unscaled */
-    struct kvr_yarn one = {1.0f, 4096, 32.0f, 1.0f, 1.0f};
+    struct kvr_yarn one = {1.0f, 4096, 32.0f, 1.0f, 1.0f, 0.0f};
     kvr_yarn_tables(c, s, N_ROT, 37, base, &one);
     for (int i = 0; i < N_ROT / 2; i++) {
         double t = 37.0 * pow(base, -2.0 * i / N_ROT);
@@ -76,7 +76,7 @@ static void test_yarn_tables(void **state)
         assert_float_equal(s[i], sin(t), 1e-4);
     }
     /* factor 32: pair 0 keeps its angle, the last is interpolated, all scaled by mscale */
-    struct kvr_yarn y = {32.0f, 4096, 32.0f, 1.0f, 1.0f};
+    struct kvr_yarn y = {32.0f, 4096, 32.0f, 1.0f, 1.0f, 0.0f};
     kvr_yarn_tables(c, s, N_ROT, 37, base, &y);
     double ms = 1.0 + 0.1 * log(32.0);
     assert_float_equal(c[0], cos(37.0) * ms, 1e-4);

@@ -179,7 +179,8 @@ static void test_hparams(void **state)
     assert_int_equal(hp->n_head_kv, 1);
     assert_int_equal(hp->kv_dim, DIM / 2 + DIM / HEADS / 2);
     assert_int_equal(hp->q_dim, HEADS * (DIM / HEADS));
-    assert_true(hp->mla.yarn);
+    assert_float_equal(hp->yarn.factor, 4.0f, 0.0f);
+    assert_float_equal(hp->yarn.log_mul, 0.2f, 1e-7);
     float mscale = 1.0f + 0.2f * logf(4.0f);
     assert_float_equal(hp->mla.kq_scale, mscale * mscale / sqrtf((float)(DIM / HEADS * 3 / 2)),
                        1e-6);
