@@ -13,7 +13,8 @@
  *
  * Decode reads every weight once per token, so tokens/s <= bandwidth / bytes per token.
  * Bytes per token = every tensor of the model except the token embedding, of which only
- * one row is read (unless the output head is tied to it, then all of it). Give the
+ * one row is read (unless the output head is tied to it, then all of it), and of a
+ * mixture's experts only the k a token uses. Give the
  * machine's read bandwidth (bench_bandwidth --threads N, same N) with --bandwidth to get
  * the fraction; bench/forward.sh does both. */
 #include "core/alloc.h"
@@ -39,14 +40,23 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-static double bytes_per_token(const struct kvr_gguf *g)
+/* Weight bytes one decoded token reads: every tensor, except that of the token embedding
+ * only one row is read (unless the head is tied to it), of a mixture's expert tensors
+ * (`*_exps`, all experts of a layer in one tensor) only the k of n experts a row uses, and
+ * none of the blocks past the last layer the forward runs (glm4moe's NextN block). */
+static double bytes_per_token(const struct kvr_gguf *g, const struct kvr_hparams *hp)
 {
     double sum = 0;
     bool tied = kvr_gguf_find_tensor(g, "output.weight") == NULL;
     for (int64_t i = 0; i < kvr_gguf_n_tensors(g); i++) {
         const struct kvr_gguf_tensor *t = kvr_gguf_tensor(g, i);
+        unsigned blk;
+        if (sscanf(t->name, "blk.%u.", &blk) == 1 && blk >= hp->n_layer)
+            continue;
         if (!strcmp(t->name, "token_embd.weight") && !tied)
             sum += (double)t->n_bytes / (double)t->ne[1];
+        else if (strstr(t->name, "_exps") && hp->moe.n_expert)
+            sum += (double)t->n_bytes * hp->moe.n_used / hp->moe.n_expert;
         else
             sum += (double)t->n_bytes;
     }
@@ -130,7 +140,7 @@ int main(int argc, char **argv)
     double *step_ms = kvr_calloc((size_t)(reps * n_decode), sizeof(double)); /* every token */
     if (!tokens || !logits || !prefill || !decode || !step_ms)
         return 1;
-    double bpt = bytes_per_token(g);
+    double bpt = bytes_per_token(g, &hp);
     printf("model %s: %u layers, dim %u, vocab %u, %.1f MB read per decoded token, %s "
            "kernels, %ld threads\n",
            path, hp.n_layer, hp.n_embd, hp.n_vocab, bpt / 1e6, kvr_kernels_name(), threads);
