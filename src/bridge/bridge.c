@@ -1118,17 +1118,18 @@ void kvr_bridge_spec(struct kvr_gen_stream *s, uint32_t *drafted, uint32_t *acce
 void kvr_bridge_telemetry(struct kvr_bridge *b, struct kvr_telemetry_reader *reader,
                           struct kvr_telemetry_snapshot *snap)
 {
-    struct kvr_sched_stats stats;
-    struct kvr_telemetry_stage_state states[KVR_PLAN_MAX_STAGES] = {0};
+    /* Only what the snapshot reads is written (the stats in place, the stages in use):
+     * a page asks four times a second, and this holds the lock. */
+    struct kvr_telemetry_stage_state states[KVR_PLAN_MAX_STAGES];
     pthread_mutex_lock(&b->lock);
-    kvr_sched_stats(b->sched, &stats);
+    kvr_sched_stats(b->sched, &snap->stats);
     for (uint32_t i = 0; i < b->plan.n_stages; i++) {
         snprintf(states[i].state, sizeof states[i].state, "%s",
                  kvr_stage_state_name(b->stages[i].state));
         states[i].since_ns = b->stages[i].since_ns;
         snprintf(states[i].last_error, sizeof states[i].last_error, "%s", b->stages[i].last_error);
     }
-    kvr_telemetry_take(b->telemetry, reader, &b->plan, &stats, states, b->plan.n_stages,
+    kvr_telemetry_take(b->telemetry, reader, &b->plan, &snap->stats, states, b->plan.n_stages,
                        kvr_now_ns(), snap);
     pthread_mutex_unlock(&b->lock);
 }

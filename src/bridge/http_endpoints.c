@@ -246,7 +246,8 @@ struct tel_stream {
 
 /* The stream's cost in kvasir:telemetry_cpu_seconds_total: the connection's own thread's CPU
  * time (thread per connection), counted at each call, so the sending libmicrohttpd does
- * between calls counts too. */
+ * between calls counts too (and a snapshot built in one call is counted at the next: one
+ * clock read per snapshot, which is a system call). */
 static void count_cpu(struct tel_stream *t)
 {
     uint64_t now = kvr_thread_cpu_ns();
@@ -309,7 +310,6 @@ static ssize_t telemetry_read(void *cls, uint64_t pos, char *buf, size_t max)
         t->snap->interval_ms = t->interval_ms;
         if (kvr_telemetry_sse(t->snap, &t->out))
             return MHD_CONTENT_READER_END_WITH_ERROR;
-        count_cpu(t);
     }
 }
 

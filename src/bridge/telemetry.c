@@ -6,6 +6,7 @@
 #include "core/jsonw.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -111,11 +112,14 @@ void kvr_telemetry_ring_event(struct kvr_telemetry *t, enum kvr_telemetry_event_
 
 /* ---- taking a snapshot ------------------------------------------------------------------- */
 
+/* Fills the header and the stages and agents in use, and nothing else: the whole summary
+ * is 40 KiB, mostly unused, and this runs under the bridge's lock. */
 static void summarise_plan(struct kvr_plan_summary *ps, const struct kvr_plan *plan)
 {
-    memset(ps, 0, sizeof *ps);
-    if (!plan)
+    if (!plan) {
+        memset(ps, 0, offsetof(struct kvr_plan_summary, stage));
         return;
+    }
     ps->epoch = plan->epoch;
     ps->n_stages = plan->n_stages < KVR_PLAN_MAX_STAGES ? plan->n_stages : KVR_PLAN_MAX_STAGES;
     ps->n_agents = plan->n_agents < KVR_PLAN_MAX_AGENTS ? plan->n_agents : KVR_PLAN_MAX_AGENTS;
@@ -144,6 +148,19 @@ static void summarise_plan(struct kvr_plan_summary *ps, const struct kvr_plan *p
     }
 }
 
+/* Only the parts of a trace in use: a whole one is 4 KiB, a typical one a tenth of that, and
+ * this runs under the bridge's lock. */
+static void copy_trace(struct kvr_telemetry_trace *dst, const struct kvr_telemetry_trace *src)
+{
+    memcpy(dst, src, offsetof(struct kvr_telemetry_trace, seqs));
+    memcpy(dst->seqs, src->seqs, src->n_seqs * sizeof src->seqs[0]);
+    dst->n_stages = src->n_stages;
+    memcpy(dst->stage, src->stage, src->n_stages * sizeof src->stage[0]);
+    dst->n_agents = src->n_agents;
+    dst->n_agents_more = src->n_agents_more;
+    memcpy(dst->agent, src->agent, src->n_agents * sizeof src->agent[0]);
+}
+
 void kvr_telemetry_take(const struct kvr_telemetry *t, struct kvr_telemetry_reader *reader,
                         const struct kvr_plan *plan, const struct kvr_sched_stats *stats,
                         const struct kvr_telemetry_stage_state *states, uint32_t n_states,
@@ -151,10 +168,10 @@ void kvr_telemetry_take(const struct kvr_telemetry *t, struct kvr_telemetry_read
 {
     snap->now_ns = now_ns;
     summarise_plan(&snap->plan, plan);
-    if (stats)
-        snap->stats = *stats;
-    else
+    if (!stats)
         memset(&snap->stats, 0, sizeof snap->stats);
+    else if (stats != &snap->stats) /* else the caller filled it in place */
+        snap->stats = *stats;
     snap->n_stage_states =
         states ? (n_states < KVR_PLAN_MAX_STAGES ? n_states : KVR_PLAN_MAX_STAGES) : 0;
     if (snap->n_stage_states)
@@ -174,7 +191,7 @@ void kvr_telemetry_take(const struct kvr_telemetry *t, struct kvr_telemetry_read
         first = newest - KVR_TELEMETRY_SNAPSHOT_TRACES + 1;
     snap->n_traces = 0;
     for (uint64_t s = first; s <= newest; s++)
-        snap->traces[snap->n_traces++] = t->traces[(s - 1) % KVR_TELEMETRY_TRACES];
+        copy_trace(&snap->traces[snap->n_traces++], &t->traces[(s - 1) % KVR_TELEMETRY_TRACES]);
     snap->traces_missed = pending - snap->n_traces;
     reader->trace_serial = newest;
 
@@ -221,44 +238,39 @@ const char *kvr_telemetry_refusal_name(enum kvr_refusal_reason reason)
 
 /* Times go out in milliseconds on the bridge's monotonic clock, to the microsecond: exact
  * as a double for 104 days of uptime, and what a page's performance.now() arithmetic wants. */
-static void ms_value(struct kvr_jsonw *w, uint64_t ns)
+static int64_t ms_micros(uint64_t ns)
 {
-    kvr_jsonw_fixed(w, (int64_t)((ns + 500) / 1000), 3); /* whole microseconds, as ms */
+    return (int64_t)((ns + 500) / 1000); /* whole microseconds, as ms */
 }
 
-static void ms(struct kvr_jsonw *w, const char *key, uint64_t ns)
+static void ms_value(struct kvr_jsonw *w, uint64_t ns)
 {
-    kvr_jsonw_key(w, key);
-    ms_value(w, ns);
+    kvr_jsonw_fixed(w, ms_micros(ns), 3);
 }
 
 /* Shares and rates, to four decimals. */
-static void frac(struct kvr_jsonw *w, const char *key, double x)
+static void frac_value(struct kvr_jsonw *w, double x)
 {
-    kvr_jsonw_key(w, key);
     kvr_jsonw_fixed(w, (int64_t)llround(x * 1e4), 4);
 }
 
-static void uint_field(struct kvr_jsonw *w, const char *key, uint64_t v)
+static void pair_value(struct kvr_jsonw *w, uint32_t a, uint32_t b)
 {
-    kvr_jsonw_key(w, key);
-    kvr_jsonw_uint(w, v);
-}
-
-static void str_field(struct kvr_jsonw *w, const char *key, const char *v)
-{
-    kvr_jsonw_key(w, key);
-    kvr_jsonw_str(w, v);
-}
-
-static void pair(struct kvr_jsonw *w, const char *key, uint32_t a, uint32_t b)
-{
-    kvr_jsonw_key(w, key);
     kvr_jsonw_arr(w);
     kvr_jsonw_uint(w, a);
     kvr_jsonw_uint(w, b);
     kvr_jsonw_end(w);
 }
+
+/* A field whose key is a literal: written without escaping it (KVR_JSONW_KEY). */
+#define UINT_FIELD(w, key, v) (KVR_JSONW_KEY(w, key), kvr_jsonw_uint(w, v))
+#define STR_FIELD(w, key, v) (KVR_JSONW_KEY(w, key), kvr_jsonw_str(w, v))
+#define MS_FIELD(w, key, ns) (KVR_JSONW_KEY(w, key), ms_value(w, ns))
+#define FRAC_FIELD(w, key, x) (KVR_JSONW_KEY(w, key), frac_value(w, x))
+#define PAIR_FIELD(w, key, a, b) (KVR_JSONW_KEY(w, key), pair_value(w, a, b))
+
+/* Appends a literal to a text being built at p. */
+#define PUT_LIT(p, lit) (memcpy((p), lit, sizeof(lit) - 1), (p) + sizeof(lit) - 1)
 
 /* Does agent `ag` hold any layer of stage `st`? Then it is drawn beside that stage. */
 static bool agent_serves(const struct kvr_plan_summary *ps, uint32_t ag, uint32_t st)
@@ -277,30 +289,30 @@ static void stage_json(struct kvr_jsonw *w, const struct kvr_telemetry_snapshot 
     const struct kvr_plan_summary *ps = &sn->plan;
     const struct kvr_sched_stats *st = &sn->stats;
     kvr_jsonw_obj(w);
-    uint_field(w, "index", i);
-    str_field(w, "addr", ps->stage[i].addr);
-    pair(w, "layers", ps->stage[i].first_layer, ps->stage[i].last_layer);
-    uint_field(w, "threads", ps->stage[i].n_threads);
+    UINT_FIELD(w, "index", i);
+    STR_FIELD(w, "addr", ps->stage[i].addr);
+    PAIR_FIELD(w, "layers", ps->stage[i].first_layer, ps->stage[i].last_layer);
+    UINT_FIELD(w, "threads", ps->stage[i].n_threads);
     if (i < sn->n_stage_states) {
         const struct kvr_telemetry_stage_state *ss = &sn->stage_state[i];
-        str_field(w, "state", ss->state[0] ? ss->state : "unknown");
-        ms(w, "since_ms", ss->since_ns);
-        str_field(w, "error", ss->last_error);
+        STR_FIELD(w, "state", ss->state[0] ? ss->state : "unknown");
+        MS_FIELD(w, "since_ms", ss->since_ns);
+        STR_FIELD(w, "error", ss->last_error);
     } else {
-        str_field(w, "state", st->ring_up ? "up" : "unknown");
-        kvr_jsonw_key(w, "since_ms");
+        STR_FIELD(w, "state", st->ring_up ? "up" : "unknown");
+        KVR_JSONW_KEY(w, "since_ms");
         kvr_jsonw_null(w);
-        str_field(w, "error", "");
+        STR_FIELD(w, "error", "");
     }
     const struct kvr_sched_stage_stats *ss = i < st->n_stages ? &st->stage[i] : NULL;
-    frac(w, "held", ss ? ss->util : 0);
-    frac(w, "starved", ss ? ss->starved_frac : 0);
-    frac(w, "blocked", ss ? ss->blocked_frac : 0);
-    ms(w, "held_ms_total", ss ? ss->held_ns : 0);
-    ms(w, "starved_ms_total", ss ? ss->starved_ns : 0);
-    ms(w, "blocked_ms_total", ss ? ss->blocked_ns : 0);
-    uint_field(w, "kv_blocks", (uint64_t)st->kv_blocks_used + st->kv_blocks_cached);
-    kvr_jsonw_key(w, "agents");
+    FRAC_FIELD(w, "held", ss ? ss->util : 0);
+    FRAC_FIELD(w, "starved", ss ? ss->starved_frac : 0);
+    FRAC_FIELD(w, "blocked", ss ? ss->blocked_frac : 0);
+    MS_FIELD(w, "held_ms_total", ss ? ss->held_ns : 0);
+    MS_FIELD(w, "starved_ms_total", ss ? ss->starved_ns : 0);
+    MS_FIELD(w, "blocked_ms_total", ss ? ss->blocked_ns : 0);
+    UINT_FIELD(w, "kv_blocks", (uint64_t)st->kv_blocks_used + st->kv_blocks_cached);
+    KVR_JSONW_KEY(w, "agents");
     kvr_jsonw_arr(w);
     for (uint32_t a = 0; a < ps->n_agents; a++)
         if (agent_serves(ps, a, i))
@@ -313,144 +325,158 @@ static void agent_json(struct kvr_jsonw *w, const struct kvr_telemetry_snapshot 
 {
     const struct kvr_plan_summary *ps = &sn->plan;
     kvr_jsonw_obj(w);
-    uint_field(w, "index", i);
-    str_field(w, "addr", ps->agent[i].addr);
-    uint_field(w, "threads", ps->agent[i].n_threads);
-    kvr_jsonw_key(w, "holds");
+    UINT_FIELD(w, "index", i);
+    STR_FIELD(w, "addr", ps->agent[i].addr);
+    UINT_FIELD(w, "threads", ps->agent[i].n_threads);
+    KVR_JSONW_KEY(w, "holds");
     kvr_jsonw_arr(w);
     for (uint32_t h = 0; h < ps->agent[i].n_holds; h++) {
         const struct kvr_plan_hold *hd = &ps->agent[i].holds[h];
         kvr_jsonw_obj(w);
-        pair(w, "layers", hd->first_layer, hd->last_layer);
-        pair(w, "experts", hd->first_expert, hd->last_expert);
+        PAIR_FIELD(w, "layers", hd->first_layer, hd->last_layer);
+        PAIR_FIELD(w, "experts", hd->first_expert, hd->last_expert);
         kvr_jsonw_end(w);
     }
     kvr_jsonw_end(w);
-    kvr_jsonw_key(w, "stages");
+    KVR_JSONW_KEY(w, "stages");
     kvr_jsonw_arr(w);
     for (uint32_t s = 0; s < ps->n_stages; s++)
         if (agent_serves(ps, i, s))
             kvr_jsonw_uint(w, s);
     kvr_jsonw_end(w);
     const struct kvr_sched_agent_stats *as = i < sn->stats.n_agents ? &sn->stats.agent[i] : NULL;
-    ms(w, "held_ms_total", as ? as->held_ns : 0);
-    ms(w, "starved_ms_total", as ? as->starved_ns : 0);
-    ms(w, "blocked_ms_total", as ? as->blocked_ns : 0);
-    uint_field(w, "pairs", as ? as->pairs : 0);
+    MS_FIELD(w, "held_ms_total", as ? as->held_ns : 0);
+    MS_FIELD(w, "starved_ms_total", as ? as->starved_ns : 0);
+    MS_FIELD(w, "blocked_ms_total", as ? as->blocked_ns : 0);
+    UINT_FIELD(w, "pairs", as ? as->pairs : 0);
     kvr_jsonw_end(w);
 }
 
 static void sched_json(struct kvr_jsonw *w, const struct kvr_sched_stats *st)
 {
     kvr_jsonw_obj(w);
-    uint_field(w, "running", st->running);
-    uint_field(w, "waiting", st->waiting);
-    uint_field(w, "inflight", st->inflight);
-    uint_field(w, "batches", st->batches);
-    uint_field(w, "prompt_tokens", st->prompt_tokens);
-    uint_field(w, "generated_tokens", st->generated_tokens);
-    frac(w, "tokens_per_s", st->tokens_per_s);
-    frac(w, "batch_ms", st->batch_ms_ema);
-    kvr_jsonw_key(w, "kv_blocks");
+    UINT_FIELD(w, "running", st->running);
+    UINT_FIELD(w, "waiting", st->waiting);
+    UINT_FIELD(w, "inflight", st->inflight);
+    UINT_FIELD(w, "batches", st->batches);
+    UINT_FIELD(w, "prompt_tokens", st->prompt_tokens);
+    UINT_FIELD(w, "generated_tokens", st->generated_tokens);
+    FRAC_FIELD(w, "tokens_per_s", st->tokens_per_s);
+    FRAC_FIELD(w, "batch_ms", st->batch_ms_ema);
+    KVR_JSONW_KEY(w, "kv_blocks");
     kvr_jsonw_obj(w);
-    uint_field(w, "used", st->kv_blocks_used);
-    uint_field(w, "cached", st->kv_blocks_cached);
-    uint_field(w, "total", st->kv_blocks_total);
+    UINT_FIELD(w, "used", st->kv_blocks_used);
+    UINT_FIELD(w, "cached", st->kv_blocks_cached);
+    UINT_FIELD(w, "total", st->kv_blocks_total);
     kvr_jsonw_end(w);
-    kvr_jsonw_key(w, "prefix_cache");
+    KVR_JSONW_KEY(w, "prefix_cache");
     kvr_jsonw_obj(w);
-    uint_field(w, "queries", st->prefix_queries);
-    uint_field(w, "hits", st->prefix_hits);
-    uint_field(w, "evicted", st->prefix_evicted);
+    UINT_FIELD(w, "queries", st->prefix_queries);
+    UINT_FIELD(w, "hits", st->prefix_hits);
+    UINT_FIELD(w, "evicted", st->prefix_evicted);
     kvr_jsonw_end(w);
-    uint_field(w, "admitted", st->admitted);
-    kvr_jsonw_key(w, "refused");
+    UINT_FIELD(w, "admitted", st->admitted);
+    KVR_JSONW_KEY(w, "refused");
     kvr_jsonw_obj(w);
     for (int r = 0; r < KVR_REFUSE_REASON_COUNT; r++) {
         const char *name = kvr_telemetry_refusal_name((enum kvr_refusal_reason)r);
-        if (name)
-            uint_field(w, name, st->refused[r]);
+        if (name) {
+            kvr_jsonw_key(w, name);
+            kvr_jsonw_uint(w, st->refused[r]);
+        }
     }
     kvr_jsonw_end(w);
     kvr_jsonw_end(w);
 }
 
+/* A stage's [held_ms, starved_ms, blocked_ms], built whole: a snapshot has up to 64 x 64. */
 static void time_json(struct kvr_jsonw *w, const struct kvr_telemetry_time *tm)
 {
-    kvr_jsonw_arr(w);
-    ms_value(w, tm->held_ns);
-    ms_value(w, tm->starved_ns);
-    ms_value(w, tm->blocked_ns);
-    kvr_jsonw_end(w);
+    char buf[3 * 40 + 4], *p = buf;
+    *p++ = '[';
+    p = kvr_jsonw_fixed_text(p, ms_micros(tm->held_ns), 3);
+    *p++ = ',';
+    p = kvr_jsonw_fixed_text(p, ms_micros(tm->starved_ns), 3);
+    *p++ = ',';
+    p = kvr_jsonw_fixed_text(p, ms_micros(tm->blocked_ns), 3);
+    *p++ = ']';
+    kvr_jsonw_raw(w, buf, (size_t)(p - buf));
+}
+
+/* One sequence of a batch, built whole and placed as one value: sequences are the bulk of
+ * a snapshot (up to 64 batches of 64), and the writer's per-value bookkeeping was most of
+ * its cost. The same text the field-by-field writer gives. */
+static void seq_json(struct kvr_jsonw *w, const struct kvr_telemetry_seq *q)
+{
+    char buf[160], *p = buf;
+    p = PUT_LIT(p, "{\"seq\":");
+    p = kvr_jsonw_uint_text(p, q->seq);
+    p = PUT_LIT(p, ",\"req\":");
+    p = q->req_id ? kvr_jsonw_uint_text(p, q->req_id) : PUT_LIT(p, "null");
+    p = PUT_LIT(p, ",\"kind\":\"");
+    const char *kind = kvr_telemetry_kind_name(q->kind); /* plain ASCII, no escapes */
+    size_t n = strlen(kind);
+    memcpy(p, kind, n);
+    p = PUT_LIT(p + n, "\",\"rows\":");
+    p = kvr_jsonw_uint_text(p, q->n_rows);
+    if (q->last_chunk)
+        p = PUT_LIT(p, ",\"last\":true");
+    *p++ = '}';
+    kvr_jsonw_raw(w, buf, (size_t)(p - buf));
 }
 
 static void trace_json(struct kvr_jsonw *w, const struct kvr_telemetry_trace *tr)
 {
     kvr_jsonw_obj(w);
-    uint_field(w, "id", tr->batch_id);
-    ms(w, "sent_ms", tr->sent_ns);
-    ms(w, "returned_ms", tr->returned_ns);
-    uint_field(w, "ctrl", tr->n_ctrl);
-    uint_field(w, "prefill_rows", tr->n_rows_prefill);
-    uint_field(w, "decode_rows", tr->n_rows_decode);
-    kvr_jsonw_key(w, "seqs");
+    UINT_FIELD(w, "id", tr->batch_id);
+    MS_FIELD(w, "sent_ms", tr->sent_ns);
+    MS_FIELD(w, "returned_ms", tr->returned_ns);
+    UINT_FIELD(w, "ctrl", tr->n_ctrl);
+    UINT_FIELD(w, "prefill_rows", tr->n_rows_prefill);
+    UINT_FIELD(w, "decode_rows", tr->n_rows_decode);
+    KVR_JSONW_KEY(w, "seqs");
     kvr_jsonw_arr(w);
-    for (uint32_t i = 0; i < tr->n_seqs; i++) {
-        const struct kvr_telemetry_seq *q = &tr->seqs[i];
-        kvr_jsonw_obj(w);
-        uint_field(w, "seq", q->seq);
-        kvr_jsonw_key(w, "req");
-        if (q->req_id)
-            kvr_jsonw_uint(w, q->req_id);
-        else
-            kvr_jsonw_null(w);
-        str_field(w, "kind", kvr_telemetry_kind_name(q->kind));
-        uint_field(w, "rows", q->n_rows);
-        if (q->last_chunk) {
-            kvr_jsonw_key(w, "last");
-            kvr_jsonw_bool(w, true);
-        }
-        kvr_jsonw_end(w);
-    }
+    for (uint32_t i = 0; i < tr->n_seqs; i++)
+        seq_json(w, &tr->seqs[i]);
     kvr_jsonw_end(w);
-    uint_field(w, "seqs_more", tr->n_seqs_more);
-    kvr_jsonw_key(w, "stages");
+    UINT_FIELD(w, "seqs_more", tr->n_seqs_more);
+    KVR_JSONW_KEY(w, "stages");
     kvr_jsonw_arr(w);
     for (uint32_t i = 0; i < tr->n_stages; i++)
         time_json(w, &tr->stage[i]);
     kvr_jsonw_end(w);
-    kvr_jsonw_key(w, "agents");
+    KVR_JSONW_KEY(w, "agents");
     kvr_jsonw_arr(w);
     for (uint32_t i = 0; i < tr->n_agents; i++) {
         const struct kvr_telemetry_time *tm = &tr->agent[i];
         kvr_jsonw_obj(w);
-        uint_field(w, "agent", tm->agent);
-        ms(w, "held_ms", tm->held_ns);
-        ms(w, "starved_ms", tm->starved_ns);
-        ms(w, "blocked_ms", tm->blocked_ns);
-        uint_field(w, "pairs", tm->pairs);
+        UINT_FIELD(w, "agent", tm->agent);
+        MS_FIELD(w, "held_ms", tm->held_ns);
+        MS_FIELD(w, "starved_ms", tm->starved_ns);
+        MS_FIELD(w, "blocked_ms", tm->blocked_ns);
+        UINT_FIELD(w, "pairs", tm->pairs);
         kvr_jsonw_end(w);
     }
     kvr_jsonw_end(w);
     if (tr->n_agents_more)
-        uint_field(w, "agents_more", tr->n_agents_more);
+        UINT_FIELD(w, "agents_more", tr->n_agents_more);
     kvr_jsonw_end(w);
 }
 
 static void event_json(struct kvr_jsonw *w, const struct kvr_telemetry_event *ev)
 {
     kvr_jsonw_obj(w);
-    ms(w, "t_ms", ev->t_ns);
-    str_field(w, "type", kvr_telemetry_event_name(ev->type));
-    kvr_jsonw_key(w, "stage");
+    MS_FIELD(w, "t_ms", ev->t_ns);
+    STR_FIELD(w, "type", kvr_telemetry_event_name(ev->type));
+    KVR_JSONW_KEY(w, "stage");
     if (ev->stage >= 0)
         kvr_jsonw_int(w, ev->stage);
     else
         kvr_jsonw_null(w);
-    uint_field(w, "held", ev->n_held);
+    UINT_FIELD(w, "held", ev->n_held);
     if (ev->type == KVR_TELEMETRY_EV_RECOVERED)
-        ms(w, "outage_ms", ev->outage_ns);
-    str_field(w, "why", ev->why); /* a message cut inside a character gets U+FFFD */
+        MS_FIELD(w, "outage_ms", ev->outage_ns);
+    STR_FIELD(w, "why", ev->why); /* a message cut inside a character gets U+FFFD */
     kvr_jsonw_end(w);
 }
 
@@ -462,45 +488,45 @@ int kvr_telemetry_json(const struct kvr_telemetry_snapshot *sn, struct kvr_sbuf 
     struct kvr_jsonw w;
     kvr_jsonw_init(&w, out);
     kvr_jsonw_obj(&w);
-    uint_field(&w, "v", 1);
-    ms(&w, "t_ms", sn->now_ns);
-    uint_field(&w, "interval_ms", sn->interval_ms);
-    kvr_jsonw_key(&w, "ring");
+    UINT_FIELD(&w, "v", 1);
+    MS_FIELD(&w, "t_ms", sn->now_ns);
+    UINT_FIELD(&w, "interval_ms", sn->interval_ms);
+    KVR_JSONW_KEY(&w, "ring");
     kvr_jsonw_obj(&w);
-    kvr_jsonw_key(&w, "up");
+    KVR_JSONW_KEY(&w, "up");
     kvr_jsonw_bool(&w, sn->stats.ring_up);
-    uint_field(&w, "epoch", ps->epoch);
-    uint_field(&w, "row_width", ps->row_width);
-    uint_field(&w, "microbatches", ps->microbatches);
-    uint_field(&w, "max_seqs", ps->max_seqs);
-    uint_field(&w, "n_ctx", ps->n_ctx);
-    uint_field(&w, "kv_block_tokens", ps->kv_block_tokens);
-    uint_field(&w, "kv_blocks", ps->kv_blocks);
-    kvr_jsonw_key(&w, "stages");
+    UINT_FIELD(&w, "epoch", ps->epoch);
+    UINT_FIELD(&w, "row_width", ps->row_width);
+    UINT_FIELD(&w, "microbatches", ps->microbatches);
+    UINT_FIELD(&w, "max_seqs", ps->max_seqs);
+    UINT_FIELD(&w, "n_ctx", ps->n_ctx);
+    UINT_FIELD(&w, "kv_block_tokens", ps->kv_block_tokens);
+    UINT_FIELD(&w, "kv_blocks", ps->kv_blocks);
+    KVR_JSONW_KEY(&w, "stages");
     kvr_jsonw_arr(&w);
     for (uint32_t i = 0; i < ps->n_stages; i++)
         stage_json(&w, sn, i);
     kvr_jsonw_end(&w);
-    kvr_jsonw_key(&w, "agents");
+    KVR_JSONW_KEY(&w, "agents");
     kvr_jsonw_arr(&w);
     for (uint32_t i = 0; i < ps->n_agents; i++)
         agent_json(&w, sn, i);
     kvr_jsonw_end(&w);
     kvr_jsonw_end(&w);
-    kvr_jsonw_key(&w, "sched");
+    KVR_JSONW_KEY(&w, "sched");
     sched_json(&w, &sn->stats);
-    kvr_jsonw_key(&w, "batches");
+    KVR_JSONW_KEY(&w, "batches");
     kvr_jsonw_arr(&w);
     for (uint32_t i = 0; i < sn->n_traces; i++)
         trace_json(&w, &sn->traces[i]);
     kvr_jsonw_end(&w);
-    uint_field(&w, "batches_missed", sn->traces_missed);
-    kvr_jsonw_key(&w, "events");
+    UINT_FIELD(&w, "batches_missed", sn->traces_missed);
+    KVR_JSONW_KEY(&w, "events");
     kvr_jsonw_arr(&w);
     for (uint32_t i = 0; i < sn->n_events; i++)
         event_json(&w, &sn->events[i]);
     kvr_jsonw_end(&w);
-    uint_field(&w, "events_missed", sn->events_missed);
+    UINT_FIELD(&w, "events_missed", sn->events_missed);
     kvr_jsonw_end(&w);
     if (w.depth != 0)
         out->failed = true;

@@ -183,10 +183,11 @@ void kvr_telemetry_record_batch(struct kvr_telemetry *t, const struct kvr_teleme
 void kvr_telemetry_ring_event(struct kvr_telemetry *t, enum kvr_telemetry_event_type type,
                               int32_t stage, uint32_t n_held, const char *why, uint64_t now_ns);
 
-/* Fill `snap` for `reader`: the plan's shape, the scheduler's stats, the stage states
- * (states may be NULL, n_states 0), and the traces and events recorded since the reader's
- * last snapshot (the newest KVR_TELEMETRY_SNAPSHOT_TRACES; the rest counted as missed);
- * the reader's cursors advance. Only memory copies: meant to run under the lock. */
+/* Fill `snap` for `reader`: the plan's shape, the scheduler's stats (`stats` may be
+ * &snap->stats, filled in place, or NULL), the stage states (states may be NULL, n_states 0), and
+ * the traces and events recorded since the reader's last snapshot (the newest
+ * KVR_TELEMETRY_SNAPSHOT_TRACES; the rest counted as missed); the reader's cursors advance. Only
+ * memory copies: meant to run under the lock. */
 void kvr_telemetry_take(const struct kvr_telemetry *t, struct kvr_telemetry_reader *reader,
                         const struct kvr_plan *plan, const struct kvr_sched_stats *stats,
                         const struct kvr_telemetry_stage_state *states, uint32_t n_states,

@@ -142,36 +142,76 @@ void kvr_jsonw_key(struct kvr_jsonw *w, const char *key)
     w->after_key = true;
 }
 
-/* Digits of v, most significant first, ending at `end`; returns the first. */
-static char *digits(uint64_t v, char *end)
+/* Two digits at a time: a snapshot writes thousands of numbers. */
+static const char digit_pairs[] = "00010203040506070809101112131415161718192021222324252627282930"
+                                  "31323334353637383940414243444546474849505152535455565758596061"
+                                  "62636465666768697071727374757677787980818283848586878889909192"
+                                  "93949596979899";
+
+char *kvr_jsonw_uint_text(char *p, uint64_t v)
 {
-    char *p = end;
-    do {
-        *--p = (char)('0' + v % 10);
-        v /= 10;
-    } while (v);
-    return p;
+    unsigned n = 1;
+    for (uint64_t x = v; x >= 10; x /= 10)
+        n++;
+    char *end = p + n;
+    char *q = end;
+    while (v >= 100) {
+        unsigned d = (unsigned)(v % 100) * 2;
+        v /= 100;
+        *--q = digit_pairs[d + 1];
+        *--q = digit_pairs[d];
+    }
+    if (v >= 10) {
+        *--q = digit_pairs[v * 2 + 1];
+        *--q = digit_pairs[v * 2];
+    } else {
+        *--q = (char)('0' + v);
+    }
+    return end;
+}
+
+char *kvr_jsonw_fixed_text(char *p, int64_t v, unsigned decimals)
+{
+    static const uint64_t pow10[10] = {1,      10,      100,      1000,      10000,
+                                       100000, 1000000, 10000000, 100000000, 1000000000};
+    if (decimals > 9)
+        decimals = 9;
+    uint64_t mag = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
+    uint64_t whole = mag / pow10[decimals], frac = mag % pow10[decimals];
+    if (v < 0)
+        *p++ = '-';
+    p = kvr_jsonw_uint_text(p, whole);
+    *p++ = '.';
+    if (!frac) {
+        *p++ = '0';
+        return p;
+    }
+    unsigned n = decimals;
+    while (frac % 10 == 0) { /* drop trailing zeros */
+        frac /= 10;
+        n--;
+    }
+    for (unsigned i = n; i-- > 0; frac /= 10)
+        p[i] = (char)('0' + frac % 10);
+    return p + n;
 }
 
 void kvr_jsonw_uint(struct kvr_jsonw *w, uint64_t v)
 {
     char buf[24];
-    char *p = digits(v, buf + sizeof buf);
     value_start(w);
-    put(w, p, (size_t)(buf + sizeof buf - p));
+    put(w, buf, (size_t)(kvr_jsonw_uint_text(buf, v) - buf));
 }
 
 void kvr_jsonw_int(struct kvr_jsonw *w, int64_t v)
 {
-    if (v >= 0) {
-        kvr_jsonw_uint(w, (uint64_t)v);
-        return;
-    }
     char buf[24];
-    char *p = digits((uint64_t)0 - (uint64_t)v, buf + sizeof buf);
-    *--p = '-';
+    char *p = buf;
+    if (v < 0)
+        *p++ = '-';
+    p = kvr_jsonw_uint_text(p, v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v);
     value_start(w);
-    put(w, p, (size_t)(buf + sizeof buf - p));
+    put(w, buf, (size_t)(p - buf));
 }
 
 void kvr_jsonw_fixed(struct kvr_jsonw *w, int64_t v, unsigned decimals)
@@ -180,32 +220,22 @@ void kvr_jsonw_fixed(struct kvr_jsonw *w, int64_t v, unsigned decimals)
         w->out->failed = true;
         return;
     }
-    uint64_t scale = 1;
-    for (unsigned i = 0; i < decimals; i++)
-        scale *= 10;
-    uint64_t mag = v < 0 ? (uint64_t)0 - (uint64_t)v : (uint64_t)v;
-    uint64_t whole = mag / scale, frac = mag % scale;
     char buf[40];
-    char *end = buf + sizeof buf;
-    char *p = end;
-    if (!frac) {
-        *--p = '0';
-        *--p = '.';
-    } else {
-        unsigned n = decimals;
-        while (frac % 10 == 0) { /* drop trailing zeros */
-            frac /= 10;
-            n--;
-        }
-        for (unsigned i = 0; i < n; i++, frac /= 10)
-            *--p = (char)('0' + frac % 10);
-        *--p = '.';
-    }
-    p = digits(whole, p);
-    if (v < 0)
-        *--p = '-';
     value_start(w);
-    put(w, p, (size_t)(end - p));
+    put(w, buf, (size_t)(kvr_jsonw_fixed_text(buf, v, decimals) - buf));
+}
+
+void kvr_jsonw_key_plain(struct kvr_jsonw *w, const char *text, size_t n)
+{
+    value_start(w);
+    put(w, text, n);
+    w->after_key = true;
+}
+
+void kvr_jsonw_raw(struct kvr_jsonw *w, const char *json, size_t n)
+{
+    value_start(w);
+    put(w, json, n);
 }
 
 void kvr_jsonw_str(struct kvr_jsonw *w, const char *s)

@@ -58,4 +58,22 @@ void kvr_jsonw_str(struct kvr_jsonw *w, const char *s);
 void kvr_jsonw_bool(struct kvr_jsonw *w, bool v);
 void kvr_jsonw_null(struct kvr_jsonw *w);
 
+/* ---- for text written many thousands of times a second --------------------------------- */
+
+/* A key given as a C string literal that needs no escaping (plain printable ASCII, no quote
+ * or backslash): copied as it is, without the scan kvr_jsonw_key makes. */
+#define KVR_JSONW_KEY(w, lit) kvr_jsonw_key_plain((w), "\"" lit "\":", sizeof(lit) + 2)
+/* `text` is `"key":` already quoted; KVR_JSONW_KEY builds it. */
+void kvr_jsonw_key_plain(struct kvr_jsonw *w, const char *text, size_t n);
+
+/* A value the caller has already written as valid JSON (say an object built with the
+ * *_text helpers below), placed with the comma before it like any value; at most
+ * KVR_JSONW_BUF_BYTES. */
+void kvr_jsonw_raw(struct kvr_jsonw *w, const char *json, size_t n);
+
+/* The text kvr_jsonw_uint / kvr_jsonw_fixed would write, at `p` (room for 24 / 40 bytes);
+ * each returns the end of what it wrote. */
+char *kvr_jsonw_uint_text(char *p, uint64_t v);
+char *kvr_jsonw_fixed_text(char *p, int64_t v, unsigned decimals);
+
 #endif

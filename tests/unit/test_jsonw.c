@@ -10,6 +10,7 @@
 #include "core/jsonw.h"
 
 #include <jansson.h>
+#include <stdio.h>
 #include <string.h>
 
 static void test_structure_and_numbers(void **state)
@@ -49,6 +50,50 @@ static void test_structure_and_numbers(void **state)
                                 "\"f\":[12.34,-0.5,7.0,0.0001,0.0],\"o\":{},\"t\":true,"
                                 "\"n\":null}");
     kvr_sbuf_fini(&b);
+}
+
+/* The fast paths a telemetry snapshot uses: literal keys, values built whole, and the
+ * number text, which must be what snprintf gives at every digit count. */
+static void test_plain_keys_raw_values_and_number_text(void **state)
+{
+    (void)state;
+    struct kvr_sbuf b;
+    kvr_sbuf_init(&b);
+    struct kvr_jsonw w;
+    kvr_jsonw_init(&w, &b);
+    kvr_jsonw_obj(&w);
+    KVR_JSONW_KEY(&w, "seqs");
+    kvr_jsonw_arr(&w);
+    kvr_jsonw_raw(&w, "{\"seq\":1}", 9);
+    kvr_jsonw_raw(&w, "[2,3]", 5);
+    kvr_jsonw_end(&w);
+    KVR_JSONW_KEY(&w, "n");
+    kvr_jsonw_uint(&w, 4);
+    kvr_jsonw_end(&w);
+    assert_false(b.failed);
+    assert_string_equal(b.data, "{\"seqs\":[{\"seq\":1},[2,3]],\"n\":4}");
+    kvr_sbuf_fini(&b);
+
+    char got[48], want[48];
+    uint64_t v = 1;
+    for (int k = 0; k < 20; k++, v *= 10) {
+        uint64_t cases[3] = {v - 1, v, v + v / 3};
+        for (int c = 0; c < 3; c++) {
+            *kvr_jsonw_uint_text(got, cases[c]) = 0;
+            snprintf(want, sizeof want, "%llu", (unsigned long long)cases[c]);
+            assert_string_equal(got, want);
+        }
+    }
+    *kvr_jsonw_uint_text(got, UINT64_MAX) = 0;
+    assert_string_equal(got, "18446744073709551615");
+    *kvr_jsonw_fixed_text(got, 628438477, 3) = 0;
+    assert_string_equal(got, "628438.477");
+    *kvr_jsonw_fixed_text(got, -1200, 4) = 0;
+    assert_string_equal(got, "-0.12");
+    *kvr_jsonw_fixed_text(got, 99990000, 4) = 0;
+    assert_string_equal(got, "9999.0");
+    *kvr_jsonw_fixed_text(got, INT64_MIN, 9) = 0;
+    assert_string_equal(got, "-9223372036.854775808");
 }
 
 static void test_strings_are_always_valid_json(void **state)
@@ -137,6 +182,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_structure_and_numbers),
+        cmocka_unit_test(test_plain_keys_raw_values_and_number_text),
         cmocka_unit_test(test_strings_are_always_valid_json),
         cmocka_unit_test(test_long_documents),
         cmocka_unit_test(test_misuse_marks_the_buffer_failed),
