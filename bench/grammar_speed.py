@@ -95,6 +95,7 @@ def main():
                     help="threads per stage: 1 keeps 2 in all; 2 lets the stage whose turn it is "
                          "use both cores (one request: the stages take turns)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--spec", default="auto", help="kvasir serve --spec (auto: the default)")
     ap.add_argument("--kvasir", default=os.path.join(ROOT, "build", "kvasir"))
     ap.add_argument("--peer-port", type=int, default=18931)
     a = ap.parse_args()
@@ -108,7 +109,7 @@ def main():
     print(mask.strip())
     proc, url = serve_util.start_server(a.kvasir, ["-m", a.model, "--stages", "2", "--threads",
                                                    str(a.stage_threads), "--ctx", "2048",
-                                                   "--max-seqs", "2",
+                                                   "--max-seqs", "2", "--spec", a.spec,
                                                    "--no-standby"], "/tmp/grammar_speed.serve.log")
     pproc, purl = start_peer(a.model, a.peer_port, "/tmp/grammar_speed.peer.log")
     res = {"ours_free": [], "ours_json": [], "peer_free": [], "peer_json": []}

@@ -54,6 +54,8 @@
 #define KVR_GRAMMAR_MAX_STACKS 1024u
 /* Masks one matcher remembers. */
 #define KVR_GRAMMAR_CACHE 32u
+/* Top parts of stacks whose masks one matcher remembers (grammar_top.c). */
+#define KVR_GRAMMAR_TOP_CACHE 256u
 
 struct kvr_grammar;
 
@@ -119,8 +121,10 @@ int kvr_grammar_accept_token(struct kvr_grammar_match *m, const struct kvr_gramm
 /* Time spent in kvr_grammar_mask (ns) and masks computed vs served from the cache, summed
  * over the matcher's life, for benchmarks. The clock is the caller's: pass its readings. */
 struct kvr_grammar_stats {
-    uint64_t n_masks;  /* kvr_grammar_mask calls */
-    uint64_t n_cached; /* ... answered from the cache */
+    uint64_t n_masks;                   /* kvr_grammar_mask calls */
+    uint64_t n_cached;                  /* ... answered from the cache */
+    uint64_t n_plain;                   /* ... that walked the whole trie from the whole state */
+    uint64_t n_top_walks, n_top_cached; /* top parts of stacks walked, and found walked */
 };
 void kvr_grammar_match_stats(const struct kvr_grammar_match *m, struct kvr_grammar_stats *st);
 

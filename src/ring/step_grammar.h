@@ -26,8 +26,21 @@
 #include <stdint.h>
 
 struct kvr_step_grammar_seq {
-    char *text; /* [total] while pieces arrive */
+    char *text; /* [total] while pieces arrive, then kept while a spare may take it */
     uint32_t total, received;
+    struct kvr_grammar *grammar;
+    struct kvr_grammar_match *match;
+};
+
+/* Most closed sequences' grammars kept for reuse: a request with the same grammar text
+ * (an agent's tools, a client's schema) takes the compiled grammar and its matcher with
+ * the masks it remembers, instead of compiling and walking the vocabulary afresh. */
+#define KVR_STEP_GRAMMAR_SPARES 4u
+
+struct kvr_step_grammar_spare {
+    char *text; /* NULL: an empty slot */
+    uint32_t total;
+    uint64_t used; /* when it was last closed, for eviction */
     struct kvr_grammar *grammar;
     struct kvr_grammar_match *match;
 };
@@ -38,6 +51,9 @@ struct kvr_step_grammars {
     struct kvr_step_grammar_seq *seqs; /* [max_seqs] */
     struct kvr_grammar_vocab *vocab;   /* built on first use */
     uint64_t n_masks;                  /* rows masked so far */
+    struct kvr_step_grammar_spare spares[KVR_STEP_GRAMMAR_SPARES];
+    uint64_t clock;
+    uint64_t n_reused; /* grammars taken from the spares */
 };
 
 int kvr_step_grammars_init(struct kvr_step_grammars *g, uint32_t max_seqs,
