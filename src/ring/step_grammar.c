@@ -156,3 +156,23 @@ void kvr_step_grammar_accept(struct kvr_step_grammars *g, uint32_t seq, int32_t 
     if (kvr_grammar_accept_token(g->seqs[seq].match, g->vocab, token))
         KVR_WARN("sequence %u: token %d does not follow its grammar", seq, token);
 }
+
+int32_t kvr_step_grammar_verify(struct kvr_step_grammars *g, uint32_t seq, struct kvr_sampler *s,
+                                float *logits, uint32_t n_vocab, const int32_t *drafts,
+                                uint32_t n_drafts, struct kvr_sample_scratch *sc, int32_t *out)
+{
+    for (uint32_t j = 0; j <= n_drafts; j++) {
+        float *row = logits + (size_t)j * n_vocab;
+        if (kvr_step_grammar_mask(g, seq, row, n_vocab))
+            return KVR_ENOMEM;
+        int32_t y = kvr_sampler_sample(s, row, (int32_t)n_vocab, sc, NULL);
+        if (y < 0)
+            return y;
+        kvr_sampler_accept(s, y);
+        kvr_step_grammar_accept(g, seq, y);
+        out[j] = y;
+        if (j == n_drafts || y != drafts[j])
+            return (int32_t)j + 1;
+    }
+    return (int32_t)n_drafts + 1; /* not reached: j == n_drafts returns */
+}

@@ -19,6 +19,7 @@
 
 #include "core/err.h"
 #include "model/grammar.h"
+#include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "ring/wire.h"
 
@@ -68,6 +69,14 @@ bool kvr_step_grammar_active(const struct kvr_step_grammars *g, uint32_t seq);
 /* Mask a row of n_vocab logits in place. KVR_ENOMEM. */
 int kvr_step_grammar_mask(struct kvr_step_grammars *g, uint32_t seq, float *logits,
                           uint32_t n_vocab);
+/* kvr_spec_verify (model/spec_accept.h) for a constrained sequence: row j is masked with
+ * the grammar's state after the tokens emitted before it, so every emitted token is the
+ * one a plain decode would sample, and the matcher advances by each. logits (rows
+ * n_drafts + 1) are masked in place. Returns the tokens emitted (1..n_drafts + 1), or
+ * KVR_EINVAL (a row with no finite logit), or KVR_ENOMEM. */
+int32_t kvr_step_grammar_verify(struct kvr_step_grammars *g, uint32_t seq, struct kvr_sampler *s,
+                                float *logits, uint32_t n_vocab, const int32_t *drafts,
+                                uint32_t n_drafts, struct kvr_sample_scratch *sc, int32_t *out);
 /* Advance by a token the sequence took (sampled, or replayed). A token the grammar refuses
  * (only a replay of tokens from before a broken peer could bring one) is logged and
  * ignored. */
