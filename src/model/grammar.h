@@ -25,8 +25,12 @@
  * vocabulary; kvr_grammar_mask walks it with the stacks, so a subtree is skipped at its
  * first byte the grammar refuses. A matcher keeps the masks of the last states it saw
  * (KVR_GRAMMAR_CACHE): states recur (every character inside a JSON string is the same
- * state), so a repeated state's mask costs a lookup. End-of-generation tokens are allowed
- * exactly when the text is complete.
+ * state), so a repeated state's mask costs a lookup. A new state's mask is put together
+ * from its stacks' top parts (every frame but the bottom one), each walked once and
+ * remembered (KVR_GRAMMAR_TOP_CACHE, grammar_top.c): the 100 items of a JSON array differ
+ * only in their bottom frame, so the first item's walks serve the others. Same masks as
+ * walking the whole state. End-of-generation tokens are allowed exactly when the text is
+ * complete.
  *
  * Ownership: a struct kvr_grammar is immutable after compile and may be shared by any number
  * of matchers and threads; a matcher belongs to one thread at a time and must not outlive
