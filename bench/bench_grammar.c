@@ -3,10 +3,14 @@
  * schema (or a GBNF file) with a real vocabulary.
  *
  *   bench_grammar VOCAB.gguf SCHEMA.json|GRAMMAR.gbnf [--tokens 256] [--seed 1]
+ *                 [--request N] [--plain] [--gbnf] [--echo]
  *
  * Each step masks random logits (kvr_grammar_apply, what step_grammar.c does), takes the
  * largest allowed one and advances by it, as greedy sampling under the grammar would; the
- * walk restarts when the grammar is complete (or a token ends the text). Reports the trie's build
+ * walk restarts when the grammar is complete (or a token ends the text), and with --request
+ * N every N tokens, as the tail's kept matcher starts each request with the same schema
+ * (ring/step_grammar.h); --plain walks the whole trie for every uncached mask (no top-part
+ * masks, grammar_top.c), for comparison. Reports the trie's build
  * time, the mask's median, p90, p99 and mean per token, and how many masks came from the per-state
  * cache. */
 #include "bridge/json_schema.h"
@@ -15,6 +19,7 @@
 #include "core/rng.h"
 #include "model/gguf.h"
 #include "model/grammar.h"
+#include "model/grammar_int.h"
 #include "model/tokenizer.h"
 
 #include <math.h>
@@ -87,11 +92,19 @@ int main(int argc, char **argv)
     }
     uint32_t n_tokens = 256;
     uint64_t seed = 1;
-    for (int i = 3; i + 1 < argc; i += 2) {
+    bool echo = false;        /* --echo: the generated text to stderr */
+    uint32_t per_request = 0; /* --request N: back to the start every N tokens */
+    bool plain = false;       /* --plain: every mask walks the whole trie (the old engine) */
+    for (int i = 3; i < argc; i++) {
+        echo |= !strcmp(argv[i], "--echo"), plain |= !strcmp(argv[i], "--plain");
+        if (i + 1 == argc)
+            break;
         if (!strcmp(argv[i], "--tokens"))
-            n_tokens = (uint32_t)atoi(argv[i + 1]);
+            n_tokens = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--request"))
+            per_request = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seed"))
-            seed = (uint64_t)atoll(argv[i + 1]);
+            seed = (uint64_t)atoll(argv[++i]);
     }
     struct kvr_err err = {0};
     struct kvr_gguf *gg = NULL;
@@ -102,6 +115,11 @@ int main(int argc, char **argv)
     }
     size_t len = 0;
     char *text = grammar_text(argv[2], &len);
+    for (int i = 3; text && i < argc; i++)
+        if (!strcmp(argv[i], "--gbnf")) { /* the grammar as compiled, nothing timed */
+            fwrite(text, 1, len, stdout);
+            return 0;
+        }
     struct kvr_grammar *g = NULL;
     if (!text || kvr_grammar_compile(&g, text, len, &err)) {
         fprintf(stderr, "bench_grammar: %s\n", text ? err.msg : "no grammar");
@@ -121,9 +139,12 @@ int main(int argc, char **argv)
     struct kvr_grammar_match *m = NULL;
     if (!logits || !ns || kvr_grammar_match_create(&m, g))
         return 1;
+    kvr_grammar_match_set_plain(m, plain);
     uint64_t rng = seed, total = 0, cpu_total = 0;
     uint32_t n_docs = 0;
     for (uint32_t k = 0; k < n_tokens; k++) {
+        if (per_request && k && k % per_request == 0) /* a new request, the same matcher */
+            kvr_grammar_match_reset(m);
         for (int32_t i = 0; i < n_vocab; i++)
             logits[i] = (float)(kvr_splitmix64(&rng) >> 40) / (float)(1 << 24);
         uint64_t a = kvr_now_ns(), ca = cpu_ns();
@@ -135,6 +156,10 @@ int main(int argc, char **argv)
         for (int32_t i = 0; n > 0 && i < n_vocab; i++)
             if (!isinf(logits[i]) && (best < 0 || logits[i] > logits[best]))
                 best = i;
+        const char *piece;
+        size_t n_piece;
+        if (echo && best >= 0 && !kvr_tok_decode_piece(tok, best, false, &piece, &n_piece))
+            fwrite(piece, 1, n_piece, stderr);
         if (best < 0 || kvr_tok_is_eog(tok, best) || kvr_grammar_accept_token(m, v, best)) {
             kvr_grammar_match_reset(m); /* a document ended: start the next */
             n_docs++;
@@ -151,6 +176,11 @@ int main(int argc, char **argv)
            (double)ns[n_tokens * 99 / 100] / 1e6, (double)total / n_tokens / 1e6,
            (double)cpu_total / n_tokens / 1e6, (unsigned long long)st.n_cached,
            (unsigned long long)st.n_masks);
+    printf("masks not cached: %llu by top parts (%llu top parts walked, %llu found walked), "
+           "%llu by plain walks\n",
+           (unsigned long long)(st.n_masks - st.n_cached - st.n_plain),
+           (unsigned long long)st.n_top_walks, (unsigned long long)st.n_top_cached,
+           (unsigned long long)st.n_plain);
     kvr_grammar_match_destroy(m);
     kvr_grammar_vocab_destroy(v);
     kvr_grammar_destroy(g);

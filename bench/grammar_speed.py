@@ -14,7 +14,9 @@ ours-free, ours-json, peer-free, peer-json. Decode tokens/s: ours from the strea
 arrival (tokens after the first over the time from the first to the last), the peer's from
 its own timings (predicted_per_second). The schema asks for 100 records, so an answer never
 ends before --tokens. Medians over the rounds; the mask's own cost per token comes from
-bench_grammar (CPU time, the same schema and vocabulary). The machine is shared with other
+bench_grammar (CPU time, the same schema and vocabulary; a first request's, and requests
+through a kept matcher). --spec off|auto is passed to kvasir serve (auto: its default;
+constrained sequences draft too). The machine is shared with other
 work: compare the ratios of one run, not absolute speeds."""
 import argparse
 import json
@@ -95,6 +97,7 @@ def main():
                     help="threads per stage: 1 keeps 2 in all; 2 lets the stage whose turn it is "
                          "use both cores (one request: the stages take turns)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--spec", default="auto", help="kvasir serve --spec (auto: the default)")
     ap.add_argument("--kvasir", default=os.path.join(ROOT, "build", "kvasir"))
     ap.add_argument("--peer-port", type=int, default=18931)
     a = ap.parse_args()
@@ -103,12 +106,15 @@ def main():
         subprocess.run([a.kvasir, "synth", "--shape", "tinyllama-1.1b", "--type", "q4_0",
                         "--vocab", VOCAB, "-o", a.model], check=True)
     schema = json.load(open(a.schema))
-    mask = subprocess.run([os.path.join(ROOT, "build", "bench_grammar"), a.model, a.schema,
-                           "--tokens", "1000"], capture_output=True, text=True, check=True).stdout
-    print(mask.strip())
+    # the mask alone: a first request's 64 tokens (nothing walked yet), then 1000 tokens in
+    # requests of 64 through one kept matcher, as the tail keeps one per grammar text
+    for extra in (["--tokens", "64"], ["--tokens", "1000", "--request", "64"]):
+        mask = subprocess.run([os.path.join(ROOT, "build", "bench_grammar"), a.model, a.schema]
+                              + extra, capture_output=True, text=True, check=True).stdout
+        print(" ".join(extra) + ": " + mask.strip())
     proc, url = serve_util.start_server(a.kvasir, ["-m", a.model, "--stages", "2", "--threads",
                                                    str(a.stage_threads), "--ctx", "2048",
-                                                   "--max-seqs", "2",
+                                                   "--max-seqs", "2", "--spec", a.spec,
                                                    "--no-standby"], "/tmp/grammar_speed.serve.log")
     pproc, purl = start_peer(a.model, a.peer_port, "/tmp/grammar_speed.peer.log")
     res = {"ours_free": [], "ours_json": [], "peer_free": [], "peer_json": []}

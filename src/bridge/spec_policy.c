@@ -196,9 +196,11 @@ uint32_t kvr_spec_add_drafts(struct kvr_sched *s, struct batch *bt, uint32_t slo
                              uint32_t rows_after)
 {
     const struct kvr_sched_req *r = s->seqs[slot].r;
-    /* A drafted row carries neither a grammar's mask nor alternatives (ring/step.c): a
-     * constrained sequence, or one that wants alternatives, is never drafted for. */
-    if (!s->spec || kvr_spec_saturated(s) || r->req.grammar || r->req.top_logprobs)
+    /* A drafted row carries no alternatives, and a constrained one's logprob would be the
+     * masked row's (ring/step.c): a sequence that wants alternatives, or a grammar and
+     * logprobs, is never drafted for. */
+    if (!s->spec || kvr_spec_saturated(s) || r->req.top_logprobs ||
+        (r->req.grammar && r->req.logprobs))
         return 0;
     uint32_t room = draft_room(s, bt, r, rows_after);
     if (room == 0)

@@ -236,7 +236,7 @@ static int expand(struct expander *x, uint32_t len, uint32_t recursion)
     }
     uint32_t pos = buf[len - 1], rule = g->el[pos].value;
     uint32_t base = ends_frame(g, pos + 1) ? len - 1 : len; /* a last item replaces its frame */
-    if (base >= KVR_GRAMMAR_MAX_DEPTH) {
+    if (base + x->dst->depth_base >= KVR_GRAMMAR_MAX_DEPTH) {
         x->dst->overflow = true;
         return KVR_OK;
     }
@@ -261,6 +261,17 @@ int kvr_gstacks_start(const struct kvr_grammar *g, struct gstacks *dst)
         rc = expand(&x, 1, 0);
     }
     return rc;
+}
+
+int kvr_gstacks_add_from(const struct kvr_grammar *g, const uint32_t *frames, uint32_t n,
+                         struct gstacks *dst)
+{
+    if (n > KVR_GRAMMAR_MAX_DEPTH)
+        return KVR_EINVAL;
+    struct expander x = {.g = g, .dst = dst};
+    if (n)
+        memcpy(x.buf, frames, n * sizeof *frames);
+    return expand(&x, n, 0);
 }
 
 /* ---- advancing ------------------------------------------------------------------------------- */
@@ -402,6 +413,7 @@ void kvr_grammar_match_destroy(struct kvr_grammar_match *m)
     }
     kvr_free(m->key);
     kvr_free(m->apply_bits);
+    kvr_gtop_free(m);
     for (uint32_t i = 0; i < m->n_lvl; i++)
         kvr_gstacks_fini(&m->lvl[i]);
     kvr_free(m->lvl);

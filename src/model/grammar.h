@@ -25,8 +25,12 @@
  * vocabulary; kvr_grammar_mask walks it with the stacks, so a subtree is skipped at its
  * first byte the grammar refuses. A matcher keeps the masks of the last states it saw
  * (KVR_GRAMMAR_CACHE): states recur (every character inside a JSON string is the same
- * state), so a repeated state's mask costs a lookup. End-of-generation tokens are allowed
- * exactly when the text is complete.
+ * state), so a repeated state's mask costs a lookup. A new state's mask is put together
+ * from its stacks' top parts (every frame but the bottom one), each walked once and
+ * remembered (KVR_GRAMMAR_TOP_CACHE, grammar_top.c): the 100 items of a JSON array differ
+ * only in their bottom frame, so the first item's walks serve the others. Same masks as
+ * walking the whole state. End-of-generation tokens are allowed exactly when the text is
+ * complete.
  *
  * Ownership: a struct kvr_grammar is immutable after compile and may be shared by any number
  * of matchers and threads; a matcher belongs to one thread at a time and must not outlive
@@ -54,6 +58,8 @@
 #define KVR_GRAMMAR_MAX_STACKS 1024u
 /* Masks one matcher remembers. */
 #define KVR_GRAMMAR_CACHE 32u
+/* Top parts of stacks whose masks one matcher remembers (grammar_top.c). */
+#define KVR_GRAMMAR_TOP_CACHE 256u
 
 struct kvr_grammar;
 
@@ -119,8 +125,10 @@ int kvr_grammar_accept_token(struct kvr_grammar_match *m, const struct kvr_gramm
 /* Time spent in kvr_grammar_mask (ns) and masks computed vs served from the cache, summed
  * over the matcher's life, for benchmarks. The clock is the caller's: pass its readings. */
 struct kvr_grammar_stats {
-    uint64_t n_masks;  /* kvr_grammar_mask calls */
-    uint64_t n_cached; /* ... answered from the cache */
+    uint64_t n_masks;                   /* kvr_grammar_mask calls */
+    uint64_t n_cached;                  /* ... answered from the cache */
+    uint64_t n_plain;                   /* ... that walked the whole trie from the whole state */
+    uint64_t n_top_walks, n_top_cached; /* top parts of stacks walked, and found walked */
 };
 void kvr_grammar_match_stats(const struct kvr_grammar_match *m, struct kvr_grammar_stats *st);
 

@@ -66,6 +66,10 @@ struct gstacks {
     uint32_t n, cap; /* stacks */
     size_t n_data, cap_data;
     bool overflow; /* a limit dropped a stack */
+    /* Frames that lie below every stack of the set but are not in it (the mask walk of a
+     * stack's top part, grammar_top.c): expansion refuses depth past KVR_GRAMMAR_MAX_DEPTH
+     * counting them, as it would with them there. Kept across clears. */
+    uint32_t depth_base;
     /* Past a few stacks, duplicates are found by hash: slot (hash & mask) holds index + 1
      * of a stack when its stamp is the set's current one (clearing bumps the stamp). */
     uint32_t *slot_idx, *slot_stamp; /* [KVR_GRAMMAR_MAX_STACKS * 2], allocated on need */
@@ -79,6 +83,10 @@ int kvr_gstacks_copy(struct gstacks *dst, const struct gstacks *src);
  * `dst` (cleared first). Returns KVR_OK or KVR_ENOMEM. */
 int kvr_gstacks_advance(const struct kvr_grammar *g, const struct gstacks *src, uint32_t cp,
                         struct gstacks *dst);
+/* Add to dst the stacks that frames[0..n) (bottom first) expands to: a top that ends its
+ * frame pops, a reference enters its rule. KVR_OK, KVR_ENOMEM, KVR_EINVAL (n too deep). */
+int kvr_gstacks_add_from(const struct kvr_grammar *g, const uint32_t *frames, uint32_t n,
+                         struct gstacks *dst);
 /* The start state: root's alternatives, expanded. */
 int kvr_gstacks_start(const struct kvr_grammar *g, struct gstacks *dst);
 /* Whether any stack's next class could accept a character in [lo, hi] (a character whose
@@ -102,6 +110,24 @@ struct gcache_entry {
     uint64_t used; /* last use, for eviction */
 };
 
+/* Trie nodes (grammar_mask.c's walk lists where a stack ran empty). */
+struct gpops {
+    uint32_t *node;
+    uint32_t n, cap;
+};
+
+/* What the top part of a stack (every frame but the bottom one) allows on its own, whatever
+ * lies below (grammar_top.c): the tokens it takes, and the trie nodes where it has ended,
+ * below which the bottom frame decides. */
+struct gtop_entry {
+    uint64_t key_hash;
+    uint32_t *key; /* the top part's frames */
+    uint32_t n_key;
+    uint32_t *bits;
+    struct gpops pops;
+    uint64_t used; /* last use, for eviction; 0: empty */
+};
+
 struct kvr_grammar_match {
     const struct kvr_grammar *g;
     struct gstacks st, tmp, tmp2; /* the state; scratch for advancing */
@@ -120,7 +146,25 @@ struct kvr_grammar_match {
     const struct gstacks **lcur;
     uint32_t *node_at; /* the trie node tried at each depth */
     uint32_t n_lvl;
+    bool walk_overflow; /* a walk's level dropped a stack (a limit) */
+    /* masks by top part (grammar_top.c), allocated on first use */
+    bool plain; /* never use them: every mask walks the whole trie (tests compare) */
+    struct gtop_entry *top;
+    uint32_t n_top_words;
+    struct gstacks one; /* scratch: a stack's top part, or what its bottom frame expands to */
 };
+
+/* Walk the trie below `node` from (st, part) and set the bits of the tokens it allows
+ * (grammar_mask.c). pops may be NULL. KVR_OK or KVR_ENOMEM. */
+int kvr_gwalk(struct kvr_grammar_match *m, const struct kvr_grammar_vocab *v, uint32_t node,
+              const struct gstacks *st, const struct gpartial *part, uint32_t depth_base,
+              uint32_t *bits, struct gpops *pops);
+/* The matcher's mask by the top parts of its stacks (grammar_top.c), into bits (zeroed):
+ * 1 done, 0 this state needs the plain walk (bits then undefined), KVR_ENOMEM. */
+int kvr_gtop_mask(struct kvr_grammar_match *m, const struct kvr_grammar_vocab *v, uint32_t *bits);
+void kvr_gtop_free(struct kvr_grammar_match *m);
+/* Tests: plain (true) makes every mask walk the whole trie, as before the top-part masks. */
+void kvr_grammar_match_set_plain(struct kvr_grammar_match *m, bool plain);
 
 /* Feed one byte to (stacks, partial) into (dst stacks, dst partial): KVR_OK, KVR_EINVAL
  * (refused), KVR_ENOMEM. dst may equal src for the partial only. */

@@ -203,6 +203,20 @@ static int ensure_levels(struct kvr_grammar_match *m, uint32_t n)
     return KVR_OK;
 }
 
+static int gpops_push(struct gpops *p, uint32_t node)
+{
+    if (p->n == p->cap) {
+        uint32_t c = p->cap ? p->cap * 2 : 16;
+        uint32_t *n = kvr_realloc(p->node, c * sizeof *n);
+        if (!n)
+            return KVR_ENOMEM;
+        p->node = n;
+        p->cap = c;
+    }
+    p->node[p->n++] = node;
+    return KVR_OK;
+}
+
 static void allow_node(const struct kvr_grammar_vocab *v, const struct tnode *nd, uint32_t *bits)
 {
     for (uint32_t k = 0; k < nd->tok_n; k++) {
@@ -211,17 +225,24 @@ static void allow_node(const struct kvr_grammar_vocab *v, const struct tnode *nd
     }
 }
 
-/* Depth-first over the trie from the matcher's state; level d holds the state after the
- * first d bytes of the current path. */
-static int walk(struct kvr_grammar_match *m, const struct kvr_grammar_vocab *v, uint32_t *bits)
+/* Depth-first over the subtree below trie node `node`, from the state (st, part) after the
+ * node's bytes; level d holds the state after the first d bytes below it. Sets the bit of
+ * every token that ends at a node the grammar lets through. With `pops`, also lists every
+ * node where a stack has just run empty (grammar_top.c continues there with the frames
+ * below). `depth_base`: as struct gstacks says. */
+int kvr_gwalk(struct kvr_grammar_match *m, const struct kvr_grammar_vocab *v, uint32_t node,
+              const struct gstacks *st, const struct gpartial *part, uint32_t depth_base,
+              uint32_t *bits, struct gpops *pops)
 {
     if (ensure_levels(m, v->max_depth + 2))
         return KVR_ENOMEM;
+    for (uint32_t d = 1; d < v->max_depth + 2; d++)
+        m->lvl[d].depth_base = depth_base;
     uint32_t *node_at = m->node_at;
-    m->lcur[0] = &m->st;
-    m->lpart[0] = m->part;
+    m->lcur[0] = st;
+    m->lpart[0] = *part;
     uint32_t d = 0; /* the path's depth; node_at[d + 1] is the child being tried */
-    node_at[1] = v->nodes[0].first_child;
+    node_at[1] = v->nodes[node].first_child;
     int rc = KVR_OK;
     while (!rc) {
         uint32_t c = node_at[d + 1];
@@ -244,11 +265,18 @@ static int walk(struct kvr_grammar_match *m, const struct kvr_grammar_vocab *v, 
             rc = r;
             break;
         }
+        if (changed) {
+            m->walk_overflow |= m->lvl[d + 1].overflow;
+            if (pops && kvr_gstacks_has_empty(&m->lvl[d + 1]) && (rc = gpops_push(pops, c)))
+                break;
+        }
         m->lcur[d + 1] = changed ? &m->lvl[d + 1] : m->lcur[d];
         allow_node(v, nd, bits);
         d++;
         node_at[d + 1] = nd->first_child;
     }
+    for (uint32_t k = 1; k < v->max_depth + 2; k++)
+        m->lvl[k].depth_base = 0;
     return rc;
 }
 
@@ -292,8 +320,10 @@ static int32_t count_bits(const uint32_t *bits, uint32_t n_words)
     return n;
 }
 
-int32_t kvr_grammar_mask(struct kvr_grammar_match *m, const struct kvr_grammar_vocab *v,
-                         uint32_t *bits)
+/* The current state's mask: a cache entry's (*out points at it), or computed into bits
+ * (*out == bits) and remembered. Returns the number of allowed tokens, or KVR_ENOMEM. */
+static int32_t mask_of(struct kvr_grammar_match *m, const struct kvr_grammar_vocab *v,
+                       uint32_t *bits, const uint32_t **out)
 {
     uint32_t words = ((uint32_t)v->n_vocab + 31) / 32;
     size_t n_key;
@@ -307,7 +337,7 @@ int32_t kvr_grammar_mask(struct kvr_grammar_match *m, const struct kvr_grammar_v
         struct gcache_entry *e = &m->cache[i];
         if (e->bits && m->n_cache_words == words && e->key_hash == h && e->n_key == n_key &&
             !memcmp(e->key, m->key, n_key * sizeof *m->key)) {
-            memcpy(bits, e->bits, words * sizeof *bits);
+            *out = e->bits;
             e->used = m->clock;
             m->stats.n_cached++;
             return e->n_allowed;
@@ -315,9 +345,17 @@ int32_t kvr_grammar_mask(struct kvr_grammar_match *m, const struct kvr_grammar_v
         if (e->used < victim->used)
             victim = e;
     }
+    *out = bits;
     memset(bits, 0, words * sizeof *bits);
-    if (walk(m, v, bits))
+    int fast = m->plain ? 0 : kvr_gtop_mask(m, v, bits);
+    if (fast < 0)
         return KVR_ENOMEM;
+    if (!fast) { /* the whole trie from the whole state */
+        m->stats.n_plain++;
+        memset(bits, 0, words * sizeof *bits);
+        if (kvr_gwalk(m, v, 0, &m->st, &m->part, 0, bits, NULL))
+            return KVR_ENOMEM;
+    }
     int32_t n_allowed = count_bits(bits, words);
     if (kvr_grammar_match_complete(m) || !n_allowed) {
         for (uint32_t k = 0; k < v->n_eog; k++)
@@ -349,6 +387,16 @@ int32_t kvr_grammar_mask(struct kvr_grammar_match *m, const struct kvr_grammar_v
     return n_allowed;
 }
 
+int32_t kvr_grammar_mask(struct kvr_grammar_match *m, const struct kvr_grammar_vocab *v,
+                         uint32_t *bits)
+{
+    const uint32_t *p;
+    int32_t n = mask_of(m, v, bits, &p);
+    if (n >= 0 && p != bits)
+        memcpy(bits, p, (((uint32_t)v->n_vocab + 31) / 32) * sizeof *bits);
+    return n;
+}
+
 int32_t kvr_grammar_apply(struct kvr_grammar_match *m, const struct kvr_grammar_vocab *v,
                           float *logits, int32_t n_vocab)
 {
@@ -360,12 +408,24 @@ int32_t kvr_grammar_apply(struct kvr_grammar_match *m, const struct kvr_grammar_
             return KVR_ENOMEM;
         m->n_apply_words = words;
     }
-    uint32_t *bits = m->apply_bits;
-    int32_t n = kvr_grammar_mask(m, v, bits);
-    if (n >= 0)
-        for (int32_t i = 0; i < n_vocab; i++)
-            if (i >= v->n_vocab || !((bits[i >> 5] >> (i & 31)) & 1))
-                logits[i] = -INFINITY;
+    const uint32_t *bits;
+    int32_t n = mask_of(m, v, m->apply_bits, &bits);
+    if (n < 0)
+        return n;
+    /* a word at a time: the refused tokens of a mostly open mask are few */
+    int32_t lim = n_vocab < v->n_vocab ? n_vocab : v->n_vocab;
+    for (int32_t w = 0; w * 32 < lim; w++) {
+        uint32_t z = ~bits[w];
+        while (z) {
+            int32_t i = w * 32 + __builtin_ctz(z);
+            if (i >= lim)
+                break;
+            logits[i] = -INFINITY;
+            z &= z - 1;
+        }
+    }
+    for (int32_t i = lim; i < n_vocab; i++)
+        logits[i] = -INFINITY;
     return n;
 }
 

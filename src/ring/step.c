@@ -286,19 +286,29 @@ static int sample_seg(struct kvr_step *st, const struct kvr_wire_frame *in,
     st->n_draft[seg->seq] = 0;
     if (n_drafts == 0)
         return sample_one(st, seg, logits, &o->results[n], id, err);
-    /* The bridge drafts for no sequence with a grammar or alternatives (spec_policy.h): a
-     * drafted row carries neither a mask nor alternatives. */
-    if (kvr_step_grammar_active(&st->grammars, seg->seq) || st->n_top[seg->seq])
+    /* The bridge drafts for no sequence with alternatives, nor with a grammar and logprobs
+     * (spec_policy.h): a drafted row carries no alternatives, and a masked row's logprob
+     * would not be the raw row's. */
+    bool lp = st->want_logprobs[seg->seq];
+    bool constrained = kvr_step_grammar_active(&st->grammars, seg->seq);
+    if (st->n_top[seg->seq] || (constrained && lp))
         return kvr_err_set(err, KVR_EPROTO,
-                           "batch %llu: sequence %u: drafts for a sequence with a grammar or "
-                           "alternatives",
+                           "batch %llu: sequence %u: drafts for a sequence with alternatives "
+                           "or with a grammar and logprobs",
                            id, seg->seq);
     int32_t toks[KVR_SPEC_MAX_DRAFT + 1];
     float lps[KVR_SPEC_MAX_DRAFT + 1];
-    bool lp = st->want_logprobs[seg->seq];
-    int32_t kept = kvr_spec_verify(&st->samplers[seg->seq], logits, (int32_t)st->n_vocab,
-                                   st->drafts + (size_t)seg->seq * KVR_SPEC_MAX_DRAFT, n_drafts,
-                                   st->scratch, toks, lp ? lps : NULL);
+    const int32_t *drafts = st->drafts + (size_t)seg->seq * KVR_SPEC_MAX_DRAFT;
+    int32_t kept =
+        constrained
+            ? kvr_step_grammar_verify(&st->grammars, seg->seq, &st->samplers[seg->seq], logits,
+                                      st->n_vocab, drafts, n_drafts, st->scratch, toks)
+            : kvr_spec_verify(&st->samplers[seg->seq], logits, (int32_t)st->n_vocab, drafts,
+                              n_drafts, st->scratch, toks, lp ? lps : NULL);
+    if (kept == KVR_ENOMEM)
+        return kvr_err_set(err, KVR_ENOMEM,
+                           "batch %llu: sequence %u: out of memory for its grammar mask", id,
+                           seg->seq);
     if (kept < 0) /* no token to send: fail the batch rather than send an invalid id */
         return kvr_err_set(err, KVR_EINVAL,
                            "batch %llu: sequence %u: its logits row has no finite value "

@@ -19,6 +19,7 @@
 
 #include "core/err.h"
 #include "model/grammar.h"
+#include "model/sampler.h"
 #include "model/tokenizer.h"
 #include "ring/wire.h"
 
@@ -26,8 +27,21 @@
 #include <stdint.h>
 
 struct kvr_step_grammar_seq {
-    char *text; /* [total] while pieces arrive */
+    char *text; /* [total] while pieces arrive, then kept while a spare may take it */
     uint32_t total, received;
+    struct kvr_grammar *grammar;
+    struct kvr_grammar_match *match;
+};
+
+/* Most closed sequences' grammars kept for reuse: a request with the same grammar text
+ * (an agent's tools, a client's schema) takes the compiled grammar and its matcher with
+ * the masks it remembers, instead of compiling and walking the vocabulary afresh. */
+#define KVR_STEP_GRAMMAR_SPARES 4u
+
+struct kvr_step_grammar_spare {
+    char *text; /* NULL: an empty slot */
+    uint32_t total;
+    uint64_t used; /* when it was last closed, for eviction */
     struct kvr_grammar *grammar;
     struct kvr_grammar_match *match;
 };
@@ -38,6 +52,9 @@ struct kvr_step_grammars {
     struct kvr_step_grammar_seq *seqs; /* [max_seqs] */
     struct kvr_grammar_vocab *vocab;   /* built on first use */
     uint64_t n_masks;                  /* rows masked so far */
+    struct kvr_step_grammar_spare spares[KVR_STEP_GRAMMAR_SPARES];
+    uint64_t clock;
+    uint64_t n_reused; /* grammars taken from the spares */
 };
 
 int kvr_step_grammars_init(struct kvr_step_grammars *g, uint32_t max_seqs,
@@ -52,6 +69,14 @@ bool kvr_step_grammar_active(const struct kvr_step_grammars *g, uint32_t seq);
 /* Mask a row of n_vocab logits in place. KVR_ENOMEM. */
 int kvr_step_grammar_mask(struct kvr_step_grammars *g, uint32_t seq, float *logits,
                           uint32_t n_vocab);
+/* kvr_spec_verify (model/spec_accept.h) for a constrained sequence: row j is masked with
+ * the grammar's state after the tokens emitted before it, so every emitted token is the
+ * one a plain decode would sample, and the matcher advances by each. logits (rows
+ * n_drafts + 1) are masked in place. Returns the tokens emitted (1..n_drafts + 1), or
+ * KVR_EINVAL (a row with no finite logit), or KVR_ENOMEM. */
+int32_t kvr_step_grammar_verify(struct kvr_step_grammars *g, uint32_t seq, struct kvr_sampler *s,
+                                float *logits, uint32_t n_vocab, const int32_t *drafts,
+                                uint32_t n_drafts, struct kvr_sample_scratch *sc, int32_t *out);
 /* Advance by a token the sequence took (sampled, or replayed). A token the grammar refuses
  * (only a replay of tokens from before a broken peer could bring one) is logged and
  * ignored. */
