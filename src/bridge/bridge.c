@@ -1124,10 +1124,10 @@ void kvr_bridge_telemetry(struct kvr_bridge *b, struct kvr_telemetry_reader *rea
     pthread_mutex_lock(&b->lock);
     kvr_sched_stats(b->sched, &snap->stats);
     for (uint32_t i = 0; i < b->plan.n_stages; i++) {
-        snprintf(states[i].state, sizeof states[i].state, "%s",
-                 kvr_stage_state_name(b->stages[i].state));
-        states[i].since_ns = b->stages[i].since_ns;
-        snprintf(states[i].last_error, sizeof states[i].last_error, "%s", b->stages[i].last_error);
+        struct kvr_telemetry_stage_state *st = &states[i];
+        snprintf(st->state, sizeof st->state, "%s", kvr_stage_state_name(b->stages[i].state));
+        st->since_ns = b->stages[i].since_ns;
+        snprintf(st->last_error, sizeof st->last_error, "%s", b->stages[i].last_error);
     }
     kvr_telemetry_take(b->telemetry, reader, &b->plan, &snap->stats, states, b->plan.n_stages,
                        kvr_now_ns(), snap);

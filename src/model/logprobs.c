@@ -45,6 +45,8 @@ int kvr_logprobs_top(const float *logits, int32_t n_vocab, uint32_t n_top,
     for (int32_t i = 0; i < n_vocab; i++)
         if (isfinite(logits[i]))
             sum += exp((double)logits[i] - (double)max);
+    if (!(sum >= 1.0)) /* the max's own term is exp(0) = 1 */
+        return KVR_EINVAL;
     *lse = (double)max + log(sum);
     for (uint32_t j = 0; j < n; j++)
         top[j].logprob = (float)((double)top[j].logprob - *lse);

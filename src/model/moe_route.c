@@ -35,6 +35,8 @@ void kvr_moe_top_k(const float *v, uint32_t n, uint32_t k, uint32_t *out)
             if (best == UINT32_MAX || before(v[e], e, v[best], best))
                 best = e;
         }
+        if (best == UINT32_MAX) /* k > n, which the loader refuses */
+            return;
         taken[best / 64] |= 1ull << (best % 64);
         out[s] = best;
     }

@@ -617,9 +617,9 @@ static int64_t plan_tensors(const struct kvr_synth_opts *o, int vocab, struct ts
 {
     struct kvr_hparams hp = hparams_of(o);
     const struct kvr_arch *a = hp.arch;
-    int type = o->type, expert_type = o->type;
-    if (type == KVR_DTYPE_MXFP4) /* MXFP4_MOE: experts in MXFP4, every other matrix Q8_0 */
-        type = KVR_DTYPE_Q8_0;
+    /* MXFP4_MOE: experts in MXFP4, every other matrix Q8_0 */
+    const int expert_type = o->type;
+    const int type = expert_type == KVR_DTYPE_MXFP4 ? KVR_DTYPE_Q8_0 : expert_type;
     uint64_t seed = o->seed;
     int64_t n = 0, dim = hp.n_embd;
     hp.n_vocab = (uint32_t)vocab;
