@@ -47,7 +47,7 @@ static int prefill(struct kvr_engine *e, const struct kvr_generate_seq *s, uint3
 /* A sequence's grammar matcher and the vocabulary trie it masks with (both NULL for a
  * free sequence). */
 struct constraint {
-    struct kvr_grammar_vocab *vocab; /* borrowed */
+    struct kvr_grammar_vocab *vocab; /* destroyed by the function that made it */
     struct kvr_grammar_match *match;
 };
 
@@ -169,6 +169,8 @@ int kvr_generate(const struct kvr_gguf *g, const struct kvr_hparams *hp, const s
         if (rc == 0)
             kvr_engine_seq_free(e, 0);
     }
+    kvr_grammar_match_destroy(con.match);
+    kvr_grammar_vocab_destroy(con.vocab);
     kvr_free(logits);
     kvr_sample_scratch_destroy(sc);
     kvr_engine_destroy(e);
