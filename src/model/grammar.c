@@ -93,7 +93,9 @@ static int reserve(struct gstacks *s, uint32_t n, size_t n_data)
         s->hash = h;
         s->cap = c;
     }
-    if (n_data > s->cap_data) {
+    /* data exists once any stack does, an empty one included, so data + off is never an
+     * offset from NULL */
+    if (n_data > s->cap_data || !s->data) {
         size_t c = s->cap_data ? s->cap_data : 64;
         while (c < n_data)
             c *= 2;
