@@ -404,8 +404,8 @@ static void time_json(struct kvr_jsonw *w, const struct kvr_telemetry_time *tm)
 }
 
 /* One sequence of a batch, built whole and placed as one value: sequences are the bulk of
- * a snapshot (up to 64 batches of 64), and the writer's per-value bookkeeping was most of
- * its cost. The same text the field-by-field writer gives. */
+ * a snapshot (up to 64 batches of 64), where the writer's per-value bookkeeping would be
+ * most of its cost. The same text the field-by-field writer gives. */
 static void seq_json(struct kvr_jsonw *w, const struct kvr_telemetry_seq *q)
 {
     char buf[160], *p = buf;
